@@ -1,0 +1,45 @@
+//! Checking a recipe: parse, then the schema rules; every problem found in one run, in source order.
+
+pub mod raw;
+pub mod schema;
+pub mod suggest;
+
+use crate::diagnostic::{self, Diagnostic};
+use crate::syntax::{self, ast::File};
+
+/// The outcome of checking one source text.
+#[derive(Debug)]
+pub struct Checked {
+    /// The syntax tree, when the text parsed.
+    pub file: Option<File>,
+    /// Every finding, in source order.
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+impl Checked {
+    /// True when any finding is an error.
+    pub fn has_errors(&self) -> bool {
+        self.diagnostics.iter().any(Diagnostic::is_error)
+    }
+}
+
+/// Parses and checks a recipe's text.
+pub fn check_source(text: &str) -> Checked {
+    match syntax::parse(text) {
+        Ok(file) => {
+            let mut diagnostics = schema::check(&file);
+            diagnostic::sort(&mut diagnostics);
+            Checked {
+                file: Some(file),
+                diagnostics,
+            }
+        }
+        Err(mut diagnostics) => {
+            diagnostic::sort(&mut diagnostics);
+            Checked {
+                file: None,
+                diagnostics,
+            }
+        }
+    }
+}

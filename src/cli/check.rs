@@ -1,0 +1,61 @@
+//! `recipe check FILE... [--format human|json]`
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use recipe::diagnostic::{render_human, to_json};
+use recipe::Severity;
+
+use super::{read, style, Format, FAILED, OK, USAGE};
+
+pub fn run(files: &[PathBuf], format: Format) -> i32 {
+    let mut code = OK;
+    let stdout = std::io::stdout();
+    let mut stdout = stdout.lock();
+    for path in files {
+        let Some(file) = read(path) else {
+            code = USAGE;
+            continue;
+        };
+        let checked = recipe::check_source(&file.text);
+        match format {
+            Format::Human => {
+                for d in &checked.diagnostics {
+                    eprint!("{}", render_human(d, &file, style()));
+                }
+                eprintln!("{}: {}", file.name, summary(&checked.diagnostics));
+            }
+            Format::Json => {
+                for d in &checked.diagnostics {
+                    let line = serde_json::to_string(&to_json(d, &file))
+                        .expect("diagnostics serialize to JSON");
+                    if writeln!(stdout, "{line}").is_err() {
+                        return USAGE;
+                    }
+                }
+            }
+        }
+        if checked.has_errors() && code == OK {
+            code = FAILED;
+        }
+    }
+    code
+}
+
+fn summary(diagnostics: &[recipe::Diagnostic]) -> String {
+    let count = |s: Severity| diagnostics.iter().filter(|d| d.severity == s).count();
+    let parts: Vec<String> = [
+        (count(Severity::Error), "error"),
+        (count(Severity::Warning), "warning"),
+        (count(Severity::Note), "note"),
+    ]
+    .into_iter()
+    .filter(|(n, _)| *n > 0)
+    .map(|(n, what)| format!("{n} {what}{}", if n == 1 { "" } else { "s" }))
+    .collect();
+    if parts.is_empty() {
+        "ok".into()
+    } else {
+        parts.join(", ")
+    }
+}

@@ -1,0 +1,18 @@
+//! `recipe`: a compiler for training recipes.
+//!
+//! Data flows one way: source text → [`syntax`] (pest grammar, AST with spans) →
+//! [`check`] (schema rules, later the upstream DeepSpeed/HF rules) → diagnostics
+//! ([`diagnostic`]), and → [`format`] for `recipe fmt`.
+
+pub mod atomic;
+pub mod check;
+pub mod codes;
+pub mod diagnostic;
+pub mod format;
+pub mod schema;
+pub mod source;
+pub mod syntax;
+
+pub use check::{check_source, Checked};
+pub use diagnostic::{Diagnostic, Severity};
+pub use source::SourceFile;

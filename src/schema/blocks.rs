@@ -1,0 +1,756 @@
+//! The table of every block and key.
+//!
+//! Upstream names: `deepspeed` is the DeepSpeed config key (dotted path), `hf` the
+//! transformers `TrainingArguments` field (or, marked "script", an argument of the training
+//! script that `recipe build` launches). Defaults are the ones the recipe language applies;
+//! where they mirror an upstream default the doc says which.
+
+use super::types::{ArgSpec, CallSpec, Ty};
+use super::{BlockSpec, BodySpec, KeySpec, LabelSpec, RawKind};
+
+const fn key(name: &'static str, ty: Ty, doc: &'static str) -> KeySpec {
+    KeySpec {
+        name,
+        ty,
+        doc,
+        default: None,
+        deepspeed: None,
+        hf: None,
+        required: false,
+        kinds: &[],
+    }
+}
+
+impl KeySpec {
+    const fn default(mut self, default: &'static str) -> Self {
+        self.default = Some(default);
+        self
+    }
+    const fn ds(mut self, key: &'static str) -> Self {
+        self.deepspeed = Some(key);
+        self
+    }
+    const fn hf(mut self, field: &'static str) -> Self {
+        self.hf = Some(field);
+        self
+    }
+    const fn required(mut self) -> Self {
+        self.required = true;
+        self
+    }
+    const fn kinds(mut self, kinds: &'static [&'static str]) -> Self {
+        self.kinds = kinds;
+        self
+    }
+}
+
+const fn arg(name: &'static str, ty: Ty, doc: &'static str) -> ArgSpec {
+    ArgSpec {
+        name,
+        ty,
+        required: false,
+        doc,
+        upstream: None,
+    }
+}
+
+impl ArgSpec {
+    const fn required(mut self) -> Self {
+        self.required = true;
+        self
+    }
+    const fn upstream(mut self, key: &'static str) -> Self {
+        self.upstream = Some(key);
+        self
+    }
+}
+
+const POSITIVE: Ty = Ty::Int {
+    min: 1,
+    max: i64::MAX,
+};
+const NON_NEGATIVE: Ty = Ty::Int {
+    min: 0,
+    max: i64::MAX,
+};
+const LR: Ty = Ty::Number {
+    min: 0.0,
+    max: f64::INFINITY,
+};
+const UNIT: Ty = Ty::Number { min: 0.0, max: 1.0 };
+
+/// Optimizer kinds (`optimizer <kind>`): DeepSpeed optimizer types plus the torch/HF ones.
+pub const OPTIMIZERS: &[&str] = &[
+    "adamw",
+    "adam",
+    "sgd",
+    "adagrad",
+    "lamb",
+    "lion",
+    "adafactor",
+    "onebitadam",
+    "zerooneadam",
+    "onebitlamb",
+];
+const ADAM_LIKE: &[&str] = &[
+    "adamw",
+    "adam",
+    "lamb",
+    "lion",
+    "onebitadam",
+    "zerooneadam",
+    "onebitlamb",
+];
+const ADAM_EPS: &[&str] = &[
+    "adamw",
+    "adam",
+    "adagrad",
+    "lamb",
+    "onebitadam",
+    "zerooneadam",
+    "onebitlamb",
+];
+const ONEBIT: &[&str] = &["onebitadam", "zerooneadam", "onebitlamb"];
+
+/// HF `lr_scheduler_type` names accepted by `schedule <kind>`.
+pub const HF_SCHEDULES: &[&str] = &[
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+    "reduce_lr_on_plateau",
+    "cosine_with_min_lr",
+    "warmup_stable_decay",
+];
+/// DeepSpeed scheduler types accepted by `schedule <kind>` (case as DeepSpeed spells them).
+pub const DS_SCHEDULES: &[&str] = &[
+    "WarmupLR",
+    "WarmupDecayLR",
+    "WarmupCosineLR",
+    "OneCycle",
+    "LRRangeTest",
+];
+const SCHEDULES: &[&str] = &[
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+    "reduce_lr_on_plateau",
+    "cosine_with_min_lr",
+    "warmup_stable_decay",
+    "WarmupLR",
+    "WarmupDecayLR",
+    "WarmupCosineLR",
+    "OneCycle",
+    "LRRangeTest",
+];
+const WARMED: &[&str] = &[
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant_with_warmup",
+    "inverse_sqrt",
+    "cosine_with_min_lr",
+    "warmup_stable_decay",
+    "WarmupLR",
+    "WarmupDecayLR",
+    "WarmupCosineLR",
+];
+const DS_WARMUP: &[&str] = &["WarmupLR", "WarmupDecayLR", "WarmupCosineLR"];
+
+const OFFLOAD_OPTIMIZER: &[CallSpec] = &[
+    CallSpec {
+        name: "none",
+        doc: "no offload: optimizer states stay on the GPU",
+        args: &[],
+    },
+    CallSpec {
+        name: "cpu",
+        doc: "optimizer states and step on the CPU (DeepSpeedCPUAdam)",
+        args: &[
+            arg(
+                "pin_memory",
+                Ty::Bool,
+                "page-locked CPU memory (DeepSpeed default true since 0.19.5)",
+            )
+            .upstream("pin_memory"),
+            arg(
+                "ratio",
+                UNIT,
+                "fraction of the optimizer offloaded (ZeRO-3 only below 1)",
+            )
+            .upstream("ratio"),
+            arg(
+                "fast_init",
+                Ty::Bool,
+                "fast initialisation of offloaded states",
+            )
+            .upstream("fast_init"),
+        ],
+    },
+    CallSpec {
+        name: "nvme",
+        doc: "optimizer states on NVMe through the CPU (ZeRO-3; stages 1-2 treat it as cpu)",
+        args: &[
+            arg("path", Ty::Path, "the NVMe mount to swap to")
+                .required()
+                .upstream("nvme_path"),
+            arg("pin_memory", Ty::Bool, "page-locked CPU buffers").upstream("pin_memory"),
+            arg(
+                "buffer_count",
+                POSITIVE,
+                "number of swap buffers (DeepSpeed default 4)",
+            )
+            .upstream("buffer_count"),
+            arg("pipeline_read", Ty::Bool, "overlap reads with the step").upstream("pipeline_read"),
+            arg("pipeline_write", Ty::Bool, "overlap writes with the step")
+                .upstream("pipeline_write"),
+            arg("ratio", UNIT, "fraction of the optimizer offloaded").upstream("ratio"),
+            arg(
+                "fast_init",
+                Ty::Bool,
+                "fast initialisation of offloaded states",
+            )
+            .upstream("fast_init"),
+        ],
+    },
+];
+
+const OFFLOAD_PARAM: &[CallSpec] = &[
+    CallSpec {
+        name: "none",
+        doc: "no parameter offload",
+        args: &[],
+    },
+    CallSpec {
+        name: "cpu",
+        doc: "parameters on the CPU between uses (ZeRO-3 only)",
+        args: &[
+            arg(
+                "pin_memory",
+                Ty::Bool,
+                "page-locked CPU memory (DeepSpeed default true since 0.19.5)",
+            )
+            .upstream("pin_memory"),
+            arg(
+                "max_in_cpu",
+                Ty::Size,
+                "elements kept in CPU memory when swapping (DeepSpeed default 1e9)",
+            )
+            .upstream("max_in_cpu"),
+        ],
+    },
+    CallSpec {
+        name: "nvme",
+        doc: "parameters on NVMe (ZeRO-3 only)",
+        args: &[
+            arg("path", Ty::Path, "the NVMe mount to swap to")
+                .required()
+                .upstream("nvme_path"),
+            arg("pin_memory", Ty::Bool, "page-locked CPU buffers").upstream("pin_memory"),
+            arg(
+                "buffer_count",
+                POSITIVE,
+                "number of swap buffers (DeepSpeed default 5)",
+            )
+            .upstream("buffer_count"),
+            arg(
+                "buffer_size",
+                Ty::Size,
+                "elements per swap buffer (DeepSpeed default 1e8)",
+            )
+            .upstream("buffer_size"),
+            arg(
+                "max_in_cpu",
+                Ty::Size,
+                "elements kept in CPU memory (DeepSpeed default 1e9)",
+            )
+            .upstream("max_in_cpu"),
+        ],
+    },
+];
+
+const TASKS: &[CallSpec] = &[CallSpec {
+    name: "classify",
+    doc: "sequence classification with a linear head on the [CLS] representation",
+    args: &[arg(
+        "labels",
+        Ty::Labels,
+        "the number of classes, or their names in id order",
+    )
+    .required()],
+}];
+
+/// Every block of the language, in the order docs and `fmt` present them.
+pub static BLOCKS: &[BlockSpec] = &[
+    BlockSpec {
+        name: "recipe",
+        doc: "The recipe's name, used for the output directory and in reports.",
+        label: LabelSpec::Required {
+            ty: Ty::Str,
+            what: "a name",
+            example: "recipe \"cls\"",
+        },
+        body: BodySpec::None,
+        required: false,
+        keys: &[],
+        one_of: &[],
+    },
+    BlockSpec {
+        name: "target",
+        doc: "The library versions whose rules and formats the recipe follows (newest known by default).",
+        label: LabelSpec::None,
+        body: BodySpec::Pairs,
+        required: false,
+        keys: &[
+            key("transformers", Ty::Version, "transformers release").default("\"5.24.0\""),
+            key("accelerate", Ty::Version, "accelerate release").default("\"1.15.0\""),
+            key("deepspeed", Ty::Version, "DeepSpeed release").default("\"0.19.8\""),
+        ],
+        one_of: &[],
+    },
+    BlockSpec {
+        name: "model",
+        doc: "The model to fine-tune and its task.",
+        label: LabelSpec::Optional {
+            ty: Ty::Word(&["bert", "auto"]),
+            what: "an architecture",
+        },
+        body: BodySpec::Items,
+        required: true,
+        keys: &[
+            key("from", Ty::Str, "a local HF-layout directory (config.json, model.safetensors, tokenizer.json) or a hub id")
+                .hf("model_name_or_path (script)"),
+            key("config", Ty::Path, "a config.json to build a randomly initialised model from (no weights)")
+                .hf("config_name (script)"),
+            key("task", Ty::Call(TASKS), "what the model is trained to do").required().hf("num_labels (script)"),
+            key("hidden_size", POSITIVE, "the hidden size, for the bucket sizes DeepSpeed derives from it when the model is not local")
+                .default("read from the model's config.json"),
+            key("dropout", UNIT, "override of the hidden and attention dropout (0 for exact parity runs)")
+                .default("the model config's"),
+            key("gradient_checkpointing", Ty::Bool, "recompute activations in backward to save memory")
+                .default("false")
+                .hf("gradient_checkpointing"),
+        ],
+        one_of: &[&["from", "config"]],
+    },
+    BlockSpec {
+        name: "data",
+        doc: "The training and evaluation data and how to read it.",
+        label: LabelSpec::None,
+        body: BodySpec::Items,
+        required: true,
+        keys: &[
+            key("train", Ty::Path, "training data: a JSONL, CSV or TSV file").required().hf("train_file (script)"),
+            key("eval", Ty::Path, "evaluation data, evaluated at each epoch end").hf("validation_file (script)"),
+            key("test", Ty::Path, "held-out test data, evaluated once after training").hf("test_file (script)"),
+            key("format", Ty::Word(&["auto", "jsonl", "csv", "tsv"]), "file format").default("auto (from the extension)"),
+            key("text", Ty::Str, "the field holding the text").default("\"text\""),
+            key("text_pair", Ty::Str, "a second text field, for sentence-pair tasks"),
+            key("label", Ty::Str, "the field holding the label").default("\"label\""),
+            key("max_len", Ty::Int { min: 1, max: 1_000_000 }, "tokens per example after truncation")
+                .default("128")
+                .hf("max_seq_length (script)"),
+            key("samples", POSITIVE, "number of training examples, when the training file is not local")
+                .default("counted from the training file"),
+            key("shuffle", Ty::Bool, "shuffle the training data each epoch (seeded)").default("true"),
+            key("drop_last", Ty::Bool, "drop the last incomplete batch of each epoch")
+                .default("false")
+                .hf("dataloader_drop_last"),
+            key("workers", NON_NEGATIVE, "data loader worker processes").default("0").hf("dataloader_num_workers"),
+        ],
+        one_of: &[],
+    },
+    BlockSpec {
+        name: "batch",
+        doc: "Batch sizes: global = micro x accumulate x data-parallel world size.",
+        label: LabelSpec::None,
+        body: BodySpec::Items,
+        required: true,
+        keys: &[
+            key("micro", POSITIVE, "examples per GPU per forward/backward pass")
+                .ds("train_micro_batch_size_per_gpu")
+                .hf("per_device_train_batch_size"),
+            key("accumulate", POSITIVE, "micro-batches accumulated per optimizer step")
+                .default("1, or derived from global")
+                .ds("gradient_accumulation_steps")
+                .hf("gradient_accumulation_steps"),
+            key("global", POSITIVE, "examples per optimizer step over all GPUs; checked against the others")
+                .default("micro x accumulate x world size")
+                .ds("train_batch_size"),
+            key("eval_micro", POSITIVE, "examples per GPU per evaluation pass")
+                .default("the training micro batch")
+                .hf("per_device_eval_batch_size"),
+        ],
+        one_of: &[&["micro", "global"]],
+    },
+    BlockSpec {
+        name: "optimizer",
+        doc: "The optimizer and its hyper-parameters.",
+        label: LabelSpec::Required {
+            ty: Ty::Word(OPTIMIZERS),
+            what: "an optimizer kind",
+            example: "optimizer adamw { lr = 3e-5 }",
+        },
+        body: BodySpec::Items,
+        required: false,
+        keys: &[
+            key("lr", LR, "peak learning rate").default("5e-5 (HF learning_rate)").ds("optimizer.params.lr").hf("learning_rate"),
+            key("betas", Ty::Pair { min: 0.0, max: 1.0 }, "Adam moment decay rates")
+                .default("(0.9, 0.999)")
+                .ds("optimizer.params.betas")
+                .hf("adam_beta1, adam_beta2")
+                .kinds(ADAM_LIKE),
+            key("eps", LR, "denominator epsilon")
+                .default("1e-8")
+                .ds("optimizer.params.eps")
+                .hf("adam_epsilon")
+                .kinds(ADAM_EPS),
+            key("weight_decay", LR, "decoupled weight decay (AdamW) or L2 penalty (adam, sgd)")
+                .default("0.0")
+                .ds("optimizer.params.weight_decay")
+                .hf("weight_decay"),
+            key("no_decay", Ty::StrList, "parameter-name substrings excluded from weight decay")
+                .default("[\"bias\", \"LayerNorm.weight\"] (HF Trainer's grouping)"),
+            key("momentum", UNIT, "SGD momentum").default("0.0").ds("optimizer.params.momentum").kinds(&["sgd"]),
+            key("nesterov", Ty::Bool, "Nesterov momentum").default("false").ds("optimizer.params.nesterov").kinds(&["sgd"]),
+            key("bias_correction", Ty::Bool, "Adam bias correction")
+                .default("true")
+                .ds("optimizer.params.bias_correction")
+                .kinds(&["adamw", "adam", "lamb", "onebitadam", "zerooneadam", "onebitlamb"]),
+            key("amsgrad", Ty::Bool, "the AMSGrad variant")
+                .default("false")
+                .ds("optimizer.params.amsgrad")
+                .kinds(&["adamw", "adam"]),
+            key("torch_adam", Ty::Bool, "use torch's Adam instead of DeepSpeed's fused kernel")
+                .default("false")
+                .ds("optimizer.params.torch_adam")
+                .kinds(&["adamw", "adam"]),
+            key("freeze_step", POSITIVE, "warm-up steps before 1-bit compression starts")
+                .default("100000")
+                .ds("optimizer.params.freeze_step")
+                .kinds(ONEBIT),
+            key("max_coeff", LR, "LAMB trust-ratio upper bound").default("10.0").ds("optimizer.params.max_coeff").kinds(&["lamb", "onebitlamb"]),
+            key("min_coeff", LR, "LAMB trust-ratio lower bound").default("0.01").ds("optimizer.params.min_coeff").kinds(&["lamb", "onebitlamb"]),
+            key("owner", Ty::Word(&["deepspeed", "hf"]), "who builds the optimizer: a DeepSpeed `optimizer` section, or HF's `optim`")
+                .default("deepspeed")
+                .ds("optimizer")
+                .hf("optim"),
+        ],
+        one_of: &[],
+    },
+    BlockSpec {
+        name: "schedule",
+        doc: "The learning-rate schedule: an HF lr_scheduler_type or a DeepSpeed scheduler.",
+        label: LabelSpec::Required {
+            ty: Ty::Word(SCHEDULES),
+            what: "a schedule kind",
+            example: "schedule linear { warmup = 6% }",
+        },
+        body: BodySpec::Items,
+        required: false,
+        keys: &[
+            key("warmup", Ty::Steps, "warmup length: optimizer steps, or a fraction of all steps")
+                .default("0")
+                .ds("scheduler.params.warmup_num_steps")
+                .hf("warmup_steps (warmup_ratio before transformers 5)")
+                .kinds(WARMED),
+            key("warmup_type", Ty::Word(&["linear", "log"]), "shape of a DeepSpeed warmup")
+                .default("linear (DeepSpeed's own default is log)")
+                .ds("scheduler.params.warmup_type")
+                .kinds(DS_WARMUP),
+            key("min_lr", LR, "learning rate at the start of warmup / end of decay")
+                .default("0")
+                .ds("scheduler.params.warmup_min_lr")
+                .hf("lr_scheduler_kwargs.min_lr")
+                .kinds(&["WarmupLR", "WarmupDecayLR", "cosine_with_min_lr"]),
+            key("max_lr", LR, "peak learning rate of a DeepSpeed warmup")
+                .default("the optimizer's lr")
+                .ds("scheduler.params.warmup_max_lr")
+                .kinds(&["WarmupLR", "WarmupDecayLR"]),
+            key("warmup_min_ratio", UNIT, "start of the cosine warmup, as a fraction of lr")
+                .default("0")
+                .ds("scheduler.params.warmup_min_ratio")
+                .kinds(&["WarmupCosineLR"]),
+            key("cos_min_ratio", UNIT, "end of the cosine decay, as a fraction of lr")
+                .default("0 (DeepSpeed's own default is 1e-4)")
+                .ds("scheduler.params.cos_min_ratio")
+                .kinds(&["WarmupCosineLR"]),
+            key("num_cycles", LR, "cosine cycles (0.5 = one half-wave down)")
+                .default("0.5 (cosine), 1 (cosine_with_restarts)")
+                .hf("lr_scheduler_kwargs.num_cycles")
+                .kinds(&["cosine", "cosine_with_restarts", "cosine_with_min_lr"]),
+            key("power", LR, "polynomial decay power").default("1.0").hf("lr_scheduler_kwargs.power").kinds(&["polynomial"]),
+            key("lr_end", LR, "final learning rate of the polynomial decay")
+                .default("1e-7")
+                .hf("lr_scheduler_kwargs.lr_end")
+                .kinds(&["polynomial"]),
+            key("timescale", POSITIVE, "inverse-sqrt time scale")
+                .default("the warmup steps")
+                .hf("lr_scheduler_kwargs.timescale")
+                .kinds(&["inverse_sqrt"]),
+            key("decay", Ty::Steps, "length of the final decay phase")
+                .hf("lr_scheduler_kwargs.num_decay_steps")
+                .kinds(&["warmup_stable_decay"]),
+            key("min_lr_ratio", UNIT, "final learning rate as a fraction of lr")
+                .default("0")
+                .hf("lr_scheduler_kwargs.min_lr_ratio")
+                .kinds(&["warmup_stable_decay"]),
+            key("factor", UNIT, "LR reduction factor on a plateau").default("0.1").hf("lr_scheduler_kwargs.factor").kinds(&["reduce_lr_on_plateau"]),
+            key("patience", NON_NEGATIVE, "evaluations without improvement before reducing").default("10").hf("lr_scheduler_kwargs.patience").kinds(&["reduce_lr_on_plateau"]),
+            key("cycle_min_lr", LR, "lowest LR of the cycle").ds("scheduler.params.cycle_min_lr").kinds(&["OneCycle"]),
+            key("cycle_max_lr", LR, "highest LR of the cycle").default("the optimizer's lr").ds("scheduler.params.cycle_max_lr").kinds(&["OneCycle"]),
+            key("cycle_first_step_size", POSITIVE, "steps of the rising half").default("2000").ds("scheduler.params.cycle_first_step_size").kinds(&["OneCycle"]),
+            key("cycle_second_step_size", POSITIVE, "steps of the falling half").default("cycle_first_step_size").ds("scheduler.params.cycle_second_step_size").kinds(&["OneCycle"]),
+            key("cycle_first_stair_count", NON_NEGATIVE, "stairs in the rising half (0 = smooth)").default("0").ds("scheduler.params.cycle_first_stair_count").kinds(&["OneCycle"]),
+            key("cycle_second_stair_count", NON_NEGATIVE, "stairs in the falling half").default("cycle_first_stair_count").ds("scheduler.params.cycle_second_stair_count").kinds(&["OneCycle"]),
+            key("decay_lr_rate", LR, "LR decay rate after the cycle").default("0").ds("scheduler.params.decay_lr_rate").kinds(&["OneCycle"]),
+            key("decay_step_size", NON_NEGATIVE, "steps between LR decays after the cycle").default("0").ds("scheduler.params.decay_step_size").kinds(&["OneCycle"]),
+            key("cycle_momentum", Ty::Bool, "cycle beta1 too (and set beta2 to 0.99)").default("true").ds("scheduler.params.cycle_momentum").kinds(&["OneCycle"]),
+            key("cycle_min_mom", UNIT, "lowest momentum of the cycle").default("0.8").ds("scheduler.params.cycle_min_mom").kinds(&["OneCycle"]),
+            key("cycle_max_mom", UNIT, "highest momentum of the cycle").default("0.9").ds("scheduler.params.cycle_max_mom").kinds(&["OneCycle"]),
+            key("decay_mom_rate", LR, "momentum decay rate after the cycle").default("0").ds("scheduler.params.decay_mom_rate").kinds(&["OneCycle"]),
+            key("start_lr", LR, "LR at the start of the range test").default("1e-3").ds("scheduler.params.lr_range_test_min_lr").kinds(&["LRRangeTest"]),
+            key("step_size", POSITIVE, "steps per LR increase").default("2000").ds("scheduler.params.lr_range_test_step_size").kinds(&["LRRangeTest"]),
+            key("step_rate", LR, "LR increase per step_size").default("1.0").ds("scheduler.params.lr_range_test_step_rate").kinds(&["LRRangeTest"]),
+            key("staircase", Ty::Bool, "increase in stairs rather than continuously").default("false").ds("scheduler.params.lr_range_test_staircase").kinds(&["LRRangeTest"]),
+        ],
+        one_of: &[],
+    },
+    BlockSpec {
+        name: "train",
+        doc: "How long and how to train: epochs, clipping, precision, seed, evaluation.",
+        label: LabelSpec::None,
+        body: BodySpec::Items,
+        required: false,
+        keys: &[
+            key("epochs", Ty::Number { min: 0.0, max: 1e9 }, "passes over the training data (fractions allowed)")
+                .default("3 (HF num_train_epochs)")
+                .hf("num_train_epochs"),
+            key("max_steps", POSITIVE, "stop after this many optimizer steps (wins over epochs)").hf("max_steps"),
+            key("clip", LR, "clip gradients to this global L2 norm (0 = off)")
+                .default("1.0 (HF max_grad_norm)")
+                .ds("gradient_clipping")
+                .hf("max_grad_norm"),
+            key("precision", Ty::Word(&["fp32", "fp16", "bf16"]), "training precision")
+                .default("fp32")
+                .ds("fp16.enabled, bf16.enabled")
+                .hf("fp16, bf16"),
+            key("eval_precision", Ty::Word(&["fp32", "fp16", "bf16"]), "precision of evaluation")
+                .default("the training precision")
+                .hf("fp16_full_eval, bf16_full_eval"),
+            key("fp16_backend", Ty::Word(&["amp", "apex"]), "fp16 implementation (apex is incompatible with ZeRO)")
+                .default("amp")
+                .ds("amp.enabled")
+                .hf("half_precision_backend (fp16_backend before 4.x)"),
+            key("loss_scale", Ty::WordOrInt(&["dynamic"], 1, i64::MAX), "fp16 loss scale: dynamic, or a fixed power of two")
+                .default("dynamic")
+                .ds("fp16.loss_scale"),
+            key("initial_scale_power", Ty::Int { min: 0, max: 63 }, "the dynamic loss scale starts at 2^this")
+                .default("16")
+                .ds("fp16.initial_scale_power"),
+            key("loss_scale_window", POSITIVE, "good steps before the loss scale doubles")
+                .default("1000")
+                .ds("fp16.loss_scale_window"),
+            key("hysteresis", POSITIVE, "overflows tolerated before the loss scale halves")
+                .default("2")
+                .ds("fp16.hysteresis"),
+            key("min_loss_scale", Ty::Number { min: f64::MIN_POSITIVE, max: f64::INFINITY }, "the loss scale never drops below this")
+                .default("1")
+                .ds("fp16.min_loss_scale"),
+            key("seed", NON_NEGATIVE, "seed for initialisation, shuffling and dropout").default("42").hf("seed"),
+            key("output_dir", Ty::Path, "where checkpoints, metrics and logs go")
+                .default("\"out/<recipe name>\"")
+                .hf("output_dir"),
+            key("logging_steps", POSITIVE, "log every this many optimizer steps").default("10").ds("steps_per_print").hf("logging_steps"),
+            key("eval_every", Ty::WordOrInt(&["epoch", "never"], 1, i64::MAX), "evaluate every epoch, never, or every N optimizer steps")
+                .default("epoch")
+                .hf("eval_strategy, eval_steps"),
+            key("save_every", Ty::WordOrInt(&["epoch", "never"], 1, i64::MAX), "checkpoint every epoch, never, or every N optimizer steps")
+                .default("epoch")
+                .hf("save_strategy, save_steps"),
+            key("auto_find_batch_size", Ty::Bool, "halve the micro batch on out-of-memory (not with ZeRO-3)")
+                .default("false")
+                .hf("auto_find_batch_size"),
+        ],
+        one_of: &[],
+    },
+    BlockSpec {
+        name: "zero",
+        doc: "The DeepSpeed ZeRO stage (0-3) and its settings.",
+        label: LabelSpec::Required {
+            ty: Ty::Int { min: 0, max: 3 },
+            what: "a stage (0, 1, 2 or 3)",
+            example: "zero 2 { offload optimizer = cpu }",
+        },
+        body: BodySpec::Items,
+        required: false,
+        keys: &[
+            key("offload optimizer", Ty::Call(OFFLOAD_OPTIMIZER), "where optimizer states live")
+                .default("none")
+                .ds("zero_optimization.offload_optimizer"),
+            key("offload param", Ty::Call(OFFLOAD_PARAM), "where parameters live between uses (stage 3)")
+                .default("none")
+                .ds("zero_optimization.offload_param"),
+            key("overlap_comm", Ty::Bool, "overlap gradient reduction with backward")
+                .default("true for stage 3, else false (DeepSpeed)")
+                .ds("zero_optimization.overlap_comm"),
+            key("contiguous_gradients", Ty::Bool, "copy gradients into one buffer as they are produced")
+                .default("true")
+                .ds("zero_optimization.contiguous_gradients"),
+            key("reduce_scatter", Ty::Bool, "reduce gradients with reduce-scatter instead of all-reduce")
+                .default("true")
+                .ds("zero_optimization.reduce_scatter"),
+            key("reduce_bucket", Ty::Size, "elements reduced at a time")
+                .default("hidden_size^2 (as HF's auto)")
+                .ds("zero_optimization.reduce_bucket_size"),
+            key("allgather_partitions", Ty::Bool, "all-gather updated partitions (else broadcasts)")
+                .default("true")
+                .ds("zero_optimization.allgather_partitions"),
+            key("allgather_bucket", Ty::Size, "elements all-gathered at a time")
+                .default("5e8")
+                .ds("zero_optimization.allgather_bucket_size"),
+            key("round_robin_gradients", Ty::Bool, "stage 1-2 CPU offload: parallel gradient copies")
+                .default("false")
+                .ds("zero_optimization.round_robin_gradients"),
+            key("sub_group_size", Ty::Size, "stage 3: parameters per optimizer sub-group")
+                .default("1e9")
+                .ds("zero_optimization.sub_group_size"),
+            key("prefetch_bucket", Ty::Size, "stage 3: parameter elements prefetched")
+                .default("0.9 x hidden_size^2 (as HF's auto)")
+                .ds("zero_optimization.stage3_prefetch_bucket_size"),
+            key("param_persistence_threshold", Ty::Size, "stage 3: parameters smaller than this stay unpartitioned")
+                .default("10 x hidden_size (as HF's auto)")
+                .ds("zero_optimization.stage3_param_persistence_threshold"),
+            key("model_persistence_threshold", Ty::Size, "stage 3: cap on unpartitioned parameter elements")
+                .default("unlimited")
+                .ds("zero_optimization.stage3_model_persistence_threshold"),
+            key("max_live_parameters", Ty::Size, "stage 3: parameter elements resident per GPU")
+                .default("1e9")
+                .ds("zero_optimization.stage3_max_live_parameters"),
+            key("max_reuse_distance", Ty::Size, "stage 3: keep a parameter if reused within this many elements")
+                .default("1e9")
+                .ds("zero_optimization.stage3_max_reuse_distance"),
+            key("gather_16bit_weights_on_model_save", Ty::Bool, "stage 3: gather full 16-bit weights when saving, for a loadable model")
+                .default("true")
+                .ds("zero_optimization.stage3_gather_16bit_weights_on_model_save"),
+            key("load_from_fp32_weights", Ty::Bool, "initialise fp32 master weights from the checkpoint's fp32 copy")
+                .default("true")
+                .ds("zero_optimization.load_from_fp32_weights"),
+            key("ignore_unused_parameters", Ty::Bool, "stage 2: tolerate parameters without gradients")
+                .default("true")
+                .ds("zero_optimization.ignore_unused_parameters"),
+            key("elastic_checkpoint", Ty::Bool, "stages 1-2: checkpoints loadable at another world size")
+                .default("false")
+                .ds("zero_optimization.elastic_checkpoint"),
+        ],
+        one_of: &[],
+    },
+    BlockSpec {
+        name: "cluster",
+        doc: "Where the run happens: GPUs per node, nodes, hostfile.",
+        label: LabelSpec::None,
+        body: BodySpec::Items,
+        required: false,
+        keys: &[
+            key("gpus", POSITIVE, "GPUs per node").default("1, or --gpus").hf("deepspeed --num_gpus (launcher)"),
+            key("nodes", POSITIVE, "number of nodes").default("1, or --nodes").hf("deepspeed --num_nodes (launcher)"),
+            key("hostfile", Ty::Path, "DeepSpeed hostfile listing the nodes and their slots").hf("deepspeed --hostfile (launcher)"),
+            key("master_addr", Ty::Str, "address of the rank-0 node").hf("deepspeed --master_addr (launcher)"),
+            key("master_port", Ty::Int { min: 1, max: 65535 }, "port of the rendezvous").default("29500").hf("deepspeed --master_port (launcher)"),
+            key("gpu_memory", Ty::Size, "memory per GPU in bytes (80Gi), for the memory estimate"),
+        ],
+        one_of: &[],
+    },
+    BlockSpec {
+        name: "deepspeed",
+        doc: "Raw DeepSpeed config keys, merged into ds_config.json; checked against DeepSpeed's key set.",
+        label: LabelSpec::None,
+        body: BodySpec::Raw(RawKind::DeepSpeed),
+        required: false,
+        keys: &[],
+        one_of: &[],
+    },
+    BlockSpec {
+        name: "hf",
+        doc: "Raw TrainingArguments fields, merged into training_args.json; checked against transformers' fields.",
+        label: LabelSpec::None,
+        body: BodySpec::Raw(RawKind::Hf),
+        required: false,
+        keys: &[],
+        one_of: &[],
+    },
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique() {
+        let mut names: Vec<&str> = BLOCKS.iter().map(|b| b.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), BLOCKS.len());
+        for block in BLOCKS {
+            let mut keys: Vec<&str> = block.keys.iter().map(|k| k.name).collect();
+            keys.sort_unstable();
+            keys.dedup();
+            assert_eq!(
+                keys.len(),
+                block.keys.len(),
+                "duplicate key in {}",
+                block.name
+            );
+        }
+    }
+
+    #[test]
+    fn kinds_name_real_labels() {
+        for block in BLOCKS {
+            let allowed: &[&str] = match block.label {
+                LabelSpec::Required {
+                    ty: Ty::Word(w), ..
+                }
+                | LabelSpec::Optional {
+                    ty: Ty::Word(w), ..
+                } => w,
+                _ => &[],
+            };
+            for key in block.keys {
+                for kind in key.kinds {
+                    assert!(
+                        allowed.contains(kind),
+                        "{}.{} names unknown kind {kind}",
+                        block.name,
+                        key.name
+                    );
+                }
+            }
+            for group in block.one_of {
+                for name in *group {
+                    assert!(
+                        block.key(name).is_some(),
+                        "{}: one_of names unknown key {name}",
+                        block.name
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn schedule_kinds_are_hf_or_deepspeed() {
+        for kind in SCHEDULES {
+            assert!(HF_SCHEDULES.contains(kind) ^ DS_SCHEDULES.contains(kind));
+        }
+        assert_eq!(SCHEDULES.len(), HF_SCHEDULES.len() + DS_SCHEDULES.len());
+    }
+}

@@ -1,0 +1,9 @@
+//! Syntax: the grammar (grammar/recipe.pest), the AST and the parser.
+
+pub mod ast;
+pub mod delimiters;
+pub mod expected;
+pub mod number;
+pub mod parser;
+
+pub use parser::parse;
