@@ -241,12 +241,16 @@ impl Printer<'_> {
             .entries
             .first()
             .map_or(body.span.end, |e| e.span().start);
-        if let Some(t) = self.trailing(body.span.start + 1).filter(|_| {
-            // Only a comment before the first entry counts as the `{` line's comment.
-            self.comments[self.next - 1].span.start < first
-        }) {
-            out.push_str("  ");
-            out.push_str(&t);
+        // A comment on the `{` line, before the first entry, stays on that line.
+        let before_first = self
+            .comments
+            .get(self.next)
+            .is_some_and(|c| c.span.start < first);
+        if before_first {
+            if let Some(t) = self.trailing(body.span.start + 1) {
+                out.push_str("  ");
+                out.push_str(&t);
+            }
         }
         let mut lines = Vec::new();
         for entry in &body.entries {
@@ -254,7 +258,12 @@ impl Printer<'_> {
             match entry {
                 Entry::Item(item) => {
                     let v = value(&item.value);
-                    let mut trailing = self.trailing(item.span.end);
+                    // In a body written on one line, a comment can only follow the `}`.
+                    let mut trailing = if one_line_in_source {
+                        None
+                    } else {
+                        self.trailing(item.span.end)
+                    };
                     // Comments inside a multi-line value follow the item on their own lines.
                     let mut inner = Vec::new();
                     while let Some(c) = self
@@ -265,7 +274,7 @@ impl Printer<'_> {
                         inner.push(Line::Comment(c.text.clone()));
                         self.next += 1;
                     }
-                    if trailing.is_none() && !inner.is_empty() {
+                    if trailing.is_none() && !inner.is_empty() && !one_line_in_source {
                         trailing = self.trailing(item.span.end);
                     }
                     lines.push(Line::Item {

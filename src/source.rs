@@ -1,5 +1,28 @@
 //! A source file: its name as given and its text.
 
+use std::path::Path;
+
+/// Why a recipe could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The file could not be opened or read.
+    #[error("cannot read `{name}`: {source}")]
+    Io {
+        /// The path as given.
+        name: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The bytes are not UTF-8.
+    #[error("`{name}` is not UTF-8 text (invalid byte at offset {offset})")]
+    NotUtf8 {
+        /// The path as given.
+        name: String,
+        /// Byte offset of the first invalid byte.
+        offset: usize,
+    },
+}
+
 /// A recipe's text and the name to show for it.
 #[derive(Debug, Clone)]
 pub struct SourceFile {
@@ -21,6 +44,31 @@ impl SourceFile {
             name: name.into(),
             text,
             line_starts,
+        }
+    }
+
+    /// Reads a file; `-` reads standard input (named `<stdin>`).
+    pub fn read(path: &Path) -> Result<SourceFile, ReadError> {
+        let (name, bytes) = if path.as_os_str() == "-" {
+            let mut buf = Vec::new();
+            let name = "<stdin>".to_string();
+            match std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf) {
+                Ok(_) => (name, buf),
+                Err(source) => return Err(ReadError::Io { name, source }),
+            }
+        } else {
+            let name = path.display().to_string();
+            match std::fs::read(path) {
+                Ok(bytes) => (name, bytes),
+                Err(source) => return Err(ReadError::Io { name, source }),
+            }
+        };
+        match String::from_utf8(bytes) {
+            Ok(text) => Ok(SourceFile::new(name, text)),
+            Err(e) => Err(ReadError::NotUtf8 {
+                name,
+                offset: e.utf8_error().valid_up_to(),
+            }),
         }
     }
 

@@ -63,6 +63,7 @@ pub fn check(kind: RawKind, body: &Body, out: &mut Vec<Diagnostic>) {
     flatten(body, &[], &mut keys, out);
     let mut seen: HashMap<String, Span> = HashMap::new();
     let mut sections: HashMap<String, Span> = HashMap::new();
+    let mut reported_renames: Vec<&str> = Vec::new();
     for entry in &keys {
         let dotted = entry.path.join(".");
         // A section header (`zero_optimization { }`) may be repeated by dotted keys below it;
@@ -91,12 +92,32 @@ pub fn check(kind: RawKind, body: &Body, out: &mut Vec<Diagnostic>) {
         if is_prefix && sections.get(&dotted) != Some(&entry.span) {
             continue;
         }
+        if kind == RawKind::DeepSpeed {
+            // One report per renamed section, not one per key inside it.
+            if let Some(old) = renamed_deepspeed(&entry.path).map(|r| r.0) {
+                if reported_renames.contains(&old) {
+                    continue;
+                }
+                reported_renames.push(old);
+            }
+        }
         let finding = match kind {
             RawKind::DeepSpeed => deepspeed_key(&entry.path, entry.span),
             RawKind::Hf => hf_key(&entry.path, entry.span),
         };
         out.extend(finding);
     }
+}
+
+/// The rename entry covering this key: a renamed section (`bfloat16`) also covers the keys
+/// below it (`bfloat16.enabled`).
+fn renamed_deepspeed(
+    path: &[String],
+) -> Option<&'static (&'static str, &'static str, &'static str, bool)> {
+    let dotted = path.join(".");
+    upstream::DEEPSPEED_RENAMED
+        .iter()
+        .find(|(old, ..)| dotted == *old || dotted.starts_with(&format!("{old}.")))
 }
 
 fn deepspeed_key(path: &[String], span: Span) -> Option<Diagnostic> {

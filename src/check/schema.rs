@@ -164,7 +164,10 @@ fn check_block(spec: &BlockSpec, block: &Block, out: &mut Vec<Diagnostic>) {
         }
         _ => {}
     }
+    // With a missing or invalid label the kind is unknown: check keys against all kinds rather
+    // than report every kind-specific key as misplaced.
     let kind = block_kind(spec, block);
+    let kind_known = kind.is_some() || matches!(spec.label, LabelSpec::None);
     match (spec.body, &block.body) {
         (BodySpec::None, Some(body)) => out.push(
             Diagnostic::error(
@@ -179,7 +182,7 @@ fn check_block(spec: &BlockSpec, block: &Block, out: &mut Vec<Diagnostic>) {
             }),
         ),
         (BodySpec::Items | BodySpec::Pairs, body) => {
-            check_items(spec, block, kind.as_deref(), body.as_ref(), out)
+            check_items(spec, block, kind.as_deref(), kind_known, body.as_ref(), out)
         }
         (BodySpec::Raw(kind), Some(body)) => raw::check(kind, body, out),
         _ => {}
@@ -190,9 +193,11 @@ fn check_items(
     spec: &BlockSpec,
     block: &Block,
     kind: Option<&str>,
+    kind_known: bool,
     body: Option<&Body>,
     out: &mut Vec<Diagnostic>,
 ) {
+    let applies = |k: &KeySpec| !kind_known || k.applies_to(kind);
     let title = block_title(block);
     let mut given: HashMap<&str, Span> = HashMap::new();
     for entry in body.map_or(&[][..], |b| &b.entries[..]) {
@@ -230,7 +235,7 @@ fn check_items(
             continue;
         }
         given.insert(&key.text, key.span);
-        if !key_spec.applies_to(kind) {
+        if !applies(key_spec) {
             out.push(not_for_kind(spec, &title, key_spec, key.span));
             continue;
         }

@@ -6,7 +6,7 @@ mod check;
 mod fmt;
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand, ValueEnum};
 use recipe::diagnostic::Style;
@@ -114,36 +114,11 @@ fn not_built(command: &str, issue: u32) -> i32 {
     USAGE
 }
 
-/// Reads a recipe file (or standard input for `-`); prints the I/O error on failure.
-pub fn read(path: &PathBuf) -> Option<SourceFile> {
-    let (name, bytes) = if path.as_os_str() == "-" {
-        let mut buf = Vec::new();
-        match std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf) {
-            Ok(_) => ("<stdin>".to_string(), buf),
-            Err(e) => {
-                eprintln!("error: cannot read standard input: {e}");
-                return None;
-            }
-        }
-    } else {
-        match std::fs::read(path) {
-            Ok(b) => (path.display().to_string(), b),
-            Err(e) => {
-                eprintln!("error: cannot read `{}`: {e}", path.display());
-                return None;
-            }
-        }
-    };
-    match String::from_utf8(bytes) {
-        Ok(text) => Some(SourceFile::new(name, text)),
-        Err(e) => {
-            eprintln!(
-                "error: `{name}` is not UTF-8 text (invalid byte at offset {})",
-                e.utf8_error().valid_up_to()
-            );
-            None
-        }
-    }
+/// Reads a recipe file (or standard input for `-`); prints the error on failure.
+pub fn read(path: &Path) -> Option<SourceFile> {
+    SourceFile::read(path)
+        .map_err(|e| eprintln!("error: {e}"))
+        .ok()
 }
 
 /// Colours when stderr is a terminal and NO_COLOR is unset.

@@ -1,0 +1,186 @@
+//! The command line as a user meets it: exit codes, output streams, JSON, fmt in place.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn recipe(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_recipe"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap()
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("recipe-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn clean_recipe_exits_zero() {
+    let o = recipe(&["check", "recipes/cls.rcp"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("recipes/cls.rcp: ok"));
+    assert!(o.stdout.is_empty());
+}
+
+#[test]
+fn errors_exit_one_and_every_file_is_reported() {
+    let o = recipe(&[
+        "check",
+        "tests/diagnostics/R0011-unknown-key.rcp",
+        "recipes/cls.rcp",
+        "tests/diagnostics/R0014-duplicate-key.rcp",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(
+        err.contains("R0011") && err.contains("did you mean `accumulate`?"),
+        "{err}"
+    );
+    assert!(err.contains("R0014"), "{err}");
+    assert!(err.contains("recipes/cls.rcp: ok"), "{err}");
+}
+
+#[test]
+fn missing_file_and_bad_usage_exit_two() {
+    let o = recipe(&["check", "no/such.rcp"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("cannot read `no/such.rcp`"));
+    assert_eq!(recipe(&["check"]).status.code(), Some(2));
+    assert_eq!(recipe(&["frobnicate"]).status.code(), Some(2));
+    assert_eq!(
+        recipe(&["check", "--format", "xml", "recipes/cls.rcp"])
+            .status
+            .code(),
+        Some(2)
+    );
+}
+
+#[test]
+fn io_error_wins_over_recipe_errors() {
+    let o = recipe(&[
+        "check",
+        "tests/diagnostics/R0011-unknown-key.rcp",
+        "no/such.rcp",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn non_utf8_input_is_an_io_error() {
+    let dir = temp_dir("utf8");
+    let path = dir.join("bin.rcp");
+    std::fs::write(&path, [b'x', 0xff, 0xfe]).unwrap();
+    let o = recipe(&["check", path.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("not UTF-8"));
+}
+
+#[test]
+fn json_lines_carry_the_editor_contract() {
+    let o = recipe(&[
+        "check",
+        "--format",
+        "json",
+        "tests/diagnostics/many-problems.rcp",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let stdout = String::from_utf8(o.stdout).unwrap();
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(lines.len() >= 6);
+    let first = &lines[0];
+    for field in [
+        "code", "severity", "message", "file", "span", "labels", "help",
+    ] {
+        assert!(first.get(field).is_some(), "missing {field} in {first}");
+    }
+    assert_eq!(first["code"], "R0010");
+    assert_eq!(first["severity"], "error");
+    assert_eq!(first["file"], "tests/diagnostics/many-problems.rcp");
+    // `modle` on line 2, columns 1..6, bytes after the first line.
+    assert_eq!(first["span"]["start"]["line"], 2);
+    assert_eq!(first["span"]["start"]["column"], 1);
+    assert_eq!(first["span"]["end"]["column"], 6);
+    let first_line_len = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/diagnostics/many-problems.rcp"),
+    )
+    .unwrap()
+    .lines()
+    .next()
+    .unwrap()
+    .len();
+    assert_eq!(first["span"]["start"]["offset"], first_line_len + 1);
+    assert_eq!(first["labels"][0]["primary"], true);
+    // Duplicate key: a secondary label too.
+    let dup = lines.iter().find(|l| l["code"] == "R0014").unwrap();
+    assert_eq!(dup["labels"].as_array().unwrap().len(), 2);
+    assert_eq!(dup["labels"][1]["primary"], false);
+}
+
+#[test]
+fn json_on_a_clean_recipe_prints_nothing() {
+    let o = recipe(&["check", "--format", "json", "recipes/cls.rcp"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(o.stdout.is_empty());
+}
+
+#[test]
+fn fmt_rewrites_in_place_and_check_mode_reports() {
+    let dir = temp_dir("fmt");
+    let path = dir.join("messy.rcp");
+    std::fs::write(
+        &path,
+        "# messy\nbatch   {micro=4,accumulate=2}\ndata{train=\"t.jsonl\"}\n",
+    )
+    .unwrap();
+    let p = path.to_str().unwrap();
+    let o = recipe(&["fmt", "--check", p]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("not formatted"));
+    let o = recipe(&["fmt", p]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let formatted = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(
+        formatted,
+        "# messy\nbatch { micro = 4, accumulate = 2 }\ndata { train = \"t.jsonl\" }\n"
+    );
+    assert_eq!(recipe(&["fmt", "--check", p]).status.code(), Some(0));
+    // Nothing but the file itself is left in the directory.
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+}
+
+#[test]
+fn fmt_leaves_a_file_with_syntax_errors_untouched() {
+    let dir = temp_dir("fmt-bad");
+    let path = dir.join("bad.rcp");
+    let text = "batch { micro = \n";
+    std::fs::write(&path, text).unwrap();
+    let o = recipe(&["fmt", path.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+}
+
+#[test]
+fn unbuilt_commands_say_so() {
+    for cmd in ["explain", "steps", "build", "run", "import"] {
+        let o = recipe(&[cmd, "recipes/cls.rcp"]);
+        assert_eq!(o.status.code(), Some(2), "{cmd}");
+        assert!(
+            stderr(&o).contains("not built yet"),
+            "{cmd}: {}",
+            stderr(&o)
+        );
+        assert!(o.stdout.is_empty());
+    }
+}

@@ -1,0 +1,92 @@
+//! Every diagnostic has a failing recipe under tests/diagnostics/ whose rendered output is a
+//! snapshot (tests/snapshots/). Files are named after the code they demonstrate.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use recipe::diagnostic::{render_human, to_json, Style};
+use recipe::{check_source, SourceFile};
+
+fn render(path: &Path) -> (String, Vec<&'static str>) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let name = format!(
+        "tests/diagnostics/{}",
+        path.file_name().unwrap().to_string_lossy()
+    );
+    let file = SourceFile::new(name, text);
+    let checked = check_source(&file.text);
+    let mut out = String::new();
+    for d in &checked.diagnostics {
+        out.push_str(&render_human(d, &file, Style::Plain));
+        out.push('\n');
+    }
+    out.push_str("--- json\n");
+    for d in &checked.diagnostics {
+        out.push_str(&serde_json::to_string(&to_json(d, &file)).unwrap());
+        out.push('\n');
+    }
+    (out, checked.diagnostics.iter().map(|d| d.code).collect())
+}
+
+#[test]
+fn rendered_diagnostics_match_snapshots() {
+    insta::glob!("diagnostics/*.rcp", |path| {
+        let (rendered, codes) = render(path);
+        let stem = path.file_stem().unwrap().to_string_lossy().to_string();
+        // `R0011-unknown-key.rcp` must report R0011.
+        if let Some(code) = stem.split('-').next().filter(|c| c.starts_with('R')) {
+            assert!(
+                codes.contains(&code),
+                "{stem} does not report {code}: {codes:?}"
+            );
+        }
+        assert!(!codes.is_empty(), "{stem} reports nothing");
+        insta::assert_snapshot!(rendered);
+    });
+}
+
+#[test]
+fn every_code_has_a_failing_recipe() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/diagnostics");
+    let covered: BTreeSet<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter_map(|n| n.split('-').next().map(str::to_string))
+        .collect();
+    for (code, name, _) in recipe::codes::ALL {
+        assert!(
+            covered.contains(*code),
+            "no failing recipe for {code} ({name}) in tests/diagnostics/"
+        );
+    }
+}
+
+#[test]
+fn codes_are_unique_and_well_formed() {
+    let mut seen = BTreeSet::new();
+    for (code, _, _) in recipe::codes::ALL {
+        assert!(
+            code.len() == 5
+                && code.starts_with('R')
+                && code[1..].chars().all(|c| c.is_ascii_digit())
+        );
+        assert!(seen.insert(*code), "{code} listed twice");
+    }
+}
+
+#[test]
+fn several_problems_are_all_reported_in_source_order() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/diagnostics/many-problems.rcp");
+    let text = std::fs::read_to_string(path).unwrap();
+    let checked = check_source(&text);
+    let starts: Vec<usize> = checked
+        .diagnostics
+        .iter()
+        .map(|d| d.primary.span.start)
+        .collect();
+    assert!(starts.len() >= 6, "{starts:?}");
+    assert!(
+        starts.windows(2).all(|w| w[0] <= w[1]),
+        "not in source order: {starts:?}"
+    );
+}

@@ -1,0 +1,82 @@
+//! The example recipes under recipes/: each checks clean, is already in canonical format, and
+//! formatting keeps its meaning (parse(fmt(x)) == parse(x), ignoring spans).
+
+use std::path::PathBuf;
+
+use recipe::format::format_source;
+use recipe::{check_source, syntax};
+
+fn examples() -> Vec<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("recipes");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "rcp"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 5, "expected at least five example recipes");
+    files
+}
+
+fn shape(text: &str) -> serde_json::Value {
+    serde_json::to_value(syntax::parse(text).unwrap()).unwrap()
+}
+
+#[test]
+fn every_example_checks_clean() {
+    for path in examples() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let checked = check_source(&text);
+        assert!(
+            checked.diagnostics.is_empty(),
+            "{} has findings: {:#?}",
+            path.display(),
+            checked.diagnostics
+        );
+    }
+}
+
+#[test]
+fn every_example_says_what_it_is_for() {
+    for path in examples() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            text.starts_with("# "),
+            "{} should open with a comment saying what it is for",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn examples_are_formatted_and_formatting_is_idempotent() {
+    for path in examples() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let once = format_source(&text).unwrap();
+        assert_eq!(once, text, "{} is not in canonical format", path.display());
+        assert_eq!(format_source(&once).unwrap(), once);
+    }
+}
+
+#[test]
+fn formatting_keeps_meaning_and_comments() {
+    for path in examples() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        // Squash the layout: one space everywhere, then format back.
+        let squashed: String = text
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let formatted = format_source(&squashed).unwrap();
+        assert_eq!(shape(&formatted), shape(&text), "{}", path.display());
+        let comments = |t: &str| syntax::parse(t).unwrap().comments.len();
+        assert_eq!(comments(&formatted), comments(&text), "{}", path.display());
+        assert_eq!(
+            formatted,
+            text,
+            "{}: formatting a squashed copy should restore it",
+            path.display()
+        );
+    }
+}
