@@ -112,44 +112,32 @@ const ADAM_EPS: &[&str] = &[
 ];
 const ONEBIT: &[&str] = &["onebitadam", "zerooneadam", "onebitlamb"];
 
-/// HF `lr_scheduler_type` names accepted by `schedule <kind>`.
-pub const HF_SCHEDULES: &[&str] = &[
-    "linear",
-    "cosine",
-    "cosine_with_restarts",
-    "polynomial",
-    "constant",
-    "constant_with_warmup",
-    "inverse_sqrt",
-    "reduce_lr_on_plateau",
-    "cosine_with_min_lr",
-    "warmup_stable_decay",
-];
-/// DeepSpeed scheduler types accepted by `schedule <kind>` (case as DeepSpeed spells them).
-pub const DS_SCHEDULES: &[&str] = &[
-    "WarmupLR",
-    "WarmupDecayLR",
-    "WarmupCosineLR",
-    "OneCycle",
-    "LRRangeTest",
-];
-const SCHEDULES: &[&str] = &[
-    "linear",
-    "cosine",
-    "cosine_with_restarts",
-    "polynomial",
-    "constant",
-    "constant_with_warmup",
-    "inverse_sqrt",
-    "reduce_lr_on_plateau",
-    "cosine_with_min_lr",
-    "warmup_stable_decay",
-    "WarmupLR",
-    "WarmupDecayLR",
-    "WarmupCosineLR",
-    "OneCycle",
-    "LRRangeTest",
-];
+/// Declares the HF and DeepSpeed schedule names once, and their union.
+macro_rules! schedules {
+    (hf: [$($hf:literal),* $(,)?], deepspeed: [$($ds:literal),* $(,)?] $(,)?) => {
+        /// HF `lr_scheduler_type` names accepted by `schedule <kind>`.
+        pub const HF_SCHEDULES: &[&str] = &[$($hf),*];
+        /// DeepSpeed scheduler types accepted by `schedule <kind>` (case as DeepSpeed spells them).
+        pub const DS_SCHEDULES: &[&str] = &[$($ds),*];
+        const SCHEDULES: &[&str] = &[$($hf,)* $($ds),*];
+    };
+}
+
+schedules! {
+    hf: [
+        "linear",
+        "cosine",
+        "cosine_with_restarts",
+        "polynomial",
+        "constant",
+        "constant_with_warmup",
+        "inverse_sqrt",
+        "reduce_lr_on_plateau",
+        "cosine_with_min_lr",
+        "warmup_stable_decay",
+    ],
+    deepspeed: ["WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest"],
+}
 const WARMED: &[&str] = &[
     "linear",
     "cosine",
@@ -337,7 +325,7 @@ pub static BLOCKS: &[BlockSpec] = &[
                 .default("the model config's"),
             key("gradient_checkpointing", Ty::Bool, "recompute activations in backward to save memory")
                 .default("false")
-                .hf("gradient_checkpointing"),
+                .hf("activation_checkpointing (gradient_checkpointing before 5.23)"),
         ],
         one_of: &[&["from", "config"]],
     },
@@ -460,7 +448,7 @@ pub static BLOCKS: &[BlockSpec] = &[
             key("warmup", Ty::Steps, "warmup length: optimizer steps, or a fraction of all steps")
                 .default("0")
                 .ds("scheduler.params.warmup_num_steps")
-                .hf("warmup_steps (warmup_ratio before transformers 5)")
+                .hf("warmup_steps (a fraction: warmup_ratio before transformers 5.0)")
                 .kinds(WARMED),
             key("warmup_type", Ty::Word(&["linear", "log"]), "shape of a DeepSpeed warmup")
                 .default("linear (DeepSpeed's own default is log)")
@@ -505,7 +493,10 @@ pub static BLOCKS: &[BlockSpec] = &[
                 .kinds(&["warmup_stable_decay"]),
             key("factor", UNIT, "LR reduction factor on a plateau").default("0.1").hf("lr_scheduler_kwargs.factor").kinds(&["reduce_lr_on_plateau"]),
             key("patience", NON_NEGATIVE, "evaluations without improvement before reducing").default("10").hf("lr_scheduler_kwargs.patience").kinds(&["reduce_lr_on_plateau"]),
-            key("cycle_min_lr", LR, "lowest LR of the cycle").ds("scheduler.params.cycle_min_lr").kinds(&["OneCycle"]),
+            key("cycle_min_lr", LR, "lowest LR of the cycle (DeepSpeed requires it)")
+                .required()
+                .ds("scheduler.params.cycle_min_lr")
+                .kinds(&["OneCycle"]),
             key("cycle_max_lr", LR, "highest LR of the cycle").default("the optimizer's lr").ds("scheduler.params.cycle_max_lr").kinds(&["OneCycle"]),
             key("cycle_first_step_size", POSITIVE, "steps of the rising half").default("2000").ds("scheduler.params.cycle_first_step_size").kinds(&["OneCycle"]),
             key("cycle_second_step_size", POSITIVE, "steps of the falling half").default("cycle_first_step_size").ds("scheduler.params.cycle_second_step_size").kinds(&["OneCycle"]),
@@ -549,8 +540,8 @@ pub static BLOCKS: &[BlockSpec] = &[
             key("fp16_backend", Ty::Word(&["amp", "apex"]), "fp16 implementation (apex is incompatible with ZeRO)")
                 .default("amp")
                 .ds("amp.enabled")
-                .hf("half_precision_backend (fp16_backend before 4.x)"),
-            key("loss_scale", Ty::WordOrInt(&["dynamic"], 1, i64::MAX), "fp16 loss scale: dynamic, or a fixed power of two")
+                .hf("half_precision_backend (transformers 4.x; removed in 5.0, where apex is gone)"),
+            key("loss_scale", Ty::WordOrInt(&["dynamic"], 1, i64::MAX), "fp16 loss scale: dynamic, or a fixed scale")
                 .default("dynamic")
                 .ds("fp16.loss_scale"),
             key("initial_scale_power", Ty::Int { min: 0, max: 63 }, "the dynamic loss scale starts at 2^this")

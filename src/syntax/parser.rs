@@ -308,7 +308,7 @@ impl Builder {
                             )
                             .with_label(why)
                             .with_help(
-                                "numbers look like `16`, `0.9`, `3e-5`, `6%` or `60M` (k, M, G, T suffixes)",
+                                "numbers look like `16`, `0.9`, `3e-5`, `6%` or `60M` (suffixes k, M, G, T; Ki, Mi, Gi, Ti)",
                             ),
                         );
                         NumberValue::Int(0)
