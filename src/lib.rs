@@ -9,9 +9,15 @@ pub mod check;
 pub mod codes;
 pub mod diagnostic;
 pub mod format;
+pub mod lr;
+pub mod memory;
+pub mod resolve;
+pub mod rules;
 pub mod schema;
 pub mod source;
+pub mod steps;
 pub mod syntax;
+pub mod versions;
 
 pub use check::{check_source, Checked};
 pub use diagnostic::{Diagnostic, Severity};

@@ -90,3 +90,44 @@ fn several_problems_are_all_reported_in_source_order() {
         "not in source order: {starts:?}"
     );
 }
+
+#[test]
+fn passing_neighbours_are_clean() {
+    // tests/diagnostics/ok/R0101-….rcp is the failing recipe with the problem fixed.
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/diagnostics/ok");
+    let mut count = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let checked = check_source(&text);
+        assert!(
+            checked.diagnostics.is_empty(),
+            "{} is not clean: {:#?}",
+            path.display(),
+            checked.diagnostics
+        );
+        let failing = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/diagnostics")
+            .join(path.file_name().unwrap());
+        assert!(failing.exists(), "{} has no failing twin", path.display());
+        count += 1;
+    }
+    assert!(count >= 8);
+}
+
+#[test]
+fn every_rule_code_has_a_passing_neighbour() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/diagnostics/ok");
+    let covered: BTreeSet<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter_map(|n| n.split('-').next().map(str::to_string))
+        .collect();
+    // Codes from R0100 on are upstream rules: each has a neighbour that passes.
+    for (code, name, _) in recipe::codes::ALL.iter().filter(|(c, _, _)| *c >= "R0100") {
+        assert!(
+            covered.contains(*code),
+            "no passing neighbour for {code} ({name}) in tests/diagnostics/ok/"
+        );
+    }
+}

@@ -3,8 +3,10 @@
 
 use std::path::PathBuf;
 
+use recipe::check::check_source_with;
 use recipe::format::format_source;
-use recipe::{check_source, syntax};
+use recipe::resolve::Options;
+use recipe::syntax;
 
 fn examples() -> Vec<PathBuf> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("recipes");
@@ -26,7 +28,12 @@ fn shape(text: &str) -> serde_json::Value {
 fn every_example_checks_clean() {
     for path in examples() {
         let text = std::fs::read_to_string(&path).unwrap();
-        let checked = check_source(&text);
+        // Relative data paths are read from the recipe's directory, as `recipe check` does.
+        let options = Options {
+            base_dir: path.parent().map(|p| p.to_path_buf()),
+            ..Options::default()
+        };
+        let checked = check_source_with(&text, &options);
         assert!(
             checked.diagnostics.is_empty(),
             "{} has findings: {:#?}",

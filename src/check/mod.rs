@@ -5,6 +5,8 @@ pub mod schema;
 pub mod suggest;
 
 use crate::diagnostic::{self, Diagnostic};
+use crate::resolve::{self, Options};
+use crate::rules;
 use crate::syntax::{self, ast::File};
 
 /// The outcome of checking one source text.
@@ -23,11 +25,21 @@ impl Checked {
     }
 }
 
-/// Parses and checks a recipe's text.
+/// Parses and checks a recipe's text with no command-line options.
 pub fn check_source(text: &str) -> Checked {
+    check_source_with(text, &Options::default())
+}
+
+/// Parses and checks a recipe's text: syntax, schema, then (when those are clean) resolution
+/// and the upstream rules.
+pub fn check_source_with(text: &str, options: &Options) -> Checked {
     match syntax::parse(text) {
         Ok(file) => {
             let mut diagnostics = schema::check(&file);
+            if !diagnostics.iter().any(Diagnostic::is_error) {
+                let resolved = resolve::resolve(&file, options);
+                diagnostics.extend(rules::check(&resolved));
+            }
             diagnostic::sort(&mut diagnostics);
             Checked {
                 file: Some(file),

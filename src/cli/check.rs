@@ -6,9 +6,10 @@ use std::path::PathBuf;
 use recipe::diagnostic::{render_human, to_json};
 use recipe::Severity;
 
-use super::{read, style, Format, FAILED, OK, USAGE};
+use super::{read, style, Format, RecipeFlags, FAILED, OK, USAGE};
 
-pub fn run(files: &[PathBuf], format: Format) -> i32 {
+pub fn run(files: &[PathBuf], flags: &RecipeFlags) -> i32 {
+    let format = flags.format;
     let mut code = OK;
     let stdout = std::io::stdout();
     let mut stdout = stdout.lock();
@@ -17,7 +18,14 @@ pub fn run(files: &[PathBuf], format: Format) -> i32 {
             code = USAGE;
             continue;
         };
-        let checked = recipe::check_source(&file.text);
+        let options = match flags.options(path) {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return USAGE;
+            }
+        };
+        let checked = recipe::check::check_source_with(&file.text, &options);
         match format {
             Format::Human => {
                 for d in &checked.diagnostics {

@@ -38,9 +38,8 @@ enum Command {
         /// Recipe files (`-` reads standard input).
         #[arg(required = true)]
         files: Vec<PathBuf>,
-        /// Output: human (diagnostics on stderr) or json (one object per line on stdout).
-        #[arg(long, value_enum, default_value_t = Format::Human)]
-        format: Format,
+        #[command(flatten)]
+        flags: RecipeFlags,
     },
     /// Rewrite recipes in canonical layout, keeping comments.
     Fmt {
@@ -78,6 +77,74 @@ enum Command {
     },
 }
 
+/// The flags every recipe command takes.
+#[derive(clap::Args, Clone)]
+pub struct RecipeFlags {
+    /// GPUs per node (overrides `cluster.gpus`).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub gpus: Option<u64>,
+    /// Nodes (overrides `cluster.nodes`).
+    #[arg(long, value_name = "M", value_parser = clap::value_parser!(u64).range(1..))]
+    pub nodes: Option<u64>,
+    /// Training examples, instead of counting the training file's rows.
+    #[arg(long, value_name = "N")]
+    pub samples: Option<u64>,
+    /// Target version, e.g. `transformers=4.24.0` (repeatable; overrides `target`).
+    #[arg(long, value_name = "LIB=VERSION")]
+    pub target: Vec<String>,
+    /// Any recipe item, e.g. `batch.micro=8` (repeatable).
+    #[arg(long = "set", value_name = "BLOCK.KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Output: human (on stderr) or json (on stdout).
+    #[arg(long, value_enum, default_value_t = Format::Human)]
+    pub format: Format,
+}
+
+impl RecipeFlags {
+    /// The resolution options for a recipe at `path`; a bad flag is a usage error.
+    pub fn options(&self, path: &Path) -> Result<recipe::resolve::Options, String> {
+        let mut targets = Vec::new();
+        for t in &self.target {
+            let (lib, version) = t.split_once('=').ok_or_else(|| {
+                format!("`--target {t}`: expected LIB=VERSION, e.g. transformers=4.24.0")
+            })?;
+            let lib = recipe::versions::Library::ALL
+                .into_iter()
+                .find(|l| l.key() == lib.trim())
+                .ok_or_else(|| {
+                    format!(
+                        "`--target {t}`: the libraries are transformers, accelerate and deepspeed"
+                    )
+                })?;
+            let version = version
+                .parse()
+                .map_err(|e| format!("`--target {t}`: {e}"))?;
+            targets.push((lib, version));
+        }
+        let sets = self
+            .set
+            .iter()
+            .map(|s| recipe::resolve::overrides::parse(s))
+            .collect::<Result<Vec<_>, _>>()?;
+        let base_dir = if path.as_os_str() == "-" {
+            None
+        } else {
+            Some(
+                path.parent()
+                    .map_or_else(|| PathBuf::from("."), Path::to_path_buf),
+            )
+        };
+        Ok(recipe::resolve::Options {
+            gpus: self.gpus,
+            nodes: self.nodes,
+            samples: self.samples,
+            targets,
+            sets,
+            base_dir,
+        })
+    }
+}
+
 /// Output format of `check`.
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -97,7 +164,7 @@ pub fn main() -> i32 {
         }
     };
     match cli.command {
-        Command::Check { files, format } => check::run(&files, format),
+        Command::Check { files, flags } => check::run(&files, &flags),
         Command::Fmt { files, check } => fmt::run(&files, check),
         Command::Explain { .. } => not_built("explain", 3),
         Command::Steps { .. } => not_built("steps", 3),

@@ -45,6 +45,29 @@ pub fn parse(text: &str) -> Result<File, Vec<Diagnostic>> {
     }
 }
 
+/// Parses a lone value (the right-hand side of `--set key=value`).
+pub fn parse_value(text: &str) -> Result<Value, Vec<Diagnostic>> {
+    if let Some(d) = delimiters::scan(text) {
+        return Err(vec![d]);
+    }
+    let mut pairs = RecipeParser::parse(Rule::lone_value, text)
+        .map_err(|e| vec![expected::syntax_error(text, &e)])?;
+    let pair = pairs
+        .next()
+        .expect("the lone_value rule always yields one pair");
+    let value_pair = pair
+        .into_inner()
+        .find(|p| p.as_rule() == Rule::value)
+        .expect("lone_value holds a value");
+    let mut builder = Builder::default();
+    let value = builder.value(value_pair);
+    if builder.errors.is_empty() {
+        Ok(value)
+    } else {
+        Err(builder.errors)
+    }
+}
+
 fn span(pair: &Pair<Rule>) -> Span {
     let s = pair.as_span();
     Span::new(s.start(), s.end())

@@ -1,0 +1,424 @@
+//! Resolution: from the checked AST to a [`Resolved`] recipe in which every value the artefacts
+//! need is concrete and carries its provenance. Nothing after this reads the AST.
+//!
+//! Order: target versions → every block's label and keys in schema order (written, else a
+//! `--set` flag, else a default) → world size → the batch triple (DeepSpeed's inference) →
+//! samples (written, `--samples`, or counted) → step accounting.
+
+pub mod batch;
+pub mod defaults;
+pub mod files;
+pub mod overrides;
+pub mod value;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use crate::schema::{BodySpec, LabelSpec, BLOCKS};
+use crate::steps;
+use crate::syntax::ast::{Block, Entry, File, Span, ValueKind};
+use crate::versions::{Facts, Library, Targets, Version};
+
+pub use overrides::Override;
+pub use value::{Setting, Source, Val};
+
+/// What the command line adds to a recipe.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// `--gpus N`: GPUs per node.
+    pub gpus: Option<u64>,
+    /// `--nodes M`.
+    pub nodes: Option<u64>,
+    /// `--samples N`: training examples, instead of counting the dataset's rows.
+    pub samples: Option<u64>,
+    /// `--target lib=version`, in order.
+    pub targets: Vec<(Library, Version)>,
+    /// `--set block.key=value`, in order (later wins).
+    pub sets: Vec<Override>,
+    /// The recipe's directory: relative data and model paths are read from there.
+    pub base_dir: Option<PathBuf>,
+}
+
+/// The name under which a block's label is resolved (`zero 2` → `zero.stage`).
+pub fn label_key(block: &str) -> &'static str {
+    match block {
+        "recipe" => "name",
+        "model" => "arch",
+        "zero" => "stage",
+        _ => "kind",
+    }
+}
+
+/// A recipe with every value resolved.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The versions the recipe targets.
+    pub targets: Targets,
+    /// Where each target version came from (transformers, accelerate, deepspeed).
+    pub target_sources: [Source; 3],
+    /// The version-dependent facts for those targets.
+    pub facts: Facts,
+    settings: Vec<Setting>,
+    index: HashMap<String, usize>,
+    /// Spans of blocks as written, for diagnostics about a whole block.
+    pub block_spans: HashMap<String, Span>,
+    /// Raw `deepspeed { }` keys (dotted path, value, span).
+    pub raw_deepspeed: Vec<(String, Val, Span)>,
+    /// Raw `hf { }` fields (dotted path, value, span).
+    pub raw_hf: Vec<(String, Val, Span)>,
+}
+
+impl Resolved {
+    fn empty() -> Self {
+        let newest = Targets::newest();
+        let source = || Source::Default {
+            reason: "newest known release".into(),
+        };
+        Resolved {
+            targets: newest,
+            target_sources: [source(), source(), source()],
+            facts: Facts::for_targets(&newest),
+            settings: Vec::new(),
+            index: HashMap::new(),
+            block_spans: HashMap::new(),
+            raw_deepspeed: Vec::new(),
+            raw_hf: Vec::new(),
+        }
+    }
+
+    /// Sets (or replaces) a value.
+    pub fn set(&mut self, key: &str, value: Val, source: Source) {
+        let setting = Setting {
+            key: key.to_string(),
+            value,
+            source,
+        };
+        match self.index.get(key) {
+            Some(&i) => self.settings[i] = setting,
+            None => {
+                self.index.insert(key.to_string(), self.settings.len());
+                self.settings.push(setting);
+            }
+        }
+    }
+
+    /// Every setting, in resolution order.
+    pub fn settings(&self) -> &[Setting] {
+        &self.settings
+    }
+
+    /// One setting.
+    pub fn get(&self, key: &str) -> Option<&Setting> {
+        self.index.get(key).map(|&i| &self.settings[i])
+    }
+
+    /// A value.
+    pub fn val(&self, key: &str) -> Option<&Val> {
+        self.get(key).map(|s| &s.value)
+    }
+
+    /// An integer value.
+    pub fn int(&self, key: &str) -> Option<i64> {
+        self.val(key).and_then(Val::as_i64)
+    }
+
+    /// A non-negative integer value.
+    pub fn uint(&self, key: &str) -> Option<u64> {
+        self.int(key).and_then(|i| u64::try_from(i).ok())
+    }
+
+    /// A numeric value (`6%` is 0.06).
+    pub fn f64(&self, key: &str) -> Option<f64> {
+        self.val(key).and_then(Val::as_f64)
+    }
+
+    /// A word value (or a call's name).
+    pub fn word(&self, key: &str) -> Option<&str> {
+        self.val(key).and_then(Val::as_word)
+    }
+
+    /// A string value.
+    pub fn str(&self, key: &str) -> Option<&str> {
+        self.val(key).and_then(Val::as_str)
+    }
+
+    /// A boolean value.
+    pub fn bool(&self, key: &str) -> Option<bool> {
+        self.val(key).and_then(Val::as_bool)
+    }
+
+    /// The span where the recipe wrote this value.
+    pub fn span(&self, key: &str) -> Option<Span> {
+        self.get(key).and_then(|s| s.source.span())
+    }
+
+    /// Whether the value was given (in the recipe or a flag) rather than defaulted or derived.
+    pub fn is_given(&self, key: &str) -> bool {
+        matches!(
+            self.get(key).map(|s| &s.source),
+            Some(Source::Written { .. } | Source::Flag { .. })
+        )
+    }
+}
+
+/// Resolves a parsed, schema-checked recipe.
+pub fn resolve(file: &File, options: &Options) -> Resolved {
+    let mut r = Resolved::empty();
+    let blocks: HashMap<&str, &Block> = file
+        .blocks
+        .iter()
+        .rev() // the first of duplicate blocks wins (duplicates are already an error)
+        .map(|b| (b.name.name.as_str(), b))
+        .collect();
+    for (name, block) in &blocks {
+        r.block_spans.insert(name.to_string(), block.header_span());
+    }
+
+    resolve_targets(&mut r, blocks.get("target").copied(), options);
+
+    for spec in BLOCKS {
+        let block = blocks.get(spec.name).copied();
+        match spec.body {
+            BodySpec::Pairs => continue, // targets, done above
+            BodySpec::Raw(kind) => {
+                if let Some(body) = block.and_then(|b| b.body.as_ref()) {
+                    let mut raw = Vec::new();
+                    flatten_raw(&body.entries, "", &mut raw);
+                    match kind {
+                        crate::schema::RawKind::DeepSpeed => r.raw_deepspeed = raw,
+                        crate::schema::RawKind::Hf => r.raw_hf = raw,
+                    }
+                }
+                continue;
+            }
+            BodySpec::None | BodySpec::Items => {}
+        }
+        // The label.
+        let label_name = format!("{}.{}", spec.name, label_key(spec.name));
+        if !matches!(spec.label, LabelSpec::None) {
+            let written = block.and_then(|b| b.label.as_ref());
+            if let Some(o) = options.sets.iter().rev().find(|o| o.key == label_name) {
+                r.set(&label_name, o.value.clone(), o.source());
+            } else if let Some(label) = written {
+                r.set(
+                    &label_name,
+                    Val::from_ast(label),
+                    Source::Written { span: label.span },
+                );
+            } else if spec.name == "recipe" {
+                // Nameless recipes are named after their file by the CLI; fall back to "recipe".
+                r.set(
+                    &label_name,
+                    Val::Str("recipe".into()),
+                    Source::Default {
+                        reason: "no `recipe` name".into(),
+                    },
+                );
+            } else if let Some((v, s)) = defaults::default(&label_name, &r) {
+                r.set(&label_name, v, s);
+            }
+        }
+        let kind = r.word(&label_name).map(str::to_string);
+        // The keys.
+        for key in spec.keys {
+            if !key.applies_to(kind.as_deref()) && !key.kinds.is_empty() {
+                continue;
+            }
+            let name = format!("{}.{}", spec.name, key.name);
+            let written = block.and_then(|b| b.body.as_ref()).and_then(|body| {
+                body.entries.iter().find_map(|e| match e {
+                    Entry::Item(item) if item.key.text == key.name => Some(item),
+                    _ => None,
+                })
+            });
+            if let Some(o) = options.sets.iter().rev().find(|o| o.key == name) {
+                r.set(&name, o.value.clone(), o.source());
+            } else if let Some(item) = written {
+                r.set(
+                    &name,
+                    Val::from_ast(&item.value),
+                    Source::Written {
+                        span: item.value.span,
+                    },
+                );
+            } else if let Some((v, s)) = defaults::default(&name, &r) {
+                r.set(&name, v, s);
+            }
+        }
+        if spec.name == "model" {
+            files::model_config(&mut r, options);
+        }
+    }
+
+    resolve_world(&mut r, options);
+    batch::infer(&mut r);
+    files::samples(&mut r, options);
+    resolve_steps(&mut r);
+    r
+}
+
+fn resolve_targets(r: &mut Resolved, block: Option<&Block>, options: &Options) {
+    for (i, lib) in Library::ALL.into_iter().enumerate() {
+        let written = block.and_then(|b| b.body.as_ref()).and_then(|body| {
+            body.entries.iter().find_map(|e| match e {
+                Entry::Item(item) if item.key.text == lib.key() => match &item.value.kind {
+                    ValueKind::Str(s) => s.parse::<Version>().ok().map(|v| (v, item.value.span)),
+                    _ => None,
+                },
+                _ => None,
+            })
+        });
+        if let Some((_, v)) = options.targets.iter().rev().find(|(l, _)| *l == lib) {
+            r.targets.set(lib, *v);
+            r.target_sources[i] = Source::Flag {
+                flag: format!("--target {}={v}", lib.key()),
+            };
+        } else if let Some((v, span)) = written {
+            r.targets.set(lib, v);
+            r.target_sources[i] = Source::Written { span };
+        }
+    }
+    r.facts = Facts::for_targets(&r.targets);
+}
+
+fn flatten_raw(entries: &[Entry], prefix: &str, out: &mut Vec<(String, Val, Span)>) {
+    for entry in entries {
+        let path = if prefix.is_empty() {
+            entry.key().text.clone()
+        } else {
+            format!("{prefix}.{}", entry.key().text)
+        };
+        match entry {
+            Entry::Item(item) => out.push((path, Val::from_ast(&item.value), item.value.span)),
+            Entry::Section(section) => flatten_raw(&section.body.entries, &path, out),
+        }
+    }
+}
+
+fn flag_or<T: Copy + ToString>(flag: Option<T>, name: &str) -> Option<(Val, Source)>
+where
+    i64: TryFrom<T>,
+{
+    flag.and_then(|v| {
+        i64::try_from(v).ok().map(|i| {
+            (
+                Val::Int(i),
+                Source::Flag {
+                    flag: format!("--{name} {}", v.to_string()),
+                },
+            )
+        })
+    })
+}
+
+fn resolve_world(r: &mut Resolved, options: &Options) {
+    if let Some((v, s)) = flag_or(options.gpus, "gpus") {
+        r.set("cluster.gpus", v, s);
+    }
+    if let Some((v, s)) = flag_or(options.nodes, "nodes") {
+        r.set("cluster.nodes", v, s);
+    }
+    let gpus = r.int("cluster.gpus").unwrap_or(1);
+    let nodes = r.int("cluster.nodes").unwrap_or(1);
+    r.set(
+        "cluster.world_size",
+        Val::Int(gpus * nodes),
+        Source::Derived {
+            rule: "gpus × nodes".into(),
+            inputs: vec![
+                format!("cluster.gpus = {gpus}"),
+                format!("cluster.nodes = {nodes}"),
+            ],
+        },
+    );
+}
+
+/// Warmup as the recipe states it.
+pub fn warmup(r: &Resolved) -> Option<steps::Warmup> {
+    match r.val("schedule.warmup")? {
+        Val::Percent(p) => Some(steps::Warmup::Fraction(p / 100.0)),
+        Val::Float(f) if *f < 1.0 => Some(steps::Warmup::Fraction(*f)),
+        v => v.as_i64().map(|s| steps::Warmup::Steps(s.max(0) as u64)),
+    }
+}
+
+fn resolve_steps(r: &mut Resolved) {
+    let (Some(samples), Some(micro), Some(acc), Some(world)) = (
+        r.uint("data.samples"),
+        r.uint("batch.micro"),
+        r.uint("batch.accumulate"),
+        r.uint("cluster.world_size"),
+    ) else {
+        return;
+    };
+    if micro == 0 || acc == 0 || world == 0 {
+        return;
+    }
+    let drop_last = r.bool("data.drop_last").unwrap_or(false);
+    let facts = r.facts.clone();
+    let l = steps::batches_per_rank(samples, micro, world, drop_last, facts.sharding);
+    let sharding = match facts.sharding {
+        crate::versions::Sharding::BatchSamplerShard => "accelerate BatchSamplerShard",
+        crate::versions::Sharding::DistributedSampler => "torch DistributedSampler",
+    };
+    r.set(
+        "steps.batches_per_epoch",
+        Val::Int(l as i64),
+        Source::Derived {
+            rule: format!(
+                "micro-batches per rank per epoch, L ({sharding}{})",
+                if drop_last { ", drop_last" } else { "" }
+            ),
+            inputs: vec![
+                format!("data.samples = {samples}"),
+                format!("batch.micro = {micro}"),
+                format!("cluster.world_size = {world}"),
+            ],
+        },
+    );
+    let u = steps::updates_per_epoch(l, acc, facts.updates_per_epoch);
+    let rounding = match facts.updates_per_epoch {
+        crate::versions::Rounding::Floor => "max(L // G, 1)",
+        crate::versions::Rounding::Ceil => "max(ceil(L / G), 1)",
+    };
+    r.set(
+        "steps.per_epoch",
+        Val::Int(u as i64),
+        Source::Derived {
+            rule: format!("optimizer steps per epoch, U = {rounding}"),
+            inputs: vec![format!("L = {l}"), format!("G = batch.accumulate = {acc}")],
+        },
+    );
+    let epochs = r.f64("train.epochs").unwrap_or(3.0);
+    let max_steps = r.uint("train.max_steps");
+    let total = steps::total_steps(epochs, u, max_steps);
+    r.set(
+        "steps.total",
+        Val::Int(total as i64),
+        Source::Derived {
+            rule: if max_steps.is_some() {
+                "train.max_steps".into()
+            } else {
+                "ceil(epochs × U)".into()
+            },
+            inputs: vec![
+                format!("train.epochs = {}", value::fmt_f64(epochs)),
+                format!("U = {u}"),
+            ],
+        },
+    );
+    if let Some(w) = warmup(r) {
+        let steps = steps::warmup_steps(w, total, facts.warmup_args);
+        r.set(
+            "steps.warmup",
+            Val::Int(steps as i64),
+            Source::Derived {
+                rule: match w {
+                    steps::Warmup::Steps(_) => "schedule.warmup, in steps".into(),
+                    steps::Warmup::Fraction(_) => "ceil(total × warmup fraction)".into(),
+                },
+                inputs: vec![format!("steps.total = {total}")],
+            },
+        );
+    }
+}

@@ -1,0 +1,84 @@
+//! Batch rules: DeepSpeed's `train_batch_size == micro × accumulate × world` assertion, evaluated
+//! at check time with the target world size (R-B01; DeepSpeed@v0.19.5
+//! runtime/config.py:DeepSpeedConfig._batch_assertion).
+
+use crate::codes;
+use crate::diagnostic::Diagnostic;
+use crate::resolve::Resolved;
+
+use super::{anchor, origin};
+
+/// Checks the batch triple.
+pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
+    let (Some(mb), Some(gas), Some(tb), Some(world)) = (
+        r.int("batch.micro"),
+        r.int("batch.accumulate"),
+        r.int("batch.global"),
+        r.int("cluster.world_size"),
+    ) else {
+        return;
+    };
+    for (name, v) in [("micro", mb), ("accumulate", gas), ("global", tb)] {
+        if v <= 0 {
+            let given: Vec<String> = ["batch.micro", "batch.accumulate", "batch.global"]
+                .iter()
+                .filter(|k| r.is_given(k))
+                .map(|k| format!("{} = {}", k, r.int(k).unwrap_or(0)))
+                .collect();
+            out.push(
+                Diagnostic::error(
+                    codes::BATCH_ZERO,
+                    format!("`{name}` comes out as {v}: DeepSpeed requires it to be greater than 0"),
+                    anchor(r, "batch.global"),
+                )
+                .with_label(format!("from {} on {world} GPU(s)", given.join(", ")))
+                .with_help(format!(
+                    "DeepSpeed derives `{name}` by integer division; make `global` at least micro × world = {}",
+                    mb.max(1) * world
+                )),
+            );
+            return;
+        }
+    }
+    let product = mb * gas * world;
+    if product == tb {
+        return;
+    }
+    // Label every value that was written; say where the others came from.
+    let mut d = Diagnostic::error(
+        codes::BATCH_MISMATCH,
+        format!(
+            "the batch sizes do not add up: global {tb} ≠ micro {mb} × accumulate {gas} × world {world} = {product}"
+        ),
+        anchor(r, "batch.global"),
+    )
+    .with_label(format!("global = {tb}{}", origin(r, "batch.global")));
+    for (key, what) in [("batch.micro", "micro"), ("batch.accumulate", "accumulate")] {
+        if let Some(span) = r.span(key) {
+            d = d.with_secondary(
+                span,
+                format!("{what} = {}{}", r.int(key).unwrap_or(0), origin(r, key)),
+            );
+        }
+    }
+    if let Some(span) = r.span("cluster.gpus").or_else(|| r.span("cluster.nodes")) {
+        d = d.with_secondary(span, format!("world size {world}"));
+    }
+    let fix = if tb % (mb * world) == 0 {
+        format!(
+            "set accumulate = {} (= {tb} / ({mb} × {world}))",
+            tb / (mb * world)
+        )
+    } else if tb % (gas * world) == 0 {
+        format!(
+            "set micro = {} (= {tb} / ({gas} × {world}))",
+            tb / (gas * world)
+        )
+    } else {
+        format!("set global = {product}, or remove `global` and let it be derived")
+    };
+    out.push(d.with_help(format!(
+        "DeepSpeed asserts train_batch_size == micro_batch_per_gpu × gradient_acc_step × world_size at launch ({world} GPU(s){}); {fix}",
+        origin(r, "cluster.world_size").replace(" (derived)", "")
+    )));
+}

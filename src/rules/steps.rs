@@ -1,0 +1,184 @@
+//! Step rules: the predicted optimizer steps (R-S01), the HF/DeepSpeed drift windows (R-S02,
+//! R-S03), the 4.47–4.51 early stop (R-S04), warmup against the total, runs without steps.
+
+use crate::codes;
+use crate::diagnostic::Diagnostic;
+use crate::resolve::Resolved;
+use crate::steps;
+use crate::versions::{DsBoundary, HfStepRule, Rounding};
+
+use super::{anchor, origin};
+
+/// The timeline of the run as the targets execute it, when the inputs are known.
+pub fn run_timeline(r: &Resolved) -> Option<Vec<steps::Row>> {
+    let l = r.uint("steps.batches_per_epoch")?;
+    let g = r.uint("batch.accumulate")?;
+    let total = r.uint("steps.total")?;
+    let u = r.uint("steps.per_epoch")?.max(1);
+    let epochs = total.div_ceil(u).max(1);
+    Some(steps::timeline(
+        l,
+        g,
+        epochs,
+        total,
+        r.facts.hf_step_rule,
+        r.facts.ds_boundary,
+    ))
+}
+
+/// Whether DeepSpeed takes part (a ZeRO stage or the DeepSpeed path at all). Every recipe
+/// compiles to DeepSpeed + HF today, so it always does.
+fn uses_deepspeed(_r: &Resolved) -> bool {
+    true
+}
+
+/// Checks step accounting.
+pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
+    if r.uint("data.samples").is_none() {
+        out.push(
+            Diagnostic::warning(
+                codes::SAMPLES_UNKNOWN,
+                "the number of training samples is unknown, so optimizer steps cannot be predicted",
+                anchor(r, "data.train"),
+            )
+            .with_label("not a readable local file")
+            .with_help(
+                "give `samples = N` in `data` (or --samples N) when the file lives elsewhere",
+            ),
+        );
+        return;
+    }
+    let (Some(l), Some(g), Some(u), Some(total)) = (
+        r.uint("steps.batches_per_epoch"),
+        r.uint("batch.accumulate"),
+        r.uint("steps.per_epoch"),
+        r.uint("steps.total"),
+    ) else {
+        return;
+    };
+    if total == 0 || l == 0 {
+        out.push(
+            Diagnostic::error(
+                codes::NO_STEPS,
+                format!("this run takes no optimizer step ({l} micro-batches per epoch, {total} steps in all)"),
+                anchor(r, if l == 0 { "data.samples" } else { "train.epochs" }),
+            )
+            .with_label("nothing to train on")
+            .with_help("check `epochs`/`max_steps`, and that there are at least micro × world samples (or drop_last = false)"),
+        );
+        return;
+    }
+    let tf = r.targets.transformers;
+    if uses_deepspeed(r) && g > 1 {
+        if let Some(rows) = run_timeline(r) {
+            if steps::diverges(&rows) {
+                out.push(drift(r, &rows, l, g));
+            }
+        }
+    }
+    // transformers 4.47–4.51: floor U with stepping at every epoch end (§5.5, issue #36297).
+    if r.facts.hf_step_rule == HfStepRule::EpochModuloOrLast
+        && r.facts.updates_per_epoch == Rounding::Floor
+        && l % g != 0
+        && r.uint("train.max_steps").is_none()
+    {
+        let epochs = r.f64("train.epochs").unwrap_or(3.0);
+        let steps_run = l.div_ceil(g);
+        out.push(
+            Diagnostic::error(
+                codes::EARLY_STOP,
+                format!(
+                    "transformers {tf} stops after {total} optimizer steps, before the last epoch ends"
+                ),
+                anchor(r, "train.epochs"),
+            )
+            .with_label(format!(
+                "{} epochs × {u} steps (floor of {l}/{g}) = {total}, but each epoch takes {steps_run}",
+                crate::resolve::value::fmt_f64(epochs)
+            ))
+            .with_help("upgrade to transformers ≥ 4.52 (`target transformers \"4.52.0\"`), set `max_steps`, or make the micro-batches per epoch a multiple of `accumulate`"),
+        );
+    }
+    if let Some(w) = r.uint("steps.warmup") {
+        if w >= total && total > 0 {
+            out.push(
+                Diagnostic::warning(
+                    codes::WARMUP_TOO_LONG,
+                    format!("the warmup ({w} steps) lasts the whole run ({total} optimizer steps)"),
+                    anchor(r, "schedule.warmup"),
+                )
+                .with_label(format!(
+                    "{w} warmup steps{}",
+                    origin(r, "steps.warmup").replace(" (derived)", "")
+                ))
+                .with_help(
+                    "the learning rate never reaches its peak; shorten the warmup or train longer",
+                ),
+            );
+        }
+    }
+}
+
+fn drift(r: &Resolved, rows: &[steps::Row], l: u64, g: u64) -> Diagnostic {
+    let first = rows
+        .iter()
+        .find(|row| row.hf_step != row.ds_step)
+        .expect("diverges");
+    let hf_steps = rows.last().map_or(0, |row| row.hf_global);
+    let ds_steps = rows.last().map_or(0, |row| row.ds_global);
+    let (tf, acc) = (r.targets.transformers, r.targets.accelerate);
+    let why = match (r.facts.hf_step_rule, r.facts.ds_boundary) {
+        (HfStepRule::EpochModulo, _) => format!(
+            "transformers {tf} restarts its accumulation count every epoch while DeepSpeed counts micro-batches from the start"
+        ),
+        (HfStepRule::Cumulative, _) => format!(
+            "with {l} micro-batches per epoch (≤ accumulate {g}) transformers {tf} steps at every epoch end, DeepSpeed does not"
+        ),
+        (HfStepRule::EpochModuloOrLast, DsBoundary::OwnCounter) => format!(
+            "transformers {tf} steps at every epoch end, but accelerate {acc} lets DeepSpeed count micro-batches on its own"
+        ),
+        (HfStepRule::EpochModuloOrLast, DsBoundary::FollowsHf) => "the step counters differ".into(),
+    };
+    // A nearby accumulation that divides L removes the epoch-end window.
+    let better_g = (1..=l.min(4 * g))
+        .filter(|d| l % d == 0 && *d > 1)
+        .min_by_key(|d| d.abs_diff(g));
+    let mut fixes = Vec::new();
+    if r.facts.hf_step_rule == HfStepRule::EpochModuloOrLast {
+        fixes.push(
+            "target accelerate ≥ 1.8.0 (it forces DeepSpeed's boundary from HF's)".to_string(),
+        );
+    } else {
+        fixes.push("target transformers ≥ 4.52 with accelerate ≥ 1.8.0".to_string());
+    }
+    if let Some(bg) = better_g {
+        fixes.push(format!(
+            "set accumulate = {bg} (divides the {l} micro-batches per epoch)"
+        ));
+    }
+    fixes.push("or choose samples, micro and GPUs so that micro-batches per epoch are a multiple of accumulate (drop_last helps)".into());
+    let counts = if hf_steps == ds_steps {
+        format!("both take {hf_steps} steps, but at different micro-batches")
+    } else {
+        format!("HF steps {hf_steps} times, DeepSpeed updates the weights {ds_steps} times")
+    };
+    let mut d = Diagnostic::error(
+        codes::STEP_DRIFT,
+        format!("HF and DeepSpeed disagree on optimizer steps: {counts}"),
+        anchor(r, "batch.accumulate"),
+    )
+    .with_label(format!(
+        "accumulate = {g}{}; first disagreement at micro-batch {} (epoch {}, batch {} of {l})",
+        origin(r, "batch.accumulate"),
+        first.count,
+        first.epoch,
+        first.step_in_epoch
+    ));
+    if let Some(span) = r.target_sources.iter().find_map(|s| s.span()) {
+        d = d.with_secondary(span, "these versions");
+    }
+    d.with_help(format!(
+        "{why}; `recipe steps` shows the timeline. Fix: {}",
+        fixes.join("; ")
+    ))
+}

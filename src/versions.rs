@@ -1,0 +1,540 @@
+//! Target library versions, and every version-dependent fact the rules and emitters need, as
+//! one table ([`CHANGES`]). Nothing else compares version numbers: code asks [`Facts`].
+//!
+//! The facts come from ../shared/reference/ds_hf_rules.md; each row cites the upstream change.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// A release number `major.minor.patch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Version {
+    /// Major.
+    pub major: u32,
+    /// Minor.
+    pub minor: u32,
+    /// Patch.
+    pub patch: u32,
+}
+
+impl Version {
+    /// `major.minor.patch`.
+    pub const fn new(major: u32, minor: u32, patch: u32) -> Self {
+        Version {
+            major,
+            minor,
+            patch,
+        }
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
+    }
+}
+
+impl FromStr for Version {
+    type Err = String;
+
+    /// Accepts `4`, `4.24`, `4.24.0` (missing parts are 0).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = s.trim().split('.').collect();
+        if parts.is_empty() || parts.len() > 3 {
+            return Err(format!("`{s}` is not a version (major.minor.patch)"));
+        }
+        let mut nums = [0u32; 3];
+        for (i, p) in parts.iter().enumerate() {
+            nums[i] = p
+                .parse()
+                .map_err(|_| format!("`{s}` is not a version (major.minor.patch)"))?;
+        }
+        Ok(Version::new(nums[0], nums[1], nums[2]))
+    }
+}
+
+/// The libraries whose rules a recipe follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Library {
+    /// huggingface/transformers
+    Transformers,
+    /// huggingface/accelerate
+    Accelerate,
+    /// deepspeedai/DeepSpeed
+    DeepSpeed,
+}
+
+impl Library {
+    /// All three, in the order `target` lists them.
+    pub const ALL: [Library; 3] = [
+        Library::Transformers,
+        Library::Accelerate,
+        Library::DeepSpeed,
+    ];
+
+    /// The `target` key naming it.
+    pub fn key(self) -> &'static str {
+        match self {
+            Library::Transformers => "transformers",
+            Library::Accelerate => "accelerate",
+            Library::DeepSpeed => "deepspeed",
+        }
+    }
+
+    /// The newest release the rules know.
+    pub fn newest(self) -> Version {
+        match self {
+            Library::Transformers => Version::new(5, 24, 0),
+            Library::Accelerate => Version::new(1, 15, 0),
+            Library::DeepSpeed => Version::new(0, 19, 8),
+        }
+    }
+}
+
+/// The versions a recipe targets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Targets {
+    /// transformers release.
+    pub transformers: Version,
+    /// accelerate release.
+    pub accelerate: Version,
+    /// DeepSpeed release.
+    pub deepspeed: Version,
+}
+
+impl Targets {
+    /// The newest known releases.
+    pub fn newest() -> Self {
+        Targets {
+            transformers: Library::Transformers.newest(),
+            accelerate: Library::Accelerate.newest(),
+            deepspeed: Library::DeepSpeed.newest(),
+        }
+    }
+
+    /// The version of one library.
+    pub fn get(&self, lib: Library) -> Version {
+        match lib {
+            Library::Transformers => self.transformers,
+            Library::Accelerate => self.accelerate,
+            Library::DeepSpeed => self.deepspeed,
+        }
+    }
+
+    /// Sets the version of one library.
+    pub fn set(&mut self, lib: Library, v: Version) {
+        match lib {
+            Library::Transformers => self.transformers = v,
+            Library::Accelerate => self.accelerate = v,
+            Library::DeepSpeed => self.deepspeed = v,
+        }
+    }
+}
+
+/// When the HF Trainer takes an optimizer step inside an epoch (§5.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HfStepRule {
+    /// ≤ 4.26: `i % G == 0`, or `L <= G` and `i == L`; a leftover `L % G` is carried into the
+    /// next epoch's first window (gradients neither stepped nor zeroed).
+    EpochModulo,
+    /// 4.27 – 4.46: `c % G == 0` over micro-batches since `train()` began, or `L <= G` and `i == L`.
+    Cumulative,
+    /// ≥ 4.47: `i % G == 0` or `i == L`: every epoch ends with a (possibly short) step.
+    EpochModuloOrLast,
+}
+
+/// How `num_update_steps_per_epoch` rounds `L / G` (§5.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rounding {
+    /// `max(L // G, 1)` (≤ 4.51).
+    Floor,
+    /// `max(ceil(L / G), 1)` (≥ 4.52).
+    Ceil,
+}
+
+/// How the training data is split across data-parallel ranks (§5.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sharding {
+    /// torch `DistributedSampler`: `ceil(N / P)` samples per rank (padded), then batches.
+    DistributedSampler,
+    /// accelerate `BatchSamplerShard` with `even_batches`: batches first, then `ceil(B / P)` each.
+    BatchSamplerShard,
+}
+
+/// What decides a DeepSpeed optimizer update under the Trainer (§5.4, §5.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DsBoundary {
+    /// DeepSpeed's own never-reset micro-step counter: an update when `c % G == 0`.
+    OwnCounter,
+    /// The boundary is forced from HF's `sync_gradients` (accelerate ≥ 1.8): same steps as HF.
+    FollowsHf,
+}
+
+/// How TrainingArguments express warmup (§5.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WarmupArgs {
+    /// `warmup_steps` only (4.6.1; DS auto ignores the ratio).
+    StepsOnly,
+    /// `warmup_steps` (int) wins when > 0, else `ceil(T * warmup_ratio)`.
+    StepsOrRatio,
+    /// `warmup_steps` is a float: `>= 1` whole steps, `< 1` a ratio; `warmup_ratio` deprecated.
+    FloatStepsRatioDeprecated,
+    /// `warmup_steps` is a float as above; `warmup_ratio` no longer exists.
+    FloatSteps,
+}
+
+/// Every version-dependent fact, for one set of targets.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Facts {
+    /// HF optimizer-step rule.
+    pub hf_step_rule: HfStepRule,
+    /// Rounding of updates per epoch.
+    pub updates_per_epoch: Rounding,
+    /// Data sharding across ranks.
+    pub sharding: Sharding,
+    /// How warmup is passed to TrainingArguments.
+    pub warmup_args: WarmupArgs,
+    /// HF's DeepSpeed `warmup_num_steps` auto value is clamped with `max(1, ·)`.
+    pub hf_ds_warmup_at_least_one: bool,
+    /// HF records and raises DeepSpeed/TrainingArguments mismatches.
+    pub hf_mismatch_checks: bool,
+    /// HF calls `deepspeed.initialize` itself (no accelerate prepare, no `"auto"` fill at S4).
+    pub hf_direct_deepspeed_init: bool,
+    /// HF fills `amp.enabled` from `fp16_backend == "apex"`.
+    pub hf_apex_amp: bool,
+    /// HF fills `stage3_prefetch_bucket_size` as a float (`0.9 * h * h`).
+    pub hf_float_prefetch_bucket: bool,
+    /// The name of the gradient checkpointing field of TrainingArguments.
+    pub hf_checkpointing_field: &'static str,
+    /// DeepSpeed updates follow HF's steps, or count on their own.
+    pub ds_boundary: DsBoundary,
+    /// DeepSpeed's `gradient_clipping` default.
+    pub ds_clipping_default: f64,
+    /// DeepSpeed's offload `pin_memory` default.
+    pub ds_pin_memory_default: bool,
+    /// DeepSpeed rejects a `warmup_num_steps` that is not a positive int.
+    pub ds_warmup_steps_positive_int: bool,
+    /// `WarmupLR` without `warmup_max_lr` peaks at the optimizer's lr (else at 0.001).
+    pub ds_warmup_lr_defaults_to_optimizer_lr: bool,
+    /// DeepSpeed has `WarmupCosineLR`.
+    pub ds_has_warmup_cosine: bool,
+    /// `WarmupCosineLR` clamps its progress at 1 and guards `T == W'`.
+    pub ds_cosine_clamped: bool,
+    /// The `Warmup*` schedulers write the `it = -1` LR into the optimizer when built, so step 1
+    /// runs at the minimum (before: at the optimizer's lr).
+    pub ds_warmup_init_writes_lr: bool,
+    /// `OneCycle`'s stair counts take effect.
+    pub ds_one_cycle_stairs: bool,
+    /// DeepSpeed's `warmup_type` exists (else warmup is always log).
+    pub ds_has_warmup_type: bool,
+    /// The config section for bf16 (`None`: no bf16 support).
+    pub ds_bf16_key: Option<&'static str>,
+    /// ZeRO optimizer offload is written `offload_optimizer` (else the legacy `cpu_offload`).
+    pub ds_offload_optimizer_section: bool,
+    /// ZeRO stages below 2 need fp16.
+    pub ds_zero_needs_fp16: bool,
+    /// fp16 `initial_scale_power` default.
+    pub ds_initial_scale_power: u32,
+    /// The ZeRO-2 estimator uses the post-0.14.3 formula.
+    pub ds_zero2_estimate_new: bool,
+    /// Unknown keys in ZeRO / offload sections are rejected (pydantic `extra="forbid"`).
+    pub ds_strict_zero_sections: bool,
+}
+
+/// One version-dependent fact, as a table row applies it.
+#[derive(Debug, Clone, Copy)]
+pub enum Fact {
+    /// See [`Facts::hf_step_rule`].
+    HfStepRule(HfStepRule),
+    /// See [`Facts::updates_per_epoch`].
+    UpdatesPerEpoch(Rounding),
+    /// See [`Facts::sharding`].
+    Sharding(Sharding),
+    /// See [`Facts::warmup_args`].
+    WarmupArgs(WarmupArgs),
+    /// See [`Facts::hf_ds_warmup_at_least_one`].
+    HfDsWarmupAtLeastOne(bool),
+    /// See [`Facts::hf_mismatch_checks`].
+    HfMismatchChecks(bool),
+    /// See [`Facts::hf_direct_deepspeed_init`].
+    HfDirectDeepSpeedInit(bool),
+    /// See [`Facts::hf_apex_amp`].
+    HfApexAmp(bool),
+    /// See [`Facts::hf_float_prefetch_bucket`].
+    HfFloatPrefetchBucket(bool),
+    /// See [`Facts::hf_checkpointing_field`].
+    HfCheckpointingField(&'static str),
+    /// See [`Facts::ds_boundary`].
+    DsBoundary(DsBoundary),
+    /// See [`Facts::ds_clipping_default`].
+    DsClippingDefault(f64),
+    /// See [`Facts::ds_pin_memory_default`].
+    DsPinMemoryDefault(bool),
+    /// See [`Facts::ds_warmup_steps_positive_int`].
+    DsWarmupStepsPositiveInt(bool),
+    /// See [`Facts::ds_warmup_lr_defaults_to_optimizer_lr`].
+    DsWarmupLrDefaultsToOptimizerLr(bool),
+    /// See [`Facts::ds_has_warmup_cosine`].
+    DsHasWarmupCosine(bool),
+    /// See [`Facts::ds_cosine_clamped`].
+    DsCosineClamped(bool),
+    /// See [`Facts::ds_warmup_init_writes_lr`].
+    DsWarmupInitWritesLr(bool),
+    /// See [`Facts::ds_one_cycle_stairs`].
+    DsOneCycleStairs(bool),
+    /// See [`Facts::ds_has_warmup_type`].
+    DsHasWarmupType(bool),
+    /// See [`Facts::ds_bf16_key`].
+    DsBf16Key(Option<&'static str>),
+    /// See [`Facts::ds_offload_optimizer_section`].
+    DsOffloadOptimizerSection(bool),
+    /// See [`Facts::ds_zero_needs_fp16`].
+    DsZeroNeedsFp16(bool),
+    /// See [`Facts::ds_initial_scale_power`].
+    DsInitialScalePower(u32),
+    /// See [`Facts::ds_zero2_estimate_new`].
+    DsZero2EstimateNew(bool),
+    /// See [`Facts::ds_strict_zero_sections`].
+    DsStrictZeroSections(bool),
+}
+
+/// A row of the table: from `since` on (until a later row sets the same fact), `fact` holds.
+#[derive(Debug, Clone, Copy)]
+pub struct Change {
+    /// The library whose version decides.
+    pub library: Library,
+    /// First release with this behaviour.
+    pub since: Version,
+    /// What holds from then on.
+    pub fact: Fact,
+    /// Where upstream it comes from.
+    pub cite: &'static str,
+}
+
+const fn row(library: Library, since: (u32, u32, u32), fact: Fact, cite: &'static str) -> Change {
+    Change {
+        library,
+        since: Version::new(since.0, since.1, since.2),
+        fact,
+        cite,
+    }
+}
+
+use Fact::*;
+use Library::{Accelerate as A, DeepSpeed as D, Transformers as T};
+
+/// The table. Rows for one fact are in version order; a `since` of 0.0.0 is the oldest behaviour.
+pub static CHANGES: &[Change] = &[
+    // ---- transformers ----
+    row(T, (0, 0, 0), HfStepRule(self::HfStepRule::EpochModulo), "transformers@v4.24.0 trainer.py:_inner_training_loop"),
+    row(T, (4, 27, 0), HfStepRule(self::HfStepRule::Cumulative), "transformers PR #22098 (total_batched_samples), v4.27.0"),
+    row(T, (4, 47, 0), HfStepRule(self::HfStepRule::EpochModuloOrLast), "transformers PR #33673, v4.47.0"),
+    row(T, (0, 0, 0), UpdatesPerEpoch(Rounding::Floor), "transformers@v4.51.3 trainer.py:set_initial_training_values"),
+    row(T, (4, 52, 0), UpdatesPerEpoch(Rounding::Ceil), "transformers PR #37923, v4.52.0"),
+    row(T, (0, 0, 0), Sharding(self::Sharding::DistributedSampler), "transformers@v4.24.0 trainer.py:_get_train_sampler"),
+    row(T, (4, 30, 0), Sharding(self::Sharding::BatchSamplerShard), "transformers PR #24028 (DataLoader through accelerator.prepare), v4.30.0"),
+    row(T, (0, 0, 0), WarmupArgs(self::WarmupArgs::StepsOnly), "transformers@v4.6.1 integrations.py:DeepSpeedConfigHF.config_process"),
+    row(T, (4, 24, 0), WarmupArgs(self::WarmupArgs::StepsOrRatio), "transformers@v4.24.0 training_args.py:get_warmup_steps"),
+    row(T, (5, 0, 0), WarmupArgs(self::WarmupArgs::FloatStepsRatioDeprecated), "transformers@v5.0.0 training_args.py"),
+    row(T, (5, 15, 0), WarmupArgs(self::WarmupArgs::FloatSteps), "transformers v5.15.0 removed warmup_ratio"),
+    row(T, (0, 0, 0), HfDsWarmupAtLeastOne(false), "transformers@v5.0.0 deepspeed.py:trainer_config_finalize"),
+    row(T, (5, 24, 0), HfDsWarmupAtLeastOne(true), "transformers@v5.24.0 integrations/deepspeed.py:trainer_config_finalize (first release read with max(1, ·))"),
+    row(T, (0, 0, 0), HfMismatchChecks(false), "transformers@v4.6.1 integrations.py (only _set_if_auto)"),
+    row(T, (4, 24, 0), HfMismatchChecks(true), "transformers@v4.24.0 deepspeed.py:fill_match"),
+    row(T, (0, 0, 0), HfDirectDeepSpeedInit(true), "transformers@v4.24.0 deepspeed.py:deepspeed_init"),
+    row(T, (4, 30, 0), HfDirectDeepSpeedInit(false), "transformers PR #24028 era: Trainer prepares through accelerate"),
+    row(T, (0, 0, 0), HfApexAmp(false), "transformers@v4.6.1 integrations.py"),
+    row(T, (4, 24, 0), HfApexAmp(true), "transformers@v4.24.0 deepspeed.py:trainer_config_process (amp.enabled)"),
+    row(T, (5, 0, 0), HfApexAmp(false), "transformers v5.0.0 removed apex"),
+    row(T, (0, 0, 0), HfFloatPrefetchBucket(true), "transformers@v4.24.0 deepspeed.py:trainer_config_finalize"),
+    row(T, (4, 45, 0), HfFloatPrefetchBucket(false), "transformers v4.45.0 int(0.9*h*h)"),
+    row(T, (0, 0, 0), HfCheckpointingField("gradient_checkpointing"), "transformers@v4.24.0 training_args.py"),
+    row(T, (5, 23, 0), HfCheckpointingField("activation_checkpointing"), "transformers v5.23.0 renamed it"),
+    // ---- accelerate ----
+    row(A, (0, 0, 0), DsBoundary(self::DsBoundary::OwnCounter), "accelerate@v1.7.0 utils/deepspeed.py:DeepSpeedEngineWrapper.backward"),
+    row(A, (1, 8, 0), DsBoundary(self::DsBoundary::FollowsHf), "accelerate PR #3630, v1.8.0"),
+    // ---- DeepSpeed ----
+    row(D, (0, 0, 0), DsClippingDefault(0.0), "DeepSpeed@v0.19.2 runtime/constants.py:GRADIENT_CLIPPING_DEFAULT"),
+    row(D, (0, 19, 3), DsClippingDefault(1.0), "DeepSpeed PR #8068, v0.19.3"),
+    row(D, (0, 0, 0), DsPinMemoryDefault(false), "DeepSpeed@v0.19.4 zero/offload_config.py"),
+    row(D, (0, 19, 5), DsPinMemoryDefault(true), "DeepSpeed PR #8207, v0.19.5"),
+    row(D, (0, 0, 0), DsWarmupStepsPositiveInt(false), "DeepSpeed@v0.19.2 lr_schedules.py"),
+    row(D, (0, 19, 3), DsWarmupStepsPositiveInt(true), "DeepSpeed PR #8126, v0.19.3"),
+    row(D, (0, 0, 0), DsWarmupLrDefaultsToOptimizerLr(false), "DeepSpeed@v0.17.1 lr_schedules.py:WarmupLR"),
+    row(D, (0, 17, 2), DsWarmupLrDefaultsToOptimizerLr(true), "DeepSpeed PR #7360, v0.17.2"),
+    row(D, (0, 0, 0), DsHasWarmupCosine(false), "DeepSpeed@v0.12.2 lr_schedules.py"),
+    row(D, (0, 12, 3), DsHasWarmupCosine(true), "DeepSpeed v0.12.3 WarmupCosineLR"),
+    row(D, (0, 0, 0), DsCosineClamped(false), "DeepSpeed@v0.19.2 lr_schedules.py:WarmupCosineLR"),
+    row(D, (0, 19, 3), DsCosineClamped(true), "DeepSpeed v0.19.3 WarmupCosineLR clamp"),
+    row(D, (0, 0, 0), DsWarmupInitWritesLr(false), "DeepSpeed@v0.15.2 lr_schedules.py (constructors write no LR)"),
+    row(D, (0, 15, 3), DsWarmupInitWritesLr(true), "DeepSpeed PR #6597, v0.15.3"),
+    row(D, (0, 0, 0), DsOneCycleStairs(false), "DeepSpeed@v0.19.3 lr_schedules.py:OneCycle (stair counts never read)"),
+    row(D, (0, 19, 4), DsOneCycleStairs(true), "DeepSpeed PR #8179, v0.19.4"),
+    row(D, (0, 0, 0), DsHasWarmupType(false), "DeepSpeed@v0.5.6 lr_schedules.py (log warmup only)"),
+    row(D, (0, 5, 7), DsHasWarmupType(true), "DeepSpeed PR #1530, v0.5.7"),
+    row(D, (0, 0, 0), DsBf16Key(None), "DeepSpeed@v0.5.4 (no bf16)"),
+    row(D, (0, 5, 5), DsBf16Key(Some("bfloat16")), "DeepSpeed v0.5.5 runtime/config.py"),
+    row(D, (0, 6, 0), DsBf16Key(Some("bf16")), "DeepSpeed v0.6.0 renamed bfloat16 to bf16"),
+    row(D, (0, 0, 0), DsOffloadOptimizerSection(false), "DeepSpeed@v0.3.14 zero/config.py (cpu_offload)"),
+    row(D, (0, 3, 15), DsOffloadOptimizerSection(true), "DeepSpeed v0.3.15 offload_optimizer"),
+    row(D, (0, 0, 0), DsZeroNeedsFp16(true), "DeepSpeed@v0.3.16 runtime/config.py"),
+    row(D, (0, 4, 0), DsZeroNeedsFp16(false), "DeepSpeed PR #1042, v0.4.0"),
+    row(D, (0, 0, 0), DsInitialScalePower(32), "DeepSpeed@v0.7.x runtime/constants.py"),
+    row(D, (0, 8, 0), DsInitialScalePower(16), "DeepSpeed v0.8.0"),
+    row(D, (0, 0, 0), DsZero2EstimateNew(false), "DeepSpeed@v0.14.2 zero/stage_1_and_2.py:estimate_zero2_model_states_mem_needs"),
+    row(D, (0, 14, 3), DsZero2EstimateNew(true), "DeepSpeed PR #5099, v0.14.3"),
+    row(D, (0, 0, 0), DsStrictZeroSections(false), "DeepSpeed@v0.6.x zero/config.py"),
+    row(D, (0, 7, 0), DsStrictZeroSections(true), "DeepSpeed v0.7.0 pydantic extra=forbid"),
+];
+
+impl Fact {
+    fn apply(self, f: &mut Facts) {
+        match self {
+            HfStepRule(v) => f.hf_step_rule = v,
+            UpdatesPerEpoch(v) => f.updates_per_epoch = v,
+            Sharding(v) => f.sharding = v,
+            WarmupArgs(v) => f.warmup_args = v,
+            HfDsWarmupAtLeastOne(v) => f.hf_ds_warmup_at_least_one = v,
+            HfMismatchChecks(v) => f.hf_mismatch_checks = v,
+            HfDirectDeepSpeedInit(v) => f.hf_direct_deepspeed_init = v,
+            HfApexAmp(v) => f.hf_apex_amp = v,
+            HfFloatPrefetchBucket(v) => f.hf_float_prefetch_bucket = v,
+            HfCheckpointingField(v) => f.hf_checkpointing_field = v,
+            DsBoundary(v) => f.ds_boundary = v,
+            DsClippingDefault(v) => f.ds_clipping_default = v,
+            DsPinMemoryDefault(v) => f.ds_pin_memory_default = v,
+            DsWarmupStepsPositiveInt(v) => f.ds_warmup_steps_positive_int = v,
+            DsWarmupLrDefaultsToOptimizerLr(v) => f.ds_warmup_lr_defaults_to_optimizer_lr = v,
+            DsHasWarmupCosine(v) => f.ds_has_warmup_cosine = v,
+            DsCosineClamped(v) => f.ds_cosine_clamped = v,
+            DsWarmupInitWritesLr(v) => f.ds_warmup_init_writes_lr = v,
+            DsOneCycleStairs(v) => f.ds_one_cycle_stairs = v,
+            DsHasWarmupType(v) => f.ds_has_warmup_type = v,
+            DsBf16Key(v) => f.ds_bf16_key = v,
+            DsOffloadOptimizerSection(v) => f.ds_offload_optimizer_section = v,
+            DsZeroNeedsFp16(v) => f.ds_zero_needs_fp16 = v,
+            DsInitialScalePower(v) => f.ds_initial_scale_power = v,
+            DsZero2EstimateNew(v) => f.ds_zero2_estimate_new = v,
+            DsStrictZeroSections(v) => f.ds_strict_zero_sections = v,
+        }
+    }
+}
+
+impl Facts {
+    /// The facts that hold for these targets: every row whose version is reached, in order.
+    pub fn for_targets(targets: &Targets) -> Facts {
+        // Placeholder values; the 0.0.0 rows overwrite every field (tested below).
+        let mut facts = Facts {
+            hf_step_rule: self::HfStepRule::EpochModulo,
+            updates_per_epoch: Rounding::Floor,
+            sharding: self::Sharding::DistributedSampler,
+            warmup_args: self::WarmupArgs::StepsOnly,
+            hf_ds_warmup_at_least_one: false,
+            hf_mismatch_checks: false,
+            hf_direct_deepspeed_init: true,
+            hf_apex_amp: false,
+            hf_float_prefetch_bucket: true,
+            hf_checkpointing_field: "gradient_checkpointing",
+            ds_boundary: self::DsBoundary::OwnCounter,
+            ds_clipping_default: 0.0,
+            ds_pin_memory_default: false,
+            ds_warmup_steps_positive_int: false,
+            ds_warmup_lr_defaults_to_optimizer_lr: false,
+            ds_has_warmup_cosine: false,
+            ds_cosine_clamped: false,
+            ds_warmup_init_writes_lr: false,
+            ds_one_cycle_stairs: false,
+            ds_has_warmup_type: false,
+            ds_bf16_key: None,
+            ds_offload_optimizer_section: false,
+            ds_zero_needs_fp16: true,
+            ds_initial_scale_power: 32,
+            ds_zero2_estimate_new: false,
+            ds_strict_zero_sections: false,
+        };
+        for change in CHANGES {
+            if targets.get(change.library) >= change.since {
+                change.fact.apply(&mut facts);
+            }
+        }
+        // Under transformers ≤ 4.26 HF steps DeepSpeed on every micro-batch itself, whatever
+        // accelerate is installed (§5.5): DeepSpeed counts on its own.
+        if facts.hf_step_rule == self::HfStepRule::EpochModulo {
+            facts.ds_boundary = self::DsBoundary::OwnCounter;
+        }
+        facts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(tf: &str, acc: &str, ds: &str) -> Targets {
+        Targets {
+            transformers: tf.parse().unwrap(),
+            accelerate: acc.parse().unwrap(),
+            deepspeed: ds.parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn versions_parse_and_order() {
+        assert_eq!("4.24".parse::<Version>().unwrap(), Version::new(4, 24, 0));
+        assert!(Version::new(4, 9, 0) < Version::new(4, 24, 0));
+        assert!("4.x".parse::<Version>().is_err());
+        assert_eq!(Version::new(0, 19, 8).to_string(), "0.19.8");
+    }
+
+    #[test]
+    fn rows_of_one_fact_are_in_version_order_and_start_at_zero() {
+        use std::collections::HashMap;
+        let mut last: HashMap<std::mem::Discriminant<Fact>, Version> = HashMap::new();
+        for c in CHANGES {
+            let d = std::mem::discriminant(&c.fact);
+            match last.get(&d) {
+                None => assert_eq!(
+                    c.since,
+                    Version::new(0, 0, 0),
+                    "first row of {:?} must be 0.0.0",
+                    c.fact
+                ),
+                Some(prev) => assert!(*prev < c.since, "{:?} out of order", c.fact),
+            }
+            last.insert(d, c.since);
+        }
+        // Every field has a 0.0.0 row: 26 facts.
+        assert_eq!(last.len(), 26);
+    }
+
+    #[test]
+    fn newest_stack() {
+        let f = Facts::for_targets(&Targets::newest());
+        assert_eq!(f.hf_step_rule, HfStepRule::EpochModuloOrLast);
+        assert_eq!(f.updates_per_epoch, Rounding::Ceil);
+        assert_eq!(f.ds_boundary, DsBoundary::FollowsHf);
+        assert_eq!(f.warmup_args, WarmupArgs::FloatSteps);
+        assert!(f.hf_ds_warmup_at_least_one && f.ds_cosine_clamped && f.ds_pin_memory_default);
+        assert_eq!(f.ds_clipping_default, 1.0);
+        assert_eq!(f.ds_bf16_key, Some("bf16"));
+        assert_eq!(f.hf_checkpointing_field, "activation_checkpointing");
+    }
+
+    #[test]
+    fn seed_article_stack() {
+        let f = Facts::for_targets(&t("4.6.1", "1.15.0", "0.3.16"));
+        assert_eq!(f.hf_step_rule, HfStepRule::EpochModulo);
+        assert_eq!(f.ds_boundary, DsBoundary::OwnCounter);
+        assert_eq!(f.updates_per_epoch, Rounding::Floor);
+        assert_eq!(f.warmup_args, WarmupArgs::StepsOnly);
+        assert!(!f.hf_mismatch_checks && f.ds_zero_needs_fp16 && f.ds_offload_optimizer_section);
+        assert_eq!(f.ds_bf16_key, None);
+    }
+
+    #[test]
+    fn drift_window_newest_transformers_old_accelerate() {
+        let f = Facts::for_targets(&t("5.24.0", "1.7.0", "0.19.8"));
+        assert_eq!(f.hf_step_rule, HfStepRule::EpochModuloOrLast);
+        assert_eq!(f.ds_boundary, DsBoundary::OwnCounter);
+    }
+}
