@@ -2,11 +2,21 @@
 //! at check time with the target world size (R-B01; DeepSpeed@v0.19.5
 //! runtime/config.py:DeepSpeedConfig._batch_assertion).
 
-use crate::codes;
 use crate::diagnostic::Diagnostic;
 use crate::resolve::Resolved;
 
 use super::{anchor, origin};
+
+/// The batch triple does not satisfy `global = micro × accumulate × world` (R-B01).
+pub const BATCH_MISMATCH: &str = "R0101";
+/// A batch size inferred the way DeepSpeed does comes out as zero.
+pub const BATCH_ZERO: &str = "R0102";
+
+/// This family's codes.
+pub const CODES: &[(&str, &str, &str)] = &[
+    (BATCH_MISMATCH, "batch-mismatch", "global != micro x accumulate x world after DeepSpeed's inference"),
+    (BATCH_ZERO, "batch-zero", "an inferred batch size comes out as zero"),
+];
 
 /// Checks the batch triple.
 pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
@@ -27,7 +37,7 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
                 .collect();
             out.push(
                 Diagnostic::error(
-                    codes::BATCH_ZERO,
+                    BATCH_ZERO,
                     format!("`{name}` comes out as {v}: DeepSpeed requires it to be greater than 0"),
                     anchor(r, "batch.global"),
                 )
@@ -46,7 +56,7 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
     }
     // Label every value that was written; say where the others came from.
     let mut d = Diagnostic::error(
-        codes::BATCH_MISMATCH,
+        BATCH_MISMATCH,
         format!(
             "the batch sizes do not add up: global {tb} ≠ micro {mb} × accumulate {gas} × world {world} = {product}"
         ),

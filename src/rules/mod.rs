@@ -1,18 +1,44 @@
 //! The upstream rules (../shared/reference/ds_hf_rules.md §10), one file per family. Each reads
 //! the [`Resolved`] recipe only, and reports diagnostics with spans from the values' provenance.
+//! Each family lists its codes (`CODES`); [`crate::codes::all`] gathers them.
 
 pub mod batch;
 pub mod steps;
 
 use crate::diagnostic::Diagnostic;
-use crate::resolve::Resolved;
+use crate::resolve::{Resolved, Source};
 use crate::syntax::ast::Span;
+
+/// A rule family: its name, its codes, its check.
+pub struct Family {
+    /// The family's name (its file under src/rules/).
+    pub name: &'static str,
+    /// Code, short name, summary of each diagnostic it reports.
+    pub codes: &'static [(&'static str, &'static str, &'static str)],
+    /// Runs the family's rules.
+    pub check: fn(&Resolved, &mut Vec<Diagnostic>),
+}
+
+/// Every rule family, in the order they run.
+pub static FAMILIES: &[Family] = &[
+    Family {
+        name: "batch",
+        codes: batch::CODES,
+        check: batch::check,
+    },
+    Family {
+        name: "steps",
+        codes: steps::CODES,
+        check: steps::check,
+    },
+];
 
 /// Runs every rule family.
 pub fn check(r: &Resolved) -> Vec<Diagnostic> {
     let mut out = Vec::new();
-    batch::check(r, &mut out);
-    steps::check(r, &mut out);
+    for family in FAMILIES {
+        (family.check)(r, &mut out);
+    }
     out
 }
 
@@ -20,21 +46,17 @@ pub fn check(r: &Resolved) -> Vec<Diagnostic> {
 /// start of the file (values from flags and defaults have no span of their own).
 pub fn anchor(r: &Resolved, key: &str) -> Span {
     r.span(key)
-        .or_else(|| {
-            key.split('.')
-                .next()
-                .and_then(|b| r.block_spans.get(b).copied())
-        })
+        .or_else(|| key.split('.').next().and_then(|b| r.block_spans.get(b).copied()))
         .unwrap_or_default()
 }
 
-/// "`batch.micro` = 16 (written)" style: the value and how it was set, for messages.
+/// How a value was set, for labels: "" when written, " (from --gpus 4)", " (default)", ….
 pub fn origin(r: &Resolved, key: &str) -> String {
     match r.get(key).map(|s| &s.source) {
-        Some(crate::resolve::Source::Flag { flag }) => format!(" (from {flag})"),
-        Some(crate::resolve::Source::Default { .. }) => " (default)".into(),
-        Some(crate::resolve::Source::Derived { .. }) => " (derived)".into(),
-        Some(crate::resolve::Source::File { what }) => format!(" ({what})"),
+        Some(Source::Flag { flag }) => format!(" (from {flag})"),
+        Some(Source::Default { .. }) => " (default)".into(),
+        Some(Source::Derived { .. }) => " (derived)".into(),
+        Some(Source::File { what }) => format!(" ({what})"),
         _ => String::new(),
     }
 }

@@ -1,13 +1,32 @@
 //! Step rules: the predicted optimizer steps (R-S01), the HF/DeepSpeed drift windows (R-S02,
 //! R-S03), the 4.47–4.51 early stop (R-S04), warmup against the total, runs without steps.
 
-use crate::codes;
 use crate::diagnostic::Diagnostic;
 use crate::resolve::Resolved;
 use crate::steps;
 use crate::versions::{DsBoundary, HfStepRule, Rounding};
 
 use super::{anchor, origin};
+
+/// HF and DeepSpeed count optimizer steps differently (R-S02, R-S03).
+pub const STEP_DRIFT: &str = "R0201";
+/// transformers 4.47–4.51 end the run before the last epoch (R-S04).
+pub const EARLY_STOP: &str = "R0202";
+/// Warmup as long as the whole run, or longer.
+pub const WARMUP_TOO_LONG: &str = "R0203";
+/// The number of training samples is unknown, so steps are not predicted.
+pub const SAMPLES_UNKNOWN: &str = "R0204";
+/// The run has no optimizer steps.
+pub const NO_STEPS: &str = "R0205";
+
+/// This family's codes.
+pub const CODES: &[(&str, &str, &str)] = &[
+    (STEP_DRIFT, "step-drift", "HF and DeepSpeed take optimizer steps at different micro-batches"),
+    (EARLY_STOP, "early-stop", "transformers 4.47-4.51 stop before the last epoch"),
+    (WARMUP_TOO_LONG, "warmup-too-long", "the warmup lasts the whole run or longer"),
+    (SAMPLES_UNKNOWN, "samples-unknown", "the number of training samples is unknown"),
+    (NO_STEPS, "no-steps", "the run takes no optimizer step"),
+];
 
 /// The timeline of the run as the targets execute it, when the inputs are known.
 pub fn run_timeline(r: &Resolved) -> Option<Vec<steps::Row>> {
@@ -37,7 +56,7 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
     if r.uint("data.samples").is_none() {
         out.push(
             Diagnostic::warning(
-                codes::SAMPLES_UNKNOWN,
+                SAMPLES_UNKNOWN,
                 "the number of training samples is unknown, so optimizer steps cannot be predicted",
                 anchor(r, "data.train"),
             )
@@ -59,7 +78,7 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
     if total == 0 || l == 0 {
         out.push(
             Diagnostic::error(
-                codes::NO_STEPS,
+                NO_STEPS,
                 format!("this run takes no optimizer step ({l} micro-batches per epoch, {total} steps in all)"),
                 anchor(r, if l == 0 { "data.samples" } else { "train.epochs" }),
             )
@@ -86,7 +105,7 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
         let steps_run = l.div_ceil(g);
         out.push(
             Diagnostic::error(
-                codes::EARLY_STOP,
+                EARLY_STOP,
                 format!(
                     "transformers {tf} stops after {total} optimizer steps, before the last epoch ends"
                 ),
@@ -103,7 +122,7 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
         if w >= total && total > 0 {
             out.push(
                 Diagnostic::warning(
-                    codes::WARMUP_TOO_LONG,
+                    WARMUP_TOO_LONG,
                     format!("the warmup ({w} steps) lasts the whole run ({total} optimizer steps)"),
                     anchor(r, "schedule.warmup"),
                 )
@@ -163,7 +182,7 @@ fn drift(r: &Resolved, rows: &[steps::Row], l: u64, g: u64) -> Diagnostic {
         format!("HF steps {hf_steps} times, DeepSpeed updates the weights {ds_steps} times")
     };
     let mut d = Diagnostic::error(
-        codes::STEP_DRIFT,
+        STEP_DRIFT,
         format!("HF and DeepSpeed disagree on optimizer steps: {counts}"),
         anchor(r, "batch.accumulate"),
     )
