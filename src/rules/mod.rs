@@ -3,7 +3,14 @@
 //! Each family lists its codes (`CODES`); [`crate::codes::all`] gathers them.
 
 pub mod batch;
+pub mod compat;
+pub mod data;
+pub mod model;
+pub mod optimizer;
+pub mod precision;
+pub mod schedule;
 pub mod steps;
+pub mod zero;
 
 use crate::diagnostic::Diagnostic;
 use crate::resolve::{Resolved, Source};
@@ -30,6 +37,41 @@ pub static FAMILIES: &[Family] = &[
         name: "steps",
         codes: steps::CODES,
         check: steps::check,
+    },
+    Family {
+        name: "schedule",
+        codes: schedule::CODES,
+        check: schedule::check,
+    },
+    Family {
+        name: "optimizer",
+        codes: optimizer::CODES,
+        check: optimizer::check,
+    },
+    Family {
+        name: "precision",
+        codes: precision::CODES,
+        check: precision::check,
+    },
+    Family {
+        name: "zero",
+        codes: zero::CODES,
+        check: zero::check,
+    },
+    Family {
+        name: "data",
+        codes: data::CODES,
+        check: data::check,
+    },
+    Family {
+        name: "model",
+        codes: model::CODES,
+        check: model::check,
+    },
+    Family {
+        name: "compat",
+        codes: compat::CODES,
+        check: compat::check,
     },
 ];
 

@@ -1,0 +1,10 @@
+//! Zero rules (being written).
+
+use crate::diagnostic::Diagnostic;
+use crate::resolve::Resolved;
+
+/// This family's codes.
+pub const CODES: &[(&str, &str, &str)] = &[];
+
+/// Checks the zero rules.
+pub fn check(_r: &Resolved, _out: &mut Vec<Diagnostic>) {}
