@@ -3,7 +3,9 @@
 //! Exit codes: 0 ok, 1 the recipe has errors (or `fmt --check` found work), 2 usage or I/O error.
 
 mod check;
+mod explain;
 mod fmt;
+mod steps;
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -50,15 +52,31 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
-    /// (not built yet) Every resolved value, where it came from, step accounting, memory.
+    /// Every resolved value and where it came from; step accounting; LR per step; memory.
     Explain {
         /// Recipe file.
         file: PathBuf,
+        /// Show only this setting (e.g. `batch.global`).
+        key: Option<String>,
+        /// Write the LR of every optimizer step (HF and DeepSpeed) to this CSV file.
+        #[arg(long, value_name = "PATH")]
+        lr_csv: Option<PathBuf>,
+        #[command(flatten)]
+        flags: RecipeFlags,
     },
-    /// (not built yet) Optimizer steps per epoch and the micro-batch timeline.
+    /// The micro-batch timeline: where HF and DeepSpeed take optimizer steps; exit 1 if they differ.
     Steps {
         /// Recipe file.
         file: PathBuf,
+        /// Also show the timeline for other versions, e.g. `transformers=4.24.0,accelerate=1.7.0`
+        /// (repeatable).
+        #[arg(long, value_name = "LIB=VERSION,...")]
+        versions: Vec<String>,
+        /// Print every micro-batch (default: the first window, epoch ends and disagreements).
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        flags: RecipeFlags,
     },
     /// (not built yet) Write ds_config.json, training_args.json, launch.sh and recipe.lock.
     Build {
@@ -166,8 +184,18 @@ pub fn main() -> i32 {
     match cli.command {
         Command::Check { files, flags } => check::run(&files, &flags),
         Command::Fmt { files, check } => fmt::run(&files, check),
-        Command::Explain { .. } => not_built("explain", 3),
-        Command::Steps { .. } => not_built("steps", 3),
+        Command::Explain {
+            file,
+            key,
+            lr_csv,
+            flags,
+        } => explain::run(&file, key.as_deref(), lr_csv.as_ref(), &flags),
+        Command::Steps {
+            file,
+            versions,
+            all,
+            flags,
+        } => steps::run(&file, &versions, all, &flags),
         Command::Build { .. } => not_built("build", 4),
         Command::Run { .. } => not_built("run", 5),
         Command::Import { .. } => not_built("import", 4),
@@ -186,6 +214,42 @@ pub fn read(path: &Path) -> Option<SourceFile> {
     SourceFile::read(path)
         .map_err(|e| eprintln!("error: {e}"))
         .ok()
+}
+
+/// Reads, checks and resolves a recipe for the commands that need it resolved. Diagnostics go
+/// to stderr. A recipe that does not parse or breaks the schema (exit 1), or a bad flag or file
+/// (exit 2), stops here; errors of the upstream rules do not: `explain` and `steps` exist to
+/// show them.
+pub fn load(
+    path: &Path,
+    flags: &RecipeFlags,
+) -> Result<
+    (
+        SourceFile,
+        recipe::resolve::Resolved,
+        recipe::resolve::Options,
+    ),
+    i32,
+> {
+    let file = read(path).ok_or(USAGE)?;
+    let options = flags.options(path).map_err(|e| {
+        eprintln!("error: {e}");
+        USAGE
+    })?;
+    let checked = recipe::check::check_source_with(&file.text, &options);
+    for d in &checked.diagnostics {
+        eprint!("{}", recipe::diagnostic::render_human(d, &file, style()));
+    }
+    let blocking = checked
+        .diagnostics
+        .iter()
+        .any(|d| d.is_error() && d.code < recipe::rules::FIRST_RULE_CODE);
+    let Some(parsed) = checked.file.filter(|_| !blocking) else {
+        eprintln!("{}: has errors; fix them first", file.name);
+        return Err(FAILED);
+    };
+    let resolved = recipe::resolve::resolve(&parsed, &options);
+    Ok((file, resolved, options))
 }
 
 /// Colours when stderr is a terminal and NO_COLOR is unset.

@@ -335,11 +335,21 @@ fn resolve_world(r: &mut Resolved, options: &Options) {
 
 /// Warmup as the recipe states it.
 pub fn warmup(r: &Resolved) -> Option<steps::Warmup> {
-    match r.val("schedule.warmup")? {
+    warmup_like(r, "schedule.warmup")
+}
+
+/// A length in steps or as a fraction of the run (`warmup`, `decay`), as the recipe states it.
+pub fn warmup_like(r: &Resolved, key: &str) -> Option<steps::Warmup> {
+    match r.val(key)? {
         Val::Percent(p) => Some(steps::Warmup::Fraction(p / 100.0)),
         Val::Float(f) if *f < 1.0 => Some(steps::Warmup::Fraction(*f)),
         v => v.as_i64().map(|s| steps::Warmup::Steps(s.max(0) as u64)),
     }
+}
+
+/// Re-derives the step accounting, e.g. after changing the targets (`recipe steps --versions`).
+pub fn recompute_steps(r: &mut Resolved) {
+    resolve_steps(r);
 }
 
 fn resolve_steps(r: &mut Resolved) {

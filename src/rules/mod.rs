@@ -16,6 +16,9 @@ use crate::diagnostic::Diagnostic;
 use crate::resolve::{Resolved, Source};
 use crate::syntax::ast::Span;
 
+/// Codes below this are syntax and schema codes; from it on, upstream rules.
+pub const FIRST_RULE_CODE: &str = "R0100";
+
 /// A rule family: its name, its codes, its check.
 pub struct Family {
     /// The family's name (its file under src/rules/).
@@ -88,7 +91,11 @@ pub fn check(r: &Resolved) -> Vec<Diagnostic> {
 /// start of the file (values from flags and defaults have no span of their own).
 pub fn anchor(r: &Resolved, key: &str) -> Span {
     r.span(key)
-        .or_else(|| key.split('.').next().and_then(|b| r.block_spans.get(b).copied()))
+        .or_else(|| {
+            key.split('.')
+                .next()
+                .and_then(|b| r.block_spans.get(b).copied())
+        })
         .unwrap_or_default()
 }
 

@@ -1,0 +1,177 @@
+//! `recipe steps FILE [--versions LIB=V,...] [--all]`
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use recipe::resolve::Resolved;
+use recipe::rules::steps::run_timeline;
+use recipe::steps::{diverges, Row};
+use recipe::versions::{Facts, Library, Targets};
+use serde::Serialize;
+
+use super::{load, Format, RecipeFlags, FAILED, OK, USAGE};
+
+/// One timeline under one set of versions.
+#[derive(Serialize)]
+struct Timeline {
+    transformers: String,
+    accelerate: String,
+    deepspeed: String,
+    batches_per_epoch: u64,
+    accumulate: u64,
+    hf_steps: u64,
+    deepspeed_steps: u64,
+    diverges: bool,
+    rows: Vec<Row>,
+}
+
+fn parse_stack(spec: &str, base: Targets) -> Result<Targets, String> {
+    let mut t = base;
+    for part in spec.split(',').filter(|p| !p.trim().is_empty()) {
+        let (lib, v) = part
+            .split_once('=')
+            .ok_or_else(|| format!("`--versions {spec}`: expected LIB=VERSION,..."))?;
+        let lib = Library::ALL
+            .into_iter()
+            .find(|l| l.key() == lib.trim())
+            .ok_or_else(|| {
+                format!(
+                    "`--versions {spec}`: the libraries are transformers, accelerate and deepspeed"
+                )
+            })?;
+        t.set(
+            lib,
+            v.parse().map_err(|e| format!("`--versions {spec}`: {e}"))?,
+        );
+    }
+    Ok(t)
+}
+
+/// The timeline of the recipe under other versions: the step accounting is re-derived.
+fn timeline_for(resolved: &Resolved, targets: Targets) -> Option<Timeline> {
+    let mut r = resolved.clone();
+    r.targets = targets;
+    r.facts = Facts::for_targets(&targets);
+    recipe::resolve::recompute_steps(&mut r);
+    let rows = run_timeline(&r)?;
+    Some(Timeline {
+        transformers: targets.transformers.to_string(),
+        accelerate: targets.accelerate.to_string(),
+        deepspeed: targets.deepspeed.to_string(),
+        batches_per_epoch: r.uint("steps.batches_per_epoch")?,
+        accumulate: r.uint("batch.accumulate")?,
+        hf_steps: rows.last().map_or(0, |x| x.hf_global),
+        deepspeed_steps: rows.last().map_or(0, |x| x.ds_global),
+        diverges: diverges(&rows),
+        rows,
+    })
+}
+
+pub fn run(file: &Path, versions: &[String], all: bool, flags: &RecipeFlags) -> i32 {
+    let (_, resolved, _) = match load(file, flags) {
+        Ok(loaded) => loaded,
+        Err(code) => return code,
+    };
+    let mut stacks = vec![resolved.targets];
+    for spec in versions {
+        match parse_stack(spec, resolved.targets) {
+            Ok(t) => stacks.push(t),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return USAGE;
+            }
+        }
+    }
+    let mut timelines = Vec::new();
+    for t in stacks {
+        match timeline_for(&resolved, t) {
+            Some(tl) => timelines.push(tl),
+            None => {
+                eprintln!("error: the number of training samples is unknown: give data.samples or --samples");
+                return FAILED;
+            }
+        }
+    }
+    match flags.format {
+        Format::Json => println!(
+            "{}",
+            serde_json::to_string(&timelines).expect("timelines serialize")
+        ),
+        Format::Human => {
+            for tl in &timelines {
+                print!("{}", human(tl, all));
+            }
+        }
+    }
+    if timelines.iter().any(|t| t.diverges) {
+        eprintln!(
+            "HF and DeepSpeed take optimizer steps at different micro-batches (rows marked `!`)"
+        );
+        FAILED
+    } else {
+        OK
+    }
+}
+
+fn human(tl: &Timeline, all: bool) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "transformers {}, accelerate {}, deepspeed {}: {} micro-batches per epoch, accumulate {}; HF steps {}, DeepSpeed steps {}{}",
+        tl.transformers,
+        tl.accelerate,
+        tl.deepspeed,
+        tl.batches_per_epoch,
+        tl.accumulate,
+        tl.hf_steps,
+        tl.deepspeed_steps,
+        if tl.diverges { " — they DIVERGE" } else { " — they agree" }
+    );
+    let _ = writeln!(
+        out,
+        "{:>7} {:>5} {:>6} {:>9}   {:>8} {:>9}",
+        "micro", "epoch", "in-ep", "HF global", "DS micro", "DS global"
+    );
+    // Without --all: the first two windows, the last two micro-batches of every epoch, and every
+    // disagreement (with the row before it).
+    let g = tl.accumulate.max(1);
+    let keep = |i: usize, r: &Row| {
+        all || r.count <= 2 * g
+            || r.step_in_epoch + 2 > tl.batches_per_epoch
+            || r.hf_step != r.ds_step
+            || tl.rows.get(i + 1).is_some_and(|n| n.hf_step != n.ds_step)
+    };
+    let mut skipped = false;
+    for (i, r) in tl.rows.iter().enumerate() {
+        if !keep(i, r) {
+            skipped = true;
+            continue;
+        }
+        if skipped {
+            let _ = writeln!(out, "{:>7}", "…");
+            skipped = false;
+        }
+        let mark = |b: bool| if b { "*" } else { " " };
+        let line = format!(
+            "{:>7} {:>5} {:>6} {:>8}{} {:>8} {:>8}{} {}",
+            r.count,
+            r.epoch,
+            r.step_in_epoch,
+            r.hf_global,
+            mark(r.hf_step),
+            r.ds_micro,
+            r.ds_global,
+            mark(r.ds_step),
+            if r.hf_step != r.ds_step { "!" } else { "" }
+        );
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+    if skipped {
+        let _ = writeln!(out, "{:>7}", "…");
+    }
+    let _ = writeln!(
+        out,
+        "  (* an optimizer step happens here; ! HF and DeepSpeed disagree)\n"
+    );
+    out
+}

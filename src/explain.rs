@@ -1,0 +1,308 @@
+//! `recipe explain`: every resolved value with its provenance and the upstream key it feeds,
+//! the step accounting, the learning rate per optimizer step under HF and DeepSpeed, and the
+//! ZeRO model-states memory estimate. A pure report built from [`Resolved`]; the CLI prints it
+//! for people or as JSON.
+
+use serde::Serialize;
+
+use crate::memory::{self, BertShape, ModelSize, Offload};
+use crate::resolve::{Options, Resolved, Source, Val};
+use crate::schedules::{self, LrStep, Owner};
+use crate::schema;
+use crate::source::SourceFile;
+use crate::versions::Library;
+
+/// One row of the settings table.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// `block.key`.
+    pub key: String,
+    /// The value, as the recipe language writes it.
+    pub value: String,
+    /// The value as JSON.
+    pub json: Val,
+    /// Where it came from, in words.
+    pub from: String,
+    /// Where it came from, structured.
+    pub source: Source,
+    /// The DeepSpeed config key it feeds.
+    pub deepspeed: Option<&'static str>,
+    /// The TrainingArguments field (or script argument) it feeds.
+    pub hf: Option<&'static str>,
+}
+
+/// A target version and its provenance.
+#[derive(Debug, Clone, Serialize)]
+pub struct Target {
+    /// `transformers`, `accelerate` or `deepspeed`.
+    pub library: &'static str,
+    /// The version.
+    pub version: String,
+    /// Where it came from.
+    pub from: String,
+}
+
+/// The step accounting of the run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Steps {
+    /// Training examples.
+    pub samples: u64,
+    /// Micro-batches per rank per epoch (`L`).
+    pub batches_per_epoch: u64,
+    /// Optimizer steps per epoch (`U`).
+    pub per_epoch: u64,
+    /// Size of the last accumulation window of an epoch.
+    pub last_window: u64,
+    /// Total optimizer steps (HF `max_steps`).
+    pub total: u64,
+    /// Warmup steps.
+    pub warmup: u64,
+}
+
+/// One memory estimate.
+#[derive(Debug, Clone, Serialize)]
+pub struct Memory {
+    /// ZeRO stage.
+    pub stage: u8,
+    /// Optimizer offload.
+    pub offload_optimizer: &'static str,
+    /// Parameter offload.
+    pub offload_param: &'static str,
+    /// Bytes per GPU.
+    pub per_gpu: u64,
+    /// Bytes of CPU memory per node.
+    pub per_node_cpu: u64,
+    /// The recipe's own choice.
+    pub chosen: bool,
+}
+
+/// The model-states memory section.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemorySection {
+    /// Parameters (shared once).
+    pub params: u64,
+    /// The largest single module's parameters.
+    pub largest_layer: u64,
+    /// GPUs per node.
+    pub gpus_per_node: u64,
+    /// Nodes.
+    pub nodes: u64,
+    /// Estimates: the chosen configuration first, then the others.
+    pub estimates: Vec<Memory>,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The recipe's name.
+    pub name: String,
+    /// Target versions.
+    pub targets: Vec<Target>,
+    /// Every setting.
+    pub settings: Vec<Row>,
+    /// Step accounting, when the number of samples is known.
+    pub steps: Option<Steps>,
+    /// Who builds the schedule.
+    pub schedule_owner: Option<Owner>,
+    /// HF's schedule name (used or counterpart).
+    pub hf_schedule: Option<&'static str>,
+    /// DeepSpeed's schedule name (used or counterpart).
+    pub deepspeed_schedule: Option<&'static str>,
+    /// LR per optimizer step, every step.
+    pub lr: Vec<LrStep>,
+    /// Memory estimates, when the model's size is known.
+    pub memory: Option<MemorySection>,
+    /// Why a section is missing.
+    pub notes: Vec<String>,
+}
+
+fn upstream_names(key: &str) -> (Option<&'static str>, Option<&'static str>) {
+    let Some((block, name)) = key.split_once('.') else {
+        return (None, None);
+    };
+    let Some(spec) = schema::block(block) else {
+        return (None, None);
+    };
+    match spec.key(name) {
+        Some(k) => (k.deepspeed, k.hf),
+        None => match (block, name) {
+            ("zero", "stage") => (Some("zero_optimization.stage"), None),
+            ("optimizer", "kind") => (Some("optimizer.type"), Some("optim")),
+            ("schedule", "kind") => (Some("scheduler.type"), Some("lr_scheduler_type")),
+            ("steps", "total") => (Some("scheduler.params.total_num_steps"), Some("max_steps")),
+            _ => (None, None),
+        },
+    }
+}
+
+/// The size of the model when its config is local (a BERT-shaped config.json).
+pub fn model_size(r: &Resolved, options: &Options) -> Option<ModelSize> {
+    let dir = r.str("model.from").or_else(|| r.str("model.config"))?;
+    let mut path = std::path::PathBuf::from(dir);
+    if path.is_relative() {
+        if let Some(base) = &options.base_dir {
+            path = base.join(path);
+        }
+    }
+    if path.is_dir() {
+        path = path.join("config.json");
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+    let get = |k: &str| json.get(k).and_then(|v| v.as_u64());
+    let labels = match r.val("model.task").and_then(|t| t.arg("labels")) {
+        Some(Val::List(items)) => items.len() as u64,
+        Some(v) => v.as_i64().unwrap_or(2) as u64,
+        None => 2,
+    };
+    Some(memory::bert_size(&BertShape {
+        vocab_size: get("vocab_size")?,
+        hidden_size: get("hidden_size")?,
+        num_hidden_layers: get("num_hidden_layers")?,
+        intermediate_size: get("intermediate_size")?,
+        max_position_embeddings: get("max_position_embeddings")?,
+        type_vocab_size: get("type_vocab_size").unwrap_or(2),
+        num_labels: labels,
+        pooler: true,
+    }))
+}
+
+fn offload(v: Option<&str>) -> Offload {
+    match v {
+        Some("cpu") => Offload::Cpu,
+        Some("nvme") => Offload::Nvme,
+        _ => Offload::None,
+    }
+}
+
+fn offload_name(o: Offload) -> &'static str {
+    match o {
+        Offload::None => "none",
+        Offload::Cpu => "cpu",
+        Offload::Nvme => "nvme",
+    }
+}
+
+fn memory_section(r: &Resolved, size: ModelSize) -> MemorySection {
+    let g = r.uint("cluster.gpus").unwrap_or(1).max(1);
+    let n = r.uint("cluster.nodes").unwrap_or(1).max(1);
+    let stage = r.uint("zero.stage").unwrap_or(0) as u8;
+    let opt = offload(r.word("zero.offload optimizer"));
+    let par = offload(r.word("zero.offload param"));
+    let formula = if r.facts.ds_zero2_estimate_new {
+        memory::Zero2Formula::Since0_14_3
+    } else {
+        memory::Zero2Formula::Before0_14_3
+    };
+    let mut configs = vec![(stage, opt, par, true)];
+    for c in [
+        (0, Offload::None, Offload::None),
+        (1, Offload::None, Offload::None),
+        (2, Offload::None, Offload::None),
+        (2, Offload::Cpu, Offload::None),
+        (3, Offload::None, Offload::None),
+        (3, Offload::Cpu, Offload::None),
+        (3, Offload::Cpu, Offload::Cpu),
+    ] {
+        if (c.0, c.1, c.2) != (stage, opt, par) {
+            configs.push((c.0, c.1, c.2, false));
+        }
+    }
+    let estimates = configs
+        .into_iter()
+        .filter_map(|(s, o, p, chosen)| {
+            memory::estimate(s, o, p, size, g, n, true, formula).map(|e| Memory {
+                stage: s,
+                offload_optimizer: offload_name(o),
+                offload_param: offload_name(p),
+                per_gpu: e.per_gpu,
+                per_node_cpu: e.per_node_cpu,
+                chosen,
+            })
+        })
+        .collect();
+    MemorySection {
+        params: size.params,
+        largest_layer: size.largest_layer,
+        gpus_per_node: g,
+        nodes: n,
+        estimates,
+    }
+}
+
+/// Builds the report.
+pub fn report(r: &Resolved, options: &Options, file: Option<&SourceFile>) -> Report {
+    let settings = r
+        .settings()
+        .iter()
+        .map(|s| {
+            let (deepspeed, hf) = upstream_names(&s.key);
+            Row {
+                key: s.key.clone(),
+                value: s.value.to_string(),
+                json: s.value.clone(),
+                from: s.source.describe(file),
+                source: s.source.clone(),
+                deepspeed,
+                hf,
+            }
+        })
+        .collect();
+    let targets = Library::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, lib)| Target {
+            library: lib.key(),
+            version: r.targets.get(*lib).to_string(),
+            from: r.target_sources[i].describe(file),
+        })
+        .collect();
+    let mut notes = Vec::new();
+    let steps = match (
+        r.uint("data.samples"),
+        r.uint("steps.batches_per_epoch"),
+        r.uint("steps.per_epoch"),
+        r.uint("steps.total"),
+    ) {
+        (Some(samples), Some(l), Some(u), Some(total)) => {
+            let g = r.uint("batch.accumulate").unwrap_or(1).max(1);
+            Some(Steps {
+                samples,
+                batches_per_epoch: l,
+                per_epoch: u,
+                last_window: l.saturating_sub(g * (u.saturating_sub(1))).min(g).max(1),
+                total,
+                warmup: r.uint("steps.warmup").unwrap_or(0),
+            })
+        }
+        _ => {
+            notes.push(
+                "steps: the number of training samples is unknown (give data.samples or --samples)"
+                    .into(),
+            );
+            None
+        }
+    };
+    let curves = schedules::curves(r);
+    let (hf_schedule, deepspeed_schedule) = curves.as_ref().map_or((None, None), |c| c.names());
+    let lr = curves.as_ref().map(|c| c.table()).unwrap_or_default();
+    let memory = match model_size(r, options) {
+        Some(size) => Some(memory_section(r, size)),
+        None => {
+            notes.push("memory: the model's size is unknown (its config.json is not local)".into());
+            None
+        }
+    };
+    Report {
+        name: r.str("recipe.name").unwrap_or("recipe").to_string(),
+        targets,
+        settings,
+        steps,
+        schedule_owner: curves.as_ref().map(|c| c.owner),
+        hf_schedule,
+        deepspeed_schedule,
+        lr,
+        memory,
+        notes,
+    }
+}

@@ -1,0 +1,260 @@
+//! The learning-rate schedule a resolved recipe runs, and its counterpart on the other side of
+//! the HF ↔ DeepSpeed mapping (../shared/reference/ds_hf_rules.md §7), as [`crate::lr`]
+//! schedules. An HF schedule name is built by HF (no DeepSpeed `scheduler` section); a
+//! DeepSpeed name is built by DeepSpeed.
+
+use serde::Serialize;
+
+use crate::lr::{self, DsFlags, DsSchedule, DsWarmupType, HfSchedule, MinLr, OneCycle, WsdShape};
+use crate::resolve::Resolved;
+
+/// Which library builds and steps the scheduler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Owner {
+    /// HF's `lr_scheduler_type`.
+    Hf,
+    /// A DeepSpeed `scheduler` section.
+    DeepSpeed,
+}
+
+/// The run's schedule and its counterpart.
+#[derive(Debug, Clone)]
+pub struct Curves {
+    /// Who builds the schedule the run uses.
+    pub owner: Owner,
+    /// The HF schedule: the one used when `owner` is HF, else HF's counterpart (if any).
+    pub hf: Option<HfSchedule>,
+    /// The DeepSpeed schedule: the one used when `owner` is DeepSpeed, else its counterpart.
+    pub ds: Option<DsSchedule>,
+    /// Peak learning rate (the optimizer's).
+    pub peak: f64,
+    /// Warmup steps.
+    pub warmup: u64,
+    /// Total optimizer steps.
+    pub total: u64,
+    /// DeepSpeed formula details of the target version.
+    pub flags: DsFlags,
+}
+
+fn warmup_type(r: &Resolved) -> DsWarmupType {
+    match r.word("schedule.warmup_type") {
+        Some("log") => DsWarmupType::Log,
+        _ => DsWarmupType::Linear,
+    }
+}
+
+/// The schedule of a resolved recipe, once the step accounting is known.
+pub fn curves(r: &Resolved) -> Option<Curves> {
+    let kind = r.word("schedule.kind")?;
+    let total = r.uint("steps.total")?;
+    let warmup = r.uint("steps.warmup").unwrap_or(0);
+    let peak = r.f64("optimizer.lr").unwrap_or(5e-5);
+    let min_lr = r.f64("schedule.min_lr").unwrap_or(0.0);
+    let max_lr = r.f64("schedule.max_lr").unwrap_or(peak);
+    let f = |k: &str, d: f64| r.f64(k).unwrap_or(d);
+    let owner = if crate::schema::blocks::DS_SCHEDULES.contains(&kind) {
+        Owner::DeepSpeed
+    } else {
+        Owner::Hf
+    };
+    // The DeepSpeed counterpart of an HF schedule, with linear warmup and HF's ends (§7).
+    let ds_linear = |ds: &str| -> Option<DsSchedule> {
+        Some(match ds {
+            "WarmupLR" => DsSchedule::WarmupLr {
+                min_lr: 0.0,
+                max_lr: Some(peak),
+                warmup_num_steps: warmup,
+                warmup_type: DsWarmupType::Linear,
+            },
+            "WarmupDecayLR" => DsSchedule::WarmupDecayLr {
+                total_num_steps: total,
+                min_lr: 0.0,
+                max_lr: Some(peak),
+                warmup_num_steps: warmup,
+                warmup_type: DsWarmupType::Linear,
+            },
+            "WarmupCosineLR" => DsSchedule::WarmupCosineLr {
+                total_num_steps: total,
+                warmup_min_ratio: 0.0,
+                cos_min_ratio: 0.0,
+                warmup_num_steps: warmup,
+                warmup_type: DsWarmupType::Linear,
+            },
+            _ => return None,
+        })
+    };
+    let (hf, ds) = match kind {
+        "linear" => (Some(HfSchedule::Linear), ds_linear("WarmupDecayLR")),
+        "constant_with_warmup" => (Some(HfSchedule::ConstantWithWarmup), ds_linear("WarmupLR")),
+        "cosine" => (
+            Some(HfSchedule::Cosine {
+                num_cycles: f("schedule.num_cycles", 0.5),
+            }),
+            (f("schedule.num_cycles", 0.5) == 0.5)
+                .then(|| ds_linear("WarmupCosineLR"))
+                .flatten(),
+        ),
+        "constant" => (
+            Some(HfSchedule::Constant),
+            Some(DsSchedule::WarmupLr {
+                min_lr: peak,
+                max_lr: Some(peak),
+                warmup_num_steps: 1,
+                warmup_type: DsWarmupType::Linear,
+            }),
+        ),
+        "cosine_with_restarts" => (
+            Some(HfSchedule::CosineWithRestarts {
+                num_cycles: f("schedule.num_cycles", 1.0),
+            }),
+            None,
+        ),
+        "polynomial" => (
+            Some(HfSchedule::Polynomial {
+                lr_end: f("schedule.lr_end", 1e-7),
+                power: f("schedule.power", 1.0),
+            }),
+            None,
+        ),
+        "inverse_sqrt" => (
+            Some(HfSchedule::InverseSqrt {
+                timescale: r.uint("schedule.timescale"),
+            }),
+            None,
+        ),
+        "reduce_lr_on_plateau" => (Some(HfSchedule::ReduceLrOnPlateau), None),
+        "cosine_with_min_lr" => (
+            Some(HfSchedule::CosineWithMinLr {
+                num_cycles: f("schedule.num_cycles", 0.5),
+                min_lr: MinLr::Absolute(min_lr),
+            }),
+            None,
+        ),
+        "warmup_stable_decay" => {
+            let decay = match crate::resolve::warmup_like(r, "schedule.decay") {
+                Some(crate::steps::Warmup::Steps(s)) => s,
+                Some(crate::steps::Warmup::Fraction(x)) => (total as f64 * x).ceil() as u64,
+                None => 0,
+            };
+            (
+                Some(HfSchedule::WarmupStableDecay {
+                    num_stable_steps: None,
+                    num_decay_steps: decay,
+                    warmup_type: WsdShape::Linear,
+                    decay_type: WsdShape::Cosine,
+                    min_lr_ratio: f("schedule.min_lr_ratio", 0.0),
+                    num_cycles: 0.5,
+                }),
+                None,
+            )
+        }
+        "WarmupLR" => (
+            (min_lr == 0.0 && max_lr == peak).then_some(HfSchedule::ConstantWithWarmup),
+            Some(DsSchedule::WarmupLr {
+                min_lr,
+                max_lr: Some(max_lr),
+                warmup_num_steps: warmup,
+                warmup_type: warmup_type(r),
+            }),
+        ),
+        "WarmupDecayLR" => (
+            (min_lr == 0.0 && max_lr == peak).then_some(HfSchedule::Linear),
+            Some(DsSchedule::WarmupDecayLr {
+                total_num_steps: total,
+                min_lr,
+                max_lr: Some(max_lr),
+                warmup_num_steps: warmup,
+                warmup_type: warmup_type(r),
+            }),
+        ),
+        "WarmupCosineLR" => (
+            (f("schedule.cos_min_ratio", 0.0) == 0.0 && f("schedule.warmup_min_ratio", 0.0) == 0.0)
+                .then_some(HfSchedule::Cosine { num_cycles: 0.5 }),
+            Some(DsSchedule::WarmupCosineLr {
+                total_num_steps: total,
+                warmup_min_ratio: f("schedule.warmup_min_ratio", 0.0),
+                cos_min_ratio: f("schedule.cos_min_ratio", 0.0),
+                warmup_num_steps: warmup,
+                warmup_type: warmup_type(r),
+            }),
+        ),
+        "OneCycle" => {
+            let mut c = OneCycle::new(
+                f("schedule.cycle_min_lr", peak / 10.0),
+                f("schedule.cycle_max_lr", peak),
+            );
+            c.cycle_first_step_size = f("schedule.cycle_first_step_size", 2000.0);
+            c.cycle_second_step_size = r.f64("schedule.cycle_second_step_size");
+            c.cycle_first_stair_count = r.uint("schedule.cycle_first_stair_count").unwrap_or(0);
+            c.cycle_second_stair_count = r.uint("schedule.cycle_second_stair_count");
+            c.decay_lr_rate = f("schedule.decay_lr_rate", 0.0);
+            c.decay_step_size = f("schedule.decay_step_size", 0.0);
+            c.cycle_momentum = r.bool("schedule.cycle_momentum").unwrap_or(true);
+            c.cycle_min_mom = f("schedule.cycle_min_mom", 0.8);
+            c.cycle_max_mom = f("schedule.cycle_max_mom", 0.9);
+            c.decay_mom_rate = f("schedule.decay_mom_rate", 0.0);
+            (None, Some(DsSchedule::OneCycle(c)))
+        }
+        "LRRangeTest" => (
+            None,
+            Some(DsSchedule::LrRangeTest {
+                min_lr: f("schedule.start_lr", 1e-3),
+                step_size: f("schedule.step_size", 2000.0),
+                step_rate: f("schedule.step_rate", 1.0),
+                staircase: r.bool("schedule.staircase").unwrap_or(false),
+            }),
+        ),
+        _ => (None, None),
+    };
+    Some(Curves {
+        owner,
+        hf,
+        ds,
+        peak,
+        warmup,
+        total,
+        flags: DsFlags::from_facts(&r.facts),
+    })
+}
+
+/// The learning rate of one optimizer step under each side.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct LrStep {
+    /// Optimizer step (1-based).
+    pub step: u64,
+    /// HF's schedule, if there is one.
+    pub hf: Option<f64>,
+    /// DeepSpeed's schedule, if there is one.
+    pub deepspeed: Option<f64>,
+}
+
+impl Curves {
+    /// The LR at optimizer step `step` (1-based) on each side.
+    pub fn at(&self, step: u64) -> LrStep {
+        LrStep {
+            step,
+            hf: self
+                .hf
+                .as_ref()
+                .map(|s| lr::hf_lr(s, self.peak, self.warmup, self.total, step)),
+            deepspeed: self
+                .ds
+                .as_ref()
+                .map(|s| lr::ds_lr(s, &self.flags, self.peak, step)),
+        }
+    }
+
+    /// Every step of the run.
+    pub fn table(&self) -> Vec<LrStep> {
+        (1..=self.total).map(|k| self.at(k)).collect()
+    }
+
+    /// The name of each side's schedule.
+    pub fn names(&self) -> (Option<&'static str>, Option<&'static str>) {
+        (
+            self.hf.as_ref().map(HfSchedule::name),
+            self.ds.as_ref().map(DsSchedule::type_name),
+        )
+    }
+}
