@@ -124,7 +124,10 @@ fn every_rule_code_has_a_passing_neighbour() {
         .filter_map(|n| n.split('-').next().map(str::to_string))
         .collect();
     // Codes from R0100 on are upstream rules: each has a neighbour that passes.
-    for (code, name, _) in recipe::codes::all().into_iter().filter(|(c, _, _)| *c >= "R0100") {
+    for (code, name, _) in recipe::codes::all()
+        .into_iter()
+        .filter(|(c, _, _)| *c >= "R0100")
+    {
         assert!(
             covered.contains(code),
             "no passing neighbour for {code} ({name}) in tests/diagnostics/ok/"

@@ -14,8 +14,16 @@ pub const BATCH_ZERO: &str = "R0102";
 
 /// This family's codes.
 pub const CODES: &[(&str, &str, &str)] = &[
-    (BATCH_MISMATCH, "batch-mismatch", "global != micro x accumulate x world after DeepSpeed's inference"),
-    (BATCH_ZERO, "batch-zero", "an inferred batch size comes out as zero"),
+    (
+        BATCH_MISMATCH,
+        "batch-mismatch",
+        "global != micro x accumulate x world after DeepSpeed's inference",
+    ),
+    (
+        BATCH_ZERO,
+        "batch-zero",
+        "an inferred batch size comes out as zero",
+    ),
 ];
 
 /// Checks the batch triple.

@@ -21,10 +21,26 @@ pub const NO_STEPS: &str = "R0205";
 
 /// This family's codes.
 pub const CODES: &[(&str, &str, &str)] = &[
-    (STEP_DRIFT, "step-drift", "HF and DeepSpeed take optimizer steps at different micro-batches"),
-    (EARLY_STOP, "early-stop", "transformers 4.47-4.51 stop before the last epoch"),
-    (WARMUP_TOO_LONG, "warmup-too-long", "the warmup lasts the whole run or longer"),
-    (SAMPLES_UNKNOWN, "samples-unknown", "the number of training samples is unknown"),
+    (
+        STEP_DRIFT,
+        "step-drift",
+        "HF and DeepSpeed take optimizer steps at different micro-batches",
+    ),
+    (
+        EARLY_STOP,
+        "early-stop",
+        "transformers 4.47-4.51 stop before the last epoch",
+    ),
+    (
+        WARMUP_TOO_LONG,
+        "warmup-too-long",
+        "the warmup lasts the whole run or longer",
+    ),
+    (
+        SAMPLES_UNKNOWN,
+        "samples-unknown",
+        "the number of training samples is unknown",
+    ),
     (NO_STEPS, "no-steps", "the run takes no optimizer step"),
 ];
 
