@@ -275,9 +275,14 @@ fn steps_prints_the_seed_timelines_and_exits_one_on_divergence() {
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v[0]["diverges"], false);
-    assert_eq!(v[0]["batches_per_epoch"], 13);
-    assert_eq!(v[0]["rows"].as_array().unwrap().len(), 39);
+    let tl = &v["timelines"][0];
+    assert_eq!(tl["diverges"], false);
+    assert_eq!(tl["batches_per_epoch"], 13);
+    assert_eq!(tl["rows"].as_array().unwrap().len(), 39);
+    // Native: ceil(13 / 4) = 4 steps per epoch, the last over 13 - 12 = 1 micro-batch.
+    assert_eq!(v["native"]["per_epoch"], 4);
+    assert_eq!(v["native"]["last_window"], 1);
+    assert_eq!(v["native"]["total"], 12);
 }
 
 #[test]

@@ -67,6 +67,45 @@ fn timeline_for(resolved: &Resolved, targets: Targets) -> Option<Timeline> {
     })
 }
 
+/// The native runtime's accounting: accelerate-style even sharding, ceil windows, a short last
+/// window averaged over its real size (the semantics of the newest HF Trainer).
+#[derive(Serialize)]
+struct Native {
+    batches_per_epoch: u64,
+    per_epoch: u64,
+    last_window: u64,
+    total: u64,
+}
+
+fn native(r: &Resolved) -> Option<Native> {
+    use recipe::steps::{batches_per_rank, total_steps, updates_per_epoch};
+    use recipe::versions::{Rounding, Sharding};
+    let (samples, micro, g, world) = (
+        r.uint("data.samples")?,
+        r.uint("batch.micro")?,
+        r.uint("batch.accumulate")?.max(1),
+        r.uint("cluster.world_size")?,
+    );
+    let l = batches_per_rank(
+        samples,
+        micro,
+        world,
+        r.bool("data.drop_last").unwrap_or(false),
+        Sharding::BatchSamplerShard,
+    );
+    let u = updates_per_epoch(l, g, Rounding::Ceil);
+    Some(Native {
+        batches_per_epoch: l,
+        per_epoch: u,
+        last_window: l.saturating_sub(g * (u - 1)).max(1),
+        total: total_steps(
+            r.f64("train.epochs").unwrap_or(3.0),
+            u,
+            r.uint("train.max_steps"),
+        ),
+    })
+}
+
 pub fn run(file: &Path, versions: &[String], all: bool, flags: &RecipeFlags) -> i32 {
     let (_, resolved, _) = match load(file, flags) {
         Ok(loaded) => loaded,
@@ -92,14 +131,22 @@ pub fn run(file: &Path, versions: &[String], all: bool, flags: &RecipeFlags) -> 
             }
         }
     }
+    let native = native(&resolved);
     match flags.format {
         Format::Json => println!(
             "{}",
-            serde_json::to_string(&timelines).expect("timelines serialize")
+            serde_json::json!({ "timelines": timelines, "native": native })
         ),
         Format::Human => {
             for tl in &timelines {
                 print!("{}", human(tl, all));
+            }
+            if let Some(n) = &native {
+                println!(
+                    "native runtime (`recipe run`): {} micro-batches per rank per epoch, {} optimizer \
+                     steps per epoch (the last over {} micro-batch(es), averaged over them), {} in all",
+                    n.batches_per_epoch, n.per_epoch, n.last_window, n.total
+                );
             }
         }
     }
