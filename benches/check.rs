@@ -1,1 +1,414 @@
-fn main() {}
+//! Timing figures for `recipe check` and `recipe fmt`: `cargo bench --bench check`.
+//!
+//! Prints figures next to the targets from the issue; asserts no timings (machines differ).
+//! Measured:
+//!
+//! * (a) in-process parse+check of `recipes/cls.rcp` (median, p90);
+//! * (b) in-process parse+check of two generated 10,000-line recipes, each next to serde_json
+//!   parsing a JSON document of the same byte size, measured in the same run:
+//!   - "raw": `recipes/cls.rcp` plus one `deepspeed { }` block of distinct nested keys (parses and
+//!     checks with no diagnostics: the realistic way to reach 10,000 lines);
+//!   - "repeated": `recipes/cls.rcp` written out again and again (every repeat is a duplicate
+//!     block, so this one also measures building many diagnostics);
+//!
+//!   and `recipe::format::format_source` of both;
+//! * (c) whole-process `recipe check recipes/cls.rcp` (the release binary) next to spawning
+//!   `/bin/true`, the process-spawn floor.
+//!
+//! (c) needs the release binary: `cargo build --release` first (this bench builds it when it is
+//! missing, and says so if that fails).
+
+use std::ffi::OsStr;
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Issue target: whole-process `recipe check recipes/cls.rcp`.
+const TARGET_PROCESS_MS: f64 = 5.0;
+/// Issue target: checking a 10,000-line recipe.
+const TARGET_10K_MS: f64 = 50.0;
+/// Lines in the generated recipes.
+const LINES: usize = 10_000;
+
+fn main() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let cls_path = root.join("recipes/cls.rcp");
+    let cls = std::fs::read_to_string(&cls_path).expect("read recipes/cls.rcp");
+
+    println!("recipe bench (std::time::Instant; figures, not assertions)");
+    if let Ok(load) = std::fs::read_to_string("/proc/loadavg") {
+        let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+        println!(
+            "machine: {cpus} CPUs, load average {} (other work skews these figures)",
+            load.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+    }
+    println!();
+
+    // (a) cls.rcp in process.
+    let checked = recipe::check_source(&cls);
+    assert!(checked.file.is_some(), "recipes/cls.rcp does not parse");
+    let samples = time_n(5_000, 200, || {
+        black_box(recipe::check_source(black_box(&cls)));
+    });
+    println!(
+        "(a) in-process check of recipes/cls.rcp ({} bytes, {} lines, {}), {} iterations",
+        cls.len(),
+        cls.lines().count(),
+        codes(&checked),
+        samples.len()
+    );
+    println!(
+        "    median {:>9.1} us   p90 {:>9.1} us   min {:>9.1} us",
+        us(percentile(&samples, 50)),
+        us(percentile(&samples, 90)),
+        us(percentile(&samples, 0))
+    );
+    let (parse, schema) = split(&cls, 5_000, 200);
+    println!(
+        "    of which: parse median {:>9.1} us   schema check median {:>9.1} us",
+        us(parse),
+        us(schema)
+    );
+    println!();
+
+    // (b) 10,000-line recipes, each with a same-size JSON peer.
+    println!("(b) in-process check of a generated {LINES}-line recipe, median of 15 runs (target: < {TARGET_10K_MS} ms)");
+    for (name, text) in [
+        ("raw", raw_recipe(&cls, LINES)),
+        ("repeated", repeated_recipe(&cls, LINES)),
+    ] {
+        bench_big(name, &text);
+    }
+    println!();
+
+    // (c) whole process.
+    println!("(c) whole-process `recipe check recipes/cls.rcp`, median of 50 runs (target: < {TARGET_PROCESS_MS} ms)");
+    match release_binary(&root) {
+        Ok(bin) => bench_process(&bin, &root, &cls_path),
+        Err(why) => println!("    skipped: {why}"),
+    }
+}
+
+/// Times (b) for one generated recipe.
+fn bench_big(name: &str, text: &str) {
+    let checked = recipe::check_source(text);
+    assert!(
+        checked.file.is_some(),
+        "the generated {name} recipe does not parse: {:?}",
+        checked.diagnostics.first()
+    );
+    let json = json_document(text.len());
+    serde_json::from_str::<serde_json::Value>(&json).expect("generated JSON parses");
+
+    let check = time_n(15, 2, || {
+        black_box(recipe::check_source(black_box(text)));
+    });
+    let peer = time_n(15, 2, || {
+        black_box(serde_json::from_str::<serde_json::Value>(black_box(&json)).unwrap());
+    });
+    let format = time_n(15, 2, || {
+        black_box(recipe::format::format_source(black_box(text)).unwrap());
+    });
+    let (c, p, f) = (
+        ms(percentile(&check, 50)),
+        ms(percentile(&peer, 50)),
+        ms(percentile(&format, 50)),
+    );
+    println!(
+        "    {name:<9} {} lines, {} bytes, {}",
+        text.lines().count(),
+        text.len(),
+        codes(&checked)
+    );
+    println!(
+        "      check         median {c:>9.3} ms   (target < {TARGET_10K_MS} ms: {})",
+        verdict(c, TARGET_10K_MS)
+    );
+    println!(
+        "      serde_json    median {p:>9.3} ms   ({} bytes of JSON, same run)   ratio recipe/serde_json {:.1}x",
+        json.len(),
+        c / p
+    );
+    let (parse, schema) = split(text, 15, 2);
+    println!(
+        "      of which: parse median {:>9.3} ms   schema check median {:>9.3} ms",
+        ms(parse),
+        ms(schema)
+    );
+    println!("      format_source median {f:>9.3} ms");
+}
+
+/// Medians of the two halves of `check_source`: `syntax::parse`, then `check::schema::check` of
+/// the parsed file (without sorting the diagnostics).
+fn split(text: &str, n: usize, warmup: usize) -> (Duration, Duration) {
+    let parse = time_n(n, warmup, || {
+        black_box(recipe::syntax::parse(black_box(text)).unwrap());
+    });
+    let file = recipe::syntax::parse(text).unwrap();
+    let schema = time_n(n, warmup, || {
+        black_box(recipe::check::schema::check(black_box(&file)));
+    });
+    (percentile(&parse, 50), percentile(&schema, 50))
+}
+
+/// Times (c): spawning the release binary next to spawning `/bin/true`.
+fn bench_process(bin: &Path, root: &Path, cls: &Path) {
+    let run = |program: &Path, args: &[&OsStr]| {
+        let status = Command::new(program)
+            .args(args)
+            .current_dir(root)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("spawn");
+        assert!(
+            status.success(),
+            "{} exited with {status}",
+            program.display()
+        );
+    };
+    let true_bin = Path::new("/bin/true");
+    // Interleave the two so that both see the same machine state.
+    let mut recipe_samples = Vec::new();
+    let mut true_samples = Vec::new();
+    for i in 0..55 {
+        let t = Instant::now();
+        run(bin, &[OsStr::new("check"), cls.as_os_str()]);
+        let r = t.elapsed();
+        let t = Instant::now();
+        run(true_bin, &[]);
+        let f = t.elapsed();
+        if i >= 5 {
+            recipe_samples.push(r);
+            true_samples.push(f);
+        }
+    }
+    recipe_samples.sort();
+    true_samples.sort();
+    let r = ms(percentile(&recipe_samples, 50));
+    let f = ms(percentile(&true_samples, 50));
+    println!(
+        "    recipe check  median {r:>7.3} ms   p90 {:>7.3} ms   (target < {TARGET_PROCESS_MS} ms: {})",
+        ms(percentile(&recipe_samples, 90)),
+        verdict(r, TARGET_PROCESS_MS)
+    );
+    println!(
+        "    /bin/true     median {f:>7.3} ms   p90 {:>7.3} ms   (process-spawn floor)",
+        ms(percentile(&true_samples, 90))
+    );
+    println!(
+        "    ratio recipe/true {:.1}x, difference {:.3} ms   [{}]",
+        r / f,
+        r - f,
+        bin.display()
+    );
+}
+
+/// `target/release/recipe`, built here when missing.
+fn release_binary(root: &Path) -> Result<PathBuf, String> {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let bin = target.join("release").join("recipe");
+    if bin.is_file() {
+        return Ok(bin);
+    }
+    println!(
+        "    {} is missing; running `cargo build --release --bin recipe`",
+        bin.display()
+    );
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "--release", "--bin", "recipe"])
+        .current_dir(root)
+        .status()
+        .map_err(|e| format!("could not run cargo: {e}; run `cargo build --release` first"))?;
+    if status.success() && bin.is_file() {
+        Ok(bin)
+    } else {
+        Err(format!(
+            "no release binary at {}; run `cargo build --release` first",
+            bin.display()
+        ))
+    }
+}
+
+/// `cls.rcp`, then one `deepspeed { }` block of distinct nested keys, `lines` lines in all.
+/// `amp` passes its keys through to Apex unchecked, so every key is accepted.
+fn raw_recipe(cls: &str, lines: usize) -> String {
+    let mut out = String::with_capacity(lines * 40);
+    let push = |out: &mut String, line: String| {
+        out.push_str(&line);
+        out.push('\n');
+    };
+    out.push_str(cls);
+    let mut count = cls.lines().count();
+    for line in [
+        "",
+        "# Generated: a large raw DeepSpeed block.",
+        "deepspeed {",
+        "  gradient_clipping = 1.0",
+        "  steps_per_print = 100",
+        "  amp {",
+    ] {
+        push(&mut out, line.to_string());
+        count += 1;
+    }
+    let closing = 2; // `amp`'s and `deepspeed`'s closing braces
+    let mut group = 0;
+    while count + 12 + closing <= lines {
+        push(
+            &mut out,
+            format!("    group_{group:04} {{  # group {group}"),
+        );
+        for k in 0..10 {
+            push(
+                &mut out,
+                match k % 5 {
+                    0 => format!("      lr_scale_{k} = {}e-5", group % 97 + 1),
+                    1 => format!("      name_{k} = \"layer.{group}.attention.{k}\""),
+                    2 => format!("      enabled_{k} = {}", group % 2 == 0),
+                    3 => format!("      betas_{k} = (0.9, 0.{})", 990 + group % 9),
+                    _ => format!("      buckets_{k} = [{}M, {k}k, {group}]", group % 64),
+                },
+            );
+        }
+        push(&mut out, "    }".to_string());
+        count += 12;
+        group += 1;
+    }
+    while count + closing < lines {
+        push(&mut out, format!("    pad_{group:04} = {group}"));
+        count += 1;
+        group += 1;
+    }
+    push(&mut out, "  }".to_string());
+    push(&mut out, "}".to_string());
+    out
+}
+
+/// `cls.rcp` written out again and again (each copy after the first repeats every block).
+fn repeated_recipe(cls: &str, lines: usize) -> String {
+    let mut out = String::with_capacity(lines * 40);
+    let mut copy = 0;
+    while out.lines().count() < lines {
+        if copy > 0 {
+            out.push('\n');
+        }
+        out.push_str(cls);
+        copy += 1;
+    }
+    // Trim to exactly `lines` lines, at a block boundary: drop whole trailing lines until the
+    // last line is blank, a comment or closes a block.
+    let mut kept: Vec<&str> = out.lines().take(lines).collect();
+    while let Some(last) = kept.last() {
+        let t = last.trim();
+        let open = kept.iter().filter(|l| l.contains('{')).count();
+        let close = kept.iter().filter(|l| l.contains('}')).count();
+        if open == close && (t.is_empty() || t.starts_with('#') || t.ends_with('}')) {
+            break;
+        }
+        kept.pop();
+    }
+    let mut text = kept.join("\n");
+    text.push('\n');
+    text
+}
+
+/// A JSON document of about `bytes` bytes (a few bytes over at most): an object of objects,
+/// shaped like a DeepSpeed config, with the same kinds of values as the raw recipe.
+fn json_document(bytes: usize) -> String {
+    let mut out = String::with_capacity(bytes + 256);
+    out.push_str("{\n  \"amp\": {\n");
+    let mut group = 0;
+    loop {
+        let entry = format!(
+            "    \"group_{group:04}\": {{\"lr_scale_0\": {}e-5, \"name_1\": \"layer.{group}.attention.1\", \"enabled_2\": {}, \"betas_3\": [0.9, 0.{}], \"buckets_4\": [{}, {}, {}]}},\n",
+            group % 97 + 1,
+            group % 2 == 0,
+            990 + group % 9,
+            group % 64,
+            group,
+            group * 7
+        );
+        if out.len() + entry.len() + 64 > bytes {
+            break;
+        }
+        out.push_str(&entry);
+        group += 1;
+    }
+    // Pad with one string to the requested size.
+    let closing = "    \"pad\": \"\"\n  }\n}\n";
+    let pad = bytes.saturating_sub(out.len() + closing.len());
+    out.push_str(&format!("    \"pad\": \"{}\"\n  }}\n}}\n", "x".repeat(pad)));
+    out
+}
+
+/// "N diagnostics: R0001 x3, ..." (codes in order of first appearance).
+fn codes(checked: &recipe::Checked) -> String {
+    let mut counts: Vec<(&str, usize)> = Vec::new();
+    for d in &checked.diagnostics {
+        match counts.iter_mut().find(|(c, _)| *c == d.code) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((d.code, 1)),
+        }
+    }
+    let list: Vec<String> = counts
+        .iter()
+        .map(|(c, n)| {
+            if *n == 1 {
+                c.to_string()
+            } else {
+                format!("{c} x{n}")
+            }
+        })
+        .collect();
+    match checked.diagnostics.len() {
+        0 => "0 diagnostics".to_string(),
+        n => format!("{n} diagnostics: {}", list.join(", ")),
+    }
+}
+
+/// Runs `f` `warmup` times untimed, then `n` times timed; sorted samples.
+fn time_n(n: usize, warmup: usize, mut f: impl FnMut()) -> Vec<Duration> {
+    for _ in 0..warmup {
+        f();
+    }
+    let mut samples: Vec<Duration> = (0..n)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed()
+        })
+        .collect();
+    samples.sort();
+    samples
+}
+
+/// The `p`th percentile (nearest rank) of sorted samples; 0 is the minimum.
+fn percentile(sorted: &[Duration], p: usize) -> Duration {
+    let i = (sorted.len() * p / 100).min(sorted.len() - 1);
+    sorted[i]
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn verdict(value: f64, target: f64) -> &'static str {
+    if value < target {
+        "met"
+    } else {
+        "NOT met"
+    }
+}

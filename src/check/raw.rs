@@ -64,13 +64,17 @@ pub fn check(kind: RawKind, body: &Body, out: &mut Vec<Diagnostic>) {
     let mut seen: HashMap<String, Span> = HashMap::new();
     let mut sections: HashMap<String, Span> = HashMap::new();
     let mut reported_renames: Vec<&str> = Vec::new();
+    // Every proper prefix of a key path is a section (`zero_optimization` of
+    // `zero_optimization.stage`); collected once so the loop below stays linear.
+    let prefixes: std::collections::HashSet<String> = keys
+        .iter()
+        .flat_map(|k| (1..k.path.len()).map(|n| k.path[..n].join(".")))
+        .collect();
     for entry in &keys {
         let dotted = entry.path.join(".");
         // A section header (`zero_optimization { }`) may be repeated by dotted keys below it;
         // only leaf keys given twice are duplicates.
-        let is_prefix = keys
-            .iter()
-            .any(|k| k.path.len() > entry.path.len() && k.path.starts_with(&entry.path));
+        let is_prefix = prefixes.contains(dotted.as_str());
         if is_prefix {
             sections.entry(dotted.clone()).or_insert(entry.span);
         } else if let Some(first) = seen.get(&dotted) {
