@@ -5,8 +5,8 @@
 
 use serde::Serialize;
 
-use crate::memory::{self, BertShape, ModelSize, Offload};
-use crate::resolve::{Options, Resolved, Source, Val};
+use crate::memory::{self, ModelSize, Offload};
+use crate::resolve::{Resolved, Source, Val};
 use crate::schedules::{self, LrStep, Owner};
 use crate::schema;
 use crate::source::SourceFile;
@@ -79,6 +79,8 @@ pub struct Memory {
 /// The model-states memory section.
 #[derive(Debug, Clone, Serialize)]
 pub struct MemorySection {
+    /// Where the model's size comes from.
+    pub from: String,
     /// Parameters (shared once).
     pub params: u64,
     /// The largest single module's parameters.
@@ -135,38 +137,6 @@ fn upstream_names(key: &str) -> (Option<&'static str>, Option<&'static str>) {
     }
 }
 
-/// The size of the model when its config is local (a BERT-shaped config.json).
-pub fn model_size(r: &Resolved, options: &Options) -> Option<ModelSize> {
-    let dir = r.str("model.from").or_else(|| r.str("model.config"))?;
-    let mut path = std::path::PathBuf::from(dir);
-    if path.is_relative() {
-        if let Some(base) = &options.base_dir {
-            path = base.join(path);
-        }
-    }
-    if path.is_dir() {
-        path = path.join("config.json");
-    }
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
-    let get = |k: &str| json.get(k).and_then(|v| v.as_u64());
-    let labels = match r.val("model.task").and_then(|t| t.arg("labels")) {
-        Some(Val::List(items)) => items.len() as u64,
-        Some(v) => v.as_i64().unwrap_or(2) as u64,
-        None => 2,
-    };
-    Some(memory::bert_size(&BertShape {
-        vocab_size: get("vocab_size")?,
-        hidden_size: get("hidden_size")?,
-        num_hidden_layers: get("num_hidden_layers")?,
-        intermediate_size: get("intermediate_size")?,
-        max_position_embeddings: get("max_position_embeddings")?,
-        type_vocab_size: get("type_vocab_size").unwrap_or(2),
-        num_labels: labels,
-        pooler: true,
-    }))
-}
-
 fn offload(v: Option<&str>) -> Offload {
     match v {
         Some("cpu") => Offload::Cpu,
@@ -183,7 +153,7 @@ fn offload_name(o: Offload) -> &'static str {
     }
 }
 
-fn memory_section(r: &Resolved, size: ModelSize) -> MemorySection {
+fn memory_section(r: &Resolved, size: ModelSize, from: String) -> MemorySection {
     let g = r.uint("cluster.gpus").unwrap_or(1).max(1);
     let n = r.uint("cluster.nodes").unwrap_or(1).max(1);
     let stage = r.uint("zero.stage").unwrap_or(0) as u8;
@@ -222,6 +192,7 @@ fn memory_section(r: &Resolved, size: ModelSize) -> MemorySection {
         })
         .collect();
     MemorySection {
+        from,
         params: size.params,
         largest_layer: size.largest_layer,
         gpus_per_node: g,
@@ -231,7 +202,7 @@ fn memory_section(r: &Resolved, size: ModelSize) -> MemorySection {
 }
 
 /// Builds the report.
-pub fn report(r: &Resolved, options: &Options, file: Option<&SourceFile>) -> Report {
+pub fn report(r: &Resolved, file: Option<&SourceFile>) -> Report {
     let settings = r
         .settings()
         .iter()
@@ -286,8 +257,8 @@ pub fn report(r: &Resolved, options: &Options, file: Option<&SourceFile>) -> Rep
     let curves = schedules::curves(r);
     let (hf_schedule, deepspeed_schedule) = curves.as_ref().map_or((None, None), |c| c.names());
     let lr = curves.as_ref().map(|c| c.table()).unwrap_or_default();
-    let memory = match model_size(r, options) {
-        Some(size) => Some(memory_section(r, size)),
+    let memory = match crate::rules::zero::model_size(r) {
+        Some((size, from)) => Some(memory_section(r, size, from)),
         None => {
             notes.push("memory: the model's size is unknown (its config.json is not local)".into());
             None

@@ -8,6 +8,7 @@ pub mod atomic;
 pub mod check;
 pub mod codes;
 pub mod diagnostic;
+pub mod emit;
 pub mod explain;
 pub mod format;
 pub mod lr;

@@ -183,6 +183,17 @@ pub enum WarmupArgs {
     FloatSteps,
 }
 
+/// When HF's DeepSpeed integration reads `model.config.hidden_size` (§2.2, issue #21342).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HiddenSizeRead {
+    /// Under ZeRO-3 only, unconditionally there.
+    Zero3,
+    /// Always, whatever the DeepSpeed config says.
+    Always,
+    /// Only when a hidden-size key is `"auto"`, with the `hidden_sizes` fallback.
+    AutoKeysOnly,
+}
+
 /// Every version-dependent fact, for one set of targets.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Facts {
@@ -239,6 +250,43 @@ pub struct Facts {
     pub ds_zero2_estimate_new: bool,
     /// Unknown keys in ZeRO / offload sections are rejected (pydantic `extra="forbid"`).
     pub ds_strict_zero_sections: bool,
+    /// HF fills DeepSpeed's `fp16.enabled` / `bf16.enabled` from `fp16 or fp16_full_eval` /
+    /// `bf16 or bf16_full_eval`, so half-precision evaluation turns on half-precision training.
+    pub hf_full_eval_enables_ds_half: bool,
+    /// ZeRO stages 2 and 3 run without fp16 (before, while [`Facts::ds_zero_needs_fp16`], every
+    /// ZeRO stage needs fp16; after, only stage 1 until that fact ends).
+    pub ds_zero23_without_fp16: bool,
+    /// transformers raises "ZeRO Offload can only work with DeepSpeed optimizers" when HF builds
+    /// the optimizer and its `is_offload()` sees an offload (stage 2 `cpu_offload`, stage 3
+    /// `offload_optimizer`/`offload_param` device cpu or nvme).
+    pub hf_offload_needs_ds_optimizer: bool,
+    /// The error transformers raises when DeepSpeed builds the optimizer and HF the scheduler
+    /// (no DeepSpeed `scheduler` section); `None` when that combination works.
+    pub hf_ds_optimizer_hf_scheduler_error: Option<&'static str>,
+    /// accelerate rebuilds an HF optimizer under optimizer offload by class (AdamW →
+    /// DeepSpeedCPUAdam adamw_mode, Adagrad → DeepSpeedCPUAdagrad, bnb 32-bit Lion →
+    /// DeepSpeedCPULion, anything else → DeepSpeedCPUAdam with adamw_mode false); before, every
+    /// optimizer became `DeepSpeedCPUAdam(lr, weight_decay)` with its default adamw_mode.
+    pub acc_cpu_optimizer_by_class: bool,
+    /// DeepSpeed rejects a client optimizer other than DeepSpeedCPUAdam under ZeRO optimizer
+    /// offload unless `zero_force_ds_cpu_optimizer` is false (the key exists from then on).
+    pub ds_force_cpu_optimizer: bool,
+    /// DeepSpeed's own optimizer types (`DEEPSPEED_OPTIMIZERS`, lower case); any other `type` is
+    /// looked up in `torch.optim` with its exact case.
+    pub ds_optimizers: &'static [&'static str],
+    /// Optimizer kinds DeepSpeed's ZeRO accepts without `zero_allow_untested_optimizer`
+    /// (`ZERO_SUPPORTED_OPTIMIZERS`, as recipe optimizer kinds).
+    pub ds_zero_supported_optimizers: &'static [&'static str],
+    /// With bf16 (and fp16 off) DeepSpeed's loss scale is a fixed 1.0, not dynamic, so LAMB's
+    /// "requires dynamic loss scaling" assertion fails.
+    pub ds_bf16_fixed_loss_scale: bool,
+    /// When HF reads `model.config.hidden_size` (an AttributeError for configs without it).
+    pub hf_hidden_size_read: HiddenSizeRead,
+    /// The accelerate release the Trainer requires at run time (`None`: no version check).
+    pub hf_min_accelerate: Option<Version>,
+    /// DeepSpeed reads `managed_gradient_accumulation`, and asserts in
+    /// `set_gradient_accumulation_boundary` when it is false.
+    pub ds_managed_gradient_accumulation: bool,
 }
 
 /// One version-dependent fact, as a table row applies it.
@@ -296,6 +344,30 @@ pub enum Fact {
     DsZero2EstimateNew(bool),
     /// See [`Facts::ds_strict_zero_sections`].
     DsStrictZeroSections(bool),
+    /// See [`Facts::hf_full_eval_enables_ds_half`].
+    HfFullEvalEnablesDsHalf(bool),
+    /// See [`Facts::ds_zero23_without_fp16`].
+    DsZero23WithoutFp16(bool),
+    /// See [`Facts::hf_offload_needs_ds_optimizer`].
+    HfOffloadNeedsDsOptimizer(bool),
+    /// See [`Facts::hf_ds_optimizer_hf_scheduler_error`].
+    HfDsOptimizerHfSchedulerError(Option<&'static str>),
+    /// See [`Facts::acc_cpu_optimizer_by_class`].
+    AccCpuOptimizerByClass(bool),
+    /// See [`Facts::ds_force_cpu_optimizer`].
+    DsForceCpuOptimizer(bool),
+    /// See [`Facts::ds_optimizers`].
+    DsOptimizers(&'static [&'static str]),
+    /// See [`Facts::ds_zero_supported_optimizers`].
+    DsZeroSupportedOptimizers(&'static [&'static str]),
+    /// See [`Facts::ds_bf16_fixed_loss_scale`].
+    DsBf16FixedLossScale(bool),
+    /// See [`Facts::hf_hidden_size_read`].
+    HfHiddenSizeRead(HiddenSizeRead),
+    /// See [`Facts::hf_min_accelerate`].
+    HfMinAccelerate(Option<Version>),
+    /// See [`Facts::ds_managed_gradient_accumulation`].
+    DsManagedGradientAccumulation(bool),
 }
 
 /// A row of the table: from `since` on (until a later row sets the same fact), `fact` holds.
@@ -343,13 +415,14 @@ pub static CHANGES: &[Change] = &[
     row(T, (4, 24, 0), HfMismatchChecks(true), "transformers@v4.24.0 deepspeed.py:fill_match"),
     row(T, (0, 0, 0), HfDirectDeepSpeedInit(true), "transformers@v4.24.0 deepspeed.py:deepspeed_init"),
     row(T, (4, 30, 0), HfDirectDeepSpeedInit(false), "transformers PR #24028 era: Trainer prepares through accelerate"),
-    row(T, (0, 0, 0), HfApexAmp(false), "transformers@v4.6.1 integrations.py"),
-    row(T, (4, 24, 0), HfApexAmp(true), "transformers@v4.24.0 deepspeed.py:trainer_config_process (amp.enabled)"),
+    row(T, (0, 0, 0), HfApexAmp(true), "transformers@v4.6.1 integrations.py:DeepSpeedConfigHF.config_process (amp.enabled from fp16_backend)"),
     row(T, (5, 0, 0), HfApexAmp(false), "transformers v5.0.0 removed apex"),
     row(T, (0, 0, 0), HfFloatPrefetchBucket(true), "transformers@v4.24.0 deepspeed.py:trainer_config_finalize"),
     row(T, (4, 45, 0), HfFloatPrefetchBucket(false), "transformers v4.45.0 int(0.9*h*h)"),
     row(T, (0, 0, 0), HfCheckpointingField("gradient_checkpointing"), "transformers@v4.24.0 training_args.py"),
     row(T, (5, 23, 0), HfCheckpointingField("activation_checkpointing"), "transformers v5.23.0 renamed it"),
+    row(T, (0, 0, 0), HfFullEvalEnablesDsHalf(false), "transformers@v4.6.1 integrations.py:DeepSpeedConfigHF.config_process (fp16.enabled from args.fp16 only)"),
+    row(T, (4, 24, 0), HfFullEvalEnablesDsHalf(true), "transformers@v4.24.0 deepspeed.py:HfTrainerDeepSpeedConfig.trainer_config_process (fp16 or fp16_full_eval, bf16 or bf16_full_eval)"),
     // ---- accelerate ----
     row(A, (0, 0, 0), DsBoundary(self::DsBoundary::OwnCounter), "accelerate@v1.7.0 utils/deepspeed.py:DeepSpeedEngineWrapper.backward"),
     row(A, (1, 8, 0), DsBoundary(self::DsBoundary::FollowsHf), "accelerate PR #3630, v1.8.0"),
@@ -385,6 +458,41 @@ pub static CHANGES: &[Change] = &[
     row(D, (0, 14, 3), DsZero2EstimateNew(true), "DeepSpeed PR #5099, v0.14.3"),
     row(D, (0, 0, 0), DsStrictZeroSections(false), "DeepSpeed@v0.6.x zero/config.py"),
     row(D, (0, 7, 0), DsStrictZeroSections(true), "DeepSpeed v0.7.0 pydantic extra=forbid"),
+    row(D, (0, 0, 0), DsZero23WithoutFp16(false), "DeepSpeed@v0.3.15 runtime/config.py:DeepSpeedConfig._do_error_check (every ZeRO stage asserts fp16)"),
+    row(D, (0, 3, 16), DsZero23WithoutFp16(true), "DeepSpeed PR #1004 (full precision for ZeRO stages 2 and 3), v0.3.16"),
+    // ---- optimizer / scheduler ownership and DeepSpeed optimizers (rules/schedule.rs, rules/optimizer.rs) ----
+    row(T, (0, 0, 0), HfOffloadNeedsDsOptimizer(true), "transformers@v4.6.1 integrations.py:deepspeed_init (ds_hf_rules.md §4.2)"),
+    row(T, (4, 9, 0), HfOffloadNeedsDsOptimizer(false), "transformers PR #12690 (non-native optimizers with ZeRO-Offload), v4.9.0: deepspeed.py:deepspeed_init only logs"),
+    row(T, (0, 0, 0), HfDsOptimizerHfSchedulerError(Some("At the moment HF scheduler + DeepSpeed optimizer combination is not possible")), "transformers@v4.6.1 integrations.py:deepspeed_init (ds_hf_rules.md §4.2); same in v4.9.0 deepspeed.py"),
+    row(T, (4, 10, 0), HfDsOptimizerHfSchedulerError(None), "transformers PR #13216 (DS callable API for the HF scheduler), v4.10.0 deepspeed.py:deepspeed_init"),
+    row(T, (4, 30, 0), HfDsOptimizerHfSchedulerError(Some("Found `optimizer` configured in the DeepSpeed config, but no `scheduler`. Please configure a scheduler in the DeepSpeed config.")), "transformers@v4.30.0 deepspeed.py:deepspeed_optim_sched (DummyOptim without DummyScheduler)"),
+    row(T, (4, 34, 0), HfDsOptimizerHfSchedulerError(None), "transformers PR #25863, v4.34.0 integrations/deepspeed.py:deepspeed_optim_sched (DummyScheduler lr_scheduler_callable)"),
+    row(A, (0, 0, 0), AccCpuOptimizerByClass(false), "accelerate@v1.1.1 accelerator.py:Accelerator._prepare_deepspeed (DeepSpeedCPUAdam for every optimizer)"),
+    row(A, (1, 2, 0), AccCpuOptimizerByClass(true), "accelerate PR #3255, v1.2.0 utils/deepspeed.py:map_pytorch_optim_to_deepspeed"),
+    row(D, (0, 0, 0), DsForceCpuOptimizer(false), "DeepSpeed@v0.8.2 runtime/engine.py:DeepSpeedEngine._configure_optimizer (no check)"),
+    row(D, (0, 8, 3), DsForceCpuOptimizer(true), "DeepSpeed PR #2971, v0.8.3 runtime/engine.py:_configure_optimizer (ZeRORuntimeException)"),
+    row(D, (0, 0, 0), DsOptimizers(&["adam", "adamw", "lamb", "onebitadam", "onebitlamb"]), "DeepSpeed@v0.3.16 runtime/config.py:DEEPSPEED_OPTIMIZERS"),
+    row(D, (0, 5, 5), DsOptimizers(&["adagrad", "adam", "adamw", "lamb", "onebitadam", "onebitlamb"]), "DeepSpeed@v0.5.5 runtime/config.py:DEEPSPEED_OPTIMIZERS (adagrad)"),
+    row(D, (0, 6, 1), DsOptimizers(&["adagrad", "adam", "adamw", "lamb", "onebitadam", "onebitlamb", "zerooneadam"]), "DeepSpeed@v0.6.1 runtime/config.py:DEEPSPEED_OPTIMIZERS (0/1 Adam)"),
+    row(D, (0, 10, 2), DsOptimizers(&["adagrad", "adam", "adamw", "lamb", "onebitadam", "onebitlamb", "zerooneadam", "muadam", "muadamw", "musgd"]), "DeepSpeed@v0.10.2 runtime/config.py:DEEPSPEED_OPTIMIZERS (mup)"),
+    row(D, (0, 11, 0), DsOptimizers(&["adagrad", "adam", "adamw", "lamb", "onebitadam", "onebitlamb", "zerooneadam", "muadam", "muadamw", "musgd", "lion"]), "DeepSpeed@v0.11.0 runtime/config.py:DEEPSPEED_OPTIMIZERS (lion)"),
+    row(D, (0, 17, 6), DsOptimizers(&["adagrad", "adam", "adamw", "lamb", "onebitadam", "onebitlamb", "zerooneadam", "muadam", "muadamw", "musgd", "lion", "muon"]), "DeepSpeed@v0.17.6 runtime/config.py:DEEPSPEED_OPTIMIZERS (muon)"),
+    row(D, (0, 0, 0), DsZeroSupportedOptimizers(&["adam", "adamw"]), "DeepSpeed@v0.3.16 runtime/zero/utils.py:ZERO_SUPPORTED_OPTIMIZERS (torch Adam, AdamW, FusedAdam, DeepSpeedCPUAdam)"),
+    row(D, (0, 9, 2), DsZeroSupportedOptimizers(&["adam", "adamw", "adagrad"]), "DeepSpeed@v0.9.2 runtime/zero/utils.py:ZERO_SUPPORTED_OPTIMIZERS (+ torch Adagrad, DeepSpeedCPUAdagrad)"),
+    row(D, (0, 11, 0), DsZeroSupportedOptimizers(&["adam", "adamw", "adagrad", "lion"]), "DeepSpeed@v0.11.0 runtime/zero/utils.py:ZERO_SUPPORTED_OPTIMIZERS (+ DeepSpeedCPULion, FusedLion)"),
+    row(D, (0, 0, 0), DsBf16FixedLossScale(false), "DeepSpeed@v0.5.4 runtime/config.py:get_loss_scale (no bf16)"),
+    row(D, (0, 5, 5), DsBf16FixedLossScale(true), "DeepSpeed@v0.5.5 runtime/config.py:get_loss_scale (bf16 → 1.0)"),
+    row(D, (0, 17, 1), DsBf16FixedLossScale(false), "DeepSpeed PR #6976, v0.17.1 engine.py:dynamic_loss_scale reads float16_config.loss_scale (0 unless fp16 sets it)"),
+    // ---- data / model / compat (rules/model.rs, rules/compat.rs) ----
+    row(T, (0, 0, 0), HfHiddenSizeRead(self::HiddenSizeRead::Zero3), "transformers@v4.17.0 deepspeed.py:HfTrainerDeepSpeedConfig.trainer_config_finalize (inside is_zero3(); v4.6.1 integrations.py:DeepSpeedConfigHF.config_finalize likewise)"),
+    row(T, (4, 18, 0), HfHiddenSizeRead(self::HiddenSizeRead::Always), "transformers@v4.18.0 deepspeed.py:HfTrainerDeepSpeedConfig.trainer_config_finalize (unconditional; same in v4.26.1; issue #21342)"),
+    row(T, (4, 27, 0), HfHiddenSizeRead(self::HiddenSizeRead::AutoKeysOnly), "transformers PR #21504, v4.27.0 deepspeed.py:trainer_config_finalize (only for auto keys, hidden_sizes fallback)"),
+    row(T, (0, 0, 0), HfMinAccelerate(None), "transformers@v4.27.0 training_args.py:TrainingArguments.__post_init__ (--deepspeed checks accelerate is installed, no version; earlier releases do not use it)"),
+    row(T, (4, 30, 0), HfMinAccelerate(Some(Version::new(0, 20, 1))), "transformers@v4.30.0 training_args.py:TrainingArguments._setup_devices (is_accelerate_available(min_version=\"0.20.1\"))"),
+    row(T, (4, 45, 2), HfMinAccelerate(Some(Version::new(0, 26, 0))), "transformers@v4.45.2 utils/import_utils.py:ACCELERATE_MIN_VERSION, checked in training_args.py:_setup_devices (first release read with 0.26.0; same in v4.57.6)"),
+    row(T, (5, 0, 0), HfMinAccelerate(Some(Version::new(1, 1, 0))), "transformers@v5.0.0 utils/import_utils.py:ACCELERATE_MIN_VERSION (same in v5.24.0)"),
+    row(D, (0, 0, 0), DsManagedGradientAccumulation(false), "DeepSpeed@v0.19.3 runtime/config.py (no managed_gradient_accumulation)"),
+    row(D, (0, 19, 4), DsManagedGradientAccumulation(true), "DeepSpeed@v0.19.4 runtime/engine.py:DeepSpeedEngine.set_gradient_accumulation_boundary (assert; ds_hf_rules.md §5.4)"),
 ];
 
 impl Fact {
@@ -416,6 +524,18 @@ impl Fact {
             DsInitialScalePower(v) => f.ds_initial_scale_power = v,
             DsZero2EstimateNew(v) => f.ds_zero2_estimate_new = v,
             DsStrictZeroSections(v) => f.ds_strict_zero_sections = v,
+            HfFullEvalEnablesDsHalf(v) => f.hf_full_eval_enables_ds_half = v,
+            DsZero23WithoutFp16(v) => f.ds_zero23_without_fp16 = v,
+            HfOffloadNeedsDsOptimizer(v) => f.hf_offload_needs_ds_optimizer = v,
+            HfDsOptimizerHfSchedulerError(v) => f.hf_ds_optimizer_hf_scheduler_error = v,
+            AccCpuOptimizerByClass(v) => f.acc_cpu_optimizer_by_class = v,
+            DsForceCpuOptimizer(v) => f.ds_force_cpu_optimizer = v,
+            DsOptimizers(v) => f.ds_optimizers = v,
+            DsZeroSupportedOptimizers(v) => f.ds_zero_supported_optimizers = v,
+            DsBf16FixedLossScale(v) => f.ds_bf16_fixed_loss_scale = v,
+            HfHiddenSizeRead(v) => f.hf_hidden_size_read = v,
+            HfMinAccelerate(v) => f.hf_min_accelerate = v,
+            DsManagedGradientAccumulation(v) => f.ds_managed_gradient_accumulation = v,
         }
     }
 }
@@ -451,6 +571,18 @@ impl Facts {
             ds_initial_scale_power: 32,
             ds_zero2_estimate_new: false,
             ds_strict_zero_sections: false,
+            hf_full_eval_enables_ds_half: false,
+            ds_zero23_without_fp16: false,
+            hf_offload_needs_ds_optimizer: true,
+            hf_ds_optimizer_hf_scheduler_error: None,
+            acc_cpu_optimizer_by_class: false,
+            ds_force_cpu_optimizer: false,
+            ds_optimizers: &[],
+            ds_zero_supported_optimizers: &[],
+            ds_bf16_fixed_loss_scale: false,
+            hf_hidden_size_read: self::HiddenSizeRead::Zero3,
+            hf_min_accelerate: None,
+            ds_managed_gradient_accumulation: false,
         };
         for change in CHANGES {
             if targets.get(change.library) >= change.since {
@@ -503,8 +635,8 @@ mod tests {
             }
             last.insert(d, c.since);
         }
-        // Every field has a 0.0.0 row: 26 facts.
-        assert_eq!(last.len(), 26);
+        // Every field has a 0.0.0 row: 38 facts.
+        assert_eq!(last.len(), 38);
     }
 
     #[test]

@@ -35,11 +35,20 @@ fn every_example_checks_clean() {
         };
         let checked = check_source_with(&text, &options);
         assert!(
-            checked.diagnostics.is_empty(),
-            "{} has findings: {:#?}",
+            !checked.has_errors(),
+            "{} has errors: {:#?}",
             path.display(),
             checked.diagnostics
         );
+        // Warnings and notes are part of what an example shows (cls.rcp: the seed article's
+        // WarmupDecayLR lags HF by a step); keep them visible and deliberate.
+        let findings: Vec<String> = checked
+            .diagnostics
+            .iter()
+            .map(|d| format!("{} {}: {}", d.code, d.severity, d.message))
+            .collect();
+        let stem = path.file_stem().unwrap().to_string_lossy().to_string();
+        insta::assert_snapshot!(format!("findings__{stem}"), findings.join("\n"));
     }
 }
 

@@ -39,7 +39,7 @@ fn recipe_text(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 400, max_global_rejects: 20_000, ..ProptestConfig::default() })]
 
     #[test]
     fn clean_recipes_satisfy_the_batch_invariant_and_step_sums(

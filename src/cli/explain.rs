@@ -10,11 +10,11 @@ use recipe::resolve::value::fmt_f64;
 use super::{load, Format, RecipeFlags, FAILED, OK, USAGE};
 
 pub fn run(file: &Path, key: Option<&str>, lr_csv: Option<&PathBuf>, flags: &RecipeFlags) -> i32 {
-    let (source, resolved, options) = match load(file, flags) {
+    let (source, resolved, _) = match load(file, flags) {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
-    let rep = report(&resolved, &options, Some(&source));
+    let rep = report(&resolved, Some(&source));
     if let Some(path) = lr_csv {
         let mut csv = String::from("step,hf,deepspeed\n");
         for s in &rep.lr {
@@ -210,7 +210,8 @@ pub fn human(rep: &Report) -> String {
     if let Some(m) = &rep.memory {
         let _ = writeln!(
             out,
-            "\nZeRO memory, model states only ({:.1}M parameters, largest layer {:.1}M; {} GPU(s) × {} node(s))",
+            "\nZeRO memory, model states only ({}: {:.1}M parameters, largest layer {:.1}M; {} GPU(s) × {} node(s))",
+            m.from,
             m.params as f64 / 1e6,
             m.largest_layer as f64 / 1e6,
             m.gpus_per_node,

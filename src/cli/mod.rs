@@ -2,7 +2,9 @@
 //!
 //! Exit codes: 0 ok, 1 the recipe has errors (or `fmt --check` found work), 2 usage or I/O error.
 
+mod build;
 mod check;
+mod diff;
 mod explain;
 mod fmt;
 mod steps;
@@ -78,10 +80,28 @@ enum Command {
         #[command(flatten)]
         flags: RecipeFlags,
     },
-    /// (not built yet) Write ds_config.json, training_args.json, launch.sh and recipe.lock.
+    /// Write ds_config.json, training_args.json, launch.sh and recipe.lock for the targets.
     Build {
         /// Recipe file.
         file: PathBuf,
+        /// Output directory (default: build/<recipe name>).
+        #[arg(short = 'o', long = "out", value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// Write "auto" exactly where HF/accelerate fill the DeepSpeed key, instead of the value.
+        #[arg(long)]
+        auto: bool,
+        #[command(flatten)]
+        flags: RecipeFlags,
+    },
+    /// Compare two recipe.lock files: what changed and where each value came from.
+    Diff {
+        /// The first lock.
+        a: PathBuf,
+        /// The second lock.
+        b: PathBuf,
+        /// Output: human or json.
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
     },
     /// (not built yet) Train natively on CPU or CUDA.
     Run {
@@ -196,7 +216,13 @@ pub fn main() -> i32 {
             all,
             flags,
         } => steps::run(&file, &versions, all, &flags),
-        Command::Build { .. } => not_built("build", 4),
+        Command::Build {
+            file,
+            out,
+            auto,
+            flags,
+        } => build::run(&file, out.as_ref(), auto, &flags),
+        Command::Diff { a, b, format } => diff::run(&a, &b, format),
         Command::Run { .. } => not_built("run", 5),
         Command::Import { .. } => not_built("import", 4),
     }

@@ -156,6 +156,10 @@ pub fn default(key: &str, r: &Resolved) -> Option<(Val, Source)> {
         "train.hysteresis" => d(Val::Int(2), "DeepSpeed fp16"),
         "train.min_loss_scale" => d(Val::Int(1), "DeepSpeed fp16"),
         "train.seed" => d(Val::Int(42), "HF seed"),
+        "train.script" => d(
+            Val::Str("run_classification.py".into()),
+            "HF's examples/pytorch/text-classification/run_classification.py",
+        ),
         "train.output_dir" => {
             let name = r.str("recipe.name").unwrap_or("recipe");
             derived(

@@ -66,6 +66,8 @@ pub struct Resolved {
     pub raw_deepspeed: Vec<(String, Val, Span)>,
     /// Raw `hf { }` fields (dotted path, value, span).
     pub raw_hf: Vec<(String, Val, Span)>,
+    /// The recipe's directory: relative data and model paths are read from here.
+    pub base_dir: Option<PathBuf>,
 }
 
 impl Resolved {
@@ -83,6 +85,7 @@ impl Resolved {
             block_spans: HashMap::new(),
             raw_deepspeed: Vec::new(),
             raw_hf: Vec::new(),
+            base_dir: None,
         }
     }
 
@@ -164,6 +167,7 @@ impl Resolved {
 /// Resolves a parsed, schema-checked recipe.
 pub fn resolve(file: &File, options: &Options) -> Resolved {
     let mut r = Resolved::empty();
+    r.base_dir = options.base_dir.clone();
     let blocks: HashMap<&str, &Block> = file
         .blocks
         .iter()

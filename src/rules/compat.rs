@@ -1,10 +1,545 @@
-//! Compat rules (being written).
+//! Compat rules: the raw `deepspeed { }` and `hf { }` escape hatches against what HF, accelerate
+//! and DeepSpeed do with them — `"auto"` that nothing fills (R-A01, R-A09), raw keys that
+//! duplicate typed items (two sources of truth), FSDP with DeepSpeed (R-H03), `save_only_model`
+//! with `load_best_model_at_end` (R-H04), `managed_gradient_accumulation = false` (R-S06) —
+//! and the target accelerate against what the target transformers requires (§0.1).
+//!
+//! Only the batch, clipping, step, seed, output, logging, evaluation, saving, data-loader and
+//! model duplicates are here; precision, ZeRO-section, optimizer and scheduler duplicates belong
+//! to their own families. Key names are checked by the schema layer (check/raw.rs) already.
 
 use crate::diagnostic::Diagnostic;
-use crate::resolve::Resolved;
+use crate::resolve::{Resolved, Val};
+use crate::syntax::ast::Span;
+
+use super::{anchor, origin};
+
+/// A raw DeepSpeed value `"auto"` that nothing fills (R-A01).
+pub const AUTO_UNFILLED: &str = "R0901";
+/// A raw DeepSpeed key that duplicates a typed item.
+pub const RAW_DEEPSPEED_DUPLICATE: &str = "R0902";
+/// A raw TrainingArguments field that duplicates a typed item.
+pub const RAW_HF_DUPLICATE: &str = "R0903";
+/// `hf { deepspeed = … }`: the compiler owns it.
+pub const HF_DEEPSPEED_FIELD: &str = "R0904";
+/// FSDP together with DeepSpeed (R-H03).
+pub const FSDP_WITH_DEEPSPEED: &str = "R0905";
+/// `save_only_model` with `load_best_model_at_end` under DeepSpeed (R-H04).
+pub const SAVE_ONLY_MODEL_BEST: &str = "R0906";
+/// `managed_gradient_accumulation = false` under accelerate ≥ 1.8 (R-S06).
+pub const UNMANAGED_ACCUMULATION: &str = "R0907";
+/// The target accelerate is older than the target transformers requires.
+pub const ACCELERATE_TOO_OLD: &str = "R0908";
 
 /// This family's codes.
-pub const CODES: &[(&str, &str, &str)] = &[];
+pub const CODES: &[(&str, &str, &str)] = &[
+    (
+        AUTO_UNFILLED,
+        "auto-unfilled",
+        "a raw DeepSpeed \"auto\" that HF and accelerate do not fill",
+    ),
+    (
+        RAW_DEEPSPEED_DUPLICATE,
+        "raw-deepspeed-duplicate",
+        "a raw DeepSpeed key duplicates a typed item",
+    ),
+    (
+        RAW_HF_DUPLICATE,
+        "raw-hf-duplicate",
+        "a raw TrainingArguments field duplicates a typed item",
+    ),
+    (
+        HF_DEEPSPEED_FIELD,
+        "hf-deepspeed-field",
+        "`hf { deepspeed }` is written by the compiler",
+    ),
+    (
+        FSDP_WITH_DEEPSPEED,
+        "fsdp-with-deepspeed",
+        "FSDP cannot be used together with DeepSpeed",
+    ),
+    (
+        SAVE_ONLY_MODEL_BEST,
+        "save-only-model-best",
+        "save_only_model with load_best_model_at_end under DeepSpeed",
+    ),
+    (
+        UNMANAGED_ACCUMULATION,
+        "unmanaged-accumulation",
+        "managed_gradient_accumulation = false with accelerate >= 1.8",
+    ),
+    (
+        ACCELERATE_TOO_OLD,
+        "accelerate-too-old",
+        "the target accelerate is older than transformers requires",
+    ),
+];
+
+/// Keys HF's integration fills when `"auto"` (§2.2 Table A, `trainer_config_process` /
+/// `trainer_config_finalize`; transformers@v4.24.0 … v5.24.0).
+const HF_AUTO: &[&str] = &[
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "train_batch_size",
+    "gradient_clipping",
+    "optimizer.params.lr",
+    "optimizer.params.betas",
+    "optimizer.params.eps",
+    "optimizer.params.weight_decay",
+    "scheduler.params.warmup_min_lr",
+    "scheduler.params.warmup_max_lr",
+    "scheduler.params.warmup_num_steps",
+    "scheduler.params.total_num_steps",
+    "fp16.enabled",
+    "bf16.enabled",
+    "zero_optimization.reduce_bucket_size",
+    "zero_optimization.stage3_prefetch_bucket_size",
+    "zero_optimization.stage3_param_persistence_threshold",
+];
+
+/// Filled by HF while it has apex (`Facts::hf_apex_amp`, §2.2).
+const HF_APEX_AUTO: &[&str] = &["amp.enabled", "amp.opt_level"];
+
+/// Filled by accelerate's `DeepSpeedPlugin` (§2.3; accelerate@v1.15.0
+/// utils/dataclasses.py:DeepSpeedPlugin.__post_init__), so only where the Trainer prepares
+/// DeepSpeed through accelerate (not `Facts::hf_direct_deepspeed_init`).
+const ACCELERATE_AUTO: &[&str] = &[
+    "zero_optimization.stage",
+    "zero_optimization.offload_optimizer.device",
+    "zero_optimization.offload_param.device",
+    "zero_optimization.offload_optimizer.nvme_path",
+    "zero_optimization.offload_param.nvme_path",
+    "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+];
+
+/// Raw DeepSpeed keys the compiler writes from typed items (batch, clipping, stage).
+const DEEPSPEED_TYPED: &[(&str, &str, &str)] = &[
+    ("train_batch_size", "batch.global", "`global` in `batch`"),
+    (
+        "train_micro_batch_size_per_gpu",
+        "batch.micro",
+        "`micro` in `batch`",
+    ),
+    (
+        "gradient_accumulation_steps",
+        "batch.accumulate",
+        "`accumulate` in `batch`",
+    ),
+    ("gradient_clipping", "train.clip", "`clip` in `train`"),
+    (
+        "zero_optimization.stage",
+        "zero.stage",
+        "the stage of the `zero` block (`zero N`)",
+    ),
+];
+
+/// Raw TrainingArguments fields the compiler writes from typed items.
+const HF_TYPED: &[(&str, &str, &str)] = &[
+    (
+        "per_device_train_batch_size",
+        "batch.micro",
+        "`micro` in `batch`",
+    ),
+    (
+        "per_device_eval_batch_size",
+        "batch.eval_micro",
+        "`eval_micro` in `batch`",
+    ),
+    (
+        "gradient_accumulation_steps",
+        "batch.accumulate",
+        "`accumulate` in `batch`",
+    ),
+    (
+        "auto_find_batch_size",
+        "train.auto_find_batch_size",
+        "`auto_find_batch_size` in `train`",
+    ),
+    ("num_train_epochs", "train.epochs", "`epochs` in `train`"),
+    ("max_steps", "train.max_steps", "`max_steps` in `train`"),
+    ("max_grad_norm", "train.clip", "`clip` in `train`"),
+    ("seed", "train.seed", "`seed` in `train`"),
+    ("output_dir", "train.output_dir", "`output_dir` in `train`"),
+    (
+        "logging_steps",
+        "train.logging_steps",
+        "`logging_steps` in `train`",
+    ),
+    (
+        "eval_strategy",
+        "train.eval_every",
+        "`eval_every` in `train`",
+    ),
+    ("eval_steps", "train.eval_every", "`eval_every` in `train`"),
+    (
+        "save_strategy",
+        "train.save_every",
+        "`save_every` in `train`",
+    ),
+    ("save_steps", "train.save_every", "`save_every` in `train`"),
+    (
+        "dataloader_drop_last",
+        "data.drop_last",
+        "`drop_last` in `data`",
+    ),
+    (
+        "dataloader_num_workers",
+        "data.workers",
+        "`workers` in `data`",
+    ),
+    (
+        "activation_checkpointing",
+        "model.gradient_checkpointing",
+        "`gradient_checkpointing` in `model`",
+    ),
+    (
+        "gradient_checkpointing",
+        "model.gradient_checkpointing",
+        "`gradient_checkpointing` in `model`",
+    ),
+];
 
 /// Checks the compat rules.
-pub fn check(_r: &Resolved, _out: &mut Vec<Diagnostic>) {}
+pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
+    for (path, value, span) in &r.raw_deepspeed {
+        if let Some(typed) = DEEPSPEED_TYPED.iter().find(|(k, ..)| k == path) {
+            out.push(duplicate(
+                r,
+                RAW_DEEPSPEED_DUPLICATE,
+                "deepspeed",
+                path,
+                value,
+                *span,
+                typed,
+            ));
+        } else if value.as_str() == Some("auto") && !auto_filled(r, path) {
+            out.push(auto_unfilled(r, path, *span));
+        } else if path == "managed_gradient_accumulation" {
+            unmanaged_accumulation(r, value, *span, out);
+        }
+    }
+    let mut deepspeed_field = false;
+    for (path, value, span) in &r.raw_hf {
+        let field = path.split('.').next().unwrap_or(path);
+        if let Some(typed) = HF_TYPED.iter().find(|(k, ..)| *k == field) {
+            out.push(duplicate(
+                r,
+                RAW_HF_DUPLICATE,
+                "hf",
+                path,
+                value,
+                *span,
+                typed,
+            ));
+        } else if field == "deepspeed" && !deepspeed_field {
+            deepspeed_field = true;
+            out.push(hf_deepspeed(*span));
+        } else if field == "fsdp" && fsdp_on(value) {
+            out.push(fsdp(r, value, *span));
+        }
+    }
+    save_only_model(r, out);
+    accelerate_too_old(r, out);
+}
+
+/// Whether HF or accelerate replace `"auto"` at `path` for the targets (§2.2, §2.3).
+fn auto_filled(r: &Resolved, path: &str) -> bool {
+    HF_AUTO.contains(&path)
+        || (r.facts.hf_apex_amp && HF_APEX_AUTO.contains(&path))
+        || (!r.facts.hf_direct_deepspeed_init && ACCELERATE_AUTO.contains(&path))
+}
+
+fn auto_unfilled(r: &Resolved, path: &str, span: Span) -> Diagnostic {
+    let tf = r.targets.transformers;
+    let (message, label) = if r.facts.hf_direct_deepspeed_init {
+        (
+            format!(
+                "`{path} = \"auto\"` is filled by nothing: transformers {tf} hands the config to DeepSpeed as it is"
+            ),
+            "DeepSpeed drops \"auto\" inside its validated sections (the default applies) and fails on it elsewhere".to_string(),
+        )
+    } else {
+        (
+            format!(
+                "`{path} = \"auto\"` is filled by neither transformers {tf} nor accelerate {}",
+                r.targets.accelerate
+            ),
+            format!("accelerate raises: \"`{path}` not found in kwargs. Please specify `{path}` without `auto` (set to correct value) in the DeepSpeed config file or pass it in kwargs.\""),
+        )
+    };
+    let help = if ACCELERATE_AUTO.contains(&path) {
+        format!(
+            "write the value itself: accelerate fills `{path}` only from transformers 4.30 on, where the Trainer prepares DeepSpeed through accelerate"
+        )
+    } else {
+        "write the value itself (\"auto\" works only for the keys HF or accelerate fill, ds_hf_rules.md §2.3)".into()
+    };
+    Diagnostic::error(AUTO_UNFILLED, message, span)
+        .with_label(label)
+        .with_help(help)
+}
+
+/// A raw key that the compiler also writes from a typed item: two sources of truth.
+fn duplicate(
+    r: &Resolved,
+    code: &'static str,
+    block: &str,
+    path: &str,
+    value: &Val,
+    span: Span,
+    (_, key, item): &(&str, &str, &str),
+) -> Diagnostic {
+    let typed = match r.val(key) {
+        Some(v) => format!("which says {v}{}", origin(r, key)),
+        None => "which is not set".into(),
+    };
+    let mut d = Diagnostic::error(
+        code,
+        format!(
+            "`{block} {{ {path} = {value} }}` duplicates {item}, {typed}: two sources of truth"
+        ),
+        span,
+    )
+    .with_label(format!("the compiler writes `{path}` from {item}"));
+    if let Some(typed_span) = r.span(key) {
+        d = d.with_secondary(typed_span, "the typed item");
+    } else if let Some(block_span) = key.split('.').next().and_then(|b| r.block_spans.get(b)) {
+        d = d.with_secondary(*block_span, format!("{item}, {typed}"));
+    }
+    let short = key.split('.').nth(1).unwrap_or(key);
+    let fix = if *key == "zero.stage" {
+        "write the stage as `zero N`".to_string()
+    } else {
+        format!("set `{short}` in `{}`", key.split('.').next().unwrap_or(""))
+    };
+    d.with_help(format!("remove `{path}` from `{block} {{ }}` and {fix}"))
+}
+
+fn hf_deepspeed(span: Span) -> Diagnostic {
+    Diagnostic::error(
+        HF_DEEPSPEED_FIELD,
+        "`hf { deepspeed }` is written by the compiler: it points TrainingArguments at the ds_config.json it builds",
+        span,
+    )
+    .with_label("a second DeepSpeed config")
+    .with_help("remove it; put DeepSpeed settings in the typed blocks (`zero`, `batch`, …) or in `deepspeed { }`")
+}
+
+/// `fsdp` counts as set unless it is false, "" or [] (TrainingArguments turns those into off).
+fn fsdp_on(value: &Val) -> bool {
+    match value {
+        Val::Bool(b) => *b,
+        Val::Str(s) => !s.is_empty(),
+        Val::List(items) => !items.is_empty(),
+        _ => true,
+    }
+}
+
+fn fsdp(r: &Resolved, value: &Val, span: Span) -> Diagnostic {
+    let mut d = Diagnostic::error(
+        FSDP_WITH_DEEPSPEED,
+        format!("`fsdp = {value}` cannot be used with DeepSpeed, which every recipe trains with"),
+        span,
+    )
+    .with_label("transformers raises: \"Using --fsdp xxx together with --deepspeed is not possible, deactivate one of those flags.\"");
+    if let Some(zero) = r.block_spans.get("zero") {
+        d = d.with_secondary(*zero, "DeepSpeed ZeRO");
+    }
+    d.with_help("remove `fsdp` (and `fsdp_config`) from `hf { }`: use `zero 3` to shard parameters")
+}
+
+fn raw_hf<'a>(r: &'a Resolved, field: &str) -> Option<&'a (String, Val, Span)> {
+    r.raw_hf.iter().find(|(path, ..)| path == field)
+}
+
+fn save_only_model(r: &Resolved, out: &mut Vec<Diagnostic>) {
+    let (Some((_, Val::Bool(true), save)), Some((_, Val::Bool(true), best))) = (
+        raw_hf(r, "save_only_model"),
+        raw_hf(r, "load_best_model_at_end"),
+    ) else {
+        return;
+    };
+    out.push(
+        Diagnostic::error(
+            SAVE_ONLY_MODEL_BEST,
+            "`save_only_model` with `load_best_model_at_end` is rejected under DeepSpeed: the best checkpoint could not be resumed into the engine",
+            *save,
+        )
+        .with_label("transformers raises: \"DeepSpeed can't be used with `save_only_model` along with `load_best_model_at_end`.\"")
+        .with_secondary(*best, "load_best_model_at_end = true")
+        .with_help("drop one of them: keep full checkpoints (remove `save_only_model`), or do not reload the best model at the end"),
+    );
+}
+
+/// R-S06 (§5.4): with `managed_gradient_accumulation = false` (DeepSpeed ≥ 0.19.4) DeepSpeed
+/// asserts in `set_gradient_accumulation_boundary`, which accelerate ≥ 1.8 calls on every
+/// micro-batch; where DeepSpeed is stepped on every micro-batch instead (accelerate < 1.8, or
+/// transformers ≤ 4.26), "every `step()` is the accumulation boundary"
+/// (DeepSpeed@v0.19.4 runtime/engine.py:DeepSpeedEngine.is_gradient_accumulation_boundary), so
+/// the weights are updated on every micro-batch and `accumulate` is ignored.
+fn unmanaged_accumulation(r: &Resolved, value: &Val, span: Span, out: &mut Vec<Diagnostic>) {
+    use crate::versions::DsBoundary;
+    if value != &Val::Bool(false) || !r.facts.ds_managed_gradient_accumulation {
+        return;
+    }
+    let (acc, ds) = (r.targets.accelerate, r.targets.deepspeed);
+    let g = r.int("batch.accumulate").unwrap_or(1);
+    let d = match r.facts.ds_boundary {
+        DsBoundary::FollowsHf => {
+            let mut d = Diagnostic::error(
+                UNMANAGED_ACCUMULATION,
+                format!(
+                    "`managed_gradient_accumulation = false` fails under accelerate {acc}, which sets DeepSpeed {ds}'s accumulation boundary on every micro-batch"
+                ),
+                span,
+            )
+            .with_label("DeepSpeed asserts: \"set_gradient_accumulation_boundary() is not supported with managed_gradient_accumulation=False; the caller owns the boundary by calling step()\"");
+            if let Some(span) = r.target_sources[1].span() {
+                d = d.with_secondary(span, "accelerate ≥ 1.8 drives the boundary");
+            }
+            d
+        }
+        DsBoundary::OwnCounter if g > 1 => {
+            let mut d = Diagnostic::error(
+                UNMANAGED_ACCUMULATION,
+                format!(
+                    "`managed_gradient_accumulation = false` makes DeepSpeed {ds} update the weights on every micro-batch, ignoring accumulate = {g}"
+                ),
+                span,
+            )
+            .with_label("the Trainer steps DeepSpeed on every micro-batch, and each step() is then a boundary");
+            if let Some(span) = r.span("batch.accumulate") {
+                d = d.with_secondary(span, "not applied");
+            }
+            d
+        }
+        DsBoundary::OwnCounter => return,
+    };
+    out.push(d.with_help(
+        "remove it: under the HF Trainer DeepSpeed must manage the accumulation (accelerate ≥ 1.8 sets its boundary from HF's steps)",
+    ));
+}
+
+fn accelerate_too_old(r: &Resolved, out: &mut Vec<Diagnostic>) {
+    let Some(min) = r.facts.hf_min_accelerate else {
+        return;
+    };
+    let (tf, acc) = (r.targets.transformers, r.targets.accelerate);
+    if acc >= min {
+        return;
+    }
+    let span = r.target_sources[1]
+        .span()
+        .or_else(|| r.target_sources[0].span())
+        .unwrap_or_else(|| anchor(r, "target.accelerate"));
+    let mut d = Diagnostic::error(
+        ACCELERATE_TOO_OLD,
+        format!("transformers {tf} requires accelerate ≥ {min}, but the recipe targets accelerate {acc}"),
+        span,
+    )
+    .with_label(format!(
+        "transformers raises: \"Using the `Trainer` with `PyTorch` requires `accelerate>={min}`\""
+    ));
+    if let (Some(t), true) = (
+        r.target_sources[0].span(),
+        r.target_sources[1].span().is_some(),
+    ) {
+        d = d.with_secondary(t, format!("transformers {tf}"));
+    }
+    out.push(d.with_help(format!(
+        "target accelerate \"{min}\" or newer (\"1.8.0\" or newer also keeps DeepSpeed's optimizer steps in line with HF's, R-S02)"
+    )));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::versions::{Facts, Targets};
+
+    fn facts(tf: &str, acc: &str, ds: &str) -> Facts {
+        Facts::for_targets(&Targets {
+            transformers: tf.parse().unwrap(),
+            accelerate: acc.parse().unwrap(),
+            deepspeed: ds.parse().unwrap(),
+        })
+    }
+
+    #[test]
+    fn accelerate_requirements_by_transformers_release() {
+        let min = |tf| {
+            facts(tf, "1.15.0", "0.19.8")
+                .hf_min_accelerate
+                .map(|v| v.to_string())
+        };
+        assert_eq!(min("4.24.0"), None);
+        assert_eq!(min("4.30.0").as_deref(), Some("0.20.1"));
+        assert_eq!(min("4.57.6").as_deref(), Some("0.26.0"));
+        assert_eq!(min("5.24.0").as_deref(), Some("1.1.0"));
+    }
+
+    #[test]
+    fn managed_accumulation_exists_from_0_19_4() {
+        assert!(!facts("5.24.0", "1.15.0", "0.19.3").ds_managed_gradient_accumulation);
+        assert!(facts("5.24.0", "1.15.0", "0.19.4").ds_managed_gradient_accumulation);
+    }
+
+    fn codes(text: &str) -> Vec<&'static str> {
+        crate::check::check_source(text)
+            .diagnostics
+            .iter()
+            .map(|d| d.code)
+            .collect()
+    }
+
+    const BASE: &str = "model bert { from = \"m\", task = classify(labels: 2) }
+data { train = \"/cluster/x.jsonl\", samples = 64 }
+batch { micro = 8 }
+";
+
+    #[test]
+    fn auto_keys_filled_depend_on_the_versions() {
+        let count = |target: &str, raw: &str| {
+            let text = format!("{target}{BASE}deepspeed {{ {raw} }}\n");
+            codes(&text).iter().filter(|c| **c == AUTO_UNFILLED).count()
+        };
+        // HF fills optimizer and scheduler autos in every version.
+        assert_eq!(count("", "optimizer.params.lr = \"auto\""), 0);
+        // accelerate fills the offload device, but only where the Trainer prepares through it.
+        let device = "zero_optimization.offload_param.device = \"auto\"";
+        assert_eq!(count("", device), 0);
+        assert_eq!(count("target transformers \"4.26.1\"\n", device), 1);
+        // amp.enabled: filled while HF has apex (4.24 - 4.57), not in 5.x.
+        assert_eq!(
+            count("target transformers \"4.45.2\"\n", "amp.enabled = \"auto\""),
+            0
+        );
+        assert_eq!(count("", "amp.enabled = \"auto\""), 1);
+        // A typed duplicate is reported as such, not as an unfilled auto.
+        let stage = codes(&format!(
+            "{BASE}deepspeed {{ zero_optimization.stage = \"auto\" }}\n"
+        ));
+        assert!(stage.contains(&RAW_DEEPSPEED_DUPLICATE) && !stage.contains(&AUTO_UNFILLED));
+    }
+
+    #[test]
+    fn unmanaged_accumulation_by_boundary_owner() {
+        let raw = "deepspeed { managed_gradient_accumulation = false }\n";
+        let has = |text: String| codes(&text).contains(&UNMANAGED_ACCUMULATION);
+        assert!(has(format!("{BASE}{raw}")));
+        // accelerate 1.7 steps DeepSpeed every micro-batch: harmful only with accumulation.
+        assert!(!has(format!("target accelerate \"1.7.0\"\n{BASE}{raw}")));
+        let acc = BASE.replace("micro = 8", "micro = 8, accumulate = 2");
+        assert!(has(format!("target accelerate \"1.7.0\"\n{acc}{raw}")));
+        // DeepSpeed before 0.19.4 has no such key.
+        assert!(!has(format!("target deepspeed \"0.19.3\"\n{BASE}{raw}")));
+    }
+
+    #[test]
+    fn fsdp_off_values() {
+        assert!(!fsdp_on(&Val::Bool(false)));
+        assert!(!fsdp_on(&Val::Str(String::new())));
+        assert!(!fsdp_on(&Val::List(Vec::new())));
+        assert!(fsdp_on(&Val::Str("full_shard auto_wrap".into())));
+        assert!(fsdp_on(&Val::Bool(true)));
+    }
+}

@@ -1,10 +1,550 @@
-//! Data rules (being written).
+//! Data rules: the local training, evaluation and test files against what the recipe says about
+//! them — they exist, their rows are JSON objects with the named fields, their labels are the
+//! classes `model.task` declares, their extensions agree with `data.format`.
+//!
+//! The spec (../shared/reference/ds_hf_rules.md) covers the HF/DeepSpeed side only; these rules
+//! follow what the training script does with the files: HF `datasets`' json/csv loaders
+//! (`load_dataset(format, data_files=…)`) read every file with the one format, and a text or
+//! label column missing from a row, or a label outside `num_labels`, fails in tokenisation or in
+//! the loss (`huggingface/transformers@v5.24.0:src/transformers/models/bert/modeling_bert.py:
+//! BertForSequenceClassification.forward`: `CrossEntropyLoss` over `num_labels` classes).
+//!
+//! Which files are local: a path is read where `files::local_path` says (relative to the recipe).
+//! When the training file is here, the data is local, and a named evaluation or test file that is
+//! not here is an error (a typo, most likely). When the training file is not here, the recipe
+//! describes data on the cluster (`samples` gives its size; without it R0204 says the steps are
+//! unknown), and missing files are not reported. Content checks run on every file that is here.
+//!
+//! Files are read once per process (`files::scan_data`, shared with the row count of step
+//! accounting), in one streaming pass that checks each JSONL row's top-level structure but does
+//! not parse its values fully. CSV/TSV files: the header is checked (a simple split, so a quoted
+//! column name containing the delimiter is not handled); their rows and labels are not.
 
 use crate::diagnostic::Diagnostic;
-use crate::resolve::Resolved;
+use crate::resolve::files::{self, DataFormat, DataScan, LabelSeen, LabelValue, ScanSpec};
+use crate::resolve::{Resolved, Val};
+
+use super::anchor;
+
+/// A named data file is missing (or is a directory) while the data is local.
+pub const FILE_MISSING: &str = "R0701";
+/// A JSONL row is not a JSON object.
+pub const ROW_NOT_OBJECT: &str = "R0702";
+/// A field the recipe names is missing from rows (or from the CSV/TSV header).
+pub const FIELD_MISSING: &str = "R0703";
+/// A label value outside the classes `model.task` declares.
+pub const LABEL_OUT_OF_SET: &str = "R0704";
+/// A file's extension says another format than `data.format`.
+pub const FORMAT_MISMATCH: &str = "R0705";
 
 /// This family's codes.
-pub const CODES: &[(&str, &str, &str)] = &[];
+pub const CODES: &[(&str, &str, &str)] = &[
+    (
+        FILE_MISSING,
+        "data-file-missing",
+        "a named data file is not there while the training file is",
+    ),
+    (
+        ROW_NOT_OBJECT,
+        "row-not-object",
+        "a JSONL row is not a JSON object",
+    ),
+    (
+        FIELD_MISSING,
+        "field-missing",
+        "a text or label field is missing from rows or from the header",
+    ),
+    (
+        LABEL_OUT_OF_SET,
+        "label-out-of-set",
+        "a label is not one of the classes the task declares",
+    ),
+    (
+        FORMAT_MISMATCH,
+        "format-mismatch",
+        "a data file's extension says another format than `data.format`",
+    ),
+];
 
-/// Checks the data rules.
-pub fn check(_r: &Resolved, _out: &mut Vec<Diagnostic>) {}
+/// The data files a recipe may name, and what each is for.
+const FILES: [(&str, &str); 3] = [
+    ("data.train", "training"),
+    ("data.eval", "evaluation"),
+    ("data.test", "test"),
+];
+
+/// Checks the data files.
+pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
+    let format = r.word("data.format").and_then(DataFormat::from_word);
+    let train_here = r
+        .str("data.train")
+        .is_some_and(|p| files::local_path(r, p).is_file());
+    let spec = ScanSpec::from_recipe(r);
+    let mut mismatches = Vec::new();
+    for (key, what) in FILES {
+        let Some(written) = r.str(key) else { continue };
+        let path = files::local_path(r, written);
+        let extension = DataFormat::from_extension(written);
+        let mismatch = matches!((format, extension), (Some(f), Some(e)) if f != e);
+        if let (true, Some(e)) = (mismatch, extension) {
+            mismatches.push((key, written, e));
+        }
+        if path.is_dir() {
+            out.push(
+                Diagnostic::error(
+                    FILE_MISSING,
+                    format!("the {what} data \"{written}\" is a directory, not a file"),
+                    anchor(r, key),
+                )
+                .with_label("a directory")
+                .with_help("name one JSONL, CSV or TSV file"),
+            );
+            continue;
+        }
+        if !path.is_file() {
+            if key != "data.train" && train_here {
+                out.push(missing_file(r, key, what, written, &path));
+            }
+            continue;
+        }
+        if mismatch {
+            continue; // read with the wrong format, every row would be reported
+        }
+        let Ok(scan) = files::scan_data(&path, &spec) else {
+            continue;
+        };
+        if let Some(d) = not_objects(r, key, written, &scan) {
+            out.push(d);
+        }
+        out.extend(missing_fields(r, key, written, &scan));
+        if let Some(d) = labels(r, key, written, &scan) {
+            out.push(d);
+        }
+    }
+    if let (Some(format), false) = (format, mismatches.is_empty()) {
+        out.push(format_mismatch(r, format, &mismatches));
+    }
+}
+
+fn missing_file(
+    r: &Resolved,
+    key: &str,
+    what: &str,
+    written: &str,
+    path: &std::path::Path,
+) -> Diagnostic {
+    let mut d = Diagnostic::error(
+        FILE_MISSING,
+        format!("the {what} file \"{written}\" does not exist"),
+        anchor(r, key),
+    )
+    .with_label(format!("no file at {}", path.display()));
+    if let Some(span) = r.span("data.train") {
+        d = d.with_secondary(span, "while the training file is here");
+    }
+    let help = match path.parent().filter(|p| p.is_dir()) {
+        Some(dir) => {
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            let siblings = sibling_names(dir);
+            match crate::check::suggest::closest(name, siblings.iter().map(String::as_str)) {
+                Some(best) => format!("did you mean \"{best}\"? (in the same directory)"),
+                None => "fix the path (relative paths are read from the recipe's directory), or remove the item".into(),
+            }
+        }
+        None => {
+            "fix the path (relative paths are read from the recipe's directory), or remove the item"
+                .into()
+        }
+    };
+    d.with_help(help)
+}
+
+fn sibling_names(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .take(1000)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// One warning for every file whose extension names another format than the one the loader
+/// will use (`data.format`, written or derived from the training file's extension).
+fn format_mismatch(
+    r: &Resolved,
+    format: DataFormat,
+    files: &[(&str, &str, DataFormat)],
+) -> Diagnostic {
+    let names: Vec<String> = files
+        .iter()
+        .map(|(_, written, e)| format!("\"{written}\" ({})", e.name()))
+        .collect();
+    let written = r.is_given("data.format");
+    let message = if written {
+        format!(
+            "`format = {}`, but the extension says otherwise for {}",
+            format.name(),
+            names.join(", ")
+        )
+    } else {
+        format!(
+            "the data format is {} (from the training file's extension), but the extension says otherwise for {}",
+            format.name(),
+            names.join(", ")
+        )
+    };
+    let (primary, label) = match r.span("data.format") {
+        Some(span) => (
+            span,
+            "the loader reads every data file in this format".to_string(),
+        ),
+        None => (anchor(r, files[0].0), format!("read as {}", format.name())),
+    };
+    let mut d = Diagnostic::warning(FORMAT_MISMATCH, message, primary).with_label(label);
+    for (i, (key, _, e)) in files.iter().enumerate() {
+        if let Some(span) = r.span(key).filter(|s| written || i > 0 || *s != primary) {
+            d = d.with_secondary(span, format!("a {} file by its extension", e.name()));
+        }
+    }
+    let first = files[0].2.name();
+    d.with_help(if written {
+        format!("set `format = {first}` (or remove it: `auto` takes the training file's extension), or convert the files")
+    } else {
+        format!(
+            "give all data files one format: convert the {first} file(s) to {}",
+            format.name()
+        )
+    })
+}
+
+fn not_objects(r: &Resolved, key: &str, written: &str, scan: &DataScan) -> Option<Diagnostic> {
+    let (line, what) = scan.first_bad?;
+    let more = if scan.bad_rows > 1 {
+        format!(" ({} rows in all)", scan.bad_rows)
+    } else {
+        String::new()
+    };
+    Some(
+        Diagnostic::error(
+            ROW_NOT_OBJECT,
+            format!("{written}:{line} is not a JSON object: {what}{more}"),
+            anchor(r, key),
+        )
+        .with_label(format!("line {line} of this file"))
+        .with_help(format!(
+            "every line of a JSONL file must be one JSON object, such as {{\"{}\": \"…\", \"{}\": 0}}; fix or remove line {line}",
+            r.str("data.text").unwrap_or("text"),
+            r.str("data.label").unwrap_or("label")
+        )),
+    )
+}
+
+/// The `data` key that names a field (for its span).
+fn field_key(r: &Resolved, field: &str) -> &'static str {
+    ["data.text", "data.text_pair", "data.label"]
+        .into_iter()
+        .find(|k| r.str(k) == Some(field))
+        .unwrap_or("data.text")
+}
+
+fn missing_fields(r: &Resolved, key: &str, written: &str, scan: &DataScan) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    for m in &scan.missing {
+        let item = field_key(r, &m.field);
+        let item_name = item.trim_start_matches("data.");
+        let (message, label, known) = match &scan.header {
+            Some((line, columns)) => (
+                format!(
+                    "\"{written}\" has no `{}` column (header at line {line}: {})",
+                    m.field,
+                    columns.join(", ")
+                ),
+                format!("the header at line {line} lacks `{}`", m.field),
+                columns.clone(),
+            ),
+            None => {
+                let rows = if m.rows == scan.rows {
+                    format!("all {} rows", m.rows)
+                } else {
+                    format!("{} of {} rows", m.rows, scan.rows)
+                };
+                (
+                    format!(
+                        "`{}` is missing or null in {rows}, first at {written}:{}",
+                        m.field, m.first_line
+                    ),
+                    format!("line {} has no `{}` (or it is null)", m.first_line, m.field),
+                    scan.first_fields.clone(),
+                )
+            }
+        };
+        let mut d = Diagnostic::error(FIELD_MISSING, message, anchor(r, key)).with_label(label);
+        if let Some(span) = r.span(item) {
+            d = d.with_secondary(span, format!("`{item_name}` names the field"));
+        }
+        let named: Vec<&str> = ["data.text", "data.text_pair", "data.label"]
+            .iter()
+            .filter_map(|k| r.str(k))
+            .collect();
+        let candidates: Vec<&str> = known
+            .iter()
+            .map(String::as_str)
+            .filter(|k| !named.contains(k))
+            .collect();
+        let everywhere = scan.header.is_some() || m.rows == scan.rows;
+        let suggestion = crate::check::suggest::closest(&m.field, candidates.iter().copied())
+            .or_else(|| (candidates.len() == 1).then(|| candidates[0]));
+        let help = match suggestion {
+            Some(best) if everywhere => format!(
+                "the file has the fields {}: set `{item_name} = \"{best}\"` in `data` if that is the one, or fix the data",
+                known.join(", ")
+            ),
+            _ if !everywhere => format!(
+                "fix line {} and the other rows without `{}`, or remove them",
+                m.first_line, m.field
+            ),
+            _ => format!("set `{item_name}` in `data` to the field that holds it, or fix the data"),
+        };
+        out.push(d.with_help(help));
+    }
+    out
+}
+
+/// The classes a task declares.
+#[derive(Debug, Clone, Copy)]
+enum Classes<'a> {
+    /// `classify(labels: N)`: ids 0..N-1 (or up to N distinct names, mapped by the script).
+    Count(i64),
+    /// `classify(labels: ["ham", "spam"])`: these names, or their ids.
+    Names(&'a [Val]),
+}
+
+impl Classes<'_> {
+    fn of(r: &Resolved) -> Option<Classes<'_>> {
+        match r.val("model.task")?.arg("labels")? {
+            Val::List(names) => Some(Classes::Names(names)),
+            v => v.as_i64().map(Classes::Count),
+        }
+    }
+
+    fn count(&self) -> i64 {
+        match self {
+            Classes::Count(n) => *n,
+            Classes::Names(names) => names.len() as i64,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Classes::Count(n) => format!(
+                "the {n} classes of `classify(labels: {n})` (ids 0–{})",
+                n - 1
+            ),
+            Classes::Names(names) => {
+                let list: Vec<String> = names.iter().map(Val::to_string).collect();
+                format!(
+                    "the classes {} (or their ids 0–{})",
+                    list.join(", "),
+                    names.len() - 1
+                )
+            }
+        }
+    }
+}
+
+/// The label values outside the declared classes, in order of first appearance; with a class
+/// count and string labels, the strings beyond the first `N` distinct ones.
+fn outside<'s>(classes: Classes<'_>, labels: &'s [LabelSeen]) -> Vec<&'s LabelSeen> {
+    let n = classes.count();
+    let mut strings = 0;
+    let mut bad: Vec<&LabelSeen> = Vec::new();
+    for seen in labels {
+        let ok = match (&seen.value, classes) {
+            (LabelValue::Int(i), _) => (0..n).contains(i),
+            (LabelValue::Str(s), Classes::Names(names)) => {
+                names.iter().any(|v| v.as_str() == Some(s.as_str()))
+            }
+            (LabelValue::Str(_), Classes::Count(_)) => {
+                strings += 1;
+                strings <= n
+            }
+            (LabelValue::Other(_), _) => false,
+        };
+        if !ok {
+            bad.push(seen);
+        }
+    }
+    bad
+}
+
+fn labels(r: &Resolved, key: &str, written: &str, scan: &DataScan) -> Option<Diagnostic> {
+    let classes = Classes::of(r)?;
+    let bad = outside(classes, &scan.labels);
+    let first = bad.iter().min_by_key(|s| s.first_line)?;
+    let field = r.str("data.label").unwrap_or("label");
+    let rows: u64 = bad.iter().map(|s| s.rows).sum();
+    let string_overflow = matches!(
+        (classes, &first.value),
+        (Classes::Count(_), LabelValue::Str(_))
+    );
+    let message = if string_overflow {
+        let distinct = scan
+            .labels
+            .iter()
+            .filter(|s| matches!(s.value, LabelValue::Str(_)))
+            .count();
+        format!(
+            "\"{written}\" has {distinct} distinct `{field}` names, more than the {} classes the task declares; the first one too many is {} at {written}:{}",
+            classes.count(),
+            first.value,
+            first.first_line
+        )
+    } else {
+        let what = match &first.value {
+            LabelValue::Other(_) => " (not an integer id or a class name)",
+            _ => "",
+        };
+        format!(
+            "`{field}` {}{what} at {written}:{} is not one of {}",
+            first.value,
+            first.first_line,
+            classes.describe()
+        )
+    };
+    let values: Vec<String> = bad.iter().take(5).map(|s| s.value.to_string()).collect();
+    let label = if bad.len() > 5 {
+        format!(
+            "{rows} rows with labels outside the classes ({}, …)",
+            values.join(", ")
+        )
+    } else if rows > 1 {
+        format!(
+            "{rows} rows with labels outside the classes ({})",
+            values.join(", ")
+        )
+    } else {
+        format!("line {} of this file", first.first_line)
+    };
+    let mut d = Diagnostic::error(LABEL_OUT_OF_SET, message, anchor(r, key)).with_label(label);
+    if let Some(span) = r.span("model.task") {
+        d = d.with_secondary(span, format!("declares {} classes", classes.count()));
+    }
+    Some(d.with_help(label_help(classes, &scan.labels)))
+}
+
+fn label_help(classes: Classes<'_>, labels: &[LabelSeen]) -> String {
+    let max_int = labels
+        .iter()
+        .filter_map(|s| match s.value {
+            LabelValue::Int(i) => Some(i),
+            _ => None,
+        })
+        .max();
+    let names: Vec<String> = labels
+        .iter()
+        .filter_map(|s| match &s.value {
+            LabelValue::Str(s) => Some(crate::format::quote(s)),
+            _ => None,
+        })
+        .collect();
+    let others = labels.iter().any(|s| {
+        matches!(s.value, LabelValue::Other(_)) || matches!(s.value, LabelValue::Int(i) if i < 0)
+    });
+    let declare = match classes {
+        _ if others => None,
+        Classes::Count(_) if names.is_empty() => {
+            max_int.map(|m| format!("classify(labels: {})", m + 1))
+        }
+        Classes::Names(declared) if max_int.is_none() && names.len() <= 64 => {
+            let mut all: Vec<String> = declared.iter().map(Val::to_string).collect();
+            for n in &names {
+                if !all.contains(n) {
+                    all.push(n.clone());
+                }
+            }
+            Some(format!("classify(labels: [{}])", all.join(", ")))
+        }
+        Classes::Count(_) if max_int.is_none() && names.len() <= 64 => {
+            Some(format!("classify(labels: [{}])", names.join(", ")))
+        }
+        _ => None,
+    };
+    match declare {
+        Some(task) => format!(
+            "fix the labels in the data, or declare the classes the data uses: `task = {task}`"
+        ),
+        None => {
+            "labels must be class ids 0 to N-1 or the declared class names: fix the data".into()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(values: &[LabelValue]) -> Vec<LabelSeen> {
+        values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| LabelSeen {
+                value: v.clone(),
+                first_line: i as u64 + 1,
+                rows: 1,
+            })
+            .collect()
+    }
+
+    fn bad(classes: Classes<'_>, values: &[LabelValue]) -> Vec<LabelValue> {
+        outside(classes, &seen(values))
+            .into_iter()
+            .map(|s| s.value.clone())
+            .collect()
+    }
+
+    use LabelValue::{Int, Other, Str};
+
+    #[test]
+    fn class_count_takes_ids_or_that_many_names() {
+        let c = Classes::Count(2);
+        assert!(bad(c, &[Int(0), Int(1)]).is_empty());
+        assert_eq!(bad(c, &[Int(0), Int(2), Int(-1)]), [Int(2), Int(-1)]);
+        assert!(bad(c, &[Str("neg".into()), Str("pos".into())]).is_empty());
+        assert_eq!(
+            bad(c, &[Str("a".into()), Str("b".into()), Str("c".into())]),
+            [Str("c".into())]
+        );
+        assert_eq!(
+            bad(c, &[Other("1.0".into()), Other("true".into())]).len(),
+            2
+        );
+    }
+
+    #[test]
+    fn class_names_take_names_or_ids() {
+        let names = [Val::Str("ham".into()), Val::Str("spam".into())];
+        let c = Classes::Names(&names);
+        assert!(bad(c, &[Str("ham".into()), Int(1), Int(0)]).is_empty());
+        assert_eq!(
+            bad(c, &[Str("eggs".into()), Int(2)]),
+            [Str("eggs".into()), Int(2)]
+        );
+        assert_eq!(bad(c, &[Str("Ham".into())]), [Str("Ham".into())]);
+    }
+
+    #[test]
+    fn help_declares_what_the_data_uses() {
+        let names = [Val::Str("ham".into()), Val::Str("spam".into())];
+        assert!(
+            label_help(Classes::Count(2), &seen(&[Int(0), Int(2)])).contains("classify(labels: 3)")
+        );
+        assert!(label_help(
+            Classes::Names(&names),
+            &seen(&[Str("ham".into()), Str("eggs".into())])
+        )
+        .contains("classify(labels: [\"ham\", \"spam\", \"eggs\"])"));
+        assert!(label_help(Classes::Count(2), &seen(&[Int(0), Int(-1)])).contains("fix the data"));
+    }
+}

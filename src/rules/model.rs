@@ -1,10 +1,407 @@
-//! Model rules (being written).
+//! Model rules: `from` against `config`, a local model's config.json against what the recipe
+//! says (hidden size, architecture), the hidden size HF's DeepSpeed integration needs (R-A05,
+//! issue #21342).
+//!
+//! A model is local when `from` (or `config`) names a path that exists here, read relative to the
+//! recipe (`files::local_path`); anything else is a hub id or a path on the cluster, and is not
+//! checked. `dropout` needs no rule: the compiler writes it into the model config
+//! (`hidden_dropout_prob`, `attention_probs_dropout_prob`) itself.
 
-use crate::diagnostic::Diagnostic;
-use crate::resolve::Resolved;
+use std::path::PathBuf;
+
+use crate::diagnostic::{Diagnostic, Severity};
+use crate::resolve::{files, Resolved, Source};
+use crate::versions::HiddenSizeRead;
+
+use super::anchor;
+
+/// `from` and `config` are both given.
+pub const FROM_AND_CONFIG: &str = "R0801";
+/// A local model without a readable config.json.
+pub const CONFIG_MISSING: &str = "R0802";
+/// `hidden_size` differs from the local config.json's.
+pub const HIDDEN_SIZE_MISMATCH: &str = "R0803";
+/// `model bert`, but config.json describes another architecture.
+pub const ARCH_MISMATCH: &str = "R0804";
+/// The hidden size is unknown, so the ZeRO buckets fall back to DeepSpeed's fixed defaults.
+pub const HIDDEN_SIZE_UNKNOWN: &str = "R0805";
+/// transformers 4.18–4.26 read `model.config.hidden_size`, which this model does not have.
+pub const HIDDEN_SIZE_ATTRIBUTE: &str = "R0806";
 
 /// This family's codes.
-pub const CODES: &[(&str, &str, &str)] = &[];
+pub const CODES: &[(&str, &str, &str)] = &[
+    (
+        FROM_AND_CONFIG,
+        "from-and-config",
+        "`from` and `config` are both given",
+    ),
+    (
+        CONFIG_MISSING,
+        "config-missing",
+        "a local model has no readable config.json",
+    ),
+    (
+        HIDDEN_SIZE_MISMATCH,
+        "hidden-size-mismatch",
+        "`hidden_size` differs from the model's config.json",
+    ),
+    (
+        ARCH_MISMATCH,
+        "arch-mismatch",
+        "`model bert` names another architecture than config.json",
+    ),
+    (
+        HIDDEN_SIZE_UNKNOWN,
+        "hidden-size-unknown",
+        "ZeRO buckets fall back to DeepSpeed's defaults: the hidden size is unknown",
+    ),
+    (
+        HIDDEN_SIZE_ATTRIBUTE,
+        "hidden-size-attribute",
+        "transformers < 4.27 reads `config.hidden_size`, which the model lacks",
+    ),
+];
+
+/// A local model's config.json, read.
+struct LocalConfig {
+    /// The recipe key that names the model (`model.from` or `model.config`).
+    key: &'static str,
+    /// The config.json read.
+    path: PathBuf,
+    /// Its contents (an object).
+    json: serde_json::Value,
+}
 
 /// Checks the model rules.
-pub fn check(_r: &Resolved, _out: &mut Vec<Diagnostic>) {}
+pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
+    if let (true, true) = (r.is_given("model.from"), r.is_given("model.config")) {
+        out.push(from_and_config(r));
+    }
+    let mut config = None;
+    for key in ["model.from", "model.config"] {
+        if let Some(found) = local_config(r, key, out) {
+            config.get_or_insert(found);
+        }
+    }
+    if let Some(config) = &config {
+        hidden_size_mismatch(r, config, out);
+        arch_mismatch(r, config, out);
+        hidden_size_attribute(r, config, out);
+    }
+    hidden_size_unknown(r, config.as_ref(), out);
+}
+
+fn from_and_config(r: &Resolved) -> Diagnostic {
+    let shown = |k: &str| r.val(k).map(|v| v.to_string()).unwrap_or_default();
+    let mut d = Diagnostic::error(
+        FROM_AND_CONFIG,
+        format!(
+            "`from = {}` and `config = {}` are both given: it is ambiguous whether to fine-tune the pretrained weights or to train from a fresh initialisation",
+            shown("model.from"),
+            shown("model.config")
+        ),
+        anchor(r, "model.config"),
+    )
+    .with_label("a config to initialise from scratch");
+    if let Some(span) = r.span("model.from") {
+        d = d.with_secondary(span, "pretrained weights (and their config)");
+    }
+    d.with_help(
+        "keep `from` to fine-tune (override dropout with `dropout`), or keep `config` to train from scratch",
+    )
+}
+
+/// The config.json of the model `key` names, when it is here; reports a local model whose
+/// config.json is missing or not a JSON object.
+fn local_config(r: &Resolved, key: &'static str, out: &mut Vec<Diagnostic>) -> Option<LocalConfig> {
+    let written = r.str(key)?;
+    let path = files::local_path(r, written);
+    let item = key.trim_start_matches("model.");
+    let config_path = if path.is_dir() {
+        let config = path.join("config.json");
+        if !config.is_file() {
+            out.push(
+                Diagnostic::error(
+                    CONFIG_MISSING,
+                    format!("the model directory \"{written}\" has no config.json"),
+                    anchor(r, key),
+                )
+                .with_label(format!("no {}", config.display()))
+                .with_help(format!(
+                    "point `{item}` at an HF-layout directory (config.json, model.safetensors, tokenizer files), e.g. one written by save_pretrained, or at a hub id"
+                )),
+            );
+            return None;
+        }
+        config
+    } else if path.is_file() {
+        if key == "model.from" {
+            out.push(
+                Diagnostic::error(
+                    CONFIG_MISSING,
+                    format!("`from = \"{written}\"` is a file, not a model directory"),
+                    anchor(r, key),
+                )
+                .with_label("a file")
+                .with_help(
+                    "`from` takes an HF-layout directory (config.json, weights, tokenizer) or a hub id; a lone config.json goes in `config`",
+                ),
+            );
+            return None;
+        }
+        path
+    } else {
+        return None; // a hub id, or a path on the cluster
+    };
+    let parsed = std::fs::read_to_string(&config_path)
+        .map_err(|e| e.to_string())
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).map_err(|e| e.to_string()));
+    match parsed {
+        Ok(json) if json.is_object() => Some(LocalConfig {
+            key,
+            path: config_path,
+            json,
+        }),
+        other => {
+            let why = match other {
+                Err(e) => e,
+                Ok(_) => "not a JSON object".into(),
+            };
+            out.push(
+                Diagnostic::error(
+                    CONFIG_MISSING,
+                    format!(
+                        "{} cannot be read as a model config: {why}",
+                        config_path.display()
+                    ),
+                    anchor(r, key),
+                )
+                .with_label("this model's config.json")
+                .with_help(
+                    "fix config.json (it must be one JSON object, as save_pretrained writes it)",
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// The hidden size HF's DeepSpeed integration uses, in its lookup order (§2.2): `hidden_size`,
+/// `max(hidden_sizes)`, then the same in `text_config`.
+fn config_hidden_size(json: &serde_json::Value) -> Option<i64> {
+    let pick = |v: &serde_json::Value| {
+        v.get("hidden_size").and_then(|h| h.as_i64()).or_else(|| {
+            v.get("hidden_sizes")
+                .and_then(|a| a.as_array())
+                .and_then(|a| a.iter().filter_map(|x| x.as_i64()).max())
+        })
+    };
+    pick(json).or_else(|| json.get("text_config").and_then(pick))
+}
+
+fn hidden_size_mismatch(r: &Resolved, config: &LocalConfig, out: &mut Vec<Diagnostic>) {
+    let (true, Some(written), Some(h)) = (
+        r.is_given("model.hidden_size"),
+        r.int("model.hidden_size"),
+        config_hidden_size(&config.json),
+    ) else {
+        return;
+    };
+    if written == h {
+        return;
+    }
+    let mut d = Diagnostic::error(
+        HIDDEN_SIZE_MISMATCH,
+        format!(
+            "`hidden_size = {written}` differs from the hidden size {h} in {}",
+            config.path.display()
+        ),
+        anchor(r, "model.hidden_size"),
+    )
+    .with_label(format!("config.json says {h}"));
+    if let Some(span) = r.span(config.key) {
+        d = d.with_secondary(span, "this model");
+    }
+    out.push(d.with_help(format!(
+        "remove `hidden_size` (it is read from config.json: the ZeRO buckets then follow {h}), or point `{}` at the model you mean",
+        config.key.trim_start_matches("model.")
+    )));
+}
+
+fn arch_mismatch(r: &Resolved, config: &LocalConfig, out: &mut Vec<Diagnostic>) {
+    if !r.is_given("model.arch") || r.word("model.arch") != Some("bert") {
+        return;
+    }
+    let model_type = config.json.get("model_type").and_then(|t| t.as_str());
+    let architectures: Vec<&str> = config
+        .json
+        .get("architectures")
+        .and_then(|a| a.as_array())
+        .map(|a| a.iter().filter_map(|x| x.as_str()).collect())
+        .unwrap_or_default();
+    let found = match model_type {
+        Some("bert") => return,
+        Some(t) => format!("model_type \"{t}\""),
+        None if architectures.is_empty() || architectures.iter().any(|a| a.starts_with("Bert")) => {
+            return
+        }
+        None => format!("architectures {}", architectures.join(", ")),
+    };
+    let mut d = Diagnostic::warning(
+        ARCH_MISMATCH,
+        format!(
+            "`model bert`, but {} describes another architecture ({found})",
+            config.path.display()
+        ),
+        anchor(r, "model.arch"),
+    )
+    .with_label("builds a BERT classifier");
+    if let Some(span) = r.span(config.key) {
+        d = d.with_secondary(span, found.clone());
+    }
+    out.push(d.with_help(
+        "write `model auto` to build the architecture config.json names, or point at a BERT model",
+    ));
+}
+
+/// transformers 4.18–4.26 (and ≤ 4.17 under ZeRO-3) read `model.config.hidden_size`
+/// unconditionally in `trainer_config_finalize`; configs with only `hidden_sizes` raise
+/// AttributeError (issue #21342, fixed by PR #21504 in v4.27.0; §2.2).
+fn hidden_size_attribute(r: &Resolved, config: &LocalConfig, out: &mut Vec<Diagnostic>) {
+    let stage = r.int("zero.stage").unwrap_or(0);
+    match r.facts.hf_hidden_size_read {
+        HiddenSizeRead::AutoKeysOnly => return,
+        HiddenSizeRead::Zero3 if stage != 3 => return,
+        HiddenSizeRead::Zero3 | HiddenSizeRead::Always => {}
+    }
+    let json = &config.json;
+    if json.get("hidden_size").is_some() || json.get("hidden_sizes").is_none() {
+        return;
+    }
+    let tf = r.targets.transformers;
+    let class = json
+        .get("model_type")
+        .and_then(|t| t.as_str())
+        .map_or_else(|| "PretrainedConfig".to_string(), |t| format!("{t} config"));
+    let when = if r.facts.hf_hidden_size_read == HiddenSizeRead::Zero3 {
+        " under ZeRO-3"
+    } else {
+        ""
+    };
+    let mut d = Diagnostic::error(
+        HIDDEN_SIZE_ATTRIBUTE,
+        format!(
+            "transformers {tf} reads `model.config.hidden_size` when it sets up DeepSpeed{when}, and {} has only `hidden_sizes`",
+            config.path.display()
+        ),
+        anchor(r, config.key),
+    )
+    .with_label(format!(
+        "AttributeError at train(): the {class} has no attribute 'hidden_size'"
+    ));
+    if let Some(span) = r.target_sources[0].span() {
+        d = d.with_secondary(span, "this transformers");
+    }
+    out.push(d.with_help(
+        "target transformers ≥ 4.27.0 (it falls back to max(hidden_sizes), and reads it only for \"auto\" buckets; PR #21504), or add \"hidden_size\" to config.json",
+    ));
+}
+
+/// R-A05: HF fills the hidden-size buckets from the model's config; the compiler resolves them
+/// itself, and without a hidden size it falls back to DeepSpeed's fixed defaults (a note).
+fn hidden_size_unknown(r: &Resolved, config: Option<&LocalConfig>, out: &mut Vec<Diagnostic>) {
+    let stage = r.int("zero.stage").unwrap_or(0);
+    if stage < 1 || r.int("model.hidden_size").is_some() {
+        return;
+    }
+    let mut keys = vec![("zero.reduce_bucket", "reduce_bucket")];
+    if stage == 3 {
+        keys.push(("zero.prefetch_bucket", "prefetch_bucket"));
+        keys.push((
+            "zero.param_persistence_threshold",
+            "param_persistence_threshold",
+        ));
+    }
+    let defaulted: Vec<String> = keys
+        .iter()
+        .filter(|(k, _)| matches!(r.get(k).map(|s| &s.source), Some(Source::Default { .. })))
+        .map(|(k, name)| format!("{name} {}", r.int(k).map_or_else(String::new, size)))
+        .collect();
+    if defaulted.is_empty() {
+        return;
+    }
+    let (key, label) = match config {
+        Some(c) => (
+            c.key,
+            format!("{} has no hidden_size or hidden_sizes", c.path.display()),
+        ),
+        None if r.is_given("model.from") => (
+            "model.from",
+            "not a local model: its config.json is not read".into(),
+        ),
+        None => ("model.config", "not a local file: it is not read".into()),
+    };
+    let mut d = Diagnostic {
+        severity: Severity::Note,
+        ..Diagnostic::warning(
+            HIDDEN_SIZE_UNKNOWN,
+            format!(
+                "the model's hidden size is unknown, so ZeRO stage {stage} uses DeepSpeed's fixed sizes ({}) instead of the hidden-size values HF's \"auto\" would give",
+                defaulted.join(", ")
+            ),
+            anchor(r, key),
+        )
+    }
+    .with_label(label);
+    if let Some(span) = r.span("zero.stage") {
+        d = d.with_secondary(span, format!("stage {stage}"));
+    }
+    let names: Vec<&str> = keys.iter().map(|(_, n)| *n).collect();
+    out.push(d.with_help(format!(
+        "write the model's `hidden_size` in `model` (reduce_bucket becomes hidden_size², as HF computes it), or set {} in `zero`",
+        names.join(", ")
+    )));
+}
+
+/// A size as the language writes it: `5e8` for 500000000.
+fn size(v: i64) -> String {
+    let (mut m, mut e) = (v, 0);
+    while m != 0 && m % 10 == 0 {
+        m /= 10;
+        e += 1;
+    }
+    if e >= 4 {
+        format!("{m}e{e}")
+    } else {
+        v.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{config_hidden_size, size};
+
+    #[test]
+    fn sizes_read_like_the_language() {
+        assert_eq!(size(500_000_000), "5e8");
+        assert_eq!(size(100_000), "1e5");
+        assert_eq!(size(147_456), "147456");
+        assert_eq!(size(1000), "1000");
+    }
+
+    use serde_json::json;
+
+    #[test]
+    fn hidden_size_lookup_follows_hf() {
+        assert_eq!(config_hidden_size(&json!({"hidden_size": 384})), Some(384));
+        assert_eq!(
+            config_hidden_size(&json!({"hidden_sizes": [64, 512, 256]})),
+            Some(512)
+        );
+        assert_eq!(
+            config_hidden_size(&json!({"text_config": {"hidden_size": 1024}})),
+            Some(1024)
+        );
+        assert_eq!(config_hidden_size(&json!({"n_embd": 768})), None);
+    }
+}

@@ -1,10 +1,1012 @@
-//! Schedule rules (being written).
+//! Schedule rules: what the learning-rate schedule a recipe names does under the target
+//! versions (../shared/reference/ds_hf_rules.md §6.4, §7). The recipe names either an HF
+//! `lr_scheduler_type` (HF builds it; the DeepSpeed config gets no `scheduler` section) or a
+//! DeepSpeed scheduler (the compiler writes a `scheduler` section, DeepSpeed builds and steps it).
+//!
+//! * DeepSpeed's `Warmup*` schedulers against HF's counterparts: the one-step lag (R-M02), the
+//!   effective warmup `W' = max(2, W)` (R-M03, R-L03), log warmup (R-L01/R-M01), the cosine
+//!   floor (R-M05);
+//! * `OneCycle` overriding the optimizer's betas (R-L05);
+//! * version gaps: `WarmupCosineLR` (v0.12.3), `warmup_type` (v0.5.7), the construction-time LR
+//!   (v0.15.3);
+//! * the schedule given twice, by the `schedule` block and by raw keys (R-H07, R-L06).
+//!
+//! LR values come from [`crate::lr`] (the formulas of §6.4/§7) through
+//! [`crate::schedules::curves`]; version facts from [`crate::versions`].
 
-use crate::diagnostic::Diagnostic;
-use crate::resolve::Resolved;
+use crate::diagnostic::{Diagnostic, Label, Severity};
+use crate::lr::{self, DsSchedule, DsWarmupType, HfSchedule};
+use crate::resolve::value::fmt_f64;
+use crate::resolve::{Resolved, Val};
+use crate::schedules::{self, Curves};
+use crate::schema::blocks::DS_SCHEDULES;
+use crate::syntax::ast::Span;
+use crate::versions::{Fact, Library, Version, CHANGES};
+
+use super::{anchor, origin};
+
+/// A DeepSpeed `Warmup*` scheduler runs one optimizer step behind HF's (R-M02).
+pub const DS_LAG: &str = "R0301";
+/// A DeepSpeed `Warmup*` scheduler with a warmup below 2 steps warms up over 2 (R-M03, R-L03).
+pub const DS_WARMUP_MIN_TWO: &str = "R0302";
+/// `warmup_type = log`: DeepSpeed warms up logarithmically, HF linearly (R-L01, R-M01).
+pub const LOG_WARMUP: &str = "R0303";
+/// `OneCycle` with `cycle_momentum` overwrites the optimizer's betas (R-L05).
+pub const ONE_CYCLE_MOMENTUM: &str = "R0304";
+/// `WarmupCosineLR` with a non-zero `cos_min_ratio` / `warmup_min_ratio` (R-M05).
+pub const COSINE_FLOOR: &str = "R0305";
+/// `WarmupCosineLR` on a DeepSpeed without it (§6.4, v0.12.3).
+pub const NO_WARMUP_COSINE: &str = "R0306";
+/// `warmup_type` on a DeepSpeed without it: the warmup is logarithmic (§6.4, v0.5.7).
+pub const WARMUP_TYPE_IGNORED: &str = "R0307";
+/// A DeepSpeed `Warmup*` scheduler before v0.15.3: step 1 runs at the optimizer's lr.
+pub const FIRST_STEP_AT_PEAK: &str = "R0308";
+/// The schedule is given by `schedule` and by raw keys as well (R-H07).
+pub const SCHEDULE_TWICE: &str = "R0309";
+/// HF scheduler arguments next to a DeepSpeed schedule are ignored (R-H07, R-L06).
+pub const HF_SCHEDULER_ARGS_IGNORED: &str = "R0310";
 
 /// This family's codes.
-pub const CODES: &[(&str, &str, &str)] = &[];
+pub const CODES: &[(&str, &str, &str)] = &[
+    (
+        DS_LAG,
+        "ds-schedule-lag",
+        "a DeepSpeed Warmup* schedule runs one optimizer step behind HF's",
+    ),
+    (
+        DS_WARMUP_MIN_TWO,
+        "ds-warmup-min-two",
+        "DeepSpeed's Warmup* schedules warm up over at least 2 steps",
+    ),
+    (
+        LOG_WARMUP,
+        "log-warmup",
+        "warmup_type = log: DeepSpeed warms up logarithmically, HF linearly",
+    ),
+    (
+        ONE_CYCLE_MOMENTUM,
+        "one-cycle-momentum",
+        "OneCycle overrides the optimizer's betas",
+    ),
+    (
+        COSINE_FLOOR,
+        "cosine-floor",
+        "WarmupCosineLR ends above 0 or warms up from above 0",
+    ),
+    (
+        NO_WARMUP_COSINE,
+        "no-warmup-cosine",
+        "the target DeepSpeed has no WarmupCosineLR",
+    ),
+    (
+        WARMUP_TYPE_IGNORED,
+        "warmup-type-ignored",
+        "the target DeepSpeed has no warmup_type: the warmup is logarithmic",
+    ),
+    (
+        FIRST_STEP_AT_PEAK,
+        "first-step-at-peak",
+        "before DeepSpeed 0.15.3 the first step runs at the optimizer's lr",
+    ),
+    (
+        SCHEDULE_TWICE,
+        "schedule-twice",
+        "the schedule is given by `schedule` and by raw keys",
+    ),
+    (
+        HF_SCHEDULER_ARGS_IGNORED,
+        "hf-scheduler-args-ignored",
+        "HF scheduler arguments next to a DeepSpeed schedule are ignored",
+    ),
+];
+
+/// DeepSpeed's warmup schedulers, whose `warmup_num_steps` becomes `W' = max(2, W)`.
+const DS_WARMUP: &[&str] = &["WarmupLR", "WarmupDecayLR", "WarmupCosineLR"];
+
+/// Optimizer kinds whose implementation has `betas` in its defaults, so `OneCycle`'s
+/// `_initialize_momentum` overwrites them (FusedAdam, DeepSpeedCPUAdam, FusedLamb, the 1-bit
+/// optimizers, FusedLion, torch AdamW, bnb Lion). SGD, Adagrad and Adafactor have none, and
+/// upstream then turns `cycle_momentum` off with a warning
+/// (deepspeedai/DeepSpeed@v0.19.5:deepspeed/runtime/lr_schedules.py:OneCycle._initialize_momentum).
+pub(crate) const HAS_BETAS: &[&str] = &[
+    "adamw",
+    "adam",
+    "lamb",
+    "lion",
+    "onebitadam",
+    "zerooneadam",
+    "onebitlamb",
+];
+
+/// Whether a schedule kind is a DeepSpeed scheduler (written to a DeepSpeed `scheduler` section)
+/// rather than an HF `lr_scheduler_type`.
+pub(crate) fn is_deepspeed_schedule(kind: &str) -> bool {
+    DS_SCHEDULES.contains(&kind)
+}
+
+/// The first release of `library` after `after` from which a row of the versions table makes
+/// `holds` true: where a fix or feature arrives. Reads the table, compares no versions itself
+/// beyond ordering the rows' `since`.
+pub(crate) fn first_release(
+    library: Library,
+    after: Version,
+    holds: impl Fn(&Fact) -> bool,
+) -> Option<Version> {
+    CHANGES
+        .iter()
+        .filter(|c| c.library == library && c.since > after && holds(&c.fact))
+        .map(|c| c.since)
+        .min()
+}
+
+/// The secondary label on a written `target` version (`i`: 0 transformers, 1 accelerate,
+/// 2 deepspeed), if it was written.
+pub(crate) fn with_target(d: Diagnostic, r: &Resolved, library: Library) -> Diagnostic {
+    let i = match library {
+        Library::Transformers => 0,
+        Library::Accelerate => 1,
+        Library::DeepSpeed => 2,
+    };
+    match r.target_sources[i].span() {
+        Some(span) => d.with_secondary(
+            span,
+            format!("{} {}", library.key(), r.targets.get(library)),
+        ),
+        None => d,
+    }
+}
+
+/// A note (the constructors only make errors and warnings).
+pub(crate) fn note(code: &'static str, message: impl Into<String>, span: Span) -> Diagnostic {
+    Diagnostic {
+        severity: Severity::Note,
+        ..Diagnostic::error(code, message, span)
+    }
+}
+
+/// A learning rate with three significant digits, as people write it: `3e-5`, `2.14e-6`, `0.5`.
+/// NaN (upstream raises at that step) reads "an error".
+pub(crate) fn fmt_lr(x: f64) -> String {
+    if x == 0.0 {
+        return "0".into();
+    }
+    if !x.is_finite() {
+        return "an error".into();
+    }
+    let sci = format!("{x:.2e}");
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let trim = |s: &str| -> String {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s.to_string()
+        }
+    };
+    if (-3..4).contains(&exp) {
+        let decimals = usize::try_from(2 - exp).unwrap_or(0);
+        trim(&format!("{x:.decimals$}"))
+    } else {
+        format!("{}e{exp}", trim(mantissa))
+    }
+}
+
+/// The DeepSpeed schedule the run really uses: without `warmup_type` support
+/// ([`crate::versions::Facts::ds_has_warmup_type`]) every warmup is logarithmic.
+fn as_run(r: &Resolved, ds: DsSchedule) -> DsSchedule {
+    if r.facts.ds_has_warmup_type {
+        return ds;
+    }
+    let log = DsWarmupType::Log;
+    match ds {
+        DsSchedule::WarmupLr {
+            min_lr,
+            max_lr,
+            warmup_num_steps,
+            ..
+        } => DsSchedule::WarmupLr {
+            min_lr,
+            max_lr,
+            warmup_num_steps,
+            warmup_type: log,
+        },
+        DsSchedule::WarmupDecayLr {
+            total_num_steps,
+            min_lr,
+            max_lr,
+            warmup_num_steps,
+            ..
+        } => DsSchedule::WarmupDecayLr {
+            total_num_steps,
+            min_lr,
+            max_lr,
+            warmup_num_steps,
+            warmup_type: log,
+        },
+        DsSchedule::WarmupCosineLr {
+            total_num_steps,
+            warmup_min_ratio,
+            cos_min_ratio,
+            warmup_num_steps,
+            ..
+        } => DsSchedule::WarmupCosineLr {
+            total_num_steps,
+            warmup_min_ratio,
+            cos_min_ratio,
+            warmup_num_steps,
+            warmup_type: log,
+        },
+        other => other,
+    }
+}
+
+/// The run's curves with the DeepSpeed side as the target version runs it, when the step
+/// accounting is known and the run has steps.
+fn run_curves(r: &Resolved) -> Option<Curves> {
+    let mut c = schedules::curves(r)?;
+    if c.total == 0 {
+        return None;
+    }
+    c.ds = c.ds.map(|ds| as_run(r, ds));
+    Some(c)
+}
+
+/// The first optimizer steps (up to 3, within the run).
+fn first_steps(c: &Curves) -> Vec<u64> {
+    (1..=c.total.min(3)).collect()
+}
+
+/// `a, b, c` for the steps, under DeepSpeed.
+fn ds_values(c: &Curves, ds: &DsSchedule, steps: &[u64]) -> String {
+    let v: Vec<String> = steps
+        .iter()
+        .map(|&k| fmt_lr(lr::ds_lr(ds, &c.flags, c.peak, k)))
+        .collect();
+    v.join(", ")
+}
+
+/// `a, b, c` for the steps, under HF.
+fn hf_values(c: &Curves, hf: &HfSchedule, steps: &[u64]) -> String {
+    let v: Vec<String> = steps
+        .iter()
+        .map(|&k| fmt_lr(lr::hf_lr(hf, c.peak, c.warmup, c.total, k)))
+        .collect();
+    v.join(", ")
+}
+
+/// `1, 2, 3`.
+fn step_list(steps: &[u64]) -> String {
+    let v: Vec<String> = steps.iter().map(u64::to_string).collect();
+    v.join(", ")
+}
+
+/// HF's schedule that the DeepSpeed `Warmup*` scheduler stands for (§7).
+fn hf_twin(kind: &str) -> &'static str {
+    match kind {
+        "WarmupLR" => "constant_with_warmup",
+        "WarmupCosineLR" => "cosine",
+        _ => "linear",
+    }
+}
+
+/// The lr a `Warmup*` scheduler starts its warmup from (`it = 0`): `min_lr`, or
+/// `warmup_min_ratio × lr` for `WarmupCosineLR`.
+fn warmup_start(r: &Resolved, kind: &str) -> f64 {
+    if kind == "WarmupCosineLR" {
+        r.f64("schedule.warmup_min_ratio").unwrap_or(0.0) * r.f64("optimizer.lr").unwrap_or(5e-5)
+    } else {
+        r.f64("schedule.min_lr").unwrap_or(0.0)
+    }
+}
+
+/// The warmup's start in words: `min_lr = 0`, `warmup_min_ratio × lr = 0`.
+fn start_words(r: &Resolved, kind: &str) -> String {
+    let start = fmt_lr(warmup_start(r, kind));
+    if kind == "WarmupCosineLR" {
+        format!("warmup_min_ratio × lr = {start}")
+    } else {
+        format!("min_lr = {start}")
+    }
+}
+
+/// `WarmupLR`/`WarmupDecayLR` with `min_lr == max_lr` is a constant schedule: no warmup to lag.
+fn is_constant(r: &Resolved, kind: &str) -> bool {
+    kind != "WarmupCosineLR"
+        && r.f64("schedule.min_lr").is_some()
+        && r.f64("schedule.min_lr") == r.f64("schedule.max_lr")
+}
+
+/// The warmup steps DeepSpeed is given, when known: the resolved whole steps.
+fn warmup_steps(r: &Resolved) -> Option<u64> {
+    r.uint("steps.warmup")
+        .or_else(|| match crate::resolve::warmup(r)? {
+            crate::steps::Warmup::Steps(s) => Some(s),
+            crate::steps::Warmup::Fraction(_) => None,
+        })
+}
 
 /// Checks the schedule rules.
-pub fn check(_r: &Resolved, _out: &mut Vec<Diagnostic>) {}
+pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
+    let Some(kind) = r.word("schedule.kind") else {
+        return;
+    };
+    twice(r, kind, out);
+    if !is_deepspeed_schedule(kind) {
+        return;
+    }
+    hf_args_ignored(r, kind, out);
+    if kind == "OneCycle" {
+        one_cycle_momentum(r, out);
+        return;
+    }
+    if !DS_WARMUP.contains(&kind) {
+        return;
+    }
+    if kind == "WarmupCosineLR" && !r.facts.ds_has_warmup_cosine {
+        out.push(no_warmup_cosine(r));
+        return;
+    }
+    let constant = is_constant(r, kind);
+    if !r.facts.ds_has_warmup_type && r.word("schedule.warmup_type") == Some("linear") && !constant
+    {
+        out.push(warmup_type_ignored(r, kind));
+    }
+    if !r.facts.ds_warmup_init_writes_lr {
+        if let Some(d) = first_step_at_peak(r, kind) {
+            out.push(d);
+        }
+    }
+    if r.word("schedule.warmup_type") == Some("log")
+        && r.is_given("schedule.warmup_type")
+        && !constant
+    {
+        out.push(log_warmup(r, kind));
+    }
+    if kind == "WarmupCosineLR" {
+        if let Some(d) = cosine_floor(r) {
+            out.push(d);
+        }
+    }
+    if constant {
+        return;
+    }
+    match warmup_steps(r) {
+        Some(w) if w < 2 => out.push(warmup_min_two(r, kind, w)),
+        _ => out.push(lag(r, kind)),
+    }
+}
+
+/// R-M02 (§7): DeepSpeed's scheduler starts at `last_batch_iteration = -1`, writes that value at
+/// construction and is stepped after each optimizer step, so optimizer step `k` runs at
+/// iteration `k − 2` where HF's LambdaLR uses `λ(k − 1)`: the first two steps both run at the
+/// start of the warmup and the whole curve is one step late (`lr::ds_lr`, `lr::hf_lr`).
+fn lag(r: &Resolved, kind: &str) -> Diagnostic {
+    let twin = hf_twin(kind);
+    let start = start_words(r, kind);
+    let curves = run_curves(r);
+    let numbers = curves.as_ref().and_then(|c| {
+        let ds = c.ds.as_ref()?;
+        let steps = first_steps(c);
+        let hf =
+            c.hf.as_ref()
+                .map(|hf| format!(" (HF's `{twin}`: {})", hf_values(c, hf, &steps)))
+                .unwrap_or_default();
+        Some(format!(
+            ": the learning rate at steps {} is {}{hf}",
+            step_list(&steps),
+            ds_values(c, ds, &steps)
+        ))
+    });
+    let message = match numbers {
+        Some(n) => format!("`{kind}` runs one optimizer step behind HF's `{twin}`{n}"),
+        None => format!(
+            "`{kind}` runs one optimizer step behind HF's `{twin}`: its first two optimizer steps both run at {start}"
+        ),
+    };
+    let label = if r.facts.ds_warmup_init_writes_lr {
+        format!(
+            "DeepSpeed starts at iteration -1 and steps after each optimizer step: steps 1 and 2 both run at {start}"
+        )
+    } else {
+        format!(
+            "DeepSpeed steps after each optimizer step: step 1 runs at the optimizer's lr, step 2 at {start}"
+        )
+    };
+    let help = match curves.as_ref().and_then(|c| c.hf.as_ref()) {
+        Some(_) => format!(
+            "nothing to fix if this is intended; for HF's exact curve write `schedule {twin} {{ … }}`: HF then builds the scheduler and the DeepSpeed config gets no `scheduler` section"
+        ),
+        None => "nothing to fix if this is intended; for HF's curve use an HF schedule (`linear`, `cosine`, `cosine_with_min_lr`, …), which HF builds and steps".into(),
+    };
+    Diagnostic::warning(DS_LAG, message, anchor(r, "schedule.kind"))
+        .with_label(label)
+        .with_help(help)
+}
+
+/// R-M03 (§7) and R-L03 (§6.4): DeepSpeed's `Warmup*` schedulers use `W' = max(2, W)`, so a
+/// warmup of 0 or 1 still spends two steps below the peak; DeepSpeed ≥ 0.19.3 rejects
+/// `warmup_num_steps` 0 ("warmup_num_steps must be a positive integer"), so the compiler emits 1
+/// there (deepspeedai/DeepSpeed@v0.19.5:deepspeed/runtime/lr_schedules.py:WarmupLR.__init__).
+fn warmup_min_two(r: &Resolved, kind: &str, w: u64) -> Diagnostic {
+    let twin = hf_twin(kind);
+    // As the emitter does: at least 1 where DeepSpeed rejects 0 or HF's own auto value clamps.
+    let emitted =
+        if w == 0 && (r.facts.ds_warmup_steps_positive_int || r.facts.hf_ds_warmup_at_least_one) {
+            1
+        } else {
+            w
+        };
+    let curves = run_curves(r);
+    let numbers = curves.as_ref().and_then(|c| {
+        let ds = c.ds.as_ref()?;
+        let steps = first_steps(c);
+        let hf =
+            c.hf.as_ref()
+                .map(|hf| format!(" where HF's `{twin}` gives {}", hf_values(c, hf, &steps)))
+                .unwrap_or_default();
+        Some(format!(
+            "; the learning rate at steps {} is {}{hf}",
+            step_list(&steps),
+            ds_values(c, ds, &steps)
+        ))
+    });
+    // As written: `warmup = 0`, or `warmup = 0.2%` (1 step).
+    let written = match r.val("schedule.warmup") {
+        Some(v @ (Val::Percent(_) | Val::Float(_))) if v.as_i64().is_none() => {
+            let s = if w == 1 { "" } else { "s" };
+            format!("warmup = {v}` ({w} step{s})")
+        }
+        _ => format!("warmup = {w}`"),
+    };
+    let message = format!(
+        "`{written} still means a 2-step warmup with `{kind}`: DeepSpeed warms up over max(2, {emitted}) = 2 steps{}",
+        numbers.unwrap_or_default()
+    );
+    let emit = if emitted == w {
+        format!("the compiler emits warmup_num_steps = {w}")
+    } else if r.facts.ds_warmup_steps_positive_int {
+        format!(
+            "the compiler emits warmup_num_steps = 1: DeepSpeed {} rejects 0 (\"warmup_num_steps must be a positive integer\")",
+            r.targets.deepspeed
+        )
+    } else {
+        format!(
+            "the compiler emits warmup_num_steps = 1, as transformers {}'s own auto value max(1, W) would",
+            r.targets.transformers
+        )
+    };
+    Diagnostic::warning(DS_WARMUP_MIN_TWO, message, anchor(r, "schedule.warmup"))
+        .with_label(format!(
+            "{w} warmup step{}{}; {emit}",
+            if w == 1 { "" } else { "s" },
+            origin(r, "schedule.warmup")
+        ))
+        .with_help(format!(
+            "no warmup is impossible with DeepSpeed's {kind}: write `schedule {twin}` (HF builds it; no DeepSpeed `scheduler` section), or `warmup = 2` to state what DeepSpeed does"
+        ))
+}
+
+/// The first optimizer step at which the warmup has covered half of its way, on a unit scale.
+fn half_way(f: impl Fn(u64) -> f64, first: u64, limit: u64) -> Option<u64> {
+    (first..=limit).find(|&k| f(k) >= 0.5 - 1e-12)
+}
+
+/// R-L01/R-M01 (§6.4, §7): `warmup_type = log` gives `γ = ln(it + 1) / ln(W')`, concave, where
+/// HF warms up linearly (`s / W`); with the recipe's default `linear` this cannot happen.
+fn log_warmup(r: &Resolved, kind: &str) -> Diagnostic {
+    let twin = hf_twin(kind);
+    let numbers = warmup_steps(r).map(|w| {
+        let wp = lr::ds_effective_warmup(w);
+        let unit = DsSchedule::WarmupLr {
+            min_lr: 0.0,
+            max_lr: Some(1.0),
+            warmup_num_steps: w,
+            warmup_type: DsWarmupType::Log,
+        };
+        let flags = lr::DsFlags::from_facts(&r.facts);
+        // From step 2 on (iteration ≥ 0): step 1 is the construction-time value.
+        let ds_half = half_way(
+            |k| lr::ds_lr_at_iteration(&unit, &flags, 1.0, lr::ds_iteration(k)),
+            2,
+            wp + 2,
+        );
+        let hf_half = half_way(
+            |k| lr::hf_lr(&HfSchedule::ConstantWithWarmup, 1.0, w, w.max(1) + 1, k),
+            1,
+            w + 2,
+        );
+        (w, wp, ds_half, hf_half)
+    });
+    let message = match numbers {
+        Some((_, wp, Some(ds), Some(hf))) => format!(
+            "`warmup_type = log` warms up as ln(it + 1) / ln({wp}), unlike HF's linear warmup: the learning rate passes half its peak at step {ds}, where HF's `{twin}` passes it at step {hf}"
+        ),
+        _ => "`warmup_type = log` warms up as ln(it + 1) / ln(W'), unlike HF's linear warmup: most of the rise happens in the first steps".into(),
+    };
+    Diagnostic::warning(LOG_WARMUP, message, anchor(r, "schedule.warmup_type"))
+        .with_label("DeepSpeed's own default, not HF's shape")
+        .with_help(if r.facts.ds_has_warmup_type {
+            "write `warmup_type = linear` (the recipe's default) to warm up linearly, as HF does"
+                .to_string()
+        } else {
+            format!(
+                "DeepSpeed {} has no `warmup_type`: it only warms up this way; an HF schedule (`schedule linear`) warms up linearly",
+                r.targets.deepspeed
+            )
+        })
+}
+
+/// R-L05 (§6.4): with `cycle_momentum` (default true) `OneCycle` writes `(mom, 0.99)` into every
+/// param group's `betas` at construction and each step, β₁ cycling inversely to the lr between
+/// `cycle_min_mom` and `cycle_max_mom` (`lr::ds_momentum`), for any optimizer whose defaults
+/// have `betas`.
+fn one_cycle_momentum(r: &Resolved, out: &mut Vec<Diagnostic>) {
+    if r.bool("schedule.cycle_momentum") != Some(true) {
+        return;
+    }
+    let Some(opt) = r.word("optimizer.kind") else {
+        return;
+    };
+    if !HAS_BETAS.contains(&opt) {
+        return;
+    }
+    let min = r.f64("schedule.cycle_min_mom").unwrap_or(0.8);
+    let max = r.f64("schedule.cycle_max_mom").unwrap_or(0.9);
+    let betas = match r.val("optimizer.betas") {
+        Some(Val::List(items)) if items.len() == 2 => {
+            let b: Vec<String> = items
+                .iter()
+                .map(|v| v.as_f64().map_or_else(|| v.to_string(), fmt_f64))
+                .collect();
+            format!("({}, {})", b[0], b[1])
+        }
+        _ => "(0.9, 0.999)".into(),
+    };
+    let mut d = Diagnostic::warning(
+        ONE_CYCLE_MOMENTUM,
+        format!(
+            "`OneCycle` overrides the optimizer's betas {betas}: beta1 cycles between {} and {} (inversely to the learning rate) and beta2 becomes 0.99",
+            fmt_f64(min),
+            fmt_f64(max)
+        ),
+        anchor(r, "schedule.cycle_momentum"),
+    )
+    .with_label(format!(
+        "cycle_momentum = true{}",
+        origin(r, "schedule.cycle_momentum")
+    ));
+    if let Some(span) = r.span("optimizer.betas") {
+        d = d.with_secondary(span, "not used while OneCycle runs");
+    }
+    out.push(d.with_help(
+        "write `cycle_momentum = false` to keep the optimizer's betas, or set cycle_min_mom / cycle_max_mom to the beta1 range you want (beta2 stays 0.99)",
+    ));
+}
+
+/// R-M05 (§7): `WarmupCosineLR`'s ratio decays to `cos_min_ratio` (DeepSpeed's own default 1e-4;
+/// the recipe's 0) and warms up from `warmup_min_ratio`; HF's `cosine` goes from 0 to 0.
+fn cosine_floor(r: &Resolved) -> Option<Diagnostic> {
+    let floor = r.f64("schedule.cos_min_ratio").unwrap_or(0.0);
+    let start = r.f64("schedule.warmup_min_ratio").unwrap_or(0.0);
+    if floor == 0.0 && start == 0.0 {
+        return None;
+    }
+    let lr = r.f64("optimizer.lr").unwrap_or(5e-5);
+    let mut parts = Vec::new();
+    if floor != 0.0 {
+        parts.push(format!(
+            "decays to cos_min_ratio × lr = {} × {} = {}, not to 0",
+            fmt_f64(floor),
+            fmt_lr(lr),
+            fmt_lr(floor * lr)
+        ));
+    }
+    if start != 0.0 {
+        parts.push(format!(
+            "warms up from warmup_min_ratio × lr = {}, not from 0",
+            fmt_lr(start * lr)
+        ));
+    }
+    let key = if floor != 0.0 {
+        "schedule.cos_min_ratio"
+    } else {
+        "schedule.warmup_min_ratio"
+    };
+    let mut d = note(
+        COSINE_FLOOR,
+        format!(
+            "`WarmupCosineLR` {} as HF's `cosine` would",
+            parts.join(", and ")
+        ),
+        anchor(r, key),
+    )
+    .with_label("a fraction of the optimizer's lr");
+    if floor != 0.0 && start != 0.0 {
+        if let Some(span) = r.span("schedule.warmup_min_ratio") {
+            d = d.with_secondary(span, "the warmup's start, as a fraction of lr");
+        }
+    }
+    if let Some(span) = r.span("optimizer.lr") {
+        d = d.with_secondary(span, format!("lr = {}", fmt_lr(lr)));
+    }
+    let help = if floor != 0.0 {
+        format!(
+            "nothing to fix if the floor is intended (HF's counterpart is `schedule cosine_with_min_lr {{ min_lr = {} }}`); write cos_min_ratio = 0 and warmup_min_ratio = 0 for HF's `cosine`",
+            fmt_lr(floor * lr)
+        )
+    } else {
+        "nothing to fix if intended; write warmup_min_ratio = 0 for HF's `cosine`".to_string()
+    };
+    Some(d.with_help(help))
+}
+
+/// §6.4: `WarmupCosineLR` exists since DeepSpeed v0.12.3; before, `_scheduler_from_config`
+/// finds it neither in `lr_schedules` nor in `torch.optim.lr_scheduler` and asserts
+/// "DeepSpeed does not recognize LR scheduler WarmupCosineLR"
+/// (deepspeedai/DeepSpeed@v0.12.2:deepspeed/runtime/engine.py:DeepSpeedEngine._scheduler_from_config).
+fn no_warmup_cosine(r: &Resolved) -> Diagnostic {
+    let ds = r.targets.deepspeed;
+    let since = first_release(Library::DeepSpeed, ds, |f| {
+        matches!(f, Fact::DsHasWarmupCosine(true))
+    });
+    let d = Diagnostic::error(
+        NO_WARMUP_COSINE,
+        format!(
+            "DeepSpeed {ds} has no `WarmupCosineLR`: it stops with \"DeepSpeed does not recognize LR scheduler WarmupCosineLR\""
+        ),
+        anchor(r, "schedule.kind"),
+    )
+    .with_label(match since {
+        Some(v) => format!("added in DeepSpeed {v}"),
+        None => "not in this DeepSpeed".into(),
+    });
+    with_target(d, r, Library::DeepSpeed).with_help(match since {
+        Some(v) => format!(
+            "target deepspeed ≥ {v}, or write `schedule cosine {{ … }}` (HF builds the cosine schedule)"
+        ),
+        None => "write `schedule cosine { … }` (HF builds the cosine schedule)".into(),
+    })
+}
+
+/// §6.4: `warmup_type` exists since DeepSpeed v0.5.7 (PR #1530). Before, `WarmupLR.__init__`
+/// takes no such argument (the compiler cannot emit it: `TypeError`) and always warms up as
+/// `ln(it + 1) / ln(W')` (deepspeedai/DeepSpeed@v0.3.16:deepspeed/runtime/lr_schedules.py:
+/// WarmupLR._get_gamma), so a recipe's linear warmup silently becomes logarithmic (R-L01: bug).
+fn warmup_type_ignored(r: &Resolved, kind: &str) -> Diagnostic {
+    let ds = r.targets.deepspeed;
+    let since = first_release(Library::DeepSpeed, ds, |f| {
+        matches!(f, Fact::DsHasWarmupType(true))
+    });
+    let d = Diagnostic::error(
+        WARMUP_TYPE_IGNORED,
+        format!(
+            "DeepSpeed {ds} has no `warmup_type`: its `{kind}` always warms up logarithmically, not linearly as the recipe says"
+        ),
+        anchor(r, "schedule.warmup_type"),
+    )
+    .with_label(format!(
+        "warmup_type = linear{}: cannot be emitted ({kind}() takes no such argument)",
+        origin(r, "schedule.warmup_type")
+    ));
+    let upgrade = since
+        .map(|v| format!("target deepspeed ≥ {v}, "))
+        .unwrap_or_default();
+    with_target(d, r, Library::DeepSpeed).with_help(format!(
+        "{upgrade}or write `warmup_type = log` to accept DeepSpeed's logarithmic warmup, or use an HF schedule (`schedule {}`) where the versions allow it",
+        hf_twin(kind)
+    ))
+}
+
+/// Before DeepSpeed v0.15.3 (PR #6597) the `Warmup*` constructors write no learning rate, so
+/// optimizer step 1 runs at the optimizer's configured lr, the next at the warmup's start
+/// (`lr::DsFlags::init_writes_lr`; deepspeedai/DeepSpeed@v0.15.2:deepspeed/runtime/lr_schedules.py:
+/// WarmupLR.__init__).
+fn first_step_at_peak(r: &Resolved, kind: &str) -> Option<Diagnostic> {
+    let lr = r.f64("optimizer.lr")?;
+    let start = warmup_start(r, kind);
+    if lr == start {
+        return None;
+    }
+    let ds = r.targets.deepspeed;
+    let since = first_release(Library::DeepSpeed, ds, |f| {
+        matches!(f, Fact::DsWarmupInitWritesLr(true))
+    });
+    let mut d = Diagnostic::warning(
+        FIRST_STEP_AT_PEAK,
+        format!(
+            "DeepSpeed {ds}'s `{kind}` sets no learning rate when it is built: optimizer step 1 runs at the optimizer's lr {} before the warmup starts from {} at step 2",
+            fmt_lr(lr),
+            start_words(r, kind)
+        ),
+        anchor(r, "schedule.kind"),
+    )
+    .with_label("one full-lr step before the warmup");
+    if let Some(span) = r.span("optimizer.lr") {
+        d = d.with_secondary(span, format!("lr = {}", fmt_lr(lr)));
+    }
+    let upgrade = since
+        .map(|v| format!("target deepspeed ≥ {v} (its constructors write the warmup's start), or "))
+        .unwrap_or_default();
+    Some(with_target(d, r, Library::DeepSpeed).with_help(format!(
+        "{upgrade}use an HF schedule (`schedule {}`), which starts at 0",
+        hf_twin(kind)
+    )))
+}
+
+/// The `lr_scheduler_kwargs` fields the `schedule` block writes for an HF kind (from the
+/// schema's `hf` column), plus the ones that clash with them.
+fn modelled_kwargs(kind: &str) -> Vec<&'static str> {
+    let mut fields: Vec<&'static str> = crate::schema::block("schedule")
+        .map(|b| {
+            b.keys
+                .iter()
+                .filter(|k| !k.kinds.is_empty() && k.applies_to(Some(kind)))
+                .filter_map(|k| k.hf?.strip_prefix("lr_scheduler_kwargs."))
+                .map(|f| f.split_whitespace().next().unwrap_or(f))
+                .collect()
+        })
+        .unwrap_or_default();
+    // `cosine_with_min_lr` takes exactly one of min_lr / min_lr_rate
+    // (huggingface/transformers@v5.24.0:src/transformers/optimization.py:
+    // get_cosine_with_min_lr_schedule_with_warmup, "Only one of min_lr or min_lr_rate should be set").
+    if fields.contains(&"min_lr") {
+        fields.push("min_lr_rate");
+    }
+    fields
+}
+
+/// TrainingArguments' warmup fields.
+fn is_warmup_field(key: &str) -> bool {
+    matches!(key, "warmup_steps" | "warmup_ratio")
+}
+
+/// Whether the schedule kind takes `warmup` (then the compiler writes `warmup_steps`, and for a
+/// DeepSpeed kind `warmup_num_steps`, which HF checks against it).
+fn warmup_modelled(r: &Resolved) -> bool {
+    r.get("schedule.warmup").is_some()
+}
+
+/// R-H07 (§3): a raw `deepspeed { scheduler … }` makes DeepSpeed build a scheduler and HF then
+/// ignores `lr_scheduler_type` without a check (§4.1); raw `hf { lr_scheduler_type, warmup_steps,
+/// lr_scheduler_kwargs.<modelled> }` restate what `schedule` writes. Two sources of truth: error.
+fn twice(r: &Resolved, kind: &str, out: &mut Vec<Diagnostic>) {
+    let written = r.is_given("schedule.kind");
+    let ours = if written {
+        format!("`schedule {kind}`")
+    } else {
+        format!("the recipe's schedule (`{kind}`, the default)")
+    };
+    let ds_keys: Vec<&(String, Val, Span)> = r
+        .raw_deepspeed
+        .iter()
+        .filter(|(k, _, _)| k == "scheduler" || k.starts_with("scheduler."))
+        .collect();
+    if let Some(d) = raw_twice(
+        r,
+        &ds_keys,
+        "deepspeed",
+        format!("the schedule is given twice: by a raw DeepSpeed `scheduler` and by {ours}"),
+        if is_deepspeed_schedule(kind) {
+            format!("the compiler writes DeepSpeed's `scheduler` section from `schedule {kind}`")
+        } else {
+            format!(
+                "with a DeepSpeed `scheduler` section DeepSpeed builds the schedule and HF ignores lr_scheduler_type = {kind} without a word"
+            )
+        },
+    ) {
+        out.push(d);
+    }
+    let kwargs = if is_deepspeed_schedule(kind) {
+        Vec::new()
+    } else {
+        modelled_kwargs(kind)
+    };
+    let hf_keys: Vec<&(String, Val, Span)> = r
+        .raw_hf
+        .iter()
+        .filter(|(k, _, _)| {
+            k == "lr_scheduler_type"
+                || (is_warmup_field(k) && warmup_modelled(r))
+                || k.strip_prefix("lr_scheduler_kwargs.")
+                    .is_some_and(|f| kwargs.contains(&f))
+        })
+        .collect();
+    if let Some(d) = raw_twice(
+        r,
+        &hf_keys,
+        "hf",
+        format!("the schedule is given twice: by raw TrainingArguments fields and by {ours}"),
+        "the compiler writes lr_scheduler_type, warmup_steps and these lr_scheduler_kwargs from `schedule`".into(),
+    ) {
+        out.push(d);
+    }
+}
+
+fn raw_twice(
+    r: &Resolved,
+    keys: &[&(String, Val, Span)],
+    block: &str,
+    message: String,
+    why: String,
+) -> Option<Diagnostic> {
+    let (first, rest) = keys.split_first()?;
+    let mut d = Diagnostic::error(SCHEDULE_TWICE, message, first.2)
+        .with_label(format!("`{}` in `{block} {{ }}`", first.0));
+    for (key, _, span) in rest {
+        d.secondary.push(Label::new(*span, format!("`{key}` too")));
+    }
+    if let Some(span) = r.span("schedule.kind") {
+        d = d.with_secondary(span, "the recipe's schedule");
+    }
+    let what = if keys.len() == 1 { "it" } else { "them" };
+    Some(d.with_help(format!(
+        "{why}; state the schedule once, in `schedule`, and remove {what} from `{block} {{ }}`"
+    )))
+}
+
+/// R-H07/R-L06 (§3, §6.4): with a DeepSpeed `scheduler` section HF never builds its scheduler,
+/// so `lr_scheduler_kwargs` has no effect (huggingface/transformers@v5.24.0:
+/// src/transformers/integrations/deepspeed.py:deepspeed_optim_sched), nor has `warmup_steps`
+/// for a kind without warmup (`OneCycle`, `LRRangeTest`: `trainer_config_finalize`'s
+/// `fill_match` finds no `scheduler.params.warmup_num_steps` to fill or check).
+fn hf_args_ignored(r: &Resolved, kind: &str, out: &mut Vec<Diagnostic>) {
+    let keys: Vec<&(String, Val, Span)> = r
+        .raw_hf
+        .iter()
+        .filter(|(k, _, _)| {
+            k == "lr_scheduler_kwargs"
+                || k.starts_with("lr_scheduler_kwargs.")
+                || (is_warmup_field(k) && !warmup_modelled(r))
+        })
+        .collect();
+    let Some((first, rest)) = keys.split_first() else {
+        return;
+    };
+    let mut d = Diagnostic::warning(
+        HF_SCHEDULER_ARGS_IGNORED,
+        format!(
+            "HF's scheduler arguments have no effect here: `schedule {kind}` is built by DeepSpeed, and HF builds no scheduler when the DeepSpeed config has a `scheduler`"
+        ),
+        first.2,
+    )
+    .with_label(format!("`{}` is never read", first.0));
+    for (key, _, span) in rest {
+        d.secondary
+            .push(Label::new(*span, format!("`{key}` neither")));
+    }
+    if let Some(span) = r.span("schedule.kind") {
+        d = d.with_secondary(span, "a DeepSpeed scheduler");
+    }
+    let what = if keys.len() == 1 { "it" } else { "them" };
+    out.push(d.with_help(format!(
+        "remove {what} from `hf {{ }}`; set the schedule's parameters in `schedule {kind} {{ … }}`"
+    )));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lr_formatting() {
+        assert_eq!(fmt_lr(0.0), "0");
+        assert_eq!(fmt_lr(3e-5), "3e-5");
+        assert_eq!(fmt_lr(2.142857e-6), "2.14e-6");
+        assert_eq!(fmt_lr(1.5e-5), "1.5e-5");
+        assert_eq!(fmt_lr(0.5), "0.5");
+        assert_eq!(fmt_lr(0.001), "0.001");
+        assert_eq!(fmt_lr(0.1234), "0.123");
+        assert_eq!(fmt_lr(12.0), "12");
+        assert_eq!(fmt_lr(f64::NAN), "an error");
+    }
+
+    #[test]
+    fn first_release_reads_the_table() {
+        let v = |s: &str| s.parse::<Version>().unwrap();
+        let cos = |f: &Fact| matches!(f, Fact::DsHasWarmupCosine(true));
+        assert_eq!(
+            first_release(Library::DeepSpeed, v("0.10.0"), cos),
+            Some(v("0.12.3"))
+        );
+        assert_eq!(first_release(Library::DeepSpeed, v("0.12.3"), cos), None);
+        let ty = |f: &Fact| matches!(f, Fact::DsHasWarmupType(true));
+        assert_eq!(
+            first_release(Library::DeepSpeed, v("0.3.16"), ty),
+            Some(v("0.5.7"))
+        );
+    }
+
+    #[test]
+    fn log_warmup_half_way_points() {
+        // W = 16: log γ = ln(it + 1) / ln 16 ≥ ½ once it + 1 ≥ 4, i.e. it = 3, step 5;
+        // HF linear s / 16 ≥ ½ at s = 8, step 9.
+        let unit = DsSchedule::WarmupLr {
+            min_lr: 0.0,
+            max_lr: Some(1.0),
+            warmup_num_steps: 16,
+            warmup_type: DsWarmupType::Log,
+        };
+        let flags = lr::DsFlags::LATEST;
+        let ds = half_way(
+            |k| lr::ds_lr_at_iteration(&unit, &flags, 1.0, lr::ds_iteration(k)),
+            2,
+            18,
+        );
+        let hf = half_way(
+            |k| lr::hf_lr(&HfSchedule::ConstantWithWarmup, 1.0, 16, 17, k),
+            1,
+            18,
+        );
+        assert_eq!((ds, hf), (Some(5), Some(9)));
+    }
+
+    #[test]
+    fn old_deepspeed_runs_log_warmup() {
+        let mut targets = crate::versions::Targets::newest();
+        targets.deepspeed = "0.3.16".parse().unwrap();
+        let mut r = crate::resolve::resolve(
+            &crate::syntax::parse(
+                "model bert { from = \"m\", task = classify(labels: 2) }\ndata { train = \"t.jsonl\", samples = 100 }\nbatch { micro = 10 }\nschedule WarmupLR { warmup = 4 }\n",
+            )
+            .unwrap(),
+            &crate::resolve::Options::default(),
+        );
+        r.facts = crate::versions::Facts::for_targets(&targets);
+        let c = run_curves(&r).unwrap();
+        let Some(DsSchedule::WarmupLr { warmup_type, .. }) = c.ds else {
+            panic!("{:?}", c.ds)
+        };
+        assert_eq!(warmup_type, DsWarmupType::Log);
+    }
+
+    fn diagnostics(text: &str) -> Vec<Diagnostic> {
+        crate::check::check_source(text).diagnostics
+    }
+
+    const HEAD: &str = "model bert { from = \"m\", task = classify(labels: 2) }\ndata { train = \"t.jsonl\", samples = 80 }\nbatch { micro = 8 }\ntrain { epochs = 1 }\noptimizer adamw { lr = 1 }\n";
+
+    #[test]
+    fn lag_message_reproduces_the_spec_table() {
+        // §7 table, W = 4, T = 10 (80 samples / 8, one epoch), peak 1: DS WarmupDecayLR linear
+        // 0, 0, .25 against HF linear 0, .25, .5.
+        let d = diagnostics(&format!("{HEAD}schedule WarmupDecayLR {{ warmup = 4 }}\n"));
+        let lag = d.iter().find(|d| d.code == DS_LAG).expect("R0301");
+        assert!(
+            lag.message
+                .ends_with("is 0, 0, 0.25 (HF's `linear`: 0, 0.25, 0.5)"),
+            "{}",
+            lag.message
+        );
+        assert_eq!(d.len(), 1, "{d:#?}");
+    }
+
+    #[test]
+    fn warmup_below_two_replaces_the_lag() {
+        // W = 1, T = 10: W' = 2, so DS gives 0, 0, .5 (linear) where HF gives 0, 1, .889.
+        let d = diagnostics(&format!("{HEAD}schedule WarmupDecayLR {{ warmup = 1 }}\n"));
+        let codes: Vec<&str> = d.iter().map(|d| d.code).collect();
+        assert_eq!(codes, vec![DS_WARMUP_MIN_TWO]);
+        assert!(d[0].message.contains("max(2, 1) = 2"), "{}", d[0].message);
+        assert!(
+            d[0].message
+                .contains("is 0, 0, 0.5 where HF's `linear` gives 0, 1, 0.889"),
+            "{}",
+            d[0].message
+        );
+    }
+
+    #[test]
+    fn constant_warmup_lr_has_no_lag() {
+        let d = diagnostics(&format!(
+            "{HEAD}schedule WarmupLR {{ warmup = 4, min_lr = 1, max_lr = 1 }}\n"
+        ));
+        assert!(d.is_empty(), "{d:#?}");
+    }
+
+    #[test]
+    fn modelled_kwargs_follow_the_schema() {
+        assert_eq!(modelled_kwargs("polynomial"), vec!["power", "lr_end"]);
+        assert!(modelled_kwargs("cosine_with_min_lr").contains(&"min_lr_rate"));
+        assert!(modelled_kwargs("linear").is_empty());
+    }
+}

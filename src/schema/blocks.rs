@@ -557,6 +557,8 @@ pub static BLOCKS: &[BlockSpec] = &[
                 .default("1")
                 .ds("fp16.min_loss_scale"),
             key("seed", NON_NEGATIVE, "seed for initialisation, shuffling and dropout").default("42").hf("seed"),
+            key("script", Ty::Path, "the training script `launch.sh` runs (HF's text-classification example by default)")
+                .default("\"run_classification.py\""),
             key("output_dir", Ty::Path, "where checkpoints, metrics and logs go")
                 .default("\"out/<recipe name>\"")
                 .hf("output_dir"),

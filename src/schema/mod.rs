@@ -8,6 +8,7 @@
 pub mod blocks;
 pub mod types;
 pub mod upstream;
+pub mod upstream_versions;
 
 pub use blocks::BLOCKS;
 pub use types::{ArgSpec, CallSpec, Ty};

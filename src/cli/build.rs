@@ -1,0 +1,137 @@
+//! `recipe build FILE [-o DIR] [--auto]`: writes ds_config.json, training_args.json, launch.sh
+//! and recipe.lock. Everything is written to a temporary directory inside DIR first and renamed
+//! into place file by file; a recipe with errors writes nothing, and a failed write leaves the
+//! previous outputs as they were.
+
+use std::path::{Component, Path, PathBuf};
+
+use recipe::emit::{self, deepspeed::Style, Layout};
+
+use super::{load, RecipeFlags, FAILED, OK, USAGE};
+
+/// `to` relative to `from` (both absolute and canonical).
+fn relative(from: &Path, to: &Path) -> String {
+    let f: Vec<Component> = from.components().collect();
+    let t: Vec<Component> = to.components().collect();
+    let common = f.iter().zip(&t).take_while(|(a, b)| a == b).count();
+    let mut parts: Vec<String> = std::iter::repeat_n("..".to_string(), f.len() - common).collect();
+    parts.extend(
+        t[common..]
+            .iter()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned()),
+    );
+    if parts.is_empty() {
+        ".".into()
+    } else {
+        parts.join("/")
+    }
+}
+
+/// The flags as given, for the lock's input hash.
+fn flag_words(flags: &RecipeFlags) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(g) = flags.gpus {
+        out.push(format!("--gpus={g}"));
+    }
+    if let Some(n) = flags.nodes {
+        out.push(format!("--nodes={n}"));
+    }
+    if let Some(s) = flags.samples {
+        out.push(format!("--samples={s}"));
+    }
+    out.extend(flags.target.iter().map(|t| format!("--target={t}")));
+    out.extend(flags.set.iter().map(|s| format!("--set={s}")));
+    out
+}
+
+pub fn run(file: &Path, out: Option<&PathBuf>, auto: bool, flags: &RecipeFlags) -> i32 {
+    let (source, resolved, options) = match load(file, flags) {
+        Ok(loaded) => loaded,
+        Err(code) => return code,
+    };
+    // `load` lets rule errors through for explain/steps; a build refuses them.
+    let checked = recipe::check::check_source_with(&source.text, &options);
+    if checked.has_errors() {
+        eprintln!("{}: has errors; nothing written", source.name);
+        return FAILED;
+    }
+    let name = resolved.str("recipe.name").unwrap_or("recipe").to_string();
+    let out_dir = out
+        .cloned()
+        .unwrap_or_else(|| PathBuf::from("build").join(&name));
+    if let Err(e) = std::fs::create_dir_all(&out_dir) {
+        eprintln!("error: cannot create `{}`: {e}", out_dir.display());
+        return USAGE;
+    }
+    let (Ok(out_abs), Ok(recipe_abs)) = (
+        out_dir.canonicalize(),
+        options
+            .base_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("."))
+            .canonicalize(),
+    ) else {
+        eprintln!("error: cannot resolve the paths of `{}`", out_dir.display());
+        return USAGE;
+    };
+    let layout = Layout {
+        recipe_dir_from_out: relative(&out_abs, &recipe_abs),
+        out_dir_from_recipe: relative(&recipe_abs, &out_abs),
+    };
+    let style = if auto { Style::Auto } else { Style::Explicit };
+    let artefacts = emit::build(&resolved, &source, &flag_words(flags), &layout, style);
+    match write_all(&out_abs, &artefacts.files) {
+        Ok(()) => {
+            for (name, _) in &artefacts.files {
+                eprintln!("wrote {}", out_dir.join(name).display());
+            }
+            OK
+        }
+        Err(e) => {
+            eprintln!("error: cannot write to `{}`: {e}", out_dir.display());
+            USAGE
+        }
+    }
+}
+
+/// Writes every file into a temporary directory inside `dir`, then renames each into place.
+fn write_all(dir: &Path, files: &[(String, Vec<u8>)]) -> std::io::Result<()> {
+    let tmp = dir.join(format!(".recipe-build-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp)?;
+    let result = (|| {
+        for (name, bytes) in files {
+            let path = tmp.join(name);
+            std::fs::write(&path, bytes)?;
+            if name.ends_with(".sh") {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+            }
+            std::fs::File::open(&path)?.sync_all()?;
+        }
+        for (name, _) in files {
+            std::fs::rename(tmp.join(name), dir.join(name))?;
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&tmp);
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::relative;
+    use std::path::Path;
+
+    #[test]
+    fn relative_paths_between_directories() {
+        assert_eq!(
+            relative(Path::new("/a/b/build/cls"), Path::new("/a/b/recipes")),
+            "../../recipes"
+        );
+        assert_eq!(
+            relative(Path::new("/a/b/recipes"), Path::new("/a/b/build/cls")),
+            "../build/cls"
+        );
+        assert_eq!(relative(Path::new("/a"), Path::new("/a")), ".");
+    }
+}

@@ -1,0 +1,470 @@
+//! `ds_config.json`: the DeepSpeed config, from the resolved recipe only.
+//!
+//! Every key the run depends on is stated (no silent DeepSpeed defaults: clipping, accumulation,
+//! both precision sections, offload `device` and `pin_memory`, optimizer `params`, integer bucket
+//! sizes), with canonical DeepSpeed names for the target release (../shared/reference/
+//! ds_hf_rules.md §9). The values are the ones `training_args.json` carries, so HF's fill/match
+//! step (§2.1) finds nothing to change and nothing to reject. serde_json's map keeps keys sorted,
+//! so the output is byte-identical across runs.
+
+use serde_json::{json, Map, Value};
+
+use crate::resolve::{Resolved, Val};
+use crate::schedules::{self, Owner};
+
+/// How values that HF fills are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Style {
+    /// Concrete values everywhere (the default): nothing is left for HF to fill.
+    Explicit,
+    /// `"auto"` exactly where HF/accelerate of the target version fill the key (§2.2, §2.3).
+    Auto,
+}
+
+fn num(v: f64) -> Value {
+    if v.fract() == 0.0 && v.abs() < 9.0e15 {
+        json!(v as i64)
+    } else {
+        json!(v)
+    }
+}
+
+/// The DeepSpeed optimizer `type` for a recipe optimizer kind.
+pub fn optimizer_type(kind: &str) -> &'static str {
+    match kind {
+        "adamw" => "AdamW",
+        "adam" => "Adam",
+        "lamb" => "Lamb",
+        "lion" => "Lion",
+        "adagrad" => "Adagrad",
+        "onebitadam" => "OneBitAdam",
+        "zerooneadam" => "ZeroOneAdam",
+        "onebitlamb" => "OneBitLamb",
+        // torch.optim names are looked up with their exact case.
+        "sgd" => "SGD",
+        _ => "AdamW",
+    }
+}
+
+fn offload_section(v: Option<&Val>, pin_default: bool, param: bool) -> Option<Value> {
+    let v = v?;
+    let device = v.as_word()?;
+    if device == "none" {
+        return None;
+    }
+    let mut m = Map::new();
+    m.insert("device".into(), json!(device));
+    if let Some(path) = v.arg("path").and_then(Val::as_str) {
+        m.insert("nvme_path".into(), json!(path));
+    }
+    m.insert(
+        "pin_memory".into(),
+        json!(v
+            .arg("pin_memory")
+            .and_then(Val::as_bool)
+            .unwrap_or(pin_default)),
+    );
+    for (arg, key) in [
+        ("buffer_count", "buffer_count"),
+        ("buffer_size", "buffer_size"),
+        ("max_in_cpu", "max_in_cpu"),
+    ] {
+        if let Some(i) = v.arg(arg).and_then(Val::as_i64) {
+            m.insert(key.into(), json!(i));
+        }
+    }
+    for arg in ["pipeline_read", "pipeline_write", "fast_init"] {
+        if let Some(b) = v.arg(arg).and_then(Val::as_bool) {
+            m.insert(arg.into(), json!(b));
+        }
+    }
+    if !param {
+        if let Some(r) = v.arg("ratio").and_then(Val::as_f64) {
+            m.insert("ratio".into(), num(r));
+        }
+    }
+    Some(Value::Object(m))
+}
+
+/// The `zero_optimization` keys the target DeepSpeed release reads (the nearest sampled release
+/// not newer than the target; [`crate::schema::upstream_versions`]).
+fn zero_keys(r: &Resolved) -> &'static [&'static str] {
+    use crate::schema::upstream_versions::DEEPSPEED_ZERO_KEYS_BY_VERSION as KEYS;
+    let target = r.targets.deepspeed;
+    KEYS.iter()
+        .rev()
+        .find(|(v, _)| {
+            v.parse::<crate::versions::Version>()
+                .is_ok_and(|v| v <= target)
+        })
+        .unwrap_or(&KEYS[0])
+        .1
+}
+
+fn zero_section(r: &Resolved) -> Value {
+    let mut z = zero_section_all(r);
+    // Keys a release does not read are left out rather than written for nothing.
+    let known = zero_keys(r);
+    if let Value::Object(map) = &mut z {
+        map.retain(|k, _| known.contains(&k.as_str()));
+    }
+    z
+}
+
+fn zero_section_all(r: &Resolved) -> Value {
+    let stage = r.int("zero.stage").unwrap_or(0);
+    let mut z = Map::new();
+    z.insert("stage".into(), json!(stage));
+    if stage == 0 {
+        return Value::Object(z);
+    }
+    let b = |k: &str| json!(r.bool(k).unwrap_or(false));
+    let i = |k: &str| json!(r.int(k).unwrap_or(0));
+    let pin = r.facts.ds_pin_memory_default;
+    let offload_opt = offload_section(r.val("zero.offload optimizer"), pin, false);
+    if let Some(o) = offload_opt {
+        if r.facts.ds_offload_optimizer_section {
+            z.insert("offload_optimizer".into(), o);
+        } else {
+            // DeepSpeed < 0.3.15 only knows the legacy switch (R-Z01).
+            z.insert("cpu_offload".into(), json!(true));
+        }
+    }
+    z.insert("overlap_comm".into(), b("zero.overlap_comm"));
+    z.insert(
+        "contiguous_gradients".into(),
+        b("zero.contiguous_gradients"),
+    );
+    z.insert("reduce_scatter".into(), b("zero.reduce_scatter"));
+    z.insert("reduce_bucket_size".into(), i("zero.reduce_bucket"));
+    z.insert(
+        "allgather_partitions".into(),
+        b("zero.allgather_partitions"),
+    );
+    z.insert("allgather_bucket_size".into(), i("zero.allgather_bucket"));
+    z.insert(
+        "load_from_fp32_weights".into(),
+        b("zero.load_from_fp32_weights"),
+    );
+    if stage < 3 {
+        z.insert(
+            "round_robin_gradients".into(),
+            b("zero.round_robin_gradients"),
+        );
+        z.insert("elastic_checkpoint".into(), b("zero.elastic_checkpoint"));
+    }
+    if stage == 2 {
+        z.insert(
+            "ignore_unused_parameters".into(),
+            b("zero.ignore_unused_parameters"),
+        );
+    }
+    if stage == 3 {
+        if let Some(o) = offload_section(r.val("zero.offload param"), pin, true) {
+            z.insert("offload_param".into(), o);
+        }
+        z.insert("sub_group_size".into(), i("zero.sub_group_size"));
+        z.insert(
+            "stage3_prefetch_bucket_size".into(),
+            i("zero.prefetch_bucket"),
+        );
+        z.insert(
+            "stage3_param_persistence_threshold".into(),
+            i("zero.param_persistence_threshold"),
+        );
+        if r.is_given("zero.model_persistence_threshold") {
+            z.insert(
+                "stage3_model_persistence_threshold".into(),
+                i("zero.model_persistence_threshold"),
+            );
+        }
+        z.insert(
+            "stage3_max_live_parameters".into(),
+            i("zero.max_live_parameters"),
+        );
+        z.insert(
+            "stage3_max_reuse_distance".into(),
+            i("zero.max_reuse_distance"),
+        );
+        z.insert(
+            "stage3_gather_16bit_weights_on_model_save".into(),
+            b("zero.gather_16bit_weights_on_model_save"),
+        );
+    }
+    Value::Object(z)
+}
+
+fn optimizer_section(r: &Resolved, auto: bool) -> Option<Value> {
+    if r.word("optimizer.owner") != Some("deepspeed") {
+        return None;
+    }
+    let kind = r.word("optimizer.kind").unwrap_or("adamw");
+    let f = |k: &str| r.f64(k).unwrap_or(0.0);
+    let mut p = Map::new();
+    let hf_filled = |v: Value| if auto { json!("auto") } else { v };
+    p.insert("lr".into(), hf_filled(num(f("optimizer.lr"))));
+    if let Some(Val::List(betas)) = r.val("optimizer.betas") {
+        let b: Vec<Value> = betas
+            .iter()
+            .map(|x| num(x.as_f64().unwrap_or(0.0)))
+            .collect();
+        p.insert("betas".into(), hf_filled(Value::Array(b)));
+    }
+    if r.get("optimizer.eps").is_some() {
+        p.insert("eps".into(), hf_filled(num(f("optimizer.eps"))));
+    }
+    p.insert(
+        "weight_decay".into(),
+        hf_filled(num(f("optimizer.weight_decay"))),
+    );
+    for (key, name) in [
+        ("optimizer.bias_correction", "bias_correction"),
+        ("optimizer.amsgrad", "amsgrad"),
+        ("optimizer.torch_adam", "torch_adam"),
+        ("optimizer.nesterov", "nesterov"),
+    ] {
+        if let Some(b) = r.bool(key) {
+            p.insert(name.into(), json!(b));
+        }
+    }
+    for (key, name) in [
+        ("optimizer.momentum", "momentum"),
+        ("optimizer.max_coeff", "max_coeff"),
+        ("optimizer.min_coeff", "min_coeff"),
+    ] {
+        if let Some(x) = r.f64(key) {
+            p.insert(name.into(), num(x));
+        }
+    }
+    if let Some(x) = r.int("optimizer.freeze_step") {
+        p.insert("freeze_step".into(), json!(x));
+    }
+    match kind {
+        // DeepSpeed's "Adam" is AdamW unless told otherwise (R-P01): classic Adam is asked for.
+        "adam" => {
+            p.insert("adam_w_mode".into(), json!(false));
+        }
+        "adamw" => {
+            p.insert("adam_w_mode".into(), json!(true));
+        }
+        _ => {}
+    }
+    Some(json!({ "type": optimizer_type(kind), "params": Value::Object(p) }))
+}
+
+fn scheduler_section(r: &Resolved, auto: bool) -> Option<Value> {
+    let curves = schedules::curves(r)?;
+    if curves.owner != Owner::DeepSpeed {
+        return None;
+    }
+    let kind = r.word("schedule.kind")?;
+    let f = |k: &str, d: f64| r.f64(k).unwrap_or(d);
+    let total = curves.total;
+    // DeepSpeed ≥ 0.19.3 rejects a warmup_num_steps that is not a positive int; HF's own auto
+    // value is max(1, W) where it clamps (R-L03). W' = max(2, W) applies either way.
+    let warmup = if r.facts.ds_warmup_steps_positive_int || r.facts.hf_ds_warmup_at_least_one {
+        curves.warmup.max(1)
+    } else {
+        curves.warmup
+    };
+    let auto_or = |v: Value| if auto { json!("auto") } else { v };
+    let warmup_type = r.word("schedule.warmup_type").unwrap_or("linear");
+    let mut p = Map::new();
+    match kind {
+        "WarmupLR" | "WarmupDecayLR" => {
+            p.insert(
+                "warmup_min_lr".into(),
+                auto_or(num(f("schedule.min_lr", 0.0))),
+            );
+            p.insert(
+                "warmup_max_lr".into(),
+                auto_or(num(f("schedule.max_lr", curves.peak))),
+            );
+            p.insert("warmup_num_steps".into(), auto_or(json!(warmup)));
+            if r.facts.ds_has_warmup_type {
+                p.insert("warmup_type".into(), json!(warmup_type));
+            }
+            if kind == "WarmupDecayLR" {
+                p.insert("total_num_steps".into(), auto_or(json!(total)));
+            }
+        }
+        "WarmupCosineLR" => {
+            p.insert("total_num_steps".into(), auto_or(json!(total)));
+            p.insert(
+                "warmup_min_ratio".into(),
+                num(f("schedule.warmup_min_ratio", 0.0)),
+            );
+            p.insert(
+                "cos_min_ratio".into(),
+                num(f("schedule.cos_min_ratio", 0.0)),
+            );
+            p.insert("warmup_num_steps".into(), auto_or(json!(warmup)));
+            p.insert("warmup_type".into(), json!(warmup_type));
+        }
+        "OneCycle" => {
+            for (key, name, default) in [
+                ("schedule.cycle_min_lr", "cycle_min_lr", curves.peak / 10.0),
+                ("schedule.cycle_max_lr", "cycle_max_lr", curves.peak),
+                ("schedule.decay_lr_rate", "decay_lr_rate", 0.0),
+                (
+                    "schedule.cycle_first_step_size",
+                    "cycle_first_step_size",
+                    2000.0,
+                ),
+                (
+                    "schedule.cycle_first_stair_count",
+                    "cycle_first_stair_count",
+                    0.0,
+                ),
+                ("schedule.decay_step_size", "decay_step_size", 0.0),
+                ("schedule.cycle_min_mom", "cycle_min_mom", 0.8),
+                ("schedule.cycle_max_mom", "cycle_max_mom", 0.9),
+                ("schedule.decay_mom_rate", "decay_mom_rate", 0.0),
+            ] {
+                p.insert(name.into(), num(f(key, default)));
+            }
+            for (key, name) in [
+                ("schedule.cycle_second_step_size", "cycle_second_step_size"),
+                (
+                    "schedule.cycle_second_stair_count",
+                    "cycle_second_stair_count",
+                ),
+            ] {
+                if let Some(x) = r.f64(key) {
+                    p.insert(name.into(), num(x));
+                }
+            }
+            p.insert(
+                "cycle_momentum".into(),
+                json!(r.bool("schedule.cycle_momentum").unwrap_or(true)),
+            );
+        }
+        "LRRangeTest" => {
+            p.insert(
+                "lr_range_test_min_lr".into(),
+                num(f("schedule.start_lr", 1e-3)),
+            );
+            p.insert(
+                "lr_range_test_step_size".into(),
+                json!(r.int("schedule.step_size").unwrap_or(2000)),
+            );
+            p.insert(
+                "lr_range_test_step_rate".into(),
+                num(f("schedule.step_rate", 1.0)),
+            );
+            p.insert(
+                "lr_range_test_staircase".into(),
+                json!(r.bool("schedule.staircase").unwrap_or(false)),
+            );
+        }
+        _ => return None,
+    }
+    Some(json!({ "type": kind, "params": Value::Object(p) }))
+}
+
+/// Inserts `value` at a dotted path, creating objects on the way (raw `deepspeed { }` keys).
+pub(super) fn insert_path(root: &mut Map<String, Value>, path: &str, value: Value) {
+    let mut parts = path.split('.').peekable();
+    let mut node = root;
+    while let Some(part) = parts.next() {
+        if parts.peek().is_none() {
+            node.insert(part.to_string(), value);
+            return;
+        }
+        let entry = node
+            .entry(part.to_string())
+            .or_insert_with(|| Value::Object(Map::new()));
+        if !entry.is_object() {
+            *entry = Value::Object(Map::new());
+        }
+        node = entry.as_object_mut().expect("made an object above");
+    }
+}
+
+/// A recipe value as JSON.
+pub fn to_json(v: &Val) -> Value {
+    match v {
+        Val::Int(i) => json!(i),
+        Val::Float(f) => num(*f),
+        Val::Percent(p) => num(p / 100.0),
+        Val::Bool(b) => json!(b),
+        Val::Str(s) | Val::Word(s) => json!(s),
+        Val::List(items) => Value::Array(items.iter().map(to_json).collect()),
+        Val::Call { name, args } if args.is_empty() => json!(name),
+        Val::Call { args, .. } => {
+            Value::Object(args.iter().map(|(k, v)| (k.clone(), to_json(v))).collect())
+        }
+    }
+}
+
+/// The DeepSpeed config of a resolved recipe.
+pub fn config(r: &Resolved, style: Style) -> Value {
+    let auto = style == Style::Auto;
+    let auto_or = |v: Value| if auto { json!("auto") } else { v };
+    let int = |k: &str| json!(r.int(k).unwrap_or(0));
+    let mut c = Map::new();
+    c.insert("train_batch_size".into(), auto_or(int("batch.global")));
+    c.insert(
+        "train_micro_batch_size_per_gpu".into(),
+        auto_or(int("batch.micro")),
+    );
+    c.insert(
+        "gradient_accumulation_steps".into(),
+        auto_or(int("batch.accumulate")),
+    );
+    c.insert(
+        "gradient_clipping".into(),
+        auto_or(num(r.f64("train.clip").unwrap_or(1.0))),
+    );
+    c.insert("steps_per_print".into(), int("train.logging_steps"));
+    let precision = r.word("train.precision").unwrap_or("fp32");
+    let eval = r.word("train.eval_precision").unwrap_or(precision);
+    // HF fills fp16.enabled from `fp16 or fp16_full_eval` (and bf16 alike), §2.2.
+    let fp16 = precision == "fp16" || eval == "fp16";
+    let bf16 = precision == "bf16" || eval == "bf16";
+    let mut fp = Map::new();
+    fp.insert("enabled".into(), auto_or(json!(fp16)));
+    if fp16 {
+        let loss_scale = match r.val("train.loss_scale") {
+            Some(Val::Int(i)) => *i,
+            _ => 0, // dynamic
+        };
+        fp.insert("auto_cast".into(), json!(false));
+        fp.insert("loss_scale".into(), json!(loss_scale));
+        fp.insert(
+            "initial_scale_power".into(),
+            int("train.initial_scale_power"),
+        );
+        fp.insert("loss_scale_window".into(), int("train.loss_scale_window"));
+        fp.insert("hysteresis".into(), int("train.hysteresis"));
+        fp.insert(
+            "min_loss_scale".into(),
+            num(r.f64("train.min_loss_scale").unwrap_or(1.0)),
+        );
+    }
+    c.insert("fp16".into(), Value::Object(fp));
+    if let Some(key) = r.facts.ds_bf16_key {
+        c.insert(key.into(), json!({ "enabled": auto_or(json!(bf16)) }));
+    }
+    if r.word("train.fp16_backend") == Some("apex") && r.facts.hf_apex_amp {
+        c.insert("amp".into(), json!({ "enabled": auto_or(json!(fp16)) }));
+    }
+    c.insert("zero_optimization".into(), zero_section(r));
+    if let Some(o) = optimizer_section(r, auto) {
+        let kind = r.word("optimizer.kind").unwrap_or("adamw");
+        let tested = r.facts.ds_zero_supported_optimizers.contains(&kind);
+        c.insert("optimizer".into(), o);
+        if !tested && r.int("zero.stage").unwrap_or(0) >= 1 {
+            // DeepSpeed refuses optimizers outside its ZeRO-tested list without this (R-P02).
+            c.insert("zero_allow_untested_optimizer".into(), json!(true));
+        }
+    }
+    if let Some(s) = scheduler_section(r, auto) {
+        c.insert("scheduler".into(), s);
+    }
+    c.insert("wall_clock_breakdown".into(), json!(false));
+    for (path, value, _) in &r.raw_deepspeed {
+        insert_path(&mut c, path, to_json(value));
+    }
+    Value::Object(c)
+}

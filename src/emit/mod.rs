@@ -1,0 +1,64 @@
+//! Emitters: pure functions from a [`Resolved`] recipe to the artefacts `recipe build` writes.
+//! No I/O here; the CLI writes the files atomically.
+
+pub mod deepspeed;
+pub mod launch;
+pub mod lock;
+pub mod training_args;
+
+use crate::resolve::Resolved;
+use crate::source::SourceFile;
+
+/// What `recipe build` writes, in order (the lock last).
+#[derive(Debug, Clone)]
+pub struct Artefacts {
+    /// (file name, contents).
+    pub files: Vec<(String, Vec<u8>)>,
+}
+
+/// Where things are, for the paths written into the artefacts.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// The recipe's directory, relative to the output directory (for launch.sh's `cd`).
+    pub recipe_dir_from_out: String,
+    /// The output directory, relative to the recipe's directory (for `--deepspeed`).
+    pub out_dir_from_recipe: String,
+}
+
+fn pretty(v: &serde_json::Value) -> Vec<u8> {
+    let mut s = serde_json::to_string_pretty(v).expect("JSON values serialize");
+    s.push('\n');
+    s.into_bytes()
+}
+
+/// Builds every artefact of the DeepSpeed + HF target.
+pub fn build(
+    r: &Resolved,
+    source: &SourceFile,
+    flags: &[String],
+    layout: &Layout,
+    style: deepspeed::Style,
+) -> Artefacts {
+    let ds = deepspeed::config(r, style);
+    let ds_path = if layout.out_dir_from_recipe.is_empty() || layout.out_dir_from_recipe == "." {
+        "ds_config.json".to_string()
+    } else {
+        format!(
+            "{}/ds_config.json",
+            layout.out_dir_from_recipe.trim_end_matches('/')
+        )
+    };
+    let args = training_args::arguments(r, &ds_path);
+    let script = launch::script(r, &args, &layout.recipe_dir_from_out, &source.name);
+    let mut files = vec![
+        ("ds_config.json".to_string(), pretty(&ds)),
+        ("training_args.json".to_string(), pretty(&args)),
+        ("launch.sh".to_string(), script.into_bytes()),
+    ];
+    let lock = lock::lock(r, source, flags, &files);
+    files.push((
+        "recipe.lock".to_string(),
+        pretty(&serde_json::to_value(&lock).expect("the lock serializes")),
+    ));
+    Artefacts { files }
+}

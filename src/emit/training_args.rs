@@ -1,0 +1,194 @@
+//! `training_args.json`: the TrainingArguments of the target transformers release, from the
+//! same resolved values as `ds_config.json` (so HF's fill/match step agrees with DeepSpeed).
+//!
+//! Field names differ across releases (`evaluation_strategy` → `eval_strategy`, `warmup_ratio`
+//! → float `warmup_steps`, `gradient_checkpointing` → `activation_checkpointing`, …). Each field
+//! is written under the first of its names that the target release has, looked up in the field
+//! lists read from the released packages ([`crate::schema::upstream_versions`]); a field the
+//! release lacks is left out. No version numbers are compared here.
+
+use serde_json::{json, Map, Value};
+
+use crate::resolve::Resolved;
+use crate::schedules::{self, Owner};
+use crate::schema::upstream_versions::{HfFields, TRAINING_ARGUMENTS_BY_VERSION};
+use crate::versions::Version;
+
+use super::deepspeed::to_json;
+
+/// The field list of the newest sampled release not newer than `target` (the oldest sampled one
+/// for anything older).
+pub fn fields_for(target: Version) -> &'static HfFields {
+    let parse = |f: &HfFields| {
+        f.version
+            .parse::<Version>()
+            .expect("sampled versions parse")
+    };
+    TRAINING_ARGUMENTS_BY_VERSION
+        .iter()
+        .rev()
+        .find(|f| parse(f) <= target)
+        .unwrap_or(&TRAINING_ARGUMENTS_BY_VERSION[0])
+}
+
+fn has(fields: &HfFields, name: &str) -> bool {
+    fields
+        .fields
+        .binary_search_by(|(n, _)| n.cmp(&name))
+        .is_ok()
+}
+
+/// HF's `optim` value for a recipe optimizer kind (when HF builds the optimizer).
+pub fn hf_optim(kind: &str) -> &'static str {
+    match kind {
+        "sgd" => "sgd",
+        "adagrad" => "adagrad",
+        "adafactor" => "adafactor",
+        "lion" => "lion_32bit",
+        _ => "adamw_torch",
+    }
+}
+
+fn num(v: f64) -> Value {
+    if v.fract() == 0.0 && v.abs() < 9.0e15 {
+        json!(v as i64)
+    } else {
+        json!(v)
+    }
+}
+
+/// The TrainingArguments of a resolved recipe; `ds_config` is the path HF is given for the
+/// DeepSpeed config.
+pub fn arguments(r: &Resolved, ds_config: &str) -> Value {
+    let fields = fields_for(r.targets.transformers);
+    let mut a = Map::new();
+    // Writes the value under the first name the release has.
+    let mut put = |names: &[&str], value: Value| {
+        if let Some(name) = names.iter().find(|n| has(fields, n)) {
+            a.insert((*name).to_string(), value);
+        }
+    };
+    let int = |k: &str| json!(r.int(k).unwrap_or(0));
+    let f = |k: &str, d: f64| num(r.f64(k).unwrap_or(d));
+    put(
+        &["output_dir"],
+        json!(r.str("train.output_dir").unwrap_or("out")),
+    );
+    put(&["deepspeed"], json!(ds_config));
+    put(&["do_train"], json!(true));
+    put(&["do_eval"], json!(r.get("data.eval").is_some()));
+    put(&["per_device_train_batch_size"], int("batch.micro"));
+    put(&["per_device_eval_batch_size"], int("batch.eval_micro"));
+    put(&["gradient_accumulation_steps"], int("batch.accumulate"));
+    put(&["learning_rate"], f("optimizer.lr", 5e-5));
+    put(&["weight_decay"], f("optimizer.weight_decay", 0.0));
+    if let Some(crate::resolve::Val::List(betas)) = r.val("optimizer.betas") {
+        if let [b1, b2] = &betas[..] {
+            put(&["adam_beta1"], num(b1.as_f64().unwrap_or(0.9)));
+            put(&["adam_beta2"], num(b2.as_f64().unwrap_or(0.999)));
+        }
+    }
+    if r.get("optimizer.eps").is_some() {
+        put(&["adam_epsilon"], f("optimizer.eps", 1e-8));
+    }
+    put(&["max_grad_norm"], f("train.clip", 1.0));
+    put(&["num_train_epochs"], f("train.epochs", 3.0));
+    if let Some(m) = r.int("train.max_steps") {
+        put(&["max_steps"], json!(m));
+    }
+    // Whole warmup steps: the same number the DeepSpeed scheduler gets, and never a float in
+    // [0, 1) that transformers 5 would read as a ratio.
+    put(&["warmup_steps"], json!(r.int("steps.warmup").unwrap_or(0)));
+    if let Some(c) = schedules::curves(r) {
+        let hf_name = match c.owner {
+            Owner::Hf => r.word("schedule.kind"),
+            // DeepSpeed builds it; HF's field names the counterpart, for the record.
+            Owner::DeepSpeed => c.names().0,
+        };
+        if let Some(name) = hf_name {
+            put(&["lr_scheduler_type"], json!(name));
+        }
+        if c.owner == Owner::Hf {
+            let mut kw = Map::new();
+            for (key, name) in [
+                ("schedule.num_cycles", "num_cycles"),
+                ("schedule.power", "power"),
+                ("schedule.lr_end", "lr_end"),
+                ("schedule.timescale", "timescale"),
+                ("schedule.min_lr_ratio", "min_lr_ratio"),
+                ("schedule.factor", "factor"),
+                ("schedule.patience", "patience"),
+            ] {
+                if r.is_given(key) {
+                    kw.insert(name.into(), to_json(r.val(key).expect("given")));
+                }
+            }
+            if r.word("schedule.kind") == Some("cosine_with_min_lr") {
+                kw.insert("min_lr".into(), f("schedule.min_lr", 0.0));
+            }
+            if !kw.is_empty() {
+                put(&["lr_scheduler_kwargs"], Value::Object(kw));
+            }
+        }
+    }
+    let precision = r.word("train.precision").unwrap_or("fp32");
+    let eval = r.word("train.eval_precision").unwrap_or(precision);
+    put(&["fp16"], json!(precision == "fp16"));
+    put(&["bf16"], json!(precision == "bf16"));
+    put(
+        &["fp16_full_eval"],
+        json!(eval == "fp16" && precision != "fp16"),
+    );
+    put(
+        &["bf16_full_eval"],
+        json!(eval == "bf16" && precision != "bf16"),
+    );
+    if r.word("train.fp16_backend") == Some("apex") {
+        put(&["half_precision_backend", "fp16_backend"], json!("apex"));
+    }
+    put(&["seed"], int("train.seed"));
+    put(&["logging_steps"], int("train.logging_steps"));
+    for (key, strategy, steps) in [
+        (
+            "train.eval_every",
+            &["eval_strategy", "evaluation_strategy"][..],
+            "eval_steps",
+        ),
+        ("train.save_every", &["save_strategy"][..], "save_steps"),
+    ] {
+        match r.val(key) {
+            Some(v) if v.as_i64().is_some() => {
+                put(strategy, json!("steps"));
+                put(&[steps], json!(v.as_i64()));
+            }
+            Some(v) if v.as_word() == Some("never") => put(strategy, json!("no")),
+            _ => put(strategy, json!("epoch")),
+        }
+    }
+    put(
+        &["dataloader_drop_last"],
+        json!(r.bool("data.drop_last").unwrap_or(false)),
+    );
+    put(&["dataloader_num_workers"], int("data.workers"));
+    if r.bool("model.gradient_checkpointing") == Some(true) {
+        put(
+            &["activation_checkpointing", "gradient_checkpointing"],
+            json!(true),
+        );
+    }
+    if r.bool("train.auto_find_batch_size") == Some(true) {
+        put(&["auto_find_batch_size"], json!(true));
+    }
+    if r.word("optimizer.owner") == Some("hf") {
+        let kind = r.word("optimizer.kind").unwrap_or("adamw");
+        if has(fields, "optim") {
+            put(&["optim"], json!(hf_optim(kind)));
+        } else if kind == "adafactor" {
+            put(&["adafactor"], json!(true));
+        }
+    }
+    for (path, value, _) in &r.raw_hf {
+        super::deepspeed::insert_path(&mut a, path, to_json(value));
+    }
+    Value::Object(a)
+}

@@ -1,0 +1,188 @@
+//! Emitters: golden files for every example recipe, and "consistent by construction" checked the
+//! way HF checks it — a re-statement of transformers' `fill_match` mismatch rules (§2.1, Table A
+//! of ../shared/reference/ds_hf_rules.md) run over the emitted ds_config.json and
+//! training_args.json — plus "every emitted key exists in the target release".
+
+use std::path::PathBuf;
+
+use recipe::check::check_source_with;
+use recipe::emit::{self, deepspeed::Style, Layout};
+use recipe::resolve::{resolve, Options, Resolved};
+use recipe::schema::upstream_versions::DEEPSPEED_TOP_LEVEL_BY_VERSION;
+use recipe::SourceFile;
+use serde_json::Value;
+
+fn examples() -> Vec<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("recipes");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "rcp"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn resolved(path: &PathBuf) -> (SourceFile, Resolved) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let options = Options {
+        base_dir: path.parent().map(|p| p.to_path_buf()),
+        ..Options::default()
+    };
+    let checked = check_source_with(&text, &options);
+    assert!(
+        !checked.has_errors(),
+        "{}: {:#?}",
+        path.display(),
+        checked.diagnostics
+    );
+    let r = resolve(checked.file.as_ref().unwrap(), &options);
+    let name = format!("recipes/{}", path.file_name().unwrap().to_string_lossy());
+    (SourceFile::new(name, text), r)
+}
+
+fn layout() -> Layout {
+    Layout {
+        recipe_dir_from_out: "../../recipes".into(),
+        out_dir_from_recipe: "../build/x".into(),
+    }
+}
+
+#[test]
+fn artefacts_match_golden_files() {
+    for path in examples() {
+        let (source, r) = resolved(&path);
+        let artefacts = emit::build(&r, &source, &[], &layout(), Style::Explicit);
+        let stem = path.file_stem().unwrap().to_string_lossy().to_string();
+        for (name, bytes) in &artefacts.files {
+            let text = String::from_utf8(bytes.clone()).unwrap();
+            insta::assert_snapshot!(format!("{stem}__{name}"), text);
+        }
+    }
+}
+
+#[test]
+fn builds_are_byte_identical() {
+    for path in examples() {
+        let (source, r) = resolved(&path);
+        let a = emit::build(&r, &source, &[], &layout(), Style::Explicit);
+        let b = emit::build(&r, &source, &[], &layout(), Style::Explicit);
+        assert_eq!(a.files, b.files);
+    }
+}
+
+fn get<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
+    path.split('.').try_fold(v, |node, part| node.get(part))
+}
+
+/// Python's `!=` on the JSON values HF compares (ints and floats compare by value).
+fn differs(a: &Value, b: &Value) -> bool {
+    match (a.as_f64(), b.as_f64()) {
+        (Some(x), Some(y)) => x != y,
+        _ => a != b,
+    }
+}
+
+/// The HF side of each Table-A key that HF checks with must_match (transformers 5.24.0), from
+/// training_args.json and the resolved step accounting (HF computes max_steps and warmup itself).
+fn hf_values(args: &Value, r: &Resolved) -> Vec<(&'static str, Value)> {
+    let a = |k: &str| args.get(k).cloned().unwrap_or(Value::Null);
+    let world = r.int("cluster.world_size").unwrap();
+    let micro = a("per_device_train_batch_size").as_i64().unwrap();
+    let gas = a("gradient_accumulation_steps").as_i64().unwrap();
+    let warmup = a("warmup_steps").as_i64().unwrap();
+    let fp16 = a("fp16").as_bool().unwrap() || a("fp16_full_eval").as_bool().unwrap();
+    let bf16 = a("bf16").as_bool().unwrap() || a("bf16_full_eval").as_bool().unwrap();
+    vec![
+        (
+            "train_micro_batch_size_per_gpu",
+            a("per_device_train_batch_size"),
+        ),
+        (
+            "gradient_accumulation_steps",
+            a("gradient_accumulation_steps"),
+        ),
+        ("train_batch_size", Value::from(world * micro * gas)),
+        ("gradient_clipping", a("max_grad_norm")),
+        ("optimizer.params.lr", a("learning_rate")),
+        (
+            "optimizer.params.betas",
+            Value::from(vec![a("adam_beta1"), a("adam_beta2")]),
+        ),
+        ("optimizer.params.eps", a("adam_epsilon")),
+        ("optimizer.params.weight_decay", a("weight_decay")),
+        ("scheduler.params.warmup_max_lr", a("learning_rate")),
+        ("fp16.enabled", Value::from(fp16)),
+        ("bf16.enabled", Value::from(bf16)),
+        (
+            "scheduler.params.total_num_steps",
+            Value::from(r.int("steps.total").unwrap()),
+        ),
+        // T5: max(1, get_warmup_steps(max_steps)).
+        (
+            "scheduler.params.warmup_num_steps",
+            Value::from(warmup.max(1)),
+        ),
+    ]
+}
+
+#[test]
+fn hf_fill_match_finds_no_mismatch() {
+    for path in examples() {
+        let (source, r) = resolved(&path);
+        if r.targets.transformers != recipe::versions::Targets::newest().transformers {
+            continue; // the Table-A statement above is transformers 5.24.0's
+        }
+        let artefacts = emit::build(&r, &source, &[], &layout(), Style::Explicit);
+        let json = |name: &str| -> Value {
+            let (_, bytes) = artefacts.files.iter().find(|(n, _)| n == name).unwrap();
+            serde_json::from_slice(bytes).unwrap()
+        };
+        let (ds, args) = (json("ds_config.json"), json("training_args.json"));
+        for (key, hf) in hf_values(&args, &r) {
+            // fill_match: a missing key (or parent) is neither filled nor checked.
+            if let Some(dsv) = get(&ds, key) {
+                assert!(dsv != "auto", "{}: {key} left as auto", path.display());
+                assert!(
+                    !differs(dsv, &hf),
+                    "{}: ds {key}={dsv} vs hf {hf}",
+                    path.display()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_emitted_key_exists_in_the_target_release() {
+    for path in examples() {
+        let (source, r) = resolved(&path);
+        let artefacts = emit::build(&r, &source, &[], &layout(), Style::Explicit);
+        let json = |name: &str| -> Value {
+            let (_, bytes) = artefacts.files.iter().find(|(n, _)| n == name).unwrap();
+            serde_json::from_slice(bytes).unwrap()
+        };
+        let fields = recipe::emit::training_args::fields_for(r.targets.transformers);
+        for key in json("training_args.json").as_object().unwrap().keys() {
+            assert!(
+                fields.fields.iter().any(|(n, _)| n == key),
+                "{}: TrainingArguments {} has no field `{key}`",
+                path.display(),
+                fields.version
+            );
+        }
+        let ds_version = r.targets.deepspeed;
+        let (_, top) = DEEPSPEED_TOP_LEVEL_BY_VERSION
+            .iter()
+            .rev()
+            .find(|(v, _)| v.parse::<recipe::versions::Version>().unwrap() <= ds_version)
+            .unwrap_or(&DEEPSPEED_TOP_LEVEL_BY_VERSION[0]);
+        for key in json("ds_config.json").as_object().unwrap().keys() {
+            assert!(
+                top.contains(&key.as_str()),
+                "{}: DeepSpeed {ds_version} does not read `{key}`",
+                path.display()
+            );
+        }
+    }
+}
