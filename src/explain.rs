@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use crate::memory::{self, ModelSize, Offload};
+use crate::memory::{ModelSize, Offload};
 use crate::resolve::{Resolved, Source, Val};
 use crate::schedules::{self, LrStep, Owner};
 use crate::schema;
@@ -137,14 +137,6 @@ fn upstream_names(key: &str) -> (Option<&'static str>, Option<&'static str>) {
     }
 }
 
-fn offload(v: Option<&str>) -> Offload {
-    match v {
-        Some("cpu") => Offload::Cpu,
-        Some("nvme") => Offload::Nvme,
-        _ => Offload::None,
-    }
-}
-
 fn offload_name(o: Offload) -> &'static str {
     match o {
         Offload::None => "none",
@@ -154,40 +146,32 @@ fn offload_name(o: Offload) -> &'static str {
 }
 
 fn memory_section(r: &Resolved, size: ModelSize, from: String) -> MemorySection {
+    use crate::rules::zero::{estimate, to_offload, Choice, CHOICES};
     let g = r.uint("cluster.gpus").unwrap_or(1).max(1);
     let n = r.uint("cluster.nodes").unwrap_or(1).max(1);
-    let stage = r.uint("zero.stage").unwrap_or(0) as u8;
-    let opt = offload(r.word("zero.offload optimizer"));
-    let par = offload(r.word("zero.offload param"));
-    let formula = if r.facts.ds_zero2_estimate_new {
-        memory::Zero2Formula::Since0_14_3
-    } else {
-        memory::Zero2Formula::Before0_14_3
+    let chosen = Choice {
+        stage: r.uint("zero.stage").unwrap_or(0) as u8,
+        optimizer: to_offload(r.word("zero.offload optimizer")),
+        param: to_offload(r.word("zero.offload param")),
     };
-    let mut configs = vec![(stage, opt, par, true)];
-    for c in [
-        (0, Offload::None, Offload::None),
-        (1, Offload::None, Offload::None),
-        (2, Offload::None, Offload::None),
-        (2, Offload::Cpu, Offload::None),
-        (3, Offload::None, Offload::None),
-        (3, Offload::Cpu, Offload::None),
-        (3, Offload::Cpu, Offload::Cpu),
-    ] {
-        if (c.0, c.1, c.2) != (stage, opt, par) {
-            configs.push((c.0, c.1, c.2, false));
-        }
-    }
-    let estimates = configs
-        .into_iter()
-        .filter_map(|(s, o, p, chosen)| {
-            memory::estimate(s, o, p, size, g, n, true, formula).map(|e| Memory {
-                stage: s,
-                offload_optimizer: offload_name(o),
-                offload_param: offload_name(p),
+    let others = CHOICES
+        .iter()
+        .map(|&(stage, optimizer, param)| Choice {
+            stage,
+            optimizer,
+            param,
+        })
+        .filter(|c| *c != chosen);
+    let estimates = std::iter::once(chosen)
+        .chain(others)
+        .filter_map(|c| {
+            estimate(r, c, size).map(|e| Memory {
+                stage: c.stage,
+                offload_optimizer: offload_name(c.optimizer),
+                offload_param: offload_name(c.param),
                 per_gpu: e.per_gpu,
                 per_node_cpu: e.per_node_cpu,
-                chosen,
+                chosen: c == chosen,
             })
         })
         .collect();

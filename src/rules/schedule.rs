@@ -45,6 +45,8 @@ pub const FIRST_STEP_AT_PEAK: &str = "R0308";
 pub const SCHEDULE_TWICE: &str = "R0309";
 /// HF scheduler arguments next to a DeepSpeed schedule are ignored (R-H07, R-L06).
 pub const HF_SCHEDULER_ARGS_IGNORED: &str = "R0310";
+/// `max_lr` differs from the optimizer's lr: HF raises a mismatch at train start (R-A03).
+pub const PEAK_MISMATCH: &str = "R0311";
 
 /// This family's codes.
 pub const CODES: &[(&str, &str, &str)] = &[
@@ -97,6 +99,11 @@ pub const CODES: &[(&str, &str, &str)] = &[
         HF_SCHEDULER_ARGS_IGNORED,
         "hf-scheduler-args-ignored",
         "HF scheduler arguments next to a DeepSpeed schedule are ignored",
+    ),
+    (
+        PEAK_MISMATCH,
+        "peak-mismatch",
+        "a DeepSpeed warmup peaks at a max_lr other than the optimizer's lr",
     ),
 ];
 
@@ -334,6 +341,7 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
     if !is_deepspeed_schedule(kind) {
         return;
     }
+    peak_mismatch(r, kind, out);
     hf_args_ignored(r, kind, out);
     if kind == "OneCycle" {
         one_cycle_momentum(r, out);
@@ -880,6 +888,44 @@ fn hf_args_ignored(r: &Resolved, kind: &str, out: &mut Vec<Diagnostic>) {
     let what = if keys.len() == 1 { "it" } else { "them" };
     out.push(d.with_help(format!(
         "remove {what} from `hf {{ }}`; set the schedule's parameters in `schedule {kind} {{ … }}`"
+    )));
+}
+
+/// R-A03 (§2.1, Table A): HF checks `scheduler.params.warmup_max_lr` against `learning_rate` with
+/// must_match (transformers ≥ 4.24; `trainer_config_finalize` raises the recorded mismatch at
+/// train start), so a DeepSpeed warmup cannot peak anywhere but at the optimizer's lr.
+fn peak_mismatch(r: &Resolved, kind: &str, out: &mut Vec<Diagnostic>) {
+    if !matches!(kind, "WarmupLR" | "WarmupDecayLR") || !r.facts.hf_mismatch_checks {
+        return;
+    }
+    let (Some(max_lr), Some(lr)) = (r.f64("schedule.max_lr"), r.f64("optimizer.lr")) else {
+        return;
+    };
+    if !r.is_given("schedule.max_lr") || max_lr == lr {
+        return;
+    }
+    let mut d = Diagnostic::error(
+        PEAK_MISMATCH,
+        format!(
+            "`max_lr = {}` differs from the optimizer's lr {}: transformers {} stops at train start with \"ds scheduler.params.warmup_max_lr={} vs hf learning_rate={}\"",
+            fmt_f64(max_lr),
+            fmt_f64(lr),
+            r.targets.transformers,
+            fmt_f64(max_lr),
+            fmt_f64(lr)
+        ),
+        anchor(r, "schedule.max_lr"),
+    )
+    .with_label("HF requires this to equal learning_rate");
+    if let Some(span) = r.span("optimizer.lr") {
+        d = d.with_secondary(
+            span,
+            format!("lr = {}{}", fmt_f64(lr), origin(r, "optimizer.lr")),
+        );
+    }
+    out.push(d.with_help(format!(
+        "remove `max_lr` (it defaults to the optimizer's lr), or set `optimizer.lr = {}`",
+        fmt_f64(max_lr)
     )));
 }
 

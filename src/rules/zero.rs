@@ -28,6 +28,8 @@ pub const OFFLOAD_UNSUPPORTED: &str = "R0606";
 pub const RAW_ZERO_KEY: &str = "R0607";
 /// The model states alone fill most of a GPU (R-E01).
 pub const MEMORY: &str = "R0608";
+/// ZeRO-2 with reduce-scatter and gradient pre-scaling or pre-division (R-Z05).
+pub const REDUCE_SCATTER_PRESCALE: &str = "R0609";
 
 /// This family's codes.
 pub const CODES: &[(&str, &str, &str)] = &[
@@ -70,6 +72,11 @@ pub const CODES: &[(&str, &str, &str)] = &[
         MEMORY,
         "memory",
         "the model states alone need most of a GPU's memory",
+    ),
+    (
+        REDUCE_SCATTER_PRESCALE,
+        "reduce-scatter-prescale",
+        "ZeRO-2 reduce-scatter with prescale_gradients or gradient_predivide_factor",
     ),
 ];
 
@@ -205,7 +212,42 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
         zero3(r, out);
     }
     raw_keys(r, out);
+    if stage == 2 {
+        reduce_scatter_prescale(r, out);
+    }
     memory_estimate(r, stage, out);
+}
+
+/// R-Z05: ZeRO-2 with `reduce_scatter` (default true) asserts against gradient pre-scaling
+/// (deepspeedai/DeepSpeed@v0.19.5:deepspeed/runtime/zero/stage_1_and_2.py:
+/// DeepSpeedZeroOptimizer.__init__, guarded by `partition_gradients`, i.e. stage 2).
+fn reduce_scatter_prescale(r: &Resolved, out: &mut Vec<Diagnostic>) {
+    if r.bool("zero.reduce_scatter") == Some(false) {
+        return;
+    }
+    for (path, value, span) in &r.raw_deepspeed {
+        let message = match (path.as_str(), value) {
+            ("prescale_gradients", Val::Bool(true)) => {
+                "pre-scale gradients is not yet supported with ZeRO-2 with reduce scatter enabled"
+            }
+            ("gradient_predivide_factor", v) if v.as_f64().is_some_and(|f| f != 1.0) => {
+                "gradient_predivide_factor != 1.0 is not yet supported with ZeRO-2 with reduce scatter enabled"
+            }
+            _ => continue,
+        };
+        let mut d = Diagnostic::error(
+            REDUCE_SCATTER_PRESCALE,
+            format!("DeepSpeed stops at start: \"{message}\""),
+            *span,
+        )
+        .with_label(format!("{path} with ZeRO-2"));
+        if let Some(s) = r.span("zero.stage") {
+            d = d.with_secondary(s, "stage 2");
+        }
+        out.push(d.with_help(format!(
+            "remove `{path}`, or set `reduce_scatter = false` in `zero` (all-reduce instead)"
+        )));
+    }
 }
 
 fn ds_key(name: &str) -> &'static str {
@@ -499,10 +541,13 @@ pub fn model_size(r: &Resolved) -> Option<(ModelSize, String)> {
 
 /// One ZeRO configuration of the estimate.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct Choice {
-    stage: u8,
-    optimizer: Offload,
-    param: Offload,
+pub struct Choice {
+    /// ZeRO stage.
+    pub stage: u8,
+    /// Optimizer offload.
+    pub optimizer: Offload,
+    /// Parameter offload (stage 3).
+    pub param: Offload,
 }
 
 impl Choice {
@@ -526,7 +571,7 @@ impl Choice {
 }
 
 /// The configurations the help compares (DeepSpeed's estimator rows, §8).
-const CHOICES: &[(u8, Offload, Offload)] = &[
+pub const CHOICES: &[(u8, Offload, Offload)] = &[
     (0, Offload::None, Offload::None),
     (1, Offload::None, Offload::None),
     (2, Offload::None, Offload::None),
@@ -536,7 +581,8 @@ const CHOICES: &[(u8, Offload, Offload)] = &[
     (3, Offload::Cpu, Offload::Cpu),
 ];
 
-fn to_offload(word: Option<&str>) -> Offload {
+/// An offload word (`none`, `cpu`, `nvme`) as the estimators' enum.
+pub fn to_offload(word: Option<&str>) -> Offload {
     match word {
         Some("cpu") => Offload::Cpu,
         Some("nvme") => Offload::Nvme,
@@ -547,7 +593,7 @@ fn to_offload(word: Option<&str>) -> Offload {
 /// Model-states memory of one configuration (HF builds ZeRO-3 models under `zero.Init`).
 /// DeepSpeed has no ZeRO-1 estimator; ZeRO-1 keeps full 16-bit gradients on every GPU, so it
 /// needs at least the ZeRO-2 figure (§8): stage 1 is the larger of the paper's formula and that.
-fn estimate(r: &Resolved, c: Choice, size: ModelSize) -> Option<Estimate> {
+pub fn estimate(r: &Resolved, c: Choice, size: ModelSize) -> Option<Estimate> {
     if c.stage == 1 {
         let zero2 = estimate(r, Choice { stage: 2, ..c }, size)?;
         let paper = estimate_raw(r, c, size);
