@@ -44,7 +44,8 @@ pub fn samples(r: &mut Resolved, options: &Options) {
         "data.samples",
         Val::Int(rows as i64),
         Source::File {
-            what: format!("{rows} rows of {}", path.display()),
+            // The path as the recipe writes it: the lock must not depend on where it was built.
+            what: format!("{rows} rows of {train}"),
         },
     );
 }
@@ -72,8 +73,10 @@ pub fn model_config(r: &mut Resolved, options: &Options) {
         .map(str::to_string);
     let Some(dir) = dir else { return };
     let mut path = local(&dir, options);
+    let mut shown = dir.clone();
     if path.is_dir() {
         path = path.join("config.json");
+        shown = format!("{}/config.json", dir.trim_end_matches('/'));
     }
     let Ok(text) = std::fs::read_to_string(&path) else {
         return;
@@ -81,7 +84,7 @@ pub fn model_config(r: &mut Resolved, options: &Options) {
     let Ok(json) = serde_json::from_str::<serde_json::Value>(&text) else {
         return;
     };
-    model_size(r, &path, &json);
+    model_size(r, &shown, &json);
     if r.is_given("model.hidden_size") {
         return;
     }
@@ -99,7 +102,7 @@ pub fn model_config(r: &mut Resolved, options: &Options) {
             "model.hidden_size",
             Val::Int(h),
             Source::File {
-                what: format!("hidden_size of {}", path.display()),
+                what: format!("hidden_size of {shown}"),
             },
         );
     }
@@ -108,7 +111,7 @@ pub fn model_config(r: &mut Resolved, options: &Options) {
 /// `model.params` and `model.largest_layer`: the parameters of the sequence-classification model
 /// HF builds from a BERT-shaped config.json (`memory::bert_size`, with the task's labels), for
 /// the ZeRO memory estimate (ds_hf_rules.md §8, R-E01). Nothing when a shape field is missing.
-fn model_size(r: &mut Resolved, path: &Path, json: &serde_json::Value) {
+fn model_size(r: &mut Resolved, shown: &str, json: &serde_json::Value) {
     let get = |k: &str| json.get(k).and_then(serde_json::Value::as_u64);
     let (Some(vocab), Some(hidden), Some(layers), Some(intermediate), Some(positions)) = (
         get("vocab_size"),
@@ -134,7 +137,7 @@ fn model_size(r: &mut Resolved, path: &Path, json: &serde_json::Value) {
         num_labels: labels,
         pooler: true,
     });
-    let what = format!("a {labels}-label BERT classifier from {}", path.display());
+    let what = format!("a {labels}-label BERT classifier from {shown}");
     for (key, n, of) in [
         ("model.params", size.params, "parameters"),
         (
