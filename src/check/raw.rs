@@ -119,9 +119,11 @@ fn renamed_deepspeed(
     path: &[String],
 ) -> Option<&'static (&'static str, &'static str, &'static str, bool)> {
     let dotted = path.join(".");
-    upstream::DEEPSPEED_RENAMED
-        .iter()
-        .find(|(old, ..)| dotted == *old || dotted.starts_with(&format!("{old}.")))
+    upstream::DEEPSPEED_RENAMED.iter().find(|(old, ..)| {
+        dotted
+            .strip_prefix(old)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+    })
 }
 
 fn deepspeed_key(path: &[String], span: Span) -> Option<Diagnostic> {

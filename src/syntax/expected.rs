@@ -19,9 +19,7 @@ fn words(rule: Rule) -> Option<&'static str> {
         Rule::block_label => "a label such as `bert`, `2` or `\"name\"`",
         Rule::body | Rule::lbrace => "`{`",
         Rule::rbrace => "`}`",
-        Rule::entries | Rule::entry | Rule::item | Rule::section | Rule::key | Rule::key_word => {
-            "an item (`key = value`)"
-        }
+        Rule::entries | Rule::entry | Rule::key | Rule::key_word => "an item (`key = value`)",
         Rule::eq => "`=`",
         Rule::dot => "`.`",
         Rule::value | Rule::call | Rule::tuple | Rule::list | Rule::arg => "a value",

@@ -203,23 +203,22 @@ impl Builder {
     }
 
     fn entry(&mut self, pair: Pair<Rule>) -> Entry {
-        let inner = pair.into_inner().next().expect("entry has one alternative");
-        let entry_span = span(&inner);
-        let rule = inner.as_rule();
-        let mut parts = meaningful(inner);
+        let entry_span = span(&pair);
+        let mut parts = meaningful(pair);
         let key = self.key(parts.next().expect("entry has a key"));
         let rest = parts.next().expect("entry has a value or body");
-        match rule {
-            Rule::item => Entry::Item(Item {
-                key,
-                value: self.value(rest),
-                span: entry_span,
-            }),
-            _ => Entry::Section(Section {
+        if rest.as_rule() == Rule::body {
+            Entry::Section(Section {
                 key,
                 body: self.body(rest),
                 span: entry_span,
-            }),
+            })
+        } else {
+            Entry::Item(Item {
+                key,
+                value: self.value(rest),
+                span: entry_span,
+            })
         }
     }
 
