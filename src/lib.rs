@@ -11,6 +11,7 @@ pub mod diagnostic;
 pub mod emit;
 pub mod explain;
 pub mod format;
+pub mod import;
 pub mod lr;
 pub mod memory;
 pub mod resolve;

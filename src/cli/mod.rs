@@ -7,6 +7,7 @@ mod check;
 mod diff;
 mod explain;
 mod fmt;
+mod import;
 mod steps;
 
 use std::io::IsTerminal;
@@ -108,10 +109,27 @@ enum Command {
         /// Recipe file or plan.json.
         file: PathBuf,
     },
-    /// (not built yet) Turn a DeepSpeed config (+ TrainingArguments) into a recipe.
+    /// Turn a DeepSpeed config (+ TrainingArguments) into a recipe on stdout, and check it.
     Import {
         /// ds_config.json.
         file: PathBuf,
+        /// The TrainingArguments that go with it (JSON), for its "auto" values.
+        #[arg(long, value_name = "training_args.json")]
+        args: Option<PathBuf>,
+        /// The model (hub id or directory); the configs do not say.
+        #[arg(long)]
+        model: Option<String>,
+        /// The training file; the configs do not say.
+        #[arg(long)]
+        train: Option<String>,
+        /// The evaluation file, if any.
+        #[arg(long)]
+        eval: Option<String>,
+        /// Number of classes of the classifier.
+        #[arg(long)]
+        labels: Option<u64>,
+        #[command(flatten)]
+        flags: RecipeFlags,
     },
 }
 
@@ -224,7 +242,15 @@ pub fn main() -> i32 {
         } => build::run(&file, out.as_ref(), auto, &flags),
         Command::Diff { a, b, format } => diff::run(&a, &b, format),
         Command::Run { .. } => not_built("run", 5),
-        Command::Import { .. } => not_built("import", 4),
+        Command::Import {
+            file,
+            args,
+            model,
+            train,
+            eval,
+            labels,
+            flags,
+        } => import::run(&file, args.as_ref(), model, train, eval, labels, &flags),
     }
 }
 

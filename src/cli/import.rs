@@ -1,0 +1,81 @@
+//! `recipe import ds_config.json [--args training_args.json]`: the recipe on stdout, its check on
+//! stderr (exit 1 when the imported setup has errors: the linter use).
+
+use std::path::{Path, PathBuf};
+
+use recipe::diagnostic::render_human;
+use recipe::import::{import, Inputs};
+use recipe::SourceFile;
+
+use super::{style, RecipeFlags, FAILED, OK, USAGE};
+
+fn read_json(path: &Path) -> Result<serde_json::Value, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("`{}` is not JSON: {e}", path.display()))
+}
+
+pub fn run(
+    file: &Path,
+    args: Option<&PathBuf>,
+    model: Option<String>,
+    train: Option<String>,
+    eval: Option<String>,
+    labels: Option<u64>,
+    flags: &RecipeFlags,
+) -> i32 {
+    let ds = match read_json(file) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return USAGE;
+        }
+    };
+    let hf = match args.map(|p| read_json(p)).transpose() {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return USAGE;
+        }
+    };
+    let mut origin = file.display().to_string();
+    if let Some(a) = args {
+        origin.push_str(&format!(" and {}", a.display()));
+    }
+    let options = match flags.options(Path::new("-")) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return USAGE;
+        }
+    };
+    let inputs = Inputs {
+        targets: options
+            .targets
+            .iter()
+            .map(|(lib, v)| (lib.key().to_string(), v.to_string()))
+            .collect(),
+        model,
+        train,
+        eval,
+        samples: flags.samples,
+        labels,
+        gpus: flags.gpus,
+        nodes: flags.nodes,
+        origin,
+    };
+    let text = import(&ds, hf.as_ref(), &inputs);
+    print!("{text}");
+    // Check what was imported, against the generated text (its `target` line already holds
+    // the --target versions).
+    let source = SourceFile::new("<imported>", text);
+    let checked = recipe::check::check_source_with(&source.text, &options);
+    for d in &checked.diagnostics {
+        eprint!("{}", render_human(d, &source, style()));
+    }
+    if checked.has_errors() {
+        FAILED
+    } else {
+        OK
+    }
+}

@@ -1,0 +1,600 @@
+//! `recipe import`: an existing DeepSpeed config (and optionally the TrainingArguments that go
+//! with it) turned into a recipe. Keys the language models become items; `"auto"` values are
+//! taken from the TrainingArguments, as HF would fill them (§2.2); everything else goes to the
+//! raw `deepspeed { }` / `hf { }` blocks, where the checker still validates it. The result is
+//! checked like any recipe, so importing doubles as a linter for configs people already have.
+
+use serde_json::{Map, Value};
+
+use crate::format;
+
+/// What the configs do not say: the model and the data (script arguments).
+#[derive(Debug, Clone, Default)]
+pub struct Inputs {
+    /// `model.from`; a placeholder when not given.
+    pub model: Option<String>,
+    /// `data.train`; a placeholder when not given.
+    pub train: Option<String>,
+    /// `data.eval`, if evaluation data goes with it.
+    pub eval: Option<String>,
+    /// `data.samples`, when the training file is not at hand.
+    pub samples: Option<u64>,
+    /// Number of labels of the classifier.
+    pub labels: Option<u64>,
+    /// GPUs per node and nodes (the configs do not say either).
+    pub gpus: Option<u64>,
+    /// Nodes.
+    pub nodes: Option<u64>,
+    /// Target versions the configs were written for (`target` line), e.g. ("deepspeed", "0.3.16").
+    pub targets: Vec<(String, String)>,
+    /// Where the configs came from, for the header comment.
+    pub origin: String,
+}
+
+/// A recipe value written from JSON.
+fn lit(v: &Value) -> String {
+    match v {
+        Value::String(s) => format::quote(s),
+        Value::Number(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        Value::Null => "null".into(),
+        Value::Array(items) => {
+            format!("[{}]", items.iter().map(lit).collect::<Vec<_>>().join(", "))
+        }
+        Value::Object(_) => format::quote(&v.to_string()),
+    }
+}
+
+fn is_auto(v: Option<&Value>) -> bool {
+    v.and_then(Value::as_str) == Some("auto")
+}
+
+/// The JSON value at a dotted path.
+fn at<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
+    path.split('.').try_fold(v, |node, part| node.get(part))
+}
+
+struct Builder<'a> {
+    ds: Map<String, Value>,
+    args: Map<String, Value>,
+    comments: Vec<String>,
+    _inputs: &'a Inputs,
+}
+
+impl Builder<'_> {
+    /// Takes a DeepSpeed key out of the config (so it is not copied raw), resolving `"auto"`
+    /// from the TrainingArguments field that fills it.
+    fn ds(&mut self, path: &str, hf: Option<&str>) -> Option<Value> {
+        let v = take(&mut self.ds, path)?;
+        if is_auto(Some(&v)) {
+            return hf.and_then(|f| self.args.get(f).cloned());
+        }
+        Some(v)
+    }
+
+    /// Takes a TrainingArguments field.
+    fn hf(&mut self, field: &str) -> Option<Value> {
+        self.args.remove(field)
+    }
+}
+
+/// Removes the value at a dotted path, pruning emptied parents.
+fn take(map: &mut Map<String, Value>, path: &str) -> Option<Value> {
+    match path.split_once('.') {
+        None => map.remove(path),
+        Some((head, rest)) => {
+            let child = map.get_mut(head)?.as_object_mut()?;
+            let v = take(child, rest);
+            if child.is_empty() {
+                map.remove(head);
+            }
+            v
+        }
+    }
+}
+
+fn num(v: &Value) -> Option<f64> {
+    v.as_f64()
+}
+
+fn items(pairs: &[(String, String)]) -> String {
+    if pairs.is_empty() {
+        return String::new();
+    }
+    let width = pairs.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    let mut out = String::from(" {\n");
+    for (k, v) in pairs {
+        out.push_str(&format!("  {k:<width$} = {v}\n"));
+    }
+    out.push('}');
+    out
+}
+
+fn raw_lines(map: &Map<String, Value>, prefix: &str, out: &mut Vec<(String, String)>) {
+    for (k, v) in map {
+        let key = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        match v {
+            Value::Object(m) if !m.is_empty() => raw_lines(m, &key, out),
+            _ => out.push((key, lit(v))),
+        }
+    }
+}
+
+/// The recipe for a DeepSpeed config and optional TrainingArguments.
+pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
+    let mut b = Builder {
+        ds: ds.as_object().cloned().unwrap_or_default(),
+        args: args.and_then(Value::as_object).cloned().unwrap_or_default(),
+        comments: Vec::new(),
+        _inputs: inputs,
+    };
+    // HF owns these; they say nothing about the run.
+    b.hf("deepspeed");
+    b.hf("do_train");
+    b.hf("do_eval");
+    let mut out = String::new();
+    out.push_str(&format!(
+        "# Imported by `recipe import` from {}.\n",
+        inputs.origin
+    ));
+    out.push_str("recipe \"imported\"\n");
+    if !inputs.targets.is_empty() {
+        let pairs: Vec<String> = inputs
+            .targets
+            .iter()
+            .map(|(lib, v)| format!("{lib} {}", format::quote(v)))
+            .collect();
+        out.push_str(&format!("target {}\n", pairs.join(", ")));
+    }
+    out.push('\n');
+
+    // model / data: the configs do not say; placeholders are marked.
+    let model = inputs.model.clone().unwrap_or_else(|| {
+        b.comments
+            .push("model.from is a placeholder: give --model".into());
+        "MODEL".into()
+    });
+    let labels = inputs.labels.unwrap_or(2);
+    let model_items = vec![
+        ("from".to_string(), format::quote(&model)),
+        ("task".to_string(), format!("classify(labels: {labels})")),
+    ];
+    out.push_str(&format!("model bert{}\n\n", items(&model_items)));
+    let train = inputs.train.clone().unwrap_or_else(|| {
+        b.comments
+            .push("data.train is a placeholder: give --train".into());
+        "train.jsonl".into()
+    });
+    let mut data = vec![("train".to_string(), format::quote(&train))];
+    if let Some(e) = &inputs.eval {
+        data.push(("eval".into(), format::quote(e)));
+    }
+    if let Some(n) = inputs.samples {
+        data.push(("samples".into(), n.to_string()));
+    }
+    if let Some(v) = b.hf("dataloader_drop_last") {
+        data.push(("drop_last".into(), lit(&v)));
+    }
+    if let Some(v) = b.hf("dataloader_num_workers") {
+        data.push(("workers".into(), lit(&v)));
+    }
+    out.push_str(&format!("data{}\n\n", items(&data)));
+
+    // batch: DeepSpeed's keys, "auto" filled from the arguments; train_batch_size kept only
+    // when it was written as a number (so the checker verifies it).
+    let mut batch = Vec::new();
+    let global_written = at(ds, "train_batch_size").is_some_and(|v| !is_auto(Some(v)));
+    let micro = b
+        .ds(
+            "train_micro_batch_size_per_gpu",
+            Some("per_device_train_batch_size"),
+        )
+        .or_else(|| b.args.get("per_device_train_batch_size").cloned());
+    b.hf("per_device_train_batch_size");
+    let gas = b
+        .ds(
+            "gradient_accumulation_steps",
+            Some("gradient_accumulation_steps"),
+        )
+        .or_else(|| b.args.get("gradient_accumulation_steps").cloned());
+    b.hf("gradient_accumulation_steps");
+    let global = b.ds("train_batch_size", None);
+    if let Some(m) = micro {
+        batch.push(("micro".to_string(), lit(&m)));
+    }
+    if let Some(g) = gas {
+        batch.push(("accumulate".to_string(), lit(&g)));
+    }
+    if let (true, Some(t)) = (global_written, global) {
+        batch.push(("global".to_string(), lit(&t)));
+    }
+    if let Some(e) = b.hf("per_device_eval_batch_size") {
+        batch.push(("eval_micro".to_string(), lit(&e)));
+    }
+    out.push_str(&format!("batch{}\n\n", items(&batch)));
+
+    // optimizer
+    let ds_opt_type = b.ds("optimizer.type", None);
+    let mut opt = Vec::new();
+    let kind = match ds_opt_type.as_ref().and_then(Value::as_str) {
+        Some(t) => match t.to_ascii_lowercase().as_str() {
+            "adam" => {
+                // DeepSpeed's Adam is AdamW unless adam_w_mode is false (R-P01).
+                let w = b.ds("optimizer.params.adam_w_mode", None);
+                if w.and_then(|v| v.as_bool()) == Some(false) {
+                    "adam"
+                } else {
+                    "adamw"
+                }
+            }
+            "adamw" => {
+                b.ds("optimizer.params.adam_w_mode", None);
+                "adamw"
+            }
+            "lamb" => "lamb",
+            "lion" => "lion",
+            "adagrad" => "adagrad",
+            "onebitadam" => "onebitadam",
+            "zerooneadam" => "zerooneadam",
+            "onebitlamb" => "onebitlamb",
+            "sgd" => "sgd",
+            _ => "adamw",
+        },
+        None => {
+            opt.push(("owner".to_string(), "hf".to_string()));
+            match b.args.get("optim").and_then(Value::as_str) {
+                Some(o) if o.starts_with("sgd") => "sgd",
+                Some(o) if o.starts_with("adagrad") => "adagrad",
+                Some(o) if o.starts_with("adafactor") => "adafactor",
+                Some(o) if o.starts_with("lion") => "lion",
+                _ => "adamw",
+            }
+        }
+    };
+    b.hf("optim");
+    let lr = b.ds("optimizer.params.lr", Some("learning_rate"));
+    let lr = lr.or_else(|| b.args.get("learning_rate").cloned());
+    b.hf("learning_rate");
+    if let Some(v) = lr {
+        opt.insert(0, ("lr".into(), lit(&v)));
+    }
+    let betas = b.ds("optimizer.params.betas", None);
+    let (b1, b2) = (b.hf("adam_beta1"), b.hf("adam_beta2"));
+    let betas = match betas {
+        Some(Value::Array(v)) if v.len() == 2 => Some((v[0].clone(), v[1].clone())),
+        _ => b1.zip(b2),
+    };
+    if let Some((x, y)) = betas {
+        opt.push(("betas".into(), format!("({}, {})", lit(&x), lit(&y))));
+    }
+    let eps = b.ds("optimizer.params.eps", Some("adam_epsilon"));
+    let eps = eps.or_else(|| b.args.get("adam_epsilon").cloned());
+    b.hf("adam_epsilon");
+    if let Some(v) = eps {
+        opt.push(("eps".into(), lit(&v)));
+    }
+    let wd = b.ds("optimizer.params.weight_decay", Some("weight_decay"));
+    let wd = wd.or_else(|| b.args.get("weight_decay").cloned());
+    b.hf("weight_decay");
+    if let Some(v) = wd {
+        opt.push(("weight_decay".into(), lit(&v)));
+    }
+    for (param, key) in [
+        ("bias_correction", "bias_correction"),
+        ("amsgrad", "amsgrad"),
+        ("torch_adam", "torch_adam"),
+        ("momentum", "momentum"),
+        ("nesterov", "nesterov"),
+        ("freeze_step", "freeze_step"),
+        ("max_coeff", "max_coeff"),
+        ("min_coeff", "min_coeff"),
+    ] {
+        if let Some(v) = b.ds(&format!("optimizer.params.{param}"), None) {
+            opt.push((key.into(), lit(&v)));
+        }
+    }
+    out.push_str(&format!("optimizer {kind}{}\n\n", items(&opt)));
+
+    // schedule: DeepSpeed's section if present, else HF's lr_scheduler_type.
+    let total_auto = b.ds("scheduler.params.total_num_steps", None);
+    let _ = total_auto; // derived from the step accounting
+    let sched_type = b.ds("scheduler.type", None);
+    let warmup_steps_arg = b.hf("warmup_steps");
+    let warmup_ratio_arg = b.hf("warmup_ratio");
+    let mut sched = Vec::new();
+    let kind = match sched_type.as_ref().and_then(Value::as_str) {
+        Some(t) => {
+            let w = b.ds("scheduler.params.warmup_num_steps", None);
+            let w = match w {
+                Some(Value::String(s)) if s == "auto" => warmup_steps_arg.clone(),
+                other => other,
+            };
+            if let Some(v) = w {
+                sched.push(("warmup".to_string(), lit(&v)));
+            }
+            for (param, key) in [
+                ("warmup_type", "warmup_type"),
+                ("warmup_min_lr", "min_lr"),
+                ("warmup_max_lr", "max_lr"),
+                ("warmup_min_ratio", "warmup_min_ratio"),
+                ("cos_min_ratio", "cos_min_ratio"),
+                ("cycle_min_lr", "cycle_min_lr"),
+                ("cycle_max_lr", "cycle_max_lr"),
+                ("cycle_first_step_size", "cycle_first_step_size"),
+                ("cycle_second_step_size", "cycle_second_step_size"),
+                ("cycle_first_stair_count", "cycle_first_stair_count"),
+                ("cycle_second_stair_count", "cycle_second_stair_count"),
+                ("decay_lr_rate", "decay_lr_rate"),
+                ("decay_step_size", "decay_step_size"),
+                ("cycle_momentum", "cycle_momentum"),
+                ("cycle_min_mom", "cycle_min_mom"),
+                ("cycle_max_mom", "cycle_max_mom"),
+                ("decay_mom_rate", "decay_mom_rate"),
+                ("lr_range_test_min_lr", "start_lr"),
+                ("lr_range_test_step_size", "step_size"),
+                ("lr_range_test_step_rate", "step_rate"),
+                ("lr_range_test_staircase", "staircase"),
+            ] {
+                let v = b.ds(&format!("scheduler.params.{param}"), None);
+                match v {
+                    // `"auto"` min/max lr are HF's 0 and learning_rate: the recipe's defaults.
+                    Some(Value::String(s)) if s == "auto" => {}
+                    Some(Value::String(s)) if key == "warmup_type" => {
+                        sched.push((key.into(), s));
+                    }
+                    Some(v) => sched.push((key.into(), lit(&v))),
+                    None => {}
+                }
+            }
+            // DeepSpeed's own default warmup is log; say so rather than inherit the recipe's.
+            if !sched.iter().any(|(k, _)| k == "warmup_type")
+                && matches!(t, "WarmupLR" | "WarmupDecayLR" | "WarmupCosineLR")
+            {
+                sched.push(("warmup_type".into(), "log".into()));
+            }
+            b.hf("lr_scheduler_type");
+            t.to_string()
+        }
+        None => {
+            let name = b
+                .hf("lr_scheduler_type")
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_else(|| "linear".into());
+            let ratio = warmup_ratio_arg.as_ref().and_then(num).filter(|r| *r > 0.0);
+            let steps = warmup_steps_arg.as_ref().and_then(num).filter(|s| *s > 0.0);
+            match (steps, ratio) {
+                (Some(s), _) if s >= 1.0 => sched.push(("warmup".into(), format!("{}", s as i64))),
+                (Some(s), _) => sched.push(("warmup".into(), format!("{}%", s * 100.0))),
+                (None, Some(r)) => sched.push(("warmup".into(), format!("{}%", r * 100.0))),
+                _ => {}
+            }
+            if let Some(Value::Object(kw)) = b.hf("lr_scheduler_kwargs") {
+                for (k, v) in kw {
+                    let key = if k == "num_decay_steps" {
+                        "decay".to_string()
+                    } else {
+                        k
+                    };
+                    sched.push((key, lit(&v)));
+                }
+            }
+            name
+        }
+    };
+    out.push_str(&format!("schedule {kind}{}\n\n", items(&sched)));
+
+    // train
+    let mut train = Vec::new();
+    if let Some(v) = b.hf("num_train_epochs") {
+        train.push(("epochs".to_string(), lit(&v)));
+    }
+    if let Some(v) = b
+        .hf("max_steps")
+        .filter(|v| num(v).is_some_and(|s| s > 0.0))
+    {
+        train.push(("max_steps".into(), lit(&v)));
+    }
+    let clip = b.ds("gradient_clipping", Some("max_grad_norm"));
+    let clip = clip.or_else(|| b.args.get("max_grad_norm").cloned());
+    b.hf("max_grad_norm");
+    if let Some(v) = clip {
+        train.push(("clip".into(), lit(&v)));
+    }
+    let fp16_args = b.hf("fp16").and_then(|v| v.as_bool()).unwrap_or(false);
+    let bf16_args = b.hf("bf16").and_then(|v| v.as_bool()).unwrap_or(false);
+    let enabled = |b: &mut Builder, key: &str, arg: bool| match b.ds(key, None) {
+        Some(Value::Bool(x)) => x,
+        _ => arg, // absent or "auto": HF's argument decides
+    };
+    let fp16 = enabled(&mut b, "fp16.enabled", fp16_args);
+    let bf16 =
+        enabled(&mut b, "bf16.enabled", bf16_args) || enabled(&mut b, "bfloat16.enabled", false);
+    let precision = if fp16 {
+        "fp16"
+    } else if bf16 {
+        "bf16"
+    } else {
+        "fp32"
+    };
+    train.push(("precision".into(), precision.into()));
+    for (param, key) in [
+        ("initial_scale_power", "initial_scale_power"),
+        ("loss_scale_window", "loss_scale_window"),
+        ("hysteresis", "hysteresis"),
+        ("min_loss_scale", "min_loss_scale"),
+    ] {
+        if let Some(v) = b.ds(&format!("fp16.{param}"), None) {
+            if fp16 {
+                train.push((key.into(), lit(&v)));
+            }
+        }
+    }
+    if let Some(v) = b.ds("fp16.loss_scale", None) {
+        if fp16 {
+            let fixed = num(&v).filter(|x| *x > 0.0);
+            train.push((
+                "loss_scale".into(),
+                fixed.map_or("dynamic".into(), |x| format!("{}", x as i64)),
+            ));
+        }
+    }
+    b.ds("fp16.auto_cast", None);
+    let logging = b.args.get("logging_steps").cloned();
+    for f in [
+        "seed",
+        "logging_steps",
+        "output_dir",
+        "auto_find_batch_size",
+    ] {
+        if let Some(v) = b.hf(f) {
+            train.push((f.into(), lit(&v)));
+        }
+    }
+    // The compiler writes steps_per_print from logging_steps; another value stays raw.
+    if let Some(v) = b.ds("steps_per_print", None) {
+        if Some(&v) != logging.as_ref() {
+            b.ds.insert("steps_per_print".into(), v);
+        }
+    }
+    for (strategy, steps, key) in [
+        ("eval_strategy", "eval_steps", "eval_every"),
+        ("save_strategy", "save_steps", "save_every"),
+    ] {
+        // `evaluation_strategy` before transformers 4.41.
+        let old = (strategy == "eval_strategy").then_some("evaluation_strategy");
+        let s = b.hf(strategy).or_else(|| old.and_then(|o| b.hf(o)));
+        let n = b.hf(steps);
+        match s.as_ref().and_then(Value::as_str) {
+            Some("steps") => {
+                if let Some(n) = n {
+                    train.push((key.into(), lit(&n)));
+                }
+            }
+            Some("no") => train.push((key.into(), "never".into())),
+            Some("epoch") => train.push((key.into(), "epoch".into())),
+            _ => {}
+        }
+    }
+    for f in ["fp16_full_eval", "bf16_full_eval"] {
+        if b.hf(f).and_then(|v| v.as_bool()) == Some(true) {
+            train.push(("eval_precision".into(), f[..4].to_string()));
+        }
+    }
+    out.push_str(&format!("train{}\n\n", items(&train)));
+
+    // zero
+    let stage = b.ds("zero_optimization.stage", None);
+    let stage = stage.and_then(|v| v.as_i64()).unwrap_or(0);
+    let mut zero = Vec::new();
+    for (which, key) in [
+        ("offload_optimizer", "offload optimizer"),
+        ("offload_param", "offload param"),
+    ] {
+        let device = b.ds(&format!("zero_optimization.{which}.device"), None);
+        let Some(device) = device.and_then(|v| v.as_str().map(str::to_string)) else {
+            continue;
+        };
+        let mut args = Vec::new();
+        for (param, arg) in [
+            ("nvme_path", "path"),
+            ("pin_memory", "pin_memory"),
+            ("buffer_count", "buffer_count"),
+            ("buffer_size", "buffer_size"),
+            ("max_in_cpu", "max_in_cpu"),
+            ("pipeline_read", "pipeline_read"),
+            ("pipeline_write", "pipeline_write"),
+            ("fast_init", "fast_init"),
+            ("ratio", "ratio"),
+        ] {
+            if let Some(v) = b.ds(&format!("zero_optimization.{which}.{param}"), None) {
+                if !v.is_null() {
+                    args.push(format!("{arg}: {}", lit(&v)));
+                }
+            }
+        }
+        if device != "none" || !args.is_empty() {
+            let call = if args.is_empty() {
+                device
+            } else {
+                format!("{device}({})", args.join(", "))
+            };
+            zero.push((key.to_string(), call));
+        }
+    }
+    for (param, key) in [
+        ("overlap_comm", "overlap_comm"),
+        ("contiguous_gradients", "contiguous_gradients"),
+        ("reduce_scatter", "reduce_scatter"),
+        ("reduce_bucket_size", "reduce_bucket"),
+        ("allgather_partitions", "allgather_partitions"),
+        ("allgather_bucket_size", "allgather_bucket"),
+        ("round_robin_gradients", "round_robin_gradients"),
+        ("sub_group_size", "sub_group_size"),
+        ("stage3_prefetch_bucket_size", "prefetch_bucket"),
+        (
+            "stage3_param_persistence_threshold",
+            "param_persistence_threshold",
+        ),
+        (
+            "stage3_model_persistence_threshold",
+            "model_persistence_threshold",
+        ),
+        ("stage3_max_live_parameters", "max_live_parameters"),
+        ("stage3_max_reuse_distance", "max_reuse_distance"),
+        (
+            "stage3_gather_16bit_weights_on_model_save",
+            "gather_16bit_weights_on_model_save",
+        ),
+        ("load_from_fp32_weights", "load_from_fp32_weights"),
+        ("ignore_unused_parameters", "ignore_unused_parameters"),
+        ("elastic_checkpoint", "elastic_checkpoint"),
+    ] {
+        match b.ds(&format!("zero_optimization.{param}"), None) {
+            // Hidden-size autos: the compiler derives them from the model's hidden size.
+            Some(Value::String(s)) if s == "auto" => {}
+            Some(v) => zero.push((key.into(), lit(&v))),
+            None => {}
+        }
+    }
+    out.push_str(&format!("zero {stage}{}\n", items(&zero)));
+
+    if inputs.gpus.is_some() || inputs.nodes.is_some() {
+        let mut cluster = Vec::new();
+        if let Some(g) = inputs.gpus {
+            cluster.push(("gpus".to_string(), g.to_string()));
+        }
+        if let Some(n) = inputs.nodes {
+            cluster.push(("nodes".to_string(), n.to_string()));
+        }
+        out.push_str(&format!("\ncluster{}\n", items(&cluster)));
+    }
+    // What the language does not model stays raw, still checked.
+    if b.ds.get("wall_clock_breakdown") == Some(&Value::Bool(false)) {
+        b.ds.remove("wall_clock_breakdown"); // DeepSpeed's default; the compiler writes it
+    }
+    let mut raw = Vec::new();
+    raw_lines(&b.ds, "", &mut raw);
+    if !raw.is_empty() {
+        out.push_str(&format!("\ndeepspeed{}\n", items(&raw)));
+    }
+    let mut raw = Vec::new();
+    for (k, v) in &b.args {
+        raw.push((k.clone(), lit(v)));
+    }
+    if !raw.is_empty() {
+        out.push_str(&format!("\nhf{}\n", items(&raw)));
+    }
+    if !b.comments.is_empty() {
+        let mut head = String::new();
+        for c in &b.comments {
+            head.push_str(&format!("# fill in: {c}\n"));
+        }
+        out = head + &out;
+    }
+    // One canonical layout.
+    format::format_source(&out).unwrap_or(out)
+}
