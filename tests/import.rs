@@ -43,14 +43,7 @@ fn artefact(files: &[(String, Vec<u8>)], name: &str) -> Value {
 type Files = Vec<(String, Vec<u8>)>;
 
 /// Builds a recipe, imports the artefacts back, and returns both resolutions and artefacts.
-fn round_trip(
-    path: &PathBuf,
-) -> (
-    Resolved,
-    Resolved,
-    Vec<(String, Vec<u8>)>,
-    Vec<(String, Vec<u8>)>,
-) {
+fn round_trip(path: &PathBuf) -> (Resolved, Resolved, Files, Files) {
     let text = std::fs::read_to_string(path).unwrap();
     let options = Options {
         base_dir: path.parent().map(|p| p.to_path_buf()),
