@@ -4,6 +4,10 @@
 //! [`check`] (schema rules, later the upstream DeepSpeed/HF rules) → diagnostics
 //! ([`diagnostic`]), and → [`format`] for `recipe fmt`.
 
+// pest is used without its `std` feature (so without its per-rule stack probe: the lexical
+// pre-pass already bounds nesting at 64); its generated parser then names `alloc` directly.
+extern crate alloc;
+
 pub mod atomic;
 pub mod check;
 pub mod codes;
