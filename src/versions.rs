@@ -215,6 +215,9 @@ pub struct Facts {
     pub hf_apex_amp: bool,
     /// HF fills `stage3_prefetch_bucket_size` as a float (`0.9 * h * h`).
     pub hf_float_prefetch_bucket: bool,
+    /// HF fills the hidden-size `"auto"` of `reduce_bucket_size` at any ZeRO stage (else only
+    /// under ZeRO-3).
+    pub hf_hidden_autos_any_stage: bool,
     /// The name of the gradient checkpointing field of TrainingArguments.
     pub hf_checkpointing_field: &'static str,
     /// DeepSpeed updates follow HF's steps, or count on their own.
@@ -310,6 +313,8 @@ pub enum Fact {
     HfApexAmp(bool),
     /// See [`Facts::hf_float_prefetch_bucket`].
     HfFloatPrefetchBucket(bool),
+    /// See [`Facts::hf_hidden_autos_any_stage`].
+    HfHiddenAutosAnyStage(bool),
     /// See [`Facts::hf_checkpointing_field`].
     HfCheckpointingField(&'static str),
     /// See [`Facts::ds_boundary`].
@@ -417,6 +422,8 @@ pub static CHANGES: &[Change] = &[
     row(T, (4, 30, 0), HfDirectDeepSpeedInit(false), "transformers PR #24028 era: Trainer prepares through accelerate"),
     row(T, (0, 0, 0), HfApexAmp(true), "transformers@v4.6.1 integrations.py:DeepSpeedConfigHF.config_process (amp.enabled from fp16_backend)"),
     row(T, (5, 0, 0), HfApexAmp(false), "transformers v5.0.0 removed apex"),
+    row(T, (0, 0, 0), HfHiddenAutosAnyStage(false), "transformers@v4.6.1 integrations.py:DeepSpeedConfigHF.config_process (hidden-size autos under ZeRO-3 only)"),
+    row(T, (4, 24, 0), HfHiddenAutosAnyStage(true), "transformers@v4.24.0 deepspeed.py:trainer_config_finalize (reduce_bucket_size at any stage)"),
     row(T, (0, 0, 0), HfFloatPrefetchBucket(true), "transformers@v4.24.0 deepspeed.py:trainer_config_finalize"),
     row(T, (4, 45, 0), HfFloatPrefetchBucket(false), "transformers v4.45.0 int(0.9*h*h)"),
     row(T, (0, 0, 0), HfCheckpointingField("gradient_checkpointing"), "transformers@v4.24.0 training_args.py"),
@@ -507,6 +514,7 @@ impl Fact {
             HfDirectDeepSpeedInit(v) => f.hf_direct_deepspeed_init = v,
             HfApexAmp(v) => f.hf_apex_amp = v,
             HfFloatPrefetchBucket(v) => f.hf_float_prefetch_bucket = v,
+            HfHiddenAutosAnyStage(v) => f.hf_hidden_autos_any_stage = v,
             HfCheckpointingField(v) => f.hf_checkpointing_field = v,
             DsBoundary(v) => f.ds_boundary = v,
             DsClippingDefault(v) => f.ds_clipping_default = v,
@@ -554,6 +562,7 @@ impl Facts {
             hf_direct_deepspeed_init: true,
             hf_apex_amp: false,
             hf_float_prefetch_bucket: true,
+            hf_hidden_autos_any_stage: false,
             hf_checkpointing_field: "gradient_checkpointing",
             ds_boundary: self::DsBoundary::OwnCounter,
             ds_clipping_default: 0.0,
@@ -635,8 +644,8 @@ mod tests {
             }
             last.insert(d, c.since);
         }
-        // Every field has a 0.0.0 row: 38 facts.
-        assert_eq!(last.len(), 38);
+        // Every field has a 0.0.0 row: 39 facts.
+        assert_eq!(last.len(), 39);
     }
 
     #[test]

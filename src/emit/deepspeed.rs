@@ -101,8 +101,8 @@ fn zero_keys(r: &Resolved) -> &'static [&'static str] {
         .1
 }
 
-fn zero_section(r: &Resolved) -> Value {
-    let mut z = zero_section_all(r);
+fn zero_section(r: &Resolved, auto: bool) -> Value {
+    let mut z = zero_section_all(r, auto);
     // Keys a release does not read are left out rather than written for nothing.
     let known = zero_keys(r);
     if let Value::Object(map) = &mut z {
@@ -111,7 +111,23 @@ fn zero_section(r: &Resolved) -> Value {
     z
 }
 
-fn zero_section_all(r: &Resolved) -> Value {
+/// Whether a hidden-size bucket is written as `"auto"`: its value came from the hidden size (HF
+/// fills the same number, §2.2) and the target transformers fills this key at this stage.
+fn hidden_auto(r: &Resolved, key: &str, auto: bool, stage: i64) -> bool {
+    let derived = matches!(
+        r.get(key).map(|s| &s.source),
+        Some(crate::resolve::Source::Derived { rule, .. }) if rule.contains("hidden_size")
+    );
+    let fills = match key {
+        "zero.reduce_bucket" => stage == 3 || r.facts.hf_hidden_autos_any_stage,
+        // Before 4.45 HF writes a float, which DeepSpeed's int field rejects (R-A06).
+        "zero.prefetch_bucket" => stage == 3 && !r.facts.hf_float_prefetch_bucket,
+        _ => stage == 3,
+    };
+    auto && derived && fills
+}
+
+fn zero_section_all(r: &Resolved, auto: bool) -> Value {
     let stage = r.int("zero.stage").unwrap_or(0);
     let mut z = Map::new();
     z.insert("stage".into(), json!(stage));
@@ -119,7 +135,13 @@ fn zero_section_all(r: &Resolved) -> Value {
         return Value::Object(z);
     }
     let b = |k: &str| json!(r.bool(k).unwrap_or(false));
-    let i = |k: &str| json!(r.int(k).unwrap_or(0));
+    let i = |k: &str| {
+        if hidden_auto(r, k, auto, stage) {
+            json!("auto")
+        } else {
+            json!(r.int(k).unwrap_or(0))
+        }
+    };
     let pin = r.facts.ds_pin_memory_default;
     let offload_opt = offload_section(r.val("zero.offload optimizer"), pin, false);
     if let Some(o) = offload_opt {
@@ -449,7 +471,7 @@ pub fn config(r: &Resolved, style: Style) -> Value {
     if r.word("train.fp16_backend") == Some("apex") && r.facts.hf_apex_amp {
         c.insert("amp".into(), json!({ "enabled": auto_or(json!(fp16)) }));
     }
-    c.insert("zero_optimization".into(), zero_section(r));
+    c.insert("zero_optimization".into(), zero_section(r, auto));
     if let Some(o) = optimizer_section(r, auto) {
         let kind = r.word("optimizer.kind").unwrap_or("adamw");
         let tested = r.facts.ds_zero_supported_optimizers.contains(&kind);
