@@ -186,3 +186,82 @@ fn every_emitted_key_exists_in_the_target_release() {
         }
     }
 }
+
+/// The keys HF (Table A) and accelerate (Table B) may fill from `"auto"` (§2.3).
+const FILLABLE: &[&str] = &[
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "train_batch_size",
+    "gradient_clipping",
+    "optimizer.params.lr",
+    "optimizer.params.betas",
+    "optimizer.params.eps",
+    "optimizer.params.weight_decay",
+    "scheduler.params.warmup_min_lr",
+    "scheduler.params.warmup_max_lr",
+    "scheduler.params.warmup_num_steps",
+    "scheduler.params.total_num_steps",
+    "fp16.enabled",
+    "bf16.enabled",
+    "amp.enabled",
+    "zero_optimization.reduce_bucket_size",
+    "zero_optimization.stage3_prefetch_bucket_size",
+    "zero_optimization.stage3_param_persistence_threshold",
+];
+
+fn autos(v: &Value, prefix: &str, out: &mut Vec<String>) {
+    if let Value::Object(map) = v {
+        for (k, x) in map {
+            let path = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            if x == "auto" {
+                out.push(path);
+            } else {
+                autos(x, &path, out);
+            }
+        }
+    }
+}
+
+#[test]
+fn auto_appears_only_where_hf_fills_and_stands_for_the_explicit_value() {
+    for path in examples() {
+        let (source, r) = resolved(&path);
+        let json = |style| -> Value {
+            let files = emit::build(&r, &source, &[], &layout(), style).files;
+            serde_json::from_slice(&files.iter().find(|(n, _)| n == "ds_config.json").unwrap().1)
+                .unwrap()
+        };
+        let (explicit, auto) = (json(Style::Explicit), json(Style::Auto));
+        let mut keys = Vec::new();
+        autos(&auto, "", &mut keys);
+        assert!(
+            !keys.is_empty(),
+            "{}: --auto wrote no \"auto\"",
+            path.display()
+        );
+        let mut filled = auto.clone();
+        for key in &keys {
+            assert!(
+                FILLABLE.contains(&key.as_str()),
+                "{}: \"auto\" at `{key}`, which HF does not fill",
+                path.display()
+            );
+            // What HF fills is the explicit value (hf_fill_match_finds_no_mismatch shows the two
+            // agree with TrainingArguments).
+            let value = get(&explicit, key)
+                .unwrap_or_else(|| panic!("{key} missing from the explicit config"))
+                .clone();
+            let mut node = &mut filled;
+            let parts: Vec<&str> = key.split('.').collect();
+            for part in &parts[..parts.len() - 1] {
+                node = node.get_mut(*part).unwrap();
+            }
+            node[*parts.last().unwrap()] = value;
+        }
+        assert_eq!(filled, explicit, "{}", path.display());
+    }
+}
