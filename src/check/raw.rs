@@ -98,7 +98,7 @@ pub fn check(kind: RawKind, body: &Body, out: &mut Vec<Diagnostic>) {
         }
         if kind == RawKind::DeepSpeed {
             // One report per renamed section, not one per key inside it.
-            if let Some(old) = renamed_deepspeed(&entry.path).map(|r| r.0) {
+            if let Some(old) = renamed_deepspeed(&dotted).map(|r| r.0) {
                 if reported_renames.contains(&old) {
                     continue;
                 }
@@ -106,7 +106,7 @@ pub fn check(kind: RawKind, body: &Body, out: &mut Vec<Diagnostic>) {
             }
         }
         let finding = match kind {
-            RawKind::DeepSpeed => deepspeed_key(&entry.path, entry.span),
+            RawKind::DeepSpeed => deepspeed_key(&entry.path, &dotted, entry.span),
             RawKind::Hf => hf_key(&entry.path, entry.span),
         };
         out.extend(finding);
@@ -116,9 +116,8 @@ pub fn check(kind: RawKind, body: &Body, out: &mut Vec<Diagnostic>) {
 /// The rename entry covering this key: a renamed section (`bfloat16`) also covers the keys
 /// below it (`bfloat16.enabled`).
 fn renamed_deepspeed(
-    path: &[String],
+    dotted: &str,
 ) -> Option<&'static (&'static str, &'static str, &'static str, bool)> {
-    let dotted = path.join(".");
     upstream::DEEPSPEED_RENAMED.iter().find(|(old, ..)| {
         dotted
             .strip_prefix(old)
@@ -126,13 +125,8 @@ fn renamed_deepspeed(
     })
 }
 
-fn deepspeed_key(path: &[String], span: Span) -> Option<Diagnostic> {
-    let dotted = path.join(".");
-    // A renamed section (`bfloat16`) also covers the keys below it (`bfloat16.enabled`).
-    let renamed = upstream::DEEPSPEED_RENAMED
-        .iter()
-        .find(|(old, ..)| dotted == *old || dotted.starts_with(&format!("{old}.")));
-    if let Some((old, new, note, honoured)) = renamed {
+fn deepspeed_key(path: &[String], dotted: &str, span: Span) -> Option<Diagnostic> {
+    if let Some((old, new, note, honoured)) = renamed_deepspeed(dotted) {
         let help = if new.is_empty() {
             format!("remove it: {note}")
         } else {
@@ -175,8 +169,11 @@ fn deepspeed_key(path: &[String], span: Span) -> Option<Diagnostic> {
         );
     }
     // Strictly validated sections: every level we know must name a real field.
+    // The section of each depth is a prefix of `dotted` (no allocation per key).
+    let mut end = 0;
     for depth in 1..path.len() {
-        let section = path[..depth].join(".");
+        end += path[depth - 1].len() + usize::from(depth > 1);
+        let section = &dotted[..end];
         let Some((_, fields)) = upstream::DEEPSPEED_STRICT_SECTIONS
             .iter()
             .find(|(name, _)| *name == section)
