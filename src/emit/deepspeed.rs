@@ -294,13 +294,25 @@ fn scheduler_section(r: &Resolved, auto: bool) -> Option<Value> {
     let mut p = Map::new();
     match kind {
         "WarmupLR" | "WarmupDecayLR" => {
+            // HF fills warmup_min_lr with 0 and warmup_max_lr with learning_rate (§2.2): "auto"
+            // only stands for the recipe's value when it is exactly that.
+            let min_lr = f("schedule.min_lr", 0.0);
+            let max_lr = f("schedule.max_lr", curves.peak);
             p.insert(
                 "warmup_min_lr".into(),
-                auto_or(num(f("schedule.min_lr", 0.0))),
+                if min_lr == 0.0 {
+                    auto_or(num(min_lr))
+                } else {
+                    num(min_lr)
+                },
             );
             p.insert(
                 "warmup_max_lr".into(),
-                auto_or(num(f("schedule.max_lr", curves.peak))),
+                if max_lr == curves.peak {
+                    auto_or(num(max_lr))
+                } else {
+                    num(max_lr)
+                },
             );
             p.insert("warmup_num_steps".into(), auto_or(json!(warmup)));
             if r.facts.ds_has_warmup_type {

@@ -123,6 +123,16 @@ pub fn arguments(r: &Resolved, ds_config: &str) -> Value {
                     kw.insert(name.into(), to_json(r.val(key).expect("given")));
                 }
             }
+            if r.word("schedule.kind") == Some("warmup_stable_decay") {
+                // Whole steps, whether the recipe wrote steps or a fraction.
+                let decay = match crate::resolve::warmup_like(r, "schedule.decay") {
+                    Some(crate::steps::Warmup::Steps(s)) => s,
+                    Some(crate::steps::Warmup::Fraction(x)) => (c.total as f64 * x).ceil() as u64,
+                    None => 0,
+                };
+                kw.remove("decay");
+                kw.insert("num_decay_steps".into(), json!(decay));
+            }
             if r.word("schedule.kind") == Some("cosine_with_min_lr") {
                 kw.insert("min_lr".into(), f("schedule.min_lr", 0.0));
             }

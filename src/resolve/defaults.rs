@@ -169,7 +169,15 @@ pub fn default(key: &str, r: &Resolved) -> Option<(Val, Source)> {
             )
         }
         "train.logging_steps" => d(Val::Int(10), "recipe default"),
-        "train.eval_every" => d(w("epoch"), "recipe default"),
+        // HF's Trainer refuses an evaluation strategy without evaluation data.
+        "train.eval_every" => match r.str("data.eval") {
+            Some(e) => derived(
+                w("epoch"),
+                "evaluate at each epoch end when there is evaluation data",
+                vec![format!("data.eval = \"{e}\"")],
+            ),
+            None => derived(w("never"), "no evaluation data (data.eval)", vec![]),
+        },
         "train.save_every" => d(w("epoch"), "recipe default"),
         "train.auto_find_batch_size" => d(Val::Bool(false), "HF auto_find_batch_size"),
 

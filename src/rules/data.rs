@@ -36,6 +36,29 @@ pub const FIELD_MISSING: &str = "R0703";
 pub const LABEL_OUT_OF_SET: &str = "R0704";
 /// A file's extension says another format than `data.format`.
 pub const FORMAT_MISMATCH: &str = "R0705";
+/// Evaluation asked for without evaluation data: HF's Trainer refuses it.
+pub const EVAL_WITHOUT_DATA: &str = "R0706";
+
+/// `train.eval_every` other than `never` without `data.eval`: HF's Trainer raises at
+/// construction (found by the conformance harness; huggingface/transformers@v5.24.0
+/// src/transformers/trainer.py:Trainer.__init__).
+fn eval_without_data(r: &Resolved, out: &mut Vec<Diagnostic>) {
+    if r.get("data.eval").is_some() || !r.is_given("train.eval_every") {
+        return;
+    }
+    if r.word("train.eval_every") == Some("never") {
+        return;
+    }
+    out.push(
+        Diagnostic::error(
+            EVAL_WITHOUT_DATA,
+            "`eval_every` asks for evaluation, but there is no evaluation data: HF's Trainer stops with \"You have set `args.eval_strategy` to … but you didn't pass an `eval_dataset` to `Trainer`\"",
+            super::anchor(r, "train.eval_every"),
+        )
+        .with_label("no `data.eval` to evaluate on")
+        .with_help("add `eval = \"…\"` to `data`, or write `eval_every = never`"),
+    );
+}
 
 /// This family's codes.
 pub const CODES: &[(&str, &str, &str)] = &[
@@ -64,6 +87,11 @@ pub const CODES: &[(&str, &str, &str)] = &[
         "format-mismatch",
         "a data file's extension says another format than `data.format`",
     ),
+    (
+        EVAL_WITHOUT_DATA,
+        "eval-without-data",
+        "eval_every asks for evaluation, but data.eval is not given",
+    ),
 ];
 
 /// The data files a recipe may name, and what each is for.
@@ -75,6 +103,7 @@ const FILES: [(&str, &str); 3] = [
 
 /// Checks the data files.
 pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
+    eval_without_data(r, out);
     let format = r.word("data.format").and_then(DataFormat::from_word);
     let train_here = r
         .str("data.train")

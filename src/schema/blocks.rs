@@ -484,7 +484,8 @@ pub static BLOCKS: &[BlockSpec] = &[
                 .default("the warmup steps")
                 .hf("lr_scheduler_kwargs.timescale")
                 .kinds(&["inverse_sqrt"]),
-            key("decay", Ty::Steps, "length of the final decay phase")
+            key("decay", Ty::Steps, "length of the final decay phase (HF requires it)")
+                .required()
                 .hf("lr_scheduler_kwargs.num_decay_steps")
                 .kinds(&["warmup_stable_decay"]),
             key("min_lr_ratio", UNIT, "final learning rate as a fraction of lr")
@@ -564,7 +565,7 @@ pub static BLOCKS: &[BlockSpec] = &[
                 .hf("output_dir"),
             key("logging_steps", POSITIVE, "log every this many optimizer steps").default("10").ds("steps_per_print").hf("logging_steps"),
             key("eval_every", Ty::WordOrInt(&["epoch", "never"], 1, i64::MAX), "evaluate every epoch, never, or every N optimizer steps")
-                .default("epoch")
+                .default("epoch with data.eval, else never")
                 .hf("eval_strategy, eval_steps"),
             key("save_every", Ty::WordOrInt(&["epoch", "never"], 1, i64::MAX), "checkpoint every epoch, never, or every N optimizer steps")
                 .default("epoch")
