@@ -434,3 +434,21 @@ fn import_lints_an_existing_config() {
     let o = recipe(&["import", "no/such.json"]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+#[test]
+fn verify_says_plainly_when_python_or_the_libraries_are_missing() {
+    let o = Command::new(env!("CARGO_BIN_EXE_recipe"))
+        .args(["verify", "recipes"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("RECIPE_PYTHON", "/nonexistent/python3")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(
+        err.contains("recipe verify needs Python 3") && err.contains("RECIPE_PYTHON"),
+        "{err}"
+    );
+    assert!(o.stdout.is_empty());
+    assert_eq!(recipe(&["verify", "no/such/dir"]).status.code(), Some(2));
+}

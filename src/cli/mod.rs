@@ -9,6 +9,7 @@ mod explain;
 mod fmt;
 mod import;
 mod steps;
+mod verify;
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -93,6 +94,12 @@ enum Command {
         auto: bool,
         #[command(flatten)]
         flags: RecipeFlags,
+    },
+    /// Run every recipe in DIR through the real transformers / accelerate / DeepSpeed of your
+    /// Python (RECIPE_PYTHON, else python3) and compare with what recipe emits and predicts.
+    Verify {
+        /// A directory of recipes.
+        dir: PathBuf,
     },
     /// Compare two recipe.lock files: what changed and where each value came from.
     Diff {
@@ -241,6 +248,7 @@ pub fn main() -> i32 {
             flags,
         } => build::run(&file, out.as_ref(), auto, &flags),
         Command::Diff { a, b, format } => diff::run(&a, &b, format),
+        Command::Verify { dir } => verify::run(&dir),
         Command::Run { .. } => not_built("run", 5),
         Command::Import {
             file,

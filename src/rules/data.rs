@@ -43,10 +43,24 @@ pub const EVAL_WITHOUT_DATA: &str = "R0706";
 /// construction (found by the conformance harness; huggingface/transformers@v5.24.0
 /// src/transformers/trainer.py:Trainer.__init__).
 fn eval_without_data(r: &Resolved, out: &mut Vec<Diagnostic>) {
-    if r.get("data.eval").is_some() || !r.is_given("train.eval_every") {
+    if r.get("data.eval").is_some() {
         return;
     }
-    if r.word("train.eval_every") == Some("never") {
+    // reduce_lr_on_plateau steps on an evaluation metric: TrainingArguments refuses it without
+    // an evaluation strategy ("lr_scheduler_type reduce_lr_on_plateau requires an eval strategy").
+    if r.word("schedule.kind") == Some("reduce_lr_on_plateau") {
+        out.push(
+            Diagnostic::error(
+                EVAL_WITHOUT_DATA,
+                "`reduce_lr_on_plateau` steps on an evaluation metric, but there is no evaluation data: TrainingArguments stops with \"lr_scheduler_type reduce_lr_on_plateau requires an eval strategy\"",
+                super::anchor(r, "schedule.kind"),
+            )
+            .with_label("needs `data.eval`")
+            .with_help("add `eval = \"…\"` to `data`, or choose a schedule that does not need a metric"),
+        );
+        return;
+    }
+    if !r.is_given("train.eval_every") || r.word("train.eval_every") == Some("never") {
         return;
     }
     out.push(

@@ -554,7 +554,7 @@ pub static BLOCKS: &[BlockSpec] = &[
             key("hysteresis", POSITIVE, "overflows tolerated before the loss scale halves")
                 .default("2")
                 .ds("fp16.hysteresis"),
-            key("min_loss_scale", Ty::Number { min: f64::MIN_POSITIVE, max: f64::INFINITY }, "the loss scale never drops below this")
+            key("min_loss_scale", POSITIVE, "the loss scale never drops below this (DeepSpeed requires an integer)")
                 .default("1")
                 .ds("fp16.min_loss_scale"),
             key("seed", NON_NEGATIVE, "seed for initialisation, shuffling and dropout").default("42").hf("seed"),

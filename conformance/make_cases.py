@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Builds every corpus recipe into a harness case directory.
+
+    make_cases.py --recipe BIN [--corpus DIR] [--rejected DIR] [--out DIR]
+
+For `corpus/NNN-x.rcp`: `recipe build` (explicit values) into `OUT/NNN-x/`, `recipe build --auto`
+into `OUT/NNN-x/auto/`, and `recipe explain --format json` → `OUT/NNN-x/case.json` with the world
+size, hidden size, samples and our predictions (steps, schedule owner and names, LR per step).
+
+For `corpus-rejected/NNN-x.rcp` (+ `.json`, + `.base.rcp`): the base recipe is built (the rejected
+one cannot be: `recipe build` writes nothing for a recipe with errors), the patch of the `.json` is
+applied to its artefacts, and our predictions come from `recipe explain` of the *rejected* recipe
+(explain runs on recipes with rule errors), so the case states what the rejected recipe means.
+Only the standard library is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+
+def shown(path: Path) -> str:
+    """A recipe path relative to the repository when it is inside it (fixtures stay portable),
+    else absolute (`recipe verify` runs these scripts from a temporary directory)."""
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return str(path.resolve())
+
+
+def run(cmd: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def explain(recipe: str, rcp: Path) -> dict:
+    p = run([recipe, "explain", "--format", "json", str(rcp)])
+    if p.returncode not in (0, 1) or not p.stdout.strip():
+        raise RuntimeError(f"explain {rcp}: exit {p.returncode}: {p.stderr.strip()[:500]}")
+    return json.loads(p.stdout)
+
+
+def setting(ex: dict, key: str):
+    for s in ex["settings"]:
+        if s["key"] == key:
+            return s["json"]
+    return None
+
+
+def build(recipe: str, rcp: Path, out: Path, auto: bool = False) -> None:
+    cmd = [recipe, "build", str(rcp), "-o", str(out)] + (["--auto"] if auto else [])
+    p = run(cmd)
+    if p.returncode != 0:
+        raise RuntimeError(f"build {rcp}: exit {p.returncode}: {p.stderr.strip()[:500]}")
+
+
+def case_json(name: str, rcp: Path, ex: dict, kind: str) -> dict:
+    gpus = setting(ex, "cluster.gpus") or 1
+    nodes = setting(ex, "cluster.nodes") or 1
+    steps = ex.get("steps") or {}
+    return {
+        "case": name,
+        "kind": kind,
+        "recipe": shown(rcp),
+        "gpus": gpus,
+        "nodes": nodes,
+        "world_size": setting(ex, "cluster.world_size") or gpus * nodes,
+        "hidden_size": setting(ex, "model.hidden_size"),
+        "samples": steps.get("samples") or setting(ex, "data.samples"),
+        "has_eval": setting(ex, "data.eval") is not None,
+        "targets": {t["library"]: t["version"] for t in ex["targets"]},
+        "predicted": {
+            "steps": steps,
+            "schedule_owner": ex.get("schedule_owner"),
+            "hf_schedule": ex.get("hf_schedule"),
+            "deepspeed_schedule": ex.get("deepspeed_schedule"),
+            "lr": ex.get("lr", []),
+        },
+    }
+
+
+def set_path(d: dict, dotted: str, value) -> None:
+    parts = dotted.split(".")
+    for p in parts[:-1]:
+        d = d.setdefault(p, {})
+    d[parts[-1]] = value
+
+
+def del_path(d: dict, dotted: str) -> None:
+    parts = dotted.split(".")
+    for p in parts[:-1]:
+        d = d.get(p, {})
+    d.pop(parts[-1], None)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--recipe", required=True)
+    ap.add_argument("--corpus", type=Path, default=HERE / "corpus")
+    ap.add_argument("--rejected", type=Path, default=HERE / "corpus-rejected")
+    ap.add_argument("--out", type=Path, default=HERE / "build")
+    a = ap.parse_args()
+    cases = a.out / "cases"
+    rejected = a.out / "rejected"
+    for d in (cases, rejected):
+        if d.exists():
+            shutil.rmtree(d)
+        d.mkdir(parents=True)
+    failures = 0
+    for rcp in sorted(a.corpus.glob("*.rcp")):
+        name = rcp.stem
+        out = cases / name
+        try:
+            build(a.recipe, rcp, out)
+            build(a.recipe, rcp, out / "auto", auto=True)
+            ex = explain(a.recipe, rcp)
+            (out / "case.json").write_text(json.dumps(case_json(name, rcp, ex, "corpus"), indent=1) + "\n")
+        except Exception as e:  # noqa: BLE001
+            failures += 1
+            print(f"make_cases: {name}: {e}", file=sys.stderr)
+    for meta_path in sorted(a.rejected.glob("*.json")):
+        meta = json.loads(meta_path.read_text())
+        name = meta_path.stem
+        rcp = a.rejected / meta["recipe"]
+        base = a.rejected / meta["base"]
+        out = rejected / name
+        try:
+            build(a.recipe, base, out)
+            for op in meta.get("patch", []):
+                f = out / op["file"]
+                d = json.loads(f.read_text())
+                if "set" in op:
+                    set_path(d, op["set"], op["value"])
+                else:
+                    del_path(d, op["del"])
+                f.write_text(json.dumps(d, indent=2, sort_keys=True) + "\n")
+            ex = explain(a.recipe, rcp)
+            c = case_json(name, rcp, ex, "rejected")
+            c["base_recipe"] = shown(base)
+            c["rejected"] = {k: meta.get(k) for k in ("code", "expect", "why", "checker_errors",
+                                                        "silent_key", "silent_value", "patch")}
+            (out / "case.json").write_text(json.dumps(c, indent=1) + "\n")
+        except Exception as e:  # noqa: BLE001
+            failures += 1
+            print(f"make_cases: {name}: {e}", file=sys.stderr)
+    print(f"make_cases: {len(list(cases.iterdir()))} corpus cases, "
+          f"{len(list(rejected.iterdir()))} rejected cases, {failures} failures")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

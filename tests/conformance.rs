@@ -1,0 +1,158 @@
+//! Conformance against the real libraries, without Python: conformance/fixtures/ holds what
+//! transformers 5.24.0 + accelerate 1.15.0 + DeepSpeed 0.19.8 did with each corpus recipe's
+//! artefacts (conformance/harness.py; refreshed with conformance/run.sh). Here the current code is
+//! compared with those recorded facts: the DeepSpeed config we emit is the one HF filled (no
+//! mismatch, nothing changed), and our step accounting and LR per optimizer step equal the real
+//! ones (relative error ≤ 1e-12).
+
+use std::path::{Path, PathBuf};
+
+use recipe::check::check_source_with;
+use recipe::emit::{self, deepspeed::Style, Layout};
+use recipe::resolve::{resolve, Options};
+use recipe::SourceFile;
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn fixtures() -> Vec<Value> {
+    let dir = root().join("conformance/fixtures/corpus");
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    paths.sort();
+    paths
+        .iter()
+        .map(|p| serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap())
+        .collect()
+}
+
+/// JSON equality where numbers compare by value (1 == 1.0).
+fn same(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same(p, q))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| same(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+#[test]
+fn the_corpus_is_large_and_every_fixture_is_well_formed() {
+    let all = fixtures();
+    assert!(all.len() >= 200, "only {} corpus fixtures", all.len());
+    for f in &all {
+        assert_eq!(f["format"], "recipe-conformance-fixture/1", "{}", f["case"]);
+        assert!(f["versions"]["transformers"] == "5.24.0", "{}", f["case"]);
+    }
+}
+
+#[test]
+fn hf_never_reports_a_mismatch_and_fills_exactly_what_we_emitted() {
+    for f in fixtures() {
+        let case = f["case"].as_str().unwrap();
+        let mismatch = f["errors"].as_array().unwrap().iter().any(|e| {
+            e["error"]
+                .as_str()
+                .unwrap_or("")
+                .contains("mismatch TrainingArguments")
+        });
+        assert!(!mismatch, "{case}: HF reported a mismatch: {}", f["errors"]);
+        if f["config_equal"].is_null() {
+            // The real stack stopped before filling (TrainingArguments refused the recipe).
+            assert_eq!(f["verdict"], "error", "{case}");
+            continue;
+        }
+        assert_eq!(
+            f["config_equal"], true,
+            "{case}: HF changed the config: {}",
+            f["config_diff"]
+        );
+    }
+}
+
+#[test]
+fn our_current_config_steps_and_learning_rates_match_the_real_stack() {
+    for f in fixtures() {
+        let case = f["case"].as_str().unwrap();
+        let path = root().join(f["recipe"].as_str().unwrap());
+        let text = std::fs::read_to_string(&path).unwrap();
+        let options = Options {
+            base_dir: path.parent().map(Path::to_path_buf),
+            ..Options::default()
+        };
+        let checked = check_source_with(&text, &options);
+        if checked.has_errors() {
+            // Our checker rejects it (a rule added after the run): the real stack must agree.
+            assert_eq!(
+                f["verdict"], "error",
+                "{case}: we reject it, the real stack accepted it"
+            );
+            continue;
+        }
+        let r = resolve(checked.file.as_ref().unwrap(), &options);
+        // The config we emit today is the one the real HF filled (and DeepSpeed validated).
+        let layout = Layout {
+            recipe_dir_from_out: ".".into(),
+            out_dir_from_recipe: ".".into(),
+        };
+        let files = emit::build(
+            &r,
+            &SourceFile::new("r.rcp", text.clone()),
+            &[],
+            &layout,
+            Style::Explicit,
+        )
+        .files;
+        let ds: Value =
+            serde_json::from_slice(&files.iter().find(|(n, _)| n == "ds_config.json").unwrap().1)
+                .unwrap();
+        assert!(
+            same(&ds, &f["filled_config"]),
+            "{case}: emitted config differs from what HF filled:\n{ds}\nvs\n{}",
+            f["filled_config"]
+        );
+        // Step accounting.
+        for key in ["batches_per_epoch", "per_epoch", "total", "warmup"] {
+            let real = &f["steps_compare"][key]["real"];
+            if real.is_null() {
+                continue;
+            }
+            let ours = r.int(&format!("steps.{key}")).unwrap_or(0);
+            assert_eq!(Some(ours), real.as_i64(), "{case}: steps.{key}");
+        }
+        // LR of every optimizer step, on the side the run uses.
+        let Some(real) = f["lr"].as_array() else {
+            continue;
+        };
+        if real.is_empty() {
+            continue;
+        }
+        let curves =
+            recipe::schedules::curves(&r).unwrap_or_else(|| panic!("{case}: no schedule curves"));
+        let side = f["lr_side"].as_str().unwrap();
+        for (i, want) in real.iter().enumerate() {
+            let Some(want) = want.as_f64() else { continue };
+            let at = curves.at(i as u64 + 1);
+            let got = if side == "hf" { at.hf } else { at.deepspeed }.unwrap_or(f64::NAN);
+            let err = if want == 0.0 {
+                got.abs()
+            } else {
+                ((got - want) / want).abs()
+            };
+            assert!(
+                err <= 1e-12,
+                "{case}: step {}: ours {got} vs real {want} ({side})",
+                i + 1
+            );
+        }
+    }
+}
