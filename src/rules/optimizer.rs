@@ -49,6 +49,8 @@ pub const OPTIMIZER_TWICE: &str = "R0411";
 pub const OFFLOAD_NEEDS_DS_OPTIMIZER: &str = "R0412";
 /// transformers < 4.10 and 4.30–4.33 cannot combine DeepSpeed's optimizer with HF's scheduler (§4.2).
 pub const DS_OPTIMIZER_HF_SCHEDULER: &str = "R0413";
+/// AMSGrad with DeepSpeed's own Adam kernels, which refuse it.
+pub const AMSGRAD_FUSED: &str = "R0414";
 
 /// This family's codes.
 pub const CODES: &[(&str, &str, &str)] = &[
@@ -116,6 +118,11 @@ pub const CODES: &[(&str, &str, &str)] = &[
         DS_OPTIMIZER_HF_SCHEDULER,
         "ds-optimizer-hf-scheduler",
         "the target transformers cannot combine DeepSpeed's optimizer with HF's scheduler",
+    ),
+    (
+        AMSGRAD_FUSED,
+        "amsgrad-fused",
+        "amsgrad with DeepSpeed's FusedAdam or DeepSpeedCPUAdam, which refuse it",
     ),
 ];
 
@@ -204,10 +211,38 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
     twice(r, out);
     ds_optimizer_hf_scheduler(r, &o, out);
     if o.deepspeed() {
+        amsgrad_fused(r, &o, out);
         deepspeed_owned(r, &o, out);
     } else {
         hf_owned(r, &o, out);
     }
+}
+
+/// `amsgrad = true` on DeepSpeed's Adam: FusedAdam (and DeepSpeedCPUAdam under optimizer offload)
+/// raise "FusedAdam does not support the AMSGrad variant." — seen by the conformance harness on
+/// DeepSpeed 0.19.8 (deepspeedai/DeepSpeed deepspeed/ops/adam/fused_adam.py:FusedAdam.step,
+/// cpu_adam.py:DeepSpeedCPUAdam.__init__). torch's Adam (`torch_adam = true`) supports it.
+fn amsgrad_fused(r: &Resolved, o: &Opt, out: &mut Vec<Diagnostic>) {
+    if !matches!(o.kind, "adam" | "adamw")
+        || r.bool("optimizer.amsgrad") != Some(true)
+        || r.bool("optimizer.torch_adam") == Some(true)
+    {
+        return;
+    }
+    let which = if o.offload_optimizer == "none" {
+        "FusedAdam"
+    } else {
+        "DeepSpeedCPUAdam"
+    };
+    out.push(
+        Diagnostic::error(
+            AMSGRAD_FUSED,
+            format!("DeepSpeed's {which} does not support AMSGrad: the run stops with \"{which} does not support the AMSGrad variant.\""),
+            anchor(r, "optimizer.amsgrad"),
+        )
+        .with_label(format!("amsgrad with {which}"))
+        .with_help("remove `amsgrad`, or set `torch_adam = true` (torch's Adam supports AMSGrad; not with optimizer offload)"),
+    );
 }
 
 /// Rules for a DeepSpeed `optimizer` section.
