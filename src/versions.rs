@@ -245,6 +245,9 @@ pub struct Facts {
     pub ds_bf16_key: Option<&'static str>,
     /// ZeRO optimizer offload is written `offload_optimizer` (else the legacy `cpu_offload`).
     pub ds_offload_optimizer_section: bool,
+    /// DeepSpeed refuses the removed legacy features (sparse attention, elasticity, progressive
+    /// layer drop, compression training, nebula, …) with "has been removed".
+    pub ds_removed_legacy_features: bool,
     /// ZeRO stages below 2 need fp16.
     pub ds_zero_needs_fp16: bool,
     /// fp16 `initial_scale_power` default.
@@ -341,6 +344,8 @@ pub enum Fact {
     DsBf16Key(Option<&'static str>),
     /// See [`Facts::ds_offload_optimizer_section`].
     DsOffloadOptimizerSection(bool),
+    /// See [`Facts::ds_removed_legacy_features`].
+    DsRemovedLegacyFeatures(bool),
     /// See [`Facts::ds_zero_needs_fp16`].
     DsZeroNeedsFp16(bool),
     /// See [`Facts::ds_initial_scale_power`].
@@ -457,6 +462,8 @@ pub static CHANGES: &[Change] = &[
     row(D, (0, 6, 0), DsBf16Key(Some("bf16")), "DeepSpeed v0.6.0 renamed bfloat16 to bf16"),
     row(D, (0, 0, 0), DsOffloadOptimizerSection(false), "DeepSpeed@v0.3.14 zero/config.py (cpu_offload)"),
     row(D, (0, 3, 15), DsOffloadOptimizerSection(true), "DeepSpeed v0.3.15 offload_optimizer"),
+    row(D, (0, 0, 0), DsRemovedLegacyFeatures(false), "DeepSpeed@v0.19.5 still reads them (schema/upstream.rs)"),
+    row(D, (0, 19, 8), DsRemovedLegacyFeatures(true), "DeepSpeed 0.19.8 as installed by conformance/setup.sh: \"… has been removed\" (conformance/fixtures; first release with the removal not pinned between 0.19.6 and 0.19.8)"),
     row(D, (0, 0, 0), DsZeroNeedsFp16(true), "DeepSpeed@v0.3.16 runtime/config.py"),
     row(D, (0, 4, 0), DsZeroNeedsFp16(false), "DeepSpeed PR #1042, v0.4.0"),
     row(D, (0, 0, 0), DsInitialScalePower(32), "DeepSpeed@v0.7.x runtime/constants.py"),
@@ -528,6 +535,7 @@ impl Fact {
             DsHasWarmupType(v) => f.ds_has_warmup_type = v,
             DsBf16Key(v) => f.ds_bf16_key = v,
             DsOffloadOptimizerSection(v) => f.ds_offload_optimizer_section = v,
+            DsRemovedLegacyFeatures(v) => f.ds_removed_legacy_features = v,
             DsZeroNeedsFp16(v) => f.ds_zero_needs_fp16 = v,
             DsInitialScalePower(v) => f.ds_initial_scale_power = v,
             DsZero2EstimateNew(v) => f.ds_zero2_estimate_new = v,
@@ -576,6 +584,7 @@ impl Facts {
             ds_has_warmup_type: false,
             ds_bf16_key: None,
             ds_offload_optimizer_section: false,
+            ds_removed_legacy_features: false,
             ds_zero_needs_fp16: true,
             ds_initial_scale_power: 32,
             ds_zero2_estimate_new: false,
@@ -645,7 +654,7 @@ mod tests {
             last.insert(d, c.since);
         }
         // Every field has a 0.0.0 row: 39 facts.
-        assert_eq!(last.len(), 39);
+        assert_eq!(last.len(), 40);
     }
 
     #[test]

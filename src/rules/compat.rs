@@ -30,6 +30,61 @@ pub const SAVE_ONLY_MODEL_BEST: &str = "R0906";
 pub const UNMANAGED_ACCUMULATION: &str = "R0907";
 /// The target accelerate is older than the target transformers requires.
 pub const ACCELERATE_TOO_OLD: &str = "R0908";
+/// A raw DeepSpeed section the target DeepSpeed has removed.
+pub const REMOVED_DEEPSPEED_KEY: &str = "R0909";
+
+/// Raw DeepSpeed keys that DeepSpeed 0.19.8 refuses with "… has been removed" (all read by
+/// 0.19.5; seen by the conformance harness, conformance/fixtures/). `curriculum_learning` only
+/// warns there, so it is reported as a warning.
+const REMOVED_KEYS: &[&str] = &[
+    "compression_training",
+    "curriculum_learning",
+    "elasticity",
+    "graph_harvesting",
+    "nebula",
+    "progressive_layer_drop",
+    "sparse_attention",
+    "sparse_gradients",
+    "zero_optimization.mics_shard_size",
+    "zero_optimization.zeropp_loco_param",
+];
+
+/// Raw keys of features DeepSpeed has removed (one report per section).
+fn removed_keys(r: &Resolved, out: &mut Vec<Diagnostic>) {
+    if !r.facts.ds_removed_legacy_features {
+        return;
+    }
+    let mut seen: Vec<&str> = Vec::new();
+    for (path, _, span) in &r.raw_deepspeed {
+        let Some(key) = REMOVED_KEYS.iter().find(|k| {
+            path.strip_prefix(**k)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+        }) else {
+            continue;
+        };
+        if seen.contains(key) {
+            continue;
+        }
+        seen.push(key);
+        let ds = r.targets.deepspeed;
+        let message = format!(
+            "DeepSpeed {ds} has removed `{key}`: the run stops with \"… has been removed\""
+        );
+        let d = if *key == "curriculum_learning" {
+            Diagnostic::warning(
+                REMOVED_DEEPSPEED_KEY,
+                format!("DeepSpeed {ds} ignores the legacy `curriculum_learning` section (it warns that it has been removed)"),
+                *span,
+            )
+        } else {
+            Diagnostic::error(REMOVED_DEEPSPEED_KEY, message, *span)
+        };
+        out.push(
+            d.with_label(format!("removed in DeepSpeed {ds}"))
+                .with_help("remove it, or target the DeepSpeed release that still has it (e.g. `target deepspeed \"0.19.5\"`)"),
+        );
+    }
+}
 
 /// This family's codes.
 pub const CODES: &[(&str, &str, &str)] = &[
@@ -72,6 +127,11 @@ pub const CODES: &[(&str, &str, &str)] = &[
         ACCELERATE_TOO_OLD,
         "accelerate-too-old",
         "the target accelerate is older than transformers requires",
+    ),
+    (
+        REMOVED_DEEPSPEED_KEY,
+        "removed-deepspeed-key",
+        "a raw DeepSpeed key the target DeepSpeed has removed",
     ),
 ];
 
@@ -201,6 +261,7 @@ const HF_TYPED: &[(&str, &str, &str)] = &[
 
 /// Checks the compat rules.
 pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
+    removed_keys(r, out);
     for (path, value, span) in &r.raw_deepspeed {
         if let Some(typed) = DEEPSPEED_TYPED.iter().find(|(k, ..)| k == path) {
             out.push(duplicate(
