@@ -384,6 +384,24 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
     }
 }
 
+/// "<lead>the learning rate at steps 1, 2, 3 is …" plus HF's values where there is an HF twin
+/// (`hf_part` with `{twin}` and `{hf}` filled in), for the lag and short-warmup messages.
+fn first_lrs(c: Option<&Curves>, twin: &str, lead: &str, hf_part: &str) -> Option<String> {
+    let c = c?;
+    let ds = c.ds.as_ref()?;
+    let steps = first_steps(c);
+    let hf = c.hf.as_ref().map_or(String::new(), |hf| {
+        hf_part
+            .replace("{twin}", twin)
+            .replace("{hf}", &hf_values(c, hf, &steps))
+    });
+    Some(format!(
+        "{lead}the learning rate at steps {} is {}{hf}",
+        step_list(&steps),
+        ds_values(c, ds, &steps)
+    ))
+}
+
 /// R-M02 (§7): DeepSpeed's scheduler starts at `last_batch_iteration = -1`, writes that value at
 /// construction and is stepped after each optimizer step, so optimizer step `k` runs at
 /// iteration `k − 2` where HF's LambdaLR uses `λ(k − 1)`: the first two steps both run at the
@@ -392,19 +410,7 @@ fn lag(r: &Resolved, kind: &str) -> Diagnostic {
     let twin = hf_twin(kind);
     let start = start_words(r, kind);
     let curves = run_curves(r);
-    let numbers = curves.as_ref().and_then(|c| {
-        let ds = c.ds.as_ref()?;
-        let steps = first_steps(c);
-        let hf =
-            c.hf.as_ref()
-                .map(|hf| format!(" (HF's `{twin}`: {})", hf_values(c, hf, &steps)))
-                .unwrap_or_default();
-        Some(format!(
-            ": the learning rate at steps {} is {}{hf}",
-            step_list(&steps),
-            ds_values(c, ds, &steps)
-        ))
-    });
+    let numbers = first_lrs(curves.as_ref(), twin, ": ", " (HF's `{twin}`: {hf})");
     let message = match numbers {
         Some(n) => format!("`{kind}` runs one optimizer step behind HF's `{twin}`{n}"),
         None => format!(
@@ -444,20 +450,12 @@ fn warmup_min_two(r: &Resolved, kind: &str, w: u64) -> Diagnostic {
         } else {
             w
         };
-    let curves = run_curves(r);
-    let numbers = curves.as_ref().and_then(|c| {
-        let ds = c.ds.as_ref()?;
-        let steps = first_steps(c);
-        let hf =
-            c.hf.as_ref()
-                .map(|hf| format!(" where HF's `{twin}` gives {}", hf_values(c, hf, &steps)))
-                .unwrap_or_default();
-        Some(format!(
-            "; the learning rate at steps {} is {}{hf}",
-            step_list(&steps),
-            ds_values(c, ds, &steps)
-        ))
-    });
+    let numbers = first_lrs(
+        run_curves(r).as_ref(),
+        twin,
+        "; ",
+        " where HF's `{twin}` gives {hf}",
+    );
     // As written: `warmup = 0`, or `warmup = 0.2%` (1 step).
     let written = match r.val("schedule.warmup") {
         Some(v @ (Val::Percent(_) | Val::Float(_))) if v.as_i64().is_none() => {
