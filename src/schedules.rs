@@ -214,7 +214,7 @@ pub fn curves(r: &Resolved) -> Option<Curves> {
         peak,
         warmup,
         total,
-        flags: DsFlags::from_facts(&r.facts),
+        flags: lr::ds_flags(&r.facts),
     })
 }
 

@@ -4,47 +4,9 @@
 
 use serde::Serialize;
 
-use crate::versions::{DsBoundary, HfStepRule, Rounding, Sharding, WarmupArgs};
+use crate::versions::{DsBoundary, HfStepRule, WarmupArgs};
 
-/// Micro-batches each data-parallel rank sees per epoch (`L`, §5.1).
-///
-/// `BatchSamplerShard` (accelerate, `even_batches`): the unsharded sampler makes
-/// `B = ceil(N / b)` batches (`floor` with `drop_last`), then each rank gets `ceil(B / P)`
-/// (`floor` with `drop_last`), the last ones padded by wrap-around.
-/// `DistributedSampler` (transformers ≤ 4.29): each rank gets `S = ceil(N / P)` samples
-/// (padded), then `ceil(S / b)` batches (`floor` with `drop_last`).
-pub fn batches_per_rank(
-    samples: u64,
-    micro: u64,
-    ranks: u64,
-    drop_last: bool,
-    sharding: Sharding,
-) -> u64 {
-    let (micro, ranks) = (micro.max(1), ranks.max(1));
-    let div = |a: u64, b: u64| if drop_last { a / b } else { a.div_ceil(b) };
-    match sharding {
-        Sharding::BatchSamplerShard => div(div(samples, micro), ranks),
-        Sharding::DistributedSampler => div(samples.div_ceil(ranks), micro),
-    }
-}
-
-/// Optimizer steps per epoch (`U`, §5.2): `max(L // G, 1)` or `max(ceil(L / G), 1)`.
-pub fn updates_per_epoch(batches: u64, accumulate: u64, rounding: Rounding) -> u64 {
-    let g = accumulate.max(1);
-    let u = match rounding {
-        Rounding::Floor => batches / g,
-        Rounding::Ceil => batches.div_ceil(g),
-    };
-    u.max(1)
-}
-
-/// Total optimizer steps (HF `max_steps`): `max_steps` when given, else `ceil(epochs × U)`.
-pub fn total_steps(epochs: f64, per_epoch: u64, max_steps: Option<u64>) -> u64 {
-    match max_steps {
-        Some(m) if m > 0 => m,
-        _ => (epochs * per_epoch as f64).ceil() as u64,
-    }
-}
+pub use recipe_runtime::accounting::{batches_per_rank, total_steps, updates_per_epoch};
 
 /// A warmup as the recipe states it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -152,6 +114,7 @@ pub fn diverges(rows: &[Row]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::versions::{Rounding, Sharding};
 
     #[test]
     fn batches_per_rank_follows_both_samplers() {

@@ -143,23 +143,7 @@ pub enum HfStepRule {
     EpochModuloOrLast,
 }
 
-/// How `num_update_steps_per_epoch` rounds `L / G` (§5.2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Rounding {
-    /// `max(L // G, 1)` (≤ 4.51).
-    Floor,
-    /// `max(ceil(L / G), 1)` (≥ 4.52).
-    Ceil,
-}
-
-/// How the training data is split across data-parallel ranks (§5.1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Sharding {
-    /// torch `DistributedSampler`: `ceil(N / P)` samples per rank (padded), then batches.
-    DistributedSampler,
-    /// accelerate `BatchSamplerShard` with `even_batches`: batches first, then `ceil(B / P)` each.
-    BatchSamplerShard,
-}
+pub use recipe_runtime::accounting::{Rounding, Sharding};
 
 /// What decides a DeepSpeed optimizer update under the Trainer (§5.4, §5.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -509,7 +509,7 @@ fn log_warmup(r: &Resolved, kind: &str) -> Diagnostic {
             warmup_num_steps: w,
             warmup_type: DsWarmupType::Log,
         };
-        let flags = lr::DsFlags::from_facts(&r.facts);
+        let flags = lr::ds_flags(&r.facts);
         // From step 2 on (iteration ≥ 0): step 1 is the construction-time value.
         let ds_half = half_way(
             |k| lr::ds_lr_at_iteration(&unit, &flags, 1.0, lr::ds_iteration(k)),

@@ -1,0 +1,61 @@
+//! Step accounting shared by the compiler (`recipe steps`, `explain`, the rules) and the
+//! training loop: micro-batches per rank per epoch (`L`) and optimizer steps per epoch (`U`),
+//! spec ../shared/reference/ds_hf_rules.md §5. Pure functions; no I/O.
+
+/// How `num_update_steps_per_epoch` rounds `L / G` (§5.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rounding {
+    /// `max(L // G, 1)` (≤ 4.51).
+    Floor,
+    /// `max(ceil(L / G), 1)` (≥ 4.52).
+    Ceil,
+}
+
+/// How the training data is split across data-parallel ranks (§5.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sharding {
+    /// torch `DistributedSampler`: `ceil(N / P)` samples per rank (padded), then batches.
+    DistributedSampler,
+    /// accelerate `BatchSamplerShard` with `even_batches`: batches first, then `ceil(B / P)` each.
+    BatchSamplerShard,
+}
+
+/// Micro-batches each data-parallel rank sees per epoch (`L`, §5.1).
+///
+/// `BatchSamplerShard` (accelerate, `even_batches`): the unsharded sampler makes
+/// `B = ceil(N / b)` batches (`floor` with `drop_last`), then each rank gets `ceil(B / P)`
+/// (`floor` with `drop_last`), the last ones padded by wrap-around.
+/// `DistributedSampler` (transformers ≤ 4.29): each rank gets `S = ceil(N / P)` samples
+/// (padded), then `ceil(S / b)` batches (`floor` with `drop_last`).
+pub fn batches_per_rank(
+    samples: u64,
+    micro: u64,
+    ranks: u64,
+    drop_last: bool,
+    sharding: Sharding,
+) -> u64 {
+    let (micro, ranks) = (micro.max(1), ranks.max(1));
+    let div = |a: u64, b: u64| if drop_last { a / b } else { a.div_ceil(b) };
+    match sharding {
+        Sharding::BatchSamplerShard => div(div(samples, micro), ranks),
+        Sharding::DistributedSampler => div(samples.div_ceil(ranks), micro),
+    }
+}
+
+/// Optimizer steps per epoch (`U`, §5.2): `max(L // G, 1)` or `max(ceil(L / G), 1)`.
+pub fn updates_per_epoch(batches: u64, accumulate: u64, rounding: Rounding) -> u64 {
+    let g = accumulate.max(1);
+    let u = match rounding {
+        Rounding::Floor => batches / g,
+        Rounding::Ceil => batches.div_ceil(g),
+    };
+    u.max(1)
+}
+
+/// Total optimizer steps (HF `max_steps`): `max_steps` when given, else `ceil(epochs × U)`.
+pub fn total_steps(epochs: f64, per_epoch: u64, max_steps: Option<u64>) -> u64 {
+    match max_steps {
+        Some(m) if m > 0 => m,
+        _ => (epochs * per_epoch as f64).ceil() as u64,
+    }
+}

@@ -1,0 +1,9 @@
+//! `recipe-runtime`: the native training runtime of `recipe`.
+//!
+//! It knows nothing of the recipe language: it executes a [`plan::Plan`] (serde JSON) that the
+//! compiler writes. The learning-rate formulas ([`lr`]) and the step accounting ([`accounting`])
+//! live here once and are shared with the compiler's `explain`, `steps` and rules.
+
+pub mod accounting;
+pub mod lr;
+pub mod rng;
