@@ -59,3 +59,40 @@ pub fn total_steps(epochs: f64, per_epoch: u64, max_steps: Option<u64>) -> u64 {
         _ => (epochs * per_epoch as f64).ceil() as u64,
     }
 }
+
+/// The native runtime's step accounting: accelerate-style even sharding
+/// ([`Sharding::BatchSamplerShard`]), ceil windows (every epoch ends with a step, as HF ≥ 4.47
+/// does), and a short last window whose gradients are averaged over its real size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NativeSteps {
+    /// Micro-batches each rank sees per epoch (`L`).
+    pub batches_per_epoch: u64,
+    /// Optimizer steps per epoch (`U = max(ceil(L / G), 1)`).
+    pub per_epoch: u64,
+    /// Micro-batches in each epoch's last window (`G` when `G` divides `L`).
+    pub last_window: u64,
+    /// Optimizer steps of the whole run (`max_steps`, else `ceil(epochs × U)`).
+    pub total: u64,
+}
+
+/// [`NativeSteps`] for `samples` training rows, micro-batch `micro`, accumulation `accumulate`
+/// over `world` ranks.
+pub fn native(
+    samples: u64,
+    micro: u64,
+    accumulate: u64,
+    world: u64,
+    drop_last: bool,
+    epochs: f64,
+    max_steps: Option<u64>,
+) -> NativeSteps {
+    let g = accumulate.max(1);
+    let l = batches_per_rank(samples, micro, world, drop_last, Sharding::BatchSamplerShard);
+    let u = updates_per_epoch(l, g, Rounding::Ceil);
+    NativeSteps {
+        batches_per_epoch: l,
+        per_epoch: u,
+        last_window: l.saturating_sub(g * (u - 1)).max(1),
+        total: total_steps(epochs, u, max_steps),
+    }
+}

@@ -6,4 +6,5 @@
 
 pub mod accounting;
 pub mod lr;
+pub mod plan;
 pub mod rng;

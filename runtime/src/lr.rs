@@ -45,7 +45,7 @@ use std::f64::consts::PI;
 /// A `min_lr` / `min_lr_rate` pair of `lr_scheduler_kwargs`; upstream requires exactly one
 /// (`HF:get_cosine_with_min_lr_schedule_with_warmup` raises "Only one of min_lr or min_lr_rate
 /// should be set" / "One of min_lr or min_lr_rate should be set …"), which this enum enforces.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum MinLr {
     /// `min_lr`: an absolute learning rate; upstream turns it into `min_lr / peak`.
     Absolute(f64),
@@ -66,7 +66,7 @@ impl MinLr {
 
 /// Warmup or decay shape of `warmup_stable_decay` (`"linear"`, `"cosine"`, `"1-sqrt"`;
 /// `HF:get_wsd_schedule` raises `ValueError` for anything else).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum WsdShape {
     /// `"linear"`.
     Linear,
@@ -80,7 +80,7 @@ pub enum WsdShape {
 /// (`HF:TYPE_TO_SCHEDULER_FUNCTION`,
 /// `huggingface/transformers@v5.24.0:src/transformers/trainer_utils.py:SchedulerType`).
 /// Documented defaults are upstream's; [`HfSchedule::with_defaults`] builds them from a name.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum HfSchedule {
     /// `"linear"` (the Trainer default): linear warmup, then linear decay to 0 at `total`
     /// (`HF:_get_linear_schedule_with_warmup_lr_lambda`).
@@ -392,7 +392,7 @@ pub fn hf_lr(schedule: &HfSchedule, peak_lr: f64, warmup: u64, total: u64, step:
 /// always warm up logarithmically, so pass [`DsWarmupType::Log`] for them). Upstream maps any
 /// other string to `Log` with a warning (`DS:WarmupLR.__init__`; `WarmupCosineLR` only since
 /// v0.19.4, PR #8151, before which it crashed on the first step).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum DsWarmupType {
     /// `"log"` (upstream default): `ln(it + 1) / ln(W')`.
     #[default]
@@ -403,7 +403,7 @@ pub enum DsWarmupType {
 
 /// Parameters of DeepSpeed's `OneCycle` (`DS:OneCycle.__init__`); [`OneCycle::new`] fills the
 /// defaults. Step sizes are floats because upstream converts them with `float()`.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct OneCycle {
     /// `cycle_min_lr` (required): the LR at both ends of the cycle.
     pub cycle_min_lr: f64,
@@ -507,7 +507,7 @@ impl OneCycle {
 /// `warmup_num_steps` is stored as given; the effective value is always
 /// `W' = max(2, warmup_num_steps)` (all versions; since v0.19.3, PR #8126, upstream also rejects
 /// a non-`int` or ≤ 0 value with `"warmup_num_steps must be a positive integer, got <x>"`).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum DsSchedule {
     /// `WarmupLR` (`DS:WarmupLR`): `min_lr` at `it < 0`, warmup to `max_lr` over W', then flat.
     WarmupLr {
@@ -585,7 +585,7 @@ impl DsSchedule {
 
 /// Version-dependent DeepSpeed scheduler behaviour, as switches (no version checks in the
 /// formulas). the `recipe` crate takes them from its versions table; `Default` is the newest (v0.19.5).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DsFlags {
     /// v0.15.3+ (PR #6597): the `Warmup*` constructors write the `it = −1` LR (`min_lr`, or 0
     /// for `WarmupCosineLR`) into the optimizer, so optimizer step 1 runs at it. Before, they

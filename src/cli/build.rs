@@ -39,7 +39,13 @@ fn flag_words(flags: &RecipeFlags) -> Vec<String> {
     if let Some(s) = flags.samples {
         out.push(format!("--samples={s}"));
     }
-    out.extend(flags.target.iter().map(|t| format!("--target={t}")));
+    out.extend(
+        flags
+            .target
+            .iter()
+            .filter(|t| !super::BUILD_TARGETS.contains(&t.as_str()))
+            .map(|t| format!("--target={t}")),
+    );
     out.extend(flags.set.iter().map(|s| format!("--set={s}")));
     out
 }
@@ -78,11 +84,22 @@ pub fn run(file: &Path, out: Option<&PathBuf>, auto: bool, flags: &RecipeFlags) 
         recipe_dir_from_out: relative(&out_abs, &recipe_abs),
         out_dir_from_recipe: relative(&recipe_abs, &out_abs),
     };
-    let style = if auto { Style::Auto } else { Style::Explicit };
-    let artefacts = emit::build(&resolved, &source, &flag_words(flags), &layout, style);
-    match write_all(&out_abs, &artefacts.files) {
+    let files = if flags.target.iter().any(|t| t == "native") {
+        if auto {
+            eprintln!("error: --auto is for the DeepSpeed target; a native plan has no \"auto\" values");
+            return USAGE;
+        }
+        match native_plan(&resolved) {
+            Ok(plan) => vec![("plan.json".to_string(), plan.to_json().into_bytes())],
+            Err(code) => return code,
+        }
+    } else {
+        let style = if auto { Style::Auto } else { Style::Explicit };
+        emit::build(&resolved, &source, &flag_words(flags), &layout, style).files
+    };
+    match write_all(&out_abs, &files) {
         Ok(()) => {
-            for (name, _) in &artefacts.files {
+            for (name, _) in &files {
                 eprintln!("wrote {}", out_dir.join(name).display());
             }
             OK
@@ -92,6 +109,21 @@ pub fn run(file: &Path, out: Option<&PathBuf>, auto: bool, flags: &RecipeFlags) 
             USAGE
         }
     }
+}
+
+/// The native plan of a checked recipe; the reasons on stderr when it cannot run natively.
+pub fn native_plan(resolved: &recipe::resolve::Resolved) -> Result<recipe_runtime::plan::Plan, i32> {
+    let model = super::model_files::find(resolved).map_err(|e| {
+        eprintln!("error: {e}");
+        USAGE
+    })?;
+    emit::plan::plan(resolved, model).map_err(|reasons| {
+        for r in reasons {
+            eprintln!("error: {r}");
+        }
+        eprintln!("this recipe cannot run on the native runtime yet");
+        FAILED
+    })
 }
 
 /// Writes every file into a temporary directory inside `dir`, then renames each into place.

@@ -8,6 +8,8 @@ mod diff;
 mod explain;
 mod fmt;
 mod import;
+mod model_files;
+mod run;
 mod steps;
 mod verify;
 
@@ -82,7 +84,8 @@ enum Command {
         #[command(flatten)]
         flags: RecipeFlags,
     },
-    /// Write ds_config.json, training_args.json, launch.sh and recipe.lock for the targets.
+    /// Write ds_config.json, training_args.json, launch.sh and recipe.lock for the targets
+    /// (`--target native`: plan.json for `recipe run`).
     Build {
         /// Recipe file.
         file: PathBuf,
@@ -111,10 +114,24 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Format::Human)]
         format: Format,
     },
-    /// (not built yet) Train natively on CPU or CUDA.
+    /// Train natively: a recipe (compiled to a plan first) or a saved plan.json.
     Run {
         /// Recipe file or plan.json.
         file: PathBuf,
+        /// Where to train: the CPU reference backend, or CUDA (not built yet).
+        #[arg(long, value_enum, default_value_t = run::Device::Cpu)]
+        device: run::Device,
+        /// Continue from a checkpoint directory written by an earlier run.
+        #[arg(long, value_name = "DIR")]
+        resume: Option<PathBuf>,
+        /// Stop (with a checkpoint) after this many optimizer steps, to resume later.
+        #[arg(long, value_name = "N")]
+        stop_after: Option<u64>,
+        /// No progress bar (metrics still go to the metrics file).
+        #[arg(long)]
+        quiet: bool,
+        #[command(flatten)]
+        flags: RecipeFlags,
     },
     /// Turn a DeepSpeed config (+ TrainingArguments) into a recipe on stdout, and check it.
     Import {
@@ -152,7 +169,8 @@ pub struct RecipeFlags {
     /// Training examples, instead of counting the training file's rows.
     #[arg(long, value_name = "N")]
     pub samples: Option<u64>,
-    /// Target version, e.g. `transformers=4.24.0` (repeatable; overrides `target`).
+    /// Target version, e.g. `transformers=4.24.0` (repeatable; overrides `target`); for
+    /// `build`, also `native` (plan.json) or `deepspeed` (the default).
     #[arg(long, value_name = "LIB=VERSION")]
     pub target: Vec<String>,
     /// Any recipe item, e.g. `batch.micro=8` (repeatable).
@@ -161,13 +179,27 @@ pub struct RecipeFlags {
     /// Output: human (on stderr) or json (on stdout).
     #[arg(long, value_enum, default_value_t = Format::Human)]
     pub format: Format,
+    /// Set by `build`, which reads `--target native|deepspeed` itself.
+    #[arg(skip)]
+    pub build_target_allowed: bool,
 }
+
+/// What `recipe build --target …` can write.
+pub const BUILD_TARGETS: &[&str] = &["native", "deepspeed"];
 
 impl RecipeFlags {
     /// The resolution options for a recipe at `path`; a bad flag is a usage error.
     pub fn options(&self, path: &Path) -> Result<recipe::resolve::Options, String> {
         let mut targets = Vec::new();
         for t in &self.target {
+            if BUILD_TARGETS.contains(&t.as_str()) {
+                if self.build_target_allowed {
+                    continue;
+                }
+                return Err(format!(
+                    "`--target {t}` selects what `recipe build` writes; here --target takes LIB=VERSION"
+                ));
+            }
             let (lib, version) = t.split_once('=').ok_or_else(|| {
                 format!("`--target {t}`: expected LIB=VERSION, e.g. transformers=4.24.0")
             })?;
@@ -246,10 +278,21 @@ pub fn main() -> i32 {
             out,
             auto,
             flags,
-        } => build::run(&file, out.as_ref(), auto, &flags),
+        } => {
+            let mut flags = flags;
+            flags.build_target_allowed = true;
+            build::run(&file, out.as_ref(), auto, &flags)
+        }
         Command::Diff { a, b, format } => diff::run(&a, &b, format),
         Command::Verify { dir } => verify::run(&dir),
-        Command::Run { .. } => not_built("run", 5),
+        Command::Run {
+            file,
+            device,
+            resume,
+            stop_after,
+            quiet,
+            flags,
+        } => run::run(&file, device, resume.as_deref(), stop_after, quiet, &flags),
         Command::Import {
             file,
             args,
@@ -260,13 +303,6 @@ pub fn main() -> i32 {
             flags,
         } => import::run(&file, args.as_ref(), model, train, eval, labels, &flags),
     }
-}
-
-fn not_built(command: &str, issue: u32) -> i32 {
-    eprintln!(
-        "error: `recipe {command}` is not built yet (planned in issue #{issue}); `recipe check` and `recipe fmt` work today"
-    );
-    USAGE
 }
 
 /// Reads a recipe file (or standard input for `-`); prints the error on failure.

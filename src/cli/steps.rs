@@ -7,6 +7,7 @@ use recipe::resolve::Resolved;
 use recipe::rules::steps::run_timeline;
 use recipe::steps::{diverges, Row};
 use recipe::versions::{Facts, Library, Targets};
+use recipe_runtime::accounting::NativeSteps;
 use serde::Serialize;
 
 use super::{load, Format, RecipeFlags, FAILED, OK, USAGE};
@@ -67,43 +68,18 @@ fn timeline_for(resolved: &Resolved, targets: Targets) -> Option<Timeline> {
     })
 }
 
-/// The native runtime's accounting: accelerate-style even sharding, ceil windows, a short last
-/// window averaged over its real size (the semantics of the newest HF Trainer).
-#[derive(Serialize)]
-struct Native {
-    batches_per_epoch: u64,
-    per_epoch: u64,
-    last_window: u64,
-    total: u64,
-}
-
-fn native(r: &Resolved) -> Option<Native> {
-    use recipe::steps::{batches_per_rank, total_steps, updates_per_epoch};
-    use recipe::versions::{Rounding, Sharding};
-    let (samples, micro, g, world) = (
+/// The native runtime's accounting (`recipe_runtime::accounting::native`, which the training
+/// loop asserts its own count against).
+fn native(r: &Resolved) -> Option<NativeSteps> {
+    Some(recipe_runtime::accounting::native(
         r.uint("data.samples")?,
         r.uint("batch.micro")?,
-        r.uint("batch.accumulate")?.max(1),
+        r.uint("batch.accumulate")?,
         r.uint("cluster.world_size")?,
-    );
-    let l = batches_per_rank(
-        samples,
-        micro,
-        world,
         r.bool("data.drop_last").unwrap_or(false),
-        Sharding::BatchSamplerShard,
-    );
-    let u = updates_per_epoch(l, g, Rounding::Ceil);
-    Some(Native {
-        batches_per_epoch: l,
-        per_epoch: u,
-        last_window: l.saturating_sub(g * (u - 1)).max(1),
-        total: total_steps(
-            r.f64("train.epochs").unwrap_or(3.0),
-            u,
-            r.uint("train.max_steps"),
-        ),
-    })
+        r.f64("train.epochs").unwrap_or(3.0),
+        r.uint("train.max_steps"),
+    ))
 }
 
 pub fn run(file: &Path, versions: &[String], all: bool, flags: &RecipeFlags) -> i32 {

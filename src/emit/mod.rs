@@ -4,6 +4,7 @@
 pub mod deepspeed;
 pub mod launch;
 pub mod lock;
+pub mod plan;
 pub mod training_args;
 
 use crate::resolve::Resolved;

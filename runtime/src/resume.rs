@@ -1,0 +1,194 @@
+//! Checkpoints for exact resume: the model in HF layout (`config.json` with `id2label`,
+//! `model.safetensors`, `tokenizer.json`), the optimizer state (`optimizer.safetensors`) and
+//! where the run was (`trainer_state.json`). The loss scaler and RNG need no state today: the
+//! CPU backend trains in fp32, and dropout masks are counter-based on (seed, step, micro-batch).
+//! A checkpoint is written into a temporary directory and renamed into place, so a crash never
+//! leaves a half-written one.
+
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::{Dtype, TensorView};
+use serde::{Deserialize, Serialize};
+
+use crate::model::Classifier;
+use crate::optim::AdamState;
+use crate::train::Position;
+
+/// The state file's format.
+const STATE_FORMAT: u32 = 1;
+
+/// A checkpoint that cannot be written or read.
+#[derive(Debug, thiserror::Error)]
+pub enum ResumeError {
+    /// File system.
+    #[error("checkpoint `{path}`: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A file of the checkpoint is malformed or does not fit the model.
+    #[error("checkpoint `{path}`: {what}")]
+    Bad {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
+    /// The model could not be saved.
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
+}
+
+#[derive(Serialize, Deserialize)]
+struct TrainerState {
+    format: u32,
+    position: Position,
+    adam_step: u64,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ResumeError + '_ {
+    move |source| ResumeError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn bad(path: &Path, what: impl Into<String>) -> ResumeError {
+    ResumeError::Bad {
+        path: path.to_path_buf(),
+        what: what.into(),
+    }
+}
+
+/// Writes `dir` by filling a sibling temporary directory and renaming it over `dir`.
+fn atomically(
+    dir: &Path,
+    fill: impl FnOnce(&Path) -> Result<(), ResumeError>,
+) -> Result<(), ResumeError> {
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(io(parent))?;
+    let name = dir.file_name().map_or_else(
+        || "checkpoint".into(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+    if let Err(e) = fill(&tmp) {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).map_err(io(dir))?;
+    }
+    std::fs::rename(&tmp, dir).map_err(io(dir))
+}
+
+fn write_model(
+    dir: &Path,
+    model: &Classifier,
+    labels: &[String],
+    tokenizer: &Path,
+) -> Result<(), ResumeError> {
+    model.save_pretrained(dir, labels)?;
+    let t = dir.join("tokenizer.json");
+    std::fs::copy(tokenizer, &t).map_err(io(&t))?;
+    Ok(())
+}
+
+/// Saves the model alone, in HF layout (what `from_pretrained` loads).
+pub fn save_model(
+    dir: &Path,
+    model: &Classifier,
+    labels: &[String],
+    tokenizer: &Path,
+) -> Result<(), ResumeError> {
+    atomically(dir, |tmp| write_model(tmp, model, labels, tokenizer))
+}
+
+fn f32_bytes(xs: &[f32]) -> Vec<u8> {
+    xs.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Saves everything a bit-identical resume needs.
+pub fn save(
+    dir: &Path,
+    model: &Classifier,
+    labels: &[String],
+    tokenizer: &Path,
+    state: &AdamState,
+    position: Position,
+) -> Result<(), ResumeError> {
+    atomically(dir, |tmp| {
+        write_model(tmp, model, labels, tokenizer)?;
+        let (m, v) = (f32_bytes(&state.m), f32_bytes(&state.v));
+        let n = state.m.len();
+        let views = [
+            (
+                "exp_avg",
+                TensorView::new(Dtype::F32, vec![n], &m).map_err(|e| bad(tmp, e.to_string()))?,
+            ),
+            (
+                "exp_avg_sq",
+                TensorView::new(Dtype::F32, vec![n], &v).map_err(|e| bad(tmp, e.to_string()))?,
+            ),
+        ];
+        let path = tmp.join("optimizer.safetensors");
+        safetensors::serialize_to_file(views, None, &path)
+            .map_err(|e| bad(&path, e.to_string()))?;
+        let path = tmp.join("trainer_state.json");
+        let s = TrainerState {
+            format: STATE_FORMAT,
+            position,
+            adam_step: state.step,
+        };
+        let text = serde_json::to_string_pretty(&s).expect("the state serialises");
+        std::fs::write(&path, text).map_err(io(&path))
+    })
+}
+
+fn read_f32(path: &Path, st: &safetensors::SafeTensors<'_>, name: &str, n: usize) -> Result<Vec<f32>, ResumeError> {
+    let t = st
+        .tensor(name)
+        .map_err(|_| bad(path, format!("no tensor `{name}`")))?;
+    if t.dtype() != Dtype::F32 || t.shape() != [n] {
+        return Err(bad(
+            path,
+            format!(
+                "`{name}` is {:?} {:?}; the model needs F32 [{n}]",
+                t.dtype(),
+                t.shape()
+            ),
+        ));
+    }
+    Ok(t.data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect())
+}
+
+/// Reads the optimizer state and position of a checkpoint for a model of `n` parameters.
+pub fn read_training_state(dir: &Path, n: usize) -> Result<(AdamState, Position), ResumeError> {
+    let path = dir.join("trainer_state.json");
+    let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+    let s: TrainerState =
+        serde_json::from_str(&text).map_err(|e| bad(&path, e.to_string()))?;
+    if s.format != STATE_FORMAT {
+        return Err(bad(&path, format!("state format {}; this runtime reads {STATE_FORMAT}", s.format)));
+    }
+    let path = dir.join("optimizer.safetensors");
+    let bytes = std::fs::read(&path).map_err(io(&path))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| bad(&path, e.to_string()))?;
+    let m = read_f32(&path, &st, "exp_avg", n)?;
+    let v = read_f32(&path, &st, "exp_avg_sq", n)?;
+    Ok((
+        AdamState {
+            m,
+            v,
+            step: s.adam_step,
+        },
+        s.position,
+    ))
+}
