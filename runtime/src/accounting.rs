@@ -87,7 +87,13 @@ pub fn native(
     max_steps: Option<u64>,
 ) -> NativeSteps {
     let g = accumulate.max(1);
-    let l = batches_per_rank(samples, micro, world, drop_last, Sharding::BatchSamplerShard);
+    let l = batches_per_rank(
+        samples,
+        micro,
+        world,
+        drop_last,
+        Sharding::BatchSamplerShard,
+    );
     let u = updates_per_epoch(l, g, Rounding::Ceil);
     NativeSteps {
         batches_per_epoch: l,

@@ -177,6 +177,7 @@ pub enum SchedulePlan {
         total: u64,
     },
     /// A DeepSpeed scheduler (`recipe_runtime::lr::ds_lr`).
+    #[serde(rename = "deepspeed")]
     DeepSpeed {
         /// The schedule.
         schedule: DsSchedule,

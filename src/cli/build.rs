@@ -86,7 +86,9 @@ pub fn run(file: &Path, out: Option<&PathBuf>, auto: bool, flags: &RecipeFlags) 
     };
     let files = if flags.target.iter().any(|t| t == "native") {
         if auto {
-            eprintln!("error: --auto is for the DeepSpeed target; a native plan has no \"auto\" values");
+            eprintln!(
+                "error: --auto is for the DeepSpeed target; a native plan has no \"auto\" values"
+            );
             return USAGE;
         }
         match native_plan(&resolved) {
@@ -112,7 +114,9 @@ pub fn run(file: &Path, out: Option<&PathBuf>, auto: bool, flags: &RecipeFlags) 
 }
 
 /// The native plan of a checked recipe; the reasons on stderr when it cannot run natively.
-pub fn native_plan(resolved: &recipe::resolve::Resolved) -> Result<recipe_runtime::plan::Plan, i32> {
+pub fn native_plan(
+    resolved: &recipe::resolve::Resolved,
+) -> Result<recipe_runtime::plan::Plan, i32> {
     let model = super::model_files::find(resolved).map_err(|e| {
         eprintln!("error: {e}");
         USAGE

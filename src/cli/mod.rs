@@ -9,7 +9,7 @@ mod explain;
 mod fmt;
 mod import;
 mod model_files;
-mod run;
+// mod run; (wired in once the runtime's model and data modules land)
 mod steps;
 mod verify;
 
@@ -119,8 +119,8 @@ enum Command {
         /// Recipe file or plan.json.
         file: PathBuf,
         /// Where to train: the CPU reference backend, or CUDA (not built yet).
-        #[arg(long, value_enum, default_value_t = run::Device::Cpu)]
-        device: run::Device,
+        #[arg(long, value_enum, default_value_t = Device::Cpu)]
+        device: Device,
         /// Continue from a checkpoint directory written by an earlier run.
         #[arg(long, value_name = "DIR")]
         resume: Option<PathBuf>,
@@ -155,6 +155,15 @@ enum Command {
         #[command(flatten)]
         flags: RecipeFlags,
     },
+}
+
+/// Where `recipe run` trains.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Device {
+    /// The CPU reference backend.
+    Cpu,
+    /// CUDA through cudarc (not built yet).
+    Cuda,
 }
 
 /// The flags every recipe command takes.
@@ -292,7 +301,11 @@ pub fn main() -> i32 {
             stop_after,
             quiet,
             flags,
-        } => run::run(&file, device, resume.as_deref(), stop_after, quiet, &flags),
+        } => {
+            let _ = (file, device, resume, stop_after, quiet, flags);
+            eprintln!("error: `recipe run` is not built yet (issue #5 is in progress); `recipe build --target native` writes the plan it will execute");
+            USAGE
+        }
         Command::Import {
             file,
             args,

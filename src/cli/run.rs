@@ -3,20 +3,10 @@
 
 use std::path::Path;
 
-use clap::ValueEnum;
 use recipe_runtime::plan::Plan;
 use recipe_runtime::train::{self, RunOptions};
 
-use super::{load, RecipeFlags, FAILED, OK, USAGE};
-
-/// Where to train.
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Device {
-    /// The CPU reference backend.
-    Cpu,
-    /// CUDA through cudarc (not built yet).
-    Cuda,
-}
+use super::{load, Device, RecipeFlags, FAILED, OK, USAGE};
 
 pub fn run(
     file: &Path,

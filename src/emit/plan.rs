@@ -97,10 +97,9 @@ pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
         no.push("optimizer.amsgrad: not in the native runtime yet".into());
     }
     let betas = match r.val("optimizer.betas") {
-        Some(Val::List(v)) if v.len() == 2 => (
-            v[0].as_f64().unwrap_or(0.9),
-            v[1].as_f64().unwrap_or(0.999),
-        ),
+        Some(Val::List(v)) if v.len() == 2 => {
+            (v[0].as_f64().unwrap_or(0.9), v[1].as_f64().unwrap_or(0.999))
+        }
         _ => (0.9, 0.999),
     };
     let no_decay = match r.val("optimizer.no_decay") {
@@ -247,9 +246,11 @@ pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
     })
 }
 
-/// `p` made absolute against the working directory (without touching the file system beyond
-/// `current_dir`), so a plan runs from anywhere.
+/// `p` made absolute (canonical when it exists), so a plan runs from anywhere.
 fn absolute(p: PathBuf) -> PathBuf {
+    if let Ok(c) = std::fs::canonicalize(&p) {
+        return c;
+    }
     if p.is_absolute() {
         p
     } else {
