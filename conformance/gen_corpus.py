@@ -422,8 +422,10 @@ REJECTED = [
          base=BASE_HEAD + "batch { micro = 16 }\ntrain { precision = fp16 }\n",
          patch=[{"file": "ds_config.json", "set": "amp", "value": {"enabled": True}}],
          expect="raise", why="DeepSpeed: Cannot enable both amp with (legacy) fp16 or bfloat16 mode"),
+    # 1-bit Adam exists up to DeepSpeed 0.19.7 (PR #8490 deleted it in 0.19.8, R0410): the
+    # recipe pins 0.19.7 so the checker says R0404; the installed 0.19.8 refuses it either way.
     dict(slug="R0404-onebit-with-zero", code="R0404",
-         text=BASE_HEAD + "batch { micro = 8 }\noptimizer onebitadam { lr = 1e-4, freeze_step = 400 }\n"
+         text='target deepspeed "0.19.7"\n' + BASE_HEAD + "batch { micro = 8 }\noptimizer onebitadam { lr = 1e-4, freeze_step = 400 }\n"
               "train { precision = fp16 }\nzero 1\n",
          base=BASE_HEAD + "batch { micro = 8 }\noptimizer adamw { lr = 1e-4 }\n"
               "train { precision = fp16 }\nzero 1\n",
@@ -431,7 +433,55 @@ REJECTED = [
                  "value": {"type": "OneBitAdam", "params": {"lr": 1e-4, "betas": [0.9, 0.999],
                                                             "eps": 1e-8, "weight_decay": 0,
                                                             "freeze_step": 400}}}],
-         expect="raise", why="DeepSpeed engine: 1bit-Adam is not compatible with ZeRO"),
+         expect="raise", why="DeepSpeed engine: 1bit-Adam is not compatible with ZeRO (≤ 0.19.7; 0.19.8 has no 1-bit Adam)"),
+    # DeepSpeed 0.19.8 deleted the 1-bit optimizers (PR #8490): R0410 for the target release.
+    dict(slug="R0410-onebitadam-removed", code="R0410",
+         text=BASE_HEAD + "batch { micro = 8 }\noptimizer onebitadam { lr = 1e-4, freeze_step = 100 }\n"
+              "train { precision = fp16 }\n",
+         base=BASE_HEAD + "batch { micro = 8 }\noptimizer adamw { lr = 1e-4 }\ntrain { precision = fp16 }\n",
+         patch=[{"file": "ds_config.json", "set": "optimizer",
+                 "value": {"type": "OneBitAdam", "params": {"lr": 1e-4, "freeze_step": 100}}}],
+         expect="raise", why="DeepSpeed 0.19.8: OneBitAdam is not a supported DeepSpeed Optimizer"),
+    dict(slug="R0410-zerooneadam-removed", code="R0410",
+         text=BASE_HEAD + "batch { micro = 8 }\noptimizer zerooneadam { lr = 1e-4 }\n"
+              "train { precision = fp16 }\n",
+         base=BASE_HEAD + "batch { micro = 8 }\noptimizer adamw { lr = 1e-4 }\ntrain { precision = fp16 }\n",
+         patch=[{"file": "ds_config.json", "set": "optimizer",
+                 "value": {"type": "ZeroOneAdam", "params": {"lr": 1e-4}}}],
+         expect="raise", why="DeepSpeed 0.19.8: ZeroOneAdam is not a supported DeepSpeed Optimizer"),
+    dict(slug="R0410-onebitlamb-removed", code="R0410",
+         text=BASE_HEAD + "batch { micro = 8 }\noptimizer onebitlamb { lr = 1e-3 }\n"
+              "train { precision = fp16 }\n",
+         base=BASE_HEAD + "batch { micro = 8 }\noptimizer lamb { lr = 1e-3 }\ntrain { precision = fp16 }\n",
+         patch=[{"file": "ds_config.json", "set": "optimizer.type", "value": "OneBitLamb"}],
+         expect="raise", why="DeepSpeed 0.19.8: OneBitLamb is not a supported DeepSpeed Optimizer"),
+    dict(slug="R0414-amsgrad-fusedadam", code="R0414",
+         text=BASE_HEAD + "batch { micro = 8 }\noptimizer adam { lr = 2e-5, amsgrad = true, weight_decay = 0.01 }\n"
+              "zero 1\n",
+         base=BASE_HEAD + "batch { micro = 8 }\noptimizer adam { lr = 2e-5, weight_decay = 0.01 }\nzero 1\n",
+         patch=[{"file": "ds_config.json", "set": "optimizer.params.amsgrad", "value": True}],
+         expect="raise", why="FusedAdam does not support the AMSGrad variant"),
+    dict(slug="R0414-amsgrad-cpuadam", code="R0414",
+         text=BASE_HEAD + "batch { micro = 8 }\noptimizer adamw { lr = 2e-5, amsgrad = true }\n"
+              "zero 2 { offload optimizer = cpu }\n",
+         base=BASE_HEAD + "batch { micro = 8 }\noptimizer adamw { lr = 2e-5 }\nzero 2 { offload optimizer = cpu }\n",
+         patch=[{"file": "ds_config.json", "set": "optimizer.params.amsgrad", "value": True}],
+         expect="raise", why="DeepSpeedCPUAdam does not support the AMSGrad variant"),
+    dict(slug="R0909-sparse-attention", code="R0909",
+         text=BASE_HEAD + "batch { micro = 8 }\ndeepspeed { sparse_attention { mode = \"fixed\" } }\n",
+         base=BASE_HEAD + "batch { micro = 8 }\n",
+         patch=[{"file": "ds_config.json", "set": "sparse_attention", "value": {"mode": "fixed"}}],
+         expect="raise", why="DeepSpeed 0.19.8: Sparse Attention has been removed"),
+    dict(slug="R0909-elasticity", code="R0909",
+         text=BASE_HEAD + "batch { micro = 8 }\ndeepspeed { elasticity { enabled = false } }\n",
+         base=BASE_HEAD + "batch { micro = 8 }\n",
+         patch=[{"file": "ds_config.json", "set": "elasticity", "value": {"enabled": False}}],
+         expect="raise", why="DeepSpeed 0.19.8: Elastic training has been removed (even disabled)"),
+    dict(slug="R0909-mics-shard-size", code="R0909",
+         text=BASE_HEAD + "batch { micro = 8 }\nzero 3\ndeepspeed { zero_optimization.mics_shard_size = -1 }\n",
+         base=BASE_HEAD + "batch { micro = 8 }\nzero 3\n",
+         patch=[{"file": "ds_config.json", "set": "zero_optimization.mics_shard_size", "value": -1}],
+         expect="raise", why="DeepSpeed 0.19.8: MiCS ZeRO-3 sharding has been removed"),
     dict(slug="R0406-lamb-offload", code="R0406",
          text=BASE_HEAD + "batch { micro = 8 }\noptimizer lamb { lr = 1e-3 }\n"
               "zero 2 { offload optimizer = cpu }\n",

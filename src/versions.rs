@@ -475,6 +475,7 @@ pub static CHANGES: &[Change] = &[
     row(D, (0, 10, 2), DsOptimizers(&["adagrad", "adam", "adamw", "lamb", "onebitadam", "onebitlamb", "zerooneadam", "muadam", "muadamw", "musgd"]), "DeepSpeed@v0.10.2 runtime/config.py:DEEPSPEED_OPTIMIZERS (mup)"),
     row(D, (0, 11, 0), DsOptimizers(&["adagrad", "adam", "adamw", "lamb", "onebitadam", "onebitlamb", "zerooneadam", "muadam", "muadamw", "musgd", "lion"]), "DeepSpeed@v0.11.0 runtime/config.py:DEEPSPEED_OPTIMIZERS (lion)"),
     row(D, (0, 17, 6), DsOptimizers(&["adagrad", "adam", "adamw", "lamb", "onebitadam", "onebitlamb", "zerooneadam", "muadam", "muadamw", "musgd", "lion", "muon"]), "DeepSpeed@v0.17.6 runtime/config.py:DEEPSPEED_OPTIMIZERS (muon)"),
+    row(D, (0, 19, 8), DsOptimizers(&["adagrad", "adam", "adamw", "lamb", "muadam", "muadamw", "musgd", "lion", "muon"]), "DeepSpeed PR #8490 (1-bit Adam, 1-bit LAMB and 0/1 Adam deleted), v0.19.8 runtime/config.py:DEEPSPEED_OPTIMIZERS; found by the conformance harness"),
     row(D, (0, 0, 0), DsZeroSupportedOptimizers(&["adam", "adamw"]), "DeepSpeed@v0.3.16 runtime/zero/utils.py:ZERO_SUPPORTED_OPTIMIZERS (torch Adam, AdamW, FusedAdam, DeepSpeedCPUAdam)"),
     row(D, (0, 9, 2), DsZeroSupportedOptimizers(&["adam", "adamw", "adagrad"]), "DeepSpeed@v0.9.2 runtime/zero/utils.py:ZERO_SUPPORTED_OPTIMIZERS (+ torch Adagrad, DeepSpeedCPUAdagrad)"),
     row(D, (0, 11, 0), DsZeroSupportedOptimizers(&["adam", "adamw", "adagrad", "lion"]), "DeepSpeed@v0.11.0 runtime/zero/utils.py:ZERO_SUPPORTED_OPTIMIZERS (+ DeepSpeedCPULion, FusedLion)"),

@@ -486,7 +486,11 @@ pub fn config(r: &Resolved, style: Style) -> Value {
     if let Some(key) = r.facts.ds_bf16_key {
         c.insert(key.into(), json!({ "enabled": auto_or(json!(bf16)) }));
     }
-    if r.word("train.fp16_backend") == Some("apex") && r.facts.hf_apex_amp {
+    // DeepSpeed 0.19.8 refuses an `amp` section even when disabled (apex AMP removed).
+    if r.word("train.fp16_backend") == Some("apex")
+        && r.facts.hf_apex_amp
+        && !r.facts.ds_removed_legacy_features
+    {
         c.insert("amp".into(), json!({ "enabled": auto_or(json!(fp16)) }));
     }
     c.insert("zero_optimization".into(), zero_section(r, auto));

@@ -33,18 +33,23 @@ pub const ACCELERATE_TOO_OLD: &str = "R0908";
 /// A raw DeepSpeed section the target DeepSpeed has removed.
 pub const REMOVED_DEEPSPEED_KEY: &str = "R0909";
 
-/// Raw DeepSpeed keys that DeepSpeed 0.19.8 refuses with "… has been removed" (all read by
-/// 0.19.5; seen by the conformance harness, conformance/fixtures/). `curriculum_learning` only
-/// warns there, so it is reported as a warning.
+/// Raw DeepSpeed keys that DeepSpeed 0.19.8 refuses with "… has been removed", even when the
+/// section only disables the feature (`deepspeed/runtime/config.py:_reject_removed_config_keys`,
+/// `_REMOVED_TOP_LEVEL_CONFIG_KEYS` and `_REMOVED_ZERO_CONFIG_KEYS` of the 0.19.8 wheel; all
+/// read by 0.19.5; seen by the conformance harness, conformance/fixtures/).
 const REMOVED_KEYS: &[&str] = &[
+    "amp",
     "compression_training",
     "curriculum_learning",
+    "eigenvalue",
     "elasticity",
     "graph_harvesting",
     "nebula",
     "progressive_layer_drop",
+    "quantize_training",
     "sparse_attention",
     "sparse_gradients",
+    "zero_optimization.mics_hierarchical_params_gather",
     "zero_optimization.mics_shard_size",
     "zero_optimization.zeropp_loco_param",
 ];
@@ -70,15 +75,7 @@ fn removed_keys(r: &Resolved, out: &mut Vec<Diagnostic>) {
         let message = format!(
             "DeepSpeed {ds} has removed `{key}`: the run stops with \"… has been removed\""
         );
-        let d = if *key == "curriculum_learning" {
-            Diagnostic::warning(
-                REMOVED_DEEPSPEED_KEY,
-                format!("DeepSpeed {ds} ignores the legacy `curriculum_learning` section (it warns that it has been removed)"),
-                *span,
-            )
-        } else {
-            Diagnostic::error(REMOVED_DEEPSPEED_KEY, message, *span)
-        };
+        let d = Diagnostic::error(REMOVED_DEEPSPEED_KEY, message, *span);
         out.push(
             d.with_label(format!("removed in DeepSpeed {ds}"))
                 .with_help("remove it, or target the DeepSpeed release that still has it (e.g. `target deepspeed \"0.19.5\"`)"),

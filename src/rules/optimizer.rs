@@ -18,7 +18,7 @@ use crate::diagnostic::{Diagnostic, Label};
 use crate::resolve::value::fmt_f64;
 use crate::resolve::{Resolved, Val};
 use crate::syntax::ast::Span;
-use crate::versions::{Fact, Library};
+use crate::versions::{Fact, Library, CHANGES};
 
 use super::schedule::{first_release, fmt_lr, is_deepspeed_schedule, note, with_target};
 use super::{anchor, origin};
@@ -762,6 +762,25 @@ fn not_in_deepspeed(r: &Resolved, o: &Opt) -> Diagnostic {
         ds,
         |f| matches!(f, Fact::DsOptimizers(list) if list.contains(&kind)),
     );
+    // An optimizer an earlier release had: the release that deleted it.
+    let has = |f: &Fact| matches!(f, Fact::DsOptimizers(list) if list.contains(&kind));
+    let lists = || {
+        CHANGES.iter().filter(|c| {
+            c.library == Library::DeepSpeed
+                && c.since <= ds
+                && matches!(c.fact, Fact::DsOptimizers(_))
+        })
+    };
+    let removed = lists()
+        .filter(|c| has(&c.fact))
+        .map(|c| c.since)
+        .max()
+        .and_then(|last| {
+            lists()
+                .filter(|c| c.since > last && !has(&c.fact))
+                .map(|c| c.since)
+                .min()
+        });
     let d = Diagnostic::error(
         NOT_IN_DEEPSPEED,
         format!(
@@ -770,14 +789,18 @@ fn not_in_deepspeed(r: &Resolved, o: &Opt) -> Diagnostic {
         ),
         kind_span(r),
     )
-    .with_label(match since {
-        Some(v) => format!("added in DeepSpeed {v}"),
-        None => "not in this DeepSpeed".into(),
+    .with_label(match (since, removed) {
+        (Some(v), _) => format!("added in DeepSpeed {v}"),
+        (None, Some(v)) => format!("removed in DeepSpeed {v}"),
+        (None, None) => "not in this DeepSpeed".into(),
     });
     let d = with_target(d, r, Library::DeepSpeed);
-    d.with_help(match since {
-        Some(v) => format!("target deepspeed ≥ {v}, or choose another optimizer"),
-        None => "choose another optimizer".into(),
+    d.with_help(match (since, removed) {
+        (Some(v), _) => format!("target deepspeed ≥ {v}, or choose another optimizer"),
+        (None, Some(v)) => format!(
+            "DeepSpeed {v} deleted it: choose another optimizer (adamw, adam, lamb), or target deepspeed < {v}"
+        ),
+        (None, None) => "choose another optimizer".into(),
     })
 }
 
