@@ -2,8 +2,7 @@
 //!
 //! It knows nothing of the recipe language: it executes a [`plan::Plan`] (serde JSON) that the
 //! compiler writes. The learning-rate formulas ([`lr`]) and the step accounting ([`accounting`])
-//! live here once and are shared with the compiler's `explain`, `steps` and rules. The data pipeline
-//! ([`data`]) reads, tokenizes and shards the training file.
+//! live here once and are shared with the compiler's `explain`, `steps` and rules.
 
 pub mod accounting;
 pub mod data;

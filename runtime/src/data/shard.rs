@@ -31,12 +31,13 @@ pub fn epoch_order(n: usize, seed: u64, epoch: u64, shuffle: bool) -> Vec<usize>
 /// * with `drop_last`, only whole rounds of `world` batches are yielded: `B / world` per rank,
 ///   the leftover batches are dropped;
 /// * without it, the short last batch is completed and extra batches are appended until every
-///   rank has `ceil(B / world)` full batches. The filler comes from `initial_data`, the samples
-///   of the first `world` batches, repeated (`initial_data += initial_data`) until it holds
-///   `world * micro` samples, read from its start onwards. Since the filler is shorter than
-///   `world * micro`, this is the same as continuing `order` cyclically: sample `p` of the
-///   padded stream is `order[p % n]`, including the degenerate `n < world * micro` case in
-///   which the whole epoch is repeated (for `n = 1`, every batch on every rank is `[o, o, …]`).
+///   rank has `ceil(B / world)` full batches. The filler (fewer than `world * micro` samples) is
+///   read from the start of `initial_data`: the samples of the first `world` batches, i.e. the
+///   first `min(n, world * micro)` of `order`, doubled (`initial_data += initial_data`) until it
+///   holds at least `world * micro`. Either way that is `order` continued cyclically: sample `p`
+///   of the padded stream is `order[p % n]`. When `n < world * micro` the whole epoch repeats
+///   (for `n = 1`, every batch on every rank is `[o, o, …]`); accelerate calls this the
+///   degenerate case and handles it the same way, so no special rule is needed here.
 ///
 /// So every rank gets the same number of batches, all exactly `micro` long, and
 /// `rank_batches(..).len() == accounting::batches_per_rank(n, micro, world, drop_last,
