@@ -5,6 +5,7 @@
 //! live here once and are shared with the compiler's `explain`, `steps` and rules.
 
 pub mod accounting;
+pub mod data;
 pub mod lr;
 pub mod plan;
 pub mod rng;

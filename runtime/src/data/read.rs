@@ -1,0 +1,343 @@
+//! Reading labelled text rows from JSON Lines, CSV or TSV into [`Example`]s.
+//!
+//! Files are streamed (a `BufReader` for JSONL, the `csv` crate's own buffer for CSV/TSV), and
+//! every row remembers its 1-based line so that later stages (tokenization) can still point at it.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::{DataError, LabelSet};
+
+/// The layout of a data file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Decided by the extension: `.jsonl`/`.json` → JSONL, `.csv` → CSV, `.tsv` → TSV.
+    Auto,
+    /// One JSON object per line (HF `datasets` reads `.json` files the same way).
+    Jsonl,
+    /// Comma-separated with a header row; RFC 4180 quoting.
+    Csv,
+    /// Tab-separated with a header row; quoting as for CSV (what pandas writes and reads).
+    Tsv,
+}
+
+impl Format {
+    /// The concrete format for `path`: itself, or for `Auto` the one its extension names.
+    pub fn resolve(self, path: &Path) -> Result<Format, DataError> {
+        if self != Format::Auto {
+            return Ok(self);
+        }
+        let ext = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_ascii_lowercase);
+        match ext.as_deref() {
+            Some("jsonl" | "json") => Ok(Format::Jsonl),
+            Some("csv") => Ok(Format::Csv),
+            Some("tsv") => Ok(Format::Tsv),
+            _ => Err(DataError::UnknownFormat {
+                path: path.to_path_buf(),
+            }),
+        }
+    }
+}
+
+/// Where the data is and which fields hold what: the recipe's `data` block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataSpec {
+    /// The data file.
+    pub path: PathBuf,
+    /// Its layout.
+    pub format: Format,
+    /// The field (JSONL key or CSV/TSV column) holding the text.
+    pub text: String,
+    /// The field holding the second text of a pair task (NLI, QA), if any.
+    pub text_pair: Option<String>,
+    /// The field holding the label.
+    pub label: String,
+}
+
+/// One labelled row of a data file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Example {
+    /// The text.
+    pub text: String,
+    /// The second text, when the spec names a `text_pair` field.
+    pub text_pair: Option<String>,
+    /// The class id in the declared [`LabelSet`].
+    pub label: u32,
+    /// The 1-based line the row starts on.
+    pub line: usize,
+}
+
+/// All rows of `spec.path`, in file order, with labels mapped onto `labels`.
+///
+/// Fails on the first bad row, naming the file and line. A file without rows is an error too:
+/// training on nothing is never what a recipe means.
+pub fn read_examples(spec: &DataSpec, labels: &LabelSet) -> Result<Vec<Example>, DataError> {
+    let file = File::open(&spec.path).map_err(|source| DataError::Io {
+        path: spec.path.clone(),
+        source,
+    })?;
+    match spec.format.resolve(&spec.path)? {
+        Format::Jsonl => read_jsonl(spec, labels, BufReader::new(file)),
+        Format::Csv => read_delimited(spec, labels, file, b','),
+        Format::Tsv => read_delimited(spec, labels, file, b'\t'),
+        Format::Auto => unreachable!("Format::resolve never returns Auto"),
+    }
+}
+
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn read_jsonl(
+    spec: &DataSpec,
+    labels: &LabelSet,
+    reader: impl BufRead,
+) -> Result<Vec<Example>, DataError> {
+    let path = &spec.path;
+    let mut out = Vec::new();
+    let mut last = 1;
+    for (i, line) in reader.lines().enumerate() {
+        let line_no = i + 1;
+        last = line_no;
+        let line = line.map_err(|source| DataError::IoAt {
+            path: path.clone(),
+            line: line_no,
+            source,
+        })?;
+        // Editors on Windows may start the file with a byte-order mark, which JSON forbids.
+        let line = if line_no == 1 {
+            line.strip_prefix('\u{feff}').unwrap_or(&line)
+        } else {
+            &line
+        };
+        if line.trim().is_empty() {
+            continue;
+        }
+        let value: Value = serde_json::from_str(line).map_err(|e| DataError::Json {
+            path: path.clone(),
+            line: line_no,
+            message: format!("not valid JSON (one object per line is expected): {e}"),
+        })?;
+        let Value::Object(obj) = value else {
+            return Err(DataError::Json {
+                path: path.clone(),
+                line: line_no,
+                message: format!(
+                    "expected a JSON object per line, found {}",
+                    json_type(&value)
+                ),
+            });
+        };
+        let text_of = |field: &str, role: &'static str| -> Result<String, DataError> {
+            match obj.get(field) {
+                Some(Value::String(s)) => Ok(s.clone()),
+                Some(other) => Err(DataError::NotText {
+                    path: path.clone(),
+                    line: line_no,
+                    field: field.to_string(),
+                    role,
+                    found: json_type(other),
+                }),
+                None => Err(missing(path, line_no, field, role, String::new())),
+            }
+        };
+        let text = text_of(&spec.text, "text")?;
+        let text_pair = match &spec.text_pair {
+            Some(f) => Some(text_of(f, "text_pair")?),
+            None => None,
+        };
+        let raw = obj
+            .get(&spec.label)
+            .ok_or_else(|| missing(path, line_no, &spec.label, "label", String::new()))?;
+        let id = match raw {
+            Value::Number(n) => n.as_i64().and_then(|v| labels.id_of_int(v)),
+            Value::String(s) => labels.id_of_str(s),
+            _ => None,
+        };
+        let label = id.ok_or_else(|| DataError::BadLabel {
+            path: path.clone(),
+            line: line_no,
+            value: raw.to_string(),
+            allowed: labels.allowed(),
+        })?;
+        out.push(Example {
+            text,
+            text_pair,
+            label,
+            line: line_no,
+        });
+    }
+    if out.is_empty() {
+        return Err(DataError::Empty {
+            path: path.clone(),
+            line: last,
+        });
+    }
+    Ok(out)
+}
+
+fn missing(path: &Path, line: usize, field: &str, role: &'static str, found: String) -> DataError {
+    DataError::MissingField {
+        path: path.to_path_buf(),
+        line,
+        field: field.to_string(),
+        role,
+        found,
+    }
+}
+
+/// Passes a file's bytes through to the csv reader and remembers where its line breaks are, so
+/// that a record's byte offset can be turned into the line it starts on. The csv crate's own
+/// `Position::line` is taken at the byte after the previous record's terminator, which in a CRLF
+/// file is the `\n` still on the previous line: one line early.
+struct LineIndex<R> {
+    inner: R,
+    offset: u64,
+    newlines: Vec<u64>,
+    returns: Vec<u64>,
+}
+
+impl<R: Read> Read for LineIndex<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        for (i, &b) in buf[..n].iter().enumerate() {
+            match b {
+                b'\n' => self.newlines.push(self.offset + i as u64),
+                b'\r' => self.returns.push(self.offset + i as u64),
+                _ => {}
+            }
+        }
+        self.offset += n as u64;
+        Ok(n)
+    }
+}
+
+impl<R> LineIndex<R> {
+    /// The 1-based line of the first byte at or after `byte` that is not a line break.
+    fn line_at(&self, byte: u64) -> usize {
+        let mut at = byte;
+        while self.newlines.binary_search(&at).is_ok() || self.returns.binary_search(&at).is_ok() {
+            at += 1;
+        }
+        1 + self.newlines.partition_point(|&o| o < at)
+    }
+}
+
+/// The csv crate's error as `path:line: message`; `fallback` is the line when it knows none.
+fn csv_error<R>(path: &Path, e: csv::Error, index: &LineIndex<R>, fallback: usize) -> DataError {
+    let line = e.position().map_or(fallback, |p| index.line_at(p.byte()));
+    let message = match e.kind() {
+        csv::ErrorKind::UnequalLengths {
+            expected_len, len, ..
+        } => format!("the row has {len} fields but the header has {expected_len}"),
+        csv::ErrorKind::Utf8 { .. } => "the row is not valid UTF-8".to_string(),
+        csv::ErrorKind::Io(err) => format!("cannot read the line: {err}"),
+        _ => e.to_string(),
+    };
+    DataError::Csv {
+        path: path.to_path_buf(),
+        line,
+        message,
+    }
+}
+
+fn read_delimited(
+    spec: &DataSpec,
+    labels: &LabelSet,
+    file: File,
+    delimiter: u8,
+) -> Result<Vec<Example>, DataError> {
+    let path = &spec.path;
+    // The csv reader buffers internally, so no BufReader is needed around the file.
+    let mut rdr = csv::ReaderBuilder::new()
+        .delimiter(delimiter)
+        .has_headers(true)
+        .from_reader(LineIndex {
+            inner: file,
+            offset: 0,
+            newlines: Vec::new(),
+            returns: Vec::new(),
+        });
+    let header = match rdr.headers() {
+        Ok(h) => h.clone(),
+        Err(e) => return Err(csv_error(path, e, rdr.get_ref(), 1)),
+    };
+    let header_line = header
+        .position()
+        .map_or(1, |p| rdr.get_ref().line_at(p.byte()));
+    if header.iter().all(str::is_empty) {
+        return Err(DataError::Empty {
+            path: path.clone(),
+            line: header_line,
+        });
+    }
+    let column = |field: &str, role: &'static str| -> Result<usize, DataError> {
+        header.iter().position(|h| h == field).ok_or_else(|| {
+            let names: Vec<&str> = header.iter().collect();
+            missing(
+                path,
+                header_line,
+                field,
+                role,
+                format!("; the header has: {}", names.join(", ")),
+            )
+        })
+    };
+    let text_col = column(&spec.text, "text")?;
+    let pair_col = match &spec.text_pair {
+        Some(f) => Some(column(f, "text_pair")?),
+        None => None,
+    };
+    let label_col = column(&spec.label, "label")?;
+
+    let mut out = Vec::new();
+    let mut last = header_line;
+    let mut record = csv::StringRecord::new();
+    loop {
+        match rdr.read_record(&mut record) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(e) => return Err(csv_error(path, e, rdr.get_ref(), last + 1)),
+        }
+        let line = record
+            .position()
+            .map_or(last + 1, |p| rdr.get_ref().line_at(p.byte()));
+        last = line;
+        // The csv reader has checked every row against the header's field count, so the
+        // columns found in the header exist in the row.
+        let cell = |c: usize| record.get(c).unwrap_or_default();
+        let raw = cell(label_col);
+        let label = labels.id_of_str(raw).ok_or_else(|| DataError::BadLabel {
+            path: path.clone(),
+            line,
+            value: Value::String(raw.to_string()).to_string(),
+            allowed: labels.allowed(),
+        })?;
+        out.push(Example {
+            text: cell(text_col).to_string(),
+            text_pair: pair_col.map(|c| cell(c).to_string()),
+            label,
+            line,
+        });
+    }
+    if out.is_empty() {
+        return Err(DataError::Empty {
+            path: path.clone(),
+            line: last,
+        });
+    }
+    Ok(out)
+}
