@@ -55,6 +55,19 @@ fn the_corpus_is_large_and_every_fixture_is_well_formed() {
     }
 }
 
+/// Every corpus recipe (the ones our checker accepts) is accepted by the real stack: HF, its
+/// DeepSpeed fill/match, and DeepSpeed's validation at the recipe's world size.
+#[test]
+fn the_real_stack_accepts_every_corpus_recipe() {
+    for f in fixtures() {
+        assert_eq!(
+            f["verdict"], "ok",
+            "{}: the real stack refused it: {}",
+            f["case"], f["errors"]
+        );
+    }
+}
+
 #[test]
 fn hf_never_reports_a_mismatch_and_fills_exactly_what_we_emitted() {
     for f in fixtures() {
