@@ -9,3 +9,4 @@ pub mod data;
 pub mod lr;
 pub mod plan;
 pub mod rng;
+pub mod windows;
