@@ -13,8 +13,10 @@ Layout written:
                                              the same encoder as a bare BertModel file: no prefix, the
                                              I64 embeddings.position_ids buffer, no head (like MiniLM)
   case_a.safetensors   one padded batch: inputs, logits, loss, grad.<param> for every parameter
+                       (raw PyTorch values: the key biases' are rounding noise around an exact 0)
   case_b.safetensors   AdamW + accumulation 3 + clipping + linear warmup schedule, 20 steps: the
                        60 micro-batches, per-step loss and pre-clip grad norm, lr, final.<param>
+                       (key-bias gradient noise zeroed before clipping, see run())
   case_c.safetensors   Adam with L2 decay (torch.optim.Adam), 5 steps, no accumulation
 """
 import json
@@ -146,6 +148,13 @@ def run(steps, accum, opt_factory, clip, schedule, b, t):
             loss = model(input_ids=ids, token_type_ids=tt, attention_mask=mask, labels=labels).loss / accum
             loss.backward()
             total += loss.item()
+        # The key bias's gradient is exactly zero in exact arithmetic (a constant added to every
+        # score of a query row does not change its softmax); PyTorch's value is rounding noise
+        # (~1e-9), which Adam's eps-limited normalisation turns into a random walk of ~0.1·lr per
+        # step. The runtime does not accumulate that noise, so the reference drops it too.
+        for n, p in model.named_parameters():
+            if n.endswith("attention.self.key.bias"):
+                p.grad.zero_()
         if clip is not None:
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=False).item()
         else:

@@ -5,5 +5,10 @@
 //! live here once and are shared with the compiler's `explain`, `steps` and rules.
 
 pub mod accounting;
+pub mod backend;
+pub mod checkpoint;
 pub mod lr;
+pub mod model;
+pub mod optim;
+pub mod params;
 pub mod rng;
