@@ -137,23 +137,51 @@ fn phi_cdf(x: f64) -> f64 {
     0.5 * erfc(-x * std::f64::consts::FRAC_1_SQRT_2)
 }
 
-/// The dropout multiplier of element `idx`: 0 (dropped) or `1 / (1 - p)`.
-fn keep_scale(d: &Dropout, idx: u64) -> f32 {
-    let block = idx / 4;
-    let words = philox4x32(
-        [
-            block as u32,
-            (block >> 32) as u32,
-            d.stream as u32,
-            (d.stream >> 32) as u32,
-        ],
-        [d.seed as u32, (d.seed >> 32) as u32],
-    );
-    let u = f64::from(words[(idx % 4) as usize]) / 4_294_967_296.0;
-    if u >= f64::from(d.p) {
-        1.0 / (1.0 - d.p)
-    } else {
-        0.0
+/// Dropout multipliers drawn from one [`Dropout`] key: element `idx` uses word `idx % 4` of the
+/// Philox block `idx / 4` of stream `d.stream`. The last block is cached, so a sequential scan
+/// costs one Philox call per four elements.
+struct Mask {
+    key: [u32; 2],
+    stream: [u32; 2],
+    /// Keep iff the word is at least this (= ⌈p · 2³²⌉, i.e. uniform ≥ p).
+    threshold: u64,
+    scale: f32,
+    block: u64,
+    words: [u32; 4],
+}
+
+impl Mask {
+    fn new(d: &Dropout) -> Mask {
+        Mask {
+            key: [d.seed as u32, (d.seed >> 32) as u32],
+            stream: [d.stream as u32, (d.stream >> 32) as u32],
+            threshold: (f64::from(d.p) * 4_294_967_296.0).ceil() as u64,
+            scale: 1.0 / (1.0 - d.p),
+            block: u64::MAX,
+            words: [0; 4],
+        }
+    }
+
+    /// The multiplier of element `idx`: 0 (dropped) or `1 / (1 - p)`.
+    fn at(&mut self, idx: u64) -> f32 {
+        let block = idx / 4;
+        if block != self.block {
+            self.words = philox4x32(
+                [
+                    block as u32,
+                    (block >> 32) as u32,
+                    self.stream[0],
+                    self.stream[1],
+                ],
+                self.key,
+            );
+            self.block = block;
+        }
+        if u64::from(self.words[(idx % 4) as usize]) >= self.threshold {
+            self.scale
+        } else {
+            0.0
+        }
     }
 }
 
@@ -214,8 +242,9 @@ impl Cpu {
                 (Some(pd), Some(dr)) => {
                     let pd = &mut pd[h * t * t..(h + 1) * t * t];
                     let first = ((bi * s.heads + h) * t * t) as u64;
+                    let mut mask = Mask::new(dr);
                     for (j, (o, &x)) in pd.iter_mut().zip(p.iter()).enumerate() {
-                        *o = x * keep_scale(dr, first + j as u64);
+                        *o = x * mask.at(first + j as u64);
                     }
                     pd
                 }
@@ -290,8 +319,9 @@ impl Cpu {
                 (hid, 1),
             );
             if let Some(dr) = dropout {
+                let mut mask = Mask::new(dr);
                 for (j, x) in ds.iter_mut().enumerate() {
-                    *x *= keep_scale(dr, (hp + j) as u64);
+                    *x *= mask.at((hp + j) as u64);
                 }
             }
             // softmax backward: ds = p ⊙ (dp − Σ_j dp·p)
@@ -596,8 +626,9 @@ impl Backend for Cpu {
     }
 
     fn dropout(&self, x: &mut [f32], d: &Dropout) {
+        let mut mask = Mask::new(d);
         for (i, v) in x.iter_mut().enumerate() {
-            *v *= keep_scale(d, i as u64);
+            *v *= mask.at(i as u64);
         }
     }
 
