@@ -319,9 +319,12 @@ impl Cpu {
                 (hid, 1),
             );
             if let Some(dr) = dropout {
-                let mut mask = Mask::new(dr);
-                for (j, x) in ds.iter_mut().enumerate() {
-                    *x *= mask.at((hp + j) as u64);
+                // The forward's mask, read back from probs_drop instead of redrawn: a zero there
+                // is either dropped or a zero probability, and for the latter the softmax
+                // backward below multiplies by that zero anyway, so the result is the same.
+                let scale = 1.0 / (1.0 - dr.p);
+                for (x, &q) in ds.iter_mut().zip(pd) {
+                    *x = if q != 0.0 { *x * scale } else { 0.0 };
                 }
             }
             // softmax backward: ds = p ⊙ (dp − Σ_j dp·p)

@@ -238,6 +238,7 @@ pub trait Backend {
         dropout: Option<&Dropout>,
     );
     /// Attention backward: overwrites `dq`, `dk`, `dv`; `scratch` holds `[batch, heads, seq, seq]`.
+    /// With dropout, `probs_drop` (from the forward) must be given: it carries the mask.
     #[allow(clippy::too_many_arguments)]
     fn attention_bwd(
         &self,
