@@ -3,10 +3,24 @@
 //! It knows nothing of the recipe language: it executes a [`plan::Plan`] (serde JSON) that the
 //! compiler writes. The learning-rate formulas ([`lr`]) and the step accounting ([`accounting`])
 //! live here once and are shared with the compiler's `explain`, `steps` and rules.
+//!
+//! The numerical core: [`params`] (one flat parameter buffer), [`backend`] (the kernel trait and
+//! its deterministic CPU implementation), [`model`] (HF `BertForSequenceClassification`),
+//! [`optim`] (torch-exact clipping, Adam, AdamW) and [`checkpoint`] (safetensors IO). Parity with
+//! PyTorch is tested in `tests/parity.rs` against fixtures from `reference/`.
 
 pub mod accounting;
+pub mod backend;
+pub mod checkpoint;
 pub mod data;
 pub mod lr;
+pub mod metrics;
+pub mod model;
+pub mod optim;
+pub mod params;
 pub mod plan;
+pub mod progress;
+pub mod resume;
 pub mod rng;
+pub mod train;
 pub mod windows;

@@ -36,7 +36,12 @@ impl fmt::Display for EvalReport {
 /// Cross-entropy of one row's logits against `label`, in f64 (log-sum-exp, max-shifted).
 pub fn cross_entropy(logits: &[f32], label: usize) -> f64 {
     let max = logits.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
-    let lse = logits.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln() + max;
+    let lse = logits
+        .iter()
+        .map(|&x| (x as f64 - max).exp())
+        .sum::<f64>()
+        .ln()
+        + max;
     lse - logits[label] as f64
 }
 
@@ -54,9 +59,21 @@ pub fn argmax(logits: &[f32]) -> usize {
 /// F1 from predictions and labels over `classes` classes (see [`EvalReport::f1`]).
 pub fn f1(pred: &[usize], gold: &[usize], classes: usize) -> f64 {
     let per_class = |c: usize| {
-        let tp = pred.iter().zip(gold).filter(|(p, g)| **p == c && **g == c).count() as f64;
-        let fp = pred.iter().zip(gold).filter(|(p, g)| **p == c && **g != c).count() as f64;
-        let fneg = pred.iter().zip(gold).filter(|(p, g)| **p != c && **g == c).count() as f64;
+        let tp = pred
+            .iter()
+            .zip(gold)
+            .filter(|(p, g)| **p == c && **g == c)
+            .count() as f64;
+        let fp = pred
+            .iter()
+            .zip(gold)
+            .filter(|(p, g)| **p == c && **g != c)
+            .count() as f64;
+        let fneg = pred
+            .iter()
+            .zip(gold)
+            .filter(|(p, g)| **p != c && **g == c)
+            .count() as f64;
         if tp == 0.0 {
             0.0
         } else {
@@ -71,14 +88,18 @@ pub fn f1(pred: &[usize], gold: &[usize], classes: usize) -> f64 {
 }
 
 /// Evaluates `model` on every row of `data`, `micro` rows at a time.
-pub fn evaluate(model: &Classifier, data: &Dataset, micro: usize) -> EvalReport {
+pub fn evaluate(
+    model: &Classifier,
+    data: &Dataset,
+    micro: usize,
+) -> Result<EvalReport, crate::model::ModelError> {
     let classes = model.num_labels();
     let (mut pred, mut gold) = (Vec::new(), Vec::new());
     let mut loss = 0.0;
     let order: Vec<usize> = (0..data.len()).collect();
     for chunk in order.chunks(micro.max(1)) {
-        let batch = data.batch(chunk);
-        let logits = model.forward(&batch);
+        let batch = crate::train::model_batch(data.batch(chunk));
+        let logits = model.forward(&batch)?;
         for (row, &label) in batch.labels.iter().enumerate() {
             let l = &logits[row * classes..(row + 1) * classes];
             loss += cross_entropy(l, label as usize);
@@ -88,12 +109,12 @@ pub fn evaluate(model: &Classifier, data: &Dataset, micro: usize) -> EvalReport 
     }
     let rows = gold.len();
     let correct = pred.iter().zip(&gold).filter(|(p, g)| p == g).count();
-    EvalReport {
+    Ok(EvalReport {
         rows,
         loss: loss / rows.max(1) as f64,
         accuracy: correct as f64 / rows.max(1) as f64,
         f1: f1(&pred, &gold, classes),
-    }
+    })
 }
 
 #[cfg(test)]

@@ -6,9 +6,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 pub fn bar(total: u64, done: u64) -> ProgressBar {
     let bar = ProgressBar::new(total);
     bar.set_style(
-        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} steps  {msg}  (eta {eta})")
-            .expect("the template is valid")
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:30}] {pos}/{len} steps  {msg}  (eta {eta})",
+        )
+        .expect("the template is valid")
+        .progress_chars("=> "),
     );
     bar.set_position(done);
     bar

@@ -7,11 +7,10 @@
 
 use std::path::{Path, PathBuf};
 
-use safetensors::tensor::{Dtype, TensorView};
 use serde::{Deserialize, Serialize};
 
 use crate::model::Classifier;
-use crate::optim::AdamState;
+use crate::optim::{AdamState, OptimError};
 use crate::train::Position;
 
 /// The state file's format.
@@ -39,13 +38,15 @@ pub enum ResumeError {
     /// The model could not be saved.
     #[error(transparent)]
     Model(#[from] crate::model::ModelError),
+    /// The optimizer state could not be encoded or decoded.
+    #[error(transparent)]
+    Optim(#[from] OptimError),
 }
 
 #[derive(Serialize, Deserialize)]
 struct TrainerState {
     format: u32,
     position: Position,
-    adam_step: u64,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ResumeError + '_ {
@@ -69,10 +70,9 @@ fn atomically(
 ) -> Result<(), ResumeError> {
     let parent = dir.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(io(parent))?;
-    let name = dir.file_name().map_or_else(
-        || "checkpoint".into(),
-        |n| n.to_string_lossy().into_owned(),
-    );
+    let name = dir
+        .file_name()
+        .map_or_else(|| "checkpoint".into(), |n| n.to_string_lossy().into_owned());
     let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
@@ -108,10 +108,6 @@ pub fn save_model(
     atomically(dir, |tmp| write_model(tmp, model, labels, tokenizer))
 }
 
-fn f32_bytes(xs: &[f32]) -> Vec<u8> {
-    xs.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
 /// Saves everything a bit-identical resume needs.
 pub fn save(
     dir: &Path,
@@ -123,72 +119,35 @@ pub fn save(
 ) -> Result<(), ResumeError> {
     atomically(dir, |tmp| {
         write_model(tmp, model, labels, tokenizer)?;
-        let (m, v) = (f32_bytes(&state.m), f32_bytes(&state.v));
-        let n = state.m.len();
-        let views = [
-            (
-                "exp_avg",
-                TensorView::new(Dtype::F32, vec![n], &m).map_err(|e| bad(tmp, e.to_string()))?,
-            ),
-            (
-                "exp_avg_sq",
-                TensorView::new(Dtype::F32, vec![n], &v).map_err(|e| bad(tmp, e.to_string()))?,
-            ),
-        ];
         let path = tmp.join("optimizer.safetensors");
-        safetensors::serialize_to_file(views, None, &path)
-            .map_err(|e| bad(&path, e.to_string()))?;
+        std::fs::write(&path, state.to_safetensors()?).map_err(io(&path))?;
         let path = tmp.join("trainer_state.json");
         let s = TrainerState {
             format: STATE_FORMAT,
             position,
-            adam_step: state.step,
         };
         let text = serde_json::to_string_pretty(&s).expect("the state serialises");
         std::fs::write(&path, text).map_err(io(&path))
     })
 }
 
-fn read_f32(path: &Path, st: &safetensors::SafeTensors<'_>, name: &str, n: usize) -> Result<Vec<f32>, ResumeError> {
-    let t = st
-        .tensor(name)
-        .map_err(|_| bad(path, format!("no tensor `{name}`")))?;
-    if t.dtype() != Dtype::F32 || t.shape() != [n] {
+/// Reads the optimizer state and position of a checkpoint (the model is read by
+/// `Classifier::from_pretrained` from the same directory).
+pub fn read_training_state(dir: &Path) -> Result<(AdamState, Position), ResumeError> {
+    let path = dir.join("trainer_state.json");
+    let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+    let s: TrainerState = serde_json::from_str(&text).map_err(|e| bad(&path, e.to_string()))?;
+    if s.format != STATE_FORMAT {
         return Err(bad(
-            path,
+            &path,
             format!(
-                "`{name}` is {:?} {:?}; the model needs F32 [{n}]",
-                t.dtype(),
-                t.shape()
+                "state format {}; this runtime reads {STATE_FORMAT}",
+                s.format
             ),
         ));
     }
-    Ok(t.data()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect())
-}
-
-/// Reads the optimizer state and position of a checkpoint for a model of `n` parameters.
-pub fn read_training_state(dir: &Path, n: usize) -> Result<(AdamState, Position), ResumeError> {
-    let path = dir.join("trainer_state.json");
-    let text = std::fs::read_to_string(&path).map_err(io(&path))?;
-    let s: TrainerState =
-        serde_json::from_str(&text).map_err(|e| bad(&path, e.to_string()))?;
-    if s.format != STATE_FORMAT {
-        return Err(bad(&path, format!("state format {}; this runtime reads {STATE_FORMAT}", s.format)));
-    }
     let path = dir.join("optimizer.safetensors");
     let bytes = std::fs::read(&path).map_err(io(&path))?;
-    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| bad(&path, e.to_string()))?;
-    let m = read_f32(&path, &st, "exp_avg", n)?;
-    let v = read_f32(&path, &st, "exp_avg_sq", n)?;
-    Ok((
-        AdamState {
-            m,
-            v,
-            step: s.adam_step,
-        },
-        s.position,
-    ))
+    let state = AdamState::from_safetensors(&bytes).map_err(|e| bad(&path, e.to_string()))?;
+    Ok((state, s.position))
 }

@@ -12,12 +12,14 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::resume;
-use crate::data::{self, Dataset, LabelSet, TextTokenizer};
+use crate::backend::Cpu;
+use crate::data::{self, Dataset, LabelSet, TextTokenizer, TokenBatch};
 use crate::metrics::{self, EvalReport};
-use crate::model::{BertConfig, Classifier, Workspace};
-use crate::optim::{self, AdamConfig, AdamState};
+use crate::model::{Batch, BertConfig, Classifier, DropoutKey, ModelError, Workspace};
+use crate::optim::{self, Adam, AdamConfig, OptimError, WeightDecay};
 use crate::plan::{DataPlan, Every, ModelSource, OptimizerKind, Plan, Precision};
+use crate::resume;
+use crate::windows::{self, Shape};
 
 /// How to run a plan.
 #[derive(Debug, Clone, Default)]
@@ -28,6 +30,8 @@ pub struct RunOptions {
     pub stop_after: Option<u64>,
     /// Draw a progress bar on stderr.
     pub progress: bool,
+    /// Print nothing but errors (metrics still go to the metrics file).
+    pub quiet: bool,
 }
 
 /// Why a run stopped.
@@ -39,9 +43,12 @@ pub enum RunError {
     /// Bad data (the message names file and line).
     #[error(transparent)]
     Data(#[from] data::DataError),
-    /// The model cannot be loaded or saved.
+    /// The model cannot be loaded, run or saved.
     #[error(transparent)]
-    Model(#[from] crate::model::ModelError),
+    Model(#[from] ModelError),
+    /// The optimizer refused its inputs or state.
+    #[error(transparent)]
+    Optim(#[from] OptimError),
     /// A checkpoint cannot be read or written.
     #[error(transparent)]
     Checkpoint(#[from] resume::ResumeError),
@@ -188,30 +195,77 @@ fn load_model(plan: &Plan, resume: Option<&Path>) -> Result<Classifier, RunError
         (Some(dir), _) => Classifier::from_pretrained(dir, n, seed)?,
         (None, ModelSource::Pretrained { dir }) => Classifier::from_pretrained(dir, n, seed)?,
         (None, ModelSource::Config { config }) => {
-            let cfg = BertConfig::read(config)?;
-            Classifier::random(cfg, n, seed)?
+            let text = std::fs::read_to_string(config).map_err(|e| ModelError::Io {
+                path: config.clone(),
+                message: e.to_string(),
+            })?;
+            Classifier::random(BertConfig::from_json(&text)?, n, seed)?
         }
     };
     if let Some(p) = plan.model.dropout {
-        model.set_dropout(p as f32);
+        model.set_dropout(p)?;
     }
+    model.set_backend(Cpu::new(threads()));
     Ok(model)
 }
 
-/// Per-element weight-decay mask: HF Trainer's grouping by parameter-name substrings.
-fn decay_mask(model: &Classifier, no_decay: &[String]) -> Vec<bool> {
-    model
-        .params
-        .entries
+/// Threads for the CPU backend: `RECIPE_THREADS`, else every core. Results do not depend on it
+/// (each output element is summed by one thread in a fixed order).
+pub fn threads() -> usize {
+    std::env::var("RECIPE_THREADS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .filter(|&t| t > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// The model's batch from the data pipeline's (the same fields; the crates' modules stay apart).
+pub fn model_batch(b: TokenBatch) -> Batch {
+    Batch {
+        input_ids: b.input_ids,
+        token_type_ids: b.token_type_ids,
+        attention_mask: b.attention_mask,
+        labels: b.labels,
+        batch: b.batch,
+        seq: b.seq,
+    }
+}
+
+/// The optimizer of the plan over `model`'s parameters, with HF Trainer's decay grouping by
+/// name substrings (`optimizer.no_decay`).
+fn optimizer(plan: &Plan, model: &Classifier) -> Result<Adam, RunError> {
+    let o = &plan.optimizer;
+    let config = AdamConfig {
+        beta1: o.betas.0,
+        beta2: o.betas.1,
+        eps: o.eps,
+        weight_decay: o.weight_decay,
+        mode: match o.kind {
+            OptimizerKind::AdamW => WeightDecay::Decoupled,
+            OptimizerKind::Adam => WeightDecay::L2,
+        },
+        bias_correction: o.bias_correction,
+    };
+    let entries = &model.params().entries;
+    let decay: Vec<bool> = entries
         .iter()
-        .map(|e| !no_decay.iter().any(|s| e.name.contains(s.as_str())))
-        .collect()
+        .map(|e| !o.no_decay.iter().any(|s| e.name.contains(s.as_str())))
+        .collect();
+    Ok(Adam::new(config, entries, &decay)?)
+}
+
+fn labels(plan: &Plan) -> Result<LabelSet, RunError> {
+    Ok(if plan.model.named_labels {
+        LabelSet::names(plan.model.labels.iter().cloned())?
+    } else {
+        LabelSet::count(plan.model.labels.len() as u32)?
+    })
 }
 
 /// Runs a plan to the end (or to `stop_after`).
 pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
     supported(plan)?;
-    let labels = LabelSet::new(plan.model.labels.clone(), plan.model.named_labels);
+    let labels = labels(plan)?;
     let tokenizer = TextTokenizer::from_file(&plan.model.tokenizer, plan.data.max_len)?;
     let train = Dataset::load(&spec(&plan.data, &plan.data.train), &labels, &tokenizer)?;
     if train.len() as u64 != plan.data.samples {
@@ -222,40 +276,29 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
             plan.data.samples
         )));
     }
-    let eval = match &plan.data.eval {
-        Some(p) => Some(Dataset::load(&spec(&plan.data, p), &labels, &tokenizer)?),
-        None => None,
+    let load = |p: &Option<PathBuf>| -> Result<Option<Dataset>, RunError> {
+        match p {
+            Some(p) => Ok(Some(Dataset::load(
+                &spec(&plan.data, p),
+                &labels,
+                &tokenizer,
+            )?)),
+            None => Ok(None),
+        }
     };
-    let test = match &plan.data.test {
-        Some(p) => Some(Dataset::load(&spec(&plan.data, p), &labels, &tokenizer)?),
-        None => None,
-    };
+    let eval = load(&plan.data.eval)?;
+    let test = load(&plan.data.test)?;
 
     let out = &plan.train.output_dir;
     std::fs::create_dir_all(out).map_err(io(out))?;
     let mut model = load_model(plan, options.resume.as_deref())?;
-    let adam = AdamConfig {
-        decoupled: plan.optimizer.kind == OptimizerKind::AdamW,
-        betas: (plan.optimizer.betas.0 as f32, plan.optimizer.betas.1 as f32),
-        eps: plan.optimizer.eps as f32,
-        weight_decay: plan.optimizer.weight_decay as f32,
-        bias_correction: plan.optimizer.bias_correction,
-    };
-    let mask = decay_mask(&model, &plan.optimizer.no_decay);
-    let (mut state, mut pos) = match &options.resume {
-        Some(dir) => {
-            let (state, pos) = resume::read_training_state(dir, model.params.data.len())?;
-            (state, pos)
-        }
-        None => (
-            AdamState::new(model.params.data.len()),
-            Position {
-                step: 0,
-                epoch: 0,
-                batch: 0,
-            },
-        ),
-    };
+    let mut adam = optimizer(plan, &model)?;
+    let mut done = 0u64;
+    if let Some(dir) = &options.resume {
+        let (state, position) = resume::read_training_state(dir)?;
+        adam.load_state(state)?;
+        done = position.step;
+    }
 
     let metrics_path = out.join("metrics.jsonl");
     let mut log = std::fs::OpenOptions::new()
@@ -266,142 +309,146 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
     let mut record = |v: serde_json::Value| -> Result<(), RunError> {
         writeln!(log, "{v}").map_err(io(&metrics_path))
     };
-    if pos.step == 0 {
+    if done == 0 {
         record(serde_json::json!({
             "event": "start",
             "plan": plan.name,
             "train_rows": train.len(),
-            "params": model.params.data.len(),
+            "parameters": model.params().len(),
+            "threads": threads(),
             "predicted": plan.steps,
         }))?;
     } else {
-        record(serde_json::json!({ "event": "resume", "from": options.resume, "step": pos.step }))?;
+        record(serde_json::json!({ "event": "resume", "from": options.resume, "step": done }))?;
     }
 
     let total = plan.steps.total;
-    let g = plan.batch.accumulate.max(1) as usize;
-    let micro = plan.batch.micro as usize;
+    let g = plan.batch.accumulate.max(1);
     let (world, rank) = (plan.batch.world as usize, 0usize);
-    let bar = options.progress.then(|| crate::progress::bar(total, pos.step));
-    let mut grads = vec![0.0f32; model.params.data.len()];
-    let mut ws = Workspace::default();
+    let shape = Shape {
+        rows: train.len(),
+        micro: plan.batch.micro as usize,
+        accumulate: g as usize,
+        world,
+        drop_last: plan.data.drop_last,
+        shuffle: plan.data.shuffle,
+        seed: plan.train.seed,
+        total,
+    };
+    let work = windows::windows(shape, rank, done)?;
+    let bar = options.progress.then(|| crate::progress::bar(total, done));
+    let mut grads = model.params().zeros_like();
+    let mut ws = Workspace::new();
     let mut last_loss = None;
     let mut last_eval = None;
-    let mut window_losses: Vec<f32> = Vec::new();
     let started = Instant::now();
     let mut trained_samples = 0u64;
+    let mut step = done;
     let mut stopped = false;
 
-    'epochs: while pos.step < total {
-        let order = data::epoch_order(train.len(), plan.data.shuffle, plan.train.seed, pos.epoch);
-        let batches = data::rank_batches(&order, micro, world, rank, plan.data.drop_last);
-        if batches.len() as u64 != plan.steps.batches_per_epoch {
+    for w in &work {
+        if w.epoch_batches != plan.steps.batches_per_epoch {
             return Err(RunError::Mismatch(format!(
                 "epoch {}: {} micro-batches on rank {rank}, but the plan predicted {} (a step-accounting bug; please report it)",
-                pos.epoch + 1,
-                batches.len(),
+                w.epoch + 1,
+                w.epoch_batches,
                 plan.steps.batches_per_epoch
             )));
         }
-        let mut steps_this_epoch = pos.batch.div_ceil(g as u64);
-        let mut start = pos.batch as usize;
-        while start < batches.len() {
-            let window = &batches[start..(start + g).min(batches.len())];
-            grads.iter_mut().for_each(|x| *x = 0.0);
-            window_losses.clear();
-            let weight = 1.0 / window.len() as f32;
-            for (i, idx) in window.iter().enumerate() {
-                let batch = train.batch(idx);
-                let key = crate::model::DropoutKey {
-                    seed: plan.train.seed,
-                    step: pos.step,
-                    micro: i as u64,
-                };
-                let loss = model.forward_backward(&mut ws, &batch, weight, &mut grads, Some(key));
-                trained_samples += batch.batch as u64;
-                window_losses.push(loss);
-            }
-            let loss = window_losses.iter().sum::<f32>() / window_losses.len() as f32;
-            if !loss.is_finite() {
-                return Err(RunError::Diverged {
-                    step: pos.step + 1,
-                    loss,
-                });
-            }
-            let norm = if plan.train.clip > 0.0 {
-                optim::clip_grad_norm(&mut grads, plan.train.clip as f32)
-            } else {
-                optim::grad_norm(&grads)
+        grads.iter_mut().for_each(|x| *x = 0.0);
+        // A short last window is averaged over its real size.
+        let weight = 1.0 / w.batches.len() as f32;
+        let mut loss = 0.0f32;
+        for (i, idx) in w.batches.iter().enumerate() {
+            let batch = model_batch(train.batch(idx));
+            let key = DropoutKey {
+                seed: plan.train.seed,
+                micro_batch: (w.step - 1) * g + i as u64,
             };
-            pos.step += 1;
-            let lr = plan.schedule.lr(pos.step);
-            optim::adam_step(
-                &adam,
-                &mut state,
-                &mut model.params,
-                &grads,
-                &mask,
-                lr as f32,
-            );
-            start += window.len();
-            pos.batch = start as u64;
-            steps_this_epoch += 1;
-            last_loss = Some(loss);
-            let rate = trained_samples as f64 / started.elapsed().as_secs_f64().max(1e-9);
-            if let Some(b) = &bar {
-                b.set_position(pos.step);
-                b.set_message(format!("loss {loss:.4}  lr {lr:.3e}  {rate:.1} samples/s"));
+            loss += model.forward_backward(&mut ws, &batch, weight, &mut grads, Some(key))?;
+            trained_samples += batch.batch as u64;
+        }
+        loss /= w.batches.len() as f32;
+        if !loss.is_finite() {
+            return Err(RunError::Diverged { step: w.step, loss });
+        }
+        let norm = if plan.train.clip > 0.0 {
+            optim::clip_grad_norm(&mut grads, plan.train.clip as f32)
+        } else {
+            grads
+                .iter()
+                .map(|g| f64::from(*g).powi(2))
+                .sum::<f64>()
+                .sqrt() as f32
+        };
+        let lr = plan.schedule.lr(w.step);
+        adam.step(model.params_mut(), &grads, lr)?;
+        step = w.step;
+        last_loss = Some(loss);
+        let rate = trained_samples as f64 / started.elapsed().as_secs_f64().max(1e-9);
+        if let Some(b) = &bar {
+            b.set_position(step);
+            b.set_message(format!("loss {loss:.4}  lr {lr:.3e}  {rate:.1} samples/s"));
+        }
+        if step % plan.train.logging_steps == 0 || step == total {
+            record(serde_json::json!({
+                "step": step,
+                "epoch": w.epoch + 1,
+                "loss": loss,
+                "lr": lr,
+                "grad_norm": norm,
+                "samples_per_s": rate,
+            }))?;
+        }
+        if w.ends_epoch {
+            let steps_in_epoch = step - w.epoch * plan.steps.per_epoch;
+            if steps_in_epoch != plan.steps.per_epoch {
+                return Err(RunError::Mismatch(format!(
+                    "epoch {}: {steps_in_epoch} optimizer steps, but the plan predicted {} (a step-accounting bug; please report it)",
+                    w.epoch + 1,
+                    plan.steps.per_epoch
+                )));
             }
-            if pos.step % plan.train.logging_steps == 0 || pos.step == total {
-                record(serde_json::json!({
-                    "step": pos.step,
-                    "epoch": pos.epoch + 1,
-                    "loss": loss,
-                    "lr": lr,
-                    "grad_norm": norm,
-                    "samples_per_s": rate,
-                }))?;
-            }
-            let epoch_done = start >= batches.len();
-            if epoch_done {
-                if steps_this_epoch != plan.steps.per_epoch {
-                    return Err(RunError::Mismatch(format!(
-                        "epoch {}: {steps_this_epoch} optimizer steps, but the plan predicted {} (a step-accounting bug; please report it)",
-                        pos.epoch + 1,
-                        plan.steps.per_epoch
-                    )));
+        }
+        let due = |every: Every| match every {
+            Every::Epoch => w.ends_epoch,
+            Every::Steps(n) => step % n == 0,
+            Every::Never => false,
+        };
+        if let Some(ev) = &eval {
+            let at_end = step == total && plan.train.eval_every != Every::Never;
+            if due(plan.train.eval_every) || at_end {
+                let report = metrics::evaluate(&model, ev, plan.batch.eval_micro as usize)?;
+                record(serde_json::json!({ "step": step, "eval": report }))?;
+                match &bar {
+                    Some(b) => b.println(format!("step {step}: eval {report}")),
+                    None if !options.quiet => eprintln!("step {step}: eval {report}"),
+                    None => {}
                 }
-                pos.epoch += 1;
-                pos.batch = 0;
+                last_eval = Some(report);
             }
-            let due = |every: Every| match every {
-                Every::Epoch => epoch_done,
-                Every::Steps(n) => pos.step % n == 0,
-                Every::Never => false,
+        }
+        let stop_here = options.stop_after == Some(step) && step < total;
+        if (due(plan.train.save_every) && step < total) || stop_here {
+            let dir = out.join(format!("checkpoint-{step}"));
+            let position = Position {
+                step,
+                epoch: w.epoch,
+                batch: w.first_batch + w.batches.len() as u64,
             };
-            if let Some(ev) = &eval {
-                if due(plan.train.eval_every) || (pos.step == total && plan.train.eval_every != Every::Never) {
-                    let report = metrics::evaluate(&model, ev, plan.batch.eval_micro as usize);
-                    record(serde_json::json!({ "step": pos.step, "eval": report }))?;
-                    if let Some(b) = &bar {
-                        b.println(format!("step {}: eval {report}", pos.step));
-                    }
-                    last_eval = Some(report);
-                }
-            }
-            let stop_here = options.stop_after == Some(pos.step) && pos.step < total;
-            if (due(plan.train.save_every) && pos.step < total) || stop_here {
-                let dir = out.join(format!("checkpoint-{}", pos.step));
-                resume::save(&dir, &model, &plan.model.labels, &plan.model.tokenizer, &state, pos)?;
-                record(serde_json::json!({ "step": pos.step, "checkpoint": dir }))?;
-            }
-            if stop_here {
-                stopped = true;
-                break 'epochs;
-            }
-            if pos.step == total {
-                break 'epochs;
-            }
+            resume::save(
+                &dir,
+                &model,
+                &plan.model.labels,
+                &plan.model.tokenizer,
+                adam.state(),
+                position,
+            )?;
+            record(serde_json::json!({ "step": step, "checkpoint": dir }))?;
+        }
+        if stop_here {
+            stopped = true;
+            break;
         }
     }
     if let Some(b) = &bar {
@@ -409,7 +456,7 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
     }
 
     let mut summary = Summary {
-        steps: pos.step,
+        steps: step,
         predicted_steps: total,
         stopped,
         last_loss,
@@ -420,25 +467,29 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
         metrics: metrics_path.clone(),
     };
     if stopped {
-        summary.saved = Some(out.join(format!("checkpoint-{}", pos.step)));
+        summary.saved = Some(out.join(format!("checkpoint-{step}")));
         return Ok(summary);
     }
-    if pos.step != total {
+    if step != total {
         return Err(RunError::Mismatch(format!(
-            "the run took {} optimizer steps, but the plan predicted {total}",
-            pos.step
+            "the run took {step} optimizer steps, but the plan predicted {total}"
         )));
     }
     if let Some(t) = &test {
-        let report = metrics::evaluate(&model, t, plan.batch.eval_micro as usize);
-        record(serde_json::json!({ "step": pos.step, "test": report }))?;
+        let report = metrics::evaluate(&model, t, plan.batch.eval_micro as usize)?;
+        record(serde_json::json!({ "step": step, "test": report }))?;
         summary.test = Some(report);
     }
     let final_dir = out.join("model");
-    resume::save_model(&final_dir, &model, &plan.model.labels, &plan.model.tokenizer)?;
+    resume::save_model(
+        &final_dir,
+        &model,
+        &plan.model.labels,
+        &plan.model.tokenizer,
+    )?;
     record(serde_json::json!({
         "event": "end",
-        "steps": { "taken": pos.step, "predicted": total },
+        "steps": { "taken": step, "predicted": total },
         "model": final_dir,
     }))?;
     summary.saved = Some(final_dir);

@@ -135,7 +135,11 @@ mod tests {
                                     // is `last_window` long.
                                     let full = ws.iter().filter(|w| w.ends_epoch);
                                     for w in full {
-                                        assert_eq!(w.step - w.epoch * p.per_epoch, p.per_epoch, "{what}");
+                                        assert_eq!(
+                                            w.step - w.epoch * p.per_epoch,
+                                            p.per_epoch,
+                                            "{what}"
+                                        );
                                         assert_eq!(w.batches.len() as u64, p.last_window, "{what}");
                                     }
                                     cases += 1;

@@ -9,7 +9,7 @@ mod explain;
 mod fmt;
 mod import;
 mod model_files;
-// mod run; (wired in once the runtime's model and data modules land)
+mod run;
 mod steps;
 mod verify;
 
@@ -301,11 +301,7 @@ pub fn main() -> i32 {
             stop_after,
             quiet,
             flags,
-        } => {
-            let _ = (file, device, resume, stop_after, quiet, flags);
-            eprintln!("error: `recipe run` is not built yet (issue #5 is in progress); `recipe build --target native` writes the plan it will execute");
-            USAGE
-        }
+        } => run::run(&file, device, resume.as_deref(), stop_after, quiet, &flags),
         Command::Import {
             file,
             args,

@@ -52,10 +52,13 @@ pub fn run(
         resume: resume.map(Path::to_path_buf),
         stop_after,
         progress: !quiet && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        quiet,
     };
     match train::run(&plan, &options) {
         Ok(summary) => {
-            eprintln!("{summary}");
+            if !quiet {
+                eprintln!("{summary}");
+            }
             OK
         }
         Err(e) => {

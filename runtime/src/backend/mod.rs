@@ -1,0 +1,270 @@
+//! The numeric kernels behind one trait, so the model code is written once for every executor.
+//!
+//! [`Backend`] names its buffers through associated types: the CPU backend ([`Cpu`]) uses
+//! `Vec<f32>` / `&[f32]` / `&mut [f32]`, and a device backend can use device allocations and views
+//! of them (cudarc's `CudaSlice` / `CudaView` / `CudaViewMut` have exactly this shape). The model
+//! only ever calls trait methods, never indexes a buffer.
+//!
+//! Conventions for every kernel: matrices are row-major; "accumulate" means `+=` into the
+//! destination (parameter gradients always accumulate, so gradient accumulation over micro-batches
+//! is free); every reduction runs in a fixed order, so results are bit-for-bit reproducible and do
+//! not depend on the thread count. Shapes are trusted: the model validates its inputs before
+//! calling a kernel, and a kernel given inconsistent lengths panics (a bug, not bad input).
+
+pub mod cpu;
+
+pub use cpu::Cpu;
+
+use std::ops::Range;
+
+/// One GEMM: `C[m×n] = alpha · op(A)[m×k] · op(B)[k×n] + beta · C`.
+///
+/// `op(A)` is `A` stored row-major with leading dimension `lda` (`trans_a == false`, `A` is m×k) or
+/// the transpose of a row-major k×m `A` (`trans_a == true`); likewise for `B`. Leading dimensions
+/// larger than the logical width select rows from a wider buffer (e.g. the `[CLS]` rows).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gemm {
+    /// Rows of `C`.
+    pub m: usize,
+    /// Columns of `C`.
+    pub n: usize,
+    /// The contracted dimension.
+    pub k: usize,
+    /// Whether `A` is stored transposed (k×m).
+    pub trans_a: bool,
+    /// Whether `B` is stored transposed (n×k).
+    pub trans_b: bool,
+    /// Row stride of the stored `A`.
+    pub lda: usize,
+    /// Row stride of the stored `B`.
+    pub ldb: usize,
+    /// Row stride of `C`.
+    pub ldc: usize,
+    /// Scale of the product.
+    pub alpha: f32,
+    /// Scale of the old `C` (0: `C` is not read, so it may hold garbage).
+    pub beta: f32,
+}
+
+impl Gemm {
+    /// Dense (contiguous) operands: leading dimensions follow from the shapes and transposes.
+    pub fn dense(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool, beta: f32) -> Gemm {
+        Gemm {
+            m,
+            n,
+            k,
+            trans_a,
+            trans_b,
+            lda: if trans_a { m } else { k },
+            ldb: if trans_b { k } else { n },
+            ldc: n,
+            alpha: 1.0,
+            beta,
+        }
+    }
+}
+
+/// Which dropout mask to apply: element `i` of the buffer is kept iff the Philox draw
+/// `(seed, stream, offset + i)` is at least `p`; kept elements are scaled by `1 / (1 - p)`.
+///
+/// The mask is a pure function of its key, so backward re-derives it instead of storing it, and a
+/// device backend draws the same mask.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Dropout {
+    /// Drop probability, in `[0, 1)`.
+    pub p: f32,
+    /// Philox key.
+    pub seed: u64,
+    /// Philox stream (one per dropout site and micro-batch).
+    pub stream: u64,
+}
+
+/// Shape of a multi-head attention call: `batch × seq` tokens, `heads × head_dim` = hidden.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttnShape {
+    /// Sequences.
+    pub batch: usize,
+    /// Tokens per sequence.
+    pub seq: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+}
+
+/// The kernel set of a training executor. See the module docs for the conventions.
+pub trait Backend {
+    /// An owned `f32` buffer.
+    type Buf;
+    /// A read-only view of part of a buffer.
+    type View<'a>: Copy
+    where
+        Self: 'a;
+    /// A writable view of part of a buffer.
+    type ViewMut<'a>
+    where
+        Self: 'a;
+    /// An owned `u32` buffer (token ids, labels, masks).
+    type Ids;
+
+    /// A zero-filled buffer of `n` floats.
+    fn alloc(&self, n: usize) -> Self::Buf;
+    /// A buffer holding a copy of `src` (host to backend).
+    fn upload_ids(&self, src: &[u32]) -> Self::Ids;
+    /// Copies `src` out to the host.
+    fn download(&self, src: Self::View<'_>, dst: &mut [f32]);
+    /// The whole of `b`, read-only.
+    fn view<'a>(&self, b: &'a Self::Buf) -> Self::View<'a>;
+    /// The whole of `b`, writable.
+    fn view_mut<'a>(&self, b: &'a mut Self::Buf) -> Self::ViewMut<'a>;
+    /// Elements `r` of a view.
+    fn sub<'a>(&self, v: Self::View<'a>, r: Range<usize>) -> Self::View<'a>
+    where
+        Self: 'a;
+    /// Elements `r` of a writable view (reborrowed for the returned lifetime).
+    fn sub_mut<'a, 'b>(&self, v: &'b mut Self::ViewMut<'a>, r: Range<usize>) -> Self::ViewMut<'b>
+    where
+        'a: 'b;
+
+    /// Splits a writable view at element `mid` into two disjoint views.
+    fn split_at_mut<'a, 'b>(
+        &self,
+        v: &'b mut Self::ViewMut<'a>,
+        mid: usize,
+    ) -> (Self::ViewMut<'b>, Self::ViewMut<'b>)
+    where
+        'a: 'b;
+
+    /// `dst = 0`.
+    fn zero(&self, dst: Self::ViewMut<'_>);
+    /// `dst = src`.
+    fn copy(&self, dst: Self::ViewMut<'_>, src: Self::View<'_>);
+    /// `acc += x`, elementwise.
+    fn add_assign(&self, acc: Self::ViewMut<'_>, x: Self::View<'_>);
+
+    /// One GEMM, see [`Gemm`].
+    fn gemm(&self, g: &Gemm, a: Self::View<'_>, b: Self::View<'_>, c: Self::ViewMut<'_>);
+    /// `out[r, c] += bias[c]` for a `rows × cols` matrix.
+    fn add_bias(&self, out: Self::ViewMut<'_>, bias: Self::View<'_>, rows: usize, cols: usize);
+    /// Accumulates `db[c] += Σ_r dout[r, c]` (rows summed in order).
+    fn bias_grad(&self, db: Self::ViewMut<'_>, dout: Self::View<'_>, rows: usize, cols: usize);
+
+    /// BERT embeddings: `out[b, t] = word[ids[b, t]] + pos[t] + typ[types[b, t]]`, `hidden` wide.
+    #[allow(clippy::too_many_arguments)]
+    fn embedding_fwd(
+        &self,
+        out: Self::ViewMut<'_>,
+        ids: &Self::Ids,
+        types: &Self::Ids,
+        word: Self::View<'_>,
+        pos: Self::View<'_>,
+        typ: Self::View<'_>,
+        batch: usize,
+        seq: usize,
+        hidden: usize,
+    );
+    /// Accumulates the embedding-table gradients of [`Backend::embedding_fwd`] (tokens in order).
+    #[allow(clippy::too_many_arguments)]
+    fn embedding_bwd(
+        &self,
+        dword: Self::ViewMut<'_>,
+        dpos: Self::ViewMut<'_>,
+        dtyp: Self::ViewMut<'_>,
+        dout: Self::View<'_>,
+        ids: &Self::Ids,
+        types: &Self::Ids,
+        batch: usize,
+        seq: usize,
+        hidden: usize,
+    );
+
+    /// LayerNorm over the last dimension (biased variance, `eps` inside the square root); saves
+    /// each row's mean and 1/std for the backward.
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_fwd(
+        &self,
+        out: Self::ViewMut<'_>,
+        mean: Self::ViewMut<'_>,
+        rstd: Self::ViewMut<'_>,
+        inp: Self::View<'_>,
+        w: Self::View<'_>,
+        b: Self::View<'_>,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    );
+    /// LayerNorm backward: overwrites `dinp`, accumulates `dw` and `db`.
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_bwd(
+        &self,
+        dinp: Self::ViewMut<'_>,
+        dw: Self::ViewMut<'_>,
+        db: Self::ViewMut<'_>,
+        dout: Self::View<'_>,
+        inp: Self::View<'_>,
+        w: Self::View<'_>,
+        mean: Self::View<'_>,
+        rstd: Self::View<'_>,
+        rows: usize,
+        cols: usize,
+    );
+
+    /// Exact (erf) GELU, HF's `"gelu"`: `out = x · Φ(x)`.
+    fn gelu_fwd(&self, out: Self::ViewMut<'_>, inp: Self::View<'_>);
+    /// GELU backward: `dinp = dout · (Φ(x) + x φ(x))` (overwrites).
+    fn gelu_bwd(&self, dinp: Self::ViewMut<'_>, inp: Self::View<'_>, dout: Self::View<'_>);
+    /// `out = tanh(inp)`.
+    fn tanh_fwd(&self, out: Self::ViewMut<'_>, inp: Self::View<'_>);
+    /// tanh backward from the forward's output `y`: `dinp = dout · (1 − y²)` (overwrites).
+    fn tanh_bwd(&self, dinp: Self::ViewMut<'_>, y: Self::View<'_>, dout: Self::View<'_>);
+    /// Dropout in place (see [`Dropout`]); the same call with the same key is its own backward.
+    fn dropout(&self, x: Self::ViewMut<'_>, d: &Dropout);
+
+    /// Multi-head self-attention core with HF's additive padding mask (`finfo(f32).min` added to
+    /// the scores of keys whose `mask` is 0). `q`, `k`, `v`, `ctx` are `[batch, seq, heads·dim]`;
+    /// saves the softmax `probs` `[batch, heads, seq, seq]` and, with dropout, the dropped
+    /// `probs_drop` used for `ctx = probs_drop · v`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_fwd(
+        &self,
+        ctx: Self::ViewMut<'_>,
+        probs: Self::ViewMut<'_>,
+        probs_drop: Option<Self::ViewMut<'_>>,
+        q: Self::View<'_>,
+        k: Self::View<'_>,
+        v: Self::View<'_>,
+        mask: &Self::Ids,
+        s: AttnShape,
+        dropout: Option<&Dropout>,
+    );
+    /// Attention backward: overwrites `dq`, `dk`, `dv`; `scratch` holds `[batch, heads, seq, seq]`.
+    /// With dropout, `probs_drop` (from the forward) must be given: it carries the mask.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_bwd(
+        &self,
+        dq: Self::ViewMut<'_>,
+        dk: Self::ViewMut<'_>,
+        dv: Self::ViewMut<'_>,
+        scratch: Self::ViewMut<'_>,
+        dctx: Self::View<'_>,
+        q: Self::View<'_>,
+        k: Self::View<'_>,
+        v: Self::View<'_>,
+        probs: Self::View<'_>,
+        probs_drop: Option<Self::View<'_>>,
+        s: AttnShape,
+        dropout: Option<&Dropout>,
+    );
+
+    /// Softmax cross-entropy over `rows × classes` logits with integer labels: returns the mean
+    /// loss and overwrites `dlogits` with `grad_scale · d(mean loss)/d logits`.
+    fn cross_entropy(
+        &self,
+        dlogits: Self::ViewMut<'_>,
+        logits: Self::View<'_>,
+        labels: &Self::Ids,
+        rows: usize,
+        classes: usize,
+        grad_scale: f32,
+    ) -> f32;
+}

@@ -1,0 +1,767 @@
+//! The BERT classifier's forward and backward, written once over [`Backend`] trait calls.
+//!
+//! Parameter offsets come from [`Layout`]; activations live in [`Acts`], sized per `(batch, seq)`.
+
+use std::ops::Range;
+
+use super::BertConfig;
+use crate::backend::{AttnShape, Backend, Dropout, Gemm};
+use crate::params::Params;
+
+/// A Linear layer's place in the flat buffer: weight `[out, in]` immediately followed by bias.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Lin {
+    pub w: usize,
+    pub inp: usize,
+    pub out: usize,
+}
+
+impl Lin {
+    fn w(&self) -> Range<usize> {
+        self.w..self.w + self.out * self.inp
+    }
+    fn b(&self) -> Range<usize> {
+        let s = self.w + self.out * self.inp;
+        s..s + self.out
+    }
+    /// Weight and bias together (adjacent in HF order), for their gradients.
+    fn wb(&self) -> Range<usize> {
+        self.w..self.w + self.out * self.inp + self.out
+    }
+}
+
+/// A LayerNorm's weight (then bias) offset.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ln {
+    pub w: usize,
+    pub n: usize,
+}
+
+impl Ln {
+    fn w(&self) -> Range<usize> {
+        self.w..self.w + self.n
+    }
+    fn b(&self) -> Range<usize> {
+        self.w + self.n..self.w + 2 * self.n
+    }
+    fn wb(&self) -> Range<usize> {
+        self.w..self.w + 2 * self.n
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct LayerLayout {
+    pub q: Lin,
+    pub k: Lin,
+    pub v: Lin,
+    pub o: Lin,
+    pub ln1: Ln,
+    pub inter: Lin,
+    pub out: Lin,
+    pub ln2: Ln,
+}
+
+/// Offsets of every parameter in the flat buffer.
+#[derive(Debug, Clone)]
+pub(crate) struct Layout {
+    pub word: usize,
+    pub pos: usize,
+    pub typ: usize,
+    pub emb_end: usize,
+    pub emb_ln: Ln,
+    pub layers: Vec<LayerLayout>,
+    pub pooler: Lin,
+    pub head: Lin,
+}
+
+/// The `(name, shape)` list of `BertForSequenceClassification.named_parameters()`, in order.
+pub(crate) fn param_specs(c: &BertConfig, num_labels: usize) -> Vec<(String, Vec<usize>)> {
+    let (h, i) = (c.hidden_size, c.intermediate_size);
+    let mut v: Vec<(String, Vec<usize>)> = Vec::new();
+    let lin = |v: &mut Vec<(String, Vec<usize>)>, name: &str, out: usize, inp: usize| {
+        v.push((format!("{name}.weight"), vec![out, inp]));
+        v.push((format!("{name}.bias"), vec![out]));
+    };
+    let ln = |v: &mut Vec<(String, Vec<usize>)>, name: &str| {
+        v.push((format!("{name}.weight"), vec![h]));
+        v.push((format!("{name}.bias"), vec![h]));
+    };
+    v.push((
+        "bert.embeddings.word_embeddings.weight".into(),
+        vec![c.vocab_size, h],
+    ));
+    v.push((
+        "bert.embeddings.position_embeddings.weight".into(),
+        vec![c.max_position_embeddings, h],
+    ));
+    v.push((
+        "bert.embeddings.token_type_embeddings.weight".into(),
+        vec![c.type_vocab_size, h],
+    ));
+    ln(&mut v, "bert.embeddings.LayerNorm");
+    for l in 0..c.num_hidden_layers {
+        let p = format!("bert.encoder.layer.{l}");
+        lin(&mut v, &format!("{p}.attention.self.query"), h, h);
+        lin(&mut v, &format!("{p}.attention.self.key"), h, h);
+        lin(&mut v, &format!("{p}.attention.self.value"), h, h);
+        lin(&mut v, &format!("{p}.attention.output.dense"), h, h);
+        ln(&mut v, &format!("{p}.attention.output.LayerNorm"));
+        lin(&mut v, &format!("{p}.intermediate.dense"), i, h);
+        lin(&mut v, &format!("{p}.output.dense"), h, i);
+        ln(&mut v, &format!("{p}.output.LayerNorm"));
+    }
+    lin(&mut v, "bert.pooler.dense", h, h);
+    lin(&mut v, "classifier", num_labels, h);
+    v
+}
+
+impl Layout {
+    /// Offsets of a store built from [`param_specs`] (same config and label count).
+    pub(crate) fn of(c: &BertConfig, p: &Params) -> Layout {
+        let (h, i) = (c.hidden_size, c.intermediate_size);
+        let off = |name: &str| {
+            p.entry(name)
+                .expect("param_specs names every tensor")
+                .offset
+        };
+        let lin = |name: &str, out: usize, inp: usize| Lin {
+            w: off(&format!("{name}.weight")),
+            inp,
+            out,
+        };
+        let ln = |name: &str| Ln {
+            w: off(&format!("{name}.weight")),
+            n: h,
+        };
+        let layers = (0..c.num_hidden_layers)
+            .map(|l| {
+                let p = format!("bert.encoder.layer.{l}");
+                LayerLayout {
+                    q: lin(&format!("{p}.attention.self.query"), h, h),
+                    k: lin(&format!("{p}.attention.self.key"), h, h),
+                    v: lin(&format!("{p}.attention.self.value"), h, h),
+                    o: lin(&format!("{p}.attention.output.dense"), h, h),
+                    ln1: ln(&format!("{p}.attention.output.LayerNorm")),
+                    inter: lin(&format!("{p}.intermediate.dense"), i, h),
+                    out: lin(&format!("{p}.output.dense"), h, i),
+                    ln2: ln(&format!("{p}.output.LayerNorm")),
+                }
+            })
+            .collect();
+        let typ = off("bert.embeddings.token_type_embeddings.weight");
+        Layout {
+            word: off("bert.embeddings.word_embeddings.weight"),
+            pos: off("bert.embeddings.position_embeddings.weight"),
+            typ,
+            emb_end: typ + c.type_vocab_size * h,
+            emb_ln: ln("bert.embeddings.LayerNorm"),
+            layers,
+            pooler: lin("bert.pooler.dense", h, h),
+            head: lin(
+                "classifier",
+                p.entry("classifier.weight")
+                    .expect("classifier present")
+                    .shape[0],
+                h,
+            ),
+        }
+    }
+}
+
+/// Activations of one encoder layer, saved by the forward for the backward.
+pub(crate) struct LayerActs<B: Backend> {
+    q: B::Buf,
+    k: B::Buf,
+    v: B::Buf,
+    probs: B::Buf,
+    probs_drop: Option<B::Buf>,
+    ctx: B::Buf,
+    res1: B::Buf,
+    mean1: B::Buf,
+    rstd1: B::Buf,
+    x1: B::Buf,
+    inter: B::Buf,
+    act: B::Buf,
+    res2: B::Buf,
+    mean2: B::Buf,
+    rstd2: B::Buf,
+}
+
+/// Every buffer of one forward + backward at a fixed `(batch, seq)`.
+pub(crate) struct Acts<B: Backend> {
+    pub batch: usize,
+    pub seq: usize,
+    ids: B::Ids,
+    types: B::Ids,
+    mask: B::Ids,
+    labels: B::Ids,
+    emb_sum: B::Buf,
+    emb_mean: B::Buf,
+    emb_rstd: B::Buf,
+    hs: Vec<B::Buf>,
+    layers: Vec<LayerActs<B>>,
+    pool_pre: B::Buf,
+    pool: B::Buf,
+    pool_drop: B::Buf,
+    pub logits: B::Buf,
+    dlogits: B::Buf,
+    dx: B::Buf,
+    dres: B::Buf,
+    dx1: B::Buf,
+    dctx: B::Buf,
+    dq: B::Buf,
+    dk: B::Buf,
+    dv: B::Buf,
+    dact: B::Buf,
+    dinter: B::Buf,
+    dscratch: B::Buf,
+    dpool: B::Buf,
+    dpool2: B::Buf,
+}
+
+impl<B: Backend> Acts<B> {
+    pub(crate) fn new(be: &B, c: &BertConfig, labels: usize, batch: usize, seq: usize) -> Self {
+        let n = batch * seq;
+        let (h, i) = (c.hidden_size, c.intermediate_size);
+        let pp = batch * c.num_attention_heads * seq * seq;
+        let a = |len: usize| be.alloc(len);
+        Acts {
+            batch,
+            seq,
+            ids: be.upload_ids(&[]),
+            types: be.upload_ids(&[]),
+            mask: be.upload_ids(&[]),
+            labels: be.upload_ids(&[]),
+            emb_sum: a(n * h),
+            emb_mean: a(n),
+            emb_rstd: a(n),
+            hs: (0..=c.num_hidden_layers).map(|_| a(n * h)).collect(),
+            layers: (0..c.num_hidden_layers)
+                .map(|_| LayerActs {
+                    q: a(n * h),
+                    k: a(n * h),
+                    v: a(n * h),
+                    probs: a(pp),
+                    probs_drop: None,
+                    ctx: a(n * h),
+                    res1: a(n * h),
+                    mean1: a(n),
+                    rstd1: a(n),
+                    x1: a(n * h),
+                    inter: a(n * i),
+                    act: a(n * i),
+                    res2: a(n * h),
+                    mean2: a(n),
+                    rstd2: a(n),
+                })
+                .collect(),
+            pool_pre: a(batch * h),
+            pool: a(batch * h),
+            pool_drop: a(batch * h),
+            logits: a(batch * labels),
+            dlogits: a(batch * labels),
+            dx: a(n * h),
+            dres: a(n * h),
+            dx1: a(n * h),
+            dctx: a(n * h),
+            dq: a(n * h),
+            dk: a(n * h),
+            dv: a(n * h),
+            dact: a(n * i),
+            dinter: a(n * i),
+            dscratch: a(pp),
+            dpool: a(batch * h),
+            dpool2: a(batch * h),
+        }
+    }
+
+    /// Uploads one batch's integer inputs (already validated).
+    pub(crate) fn set_inputs(
+        &mut self,
+        be: &B,
+        ids: &[u32],
+        types: &[u32],
+        mask: &[u32],
+        labels: &[u32],
+    ) {
+        self.ids = be.upload_ids(ids);
+        self.types = be.upload_ids(types);
+        self.mask = be.upload_ids(mask);
+        self.labels = be.upload_ids(labels);
+    }
+}
+
+/// Dropout keys of one micro-batch: site `s` uses Philox stream `base + s`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Drop {
+    pub seed: u64,
+    pub base: u64,
+    pub hidden: f32,
+    pub attn: f32,
+    pub head: f32,
+}
+
+impl Drop {
+    fn site(&self, p: f32, s: u64) -> Option<Dropout> {
+        (p > 0.0).then_some(Dropout {
+            p,
+            seed: self.seed,
+            stream: self.base + s,
+        })
+    }
+}
+
+/// Dropout sites: 0 embeddings; per layer 1 + 3l (attention probs), 2 + 3l (attention output),
+/// 3 + 3l (feed-forward output); 1 + 3L the classifier head.
+const fn site_layer(l: usize, k: u64) -> u64 {
+    1 + 3 * l as u64 + k
+}
+
+/// `out[n × oc] = inp[n × ic] · wᵀ + b`, `inp` rows `lda` apart.
+#[allow(clippy::too_many_arguments)]
+fn linear_fwd<B: Backend>(
+    be: &B,
+    mut out: B::ViewMut<'_>,
+    inp: B::View<'_>,
+    p: B::View<'_>,
+    l: Lin,
+    n: usize,
+    lda: usize,
+) {
+    let g = Gemm {
+        lda,
+        ..Gemm::dense(n, l.out, l.inp, false, true, 0.0)
+    };
+    be.gemm(
+        &g,
+        inp,
+        be.sub(p, l.w()),
+        be.sub_mut(&mut out, 0..n * l.out),
+    );
+    be.add_bias(out, be.sub(p, l.b()), n, l.out);
+}
+
+/// Linear backward: accumulates `dW += doutᵀ·inp` and, when `with_db`, `db += Σ dout`; with
+/// `dinp = Some((buf, beta, ldc))` also `dinp = dout·W + beta·dinp` (rows `ldc` apart).
+#[allow(clippy::too_many_arguments)]
+fn linear_bwd<B: Backend>(
+    be: &B,
+    dinp: Option<(B::ViewMut<'_>, f32, usize)>,
+    grads: &mut B::ViewMut<'_>,
+    dout: B::View<'_>,
+    inp: B::View<'_>,
+    p: B::View<'_>,
+    l: Lin,
+    n: usize,
+    lda: usize,
+    with_db: bool,
+) {
+    {
+        let mut gwb = be.sub_mut(grads, l.wb());
+        let (dw, db) = be.split_at_mut(&mut gwb, l.out * l.inp);
+        let g = Gemm {
+            ldb: lda,
+            ..Gemm::dense(l.out, l.inp, n, true, false, 1.0)
+        };
+        be.gemm(&g, dout, inp, dw);
+        if with_db {
+            be.bias_grad(db, dout, n, l.out);
+        }
+    }
+    if let Some((d, beta, ldc)) = dinp {
+        let g = Gemm {
+            ldc,
+            ..Gemm::dense(n, l.inp, l.out, false, false, beta)
+        };
+        be.gemm(&g, dout, be.sub(p, l.w()), d);
+    }
+}
+
+/// The forward pass; leaves logits in `a.logits` and everything the backward needs in `a`.
+pub(crate) fn forward<B: Backend>(
+    be: &B,
+    c: &BertConfig,
+    lay: &Layout,
+    p: B::View<'_>,
+    a: &mut Acts<B>,
+    drop: Option<Drop>,
+) {
+    let (bsz, t) = (a.batch, a.seq);
+    let n = bsz * t;
+    let (h, eps) = (c.hidden_size, c.layer_norm_eps as f32);
+    let shape = AttnShape {
+        batch: bsz,
+        seq: t,
+        heads: c.num_attention_heads,
+        head_dim: c.head_dim(),
+    };
+    let site = |p: fn(&Drop) -> f32, s: u64| drop.and_then(|d| d.site(p(&d), s));
+
+    be.embedding_fwd(
+        be.view_mut(&mut a.emb_sum),
+        &a.ids,
+        &a.types,
+        be.sub(p, lay.word..lay.pos),
+        be.sub(p, lay.pos..lay.typ),
+        be.sub(p, lay.typ..lay.emb_end),
+        bsz,
+        t,
+        h,
+    );
+    be.layernorm_fwd(
+        be.view_mut(&mut a.hs[0]),
+        be.view_mut(&mut a.emb_mean),
+        be.view_mut(&mut a.emb_rstd),
+        be.view(&a.emb_sum),
+        be.sub(p, lay.emb_ln.w()),
+        be.sub(p, lay.emb_ln.b()),
+        n,
+        h,
+        eps,
+    );
+    if let Some(d) = site(|d| d.hidden, 0) {
+        be.dropout(be.view_mut(&mut a.hs[0]), &d);
+    }
+
+    for (l, (ll, la)) in lay.layers.iter().zip(a.layers.iter_mut()).enumerate() {
+        let (before, after) = a.hs.split_at_mut(l + 1);
+        let x = be.view(&before[l]);
+        let y = &mut after[0];
+        linear_fwd(be, be.view_mut(&mut la.q), x, p, ll.q, n, h);
+        linear_fwd(be, be.view_mut(&mut la.k), x, p, ll.k, n, h);
+        linear_fwd(be, be.view_mut(&mut la.v), x, p, ll.v, n, h);
+        let ad = site(|d| d.attn, site_layer(l, 0));
+        if ad.is_some() && la.probs_drop.is_none() {
+            la.probs_drop = Some(be.alloc(bsz * shape.heads * t * t));
+        }
+        be.attention_fwd(
+            be.view_mut(&mut la.ctx),
+            be.view_mut(&mut la.probs),
+            match (&ad, la.probs_drop.as_mut()) {
+                (Some(_), Some(pd)) => Some(be.view_mut(pd)),
+                _ => None,
+            },
+            be.view(&la.q),
+            be.view(&la.k),
+            be.view(&la.v),
+            &a.mask,
+            shape,
+            ad.as_ref(),
+        );
+        linear_fwd(
+            be,
+            be.view_mut(&mut la.res1),
+            be.view(&la.ctx),
+            p,
+            ll.o,
+            n,
+            h,
+        );
+        if let Some(d) = site(|d| d.hidden, site_layer(l, 1)) {
+            be.dropout(be.view_mut(&mut la.res1), &d);
+        }
+        be.add_assign(be.view_mut(&mut la.res1), x);
+        be.layernorm_fwd(
+            be.view_mut(&mut la.x1),
+            be.view_mut(&mut la.mean1),
+            be.view_mut(&mut la.rstd1),
+            be.view(&la.res1),
+            be.sub(p, ll.ln1.w()),
+            be.sub(p, ll.ln1.b()),
+            n,
+            h,
+            eps,
+        );
+        linear_fwd(
+            be,
+            be.view_mut(&mut la.inter),
+            be.view(&la.x1),
+            p,
+            ll.inter,
+            n,
+            h,
+        );
+        be.gelu_fwd(be.view_mut(&mut la.act), be.view(&la.inter));
+        linear_fwd(
+            be,
+            be.view_mut(&mut la.res2),
+            be.view(&la.act),
+            p,
+            ll.out,
+            n,
+            c.intermediate_size,
+        );
+        if let Some(d) = site(|d| d.hidden, site_layer(l, 2)) {
+            be.dropout(be.view_mut(&mut la.res2), &d);
+        }
+        be.add_assign(be.view_mut(&mut la.res2), be.view(&la.x1));
+        be.layernorm_fwd(
+            be.view_mut(y),
+            be.view_mut(&mut la.mean2),
+            be.view_mut(&mut la.rstd2),
+            be.view(&la.res2),
+            be.sub(p, ll.ln2.w()),
+            be.sub(p, ll.ln2.b()),
+            n,
+            h,
+            eps,
+        );
+    }
+
+    // Pooler on the [CLS] rows: row b·t of the last hidden state, hence lda = t·h.
+    let last = be.view(&a.hs[c.num_hidden_layers]);
+    linear_fwd(
+        be,
+        be.view_mut(&mut a.pool_pre),
+        last,
+        p,
+        lay.pooler,
+        bsz,
+        t * h,
+    );
+    be.tanh_fwd(be.view_mut(&mut a.pool), be.view(&a.pool_pre));
+    be.copy(be.view_mut(&mut a.pool_drop), be.view(&a.pool));
+    if let Some(d) = site(|d| d.head, site_layer(c.num_hidden_layers, 0)) {
+        be.dropout(be.view_mut(&mut a.pool_drop), &d);
+    }
+    linear_fwd(
+        be,
+        be.view_mut(&mut a.logits),
+        be.view(&a.pool_drop),
+        p,
+        lay.head,
+        bsz,
+        h,
+    );
+}
+
+/// The backward pass after [`forward`] with the same `drop`: returns the mean cross-entropy and
+/// accumulates `loss_weight · d(mean loss)/dθ` into `grads`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward<B: Backend>(
+    be: &B,
+    c: &BertConfig,
+    lay: &Layout,
+    p: B::View<'_>,
+    a: &mut Acts<B>,
+    drop: Option<Drop>,
+    loss_weight: f32,
+    mut g: B::ViewMut<'_>,
+) -> f32 {
+    let (bsz, t) = (a.batch, a.seq);
+    let n = bsz * t;
+    let (h, im) = (c.hidden_size, c.intermediate_size);
+    let layers = c.num_hidden_layers;
+    let shape = AttnShape {
+        batch: bsz,
+        seq: t,
+        heads: c.num_attention_heads,
+        head_dim: c.head_dim(),
+    };
+    let site = |p: fn(&Drop) -> f32, s: u64| drop.and_then(|d| d.site(p(&d), s));
+
+    let loss = be.cross_entropy(
+        be.view_mut(&mut a.dlogits),
+        be.view(&a.logits),
+        &a.labels,
+        bsz,
+        lay.head.out,
+        loss_weight,
+    );
+    linear_bwd(
+        be,
+        Some((be.view_mut(&mut a.dpool), 0.0, h)),
+        &mut g,
+        be.view(&a.dlogits),
+        be.view(&a.pool_drop),
+        p,
+        lay.head,
+        bsz,
+        h,
+        true,
+    );
+    if let Some(d) = site(|d| d.head, site_layer(layers, 0)) {
+        be.dropout(be.view_mut(&mut a.dpool), &d);
+    }
+    be.tanh_bwd(
+        be.view_mut(&mut a.dpool2),
+        be.view(&a.pool),
+        be.view(&a.dpool),
+    );
+    // Only the [CLS] rows receive a gradient from the pooler.
+    be.zero(be.view_mut(&mut a.dx));
+    linear_bwd(
+        be,
+        Some((be.view_mut(&mut a.dx), 0.0, t * h)),
+        &mut g,
+        be.view(&a.dpool2),
+        be.view(&a.hs[layers]),
+        p,
+        lay.pooler,
+        bsz,
+        t * h,
+        true,
+    );
+
+    for l in (0..layers).rev() {
+        let (ll, la) = (&lay.layers[l], &a.layers[l]);
+        // a.dx holds d(output of layer l).
+        {
+            let mut gl = be.sub_mut(&mut g, ll.ln2.wb());
+            let (dw, db) = be.split_at_mut(&mut gl, h);
+            be.layernorm_bwd(
+                be.view_mut(&mut a.dres),
+                dw,
+                db,
+                be.view(&a.dx),
+                be.view(&la.res2),
+                be.sub(p, ll.ln2.w()),
+                be.view(&la.mean2),
+                be.view(&la.rstd2),
+                n,
+                h,
+            );
+        }
+        be.copy(be.view_mut(&mut a.dx1), be.view(&a.dres));
+        if let Some(d) = site(|d| d.hidden, site_layer(l, 2)) {
+            be.dropout(be.view_mut(&mut a.dres), &d);
+        }
+        linear_bwd(
+            be,
+            Some((be.view_mut(&mut a.dact), 0.0, im)),
+            &mut g,
+            be.view(&a.dres),
+            be.view(&la.act),
+            p,
+            ll.out,
+            n,
+            im,
+            true,
+        );
+        be.gelu_bwd(
+            be.view_mut(&mut a.dinter),
+            be.view(&la.inter),
+            be.view(&a.dact),
+        );
+        linear_bwd(
+            be,
+            Some((be.view_mut(&mut a.dx1), 1.0, h)),
+            &mut g,
+            be.view(&a.dinter),
+            be.view(&la.x1),
+            p,
+            ll.inter,
+            n,
+            h,
+            true,
+        );
+        {
+            let mut gl = be.sub_mut(&mut g, ll.ln1.wb());
+            let (dw, db) = be.split_at_mut(&mut gl, h);
+            be.layernorm_bwd(
+                be.view_mut(&mut a.dres),
+                dw,
+                db,
+                be.view(&a.dx1),
+                be.view(&la.res1),
+                be.sub(p, ll.ln1.w()),
+                be.view(&la.mean1),
+                be.view(&la.rstd1),
+                n,
+                h,
+            );
+        }
+        // Residual: d(layer input) starts as d(res1); the q/k/v paths add to it below.
+        be.copy(be.view_mut(&mut a.dx), be.view(&a.dres));
+        if let Some(d) = site(|d| d.hidden, site_layer(l, 1)) {
+            be.dropout(be.view_mut(&mut a.dres), &d);
+        }
+        linear_bwd(
+            be,
+            Some((be.view_mut(&mut a.dctx), 0.0, h)),
+            &mut g,
+            be.view(&a.dres),
+            be.view(&la.ctx),
+            p,
+            ll.o,
+            n,
+            h,
+            true,
+        );
+        let ad = site(|d| d.attn, site_layer(l, 0));
+        be.attention_bwd(
+            be.view_mut(&mut a.dq),
+            be.view_mut(&mut a.dk),
+            be.view_mut(&mut a.dv),
+            be.view_mut(&mut a.dscratch),
+            be.view(&a.dctx),
+            be.view(&la.q),
+            be.view(&la.k),
+            be.view(&la.v),
+            be.view(&la.probs),
+            match (&ad, la.probs_drop.as_ref()) {
+                (Some(_), Some(pd)) => Some(be.view(pd)),
+                _ => None,
+            },
+            shape,
+            ad.as_ref(),
+        );
+        let x = be.view(&a.hs[l]);
+        // The key bias has an exactly zero gradient (adding a constant to every score of a query
+        // row leaves its softmax unchanged); summing dk would only produce rounding noise, which
+        // Adam's normalisation would turn into a random walk. So it is not accumulated.
+        for (dqkv, lin, lin_db) in [
+            (&a.dq, ll.q, true),
+            (&a.dk, ll.k, false),
+            (&a.dv, ll.v, true),
+        ] {
+            linear_bwd(
+                be,
+                Some((be.view_mut(&mut a.dx), 1.0, h)),
+                &mut g,
+                be.view(dqkv),
+                x,
+                p,
+                lin,
+                n,
+                h,
+                lin_db,
+            );
+        }
+    }
+
+    if let Some(d) = site(|d| d.hidden, 0) {
+        be.dropout(be.view_mut(&mut a.dx), &d);
+    }
+    {
+        let mut gl = be.sub_mut(&mut g, lay.emb_ln.wb());
+        let (dw, db) = be.split_at_mut(&mut gl, h);
+        be.layernorm_bwd(
+            be.view_mut(&mut a.dres),
+            dw,
+            db,
+            be.view(&a.dx),
+            be.view(&a.emb_sum),
+            be.sub(p, lay.emb_ln.w()),
+            be.view(&a.emb_mean),
+            be.view(&a.emb_rstd),
+            n,
+            h,
+        );
+    }
+    let mut ge = be.sub_mut(&mut g, lay.word..lay.emb_end);
+    let (dword, mut rest) = be.split_at_mut(&mut ge, lay.pos - lay.word);
+    let (dpos, dtyp) = be.split_at_mut(&mut rest, lay.typ - lay.pos);
+    be.embedding_bwd(
+        dword,
+        dpos,
+        dtyp,
+        be.view(&a.dres),
+        &a.ids,
+        &a.types,
+        bsz,
+        t,
+        h,
+    );
+    loss
+}

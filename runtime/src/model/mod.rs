@@ -1,0 +1,506 @@
+//! The BERT sequence classifier, numerically HF `BertForSequenceClassification`
+//! (single-label: mean cross-entropy).
+//!
+//! API:
+//! - [`Classifier::from_pretrained`]`(dir, num_labels, seed)` reads `config.json` +
+//!   `model.safetensors` (names with or without the `bert.` prefix; integer buffers such as
+//!   `position_ids` and `cls.*` pre-training heads skipped; a missing classifier head is
+//!   initialised like HF, seeded).
+//! - [`Classifier::random`]`(config, num_labels, seed)`: HF's `_init_weights`, seeded per tensor.
+//! - [`Classifier::save_pretrained`]`(dir, id2label)`: an HF-loadable checkpoint, written atomically.
+//! - [`Classifier::forward`]`(batch)` → logits `[batch × num_labels]` (eval: no dropout).
+//! - [`Classifier::forward_backward`]`(ws, batch, loss_weight, grads, dropout)` → mean loss, and
+//!   `grads += loss_weight · d(mean loss)/dθ` in the layout of [`Classifier::params`].
+//!
+//! Parameters live in one flat [`Params`] buffer in HF `named_parameters()` order. All arithmetic
+//! goes through [`crate::backend::Backend`]; this type runs it on [`Cpu`].
+
+mod bert;
+mod config;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+use crate::backend::{Backend, Cpu};
+use crate::checkpoint;
+use crate::params::Params;
+use crate::rng::Rng;
+
+pub use config::BertConfig;
+
+use bert::{Acts, Drop, Layout};
+
+/// Why a model could not be built, loaded, saved or run. Every variant names what was wrong.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ModelError {
+    /// Reading or writing a file failed.
+    #[error("{path}: {message}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        message: String,
+    },
+    /// `config.json` is malformed or unsupported.
+    #[error("bad config: {0}")]
+    Config(String),
+    /// The safetensors file is malformed.
+    #[error("{path}: bad safetensors file: {message}")]
+    Safetensors {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message.
+        message: String,
+    },
+    /// A tensor has a dtype the loader cannot convert.
+    #[error("tensor {name}: unsupported dtype {dtype}")]
+    Dtype {
+        /// The tensor.
+        name: String,
+        /// Its dtype.
+        dtype: String,
+    },
+    /// Tensors the model needs are absent from the checkpoint.
+    #[error("missing tensors: {}", .0.join(", "))]
+    Missing(Vec<String>),
+    /// A float tensor the model does not have.
+    #[error("unexpected tensor {0} (not a BertForSequenceClassification parameter)")]
+    Unexpected(String),
+    /// A tensor appears twice (e.g. with and without the `bert.` prefix).
+    #[error("tensor {0} appears twice")]
+    Duplicate(String),
+    /// A tensor's shape disagrees with the config.
+    #[error("tensor {name}: shape {found:?}, the config implies {expected:?}")]
+    Shape {
+        /// The parameter name.
+        name: String,
+        /// Shape implied by the config.
+        expected: Vec<usize>,
+        /// Shape in the file.
+        found: Vec<usize>,
+    },
+    /// A batch is inconsistent or out of range.
+    #[error("bad batch: {0}")]
+    Batch(String),
+    /// An argument is inconsistent with the model (gradient length, label names, …).
+    #[error("{0}")]
+    Argument(String),
+}
+
+/// One batch of token sequences, row-major `[batch, seq]`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Batch {
+    /// Token ids (< vocab_size).
+    pub input_ids: Vec<u32>,
+    /// Segment ids (< type_vocab_size).
+    pub token_type_ids: Vec<u32>,
+    /// 1 = real token, 0 = padding (padded keys are masked out of attention).
+    pub attention_mask: Vec<u32>,
+    /// One label per sequence (< num_labels).
+    pub labels: Vec<u32>,
+    /// Sequences.
+    pub batch: usize,
+    /// Tokens per sequence (≤ max_position_embeddings).
+    pub seq: usize,
+}
+
+/// Which dropout masks a training micro-batch uses. Masks are a pure function of the key (Philox),
+/// so a resumed run or another backend reproduces them; give every micro-batch its own
+/// `micro_batch` number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DropoutKey {
+    /// The run's dropout seed.
+    pub seed: u64,
+    /// A number unique to this micro-batch (e.g. a global micro-batch counter).
+    pub micro_batch: u64,
+}
+
+/// Reusable activation buffers: reallocated only when the batch shape changes.
+pub struct Workspace<B: Backend = Cpu> {
+    acts: Option<Acts<B>>,
+}
+
+impl<B: Backend> Default for Workspace<B> {
+    fn default() -> Self {
+        Workspace { acts: None }
+    }
+}
+
+impl<B: Backend> Workspace<B> {
+    /// An empty workspace; buffers are allocated by the first call that uses it.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+/// 64-bit FNV-1a: a stable per-tensor RNG stream from the tensor's name.
+fn name_stream(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// HF `BertForSequenceClassification`: encoder + pooler + dropout + linear head.
+#[derive(Debug, Clone)]
+pub struct Classifier {
+    config: BertConfig,
+    num_labels: usize,
+    params: Params,
+    layout: Layout,
+    backend: Cpu,
+}
+
+impl Classifier {
+    fn zeros(config: BertConfig, num_labels: usize) -> Result<Classifier, ModelError> {
+        config.validate()?;
+        if num_labels < 2 {
+            // One label would be HF's regression problem type, which this loss is not.
+            return Err(ModelError::Argument(format!(
+                "num_labels = {num_labels}: single-label classification needs at least 2"
+            )));
+        }
+        let params = Params::zeros(bert::param_specs(&config, num_labels));
+        let layout = Layout::of(&config, &params);
+        Ok(Classifier {
+            config,
+            num_labels,
+            params,
+            layout,
+            backend: Cpu::default(),
+        })
+    }
+
+    /// HF's `_init_weights` for tensor `name`: Linear / Embedding weights normal(0,
+    /// initializer_range) from the tensor's own RNG stream, biases 0, LayerNorm 1 / 0, the
+    /// word-embedding row of `pad_token_id` 0.
+    fn init_tensor(&mut self, name: &str, seed: u64) {
+        let std = self.config.initializer_range;
+        let hidden = self.config.hidden_size;
+        let pad = self.config.pad_token_id;
+        let data = self.params.get_mut(name).expect("own tensor");
+        if name.contains("LayerNorm.") {
+            let v = if name.ends_with(".weight") { 1.0 } else { 0.0 };
+            data.fill(v);
+        } else if name.ends_with(".bias") {
+            data.fill(0.0);
+        } else {
+            let mut rng = Rng::new(seed, name_stream(name));
+            for x in data.iter_mut() {
+                *x = (rng.normal() * std) as f32;
+            }
+            if name == "bert.embeddings.word_embeddings.weight" {
+                if let Some(p) = pad {
+                    data[p * hidden..(p + 1) * hidden].fill(0.0);
+                }
+            }
+        }
+    }
+
+    /// A randomly initialised model (HF `_init_weights`), reproducible from `seed`; each tensor
+    /// draws from its own stream, so adding or reordering tensors does not change the others.
+    pub fn random(
+        config: BertConfig,
+        num_labels: usize,
+        seed: u64,
+    ) -> Result<Classifier, ModelError> {
+        let mut m = Classifier::zeros(config, num_labels)?;
+        let names: Vec<String> = m.params.entries.iter().map(|e| e.name.clone()).collect();
+        for n in &names {
+            m.init_tensor(n, seed);
+        }
+        Ok(m)
+    }
+
+    /// Loads `dir/config.json` and `dir/model.safetensors` (see the module docs for the name
+    /// rules). A missing `classifier.{weight,bias}` pair is initialised from `seed`; any other
+    /// missing tensor, an unknown float tensor or a shape that disagrees with the config is an
+    /// error naming the tensor.
+    pub fn from_pretrained(
+        dir: &Path,
+        num_labels: usize,
+        seed: u64,
+    ) -> Result<Classifier, ModelError> {
+        let cfg_path = dir.join("config.json");
+        let text = std::fs::read_to_string(&cfg_path).map_err(|e| ModelError::Io {
+            path: cfg_path.clone(),
+            message: e.to_string(),
+        })?;
+        let config = BertConfig::from_json(&text)?;
+        let mut m = Classifier::zeros(config, num_labels)?;
+        let file = checkpoint::read_safetensors(&dir.join("model.safetensors"))?;
+        let mut seen: HashMap<String, ()> = HashMap::new();
+        for t in file.tensors {
+            let name = if t.name.starts_with("bert.") || t.name.starts_with("classifier.") {
+                t.name.clone()
+            } else if t.name.starts_with("cls.") {
+                continue; // pre-training (MLM/NSP) heads: not part of the classifier
+            } else {
+                format!("bert.{}", t.name)
+            };
+            let Some(e) = m.params.entry(&name) else {
+                return Err(ModelError::Unexpected(t.name));
+            };
+            if e.shape != t.shape {
+                return Err(ModelError::Shape {
+                    name: t.name,
+                    expected: e.shape.clone(),
+                    found: t.shape,
+                });
+            }
+            if seen.insert(name.clone(), ()).is_some() {
+                return Err(ModelError::Duplicate(name));
+            }
+            let r = e.range();
+            m.params.data[r].copy_from_slice(&t.data);
+        }
+        let missing: Vec<String> = m
+            .params
+            .entries
+            .iter()
+            .map(|e| e.name.clone())
+            .filter(|n| !seen.contains_key(n))
+            .collect();
+        let head = ["classifier.weight", "classifier.bias"];
+        if missing.iter().all(|n| head.contains(&n.as_str())) {
+            // A bare encoder checkpoint: HF initialises the new head the same way.
+            for n in &missing {
+                m.init_tensor(n, seed);
+            }
+        } else {
+            return Err(ModelError::Missing(missing));
+        }
+        Ok(m)
+    }
+
+    /// Writes `dir/config.json` (with `id2label` / `label2id` / `architectures`) and
+    /// `dir/model.safetensors` (F32, `bert.`-prefixed HF names), loadable by
+    /// `transformers.BertForSequenceClassification.from_pretrained(dir)`. The directory is
+    /// replaced atomically.
+    pub fn save_pretrained(&self, dir: &Path, id2label: &[String]) -> Result<(), ModelError> {
+        if id2label.len() != self.num_labels {
+            return Err(ModelError::Argument(format!(
+                "{} label names for {} labels",
+                id2label.len(),
+                self.num_labels
+            )));
+        }
+        let mut cfg = self.config.clone();
+        let id2: Map<String, Value> = id2label
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (i.to_string(), Value::from(l.clone())))
+            .collect();
+        let l2i: Map<String, Value> = id2label
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (l.clone(), Value::from(i)))
+            .collect();
+        if l2i.len() != id2label.len() {
+            return Err(ModelError::Argument("label names are not distinct".into()));
+        }
+        cfg.extra.insert("id2label".into(), Value::Object(id2));
+        cfg.extra.insert("label2id".into(), Value::Object(l2i));
+        cfg.extra.insert(
+            "architectures".into(),
+            Value::from(vec!["BertForSequenceClassification"]),
+        );
+        cfg.extra.insert("model_type".into(), Value::from("bert"));
+        cfg.extra.insert(
+            "problem_type".into(),
+            Value::from("single_label_classification"),
+        );
+        // HF derives num_labels from id2label; a stale explicit value would contradict it.
+        cfg.extra.remove("num_labels");
+        let json = serde_json::to_vec_pretty(&cfg)
+            .map_err(|e| ModelError::Config(format!("serialising config: {e}")))?;
+        let tensors: Vec<(String, Vec<usize>, &[f32])> = self
+            .params
+            .entries
+            .iter()
+            .map(|e| {
+                (
+                    e.name.clone(),
+                    e.shape.clone(),
+                    &self.params.data[e.range()],
+                )
+            })
+            .collect();
+        let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+        let st = checkpoint::safetensors_bytes(&tensors, meta)?;
+        checkpoint::write_dir_atomically(dir, &[("config.json", json), ("model.safetensors", st)])
+    }
+
+    /// Overrides the hidden and attention dropout (the recipe's `model.dropout`; 0 for exact
+    /// parity runs). The head follows the hidden dropout unless the config sets its own.
+    pub fn set_dropout(&mut self, p: f64) -> Result<(), ModelError> {
+        if !(0.0..1.0).contains(&p) {
+            return Err(ModelError::Argument(format!(
+                "dropout {p} is not in [0, 1)"
+            )));
+        }
+        self.config.hidden_dropout_prob = p;
+        self.config.attention_probs_dropout_prob = p;
+        Ok(())
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &BertConfig {
+        &self.config
+    }
+
+    /// Number of classes.
+    pub fn num_labels(&self) -> usize {
+        self.num_labels
+    }
+
+    /// The parameters (flat buffer + entries in HF order).
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+
+    /// The parameter values, writable (the layout itself is fixed).
+    pub fn params_mut(&mut self) -> &mut [f32] {
+        &mut self.params.data
+    }
+
+    /// Runs on `backend` (e.g. `Cpu::new(2)` for two threads) from now on.
+    pub fn set_backend(&mut self, backend: Cpu) {
+        self.backend = backend;
+    }
+
+    /// Checks a batch against the model; the error says which field is wrong.
+    pub fn check_batch(&self, b: &Batch) -> Result<(), ModelError> {
+        let bad = |m: String| Err(ModelError::Batch(m));
+        let c = &self.config;
+        if b.batch == 0 || b.seq == 0 {
+            return bad(format!("empty batch {} × {}", b.batch, b.seq));
+        }
+        if b.seq > c.max_position_embeddings {
+            return bad(format!(
+                "seq {} exceeds max_position_embeddings {}",
+                b.seq, c.max_position_embeddings
+            ));
+        }
+        let n = b.batch * b.seq;
+        for (name, v, bound) in [
+            ("input_ids", &b.input_ids, c.vocab_size),
+            ("token_type_ids", &b.token_type_ids, c.type_vocab_size),
+            ("attention_mask", &b.attention_mask, 2),
+        ] {
+            if v.len() != n {
+                return bad(format!("{name} has {} entries, batch × seq = {n}", v.len()));
+            }
+            if let Some((i, x)) = v.iter().enumerate().find(|(_, &x)| x as usize >= bound) {
+                return bad(format!("{name}[{i}] = {x} is not below {bound}"));
+            }
+        }
+        if b.labels.len() != b.batch {
+            return bad(format!(
+                "labels has {} entries for {} sequences",
+                b.labels.len(),
+                b.batch
+            ));
+        }
+        if let Some((i, x)) = b
+            .labels
+            .iter()
+            .enumerate()
+            .find(|(_, &x)| x as usize >= self.num_labels)
+        {
+            return bad(format!(
+                "labels[{i}] = {x} is not below {}",
+                self.num_labels
+            ));
+        }
+        Ok(())
+    }
+
+    fn prepare<'w>(&self, ws: &'w mut Workspace, b: &Batch) -> &'w mut Acts<Cpu> {
+        let fits = matches!(&ws.acts, Some(a) if a.batch == b.batch && a.seq == b.seq);
+        if !fits {
+            ws.acts = Some(Acts::new(
+                &self.backend,
+                &self.config,
+                self.num_labels,
+                b.batch,
+                b.seq,
+            ));
+        }
+        let a = ws.acts.as_mut().expect("just set");
+        a.set_inputs(
+            &self.backend,
+            &b.input_ids,
+            &b.token_type_ids,
+            &b.attention_mask,
+            &b.labels,
+        );
+        a
+    }
+
+    /// Logits `[batch × num_labels]`, row-major, in eval mode (no dropout).
+    pub fn forward(&self, batch: &Batch) -> Result<Vec<f32>, ModelError> {
+        self.forward_ws(&mut Workspace::new(), batch)
+    }
+
+    /// [`Classifier::forward`] reusing the buffers of `ws`.
+    pub fn forward_ws(&self, ws: &mut Workspace, batch: &Batch) -> Result<Vec<f32>, ModelError> {
+        // Labels are not used by the forward; accept a batch without them.
+        let mut probe = batch.clone();
+        if probe.labels.is_empty() {
+            probe.labels = vec![0; batch.batch];
+        }
+        self.check_batch(&probe)?;
+        let a = self.prepare(ws, &probe);
+        let be = self.backend;
+        bert::forward(&be, &self.config, &self.layout, &self.params.data, a, None);
+        let mut out = vec![0.0; batch.batch * self.num_labels];
+        be.download(&a.logits, &mut out);
+        Ok(out)
+    }
+
+    /// One training micro-batch: returns its mean cross-entropy and adds
+    /// `loss_weight · d(mean loss)/dθ` into `grads` (same layout as [`Classifier::params`]), so
+    /// gradient accumulation over `k` micro-batches is `loss_weight = 1/k`. With `dropout`,
+    /// the config's dropout probabilities apply with masks drawn from the key; `None` is eval-mode
+    /// numerics (as HF with `model.eval()` but with gradients).
+    pub fn forward_backward(
+        &self,
+        ws: &mut Workspace,
+        batch: &Batch,
+        loss_weight: f32,
+        grads: &mut [f32],
+        dropout: Option<DropoutKey>,
+    ) -> Result<f32, ModelError> {
+        self.check_batch(batch)?;
+        if grads.len() != self.params.len() {
+            return Err(ModelError::Argument(format!(
+                "gradient buffer has {} elements, the model {}",
+                grads.len(),
+                self.params.len()
+            )));
+        }
+        let c = &self.config;
+        let drop = dropout.map(|k| Drop {
+            seed: k.seed,
+            base: k.micro_batch.wrapping_mul(4096),
+            hidden: c.hidden_dropout_prob as f32,
+            attn: c.attention_probs_dropout_prob as f32,
+            head: c.head_dropout() as f32,
+        });
+        let a = self.prepare(ws, batch);
+        let be = self.backend;
+        bert::forward(&be, c, &self.layout, &self.params.data, a, drop);
+        Ok(bert::backward(
+            &be,
+            c,
+            &self.layout,
+            &self.params.data,
+            a,
+            drop,
+            loss_weight,
+            grads,
+        ))
+    }
+}

@@ -1,0 +1,415 @@
+//! Gradient clipping and the Adam family, with PyTorch's arithmetic.
+//!
+//! The scalar coefficients (bias corrections, step size) are computed in f64 like PyTorch's
+//! Python-float arithmetic, then applied elementwise in f32 in PyTorch's operation order
+//! (`torch.optim.Adam` / `AdamW`, `foreach=False`, `fused=False`), so the updates agree with
+//! PyTorch to a few ulps.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint;
+use crate::params::Entry;
+
+/// Why an optimizer call was refused.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum OptimError {
+    /// Buffers of different lengths.
+    #[error("{what} has {found} elements, expected {expected}")]
+    Length {
+        /// Which buffer.
+        what: &'static str,
+        /// Its length.
+        found: usize,
+        /// The optimizer's length.
+        expected: usize,
+    },
+    /// A hyper-parameter out of range.
+    #[error("bad optimizer setting: {0}")]
+    Config(String),
+    /// A saved state that cannot be read.
+    #[error("bad optimizer state: {0}")]
+    State(String),
+}
+
+/// `torch.nn.utils.clip_grad_norm_` over all of `grads`: the total L2 norm `n`, and if
+/// `max_norm / (n + 1e-6) < 1` every gradient is scaled by that factor. Returns `n` (pre-clip).
+/// A non-finite norm makes the gradients non-finite too, as in PyTorch; check the returned norm.
+pub fn clip_grad_norm(grads: &mut [f32], max_norm: f32) -> f32 {
+    // f64 accumulation: the norm is then the correctly rounded f32 of the exact value, which
+    // PyTorch's blocked f32 sums approach to within an ulp or two.
+    let norm = grads
+        .iter()
+        .map(|&g| f64::from(g) * f64::from(g))
+        .sum::<f64>()
+        .sqrt() as f32;
+    let coef = max_norm / (norm + 1e-6);
+    // PyTorch multiplies by clamp(coef, max = 1); a NaN coefficient propagates like there.
+    if coef < 1.0 || coef.is_nan() {
+        for g in grads.iter_mut() {
+            *g *= coef;
+        }
+    }
+    norm
+}
+
+/// HF Trainer's no-decay rule: biases and LayerNorm weights get no weight decay.
+pub fn hf_no_decay(name: &str) -> bool {
+    name.contains("bias") || name.contains("LayerNorm.weight")
+}
+
+/// How weight decay enters the update.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WeightDecay {
+    /// AdamW: `p *= 1 − lr·wd` before the Adam step (`torch.optim.AdamW`).
+    Decoupled,
+    /// Adam with L2: `g += wd·p` (`torch.optim.Adam`, DeepSpeed `adam_w_mode = false`).
+    L2,
+}
+
+/// Adam hyper-parameters (the learning rate is passed per step).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct AdamConfig {
+    /// First-moment decay.
+    pub beta1: f64,
+    /// Second-moment decay.
+    pub beta2: f64,
+    /// Added to the denominator.
+    pub eps: f64,
+    /// Decay rate for the tensors flagged for decay.
+    pub weight_decay: f64,
+    /// Decoupled (AdamW) or L2.
+    pub mode: WeightDecay,
+    /// Divide the moments by `1 − β^t` (DeepSpeed can turn this off).
+    pub bias_correction: bool,
+}
+
+impl AdamConfig {
+    /// `torch.optim.AdamW` defaults with weight decay `wd` (betas 0.9/0.999, eps 1e-8).
+    pub fn adamw(weight_decay: f64) -> AdamConfig {
+        AdamConfig {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay,
+            mode: WeightDecay::Decoupled,
+            bias_correction: true,
+        }
+    }
+}
+
+/// The optimizer's state: moments in the flat parameter layout, and the step count.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AdamState {
+    /// First moment.
+    pub m: Vec<f32>,
+    /// Second moment.
+    pub v: Vec<f32>,
+    /// Completed steps.
+    pub step: u64,
+}
+
+impl AdamState {
+    /// The state as safetensors bytes (tensors `exp_avg`, `exp_avg_sq`; the step in metadata):
+    /// exact, so a resumed run continues bit-identically.
+    pub fn to_safetensors(&self) -> Result<Vec<u8>, OptimError> {
+        let meta = HashMap::from([("step".to_string(), self.step.to_string())]);
+        checkpoint::safetensors_bytes(
+            &[
+                ("exp_avg".into(), vec![self.m.len()], &self.m),
+                ("exp_avg_sq".into(), vec![self.v.len()], &self.v),
+            ],
+            meta,
+        )
+        .map_err(|e| OptimError::State(e.to_string()))
+    }
+
+    /// Reads [`AdamState::to_safetensors`] output.
+    pub fn from_safetensors(bytes: &[u8]) -> Result<AdamState, OptimError> {
+        use safetensors::tensor::{Dtype, SafeTensors};
+        let err = |m: String| OptimError::State(m);
+        let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| err(e.to_string()))?;
+        let step = meta
+            .metadata()
+            .as_ref()
+            .and_then(|m| m.get("step"))
+            .ok_or_else(|| err("no step in metadata".into()))?
+            .parse::<u64>()
+            .map_err(|e| err(format!("step: {e}")))?;
+        let st = SafeTensors::deserialize(bytes).map_err(|e| err(e.to_string()))?;
+        let get = |name: &str| -> Result<Vec<f32>, OptimError> {
+            let t = st.tensor(name).map_err(|e| err(format!("{name}: {e}")))?;
+            if t.dtype() != Dtype::F32 {
+                return Err(err(format!("{name}: dtype {:?}, expected F32", t.dtype())));
+            }
+            Ok(t.data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect())
+        };
+        let (m, v) = (get("exp_avg")?, get("exp_avg_sq")?);
+        if m.len() != v.len() {
+            return Err(err(format!(
+                "exp_avg has {} elements, exp_avg_sq {}",
+                m.len(),
+                v.len()
+            )));
+        }
+        Ok(AdamState { m, v, step })
+    }
+}
+
+/// Adam / AdamW over a flat parameter buffer, with a per-tensor decay flag.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Adam {
+    config: AdamConfig,
+    state: AdamState,
+    /// Element ranges and whether they decay, covering the buffer in order.
+    segments: Vec<(Range<usize>, bool)>,
+}
+
+impl Adam {
+    /// An optimizer for a buffer laid out as `entries`; `decay[i]` says whether `entries[i]`
+    /// gets weight decay (see [`hf_no_decay`] for HF Trainer's rule).
+    pub fn new(config: AdamConfig, entries: &[Entry], decay: &[bool]) -> Result<Adam, OptimError> {
+        if entries.len() != decay.len() {
+            return Err(OptimError::Length {
+                what: "decay flags",
+                found: decay.len(),
+                expected: entries.len(),
+            });
+        }
+        let ok = |x: f64| x.is_finite() && (0.0..1.0).contains(&x);
+        if !ok(config.beta1) || !ok(config.beta2) {
+            return Err(OptimError::Config(format!(
+                "betas ({}, {}) must be in [0, 1)",
+                config.beta1, config.beta2
+            )));
+        }
+        if !(config.eps >= 0.0 && config.eps.is_finite()) {
+            return Err(OptimError::Config(format!("eps {} < 0", config.eps)));
+        }
+        if !(config.weight_decay >= 0.0 && config.weight_decay.is_finite()) {
+            return Err(OptimError::Config(format!(
+                "weight_decay {} < 0",
+                config.weight_decay
+            )));
+        }
+        let mut end = 0;
+        let mut segments = Vec::with_capacity(entries.len());
+        for (e, &d) in entries.iter().zip(decay) {
+            if e.offset != end {
+                return Err(OptimError::Config(format!(
+                    "entry {} starts at {}, expected {end} (entries must tile the buffer)",
+                    e.name, e.offset
+                )));
+            }
+            end = e.range().end;
+            segments.push((e.range(), d));
+        }
+        Ok(Adam {
+            config,
+            state: AdamState {
+                m: vec![0.0; end],
+                v: vec![0.0; end],
+                step: 0,
+            },
+            segments,
+        })
+    }
+
+    /// The hyper-parameters.
+    pub fn config(&self) -> &AdamConfig {
+        &self.config
+    }
+
+    /// The state, e.g. to save it.
+    pub fn state(&self) -> &AdamState {
+        &self.state
+    }
+
+    /// Replaces the state with a saved one (same length).
+    pub fn load_state(&mut self, s: AdamState) -> Result<(), OptimError> {
+        let n = self.state.m.len();
+        if s.m.len() != n || s.v.len() != n {
+            return Err(OptimError::Length {
+                what: "saved moments",
+                found: s.m.len().max(s.v.len()),
+                expected: n,
+            });
+        }
+        self.state = s;
+        Ok(())
+    }
+
+    /// One update of `params` with gradients `grads` at learning rate `lr`.
+    pub fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f64) -> Result<(), OptimError> {
+        let n = self.state.m.len();
+        for (what, len) in [("params", params.len()), ("grads", grads.len())] {
+            if len != n {
+                return Err(OptimError::Length {
+                    what,
+                    found: len,
+                    expected: n,
+                });
+            }
+        }
+        if !lr.is_finite() {
+            return Err(OptimError::Config(format!("learning rate {lr}")));
+        }
+        let c = self.config;
+        self.state.step += 1;
+        let t = self.state.step as f64;
+        let (bc1, bc2) = if c.bias_correction {
+            (1.0 - c.beta1.powf(t), 1.0 - c.beta2.powf(t))
+        } else {
+            (1.0, 1.0)
+        };
+        // Scalars as PyTorch forms them (Python floats), then rounded to f32 for the kernels.
+        let step_size = -(lr / bc1) as f32;
+        let bc2_sqrt = bc2.sqrt() as f32;
+        let w1 = (1.0 - c.beta1) as f32;
+        let b2 = c.beta2 as f32;
+        let w2 = (1.0 - c.beta2) as f32;
+        let eps = c.eps as f32;
+        let decay_mul = (1.0 - lr * c.weight_decay) as f32;
+        let wd = c.weight_decay as f32;
+        let (m, v) = (&mut self.state.m, &mut self.state.v);
+        for (r, decays) in &self.segments {
+            let decays = *decays && c.weight_decay != 0.0;
+            for i in r.clone() {
+                let mut g = grads[i];
+                let mut p = params[i];
+                if decays {
+                    match c.mode {
+                        WeightDecay::Decoupled => p *= decay_mul,
+                        WeightDecay::L2 => g += wd * p,
+                    }
+                }
+                // torch.lerp with weight < 0.5: m + w·(g − m).
+                m[i] += w1 * (g - m[i]);
+                v[i] = v[i] * b2 + w2 * g * g;
+                let denom = v[i].sqrt() / bc2_sqrt + eps;
+                params[i] = p + step_size * m[i] / denom;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::params::Params;
+
+    fn two_tensors() -> Params {
+        Params::zeros(vec![("w".into(), vec![3]), ("b".into(), vec![2])])
+    }
+
+    #[test]
+    fn clip_scales_only_above_max() {
+        let mut g = vec![3.0, 4.0];
+        assert_eq!(clip_grad_norm(&mut g, 10.0), 5.0);
+        assert_eq!(g, vec![3.0, 4.0]);
+        let n = clip_grad_norm(&mut g, 1.0);
+        assert_eq!(n, 5.0);
+        let after = (g[0] * g[0] + g[1] * g[1]).sqrt();
+        assert!((after - 1.0).abs() < 1e-6, "{after}");
+    }
+
+    #[test]
+    fn no_bias_correction_matches_the_hand_formula() {
+        let p0 = two_tensors();
+        let mut cfg = AdamConfig::adamw(0.5);
+        cfg.bias_correction = false;
+        let mut opt = Adam::new(cfg, &p0.entries, &[true, false]).unwrap();
+        let mut p = vec![1.0f32, -2.0, 0.5, 1.0, 1.0];
+        let g = vec![0.1f32, 0.2, -0.3, 0.4, -0.5];
+        opt.step(&mut p, &g, 0.1).unwrap();
+        for i in 0..5 {
+            let p0 = [1.0f64, -2.0, 0.5, 1.0, 1.0][i];
+            let decayed = if i < 3 { p0 * (1.0 - 0.1 * 0.5) } else { p0 };
+            let gi = f64::from(g[i]);
+            let (m, v) = (0.1 * gi, 0.001 * gi * gi);
+            let want = decayed - 0.1 * m / (v.sqrt() + 1e-8);
+            assert!(
+                (f64::from(p[i]) - want).abs() < 1e-6,
+                "{i}: {} vs {want}",
+                p[i]
+            );
+        }
+    }
+
+    #[test]
+    fn l2_mode_adds_decay_to_the_gradient() {
+        let p0 = two_tensors();
+        let mut cfg = AdamConfig::adamw(0.1);
+        cfg.mode = WeightDecay::L2;
+        let mut opt = Adam::new(cfg, &p0.entries, &[true, true]).unwrap();
+        let mut p = vec![2.0f32; 5];
+        // g + wd·p = 0 for every element: the first moment stays 0, so p does not move.
+        let g = vec![-0.2f32; 5];
+        opt.step(&mut p, &g, 0.1).unwrap();
+        assert_eq!(p, vec![2.0f32; 5]);
+    }
+
+    #[test]
+    fn state_round_trips_and_resumes_bit_identically() {
+        let p0 = two_tensors();
+        let cfg = AdamConfig::adamw(0.01);
+        let flags = [true, false];
+        let mut a = Adam::new(cfg, &p0.entries, &flags).unwrap();
+        let mut pa = vec![0.3f32, -0.1, 0.7, 0.2, 0.9];
+        let g = |k: usize| -> Vec<f32> {
+            (0..5)
+                .map(|i| ((i * 7 + k * 3) % 11) as f32 / 10.0 - 0.5)
+                .collect()
+        };
+        for k in 0..3 {
+            a.step(&mut pa, &g(k), 1e-2).unwrap();
+        }
+        let saved = a.state().to_safetensors().unwrap();
+        let mut b = Adam::new(cfg, &p0.entries, &flags).unwrap();
+        b.load_state(AdamState::from_safetensors(&saved).unwrap())
+            .unwrap();
+        let mut pb = pa.clone();
+        for k in 3..6 {
+            a.step(&mut pa, &g(k), 1e-2).unwrap();
+            b.step(&mut pb, &g(k), 1e-2).unwrap();
+        }
+        assert_eq!(pa, pb);
+        assert_eq!(a.state(), b.state());
+    }
+
+    #[test]
+    fn bad_inputs_are_errors() {
+        let p0 = two_tensors();
+        let cfg = AdamConfig::adamw(0.01);
+        assert!(matches!(
+            Adam::new(cfg, &p0.entries, &[true]),
+            Err(OptimError::Length { .. })
+        ));
+        let mut bad = cfg;
+        bad.beta1 = 1.0;
+        assert!(matches!(
+            Adam::new(bad, &p0.entries, &[true, true]),
+            Err(OptimError::Config(_))
+        ));
+        let mut opt = Adam::new(cfg, &p0.entries, &[true, true]).unwrap();
+        let mut p = vec![0.0; 4];
+        assert!(matches!(
+            opt.step(&mut p, &[0.0; 5], 1e-3),
+            Err(OptimError::Length { what: "params", .. })
+        ));
+        assert!(AdamState::from_safetensors(b"garbage").is_err());
+        assert!(opt
+            .load_state(AdamState {
+                m: vec![0.0; 2],
+                v: vec![0.0; 2],
+                step: 1
+            })
+            .is_err());
+    }
+}
