@@ -187,14 +187,6 @@ fn fmt_leaves_a_file_with_syntax_errors_untouched() {
 }
 
 #[test]
-fn unbuilt_commands_say_so() {
-    let o = recipe(&["run", "recipes/cls.rcp"]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("not built yet"), "{}", stderr(&o));
-    assert!(o.stdout.is_empty());
-}
-
-#[test]
 fn explain_shows_values_with_provenance_and_step_accounting() {
     let o = recipe(&["explain", "recipes/cls.rcp"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));

@@ -233,8 +233,10 @@ impl RecipeFlags {
         let base_dir = if path.as_os_str() == "-" {
             None
         } else {
+            // `tiny.rcp` has the parent "", which is the working directory.
             Some(
                 path.parent()
+                    .filter(|p| !p.as_os_str().is_empty())
                     .map_or_else(|| PathBuf::from("."), Path::to_path_buf),
             )
         };
