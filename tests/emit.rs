@@ -265,3 +265,27 @@ fn auto_appears_only_where_hf_fills_and_stands_for_the_explicit_value() {
         assert_eq!(filled, explicit, "{}", path.display());
     }
 }
+
+/// The native plan of every example the runtime can run, with the repository root written as
+/// `<root>` (plans carry absolute paths); the others say why they cannot run natively.
+#[test]
+fn native_plans_match_golden_files() {
+    use recipe::emit::plan::{plan, ModelFiles};
+    use recipe_runtime::plan::ModelSource;
+    let root = std::fs::canonicalize(env!("CARGO_MANIFEST_DIR")).unwrap();
+    for path in examples() {
+        let (_, r) = resolved(&path);
+        let model = ModelFiles {
+            source: ModelSource::Pretrained {
+                dir: PathBuf::from("/models/m"),
+            },
+            tokenizer: PathBuf::from("/models/m/tokenizer.json"),
+        };
+        let stem = path.file_stem().unwrap().to_string_lossy().to_string();
+        let text = match plan(&r, model) {
+            Ok(p) => p.to_json().replace(&root.display().to_string(), "<root>"),
+            Err(reasons) => format!("not native:\n{}\n", reasons.join("\n")),
+        };
+        insta::assert_snapshot!(format!("{stem}__plan.json"), text);
+    }
+}

@@ -79,14 +79,22 @@ fn main() {
     println!(
         "MiniLM-L6 shape, batch {batch}, seq {seq}, {threads} thread(s), best of {steps} steps"
     );
-    println!("  recipe (CPU backend): {ours:8.2} samples/s  ({:.0} ms/step)", best * 1e3);
+    println!(
+        "  recipe (CPU backend): {ours:8.2} samples/s  ({:.0} ms/step)",
+        best * 1e3
+    );
 
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("reference/bench_torch.py");
     let peer = python().and_then(|py| {
         Command::new(py)
             .arg(&script)
             .args(["--batch", &batch.to_string(), "--seq", &seq.to_string()])
-            .args(["--steps", &steps.to_string(), "--threads", &threads.to_string()])
+            .args([
+                "--steps",
+                &steps.to_string(),
+                "--threads",
+                &threads.to_string(),
+            ])
             .output()
             .ok()
     });
@@ -108,7 +116,10 @@ fn main() {
         }
         Some(o) => println!(
             "  PyTorch peer unavailable (needs torch + transformers; set RECIPE_PYTHON): {}",
-            String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("")
+            String::from_utf8_lossy(&o.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
         ),
         None => println!("  PyTorch peer unavailable: no python"),
     }

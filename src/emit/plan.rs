@@ -149,6 +149,19 @@ pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
                 warmup: c.warmup,
                 total: c.total,
             },
+            (Owner::DeepSpeed, _, Some(s)) if matches!(s, recipe_runtime::lr::DsSchedule::OneCycle(o) if o.cycle_momentum) =>
+            {
+                no.push(
+                    "schedule OneCycle with cycle_momentum: the native runtime does not cycle \
+                     Adam's beta1 yet (write cycle_momentum = false)"
+                        .into(),
+                );
+                SchedulePlan::DeepSpeed {
+                    schedule: s,
+                    peak: c.peak,
+                    flags: c.flags,
+                }
+            }
             (Owner::DeepSpeed, _, Some(s)) => SchedulePlan::DeepSpeed {
                 schedule: s,
                 peak: c.peak,
