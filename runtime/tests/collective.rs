@@ -147,7 +147,9 @@ fn every_op_equals_the_sequential_reference_bit_for_bit() {
                     c.broadcast(&mut b, root).unwrap();
                     broadcasts.push(b);
                 }
-                let max = c.all_reduce_max(mine.first().copied().unwrap_or(r as f32)).unwrap();
+                let max = c
+                    .all_reduce_max(mine.first().copied().unwrap_or(r as f32))
+                    .unwrap();
                 let sum_f64 = c.all_reduce_sum_f64(0.1 * (r as f64 + 1.0)).unwrap();
                 c.barrier().unwrap();
                 Outputs {
@@ -293,7 +295,9 @@ fn mixed(world: usize, iters: usize, seed: u64) -> Vec<u64> {
                 }
                 Step::Max => {
                     let m = c.all_reduce_max(data(k, r, 1)[0]).unwrap();
-                    let want = (0..world).map(|q| data(k, q, 1)[0]).fold(f32::MIN, f32::max);
+                    let want = (0..world)
+                        .map(|q| data(k, q, 1)[0])
+                        .fold(f32::MIN, f32::max);
                     assert_eq!(m.to_bits(), want.to_bits(), "it {it}");
                     mix(m.to_bits() as u64);
                 }
@@ -560,5 +564,8 @@ fn empty_group_and_trait_objects() {
     let mut b = [3.0, -1.5];
     c.all_reduce(&mut b, ReduceOp::Avg).unwrap();
     assert_eq!(b, [3.0, -1.5]);
-    assert_eq!(c.all_reduce_sum_f64(-0.0).unwrap().to_bits(), (-0.0f64).to_bits());
+    assert_eq!(
+        c.all_reduce_sum_f64(-0.0).unwrap().to_bits(),
+        (-0.0f64).to_bits()
+    );
 }

@@ -379,9 +379,7 @@ impl Collective for LocalCollective {
         if self.rank != root {
             match &inputs[root] {
                 Payload::F32(src) => buf.copy_from_slice(src),
-                _ => {
-                    return Err(self.invalid(Op::Broadcast, "internal: missing root input".into()))
-                }
+                _ => return Err(self.invalid(Op::Broadcast, "internal: missing root input".into())),
             }
         }
         Ok(())
@@ -396,14 +394,17 @@ impl Collective for LocalCollective {
         };
         let inputs = self.exchange(call, Payload::F32(Arc::from([x].as_slice())))?;
         let inputs = self.f32_inputs(&inputs, Op::AllReduceMax)?;
-        let max = inputs.iter().map(|v| v[0]).fold(f32::NEG_INFINITY, |acc, v| {
-            // NaN-propagating on purpose (see the trait): f32::max would ignore a NaN flag.
-            if acc.is_nan() || v.is_nan() {
-                f32::NAN
-            } else {
-                acc.max(v)
-            }
-        });
+        let max = inputs
+            .iter()
+            .map(|v| v[0])
+            .fold(f32::NEG_INFINITY, |acc, v| {
+                // NaN-propagating on purpose (see the trait): f32::max would ignore a NaN flag.
+                if acc.is_nan() || v.is_nan() {
+                    f32::NAN
+                } else {
+                    acc.max(v)
+                }
+            });
         Ok(max)
     }
 
@@ -421,10 +422,9 @@ impl Collective for LocalCollective {
                 // Starting from rank 0's value (not 0.0) keeps −0.0 and the exact rank-order sum.
                 Payload::F64(v) => sum = Some(sum.map_or(*v, |s| s + *v)),
                 _ => {
-                    return Err(self.invalid(
-                        Op::AllReduceSumF64,
-                        "internal: missing f64 input".into(),
-                    ))
+                    return Err(
+                        self.invalid(Op::AllReduceSumF64, "internal: missing f64 input".into())
+                    )
                 }
             }
         }
