@@ -407,6 +407,49 @@ fn mismatched_calls_fail_every_rank_with_mismatch() {
 }
 
 #[test]
+fn errors_say_what_each_rank_did() {
+    let errs = fails_fast(3, |mut c| {
+        let mut b = vec![1.0; if c.rank() == 1 { 9 } else { 8 }];
+        c.all_reduce(&mut b, ReduceOp::Avg)
+    });
+    let msg = errs[0].clone().unwrap_err().to_string();
+    eprintln!("{msg}");
+    // Whichever rank saw the mismatch first, the message names the ranks in order.
+    assert!(msg.starts_with("collective #0: ranks disagree: "), "{msg}");
+    assert!(
+        msg.contains("rank 1: all_reduce(avg) of 9 elements"),
+        "{msg}"
+    );
+    assert!(msg.contains("all_reduce(avg) of 8 elements"), "{msg}");
+
+    let timeout = Duration::from_millis(100);
+    let errs = run_all(2, timeout, move |mut c| {
+        if c.rank() == 1 {
+            thread::sleep(timeout * 3);
+        }
+        c.barrier()
+    });
+    let msg = errs[1].clone().unwrap_err().to_string();
+    eprintln!("{msg}");
+    assert!(msg.starts_with("rank 0 waited "), "{msg}");
+    assert!(msg.contains("in barrier (collective #0)"), "{msg}");
+
+    let errs = fails_fast(2, |mut c| {
+        if c.rank() == 0 {
+            return Ok(());
+        }
+        c.barrier()
+    });
+    let msg = errs[1].clone().unwrap_err().to_string();
+    eprintln!("{msg}");
+    assert_eq!(
+        msg,
+        "rank 0 aborted the collective group: it left the group: its LocalCollective was dropped \
+         (the rank returned)"
+    );
+}
+
+#[test]
 fn a_bad_argument_on_one_rank_fails_every_rank() {
     let errs = fails_fast(3, |mut c| {
         let input = vec![1.0; 6];

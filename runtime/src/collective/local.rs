@@ -22,9 +22,10 @@ use super::{Collective, CollectiveError, Op, ReduceOp};
 /// One rank's handle of an in-process collective group; see [`LocalCollective::group`].
 ///
 /// Dropping a handle *leaves* the group: ops that every rank had already completed stand, but
-/// the group is then failed with [`CollectiveError::Aborted`] ("rank r left the group"), so a
-/// rank whose thread returned early or panicked never leaves the others waiting for it. At the
-/// normal end of a run every rank drops its handle and nobody calls again, so this is harmless.
+/// the group is then failed with [`CollectiveError::Aborted`] ("rank r aborted the collective
+/// group: it left the group: …"), so a rank whose thread returned early or panicked never
+/// leaves the others waiting for it. At the normal end of a run every rank drops its handle and
+/// nobody calls again, so this is harmless.
 #[derive(Debug)]
 pub struct LocalCollective {
     rank: usize,
@@ -104,8 +105,10 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
 
 impl LocalCollective {
     /// A group of `world` ranks, handle `r` for rank `r`; move each into its rank's thread.
-    /// Every wait inside an op gives up after `timeout` with [`CollectiveError::Timeout`].
-    /// `world == 0` gives an empty group.
+    /// An op that has not completed `timeout` after this rank called it fails the group with
+    /// [`CollectiveError::Timeout`], so `timeout` must exceed the longest time a rank may
+    /// legitimately spend between collectives while others wait (e.g. an evaluation done on
+    /// rank 0 only). `world == 0` gives an empty group.
     pub fn group(world: usize, timeout: Duration) -> Vec<LocalCollective> {
         let shared = Arc::new(Shared {
             world,
@@ -172,13 +175,17 @@ impl LocalCollective {
         }
 
         if st.slots.iter().flatten().any(|s| s.call != call) {
-            let mut detail: Vec<String> = st
+            // Every call deposited so far plus this one, in rank order.
+            let detail: Vec<String> = st
                 .slots
                 .iter()
                 .enumerate()
-                .filter_map(|(r, s)| s.as_ref().map(|s| format!("rank {r}: {}", s.call)))
+                .filter_map(|(r, s)| match s {
+                    Some(s) => Some(format!("rank {r}: {}", s.call)),
+                    None if r == self.rank => Some(format!("rank {r}: {call}")),
+                    None => None,
+                })
                 .collect();
-            detail.push(format!("rank {}: {}", self.rank, call));
             let err = CollectiveError::Mismatch {
                 seq: st.seq,
                 detail: detail.join(", "),
@@ -456,13 +463,10 @@ impl Drop for LocalCollective {
         // A rank that leaves can never take part again: fail the group now so the others get an
         // error at their next (or pending) op instead of waiting out the timeout.
         let reason = if std::thread::panicking() {
-            format!("rank {} left the group (its thread panicked)", self.rank)
+            "it left the group: its thread panicked"
         } else {
-            format!(
-                "rank {} left the group (its LocalCollective was dropped)",
-                self.rank
-            )
+            "it left the group: its LocalCollective was dropped (the rank returned)"
         };
-        self.abort(&reason);
+        self.abort(reason);
     }
 }
