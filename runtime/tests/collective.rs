@@ -612,3 +612,32 @@ fn empty_group_and_trait_objects() {
         (-0.0f64).to_bits()
     );
 }
+
+#[test]
+fn a_timeout_names_the_collective_it_happened_in() {
+    let timeout = Duration::from_millis(100);
+    let errs = run_all(2, timeout, move |mut c| {
+        for _ in 0..3 {
+            c.barrier()?;
+        }
+        if c.rank() == 1 {
+            thread::sleep(timeout * 3);
+        }
+        let max = c.all_reduce_max(1.0)?;
+        Ok::<f32, CollectiveError>(max)
+    });
+    for e in errs {
+        assert!(
+            matches!(
+                e,
+                Err(CollectiveError::Timeout {
+                    rank: 0,
+                    op: Op::AllReduceMax,
+                    seq: 3,
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+    }
+}

@@ -171,7 +171,9 @@ impl LocalCollective {
             if st.phase == Phase::Collect {
                 break;
             }
-            st = self.wait(st, start, call.op)?;
+            // Op `st.seq` is still being handed out; this rank's call is the next one.
+            let next = st.seq + 1;
+            st = self.wait(st, start, call.op, next)?;
         }
 
         if st.slots.iter().flatten().any(|s| s.call != call) {
@@ -209,7 +211,7 @@ impl LocalCollective {
             if let Some(e) = &st.failure {
                 return Err(e.clone());
             }
-            st = self.wait(st, start, call.op)?;
+            st = self.wait(st, start, call.op, seq)?;
         }
         let inputs: Vec<Payload> = st
             .slots
@@ -228,19 +230,21 @@ impl LocalCollective {
         Ok(inputs)
     }
 
-    /// Waits on the condvar until the op's deadline; at the deadline, fails the group.
+    /// Waits on the condvar until the deadline of this rank's op `seq`; at the deadline, fails
+    /// the group.
     fn wait<'a>(
         &self,
         mut st: MutexGuard<'a, State>,
         start: Instant,
         op: Op,
+        seq: u64,
     ) -> Result<MutexGuard<'a, State>, CollectiveError> {
         let waited = start.elapsed();
         if waited >= self.shared.timeout {
             let err = CollectiveError::Timeout {
                 rank: self.rank,
                 op,
-                seq: st.seq,
+                seq,
                 waited,
             };
             return Err(self.fail(&mut st, err));
