@@ -8,10 +8,14 @@
 //! its deterministic CPU implementation), [`model`] (HF `BertForSequenceClassification`),
 //! [`optim`] (torch-exact clipping, Adam, AdamW) and [`checkpoint`] (safetensors IO). Parity with
 //! PyTorch is tested in `tests/parity.rs` against fixtures from `reference/`.
+//!
+//! Data parallelism: [`collective`] (the `Collective` trait over flat buffers, deterministic
+//! in-process ranks, the padded shard map used by ZeRO).
 
 pub mod accounting;
 pub mod backend;
 pub mod checkpoint;
+pub mod collective;
 pub mod data;
 pub mod lr;
 pub mod metrics;
