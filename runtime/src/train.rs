@@ -13,6 +13,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::Cpu;
+use crate::collective::{Collective, CollectiveError, LocalCollective, ReduceOp};
 use crate::data::{self, Dataset, LabelSet, TextTokenizer, TokenBatch};
 use crate::metrics::{self, EvalReport};
 use crate::model::{Batch, BertConfig, Classifier, DropoutKey, ModelError, Workspace};
@@ -49,6 +50,9 @@ pub enum RunError {
     /// The optimizer refused its inputs or state.
     #[error(transparent)]
     Optim(#[from] OptimError),
+    /// A collective between ranks failed (another rank's error, a mismatch, a timeout).
+    #[error(transparent)]
+    Collective(#[from] CollectiveError),
     /// A checkpoint cannot be read or written.
     #[error(transparent)]
     Checkpoint(#[from] resume::ResumeError),
@@ -172,10 +176,10 @@ fn supported(plan: &Plan) -> Result<(), RunError> {
         )
         .to_lowercase()));
     }
-    if plan.batch.world > 1 {
+    if plan.batch.world > 1 && plan.train.zero_stage > 0 {
         return Err(RunError::NotBuilt(format!(
-            "data parallelism over {} ranks (the collectives come with ZeRO; run with one rank)",
-            plan.batch.world
+            "ZeRO stage {} partitioning over {} ranks (plain data parallelism runs: --set zero.stage=0)",
+            plan.train.zero_stage, plan.batch.world
         )));
     }
     if plan.model.arch != "bert" {
@@ -262,7 +266,30 @@ fn labels(plan: &Plan) -> Result<LabelSet, RunError> {
     })
 }
 
-/// Runs a plan to the end (or to `stop_after`).
+/// How long a rank waits for the others at a collective: `RECIPE_COLLECTIVE_TIMEOUT` seconds,
+/// else 600 (rank 0 evaluates and writes checkpoints while the others wait at the next step).
+pub fn collective_timeout() -> std::time::Duration {
+    let secs = std::env::var("RECIPE_COLLECTIVE_TIMEOUT")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .filter(|&t: &u64| t > 0)
+        .unwrap_or(600);
+    std::time::Duration::from_secs(secs)
+}
+
+/// What every rank reads.
+struct Shared<'a> {
+    plan: &'a Plan,
+    options: &'a RunOptions,
+    train: Dataset,
+    eval: Option<Dataset>,
+    test: Option<Dataset>,
+    done: u64,
+}
+
+/// Runs a plan to the end (or to `stop_after`). With `world` > 1 the ranks are threads that
+/// average their gradients through a [`LocalCollective`] (every rank holds the whole model and
+/// optimizer: ZeRO stage 0); rank 0 logs, evaluates and saves.
 pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
     supported(plan)?;
     let labels = labels(plan)?;
@@ -291,7 +318,7 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
 
     let out = &plan.train.output_dir;
     std::fs::create_dir_all(out).map_err(io(out))?;
-    let mut model = load_model(plan, options.resume.as_deref())?;
+    let model = load_model(plan, options.resume.as_deref())?;
     let mut adam = optimizer(plan, &model)?;
     let mut done = 0u64;
     if let Some(dir) = &options.resume {
@@ -299,15 +326,101 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
         adam.load_state(state)?;
         done = position.step;
     }
+    let shared = Shared {
+        plan,
+        options,
+        train,
+        eval,
+        test,
+        done,
+    };
+    let world = plan.batch.world.max(1) as usize;
+    if world == 1 {
+        return rank_loop(&shared, 0, None, model, adam);
+    }
+    let per_rank = (threads() / world).max(1);
+    let group = LocalCollective::group(world, collective_timeout());
+    let results: Vec<Result<Summary, RunError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = group
+            .into_iter()
+            .enumerate()
+            .map(|(rank, mut coll)| {
+                let mut model = model.clone();
+                model.set_backend(Cpu::new(per_rank));
+                let adam = adam.clone();
+                let shared = &shared;
+                s.spawn(move || rank_loop(shared, rank, Some(&mut coll), model, adam))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(rank, h)| {
+                h.join().unwrap_or_else(|_| {
+                    Err(RunError::Mismatch(format!(
+                        "rank {rank} panicked (a bug; please report it)"
+                    )))
+                })
+            })
+            .collect()
+    });
+    // The cause, not its echo: another rank's failure shows up on the rest as a collective error.
+    let mut first_collective = None;
+    let mut summary = None;
+    for (rank, r) in results.into_iter().enumerate() {
+        match r {
+            Ok(s) if rank == 0 => summary = Some(s),
+            Ok(_) => {}
+            Err(RunError::Collective(e)) => {
+                first_collective.get_or_insert(RunError::Collective(e));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    match (first_collective, summary) {
+        (Some(e), _) => Err(e),
+        (None, Some(s)) => Ok(s),
+        (None, None) => Err(RunError::Mismatch("rank 0 returned no summary".into())),
+    }
+}
 
+/// One rank's loop. `coll` is `None` for a single process.
+fn rank_loop(
+    shared: &Shared<'_>,
+    rank: usize,
+    mut coll: Option<&mut LocalCollective>,
+    mut model: Classifier,
+    mut adam: Adam,
+) -> Result<Summary, RunError> {
+    let Shared {
+        plan,
+        options,
+        train,
+        eval,
+        test,
+        done,
+    } = shared;
+    let (plan, options, done) = (*plan, *options, *done);
+    let lead = rank == 0;
+    let world = plan.batch.world.max(1) as usize;
+    let out = &plan.train.output_dir;
     let metrics_path = out.join("metrics.jsonl");
-    let mut log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&metrics_path)
-        .map_err(io(&metrics_path))?;
+    let mut log = if lead {
+        Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&metrics_path)
+                .map_err(io(&metrics_path))?,
+        )
+    } else {
+        None
+    };
     let mut record = |v: serde_json::Value| -> Result<(), RunError> {
-        writeln!(log, "{v}").map_err(io(&metrics_path))
+        match log.as_mut() {
+            Some(f) => writeln!(f, "{v}").map_err(io(&metrics_path)),
+            None => Ok(()),
+        }
     };
     if done == 0 {
         record(serde_json::json!({
@@ -315,16 +428,18 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
             "plan": plan.name,
             "train_rows": train.len(),
             "parameters": model.params().len(),
+            "world": world,
             "threads": threads(),
             "predicted": plan.steps,
         }))?;
     } else {
-        record(serde_json::json!({ "event": "resume", "from": options.resume, "step": done }))?;
+        record(
+            serde_json::json!({ "event": "resume", "from": options.resume, "step": done, "world": world }),
+        )?;
     }
 
     let total = plan.steps.total;
     let g = plan.batch.accumulate.max(1);
-    let (world, rank) = (plan.batch.world as usize, 0usize);
     let shape = Shape {
         rows: train.len(),
         micro: plan.batch.micro as usize,
@@ -336,7 +451,7 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
         total,
     };
     let work = windows::windows(shape, rank, done)?;
-    let bar = options.progress.then(|| crate::progress::bar(total, done));
+    let bar = (lead && options.progress).then(|| crate::progress::bar(total, done));
     let mut grads = model.params().zeros_like();
     let mut ws = Workspace::new();
     let mut last_loss = None;
@@ -363,12 +478,17 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
             let batch = model_batch(train.batch(idx));
             let key = DropoutKey {
                 seed: plan.train.seed,
-                micro_batch: (w.step - 1) * g + i as u64,
+                micro_batch: ((w.step - 1) * g + i as u64) * world as u64 + rank as u64,
             };
             loss += model.forward_backward(&mut ws, &batch, weight, &mut grads, Some(key))?;
-            trained_samples += batch.batch as u64;
+            trained_samples += (batch.batch * world) as u64;
         }
         loss /= w.batches.len() as f32;
+        if let Some(c) = coll.as_mut() {
+            // Every rank ends with the same averaged gradient, so the replicas stay identical.
+            c.all_reduce(&mut grads, ReduceOp::Avg)?;
+            loss = (c.all_reduce_sum_f64(f64::from(loss))? / world as f64) as f32;
+        }
         if !loss.is_finite() {
             return Err(RunError::Diverged { step: w.step, loss });
         }
@@ -415,7 +535,7 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
             Every::Steps(n) => step % n == 0,
             Every::Never => false,
         };
-        if let Some(ev) = &eval {
+        if let Some(ev) = eval.as_ref().filter(|_| lead) {
             let at_end = step == total && plan.train.eval_every != Every::Never;
             if due(plan.train.eval_every) || at_end {
                 let report = metrics::evaluate(&model, ev, plan.batch.eval_micro as usize)?;
@@ -429,7 +549,7 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
             }
         }
         let stop_here = options.stop_after == Some(step) && step < total;
-        if (due(plan.train.save_every) && step < total) || stop_here {
+        if lead && ((due(plan.train.save_every) && step < total) || stop_here) {
             let dir = out.join(format!("checkpoint-{step}"));
             let position = Position {
                 step,
@@ -474,6 +594,9 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
         return Err(RunError::Mismatch(format!(
             "the run took {step} optimizer steps, but the plan predicted {total}"
         )));
+    }
+    if !lead {
+        return Ok(summary);
     }
     if let Some(t) = &test {
         let report = metrics::evaluate(&model, t, plan.batch.eval_micro as usize)?;
