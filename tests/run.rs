@@ -248,7 +248,7 @@ fn what_is_not_built_yet_is_said_plainly() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("not built yet"), "{}", stderr(&o));
 
-    // ZeRO partitioning over several ranks (plain data parallelism runs; see below).
+    // ZeRO-2/3 partitioning over several ranks (stages 0 and 1 run; see below).
     let dir = workspace("gpus", &format!("{TINY}zero 2\n"));
     let o = recipe_in(&dir, &["run", "--gpus", "2", "tiny.rcp"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
@@ -286,21 +286,28 @@ fn weights(path: &Path) -> Vec<(String, Vec<f32>)> {
         .collect()
 }
 
-/// Data parallelism (ZeRO stage 0): N rank threads with micro-batch 12/N average their
+/// Data parallelism, ZeRO stages 0 and 1: N rank threads with micro-batch 12/N average their
 /// gradients and train the same curve and weights as one process with micro-batch 12 (the global
-/// batch held fixed; only the order of float sums differs).
+/// batch held fixed; only the order of float sums differs). Stage 1 partitions the optimizer
+/// state (each rank updates its partition, then the partitions are all-gathered).
 #[test]
 fn data_parallel_ranks_match_the_single_process_run() {
-    let recipe = TINY
-        .replace(
+    for stage in [0, 1] {
+        data_parallel_case(stage);
+    }
+}
+
+fn data_parallel_case(stage: u32) {
+    let recipe =
+        TINY.replace(
             "batch { micro = 5, accumulate = 3 }",
             "batch { micro = 12, accumulate = 2 }",
         )
         .replace(
             "task = classify(labels: [\"ham\", \"spam\"]) }",
             "task = classify(labels: [\"ham\", \"spam\"]), dropout = 0 }",
-        );
-    let dir = workspace("dp", &recipe);
+        ) + &format!("zero {stage}\n");
+    let dir = workspace(&format!("dp{stage}"), &recipe);
     let run = |world: u64, out: &str| {
         let micro = format!("batch.micro={}", 12 / world);
         let out_set = format!("train.output_dir=\"{out}\"");
@@ -311,7 +318,12 @@ fn data_parallel_ranks_match_the_single_process_run() {
                 "run", "--quiet", "tiny.rcp", "--gpus", &gpus, "--set", &micro, "--set", &out_set,
             ],
         );
-        assert_eq!(o.status.code(), Some(0), "world {world}: {}", stderr(&o));
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "stage {stage} world {world}: {}",
+            stderr(&o)
+        );
         let curve: Vec<f64> = metrics(&dir.join(out))
             .iter()
             .filter_map(|r| r["loss"].as_f64())
@@ -359,4 +371,99 @@ fn data_parallel_ranks_match_the_single_process_run() {
             "world {world}: the weights differ by {rel:e} (relative L2)"
         );
     }
+}
+
+/// ZeRO-1 checkpoints hold the gathered optimizer state: stage 1 trains the same bits as stage 0
+/// at the same world size, and a run stopped on 2 ranks resumes on 3 (re-partitioned) and ends
+/// where the uninterrupted run ends.
+#[test]
+fn zero1_state_is_gathered_and_resumes_on_another_world_size() {
+    let recipe = TINY
+        .replace(
+            "batch { micro = 5, accumulate = 3 }",
+            "batch { micro = 12, accumulate = 2 }",
+        )
+        .replace(
+            "task = classify(labels: [\"ham\", \"spam\"]) }",
+            "task = classify(labels: [\"ham\", \"spam\"]), dropout = 0 }",
+        );
+    let dir = workspace("zero1", &recipe);
+    let run = |args: &[&str]| {
+        let mut all = vec!["run", "--quiet", "tiny.rcp"];
+        all.extend_from_slice(args);
+        let o = recipe_in(&dir, &all);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+    };
+    let z0 = ["--set", "zero.stage=0"];
+    let z1 = ["--set", "zero.stage=1"];
+    run(&[
+        &z0[..],
+        &[
+            "--gpus",
+            "2",
+            "--set",
+            "batch.micro=6",
+            "--set",
+            "train.output_dir=\"s0\"",
+        ],
+    ]
+    .concat());
+    run(&[
+        &z1[..],
+        &[
+            "--gpus",
+            "2",
+            "--set",
+            "batch.micro=6",
+            "--set",
+            "train.output_dir=\"s1\"",
+        ],
+    ]
+    .concat());
+    let s0 = std::fs::read(dir.join("s0/model/model.safetensors")).unwrap();
+    let s1 = std::fs::read(dir.join("s1/model/model.safetensors")).unwrap();
+    assert!(
+        s0 == s1,
+        "ZeRO-1 and ZeRO-0 trained different weights on 2 ranks"
+    );
+    // Stop on 2 ranks after step 3 (inside epoch 2), resume on 3 ranks with the same global batch.
+    run(&[
+        &z1[..],
+        &[
+            "--gpus",
+            "2",
+            "--set",
+            "batch.micro=6",
+            "--set",
+            "train.output_dir=\"r\"",
+            "--stop-after",
+            "3",
+        ],
+    ]
+    .concat());
+    run(&[
+        &z1[..],
+        &[
+            "--gpus",
+            "3",
+            "--set",
+            "batch.micro=4",
+            "--set",
+            "train.output_dir=\"r\"",
+            "--resume",
+            "r/checkpoint-3",
+        ],
+    ]
+    .concat());
+    let a = weights(&dir.join("s1/model/model.safetensors"));
+    let b = weights(&dir.join("r/model/model.safetensors"));
+    let (mut diff, mut scale) = (0.0f64, 0.0f64);
+    for ((_, x), (_, y)) in a.iter().zip(&b) {
+        for (p, q) in x.iter().zip(y) {
+            diff += f64::from(p - q).powi(2);
+            scale += f64::from(*p).powi(2);
+        }
+    }
+    let rel = (diff / scale).sqrt();
+    assert!(rel <= 1e-6, "resumed on 3 ranks: weights differ by {rel:e}");
 }

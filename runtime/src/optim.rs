@@ -220,6 +220,42 @@ impl Adam {
         })
     }
 
+    /// The optimizer of one ZeRO partition: only the elements `range` of the buffer, with state
+    /// for them alone. `step` then takes the partition's parameters and gradients. Adam is
+    /// elementwise, so the partitions together compute exactly what [`Adam::new`] computes.
+    pub fn shard(
+        config: AdamConfig,
+        entries: &[Entry],
+        decay: &[bool],
+        range: Range<usize>,
+    ) -> Result<Adam, OptimError> {
+        let full = Adam::new(config, entries, decay)?;
+        let total = full.state.m.len();
+        if range.start > range.end || range.end > total {
+            return Err(OptimError::Config(format!(
+                "partition {range:?} outside the {total} parameters"
+            )));
+        }
+        let segments = full
+            .segments
+            .iter()
+            .filter_map(|(r, d)| {
+                let (s, e) = (r.start.max(range.start), r.end.min(range.end));
+                (s < e).then(|| ((s - range.start)..(e - range.start), *d))
+            })
+            .collect();
+        let n = range.len();
+        Ok(Adam {
+            config,
+            state: AdamState {
+                m: vec![0.0; n],
+                v: vec![0.0; n],
+                step: 0,
+            },
+            segments,
+        })
+    }
+
     /// The hyper-parameters.
     pub fn config(&self) -> &AdamConfig {
         &self.config
@@ -411,5 +447,50 @@ mod tests {
                 step: 1
             })
             .is_err());
+    }
+
+    #[test]
+    fn shards_together_equal_the_whole() {
+        let entries = vec![
+            Entry {
+                name: "a.weight".into(),
+                shape: vec![5],
+                offset: 0,
+            },
+            Entry {
+                name: "a.bias".into(),
+                shape: vec![3],
+                offset: 5,
+            },
+            Entry {
+                name: "b.weight".into(),
+                shape: vec![4],
+                offset: 8,
+            },
+        ];
+        let decay = [true, false, true];
+        let cfg = AdamConfig::adamw(0.1);
+        let params0: Vec<f32> = (0..12).map(|i| 0.1 * i as f32 - 0.4).collect();
+        let grads: Vec<f32> = (0..12)
+            .map(|i| ((i * 7) % 5) as f32 * 0.03 - 0.05)
+            .collect();
+        let mut whole = params0.clone();
+        let mut full = Adam::new(cfg, &entries, &decay).unwrap();
+        let mut parts = params0.clone();
+        let ranges = [0..4, 4..9, 9..12];
+        let mut shards: Vec<Adam> = ranges
+            .iter()
+            .map(|r| Adam::shard(cfg, &entries, &decay, r.clone()).unwrap())
+            .collect();
+        for _ in 0..3 {
+            full.step(&mut whole, &grads, 1e-2).unwrap();
+            for (a, r) in shards.iter_mut().zip(&ranges) {
+                a.step(&mut parts[r.clone()], &grads[r.clone()], 1e-2)
+                    .unwrap();
+            }
+        }
+        assert_eq!(whole, parts);
+        assert_eq!(shards[1].state().m.len(), 5);
+        assert!(Adam::shard(cfg, &entries, &decay, 10..13).is_err());
     }
 }

@@ -13,11 +13,11 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::Cpu;
-use crate::collective::{Collective, CollectiveError, LocalCollective, ReduceOp};
+use crate::collective::{Collective, CollectiveError, LocalCollective, Partition, ReduceOp};
 use crate::data::{self, Dataset, LabelSet, TextTokenizer, TokenBatch};
 use crate::metrics::{self, EvalReport};
 use crate::model::{Batch, BertConfig, Classifier, DropoutKey, ModelError, Workspace};
-use crate::optim::{self, Adam, AdamConfig, OptimError, WeightDecay};
+use crate::optim::{self, Adam, AdamConfig, AdamState, OptimError, WeightDecay};
 use crate::plan::{DataPlan, Every, ModelSource, OptimizerKind, Plan, Precision};
 use crate::resume;
 use crate::windows::{self, Shape};
@@ -176,9 +176,9 @@ fn supported(plan: &Plan) -> Result<(), RunError> {
         )
         .to_lowercase()));
     }
-    if plan.batch.world > 1 && plan.train.zero_stage > 0 {
+    if plan.batch.world > 1 && plan.train.zero_stage > 1 {
         return Err(RunError::NotBuilt(format!(
-            "ZeRO stage {} partitioning over {} ranks (plain data parallelism runs: --set zero.stage=0)",
+            "ZeRO stage {} partitioning over {} ranks (stages 0 and 1 run: --set zero.stage=1)",
             plan.train.zero_stage, plan.batch.world
         )));
     }
@@ -237,7 +237,11 @@ pub fn model_batch(b: TokenBatch) -> Batch {
 
 /// The optimizer of the plan over `model`'s parameters, with HF Trainer's decay grouping by
 /// name substrings (`optimizer.no_decay`).
-fn optimizer(plan: &Plan, model: &Classifier) -> Result<Adam, RunError> {
+fn optimizer(
+    plan: &Plan,
+    model: &Classifier,
+    shard: Option<std::ops::Range<usize>>,
+) -> Result<Adam, RunError> {
     let o = &plan.optimizer;
     let config = AdamConfig {
         beta1: o.betas.0,
@@ -255,7 +259,10 @@ fn optimizer(plan: &Plan, model: &Classifier) -> Result<Adam, RunError> {
         .iter()
         .map(|e| !o.no_decay.iter().any(|s| e.name.contains(s.as_str())))
         .collect();
-    Ok(Adam::new(config, entries, &decay)?)
+    Ok(match shard {
+        Some(r) => Adam::shard(config, entries, &decay, r)?,
+        None => Adam::new(config, entries, &decay)?,
+    })
 }
 
 fn labels(plan: &Plan) -> Result<LabelSet, RunError> {
@@ -285,6 +292,8 @@ struct Shared<'a> {
     eval: Option<Dataset>,
     test: Option<Dataset>,
     done: u64,
+    /// The ZeRO partition map (stage ≥ 1 over several ranks).
+    partition: Option<Partition>,
 }
 
 /// Runs a plan to the end (or to `stop_after`). With `world` > 1 the ranks are threads that
@@ -319,13 +328,19 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
     let out = &plan.train.output_dir;
     std::fs::create_dir_all(out).map_err(io(out))?;
     let model = load_model(plan, options.resume.as_deref())?;
-    let mut adam = optimizer(plan, &model)?;
+    let mut adam = optimizer(plan, &model, None)?;
     let mut done = 0u64;
     if let Some(dir) = &options.resume {
+        // Checkpoints hold the whole (gathered) state: any world size re-partitions it.
         let (state, position) = resume::read_training_state(dir)?;
         adam.load_state(state)?;
         done = position.step;
     }
+    let world = plan.batch.world.max(1) as usize;
+    let partition = (plan.train.zero_stage >= 1 && world > 1)
+        .then(|| Partition::new(model.params().len(), world))
+        .transpose()
+        .map_err(|e| RunError::Mismatch(e.to_string()))?;
     let shared = Shared {
         plan,
         options,
@@ -333,21 +348,38 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
         eval,
         test,
         done,
+        partition,
     };
-    let world = plan.batch.world.max(1) as usize;
     if world == 1 {
         return rank_loop(&shared, 0, None, model, adam);
     }
     let per_rank = (threads() / world).max(1);
+    let adams = (0..world)
+        .map(|rank| match &shared.partition {
+            // ZeRO-1: this rank's optimizer holds only its partition's moments.
+            Some(p) => {
+                let r = p.range(rank);
+                let mut a = optimizer(plan, &model, Some(r.clone()))?;
+                let full = adam.state();
+                a.load_state(AdamState {
+                    m: full.m[r.clone()].to_vec(),
+                    v: full.v[r].to_vec(),
+                    step: full.step,
+                })?;
+                Ok(a)
+            }
+            None => Ok(adam.clone()),
+        })
+        .collect::<Result<Vec<Adam>, RunError>>()?;
     let group = LocalCollective::group(world, collective_timeout());
     let results: Vec<Result<Summary, RunError>> = std::thread::scope(|s| {
         let handles: Vec<_> = group
             .into_iter()
             .enumerate()
-            .map(|(rank, mut coll)| {
+            .zip(adams)
+            .map(|((rank, mut coll), adam)| {
                 let mut model = model.clone();
                 model.set_backend(Cpu::new(per_rank));
-                let adam = adam.clone();
                 let shared = &shared;
                 s.spawn(move || rank_loop(shared, rank, Some(&mut coll), model, adam))
             })
@@ -399,6 +431,7 @@ fn rank_loop(
         eval,
         test,
         done,
+        partition,
     } = shared;
     let (plan, options, done) = (*plan, *options, *done);
     let lead = rank == 0;
@@ -502,7 +535,16 @@ fn rank_loop(
                 .sqrt() as f32
         };
         let lr = plan.schedule.lr(w.step);
-        adam.step(model.params_mut(), &grads, lr)?;
+        match (partition, coll.as_mut()) {
+            (Some(p), Some(c)) => {
+                // ZeRO-1: update this rank's partition, then all-gather the partitions.
+                let r = p.range(rank);
+                adam.step(&mut model.params_mut()[r.clone()], &grads[r.clone()], lr)?;
+                let mine = model.params().data[r].to_vec();
+                gather(c, p, &mine, model.params_mut())?;
+            }
+            _ => adam.step(model.params_mut(), &grads, lr)?,
+        }
         step = w.step;
         last_loss = Some(loss);
         let rate = trained_samples as f64 / started.elapsed().as_secs_f64().max(1e-9);
@@ -549,7 +591,14 @@ fn rank_loop(
             }
         }
         let stop_here = options.stop_after == Some(step) && step < total;
-        if lead && ((due(plan.train.save_every) && step < total) || stop_here) {
+        let save = (due(plan.train.save_every) && step < total) || stop_here;
+        // Checkpoints hold the whole optimizer state: partitions are gathered (every rank takes
+        // part; rank 0 writes), so any world size can resume from them.
+        let state = match (save, partition, coll.as_mut()) {
+            (true, Some(p), Some(c)) => Some(gathered_state(c, p, adam.state())?),
+            _ => None,
+        };
+        if lead && save {
             let dir = out.join(format!("checkpoint-{step}"));
             let position = Position {
                 step,
@@ -561,7 +610,7 @@ fn rank_loop(
                 &model,
                 &plan.model.labels,
                 &plan.model.tokenizer,
-                adam.state(),
+                state.as_ref().unwrap_or(adam.state()),
                 position,
             )?;
             record(serde_json::json!({ "step": step, "checkpoint": dir }))?;
@@ -617,4 +666,33 @@ fn rank_loop(
     }))?;
     summary.saved = Some(final_dir);
     Ok(summary)
+}
+
+/// All-gathers every rank's `part` (its partition of a flat buffer, `p.range(rank)`) into `out`
+/// (the whole unpadded buffer). Partitions are padded to `p.shard` for the exchange.
+fn gather(
+    c: &mut LocalCollective,
+    p: &Partition,
+    part: &[f32],
+    out: &mut [f32],
+) -> Result<(), RunError> {
+    let mut shard = vec![0.0f32; p.shard];
+    shard[..part.len()].copy_from_slice(part);
+    let mut all = vec![0.0f32; p.padded];
+    c.all_gather(&shard, &mut all)?;
+    out.copy_from_slice(&all[..out.len()]);
+    Ok(())
+}
+
+/// The whole optimizer state from the partitions every rank holds.
+fn gathered_state(
+    c: &mut LocalCollective,
+    p: &Partition,
+    s: &AdamState,
+) -> Result<AdamState, RunError> {
+    let mut m = vec![0.0f32; p.total];
+    let mut v = vec![0.0f32; p.total];
+    gather(c, p, &s.m, &mut m)?;
+    gather(c, p, &s.v, &mut v)?;
+    Ok(AdamState { m, v, step: s.step })
 }
