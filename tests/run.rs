@@ -426,6 +426,19 @@ fn zero1_state_is_gathered_and_resumes_on_another_world_size() {
         s0 == s1,
         "ZeRO-1 and ZeRO-0 trained different weights on 2 ranks"
     );
+    // What rank 0 held: the optimizer state halves under ZeRO-1, params and grads do not.
+    let mem = |d: &str| {
+        metrics(&dir.join(d))
+            .into_iter()
+            .find(|r| r["event"] == "start")
+            .unwrap()["memory_rank0"]
+            .clone()
+    };
+    let (m0, m1) = (mem("s0"), mem("s1"));
+    assert_eq!(m1["params"], m0["params"]);
+    assert_eq!(m1["grads"], m0["grads"]);
+    let n = m0["optimizer"].as_u64().unwrap() / 8; // two fp32 moments per parameter
+    assert_eq!(m1["optimizer"].as_u64().unwrap(), 8 * n.div_ceil(2));
     // Stop on 2 ranks after step 3 (inside epoch 2), resume on 3 ranks with the same global batch.
     run(&[
         &z1[..],

@@ -105,6 +105,26 @@ pub struct Summary {
     pub saved: Option<PathBuf>,
     /// The metrics file.
     pub metrics: PathBuf,
+    /// What each rank held for the model states, by rank.
+    pub memory: Vec<RankMemory>,
+}
+
+/// Bytes one rank holds for the model states (fp32: 4 bytes an element).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RankMemory {
+    /// Parameters.
+    pub params: u64,
+    /// Gradients.
+    pub grads: u64,
+    /// Optimizer state (Adam's two moments; its partition under ZeRO-1).
+    pub optimizer: u64,
+}
+
+impl RankMemory {
+    /// All three.
+    pub fn total(&self) -> u64 {
+        self.params + self.grads + self.optimizer
+    }
 }
 
 impl fmt::Display for Summary {
@@ -127,6 +147,18 @@ impl fmt::Display for Summary {
         }
         if let Some(e) = &self.test {
             writeln!(f, "test: {e}")?;
+        }
+        if let Some(m) = self.memory.first() {
+            let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+            writeln!(
+                f,
+                "model states per rank (rank 0 of {}): params {:.1} MiB, grads {:.1} MiB, optimizer {:.1} MiB, total {:.1} MiB",
+                self.memory.len(),
+                mib(m.params),
+                mib(m.grads),
+                mib(m.optimizer),
+                mib(m.total())
+            )?;
         }
         if let Some(p) = &self.saved {
             writeln!(f, "saved {}", p.display())?;
@@ -398,11 +430,16 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
     });
     // The cause, not its echo: another rank's failure shows up on the rest as a collective error.
     let mut first_collective = None;
-    let mut summary = None;
+    let mut summary: Option<Summary> = None;
+    let mut memory = Vec::new();
     for (rank, r) in results.into_iter().enumerate() {
         match r {
-            Ok(s) if rank == 0 => summary = Some(s),
-            Ok(_) => {}
+            Ok(s) => {
+                memory.extend(s.memory.iter().copied());
+                if rank == 0 {
+                    summary = Some(s);
+                }
+            }
             Err(RunError::Collective(e)) => {
                 first_collective.get_or_insert(RunError::Collective(e));
             }
@@ -411,7 +448,10 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
     }
     match (first_collective, summary) {
         (Some(e), _) => Err(e),
-        (None, Some(s)) => Ok(s),
+        (None, Some(mut s)) => {
+            s.memory = memory;
+            Ok(s)
+        }
         (None, None) => Err(RunError::Mismatch("rank 0 returned no summary".into())),
     }
 }
@@ -435,6 +475,12 @@ fn rank_loop(
     } = shared;
     let (plan, options, done) = (*plan, *options, *done);
     let lead = rank == 0;
+    let bytes = |n: usize| 4 * n as u64;
+    let memory = RankMemory {
+        params: bytes(model.params().len()),
+        grads: bytes(grads_len(&model)),
+        optimizer: bytes(adam.state().m.len() + adam.state().v.len()),
+    };
     let world = plan.batch.world.max(1) as usize;
     let out = &plan.train.output_dir;
     let metrics_path = out.join("metrics.jsonl");
@@ -462,8 +508,10 @@ fn rank_loop(
             "train_rows": train.len(),
             "parameters": model.params().len(),
             "world": world,
+            "zero_stage": if world > 1 { plan.train.zero_stage } else { 0 },
             "threads": threads(),
             "predicted": plan.steps,
+            "memory_rank0": memory,
         }))?;
     } else {
         record(
@@ -634,6 +682,7 @@ fn rank_loop(
         samples_per_s: trained_samples as f64 / started.elapsed().as_secs_f64().max(1e-9),
         saved: None,
         metrics: metrics_path.clone(),
+        memory: vec![memory],
     };
     if stopped {
         summary.saved = Some(out.join(format!("checkpoint-{step}")));
@@ -695,4 +744,9 @@ fn gathered_state(
     gather(c, p, &s.m, &mut m)?;
     gather(c, p, &s.v, &mut v)?;
     Ok(AdamState { m, v, step: s.step })
+}
+
+/// Gradient elements a rank holds: the whole flat buffer (ZeRO-0/1 keep full gradients).
+fn grads_len(model: &Classifier) -> usize {
+    model.params().len()
 }

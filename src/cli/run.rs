@@ -21,6 +21,7 @@ pub fn run(
         return USAGE;
     }
     let is_plan = file.extension().is_some_and(|e| e == "json");
+    let mut resolved_recipe = None;
     let plan = if is_plan {
         if !flags.set.is_empty() || flags.gpus.is_some() || flags.nodes.is_some() {
             eprintln!("error: a saved plan is run as built; pass --set/--gpus/--nodes to `recipe build --target native` instead");
@@ -43,10 +44,12 @@ pub fn run(
             eprintln!("{}: has errors; not running", source.name);
             return FAILED;
         }
-        match super::build::native_plan(&resolved) {
+        let plan = match super::build::native_plan(&resolved) {
             Ok(p) => p,
             Err(code) => return code,
-        }
+        };
+        resolved_recipe = Some(resolved);
+        plan
     };
     let options = RunOptions {
         resume: resume.map(Path::to_path_buf),
@@ -58,6 +61,12 @@ pub fn run(
         Ok(summary) => {
             if !quiet {
                 eprintln!("{summary}");
+                if let Some(line) = resolved_recipe
+                    .as_ref()
+                    .and_then(|r| estimate_line(r, &plan, summary.memory.len()))
+                {
+                    eprintln!("{line}");
+                }
             }
             OK
         }
@@ -70,4 +79,29 @@ pub fn run(
             }
         }
     }
+}
+
+/// `recipe explain`'s model-states estimate for the stage the run used, to print next to what
+/// the ranks held (the estimate counts mixed-precision Adam; the CPU backend trains in fp32).
+fn estimate_line(r: &recipe::resolve::Resolved, plan: &Plan, ranks: usize) -> Option<String> {
+    use recipe::memory::ModelSize;
+    use recipe::rules::zero::{estimate, to_offload, Choice};
+    let size = ModelSize {
+        params: r.uint("model.params")?,
+        largest_layer: r.uint("model.largest_layer")?,
+    };
+    let stage = if ranks > 1 { plan.train.zero_stage } else { 0 };
+    let e = estimate(
+        r,
+        Choice {
+            stage,
+            optimizer: to_offload(r.word("zero.offload optimizer")),
+            param: to_offload(r.word("zero.offload param")),
+        },
+        size,
+    )?;
+    Some(format!(
+        "recipe explain's estimate for ZeRO-{stage} on {ranks} rank(s): {:.1} MiB per GPU (DeepSpeed's mixed-precision accounting: fp16 weights and gradients, fp32 master, Adam moments)",
+        e.per_gpu as f64 / (1024.0 * 1024.0)
+    ))
 }
