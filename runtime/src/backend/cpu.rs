@@ -274,7 +274,8 @@ wide_dispatch!(fn softmax_rows => softmax_rows_body(p: &mut [f32], t: usize, mas
 struct MaskKey {
     key: [u32; 2],
     stream: u64,
-    threshold: u64,
+    /// `⌈p · 2³²⌉`; below 2³² for every f32 `p < 1`.
+    threshold: u32,
     scale: f32,
 }
 
@@ -283,7 +284,7 @@ impl MaskKey {
         MaskKey {
             key: [d.seed as u32, (d.seed >> 32) as u32],
             stream: d.stream,
-            threshold: (f64::from(d.p) * 4_294_967_296.0).ceil() as u64,
+            threshold: (f64::from(d.p) * 4_294_967_296.0).ceil() as u32,
             scale: 1.0 / (1.0 - d.p),
         }
     }
@@ -302,11 +303,7 @@ fn dropout_body(x: &mut [f32], first: u64, m: MaskKey) {
         let xs = &mut x[(lo - first) as usize..(hi - first) as usize];
         let ws = &words[(lo - e0) as usize..(hi - e0) as usize];
         for (v, &w) in xs.iter_mut().zip(ws) {
-            *v *= if u64::from(w) >= m.threshold {
-                m.scale
-            } else {
-                0.0
-            };
+            *v *= if w >= m.threshold { m.scale } else { 0.0 };
         }
         e0 += 32;
     }
