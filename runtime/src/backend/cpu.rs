@@ -161,7 +161,7 @@ macro_rules! wide_dispatch {
 #[inline(always)]
 fn exp_f32(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const C1: f32 = 0.693_359_375; // ln 2 split: C1 has 9 significant bits, so n·C1 is exact
+    const C1: f32 = 0.693_359_4; // ln 2 split: C1 has 9 significant bits, so n·C1 is exact
     const C2: f32 = -2.121_944_400_546_905_8e-4_f64 as f32;
     const MAGIC: f32 = 12_582_912.0; // 1.5·2²³: adding it rounds to an integer
     const P: [f32; 6] = [
