@@ -558,11 +558,9 @@ impl Backend for Cpu {
 
     fn add_assign(&self, acc: &mut [f32], x: &[f32]) {
         assert_eq!(acc.len(), x.len());
-        par_chunks(self.threads, acc, 1, |i, a| {
-            for (a, b) in a.iter_mut().zip(&x[i..]) {
-                *a += b;
-            }
-        });
+        for (a, b) in acc.iter_mut().zip(x) {
+            *a += b;
+        }
     }
 
     fn gemm(&self, g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
@@ -604,31 +602,24 @@ impl Backend for Cpu {
         });
     }
 
+    // add_bias, bias_grad and add_assign stay on one thread: they are memory-bound, and each
+    // thread fork/join is a barrier that costs more than it saves on a loaded machine.
     fn add_bias(&self, out: &mut [f32], bias: &[f32], rows: usize, cols: usize) {
         assert_eq!(bias.len(), cols);
-        par_chunks(self.threads, &mut out[..rows * cols], cols, |_, o| {
-            for row in o.chunks_mut(cols) {
-                for (o, b) in row.iter_mut().zip(bias) {
-                    *o += b;
-                }
+        for row in out[..rows * cols].chunks_mut(cols) {
+            for (o, b) in row.iter_mut().zip(bias) {
+                *o += b;
             }
-        });
+        }
     }
 
     fn bias_grad(&self, db: &mut [f32], dout: &[f32], rows: usize, cols: usize) {
         assert_eq!(db.len(), cols);
-        // Split by columns: each column sums its rows in order.
-        let threads = self.threads.min(rows * cols / PAR_MIN).max(1);
-        let per = cols.div_ceil(threads).next_multiple_of(8);
-        let items: Vec<_> = db.chunks_mut(per).enumerate().collect();
-        par_each(threads, items, |(i, db)| {
-            let c0 = i * per;
-            for row in dout[..rows * cols].chunks(cols) {
-                for (g, d) in db.iter_mut().zip(&row[c0..]) {
-                    *g += d;
-                }
+        for row in dout[..rows * cols].chunks(cols) {
+            for (g, d) in db.iter_mut().zip(row) {
+                *g += d;
             }
-        });
+        }
     }
 
     fn embedding_fwd(
