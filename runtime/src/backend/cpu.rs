@@ -1,15 +1,18 @@
 //! The CPU reference backend: plain loops (llm.c style) plus `matrixmultiply` for GEMMs.
 //!
 //! Deterministic by construction: every reduction runs in a fixed order, and the optional threads
-//! split only independent work (rows of a GEMM's output, sequences of an attention call), so a
-//! result does not depend on the thread count.
+//! split only independent work (rows of a GEMM's output, sequences of an attention call, rows or
+//! columns of the elementwise kernels, never one element's sum), so a result does not depend on the
+//! thread count. Transcendental loops (GELU, softmax `exp`) use branch-free f32 approximations that
+//! vectorise, and are compiled a second time for AVX2 (same bits, wider vectors).
 
 use std::ops::Range;
 
 use super::{AttnShape, Backend, Dropout, Gemm};
 use crate::rng::philox4x32_x8;
 
-/// The CPU backend. `threads` (≥ 1) bounds the worker threads of GEMMs and attention.
+/// The CPU backend. `threads` (≥ 1) bounds the worker threads of GEMMs, attention, LayerNorm,
+/// GELU and dropout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cpu {
     threads: usize,
