@@ -1,15 +1,18 @@
 //! The CPU reference backend: plain loops (llm.c style) plus `matrixmultiply` for GEMMs.
 //!
 //! Deterministic by construction: every reduction runs in a fixed order, and the optional threads
-//! split only independent work (rows of a GEMM's output, sequences of an attention call), so a
-//! result does not depend on the thread count.
+//! split only independent work (rows of a GEMM's output, sequences of an attention call, rows or
+//! columns of the elementwise kernels, never one element's sum), so a result does not depend on the
+//! thread count. Transcendental loops (GELU, softmax `exp`) use branch-free f32 approximations that
+//! vectorise, and are compiled a second time for AVX2 (same bits, wider vectors).
 
 use std::ops::Range;
 
 use super::{AttnShape, Backend, Dropout, Gemm};
-use crate::rng::philox4x32;
+use crate::rng::philox4x32_x8;
 
-/// The CPU backend. `threads` (≥ 1) bounds the worker threads of GEMMs and attention.
+/// The CPU backend. `threads` (≥ 1) bounds the worker threads of GEMMs, attention, LayerNorm,
+/// GELU and dropout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cpu {
     threads: usize,
@@ -132,57 +135,206 @@ pub fn erfc(x: f64) -> f64 {
     }
 }
 
-/// Φ(x), the standard normal CDF, via [`erfc`] (no cancellation for negative `x`).
-fn phi_cdf(x: f64) -> f64 {
-    0.5 * erfc(-x * std::f64::consts::FRAC_1_SQRT_2)
+/// Compiles `$body` (an `#[inline(always)]` fn) a second time with AVX2 enabled and calls that
+/// copy when the CPU has it. Only the vector width changes: Rust never contracts `a·b + c` into an
+/// FMA on its own, so both copies compute the same bits.
+macro_rules! wide_dispatch {
+    ($(#[$m:meta])* fn $name:ident => $body:ident ($($arg:ident : $ty:ty),* $(,)?)) => {
+        $(#[$m])*
+        fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2")]
+                unsafe fn wide($($arg: $ty),*) {
+                    $body($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU supports AVX2, the only feature `wide` was compiled for.
+                    unsafe { wide($($arg),*) };
+                    return;
+                }
+            }
+            $body($($arg),*)
+        }
+    };
 }
 
-/// Dropout multipliers drawn from one [`Dropout`] key: element `idx` uses word `idx % 4` of the
-/// Philox block `idx / 4` of stream `d.stream`. The last block is cached, so a sequential scan
-/// costs one Philox call per four elements.
-struct Mask {
+/// `e^x` in f32, branch-free so loops of it vectorise (Cephes `expf`: Cody–Waite reduction by
+/// ln 2, degree-6 polynomial, about 1 ulp). Below −87 the result is exactly 0.
+#[inline(always)]
+fn exp_f32(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const C1: f32 = 0.693_359_4; // ln 2 split: C1 has 9 significant bits, so n·C1 is exact
+    const C2: f32 = -2.121_944_400_546_905_8e-4_f64 as f32;
+    const MAGIC: f32 = 12_582_912.0; // 1.5·2²³: adding it rounds to an integer
+    const P: [f32; 6] = [
+        1.987_569_150_0e-4_f64 as f32,
+        1.398_199_950_7e-3_f64 as f32,
+        8.333_451_907_3e-3_f64 as f32,
+        4.166_579_589_4e-2_f64 as f32,
+        1.666_666_545_9e-1_f64 as f32,
+        5.000_000_120_1e-1_f64 as f32,
+    ];
+    let xc = x.clamp(-87.0, 88.0);
+    let t = xc * LOG2E + MAGIC;
+    let n = t - MAGIC;
+    let r = xc - n * C1 - n * C2;
+    let mut p = P[0];
+    for c in &P[1..] {
+        p = p * r + c;
+    }
+    let y = p * r * r + r + 1.0;
+    let ni = (t.to_bits() as i32).wrapping_sub(0x4B40_0000);
+    let v = y * f32::from_bits(((ni + 127) << 23) as u32);
+    if x < -87.0 {
+        0.0
+    } else {
+        v
+    }
+}
+
+/// `erfc(z)` for `z ≥ 0` in f32: the formula of [`erfc`] (fractional error 1.2e-7) evaluated in
+/// f32 with [`exp_f32`], a few ulp in all.
+#[inline(always)]
+fn erfc_pos_f32(z: f32) -> f32 {
+    const C: [f32; 10] = [
+        0.170_872_77_f64 as f32,
+        -0.822_152_23_f64 as f32,
+        1.488_515_87_f64 as f32,
+        -1.135_203_98_f64 as f32,
+        0.278_868_07_f64 as f32,
+        -0.186_288_06_f64 as f32,
+        0.096_784_18_f64 as f32,
+        0.374_091_96_f64 as f32,
+        1.000_023_68_f64 as f32,
+        -1.265_512_23_f64 as f32,
+    ];
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let mut p = C[0];
+    for c in &C[1..] {
+        p = p * t + c;
+    }
+    t * exp_f32(p - z * z)
+}
+
+/// Φ(x) in f32 via [`erfc_pos_f32`] (no cancellation for negative `x`).
+#[inline(always)]
+fn phi_cdf_f32(x: f32) -> f32 {
+    let r = erfc_pos_f32(x.abs() * std::f32::consts::FRAC_1_SQRT_2);
+    if x > 0.0 {
+        1.0 - 0.5 * r
+    } else {
+        0.5 * r
+    }
+}
+
+#[inline(always)]
+fn gelu_fwd_body(out: &mut [f32], inp: &[f32]) {
+    for (o, &x) in out.iter_mut().zip(inp) {
+        *o = x * phi_cdf_f32(x);
+    }
+}
+
+#[inline(always)]
+fn gelu_bwd_body(dinp: &mut [f32], inp: &[f32], dout: &[f32]) {
+    let inv_sqrt_2pi =
+        (0.5 * std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2) as f32;
+    for ((di, &x), &g) in dinp.iter_mut().zip(inp).zip(dout) {
+        let pdf = exp_f32(-0.5 * x * x) * inv_sqrt_2pi;
+        *di = g * (phi_cdf_f32(x) + x * pdf);
+    }
+}
+
+wide_dispatch!(fn gelu_fwd_f32 => gelu_fwd_body(out: &mut [f32], inp: &[f32]));
+wide_dispatch!(fn gelu_bwd_f32 => gelu_bwd_body(dinp: &mut [f32], inp: &[f32], dout: &[f32]));
+
+/// Softmax of each `t`-wide row of `p` in place, after adding `f32::MIN` to the scores of masked
+/// keys (HF's additive mask).
+#[inline(always)]
+fn softmax_rows_body(p: &mut [f32], t: usize, mask: &[u32]) {
+    for row in p.chunks_mut(t) {
+        for (x, &m) in row.iter_mut().zip(mask) {
+            if m == 0 {
+                *x += f32::MIN;
+            }
+        }
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        for x in row.iter_mut() {
+            *x = exp_f32(*x - max);
+        }
+        let sum: f32 = row.iter().sum();
+        for x in row.iter_mut() {
+            *x /= sum;
+        }
+    }
+}
+
+wide_dispatch!(fn softmax_rows => softmax_rows_body(p: &mut [f32], t: usize, mask: &[u32]));
+
+/// The key of one dropout mask: element `idx` is kept iff word `idx % 4` of the Philox block
+/// `idx / 4` of stream `d.stream` is at least `⌈p · 2³²⌉` (i.e. uniform ≥ p).
+#[derive(Clone, Copy)]
+struct MaskKey {
     key: [u32; 2],
-    stream: [u32; 2],
-    /// Keep iff the word is at least this (= ⌈p · 2³²⌉, i.e. uniform ≥ p).
-    threshold: u64,
+    stream: u64,
+    /// `⌈p · 2³²⌉`; below 2³² for every f32 `p < 1`.
+    threshold: u32,
     scale: f32,
-    block: u64,
-    words: [u32; 4],
 }
 
-impl Mask {
-    fn new(d: &Dropout) -> Mask {
-        Mask {
+impl MaskKey {
+    fn new(d: &Dropout) -> MaskKey {
+        MaskKey {
             key: [d.seed as u32, (d.seed >> 32) as u32],
-            stream: [d.stream as u32, (d.stream >> 32) as u32],
-            threshold: (f64::from(d.p) * 4_294_967_296.0).ceil() as u64,
+            stream: d.stream,
+            threshold: (f64::from(d.p) * 4_294_967_296.0).ceil() as u32,
             scale: 1.0 / (1.0 - d.p),
-            block: u64::MAX,
-            words: [0; 4],
         }
     }
+}
 
-    /// The multiplier of element `idx`: 0 (dropped) or `1 / (1 - p)`.
-    fn at(&mut self, idx: u64) -> f32 {
-        let block = idx / 4;
-        if block != self.block {
-            self.words = philox4x32(
-                [
-                    block as u32,
-                    (block >> 32) as u32,
-                    self.stream[0],
-                    self.stream[1],
-                ],
-                self.key,
-            );
-            self.block = block;
+/// `x[i] *= multiplier(first + i)`: 0 (dropped) or `1 / (1 - p)`. Draws eight Philox blocks (32
+/// elements) at a time.
+#[inline(always)]
+fn dropout_body(x: &mut [f32], first: u64, m: MaskKey) {
+    let end = first + x.len() as u64;
+    let mut words = [0u32; 32];
+    let mut e0 = first / 32 * 32;
+    while e0 < end {
+        philox4x32_x8(e0 / 4, m.stream, m.key, &mut words);
+        let (lo, hi) = (e0.max(first), (e0 + 32).min(end));
+        let xs = &mut x[(lo - first) as usize..(hi - first) as usize];
+        let ws = &words[(lo - e0) as usize..(hi - e0) as usize];
+        for (v, &w) in xs.iter_mut().zip(ws) {
+            *v *= if w >= m.threshold { m.scale } else { 0.0 };
         }
-        if u64::from(self.words[(idx % 4) as usize]) >= self.threshold {
-            self.scale
-        } else {
-            0.0
-        }
+        e0 += 32;
     }
+}
+
+wide_dispatch!(fn dropout_at => dropout_body(x: &mut [f32], first: u64, m: MaskKey));
+
+/// Elements per thread below which an elementwise kernel stays on one thread.
+const PAR_MIN: usize = 1 << 15;
+
+/// Runs `f(first_unit, chunk)` over contiguous chunks of `data` (whole `unit`s each), on up to
+/// `threads` threads when there is enough work. Units are independent, so the split cannot
+/// change any result.
+fn par_chunks<T: Send>(
+    threads: usize,
+    data: &mut [T],
+    unit: usize,
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
+    let units = data.len() / unit.max(1);
+    let threads = threads.min(data.len() / PAR_MIN).max(1);
+    if threads <= 1 || units <= 1 {
+        f(0, data);
+        return;
+    }
+    let per = units.div_ceil(threads);
+    let items: Vec<_> = data.chunks_mut(per * unit).enumerate().collect();
+    par_each(threads, items, |(i, c)| f(i * per, c));
 }
 
 impl Cpu {
@@ -222,30 +374,13 @@ impl Cpu {
                 p,
                 (t, 1),
             );
-            for row in p.chunks_mut(t) {
-                for (x, &m) in row.iter_mut().zip(mask) {
-                    if m == 0 {
-                        *x += f32::MIN;
-                    }
-                }
-                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0.0f32;
-                for x in row.iter_mut() {
-                    *x = (*x - max).exp();
-                    sum += *x;
-                }
-                for x in row.iter_mut() {
-                    *x /= sum;
-                }
-            }
+            softmax_rows(p, t, mask);
             let used: &[f32] = match (probs_drop.as_deref_mut(), dropout) {
                 (Some(pd), Some(dr)) => {
                     let pd = &mut pd[h * t * t..(h + 1) * t * t];
                     let first = ((bi * s.heads + h) * t * t) as u64;
-                    let mut mask = Mask::new(dr);
-                    for (j, (o, &x)) in pd.iter_mut().zip(p.iter()).enumerate() {
-                        *o = x * mask.at(first + j as u64);
-                    }
+                    pd.copy_from_slice(p);
+                    dropout_at(pd, first, MaskKey::new(dr));
                     pd
                 }
                 _ => p,
@@ -470,6 +605,8 @@ impl Backend for Cpu {
         });
     }
 
+    // add_bias, bias_grad and add_assign stay on one thread: they are memory-bound, and each
+    // thread fork/join is a barrier that costs more than it saves on a loaded machine.
     fn add_bias(&self, out: &mut [f32], bias: &[f32], rows: usize, cols: usize) {
         assert_eq!(bias.len(), cols);
         for row in out[..rows * cols].chunks_mut(cols) {
@@ -546,20 +683,40 @@ impl Backend for Cpu {
         cols: usize,
         eps: f32,
     ) {
-        for r in 0..rows {
-            let x = &inp[r * cols..(r + 1) * cols];
-            // Two passes in f64: exact enough that the result is the correctly rounded f32.
-            let m = x.iter().map(|&v| f64::from(v)).sum::<f64>() / cols as f64;
-            let var = x.iter().map(|&v| (f64::from(v) - m).powi(2)).sum::<f64>() / cols as f64;
-            let rs = 1.0 / (var + f64::from(eps)).sqrt();
-            let o = &mut out[r * cols..(r + 1) * cols];
-            for c in 0..cols {
-                let xhat = ((f64::from(x[c]) - m) * rs) as f32;
-                o[c] = xhat * w[c] + b[c];
+        let (out, mean, rstd) = (
+            &mut out[..rows * cols],
+            &mut mean[..rows],
+            &mut rstd[..rows],
+        );
+        let threads = self.threads.min(rows * cols / PAR_MIN).max(1);
+        let per = rows.div_ceil(threads).max(1);
+        let items: Vec<_> = out
+            .chunks_mut(per * cols)
+            .zip(mean.chunks_mut(per))
+            .zip(rstd.chunks_mut(per))
+            .enumerate()
+            .collect();
+        par_each(threads, items, |(i, ((out, mean), rstd))| {
+            let r0 = i * per;
+            for (r, ((o, mr), rr)) in out
+                .chunks_mut(cols)
+                .zip(mean.iter_mut())
+                .zip(rstd.iter_mut())
+                .enumerate()
+            {
+                let x = &inp[(r0 + r) * cols..(r0 + r + 1) * cols];
+                // Two passes in f64: exact enough that the result is the correctly rounded f32.
+                let m = x.iter().map(|&v| f64::from(v)).sum::<f64>() / cols as f64;
+                let var = x.iter().map(|&v| (f64::from(v) - m).powi(2)).sum::<f64>() / cols as f64;
+                let rs = 1.0 / (var + f64::from(eps)).sqrt();
+                for c in 0..cols {
+                    let xhat = ((f64::from(x[c]) - m) * rs) as f32;
+                    o[c] = xhat * w[c] + b[c];
+                }
+                *mr = m as f32;
+                *rr = rs as f32;
             }
-            mean[r] = m as f32;
-            rstd[r] = rs as f32;
-        }
+        });
     }
 
     fn layernorm_bwd(
@@ -575,45 +732,66 @@ impl Backend for Cpu {
         rows: usize,
         cols: usize,
     ) {
-        for r in 0..rows {
-            let x = &inp[r * cols..(r + 1) * cols];
-            let g = &dout[r * cols..(r + 1) * cols];
-            let (m, rs) = (mean[r], rstd[r]);
-            let mut sum_d = 0.0f64;
-            let mut sum_dx = 0.0f64;
-            for c in 0..cols {
-                let xhat = (x[c] - m) * rs;
-                let dxhat = g[c] * w[c];
-                sum_d += f64::from(dxhat);
-                sum_dx += f64::from(dxhat * xhat);
-                dw[c] += g[c] * xhat;
-                db[c] += g[c];
+        // Rows are independent for dinp; dw and db sum over rows, so they are split by columns
+        // instead, each column summing its rows in order.
+        par_chunks(self.threads, &mut dinp[..rows * cols], cols, |r0, di| {
+            for (r, di) in (r0..).zip(di.chunks_mut(cols)) {
+                let x = &inp[r * cols..(r + 1) * cols];
+                let g = &dout[r * cols..(r + 1) * cols];
+                let (m, rs) = (mean[r], rstd[r]);
+                let mut sum_d = 0.0f64;
+                let mut sum_dx = 0.0f64;
+                for c in 0..cols {
+                    let xhat = (x[c] - m) * rs;
+                    let dxhat = g[c] * w[c];
+                    sum_d += f64::from(dxhat);
+                    sum_dx += f64::from(dxhat * xhat);
+                }
+                let (mean_d, mean_dx) =
+                    ((sum_d / cols as f64) as f32, (sum_dx / cols as f64) as f32);
+                for c in 0..cols {
+                    let xhat = (x[c] - m) * rs;
+                    di[c] = rs * (g[c] * w[c] - mean_d - xhat * mean_dx);
+                }
             }
-            let (mean_d, mean_dx) = ((sum_d / cols as f64) as f32, (sum_dx / cols as f64) as f32);
-            let di = &mut dinp[r * cols..(r + 1) * cols];
-            for c in 0..cols {
-                let xhat = (x[c] - m) * rs;
-                di[c] = rs * (g[c] * w[c] - mean_d - xhat * mean_dx);
+        });
+        let threads = self.threads.min(rows * cols / PAR_MIN).max(1);
+        let per = cols.div_ceil(threads).next_multiple_of(8);
+        let items: Vec<_> = dw[..cols]
+            .chunks_mut(per)
+            .zip(db[..cols].chunks_mut(per))
+            .enumerate()
+            .collect();
+        par_each(threads, items, |(i, (dw, db))| {
+            let c0 = i * per;
+            let cs = c0..c0 + dw.len();
+            for r in 0..rows {
+                let x = &inp[r * cols..(r + 1) * cols][cs.clone()];
+                let g = &dout[r * cols..(r + 1) * cols][cs.clone()];
+                let (m, rs) = (mean[r], rstd[r]);
+                for c in 0..dw.len() {
+                    let xhat = (x[c] - m) * rs;
+                    dw[c] += g[c] * xhat;
+                    db[c] += g[c];
+                }
             }
-        }
+        });
     }
 
     fn gelu_fwd(&self, out: &mut [f32], inp: &[f32]) {
         assert_eq!(out.len(), inp.len());
-        for (o, &x) in out.iter_mut().zip(inp) {
-            let x = f64::from(x);
-            *o = (x * phi_cdf(x)) as f32;
-        }
+        par_chunks(self.threads, out, 1, |i, o| {
+            gelu_fwd_f32(o, &inp[i..i + o.len()]);
+        });
     }
 
     fn gelu_bwd(&self, dinp: &mut [f32], inp: &[f32], dout: &[f32]) {
         assert_eq!(dinp.len(), inp.len());
-        let inv_sqrt_2pi = 0.5 * std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2;
-        for ((di, &x), &g) in dinp.iter_mut().zip(inp).zip(dout) {
-            let x = f64::from(x);
-            let pdf = (-0.5 * x * x).exp() * inv_sqrt_2pi;
-            *di = (f64::from(g) * (phi_cdf(x) + x * pdf)) as f32;
-        }
+        assert_eq!(dinp.len(), dout.len());
+        par_chunks(self.threads, dinp, 1, |i, d| {
+            let r = i..i + d.len();
+            gelu_bwd_f32(d, &inp[r.clone()], &dout[r]);
+        });
     }
 
     fn tanh_fwd(&self, out: &mut [f32], inp: &[f32]) {
@@ -629,10 +807,8 @@ impl Backend for Cpu {
     }
 
     fn dropout(&self, x: &mut [f32], d: &Dropout) {
-        let mut mask = Mask::new(d);
-        for (i, v) in x.iter_mut().enumerate() {
-            *v *= mask.at(i as u64);
-        }
+        let m = MaskKey::new(d);
+        par_chunks(self.threads, x, 32, |i, c| dropout_at(c, 32 * i as u64, m));
     }
 
     fn attention_fwd(
@@ -754,6 +930,70 @@ mod tests {
                 "erfc({x}) = {got}, want {want}"
             );
         }
+    }
+
+    #[test]
+    fn f32_gelu_and_exp_match_f64() {
+        let mut worst_exp = 0.0f64;
+        let mut worst_gelu = 0.0f64;
+        let mut worst_dgelu = 0.0f64;
+        let xs: Vec<f32> = (-200_000..=200_000).map(|i| i as f32 * 5e-5).collect();
+        let mut g = vec![0.0f32; xs.len()];
+        let mut dg = vec![0.0f32; xs.len()];
+        Cpu::default().gelu_fwd(&mut g, &xs);
+        Cpu::default().gelu_bwd(&mut dg, &xs, &vec![1.0; xs.len()]);
+        for (i, &x) in xs.iter().enumerate() {
+            let xd = f64::from(x);
+            let e = f64::from(exp_f32(x * 8.0));
+            worst_exp = worst_exp.max((e / (xd * 8.0).exp() - 1.0).abs());
+            let phi = 0.5 * erfc(-xd * std::f64::consts::FRAC_1_SQRT_2);
+            let want = xd * phi;
+            let pdf = (-0.5 * xd * xd).exp() / (2.0 * std::f64::consts::PI).sqrt();
+            let dwant = phi + xd * pdf;
+            // Relative to max(|value|, 1): PyTorch's f32 `x · (1 + erf)/2` has that absolute
+            // error in the tails too.
+            worst_gelu = worst_gelu.max((f64::from(g[i]) - want).abs() / want.abs().max(1.0));
+            worst_dgelu = worst_dgelu.max((f64::from(dg[i]) - dwant).abs() / dwant.abs().max(1.0));
+        }
+        assert!(worst_exp < 3e-7, "exp {worst_exp:e}");
+        assert!(worst_gelu < 3e-7, "gelu {worst_gelu:e}");
+        assert!(worst_dgelu < 3e-7, "dgelu {worst_dgelu:e}");
+        assert_eq!(exp_f32(-1e30), 0.0);
+        assert_eq!(exp_f32(f32::MIN), 0.0);
+    }
+
+    #[test]
+    fn threaded_elementwise_kernels_match_one_thread() {
+        let mut rng = crate::rng::Rng::new(5, 1);
+        let (rows, cols) = (700, 130);
+        let x: Vec<f32> = (0..rows * cols).map(|_| rng.normal() as f32).collect();
+        let g: Vec<f32> = (0..rows * cols).map(|_| rng.normal() as f32).collect();
+        let w: Vec<f32> = (0..cols).map(|_| rng.normal() as f32).collect();
+        let d = Dropout {
+            p: 0.1,
+            seed: 3,
+            stream: 17,
+        };
+        let run = |cpu: Cpu| {
+            let mut out = vec![0.0; rows * cols];
+            let (mut mean, mut rstd) = (vec![0.0; rows], vec![0.0; rows]);
+            cpu.layernorm_fwd(
+                &mut out, &mut mean, &mut rstd, &x, &w, &w, rows, cols, 1e-12,
+            );
+            let mut di = vec![0.0; rows * cols];
+            let (mut dw, mut db) = (vec![0.5; cols], vec![0.25; cols]);
+            cpu.layernorm_bwd(
+                &mut di, &mut dw, &mut db, &g, &x, &w, &mean, &rstd, rows, cols,
+            );
+            let mut bg = vec![0.0; cols];
+            cpu.bias_grad(&mut bg, &g, rows, cols);
+            let mut dr = x.clone();
+            cpu.dropout(&mut dr, &d);
+            let mut ge = vec![0.0; rows * cols];
+            cpu.gelu_bwd(&mut ge, &x, &g);
+            (out, mean, rstd, di, dw, db, bg, dr, ge)
+        };
+        assert!(run(Cpu::new(1)) == run(Cpu::new(3)));
     }
 
     fn naive_gemm(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
