@@ -480,3 +480,58 @@ fn zero1_state_is_gathered_and_resumes_on_another_world_size() {
     let rel = (diff / scale).sqrt();
     assert!(rel <= 1e-6, "resumed on 3 ranks: weights differ by {rel:e}");
 }
+
+/// `reduce_lr_on_plateau`: the LR stays at its peak until evaluation losses stop improving, then
+/// drops by `factor` — replayed here from the logged evaluation losses with torch's rule (mode
+/// min, relative threshold 1e-4, `num_bad > patience`), on one rank and on two.
+#[test]
+fn reduce_lr_on_plateau_follows_the_evaluation_loss() {
+    let recipe = TINY
+        .replace(
+            "schedule linear { warmup = 2 }",
+            "schedule reduce_lr_on_plateau { factor = 0.5, patience = 0 }",
+        )
+        .replace("logging_steps = 1,", "logging_steps = 1, eval_every = 1,")
+        .replace("optimizer adamw { lr = 1e-3", "optimizer adamw { lr = 3e-2");
+    let dir = workspace("plateau", &recipe);
+    for (gpus, micro, out) in [("1", "5", "p1"), ("2", "5", "p2")] {
+        let out_set = format!("train.output_dir=\"{out}\"");
+        let micro_set = format!("batch.micro={micro}");
+        let o = recipe_in(
+            &dir,
+            &[
+                "run", "--quiet", "tiny.rcp", "--gpus", gpus, "--set", &out_set, "--set",
+                &micro_set,
+            ],
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let m = metrics(&dir.join(out));
+        let lrs: Vec<f64> = m.iter().filter_map(|r| r["lr"].as_f64()).collect();
+        let evals: Vec<f64> = m
+            .iter()
+            .filter_map(|r| r["eval"]["loss"].as_f64())
+            .collect();
+        assert_eq!(evals.len(), lrs.len(), "one evaluation per step");
+        // Replay: step k+1 runs at the LR after the evaluation of step k.
+        let (mut lr, mut best, mut bad) = (3e-2f64, f64::INFINITY, 0u32);
+        let mut reduced = false;
+        for (k, (&got, &loss)) in lrs.iter().zip(&evals).enumerate() {
+            assert_eq!(got, lr, "gpus {gpus} step {}", k + 1);
+            if loss < best * (1.0 - 1e-4) {
+                best = loss;
+                bad = 0;
+            } else {
+                bad += 1;
+            }
+            if bad > 0 {
+                lr *= 0.5;
+                bad = 0;
+                reduced = true;
+            }
+        }
+        assert!(
+            reduced,
+            "gpus {gpus}: the LR never dropped; the test shows nothing: {evals:?}"
+        );
+    }
+}

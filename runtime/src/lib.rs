@@ -23,6 +23,7 @@ pub mod model;
 pub mod optim;
 pub mod params;
 pub mod plan;
+pub mod plateau;
 pub mod progress;
 pub mod resume;
 pub mod rng;

@@ -261,6 +261,21 @@ impl Adam {
         &self.config
     }
 
+    /// Sets (β₁, β₂) for the next steps, as a scheduler that cycles momentum does
+    /// (DeepSpeed's `OneCycle` writes the param group's `betas`; the bias correction then uses
+    /// the current β, as torch's Adam does).
+    pub fn set_betas(&mut self, beta1: f64, beta2: f64) -> Result<(), OptimError> {
+        let ok = |x: f64| x.is_finite() && (0.0..1.0).contains(&x);
+        if !ok(beta1) || !ok(beta2) {
+            return Err(OptimError::Config(format!(
+                "betas ({beta1}, {beta2}) must be in [0, 1)"
+            )));
+        }
+        self.config.beta1 = beta1;
+        self.config.beta2 = beta2;
+        Ok(())
+    }
+
     /// The state, e.g. to save it.
     pub fn state(&self) -> &AdamState {
         &self.state

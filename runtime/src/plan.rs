@@ -176,6 +176,16 @@ pub enum SchedulePlan {
         /// Total optimizer steps.
         total: u64,
     },
+    /// HF's `reduce_lr_on_plateau`: `peak` until evaluations stop improving the evaluation loss
+    /// (`crate::plateau::Plateau`, which the loop drives).
+    Plateau {
+        /// The starting learning rate.
+        peak: f64,
+        /// Multiplies the LR on a plateau.
+        factor: f64,
+        /// Evaluations without improvement tolerated.
+        patience: u64,
+    },
     /// A DeepSpeed scheduler (`recipe_runtime::lr::ds_lr`).
     #[serde(rename = "deepspeed")]
     DeepSpeed {
@@ -204,6 +214,19 @@ impl SchedulePlan {
                 peak,
                 flags,
             } => lr::ds_lr(schedule, flags, *peak, step),
+            // The loop's `Plateau` state decides; before any evaluation this is the LR.
+            SchedulePlan::Plateau { peak, .. } => *peak,
+        }
+    }
+
+    /// Adam's (β₁, β₂) for optimizer step `step` when the schedule sets them (DeepSpeed's
+    /// `OneCycle` with `cycle_momentum`: `lr::ds_momentum`), else `None`.
+    pub fn betas(&self, step: u64) -> Option<(f64, f64)> {
+        match self {
+            SchedulePlan::DeepSpeed {
+                schedule, flags, ..
+            } => lr::ds_momentum(schedule, flags, step),
+            SchedulePlan::Hf { .. } | SchedulePlan::Plateau { .. } => None,
         }
     }
 }

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::Classifier;
 use crate::optim::{AdamState, OptimError};
+use crate::plateau::Plateau;
 use crate::train::Position;
 
 /// The state file's format.
@@ -47,6 +48,20 @@ pub enum ResumeError {
 struct TrainerState {
     format: u32,
     position: Position,
+    /// `reduce_lr_on_plateau`'s state, when the run uses it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    plateau: Option<Plateau>,
+}
+
+/// What a checkpoint holds besides the model.
+#[derive(Debug, Clone)]
+pub struct TrainingState {
+    /// The whole optimizer state.
+    pub adam: AdamState,
+    /// Where the run was.
+    pub position: Position,
+    /// The plateau scheduler's state, if any.
+    pub plateau: Option<Plateau>,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ResumeError + '_ {
@@ -116,6 +131,7 @@ pub fn save(
     tokenizer: &Path,
     state: &AdamState,
     position: Position,
+    plateau: Option<Plateau>,
 ) -> Result<(), ResumeError> {
     atomically(dir, |tmp| {
         write_model(tmp, model, labels, tokenizer)?;
@@ -125,6 +141,7 @@ pub fn save(
         let s = TrainerState {
             format: STATE_FORMAT,
             position,
+            plateau,
         };
         let text = serde_json::to_string_pretty(&s).expect("the state serialises");
         std::fs::write(&path, text).map_err(io(&path))
@@ -133,7 +150,7 @@ pub fn save(
 
 /// Reads the optimizer state and position of a checkpoint (the model is read by
 /// `Classifier::from_pretrained` from the same directory).
-pub fn read_training_state(dir: &Path) -> Result<(AdamState, Position), ResumeError> {
+pub fn read_training_state(dir: &Path) -> Result<TrainingState, ResumeError> {
     let path = dir.join("trainer_state.json");
     let text = std::fs::read_to_string(&path).map_err(io(&path))?;
     let s: TrainerState = serde_json::from_str(&text).map_err(|e| bad(&path, e.to_string()))?;
@@ -149,5 +166,9 @@ pub fn read_training_state(dir: &Path) -> Result<(AdamState, Position), ResumeEr
     let path = dir.join("optimizer.safetensors");
     let bytes = std::fs::read(&path).map_err(io(&path))?;
     let state = AdamState::from_safetensors(&bytes).map_err(|e| bad(&path, e.to_string()))?;
-    Ok((state, s.position))
+    Ok(TrainingState {
+        adam: state,
+        position: s.position,
+        plateau: s.plateau,
+    })
 }

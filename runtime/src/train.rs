@@ -18,7 +18,8 @@ use crate::data::{self, Dataset, LabelSet, TextTokenizer, TokenBatch};
 use crate::metrics::{self, EvalReport};
 use crate::model::{Batch, BertConfig, Classifier, DropoutKey, ModelError, Workspace};
 use crate::optim::{self, Adam, AdamConfig, AdamState, OptimError, WeightDecay};
-use crate::plan::{DataPlan, Every, ModelSource, OptimizerKind, Plan, Precision};
+use crate::plan::{DataPlan, Every, ModelSource, OptimizerKind, Plan, Precision, SchedulePlan};
+use crate::plateau::Plateau;
 use crate::resume;
 use crate::windows::{self, Shape};
 
@@ -326,6 +327,8 @@ struct Shared<'a> {
     done: u64,
     /// The ZeRO partition map (stage ≥ 1 over several ranks).
     partition: Option<Partition>,
+    /// `reduce_lr_on_plateau`'s state at the start (resumed or fresh).
+    plateau: Option<Plateau>,
 }
 
 /// Runs a plan to the end (or to `stop_after`). With `world` > 1 the ranks are threads that
@@ -362,11 +365,20 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
     let model = load_model(plan, options.resume.as_deref())?;
     let mut adam = optimizer(plan, &model, None)?;
     let mut done = 0u64;
+    let mut plateau = match plan.schedule {
+        SchedulePlan::Plateau {
+            peak,
+            factor,
+            patience,
+        } => Some(Plateau::new(peak, factor, patience)),
+        _ => None,
+    };
     if let Some(dir) = &options.resume {
         // Checkpoints hold the whole (gathered) state: any world size re-partitions it.
-        let (state, position) = resume::read_training_state(dir)?;
-        adam.load_state(state)?;
-        done = position.step;
+        let state = resume::read_training_state(dir)?;
+        adam.load_state(state.adam)?;
+        done = state.position.step;
+        plateau = state.plateau;
     }
     let world = plan.batch.world.max(1) as usize;
     let partition = (plan.train.zero_stage >= 1 && world > 1)
@@ -381,6 +393,7 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
         test,
         done,
         partition,
+        plateau,
     };
     if world == 1 {
         return rank_loop(&shared, 0, None, model, adam);
@@ -472,7 +485,9 @@ fn rank_loop(
         test,
         done,
         partition,
+        plateau,
     } = shared;
+    let mut plateau = *plateau;
     let (plan, options, done) = (*plan, *options, *done);
     let lead = rank == 0;
     let bytes = |n: usize| 4 * n as u64;
@@ -582,7 +597,10 @@ fn rank_loop(
                 .sum::<f64>()
                 .sqrt() as f32
         };
-        let lr = plan.schedule.lr(w.step);
+        let lr = plateau.map_or_else(|| plan.schedule.lr(w.step), |p| p.lr);
+        if let Some((b1, b2)) = plan.schedule.betas(w.step) {
+            adam.set_betas(b1, b2)?;
+        }
         match (partition, coll.as_mut()) {
             (Some(p), Some(c)) => {
                 // ZeRO-1: update this rank's partition, then all-gather the partitions.
@@ -625,14 +643,19 @@ fn rank_loop(
             Every::Steps(n) => step % n == 0,
             Every::Never => false,
         };
-        if let Some(ev) = eval.as_ref().filter(|_| lead) {
+        // Every rank evaluates under reduce_lr_on_plateau (the replicas are identical, so each
+        // reaches the same LR without a broadcast); otherwise rank 0 alone.
+        if let Some(ev) = eval.as_ref().filter(|_| lead || plateau.is_some()) {
             let at_end = step == total && plan.train.eval_every != Every::Never;
             if due(plan.train.eval_every) || at_end {
                 let report = metrics::evaluate(&model, ev, plan.batch.eval_micro as usize)?;
+                if let Some(p) = plateau.as_mut() {
+                    p.observe(report.loss);
+                }
                 record(serde_json::json!({ "step": step, "eval": report }))?;
                 match &bar {
                     Some(b) => b.println(format!("step {step}: eval {report}")),
-                    None if !options.quiet => eprintln!("step {step}: eval {report}"),
+                    None if lead && !options.quiet => eprintln!("step {step}: eval {report}"),
                     None => {}
                 }
                 last_eval = Some(report);
@@ -660,6 +683,7 @@ fn rank_loop(
                 &plan.model.tokenizer,
                 state.as_ref().unwrap_or(adam.state()),
                 position,
+                plateau,
             )?;
             record(serde_json::json!({ "step": step, "checkpoint": dir }))?;
         }

@@ -149,17 +149,11 @@ pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
                 warmup: c.warmup,
                 total: c.total,
             },
-            (Owner::DeepSpeed, _, Some(s)) if matches!(s, recipe_runtime::lr::DsSchedule::OneCycle(o) if o.cycle_momentum) =>
-            {
-                no.push(
-                    "schedule OneCycle with cycle_momentum: the native runtime does not cycle \
-                     Adam's beta1 yet (write cycle_momentum = false)"
-                        .into(),
-                );
-                SchedulePlan::DeepSpeed {
-                    schedule: s,
+            (Owner::Hf, Some(recipe_runtime::lr::HfSchedule::ReduceLrOnPlateau), _) => {
+                SchedulePlan::Plateau {
                     peak: c.peak,
-                    flags: c.flags,
+                    factor: r.f64("schedule.factor").unwrap_or(0.1),
+                    patience: r.uint("schedule.patience").unwrap_or(10),
                 }
             }
             (Owner::DeepSpeed, _, Some(s)) => SchedulePlan::DeepSpeed {
