@@ -468,6 +468,11 @@ fn zero1_state_is_gathered_and_resumes_on_another_world_size() {
         ],
     ]
     .concat());
+    let resumed = metrics(&dir.join("r"))
+        .into_iter()
+        .find(|r| r["event"] == "resume")
+        .unwrap();
+    assert_eq!(resumed["repartitioned"], true, "{resumed}");
     let a = weights(&dir.join("s1/model/model.safetensors"));
     let b = weights(&dir.join("r/model/model.safetensors"));
     let (mut diff, mut scale) = (0.0f64, 0.0f64);

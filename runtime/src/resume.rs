@@ -51,6 +51,9 @@ struct TrainerState {
     /// `reduce_lr_on_plateau`'s state, when the run uses it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     plateau: Option<Plateau>,
+    /// Ranks of the run that wrote it.
+    #[serde(default)]
+    world: Option<u64>,
 }
 
 /// What a checkpoint holds besides the model.
@@ -62,6 +65,8 @@ pub struct TrainingState {
     pub position: Position,
     /// The plateau scheduler's state, if any.
     pub plateau: Option<Plateau>,
+    /// Ranks of the run that wrote the checkpoint.
+    pub world: Option<u64>,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ResumeError + '_ {
@@ -123,6 +128,17 @@ pub fn save_model(
     atomically(dir, |tmp| write_model(tmp, model, labels, tokenizer))
 }
 
+/// Where a run is, besides its weights and optimizer state.
+#[derive(Debug, Clone, Copy)]
+pub struct Progress {
+    /// Steps and data position.
+    pub position: Position,
+    /// The plateau scheduler's state, if any.
+    pub plateau: Option<Plateau>,
+    /// Ranks of the run.
+    pub world: u64,
+}
+
 /// Saves everything a bit-identical resume needs.
 pub fn save(
     dir: &Path,
@@ -130,8 +146,7 @@ pub fn save(
     labels: &[String],
     tokenizer: &Path,
     state: &AdamState,
-    position: Position,
-    plateau: Option<Plateau>,
+    progress: Progress,
 ) -> Result<(), ResumeError> {
     atomically(dir, |tmp| {
         write_model(tmp, model, labels, tokenizer)?;
@@ -140,8 +155,9 @@ pub fn save(
         let path = tmp.join("trainer_state.json");
         let s = TrainerState {
             format: STATE_FORMAT,
-            position,
-            plateau,
+            position: progress.position,
+            plateau: progress.plateau,
+            world: Some(progress.world),
         };
         let text = serde_json::to_string_pretty(&s).expect("the state serialises");
         std::fs::write(&path, text).map_err(io(&path))
@@ -170,5 +186,6 @@ pub fn read_training_state(dir: &Path) -> Result<TrainingState, ResumeError> {
         adam: state,
         position: s.position,
         plateau: s.plateau,
+        world: s.world,
     })
 }

@@ -329,6 +329,8 @@ struct Shared<'a> {
     partition: Option<Partition>,
     /// `reduce_lr_on_plateau`'s state at the start (resumed or fresh).
     plateau: Option<Plateau>,
+    /// Ranks of the run whose checkpoint this one resumes.
+    resumed_world: Option<u64>,
 }
 
 /// Runs a plan to the end (or to `stop_after`). With `world` > 1 the ranks are threads that
@@ -365,6 +367,7 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
     let model = load_model(plan, options.resume.as_deref())?;
     let mut adam = optimizer(plan, &model, None)?;
     let mut done = 0u64;
+    let mut resumed_from_world = None;
     let mut plateau = match plan.schedule {
         SchedulePlan::Plateau {
             peak,
@@ -379,8 +382,17 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
         adam.load_state(state.adam)?;
         done = state.position.step;
         plateau = state.plateau;
+        resumed_from_world = state.world;
     }
     let world = plan.batch.world.max(1) as usize;
+    if let Some(w) = resumed_from_world.filter(|&w| w != world as u64) {
+        // DeepSpeed ties a ZeRO checkpoint to its world size; ours holds the gathered state.
+        if !options.quiet {
+            eprintln!(
+                "resuming a checkpoint of {w} rank(s) on {world}: the optimizer state is re-partitioned"
+            );
+        }
+    }
     let partition = (plan.train.zero_stage >= 1 && world > 1)
         .then(|| Partition::new(model.params().len(), world))
         .transpose()
@@ -394,6 +406,7 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
         done,
         partition,
         plateau,
+        resumed_world: resumed_from_world,
     };
     if world == 1 {
         return rank_loop(&shared, 0, None, model, adam);
@@ -486,6 +499,7 @@ fn rank_loop(
         done,
         partition,
         plateau,
+        resumed_world,
     } = shared;
     let mut plateau = *plateau;
     let (plan, options, done) = (*plan, *options, *done);
@@ -530,7 +544,7 @@ fn rank_loop(
         }))?;
     } else {
         record(
-            serde_json::json!({ "event": "resume", "from": options.resume, "step": done, "world": world }),
+            serde_json::json!({ "event": "resume", "from": options.resume, "step": done, "world": world, "repartitioned": resumed_world.is_some_and(|w| w != world as u64) }),
         )?;
     }
 
@@ -682,8 +696,11 @@ fn rank_loop(
                 &plan.model.labels,
                 &plan.model.tokenizer,
                 state.as_ref().unwrap_or(adam.state()),
-                position,
-                plateau,
+                resume::Progress {
+                    position,
+                    plateau,
+                    world: world as u64,
+                },
             )?;
             record(serde_json::json!({ "step": step, "checkpoint": dir }))?;
         }
