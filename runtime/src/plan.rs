@@ -80,18 +80,6 @@ pub enum DataFormat {
     Tsv,
 }
 
-impl DataFormat {
-    /// The format a file's extension implies (`.jsonl`/`.json`, `.csv`, `.tsv`).
-    pub fn from_path(path: &Path) -> Option<DataFormat> {
-        match path.extension()?.to_str()?.to_ascii_lowercase().as_str() {
-            "jsonl" | "json" | "ndjson" => Some(DataFormat::Jsonl),
-            "csv" => Some(DataFormat::Csv),
-            "tsv" => Some(DataFormat::Tsv),
-            _ => None,
-        }
-    }
-}
-
 /// The data.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DataPlan {

@@ -507,7 +507,8 @@ fn rank_loop(
     let bytes = |n: usize| 4 * n as u64;
     let memory = RankMemory {
         params: bytes(model.params().len()),
-        grads: bytes(grads_len(&model)),
+        // ZeRO-0/1 keep the whole gradient buffer on every rank.
+        grads: bytes(model.params().len()),
         optimizer: bytes(adam.state().m.len() + adam.state().v.len()),
     };
     let world = plan.batch.world.max(1) as usize;
@@ -785,9 +786,4 @@ fn gathered_state(
     gather(c, p, &s.m, &mut m)?;
     gather(c, p, &s.v, &mut v)?;
     Ok(AdamState { m, v, step: s.step })
-}
-
-/// Gradient elements a rank holds: the whole flat buffer (ZeRO-0/1 keep full gradients).
-fn grads_len(model: &Classifier) -> usize {
-    model.params().len()
 }
