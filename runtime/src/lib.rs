@@ -10,7 +10,8 @@
 //! PyTorch is tested in `tests/parity.rs` against fixtures from `reference/`.
 //!
 //! Data parallelism: [`collective`] (the `Collective` trait over flat buffers, deterministic
-//! in-process ranks, the padded shard map used by ZeRO).
+//! in-process ranks, the padded shard map used by ZeRO) and [`zero`] (what each rank holds
+//! under ZeRO stages 0–3 and optimizer offload).
 
 pub mod accounting;
 pub mod backend;
@@ -29,3 +30,4 @@ pub mod resume;
 pub mod rng;
 pub mod train;
 pub mod windows;
+pub mod zero;

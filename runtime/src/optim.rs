@@ -38,21 +38,33 @@ pub enum OptimError {
 /// `max_norm / (n + 1e-6) < 1` every gradient is scaled by that factor. Returns `n` (pre-clip).
 /// A non-finite norm makes the gradients non-finite too, as in PyTorch; check the returned norm.
 pub fn clip_grad_norm(grads: &mut [f32], max_norm: f32) -> f32 {
-    // f64 accumulation: the norm is then the correctly rounded f32 of the exact value, which
-    // PyTorch's blocked f32 sums approach to within an ulp or two.
-    let norm = grads
-        .iter()
-        .map(|&g| f64::from(g) * f64::from(g))
-        .sum::<f64>()
-        .sqrt() as f32;
-    let coef = max_norm / (norm + 1e-6);
-    // PyTorch multiplies by clamp(coef, max = 1); a NaN coefficient propagates like there.
-    if coef < 1.0 || coef.is_nan() {
-        for g in grads.iter_mut() {
-            *g *= coef;
-        }
+    let norm = sum_squares(grads).sqrt() as f32;
+    if let Some(coef) = clip_coef(norm, max_norm) {
+        scale(grads, coef);
     }
     norm
+}
+
+/// `Σ g²` in f64. The norm `sqrt(Σ g²) as f32` is then the correctly rounded f32 of the exact
+/// value, which PyTorch's blocked f32 sums approach to within an ulp or two; partitions of a
+/// buffer (ZeRO-2/3) add their partial sums.
+pub fn sum_squares(grads: &[f32]) -> f64 {
+    grads.iter().map(|&g| f64::from(g) * f64::from(g)).sum()
+}
+
+/// The factor `clip_grad_norm_` multiplies gradients by for total norm `norm`, or `None` when it
+/// leaves them alone: `max_norm / (norm + 1e-6)` if that is below 1 (or NaN, which propagates
+/// like PyTorch's `clamp(coef, max = 1)`).
+pub fn clip_coef(norm: f32, max_norm: f32) -> Option<f32> {
+    let coef = max_norm / (norm + 1e-6);
+    (coef < 1.0 || coef.is_nan()).then_some(coef)
+}
+
+/// `g *= coef` for every element.
+pub fn scale(grads: &mut [f32], coef: f32) {
+    for g in grads.iter_mut() {
+        *g *= coef;
+    }
 }
 
 /// HF Trainer's no-decay rule: biases and LayerNorm weights get no weight decay.
@@ -115,7 +127,16 @@ impl AdamState {
     /// The state as safetensors bytes (tensors `exp_avg`, `exp_avg_sq`; the step in metadata):
     /// exact, so a resumed run continues bit-identically.
     pub fn to_safetensors(&self) -> Result<Vec<u8>, OptimError> {
-        let meta = HashMap::from([("step".to_string(), self.step.to_string())]);
+        self.to_safetensors_with(std::iter::empty())
+    }
+
+    /// [`AdamState::to_safetensors`] with extra metadata entries (e.g. a ZeRO partition's ranges).
+    pub fn to_safetensors_with(
+        &self,
+        extra: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Vec<u8>, OptimError> {
+        let mut meta: HashMap<String, String> = extra.into_iter().collect();
+        meta.insert("step".to_string(), self.step.to_string());
         checkpoint::safetensors_bytes(
             &[
                 ("exp_avg".into(), vec![self.m.len()], &self.m),
@@ -128,13 +149,19 @@ impl AdamState {
 
     /// Reads [`AdamState::to_safetensors`] output.
     pub fn from_safetensors(bytes: &[u8]) -> Result<AdamState, OptimError> {
+        Ok(Self::from_safetensors_with(bytes)?.0)
+    }
+
+    /// [`AdamState::from_safetensors`], with the file's metadata.
+    pub fn from_safetensors_with(
+        bytes: &[u8],
+    ) -> Result<(AdamState, HashMap<String, String>), OptimError> {
         use safetensors::tensor::{Dtype, SafeTensors};
         let err = |m: String| OptimError::State(m);
         let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| err(e.to_string()))?;
+        let meta = meta.metadata().clone().unwrap_or_default();
         let step = meta
-            .metadata()
-            .as_ref()
-            .and_then(|m| m.get("step"))
+            .get("step")
             .ok_or_else(|| err("no step in metadata".into()))?
             .parse::<u64>()
             .map_err(|e| err(format!("step: {e}")))?;
@@ -157,7 +184,7 @@ impl AdamState {
                 v.len()
             )));
         }
-        Ok(AdamState { m, v, step })
+        Ok((AdamState { m, v, step }, meta))
     }
 }
 
@@ -220,31 +247,37 @@ impl Adam {
         })
     }
 
-    /// The optimizer of one ZeRO partition: only the elements `range` of the buffer, with state
-    /// for them alone. `step` then takes the partition's parameters and gradients. Adam is
-    /// elementwise, so the partitions together compute exactly what [`Adam::new`] computes.
+    /// The optimizer of one ZeRO partition: only the elements `ranges` of the buffer (ascending,
+    /// disjoint), with state for them alone, laid out as their concatenation. `step` then takes
+    /// the partition's parameters and gradients in that layout. Adam is elementwise, so the
+    /// partitions together compute exactly what [`Adam::new`] computes.
     pub fn shard(
         config: AdamConfig,
         entries: &[Entry],
         decay: &[bool],
-        range: Range<usize>,
+        ranges: &[Range<usize>],
     ) -> Result<Adam, OptimError> {
         let full = Adam::new(config, entries, decay)?;
         let total = full.state.m.len();
-        if range.start > range.end || range.end > total {
-            return Err(OptimError::Config(format!(
-                "partition {range:?} outside the {total} parameters"
-            )));
-        }
-        let segments = full
-            .segments
-            .iter()
-            .filter_map(|(r, d)| {
+        let mut segments = Vec::new();
+        let (mut local, mut prev_end) = (0usize, 0usize);
+        for range in ranges {
+            if range.start > range.end || range.end > total || range.start < prev_end {
+                return Err(OptimError::Config(format!(
+                    "partition {range:?} outside the {total} parameters or out of order"
+                )));
+            }
+            prev_end = range.end;
+            for (r, d) in &full.segments {
                 let (s, e) = (r.start.max(range.start), r.end.min(range.end));
-                (s < e).then(|| ((s - range.start)..(e - range.start), *d))
-            })
-            .collect();
-        let n = range.len();
+                if s < e {
+                    let at = local + s - range.start;
+                    segments.push((at..at + (e - s), *d));
+                }
+            }
+            local += range.len();
+        }
+        let n = local;
         Ok(Adam {
             config,
             state: AdamState {
@@ -495,7 +528,7 @@ mod tests {
         let ranges = [0..4, 4..9, 9..12];
         let mut shards: Vec<Adam> = ranges
             .iter()
-            .map(|r| Adam::shard(cfg, &entries, &decay, r.clone()).unwrap())
+            .map(|r| Adam::shard(cfg, &entries, &decay, std::slice::from_ref(r)).unwrap())
             .collect();
         for _ in 0..3 {
             full.step(&mut whole, &grads, 1e-2).unwrap();
@@ -506,6 +539,26 @@ mod tests {
         }
         assert_eq!(whole, parts);
         assert_eq!(shards[1].state().m.len(), 5);
-        assert!(Adam::shard(cfg, &entries, &decay, 10..13).is_err());
+        assert!(Adam::shard(cfg, &entries, &decay, &[10..13, 13..14]).is_err());
+        assert!(Adam::shard(cfg, &entries, &decay, &[4..6, 0..2]).is_err());
+        // Several ranges (a ZeRO-3 rank's pieces of every segment) in one local buffer.
+        let pieces = [1..3, 6..10];
+        let mut opt = Adam::shard(cfg, &entries, &decay, &pieces).unwrap();
+        let mut local: Vec<f32> = pieces
+            .iter()
+            .flat_map(|r| params0[r.clone()].to_vec())
+            .collect();
+        let g: Vec<f32> = pieces
+            .iter()
+            .flat_map(|r| grads[r.clone()].to_vec())
+            .collect();
+        for _ in 0..3 {
+            opt.step(&mut local, &g, 1e-2).unwrap();
+        }
+        let expect: Vec<f32> = pieces
+            .iter()
+            .flat_map(|r| whole[r.clone()].to_vec())
+            .collect();
+        assert_eq!(local, expect);
     }
 }

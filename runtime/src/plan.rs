@@ -264,8 +264,27 @@ pub struct TrainPlan {
     pub save_every: Every,
     /// Checkpoints, metrics and the final model.
     pub output_dir: PathBuf,
-    /// ZeRO stage the recipe asks for (partitioning is not built yet; see the runtime docs).
+    /// ZeRO stage, 0–3 (see `crate::zero`).
     pub zero_stage: u8,
+    /// Where the optimizer state lives (`zero { offload optimizer = … }`).
+    #[serde(default)]
+    pub offload_optimizer: Offload,
+    /// Where the parameters live between uses (`zero { offload param = … }`).
+    #[serde(default)]
+    pub offload_param: Offload,
+}
+
+/// A ZeRO offload target.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Offload {
+    /// Stay with the compute.
+    #[default]
+    None,
+    /// Host memory.
+    Cpu,
+    /// NVMe storage.
+    Nvme,
 }
 
 /// A plan that cannot be read.

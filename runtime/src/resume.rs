@@ -1,6 +1,14 @@
 //! Checkpoints for exact resume: the model in HF layout (`config.json` with `id2label`,
-//! `model.safetensors`, `tokenizer.json`), the optimizer state (`optimizer.safetensors`) and
-//! where the run was (`trainer_state.json`). The loss scaler and RNG need no state today: the
+//! `model.safetensors`, `tokenizer.json`; under ZeRO-3 gathered from the ranks' partitions), the
+//! optimizer state and where the run was (`trainer_state.json`).
+//!
+//! The optimizer state is `optimizer.safetensors` (ZeRO-0: every rank holds it all, rank 0
+//! writes it) or, under ZeRO-1/2/3, one file per rank, `optimizer/rank-R-of-N.safetensors`, with
+//! the rank's moments and the ranges of the flat buffer they cover (like DeepSpeed's
+//! `zero_pp_rank_R_mp_rank_00_optim_states.pt`). Resuming on the same ranks and stage reads each
+//! rank's own file; any other world size or stage assembles each rank's new partition from the
+//! pieces of the saved ones ([`read_optimizer`]), which DeepSpeed cannot do without its
+//! `zero_to_fp32` conversion. The loss scaler and RNG need no state today: the
 //! CPU backend trains in fp32, and dropout masks are counter-based on (seed, step, micro-batch).
 //! A checkpoint is written into a temporary directory and renamed into place, so a crash never
 //! leaves a half-written one.
@@ -13,6 +21,7 @@ use crate::model::Classifier;
 use crate::optim::{AdamState, OptimError};
 use crate::plateau::Plateau;
 use crate::train::Position;
+use crate::zero::Shard;
 
 /// The state file's format.
 const STATE_FORMAT: u32 = 1;
@@ -54,19 +63,22 @@ struct TrainerState {
     /// Ranks of the run that wrote it.
     #[serde(default)]
     world: Option<u64>,
+    /// Its ZeRO stage.
+    #[serde(default)]
+    zero_stage: Option<u8>,
 }
 
-/// What a checkpoint holds besides the model.
+/// What a checkpoint holds besides the model and the optimizer state.
 #[derive(Debug, Clone)]
 pub struct TrainingState {
-    /// The whole optimizer state.
-    pub adam: AdamState,
     /// Where the run was.
     pub position: Position,
     /// The plateau scheduler's state, if any.
     pub plateau: Option<Plateau>,
     /// Ranks of the run that wrote the checkpoint.
     pub world: Option<u64>,
+    /// The ZeRO stage of that run.
+    pub zero_stage: Option<u8>,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ResumeError + '_ {
@@ -137,35 +149,101 @@ pub struct Progress {
     pub plateau: Option<Plateau>,
     /// Ranks of the run.
     pub world: u64,
+    /// Its ZeRO stage.
+    pub zero_stage: u8,
 }
 
-/// Saves everything a bit-identical resume needs.
-pub fn save(
-    dir: &Path,
+/// The temporary directory a checkpoint `dir` is assembled in before [`finish`] renames it.
+pub fn staging(dir: &Path) -> PathBuf {
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    let name = dir
+        .file_name()
+        .map_or_else(|| "checkpoint".into(), |n| n.to_string_lossy().into_owned());
+    parent.join(format!(".{name}.tmp-{}", std::process::id()))
+}
+
+/// Starts assembling a checkpoint (rank 0, before the other ranks write): the model in HF
+/// layout in a fresh [`staging`] directory, with an `optimizer/` folder for the ranks' shards.
+pub fn begin(
+    tmp: &Path,
     model: &Classifier,
     labels: &[String],
     tokenizer: &Path,
-    state: &AdamState,
+) -> Result<(), ResumeError> {
+    let _ = std::fs::remove_dir_all(tmp);
+    let fill = || -> Result<(), ResumeError> {
+        write_model(tmp, model, labels, tokenizer)?;
+        let shards = tmp.join("optimizer");
+        std::fs::create_dir_all(&shards).map_err(io(&shards))
+    };
+    fill().inspect_err(|_| abandon(tmp))
+}
+
+/// Removes a staging directory after a failure.
+pub fn abandon(tmp: &Path) {
+    let _ = std::fs::remove_dir_all(tmp);
+}
+
+fn shard_name(rank: usize, world: usize) -> String {
+    format!("rank-{rank}-of-{world}.safetensors")
+}
+
+/// Writes one rank's optimizer partition into a staging directory.
+pub fn write_shard(tmp: &Path, shard: &Shard, state: &AdamState) -> Result<(), ResumeError> {
+    let ranges: Vec<[usize; 2]> = shard.ranges.iter().map(|r| [r.start, r.end]).collect();
+    let meta = [
+        ("stage", shard.stage.to_string()),
+        ("world", shard.world.to_string()),
+        ("rank", shard.rank.to_string()),
+        ("total", shard.total.to_string()),
+        (
+            "ranges",
+            serde_json::to_string(&ranges).expect("integers serialise"),
+        ),
+    ];
+    let bytes = state.to_safetensors_with(meta.into_iter().map(|(k, v)| (k.to_string(), v)))?;
+    let path = tmp
+        .join("optimizer")
+        .join(shard_name(shard.rank, shard.world));
+    std::fs::write(&path, bytes).map_err(io(&path))
+}
+
+/// Completes a checkpoint (rank 0, after every rank's [`write_shard`]): the whole optimizer
+/// state when one rank holds it all (`whole`, ZeRO-0), the run's position; then renames the
+/// staging directory over `dir`.
+pub fn finish(
+    tmp: &Path,
+    dir: &Path,
+    whole: Option<&AdamState>,
     progress: Progress,
 ) -> Result<(), ResumeError> {
-    atomically(dir, |tmp| {
-        write_model(tmp, model, labels, tokenizer)?;
-        let path = tmp.join("optimizer.safetensors");
-        std::fs::write(&path, state.to_safetensors()?).map_err(io(&path))?;
+    let fill = || -> Result<(), ResumeError> {
+        if let Some(state) = whole {
+            let path = tmp.join("optimizer.safetensors");
+            std::fs::write(&path, state.to_safetensors()?).map_err(io(&path))?;
+            let shards = tmp.join("optimizer");
+            std::fs::remove_dir(&shards).map_err(io(&shards))?;
+        }
         let path = tmp.join("trainer_state.json");
         let s = TrainerState {
             format: STATE_FORMAT,
             position: progress.position,
             plateau: progress.plateau,
             world: Some(progress.world),
+            zero_stage: Some(progress.zero_stage),
         };
         let text = serde_json::to_string_pretty(&s).expect("the state serialises");
-        std::fs::write(&path, text).map_err(io(&path))
-    })
+        std::fs::write(&path, text).map_err(io(&path))?;
+        if dir.exists() {
+            std::fs::remove_dir_all(dir).map_err(io(dir))?;
+        }
+        std::fs::rename(tmp, dir).map_err(io(dir))
+    };
+    fill().inspect_err(|_| abandon(tmp))
 }
 
-/// Reads the optimizer state and position of a checkpoint (the model is read by
-/// `Classifier::from_pretrained` from the same directory).
+/// Reads where a checkpoint's run was (the model is read by `Classifier::from_pretrained` from
+/// the same directory, the optimizer state by [`read_optimizer`]).
 pub fn read_training_state(dir: &Path) -> Result<TrainingState, ResumeError> {
     let path = dir.join("trainer_state.json");
     let text = std::fs::read_to_string(&path).map_err(io(&path))?;
@@ -179,13 +257,140 @@ pub fn read_training_state(dir: &Path) -> Result<TrainingState, ResumeError> {
             ),
         ));
     }
-    let path = dir.join("optimizer.safetensors");
-    let bytes = std::fs::read(&path).map_err(io(&path))?;
-    let state = AdamState::from_safetensors(&bytes).map_err(|e| bad(&path, e.to_string()))?;
     Ok(TrainingState {
-        adam: state,
         position: s.position,
         plateau: s.plateau,
         world: s.world,
+        zero_stage: s.zero_stage,
     })
+}
+
+/// One saved optimizer file: its moments and the ranges of the flat buffer they cover.
+struct Saved {
+    path: PathBuf,
+    state: AdamState,
+    ranges: Vec<std::ops::Range<usize>>,
+    rank: Option<usize>,
+    world: Option<usize>,
+}
+
+fn read_saved(path: &Path, total: usize) -> Result<Saved, ResumeError> {
+    let bytes = std::fs::read(path).map_err(io(path))?;
+    let (state, meta) =
+        AdamState::from_safetensors_with(&bytes).map_err(|e| bad(path, e.to_string()))?;
+    let num = |k: &str| meta.get(k).and_then(|v| v.parse::<usize>().ok());
+    let ranges = match meta.get("ranges") {
+        Some(text) => {
+            let pairs: Vec<[usize; 2]> =
+                serde_json::from_str(text).map_err(|e| bad(path, format!("ranges: {e}")))?;
+            pairs.into_iter().map(|[a, b]| a..b).collect()
+        }
+        // The whole-state file covers everything.
+        None => std::iter::once(0..state.m.len()).collect::<Vec<_>>(),
+    };
+    let mut end = 0;
+    for r in &ranges {
+        if r.start < end || r.end < r.start || r.end > total {
+            return Err(bad(
+                path,
+                format!("range {r:?} is out of order or outside the model's {total} parameters"),
+            ));
+        }
+        end = r.end;
+    }
+    let n: usize = ranges.iter().map(|r| r.len()).sum();
+    if n != state.m.len() {
+        return Err(bad(
+            path,
+            format!("holds {} elements for ranges of {n}", state.m.len()),
+        ));
+    }
+    Ok(Saved {
+        path: path.to_path_buf(),
+        state,
+        ranges,
+        rank: num("rank"),
+        world: num("world"),
+    })
+}
+
+/// The optimizer state of `want`'s partition from a checkpoint, and whether it had to be
+/// re-partitioned (assembled from other partitions: another world size or ZeRO stage).
+pub fn read_optimizer(dir: &Path, want: &Shard) -> Result<(AdamState, bool), ResumeError> {
+    let whole = dir.join("optimizer.safetensors");
+    let mut files = Vec::new();
+    if whole.exists() {
+        files.push(whole);
+    } else {
+        let shards = dir.join("optimizer");
+        // This rank's own file first: with the same layout it is the only one read.
+        let own = shards.join(shard_name(want.rank, want.world));
+        if own.exists() {
+            let saved = read_saved(&own, want.total)?;
+            if saved.ranges == want.ranges
+                && saved.rank == Some(want.rank)
+                && saved.world == Some(want.world)
+            {
+                return Ok((saved.state, false));
+            }
+        }
+        let entries = std::fs::read_dir(&shards).map_err(io(&shards))?;
+        for e in entries {
+            let p = e.map_err(io(&shards))?.path();
+            if p.extension().is_some_and(|x| x == "safetensors") {
+                files.push(p);
+            }
+        }
+        files.sort();
+        if files.is_empty() {
+            return Err(bad(&shards, "no optimizer state in the checkpoint"));
+        }
+    }
+    let n = want.len();
+    let mut local = AdamState {
+        m: vec![0.0; n],
+        v: vec![0.0; n],
+        step: 0,
+    };
+    let mut covered = 0usize;
+    let mut step = None;
+    let mut same = files.len() == 1 && want.ranges.len() == 1 && want.len() == want.total;
+    for path in &files {
+        let saved = read_saved(path, want.total)?;
+        if *step.get_or_insert(saved.state.step) != saved.state.step {
+            return Err(bad(
+                &saved.path,
+                "the ranks' optimizer files are from different steps",
+            ));
+        }
+        // Copy every overlap of a saved range with a wanted one into the local layout.
+        let mut from = 0;
+        for sr in &saved.ranges {
+            let mut to = 0;
+            for wr in &want.ranges {
+                let (lo, hi) = (sr.start.max(wr.start), sr.end.min(wr.end));
+                if lo < hi {
+                    let (a, b) = (from + lo - sr.start, to + lo - wr.start);
+                    let k = hi - lo;
+                    local.m[b..b + k].copy_from_slice(&saved.state.m[a..a + k]);
+                    local.v[b..b + k].copy_from_slice(&saved.state.v[a..a + k]);
+                    covered += k;
+                }
+                to += wr.len();
+            }
+            from += sr.len();
+        }
+        same &= saved.ranges == want.ranges;
+    }
+    if covered != n {
+        return Err(bad(
+            dir,
+            format!(
+                "the optimizer files cover {covered} of the {n} elements rank {} needs (a missing or overlapping rank file)",
+                want.rank
+            ),
+        ));
+    }
+    local.step = step.unwrap_or(0);
+    Ok((local, !same))
 }

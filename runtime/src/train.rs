@@ -13,15 +13,19 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::Cpu;
-use crate::collective::{Collective, CollectiveError, LocalCollective, Partition, ReduceOp};
+use crate::collective::{Collective, CollectiveError, LocalCollective};
 use crate::data::{self, Dataset, LabelSet, TextTokenizer, TokenBatch};
 use crate::metrics::{self, EvalReport};
 use crate::model::{Batch, BertConfig, Classifier, DropoutKey, ModelError, Workspace};
-use crate::optim::{self, Adam, AdamConfig, AdamState, OptimError, WeightDecay};
-use crate::plan::{DataPlan, Every, ModelSource, OptimizerKind, Plan, Precision, SchedulePlan};
+use crate::optim::{Adam, AdamConfig, OptimError, WeightDecay};
+use crate::plan::{
+    DataPlan, Every, ModelSource, Offload, OptimizerKind, Plan, Precision, SchedulePlan,
+};
 use crate::plateau::Plateau;
 use crate::resume;
 use crate::windows::{self, Shape};
+pub use crate::zero::RankMemory;
+use crate::zero::{Replica, Shard, ZeroError};
 
 /// How to run a plan.
 #[derive(Debug, Clone, Default)]
@@ -78,6 +82,16 @@ pub enum RunError {
     },
 }
 
+impl From<ZeroError> for RunError {
+    fn from(e: ZeroError) -> Self {
+        match e {
+            ZeroError::Collective(e) => RunError::Collective(e),
+            ZeroError::Model(e) => RunError::Model(e),
+            ZeroError::Optim(e) => RunError::Optim(e),
+        }
+    }
+}
+
 impl RunError {
     /// Whether the run was refused because a feature is missing (a usage error, not a failure).
     pub fn is_not_built(&self) -> bool {
@@ -110,24 +124,6 @@ pub struct Summary {
     pub memory: Vec<RankMemory>,
 }
 
-/// Bytes one rank holds for the model states (fp32: 4 bytes an element).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct RankMemory {
-    /// Parameters.
-    pub params: u64,
-    /// Gradients.
-    pub grads: u64,
-    /// Optimizer state (Adam's two moments; its partition under ZeRO-1).
-    pub optimizer: u64,
-}
-
-impl RankMemory {
-    /// All three.
-    pub fn total(&self) -> u64 {
-        self.params + self.grads + self.optimizer
-    }
-}
-
 impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.stopped {
@@ -151,15 +147,25 @@ impl fmt::Display for Summary {
         }
         if let Some(m) = self.memory.first() {
             let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
-            writeln!(
+            write!(
                 f,
-                "model states per rank (rank 0 of {}): params {:.1} MiB, grads {:.1} MiB, optimizer {:.1} MiB, total {:.1} MiB",
+                "model states per rank (rank 0 of {}): params {:.1} MiB, grads {:.1} MiB, optimizer {:.1} MiB",
                 self.memory.len(),
                 mib(m.params),
                 mib(m.grads),
                 mib(m.optimizer),
-                mib(m.total())
             )?;
+            if m.offloaded {
+                write!(
+                    f,
+                    " in host memory with {:.1} MiB of master weights and gradient copy",
+                    mib(m.host_copies)
+                )?;
+            }
+            if m.working > 0 {
+                write!(f, ", one segment at a time {:.1} MiB", mib(m.working))?;
+            }
+            writeln!(f, ", total {:.1} MiB", mib(m.total()))?;
         }
         if let Some(p) = &self.saved {
             writeln!(f, "saved {}", p.display())?;
@@ -209,11 +215,19 @@ fn supported(plan: &Plan) -> Result<(), RunError> {
         )
         .to_lowercase()));
     }
-    if plan.batch.world > 1 && plan.train.zero_stage > 1 {
-        return Err(RunError::NotBuilt(format!(
-            "ZeRO stage {} partitioning over {} ranks (stages 0 and 1 run: --set zero.stage=1)",
-            plan.train.zero_stage, plan.batch.world
-        )));
+    match (plan.train.offload_optimizer, plan.train.offload_param) {
+        (Offload::Nvme, _) => {
+            return Err(RunError::NotBuilt(
+                "offloading the optimizer to NVMe (`offload optimizer = cpu` runs)".into(),
+            ))
+        }
+        (_, Offload::Cpu | Offload::Nvme) => {
+            return Err(RunError::NotBuilt(
+                "offloading parameters (`offload param`; ZeRO-3 partitions them: drop the offload)"
+                    .into(),
+            ))
+        }
+        _ => {}
     }
     if plan.model.arch != "bert" {
         return Err(RunError::NotBuilt(format!(
@@ -270,11 +284,7 @@ pub fn model_batch(b: TokenBatch) -> Batch {
 
 /// The optimizer of the plan over `model`'s parameters, with HF Trainer's decay grouping by
 /// name substrings (`optimizer.no_decay`).
-fn optimizer(
-    plan: &Plan,
-    model: &Classifier,
-    shard: Option<std::ops::Range<usize>>,
-) -> Result<Adam, RunError> {
+fn optimizer(plan: &Plan, model: &Classifier, shard: &Shard) -> Result<Adam, RunError> {
     let o = &plan.optimizer;
     let config = AdamConfig {
         beta1: o.betas.0,
@@ -292,9 +302,9 @@ fn optimizer(
         .iter()
         .map(|e| !o.no_decay.iter().any(|s| e.name.contains(s.as_str())))
         .collect();
-    Ok(match shard {
-        Some(r) => Adam::shard(config, entries, &decay, r)?,
-        None => Adam::new(config, entries, &decay)?,
+    Ok(match shard.stage {
+        0 => Adam::new(config, entries, &decay)?,
+        _ => Adam::shard(config, entries, &decay, &shard.ranges)?,
     })
 }
 
@@ -325,17 +335,15 @@ struct Shared<'a> {
     eval: Option<Dataset>,
     test: Option<Dataset>,
     done: u64,
-    /// The ZeRO partition map (stage ≥ 1 over several ranks).
-    partition: Option<Partition>,
     /// `reduce_lr_on_plateau`'s state at the start (resumed or fresh).
     plateau: Option<Plateau>,
-    /// Ranks of the run whose checkpoint this one resumes.
-    resumed_world: Option<u64>,
+    /// Whether the resumed optimizer state was re-partitioned (another world size or stage).
+    repartitioned: bool,
 }
 
-/// Runs a plan to the end (or to `stop_after`). With `world` > 1 the ranks are threads that
-/// average their gradients through a [`LocalCollective`] (every rank holds the whole model and
-/// optimizer: ZeRO stage 0); rank 0 logs, evaluates and saves.
+/// Runs a plan to the end (or to `stop_after`). The `world` ranks are threads, each holding a
+/// [`Replica`] under the plan's ZeRO stage and talking through a [`LocalCollective`] (a single
+/// process is a group of one); rank 0 logs, evaluates and saves.
 pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
     supported(plan)?;
     let labels = labels(plan)?;
@@ -365,9 +373,10 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
     let out = &plan.train.output_dir;
     std::fs::create_dir_all(out).map_err(io(out))?;
     let model = load_model(plan, options.resume.as_deref())?;
-    let mut adam = optimizer(plan, &model, None)?;
+    let world = plan.batch.world.max(1) as usize;
+    let stage = plan.train.zero_stage.min(3);
+    let offload = plan.train.offload_optimizer == Offload::Cpu;
     let mut done = 0u64;
-    let mut resumed_from_world = None;
     let mut plateau = match plan.schedule {
         SchedulePlan::Plateau {
             peak,
@@ -376,27 +385,39 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
         } => Some(Plateau::new(peak, factor, patience)),
         _ => None,
     };
-    if let Some(dir) = &options.resume {
-        // Checkpoints hold the whole (gathered) state: any world size re-partitions it.
-        let state = resume::read_training_state(dir)?;
-        adam.load_state(state.adam)?;
+    let resumed = options
+        .resume
+        .as_deref()
+        .map(resume::read_training_state)
+        .transpose()?;
+    if let Some(state) = &resumed {
         done = state.position.step;
         plateau = state.plateau;
-        resumed_from_world = state.world;
     }
-    let world = plan.batch.world.max(1) as usize;
-    if let Some(w) = resumed_from_world.filter(|&w| w != world as u64) {
-        // DeepSpeed ties a ZeRO checkpoint to its world size; ours holds the gathered state.
+    // Each rank's optimizer over its partition, its state read from the checkpoint: its own
+    // file when the layout is unchanged, else assembled from the saved partitions.
+    let mut repartitioned = false;
+    let mut adams = Vec::with_capacity(world);
+    for rank in 0..world {
+        let shard = Shard::new(stage, world, rank, model.segments());
+        let mut adam = optimizer(plan, &model, &shard)?;
+        if let Some(dir) = &options.resume {
+            let (state, moved) = resume::read_optimizer(dir, &shard)?;
+            adam.load_state(state)?;
+            repartitioned |= moved;
+        }
+        adams.push(adam);
+    }
+    if let (true, Some(state)) = (repartitioned, &resumed) {
+        // DeepSpeed ties a ZeRO checkpoint to its world size; ours re-partitions.
         if !options.quiet {
             eprintln!(
-                "resuming a checkpoint of {w} rank(s) on {world}: the optimizer state is re-partitioned"
+                "resuming a checkpoint of {} rank(s) at ZeRO-{} on {world} rank(s) at ZeRO-{stage}: the optimizer state is re-partitioned",
+                state.world.map_or_else(|| "?".into(), |w| w.to_string()),
+                state.zero_stage.map_or_else(|| "?".into(), |s| s.to_string()),
             );
         }
     }
-    let partition = (plan.train.zero_stage >= 1 && world > 1)
-        .then(|| Partition::new(model.params().len(), world))
-        .transpose()
-        .map_err(|e| RunError::Mismatch(e.to_string()))?;
     let shared = Shared {
         plan,
         options,
@@ -404,42 +425,31 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
         eval,
         test,
         done,
-        partition,
         plateau,
-        resumed_world: resumed_from_world,
+        repartitioned,
     };
+    let mut group = LocalCollective::group(world, collective_timeout());
     if world == 1 {
-        return rank_loop(&shared, 0, None, model, adam);
+        let coll = group.pop().expect("a group of one");
+        let adam = adams.pop().expect("one optimizer");
+        let replica = Replica::new(model, stage, 1, 0, adam, offload)?;
+        return rank_loop(&shared, coll, replica);
     }
     let per_rank = (threads() / world).max(1);
-    let adams = (0..world)
-        .map(|rank| match &shared.partition {
-            // ZeRO-1: this rank's optimizer holds only its partition's moments.
-            Some(p) => {
-                let r = p.range(rank);
-                let mut a = optimizer(plan, &model, Some(r.clone()))?;
-                let full = adam.state();
-                a.load_state(AdamState {
-                    m: full.m[r.clone()].to_vec(),
-                    v: full.v[r].to_vec(),
-                    step: full.step,
-                })?;
-                Ok(a)
-            }
-            None => Ok(adam.clone()),
-        })
-        .collect::<Result<Vec<Adam>, RunError>>()?;
-    let group = LocalCollective::group(world, collective_timeout());
     let results: Vec<Result<Summary, RunError>> = std::thread::scope(|s| {
         let handles: Vec<_> = group
             .into_iter()
-            .enumerate()
             .zip(adams)
-            .map(|((rank, mut coll), adam)| {
-                let mut model = model.clone();
-                model.set_backend(Cpu::new(per_rank));
+            .enumerate()
+            .map(|(rank, (coll, adam))| {
+                let model = &model;
                 let shared = &shared;
-                s.spawn(move || rank_loop(shared, rank, Some(&mut coll), model, adam))
+                s.spawn(move || {
+                    let mut model = model.clone();
+                    model.set_backend(Cpu::new(per_rank));
+                    let replica = Replica::new(model, stage, world, rank, adam, offload)?;
+                    rank_loop(shared, coll, replica)
+                })
             })
             .collect();
         handles
@@ -482,13 +492,11 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
     }
 }
 
-/// One rank's loop. `coll` is `None` for a single process.
+/// One rank's loop.
 fn rank_loop(
     shared: &Shared<'_>,
-    rank: usize,
-    mut coll: Option<&mut LocalCollective>,
-    mut model: Classifier,
-    mut adam: Adam,
+    mut coll: LocalCollective,
+    mut rep: Replica,
 ) -> Result<Summary, RunError> {
     let Shared {
         plan,
@@ -497,21 +505,15 @@ fn rank_loop(
         eval,
         test,
         done,
-        partition,
         plateau,
-        resumed_world,
+        repartitioned,
     } = shared;
     let mut plateau = *plateau;
     let (plan, options, done) = (*plan, *options, *done);
+    let (rank, world) = (coll.rank(), coll.world());
     let lead = rank == 0;
-    let bytes = |n: usize| 4 * n as u64;
-    let memory = RankMemory {
-        params: bytes(model.params().len()),
-        // ZeRO-0/1 keep the whole gradient buffer on every rank.
-        grads: bytes(model.params().len()),
-        optimizer: bytes(adam.state().m.len() + adam.state().v.len()),
-    };
-    let world = plan.batch.world.max(1) as usize;
+    let memory = rep.memory();
+    let stage = rep.shard().stage;
     let out = &plan.train.output_dir;
     let metrics_path = out.join("metrics.jsonl");
     let mut log = if lead {
@@ -536,17 +538,19 @@ fn rank_loop(
             "event": "start",
             "plan": plan.name,
             "train_rows": train.len(),
-            "parameters": model.params().len(),
+            "parameters": rep.shard().total,
             "world": world,
-            "zero_stage": if world > 1 { plan.train.zero_stage } else { 0 },
+            "zero_stage": stage,
+            "offload_optimizer": memory.offloaded,
             "threads": threads(),
             "predicted": plan.steps,
             "memory_rank0": memory,
         }))?;
     } else {
-        record(
-            serde_json::json!({ "event": "resume", "from": options.resume, "step": done, "world": world, "repartitioned": resumed_world.is_some_and(|w| w != world as u64) }),
-        )?;
+        record(serde_json::json!({
+            "event": "resume", "from": options.resume, "step": done, "world": world,
+            "zero_stage": stage, "repartitioned": repartitioned,
+        }))?;
     }
 
     let total = plan.steps.total;
@@ -563,7 +567,6 @@ fn rank_loop(
     };
     let work = windows::windows(shape, rank, done)?;
     let bar = (lead && options.progress).then(|| crate::progress::bar(total, done));
-    let mut grads = model.params().zeros_like();
     let mut ws = Workspace::new();
     let mut last_loss = None;
     let mut last_eval = None;
@@ -581,7 +584,7 @@ fn rank_loop(
                 plan.steps.batches_per_epoch
             )));
         }
-        grads.iter_mut().for_each(|x| *x = 0.0);
+        rep.start_window();
         // A short last window is averaged over its real size.
         let weight = 1.0 / w.batches.len() as f32;
         let mut loss = 0.0f32;
@@ -591,41 +594,24 @@ fn rank_loop(
                 seed: plan.train.seed,
                 micro_batch: ((w.step - 1) * g + i as u64) * world as u64 + rank as u64,
             };
-            loss += model.forward_backward(&mut ws, &batch, weight, &mut grads, Some(key))?;
+            loss += rep.micro(&mut coll, &mut ws, &batch, weight, Some(key))?;
             trained_samples += (batch.batch * world) as u64;
         }
         loss /= w.batches.len() as f32;
-        if let Some(c) = coll.as_mut() {
-            // Every rank ends with the same averaged gradient, so the replicas stay identical.
-            c.all_reduce(&mut grads, ReduceOp::Avg)?;
-            loss = (c.all_reduce_sum_f64(f64::from(loss))? / world as f64) as f32;
+        // Every rank ends with the same averaged gradient (or its partition of it).
+        rep.finish_window(&mut coll)?;
+        if world > 1 {
+            loss = (coll.all_reduce_sum_f64(f64::from(loss))? / world as f64) as f32;
         }
         if !loss.is_finite() {
             return Err(RunError::Diverged { step: w.step, loss });
         }
-        let norm = if plan.train.clip > 0.0 {
-            optim::clip_grad_norm(&mut grads, plan.train.clip as f32)
-        } else {
-            grads
-                .iter()
-                .map(|g| f64::from(*g).powi(2))
-                .sum::<f64>()
-                .sqrt() as f32
-        };
+        let norm = rep.clip(&mut coll, plan.train.clip)?;
         let lr = plateau.map_or_else(|| plan.schedule.lr(w.step), |p| p.lr);
         if let Some((b1, b2)) = plan.schedule.betas(w.step) {
-            adam.set_betas(b1, b2)?;
+            rep.set_betas(b1, b2)?;
         }
-        match (partition, coll.as_mut()) {
-            (Some(p), Some(c)) => {
-                // ZeRO-1: update this rank's partition, then all-gather the partitions.
-                let r = p.range(rank);
-                adam.step(&mut model.params_mut()[r.clone()], &grads[r.clone()], lr)?;
-                let mine = model.params().data[r].to_vec();
-                gather(c, p, &mine, model.params_mut())?;
-            }
-            _ => adam.step(model.params_mut(), &grads, lr)?,
-        }
+        rep.step(&mut coll, lr)?;
         step = w.step;
         last_loss = Some(loss);
         let rate = trained_samples as f64 / started.elapsed().as_secs_f64().max(1e-9);
@@ -658,53 +644,48 @@ fn rank_loop(
             Every::Steps(n) => step % n == 0,
             Every::Never => false,
         };
-        // Every rank evaluates under reduce_lr_on_plateau (the replicas are identical, so each
-        // reaches the same LR without a broadcast); otherwise rank 0 alone.
-        if let Some(ev) = eval.as_ref().filter(|_| lead || plateau.is_some()) {
-            let at_end = step == total && plan.train.eval_every != Every::Never;
-            if due(plan.train.eval_every) || at_end {
-                let report = metrics::evaluate(&model, ev, plan.batch.eval_micro as usize)?;
-                if let Some(p) = plateau.as_mut() {
-                    p.observe(report.loss);
-                }
-                record(serde_json::json!({ "step": step, "eval": report }))?;
-                match &bar {
-                    Some(b) => b.println(format!("step {step}: eval {report}")),
-                    None if lead && !options.quiet => eprintln!("step {step}: eval {report}"),
-                    None => {}
-                }
-                last_eval = Some(report);
-            }
-        }
+        let at_end = step == total && plan.train.eval_every != Every::Never;
+        let eval_now = eval.is_some() && (due(plan.train.eval_every) || at_end);
         let stop_here = options.stop_after == Some(step) && step < total;
         let save = (due(plan.train.save_every) && step < total) || stop_here;
-        // Checkpoints hold the whole optimizer state: partitions are gathered (every rank takes
-        // part; rank 0 writes), so any world size can resume from them.
-        let state = match (save, partition, coll.as_mut()) {
-            (true, Some(p), Some(c)) => Some(gathered_state(c, p, adam.state())?),
-            _ => None,
-        };
-        if lead && save {
+        if eval_now || save {
+            // ZeRO-3: every rank takes part in gathering the whole model.
+            rep.gather_whole(&mut coll)?;
+        }
+        // Every rank evaluates under reduce_lr_on_plateau (the replicas are identical, so each
+        // reaches the same LR without a broadcast); otherwise rank 0 alone.
+        if let Some(ev) = eval
+            .as_ref()
+            .filter(|_| eval_now && (lead || plateau.is_some()))
+        {
+            let report = metrics::evaluate(rep.model(), ev, plan.batch.eval_micro as usize)?;
+            if let Some(p) = plateau.as_mut() {
+                p.observe(report.loss);
+            }
+            record(serde_json::json!({ "step": step, "eval": report }))?;
+            match &bar {
+                Some(b) => b.println(format!("step {step}: eval {report}")),
+                None if lead && !options.quiet => eprintln!("step {step}: eval {report}"),
+                None => {}
+            }
+            last_eval = Some(report);
+        }
+        if save {
             let dir = out.join(format!("checkpoint-{step}"));
-            let position = Position {
-                step,
-                epoch: w.epoch,
-                batch: w.first_batch + w.batches.len() as u64,
-            };
-            resume::save(
-                &dir,
-                &model,
-                &plan.model.labels,
-                &plan.model.tokenizer,
-                state.as_ref().unwrap_or(adam.state()),
-                resume::Progress {
-                    position,
-                    plateau,
-                    world: world as u64,
+            let progress = resume::Progress {
+                position: Position {
+                    step,
+                    epoch: w.epoch,
+                    batch: w.first_batch + w.batches.len() as u64,
                 },
-            )?;
+                plateau,
+                world: world as u64,
+                zero_stage: stage,
+            };
+            save_checkpoint(&mut coll, &rep, plan, &dir, progress)?;
             record(serde_json::json!({ "step": step, "checkpoint": dir }))?;
         }
+        rep.release_whole();
         if stop_here {
             stopped = true;
             break;
@@ -735,21 +716,18 @@ fn rank_loop(
             "the run took {step} optimizer steps, but the plan predicted {total}"
         )));
     }
+    rep.gather_whole(&mut coll)?;
     if !lead {
         return Ok(summary);
     }
+    let model = rep.model();
     if let Some(t) = &test {
-        let report = metrics::evaluate(&model, t, plan.batch.eval_micro as usize)?;
+        let report = metrics::evaluate(model, t, plan.batch.eval_micro as usize)?;
         record(serde_json::json!({ "step": step, "test": report }))?;
         summary.test = Some(report);
     }
     let final_dir = out.join("model");
-    resume::save_model(
-        &final_dir,
-        &model,
-        &plan.model.labels,
-        &plan.model.tokenizer,
-    )?;
+    resume::save_model(&final_dir, model, &plan.model.labels, &plan.model.tokenizer)?;
     record(serde_json::json!({
         "event": "end",
         "steps": { "taken": step, "predicted": total },
@@ -759,31 +737,43 @@ fn rank_loop(
     Ok(summary)
 }
 
-/// All-gathers every rank's `part` (its partition of a flat buffer, `p.range(rank)`) into `out`
-/// (the whole unpadded buffer). Partitions are padded to `p.shard` for the exchange.
-fn gather(
-    c: &mut LocalCollective,
-    p: &Partition,
-    part: &[f32],
-    out: &mut [f32],
+/// Writes checkpoint `dir` from every rank: rank 0 prepares a staging directory, each rank
+/// writes its optimizer partition (ZeRO-1/2/3), rank 0 adds the model (gathered, under ZeRO-3)
+/// and the position and renames it into place. A failure on any rank fails every rank (the
+/// barriers) and leaves no partial checkpoint.
+fn save_checkpoint(
+    coll: &mut LocalCollective,
+    rep: &Replica,
+    plan: &Plan,
+    dir: &Path,
+    progress: resume::Progress,
 ) -> Result<(), RunError> {
-    let mut shard = vec![0.0f32; p.shard];
-    shard[..part.len()].copy_from_slice(part);
-    let mut all = vec![0.0f32; p.padded];
-    c.all_gather(&shard, &mut all)?;
-    out.copy_from_slice(&all[..out.len()]);
-    Ok(())
-}
-
-/// The whole optimizer state from the partitions every rank holds.
-fn gathered_state(
-    c: &mut LocalCollective,
-    p: &Partition,
-    s: &AdamState,
-) -> Result<AdamState, RunError> {
-    let mut m = vec![0.0f32; p.total];
-    let mut v = vec![0.0f32; p.total];
-    gather(c, p, &s.m, &mut m)?;
-    gather(c, p, &s.v, &mut v)?;
-    Ok(AdamState { m, v, step: s.step })
+    let lead = coll.rank() == 0;
+    let tmp = resume::staging(dir);
+    let stage = rep.shard().stage;
+    let mut write = || -> Result<(), RunError> {
+        if lead {
+            let m = rep.model();
+            resume::begin(&tmp, m, &plan.model.labels, &plan.model.tokenizer)?;
+        }
+        coll.barrier()?;
+        if stage >= 1 {
+            resume::write_shard(&tmp, rep.shard(), rep.optimizer_state())?;
+        }
+        coll.barrier()?;
+        if lead {
+            resume::finish(
+                &tmp,
+                dir,
+                (stage == 0).then(|| rep.optimizer_state()),
+                progress,
+            )?;
+        }
+        Ok(())
+    };
+    let result = write();
+    if result.is_err() && lead {
+        resume::abandon(&tmp);
+    }
+    result
 }

@@ -114,6 +114,8 @@ struct Outputs {
     rs_avg: Vec<f32>,
     gathered: Vec<f32>,
     broadcasts: Vec<Vec<f32>>,
+    /// `reduces[root]`: this rank's buffer after `reduce(Sum)` to `root`, then after `reduce(Avg)`.
+    reduces: Vec<(Vec<f32>, Vec<f32>)>,
     max: f32,
     sum_f64: f64,
 }
@@ -147,6 +149,14 @@ fn every_op_equals_the_sequential_reference_bit_for_bit() {
                     c.broadcast(&mut b, root).unwrap();
                     broadcasts.push(b);
                 }
+                let mut reduces = Vec::new();
+                for root in 0..world {
+                    let mut s = mine.clone();
+                    c.reduce(&mut s, root, ReduceOp::Sum).unwrap();
+                    let mut a = mine.clone();
+                    c.reduce(&mut a, root, ReduceOp::Avg).unwrap();
+                    reduces.push((s, a));
+                }
                 let max = c
                     .all_reduce_max(mine.first().copied().unwrap_or(r as f32))
                     .unwrap();
@@ -159,6 +169,7 @@ fn every_op_equals_the_sequential_reference_bit_for_bit() {
                     rs_avg,
                     gathered,
                     broadcasts,
+                    reduces,
                     max,
                     sum_f64,
                 }
@@ -192,6 +203,16 @@ fn every_op_equals_the_sequential_reference_bit_for_bit() {
                 assert_eq!(bits(&o.gathered), bits(&concat), "{ctx}: all_gather");
                 for (root, b) in o.broadcasts.iter().enumerate() {
                     assert_eq!(bits(b), bits(&inputs[root]), "{ctx}: broadcast {root}");
+                }
+                for (root, (s, a)) in o.reduces.iter().enumerate() {
+                    // The root gets the all-reduce's bits; every other rank keeps its input.
+                    let (es, ea) = if root == r {
+                        (&sum, &avg)
+                    } else {
+                        (&inputs[r], &inputs[r])
+                    };
+                    assert_eq!(bits(s), bits(es), "{ctx}: reduce sum to {root}");
+                    assert_eq!(bits(a), bits(ea), "{ctx}: reduce avg to {root}");
                 }
                 assert_eq!(o.max.to_bits(), max.to_bits(), "{ctx}: max");
                 assert_eq!(o.sum_f64.to_bits(), sum_f64.to_bits(), "{ctx}: sum_f64");
@@ -354,7 +375,7 @@ where
 #[test]
 fn mismatched_calls_fail_every_rank_with_mismatch() {
     type Case = fn(&mut LocalCollective, usize) -> Result<(), CollectiveError>;
-    let cases: [(&str, Case); 5] = [
+    let cases: [(&str, Case); 6] = [
         ("length", |c, w| {
             let mut b = vec![1.0; if c.rank() == w - 1 { 9 } else { 8 }];
             c.all_reduce(&mut b, ReduceOp::Sum)
@@ -379,6 +400,10 @@ fn mismatched_calls_fail_every_rank_with_mismatch() {
         ("root", |c, _| {
             let mut b = vec![1.0; 4];
             c.broadcast(&mut b, usize::from(c.rank() == 0))
+        }),
+        ("reduce root", |c, _| {
+            let mut b = vec![1.0; 4];
+            c.reduce(&mut b, usize::from(c.rank() == 0), ReduceOp::Sum)
         }),
         ("shard", |c, w| {
             let shard = if c.rank() == 1 { 3 } else { 2 };

@@ -90,7 +90,7 @@ fn estimate_line(r: &recipe::resolve::Resolved, plan: &Plan, ranks: usize) -> Op
         params: r.uint("model.params")?,
         largest_layer: r.uint("model.largest_layer")?,
     };
-    let stage = if ranks > 1 { plan.train.zero_stage } else { 0 };
+    let stage = plan.train.zero_stage;
     let e = estimate(
         r,
         Choice {

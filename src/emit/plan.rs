@@ -224,6 +224,8 @@ pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
         save_every: every(r.val("train.save_every"), Every::Epoch),
         output_dir: path("train.output_dir").unwrap_or_else(|| PathBuf::from("out")),
         zero_stage: r.uint("zero.stage").unwrap_or(0).min(3) as u8,
+        offload_optimizer: offload(r.word("zero.offload optimizer")),
+        offload_param: offload(r.word("zero.offload param")),
     };
     if !no.is_empty() {
         return Err(no);
@@ -262,5 +264,15 @@ fn absolute(p: PathBuf) -> PathBuf {
         p
     } else {
         std::env::current_dir().map_or(p.clone(), |d| d.join(p))
+    }
+}
+
+/// The runtime's offload target for a `zero { offload … = … }` word.
+fn offload(word: Option<&str>) -> recipe_runtime::plan::Offload {
+    use recipe_runtime::plan::Offload;
+    match word {
+        Some("cpu") => Offload::Cpu,
+        Some("nvme") => Offload::Nvme,
+        _ => Offload::None,
     }
 }

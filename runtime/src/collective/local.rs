@@ -337,6 +337,33 @@ impl Collective for LocalCollective {
         Ok(())
     }
 
+    fn reduce(
+        &mut self,
+        buf: &mut [f32],
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        let world = self.shared.world;
+        if root >= world {
+            return Err(self.invalid(
+                Op::Reduce,
+                format!("root {root} is outside the group of {world} ranks"),
+            ));
+        }
+        let call = Call {
+            op: Op::Reduce,
+            reduce: Some(op),
+            root: Some(root),
+            len: buf.len(),
+        };
+        let inputs = self.exchange(call, Payload::F32(Arc::from(&*buf)))?;
+        if self.rank == root {
+            let inputs = self.f32_inputs(&inputs, Op::Reduce)?;
+            reduce_into(buf, &inputs, 0, op);
+        }
+        Ok(())
+    }
+
     fn all_gather(&mut self, shard: &[f32], output: &mut [f32]) -> Result<(), CollectiveError> {
         let world = self.shared.world;
         if output.len() != world * shard.len() {

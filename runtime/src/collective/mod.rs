@@ -48,6 +48,8 @@ pub enum Op {
     AllReduce,
     /// [`Collective::reduce_scatter`].
     ReduceScatter,
+    /// [`Collective::reduce`].
+    Reduce,
     /// [`Collective::all_gather`].
     AllGather,
     /// [`Collective::broadcast`].
@@ -65,6 +67,7 @@ impl fmt::Display for Op {
         f.write_str(match self {
             Op::AllReduce => "all_reduce",
             Op::ReduceScatter => "reduce_scatter",
+            Op::Reduce => "reduce",
             Op::AllGather => "all_gather",
             Op::Broadcast => "broadcast",
             Op::AllReduceMax => "all_reduce_max",
@@ -159,6 +162,13 @@ pub trait Collective: Send {
         output: &mut [f32],
         op: ReduceOp,
     ) -> Result<(), CollectiveError>;
+
+    /// Reduces `buf` over all ranks, as [`Collective::all_reduce`] does (same arithmetic, same
+    /// bits), into rank `root`'s `buf` only; the other ranks' `buf` is left unchanged. ZeRO-2
+    /// hands each piece of a finished gradient bucket to the rank that owns it this way
+    /// (DeepSpeed's `average_tensor` reduces each partition's slice to its owner; NCCL: `ncclReduce`).
+    fn reduce(&mut self, buf: &mut [f32], root: usize, op: ReduceOp)
+        -> Result<(), CollectiveError>;
 
     /// Concatenates every rank's `shard` in rank order into `output` (len = N × shard len), so
     /// rank r's shard lands at `r·len..(r+1)·len`.

@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use super::BertConfig;
+use super::{BertConfig, GradSink, ParamSource};
 use crate::backend::{AttnShape, Backend, Dropout, Gemm};
 use crate::params::Params;
 
@@ -61,9 +61,15 @@ pub(crate) struct LayerLayout {
     pub ln2: Ln,
 }
 
-/// Offsets of every parameter in the flat buffer.
+/// Offsets of every parameter, each relative to the start of its *segment*: the embeddings
+/// (segment 0), encoder layer `l` (segment `1 + l`), then the pooler and the head (the last
+/// segment). Each segment is a contiguous range of the flat buffer (`segs`), so the forward and
+/// backward can read one segment's parameters and finish one segment's gradients at a time, which
+/// is what ZeRO-2/3 reduce and gather (see [`super::ParamSource`]).
 #[derive(Debug, Clone)]
 pub(crate) struct Layout {
+    /// Each segment's range in the flat buffer, in forward order.
+    pub segs: Vec<Range<usize>>,
     pub word: usize,
     pub pos: usize,
     pub typ: usize,
@@ -149,7 +155,8 @@ impl Layout {
             })
             .collect();
         let typ = off("bert.embeddings.token_type_embeddings.weight");
-        Layout {
+        let mut lay = Layout {
+            segs: Vec::new(),
             word: off("bert.embeddings.word_embeddings.weight"),
             pos: off("bert.embeddings.position_embeddings.weight"),
             typ,
@@ -164,7 +171,51 @@ impl Layout {
                     .shape[0],
                 h,
             ),
+        };
+        lay.rebase();
+        lay
+    }
+
+    /// Cuts the buffer into segments and makes every offset relative to its segment's start.
+    fn rebase(&mut self) {
+        let lin_end = |l: &Lin| l.b().end;
+        let emb = self.word..self.emb_ln.wb().end;
+        let mut segs = vec![emb.clone()];
+        for ll in &mut self.layers {
+            let start = ll.q.w;
+            segs.push(start..ll.ln2.wb().end);
+            for lin in [
+                &mut ll.q,
+                &mut ll.k,
+                &mut ll.v,
+                &mut ll.o,
+                &mut ll.inter,
+                &mut ll.out,
+            ] {
+                lin.w -= start;
+            }
+            ll.ln1.w -= start;
+            ll.ln2.w -= start;
         }
+        let tail = self.pooler.w..lin_end(&self.head);
+        segs.push(tail.clone());
+        self.pooler.w -= tail.start;
+        self.head.w -= tail.start;
+        for x in [
+            &mut self.word,
+            &mut self.pos,
+            &mut self.typ,
+            &mut self.emb_end,
+        ] {
+            *x -= emb.start;
+        }
+        self.emb_ln.w -= emb.start;
+        self.segs = segs;
+    }
+
+    /// The index of the pooler-and-head segment.
+    pub(crate) fn tail(&self) -> usize {
+        self.segs.len() - 1
     }
 }
 
@@ -378,14 +429,14 @@ fn linear_bwd<B: Backend>(
 }
 
 /// The forward pass; leaves logits in `a.logits` and everything the backward needs in `a`.
-pub(crate) fn forward<B: Backend>(
+pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
     be: &B,
     c: &BertConfig,
     lay: &Layout,
-    p: B::View<'_>,
+    src: &mut W,
     a: &mut Acts<B>,
     drop: Option<Drop>,
-) {
+) -> Result<(), W::Error> {
     let (bsz, t) = (a.batch, a.seq);
     let n = bsz * t;
     let (h, eps) = (c.hidden_size, c.layer_norm_eps as f32);
@@ -397,6 +448,7 @@ pub(crate) fn forward<B: Backend>(
     };
     let site = |p: fn(&Drop) -> f32, s: u64| drop.and_then(|d| d.site(p(&d), s));
 
+    let p = src.fetch(0)?;
     be.embedding_fwd(
         be.view_mut(&mut a.emb_sum),
         &a.ids,
@@ -419,11 +471,13 @@ pub(crate) fn forward<B: Backend>(
         h,
         eps,
     );
+    src.release(0)?;
     if let Some(d) = site(|d| d.hidden, 0) {
         be.dropout(be.view_mut(&mut a.hs[0]), &d);
     }
 
     for (l, (ll, la)) in lay.layers.iter().zip(a.layers.iter_mut()).enumerate() {
+        let p = src.fetch(1 + l)?;
         let (before, after) = a.hs.split_at_mut(l + 1);
         let x = be.view(&before[l]);
         let y = &mut after[0];
@@ -506,9 +560,12 @@ pub(crate) fn forward<B: Backend>(
             h,
             eps,
         );
+        src.release(1 + l)?;
     }
 
     // Pooler on the [CLS] rows: row b·t of the last hidden state, hence lda = t·h.
+    let tail = lay.tail();
+    let p = src.fetch(tail)?;
     let last = be.view(&a.hs[c.num_hidden_layers]);
     linear_fwd(
         be,
@@ -533,21 +590,28 @@ pub(crate) fn forward<B: Backend>(
         bsz,
         h,
     );
+    src.release(tail)
 }
 
 /// The backward pass after [`forward`] with the same `drop`: returns the mean cross-entropy and
 /// accumulates `loss_weight · d(mean loss)/dθ` into `grads`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn backward<B: Backend>(
+pub(crate) fn backward<B, W, G, E>(
     be: &B,
     c: &BertConfig,
     lay: &Layout,
-    p: B::View<'_>,
+    src: &mut W,
     a: &mut Acts<B>,
     drop: Option<Drop>,
     loss_weight: f32,
-    mut g: B::ViewMut<'_>,
-) -> f32 {
+    sink: &mut G,
+) -> Result<f32, E>
+where
+    B: Backend,
+    W: ParamSource<B>,
+    G: GradSink<B>,
+    E: From<W::Error> + From<G::Error>,
+{
     let (bsz, t) = (a.batch, a.seq);
     let n = bsz * t;
     let (h, im) = (c.hidden_size, c.intermediate_size);
@@ -568,200 +632,219 @@ pub(crate) fn backward<B: Backend>(
         lay.head.out,
         loss_weight,
     );
-    linear_bwd(
-        be,
-        Some((be.view_mut(&mut a.dpool), 0.0, h)),
-        &mut g,
-        be.view(&a.dlogits),
-        be.view(&a.pool_drop),
-        p,
-        lay.head,
-        bsz,
-        h,
-        true,
-    );
-    if let Some(d) = site(|d| d.head, site_layer(layers, 0)) {
-        be.dropout(be.view_mut(&mut a.dpool), &d);
+    let tail = lay.tail();
+    {
+        let p = src.fetch(tail)?;
+        let mut g = sink.fetch(tail)?;
+        linear_bwd(
+            be,
+            Some((be.view_mut(&mut a.dpool), 0.0, h)),
+            &mut g,
+            be.view(&a.dlogits),
+            be.view(&a.pool_drop),
+            p,
+            lay.head,
+            bsz,
+            h,
+            true,
+        );
+        if let Some(d) = site(|d| d.head, site_layer(layers, 0)) {
+            be.dropout(be.view_mut(&mut a.dpool), &d);
+        }
+        be.tanh_bwd(
+            be.view_mut(&mut a.dpool2),
+            be.view(&a.pool),
+            be.view(&a.dpool),
+        );
+        // Only the [CLS] rows receive a gradient from the pooler.
+        be.zero(be.view_mut(&mut a.dx));
+        linear_bwd(
+            be,
+            Some((be.view_mut(&mut a.dx), 0.0, t * h)),
+            &mut g,
+            be.view(&a.dpool2),
+            be.view(&a.hs[layers]),
+            p,
+            lay.pooler,
+            bsz,
+            t * h,
+            true,
+        );
     }
-    be.tanh_bwd(
-        be.view_mut(&mut a.dpool2),
-        be.view(&a.pool),
-        be.view(&a.dpool),
-    );
-    // Only the [CLS] rows receive a gradient from the pooler.
-    be.zero(be.view_mut(&mut a.dx));
-    linear_bwd(
-        be,
-        Some((be.view_mut(&mut a.dx), 0.0, t * h)),
-        &mut g,
-        be.view(&a.dpool2),
-        be.view(&a.hs[layers]),
-        p,
-        lay.pooler,
-        bsz,
-        t * h,
-        true,
-    );
+    src.release(tail)?;
+    sink.done(tail)?;
 
     for l in (0..layers).rev() {
         let (ll, la) = (&lay.layers[l], &a.layers[l]);
-        // a.dx holds d(output of layer l).
         {
-            let mut gl = be.sub_mut(&mut g, ll.ln2.wb());
-            let (dw, db) = be.split_at_mut(&mut gl, h);
-            be.layernorm_bwd(
-                be.view_mut(&mut a.dres),
-                dw,
-                db,
-                be.view(&a.dx),
-                be.view(&la.res2),
-                be.sub(p, ll.ln2.w()),
-                be.view(&la.mean2),
-                be.view(&la.rstd2),
-                n,
-                h,
-            );
-        }
-        be.copy(be.view_mut(&mut a.dx1), be.view(&a.dres));
-        if let Some(d) = site(|d| d.hidden, site_layer(l, 2)) {
-            be.dropout(be.view_mut(&mut a.dres), &d);
-        }
-        linear_bwd(
-            be,
-            Some((be.view_mut(&mut a.dact), 0.0, im)),
-            &mut g,
-            be.view(&a.dres),
-            be.view(&la.act),
-            p,
-            ll.out,
-            n,
-            im,
-            true,
-        );
-        be.gelu_bwd(
-            be.view_mut(&mut a.dinter),
-            be.view(&la.inter),
-            be.view(&a.dact),
-        );
-        linear_bwd(
-            be,
-            Some((be.view_mut(&mut a.dx1), 1.0, h)),
-            &mut g,
-            be.view(&a.dinter),
-            be.view(&la.x1),
-            p,
-            ll.inter,
-            n,
-            h,
-            true,
-        );
-        {
-            let mut gl = be.sub_mut(&mut g, ll.ln1.wb());
-            let (dw, db) = be.split_at_mut(&mut gl, h);
-            be.layernorm_bwd(
-                be.view_mut(&mut a.dres),
-                dw,
-                db,
-                be.view(&a.dx1),
-                be.view(&la.res1),
-                be.sub(p, ll.ln1.w()),
-                be.view(&la.mean1),
-                be.view(&la.rstd1),
-                n,
-                h,
-            );
-        }
-        // Residual: d(layer input) starts as d(res1); the q/k/v paths add to it below.
-        be.copy(be.view_mut(&mut a.dx), be.view(&a.dres));
-        if let Some(d) = site(|d| d.hidden, site_layer(l, 1)) {
-            be.dropout(be.view_mut(&mut a.dres), &d);
-        }
-        linear_bwd(
-            be,
-            Some((be.view_mut(&mut a.dctx), 0.0, h)),
-            &mut g,
-            be.view(&a.dres),
-            be.view(&la.ctx),
-            p,
-            ll.o,
-            n,
-            h,
-            true,
-        );
-        let ad = site(|d| d.attn, site_layer(l, 0));
-        be.attention_bwd(
-            be.view_mut(&mut a.dq),
-            be.view_mut(&mut a.dk),
-            be.view_mut(&mut a.dv),
-            be.view_mut(&mut a.dscratch),
-            be.view(&a.dctx),
-            be.view(&la.q),
-            be.view(&la.k),
-            be.view(&la.v),
-            be.view(&la.probs),
-            match (&ad, la.probs_drop.as_ref()) {
-                (Some(_), Some(pd)) => Some(be.view(pd)),
-                _ => None,
-            },
-            shape,
-            ad.as_ref(),
-        );
-        let x = be.view(&a.hs[l]);
-        // The key bias has an exactly zero gradient (adding a constant to every score of a query
-        // row leaves its softmax unchanged); summing dk would only produce rounding noise, which
-        // Adam's normalisation would turn into a random walk. So it is not accumulated.
-        for (dqkv, lin, lin_db) in [
-            (&a.dq, ll.q, true),
-            (&a.dk, ll.k, false),
-            (&a.dv, ll.v, true),
-        ] {
+            let p = src.fetch(1 + l)?;
+            let mut g = sink.fetch(1 + l)?;
+            // a.dx holds d(output of layer l).
+            {
+                let mut gl = be.sub_mut(&mut g, ll.ln2.wb());
+                let (dw, db) = be.split_at_mut(&mut gl, h);
+                be.layernorm_bwd(
+                    be.view_mut(&mut a.dres),
+                    dw,
+                    db,
+                    be.view(&a.dx),
+                    be.view(&la.res2),
+                    be.sub(p, ll.ln2.w()),
+                    be.view(&la.mean2),
+                    be.view(&la.rstd2),
+                    n,
+                    h,
+                );
+            }
+            be.copy(be.view_mut(&mut a.dx1), be.view(&a.dres));
+            if let Some(d) = site(|d| d.hidden, site_layer(l, 2)) {
+                be.dropout(be.view_mut(&mut a.dres), &d);
+            }
             linear_bwd(
                 be,
-                Some((be.view_mut(&mut a.dx), 1.0, h)),
+                Some((be.view_mut(&mut a.dact), 0.0, im)),
                 &mut g,
-                be.view(dqkv),
-                x,
+                be.view(&a.dres),
+                be.view(&la.act),
                 p,
-                lin,
+                ll.out,
+                n,
+                im,
+                true,
+            );
+            be.gelu_bwd(
+                be.view_mut(&mut a.dinter),
+                be.view(&la.inter),
+                be.view(&a.dact),
+            );
+            linear_bwd(
+                be,
+                Some((be.view_mut(&mut a.dx1), 1.0, h)),
+                &mut g,
+                be.view(&a.dinter),
+                be.view(&la.x1),
+                p,
+                ll.inter,
                 n,
                 h,
-                lin_db,
+                true,
             );
+            {
+                let mut gl = be.sub_mut(&mut g, ll.ln1.wb());
+                let (dw, db) = be.split_at_mut(&mut gl, h);
+                be.layernorm_bwd(
+                    be.view_mut(&mut a.dres),
+                    dw,
+                    db,
+                    be.view(&a.dx1),
+                    be.view(&la.res1),
+                    be.sub(p, ll.ln1.w()),
+                    be.view(&la.mean1),
+                    be.view(&la.rstd1),
+                    n,
+                    h,
+                );
+            }
+            // Residual: d(layer input) starts as d(res1); the q/k/v paths add to it below.
+            be.copy(be.view_mut(&mut a.dx), be.view(&a.dres));
+            if let Some(d) = site(|d| d.hidden, site_layer(l, 1)) {
+                be.dropout(be.view_mut(&mut a.dres), &d);
+            }
+            linear_bwd(
+                be,
+                Some((be.view_mut(&mut a.dctx), 0.0, h)),
+                &mut g,
+                be.view(&a.dres),
+                be.view(&la.ctx),
+                p,
+                ll.o,
+                n,
+                h,
+                true,
+            );
+            let ad = site(|d| d.attn, site_layer(l, 0));
+            be.attention_bwd(
+                be.view_mut(&mut a.dq),
+                be.view_mut(&mut a.dk),
+                be.view_mut(&mut a.dv),
+                be.view_mut(&mut a.dscratch),
+                be.view(&a.dctx),
+                be.view(&la.q),
+                be.view(&la.k),
+                be.view(&la.v),
+                be.view(&la.probs),
+                match (&ad, la.probs_drop.as_ref()) {
+                    (Some(_), Some(pd)) => Some(be.view(pd)),
+                    _ => None,
+                },
+                shape,
+                ad.as_ref(),
+            );
+            let x = be.view(&a.hs[l]);
+            // The key bias has an exactly zero gradient (adding a constant to every score of a query
+            // row leaves its softmax unchanged); summing dk would only produce rounding noise, which
+            // Adam's normalisation would turn into a random walk. So it is not accumulated.
+            for (dqkv, lin, lin_db) in [
+                (&a.dq, ll.q, true),
+                (&a.dk, ll.k, false),
+                (&a.dv, ll.v, true),
+            ] {
+                linear_bwd(
+                    be,
+                    Some((be.view_mut(&mut a.dx), 1.0, h)),
+                    &mut g,
+                    be.view(dqkv),
+                    x,
+                    p,
+                    lin,
+                    n,
+                    h,
+                    lin_db,
+                );
+            }
         }
+        src.release(1 + l)?;
+        sink.done(1 + l)?;
     }
 
     if let Some(d) = site(|d| d.hidden, 0) {
         be.dropout(be.view_mut(&mut a.dx), &d);
     }
     {
-        let mut gl = be.sub_mut(&mut g, lay.emb_ln.wb());
-        let (dw, db) = be.split_at_mut(&mut gl, h);
-        be.layernorm_bwd(
-            be.view_mut(&mut a.dres),
-            dw,
-            db,
-            be.view(&a.dx),
-            be.view(&a.emb_sum),
-            be.sub(p, lay.emb_ln.w()),
-            be.view(&a.emb_mean),
-            be.view(&a.emb_rstd),
-            n,
+        let p = src.fetch(0)?;
+        let mut g = sink.fetch(0)?;
+        {
+            let mut gl = be.sub_mut(&mut g, lay.emb_ln.wb());
+            let (dw, db) = be.split_at_mut(&mut gl, h);
+            be.layernorm_bwd(
+                be.view_mut(&mut a.dres),
+                dw,
+                db,
+                be.view(&a.dx),
+                be.view(&a.emb_sum),
+                be.sub(p, lay.emb_ln.w()),
+                be.view(&a.emb_mean),
+                be.view(&a.emb_rstd),
+                n,
+                h,
+            );
+        }
+        let mut ge = be.sub_mut(&mut g, lay.word..lay.emb_end);
+        let (dword, mut rest) = be.split_at_mut(&mut ge, lay.pos - lay.word);
+        let (dpos, dtyp) = be.split_at_mut(&mut rest, lay.typ - lay.pos);
+        be.embedding_bwd(
+            dword,
+            dpos,
+            dtyp,
+            be.view(&a.dres),
+            &a.ids,
+            &a.types,
+            bsz,
+            t,
             h,
         );
     }
-    let mut ge = be.sub_mut(&mut g, lay.word..lay.emb_end);
-    let (dword, mut rest) = be.split_at_mut(&mut ge, lay.pos - lay.word);
-    let (dpos, dtyp) = be.split_at_mut(&mut rest, lay.typ - lay.pos);
-    be.embedding_bwd(
-        dword,
-        dpos,
-        dtyp,
-        be.view(&a.dres),
-        &a.ids,
-        &a.types,
-        bsz,
-        t,
-        h,
-    );
-    loss
+    src.release(0)?;
+    sink.done(0)?;
+    Ok(loss)
 }

@@ -17,6 +17,7 @@
 
 mod bert;
 mod config;
+mod segments;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -29,8 +30,15 @@ use crate::params::Params;
 use crate::rng::Rng;
 
 pub use config::BertConfig;
+pub use segments::{GradSink, ParamSource, Whole, WholeGrads};
 
 use bert::{Acts, Drop, Layout};
+
+impl From<std::convert::Infallible> for ModelError {
+    fn from(never: std::convert::Infallible) -> Self {
+        match never {}
+    }
+}
 
 /// Why a model could not be built, loaded, saved or run. Every variant names what was wrong.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -452,9 +460,11 @@ impl Classifier {
             probe.labels = vec![0; batch.batch];
         }
         self.check_batch(&probe)?;
+        self.require_params()?;
         let a = self.prepare(ws, &probe);
         let be = self.backend;
-        bert::forward(&be, &self.config, &self.layout, &self.params.data, a, None);
+        let mut src = Whole::new(&self.params.data, &self.layout.segs);
+        let Ok(()) = bert::forward(&be, &self.config, &self.layout, &mut src, a, None);
         let mut out = vec![0.0; batch.batch * self.num_labels];
         be.download(&a.logits, &mut out);
         Ok(out)
@@ -473,7 +483,7 @@ impl Classifier {
         grads: &mut [f32],
         dropout: Option<DropoutKey>,
     ) -> Result<f32, ModelError> {
-        self.check_batch(batch)?;
+        self.require_params()?;
         if grads.len() != self.params.len() {
             return Err(ModelError::Argument(format!(
                 "gradient buffer has {} elements, the model {}",
@@ -481,6 +491,36 @@ impl Classifier {
                 self.params.len()
             )));
         }
+        let segs = &self.layout.segs;
+        self.forward_backward_with(
+            ws,
+            batch,
+            loss_weight,
+            &mut Whole::new(&self.params.data, segs),
+            &mut WholeGrads::new(grads, segs),
+            dropout,
+        )
+    }
+
+    /// [`Classifier::forward_backward`] with parameters read from `params` and gradients left
+    /// in `grads`, segment by segment (see [`Classifier::segments`]): how ZeRO-2/3 gather
+    /// parameters and reduce gradients one layer at a time. The model's own parameter buffer is
+    /// not read, so it may be empty ([`Classifier::take_params`]).
+    pub fn forward_backward_with<P, G, E>(
+        &self,
+        ws: &mut Workspace,
+        batch: &Batch,
+        loss_weight: f32,
+        params: &mut P,
+        grads: &mut G,
+        dropout: Option<DropoutKey>,
+    ) -> Result<f32, E>
+    where
+        P: ParamSource<Cpu>,
+        G: GradSink<Cpu>,
+        E: From<P::Error> + From<G::Error> + From<ModelError>,
+    {
+        self.check_batch(batch)?;
         let c = &self.config;
         let drop = dropout.map(|k| Drop {
             seed: k.seed,
@@ -491,16 +531,47 @@ impl Classifier {
         });
         let a = self.prepare(ws, batch);
         let be = self.backend;
-        bert::forward(&be, c, &self.layout, &self.params.data, a, drop);
-        Ok(bert::backward(
-            &be,
-            c,
-            &self.layout,
-            &self.params.data,
-            a,
-            drop,
-            loss_weight,
-            grads,
-        ))
+        bert::forward(&be, c, &self.layout, params, a, drop)?;
+        bert::backward(&be, c, &self.layout, params, a, drop, loss_weight, grads)
+    }
+
+    /// The segments of the flat parameter buffer in forward order: the embeddings, each encoder
+    /// layer, then the pooler with the head. They tile [`Classifier::params`].
+    pub fn segments(&self) -> &[std::ops::Range<usize>] {
+        &self.layout.segs
+    }
+
+    /// Elements of the whole parameter buffer (also while it is taken out).
+    pub fn num_params(&self) -> usize {
+        self.layout.segs.last().map_or(0, |r| r.end)
+    }
+
+    fn require_params(&self) -> Result<(), ModelError> {
+        if self.params.data.len() != self.num_params() {
+            return Err(ModelError::Argument(
+                "the model's parameters are partitioned (ZeRO-3): gather them first".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Takes the parameter values out, leaving the model without them (a ZeRO-3 rank keeps only
+    /// its partition; [`Classifier::forward_backward_with`] still runs, the other passes refuse
+    /// until [`Classifier::put_params`]).
+    pub fn take_params(&mut self) -> Vec<f32> {
+        std::mem::take(&mut self.params.data)
+    }
+
+    /// Puts a whole parameter buffer back (same length as the layout).
+    pub fn put_params(&mut self, data: Vec<f32>) -> Result<(), ModelError> {
+        let n = self.num_params();
+        if data.len() != n {
+            return Err(ModelError::Argument(format!(
+                "parameter buffer has {} elements, the model {n}",
+                data.len()
+            )));
+        }
+        self.params.data = data;
+        Ok(())
     }
 }
