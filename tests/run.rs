@@ -535,6 +535,25 @@ fn zero_checkpoints_gather_exactly_and_resume_on_another_world_size() {
             stage >= 1,
             "stage {stage}: {resumed}"
         );
+        // The same curve: steps 1–3 from the first run, step 4 from the resumed one.
+        let curve = |d: &str| -> Vec<(u64, f64)> {
+            metrics(&dir.join(d))
+                .iter()
+                .filter_map(|r| Some((r["step"].as_u64()?, r["loss"].as_f64()?)))
+                .collect()
+        };
+        let (ca, cb) = (curve(&format!("s{stage}")), curve(&out));
+        assert_eq!(
+            ca.iter().map(|x| x.0).collect::<Vec<_>>(),
+            cb.iter().map(|x| x.0).collect::<Vec<_>>(),
+            "stage {stage}"
+        );
+        for ((k, x), (_, y)) in ca.iter().zip(&cb) {
+            assert!(
+                (x - y).abs() <= 1e-6 * x.abs(),
+                "stage {stage} step {k}: {y} vs {x}"
+            );
+        }
         let a = weights(&dir.join(format!("s{stage}/model/model.safetensors")));
         let b = weights(&dir.join(&out).join("model/model.safetensors"));
         let (mut diff, mut scale) = (0.0f64, 0.0f64);

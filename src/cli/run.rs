@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use recipe_runtime::plan::Plan;
+use recipe_runtime::plan::{ModelSource, Plan};
 use recipe_runtime::train::{self, RunOptions};
 
 use super::{load, Device, RecipeFlags, FAILED, OK, USAGE};
@@ -86,9 +86,21 @@ pub fn run(
 fn estimate_line(r: &recipe::resolve::Resolved, plan: &Plan, ranks: usize) -> Option<String> {
     use recipe::memory::ModelSize;
     use recipe::rules::zero::{estimate, to_offload, Choice};
-    let size = ModelSize {
-        params: r.uint("model.params")?,
-        largest_layer: r.uint("model.largest_layer")?,
+    // From the recipe's resolution, else from the config.json the run loaded (a hub model in
+    // the cache, which `check` does not read).
+    let size = match (r.uint("model.params"), r.uint("model.largest_layer")) {
+        (Some(params), Some(largest_layer)) => ModelSize {
+            params,
+            largest_layer,
+        },
+        _ => {
+            let config = match &plan.model.source {
+                ModelSource::Pretrained { dir } => dir.join("config.json"),
+                ModelSource::Config { config } => config.clone(),
+            };
+            let json = serde_json::from_str(&std::fs::read_to_string(config).ok()?).ok()?;
+            recipe::resolve::files::config_size(&json, plan.model.labels.len() as u64)?
+        }
     };
     let stage = plan.train.zero_stage;
     let e = estimate(

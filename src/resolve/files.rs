@@ -112,31 +112,14 @@ pub fn model_config(r: &mut Resolved, options: &Options) {
 /// HF builds from a BERT-shaped config.json (`memory::bert_size`, with the task's labels), for
 /// the ZeRO memory estimate (ds_hf_rules.md §8, R-E01). Nothing when a shape field is missing.
 fn model_size(r: &mut Resolved, shown: &str, json: &serde_json::Value) {
-    let get = |k: &str| json.get(k).and_then(serde_json::Value::as_u64);
-    let (Some(vocab), Some(hidden), Some(layers), Some(intermediate), Some(positions)) = (
-        get("vocab_size"),
-        get("hidden_size"),
-        get("num_hidden_layers"),
-        get("intermediate_size"),
-        get("max_position_embeddings"),
-    ) else {
-        return;
-    };
     let labels = match r.val("model.task").and_then(|t| t.arg("labels")) {
         Some(Val::List(items)) => items.len() as u64,
         Some(v) => v.as_i64().map_or(2, |n| n.max(0) as u64),
         None => 2,
     };
-    let size = crate::memory::bert_size(&crate::memory::BertShape {
-        vocab_size: vocab,
-        hidden_size: hidden,
-        num_hidden_layers: layers,
-        intermediate_size: intermediate,
-        max_position_embeddings: positions,
-        type_vocab_size: get("type_vocab_size").unwrap_or(2),
-        num_labels: labels,
-        pooler: true,
-    });
+    let Some(size) = config_size(json, labels) else {
+        return;
+    };
     let what = format!("a {labels}-label BERT classifier from {shown}");
     for (key, n, of) in [
         ("model.params", size.params, "parameters"),
@@ -154,6 +137,22 @@ fn model_size(r: &mut Resolved, shown: &str, json: &serde_json::Value) {
             },
         );
     }
+}
+
+/// The size of the `labels`-way BERT classifier HF builds from a config.json, or `None` when a
+/// shape field is missing.
+pub fn config_size(json: &serde_json::Value, labels: u64) -> Option<crate::memory::ModelSize> {
+    let get = |k: &str| json.get(k).and_then(serde_json::Value::as_u64);
+    Some(crate::memory::bert_size(&crate::memory::BertShape {
+        vocab_size: get("vocab_size")?,
+        hidden_size: get("hidden_size")?,
+        num_hidden_layers: get("num_hidden_layers")?,
+        intermediate_size: get("intermediate_size")?,
+        max_position_embeddings: get("max_position_embeddings")?,
+        type_vocab_size: get("type_vocab_size").unwrap_or(2),
+        num_labels: labels,
+        pooler: true,
+    }))
 }
 
 // ---- Data files: one streaming pass per file --------------------------------------------------

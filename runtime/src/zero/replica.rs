@@ -163,10 +163,13 @@ impl Replica {
                 let m = SegmentParts::new(&segs, world);
                 let padded = m.largest_padded();
                 let widest = m.parts.iter().map(|p| p.shard).max().unwrap_or(0);
+                // Only pieces shorter than their shard (the last ranks') need a padded copy.
+                let short = m.parts.iter().filter(|p| p.range(rank).len() < p.shard);
+                let short = short.map(|p| p.shard).max().unwrap_or(0);
                 scratch = vec![0.0; padded];
                 buf = vec![0.0; padded];
                 piece = vec![0.0; widest];
-                send = vec![0.0; widest];
+                send = vec![0.0; short];
                 local = shard.take(&model.params().data);
                 // The whole buffer is dropped: this rank keeps its pieces only.
                 drop(model.take_params());

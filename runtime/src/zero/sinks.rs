@@ -71,7 +71,7 @@ pub(crate) struct Gathered<'a, 'c> {
     pub map: &'a SegmentParts,
     /// This rank's pieces of every segment, concatenated.
     pub local: &'a [f32],
-    /// One padded piece (what this rank sends).
+    /// One padded piece, for this rank's short pieces (full ones are sent from `local`).
     pub send: &'a mut [f32],
     /// One padded segment (what the ranks' pieces make up).
     pub buf: &'a mut [f32],
@@ -88,10 +88,16 @@ impl ParamSource<Cpu> for Gathered<'_, '_> {
         let me = coll.rank();
         let p = self.map.parts[seg];
         let (off, len) = (self.map.local_offset(me, seg), p.range(me).len());
-        let send = &mut self.send[..p.shard];
-        send[..len].copy_from_slice(&self.local[off..off + len]);
-        send[len..].fill(0.0);
-        coll.all_gather(send, &mut self.buf[..p.padded])?;
+        let mine = &self.local[off..off + len];
+        if len == p.shard {
+            coll.all_gather(mine, &mut self.buf[..p.padded])?;
+        } else {
+            // A short last piece travels padded with zeros.
+            let send = &mut self.send[..p.shard];
+            send[..len].copy_from_slice(mine);
+            send[len..].fill(0.0);
+            coll.all_gather(send, &mut self.buf[..p.padded])?;
+        }
         Ok(&self.buf[..self.map.segs[seg].len()])
     }
 
