@@ -375,7 +375,8 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
     let model = load_model(plan, options.resume.as_deref())?;
     let world = plan.batch.world.max(1) as usize;
     let stage = plan.train.zero_stage.min(3);
-    let offload = plan.train.offload_optimizer == Offload::Cpu;
+    // DeepSpeed reads `offload_optimizer` only under a ZeRO optimizer (stages 1–3; R0601 warns).
+    let offload = plan.train.offload_optimizer == Offload::Cpu && stage >= 1;
     let mut done = 0u64;
     let mut plateau = match plan.schedule {
         SchedulePlan::Plateau {
