@@ -166,6 +166,14 @@ impl fmt::Display for Summary {
                 write!(f, ", one segment at a time {:.1} MiB", mib(m.working))?;
             }
             writeln!(f, ", total {:.1} MiB", mib(m.total()))?;
+            if self.memory.len() > 1 {
+                let totals: Vec<String> = self
+                    .memory
+                    .iter()
+                    .map(|m| format!("{:.1}", mib(m.total())))
+                    .collect();
+                writeln!(f, "model states by rank: {} MiB", totals.join(", "))?;
+            }
         }
         if let Some(p) = &self.saved {
             writeln!(f, "saved {}", p.display())?;
