@@ -165,7 +165,9 @@ fn model_size(r: &mut Resolved, shown: &str, json: &serde_json::Value) {
 // and collects the distinct labels; the summary is memoised on the file's path, size and mtime,
 // so the row count here and the data rules (rules/data.rs) share one read. JSONL rows are walked
 // in the same pass that finds their line ends (a string cannot hold a raw newline), so each
-// byte is looked at about once: cls.rcp's 3.9 MB training file scans in about 2 ms.
+// byte is looked at about once (string contents through memchr's SIMD search): cls.rcp's two
+// files (4.8 MB) scan in about 1.5 ms on one thread. Large files are scanned in parts on
+// several threads where there are CPUs to spare ([`scan_file`]).
 
 /// Where a path written in the recipe is read from: a relative path from the recipe's directory
 /// (when resolution was given one), anything else as written.
@@ -387,13 +389,18 @@ const PART_BYTES: u64 = 256 * 1024;
 /// Threads a scan uses at most.
 const MAX_PARTS: u64 = 8;
 
-/// Scans a file: a JSONL file large enough is cut at line starts into parts scanned on
-/// separate threads and merged in order, with exactly the result of [`scan_reader`] (the same
+/// Scans a file: a JSONL file large enough, on a machine with more than two CPUs, is cut at
+/// line starts into parts scanned on separate threads and merged in order, with exactly the result of [`scan_reader`] (the same
 /// counts, the same first lines, the labels in the same order); anything else is scanned on
 /// this thread.
 pub fn scan_file(path: &Path, len: u64, spec: &ScanSpec) -> std::io::Result<DataScan> {
+    // One CPU is left to the rest of the machine: on a busy 2-CPU machine a second thread
+    // waits for a CPU and the scan ends later than on one thread (measured: a median of
+    // 2.5-3.3 ms against 1.6-2.5 ms for cls.rcp's two files at load 2.7).
     let parts = if spec.format == DataFormat::Jsonl {
-        (len / PART_BYTES).min(MAX_PARTS).min(cpus())
+        (len / PART_BYTES)
+            .min(MAX_PARTS)
+            .min(cpus().saturating_sub(1))
     } else {
         1
     };
