@@ -13,7 +13,10 @@
 //!
 //!   and `recipe::format::format_source` of both;
 //! * (c) whole-process `recipe check recipes/cls.rcp` (the release binary) next to spawning
-//!   `/bin/true`, the process-spawn floor.
+//!   `/bin/true`, the process-spawn floor; then whole-process `recipe check` of the generated
+//!   raw recipe (written to the temporary directory, so its data files are not local);
+//! * (d) in-process scan of the two JSONL files cls.rcp names (`files::scan_file`, no memo: the
+//!   part of (c) that reads data), next to reading the same bytes with `std::fs::read`.
 //!
 //! (c) needs the release binary: `cargo build --release` first (this bench builds it when it is
 //! missing, and says so if that fails).
@@ -78,8 +81,9 @@ fn main() {
 
     // (b) 10,000-line recipes, each with a same-size JSON peer.
     println!("(b) in-process check of a generated {LINES}-line recipe, median of 15 runs (target: < {TARGET_10K_MS} ms)");
+    let raw = raw_recipe(&cls, LINES);
     for (name, text) in [
-        ("raw", raw_recipe(&cls, LINES)),
+        ("raw", raw.clone()),
         ("repeated", repeated_recipe(&cls, LINES)),
     ] {
         bench_big(name, &text);
@@ -89,9 +93,84 @@ fn main() {
     // (c) whole process.
     println!("(c) whole-process `recipe check recipes/cls.rcp`, median of 50 runs (target: < {TARGET_PROCESS_MS} ms)");
     match release_binary(&root) {
-        Ok(bin) => bench_process(&bin, &root, &cls_path),
+        Ok(bin) => {
+            bench_process(&bin, &root, &cls_path);
+            bench_raw_process(&bin, &root, &raw);
+        }
         Err(why) => println!("    skipped: {why}"),
     }
+    println!();
+
+    // (d) the data scan alone.
+    bench_scan(&root);
+}
+
+/// Times (c) for the generated raw recipe.
+fn bench_raw_process(bin: &Path, root: &Path, raw: &str) {
+    let path = std::env::temp_dir().join(format!("recipe-bench-raw-{}.rcp", std::process::id()));
+    std::fs::write(&path, raw).expect("write the raw recipe");
+    let samples = time_n(15, 2, || {
+        // Exits 1: the raw recipe has errors (R0902, R0909) by design.
+        Command::new(bin)
+            .args([OsStr::new("check"), path.as_os_str()])
+            .current_dir(root)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("spawn");
+    });
+    let _ = std::fs::remove_file(&path);
+    let r = ms(percentile(&samples, 50));
+    println!(
+        "    raw {LINES}-line recipe, whole process: median {r:>7.3} ms   (target < {TARGET_10K_MS} ms: {})",
+        verdict(r, TARGET_10K_MS)
+    );
+}
+
+/// Times (d): `files::scan_file` of the data files cls.rcp names, next to `std::fs::read`.
+fn bench_scan(root: &Path) {
+    use recipe::resolve::files::{scan_file, DataFormat, ScanSpec};
+    let spec = ScanSpec {
+        format: DataFormat::Jsonl,
+        fields: vec!["text".into(), "label".into()],
+        label: Some(1),
+    };
+    let files: Vec<PathBuf> = ["train", "test"]
+        .iter()
+        .map(|f| root.join(format!("data/spamassassin/{f}.jsonl")))
+        .filter(|p| p.is_file())
+        .collect();
+    if files.is_empty() {
+        println!("(d) data scan: skipped (no data/spamassassin)");
+        return;
+    }
+    let bytes: u64 = files
+        .iter()
+        .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
+        .sum();
+    let scan = time_n(50, 5, || {
+        for p in &files {
+            let len = std::fs::metadata(p).expect("stat").len();
+            black_box(scan_file(p, len, &spec).expect("scan"));
+        }
+    });
+    let read = time_n(50, 5, || {
+        for p in &files {
+            black_box(std::fs::read(p).expect("read"));
+        }
+    });
+    let (s, r) = (ms(percentile(&scan, 50)), ms(percentile(&read, 50)));
+    println!(
+        "(d) in-process scan of cls.rcp's data files ({} files, {bytes} bytes, {} CPUs), median of 50",
+        files.len(),
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    println!("    scan_file     median {s:>7.3} ms");
+    println!(
+        "    std::fs::read median {r:>7.3} ms   (same bytes, same run)   ratio scan/read {:.1}x",
+        s / r
+    );
 }
 
 /// Times (b) for one generated recipe.

@@ -5,7 +5,7 @@
 //! sections (ZeRO, offload, fp16, bf16) reject unknown fields only at launch (pydantic
 //! `extra="forbid"`); see ../shared/reference/ds_hf_rules.md §6.2. We catch both at check time.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::check::suggest;
 use crate::codes;
@@ -14,13 +14,15 @@ use crate::schema::upstream;
 use crate::schema::RawKind;
 use crate::syntax::ast::{Body, Entry, Span};
 
-/// A raw key flattened to its dotted path.
+/// A raw key flattened to its dotted path (key words never hold a `.`, so the path's parts
+/// are the dotted text's `.`-separated parts).
 struct RawKey {
-    path: Vec<String>,
+    dotted: String,
     span: Span,
 }
 
-fn flatten(body: &Body, prefix: &[String], out: &mut Vec<RawKey>, diags: &mut Vec<Diagnostic>) {
+/// Flattens `body`'s keys below `prefix` (a dotted path, empty at the top; restored on return).
+fn flatten(body: &Body, prefix: &mut String, out: &mut Vec<RawKey>, diags: &mut Vec<Diagnostic>) {
     for entry in &body.entries {
         let key = entry.key();
         if key.text.contains(' ') {
@@ -38,46 +40,50 @@ fn flatten(body: &Body, prefix: &[String], out: &mut Vec<RawKey>, diags: &mut Ve
             );
             continue;
         }
-        let mut path = prefix.to_vec();
-        path.extend(key.text.split('.').map(str::to_string));
-        match entry {
-            Entry::Item(_) => out.push(RawKey {
-                path,
-                span: key.span,
-            }),
-            Entry::Section(section) => {
-                // The section name itself is a key too (checked), then its contents.
-                out.push(RawKey {
-                    path: path.clone(),
-                    span: key.span,
-                });
-                flatten(&section.body, &path, out, diags);
-            }
+        let len = prefix.len();
+        if len > 0 {
+            prefix.push('.');
         }
+        prefix.push_str(&key.text);
+        // A section's name is a key too (checked), before its contents.
+        out.push(RawKey {
+            dotted: prefix.clone(),
+            span: key.span,
+        });
+        if let Entry::Section(section) = entry {
+            flatten(&section.body, prefix, out, diags);
+        }
+        prefix.truncate(len);
     }
 }
 
 /// Checks a raw block's keys.
 pub fn check(kind: RawKind, body: &Body, out: &mut Vec<Diagnostic>) {
     let mut keys = Vec::new();
-    flatten(body, &[], &mut keys, out);
-    let mut seen: HashMap<String, Span> = HashMap::new();
-    let mut sections: HashMap<String, Span> = HashMap::new();
+    flatten(body, &mut String::new(), &mut keys, out);
+    let mut seen: HashMap<&str, Span> = HashMap::with_capacity(keys.len());
+    let mut sections: HashMap<&str, Span> = HashMap::new();
     let mut reported_renames: Vec<&str> = Vec::new();
     // Every proper prefix of a key path is a section (`zero_optimization` of
     // `zero_optimization.stage`); collected once so the loop below stays linear.
-    let prefixes: std::collections::HashSet<String> = keys
+    let prefixes: HashSet<&str> = keys
         .iter()
-        .flat_map(|k| (1..k.path.len()).map(|n| k.path[..n].join(".")))
+        .flat_map(|k| {
+            k.dotted
+                .bytes()
+                .enumerate()
+                .filter(|&(_, b)| b == b'.')
+                .map(|(i, _)| &k.dotted[..i])
+        })
         .collect();
     for entry in &keys {
-        let dotted = entry.path.join(".");
+        let dotted = entry.dotted.as_str();
         // A section header (`zero_optimization { }`) may be repeated by dotted keys below it;
         // only leaf keys given twice are duplicates.
-        let is_prefix = prefixes.contains(dotted.as_str());
+        let is_prefix = prefixes.contains(dotted);
         if is_prefix {
-            sections.entry(dotted.clone()).or_insert(entry.span);
-        } else if let Some(first) = seen.get(&dotted) {
+            sections.entry(dotted).or_insert(entry.span);
+        } else if let Some(first) = seen.get(dotted) {
             out.push(
                 Diagnostic::error(
                     codes::DUPLICATE_KEY,
@@ -90,43 +96,67 @@ pub fn check(kind: RawKind, body: &Body, out: &mut Vec<Diagnostic>) {
             );
             continue;
         } else {
-            seen.insert(dotted.clone(), entry.span);
+            seen.insert(dotted, entry.span);
         }
         // Check each key once, at its first appearance as a section.
-        if is_prefix && sections.get(&dotted) != Some(&entry.span) {
+        if is_prefix && sections.get(dotted) != Some(&entry.span) {
             continue;
         }
-        if kind == RawKind::DeepSpeed {
-            // One report per renamed section, not one per key inside it.
-            if let Some(old) = renamed_deepspeed(&dotted).map(|r| r.0) {
-                if reported_renames.contains(&old) {
-                    continue;
-                }
-                reported_renames.push(old);
-            }
-        }
         let finding = match kind {
-            RawKind::DeepSpeed => deepspeed_key(&entry.path, &dotted, entry.span),
-            RawKind::Hf => hf_key(&entry.path, entry.span),
+            RawKind::DeepSpeed => {
+                let renamed = renamed_deepspeed(dotted);
+                // One report per renamed section, not one per key inside it.
+                if let Some(&(old, ..)) = renamed {
+                    if reported_renames.contains(&old) {
+                        continue;
+                    }
+                    reported_renames.push(old);
+                }
+                deepspeed_key(dotted, renamed, entry.span)
+            }
+            RawKind::Hf => hf_key(dotted, entry.span),
         };
         out.extend(finding);
     }
 }
 
 /// The rename entry covering this key: a renamed section (`bfloat16`) also covers the keys
-/// below it (`bfloat16.enabled`).
+/// below it (`bfloat16.enabled`). The table is sorted, so a section sorts before the keys
+/// below it and the shortest covering entry is the first in table order.
 fn renamed_deepspeed(
     dotted: &str,
 ) -> Option<&'static (&'static str, &'static str, &'static str, bool)> {
-    upstream::DEEPSPEED_RENAMED.iter().find(|(old, ..)| {
-        dotted
-            .strip_prefix(old)
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+    let top = dotted.split('.').next().unwrap_or(dotted);
+    let first = upstream::DEEPSPEED_RENAMED.partition_point(|(old, ..)| *old < top);
+    if !upstream::DEEPSPEED_RENAMED
+        .get(first)
+        .is_some_and(|(old, ..)| old.starts_with(top))
+    {
+        return None; // no entry under this top-level key (most keys)
+    }
+    let ends = dotted
+        .bytes()
+        .enumerate()
+        .filter(|&(_, b)| b == b'.')
+        .map(|(i, _)| i)
+        .chain([dotted.len()]);
+    ends.filter_map(|end| {
+        let prefix = &dotted[..end];
+        upstream::DEEPSPEED_RENAMED
+            .binary_search_by(|(old, ..)| old.cmp(&prefix))
+            .ok()
     })
+    .map(|i| &upstream::DEEPSPEED_RENAMED[i])
+    .next()
 }
 
-fn deepspeed_key(path: &[String], dotted: &str, span: Span) -> Option<Diagnostic> {
-    if let Some((old, new, note, honoured)) = renamed_deepspeed(dotted) {
+/// Checks one DeepSpeed key; `renamed` is its [`renamed_deepspeed`] entry.
+fn deepspeed_key(
+    dotted: &str,
+    renamed: Option<&(&str, &str, &str, bool)>,
+    span: Span,
+) -> Option<Diagnostic> {
+    if let Some((old, new, note, honoured)) = renamed {
         let help = if new.is_empty() {
             format!("remove it: {note}")
         } else {
@@ -152,8 +182,10 @@ fn deepspeed_key(path: &[String], dotted: &str, span: Span) -> Option<Diagnostic
                 .with_help(help),
         );
     }
-    let top = path[0].as_str();
-    if !upstream::DEEPSPEED_TOP_LEVEL.contains(&top) {
+    let mut path = dotted.split('.');
+    let top = path.next().expect("a key has one part at least");
+    // Sorted (tested in schema::upstream).
+    if upstream::DEEPSPEED_TOP_LEVEL.binary_search(&top).is_err() {
         let help = match suggest::closest(top, upstream::DEEPSPEED_TOP_LEVEL.iter().copied()) {
             Some(best) => format!("did you mean `{best}`? DeepSpeed silently ignores unknown top-level keys"),
             None => "DeepSpeed silently ignores unknown top-level keys; check the spelling against the DeepSpeed config docs".into(),
@@ -170,17 +202,16 @@ fn deepspeed_key(path: &[String], dotted: &str, span: Span) -> Option<Diagnostic
     }
     // Strictly validated sections: every level we know must name a real field.
     // The section of each depth is a prefix of `dotted` (no allocation per key).
-    let mut end = 0;
-    for depth in 1..path.len() {
-        end += path[depth - 1].len() + usize::from(depth > 1);
+    let mut end = top.len();
+    for field in path {
         let section = &dotted[..end];
-        let Some((_, fields)) = upstream::DEEPSPEED_STRICT_SECTIONS
-            .iter()
-            .find(|(name, _)| *name == section)
+        end += 1 + field.len();
+        let Ok(i) =
+            upstream::DEEPSPEED_STRICT_SECTIONS.binary_search_by(|(name, _)| name.cmp(&section))
         else {
             break;
         };
-        let field = path[depth].as_str();
+        let fields = upstream::DEEPSPEED_STRICT_SECTIONS[i].1;
         if !fields.contains(&field) {
             let help = match suggest::closest(field, fields.iter().copied()) {
                 Some(best) => format!("did you mean `{best}`?"),
@@ -200,8 +231,11 @@ fn deepspeed_key(path: &[String], dotted: &str, span: Span) -> Option<Diagnostic
     None
 }
 
-fn hf_key(path: &[String], span: Span) -> Option<Diagnostic> {
-    let field = path[0].as_str();
+fn hf_key(dotted: &str, span: Span) -> Option<Diagnostic> {
+    let field = dotted
+        .split('.')
+        .next()
+        .expect("a key has one part at least");
     if let Some((old, new, note)) = upstream::TRAINING_ARGUMENTS_RENAMED
         .iter()
         .find(|(old, _, _)| *old == field)

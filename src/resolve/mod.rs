@@ -187,7 +187,7 @@ pub fn resolve(file: &File, options: &Options) -> Resolved {
             BodySpec::Raw(kind) => {
                 if let Some(body) = block.and_then(|b| b.body.as_ref()) {
                     let mut raw = Vec::new();
-                    flatten_raw(&body.entries, "", &mut raw);
+                    flatten_raw(&body.entries, &mut String::new(), &mut raw);
                     match kind {
                         crate::schema::RawKind::DeepSpeed => r.raw_deepspeed = raw,
                         crate::schema::RawKind::Hf => r.raw_hf = raw,
@@ -285,17 +285,21 @@ fn resolve_targets(r: &mut Resolved, block: Option<&Block>, options: &Options) {
     r.facts = Facts::for_targets(&r.targets);
 }
 
-fn flatten_raw(entries: &[Entry], prefix: &str, out: &mut Vec<(String, Val, Span)>) {
+/// Flattens raw entries below `prefix` (a dotted path, empty at the top; restored on return).
+fn flatten_raw(entries: &[Entry], prefix: &mut String, out: &mut Vec<(String, Val, Span)>) {
     for entry in entries {
-        let path = if prefix.is_empty() {
-            entry.key().text.clone()
-        } else {
-            format!("{prefix}.{}", entry.key().text)
-        };
-        match entry {
-            Entry::Item(item) => out.push((path, Val::from_ast(&item.value), item.value.span)),
-            Entry::Section(section) => flatten_raw(&section.body.entries, &path, out),
+        let len = prefix.len();
+        if len > 0 {
+            prefix.push('.');
         }
+        prefix.push_str(&entry.key().text);
+        match entry {
+            Entry::Item(item) => {
+                out.push((prefix.clone(), Val::from_ast(&item.value), item.value.span))
+            }
+            Entry::Section(section) => flatten_raw(&section.body.entries, prefix, out),
+        }
+        prefix.truncate(len);
     }
 }
 

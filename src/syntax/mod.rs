@@ -3,6 +3,7 @@
 pub mod ast;
 pub mod delimiters;
 pub mod expected;
+mod fast;
 pub mod number;
 pub mod parser;
 

@@ -15,10 +15,22 @@ struct RecipeParser;
 pub use self::Rule as GrammarRule;
 
 /// Parses a recipe. On failure returns the syntax errors (at least one).
+///
+/// A text that parses cleanly is read by the hand-written parser in `fast.rs`, which builds the
+/// same tree several times faster; anything else goes to the pest grammar, which finds and
+/// explains the errors.
 pub fn parse(text: &str) -> Result<File, Vec<Diagnostic>> {
     if let Some(d) = delimiters::scan(text) {
         return Err(vec![d]);
     }
+    if let Some(file) = super::fast::parse(text) {
+        return Ok(file);
+    }
+    parse_with_grammar(text)
+}
+
+/// [`parse`] by the pest grammar alone (after the lexical pre-pass).
+pub(super) fn parse_with_grammar(text: &str) -> Result<File, Vec<Diagnostic>> {
     let mut pairs = RecipeParser::parse(Rule::file, text)
         .map_err(|e| vec![expected::syntax_error(text, &e)])?;
     let file_pair = pairs.next().expect("the file rule always yields one pair");
@@ -95,8 +107,8 @@ fn meaningful(pair: Pair<Rule>) -> impl Iterator<Item = Pair<Rule>> {
 }
 
 #[derive(Default)]
-struct Builder {
-    errors: Vec<Diagnostic>,
+pub(super) struct Builder {
+    pub(super) errors: Vec<Diagnostic>,
 }
 
 impl Builder {
@@ -348,7 +360,8 @@ impl Builder {
         }
     }
 
-    fn unescape(&mut self, raw: &str, offset: usize) -> String {
+    /// Resolves the escapes of a string's text starting at byte `offset`.
+    pub(super) fn unescape(&mut self, raw: &str, offset: usize) -> String {
         let mut out = String::with_capacity(raw.len());
         let mut chars = raw.char_indices().peekable();
         while let Some((i, c)) = chars.next() {
