@@ -236,10 +236,31 @@ fn split(text: &str, n: usize, warmup: usize) -> (Duration, Duration) {
 }
 
 /// Times (c): spawning the release binary next to spawning `/bin/true`.
+/// Whole-process `recipe check` against `/bin/true`, twice: with the data scan cache off (every
+/// run reads the data files) and on (warm: an earlier run remembered the unchanged files).
 fn bench_process(bin: &Path, root: &Path, cls: &Path) {
+    let cache = std::env::temp_dir().join(format!("recipe-bench-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    let off = [("RECIPE_SCAN_CACHE", std::ffi::OsString::from("0"))];
+    let warm = [("RECIPE_CACHE", cache.clone().into_os_string())];
+    for (label, envs) in [
+        ("scan cache off (every run reads the data)", &off[..]),
+        (
+            "scan cache warm (the first run remembers the data)",
+            &warm[..],
+        ),
+    ] {
+        println!("  {label}:");
+        bench_process_with(bin, root, cls, envs);
+    }
+    let _ = std::fs::remove_dir_all(&cache);
+}
+
+fn bench_process_with(bin: &Path, root: &Path, cls: &Path, envs: &[(&str, std::ffi::OsString)]) {
     let run = |program: &Path, args: &[&OsStr]| {
         let status = Command::new(program)
             .args(args)
+            .envs(envs.iter().map(|(k, v)| (*k, v)))
             .current_dir(root)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -444,3 +444,66 @@ fn verify_says_plainly_when_python_or_the_libraries_are_missing() {
     assert!(o.stdout.is_empty());
     assert_eq!(recipe(&["verify", "no/such/dir"]).status.code(), Some(2));
 }
+
+/// `recipe` remembers clean data-file scans across runs (resolve::scan_cache): an unchanged file
+/// is not read again (shown by editing the remembered entry), a changed one always is, a file
+/// changed within the last two seconds is not remembered, and a broken one never.
+#[test]
+fn data_scans_are_remembered_only_for_unchanged_clean_files() {
+    let dir = temp_dir("scan-cache");
+    let cache = dir.join("cache");
+    let row = |i: usize| format!("{{\"text\": \"row {i}\", \"label\": \"{}\"}}\n", i % 2);
+    let rows = |n: usize| (0..n).map(row).collect::<String>();
+    std::fs::write(dir.join("train.jsonl"), rows(10)).unwrap();
+    std::fs::write(
+        dir.join("r.rcp"),
+        "recipe \"r\"\nmodel bert { from = \"bert-base-uncased\", hidden_size = 768, task = classify(labels: 2) }\n\
+         data { train = \"train.jsonl\", text = \"text\", label = \"label\" }\nbatch { micro = 2 }\n\
+         optimizer adamw { lr = 1e-4 }\n",
+    )
+    .unwrap();
+    let samples = || {
+        let o = Command::new(env!("CARGO_BIN_EXE_recipe"))
+            .args(["explain", "r.rcp", "data.samples"])
+            .current_dir(&dir)
+            .env("NO_COLOR", "1")
+            .env("RECIPE_CACHE", &cache)
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        out.lines()
+            .next()
+            .and_then(|l| l.strip_prefix("data.samples = "))
+            .unwrap_or_else(|| panic!("{out}{}", stderr(&o)))
+            .parse::<u64>()
+            .unwrap()
+    };
+    let entries = || -> Vec<PathBuf> {
+        std::fs::read_dir(cache.join("scans"))
+            .map(|d| d.map(|e| e.unwrap().path()).collect())
+            .unwrap_or_default()
+    };
+    // Just written: counted, but not remembered (a change within the timestamp granularity
+    // could go unnoticed).
+    assert_eq!(samples(), 10);
+    assert!(entries().is_empty(), "{:?}", entries());
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    assert_eq!(samples(), 10);
+    let remembered = entries();
+    assert_eq!(remembered.len(), 1);
+    // The next run takes the remembered scan: edit it and the answer follows.
+    let text = std::fs::read_to_string(&remembered[0]).unwrap();
+    let edited = text.replacen("\"rows\":10", "\"rows\":777", 1);
+    assert_ne!(text, edited, "{text}");
+    std::fs::write(&remembered[0], edited).unwrap();
+    assert_eq!(samples(), 777);
+    // Any change to the file (here one more row) reads it again.
+    std::fs::write(dir.join("train.jsonl"), rows(11)).unwrap();
+    assert_eq!(samples(), 11);
+    // A file with a broken row is never remembered.
+    std::fs::remove_dir_all(cache.join("scans")).unwrap();
+    std::fs::write(dir.join("train.jsonl"), rows(3) + "not json\n").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let _ = samples();
+    assert!(entries().is_empty(), "{:?}", entries());
+}

@@ -269,6 +269,10 @@ pub fn main() -> i32 {
             return if e.use_stderr() { USAGE } else { OK };
         }
     };
+    // Clean data-file scans are remembered across runs (resolve::scan_cache).
+    if std::env::var_os("RECIPE_SCAN_CACHE").is_none_or(|v| v != "0") {
+        recipe::resolve::scan_cache::enable(model_files::cache_root().join("scans"));
+    }
     match cli.command {
         Command::Check { files, flags } => check::run(&files, &flags),
         Command::Fmt { files, check } => fmt::run(&files, check),

@@ -166,7 +166,8 @@ pub fn config_size(json: &serde_json::Value, labels: u64) -> Option<crate::memor
 // in the same pass that finds their line ends (a string cannot hold a raw newline), so each
 // byte is looked at about once (string contents through memchr's SIMD search): cls.rcp's two
 // files (4.8 MB) scan in about 1.5 ms on one thread. Large files are scanned in parts on
-// several threads where there are CPUs to spare ([`scan_file`]).
+// several threads where there are CPUs to spare ([`scan_file`]). The `recipe` binary also keeps
+// clean scans across processes (`scan_cache`), keyed on the file's identity and change times.
 
 /// Where a path written in the recipe is read from: a relative path from the recipe's directory
 /// (when resolution was given one), anything else as written.
@@ -179,7 +180,7 @@ pub fn local_path(r: &Resolved, path: &str) -> PathBuf {
 }
 
 /// A data file format, as `data.format` resolves it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum DataFormat {
     /// One JSON object per line (also `.json`, which HF's json loader reads as JSON Lines).
     Jsonl,
@@ -226,7 +227,7 @@ impl DataFormat {
 }
 
 /// What a scan looks for.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct ScanSpec {
     /// How to read the rows.
     pub format: DataFormat,
@@ -269,7 +270,7 @@ impl ScanSpec {
 }
 
 /// A label value as the data holds it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum LabelValue {
     /// A JSON integer.
     Int(i64),
@@ -290,7 +291,7 @@ impl std::fmt::Display for LabelValue {
 }
 
 /// One distinct label value.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LabelSeen {
     /// The value.
     pub value: LabelValue,
@@ -301,7 +302,7 @@ pub struct LabelSeen {
 }
 
 /// A field some rows lack.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MissingField {
     /// The field.
     pub field: String,
@@ -312,7 +313,7 @@ pub struct MissingField {
 }
 
 /// What a scan found.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DataScan {
     /// Rows: non-blank lines, less the header line for CSV/TSV (as [`count_rows`]).
     pub rows: u64,
@@ -320,7 +321,8 @@ pub struct DataScan {
     pub header: Option<(u64, Vec<String>)>,
     /// JSONL: lines that are not a JSON object.
     pub bad_rows: u64,
-    /// JSONL: the first such line and what it is.
+    /// JSONL: the first such line and what it is (never cached: see `scan_cache`).
+    #[serde(skip)]
     pub first_bad: Option<(u64, &'static str)>,
     /// JSONL: the top-level fields of the first object row, for suggestions.
     pub first_fields: Vec<String>,
@@ -361,7 +363,16 @@ pub fn scan_data(path: &Path, spec: &ScanSpec) -> std::io::Result<std::sync::Arc
     if let Some(hit) = MEMO.lock().ok().and_then(|m| memo(&m)) {
         return Ok(hit);
     }
-    let scan = std::sync::Arc::new(scan_file(path, meta.len(), spec)?);
+    // A previous process's scan of the same unchanged file, else a fresh one.
+    let scan = match super::scan_cache::get(path, &meta, spec) {
+        Some(s) => s,
+        None => {
+            let s = scan_file(path, meta.len(), spec)?;
+            super::scan_cache::put(path, &meta, spec, &s);
+            s
+        }
+    };
+    let scan = std::sync::Arc::new(scan);
     if let Ok(mut m) = MEMO.lock() {
         if m.len() >= 8 {
             m.remove(0);

@@ -9,6 +9,7 @@ pub mod batch;
 pub mod defaults;
 pub mod files;
 pub mod overrides;
+pub mod scan_cache;
 pub mod value;
 
 use std::collections::HashMap;
