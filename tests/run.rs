@@ -32,9 +32,33 @@ const CONFIG: &str = r#"{"architectures": ["BertModel"], "model_type": "bert", "
  "max_position_embeddings": 64, "type_vocab_size": 2, "initializer_range": 0.02,
  "layer_norm_eps": 1e-12, "pad_token_id": 0}"#;
 
+/// A test's scratch directory: removed when the test passes, kept (for a look) when it fails.
+struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
 /// A fresh directory with the tiny model, the tokenizer, the data and a recipe whose extra
 /// lines are `extra` (appended, so they override nothing but add blocks).
-fn workspace(name: &str, recipe: &str) -> PathBuf {
+fn workspace(name: &str, recipe: &str) -> Scratch {
     let dir = std::env::temp_dir().join(format!("recipe-run-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -50,7 +74,7 @@ fn workspace(name: &str, recipe: &str) -> PathBuf {
     let eval: String = rows.lines().take(12).map(|l| format!("{l}\n")).collect();
     std::fs::write(dir.join("eval.jsonl"), eval).unwrap();
     std::fs::write(dir.join("tiny.rcp"), recipe).unwrap();
-    dir
+    Scratch(dir)
 }
 
 const TINY: &str = r#"recipe "tiny"
