@@ -169,3 +169,122 @@ fn our_current_config_steps_and_learning_rates_match_the_real_stack() {
         }
     }
 }
+
+fn rejected_fixtures() -> Vec<Value> {
+    let dir = root().join("conformance/fixtures/rejected");
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    paths.sort();
+    paths
+        .iter()
+        .map(|p| serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap())
+        .collect()
+}
+
+/// R0201 (accelerate < 1.8 step drift, ds_hf_rules.md R-S02) and R0202 (transformers 4.47–4.51
+/// early stop, R-S04) need releases older than the pinned stack: the harness trained those
+/// cases for real (`Trainer.train()` through DeepSpeed on CPU, conformance/train_run.py) under an
+/// overlay of the old release, and under the pinned stack as the control. The recorded run must
+/// show the misbehaviour, and our step timeline (`rules::steps::run_timeline`, what `recipe
+/// steps` prints and R0201/R0202 are computed from) must match it at every HF optimizer step:
+/// the micro-batch it happened at, HF's `global_step` and DeepSpeed's weight-update count.
+#[test]
+fn old_stacks_show_the_step_misbehaviour_r0201_and_r0202_exist_for() {
+    let mut seen = Vec::new();
+    for f in rejected_fixtures() {
+        let rej = &f["rejected"];
+        if rej["expect"] != "silent_run" {
+            continue;
+        }
+        let case = f["case"].as_str().unwrap();
+        let code = rej["code"].as_str().unwrap();
+        assert_eq!(
+            rej["reproduced"], true,
+            "{case}: the real run under {} did not show it (fixture recorded without the \
+             overlays? run conformance/setup.sh overlays, then conformance/run.sh): {}",
+            rej["stack"], rej["reproduced"]
+        );
+        let run = &f["stack_run"]["overlay"];
+        let pins = &f["stack_run"]["pins"];
+        for lib in ["transformers", "accelerate"] {
+            if let Some(v) = pins.get(lib) {
+                assert_eq!(&run["versions"][lib], v, "{case}: {lib} of the overlay run");
+            }
+        }
+        // Our checker still rejects the recipe with this rule.
+        let path = root().join(f["recipe"].as_str().unwrap());
+        let text = std::fs::read_to_string(&path).unwrap();
+        let options = Options {
+            base_dir: path.parent().map(Path::to_path_buf),
+            ..Options::default()
+        };
+        let checked = check_source_with(&text, &options);
+        assert!(
+            checked
+                .diagnostics
+                .iter()
+                .any(|d| d.is_error() && d.code == code),
+            "{case}: our checker no longer reports {code}"
+        );
+        // Our timeline for the recipe's targets against the real run, step by step.
+        let r = resolve(checked.file.as_ref().unwrap(), &options);
+        let rows =
+            recipe::rules::steps::run_timeline(&r).unwrap_or_else(|| panic!("{case}: no timeline"));
+        let real_rows = run["rows"].as_array().unwrap();
+        assert!(!real_rows.is_empty(), "{case}: no optimizer step recorded");
+        for real in real_rows {
+            let micro = real["micro_batches"].as_u64().unwrap();
+            let ours = rows
+                .iter()
+                .find(|row| row.count == micro)
+                .unwrap_or_else(|| panic!("{case}: our timeline has no micro-batch {micro}"));
+            assert!(
+                ours.hf_step,
+                "{case}: HF stepped at micro-batch {micro}, we say not"
+            );
+            assert_eq!(
+                Some(ours.hf_global),
+                real["hf_global_step"].as_u64(),
+                "{case}: HF global_step at micro-batch {micro}"
+            );
+            assert_eq!(
+                Some(ours.ds_global),
+                real["ds_global_steps"].as_u64(),
+                "{case}: DeepSpeed global_steps at micro-batch {micro}"
+            );
+        }
+        // HF steps nowhere else, and the run ends where we say it does.
+        let hf_steps = rows.iter().filter(|row| row.hf_step).count();
+        assert_eq!(hf_steps, real_rows.len(), "{case}: HF optimizer steps");
+        let s = &run["summary"];
+        let last = rows.last().unwrap();
+        assert_eq!(
+            Some(last.count),
+            s["micro_batches"].as_u64(),
+            "{case}: micro-batches run"
+        );
+        assert_eq!(
+            Some(last.ds_global),
+            s["ds_global_steps"].as_u64(),
+            "{case}: DeepSpeed weight updates"
+        );
+        assert_eq!(
+            r.uint("steps.total"),
+            s["max_steps"].as_u64(),
+            "{case}: max_steps"
+        );
+        // The control: the same artefacts on the pinned stack neither drift nor stop early.
+        let p = &f["stack_run"]["pinned"]["summary"];
+        assert_eq!(p["hf_global_step"], p["ds_global_steps"], "{case}: control");
+        assert!(
+            same(&p["epoch_reached"], &p["num_train_epochs"]),
+            "{case}: control"
+        );
+        seen.push(code.to_string());
+    }
+    seen.sort();
+    assert_eq!(seen, ["R0201", "R0202"], "silent_run cases");
+}
