@@ -553,22 +553,31 @@ REJECTED = [
          patch=[{"file": "ds_config.json", "set": "zero_allow_untested_optimizer", "value": False}],
          expect="runtime",
          why="DeepSpeed engine _configure_zero_optimizer: untested ZeRO optimizer (needs an engine)"),
+    # R0201 / R0202 need older releases than the pinned stack: `stack` names an overlay of
+    # overlays.txt (setup.sh overlays) under which the harness trains the case for real
+    # (train_run.py), and, as the control, under the pinned stack. The base recipes target the
+    # nearest releases our checker accepts (accelerate 1.8.0; transformers 4.52.0).
     dict(slug="R0201-step-drift-accelerate-1.7", code="R0201",
          text='target transformers "5.24.0", accelerate "1.7.0"\n' + MODEL +
               '\ndata { train = "train.jsonl", eval = "dev.jsonl", samples = 100 }\nbatch { micro = 8, accumulate = 4 }\n',
-         base=MODEL + '\ndata { train = "train.jsonl", eval = "dev.jsonl", samples = 100 }\nbatch { micro = 8, accumulate = 4 }\n',
+         base='target transformers "5.24.0", accelerate "1.8.0"\n' + MODEL +
+              '\ndata { train = "train.jsonl", eval = "dev.jsonl", samples = 100 }\nbatch { micro = 8, accumulate = 4 }\n',
          patch=[],
-         expect="not_reproducible",
-         why="step drift needs accelerate < 1.8; the harness pins accelerate 1.15 and does not train"),
+         expect="silent_run", stack="accelerate-1.7.0", stack_check="step_drift",
+         why="R-S02: accelerate < 1.8 calls engine.step() on every micro-batch, so DeepSpeed "
+             "updates the weights on its own micro-batch count while HF also steps at each epoch "
+             "end: fewer weight updates than HF optimizer steps"),
     dict(slug="R0202-early-stop-transformers-4.48", code="R0202",
          text='target transformers "4.48.0", accelerate "1.8.0"\n' + MODEL +
               '\ndata { train = "train.jsonl", eval = "dev.jsonl", samples = 100 }\nbatch { micro = 8, accumulate = 4 }\n'
               "train { epochs = 3 }\n",
-         base=MODEL + '\ndata { train = "train.jsonl", eval = "dev.jsonl", samples = 100 }\nbatch { micro = 8, accumulate = 4 }\n'
+         base='target transformers "4.52.0", accelerate "1.8.0"\n' + MODEL +
+              '\ndata { train = "train.jsonl", eval = "dev.jsonl", samples = 100 }\nbatch { micro = 8, accumulate = 4 }\n'
               "train { epochs = 3 }\n",
          patch=[],
-         expect="not_reproducible",
-         why="transformers 4.47-4.51 step-count bug; the harness pins transformers 5.24"),
+         expect="silent_run", stack="transformers-4.48.0", stack_check="early_stop",
+         why="R-S04: transformers 4.47-4.51 compute max_steps from floor(L/G) but step at every "
+             "epoch end: the run stops before the last epoch ends"),
 ]
 
 

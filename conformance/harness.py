@@ -743,8 +743,93 @@ def run_case(case_dir: Path) -> dict:
         res["auto"] = None
 
     if case.get("rejected"):
+        if case["rejected"].get("stack"):
+            res["stack_run"] = stack_runs(case_dir, case["rejected"]["stack"])
         res["rejected"] = judge_rejected(case["rejected"], res, chain)
     return res
+
+
+# =============================================================================================
+# Older stacks: a rejected case may name an overlay (`stack`, overlays.txt) under which the real
+# training loop shows the misbehaviour the rule exists for (train_run.py, in a subprocess).
+# =============================================================================================
+
+HERE = Path(__file__).resolve().parent
+OVERLAYS = HERE / ".overlays"
+
+
+def overlay_pins(name: str) -> dict | None:
+    """The exact pins of overlay `name` in overlays.txt, as {package: version}."""
+    for line in (HERE / "overlays.txt").read_text().splitlines():
+        parts = line.split()
+        if parts and not parts[0].startswith("#") and parts[0] == name:
+            return dict(p.split("==", 1) for p in parts[1:])
+    return None
+
+
+def train_in_subprocess(case_dir: Path, overlay: Path | None) -> dict:
+    """train_run.py on the case, with `overlay` (if any) in front of the venv on PYTHONPATH."""
+    import subprocess
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(overlay) if overlay else ""
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"  # ninja for the JIT ops
+    env["TORCH_EXTENSIONS_DIR"] = str(OVERLAYS / "torch_extensions")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run.json"
+        p = subprocess.run([sys.executable, str(HERE / "train_run.py"), str(case_dir), str(out)],
+                           env=env, cwd=tmp, capture_output=True, text=True, timeout=1800)
+        if not out.exists():
+            return {"error": f"train_run.py exit {p.returncode}: {p.stderr[-2000:]}"}
+        return json.loads(out.read_text())
+
+
+def stack_runs(case_dir: Path, stack: str) -> dict:
+    """The case trained under the named overlay and, as the control, under the pinned stack."""
+    pins = overlay_pins(stack)
+    if pins is None:
+        return {"stack": stack, "skipped": f"overlay {stack} is not in overlays.txt"}
+    d = OVERLAYS / stack
+    if not (d / ".pins").exists():
+        return {"stack": stack, "skipped": f"overlay {stack} is not installed "
+                                           "(conformance/setup.sh overlays)"}
+    out = {"stack": stack, "pins": pins,
+           "overlay": train_in_subprocess(case_dir, d), "pinned": train_in_subprocess(case_dir, None)}
+    got = (out["overlay"].get("versions") or {})
+    out["overlay_versions_ok"] = all(got.get(k) == v for k, v in pins.items()
+                                     if k in ("transformers", "accelerate", "deepspeed", "torch"))
+    return out
+
+
+def judge_stack(check: str, run: dict) -> tuple[object, dict]:
+    """(reproduced, observed) for an `expect = "silent_run"` case. `check` names what the rule
+    exists for (ds_hf_rules.md §5.7): `step_drift` (R-S02: DeepSpeed updates the weights a
+    different number of times than HF counts optimizer steps, and the pinned stack — accelerate
+    ≥ 1.8 — does not drift), `early_stop` (R-S04: the Trainer stops before `num_train_epochs`,
+    with fewer optimizer steps than the pinned stack takes on the same artefacts)."""
+    if "skipped" in run:
+        return f"skipped: {run['skipped']}", {}
+    o, p = run["overlay"], run["pinned"]
+    for side, r in (("overlay", o), ("pinned", p)):
+        if "error" in r:
+            return f"the {side} run failed: {r['error'][-500:]}", {}
+    if not run["overlay_versions_ok"]:
+        return f"the overlay did not load the pinned versions: {o.get('versions')}", {}
+    so, sp = o["summary"], p["summary"]
+    keep = ("hf_global_step", "ds_global_steps", "max_steps", "epoch_reached", "micro_batches",
+            "micro_batches_per_epoch", "final_lr")
+    observed = {"stack": {k: so[k] for k in keep}, "pinned": {k: sp[k] for k in keep}}
+    if check == "step_drift":
+        first = next((r for r in o["rows"] if r["hf_global_step"] != r["ds_global_steps"]), None)
+        observed["first_disagreement"] = first
+        ok = (so["hf_global_step"] != so["ds_global_steps"] and first is not None
+              and sp["hf_global_step"] == sp["ds_global_steps"])
+    elif check == "early_stop":
+        ok = (so["hf_global_step"] < sp["hf_global_step"]
+              and so["epoch_reached"] < so["num_train_epochs"]
+              and sp["epoch_reached"] == sp["num_train_epochs"])
+    else:
+        return f"unknown stack_check {check!r}", observed
+    return ok, observed
 
 
 def judge_rejected(meta: dict, res: dict, chain) -> dict:
@@ -757,6 +842,11 @@ def judge_rejected(meta: dict, res: dict, chain) -> dict:
     final = chain["final"] if chain else None
     if expect == "not_reproducible":
         out["reproduced"] = "not reproducible with the pinned stack"
+    elif expect == "silent_run":
+        run = res.get("stack_run") or {"skipped": "no stack named"}
+        out["stack"] = meta.get("stack")
+        out["stack_check"] = meta.get("stack_check")
+        out["reproduced"], out["observed"] = judge_stack(meta.get("stack_check"), run)
     elif expect == "silent":
         val = flatten(final or {}).get(meta["silent_key"])
         out["observed"] = {meta["silent_key"]: jsonable(val)}

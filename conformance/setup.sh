@@ -2,10 +2,46 @@
 # Creates conformance/.venv with the pinned library stack the harness runs against.
 # Idempotent: a venv that already has exactly these versions is left alone.
 # Everything runs on CPU; torch from PyPI is the default (CUDA) build, ~5.7 GB, that is expected.
+#
+#   conformance/setup.sh            # the venv
+#   conformance/setup.sh overlays   # the venv, then the optional old-release overlays
+#                                   # (overlays.txt → .overlays/<name>) and DeepSpeed's CPU ops
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VENV="$HERE/.venv"
 PY="${PYTHON:-python3.11}"
+STEP="${1:-venv}"
+
+overlays() {
+  # Each line of overlays.txt: <name> <pkg==version> ... — installed with --no-deps into
+  # .overlays/<name> (never torch). A directory whose pins are already installed is kept.
+  local O="$HERE/.overlays"
+  mkdir -p "$O"
+  grep -v '^\s*#' "$HERE/overlays.txt" | while read -r name pins; do
+    [ -n "$name" ] || continue
+    if [ -f "$O/$name/.pins" ] && [ "$(cat "$O/$name/.pins")" = "$pins" ]; then
+      echo "setup: overlay $name already has $pins"
+      continue
+    fi
+    rm -rf "${O:?}/$name"
+    # shellcheck disable=SC2086 — one word per pin
+    # DeepSpeed releases are sdists whose setup.py imports torch (from the venv): no build
+    # isolation, no ops compiled.
+    DS_BUILD_OPS=0 DS_SKIP_CUDA_CHECK=1 "$VENV/bin/python" -m pip --disable-pip-version-check \
+      install -q --no-deps --no-build-isolation --target "$O/$name" $pins
+    echo "$pins" > "$O/$name/.pins"
+    echo "setup: overlay $name: $pins"
+  done
+  # train_run.py trains through DeepSpeed on CPU: the shm communicator and the CPU FusedAdam are
+  # JIT-compiled (ninja from the venv, g++) once, here, rather than in the first run (~5 min).
+  PATH="$VENV/bin:$PATH" TORCH_EXTENSIONS_DIR="$O/torch_extensions" DS_ACCELERATOR=cpu \
+    "$VENV/bin/python" - <<'PY'
+from deepspeed.accelerator import get_accelerator
+for op in ("ShareMemCommBuilder", "FusedAdamBuilder"):
+    get_accelerator().create_op_builder(op).load(verbose=False)
+    print(f"setup: DeepSpeed CPU op {op} built")
+PY
+}
 
 TORCH_VERSION=2.15.0
 TRANSFORMERS_VERSION=5.24.0
@@ -22,6 +58,7 @@ PY
 )"
   if [ "$have" = "$want" ]; then
     echo "setup: $VENV already has $want"
+    [ "$STEP" = overlays ] && overlays
     exit 0
   fi
   echo "setup: venv has '${have:-nothing}', want '$want'; (re)installing"
@@ -51,3 +88,5 @@ from importlib.metadata import version
 for p in ("torch", "transformers", "accelerate", "deepspeed", "numpy", "pydantic"):
     print(f"setup: {p}=={version(p)}")
 PY
+[ "$STEP" = overlays ] && overlays
+exit 0

@@ -145,9 +145,22 @@ def main() -> int:
             print(f"      {x}")
         if r["observed"]:
             print(f"      observed {r['observed']}")
+    legacy = []
+    for c in load(a.fixtures / "legacy"):
+        legacy.append({"stack": c["stack"], "skipped": c.get("skipped"),
+                       "transformers_import": (c.get("transformers") or {}).get("import"),
+                       "deepspeed_import": (c.get("deepspeed") or {}).get("import"),
+                       "compare": c.get("compare")})
+    print("old stacks (legacy.py; sources read with ast where the release does not import):")
+    for x in legacy:
+        print(f"  {x['stack']}: {x['skipped'] or x['compare']}")
+        for lib in ("transformers", "deepspeed"):
+            imp = x[f"{lib}_import"] or {}
+            if imp and not imp.get("ok"):
+                print(f"      {lib} does not import: {imp.get('error')}")
     if a.json:
         a.json.write_text(json.dumps({"versions": versions, "corpus": s, "disagreements": lines,
-                                      "rejected": rj}, indent=1) + "\n")
+                                      "rejected": rj, "legacy": legacy}, indent=1) + "\n")
     return 0
 
 

@@ -169,3 +169,243 @@ fn our_current_config_steps_and_learning_rates_match_the_real_stack() {
         }
     }
 }
+
+fn rejected_fixtures() -> Vec<Value> {
+    let dir = root().join("conformance/fixtures/rejected");
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    paths.sort();
+    paths
+        .iter()
+        .map(|p| serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap())
+        .collect()
+}
+
+/// R0201 (accelerate < 1.8 step drift, ds_hf_rules.md R-S02) and R0202 (transformers 4.47–4.51
+/// early stop, R-S04) need releases older than the pinned stack: the harness trained those
+/// cases for real (`Trainer.train()` through DeepSpeed on CPU, conformance/train_run.py) under an
+/// overlay of the old release, and under the pinned stack as the control. The recorded run must
+/// show the misbehaviour, and our step timeline (`rules::steps::run_timeline`, what `recipe
+/// steps` prints and R0201/R0202 are computed from) must match it at every HF optimizer step:
+/// the micro-batch it happened at, HF's `global_step` and DeepSpeed's weight-update count.
+#[test]
+fn old_stacks_show_the_step_misbehaviour_r0201_and_r0202_exist_for() {
+    let mut seen = Vec::new();
+    for f in rejected_fixtures() {
+        let rej = &f["rejected"];
+        if rej["expect"] != "silent_run" {
+            continue;
+        }
+        let case = f["case"].as_str().unwrap();
+        let code = rej["code"].as_str().unwrap();
+        assert_eq!(
+            rej["reproduced"], true,
+            "{case}: the real run under {} did not show it (fixture recorded without the \
+             overlays? run conformance/setup.sh overlays, then conformance/run.sh): {}",
+            rej["stack"], rej["reproduced"]
+        );
+        let run = &f["stack_run"]["overlay"];
+        let pins = &f["stack_run"]["pins"];
+        for lib in ["transformers", "accelerate"] {
+            if let Some(v) = pins.get(lib) {
+                assert_eq!(&run["versions"][lib], v, "{case}: {lib} of the overlay run");
+            }
+        }
+        // Our checker still rejects the recipe with this rule.
+        let path = root().join(f["recipe"].as_str().unwrap());
+        let text = std::fs::read_to_string(&path).unwrap();
+        let options = Options {
+            base_dir: path.parent().map(Path::to_path_buf),
+            ..Options::default()
+        };
+        let checked = check_source_with(&text, &options);
+        assert!(
+            checked
+                .diagnostics
+                .iter()
+                .any(|d| d.is_error() && d.code == code),
+            "{case}: our checker no longer reports {code}"
+        );
+        // Our timeline for the recipe's targets against the real run, step by step.
+        let r = resolve(checked.file.as_ref().unwrap(), &options);
+        let rows =
+            recipe::rules::steps::run_timeline(&r).unwrap_or_else(|| panic!("{case}: no timeline"));
+        let real_rows = run["rows"].as_array().unwrap();
+        assert!(!real_rows.is_empty(), "{case}: no optimizer step recorded");
+        for real in real_rows {
+            let micro = real["micro_batches"].as_u64().unwrap();
+            let ours = rows
+                .iter()
+                .find(|row| row.count == micro)
+                .unwrap_or_else(|| panic!("{case}: our timeline has no micro-batch {micro}"));
+            assert!(
+                ours.hf_step,
+                "{case}: HF stepped at micro-batch {micro}, we say not"
+            );
+            assert_eq!(
+                Some(ours.hf_global),
+                real["hf_global_step"].as_u64(),
+                "{case}: HF global_step at micro-batch {micro}"
+            );
+            assert_eq!(
+                Some(ours.ds_global),
+                real["ds_global_steps"].as_u64(),
+                "{case}: DeepSpeed global_steps at micro-batch {micro}"
+            );
+        }
+        // HF steps nowhere else, and the run ends where we say it does.
+        let hf_steps = rows.iter().filter(|row| row.hf_step).count();
+        assert_eq!(hf_steps, real_rows.len(), "{case}: HF optimizer steps");
+        let s = &run["summary"];
+        let last = rows.last().unwrap();
+        assert_eq!(
+            Some(last.count),
+            s["micro_batches"].as_u64(),
+            "{case}: micro-batches run"
+        );
+        assert_eq!(
+            Some(last.ds_global),
+            s["ds_global_steps"].as_u64(),
+            "{case}: DeepSpeed weight updates"
+        );
+        assert_eq!(
+            r.uint("steps.total"),
+            s["max_steps"].as_u64(),
+            "{case}: max_steps"
+        );
+        // The control: the same artefacts on the pinned stack neither drift nor stop early.
+        let p = &f["stack_run"]["pinned"]["summary"];
+        assert_eq!(p["hf_global_step"], p["ds_global_steps"], "{case}: control");
+        assert!(
+            same(&p["epoch_reached"], &p["num_train_epochs"]),
+            "{case}: control"
+        );
+        seen.push(code.to_string());
+    }
+    seen.sort();
+    assert_eq!(seen, ["R0201", "R0202"], "silent_run cases");
+}
+
+/// Leaf keys of a DeepSpeed config (dotted), `optimizer.params` / `scheduler.params` kept whole.
+fn config_leaves(v: &Value, prefix: &str, out: &mut Vec<String>) {
+    if let Value::Object(m) = v {
+        for (k, x) in m {
+            let key = format!("{prefix}{k}");
+            match x {
+                Value::Object(inner) if !inner.is_empty() && k != "params" => {
+                    config_leaves(x, &format!("{key}."), out)
+                }
+                _ => out.push(key),
+            }
+        }
+    }
+}
+
+/// Emitted keys the old DeepSpeed does not read, found by conformance/legacy.py. DeepSpeed
+/// 0.3.16 has no `auto_cast` (no constant of that name in its sources; it validates no unknown
+/// key, so the key is ignored); we write `false`, which is 0.3.16's behaviour anyway.
+const KNOWN_UNREAD_BY_OLD_DEEPSPEED: &[(&str, &str)] =
+    &[("transformers-4.6.1+deepspeed-0.3.16", "fp16.auto_cast")];
+
+/// The seed article's stacks (transformers 4.6.1 + DeepSpeed 0.3.16, transformers 4.24.0 +
+/// DeepSpeed 0.7.7): what we emit today for them uses only `TrainingArguments` fields of that
+/// transformers release and only config key names (and optimizer constructor arguments) that
+/// DeepSpeed release knows. The names were read from the released sources
+/// (conformance/legacy.py; the old DeepSpeed releases, and transformers 4.6.1, do not import on
+/// Python 3.11 + torch 2.15 — the fixtures record the import errors).
+#[test]
+fn legacy_artefacts_use_only_names_the_old_releases_know() {
+    let dir = root().join("conformance/fixtures/legacy");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.unwrap().path();
+        let f: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let stack = f["stack"].as_str().unwrap();
+        assert!(
+            f["skipped"].is_null(),
+            "{stack}: recorded without the overlays (conformance/setup.sh overlays): {}",
+            f["skipped"]
+        );
+        let rcp = root().join(f["recipe"].as_str().unwrap());
+        let text = std::fs::read_to_string(&rcp).unwrap();
+        let options = Options {
+            base_dir: rcp.parent().map(Path::to_path_buf),
+            ..Options::default()
+        };
+        let checked = check_source_with(&text, &options);
+        assert!(!checked.has_errors(), "{stack}: the recipe has errors");
+        let r = resolve(checked.file.as_ref().unwrap(), &options);
+        let layout = Layout {
+            recipe_dir_from_out: ".".into(),
+            out_dir_from_recipe: ".".into(),
+        };
+        let files = emit::build(
+            &r,
+            &SourceFile::new("r.rcp", text.clone()),
+            &[],
+            &layout,
+            Style::Explicit,
+        )
+        .files;
+        let file = |name: &str| -> Value {
+            serde_json::from_slice(&files.iter().find(|(n, _)| n == name).unwrap().1).unwrap()
+        };
+        let (ds, args) = (file("ds_config.json"), file("training_args.json"));
+        // TrainingArguments fields of that transformers release.
+        let fields = f["transformers"]["training_args_fields"]
+            .as_object()
+            .unwrap();
+        assert!(fields.len() > 50, "{stack}: fields not read");
+        for k in args.as_object().unwrap().keys() {
+            assert!(
+                fields.contains_key(k),
+                "{stack}: training_args.json field `{k}` does not exist in transformers {}",
+                f["transformers"]["version"]
+            );
+        }
+        if f["transformers"]["import"]["ok"] == true {
+            assert_eq!(
+                f["transformers"]["live_fields_equal_ast"], true,
+                "{stack}: the live class and the source reading disagree"
+            );
+        }
+        // DeepSpeed config key names of that release.
+        let names: Vec<&str> = f["deepspeed"]["key_names"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        let mut leaves = Vec::new();
+        config_leaves(&ds, "", &mut leaves);
+        for key in &leaves {
+            let name = key.rsplit('.').next().unwrap();
+            let known_gap = KNOWN_UNREAD_BY_OLD_DEEPSPEED.contains(&(stack, key.as_str()));
+            assert!(
+                names.contains(&name) || known_gap,
+                "{stack}: ds_config.json key `{key}` is unknown to DeepSpeed {}",
+                f["deepspeed"]["version"]
+            );
+            if known_gap {
+                assert!(!names.contains(&name), "{stack}: `{key}` is known now");
+            }
+        }
+        // optimizer.params: DeepSpeed pops torch_adam / adam_w_mode and passes the rest to the
+        // optimizer's constructor (`_configure_basic_optimizer`).
+        let ctor = f["compare"]["optimizer_ctor"].as_str().unwrap();
+        let ctor_params = &f["deepspeed"]["optimizer_init_params"][ctor];
+        if let Some(params) = ds["optimizer"]["params"].as_object() {
+            for k in params.keys() {
+                let ok = k == "torch_adam"
+                    || k == "adam_w_mode"
+                    || ctor_params.as_array().unwrap().iter().any(|p| p == k);
+                assert!(ok, "{stack}: optimizer.params.{k} is not a {ctor} argument");
+            }
+        }
+        seen += 1;
+    }
+    assert_eq!(seen, 2, "legacy fixtures");
+}

@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""The old stacks of the seed article: what `recipe build` writes for transformers 4.6.1 +
+DeepSpeed 0.3.16 and transformers 4.24.0 + DeepSpeed 0.7.7, checked against those releases.
+
+    legacy.py --recipe BIN [--out DIR]      (run with conformance/.venv/bin/python)
+
+None of these releases runs its config code on Python 3.11 + torch 2.15 (see README.md, "Older
+stacks"): each import is attempted in a subprocess with the overlay in front of the venv
+(`PYTHONPATH=.overlays/<name>`, installed by `setup.sh overlays`) and the error is recorded.
+What can be checked without running the broken part is read from the installed sources with
+`ast` (no import): the `TrainingArguments` dataclass fields (name, annotation), DeepSpeed's
+config key names (the string constants of `runtime/constants.py`, `runtime/zero/*constants.py`,
+`runtime/lr_schedules.py`; for 0.7.7 also the pydantic field names and aliases of
+`runtime/zero/config.py` and `offload_config.py`) and the optimizer constructors' parameters
+(`DeepSpeedCPUAdam`, `FusedAdam`). transformers 4.24.0 does import: its `TrainingArguments`
+fields are also read from the live class and must equal the AST reading.
+
+Writes OUT/<stack>.json (default conformance/fixtures/legacy/): see README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+OVERLAYS = HERE / ".overlays"
+
+# name → (recipe, transformers overlay, DeepSpeed overlay)
+STACKS = {
+    "transformers-4.6.1+deepspeed-0.3.16": ("recipes/legacy_seed.rcp", "transformers-4.6.1",
+                                            "deepspeed-0.3.16"),
+    "transformers-4.24.0+deepspeed-0.7.7": ("conformance/legacy/seed-4.24.rcp",
+                                            "transformers-4.24.0", "deepspeed-0.7.7"),
+}
+
+
+def try_import(overlay: str, code: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(OVERLAYS / overlay), DS_ACCELERATOR="cpu",
+               TRANSFORMERS_VERBOSITY="error")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=300, cwd="/")
+    if p.returncode == 0:
+        return {"ok": True, "stdout": p.stdout.strip()[-4000:]}
+    # The exception line of the traceback (transformers' version check adds a "Try: …" line).
+    lines = [ln for ln in p.stderr.strip().splitlines() if re.match(r"^[\w.]+(Error|Exception): ", ln)]
+    return {"ok": False, "error": lines[-1] if lines else p.stderr.strip()[-500:]}
+
+
+def dataclass_fields(path: Path, cls: str) -> dict:
+    """Annotated class-level names of `cls` (a dataclass): {name: annotation source}."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            return {s.target.id: ast.unparse(s.annotation) for s in node.body
+                    if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+    raise KeyError(cls)
+
+
+def string_constants(path: Path) -> set[str]:
+    """Every module-level `NAME = "string"` (DeepSpeed spells its config keys this way)."""
+    out = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) \
+                and isinstance(node.value.value, str):
+            out.add(node.value.value)
+    return out
+
+
+def pydantic_names(path: Path) -> set[str]:
+    """Field names and `alias=` / `new_param=` strings of the classes in a pydantic module."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ClassDef):
+            for s in node.body:
+                if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name):
+                    out.add(s.target.id)
+        if isinstance(node, ast.keyword) and node.arg in ("alias", "new_param") \
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            out.add(node.value.value)
+    return out
+
+
+def init_params(path: Path, cls: str) -> list[str]:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for f in node.body:
+                if isinstance(f, ast.FunctionDef) and f.name == "__init__":
+                    return [a.arg for a in f.args.args[1:]]
+    raise KeyError(cls)
+
+
+def leaf_names(d: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k, v in d.items():
+        if isinstance(v, dict) and v and k != "params":
+            out += leaf_names(v, f"{prefix}{k}.")
+        else:
+            out.append(f"{prefix}{k}")
+    return out
+
+
+def run_stack(name: str, recipe_bin: str, out_dir: Path) -> dict:
+    rcp, tf, ds = STACKS[name]
+    build = HERE / "build" / "legacy" / name
+    subprocess.run([recipe_bin, "build", str(REPO / rcp), "-o", str(build)], check=True,
+                   capture_output=True)
+    emitted = json.loads((build / "ds_config.json").read_text())
+    targs = json.loads((build / "training_args.json").read_text())
+    res: dict = {"format": "recipe-conformance-legacy/1", "stack": name, "recipe": rcp,
+                 "emitted_config": emitted, "emitted_training_args": targs}
+    for ov in (tf, ds):
+        if not (OVERLAYS / ov).is_dir():
+            res["skipped"] = f"overlay {ov} is not installed (conformance/setup.sh overlays)"
+            return res
+
+    # --- transformers ---------------------------------------------------------------------
+    t_root = OVERLAYS / tf / "transformers"
+    fields = dataclass_fields(t_root / "training_args.py", "TrainingArguments")
+    res["transformers"] = {
+        "version": tf.split("-", 1)[1],
+        "import": try_import(tf, "import transformers; from transformers import TrainingArguments;"
+                                 "import dataclasses, json;"
+                                 "print(json.dumps(sorted(f.name for f in "
+                                 "dataclasses.fields(TrainingArguments))))"),
+        "training_args_fields": fields,
+    }
+    imp = res["transformers"]["import"]
+    if imp["ok"]:
+        live = json.loads(imp.pop("stdout").splitlines()[-1])
+        res["transformers"]["live_fields_equal_ast"] = live == sorted(fields)
+    # --- DeepSpeed --------------------------------------------------------------------------
+    d_root = OVERLAYS / ds / "deepspeed"
+    names: set[str] = set()
+    sources = ["runtime/constants.py", "runtime/lr_schedules.py", "runtime/zero/constants.py",
+               "runtime/zero/offload_constants.py", "runtime/zero/config.py",
+               "runtime/zero/offload_config.py", "runtime/fp16/loss_scaler.py"]
+    read = []
+    for rel in sources:
+        p = d_root / rel
+        if p.exists():
+            names |= string_constants(p) | pydantic_names(p)
+            read.append(rel)
+    opt = {"DeepSpeedCPUAdam": init_params(d_root / "ops/adam/cpu_adam.py", "DeepSpeedCPUAdam"),
+           "FusedAdam": init_params(d_root / "ops/adam/fused_adam.py", "FusedAdam")}
+    res["deepspeed"] = {
+        "version": ds.split("-", 1)[1],
+        "import": try_import(ds, "import deepspeed; from deepspeed.runtime.config import "
+                                 "DeepSpeedConfig"),
+        "sources_read": read,
+        "key_names": sorted(names),
+        "optimizer_init_params": opt,
+    }
+    # --- comparison -------------------------------------------------------------------------
+    unknown_args = sorted(k for k in targs if k not in fields)
+    unknown_keys = sorted(k for k in leaf_names(emitted) if k.split(".")[-1] not in names)
+    # `_configure_basic_optimizer` pops torch_adam / adam_w_mode and passes the rest of
+    # `optimizer.params` to DeepSpeedCPUAdam (offload) or FusedAdam as keyword arguments.
+    params = (emitted.get("optimizer") or {}).get("params") or {}
+    ctor = "DeepSpeedCPUAdam" if (emitted.get("zero_optimization") or {}).get(
+        "offload_optimizer", {}).get("device") == "cpu" or \
+        (emitted.get("zero_optimization") or {}).get("cpu_offload") else "FusedAdam"
+    popped = {"torch_adam", "adam_w_mode"}
+    unknown_params = sorted(k for k in params if k not in popped and k not in opt[ctor])
+    res["compare"] = {"unknown_training_args": unknown_args, "unknown_config_keys": unknown_keys,
+                      "optimizer_ctor": ctor, "unknown_optimizer_params": unknown_params}
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--recipe", required=True)
+    ap.add_argument("--out", type=Path, default=HERE / "fixtures" / "legacy")
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    for name in STACKS:
+        res = run_stack(name, a.recipe, a.out)
+        (a.out / f"{name}.json").write_text(json.dumps(res, indent=1, sort_keys=True) + "\n")
+        c = res.get("compare", {})
+        print(f"legacy: {name}: {res.get('skipped') or c}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

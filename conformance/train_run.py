@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Trains one case for real: the HF `Trainer.train()` loop with the case's `training_args.json`
+and `ds_config.json`, on CPU, one process, with whatever transformers / accelerate / DeepSpeed
+are importable (the harness runs it with an overlay in front of the venv, `PYTHONPATH`, to get
+an older release; see README.md, "Older stacks").
+
+    train_run.py CASE_DIR OUT_JSON
+
+Records, at every optimizer step HF takes (`TrainerCallback.on_step_end`): HF's `global_step`
+and `epoch`, the micro-batches the model has seen, and the DeepSpeed engine's own counters
+(`DeepSpeedEngine.global_steps` — weight updates — and `micro_steps`) and learning rate. Nothing
+in the libraries is patched; what differs from a real launch (all in `OVERRIDES` and `TinyModel`):
+
+* T1 the model is a one-layer stand-in (the step accounting does not depend on the model);
+* T2 the dataset is `samples` random items (plus 8 for evaluation when the recipe has an eval
+  file), so the Trainer's dataloader has the recipe's length;
+* T3 `output_dir` is a temporary directory, `save_strategy = "no"` (checkpoints change no
+  counter), `report_to = "none"`, `disable_tqdm = True`;
+* T4 one process (`WORLD_SIZE=1`, gloo through DeepSpeed's CPU accelerator): only cases with a
+  world size of 1 are run.
+
+DeepSpeed's CPU ops (the shm communicator, the CPU FusedAdam) are JIT-compiled once into
+`TORCH_EXTENSIONS_DIR` (the harness points it at conformance/.overlays/torch_extensions).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+import traceback
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
+             ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29517")):
+    os.environ.setdefault(k, v)
+warnings.filterwarnings("ignore")
+
+OVERRIDES = {"save_strategy": "no", "report_to": "none", "disable_tqdm": True}
+
+
+def main() -> int:
+    case_dir, out = Path(sys.argv[1]).resolve(), Path(sys.argv[2])
+    res: dict = {"overrides": OVERRIDES}
+    log = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            res.update(train(case_dir))
+    except Exception:  # noqa: BLE001 — recorded, the harness judges
+        res["error"] = traceback.format_exc()[-3000:]
+    res["log_tail"] = log.getvalue()[-1500:] if "error" in res else None
+    out.write_text(json.dumps(res, indent=1, sort_keys=True) + "\n")
+    return 0
+
+
+def train(case_dir: Path) -> dict:
+    import torch
+    import transformers
+    import accelerate
+    import deepspeed
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    versions = {m.__name__: m.__version__ for m in (torch, transformers, accelerate, deepspeed)}
+    # Which copy was imported: the overlay on PYTHONPATH (by name) or the venv.
+    overlay = os.environ.get("PYTHONPATH") or None
+    where = {m.__name__: (f"overlay {Path(overlay).name}" if overlay and Path(m.__file__).resolve()
+                          .is_relative_to(Path(overlay).resolve()) else "venv")
+             for m in (torch, transformers, accelerate, deepspeed)}
+    case = json.loads((case_dir / "case.json").read_text())
+    if int(case["world_size"]) != 1:
+        return {"versions": versions, "error": f"world size {case['world_size']}: only 1 is run"}
+    targs = json.loads((case_dir / "training_args.json").read_text())
+    targs["deepspeed"] = str(case_dir / "ds_config.json")
+    targs["output_dir"] = tempfile.mkdtemp(prefix="recipe-train-")
+    targs.update(OVERRIDES)
+    args = TrainingArguments(**targs)
+
+    torch.manual_seed(0)
+
+    class TinyModel(torch.nn.Module):  # T1
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 1)
+            self.train_forwards = 0
+
+        def forward(self, x, labels):
+            if self.training:
+                self.train_forwards += 1
+            return {"loss": ((self.lin(x).squeeze(-1) - labels) ** 2).mean()}
+
+    samples = int(case["samples"])
+    train_ds = [{"x": torch.randn(4), "labels": torch.tensor(1.0)} for _ in range(samples)]  # T2
+    eval_ds = train_ds[:8] if case.get("has_eval") else None
+    model = TinyModel()
+    rows: list = []
+    per_epoch: list = []
+
+    class Record(TrainerCallback):
+        def on_step_end(self, a, state, control, **kw):
+            e = trainer.model_wrapped
+            rows.append({
+                "hf_global_step": state.global_step,
+                "epoch": state.epoch,
+                "micro_batches": model.train_forwards,
+                "ds_global_steps": getattr(e, "global_steps", None),
+                "ds_micro_steps": getattr(e, "micro_steps", None),
+                "lr": e.get_lr()[0] if hasattr(e, "get_lr") else None,
+            })
+
+        def on_epoch_end(self, a, state, control, **kw):
+            per_epoch.append(model.train_forwards - sum(per_epoch))
+
+    trainer = Trainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
+                      callbacks=[Record()])
+    trainer.train()
+    e = trainer.model_wrapped
+    return {
+        "versions": versions,
+        "imported_from": where,
+        "deepspeed_engine": type(e).__name__,
+        "rows": rows,
+        "summary": {
+            "num_train_epochs": args.num_train_epochs,
+            "gradient_accumulation_steps": args.gradient_accumulation_steps,
+            "max_steps": trainer.state.max_steps,
+            "hf_global_step": trainer.state.global_step,
+            "epoch_reached": trainer.state.epoch,
+            "micro_batches": model.train_forwards,
+            "micro_batches_per_epoch": per_epoch,
+            "ds_global_steps": getattr(e, "global_steps", None),
+            "ds_micro_steps": getattr(e, "micro_steps", None),
+            "final_lr": e.get_lr()[0] if hasattr(e, "get_lr") else None,
+        },
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
