@@ -225,6 +225,8 @@ pub struct Facts {
     pub ds_one_cycle_stairs: bool,
     /// DeepSpeed's `warmup_type` exists (else warmup is always log).
     pub ds_has_warmup_type: bool,
+    /// DeepSpeed reads `fp16.auto_cast`.
+    pub ds_has_fp16_auto_cast: bool,
     /// The config section for bf16 (`None`: no bf16 support).
     pub ds_bf16_key: Option<&'static str>,
     /// ZeRO optimizer offload is written `offload_optimizer` (else the legacy `cpu_offload`).
@@ -324,6 +326,8 @@ pub enum Fact {
     DsOneCycleStairs(bool),
     /// See [`Facts::ds_has_warmup_type`].
     DsHasWarmupType(bool),
+    /// See [`Facts::ds_has_fp16_auto_cast`].
+    DsHasFp16AutoCast(bool),
     /// See [`Facts::ds_bf16_key`].
     DsBf16Key(Option<&'static str>),
     /// See [`Facts::ds_offload_optimizer_section`].
@@ -441,6 +445,8 @@ pub static CHANGES: &[Change] = &[
     row(D, (0, 19, 4), DsOneCycleStairs(true), "DeepSpeed PR #8179, v0.19.4"),
     row(D, (0, 0, 0), DsHasWarmupType(false), "DeepSpeed@v0.5.6 lr_schedules.py (log warmup only)"),
     row(D, (0, 5, 7), DsHasWarmupType(true), "DeepSpeed PR #1530, v0.5.7"),
+    row(D, (0, 0, 0), DsHasFp16AutoCast(false), "DeepSpeed@v0.6.7 runtime/constants.py: no FP16_AUTO_CAST"),
+    row(D, (0, 7, 0), DsHasFp16AutoCast(true), "DeepSpeed@v0.7.0 runtime/constants.py: FP16_AUTO_CAST = \"auto_cast\""),
     row(D, (0, 0, 0), DsBf16Key(None), "DeepSpeed@v0.5.4 (no bf16)"),
     row(D, (0, 5, 5), DsBf16Key(Some("bfloat16")), "DeepSpeed v0.5.5 runtime/config.py"),
     row(D, (0, 6, 0), DsBf16Key(Some("bf16")), "DeepSpeed v0.6.0 renamed bfloat16 to bf16"),
@@ -518,6 +524,7 @@ impl Fact {
             DsWarmupInitWritesLr(v) => f.ds_warmup_init_writes_lr = v,
             DsOneCycleStairs(v) => f.ds_one_cycle_stairs = v,
             DsHasWarmupType(v) => f.ds_has_warmup_type = v,
+            DsHasFp16AutoCast(v) => f.ds_has_fp16_auto_cast = v,
             DsBf16Key(v) => f.ds_bf16_key = v,
             DsOffloadOptimizerSection(v) => f.ds_offload_optimizer_section = v,
             DsRemovedLegacyFeatures(v) => f.ds_removed_legacy_features = v,
@@ -567,6 +574,7 @@ impl Facts {
             ds_warmup_init_writes_lr: false,
             ds_one_cycle_stairs: false,
             ds_has_warmup_type: false,
+            ds_has_fp16_auto_cast: false,
             ds_bf16_key: None,
             ds_offload_optimizer_section: false,
             ds_removed_legacy_features: false,
@@ -638,8 +646,8 @@ mod tests {
             }
             last.insert(d, c.since);
         }
-        // Every field has a 0.0.0 row: 39 facts.
-        assert_eq!(last.len(), 40);
+        // Every field has a 0.0.0 row: 41 facts.
+        assert_eq!(last.len(), 41);
     }
 
     #[test]

@@ -304,12 +304,6 @@ fn config_leaves(v: &Value, prefix: &str, out: &mut Vec<String>) {
     }
 }
 
-/// Emitted keys the old DeepSpeed does not read, found by conformance/legacy.py. DeepSpeed
-/// 0.3.16 has no `auto_cast` (no constant of that name in its sources; it validates no unknown
-/// key, so the key is ignored); we write `false`, which is 0.3.16's behaviour anyway.
-const KNOWN_UNREAD_BY_OLD_DEEPSPEED: &[(&str, &str)] =
-    &[("transformers-4.6.1+deepspeed-0.3.16", "fp16.auto_cast")];
-
 /// The seed article's stacks (transformers 4.6.1 + DeepSpeed 0.3.16, transformers 4.24.0 +
 /// DeepSpeed 0.7.7): what we emit today for them uses only `TrainingArguments` fields of that
 /// transformers release and only config key names (and optimizer constructor arguments) that
@@ -383,15 +377,11 @@ fn legacy_artefacts_use_only_names_the_old_releases_know() {
         config_leaves(&ds, "", &mut leaves);
         for key in &leaves {
             let name = key.rsplit('.').next().unwrap();
-            let known_gap = KNOWN_UNREAD_BY_OLD_DEEPSPEED.contains(&(stack, key.as_str()));
             assert!(
-                names.contains(&name) || known_gap,
+                names.contains(&name),
                 "{stack}: ds_config.json key `{key}` is unknown to DeepSpeed {}",
                 f["deepspeed"]["version"]
             );
-            if known_gap {
-                assert!(!names.contains(&name), "{stack}: `{key}` is known now");
-            }
         }
         // optimizer.params: DeepSpeed pops torch_adam / adam_w_mode and passes the rest to the
         // optimizer's constructor (`_configure_basic_optimizer`).

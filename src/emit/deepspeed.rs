@@ -469,7 +469,9 @@ pub fn config(r: &Resolved, style: Style) -> Value {
             Some(Val::Int(i)) => *i,
             _ => 0, // dynamic
         };
-        fp.insert("auto_cast".into(), json!(false));
+        if r.facts.ds_has_fp16_auto_cast {
+            fp.insert("auto_cast".into(), json!(false));
+        }
         fp.insert("loss_scale".into(), json!(loss_scale));
         fp.insert(
             "initial_scale_power".into(),
