@@ -745,6 +745,8 @@ def run_case(case_dir: Path) -> dict:
     if case.get("rejected"):
         if case["rejected"].get("stack"):
             res["stack_run"] = stack_runs(case_dir, case["rejected"]["stack"])
+        if case["rejected"].get("expect") == "raise_engine":
+            res["engine_run"] = engine_runs(case_dir)
         res["rejected"] = judge_rejected(case["rejected"], res, chain)
     return res
 
@@ -767,8 +769,9 @@ def overlay_pins(name: str) -> dict | None:
     return None
 
 
-def train_in_subprocess(case_dir: Path, overlay: Path | None) -> dict:
-    """train_run.py on the case, with `overlay` (if any) in front of the venv on PYTHONPATH."""
+def train_in_subprocess(case_dir: Path, overlay: Path | None, extra: tuple = ()) -> dict:
+    """train_run.py on the case, with `overlay` (if any) in front of the venv on PYTHONPATH;
+    `extra`: more train_run.py arguments (`--engine`, `--artefacts DIR`)."""
     import subprocess
     env = dict(os.environ)
     env["PYTHONPATH"] = str(overlay) if overlay else ""
@@ -776,7 +779,7 @@ def train_in_subprocess(case_dir: Path, overlay: Path | None) -> dict:
     env["TORCH_EXTENSIONS_DIR"] = str(OVERLAYS / "torch_extensions")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.json"
-        p = subprocess.run([sys.executable, str(HERE / "train_run.py"), str(case_dir), str(out)],
+        p = subprocess.run([sys.executable, str(HERE / "train_run.py"), str(case_dir), str(out), *extra],
                            env=env, cwd=tmp, capture_output=True, text=True, timeout=1800)
         if not out.exists():
             return {"error": f"train_run.py exit {p.returncode}: {p.stderr[-2000:]}"}
@@ -798,6 +801,52 @@ def stack_runs(case_dir: Path, stack: str) -> dict:
     out["overlay_versions_ok"] = all(got.get(k) == v for k, v in pins.items()
                                      if k in ("transformers", "accelerate", "deepspeed", "torch"))
     return out
+
+
+def engine_runs(case_dir: Path) -> dict:
+    """The real engine built from the case's (patched) artefacts and, as the control, from the
+    base recipe's unpatched ones (`base/`, make_cases.py): `train_run.py --engine`, pinned stack,
+    world size 1, stopped after one optimizer step. Each run: the engine and optimizer classes
+    it got, or `exception` = {type, message, raised_at}."""
+    def brief(r: dict) -> dict:
+        if "exception" in r:
+            return {"built": False, "exception": r["exception"]}
+        if "error" in r:  # train_run.py itself could not run the case
+            return {"built": False, "error": r["error"][-1000:]}
+        s = r.get("summary") or {}
+        return {"built": True, "deepspeed_engine": r.get("deepspeed_engine"),
+                "deepspeed_optimizer": r.get("deepspeed_optimizer"),
+                "deepspeed_basic_optimizer": r.get("deepspeed_basic_optimizer"),
+                "versions": r.get("versions"), "hf_global_step": s.get("hf_global_step"),
+                "ds_global_steps": s.get("ds_global_steps")}
+    out = {"case": brief(train_in_subprocess(case_dir, None, ("--engine",)))}
+    if (case_dir / "base" / "ds_config.json").exists():
+        out["control"] = brief(train_in_subprocess(
+            case_dir, None, ("--engine", "--artefacts", str(case_dir / "base"))))
+    else:
+        out["control"] = {"built": False, "error": "no base/ artefacts (make_cases.py)"}
+    return out
+
+
+def judge_engine(meta: dict, run: dict) -> object:
+    """`raise_engine`: reproduced when the real engine refuses the patched artefacts (the
+    message contains `engine_match`, when given) and builds from the base recipe's artefacts
+    (so the refusal is the rule's, not something the base recipe already hits on CPU)."""
+    case, control = run["case"], run["control"]
+    if case.get("built"):
+        return "the real engine accepted the artefacts (one optimizer step taken)"
+    if "exception" not in case:
+        return f"the engine run failed before the engine: {case.get('error', '')[-300:]}"
+    exc = case["exception"]
+    match = meta.get("engine_match")
+    if match and match not in exc["message"]:
+        return f"the engine raised something else: {exc['type']}: {exc['message'][:300]}"
+    if not control.get("built"):
+        got = control.get("exception") or {"type": "error", "message": control.get("error", "")}
+        return (f"not reproducible on CPU: the base recipe's artefacts fail the same way "
+                f"({got['type']}: {got['message'][:300]} at {got.get('raised_at')}), so the "
+                "refusal is not the rule's")
+    return True
 
 
 def judge_stack(check: str, run: dict) -> tuple[object, dict]:
@@ -854,6 +903,11 @@ def judge_rejected(meta: dict, res: dict, chain) -> dict:
         if relevant:
             out["note"] = "the real stack raised instead of misbehaving silently"
             out["reproduced"] = True
+    elif expect == "raise_engine":
+        run = res.get("engine_run") or {"case": {}, "control": {}}
+        out["engine_match"] = meta.get("engine_match")
+        out["observed"] = run
+        out["reproduced"] = judge_engine(meta, run)
     elif expect == "runtime":
         out["reproduced"] = True if relevant else "not reproducible without an engine/GPU"
     else:  # raise, raise_trainer

@@ -133,6 +133,11 @@ def main() -> int:
         out = rejected / name
         try:
             build(a.recipe, base, out)
+            # The base recipe's artefacts as built, before the patch: the control of the
+            # `raise_engine` cases (harness.py builds the real engine on both).
+            (out / "base").mkdir()
+            for fname in ("ds_config.json", "training_args.json"):
+                shutil.copy2(out / fname, out / "base" / fname)
             for op in meta.get("patch", []):
                 f = out / op["file"]
                 d = json.loads(f.read_text())
@@ -146,7 +151,7 @@ def main() -> int:
             c["base_recipe"] = shown(base)
             c["rejected"] = {k: meta.get(k) for k in ("code", "expect", "why", "checker_errors",
                                                         "silent_key", "silent_value", "patch", "stack",
-                                                        "stack_check")}
+                                                        "stack_check", "engine_match")}
             (out / "case.json").write_text(json.dumps(c, indent=1) + "\n")
         except Exception as e:  # noqa: BLE001
             failures += 1

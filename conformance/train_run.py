@@ -4,7 +4,15 @@ and `ds_config.json`, on CPU, one process, with whatever transformers / accelera
 are importable (the harness runs it with an overlay in front of the venv, `PYTHONPATH`, to get
 an older release; see README.md, "Older stacks").
 
-    train_run.py CASE_DIR OUT_JSON
+    train_run.py CASE_DIR OUT_JSON [--engine] [--artefacts DIR]
+
+`--engine` (the `raise_engine` cases, README.md): the same `Trainer.train()`, stopped after the
+first optimizer step. What is recorded is whether the real engine gets built — HF Trainer →
+accelerate `prepare` → `deepspeed.initialize` → `DeepSpeedEngine.__init__` (basic optimizer, ZeRO
+wrapper) — and took one step, or the exception it raised (type, message, and the innermost
+library frame: `raised_at` = file:function). `--artefacts DIR` takes `ds_config.json` /
+`training_args.json` from DIR instead of CASE_DIR (the harness's control run on the base recipe's
+unpatched artefacts, `CASE_DIR/base/`).
 
 Records, at every optimizer step HF takes (`TrainerCallback.on_step_end`): HF's `global_step`
 and `epoch`, the micro-batches the model has seen, and the DeepSpeed engine's own counters
@@ -46,21 +54,43 @@ warnings.filterwarnings("ignore")
 OVERRIDES = {"save_strategy": "no", "report_to": "none", "disable_tqdm": True}
 
 
+def raised_at(exc: BaseException) -> str | None:
+    """`path:function` of the innermost frame inside transformers / accelerate / DeepSpeed / torch
+    (path relative to site-packages): where the library refused."""
+    where = None
+    for fr in traceback.extract_tb(exc.__traceback__):
+        parts = Path(fr.filename).parts
+        if "site-packages" in parts:
+            rel = parts[parts.index("site-packages") + 1:]
+            if rel and rel[0] in ("deepspeed", "transformers", "accelerate", "torch"):
+                where = f"{'/'.join(rel)}:{fr.name}"
+    return where
+
+
 def main() -> int:
-    case_dir, out = Path(sys.argv[1]).resolve(), Path(sys.argv[2])
+    argv = sys.argv[1:]
+    engine = "--engine" in argv
+    artefacts = None
+    if "--artefacts" in argv:
+        artefacts = Path(argv[argv.index("--artefacts") + 1]).resolve()
+    pos = [a for i, a in enumerate(argv)
+           if not a.startswith("--") and (i == 0 or argv[i - 1] != "--artefacts")]
+    case_dir, out = Path(pos[0]).resolve(), Path(pos[1])
     res: dict = {"overrides": OVERRIDES}
     log = io.StringIO()
     try:
         with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-            res.update(train(case_dir))
-    except Exception:  # noqa: BLE001 — recorded, the harness judges
+            res.update(train(case_dir, engine=engine, artefacts=artefacts or case_dir))
+    except Exception as e:  # noqa: BLE001 — recorded, the harness judges
         res["error"] = traceback.format_exc()[-3000:]
+        res["exception"] = {"type": type(e).__name__, "message": str(e)[:2000],
+                            "raised_at": raised_at(e)}
     res["log_tail"] = log.getvalue()[-1500:] if "error" in res else None
     out.write_text(json.dumps(res, indent=1, sort_keys=True) + "\n")
     return 0
 
 
-def train(case_dir: Path) -> dict:
+def train(case_dir: Path, engine: bool = False, artefacts: Path | None = None) -> dict:
     import torch
     import transformers
     import accelerate
@@ -76,8 +106,9 @@ def train(case_dir: Path) -> dict:
     case = json.loads((case_dir / "case.json").read_text())
     if int(case["world_size"]) != 1:
         return {"versions": versions, "error": f"world size {case['world_size']}: only 1 is run"}
-    targs = json.loads((case_dir / "training_args.json").read_text())
-    targs["deepspeed"] = str(case_dir / "ds_config.json")
+    artefacts = artefacts or case_dir
+    targs = json.loads((artefacts / "training_args.json").read_text())
+    targs["deepspeed"] = str(artefacts / "ds_config.json")
     targs["output_dir"] = tempfile.mkdtemp(prefix="recipe-train-")
     targs.update(OVERRIDES)
     args = TrainingArguments(**targs)
@@ -114,6 +145,9 @@ def train(case_dir: Path) -> dict:
                 "lr": e.get_lr()[0] if hasattr(e, "get_lr") else None,
             })
 
+            if engine:  # --engine: the engine is built and took one optimizer step
+                control.should_training_stop = True
+
         def on_epoch_end(self, a, state, control, **kw):
             per_epoch.append(model.train_forwards - sum(per_epoch))
 
@@ -121,7 +155,12 @@ def train(case_dir: Path) -> dict:
                       callbacks=[Record()])
     trainer.train()
     e = trainer.model_wrapped
+    classes = {  # --engine: what the engine built
+        "deepspeed_optimizer": type(getattr(e, "optimizer", None)).__name__,
+        "deepspeed_basic_optimizer": type(getattr(e, "basic_optimizer", None)).__name__,
+    } if engine else {}
     return {
+        **classes,
         "versions": versions,
         "imported_from": where,
         "deepspeed_engine": type(e).__name__,
