@@ -289,6 +289,94 @@ fn old_stacks_show_the_step_misbehaviour_r0201_and_r0202_exist_for() {
     assert_eq!(seen, ["R0201", "R0202"], "silent_run cases");
 }
 
+/// Whether our checker, on the rejected recipe of fixture `f`, still reports `code` as an error.
+fn checker_reports(f: &Value, code: &str) -> bool {
+    let path = root().join(f["recipe"].as_str().unwrap());
+    let text = std::fs::read_to_string(&path).unwrap();
+    let options = Options {
+        base_dir: path.parent().map(Path::to_path_buf),
+        ..Options::default()
+    };
+    check_source_with(&text, &options)
+        .diagnostics
+        .iter()
+        .any(|d| d.is_error() && d.code == code)
+}
+
+/// `raise_engine` cases: the harness built the real DeepSpeed 0.19.8 engine on CPU from the
+/// case's patched artefacts (HF `Trainer.train()` → accelerate → `deepspeed.initialize`, world
+/// size 1; conformance/train_run.py `--engine`) and, as the control, from the base recipe's.
+/// R0609: the engine refuses (`DeepSpeedZeroOptimizer.__init__`'s assertion) and the base builds.
+/// R0406: on the CPU accelerator FusedLamb cannot be built at all — the base recipe fails the
+/// same way — so it is recorded as not reproduced, with both exceptions.
+#[test]
+fn the_real_engine_refuses_r0609_and_r0406_is_recorded_as_not_reproducible_on_cpu() {
+    let mut seen = Vec::new();
+    for f in rejected_fixtures() {
+        let rej = &f["rejected"];
+        if rej["expect"] != "raise_engine" {
+            continue;
+        }
+        let case = f["case"].as_str().unwrap();
+        let code = rej["code"].as_str().unwrap();
+        assert!(
+            checker_reports(&f, code),
+            "{case}: our checker no longer reports {code}"
+        );
+        let run = &f["engine_run"];
+        let exc = &run["case"]["exception"];
+        assert_eq!(run["case"]["built"], false, "{case}: the engine was built");
+        let message = exc["message"].as_str().unwrap_or_default();
+        match code {
+            "R0609" => {
+                assert_eq!(rej["reproduced"], true, "{case}: {}", rej["reproduced"]);
+                assert_eq!(exc["type"], "AssertionError", "{case}");
+                assert!(
+                    message.contains(
+                        "pre-scale gradients is not yet supported with ZeRO-2 with reduce \
+                         scatter enabled"
+                    ),
+                    "{case}: {message}"
+                );
+                assert!(message.contains(rej["engine_match"].as_str().unwrap()));
+                assert_eq!(
+                    exc["raised_at"], "deepspeed/runtime/zero/stage_1_and_2.py:__init__",
+                    "{case}"
+                );
+                // The control: the base recipe (no prescale_gradients) builds the ZeRO-2 engine
+                // and takes an optimizer step.
+                let control = &run["control"];
+                assert_eq!(control["built"], true, "{case}: control {control}");
+                assert_eq!(control["deepspeed_optimizer"], "DeepSpeedZeroOptimizer");
+                assert_eq!(control["versions"]["deepspeed"], "0.19.8");
+                assert_eq!(control["ds_global_steps"], 1, "{case}: control");
+            }
+            "R0406" => {
+                let why = rej["reproduced"].as_str().unwrap_or_else(|| {
+                    panic!("{case}: expected a reason, got {}", rej["reproduced"])
+                });
+                assert!(why.starts_with("not reproducible on CPU"), "{case}: {why}");
+                for side in ["case", "control"] {
+                    let e = &run[side]["exception"];
+                    assert_eq!(e["type"], "ValueError", "{case} {side}");
+                    assert_eq!(
+                        e["message"], "This op had not been implemented on CPU backend.",
+                        "{case} {side}"
+                    );
+                    assert_eq!(
+                        e["raised_at"], "deepspeed/ops/op_builder/cpu/no_impl.py:load",
+                        "{case} {side}"
+                    );
+                }
+            }
+            other => panic!("{case}: no assertion written for raise_engine case {other}"),
+        }
+        seen.push(code.to_string());
+    }
+    seen.sort();
+    assert_eq!(seen, ["R0406", "R0609"], "raise_engine cases");
+}
+
 /// Leaf keys of a DeepSpeed config (dotted), `optimizer.params` / `scheduler.params` kept whole.
 fn config_leaves(v: &Value, prefix: &str, out: &mut Vec<String>) {
     if let Value::Object(m) = v {
