@@ -32,6 +32,22 @@ fn fixtures() -> Vec<Value> {
 }
 
 /// JSON equality where numbers compare by value (1 == 1.0).
+/// The explicit artefacts `recipe build` writes for a resolved recipe (paths relative to it).
+fn explicit_artefacts(r: &recipe::resolve::Resolved, text: &str) -> Vec<(String, Vec<u8>)> {
+    let layout = Layout {
+        recipe_dir_from_out: ".".into(),
+        out_dir_from_recipe: ".".into(),
+    };
+    emit::build(
+        r,
+        &SourceFile::new("r.rcp", text.to_string()),
+        &[],
+        &layout,
+        Style::Explicit,
+    )
+    .files
+}
+
 fn same(a: &Value, b: &Value) -> bool {
     match (a, b) {
         (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
@@ -113,18 +129,7 @@ fn our_current_config_steps_and_learning_rates_match_the_real_stack() {
         }
         let r = resolve(checked.file.as_ref().unwrap(), &options);
         // The config we emit today is the one the real HF filled (and DeepSpeed validated).
-        let layout = Layout {
-            recipe_dir_from_out: ".".into(),
-            out_dir_from_recipe: ".".into(),
-        };
-        let files = emit::build(
-            &r,
-            &SourceFile::new("r.rcp", text.clone()),
-            &[],
-            &layout,
-            Style::Explicit,
-        )
-        .files;
+        let files = explicit_artefacts(&r, &text);
         let ds: Value =
             serde_json::from_slice(&files.iter().find(|(n, _)| n == "ds_config.json").unwrap().1)
                 .unwrap();
@@ -420,18 +425,7 @@ fn legacy_artefacts_use_only_names_the_old_releases_know() {
         let checked = check_source_with(&text, &options);
         assert!(!checked.has_errors(), "{stack}: the recipe has errors");
         let r = resolve(checked.file.as_ref().unwrap(), &options);
-        let layout = Layout {
-            recipe_dir_from_out: ".".into(),
-            out_dir_from_recipe: ".".into(),
-        };
-        let files = emit::build(
-            &r,
-            &SourceFile::new("r.rcp", text.clone()),
-            &[],
-            &layout,
-            Style::Explicit,
-        )
-        .files;
+        let files = explicit_artefacts(&r, &text);
         let file = |name: &str| -> Value {
             serde_json::from_slice(&files.iter().find(|(n, _)| n == name).unwrap().1).unwrap()
         };
