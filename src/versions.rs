@@ -222,6 +222,10 @@ pub struct Facts {
     /// runs at the minimum (before: at the optimizer's lr).
     pub ds_warmup_init_writes_lr: bool,
     /// `OneCycle`'s stair counts take effect.
+    /// `OneCycle` with `decay_step_size = 0` (its default, "no decay") holds the minimum LR after
+    /// the cycle; before, the first scheduler step after the cycle divides by it
+    /// (`ZeroDivisionError`).
+    pub ds_one_cycle_zero_decay_ok: bool,
     pub ds_one_cycle_stairs: bool,
     /// DeepSpeed's `warmup_type` exists (else warmup is always log).
     pub ds_has_warmup_type: bool,
@@ -252,6 +256,13 @@ pub struct Facts {
     /// the optimizer and its `is_offload()` sees an offload (stage 2 `cpu_offload`, stage 3
     /// `offload_optimizer`/`offload_param` device cpu or nvme).
     pub hf_offload_needs_ds_optimizer: bool,
+    /// `TrainingArguments.lr_scheduler_kwargs` exists: HF's schedule arguments other than the
+    /// warmup (num_cycles, power, lr_end, …) reach `get_scheduler`. Before, every HF schedule
+    /// runs with its function's defaults.
+    pub hf_scheduler_kwargs: bool,
+    /// The `lr_scheduler_type` values (`SchedulerType`) the release knows; any other value stops
+    /// `TrainingArguments` with "'<name>' is not a valid SchedulerType".
+    pub hf_scheduler_kinds: &'static [&'static str],
     /// The error transformers raises when DeepSpeed builds the optimizer and HF the scheduler
     /// (no DeepSpeed `scheduler` section); `None` when that combination works.
     pub hf_ds_optimizer_hf_scheduler_error: Option<&'static str>,
@@ -324,6 +335,8 @@ pub enum Fact {
     DsWarmupInitWritesLr(bool),
     /// See [`Facts::ds_one_cycle_stairs`].
     DsOneCycleStairs(bool),
+    /// See [`Facts::ds_one_cycle_zero_decay_ok`].
+    DsOneCycleZeroDecayOk(bool),
     /// See [`Facts::ds_has_warmup_type`].
     DsHasWarmupType(bool),
     /// See [`Facts::ds_has_fp16_auto_cast`].
@@ -348,6 +361,10 @@ pub enum Fact {
     DsZero23WithoutFp16(bool),
     /// See [`Facts::hf_offload_needs_ds_optimizer`].
     HfOffloadNeedsDsOptimizer(bool),
+    /// See [`Facts::hf_scheduler_kwargs`].
+    HfSchedulerKwargs(bool),
+    /// See [`Facts::hf_scheduler_kinds`].
+    HfSchedulerKinds(&'static [&'static str]),
     /// See [`Facts::hf_ds_optimizer_hf_scheduler_error`].
     HfDsOptimizerHfSchedulerError(Option<&'static str>),
     /// See [`Facts::acc_cpu_optimizer_by_class`].
@@ -443,6 +460,8 @@ pub static CHANGES: &[Change] = &[
     row(D, (0, 15, 3), DsWarmupInitWritesLr(true), "DeepSpeed PR #6597, v0.15.3"),
     row(D, (0, 0, 0), DsOneCycleStairs(false), "DeepSpeed@v0.19.3 lr_schedules.py:OneCycle (stair counts never read)"),
     row(D, (0, 19, 4), DsOneCycleStairs(true), "DeepSpeed PR #8179, v0.19.4"),
+    row(D, (0, 0, 0), DsOneCycleZeroDecayOk(false), "DeepSpeed@v0.5.4 lr_schedules.py:OneCycle._get_decay_lr (divides by decay_step_size; released sdist)"),
+    row(D, (0, 5, 5), DsOneCycleZeroDecayOk(true), "DeepSpeed@v0.5.5 lr_schedules.py:OneCycle (skip_lr_decay when decay_step_size is 0; released sdist)"),
     row(D, (0, 0, 0), DsHasWarmupType(false), "DeepSpeed@v0.5.6 lr_schedules.py (log warmup only)"),
     row(D, (0, 5, 7), DsHasWarmupType(true), "DeepSpeed PR #1530, v0.5.7"),
     row(D, (0, 0, 0), DsHasFp16AutoCast(false), "DeepSpeed@v0.6.7 runtime/constants.py: no FP16_AUTO_CAST"),
@@ -466,6 +485,13 @@ pub static CHANGES: &[Change] = &[
     row(D, (0, 3, 16), DsZero23WithoutFp16(true), "DeepSpeed PR #1004 (full precision for ZeRO stages 2 and 3), v0.3.16"),
     // ---- optimizer / scheduler ownership and DeepSpeed optimizers (rules/schedule.rs, rules/optimizer.rs) ----
     row(T, (0, 0, 0), HfOffloadNeedsDsOptimizer(true), "transformers@v4.6.1 integrations.py:deepspeed_init (ds_hf_rules.md §4.2)"),
+    row(T, (0, 0, 0), HfSchedulerKwargs(false), "transformers@v4.35.2 training_args.py: no lr_scheduler_kwargs (released wheel)"),
+    row(T, (0, 0, 0), HfSchedulerKinds(&["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"]), "transformers@v4.26.0 trainer_utils.py:SchedulerType (same in v4.6.1, released wheels)"),
+    row(T, (4, 27, 0), HfSchedulerKinds(&["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt"]), "transformers@v4.27.0 trainer_utils.py:SchedulerType (released wheel)"),
+    row(T, (4, 29, 0), HfSchedulerKinds(&["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt", "reduce_lr_on_plateau"]), "transformers@v4.29.0 trainer_utils.py:SchedulerType (released wheel)"),
+    row(T, (4, 40, 0), HfSchedulerKinds(&["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt", "reduce_lr_on_plateau", "cosine_with_min_lr"]), "transformers@v4.40.0 trainer_utils.py:SchedulerType (released wheel)"),
+    row(T, (4, 41, 0), HfSchedulerKinds(&["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt", "reduce_lr_on_plateau", "cosine_with_min_lr", "warmup_stable_decay"]), "transformers@v4.41.0 trainer_utils.py:SchedulerType (released wheel; unchanged through v5.24.0 for these names)"),
+    row(T, (4, 36, 0), HfSchedulerKwargs(true), "transformers@v4.36.0 training_args.py: lr_scheduler_kwargs (released wheel)"),
     row(T, (4, 9, 0), HfOffloadNeedsDsOptimizer(false), "transformers PR #12690 (non-native optimizers with ZeRO-Offload), v4.9.0: deepspeed.py:deepspeed_init only logs"),
     row(T, (0, 0, 0), HfDsOptimizerHfSchedulerError(Some("At the moment HF scheduler + DeepSpeed optimizer combination is not possible")), "transformers@v4.6.1 integrations.py:deepspeed_init (ds_hf_rules.md §4.2); same in v4.9.0 deepspeed.py"),
     row(T, (4, 10, 0), HfDsOptimizerHfSchedulerError(None), "transformers PR #13216 (DS callable API for the HF scheduler), v4.10.0 deepspeed.py:deepspeed_init"),
@@ -523,6 +549,7 @@ impl Fact {
             DsCosineClamped(v) => f.ds_cosine_clamped = v,
             DsWarmupInitWritesLr(v) => f.ds_warmup_init_writes_lr = v,
             DsOneCycleStairs(v) => f.ds_one_cycle_stairs = v,
+            DsOneCycleZeroDecayOk(v) => f.ds_one_cycle_zero_decay_ok = v,
             DsHasWarmupType(v) => f.ds_has_warmup_type = v,
             DsHasFp16AutoCast(v) => f.ds_has_fp16_auto_cast = v,
             DsBf16Key(v) => f.ds_bf16_key = v,
@@ -535,6 +562,8 @@ impl Fact {
             HfFullEvalEnablesDsHalf(v) => f.hf_full_eval_enables_ds_half = v,
             DsZero23WithoutFp16(v) => f.ds_zero23_without_fp16 = v,
             HfOffloadNeedsDsOptimizer(v) => f.hf_offload_needs_ds_optimizer = v,
+            HfSchedulerKwargs(v) => f.hf_scheduler_kwargs = v,
+            HfSchedulerKinds(v) => f.hf_scheduler_kinds = v,
             HfDsOptimizerHfSchedulerError(v) => f.hf_ds_optimizer_hf_scheduler_error = v,
             AccCpuOptimizerByClass(v) => f.acc_cpu_optimizer_by_class = v,
             DsForceCpuOptimizer(v) => f.ds_force_cpu_optimizer = v,
@@ -573,6 +602,7 @@ impl Facts {
             ds_cosine_clamped: false,
             ds_warmup_init_writes_lr: false,
             ds_one_cycle_stairs: false,
+            ds_one_cycle_zero_decay_ok: false,
             ds_has_warmup_type: false,
             ds_has_fp16_auto_cast: false,
             ds_bf16_key: None,
@@ -585,6 +615,8 @@ impl Facts {
             hf_full_eval_enables_ds_half: false,
             ds_zero23_without_fp16: false,
             hf_offload_needs_ds_optimizer: true,
+            hf_scheduler_kwargs: false,
+            hf_scheduler_kinds: &[],
             hf_ds_optimizer_hf_scheduler_error: None,
             acc_cpu_optimizer_by_class: false,
             ds_force_cpu_optimizer: false,
@@ -646,8 +678,8 @@ mod tests {
             }
             last.insert(d, c.since);
         }
-        // Every field has a 0.0.0 row: 41 facts.
-        assert_eq!(last.len(), 41);
+        // Every field has a 0.0.0 row: 44 facts.
+        assert_eq!(last.len(), 44);
     }
 
     #[test]
@@ -661,6 +693,11 @@ mod tests {
         assert_eq!(f.ds_clipping_default, 1.0);
         assert_eq!(f.ds_bf16_key, Some("bf16"));
         assert_eq!(f.hf_checkpointing_field, "activation_checkpointing");
+        assert!(f.hf_scheduler_kwargs && f.ds_one_cycle_zero_decay_ok);
+        assert_eq!(
+            f.hf_scheduler_kinds.len(),
+            crate::schema::blocks::HF_SCHEDULES.len()
+        );
     }
 
     #[test]
@@ -672,6 +709,11 @@ mod tests {
         assert_eq!(f.warmup_args, WarmupArgs::StepsOnly);
         assert!(!f.hf_mismatch_checks && f.ds_zero_needs_fp16 && f.ds_offload_optimizer_section);
         assert_eq!(f.ds_bf16_key, None);
+        assert!(!f.hf_scheduler_kwargs && !f.ds_one_cycle_zero_decay_ok);
+        assert!(!f.hf_scheduler_kinds.contains(&"inverse_sqrt"));
+        let f = Facts::for_targets(&t("4.36.0", "1.15.0", "0.5.5"));
+        assert!(f.hf_scheduler_kwargs && f.ds_one_cycle_zero_decay_ok);
+        assert!(!f.hf_scheduler_kinds.contains(&"cosine_with_min_lr"));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use serde_json::{json, Map, Value};
 
 use crate::resolve::Resolved;
 use crate::schedules::{self, Owner};
-use crate::schema::upstream_versions::{HfFields, TRAINING_ARGUMENTS_BY_VERSION};
+use crate::schema::upstream_versions::HfFields;
 use crate::versions::Version;
 
 use super::deepspeed::to_json;
@@ -19,23 +19,11 @@ use super::deepspeed::to_json;
 /// The field list of the newest sampled release not newer than `target` (the oldest sampled one
 /// for anything older).
 pub fn fields_for(target: Version) -> &'static HfFields {
-    let parse = |f: &HfFields| {
-        f.version
-            .parse::<Version>()
-            .expect("sampled versions parse")
-    };
-    TRAINING_ARGUMENTS_BY_VERSION
-        .iter()
-        .rev()
-        .find(|f| parse(f) <= target)
-        .unwrap_or(&TRAINING_ARGUMENTS_BY_VERSION[0])
+    HfFields::for_target(target)
 }
 
 fn has(fields: &HfFields, name: &str) -> bool {
-    fields
-        .fields
-        .binary_search_by(|(n, _)| n.cmp(&name))
-        .is_ok()
+    fields.has(name)
 }
 
 /// HF's `optim` value for a recipe optimizer kind (when HF builds the optimizer).
@@ -70,6 +58,7 @@ pub fn arguments(r: &Resolved, ds_config: &str) -> Value {
     };
     let int = |k: &str| json!(r.int(k).unwrap_or(0));
     let f = |k: &str, d: f64| num(r.f64(k).unwrap_or(d));
+    let mut sched_kwargs = None;
     put(
         &["output_dir"],
         json!(r.str("train.output_dir").unwrap_or("out")),
@@ -136,8 +125,10 @@ pub fn arguments(r: &Resolved, ds_config: &str) -> Value {
             if r.word("schedule.kind") == Some("cosine_with_min_lr") {
                 kw.insert("min_lr".into(), f("schedule.min_lr", 0.0));
             }
-            if !kw.is_empty() {
-                put(&["lr_scheduler_kwargs"], Value::Object(kw));
+            // Written only where the release has the field (R0312 refuses a recipe whose
+            // arguments would be lost); the sampled field lists skip 4.36 … 4.40.
+            if !kw.is_empty() && r.facts.hf_scheduler_kwargs {
+                sched_kwargs = Some(Value::Object(kw));
             }
         }
     }
@@ -196,6 +187,9 @@ pub fn arguments(r: &Resolved, ds_config: &str) -> Value {
         } else if kind == "adafactor" {
             put(&["adafactor"], json!(true));
         }
+    }
+    if let Some(kw) = sched_kwargs {
+        a.insert("lr_scheduler_kwargs".into(), kw);
     }
     for (path, value, _) in &r.raw_hf {
         super::deepspeed::insert_path(&mut a, path, to_json(value));

@@ -48,6 +48,15 @@ pub const HF_SCHEDULER_ARGS_IGNORED: &str = "R0310";
 /// `max_lr` differs from the optimizer's lr: HF raises a mismatch at train start (R-A03).
 pub const PEAK_MISMATCH: &str = "R0311";
 
+/// HF schedule arguments the target transformers cannot pass to its scheduler: no
+/// `lr_scheduler_kwargs` before v4.36.0.
+pub const HF_KWARGS_UNAVAILABLE: &str = "R0312";
+/// An HF schedule kind the target transformers does not have.
+pub const HF_KIND_UNAVAILABLE: &str = "R0313";
+
+/// `OneCycle` without decay steps runs past its cycle on a DeepSpeed that divides by them.
+pub const ONE_CYCLE_ZERO_DECAY: &str = "R0314";
+
 /// This family's codes.
 pub const CODES: &[(&str, &str, &str)] = &[
     (
@@ -104,6 +113,21 @@ pub const CODES: &[(&str, &str, &str)] = &[
         PEAK_MISMATCH,
         "peak-mismatch",
         "a DeepSpeed warmup peaks at a max_lr other than the optimizer's lr",
+    ),
+    (
+        HF_KWARGS_UNAVAILABLE,
+        "hf-kwargs-unavailable",
+        "the target transformers has no lr_scheduler_kwargs: the schedule argument is lost",
+    ),
+    (
+        HF_KIND_UNAVAILABLE,
+        "hf-kind-unavailable",
+        "the target transformers does not have this lr_scheduler_type",
+    ),
+    (
+        ONE_CYCLE_ZERO_DECAY,
+        "one-cycle-zero-decay",
+        "OneCycle runs past its cycle with decay_step_size = 0 on a DeepSpeed that divides by it",
     ),
 ];
 
@@ -339,12 +363,22 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
     };
     twice(r, kind, out);
     if !is_deepspeed_schedule(kind) {
+        if !r.facts.hf_scheduler_kinds.contains(&kind) {
+            out.push(hf_kind_unavailable(r, kind));
+        } else if !r.facts.hf_scheduler_kwargs {
+            hf_kwargs_unavailable(r, kind, out);
+        }
         return;
     }
     peak_mismatch(r, kind, out);
     hf_args_ignored(r, kind, out);
     if kind == "OneCycle" {
         one_cycle_momentum(r, out);
+        if !r.facts.ds_one_cycle_zero_decay_ok {
+            if let Some(d) = one_cycle_zero_decay(r) {
+                out.push(d);
+            }
+        }
         return;
     }
     if !DS_WARMUP.contains(&kind) {
@@ -737,6 +771,161 @@ fn first_step_at_peak(r: &Resolved, kind: &str) -> Option<Diagnostic> {
         "{upgrade}use an HF schedule (`schedule {}`), which starts at 0",
         hf_twin(kind)
     )))
+}
+
+/// Before DeepSpeed v0.5.5 `OneCycle.get_lr` computes the post-cycle decay as
+/// `iteration / decay_step_size` with no guard (deepspeedai/DeepSpeed@v0.3.16:deepspeed/runtime/
+/// lr_schedules.py:OneCycle._get_decay_lr), so with `decay_step_size = 0` (its default, "no
+/// decay") the scheduler step after optimizer step `cycle + 1` raises `ZeroDivisionError` and the
+/// run stops there (reproduced with the real 0.3.16, conformance/fixtures/legacy-run).
+fn one_cycle_zero_decay(r: &Resolved) -> Option<Diagnostic> {
+    let decay = r.int("schedule.decay_step_size").unwrap_or(0);
+    if decay != 0 {
+        return None;
+    }
+    let first = u64::try_from(r.int("schedule.cycle_first_step_size")?).ok()?;
+    let second = r
+        .int("schedule.cycle_second_step_size")
+        .and_then(|v| u64::try_from(v).ok())
+        .unwrap_or(first);
+    let cycle = first + second;
+    let total = u64::try_from(r.int("steps.total")?).ok()?;
+    if total <= cycle {
+        return None;
+    }
+    let ds = r.targets.deepspeed;
+    let since = first_release(Library::DeepSpeed, ds, |f| {
+        matches!(f, Fact::DsOneCycleZeroDecayOk(true))
+    });
+    let key = if r.is_given("schedule.decay_step_size") {
+        "schedule.decay_step_size"
+    } else {
+        "schedule.kind"
+    };
+    let d = Diagnostic::error(
+        ONE_CYCLE_ZERO_DECAY,
+        format!(
+            "DeepSpeed {ds}'s `OneCycle` divides by decay_step_size = 0 after its {cycle}-step cycle: the run stops with ZeroDivisionError after optimizer step {} of {total}",
+            cycle + 1
+        ),
+        anchor(r, key),
+    )
+    .with_label(format!(
+        "decay_step_size = 0{}: no decay, but DeepSpeed {ds} divides by it",
+        origin(r, "schedule.decay_step_size")
+    ));
+    let upgrade = since
+        .map(|v| format!("target deepspeed ≥ {v} (it holds cycle_min_lr), or "))
+        .unwrap_or_default();
+    Some(with_target(d, r, Library::DeepSpeed).with_help(format!(
+        "{upgrade}write `decay_step_size = 1, decay_lr_rate = 0` to hold cycle_min_lr after the cycle, or make the cycle cover the {total} steps"
+    )))
+}
+
+/// An HF `lr_scheduler_type` newer than the target transformers: `TrainingArguments` converts
+/// the string to its `SchedulerType` enum in `__post_init__` and stops
+/// (huggingface/transformers@v4.24.0:src/transformers/training_args.py:__post_init__,
+/// `SchedulerType(self.lr_scheduler_type)`; the kinds per release in [`crate::versions`]).
+fn hf_kind_unavailable(r: &Resolved, kind: &str) -> Diagnostic {
+    let tf = r.targets.transformers;
+    let since = first_release(
+        Library::Transformers,
+        tf,
+        |f| matches!(f, Fact::HfSchedulerKinds(k) if k.contains(&kind)),
+    );
+    let d = Diagnostic::error(
+        HF_KIND_UNAVAILABLE,
+        format!(
+            "transformers {tf} has no lr_scheduler_type `{kind}`: TrainingArguments stops with \"{kind} is not a valid SchedulerType\""
+        ),
+        anchor(r, "schedule.kind"),
+    )
+    .with_label(match since {
+        Some(v) => format!("added in transformers {v}"),
+        None => "not in this transformers".into(),
+    });
+    let kinds = r.facts.hf_scheduler_kinds.join(", ");
+    with_target(d, r, Library::Transformers).with_help(match since {
+        Some(v) => format!("target transformers ≥ {v}, or use a schedule it has: {kinds}"),
+        None => format!("use a schedule transformers {tf} has: {kinds}"),
+    })
+}
+
+/// HF's own value for a schedule argument that `get_scheduler` would otherwise receive through
+/// `lr_scheduler_kwargs`: the keyword defaults of the schedule functions
+/// (huggingface/transformers@v4.24.0:src/transformers/optimization.py:
+/// get_cosine_schedule_with_warmup num_cycles 0.5, get_cosine_with_hard_restarts_schedule_with_warmup
+/// num_cycles 1, get_polynomial_decay_schedule_with_warmup lr_end 1e-7 and power 1.0; v4.29.0:
+/// get_reduce_on_plateau_schedule builds torch's `ReduceLROnPlateau(optimizer)`, factor 0.1 and
+/// patience 10). `None`: no single number.
+fn hf_kwarg_default(kind: &str, key: &str) -> Option<f64> {
+    match (kind, key) {
+        ("cosine", "num_cycles") => Some(0.5),
+        ("cosine_with_restarts", "num_cycles") => Some(1.0),
+        ("polynomial", "power") => Some(1.0),
+        ("polynomial", "lr_end") => Some(1e-7),
+        ("reduce_lr_on_plateau", "factor") => Some(0.1),
+        ("reduce_lr_on_plateau", "patience") => Some(10.0),
+        _ => None,
+    }
+}
+
+/// Before transformers v4.36.0 `TrainingArguments` has no `lr_scheduler_kwargs`: the Trainer
+/// calls `get_scheduler(type, optimizer, num_warmup_steps, num_training_steps)` and nothing else,
+/// so a schedule argument the recipe gives (other than HF's own default) cannot reach the run,
+/// which silently follows the function's default instead (seen with the real 4.6.1 and 4.24.0,
+/// conformance/fixtures/legacy-run).
+fn hf_kwargs_unavailable(r: &Resolved, kind: &str, out: &mut Vec<Diagnostic>) {
+    let Some(block) = crate::schema::block("schedule") else {
+        return;
+    };
+    let tf = r.targets.transformers;
+    let since = first_release(Library::Transformers, tf, |f| {
+        matches!(f, Fact::HfSchedulerKwargs(true))
+    });
+    for k in block
+        .keys
+        .iter()
+        .filter(|k| !k.kinds.is_empty() && k.applies_to(Some(kind)))
+    {
+        if !k.hf.is_some_and(|h| h.starts_with("lr_scheduler_kwargs.")) {
+            continue;
+        }
+        let key = format!("schedule.{}", k.name);
+        if !r.is_given(&key) {
+            continue;
+        }
+        let given = r.f64(&key);
+        let default = hf_kwarg_default(kind, k.name);
+        if given.is_some() && given == default {
+            continue;
+        }
+        let shown = given.map(fmt_f64).unwrap_or_else(|| "this value".into());
+        let runs = match default {
+            Some(d) => format!("HF's `{kind}` runs with {} = {}", k.name, fmt_f64(d)),
+            None => format!("HF's `{kind}` runs with its own default {}", k.name),
+        };
+        let d = Diagnostic::error(
+            HF_KWARGS_UNAVAILABLE,
+            format!(
+                "transformers {tf} has no `lr_scheduler_kwargs`: `{} = {shown}` cannot reach the scheduler; {runs}",
+                k.name
+            ),
+            anchor(r, &key),
+        )
+        .with_label(format!(
+            "not passed on: the Trainer gives get_scheduler only the warmup and the total steps{}",
+            origin(r, &key)
+        ));
+        let upgrade = since
+            .map(|v| format!("target transformers ≥ {v} (lr_scheduler_kwargs), or "))
+            .unwrap_or_default();
+        let keep = match default {
+            Some(v) => format!("write `{} = {}` (HF's default)", k.name, fmt_f64(v)),
+            None => format!("remove `{}`", k.name),
+        };
+        out.push(with_target(d, r, Library::Transformers).with_help(format!("{upgrade}{keep}")));
+    }
 }
 
 /// The `lr_scheduler_kwargs` fields the `schedule` block writes for an HF kind (from the

@@ -53,6 +53,28 @@ pub struct HfFields {
     pub fields: &'static [(&'static str, Option<&'static str>)],
 }
 
+impl HfFields {
+    /// The field list of the newest sampled release not newer than `target` (the oldest sampled
+    /// one for anything older).
+    pub fn for_target(target: crate::versions::Version) -> &'static HfFields {
+        let parse = |f: &HfFields| {
+            f.version
+                .parse::<crate::versions::Version>()
+                .expect("sampled versions parse")
+        };
+        TRAINING_ARGUMENTS_BY_VERSION
+            .iter()
+            .rev()
+            .find(|f| parse(f) <= target)
+            .unwrap_or(&TRAINING_ARGUMENTS_BY_VERSION[0])
+    }
+
+    /// Whether the release has the field `name`.
+    pub fn has(&self, name: &str) -> bool {
+        self.fields.binary_search_by(|(n, _)| n.cmp(&name)).is_ok()
+    }
+}
+
 /// `TrainingArguments` dataclass fields of sampled transformers releases, sorted by version (numeric).
 /// Source: PyPI wheel `transformers==X`, `src/transformers/training_args.py` (see the module doc).
 pub const TRAINING_ARGUMENTS_BY_VERSION: &[HfFields] = &[
