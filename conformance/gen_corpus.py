@@ -166,6 +166,18 @@ def schedule_block(rng: random.Random, kind: str, i: int, lr: float, total_guess
     return f"schedule {kind} {{ {body} }}" if body else f"schedule {kind}"
 
 
+def batch_line(mode: str, micro: int, acc: int, world: int) -> str:
+    """The `batch` block for a batch mode (`BATCH_MODES`), global = micro × acc × world."""
+    g = micro * acc * world
+    items = {"micro": [f"micro = {micro}"],
+             "micro+acc": [f"micro = {micro}", f"accumulate = {acc}"],
+             "micro+acc+global": [f"micro = {micro}", f"accumulate = {acc}", f"global = {g}"],
+             "micro+global": [f"micro = {micro}", f"global = {g}"],
+             "global+acc": [f"global = {g}", f"accumulate = {acc}"],
+             "global": [f"global = {g}"]}[mode]
+    return f"batch {{ {', '.join(items)} }}"
+
+
 def gen_case(i: int, rng: random.Random) -> tuple[str, str]:
     kind = KINDS[i % len(KINDS)]
     stage, off_opt, off_par = ZEROS[(i // 2) % len(ZEROS)]
@@ -187,19 +199,7 @@ def gen_case(i: int, rng: random.Random) -> tuple[str, str]:
 
     ev = ', eval = "dev.jsonl"' if i % 3 == 1 else ""
     lines = [f'recipe "c{i:03d}"', MODEL, f'data {{ train = "train.jsonl"{ev}, samples = {samples} }}']
-    g = micro * acc * world
-    if mode == "micro":
-        lines.append(f"batch {{ micro = {micro} }}")
-    elif mode == "micro+acc":
-        lines.append(f"batch {{ micro = {micro}, accumulate = {acc} }}")
-    elif mode == "micro+acc+global":
-        lines.append(f"batch {{ micro = {micro}, accumulate = {acc}, global = {g} }}")
-    elif mode == "micro+global":
-        lines.append(f"batch {{ micro = {micro}, global = {g} }}")
-    elif mode == "global+acc":
-        lines.append(f"batch {{ global = {g}, accumulate = {acc} }}")
-    else:
-        lines.append(f"batch {{ global = {g} }}")
+    lines.append(batch_line(mode, micro, acc, world))
 
     opt = [f"lr = {fmt_num(lr)}"]
     if rng.random() < 0.5:
@@ -597,6 +597,18 @@ REJECTED = [
 ]
 
 
+def kept(recipe: str | None, path: Path, name: str, dropped: list) -> bool:
+    """Whether the candidate at `path` stays: `recipe check` finds no error in it (or no binary
+    was given). A rejected candidate is deleted and recorded in `dropped` as (name, codes)."""
+    if not recipe:
+        return True
+    errs = check_errors(recipe, path)
+    if errs:
+        dropped.append((name, errs))
+        path.unlink()
+    return not errs
+
+
 def write_corpus(out: Path, count: int, recipe: str | None) -> list[str]:
     if out.exists():
         shutil.rmtree(out)
@@ -611,12 +623,8 @@ def write_corpus(out: Path, count: int, recipe: str | None) -> list[str]:
         name = f"{n:03d}-{slug}"
         path = out / f"{name}.rcp"
         path.write_text(text)
-        if recipe:
-            errs = check_errors(recipe, path)
-            if errs:
-                dropped.append((name, errs))
-                path.unlink()
-                continue
+        if not kept(recipe, path, name, dropped):
+            continue
         written.append(name)
         n += 1
         if i > count * 3:
@@ -625,12 +633,8 @@ def write_corpus(out: Path, count: int, recipe: str | None) -> list[str]:
         name = f"{n:03d}-{slug}"
         path = out / f"{name}.rcp"
         path.write_text(feature_case(slug, data, blocks, n))
-        if recipe:
-            errs = check_errors(recipe, path)
-            if errs:
-                dropped.append((name, errs))
-                path.unlink()
-                continue
+        if not kept(recipe, path, name, dropped):
+            continue
         written.append(name)
         n += 1
     for name, errs in dropped:

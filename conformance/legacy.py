@@ -16,6 +16,10 @@ config key names (the string constants of `runtime/constants.py`, `runtime/zero/
 fields are also read from the live class and must equal the AST reading.
 
 Writes OUT/<stack>.json (default conformance/fixtures/legacy/): see README.md.
+
+Then runs the releases' own config code on the stack's built corpus (legacy_run.py, in a
+subprocess with the overlays in front of the venv and the shims it lists) and writes
+RUN_OUT/<stack>.json (default conformance/fixtures/legacy-run/).
 """
 
 from __future__ import annotations
@@ -174,17 +178,48 @@ def run_stack(name: str, recipe_bin: str, out_dir: Path) -> dict:
     return res
 
 
+def run_old_stack(name: str, recipe_bin: str, out_dir: Path) -> str:
+    """The stack's corpus (gen_legacy.py → corpus-legacy/<stack>[-rejected]/) built into cases
+    (make_cases.py → build/legacy-cases/<stack>/), then legacy_run.py on them in a subprocess
+    with the stack's overlays in front of the venv. Writes OUT/<stack>.json."""
+    _, tf, ds = STACKS[name]
+    build = HERE / "build" / "legacy-cases" / name
+    corpus = HERE / "corpus-legacy"
+    subprocess.run(["python3", str(HERE / "make_cases.py"), "--recipe", recipe_bin,
+                    "--corpus", str(corpus / name), "--rejected", str(corpus / f"{name}-rejected"),
+                    "--out", str(build)], check=True)
+    out = out_dir / f"{name}.json"
+    for ov in (tf, ds):
+        if not (OVERLAYS / ov).is_dir():
+            out.write_text(json.dumps({"format": "recipe-conformance-legacy-run/1",
+                                       "skipped": f"overlay {ov} is not installed "
+                                                  "(conformance/setup.sh overlays)"}) + "\n")
+            return "skipped"
+    env = dict(os.environ, PYTHONPATH=f"{OVERLAYS / tf}:{OVERLAYS / ds}", DS_ACCELERATOR="cpu",
+               TRANSFORMERS_VERBOSITY="error")
+    if tf == "transformers-4.6.1":
+        env["LEGACY_HIDE_TOKENIZERS"] = "1"  # legacy_run.py S3
+    p = subprocess.run([sys.executable, str(HERE / "legacy_run.py"), str(build), str(out)],
+                       env=env, capture_output=True, text=True, timeout=3600)
+    if p.returncode != 0:
+        raise RuntimeError(f"legacy_run.py {name}: exit {p.returncode}: {p.stderr[-3000:]}")
+    return p.stdout.strip()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipe", required=True)
     ap.add_argument("--out", type=Path, default=HERE / "fixtures" / "legacy")
+    ap.add_argument("--run-out", type=Path, default=HERE / "fixtures" / "legacy-run")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
+    a.run_out.mkdir(parents=True, exist_ok=True)
     for name in STACKS:
         res = run_stack(name, a.recipe, a.out)
         (a.out / f"{name}.json").write_text(json.dumps(res, indent=1, sort_keys=True) + "\n")
         c = res.get("compare", {})
         print(f"legacy: {name}: {res.get('skipped') or c}")
+        print(f"legacy: {name}: {run_old_stack(name, a.recipe, a.run_out)}")
     return 0
 
 

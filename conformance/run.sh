@@ -29,22 +29,25 @@ fi
 echo "run: recipe binary $RECIPE ($("$RECIPE" --version))"
 
 python3 "$HERE/gen_corpus.py" --recipe "$RECIPE"
+python3 "$HERE/gen_legacy.py" --recipe "$RECIPE"
 python3 "$HERE/make_cases.py" --recipe "$RECIPE" --out "$HERE/build"
 
-rm -rf "$HERE/fixtures/corpus" "$HERE/fixtures/rejected" "$HERE/fixtures/legacy"
+rm -rf "$HERE/fixtures/corpus" "$HERE/fixtures/rejected" "$HERE/fixtures/legacy" \
+  "$HERE/fixtures/legacy-run"
 mkdir -p "$HERE/fixtures"
 echo "run: harness on the corpus"
 "$PY" "$HERE/harness.py" "$HERE/build/cases" "$HERE/fixtures/corpus" --json-summary
 echo "run: harness on the rejected corpus"
 "$PY" "$HERE/harness.py" "$HERE/build/rejected" "$HERE/fixtures/rejected" --json-summary
-echo "run: the seed article's old stacks (legacy.py)"
+echo "run: the seed article's old stacks (legacy.py, legacy_run.py)"
 "$PY" "$HERE/legacy.py" --recipe "$RECIPE"
 python3 "$HERE/summary.py" "$HERE/fixtures" --json "$HERE/fixtures/summary.json" | tee "$HERE/build/summary.txt"
 # Cases that need an old release (overlays.txt) are recorded as skipped without the overlays.
 if grep -l '"reproduced": "skipped' "$HERE/fixtures/rejected/"*.json >/dev/null 2>&1 \
-   || grep -l '"skipped"' "$HERE/fixtures/legacy/"*.json >/dev/null 2>&1; then
+   || grep -l '"skipped"' "$HERE/fixtures/legacy/"*.json "$HERE/fixtures/legacy-run/"*.json >/dev/null 2>&1; then
   echo "run: SKIPPED (overlays not installed; conformance/setup.sh overlays):"
   grep -l '"reproduced": "skipped\|"skipped"' "$HERE/fixtures/rejected/"*.json "$HERE/fixtures/legacy/"*.json \
+    "$HERE/fixtures/legacy-run/"*.json \
     | sed 's/^/run:   /'
 fi
 echo "run: fixtures $(du -sh "$HERE/fixtures" | cut -f1) in $HERE/fixtures"

@@ -158,9 +158,27 @@ def main() -> int:
             imp = x[f"{lib}_import"] or {}
             if imp and not imp.get("ok"):
                 print(f"      {lib} does not import: {imp.get('error')}")
+    legacy_run = []
+    print("old stacks run (legacy_run.py: the releases' own config code, shims S1-S3):")
+    for d in load(a.fixtures / "legacy-run"):
+        if d.get("skipped"):
+            print(f"  {d['skipped']}")
+            continue
+        cases, rej = d.get("cases", []), d.get("rejected", [])
+        failed = [c["case"] for c in cases if c.get("errors") or c.get("harness_error")]
+        reproduced = [f"{r['case']}: {(r['errors'] or [{}])[0].get('message', 'ran')[:70]}"
+                      for r in rej]
+        x = {"transformers": d["transformers"], "deepspeed": d["deepspeed"],
+             "cases": len(cases), "failed": failed, "rejected": reproduced}
+        legacy_run.append(x)
+        print(f"  transformers {x['transformers']} + DeepSpeed {x['deepspeed']}: "
+              f"{len(cases)} cases, failed {failed}")
+        for line in reproduced:
+            print(f"      rejected {line}")
     if a.json:
         a.json.write_text(json.dumps({"versions": versions, "corpus": s, "disagreements": lines,
-                                      "rejected": rj, "legacy": legacy}, indent=1) + "\n")
+                                      "rejected": rj, "legacy": legacy,
+                                      "legacy_run": legacy_run}, indent=1) + "\n")
     return 0
 
 

@@ -17,8 +17,9 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn fixtures() -> Vec<Value> {
-    let dir = root().join("conformance/fixtures/corpus");
+/// Every `*.json` fixture under `conformance/fixtures/<sub>`, in file-name order.
+fn json_dir(sub: &str) -> Vec<Value> {
+    let dir = root().join("conformance/fixtures").join(sub);
     let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
@@ -31,7 +32,10 @@ fn fixtures() -> Vec<Value> {
         .collect()
 }
 
-/// JSON equality where numbers compare by value (1 == 1.0).
+fn fixtures() -> Vec<Value> {
+    json_dir("corpus")
+}
+
 /// The explicit artefacts `recipe build` writes for a resolved recipe (paths relative to it).
 fn explicit_artefacts(r: &recipe::resolve::Resolved, text: &str) -> Vec<(String, Vec<u8>)> {
     let layout = Layout {
@@ -48,6 +52,7 @@ fn explicit_artefacts(r: &recipe::resolve::Resolved, text: &str) -> Vec<(String,
     .files
 }
 
+/// JSON equality where numbers compare by value (1 == 1.0).
 fn same(a: &Value, b: &Value) -> bool {
     match (a, b) {
         (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
@@ -154,39 +159,17 @@ fn our_current_config_steps_and_learning_rates_match_the_real_stack() {
         if real.is_empty() {
             continue;
         }
-        let curves =
-            recipe::schedules::curves(&r).unwrap_or_else(|| panic!("{case}: no schedule curves"));
         let side = f["lr_side"].as_str().unwrap();
-        for (i, want) in real.iter().enumerate() {
-            let Some(want) = want.as_f64() else { continue };
-            let at = curves.at(i as u64 + 1);
-            let got = if side == "hf" { at.hf } else { at.deepspeed }.unwrap_or(f64::NAN);
-            let err = if want == 0.0 {
-                got.abs()
-            } else {
-                ((got - want) / want).abs()
-            };
-            assert!(
-                err <= 1e-12,
-                "{case}: step {}: ours {got} vs real {want} ({side})",
-                i + 1
-            );
-        }
+        let (worst, first) = lr_error(real, &r, side, 1e-12);
+        assert!(
+            worst <= 1e-12,
+            "{case}: LR ({side}) differs from step {first:?}, max rel. error {worst:e}"
+        );
     }
 }
 
 fn rejected_fixtures() -> Vec<Value> {
-    let dir = root().join("conformance/fixtures/rejected");
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .collect();
-    paths.sort();
-    paths
-        .iter()
-        .map(|p| serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap())
-        .collect()
+    json_dir("rejected")
 }
 
 /// R0201 (accelerate < 1.8 step drift, ds_hf_rules.md R-S02) and R0202 (transformers 4.47–4.51
@@ -480,4 +463,240 @@ fn legacy_artefacts_use_only_names_the_old_releases_know() {
         seen += 1;
     }
     assert_eq!(seen, 2, "legacy fixtures");
+}
+
+/// A corpus recipe checked and resolved as `recipe build` would (path relative to the repo).
+fn resolved(rel: &str) -> (recipe::check::Checked, recipe::resolve::Resolved, String) {
+    let path = root().join(rel);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{rel}: {e}"));
+    let options = Options {
+        base_dir: path.parent().map(Path::to_path_buf),
+        ..Options::default()
+    };
+    let checked = check_source_with(&text, &options);
+    let r = resolve(checked.file.as_ref().unwrap(), &options);
+    (checked, r, text)
+}
+
+/// The largest relative error between the recorded LRs and ours on `side` (absolute where the
+/// real LR is 0; NaN counts as infinite), and the first step where it exceeds `tol`.
+fn lr_error(
+    real: &[Value],
+    r: &recipe::resolve::Resolved,
+    side: &str,
+    tol: f64,
+) -> (f64, Option<usize>) {
+    let curves = recipe::schedules::curves(r).expect("schedule curves");
+    let (mut worst, mut first) = (0.0f64, None);
+    for (i, want) in real.iter().enumerate() {
+        // A step upstream could not compute is recorded as a string; nothing to compare.
+        let Some(want) = want.as_f64() else { continue };
+        let at = curves.at(i as u64 + 1);
+        let got = if side == "hf" { at.hf } else { at.deepspeed }.unwrap_or(f64::NAN);
+        let err = if want == 0.0 {
+            got.abs()
+        } else {
+            ((got - want) / want).abs()
+        };
+        let err = if err.is_nan() { f64::INFINITY } else { err };
+        if err > tol && first.is_none() {
+            first = Some(i + 1);
+        }
+        worst = worst.max(err);
+    }
+    (worst, first)
+}
+
+fn legacy_run_fixtures() -> Vec<Value> {
+    let out = json_dir("legacy-run");
+    for f in &out {
+        assert!(
+            f["skipped"].is_null(),
+            "recorded without the overlays (conformance/setup.sh overlays): {}",
+            f["skipped"]
+        );
+    }
+    out
+}
+
+/// The seed article's stacks run for real (conformance/legacy_run.py: transformers 4.6.1 +
+/// DeepSpeed 0.3.16, transformers 4.24.0 + DeepSpeed 0.7.7, each release's own
+/// `TrainingArguments`, `Trainer.train()` up to `deepspeed.initialize`, `DeepSpeedConfig` at the
+/// world size, the engine's sanity check and basic optimizer, the scheduler it steps), on a
+/// generated corpus of 30 recipes per stack: nothing fails, HF's processing changes nothing we
+/// emit, the config HF hands DeepSpeed is the one we emit today (plus HF's own
+/// `zero_allow_untested_optimizer` when HF builds the optimizer), DeepSpeed parses the batch
+/// and ZeRO values we state, and our step count and LR per step equal the old releases' own.
+#[test]
+fn old_stacks_run_our_artefacts_and_match_our_steps_and_learning_rates() {
+    let fixtures = legacy_run_fixtures();
+    assert_eq!(fixtures.len(), 2, "legacy-run fixtures");
+    for f in &fixtures {
+        let stack = format!(
+            "transformers {} + DeepSpeed {}",
+            f["transformers"].as_str().unwrap(),
+            f["deepspeed"].as_str().unwrap()
+        );
+        let cases = f["cases"].as_array().unwrap();
+        assert!(cases.len() >= 30, "{stack}: {} cases", cases.len());
+        for c in cases {
+            let case = c["case"].as_str().unwrap();
+            assert!(
+                c["harness_error"].is_null(),
+                "{stack} {case}: {}",
+                c["traceback"]
+            );
+            assert_eq!(
+                c["errors"],
+                Value::Array(vec![]),
+                "{stack} {case}: the old release failed"
+            );
+            assert_eq!(
+                c["hf_processed_diff"],
+                Value::Array(vec![]),
+                "{stack} {case}: HF's config processing changed our config"
+            );
+            let (checked, r, text) = resolved(c["recipe"].as_str().unwrap());
+            assert!(!checked.has_errors(), "{stack} {case}: we now reject it");
+            let files = explicit_artefacts(&r, &text);
+            let ours: Value = serde_json::from_slice(
+                &files.iter().find(|(n, _)| n == "ds_config.json").unwrap().1,
+            )
+            .unwrap();
+            let mut handed = c["handed_config"].clone();
+            if !c["client_optimizer"].is_null() {
+                // deepspeed_init adds it when HF builds the optimizer ("To use other optimizers
+                // requires voiding warranty with: `zero_allow_untested_optimizer`").
+                let added = handed
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("zero_allow_untested_optimizer");
+                assert_eq!(added, Some(Value::Bool(true)), "{stack} {case}");
+            }
+            assert!(
+                same(&ours, &handed),
+                "{stack} {case}: we emit\n{ours}\nthe old HF handed DeepSpeed\n{handed}"
+            );
+            let parsed = &c["deepspeed_parsed"];
+            for (key, ds_key) in [
+                ("train_batch_size", "train_batch_size"),
+                (
+                    "train_micro_batch_size_per_gpu",
+                    "train_micro_batch_size_per_gpu",
+                ),
+                ("gradient_accumulation_steps", "gradient_accumulation_steps"),
+            ] {
+                assert!(
+                    same(&parsed[key], &ours[ds_key]),
+                    "{stack} {case}: DeepSpeed parsed {key} = {}",
+                    parsed[key]
+                );
+            }
+            assert!(
+                same(&parsed["zero.stage"], &ours["zero_optimization"]["stage"]),
+                "{stack} {case}: ZeRO stage {}",
+                parsed["zero.stage"]
+            );
+            assert_eq!(
+                c["real_total"].as_i64(),
+                r.int("steps.total"),
+                "{stack} {case}: optimizer steps"
+            );
+            assert_eq!(
+                c["real_batches_per_epoch"].as_i64(),
+                r.int("steps.batches_per_epoch"),
+                "{stack} {case}: micro-batches per epoch and rank"
+            );
+            let side = c["lr_side"].as_str().unwrap();
+            let real = c["lr"].as_array().unwrap();
+            assert_eq!(
+                real.len() as i64,
+                r.int("steps.total").unwrap(),
+                "{stack} {case}"
+            );
+            let (worst, first) = lr_error(real, &r, side, 1e-12);
+            assert!(
+                worst <= 1e-12,
+                "{stack} {case}: LR ({side}) differs from step {first:?}, max rel. error {worst:e}"
+            );
+        }
+    }
+}
+
+/// Recipes our checker rejects for the old stacks, run through those releases: R0312 (no
+/// `lr_scheduler_kwargs` before transformers 4.36: the real run follows HF's default schedule,
+/// equal to the base recipe's curve and not the rejected recipe's), R0313 (transformers refuses
+/// the scheduler name) and R0314 (DeepSpeed 0.3.16's OneCycle divides by zero after the cycle);
+/// each base recipe, the control, runs clean.
+#[test]
+fn old_stacks_show_what_r0312_r0313_and_r0314_exist_for() {
+    let mut seen = Vec::new();
+    for f in legacy_run_fixtures() {
+        let stack = format!(
+            "transformers {} + DeepSpeed {}",
+            f["transformers"].as_str().unwrap(),
+            f["deepspeed"].as_str().unwrap()
+        );
+        for c in f["rejected"].as_array().unwrap() {
+            let case = c["case"].as_str().unwrap();
+            let meta = &c["rejected"];
+            let code = meta["code"].as_str().unwrap();
+            assert!(
+                checker_reports(c, code),
+                "{stack} {case}: we no longer report {code}"
+            );
+            assert_eq!(
+                c["control"]["errors"],
+                Value::Array(vec![]),
+                "{stack} {case}: the control failed"
+            );
+            match meta["expect"].as_str().unwrap() {
+                "silent_lr" => {
+                    assert_eq!(c["errors"], Value::Array(vec![]), "{stack} {case}");
+                    let real = c["lr"].as_array().unwrap();
+                    let side = c["lr_side"].as_str().unwrap();
+                    assert_eq!(side, "hf", "{stack} {case}");
+                    // The run follows the base recipe (HF's defaults) ...
+                    let (_, base, _) = resolved(c["base_recipe"].as_str().unwrap());
+                    let (worst, first) = lr_error(real, &base, side, 1e-12);
+                    assert!(
+                        worst <= 1e-12,
+                        "{stack} {case}: base differs from step {first:?}"
+                    );
+                    // ... not the rejected recipe's schedule.
+                    let (_, rejected, _) = resolved(c["recipe"].as_str().unwrap());
+                    let (worst, _) = lr_error(real, &rejected, side, 1e-6);
+                    assert!(
+                        worst > 1e-3,
+                        "{stack} {case}: the real LR follows the rejected recipe"
+                    );
+                }
+                "raise" => {
+                    let want = meta["engine_match"].as_str().unwrap();
+                    let errors = c["errors"].as_array().unwrap();
+                    assert!(
+                        errors
+                            .iter()
+                            .any(|e| e["message"].as_str().unwrap().contains(want)),
+                        "{stack} {case}: expected an error containing {want:?}, got {errors:?}"
+                    );
+                }
+                other => panic!("{stack} {case}: unknown expect {other}"),
+            }
+            seen.push(format!("{} {code}", f["transformers"].as_str().unwrap()));
+        }
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            "4.24.0 R0312",
+            "4.24.0 R0312",
+            "4.24.0 R0313",
+            "4.6.1 R0312",
+            "4.6.1 R0312",
+            "4.6.1 R0313",
+            "4.6.1 R0314"
+        ]
+    );
 }
