@@ -22,10 +22,6 @@ pub fn fields_for(target: Version) -> &'static HfFields {
     HfFields::for_target(target)
 }
 
-fn has(fields: &HfFields, name: &str) -> bool {
-    fields.has(name)
-}
-
 /// HF's `optim` value for a recipe optimizer kind (when HF builds the optimizer).
 pub fn hf_optim(kind: &str) -> &'static str {
     match kind {
@@ -52,7 +48,7 @@ pub fn arguments(r: &Resolved, ds_config: &str) -> Value {
     let mut a = Map::new();
     // Writes the value under the first name the release has.
     let mut put = |names: &[&str], value: Value| {
-        if let Some(name) = names.iter().find(|n| has(fields, n)) {
+        if let Some(name) = names.iter().find(|n| fields.has(n)) {
             a.insert((*name).to_string(), value);
         }
     };
@@ -182,7 +178,7 @@ pub fn arguments(r: &Resolved, ds_config: &str) -> Value {
     }
     if r.word("optimizer.owner") == Some("hf") {
         let kind = r.word("optimizer.kind").unwrap_or("adamw");
-        if has(fields, "optim") {
+        if fields.has("optim") {
             put(&["optim"], json!(hf_optim(kind)));
         } else if kind == "adafactor" {
             put(&["adafactor"], json!(true));
