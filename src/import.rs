@@ -21,6 +21,10 @@ pub struct Inputs {
     pub samples: Option<u64>,
     /// Number of labels of the classifier.
     pub labels: Option<u64>,
+    /// `model.hidden_size`, for the config's `"auto"` ZeRO sizes.
+    pub hidden_size: Option<u64>,
+    /// Whether `model` is a local directory with a config.json (which gives the hidden size).
+    pub model_is_local: bool,
     /// GPUs per node and nodes (the configs do not say either).
     pub gpus: Option<u64>,
     /// Nodes.
@@ -29,6 +33,20 @@ pub struct Inputs {
     pub targets: Vec<(String, String)>,
     /// Where the configs came from, for the header comment.
     pub origin: String,
+}
+
+/// `name` as a bare word when it is one, else quoted.
+fn label_or_quoted(name: &str) -> String {
+    let word = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if word {
+        name.to_string()
+    } else {
+        format::quote(name)
+    }
 }
 
 /// A recipe value written from JSON.
@@ -159,10 +177,19 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
         "MODEL".into()
     });
     let labels = inputs.labels.unwrap_or(2);
-    let model_items = vec![
+    let mut model_items = vec![
         ("from".to_string(), format::quote(&model)),
         ("task".to_string(), format!("classify(labels: {labels})")),
     ];
+    if let Some(h) = inputs.hidden_size {
+        model_items.push(("hidden_size".into(), h.to_string()));
+    }
+    // Renamed `activation_checkpointing` in transformers 5.23.
+    let ckpt = b.hf("activation_checkpointing");
+    let ckpt = b.hf("gradient_checkpointing").or(ckpt);
+    if let Some(v) = ckpt.filter(|v| v.as_bool() == Some(true)) {
+        model_items.push(("gradient_checkpointing".into(), lit(&v)));
+    }
     out.push_str(&format!("model bert{}\n\n", items(&model_items)));
     let train = inputs.train.clone().unwrap_or_else(|| {
         b.comments
@@ -170,7 +197,22 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
         "train.jsonl".into()
     });
     let mut data = vec![("train".to_string(), format::quote(&train))];
-    if let Some(e) = &inputs.eval {
+    // The arguments ask for evaluation: the script had evaluation data (HF refuses a strategy
+    // without it), so a placeholder stands in rather than a false R0706.
+    let strategy = b
+        .args
+        .get("eval_strategy")
+        .or_else(|| b.args.get("evaluation_strategy"))
+        .and_then(Value::as_str);
+    let evaluates = matches!(strategy, Some("steps" | "epoch"));
+    let eval = inputs.eval.clone().or_else(|| {
+        evaluates.then(|| {
+            b.comments
+                .push("data.eval is a placeholder: give --eval".into());
+            "eval.jsonl".to_string()
+        })
+    });
+    if let Some(e) = &eval {
         data.push(("eval".into(), format::quote(e)));
     }
     if let Some(n) = inputs.samples {
@@ -220,38 +262,45 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
     // optimizer
     let ds_opt_type = b.ds("optimizer.type", None);
     let mut opt = Vec::new();
-    let kind = match ds_opt_type.as_ref().and_then(Value::as_str) {
-        Some(t) => match t.to_ascii_lowercase().as_str() {
-            "adam" => {
-                // DeepSpeed's Adam is AdamW unless adam_w_mode is false (R-P01).
-                let w = b.ds("optimizer.params.adam_w_mode", None);
-                if w.and_then(|v| v.as_bool()) == Some(false) {
-                    "adam"
-                } else {
-                    "adamw"
+    let kind: String = match ds_opt_type.as_ref().and_then(Value::as_str) {
+        Some(t) => {
+            let lower = t.to_ascii_lowercase();
+            let known = match lower.as_str() {
+                "adam" => {
+                    // DeepSpeed's Adam is AdamW unless adam_w_mode is false (R-P01).
+                    let w = b.ds("optimizer.params.adam_w_mode", None);
+                    Some(if w.and_then(|v| v.as_bool()) == Some(false) {
+                        "adam"
+                    } else {
+                        "adamw"
+                    })
                 }
-            }
-            "adamw" => {
-                b.ds("optimizer.params.adam_w_mode", None);
-                "adamw"
-            }
-            "lamb" => "lamb",
-            "lion" => "lion",
-            "adagrad" => "adagrad",
-            "onebitadam" => "onebitadam",
-            "zerooneadam" => "zerooneadam",
-            "onebitlamb" => "onebitlamb",
-            "sgd" => "sgd",
-            _ => "adamw",
-        },
+                "adamw" => {
+                    b.ds("optimizer.params.adam_w_mode", None);
+                    Some("adamw")
+                }
+                "lamb" | "lion" | "adagrad" | "onebitadam" | "zerooneadam" | "onebitlamb"
+                | "sgd" => Some(lower.as_str()),
+                _ => None,
+            };
+            // Not one the language models (a typo, or a torch.optim class such as RMSprop
+            // that DeepSpeed would look up by name): kept as written, so the check names it.
+            known.map_or_else(|| label_or_quoted(&lower), str::to_string)
+        }
         None => {
             opt.push(("owner".to_string(), "hf".to_string()));
+            // The `optim` values the compiler writes (and 4.x's default `adamw_hf`); any
+            // other (8-bit, fused, paged, GaLore, …) is another optimizer or kernel, kept as
+            // written so the check names it rather than silently becoming adamw_torch.
+            let adafactor = b.hf("adafactor").and_then(|v| v.as_bool()) == Some(true);
             match b.args.get("optim").and_then(Value::as_str) {
-                Some(o) if o.starts_with("sgd") => "sgd",
-                Some(o) if o.starts_with("adagrad") => "adagrad",
-                Some(o) if o.starts_with("adafactor") => "adafactor",
-                Some(o) if o.starts_with("lion") => "lion",
-                _ => "adamw",
+                None if adafactor => "adafactor".to_string(),
+                None | Some("adamw_torch" | "adamw_hf") => "adamw".to_string(),
+                Some("sgd") => "sgd".to_string(),
+                Some("adagrad") => "adagrad".to_string(),
+                Some("adafactor") => "adafactor".to_string(),
+                Some("lion_32bit") => "lion".to_string(),
+                Some(other) => label_or_quoted(other),
             }
         }
     };
@@ -297,6 +346,17 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
             opt.push((key.into(), lit(&v)));
         }
     }
+    // Parameters the language does not model go into the block, where the check names them
+    // (DeepSpeed would pass them to the optimizer's constructor). `max_grad_norm` stays raw:
+    // R0031 says where it went.
+    if let Some(Value::Object(params)) = at(&Value::Object(b.ds.clone()), "optimizer.params") {
+        for (k, v) in params {
+            if k != "max_grad_norm" && !is_auto(Some(v)) {
+                b.ds(&format!("optimizer.params.{k}"), None);
+                opt.push((label_or_quoted(k), lit(v)));
+            }
+        }
+    }
     out.push_str(&format!("optimizer {kind}{}\n\n", items(&opt)));
 
     // schedule: DeepSpeed's section if present, else HF's lr_scheduler_type.
@@ -305,16 +365,48 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
     let sched_type = b.ds("scheduler.type", None);
     let warmup_steps_arg = b.hf("warmup_steps");
     let warmup_ratio_arg = b.hf("warmup_ratio");
+    // HF's warmup (`get_warmup_steps`): steps when positive (a float below 1 is a fraction in
+    // 5.x), else `warmup_ratio` (4.x).
+    let hf_warmup = {
+        let ratio = warmup_ratio_arg.as_ref().and_then(num).filter(|r| *r > 0.0);
+        let steps = warmup_steps_arg.as_ref().and_then(num).filter(|s| *s > 0.0);
+        // A fraction is written as the number itself (a number below 1 is a fraction in the
+        // language): `0.06`, not `6.000000000000001%`; a ratio of 1 is `100%`.
+        let fraction = |f: f64| {
+            if f < 1.0 {
+                format!("{f}")
+            } else {
+                "100%".to_string()
+            }
+        };
+        match (steps, ratio) {
+            (Some(s), _) if s >= 1.0 => Some(format!("{}", s as i64)),
+            (Some(s), _) => Some(fraction(s)),
+            (None, Some(r)) => Some(fraction(r)),
+            _ => None,
+        }
+    };
     let mut sched = Vec::new();
     let kind = match sched_type.as_ref().and_then(Value::as_str) {
         Some(t) => {
-            let w = b.ds("scheduler.params.warmup_num_steps", None);
+            // Taken raw: `"auto"` is HF's max(1, warmup from the arguments).
+            let w = take(&mut b.ds, "scheduler.params.warmup_num_steps");
             let w = match w {
-                Some(Value::String(s)) if s == "auto" => warmup_steps_arg.clone(),
+                Some(Value::String(s)) if s == "auto" => hf_warmup.clone().map(Value::String),
+                // HF matches warmup_num_steps against max(1, warmup_steps) (DeepSpeed ≥ 0.19.6
+                // wants it positive), so 1 with `warmup_steps = 0` is a run without warmup.
+                Some(v)
+                    if num(&v) == Some(1.0)
+                        && warmup_steps_arg.as_ref().and_then(num) == Some(0.0) =>
+                {
+                    warmup_steps_arg.clone()
+                }
                 other => other,
             };
-            if let Some(v) = w {
-                sched.push(("warmup".to_string(), lit(&v)));
+            match w {
+                Some(Value::String(item)) => sched.push(("warmup".to_string(), item)),
+                Some(v) => sched.push(("warmup".to_string(), lit(&v))),
+                None => {}
             }
             for (param, key) in [
                 ("warmup_type", "warmup_type"),
@@ -350,6 +442,16 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
                     None => {}
                 }
             }
+            // -1 is DeepSpeed's default (a fresh run); any other value stays raw and is named.
+            if at(
+                &Value::Object(b.ds.clone()),
+                "scheduler.params.last_batch_iteration",
+            )
+            .and_then(num)
+                == Some(-1.0)
+            {
+                b.ds("scheduler.params.last_batch_iteration", None);
+            }
             // DeepSpeed's own default warmup is log; say so rather than inherit the recipe's.
             if !sched.iter().any(|(k, _)| k == "warmup_type")
                 && matches!(t, "WarmupLR" | "WarmupDecayLR" | "WarmupCosineLR")
@@ -364,13 +466,8 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
                 .hf("lr_scheduler_type")
                 .and_then(|v| v.as_str().map(str::to_string))
                 .unwrap_or_else(|| "linear".into());
-            let ratio = warmup_ratio_arg.as_ref().and_then(num).filter(|r| *r > 0.0);
-            let steps = warmup_steps_arg.as_ref().and_then(num).filter(|s| *s > 0.0);
-            match (steps, ratio) {
-                (Some(s), _) if s >= 1.0 => sched.push(("warmup".into(), format!("{}", s as i64))),
-                (Some(s), _) => sched.push(("warmup".into(), format!("{}%", s * 100.0))),
-                (None, Some(r)) => sched.push(("warmup".into(), format!("{}%", r * 100.0))),
-                _ => {}
+            if let Some(w) = hf_warmup.clone() {
+                sched.push(("warmup".into(), w));
             }
             if let Some(Value::Object(kw)) = b.hf("lr_scheduler_kwargs") {
                 for (k, v) in kw {
@@ -421,6 +518,25 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
         "fp32"
     };
     train.push(("precision".into(), precision.into()));
+    // Both halves on: keep the second one raw so the check reports the conflict that DeepSpeed
+    // ("bfloat16 and fp16 modes cannot be simultaneously enabled") and HF refuse.
+    if fp16 && bf16 {
+        if bf16_args {
+            b.args.insert("bf16".into(), Value::Bool(true));
+        } else {
+            b.ds.insert("bf16".into(), serde_json::json!({ "enabled": true }));
+        }
+    }
+    // apex AMP: HF's backend field (4.x) or DeepSpeed's `amp` section.
+    let backend = b.hf("half_precision_backend");
+    let backend = b.hf("fp16_backend").or(backend);
+    let amp = match b.ds("amp.enabled", None) {
+        Some(Value::Bool(x)) => x,
+        _ => false,
+    };
+    if amp || backend.as_ref().and_then(Value::as_str) == Some("apex") {
+        train.push(("fp16_backend".into(), "apex".into()));
+    }
     for (param, key) in [
         ("initial_scale_power", "initial_scale_power"),
         ("loss_scale_window", "loss_scale_window"),
@@ -525,6 +641,27 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
             zero.push((key.to_string(), call));
         }
     }
+    // HF fills these `"auto"` values from the model's hidden size (§2.2); the recipe derives
+    // the same from `model.hidden_size`, so they need the hidden size and nothing else.
+    let hidden_autos = [
+        "reduce_bucket_size",
+        "stage3_prefetch_bucket_size",
+        "stage3_param_persistence_threshold",
+    ]
+    .iter()
+    .any(|k| {
+        is_auto(at(
+            &Value::Object(b.ds.clone()),
+            &format!("zero_optimization.{k}"),
+        ))
+    });
+    if hidden_autos && inputs.hidden_size.is_none() && !inputs.model_is_local {
+        b.comments.push(
+            "model.hidden_size is unknown: the config's \"auto\" ZeRO sizes are HF's hidden-size \
+             values; give --hidden-size N (or --model DIR with its config.json)"
+                .into(),
+        );
+    }
     for (param, key) in [
         ("overlap_comm", "overlap_comm"),
         ("contiguous_gradients", "contiguous_gradients"),
@@ -553,11 +690,9 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
         ("ignore_unused_parameters", "ignore_unused_parameters"),
         ("elastic_checkpoint", "elastic_checkpoint"),
     ] {
-        match b.ds(&format!("zero_optimization.{param}"), None) {
-            // Hidden-size autos: the compiler derives them from the model's hidden size.
-            Some(Value::String(s)) if s == "auto" => {}
-            Some(v) => zero.push((key.into(), lit(&v))),
-            None => {}
+        // An `"auto"` comes back as None: derived from model.hidden_size.
+        if let Some(v) = b.ds(&format!("zero_optimization.{param}"), None) {
+            zero.push((key.into(), lit(&v)));
         }
     }
     out.push_str(&format!("zero {stage}{}\n", items(&zero)));

@@ -15,15 +15,16 @@ fn read_json(path: &Path) -> Result<serde_json::Value, String> {
     serde_json::from_str(&text).map_err(|e| format!("`{}` is not JSON: {e}", path.display()))
 }
 
-pub fn run(
-    file: &Path,
-    args: Option<&PathBuf>,
-    model: Option<String>,
-    train: Option<String>,
-    eval: Option<String>,
-    labels: Option<u64>,
-    flags: &RecipeFlags,
-) -> i32 {
+/// What the user says that the configs do not: the model and the data.
+pub struct Given {
+    pub model: Option<String>,
+    pub train: Option<String>,
+    pub eval: Option<String>,
+    pub labels: Option<u64>,
+    pub hidden_size: Option<u64>,
+}
+
+pub fn run(file: &Path, args: Option<&PathBuf>, given: Given, flags: &RecipeFlags) -> i32 {
     let ds = match read_json(file) {
         Ok(v) => v,
         Err(e) => {
@@ -55,11 +56,17 @@ pub fn run(
             .iter()
             .map(|(lib, v)| (lib.key().to_string(), v.to_string()))
             .collect(),
-        model,
-        train,
-        eval,
+        // A local model directory's config.json gives the hidden size (the check reads it).
+        model_is_local: given
+            .model
+            .as_ref()
+            .is_some_and(|m| Path::new(m).join("config.json").is_file()),
+        model: given.model,
+        train: given.train,
+        eval: given.eval,
         samples: flags.samples,
-        labels,
+        labels: given.labels,
+        hidden_size: given.hidden_size,
         gpus: flags.gpus,
         nodes: flags.nodes,
         origin,

@@ -152,6 +152,10 @@ enum Command {
         /// Number of classes of the classifier.
         #[arg(long)]
         labels: Option<u64>,
+        /// The model's hidden size, for the config's "auto" ZeRO sizes (HF computes them from
+        /// the model; a local --model directory's config.json says it too).
+        #[arg(long, value_name = "N")]
+        hidden_size: Option<u64>,
         #[command(flatten)]
         flags: RecipeFlags,
     },
@@ -315,8 +319,20 @@ pub fn main() -> i32 {
             train,
             eval,
             labels,
+            hidden_size,
             flags,
-        } => import::run(&file, args.as_ref(), model, train, eval, labels, &flags),
+        } => import::run(
+            &file,
+            args.as_ref(),
+            import::Given {
+                model,
+                train,
+                eval,
+                labels,
+                hidden_size,
+            },
+            &flags,
+        ),
     }
 }
 
