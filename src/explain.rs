@@ -29,6 +29,8 @@ pub struct Row {
     pub deepspeed: Option<&'static str>,
     /// The TrainingArguments field (or script argument) it feeds.
     pub hf: Option<&'static str>,
+    /// What happens to the value upstream that the value alone does not say.
+    pub upstream: Option<String>,
 }
 
 /// A target version and its provenance.
@@ -185,6 +187,22 @@ fn memory_section(r: &Resolved, size: ModelSize, from: String) -> MemorySection 
     }
 }
 
+/// What upstream does to a setting's value on the way to the run, where that differs from what
+/// the artefacts say.
+fn upstream_note(r: &Resolved, key: &str) -> Option<String> {
+    match key {
+        // accelerate's DeepSpeedPlugin.__post_init__ sets steps_per_print to inf, in every
+        // release from 0.10.0 to 1.15.0 (read in the wheels; the conformance fixtures record
+        // the real final config with "inf").
+        "train.logging_steps" if !r.facts.hf_direct_deepspeed_init => Some(
+            "accelerate overrides DeepSpeed's steps_per_print with inf (DeepSpeedPlugin), so \
+             DeepSpeed's own step logs never print; HF's Trainer logs every logging_steps"
+                .into(),
+        ),
+        _ => None,
+    }
+}
+
 /// Builds the report.
 pub fn report(r: &Resolved, file: Option<&SourceFile>) -> Report {
     let settings = r
@@ -200,9 +218,10 @@ pub fn report(r: &Resolved, file: Option<&SourceFile>) -> Report {
                 source: s.source.clone(),
                 deepspeed,
                 hf,
+                upstream: upstream_note(r, &s.key),
             }
         })
-        .collect();
+        .collect::<Vec<Row>>();
     let targets = Library::ALL
         .iter()
         .enumerate()
@@ -212,7 +231,10 @@ pub fn report(r: &Resolved, file: Option<&SourceFile>) -> Report {
             from: r.target_sources[i].describe(file),
         })
         .collect();
-    let mut notes = Vec::new();
+    let mut notes: Vec<String> = settings
+        .iter()
+        .filter_map(|row| Some(format!("{}: {}", row.key, row.upstream.as_ref()?)))
+        .collect();
     let steps = match (
         r.uint("data.samples"),
         r.uint("steps.batches_per_epoch"),

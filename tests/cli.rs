@@ -205,6 +205,19 @@ fn explain_shows_values_with_provenance_and_step_accounting() {
     let out = String::from_utf8(o.stdout).unwrap();
     assert!(out.starts_with("batch.global = 128"), "{out}");
     assert!(out.contains("train_batch_size"));
+    // What accelerate does to a value on its way to DeepSpeed (not on the old stacks).
+    let o = recipe(&["explain", "recipes/cls.rcp", "train.logging_steps"]);
+    let out = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        out.contains("upstream:") && out.contains("steps_per_print with inf"),
+        "{out}"
+    );
+    let o = recipe(&["explain", "recipes/legacy_seed.rcp", "train.logging_steps"]);
+    let out = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        out.contains("steps_per_print") && !out.contains("upstream:"),
+        "{out}"
+    );
     assert_eq!(
         recipe(&["explain", "recipes/cls.rcp", "batch.glob"])
             .status

@@ -558,6 +558,23 @@ fn old_stacks_run_our_artefacts_and_match_our_steps_and_learning_rates() {
             );
             let (checked, r, text) = resolved(c["recipe"].as_str().unwrap());
             assert!(!checked.has_errors(), "{stack} {case}: we now reject it");
+            // No accelerate in these releases' path: DeepSpeed logs every logging_steps, and
+            // explain says nothing about an override.
+            assert_eq!(
+                c["deepspeed_parsed"]["steps_per_print"].as_u64(),
+                r.uint("train.logging_steps"),
+                "{stack} {case}"
+            );
+            let report = recipe::explain::report(&r, None);
+            let logging = report
+                .settings
+                .iter()
+                .find(|row| row.key == "train.logging_steps");
+            assert_eq!(
+                logging.and_then(|row| row.upstream.as_ref()),
+                None,
+                "{stack} {case}"
+            );
             let files = explicit_artefacts(&r, &text);
             let ours: Value = serde_json::from_slice(
                 &files.iter().find(|(n, _)| n == "ds_config.json").unwrap().1,
@@ -699,4 +716,63 @@ fn old_stacks_show_what_r0312_r0313_and_r0314_exist_for() {
             "4.6.1 R0314"
         ]
     );
+}
+
+/// What reaches DeepSpeed after accelerate prepares it (the harness records the config
+/// `deepspeed.initialize` receives) differs from what we emit in two keys only, both
+/// accelerate's: `steps_per_print` becomes inf (DeepSpeedPlugin.__post_init__), which `recipe
+/// explain` reports on `train.logging_steps`; and `zero_allow_untested_optimizer = true` is
+/// added exactly when HF builds the optimizer (`owner = hf`).
+#[test]
+fn accelerate_changes_only_steps_per_print_and_explain_says_so() {
+    for f in fixtures() {
+        let case = f["case"].as_str().unwrap();
+        let Some(diff) = f["final_config_diff"].as_array() else {
+            assert_eq!(f["verdict"], "error", "{case}: no final config recorded");
+            continue;
+        };
+        let path = root().join(f["recipe"].as_str().unwrap());
+        let text = std::fs::read_to_string(&path).unwrap();
+        let options = Options {
+            base_dir: path.parent().map(Path::to_path_buf),
+            ..Options::default()
+        };
+        let checked = check_source_with(&text, &options);
+        let r = resolve(checked.file.as_ref().unwrap(), &options);
+        let hf_optimizer = r.word("optimizer.owner") == Some("hf");
+        let mut keys: Vec<&str> = diff.iter().map(|d| d["key"].as_str().unwrap()).collect();
+        keys.sort();
+        let expected: &[&str] = if hf_optimizer {
+            &["steps_per_print", "zero_allow_untested_optimizer"]
+        } else {
+            &["steps_per_print"]
+        };
+        assert_eq!(keys, expected, "{case}: {diff:?}");
+        for d in diff {
+            match d["key"].as_str().unwrap() {
+                "steps_per_print" => {
+                    assert_eq!(d["real"], "inf", "{case}");
+                    assert_eq!(
+                        d["emitted"].as_u64(),
+                        r.uint("train.logging_steps"),
+                        "{case}"
+                    );
+                }
+                _ => assert_eq!(d["real"], true, "{case}"),
+            }
+        }
+        let report = recipe::explain::report(&r, None);
+        let row = report
+            .settings
+            .iter()
+            .find(|row| row.key == "train.logging_steps")
+            .unwrap();
+        assert!(
+            row.upstream
+                .as_deref()
+                .is_some_and(|n| n.contains("steps_per_print with inf")),
+            "{case}: explain says nothing: {:?}",
+            row.upstream
+        );
+    }
 }

@@ -48,6 +48,9 @@ pub fn run(file: &Path, key: Option<&str>, lr_csv: Option<&PathBuf>, flags: &Rec
                 if let Some(hf) = row.hf {
                     println!("  TrainingArguments: {hf}");
                 }
+                if let Some(note) = &row.upstream {
+                    println!("  upstream:          {note}");
+                }
             }
         }
         return OK;
