@@ -11,12 +11,17 @@ For `corpus-rejected/NNN-x.rcp` (+ `.json`, + `.base.rcp`): the base recipe is b
 one cannot be: `recipe build` writes nothing for a recipe with errors), the patch of the `.json` is
 applied to its artefacts, and our predictions come from `recipe explain` of the *rejected* recipe
 (explain runs on recipes with rule errors), so the case states what the rejected recipe means.
+With `--stack transformers=X,accelerate=Y,deepspeed=Z` (what `recipe verify` passes: the
+installed releases), each corpus recipe is built for that stack: a library the recipe does not
+pin gets `--target LIB=VERSION`; a recipe that pins another release of an installed library is
+not built but listed in `OUT/skipped.json` with the reason (its artefacts are for another stack).
 Only the standard library is used.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shutil
 import subprocess
@@ -41,10 +46,7 @@ def run(cmd: list[str]) -> subprocess.CompletedProcess:
 
 
 def explain(recipe: str, rcp: Path) -> dict:
-    p = run([recipe, "explain", "--format", "json", str(rcp)])
-    if p.returncode not in (0, 1) or not p.stdout.strip():
-        raise RuntimeError(f"explain {rcp}: exit {p.returncode}: {p.stderr.strip()[:500]}")
-    return json.loads(p.stdout)
+    return explain_for(recipe, rcp, [])
 
 
 def setting(ex: dict, key: str):
@@ -54,8 +56,47 @@ def setting(ex: dict, key: str):
     return None
 
 
-def build(recipe: str, rcp: Path, out: Path, auto: bool = False) -> None:
-    cmd = [recipe, "build", str(rcp), "-o", str(out)] + (["--auto"] if auto else [])
+def explain_for(recipe: str, rcp: Path, flags: list[str]) -> dict:
+    p = run([recipe, "explain", "--format", "json", *flags, str(rcp)])
+    if p.returncode not in (0, 1) or not p.stdout.strip():
+        raise RuntimeError(f"explain {rcp}: exit {p.returncode}: {p.stderr.strip()[:500]}")
+    return json.loads(p.stdout)
+
+
+def numeric(version: str) -> str:
+    """The major.minor.patch prefix of an installed version (`5.25.0.dev0` -> `5.25.0`)."""
+    parts = []
+    for p in version.split(".")[:3]:
+        digits = "".join(itertools.takewhile(str.isdigit, p))
+        if not digits:
+            break
+        parts.append(digits)
+        if digits != p:
+            break
+    return ".".join(parts)
+
+
+def stack_flags(recipe: str, rcp: Path, stack: dict) -> tuple[list[str], str | None]:
+    """`--target` flags that build `rcp` for `stack`, or (None, why) when the recipe pins another
+    release of an installed library."""
+    ex = explain(recipe, rcp)
+    flags, pinned_other = [], []
+    for t in ex["targets"]:
+        lib, version = t["library"], t["version"]
+        want = stack.get(lib)
+        if want is None:
+            continue
+        if t["from"].startswith("default"):
+            flags += ["--target", f"{lib}={want}"]
+        elif version != want:
+            pinned_other.append(f"{lib} {version} (installed: {want})")
+    if pinned_other:
+        return [], "the recipe targets " + ", ".join(pinned_other) + ": its artefacts are for that stack"
+    return flags, None
+
+
+def build(recipe: str, rcp: Path, out: Path, auto: bool = False, flags: list[str] = ()) -> None:
+    cmd = [recipe, "build", str(rcp), "-o", str(out), *flags] + (["--auto"] if auto else [])
     p = run(cmd)
     if p.returncode != 0:
         raise RuntimeError(f"build {rcp}: exit {p.returncode}: {p.stderr.strip()[:500]}")
@@ -106,7 +147,14 @@ def main() -> int:
     ap.add_argument("--corpus", type=Path, default=HERE / "corpus")
     ap.add_argument("--rejected", type=Path, default=HERE / "corpus-rejected")
     ap.add_argument("--out", type=Path, default=HERE / "build")
+    ap.add_argument("--stack", help="LIB=VERSION,...: build for these installed releases")
     a = ap.parse_args()
+    stack = {}
+    for pair in (a.stack or "").split(","):
+        if pair:
+            lib, _, version = pair.partition("=")
+            stack[lib] = numeric(version)
+    skipped = []
     cases = a.out / "cases"
     rejected = a.out / "rejected"
     for d in (cases, rejected):
@@ -118,9 +166,15 @@ def main() -> int:
         name = rcp.stem
         out = cases / name
         try:
-            build(a.recipe, rcp, out)
-            build(a.recipe, rcp, out / "auto", auto=True)
-            ex = explain(a.recipe, rcp)
+            flags: list[str] = []
+            if stack:
+                flags, why = stack_flags(a.recipe, rcp, stack)
+                if why:
+                    skipped.append({"case": name, "recipe": shown(rcp), "why": why})
+                    continue
+            build(a.recipe, rcp, out, flags=flags)
+            build(a.recipe, rcp, out / "auto", auto=True, flags=flags)
+            ex = explain_for(a.recipe, rcp, flags)
             (out / "case.json").write_text(json.dumps(case_json(name, rcp, ex, "corpus"), indent=1) + "\n")
         except Exception as e:  # noqa: BLE001
             failures += 1
@@ -156,8 +210,11 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001
             failures += 1
             print(f"make_cases: {name}: {e}", file=sys.stderr)
+    if stack:
+        (a.out / "skipped.json").write_text(json.dumps(skipped, indent=1) + "\n")
     print(f"make_cases: {len(list(cases.iterdir()))} corpus cases, "
-          f"{len(list(rejected.iterdir()))} rejected cases, {failures} failures")
+          f"{len(list(rejected.iterdir()))} rejected cases, {len(skipped)} skipped, "
+          f"{failures} failures")
     return 1 if failures else 0
 
 

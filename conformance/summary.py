@@ -120,6 +120,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("fixtures", type=Path)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--strict", action="store_true",
+                    help="exit 1 when a corpus case disagrees with the real stack (recipe verify)")
     a = ap.parse_args()
     corpus = load(a.fixtures / "corpus")
     rejected = load(a.fixtures / "rejected")
@@ -138,7 +140,8 @@ def main() -> int:
           f"20 cases are only in the list above):")
     for line in lines:
         print(f"  {line}")
-    print("rejected corpus (our checker's errors vs the real stack):")
+    if rj:
+        print("rejected corpus (our checker's errors vs the real stack):")
     for r in rj:
         print(f"  {r['case']:<45} {r['code']:<6} {r['expect']:<17} reproduced={r['reproduced']}")
         for x in r["real"]:
@@ -151,7 +154,8 @@ def main() -> int:
                        "transformers_import": (c.get("transformers") or {}).get("import"),
                        "deepspeed_import": (c.get("deepspeed") or {}).get("import"),
                        "compare": c.get("compare")})
-    print("old stacks (legacy.py; sources read with ast where the release does not import):")
+    if legacy:
+        print("old stacks (legacy.py; sources read with ast where the release does not import):")
     for x in legacy:
         print(f"  {x['stack']}: {x['skipped'] or x['compare']}")
         for lib in ("transformers", "deepspeed"):
@@ -159,8 +163,10 @@ def main() -> int:
             if imp and not imp.get("ok"):
                 print(f"      {lib} does not import: {imp.get('error')}")
     legacy_run = []
-    print("old stacks run (legacy_run.py: the releases' own config code, shims S1-S3):")
-    for d in load(a.fixtures / "legacy-run"):
+    runs = load(a.fixtures / "legacy-run")
+    if runs:
+        print("old stacks run (legacy_run.py: the releases' own config code, shims S1-S3):")
+    for d in runs:
         if d.get("skipped"):
             print(f"  {d['skipped']}")
             continue
@@ -179,6 +185,8 @@ def main() -> int:
         a.json.write_text(json.dumps({"versions": versions, "corpus": s, "disagreements": lines,
                                       "rejected": rj, "legacy": legacy,
                                       "legacy_run": legacy_run}, indent=1) + "\n")
+    if a.strict and (lines or any(c.get("verdict") != "ok" for c in corpus)):
+        return 1
     return 0
 
 

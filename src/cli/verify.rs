@@ -24,8 +24,16 @@ pub fn run(dir: &Path) -> i32 {
         return USAGE;
     }
     let py = python();
+    // The installed releases, read without importing them a second time (DeepSpeed logs to
+    // stdout on import, hence the marker).
     let probe = Command::new(&py)
-        .args(["-c", "import torch, transformers, accelerate, deepspeed"])
+        .args([
+            "-c",
+            "import torch, transformers, accelerate, deepspeed\n\
+             from importlib.metadata import version as v\n\
+             print('RECIPE-STACK transformers=' + v('transformers') + ',accelerate=' + \
+             v('accelerate') + ',deepspeed=' + v('deepspeed'))",
+        ])
         .output();
     match probe {
         Err(e) => {
@@ -43,6 +51,20 @@ pub fn run(dir: &Path) -> i32 {
             return USAGE;
         }
         Ok(_) => {}
+    }
+    let stack = probe
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .find_map(|l| l.strip_prefix("RECIPE-STACK ").map(str::to_string))
+        })
+        .unwrap_or_default();
+    if !stack.is_empty() {
+        eprintln!(
+            "verify: building for the installed {} (a library a recipe does not pin gets the installed release)",
+            stack.replace(',', ", ").replace('=', " ")
+        );
     }
     let work = std::env::temp_dir().join(format!("recipe-verify-{}", std::process::id()));
     let scripts = work.join("conformance");
@@ -71,7 +93,9 @@ pub fn run(dir: &Path) -> i32 {
     let s = |p: &Path| p.to_string_lossy().into_owned();
     let build = work.join("build");
     let fixtures = work.join("fixtures");
-    let ok = step(&[
+    // Every recipe that builds is run, even when another one does not: make_cases reports
+    // those, and the exit status says so.
+    let built = step(&[
         &s(&scripts.join("make_cases.py")),
         "--recipe",
         &s(&exe),
@@ -81,12 +105,34 @@ pub fn run(dir: &Path) -> i32 {
         &s(&work.join("none")),
         "--out",
         &s(&build),
-    ]) && step(&[
+        "--stack",
+        &stack,
+    ]);
+    let ran = step(&[
         &s(&scripts.join("harness.py")),
         &s(&build.join("cases")),
         &s(&fixtures.join("corpus")),
         "--json-summary",
-    ]) && step(&[&s(&scripts.join("summary.py")), &s(&fixtures)]);
+    ]);
+    let agreed = ran && step(&[&s(&scripts.join("summary.py")), &s(&fixtures), "--strict"]);
+    let skipped: Vec<serde_json::Value> = std::fs::read_to_string(build.join("skipped.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    for x in &skipped {
+        eprintln!(
+            "verify: skipped {}: {}",
+            x["recipe"].as_str().unwrap_or("?"),
+            x["why"].as_str().unwrap_or("?")
+        );
+    }
+    let ok = built && agreed;
+    if !built {
+        eprintln!("verify: some recipes could not be built (listed above by make_cases)");
+    }
+    if ran && !agreed {
+        eprintln!("verify: the real stack disagrees with recipe on some recipes (listed above)");
+    }
     eprintln!("verify: cases and fixtures kept in {}", work.display());
     if ok {
         OK
