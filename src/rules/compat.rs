@@ -32,6 +32,8 @@ pub const UNMANAGED_ACCUMULATION: &str = "R0907";
 pub const ACCELERATE_TOO_OLD: &str = "R0908";
 /// A raw DeepSpeed section the target DeepSpeed has removed.
 pub const REMOVED_DEEPSPEED_KEY: &str = "R0909";
+/// A target release newer than the newest one the rules were read from.
+pub const TARGET_TOO_NEW: &str = "R0910";
 
 /// Raw DeepSpeed keys that DeepSpeed 0.19.8 refuses with "… has been removed", even when the
 /// section only disables the feature (`deepspeed/runtime/config.py:_reject_removed_config_keys`,
@@ -129,6 +131,11 @@ pub const CODES: &[(&str, &str, &str)] = &[
         REMOVED_DEEPSPEED_KEY,
         "removed-deepspeed-key",
         "a raw DeepSpeed key the target DeepSpeed has removed",
+    ),
+    (
+        TARGET_TOO_NEW,
+        "target-too-new",
+        "a target release newer than the rules know",
     ),
 ];
 
@@ -298,6 +305,7 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
     }
     save_only_model(r, out);
     accelerate_too_old(r, out);
+    target_too_new(r, out);
 }
 
 /// Whether HF or accelerate replace `"auto"` at `path` for the targets (§2.2, §2.3).
@@ -507,6 +515,41 @@ fn accelerate_too_old(r: &Resolved, out: &mut Vec<Diagnostic>) {
     out.push(d.with_help(format!(
         "target accelerate \"{min}\" or newer (\"1.8.0\" or newer also keeps DeepSpeed's optimizer steps in line with HF's, R-S02)"
     )));
+}
+
+/// A target newer than the newest release read (`Library::newest`): the newest release's rules
+/// and field lists apply, and whatever changed since is not checked. `recipe verify` on that
+/// stack is the way to find out.
+fn target_too_new(r: &Resolved, out: &mut Vec<Diagnostic>) {
+    for (i, lib) in crate::versions::Library::ALL.iter().enumerate() {
+        let (target, newest) = (r.targets.get(*lib), lib.newest());
+        if target <= newest {
+            continue;
+        }
+        let name = lib.key();
+        let written = r.target_sources[i].span();
+        let span = written.unwrap_or_else(|| anchor(r, &format!("target.{name}")));
+        let label = match written {
+            Some(_) => format!("newest known: {name} {newest}"),
+            None => format!(
+                "{name} {target} ({}); newest known: {newest}",
+                r.target_sources[i].describe(None)
+            ),
+        };
+        out.push(
+            Diagnostic::warning(
+                TARGET_TOO_NEW,
+                format!(
+                    "{name} {target} is newer than the newest release recipe's rules were read from ({newest}): the rules of {newest} apply, and what changed since is not checked"
+                ),
+                span,
+            )
+            .with_label(label)
+            .with_help(format!(
+                "run `recipe verify` with {name} {target} installed to check the artefacts against it, or target {name} \"{newest}\""
+            )),
+        );
+    }
 }
 
 #[cfg(test)]
