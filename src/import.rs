@@ -35,14 +35,17 @@ pub struct Inputs {
     pub origin: String,
 }
 
-/// `name` as a bare word when it is one, else quoted.
-fn label_or_quoted(name: &str) -> String {
-    let word = name
-        .chars()
+/// Whether `name` is a word of the language (what keys and bare labels are made of).
+fn is_word(name: &str) -> bool {
+    name.chars()
         .next()
         .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if word {
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// `name` as a bare word when it is one, else quoted.
+fn label_or_quoted(name: &str) -> String {
+    if is_word(name) {
         name.to_string()
     } else {
         format::quote(name)
@@ -76,6 +79,8 @@ struct Builder<'a> {
     ds: Map<String, Value>,
     args: Map<String, Value>,
     comments: Vec<String>,
+    /// Keys no recipe can write (not words: no DeepSpeed key or TrainingArguments field is).
+    dropped: Vec<String>,
     _inputs: &'a Inputs,
 }
 
@@ -88,6 +93,18 @@ impl Builder<'_> {
             return hf.and_then(|f| self.args.get(f).cloned());
         }
         Some(v)
+    }
+
+    /// The pairs whose (dotted) key the language can write; the others are noted as dropped.
+    fn writable(&mut self, block: &str, pairs: Vec<(String, String)>) -> Vec<(String, String)> {
+        let (keep, drop): (Vec<_>, Vec<_>) = pairs
+            .into_iter()
+            .partition(|(k, _)| k.split('.').all(is_word));
+        self.dropped.extend(
+            drop.into_iter()
+                .map(|(k, _)| format!("{block}: {}", format::quote(&k))),
+        );
+        keep
     }
 
     /// Takes a TrainingArguments field.
@@ -148,6 +165,7 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
         ds: ds.as_object().cloned().unwrap_or_default(),
         args: args.and_then(Value::as_object).cloned().unwrap_or_default(),
         comments: Vec::new(),
+        dropped: Vec::new(),
         _inputs: inputs,
     };
     // HF owns these; they say nothing about the run.
@@ -353,10 +371,11 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
         for (k, v) in params {
             if k != "max_grad_norm" && !is_auto(Some(v)) {
                 b.ds(&format!("optimizer.params.{k}"), None);
-                opt.push((label_or_quoted(k), lit(v)));
+                opt.push((k.clone(), lit(v)));
             }
         }
     }
+    let opt = b.writable("optimizer", opt);
     out.push_str(&format!("optimizer {kind}{}\n\n", items(&opt)));
 
     // schedule: DeepSpeed's section if present, else HF's lr_scheduler_type.
@@ -436,7 +455,7 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
                     // `"auto"` min/max lr are HF's 0 and learning_rate: the recipe's defaults.
                     Some(Value::String(s)) if s == "auto" => {}
                     Some(Value::String(s)) if key == "warmup_type" => {
-                        sched.push((key.into(), s));
+                        sched.push((key.into(), label_or_quoted(&s)));
                     }
                     Some(v) => sched.push((key.into(), lit(&v))),
                     None => {}
@@ -482,6 +501,8 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
             name
         }
     };
+    let sched = b.writable("schedule", sched);
+    let kind = label_or_quoted(&kind);
     out.push_str(&format!("schedule {kind}{}\n\n", items(&sched)));
 
     // train
@@ -633,8 +654,9 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
             }
         }
         if device != "none" || !args.is_empty() {
-            let call = if args.is_empty() {
-                device
+            // A device that is not a word (`""`) is written quoted: the check names it.
+            let call = if args.is_empty() || !is_word(&device) {
+                label_or_quoted(&device)
             } else {
                 format!("{device}({})", args.join(", "))
             };
@@ -713,6 +735,7 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
     }
     let mut raw = Vec::new();
     raw_lines(&b.ds, "", &mut raw);
+    let raw = b.writable("deepspeed", raw);
     if !raw.is_empty() {
         out.push_str(&format!("\ndeepspeed{}\n", items(&raw)));
     }
@@ -720,13 +743,19 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
     for (k, v) in &b.args {
         raw.push((k.clone(), lit(v)));
     }
+    let raw = b.writable("hf", raw);
     if !raw.is_empty() {
         out.push_str(&format!("\nhf{}\n", items(&raw)));
     }
-    if !b.comments.is_empty() {
+    if !b.comments.is_empty() || !b.dropped.is_empty() {
         let mut head = String::new();
         for c in &b.comments {
             head.push_str(&format!("# fill in: {c}\n"));
+        }
+        for d in &b.dropped {
+            head.push_str(&format!(
+                "# not imported: {d} is not a name a DeepSpeed key or TrainingArguments field has\n"
+            ));
         }
         out = head + &out;
     }

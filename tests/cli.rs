@@ -438,6 +438,13 @@ fn import_lints_an_existing_config() {
     );
     let o = recipe(&["import", "no/such.json"]);
     assert_eq!(o.status.code(), Some(2));
+    // JSON, but not a config: said plainly, nothing printed.
+    let list = dir.join("list.json");
+    std::fs::write(&list, "[1, 2]").unwrap();
+    let o = recipe(&["import", list.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("not an object"), "{}", stderr(&o));
+    assert!(o.stdout.is_empty());
 }
 
 #[test]

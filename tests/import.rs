@@ -350,6 +350,22 @@ fn import_names_what_it_cannot_carry_over() {
         Some(r#"{"adafactor": true, "per_device_train_batch_size": 8}"#),
     );
     assert!(text.contains("optimizer adafactor"), "{text}");
+    // A key no DeepSpeed config or TrainingArguments has (not a name): said, not written.
+    let (text, codes) = lint(
+        r#"{"train_batch_size": 8, "my key": 1, "optimizer": {"type": "AdamW", "params": {"a-b": 2}}}"#,
+        Some(r#"{"per_device_train_batch_size": 8, "x.y z": 3}"#),
+    );
+    for key in [
+        r#"deepspeed: "my key""#,
+        r#"optimizer: "a-b""#,
+        r#"hf: "x.y z""#,
+    ] {
+        assert!(
+            text.contains(&format!("# not imported: {key} is not a name")),
+            "{text}"
+        );
+    }
+    assert_eq!(codes, Vec::<String>::new(), "{text}");
 }
 
 /// HF fills the hidden-size `"auto"` ZeRO sizes from the model: with the hidden size given they
@@ -380,4 +396,151 @@ fn import_of_hidden_size_autos_needs_the_hidden_size() {
     assert_eq!(r.uint("zero.reduce_bucket"), Some(768 * 768));
     assert_eq!(r.uint("zero.prefetch_bucket"), Some(768 * 768 * 9 / 10));
     assert_eq!(r.uint("zero.param_persistence_threshold"), Some(7680));
+}
+
+mod robustness {
+    //! `recipe import` on arbitrary configs (known keys with values of any JSON type, unknown
+    //! keys, odd strings): it never panics, and what it prints is always a recipe that parses, so
+    //! the check (which must not panic either) can name what is wrong.
+
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::{json, Map};
+
+    /// DeepSpeed keys the import reads, and a few it does not.
+    const DS_KEYS: &[&str] = &[
+        "train_batch_size",
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+        "gradient_clipping",
+        "steps_per_print",
+        "optimizer",
+        "optimizer.type",
+        "optimizer.params",
+        "optimizer.params.lr",
+        "optimizer.params.betas",
+        "optimizer.params.adam_w_mode",
+        "optimizer.params.max_grad_norm",
+        "optimizer.params.weird key",
+        "scheduler.type",
+        "scheduler.params",
+        "scheduler.params.warmup_num_steps",
+        "scheduler.params.warmup_type",
+        "scheduler.params.last_batch_iteration",
+        "fp16",
+        "fp16.enabled",
+        "fp16.loss_scale",
+        "bf16.enabled",
+        "amp.enabled",
+        "zero_optimization",
+        "zero_optimization.stage",
+        "zero_optimization.offload_optimizer",
+        "zero_optimization.offload_optimizer.device",
+        "zero_optimization.offload_optimizer.pin_memory",
+        "zero_optimization.reduce_bucket_size",
+        "wall_clock_breakdown",
+        "flops_profiler.enabled",
+        "x\"y",
+    ];
+
+    /// TrainingArguments fields the import reads, and a few it does not.
+    const HF_KEYS: &[&str] = &[
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "learning_rate",
+        "warmup_steps",
+        "warmup_ratio",
+        "lr_scheduler_type",
+        "lr_scheduler_kwargs",
+        "optim",
+        "adafactor",
+        "fp16",
+        "bf16",
+        "eval_strategy",
+        "evaluation_strategy",
+        "eval_steps",
+        "save_strategy",
+        "num_train_epochs",
+        "max_steps",
+        "seed",
+        "activation_checkpointing",
+        "half_precision_backend",
+        "report_to",
+    ];
+
+    fn leaf() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            (-3i64..100_000).prop_map(|n| json!(n)),
+            any::<i64>().prop_map(|n| json!(n)),
+            prop_oneof![Just(0.0), Just(1e-3), Just(0.5), Just(1e300), Just(-2.5)]
+                .prop_map(|f: f64| json!(f)),
+            prop_oneof![
+                Just("auto"),
+                Just("cpu"),
+                Just("none"),
+                Just("Lamb"),
+                Just("WarmupLR"),
+                Just("linear"),
+                Just("steps"),
+                Just("epoch"),
+                Just("adamw_torch"),
+                Just(""),
+                Just("a \"quoted\"\nline}"),
+                Just("ünï"),
+            ]
+            .prop_map(|s| json!(s)),
+        ]
+    }
+
+    fn value() -> impl Strategy<Value = Value> {
+        leaf().prop_recursive(2, 8, 3, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..3).prop_map(Value::Array),
+                prop::collection::vec(("[a-z_]{1,6}", inner), 0..3)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect::<Map<_, _>>())),
+            ]
+        })
+    }
+
+    /// Sets a dotted path, replacing whatever non-object stands in the way.
+    fn set(root: &mut Value, path: &str, v: Value) {
+        let mut node = root;
+        let parts: Vec<&str> = path.split('.').collect();
+        for p in &parts[..parts.len() - 1] {
+            if !node.get(*p).is_some_and(Value::is_object) {
+                node[*p] = json!({});
+            }
+            node = &mut node[*p];
+        }
+        node[parts[parts.len() - 1]] = v;
+    }
+
+    fn config(keys: &'static [&'static str]) -> impl Strategy<Value = Value> {
+        prop::collection::vec((prop::sample::select(keys), value()), 0..10).prop_map(|kv| {
+            let mut root = json!({});
+            for (k, v) in kv {
+                set(&mut root, k, v);
+            }
+            root
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
+
+        #[test]
+        fn import_never_panics_and_always_prints_a_recipe_that_parses(
+            ds in prop_oneof![config(DS_KEYS), value()],
+            args in prop::option::of(config(HF_KEYS)),
+        ) {
+            let text = import(&ds, args.as_ref(), &Inputs::default());
+            let checked = check_source_with(&text, &Options::default());
+            prop_assert!(checked.file.is_some(), "does not parse:\n{text}\n{:?}", checked.diagnostics);
+            for d in &checked.diagnostics {
+                prop_assert!(d.primary.span.end <= text.len());
+            }
+        }
+    }
 }

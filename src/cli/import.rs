@@ -12,7 +12,15 @@ use super::{style, RecipeFlags, FAILED, OK, USAGE};
 fn read_json(path: &Path) -> Result<serde_json::Value, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
-    serde_json::from_str(&text).map_err(|e| format!("`{}` is not JSON: {e}", path.display()))
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| format!("`{}` is not JSON: {e}", path.display()))?;
+    if !v.is_object() {
+        return Err(format!(
+            "`{}` is JSON but not an object of settings (`{{ … }}`)",
+            path.display()
+        ));
+    }
+    Ok(v)
 }
 
 /// What the user says that the configs do not: the model and the data.
