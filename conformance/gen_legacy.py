@@ -138,7 +138,48 @@ def rejected_cases(target: str) -> list[dict]:
                   "cycle_momentum = false, decay_step_size = 1, decay_lr_rate = 0 }\n",
              patch=[{"file": "ds_config.json", "set": "scheduler.params.decay_step_size",
                      "value": 0}]),
-    ])
+    ] + legacy_seed_rejected(target))
+
+
+def legacy_seed_rejected(target: str) -> list[dict]:
+    """Rules about transformers 4.6.1 / DeepSpeed 0.3.16 themselves (the seed article's stack)."""
+    def head(zero: str, precision: str = "fp16") -> str:
+        return (f'{target}\n{MODEL}\ndata {{ train = "train.jsonl", samples = 1000 }}\n'
+                "batch { micro = 8, accumulate = 2 }\n"
+                f"train {{ epochs = 2, precision = {precision} }}\ncluster {{ gpus = 4 }}\n{zero}\n")
+    hf_opt = "optimizer adamw { lr = 3e-5, owner = hf }\nschedule linear { warmup = 10 }\n"
+    ds_opt = "optimizer adamw { lr = 3e-5 }\n"
+    ds_sched = "schedule WarmupDecayLR { warmup = 10, warmup_type = log }\n"
+    return [
+        dict(slug="R0412-offload-hf-optimizer", code="R0412", expect="raise",
+             engine_match="ZeRO Offload can only work with DeepSpeed optimizers",
+             why="transformers 4.6.1 deepspeed_init refuses HF's optimizer with ZeRO-3 offload",
+             text=head("zero 3 { offload optimizer = cpu }") + hf_opt,
+             base=head("zero 3") + hf_opt,
+             patch=[{"file": "ds_config.json", "set": "zero_optimization.offload_optimizer",
+                     "value": {"device": "cpu", "pin_memory": True}}]),
+        dict(slug="R0413-ds-optimizer-hf-scheduler", code="R0413", expect="raise",
+             engine_match="HF scheduler + DeepSpeed optimizer combination is not possible",
+             why="transformers 4.6.1 deepspeed_init cannot pair DeepSpeed's optimizer with HF's "
+                 "scheduler",
+             text=head("zero 2") + ds_opt + "schedule linear { warmup = 10 }\n",
+             base=head("zero 2") + ds_opt + ds_sched,
+             patch=[{"file": "ds_config.json", "del": "scheduler"}]),
+        dict(slug="R0508-zero1-fp32", code="R0508", expect="raise",
+             engine_match="ZeRO is only supported if fp16 is enabled",
+             why="DeepSpeed 0.3.16 asserts fp16 for ZeRO stage 1",
+             text=head("zero 1", "fp32") + ds_opt + ds_sched,
+             base=head("zero 1") + ds_opt + ds_sched,
+             patch=[{"file": "ds_config.json", "set": "fp16.enabled", "value": False},
+                    {"file": "training_args.json", "set": "fp16", "value": False}]),
+        # DeepSpeed 0.3.16 has no warmup_type: the compiler cannot write it, and the release
+        # warms up logarithmically, as the base recipe says (no patch: same artefacts).
+        dict(slug="R0307-linear-warmup-ignored", code="R0307", expect="silent_lr",
+             why="DeepSpeed 0.3.16 has no warmup_type: WarmupDecayLR warms up logarithmically",
+             text=head("zero 2") + ds_opt + "schedule WarmupDecayLR { warmup = 10 }\n",
+             base=head("zero 2") + ds_opt + ds_sched,
+             patch=[]),
+    ]
 
 
 def write_rejected(out: Path, stack: str, recipe: str | None) -> int:

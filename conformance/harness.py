@@ -745,7 +745,7 @@ def run_case(case_dir: Path) -> dict:
     if case.get("rejected"):
         if case["rejected"].get("stack"):
             res["stack_run"] = stack_runs(case_dir, case["rejected"]["stack"])
-        if case["rejected"].get("expect") == "raise_engine":
+        if case["rejected"].get("expect") in ("raise_engine", "silent_engine"):
             res["engine_run"] = engine_runs(case_dir)
         res["rejected"] = judge_rejected(case["rejected"], res, chain)
     return res
@@ -817,6 +817,7 @@ def engine_runs(case_dir: Path) -> dict:
         return {"built": True, "deepspeed_engine": r.get("deepspeed_engine"),
                 "deepspeed_optimizer": r.get("deepspeed_optimizer"),
                 "deepspeed_basic_optimizer": r.get("deepspeed_basic_optimizer"),
+                "deepspeed_basic_optimizer_module": r.get("deepspeed_basic_optimizer_module"),
                 "versions": r.get("versions"), "hf_global_step": s.get("hf_global_step"),
                 "ds_global_steps": s.get("ds_global_steps")}
     out = {"case": brief(train_in_subprocess(case_dir, None, ("--engine",)))}
@@ -846,6 +847,26 @@ def judge_engine(meta: dict, run: dict) -> object:
         return (f"not reproducible on CPU: the base recipe's artefacts fail the same way "
                 f"({got['type']}: {got['message'][:300]} at {got.get('raised_at')}), so the "
                 "refusal is not the rule's")
+    return True
+
+
+def judge_silent_engine(meta: dict, run: dict) -> object:
+    """`silent_engine`: reproduced when the real engine builds from the patched artefacts with
+    another optimizer than the recipe names (`engine_optimizer`, `module.Class` of DeepSpeed's
+    basic optimizer) and takes a step, while the base recipe's artefacts (the control) build
+    with `control_optimizer`: the run trains, with the wrong optimizer."""
+    def name(r: dict) -> str:
+        return f"{r.get('deepspeed_basic_optimizer_module')}.{r.get('deepspeed_basic_optimizer')}"
+    case, control = run["case"], run["control"]
+    if not case.get("built"):
+        got = case.get("exception") or {"type": "error", "message": case.get("error", "")}
+        return f"the engine refused instead: {got['type']}: {got['message'][:300]}"
+    if name(case) != meta["engine_optimizer"]:
+        return f"the engine built {name(case)}, not {meta['engine_optimizer']}"
+    if not control.get("built"):
+        return f"the control did not build: {control.get('exception') or control.get('error')}"
+    if name(control) != meta["control_optimizer"]:
+        return f"the control built {name(control)}, not {meta['control_optimizer']}"
     return True
 
 
@@ -908,10 +929,22 @@ def judge_rejected(meta: dict, res: dict, chain) -> dict:
         out["engine_match"] = meta.get("engine_match")
         out["observed"] = run
         out["reproduced"] = judge_engine(meta, run)
-    elif expect == "runtime":
-        out["reproduced"] = True if relevant else "not reproducible without an engine/GPU"
-    else:  # raise, raise_trainer
-        out["reproduced"] = bool(relevant)
+    elif expect == "silent_engine":
+        run = res.get("engine_run") or {"case": {}, "control": {}}
+        out["engine_optimizer"] = meta.get("engine_optimizer")
+        out["control_optimizer"] = meta.get("control_optimizer")
+        out["observed"] = run
+        out["reproduced"] = judge_silent_engine(meta, run)
+    elif expect == "runtime" and not relevant:
+        out["reproduced"] = "not reproducible without an engine/GPU"
+    else:  # raise, raise_trainer, runtime: with `match`, the refusal must say it
+        match = meta.get("match")
+        hits = [e for e in relevant if not match or match in e["error"]]
+        out["match"] = match
+        out["matched_error"] = hits[0]["error"] if hits else None
+        out["reproduced"] = bool(hits) if relevant else False
+        if relevant and not hits:
+            out["reproduced"] = f"the real stack refused for another reason: {relevant[0]['error'][:300]}"
     return out
 
 

@@ -205,7 +205,8 @@ def main() -> int:
             c["base_recipe"] = shown(base)
             c["rejected"] = {k: meta.get(k) for k in ("code", "expect", "why", "checker_errors",
                                                         "silent_key", "silent_value", "patch", "stack",
-                                                        "stack_check", "engine_match")}
+                                                        "stack_check", "engine_match", "match", "engine_optimizer",
+                                                        "control_optimizer")}
             (out / "case.json").write_text(json.dumps(c, indent=1) + "\n")
         except Exception as e:  # noqa: BLE001
             failures += 1

@@ -23,7 +23,8 @@ in the libraries is patched; what differs from a real launch (all in `OVERRIDES`
 * T2 the dataset is `samples` random items (plus 8 for evaluation when the recipe has an eval
   file), so the Trainer's dataloader has the recipe's length;
 * T3 `output_dir` is a temporary directory, `save_strategy = "no"` (checkpoints change no
-  counter), `report_to = "none"`, `disable_tqdm = True`;
+  counter; kept when `load_best_model_at_end`, which HF requires to match the evaluation),
+  `report_to = "none"`, `disable_tqdm = True`;
 * T4 one process (`WORLD_SIZE=1`, gloo through DeepSpeed's CPU accelerator): only cases with a
   world size of 1 are run.
 
@@ -110,7 +111,12 @@ def train(case_dir: Path, engine: bool = False, artefacts: Path | None = None) -
     targs = json.loads((artefacts / "training_args.json").read_text())
     targs["deepspeed"] = str(artefacts / "ds_config.json")
     targs["output_dir"] = tempfile.mkdtemp(prefix="recipe-train-")
-    targs.update(OVERRIDES)
+    overrides = dict(OVERRIDES)
+    if targs.get("load_best_model_at_end"):
+        # T3 exception: HF requires save_strategy == eval_strategy for it (the case is about
+        # what the Trainer does with it, R0906).
+        overrides.pop("save_strategy")
+    targs.update(overrides)
     args = TrainingArguments(**targs)
 
     torch.manual_seed(0)
@@ -158,6 +164,7 @@ def train(case_dir: Path, engine: bool = False, artefacts: Path | None = None) -
     classes = {  # --engine: what the engine built
         "deepspeed_optimizer": type(getattr(e, "optimizer", None)).__name__,
         "deepspeed_basic_optimizer": type(getattr(e, "basic_optimizer", None)).__name__,
+        "deepspeed_basic_optimizer_module": type(getattr(e, "basic_optimizer", None)).__module__,
     } if engine else {}
     return {
         **classes,

@@ -298,7 +298,7 @@ fn checker_reports(f: &Value, code: &str) -> bool {
 /// R0406: on the CPU accelerator FusedLamb cannot be built at all — the base recipe fails the
 /// same way — so it is recorded as not reproduced, with both exceptions.
 #[test]
-fn the_real_engine_refuses_r0609_and_r0406_is_recorded_as_not_reproducible_on_cpu() {
+fn the_real_engine_refuses_what_the_engine_rules_say_and_r0406_is_not_reproducible_on_cpu() {
     let mut seen = Vec::new();
     for f in rejected_fixtures() {
         let rej = &f["rejected"];
@@ -357,12 +357,118 @@ fn the_real_engine_refuses_r0609_and_r0406_is_recorded_as_not_reproducible_on_cp
                     );
                 }
             }
-            other => panic!("{case}: no assertion written for raise_engine case {other}"),
+            _ => {
+                // Trainer- and engine-level refusals (R0905, R0906, R0907): the message the
+                // rule names, and the control builds and steps.
+                assert_eq!(rej["reproduced"], true, "{case}: {}", rej["reproduced"]);
+                let want = rej["engine_match"].as_str().unwrap();
+                assert!(message.contains(want), "{case}: {message}");
+                let control = &run["control"];
+                assert_eq!(control["built"], true, "{case}: control {control}");
+                assert_eq!(control["ds_global_steps"], 1, "{case}: control");
+            }
         }
         seen.push(code.to_string());
     }
     seen.sort();
-    assert_eq!(seen, ["R0406", "R0609"], "raise_engine cases");
+    assert_eq!(
+        seen,
+        ["R0406", "R0609", "R0905", "R0906", "R0907"],
+        "raise_engine cases"
+    );
+}
+
+/// Every recipe of the rejected corpus: our checker still reports its rule as an error, and the
+/// real stack (transformers 5.24.0, accelerate 1.15.0, DeepSpeed 0.19.8 on CPU) refuses it with
+/// the refusal the rule names (`match`, found in the errors the harness recorded), or trains
+/// with another optimizer than the recipe names (`silent_engine`: DeepSpeed's basic optimizer
+/// for the case and for the base recipe), or shows the silent value (`silent`). The engine and
+/// old-release cases have their own tests above; R0406 is the one not reproducible on CPU.
+#[test]
+fn the_real_stack_refuses_or_misbehaves_on_every_rejected_recipe() {
+    let mut codes = Vec::new();
+    for f in rejected_fixtures() {
+        let case = f["case"].as_str().unwrap();
+        let rej = &f["rejected"];
+        let code = rej["code"].as_str().unwrap();
+        assert!(
+            checker_reports(&f, code),
+            "{case}: our checker no longer reports {code}"
+        );
+        codes.push(code.to_string());
+        if code == "R0406" {
+            continue; // the_real_engine_refuses_… records why it is not reproducible on CPU
+        }
+        assert_eq!(rej["reproduced"], true, "{case}: {}", rej["reproduced"]);
+        match rej["expect"].as_str().unwrap() {
+            "raise" | "raise_trainer" | "runtime" => {
+                // What the refusal must say, from the corpus (gen_corpus.py), not the fixture.
+                let meta: Value = serde_json::from_str(
+                    &std::fs::read_to_string(
+                        root().join(format!("conformance/corpus-rejected/{case}.json")),
+                    )
+                    .unwrap(),
+                )
+                .unwrap();
+                let want = meta["match"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{case}: no `match` for the refusal"));
+                let got = rej["matched_error"].as_str().unwrap();
+                assert!(got.contains(want), "{case}: {got}");
+                assert!(
+                    f["errors"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|e| e["error"] == got),
+                    "{case}: the matched refusal is not among the recorded errors"
+                );
+            }
+            "silent_engine" => {
+                let name = |r: &Value| {
+                    format!(
+                        "{}.{}",
+                        r["deepspeed_basic_optimizer_module"].as_str().unwrap(),
+                        r["deepspeed_basic_optimizer"].as_str().unwrap()
+                    )
+                };
+                let run = &rej["observed"];
+                assert_eq!(
+                    name(&run["case"]),
+                    rej["engine_optimizer"].as_str().unwrap(),
+                    "{case}"
+                );
+                assert_eq!(
+                    name(&run["control"]),
+                    rej["control_optimizer"].as_str().unwrap(),
+                    "{case}"
+                );
+                assert_ne!(rej["engine_optimizer"], rej["control_optimizer"], "{case}");
+                assert_eq!(run["case"]["ds_global_steps"], 1, "{case}: no step taken");
+            }
+            "silent" => {
+                // R0501: the recipe trains in fp32, DeepSpeed ends up with fp16 enabled.
+                assert_eq!(code, "R0501", "{case}");
+                let (_, r, _) = resolved(f["recipe"].as_str().unwrap());
+                assert_eq!(r.word("train.precision"), Some("fp32"), "{case}");
+                assert_eq!(rej["observed"]["fp16.enabled"], true, "{case}");
+            }
+            "raise_engine" | "silent_run" => {} // their own tests above
+            other => panic!("{case}: no assertion written for expect {other}"),
+        }
+    }
+    codes.sort();
+    codes.dedup();
+    assert_eq!(
+        codes,
+        [
+            "R0101", "R0102", "R0201", "R0202", "R0311", "R0402", "R0403", "R0404", "R0405",
+            "R0406", "R0407", "R0409", "R0410", "R0414", "R0501", "R0502", "R0503", "R0504",
+            "R0505", "R0603", "R0605", "R0609", "R0901", "R0902", "R0905", "R0906", "R0907",
+            "R0909"
+        ],
+        "the rules the rejected corpus covers"
+    );
 }
 
 /// Leaf keys of a DeepSpeed config (dotted), `optimizer.params` / `scheduler.params` kept whole.
@@ -642,11 +748,14 @@ fn old_stacks_run_our_artefacts_and_match_our_steps_and_learning_rates() {
 
 /// Recipes our checker rejects for the old stacks, run through those releases: R0312 (no
 /// `lr_scheduler_kwargs` before transformers 4.36: the real run follows HF's default schedule,
-/// equal to the base recipe's curve and not the rejected recipe's), R0313 (transformers refuses
-/// the scheduler name) and R0314 (DeepSpeed 0.3.16's OneCycle divides by zero after the cycle);
-/// each base recipe, the control, runs clean.
+/// equal to the base recipe's curve and not the rejected recipe's), R0307 (DeepSpeed 0.3.16 has
+/// no `warmup_type`: the real WarmupDecayLR warms up logarithmically, as the base recipe says,
+/// not linearly), and refusals with the message the rule names: R0313 (the scheduler name),
+/// R0314 (OneCycle divides by zero after the cycle), R0412 (HF's optimizer with ZeRO Offload),
+/// R0413 (DeepSpeed's optimizer with HF's scheduler), R0508 (ZeRO-1 without fp16); each base
+/// recipe, the control, runs clean.
 #[test]
-fn old_stacks_show_what_r0312_r0313_and_r0314_exist_for() {
+fn old_stacks_show_what_their_rules_exist_for() {
     let mut seen = Vec::new();
     for f in legacy_run_fixtures() {
         let stack = format!(
@@ -672,7 +781,9 @@ fn old_stacks_show_what_r0312_r0313_and_r0314_exist_for() {
                     assert_eq!(c["errors"], Value::Array(vec![]), "{stack} {case}");
                     let real = c["lr"].as_array().unwrap();
                     let side = c["lr_side"].as_str().unwrap();
-                    assert_eq!(side, "hf", "{stack} {case}");
+                    // R0312: HF's scheduler; R0307: DeepSpeed's WarmupDecayLR.
+                    let want = if code == "R0307" { "deepspeed" } else { "hf" };
+                    assert_eq!(side, want, "{stack} {case}");
                     // The run follows the base recipe (HF's defaults) ...
                     let (_, base, _) = resolved(c["base_recipe"].as_str().unwrap());
                     let (worst, first) = lr_error(real, &base, side, 1e-12);
@@ -710,10 +821,14 @@ fn old_stacks_show_what_r0312_r0313_and_r0314_exist_for() {
             "4.24.0 R0312",
             "4.24.0 R0312",
             "4.24.0 R0313",
+            "4.6.1 R0307",
             "4.6.1 R0312",
             "4.6.1 R0312",
             "4.6.1 R0313",
-            "4.6.1 R0314"
+            "4.6.1 R0314",
+            "4.6.1 R0412",
+            "4.6.1 R0413",
+            "4.6.1 R0508"
         ]
     );
 }
