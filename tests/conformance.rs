@@ -378,6 +378,12 @@ fn the_real_engine_refuses_what_the_engine_rules_say_and_r0406_is_not_reproducib
     );
 }
 
+/// The rejected case's definition as gen_corpus.py wrote it (conformance/corpus-rejected/).
+fn corpus_rejected_meta(case: &str) -> Value {
+    let path = root().join(format!("conformance/corpus-rejected/{case}.json"));
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
 /// Every recipe of the rejected corpus: our checker still reports its rule as an error, and the
 /// real stack (transformers 5.24.0, accelerate 1.15.0, DeepSpeed 0.19.8 on CPU) refuses it with
 /// the refusal the rule names (`match`, found in the errors the harness recorded), or trains
@@ -403,13 +409,7 @@ fn the_real_stack_refuses_or_misbehaves_on_every_rejected_recipe() {
         match rej["expect"].as_str().unwrap() {
             "raise" | "raise_trainer" | "runtime" => {
                 // What the refusal must say, from the corpus (gen_corpus.py), not the fixture.
-                let meta: Value = serde_json::from_str(
-                    &std::fs::read_to_string(
-                        root().join(format!("conformance/corpus-rejected/{case}.json")),
-                    )
-                    .unwrap(),
-                )
-                .unwrap();
+                let meta = corpus_rejected_meta(case);
                 let want = meta["match"]
                     .as_str()
                     .unwrap_or_else(|| panic!("{case}: no `match` for the refusal"));
@@ -447,11 +447,20 @@ fn the_real_stack_refuses_or_misbehaves_on_every_rejected_recipe() {
                 assert_eq!(run["case"]["ds_global_steps"], 1, "{case}: no step taken");
             }
             "silent" => {
-                // R0501: the recipe trains in fp32, DeepSpeed ends up with fp16 enabled.
-                assert_eq!(code, "R0501", "{case}");
+                // The value DeepSpeed ends up with (from the corpus), against the recipe's.
+                let meta = corpus_rejected_meta(case);
+                let key = meta["silent_key"].as_str().unwrap();
+                assert_eq!(rej["observed"][key], meta["silent_value"], "{case}");
                 let (_, r, _) = resolved(f["recipe"].as_str().unwrap());
-                assert_eq!(r.word("train.precision"), Some("fp32"), "{case}");
-                assert_eq!(rej["observed"]["fp16.enabled"], true, "{case}");
+                match code {
+                    // The recipe trains in fp32; DeepSpeed has fp16 enabled.
+                    "R0501" => assert_eq!(r.word("train.precision"), Some("fp32"), "{case}"),
+                    // The recipe's bucket is hidden_size²; DeepSpeed runs with the raw one.
+                    "R0607" => assert_eq!(r.uint("zero.reduce_bucket"), Some(768 * 768), "{case}"),
+                    // The recipe's schedule is HF's linear; DeepSpeed builds WarmupLR instead.
+                    "R0309" => assert_eq!(r.word("schedule.kind"), Some("linear"), "{case}"),
+                    other => panic!("{case}: no assertion written for silent {other}"),
+                }
             }
             "raise_engine" | "silent_run" => {} // their own tests above
             other => panic!("{case}: no assertion written for expect {other}"),
@@ -462,10 +471,10 @@ fn the_real_stack_refuses_or_misbehaves_on_every_rejected_recipe() {
     assert_eq!(
         codes,
         [
-            "R0101", "R0102", "R0201", "R0202", "R0311", "R0402", "R0403", "R0404", "R0405",
-            "R0406", "R0407", "R0409", "R0410", "R0414", "R0501", "R0502", "R0503", "R0504",
-            "R0505", "R0603", "R0605", "R0609", "R0901", "R0902", "R0905", "R0906", "R0907",
-            "R0909"
+            "R0101", "R0102", "R0201", "R0202", "R0309", "R0311", "R0402", "R0403", "R0404",
+            "R0405", "R0406", "R0407", "R0409", "R0410", "R0411", "R0414", "R0501", "R0502",
+            "R0503", "R0504", "R0505", "R0509", "R0603", "R0605", "R0607", "R0609", "R0901",
+            "R0902", "R0903", "R0905", "R0906", "R0907", "R0909"
         ],
         "the rules the rejected corpus covers"
     );
