@@ -692,6 +692,15 @@ REJECTED = [
          patch=[{"file": "ds_config.json", "set": "scheduler", "value": {"type": "WarmupLR"}}],
          expect="silent", silent_key="scheduler.type", silent_value="WarmupLR",
          why="DeepSpeed builds WarmupLR (its defaults) and HF silently drops its linear schedule"),
+    # transformers 5.24 needs accelerate >= 1.1.0 (`TrainingArguments._setup_devices`); the base
+    # targets 1.1.0, and the case runs under an accelerate 1.0.1 overlay.
+    dict(slug="R0908-accelerate-1.0.1", code="R0908",
+         text='target transformers "5.24.0", accelerate "1.0.1"\n' + BASE_HEAD + "batch { micro = 8 }\n",
+         base='target transformers "5.24.0", accelerate "1.1.0"\n' + BASE_HEAD + "batch { micro = 8 }\n",
+         patch=[],
+         expect="silent_run", stack="accelerate-1.0.1", stack_check="refused",
+         match="requires `accelerate>=1.1.0`",
+         why="TrainingArguments: Using the `Trainer` with `PyTorch` requires `accelerate>=1.1.0`"),
 ]
 
 

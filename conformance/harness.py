@@ -870,15 +870,30 @@ def judge_silent_engine(meta: dict, run: dict) -> object:
     return True
 
 
-def judge_stack(check: str, run: dict) -> tuple[object, dict]:
+def judge_stack(check: str, run: dict, match: str | None = None) -> tuple[object, dict]:
     """(reproduced, observed) for an `expect = "silent_run"` case. `check` names what the rule
-    exists for (ds_hf_rules.md §5.7): `step_drift` (R-S02: DeepSpeed updates the weights a
+    exists for (ds_hf_rules.md §5.7): `refused` (the old release refuses the artefacts with a
+    message containing `match`, the pinned stack trains them), `step_drift` (R-S02: DeepSpeed updates the weights a
     different number of times than HF counts optimizer steps, and the pinned stack — accelerate
     ≥ 1.8 — does not drift), `early_stop` (R-S04: the Trainer stops before `num_train_epochs`,
     with fewer optimizer steps than the pinned stack takes on the same artefacts)."""
     if "skipped" in run:
         return f"skipped: {run['skipped']}", {}
     o, p = run["overlay"], run["pinned"]
+    if check == "refused":
+        # The old release refuses the artefacts (`match`); the pinned stack trains them.
+        exc = o.get("exception") or {}
+        observed = {"overlay_versions": o.get("versions"), "overlay_exception": exc,
+                    "pinned_error": (p.get("exception") or {}).get("message")}
+        if not run["overlay_versions_ok"]:
+            return f"the overlay did not load the pinned versions: {o.get('versions')}", observed
+        if not exc:
+            return "the old release did not refuse the artefacts", observed
+        if match and match not in exc.get("message", ""):
+            return f"refused for another reason: {exc.get('message', '')[:300]}", observed
+        if "error" in p:
+            return f"the pinned run failed: {p['error'][-300:]}", observed
+        return True, observed
     for side, r in (("overlay", o), ("pinned", p)):
         if "error" in r:
             return f"the {side} run failed: {r['error'][-500:]}", {}
@@ -916,7 +931,8 @@ def judge_rejected(meta: dict, res: dict, chain) -> dict:
         run = res.get("stack_run") or {"skipped": "no stack named"}
         out["stack"] = meta.get("stack")
         out["stack_check"] = meta.get("stack_check")
-        out["reproduced"], out["observed"] = judge_stack(meta.get("stack_check"), run)
+        out["reproduced"], out["observed"] = judge_stack(meta.get("stack_check"), run,
+                                                         meta.get("match"))
     elif expect == "silent":
         val = flatten(final or {}).get(meta["silent_key"])
         out["observed"] = {meta["silent_key"]: jsonable(val)}

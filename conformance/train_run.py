@@ -79,6 +79,11 @@ def main() -> int:
     case_dir, out = Path(pos[0]).resolve(), Path(pos[1])
     res: dict = {"overrides": OVERRIDES}
     log = io.StringIO()
+    try:  # the versions first: recorded even when the run is refused
+        from importlib.metadata import version
+        res["versions"] = {m: version(m) for m in ("torch", "transformers", "accelerate", "deepspeed")}
+    except Exception:  # noqa: BLE001
+        pass
     try:
         with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
             res.update(train(case_dir, engine=engine, artefacts=artefacts or case_dir))
