@@ -701,6 +701,15 @@ REJECTED = [
          expect="silent_run", stack="accelerate-1.0.1", stack_check="refused",
          match="requires `accelerate>=1.1.0`",
          why="TrainingArguments: Using the `Trainer` with `PyTorch` requires `accelerate>=1.1.0`"),
+    # No evaluation data, evaluation asked for: the real Trainer refuses (the control trains
+    # with the base recipe's evaluation set: base/case.json).
+    dict(slug="R0706-eval-without-data", code="R0706",
+         text=MODEL + '\ndata { train = "train.jsonl", samples = 1000 }\nbatch { micro = 8 }\n'
+              "train { eval_every = epoch }\n",
+         base=BASE_HEAD + "batch { micro = 8 }\ntrain { eval_every = epoch }\n",
+         patch=[],
+         expect="raise_engine", engine_match="you didn't pass an `eval_dataset` to `Trainer`",
+         why="Trainer._validate_args: an evaluation strategy without an eval_dataset"),
 ]
 
 

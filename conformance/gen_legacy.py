@@ -138,7 +138,17 @@ def rejected_cases(target: str) -> list[dict]:
                   "cycle_momentum = false, decay_step_size = 1, decay_lr_rate = 0 }\n",
              patch=[{"file": "ds_config.json", "set": "scheduler.params.decay_step_size",
                      "value": 0}]),
-    ] + legacy_seed_rejected(target))
+    ] + legacy_seed_rejected(target)) + ([] if "0.7.7" not in target else [
+        # WarmupCosineLR came with DeepSpeed 0.12.3: 0.7.7 looks the name up in its own
+        # schedulers and torch's and stops (the base's WarmupDecayLR, renamed by the patch).
+        dict(slug="R0306-no-warmup-cosine", code="R0306", expect="raise",
+             engine_match="DeepSpeed does not recognize LR scheduler WarmupCosineLR",
+             why="DeepSpeed 0.7.7 has no WarmupCosineLR (added in 0.12.3)",
+             text=head + "optimizer adamw { lr = 3e-5 }\nschedule WarmupCosineLR { warmup = 10 }\n",
+             base=head + "optimizer adamw { lr = 3e-5 }\nschedule WarmupDecayLR { warmup = 10 }\n",
+             patch=[{"file": "ds_config.json", "set": "scheduler.type",
+                     "value": "WarmupCosineLR"}]),
+    ])
 
 
 def legacy_seed_rejected(target: str) -> list[dict]:
@@ -179,6 +189,16 @@ def legacy_seed_rejected(target: str) -> list[dict]:
              text=head("zero 2") + ds_opt + "schedule WarmupDecayLR { warmup = 10 }\n",
              base=head("zero 2") + ds_opt + ds_sched,
              patch=[]),
+        # What a bf16 recipe builds on a newer stack (`bf16` section, fp16 off); transformers
+        # 4.6.1 has no `bf16` argument, so only the DeepSpeed side says it. DeepSpeed 0.3.16
+        # parses neither section as on: the run is fp32.
+        dict(slug="R0506-bf16-unsupported", code="R0506", expect="silent_precision",
+             why="DeepSpeed 0.3.16 has no bf16: it ignores the section and trains in fp32",
+             text=head("zero 2", "bf16") + ds_opt + ds_sched,
+             base=head("zero 2") + ds_opt + ds_sched,
+             patch=[{"file": "ds_config.json", "set": "fp16.enabled", "value": False},
+                    {"file": "ds_config.json", "set": "bf16", "value": {"enabled": True}},
+                    {"file": "training_args.json", "set": "fp16", "value": False}]),
     ]
 
 

@@ -192,6 +192,9 @@ def main() -> int:
             (out / "base").mkdir()
             for fname in ("ds_config.json", "training_args.json"):
                 shutil.copy2(out / fname, out / "base" / fname)
+            # The control trains with the base recipe's data too (train_run.py reads it).
+            (out / "base" / "case.json").write_text(
+                json.dumps(case_json(name, base, explain(a.recipe, base), "base"), indent=1) + "\n")
             for op in meta.get("patch", []):
                 f = out / op["file"]
                 d = json.loads(f.read_text())

@@ -109,7 +109,10 @@ def train(case_dir: Path, engine: bool = False, artefacts: Path | None = None) -
     where = {m.__name__: (f"overlay {Path(overlay).name}" if overlay and Path(m.__file__).resolve()
                           .is_relative_to(Path(overlay).resolve()) else "venv")
              for m in (torch, transformers, accelerate, deepspeed)}
-    case = json.loads((case_dir / "case.json").read_text())
+    # A control (`--artefacts DIR`) runs with DIR's own case.json when it has one: the base
+    # recipe's data (make_cases.py writes it), e.g. an evaluation set the rejected one lacks.
+    own = (artefacts or case_dir) / "case.json"
+    case = json.loads((own if own.exists() else case_dir / "case.json").read_text())
     if int(case["world_size"]) != 1:
         return {"versions": versions, "error": f"world size {case['world_size']}: only 1 is run"}
     artefacts = artefacts or case_dir

@@ -358,8 +358,8 @@ fn the_real_engine_refuses_what_the_engine_rules_say_and_r0406_is_not_reproducib
                 }
             }
             _ => {
-                // Trainer- and engine-level refusals (R0905, R0906, R0907): the message the
-                // rule names, and the control builds and steps.
+                // Trainer- and engine-level refusals (R0706, R0905, R0906, R0907): the message
+                // the rule names, and the control builds and steps.
                 assert_eq!(rej["reproduced"], true, "{case}: {}", rej["reproduced"]);
                 let want = rej["engine_match"].as_str().unwrap();
                 assert!(message.contains(want), "{case}: {message}");
@@ -373,7 +373,7 @@ fn the_real_engine_refuses_what_the_engine_rules_say_and_r0406_is_not_reproducib
     seen.sort();
     assert_eq!(
         seen,
-        ["R0406", "R0609", "R0905", "R0906", "R0907"],
+        ["R0406", "R0609", "R0706", "R0905", "R0906", "R0907"],
         "raise_engine cases"
     );
 }
@@ -491,8 +491,8 @@ fn the_real_stack_refuses_or_misbehaves_on_every_rejected_recipe() {
         [
             "R0101", "R0102", "R0201", "R0202", "R0309", "R0311", "R0402", "R0403", "R0404",
             "R0405", "R0406", "R0407", "R0409", "R0410", "R0411", "R0414", "R0501", "R0502",
-            "R0503", "R0504", "R0505", "R0509", "R0603", "R0605", "R0607", "R0609", "R0901",
-            "R0902", "R0903", "R0905", "R0906", "R0907", "R0908", "R0909"
+            "R0503", "R0504", "R0505", "R0509", "R0603", "R0605", "R0607", "R0609", "R0706",
+            "R0901", "R0902", "R0903", "R0905", "R0906", "R0907", "R0908", "R0909"
         ],
         "the rules the rejected corpus covers"
     );
@@ -777,10 +777,12 @@ fn old_stacks_run_our_artefacts_and_match_our_steps_and_learning_rates() {
 /// `lr_scheduler_kwargs` before transformers 4.36: the real run follows HF's default schedule,
 /// equal to the base recipe's curve and not the rejected recipe's), R0307 (DeepSpeed 0.3.16 has
 /// no `warmup_type`: the real WarmupDecayLR warms up logarithmically, as the base recipe says,
-/// not linearly), and refusals with the message the rule names: R0313 (the scheduler name),
-/// R0314 (OneCycle divides by zero after the cycle), R0412 (HF's optimizer with ZeRO Offload),
-/// R0413 (DeepSpeed's optimizer with HF's scheduler), R0508 (ZeRO-1 without fp16); each base
-/// recipe, the control, runs clean.
+/// not linearly), R0506 (DeepSpeed 0.3.16 has no bf16: handed a `bf16` section it parses
+/// neither half precision as on and trains in fp32), and refusals with the message the rule
+/// names: R0313 (the scheduler name), R0314 (OneCycle divides by zero after the cycle), R0412
+/// (HF's optimizer with ZeRO Offload), R0413 (DeepSpeed's optimizer with HF's scheduler), R0508
+/// (ZeRO-1 without fp16), R0306 (DeepSpeed 0.7.7 has no WarmupCosineLR); each base recipe, the
+/// control, runs clean.
 #[test]
 fn old_stacks_show_what_their_rules_exist_for() {
     let mut seen = Vec::new();
@@ -826,6 +828,27 @@ fn old_stacks_show_what_their_rules_exist_for() {
                         "{stack} {case}: the real LR follows the rejected recipe"
                     );
                 }
+                "silent_precision" => {
+                    assert_eq!(c["errors"], Value::Array(vec![]), "{stack} {case}");
+                    // Handed a bf16 section, with fp16 off ...
+                    assert_eq!(
+                        c["handed_config"]["bf16"]["enabled"], true,
+                        "{stack} {case}"
+                    );
+                    let p = &c["deepspeed_parsed"];
+                    // ... the release parses no half precision at all: fp32.
+                    assert_eq!(p["fp16_enabled"], false, "{stack} {case}");
+                    for k in ["bf16_enabled", "bfloat16_enabled"] {
+                        assert!(
+                            p.get(k).is_none_or(|v| v == false),
+                            "{stack} {case}: {k} = {}",
+                            p[k]
+                        );
+                    }
+                    // The control, fp16, is parsed as fp16.
+                    let ctl = &c["control"]["deepspeed_parsed"];
+                    assert_eq!(ctl["fp16_enabled"], true, "{stack} {case}");
+                }
                 "raise" => {
                     let want = meta["engine_match"].as_str().unwrap();
                     let errors = c["errors"].as_array().unwrap();
@@ -845,6 +868,7 @@ fn old_stacks_show_what_their_rules_exist_for() {
     assert_eq!(
         seen,
         [
+            "4.24.0 R0306",
             "4.24.0 R0312",
             "4.24.0 R0312",
             "4.24.0 R0313",
@@ -855,6 +879,7 @@ fn old_stacks_show_what_their_rules_exist_for() {
             "4.6.1 R0314",
             "4.6.1 R0412",
             "4.6.1 R0413",
+            "4.6.1 R0506",
             "4.6.1 R0508"
         ]
     );
