@@ -594,3 +594,56 @@ fn data_scans_are_remembered_only_for_unchanged_clean_files() {
     let _ = samples();
     assert!(entries().is_empty(), "{:?}", entries());
 }
+
+/// Several nodes: launch.sh always names the hostfile (the launcher's default when the recipe
+/// gives none, with R1001 saying so), and a local hostfile with too few hosts stops the build
+/// before anything is written (R1003) — relative to the recipe's directory, where launch.sh runs.
+#[test]
+fn several_nodes_always_name_their_hostfile() {
+    let dir = temp_dir("hostfile");
+    let head = "model bert { from = \"bert-base-uncased\", task = classify(labels: 2), hidden_size = 768 }\n\
+                data { train = \"/cluster/train.jsonl\", samples = 1000 }\nbatch { micro = 8 }\n";
+    let rcp = dir.join("r.rcp");
+    std::fs::write(&rcp, format!("{head}cluster {{ gpus = 8, nodes = 2 }}\n")).unwrap();
+    let out = dir.join("out");
+    let o = recipe(&["build", rcp.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("R1001"), "{}", stderr(&o));
+    let launch = std::fs::read_to_string(out.join("launch.sh")).unwrap();
+    assert!(
+        launch.contains("  --num_nodes 2 \\\n  --hostfile /job/hostfile \\\n"),
+        "{launch}"
+    );
+    // One node: no hostfile flag (the launcher uses the local GPUs).
+    let o = recipe(&[
+        "build",
+        rcp.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--nodes",
+        "1",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let launch = std::fs::read_to_string(out.join("launch.sh")).unwrap();
+    assert!(!launch.contains("--hostfile"), "{launch}");
+
+    // A hostfile next to the recipe with one host for two nodes: an error, nothing written.
+    std::fs::write(dir.join("hosts"), "worker-1 slots=8\n").unwrap();
+    std::fs::write(
+        &rcp,
+        format!("{head}cluster {{ gpus = 8, nodes = 2, hostfile = \"hosts\" }}\n"),
+    )
+    .unwrap();
+    let out2 = dir.join("out2");
+    let o = recipe(&["build", rcp.to_str().unwrap(), "-o", out2.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("R1003"), "{}", stderr(&o));
+    assert!(!out2.exists());
+    // Two hosts: clean, and launch.sh passes the recipe's path.
+    std::fs::write(dir.join("hosts"), "worker-1 slots=8\nworker-2 slots=8\n").unwrap();
+    let o = recipe(&["build", rcp.to_str().unwrap(), "-o", out2.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("R10"), "{}", stderr(&o));
+    let launch = std::fs::read_to_string(out2.join("launch.sh")).unwrap();
+    assert!(launch.contains("  --hostfile hosts \\\n"), "{launch}");
+}

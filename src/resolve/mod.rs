@@ -329,6 +329,16 @@ fn resolve_world(r: &mut Resolved, options: &Options) {
     }
     let gpus = r.int("cluster.gpus").unwrap_or(1);
     let nodes = r.int("cluster.nodes").unwrap_or(1);
+    if nodes > 1 && r.get("cluster.hostfile").is_none() {
+        // Stated in launch.sh rather than left to the launcher (R1001 says so).
+        r.set(
+            "cluster.hostfile",
+            Val::Str(crate::rules::launch::DEFAULT_HOSTFILE.into()),
+            Source::Default {
+                reason: "the DeepSpeed launcher's hostfile when none is given (DLTS_HOSTFILE, launcher/runner.py)".into(),
+            },
+        );
+    }
     r.set(
         "cluster.world_size",
         Val::Int(gpus * nodes),

@@ -5,6 +5,7 @@
 pub mod batch;
 pub mod compat;
 pub mod data;
+pub mod launch;
 pub mod model;
 pub mod optimizer;
 pub mod precision;
@@ -75,6 +76,11 @@ pub static FAMILIES: &[Family] = &[
         name: "compat",
         codes: compat::CODES,
         check: compat::check,
+    },
+    Family {
+        name: "launch",
+        codes: launch::CODES,
+        check: launch::check,
     },
 ];
 
