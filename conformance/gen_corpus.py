@@ -710,6 +710,24 @@ REJECTED = [
          patch=[],
          expect="raise_engine", engine_match="you didn't pass an `eval_dataset` to `Trainer`",
          why="Trainer._validate_args: an evaluation strategy without an eval_dataset"),
+    # Two nodes, a hostfile of one: DeepSpeed's launcher keeps the hosts there are and starts
+    # 8 processes, not 16; DeepSpeed's batch assertion at that world size (`launch`: the
+    # harness runs the launcher's own resource code on launch.sh, then DeepSpeedConfig at the
+    # world size it gives). The artefacts differ from the base's in launch.sh's --hostfile only.
+    dict(slug="R1003-hostfile-too-few-nodes", code="R1003",
+         text=BASE_HEAD + "batch { micro = 8 }\n"
+              'cluster { gpus = 8, nodes = 2, hostfile = "R1003-one-host.hostfile" }\n',
+         base=BASE_HEAD + "batch { micro = 8 }\n"
+              'cluster { gpus = 8, nodes = 2, hostfile = "R1003-two-hosts.hostfile" }\n',
+         files={"R1003-one-host.hostfile": "worker-1 slots=8\n",
+                "R1003-two-hosts.hostfile": "worker-1 slots=8\nworker-2 slots=8\n"},
+         patch=[{"file": "launch.sh", "replace": ["--hostfile R1003-two-hosts.hostfile",
+                                                  "--hostfile R1003-one-host.hostfile"]}],
+         expect="launch",
+         match="train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * "
+               "world_size 128 != 8 * 1 * 8",
+         why="deepspeed.launcher.runner: apply_num_nodes_and_gpus keeps the one host listed; "
+             "DeepSpeedConfig._batch_assertion at world size 8"),
 ]
 
 
@@ -784,6 +802,8 @@ def write_rejected(out: Path, recipe: str | None) -> None:
     out.mkdir(parents=True)
     for n, case in enumerate(REJECTED):
         name = f"{n:03d}-{case['slug']}"
+        for fname, content in case.get("files", {}).items():  # e.g. hostfiles the recipes name
+            (out / fname).write_text(content)
         rcp = out / f"{name}.rcp"
         rcp.write_text(f'recipe "{case["slug"]}"\n' + case["text"])
         base = out / f"{name}.base.rcp"

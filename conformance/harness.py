@@ -401,22 +401,73 @@ SCRIPT_FLAGS = {"model_name_or_path", "config_name", "train_file", "validation_f
 LAUNCHER_FLAGS = {"--num_gpus", "--num_nodes", "--hostfile", "--master_addr", "--master_port"}
 
 
-def check_launch(case_dir: Path, world: int, json_args) -> dict:
-    """launch.sh passes the TrainingArguments as flags: parse them with transformers' own
-    `HfArgumentParser` (as run_classification.py does), from the directory launch.sh `cd`s to,
-    and compare field by field with the TrainingArguments built from training_args.json."""
+def launcher_tokens(case_dir: Path, script: str = "launch.sh") -> tuple[list[str], list[str], str]:
+    """launch.sh's `deepspeed` command: the launcher's flags, the rest, and the directory it
+    `cd`s to (relative to the case directory)."""
     import re
     import shlex
-    from transformers import HfArgumentParser
-
-    text = (case_dir / "launch.sh").read_text()
+    text = (case_dir / script).read_text()
     m = re.search(r'^cd "\$\(dirname "\$0"\)"/(.+)$', text, re.M)
     rel = shlex.split(m.group(1))[0] if m else "."
     toks = shlex.split(text[text.index("exec deepspeed"):].replace("\\\n", " "))
     i = 2
     while i < len(toks) and toks[i] in LAUNCHER_FLAGS:
         i += 2
-    script, rest = toks[i], toks[i + 1:]
+    return toks[2:i], toks[i:], rel
+
+
+def check_launcher(case_dir: Path, world: int, final: dict | None,
+                   script: str = "launch.sh") -> dict:
+    """The launcher's half of launch.sh, through DeepSpeed's own launcher code
+    (`deepspeed.launcher.runner`): its `parse_args` on the flags, `fetch_hostfile` on the
+    hostfile (from the directory launch.sh runs in), `parse_inclusion_exclusion` and
+    `apply_num_nodes_and_gpus` → the processes it starts (`world_size`). A hostfile that is not
+    here (the cluster's, or DeepSpeed's default /job/hostfile) is stood in for by 64 hosts of 16
+    slots, more than any case asks for, so that the flags alone decide (`hostfile_read` false);
+    one node without a hostfile is the launcher's local path (the GPUs of the machine, also 16
+    here). When the launcher's world size is not the recipe's, DeepSpeed's config validation is
+    run again at the launcher's (`deepspeed_at_launcher_world`: "ok" or the error) — what the
+    started processes would meet."""
+    import collections
+    from deepspeed.launcher import runner
+
+    flags, rest, rel = launcher_tokens(case_dir, script)
+    with Quiet():
+        a = runner.parse_args(flags + rest[:1])
+    workdir = (case_dir / rel).resolve()
+    hostfile = Path(a.hostfile) if Path(a.hostfile).is_absolute() else workdir / a.hostfile
+    out: dict = {"num_gpus": a.num_gpus, "num_nodes": a.num_nodes, "hostfile": a.hostfile,
+                 "hostfile_read": hostfile.is_file()}
+    if hostfile.is_file():
+        with Quiet():
+            pool = runner.fetch_hostfile(str(hostfile))
+    elif a.num_nodes > 1:
+        pool = collections.OrderedDict((f"node-{i}", 16) for i in range(64))
+    else:
+        pool = collections.OrderedDict([("localhost", 16)])
+    active = runner.parse_inclusion_exclusion(pool, a.include, a.exclude)
+    active = runner.apply_num_nodes_and_gpus(active, a.num_nodes, a.num_gpus)
+    out["hosts"] = len(active)
+    out["world_size"] = sum(len(v) for v in active.values())
+    out["world_matches"] = out["world_size"] == world
+    if not out["world_matches"] and final is not None:
+        try:
+            with Quiet(), deepspeed_world(out["world_size"]):
+                DeepSpeedConfig(copy.deepcopy(final))
+            out["deepspeed_at_launcher_world"] = "ok"
+        except Exception as e:  # noqa: BLE001
+            out["deepspeed_at_launcher_world"] = err_text(e)
+    return out
+
+
+def check_launch(case_dir: Path, world: int, json_args) -> dict:
+    """launch.sh passes the TrainingArguments as flags: parse them with transformers' own
+    `HfArgumentParser` (as run_classification.py does), from the directory launch.sh `cd`s to,
+    and compare field by field with the TrainingArguments built from training_args.json."""
+    from transformers import HfArgumentParser
+
+    _, toks, rel = launcher_tokens(case_dir)
+    script, rest = toks[0], toks[1:]
     workdir = (case_dir / rel).resolve()
     out: dict = {"script": script, "workdir_exists": workdir.is_dir()}
     old = os.getcwd()
@@ -572,6 +623,10 @@ def run_chain(emitted: dict, targs: dict, ds_path: Path, case: dict, res: dict, 
             res["launch"] = check_launch(ds_path.parent, world, args)
         except Exception as e:  # noqa: BLE001
             res["launch"] = {"error": err_text(e), "equal": False}
+        try:
+            res["launch"]["launcher"] = check_launcher(ds_path.parent, world, final)
+        except Exception as e:  # noqa: BLE001
+            res["launch"]["launcher"] = {"error": err_text(e)}
 
     # ---- learning rates --------------------------------------------------------------------
     cfg = final if final is not None else emitted
@@ -747,6 +802,14 @@ def run_case(case_dir: Path) -> dict:
             res["stack_run"] = stack_runs(case_dir, case["rejected"]["stack"])
         if case["rejected"].get("expect") in ("raise_engine", "silent_engine"):
             res["engine_run"] = engine_runs(case_dir)
+        if case["rejected"].get("expect") == "launch" and chain is not None:
+            # The control: the base recipe's launch.sh (make_cases.py keeps it beside).
+            try:
+                res["launch_control"] = check_launcher(case_dir, int(case["world_size"]),
+                                                       chain["final"],
+                                                       "launch.base.sh")
+            except Exception as e:  # noqa: BLE001
+                res["launch_control"] = {"error": err_text(e)}
         res["rejected"] = judge_rejected(case["rejected"], res, chain)
     return res
 
@@ -951,6 +1014,23 @@ def judge_rejected(meta: dict, res: dict, chain) -> dict:
         out["control_optimizer"] = meta.get("control_optimizer")
         out["observed"] = run
         out["reproduced"] = judge_silent_engine(meta, run)
+    elif expect == "launch":
+        # DeepSpeed's launcher starts another world size than the recipe's, and DeepSpeed's
+        # config validation refuses the config at that size; the base recipe's launches the
+        # recipe's world size.
+        run = (res.get("launch") or {}).get("launcher") or {}
+        ctl = res.get("launch_control") or {}
+        out["match"] = meta.get("match")
+        out["observed"] = {"case": run, "control": ctl}
+        at = run.get("deepspeed_at_launcher_world") or ""
+        if run.get("world_matches") is not False:
+            out["reproduced"] = "the launcher starts the recipe's world size"
+        elif meta.get("match") not in at:
+            out["reproduced"] = f"DeepSpeed at the launcher's world size: {at[:300]}"
+        elif ctl.get("world_matches") is not True:
+            out["reproduced"] = f"the control does not launch the recipe's world size: {ctl}"
+        else:
+            out["reproduced"] = not relevant
     elif expect == "runtime" and not relevant:
         out["reproduced"] = "not reproducible without an engine/GPU"
     else:  # raise, raise_trainer, runtime: with `match`, the refusal must say it

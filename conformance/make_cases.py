@@ -195,8 +195,17 @@ def main() -> int:
             # The control trains with the base recipe's data too (train_run.py reads it).
             (out / "base" / "case.json").write_text(
                 json.dumps(case_json(name, base, explain(a.recipe, base), "base"), indent=1) + "\n")
+            # launch.sh before the patch, beside the case's (same directory: the same `cd`).
+            shutil.copy2(out / "launch.sh", out / "launch.base.sh")
             for op in meta.get("patch", []):
                 f = out / op["file"]
+                if "replace" in op:  # a text file (launch.sh): one exact replacement
+                    old, new = op["replace"]
+                    text = f.read_text()
+                    if text.count(old) != 1:
+                        raise ValueError(f"patch {op}: {old!r} occurs {text.count(old)} times")
+                    f.write_text(text.replace(old, new))
+                    continue
                 d = json.loads(f.read_text())
                 if "set" in op:
                     set_path(d, op["set"], op["value"])

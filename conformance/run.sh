@@ -33,12 +33,15 @@ python3 "$HERE/gen_legacy.py" --recipe "$RECIPE"
 python3 "$HERE/make_cases.py" --recipe "$RECIPE" --out "$HERE/build"
 
 rm -rf "$HERE/fixtures/corpus" "$HERE/fixtures/rejected" "$HERE/fixtures/legacy" \
-  "$HERE/fixtures/legacy-run"
+  "$HERE/fixtures/legacy-run" "$HERE/fixtures/launcher"
 mkdir -p "$HERE/fixtures"
 echo "run: harness on the corpus"
 "$PY" "$HERE/harness.py" "$HERE/build/cases" "$HERE/fixtures/corpus" --json-summary
 echo "run: harness on the rejected corpus"
 "$PY" "$HERE/harness.py" "$HERE/build/rejected" "$HERE/fixtures/rejected" --json-summary
+echo "run: DeepSpeed's launcher on the hostfile corpus (launcher.py)"
+mkdir -p "$HERE/fixtures/launcher"
+"$PY" "$HERE/launcher.py" "$HERE/fixtures/launcher/hostfiles.json"
 echo "run: the seed article's old stacks (legacy.py, legacy_run.py)"
 "$PY" "$HERE/legacy.py" --recipe "$RECIPE"
 python3 "$HERE/summary.py" "$HERE/fixtures" --json "$HERE/fixtures/summary.json" | tee "$HERE/build/summary.txt"

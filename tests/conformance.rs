@@ -168,6 +168,69 @@ fn our_current_config_steps_and_learning_rates_match_the_real_stack() {
     }
 }
 
+/// launch.sh, as the real libraries read it: transformers' `HfArgumentParser` parses the flags
+/// it passes into the same TrainingArguments as training_args.json (no unexpected flag, the
+/// `--deepspeed` path reaching the case's config), and DeepSpeed's own launcher code
+/// (`runner.parse_args`, `fetch_hostfile`, `apply_num_nodes_and_gpus`) starts exactly the
+/// recipe's world size. The launcher flags launch.sh has today are the ones recorded.
+#[test]
+fn launch_sh_passes_the_same_arguments_and_starts_the_recipes_world_size() {
+    let mut several_nodes = 0;
+    for f in fixtures() {
+        let case = f["case"].as_str().unwrap();
+        let launch = &f["launch"];
+        assert_eq!(launch["equal"], true, "{case}: {launch}");
+        assert_eq!(launch["unexpected_flags"], Value::Array(vec![]), "{case}");
+        assert_eq!(launch["deepspeed_path_ok"], true, "{case}");
+        let l = &launch["launcher"];
+        assert!(l.get("error").is_none(), "{case}: {l}");
+        assert_eq!(l["world_matches"], true, "{case}: {l}");
+        assert_eq!(l["world_size"], f["world_size"], "{case}");
+        assert_eq!(l["num_gpus"], f["gpus"], "{case}");
+        assert_eq!(l["num_nodes"], f["nodes"], "{case}");
+
+        let path = root().join(f["recipe"].as_str().unwrap());
+        let text = std::fs::read_to_string(&path).unwrap();
+        let options = Options {
+            base_dir: path.parent().map(Path::to_path_buf),
+            ..Options::default()
+        };
+        let checked = check_source_with(&text, &options);
+        if checked.has_errors() {
+            continue; // our_current_config_… covers it
+        }
+        let r = resolve(checked.file.as_ref().unwrap(), &options);
+        let files = explicit_artefacts(&r, &text);
+        let sh = String::from_utf8(
+            files
+                .iter()
+                .find(|(n, _)| n == "launch.sh")
+                .unwrap()
+                .1
+                .clone(),
+        )
+        .unwrap();
+        let mut want = vec![
+            format!("  --num_gpus {} \\\n", l["num_gpus"]),
+            format!("  --num_nodes {} \\\n", l["num_nodes"]),
+        ];
+        if l["num_nodes"].as_u64() > Some(1) {
+            // Several nodes always name their hostfile (DeepSpeed's default when not given).
+            several_nodes += 1;
+            want.push(format!(
+                "  --hostfile {} \\\n",
+                l["hostfile"].as_str().unwrap()
+            ));
+        } else {
+            assert!(!sh.contains("--hostfile"), "{case}");
+        }
+        for w in want {
+            assert!(sh.contains(&w), "{case}: launch.sh lacks {w:?}:\n{sh}");
+        }
+    }
+    assert!(several_nodes >= 20, "only {several_nodes} multi-node cases");
+}
+
 fn rejected_fixtures() -> Vec<Value> {
     json_dir("rejected")
 }
@@ -480,6 +543,20 @@ fn the_real_stack_refuses_or_misbehaves_on_every_rejected_recipe() {
                     obs["pinned_error"]
                 );
             }
+            "launch" => {
+                // DeepSpeed's launcher starts fewer processes than the recipe's world size, and
+                // DeepSpeed refuses the config at that size; the base recipe's launch.sh starts
+                // the recipe's.
+                let meta = corpus_rejected_meta(case);
+                let want = meta["match"].as_str().unwrap();
+                let run = &rej["observed"]["case"];
+                assert_eq!(run["world_matches"], false, "{case}: {run}");
+                let at = run["deepspeed_at_launcher_world"].as_str().unwrap();
+                assert!(at.contains(want), "{case}: {at}");
+                let ctl = &rej["observed"]["control"];
+                assert_eq!(ctl["world_matches"], true, "{case}: {ctl}");
+                assert_eq!(ctl["world_size"], f["world_size"], "{case}");
+            }
             "raise_engine" | "silent_run" => {} // their own tests above
             other => panic!("{case}: no assertion written for expect {other}"),
         }
@@ -492,7 +569,7 @@ fn the_real_stack_refuses_or_misbehaves_on_every_rejected_recipe() {
             "R0101", "R0102", "R0201", "R0202", "R0309", "R0311", "R0402", "R0403", "R0404",
             "R0405", "R0406", "R0407", "R0409", "R0410", "R0411", "R0414", "R0501", "R0502",
             "R0503", "R0504", "R0505", "R0509", "R0603", "R0605", "R0607", "R0609", "R0706",
-            "R0901", "R0902", "R0903", "R0905", "R0906", "R0907", "R0908", "R0909"
+            "R0901", "R0902", "R0903", "R0905", "R0906", "R0907", "R0908", "R0909", "R1003"
         ],
         "the rules the rejected corpus covers"
     );
@@ -942,4 +1019,56 @@ fn accelerate_changes_only_steps_per_print_and_explain_says_so() {
             row.upstream
         );
     }
+}
+
+/// Our hostfile parser (R1002–R1004) against DeepSpeed's launcher on the same texts
+/// (conformance/launcher.py: `runner.fetch_hostfile` on each, read as a launch reads it): the
+/// same hosts and slots in the same order, or a refusal of the same kind.
+#[test]
+fn our_hostfile_parser_agrees_with_deepspeeds_launcher() {
+    use recipe::rules::launch::{parse_hostfile, BadHostfile};
+    let path = root().join("conformance/fixtures/launcher/hostfiles.json");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert_eq!(doc["format"], "recipe-conformance-hostfiles/1");
+    let all = doc["hostfiles"].as_array().unwrap();
+    assert!(all.len() >= 20);
+    let (mut accepted, mut refused) = (0, 0);
+    for e in all {
+        let text = e["text"].as_str().unwrap();
+        let ours = parse_hostfile(text);
+        match (&ours, e.get("hosts")) {
+            (Ok(hosts), Some(real)) => {
+                let real = real.as_array().unwrap();
+                assert_eq!(hosts.len(), real.len(), "{text:?}: {hosts:?} vs {real:?}");
+                for (h, r) in hosts.iter().zip(real) {
+                    assert_eq!(h.name, r[0].as_str().unwrap(), "{text:?}");
+                    match r[1].as_u64() {
+                        Some(n) => assert_eq!(h.slots, n, "{text:?}"),
+                        // Beyond u64 (Python's int has no bound): ours saturates.
+                        None => assert_eq!(h.slots, u64::MAX, "{text:?}"),
+                    }
+                }
+                accepted += 1;
+            }
+            (Err(bad), None) => {
+                let message = e["error"]["message"].as_str().unwrap();
+                let want = match bad {
+                    BadHostfile::BadLine { text: line, .. } => {
+                        format!("Hostfile contains a bad entry: {line},")
+                    }
+                    BadHostfile::Duplicate { host, .. } => {
+                        format!("Hostfile contains multiple entries for {host},")
+                    }
+                    BadHostfile::Empty => "Hostfile is empty or not formatted correctly".into(),
+                };
+                assert!(message.starts_with(&want), "{text:?}: {message} vs {want}");
+                refused += 1;
+            }
+            _ => panic!("{text:?}: ours {ours:?}, DeepSpeed's launcher {e}"),
+        }
+    }
+    assert!(
+        accepted >= 10 && refused >= 10,
+        "{accepted} accepted, {refused} refused"
+    );
 }

@@ -123,7 +123,9 @@ pub enum BadHostfile {
 /// skipped).
 pub fn parse_hostfile(text: &str) -> Result<Vec<Host>, BadHostfile> {
     let mut hosts: Vec<Host> = Vec::new();
-    for (i, raw) in text.lines().enumerate() {
+    // Python reads the file with universal newlines: "\r\n", "\n" and a lone "\r" end a line.
+    let text = text.replace("\r\n", "\n");
+    for (i, raw) in text.split(['\n', '\r']).enumerate() {
         let line = i + 1;
         let l = raw.trim();
         if l.is_empty() || l.starts_with('#') {
@@ -162,9 +164,12 @@ fn host_line(l: &str) -> Option<(&str, u64)> {
     let digits: &str = &rest[..rest
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(rest.len())];
-    // Python's int() of a digit run: no overflow there; a count beyond u64 is no real host.
-    let slots = digits.parse().ok()?;
-    Some((name, slots))
+    if digits.is_empty() {
+        return None;
+    }
+    // Python's int() has no overflow: a count beyond u64 saturates (no real host has it).
+    // Python's `\d` also takes non-ASCII decimal digits; those are not accepted here.
+    Some((name, digits.parse().unwrap_or(u64::MAX)))
 }
 
 fn nodes_origin(r: &Resolved) -> String {
