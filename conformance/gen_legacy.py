@@ -37,6 +37,8 @@ STACKS = {
                                             ["fp32", "fp16"]),
     "transformers-4.24.0+deepspeed-0.7.7": ('target transformers "4.24.0", deepspeed "0.7.7"',
                                             ["fp32", "fp16", "bf16"]),
+    "transformers-4.24.0+deepspeed-0.8.3": ('target transformers "4.24.0", deepspeed "0.8.3"',
+                                            ["fp32", "fp16", "bf16"]),
 }
 HF_KINDS = ["linear", "cosine", "cosine_with_restarts", "polynomial", "constant",
             "constant_with_warmup"]
@@ -148,6 +150,20 @@ def rejected_cases(target: str) -> list[dict]:
              base=head + "optimizer adamw { lr = 3e-5 }\nschedule WarmupDecayLR { warmup = 10 }\n",
              patch=[{"file": "ds_config.json", "set": "scheduler.type",
                      "value": "WarmupCosineLR"}]),
+    ]) + ([] if "0.8.3" not in target else [
+        # DeepSpeed 0.8.3 added zero_force_ds_cpu_optimizer (default true): transformers 4.24
+        # hands HF's optimizer to deepspeed.initialize, whose _configure_optimizer refuses it
+        # under ZeRO-Offload. The base: DeepSpeed's AdamW (DeepSpeedCPUAdam under offload).
+        dict(slug="R0408-client-optimizer-offload", code="R0408", expect="raise",
+             engine_match="You are using ZeRO-Offload with a client provided optimizer",
+             why="DeepSpeed 0.8.3 _configure_optimizer refuses a client optimizer with "
+                 "ZeRO-Offload (zero_force_ds_cpu_optimizer)",
+             text=head.replace("zero 2\n", "zero 2 { offload optimizer = cpu }\n")
+                  + opt + "schedule linear { warmup = 10 }\n",
+             base=head.replace("zero 2\n", "zero 2 { offload optimizer = cpu }\n")
+                  + "optimizer adamw { lr = 3e-5 }\nschedule linear { warmup = 10 }\n",
+             patch=[{"file": "ds_config.json", "del": "optimizer"},
+                    {"file": "training_args.json", "set": "optim", "value": "adamw_torch"}]),
     ])
 
 

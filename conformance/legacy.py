@@ -43,6 +43,8 @@ STACKS = {
                                             "deepspeed-0.3.16"),
     "transformers-4.24.0+deepspeed-0.7.7": ("conformance/legacy/seed-4.24.rcp",
                                             "transformers-4.24.0", "deepspeed-0.7.7"),
+    "transformers-4.24.0+deepspeed-0.8.3": ("conformance/legacy/seed-4.24-ds0.8.3.rcp",
+                                            "transformers-4.24.0", "deepspeed-0.8.3"),
 }
 
 

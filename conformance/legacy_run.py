@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Runs `recipe build` artefacts through an OLD transformers + DeepSpeed release's own config
-code (transformers 4.6.1 + DeepSpeed 0.3.16, transformers 4.24.0 + DeepSpeed 0.7.7), on CPU.
+code (transformers 4.6.1 + DeepSpeed 0.3.16, transformers 4.24.0 + DeepSpeed 0.7.7 / 0.8.3), on
+CPU.
 
     legacy_run.py BUILD_DIR OUT.json     (run by legacy.py: the overlays in front of the venv)
 
@@ -19,14 +20,15 @@ launch runs them:
    ``deepspeed.initialize``, which records the config HF hands over and stops the run there
    instead of starting an engine (L3);
 3. that DeepSpeed release's ``DeepSpeedConfig`` on that config at the case's world size (L4),
-   the engine's ``_do_sanity_check`` and its ``_configure_basic_optimizer`` (L5);
+   the engine's ``_do_sanity_check``, and with HF's optimizer the engine's ``_configure_optimizer``
+   up to the wrapper (L7), otherwise its ``_configure_basic_optimizer`` (L5);
 4. the learning rate of every optimizer step 1..total (total: the Trainer's own count): the
    scheduler the run would step (HF's, built in step 2, or DeepSpeed's
    ``_scheduler_from_config``), stepped after each step.
 
 The releases do not import on Python 3.11 + torch 2.15 + numpy 2 unaided; the shims below (S1–S3)
 restore names those versions removed, without changing what the old code computes. Everything
-else changed is in "PATCHES" (L1–L6) and listed in README.md ("Older stacks, run").
+else changed is in "PATCHES" (L1–L7) and listed in README.md ("Older stacks, run").
 """
 
 from __future__ import annotations
@@ -224,6 +226,30 @@ def engine_shell(ds_config):
     e.pipeline_parallelism = False
     e.global_rank = 0
     return e
+
+
+@contextlib.contextmanager
+def without_optimizer_wrappers(shell, model):
+    """L7. `_configure_optimizer` on a client optimizer (HF's) runs the release's own checks on
+    it, then wraps it (ZeRO, fp16, bf16 optimizer; the compression scheduler and quantizer),
+    which needs the model on a GPU and a process group. On the shell the wrappers return the
+    basic optimizer and the two extras nothing: every check before them is the release's. The
+    engine's module is the stand-in model (its duplicate-parameter check reads it)."""
+    names = ("_configure_zero_optimizer", "_configure_fp16_optimizer",
+             "_configure_bf16_optimizer")
+    for n in names:
+        if hasattr(DeepSpeedEngine, n):
+            object.__setattr__(shell, n, lambda opt, *a, **k: opt)
+    for n in ("_configure_compression_scheduler", "_configure_quantization"):
+        if hasattr(DeepSpeedEngine, n):
+            object.__setattr__(shell, n, lambda *a, **k: None)
+    # The engine is an nn.Module that never ran Module.__init__: plain attributes.
+    object.__setattr__(shell, "module", model)
+    try:
+        yield
+    finally:
+        for n in names + ("_configure_compression_scheduler", "_configure_quantization"):
+            shell.__dict__.pop(n, None)
 
 
 @contextlib.contextmanager
@@ -445,6 +471,17 @@ def run_case(case_dir: Path) -> dict:
     except Exception as e:  # noqa: BLE001
         errors.append({"stage": "engine_sanity_check", **err_text(e)})
     optimizer = client_opt
+    if client_opt is not None:
+        # HF's optimizer reaches the engine: its optimizer set-up (L7), e.g. DeepSpeed ≥ 0.8.3
+        # refusing a client optimizer with ZeRO-Offload (zero_force_ds_cpu_optimizer).
+        try:
+            with Quiet(), deepspeed_world(world), without_optimizer_wrappers(shell, model):
+                shell._configure_optimizer(client_opt, None)
+            # (DeepSpeed 0.3.16 keeps no `basic_optimizer`: the client optimizer is it.)
+            res["engine_optimizer"] = type(getattr(shell, "basic_optimizer", client_opt)).__name__
+        except Exception as e:  # noqa: BLE001
+            errors.append({"stage": "engine_optimizer", **err_text(e)})
+            return res
     if client_opt is None:
         rec: dict = {}
         try:

@@ -24,11 +24,22 @@ overlays() {
       continue
     fi
     rm -rf "${O:?}/$name"
+    # DeepSpeed releases are sdists whose setup.py imports torch (from the venv) and DeepSpeed
+    # itself: no build isolation, no ops compiled, and the overlay's other pins (pydantic 1.x
+    # for DeepSpeed 0.7–0.9) installed first and on PYTHONPATH while it builds.
+    local others ds
+    others="$(tr ' ' '\n' <<< "$pins" | grep -v '^deepspeed==' | tr '\n' ' ' || true)"
+    ds="$(tr ' ' '\n' <<< "$pins" | grep '^deepspeed==' || true)"
     # shellcheck disable=SC2086 — one word per pin
-    # DeepSpeed releases are sdists whose setup.py imports torch (from the venv): no build
-    # isolation, no ops compiled.
-    DS_BUILD_OPS=0 DS_SKIP_CUDA_CHECK=1 "$VENV/bin/python" -m pip --disable-pip-version-check \
-      install -q --no-deps --no-build-isolation --target "$O/$name" $pins
+    if [ -n "${others// /}" ]; then
+      "$VENV/bin/python" -m pip --disable-pip-version-check \
+        install -q --no-deps --no-build-isolation --target "$O/$name" $others
+    fi
+    if [ -n "$ds" ]; then
+      PYTHONPATH="$O/$name" DS_BUILD_OPS=0 DS_SKIP_CUDA_CHECK=1 "$VENV/bin/python" -m pip \
+        --disable-pip-version-check install -q --no-deps --no-build-isolation \
+        --target "$O/$name" --upgrade $ds
+    fi
     echo "$pins" > "$O/$name/.pins"
     echo "setup: overlay $name: $pins"
   done

@@ -672,7 +672,7 @@ fn legacy_artefacts_use_only_names_the_old_releases_know() {
         }
         seen += 1;
     }
-    assert_eq!(seen, 2, "legacy fixtures");
+    assert_eq!(seen, 3, "legacy fixtures");
 }
 
 /// A corpus recipe checked and resolved as `recipe build` would (path relative to the repo).
@@ -740,7 +740,7 @@ fn legacy_run_fixtures() -> Vec<Value> {
 #[test]
 fn old_stacks_run_our_artefacts_and_match_our_steps_and_learning_rates() {
     let fixtures = legacy_run_fixtures();
-    assert_eq!(fixtures.len(), 2, "legacy-run fixtures");
+    assert_eq!(fixtures.len(), 3, "legacy-run fixtures");
     for f in &fixtures {
         let stack = format!(
             "transformers {} + DeepSpeed {}",
@@ -792,6 +792,11 @@ fn old_stacks_run_our_artefacts_and_match_our_steps_and_learning_rates() {
             .unwrap();
             let mut handed = c["handed_config"].clone();
             if !c["client_optimizer"].is_null() {
+                // The engine's own optimizer set-up took HF's optimizer (legacy_run.py L7).
+                assert_eq!(
+                    c["engine_optimizer"], c["client_optimizer"],
+                    "{stack} {case}: the engine's optimizer set-up"
+                );
                 // deepspeed_init adds it when HF builds the optimizer ("To use other optimizers
                 // requires voiding warranty with: `zero_allow_untested_optimizer`").
                 let added = handed
@@ -858,7 +863,8 @@ fn old_stacks_run_our_artefacts_and_match_our_steps_and_learning_rates() {
 /// neither half precision as on and trains in fp32), and refusals with the message the rule
 /// names: R0313 (the scheduler name), R0314 (OneCycle divides by zero after the cycle), R0412
 /// (HF's optimizer with ZeRO Offload), R0413 (DeepSpeed's optimizer with HF's scheduler), R0508
-/// (ZeRO-1 without fp16), R0306 (DeepSpeed 0.7.7 has no WarmupCosineLR); each base recipe, the
+/// (ZeRO-1 without fp16), R0306 (DeepSpeed 0.7.7 has no WarmupCosineLR), R0408 (DeepSpeed 0.8.3's
+/// engine refuses HF's optimizer with ZeRO-Offload); each base recipe, the
 /// control, runs clean.
 #[test]
 fn old_stacks_show_what_their_rules_exist_for() {
@@ -929,6 +935,16 @@ fn old_stacks_show_what_their_rules_exist_for() {
                 "raise" => {
                     let want = meta["engine_match"].as_str().unwrap();
                     let errors = c["errors"].as_array().unwrap();
+                    if code == "R0408" {
+                        // The engine's own optimizer set-up refuses HF's optimizer; the control
+                        // (DeepSpeed's AdamW) builds DeepSpeedCPUAdam.
+                        assert_eq!(errors[0]["stage"], "engine_optimizer", "{stack} {case}");
+                        assert_eq!(errors[0]["type"], "ZeRORuntimeException", "{stack} {case}");
+                        assert_eq!(
+                            c["control"]["basic_optimizer"]["class"], "DeepSpeedCPUAdam",
+                            "{stack} {case}"
+                        );
+                    }
                     assert!(
                         errors
                             .iter()
@@ -938,26 +954,34 @@ fn old_stacks_show_what_their_rules_exist_for() {
                 }
                 other => panic!("{stack} {case}: unknown expect {other}"),
             }
-            seen.push(format!("{} {code}", f["transformers"].as_str().unwrap()));
+            seen.push(format!(
+                "{}+{} {code}",
+                f["transformers"].as_str().unwrap(),
+                f["deepspeed"].as_str().unwrap()
+            ));
         }
     }
     seen.sort();
     assert_eq!(
         seen,
         [
-            "4.24.0 R0306",
-            "4.24.0 R0312",
-            "4.24.0 R0312",
-            "4.24.0 R0313",
-            "4.6.1 R0307",
-            "4.6.1 R0312",
-            "4.6.1 R0312",
-            "4.6.1 R0313",
-            "4.6.1 R0314",
-            "4.6.1 R0412",
-            "4.6.1 R0413",
-            "4.6.1 R0506",
-            "4.6.1 R0508"
+            "4.24.0+0.7.7 R0306",
+            "4.24.0+0.7.7 R0312",
+            "4.24.0+0.7.7 R0312",
+            "4.24.0+0.7.7 R0313",
+            "4.24.0+0.8.3 R0312",
+            "4.24.0+0.8.3 R0312",
+            "4.24.0+0.8.3 R0313",
+            "4.24.0+0.8.3 R0408",
+            "4.6.1+0.3.16 R0307",
+            "4.6.1+0.3.16 R0312",
+            "4.6.1+0.3.16 R0312",
+            "4.6.1+0.3.16 R0313",
+            "4.6.1+0.3.16 R0314",
+            "4.6.1+0.3.16 R0412",
+            "4.6.1+0.3.16 R0413",
+            "4.6.1+0.3.16 R0506",
+            "4.6.1+0.3.16 R0508"
         ]
     );
 }
