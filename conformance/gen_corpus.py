@@ -710,6 +710,19 @@ REJECTED = [
          patch=[],
          expect="raise_engine", engine_match="you didn't pass an `eval_dataset` to `Trainer`",
          why="Trainer._validate_args: an evaluation strategy without an eval_dataset"),
+    # Ten samples, micro-batches of 16 and drop_last: no batch at all. transformers 5.24's
+    # Trainer.train() takes a dataloader of length 0 for one without a length and stops (after
+    # the model has loaded, in a real launch); the control, drop_last off, trains.
+    dict(slug="R0205-no-steps", code="R0205",
+         text=MODEL + '\ndata { train = "train.jsonl", eval = "dev.jsonl", samples = 10, '
+              'drop_last = true }\nbatch { micro = 16 }\n',
+         base=MODEL + '\ndata { train = "train.jsonl", eval = "dev.jsonl", samples = 10 }\n'
+              "batch { micro = 16 }\n",
+         patch=[{"file": "training_args.json", "set": "dataloader_drop_last", "value": True}],
+         expect="raise_engine",
+         engine_match="args.max_steps must be set to a positive value if dataloader does not "
+                      "have a length",
+         why="Trainer.set_initial_training_values: len(dataloader) == 0 is taken for no length"),
     # Two nodes, a hostfile of one: DeepSpeed's launcher keeps the hosts there are and starts
     # 8 processes, not 16; DeepSpeed's batch assertion at that world size (`launch`: the
     # harness runs the launcher's own resource code on launch.sh, then DeepSpeedConfig at the

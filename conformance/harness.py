@@ -531,7 +531,8 @@ def run_chain(emitted: dict, targs: dict, ds_path: Path, case: dict, res: dict, 
     except Exception as e:  # noqa: BLE001
         errors.append({"stage": "steps", "error": err_text(e)})
         steps = None
-    total = steps["total"] if steps else int(case["steps"]["total"])
+    # Without the real count, our prediction (none when our checker says there are no steps).
+    total = steps["total"] if steps else int((case.get("steps") or {}).get("total") or 0)
 
     # ---- HF fill + finalize alone, on a fresh copy: the "filled" config ----------------------
     filled = None
@@ -882,7 +883,8 @@ def engine_runs(case_dir: Path) -> dict:
                 "deepspeed_basic_optimizer": r.get("deepspeed_basic_optimizer"),
                 "deepspeed_basic_optimizer_module": r.get("deepspeed_basic_optimizer_module"),
                 "versions": r.get("versions"), "hf_global_step": s.get("hf_global_step"),
-                "ds_global_steps": s.get("ds_global_steps")}
+                "ds_global_steps": s.get("ds_global_steps"), "max_steps": s.get("max_steps"),
+                "micro_batches": s.get("micro_batches"), "epoch_reached": s.get("epoch_reached")}
     out = {"case": brief(train_in_subprocess(case_dir, None, ("--engine",)))}
     if (case_dir / "base" / "ds_config.json").exists():
         out["control"] = brief(train_in_subprocess(

@@ -421,7 +421,7 @@ fn the_real_engine_refuses_what_the_engine_rules_say_and_r0406_is_not_reproducib
                 }
             }
             _ => {
-                // Trainer- and engine-level refusals (R0706, R0905, R0906, R0907): the message
+                // Trainer- and engine-level refusals (R0205, R0706, R0905, R0906, R0907): the message
                 // the rule names, and the control builds and steps.
                 assert_eq!(rej["reproduced"], true, "{case}: {}", rej["reproduced"]);
                 let want = rej["engine_match"].as_str().unwrap();
@@ -436,7 +436,7 @@ fn the_real_engine_refuses_what_the_engine_rules_say_and_r0406_is_not_reproducib
     seen.sort();
     assert_eq!(
         seen,
-        ["R0406", "R0609", "R0706", "R0905", "R0906", "R0907"],
+        ["R0205", "R0406", "R0609", "R0706", "R0905", "R0906", "R0907"],
         "raise_engine cases"
     );
 }
@@ -566,10 +566,11 @@ fn the_real_stack_refuses_or_misbehaves_on_every_rejected_recipe() {
     assert_eq!(
         codes,
         [
-            "R0101", "R0102", "R0201", "R0202", "R0309", "R0311", "R0402", "R0403", "R0404",
-            "R0405", "R0406", "R0407", "R0409", "R0410", "R0411", "R0414", "R0501", "R0502",
-            "R0503", "R0504", "R0505", "R0509", "R0603", "R0605", "R0607", "R0609", "R0706",
-            "R0901", "R0902", "R0903", "R0905", "R0906", "R0907", "R0908", "R0909", "R1003"
+            "R0101", "R0102", "R0201", "R0202", "R0205", "R0309", "R0311", "R0402", "R0403",
+            "R0404", "R0405", "R0406", "R0407", "R0409", "R0410", "R0411", "R0414", "R0501",
+            "R0502", "R0503", "R0504", "R0505", "R0509", "R0603", "R0605", "R0607", "R0609",
+            "R0706", "R0901", "R0902", "R0903", "R0905", "R0906", "R0907", "R0908", "R0909",
+            "R1003"
         ],
         "the rules the rejected corpus covers"
     );

@@ -92,10 +92,24 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
         return;
     };
     if total == 0 || l == 0 {
+        let samples = r.uint("data.samples").unwrap_or(0);
+        let per_batch =
+            r.uint("batch.micro").unwrap_or(1) * r.uint("cluster.world_size").unwrap_or(1);
+        let message = if l == 0 && samples > 0 && r.bool("data.drop_last") == Some(true) {
+            // transformers 5.24 then stops in Trainer.train() ("args.max_steps must be set to a
+            // positive value if dataloader does not have a length"; conformance R0205 case).
+            format!(
+                "this run has no micro-batch to train on: {samples} samples, fewer than micro × world = {per_batch}, and `drop_last` drops the short batch"
+            )
+        } else {
+            format!(
+                "this run takes no optimizer step ({l} micro-batches per epoch, {total} steps in all)"
+            )
+        };
         out.push(
             Diagnostic::error(
                 NO_STEPS,
-                format!("this run takes no optimizer step ({l} micro-batches per epoch, {total} steps in all)"),
+                message,
                 anchor(r, if l == 0 { "data.samples" } else { "train.epochs" }),
             )
             .with_label("nothing to train on")
