@@ -741,6 +741,20 @@ REJECTED = [
                "world_size 128 != 8 * 1 * 8",
          why="deepspeed.launcher.runner: apply_num_nodes_and_gpus keeps the one host listed; "
              "DeepSpeedConfig._batch_assertion at world size 8"),
+    # A hostfile line the launcher cannot read ("host:slots" instead of "host slots=N"): it
+    # stops before starting anything (runner._parse_hostfile).
+    dict(slug="R1002-hostfile-invalid", code="R1002",
+         text=BASE_HEAD + "batch { micro = 8 }\n"
+              'cluster { gpus = 8, nodes = 2, hostfile = "R1002-bad-line.hostfile" }\n',
+         base=BASE_HEAD + "batch { micro = 8 }\n"
+              'cluster { gpus = 8, nodes = 2, hostfile = "R1003-two-hosts.hostfile" }\n',
+         files={"R1002-bad-line.hostfile": "worker-1 slots=8\nworker-2:8\n",
+                "R1003-two-hosts.hostfile": "worker-1 slots=8\nworker-2 slots=8\n"},
+         patch=[{"file": "launch.sh", "replace": ["--hostfile R1003-two-hosts.hostfile",
+                                                  "--hostfile R1002-bad-line.hostfile"]}],
+         expect="launch",
+         match="Hostfile contains a bad entry: worker-2:8",
+         why="deepspeed.launcher.runner._parse_hostfile refuses the line"),
 ]
 
 

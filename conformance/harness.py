@@ -1017,18 +1017,19 @@ def judge_rejected(meta: dict, res: dict, chain) -> dict:
         out["observed"] = run
         out["reproduced"] = judge_silent_engine(meta, run)
     elif expect == "launch":
-        # DeepSpeed's launcher starts another world size than the recipe's, and DeepSpeed's
-        # config validation refuses the config at that size; the base recipe's launches the
-        # recipe's world size.
+        # DeepSpeed's launcher refuses the hostfile (its `error` contains `match`), or starts
+        # another world size than the recipe's and DeepSpeed's config validation refuses the
+        # config at that size (`deepspeed_at_launcher_world`); the base recipe's launch.sh
+        # starts the recipe's world size.
         run = (res.get("launch") or {}).get("launcher") or {}
         ctl = res.get("launch_control") or {}
         out["match"] = meta.get("match")
         out["observed"] = {"case": run, "control": ctl}
-        at = run.get("deepspeed_at_launcher_world") or ""
-        if run.get("world_matches") is not False:
+        said = run.get("error") or run.get("deepspeed_at_launcher_world") or ""
+        if "error" not in run and run.get("world_matches") is not False:
             out["reproduced"] = "the launcher starts the recipe's world size"
-        elif meta.get("match") not in at:
-            out["reproduced"] = f"DeepSpeed at the launcher's world size: {at[:300]}"
+        elif meta.get("match") not in said:
+            out["reproduced"] = f"the launcher / DeepSpeed said something else: {said[:300]}"
         elif ctl.get("world_matches") is not True:
             out["reproduced"] = f"the control does not launch the recipe's world size: {ctl}"
         else:
