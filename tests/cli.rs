@@ -647,3 +647,46 @@ fn several_nodes_always_name_their_hostfile() {
     let launch = std::fs::read_to_string(out2.join("launch.sh")).unwrap();
     assert!(launch.contains("  --hostfile hosts \\\n"), "{launch}");
 }
+
+/// Without the sample count the schedule's steps are unknown: `check` warns (R0204), `build`
+/// refuses rather than write artefacts without the schedule, and `--samples` fixes it.
+#[test]
+fn build_refuses_a_recipe_whose_steps_are_unknown() {
+    let dir = temp_dir("no-samples");
+    let rcp = dir.join("r.rcp");
+    std::fs::write(
+        &rcp,
+        "model bert { from = \"bert-base-uncased\", task = classify(labels: 2), hidden_size = 768 }\n\
+         data { train = \"/cluster/train.jsonl\" }\nbatch { micro = 8 }\n\
+         schedule WarmupLR { warmup = 100 }\n",
+    )
+    .unwrap();
+    let o = recipe(&["check", rcp.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = dir.join("out");
+    for auto in [false, true] {
+        let mut args = vec!["build", rcp.to_str().unwrap(), "-o", out.to_str().unwrap()];
+        if auto {
+            args.push("--auto");
+        }
+        let o = recipe(&args);
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("cannot state the schedule's steps"),
+            "{}",
+            stderr(&o)
+        );
+        assert!(!out.exists());
+    }
+    let o = recipe(&[
+        "build",
+        rcp.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--samples",
+        "1000",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let ds = std::fs::read_to_string(out.join("ds_config.json")).unwrap();
+    assert!(ds.contains("\"WarmupLR\""), "{ds}");
+}

@@ -61,6 +61,15 @@ pub fn run(file: &Path, out: Option<&PathBuf>, auto: bool, flags: &RecipeFlags) 
         eprintln!("{}: has errors; nothing written", source.name);
         return FAILED;
     }
+    if resolved.uint("data.samples").is_none() && !flags.target.iter().any(|t| t == "native") {
+        let d = recipe::rules::steps::build_needs_samples(&resolved);
+        eprint!(
+            "{}",
+            recipe::diagnostic::render_human(&d, &source, super::style())
+        );
+        eprintln!("{}: has errors; nothing written", source.name);
+        return FAILED;
+    }
     let name = resolved.str("recipe.name").unwrap_or("recipe").to_string();
     let out_dir = out
         .cloned()

@@ -67,6 +67,20 @@ fn uses_deepspeed(_r: &Resolved) -> bool {
     true
 }
 
+/// R0204 as `recipe build` reports it: an error. The artefacts state the schedule's steps
+/// (warmup steps, DeepSpeed's `total_num_steps`, HF's scheduler), which need the sample count;
+/// rather than write a config without them, the build stops (`check` only warns: the recipe is
+/// fine to read and explain).
+pub fn build_needs_samples(r: &Resolved) -> Diagnostic {
+    Diagnostic::error(
+        SAMPLES_UNKNOWN,
+        "the number of training samples is unknown, so `recipe build` cannot state the schedule's steps (warmup, total_num_steps) in the artefacts",
+        anchor(r, "data.train"),
+    )
+    .with_label("not a readable local file")
+    .with_help("give `samples = N` in `data` (or --samples N) when the file lives elsewhere")
+}
+
 /// Checks step accounting.
 pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
     if r.uint("data.samples").is_none() {
