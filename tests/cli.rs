@@ -690,3 +690,46 @@ fn build_refuses_a_recipe_whose_steps_are_unknown() {
     let ds = std::fs::read_to_string(out.join("ds_config.json")).unwrap();
     assert!(ds.contains("\"WarmupLR\""), "{ds}");
 }
+
+/// A build that cannot replace one of its outputs (here a directory where recipe.lock goes)
+/// replaces none of them: the previous outputs stay as they were.
+#[test]
+fn a_failed_build_leaves_every_previous_output_as_it_was() {
+    let dir = temp_dir("all-or-nothing");
+    let out = dir.join("out");
+    let o = recipe(&["build", "recipes/cls.rcp", "-o", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let before: Vec<Vec<u8>> = ["ds_config.json", "training_args.json", "launch.sh"]
+        .iter()
+        .map(|f| std::fs::read(out.join(f)).unwrap())
+        .collect();
+    std::fs::remove_file(out.join("recipe.lock")).unwrap();
+    std::fs::create_dir_all(out.join("recipe.lock/kept")).unwrap();
+    let o = recipe(&[
+        "build",
+        "recipes/cls.rcp",
+        "-o",
+        out.to_str().unwrap(),
+        "--set",
+        "batch.micro=8",
+    ]);
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("is a directory"), "{}", stderr(&o));
+    for (f, old) in ["ds_config.json", "training_args.json", "launch.sh"]
+        .iter()
+        .zip(&before)
+    {
+        assert_eq!(
+            &std::fs::read(out.join(f)).unwrap(),
+            old,
+            "{f} was replaced"
+        );
+    }
+    // No temporary directory is left behind.
+    let left: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

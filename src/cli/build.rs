@@ -140,6 +140,12 @@ pub fn native_plan(
 }
 
 /// Writes every file into a temporary directory inside `dir`, then renames each into place.
+/// Writes `files` into `dir` as one change: each is written and synced in a temporary directory
+/// beside them, every destination is checked to be replaceable, and only then are they renamed
+/// into place (`recipe.lock`, listed last, last). If a rename fails, the ones already done are
+/// undone from backups (hard links to the previous files), so a failed build leaves the previous
+/// outputs as they were. A process killed between two renames (a window of microseconds) can
+/// still leave a mix; the lock's artefact hashes show it.
 fn write_all(dir: &Path, files: &[(String, Vec<u8>)]) -> std::io::Result<()> {
     let tmp = dir.join(format!(".recipe-build-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
@@ -153,8 +159,41 @@ fn write_all(dir: &Path, files: &[(String, Vec<u8>)]) -> std::io::Result<()> {
             }
             std::fs::File::open(&path)?.sync_all()?;
         }
+        // A destination that is a directory cannot be replaced: say so before touching any.
         for (name, _) in files {
-            std::fs::rename(tmp.join(name), dir.join(name))?;
+            let dest = dir.join(name);
+            if dest.is_dir() {
+                return Err(std::io::Error::other(format!(
+                    "`{}` is a directory",
+                    dest.display()
+                )));
+            }
+        }
+        // The previous files, kept until every rename has succeeded.
+        let mut backups: Vec<Option<PathBuf>> = Vec::new();
+        for (name, _) in files {
+            let dest = dir.join(name);
+            if dest.exists() {
+                let keep = tmp.join(format!(".previous-{name}"));
+                if std::fs::hard_link(&dest, &keep).is_err() {
+                    std::fs::copy(&dest, &keep)?;
+                }
+                backups.push(Some(keep));
+            } else {
+                backups.push(None);
+            }
+        }
+        for (i, (name, _)) in files.iter().enumerate() {
+            if let Err(e) = std::fs::rename(tmp.join(name), dir.join(name)) {
+                for ((done, _), keep) in files[..i].iter().zip(&backups) {
+                    let dest = dir.join(done);
+                    let _ = match keep {
+                        Some(keep) => std::fs::rename(keep, &dest),
+                        None => std::fs::remove_file(&dest),
+                    };
+                }
+                return Err(e);
+            }
         }
         Ok(())
     })();
