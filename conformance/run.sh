@@ -33,10 +33,16 @@ python3 "$HERE/gen_legacy.py" --recipe "$RECIPE"
 python3 "$HERE/make_cases.py" --recipe "$RECIPE" --out "$HERE/build"
 
 rm -rf "$HERE/fixtures/corpus" "$HERE/fixtures/rejected" "$HERE/fixtures/legacy" \
-  "$HERE/fixtures/legacy-run" "$HERE/fixtures/launcher"
+  "$HERE/fixtures/legacy-run" "$HERE/fixtures/launcher" "$HERE/fixtures/examples"
 mkdir -p "$HERE/fixtures"
 echo "run: harness on the corpus"
 "$PY" "$HERE/harness.py" "$HERE/build/cases" "$HERE/fixtures/corpus" --json-summary
+echo "run: harness on the example recipes (recipes/*.rcp for this stack; legacy_seed.rcp is skipped: its own stack)"
+mkdir -p "$HERE/build/no-rejected"
+python3 "$HERE/make_cases.py" --recipe "$RECIPE" --corpus "$REPO/recipes" \
+  --rejected "$HERE/build/no-rejected" --out "$HERE/build/examples" \
+  --stack transformers=5.24.0,accelerate=1.15.0,deepspeed=0.19.8
+"$PY" "$HERE/harness.py" "$HERE/build/examples/cases" "$HERE/fixtures/examples" --json-summary
 echo "run: harness on the rejected corpus"
 "$PY" "$HERE/harness.py" "$HERE/build/rejected" "$HERE/fixtures/rejected" --json-summary
 echo "run: DeepSpeed's launcher on the hostfile corpus (launcher.py)"
