@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -99,7 +100,14 @@ def build(recipe: str, rcp: Path, out: Path, auto: bool = False, flags: list[str
     cmd = [recipe, "build", str(rcp), "-o", str(out), *flags] + (["--auto"] if auto else [])
     p = run(cmd)
     if p.returncode != 0:
-        raise RuntimeError(f"build {rcp}: exit {p.returncode}: {p.stderr.strip()[:500]}")
+        # The errors (`×`) are what refused it; warnings before them are left out.
+        lines = p.stderr.strip().splitlines()
+        first = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith("\u00d7")), None)
+        if first is not None:  # back to its code line (`R0204`)
+            while first > 0 and not re.fullmatch(r"R\d{4}", lines[first].strip()):
+                first -= 1
+        shown_err = "\n".join(lines[first:] if first is not None else lines[-30:])
+        raise RuntimeError(f"build {rcp}: exit {p.returncode}:\n{shown_err[-3000:]}")
 
 
 def case_json(name: str, rcp: Path, ex: dict, kind: str) -> dict:

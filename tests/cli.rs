@@ -463,6 +463,11 @@ fn verify_says_plainly_when_python_or_the_libraries_are_missing() {
     );
     assert!(o.stdout.is_empty());
     assert_eq!(recipe(&["verify", "no/such/dir"]).status.code(), Some(2));
+    // A directory without recipes: nothing to verify, said before Python is looked for.
+    let empty = temp_dir("verify-empty");
+    let o = recipe(&["verify", empty.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("has no .rcp file"), "{}", stderr(&o));
 }
 
 /// `recipe verify` builds for the installed stack (conformance/make_cases.py `--stack`, plain

@@ -23,6 +23,20 @@ pub fn run(dir: &Path) -> i32 {
         eprintln!("error: `{}` is not a directory of recipes", dir.display());
         return USAGE;
     }
+    let recipes = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.path().extension().is_some_and(|x| x == "rcp"))
+                .count()
+        })
+        .unwrap_or(0);
+    if recipes == 0 {
+        eprintln!(
+            "error: `{}` has no .rcp file: nothing to verify",
+            dir.display()
+        );
+        return USAGE;
+    }
     let py = python();
     // The installed releases, read without importing them a second time (DeepSpeed logs to
     // stdout on import, hence the marker).
