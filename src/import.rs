@@ -762,3 +762,34 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
     // One canonical layout.
     format::format_source(&out).unwrap_or(out)
 }
+
+/// The `training_args.json` keys that are not `TrainingArguments` fields of `transformers` (the
+/// import's target release; the sampled field list of the newest release not newer): that
+/// release's `TrainingArguments(**args)` refuses the file ("unexpected keyword argument"), even
+/// where the import maps the key (e.g. `warmup_ratio` into `warmup`, `evaluation_strategy` into
+/// `eval_every`). One message per key, with the rename where there was one.
+pub fn unknown_args(args: &Value, transformers: crate::versions::Version) -> Vec<String> {
+    let fields = crate::schema::upstream_versions::HfFields::for_target(transformers);
+    let Some(obj) = args.as_object() else {
+        return Vec::new();
+    };
+    obj.keys()
+        .filter(|k| !fields.has(k))
+        .map(|k| {
+            let renamed = crate::schema::upstream::TRAINING_ARGUMENTS_RENAMED
+                .iter()
+                .find(|(old, _, _)| old == k)
+                .map(|(_, new, note)| {
+                    if new.is_empty() {
+                        format!(" ({note})")
+                    } else {
+                        format!(" (now `{new}`: {note})")
+                    }
+                })
+                .unwrap_or_default();
+            format!(
+                "`{k}` is not a TrainingArguments field of transformers {transformers}{renamed}: that release refuses the file (\"unexpected keyword argument\")"
+            )
+        })
+        .collect()
+}

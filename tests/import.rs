@@ -544,3 +544,23 @@ mod robustness {
         }
     }
 }
+
+/// The linter use: an args file with fields the target transformers no longer has is reported
+/// (that release's TrainingArguments refuses it), with the rename, though the import maps them;
+/// for the release the file was written for, nothing is reported.
+#[test]
+fn args_fields_the_target_release_lacks_are_reported() {
+    use recipe::versions::Version;
+    let args = serde_json::json!({
+        "warmup_ratio": 0.06, "evaluation_strategy": "epoch", "learning_rate": 3e-5
+    });
+    let v5: Version = "5.24.0".parse().unwrap();
+    let found = recipe::import::unknown_args(&args, v5);
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(found
+        .iter()
+        .any(|m| m.starts_with("`evaluation_strategy`") && m.contains("now `eval_strategy`")));
+    assert!(found.iter().any(|m| m.starts_with("`warmup_ratio`")));
+    let v4: Version = "4.30.0".parse().unwrap();
+    assert!(recipe::import::unknown_args(&args, v4).is_empty());
+}

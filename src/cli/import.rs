@@ -81,6 +81,27 @@ pub fn run(file: &Path, args: Option<&PathBuf>, given: Given, flags: &RecipeFlag
     };
     let text = import(&ds, hf.as_ref(), &inputs);
     print!("{text}");
+    // The args file as it is, against the target transformers (the linter use): a key that
+    // release does not have is reported even where the import maps it.
+    if let (Some(hf), Some(path)) = (&hf, args) {
+        let mut t = recipe::versions::Targets::newest();
+        for (lib, v) in &options.targets {
+            t.set(*lib, *v);
+        }
+        let tf = t.get(recipe::versions::Library::Transformers);
+        let given = options
+            .targets
+            .iter()
+            .any(|(lib, _)| *lib == recipe::versions::Library::Transformers);
+        for m in recipe::import::unknown_args(hf, tf) {
+            eprintln!("warning: {}: {m}", path.display());
+            if !given {
+                eprintln!(
+                    "  help: for files written for another release, give it: --target transformers=X"
+                );
+            }
+        }
+    }
     // Check what was imported, against the generated text (its `target` line already holds
     // the --target versions).
     let source = SourceFile::new("<imported>", text);
