@@ -106,7 +106,12 @@ pub fn run(file: &Path, out: Option<&PathBuf>, auto: bool, flags: &RecipeFlags) 
         }
     } else {
         let style = if auto { Style::Auto } else { Style::Explicit };
-        emit::build(&resolved, &source, &flag_words(flags), &layout, style).files
+        // `--auto` changes the artefacts: it is an input of the lock like the other flags.
+        let mut words = flag_words(flags);
+        if auto {
+            words.push("--auto".into());
+        }
+        emit::build(&resolved, &source, &words, &layout, style).files
     };
     match write_all(&out_abs, &files) {
         Ok(()) => {

@@ -27,6 +27,9 @@ pub struct Lock {
     pub generator: String,
     /// sha256 of the inputs: the recipe text, the flags, and what was read from files.
     pub inputs_sha256: String,
+    /// The build's flags (`--gpus=4`, `--auto`, …), as hashed; absent in older locks.
+    #[serde(default)]
+    pub flags: Vec<String>,
     /// Target versions with their provenance.
     pub targets: std::collections::BTreeMap<String, Locked>,
     /// Every resolved setting, in resolution order.
@@ -97,6 +100,7 @@ pub fn lock(
         recipe: r.str("recipe.name").unwrap_or("recipe").to_string(),
         generator: format!("recipe {}", env!("CARGO_PKG_VERSION")),
         inputs_sha256,
+        flags: flags.to_vec(),
         targets,
         settings,
         artefacts: artefacts
@@ -129,6 +133,12 @@ pub fn diff(a: &Lock, b: &Lock) -> Vec<Change> {
             });
         }
     };
+    // The flags first: `--auto` changes the artefacts without changing a value.
+    let flags = |l: &Lock| Locked {
+        value: Value::String(l.flags.join(" ")),
+        from: "command line".into(),
+    };
+    compare("build.flags".into(), Some(&flags(a)), Some(&flags(b)));
     for (lib, x) in &a.targets {
         compare(format!("target.{lib}"), Some(x), b.targets.get(lib));
     }
