@@ -714,7 +714,18 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
     ] {
         // An `"auto"` comes back as None: derived from model.hidden_size.
         if let Some(v) = b.ds(&format!("zero_optimization.{param}"), None) {
-            zero.push((key.into(), lit(&v)));
+            // Stage 3 ignores the stage-1/2 allgather knobs; at DeepSpeed's defaults (what
+            // `recipe build` states there) they are not the user's choice, and R0601 would flag
+            // them. Other values are kept, and flagged.
+            let stage12_default = stage == 3
+                && match param {
+                    "allgather_partitions" => v.as_bool() == Some(true),
+                    "allgather_bucket_size" => v.as_f64() == Some(5e8),
+                    _ => false,
+                };
+            if !stage12_default {
+                zero.push((key.into(), lit(&v)));
+            }
         }
     }
     out.push_str(&format!("zero {stage}{}\n", items(&zero)));
