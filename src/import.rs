@@ -244,6 +244,7 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
     }
     out.push_str(&format!("data{}\n\n", items(&data)));
 
+    let mut inferred_gpus: Option<u64> = None;
     // batch: DeepSpeed's keys, "auto" filled from the arguments; train_batch_size kept only
     // when it was written as a number (so the checker verifies it).
     let mut batch = Vec::new();
@@ -263,14 +264,34 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
         .or_else(|| b.args.get("gradient_accumulation_steps").cloned());
     b.hf("gradient_accumulation_steps");
     let global = b.ds("train_batch_size", None);
-    if let Some(m) = micro {
-        batch.push(("micro".to_string(), lit(&m)));
+    if let Some(m) = &micro {
+        batch.push(("micro".to_string(), lit(m)));
     }
-    if let Some(g) = gas {
-        batch.push(("accumulate".to_string(), lit(&g)));
+    if let Some(g) = &gas {
+        batch.push(("accumulate".to_string(), lit(g)));
     }
-    if let (true, Some(t)) = (global_written, global) {
-        batch.push(("global".to_string(), lit(&t)));
+    if let (true, Some(t)) = (global_written, &global) {
+        batch.push(("global".to_string(), lit(t)));
+    }
+    // No --gpus/--nodes: a written train_batch_size that is a multiple of micro × accumulation
+    // says the world size DeepSpeed expects; take it as one node's GPUs, and say so.
+    let int = |v: &Option<Value>| v.as_ref().and_then(Value::as_u64);
+    if let (true, None, None, Some(t), Some(m), Some(g)) = (
+        global_written,
+        inputs.gpus,
+        inputs.nodes,
+        int(&global),
+        int(&micro),
+        int(&gas),
+    ) {
+        if m * g > 0 && t % (m * g) == 0 && t / (m * g) > 1 {
+            let world = t / (m * g);
+            inferred_gpus = Some(world);
+            b.comments.push(format!(
+                "cluster.gpus = {world} inferred: train_batch_size {t} = micro {m} × accumulation \
+                 {g} × world {world}; give --gpus and --nodes for the real layout"
+            ));
+        }
     }
     if let Some(e) = b.hf("per_device_eval_batch_size") {
         batch.push(("eval_micro".to_string(), lit(&e)));
@@ -730,9 +751,9 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
     }
     out.push_str(&format!("zero {stage}{}\n", items(&zero)));
 
-    if inputs.gpus.is_some() || inputs.nodes.is_some() {
+    if inputs.gpus.is_some() || inputs.nodes.is_some() || inferred_gpus.is_some() {
         let mut cluster = Vec::new();
-        if let Some(g) = inputs.gpus {
+        if let Some(g) = inputs.gpus.or(inferred_gpus) {
             cluster.push(("gpus".to_string(), g.to_string()));
         }
         if let Some(n) = inputs.nodes {

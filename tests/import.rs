@@ -564,3 +564,35 @@ fn args_fields_the_target_release_lacks_are_reported() {
     let v4: Version = "4.30.0".parse().unwrap();
     assert!(recipe::import::unknown_args(&args, v4).is_empty());
 }
+
+/// Without --gpus, a written train_batch_size that is micro × accumulation × N gives the world
+/// size DeepSpeed expects: the recipe gets `cluster { gpus = N }` and says it was inferred, and
+/// its batch check passes. A size that is not such a multiple is left to the check (R0101).
+#[test]
+fn the_world_size_is_inferred_from_a_written_train_batch_size() {
+    let ds = serde_json::json!({
+        "train_batch_size": 256, "train_micro_batch_size_per_gpu": 16,
+        "gradient_accumulation_steps": 2
+    });
+    let inputs = Inputs {
+        model: Some("bert-base-uncased".into()),
+        train: Some("train.jsonl".into()),
+        samples: Some(1000),
+        origin: "a test".into(),
+        ..Inputs::default()
+    };
+    let text = import(&ds, None, &inputs);
+    assert!(text.contains("cluster {\n  gpus = 8\n}"), "{text}");
+    assert!(text.contains("cluster.gpus = 8 inferred"), "{text}");
+    let checked = check_source_with(&text, &Options::default());
+    assert!(!checked.has_errors(), "{:?}", checked.diagnostics);
+
+    let ds = serde_json::json!({
+        "train_batch_size": 100, "train_micro_batch_size_per_gpu": 16,
+        "gradient_accumulation_steps": 2
+    });
+    let text = import(&ds, None, &inputs);
+    assert!(!text.contains("cluster"), "{text}");
+    let checked = check_source_with(&text, &Options::default());
+    assert!(checked.diagnostics.iter().any(|d| d.code == "R0101"));
+}
