@@ -738,3 +738,39 @@ fn a_failed_build_leaves_every_previous_output_as_it_was() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// `recipe import --format json`: the recipe on stdout, and every line on stderr a JSON object
+/// (the recipe's diagnostics and the args file's lint).
+#[test]
+fn import_json_diagnostics_are_json_lines_on_stderr() {
+    let dir = temp_dir("import-json");
+    let o = recipe(&["build", "recipes/cls.rcp", "-o", dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let args_path = dir.join("args.json");
+    let mut args: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("training_args.json")).unwrap()).unwrap();
+    args["warmup_ratio"] = serde_json::json!(0.06);
+    std::fs::write(&args_path, args.to_string()).unwrap();
+    let o = recipe(&[
+        "import",
+        dir.join("ds_config.json").to_str().unwrap(),
+        "--args",
+        args_path.to_str().unwrap(),
+        "--samples",
+        "4708",
+        "--format",
+        "json",
+    ]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("schedule "));
+    let err = stderr(&o);
+    assert!(err.lines().count() >= 2, "{err}");
+    for line in err.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(v["message"].is_string(), "{line}");
+    }
+    assert!(
+        err.contains("`warmup_ratio` is not a TrainingArguments field"),
+        "{err}"
+    );
+}

@@ -94,6 +94,13 @@ pub fn run(file: &Path, args: Option<&PathBuf>, given: Given, flags: &RecipeFlag
             .iter()
             .any(|(lib, _)| *lib == recipe::versions::Library::Transformers);
         for m in recipe::import::unknown_args(hf, tf) {
+            if flags.format == super::Format::Json {
+                let line = serde_json::json!({
+                    "severity": "warning", "file": path.display().to_string(), "message": m
+                });
+                eprintln!("{line}");
+                continue;
+            }
             eprintln!("warning: {}: {m}", path.display());
             if !given {
                 eprintln!(
@@ -107,7 +114,15 @@ pub fn run(file: &Path, args: Option<&PathBuf>, given: Given, flags: &RecipeFlag
     let source = SourceFile::new("<imported>", text);
     let checked = recipe::check::check_source_with(&source.text, &options);
     for d in &checked.diagnostics {
-        eprint!("{}", render_human(d, &source, style()));
+        match flags.format {
+            // stdout holds the recipe: the JSON lines go to stderr.
+            super::Format::Json => eprintln!(
+                "{}",
+                serde_json::to_string(&recipe::diagnostic::to_json(d, &source))
+                    .expect("a diagnostic serializes")
+            ),
+            super::Format::Human => eprint!("{}", render_human(d, &source, style())),
+        }
     }
     if checked.has_errors() {
         FAILED
