@@ -194,7 +194,11 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
             .push("model.from is a placeholder: give --model".into());
         "MODEL".into()
     });
-    let labels = inputs.labels.unwrap_or(2);
+    let labels = inputs.labels.unwrap_or_else(|| {
+        b.comments
+            .push("model.task assumes 2 classes (the configs do not say): give --labels N".into());
+        2
+    });
     let mut model_items = vec![
         ("from".to_string(), format::quote(&model)),
         ("task".to_string(), format!("classify(labels: {labels})")),
