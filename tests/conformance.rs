@@ -219,17 +219,10 @@ fn launch_sh_passes_the_same_arguments_and_starts_the_recipes_world_size() {
         assert_eq!(l["num_gpus"], f["gpus"], "{case}");
         assert_eq!(l["num_nodes"], f["nodes"], "{case}");
 
-        let path = root().join(f["recipe"].as_str().unwrap());
-        let text = std::fs::read_to_string(&path).unwrap();
-        let options = Options {
-            base_dir: path.parent().map(Path::to_path_buf),
-            ..Options::default()
-        };
-        let checked = check_source_with(&text, &options);
+        let (checked, r, text) = resolved(f["recipe"].as_str().unwrap());
         if checked.has_errors() {
             continue; // our_current_config_… covers it
         }
-        let r = resolve(checked.file.as_ref().unwrap(), &options);
         let files = explicit_artefacts(&r, &text);
         let sh = String::from_utf8(
             files

@@ -570,29 +570,20 @@ fn args_fields_the_target_release_lacks_are_reported() {
 /// its batch check passes. A size that is not such a multiple is left to the check (R0101).
 #[test]
 fn the_world_size_is_inferred_from_a_written_train_batch_size() {
-    let ds = serde_json::json!({
-        "train_batch_size": 256, "train_micro_batch_size_per_gpu": 16,
-        "gradient_accumulation_steps": 2
-    });
-    let inputs = Inputs {
-        model: Some("bert-base-uncased".into()),
-        train: Some("train.jsonl".into()),
-        samples: Some(1000),
-        origin: "a test".into(),
-        ..Inputs::default()
-    };
-    let text = import(&ds, None, &inputs);
+    let (text, errors) = lint(
+        r#"{"train_batch_size": 256, "train_micro_batch_size_per_gpu": 16,
+            "gradient_accumulation_steps": 2}"#,
+        None,
+    );
     assert!(text.contains("cluster {\n  gpus = 8\n}"), "{text}");
     assert!(text.contains("cluster.gpus = 8 inferred"), "{text}");
-    let checked = check_source_with(&text, &Options::default());
-    assert!(!checked.has_errors(), "{:?}", checked.diagnostics);
+    assert!(errors.is_empty(), "{errors:?}");
 
-    let ds = serde_json::json!({
-        "train_batch_size": 100, "train_micro_batch_size_per_gpu": 16,
-        "gradient_accumulation_steps": 2
-    });
-    let text = import(&ds, None, &inputs);
+    let (text, errors) = lint(
+        r#"{"train_batch_size": 100, "train_micro_batch_size_per_gpu": 16,
+            "gradient_accumulation_steps": 2}"#,
+        None,
+    );
     assert!(!text.contains("cluster"), "{text}");
-    let checked = check_source_with(&text, &Options::default());
-    assert!(checked.diagnostics.iter().any(|d| d.code == "R0101"));
+    assert!(errors.contains(&"R0101".to_string()), "{errors:?}");
 }
