@@ -144,7 +144,6 @@ pub fn native_plan(
     })
 }
 
-/// Writes every file into a temporary directory inside `dir`, then renames each into place.
 /// Writes `files` into `dir` as one change: each is written and synced in a temporary directory
 /// beside them, every destination is checked to be replaceable, and only then are they renamed
 /// into place (`recipe.lock`, listed last, last). If a rename fails, the ones already done are
