@@ -1028,14 +1028,7 @@ fn accelerate_changes_only_steps_per_print_and_explain_says_so() {
             assert_eq!(f["verdict"], "error", "{case}: no final config recorded");
             continue;
         };
-        let path = root().join(f["recipe"].as_str().unwrap());
-        let text = std::fs::read_to_string(&path).unwrap();
-        let options = Options {
-            base_dir: path.parent().map(Path::to_path_buf),
-            ..Options::default()
-        };
-        let checked = check_source_with(&text, &options);
-        let r = resolve(checked.file.as_ref().unwrap(), &options);
+        let (_, r, _) = resolved(f["recipe"].as_str().unwrap());
         let hf_optimizer = r.word("optimizer.owner") == Some("hf");
         let mut keys: Vec<&str> = diff.iter().map(|d| d["key"].as_str().unwrap()).collect();
         keys.sort();

@@ -172,10 +172,6 @@ fn host_line(l: &str) -> Option<(&str, u64)> {
     Some((name, digits.parse().unwrap_or(u64::MAX)))
 }
 
-fn nodes_origin(r: &Resolved) -> String {
-    super::origin(r, "cluster.nodes")
-}
-
 fn hostfile_default(r: &Resolved, nodes: u64) -> Diagnostic {
     Diagnostic::warning(
         HOSTFILE_DEFAULT,
@@ -184,7 +180,7 @@ fn hostfile_default(r: &Resolved, nodes: u64) -> Diagnostic {
         ),
         anchor(r, "cluster.nodes"),
     )
-    .with_label(format!("nodes = {nodes}{}", nodes_origin(r)))
+    .with_label(format!("nodes = {nodes}{}", super::origin(r, "cluster.nodes")))
     .with_help(format!(
         "set `hostfile = \"…\"` in `cluster`: one `host slots={}` line per node; launch.sh passes --hostfile {DEFAULT_HOSTFILE} until then",
         r.uint("cluster.gpus").unwrap_or(1)
