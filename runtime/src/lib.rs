@@ -25,6 +25,7 @@ pub mod optim;
 pub mod params;
 pub mod plan;
 pub mod plateau;
+pub mod precision;
 pub mod progress;
 pub mod resume;
 pub mod rng;

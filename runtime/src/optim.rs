@@ -121,6 +121,11 @@ pub struct AdamState {
     pub v: Vec<f32>,
     /// Completed steps.
     pub step: u64,
+    /// The fp32 master weights of the same elements under mixed precision (DeepSpeed's
+    /// `single_partition_of_fp32_groups`), saved with the moments; empty in fp32, where the
+    /// model's own weights are the master.
+    #[serde(default)]
+    pub master: Vec<f32>,
 }
 
 impl AdamState {
@@ -137,14 +142,14 @@ impl AdamState {
     ) -> Result<Vec<u8>, OptimError> {
         let mut meta: HashMap<String, String> = extra.into_iter().collect();
         meta.insert("step".to_string(), self.step.to_string());
-        checkpoint::safetensors_bytes(
-            &[
-                ("exp_avg".into(), vec![self.m.len()], &self.m),
-                ("exp_avg_sq".into(), vec![self.v.len()], &self.v),
-            ],
-            meta,
-        )
-        .map_err(|e| OptimError::State(e.to_string()))
+        let mut tensors: Vec<(String, Vec<usize>, &[f32])> = vec![
+            ("exp_avg".into(), vec![self.m.len()], &self.m),
+            ("exp_avg_sq".into(), vec![self.v.len()], &self.v),
+        ];
+        if !self.master.is_empty() {
+            tensors.push(("fp32_master".into(), vec![self.master.len()], &self.master));
+        }
+        checkpoint::safetensors_bytes(&tensors, meta).map_err(|e| OptimError::State(e.to_string()))
     }
 
     /// Reads [`AdamState::to_safetensors`] output.
@@ -184,7 +189,19 @@ impl AdamState {
                 v.len()
             )));
         }
-        Ok((AdamState { m, v, step }, meta))
+        let master = if st.tensor("fp32_master").is_ok() {
+            get("fp32_master")?
+        } else {
+            Vec::new()
+        };
+        if !master.is_empty() && master.len() != m.len() {
+            return Err(err(format!(
+                "fp32_master has {} elements, exp_avg {}",
+                master.len(),
+                m.len()
+            )));
+        }
+        Ok((AdamState { m, v, step, master }, meta))
     }
 }
 
@@ -242,6 +259,7 @@ impl Adam {
                 m: vec![0.0; end],
                 v: vec![0.0; end],
                 step: 0,
+                master: Vec::new(),
             },
             segments,
         })
@@ -284,6 +302,7 @@ impl Adam {
                 m: vec![0.0; n],
                 v: vec![0.0; n],
                 step: 0,
+                master: Vec::new(),
             },
             segments,
         })
@@ -314,10 +333,15 @@ impl Adam {
         &self.state
     }
 
+    /// Takes the fp32 master weights out of the state (see [`AdamState::master`]).
+    pub fn take_master(&mut self) -> Vec<f32> {
+        std::mem::take(&mut self.state.master)
+    }
+
     /// Replaces the state with a saved one (same length).
     pub fn load_state(&mut self, s: AdamState) -> Result<(), OptimError> {
         let n = self.state.m.len();
-        if s.m.len() != n || s.v.len() != n {
+        if s.m.len() != n || s.v.len() != n || !(s.master.is_empty() || s.master.len() == n) {
             return Err(OptimError::Length {
                 what: "saved moments",
                 found: s.m.len().max(s.v.len()),
@@ -492,7 +516,8 @@ mod tests {
             .load_state(AdamState {
                 m: vec![0.0; 2],
                 v: vec![0.0; 2],
-                step: 1
+                step: 1,
+                master: Vec::new(),
             })
             .is_err());
     }

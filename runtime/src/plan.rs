@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::accounting::NativeSteps;
 use crate::lr::{self, DsFlags, DsSchedule, HfSchedule};
+use crate::precision::{Dtype, ScaleConfig};
 
 /// The plan format this runtime executes.
 pub const FORMAT: u32 = 1;
@@ -186,6 +187,17 @@ pub enum SchedulePlan {
     },
 }
 
+impl Precision {
+    /// The dtype the module (parameters, activations, gradients) is stored in.
+    pub fn module_dtype(self) -> Dtype {
+        match self {
+            Precision::Fp32 => Dtype::F32,
+            Precision::Fp16 => Dtype::F16,
+            Precision::Bf16 => Dtype::Bf16,
+        }
+    }
+}
+
 impl SchedulePlan {
     /// The learning rate optimizer step `step` (1-based) uses: the same function `recipe
     /// explain` prints.
@@ -272,6 +284,13 @@ pub struct TrainPlan {
     /// Where the parameters live between uses (`zero { offload param = … }`).
     #[serde(default)]
     pub offload_param: Offload,
+    /// fp16's loss scaling (DeepSpeed's `fp16` section); `None` means DeepSpeed's defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<ScaleConfig>,
+    /// The dtype gradients are reduced in between ranks (DeepSpeed's
+    /// `communication_data_type`); `None` means the module's dtype, DeepSpeed's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comm_dtype: Option<Dtype>,
 }
 
 /// A ZeRO offload target.

@@ -8,8 +8,10 @@
 //! `zero_pp_rank_R_mp_rank_00_optim_states.pt`). Resuming on the same ranks and stage reads each
 //! rank's own file; any other world size or stage assembles each rank's new partition from the
 //! pieces of the saved ones ([`read_optimizer`]), which DeepSpeed cannot do without its
-//! `zero_to_fp32` conversion. The loss scaler and RNG need no state today: the
-//! CPU backend trains in fp32, and dropout masks are counter-based on (seed, step, micro-batch).
+//! `zero_to_fp32` conversion. Under mixed precision each optimizer file also holds
+//! its partition's fp32 master weights (`fp32_master`), and `trainer_state.json` the precision
+//! and the fp16 loss scaler's state (scale, iteration, last overflow, hysteresis, skipped steps).
+//! The RNG needs no state: dropout masks are counter-based on (seed, step, micro-batch).
 //! A checkpoint is written into a temporary directory and renamed into place, so a crash never
 //! leaves a half-written one.
 
@@ -19,7 +21,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::Classifier;
 use crate::optim::{AdamState, OptimError};
+use crate::plan::Precision;
 use crate::plateau::Plateau;
+use crate::precision::ScalerState;
 use crate::train::Position;
 use crate::zero::Shard;
 
@@ -66,6 +70,12 @@ struct TrainerState {
     /// Its ZeRO stage.
     #[serde(default)]
     zero_stage: Option<u8>,
+    /// Its precision (absent: fp32, from before mixed precision).
+    #[serde(default)]
+    precision: Option<Precision>,
+    /// The fp16 loss scaler's state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    loss_scaler: Option<ScalerState>,
 }
 
 /// What a checkpoint holds besides the model and the optimizer state.
@@ -79,6 +89,10 @@ pub struct TrainingState {
     pub world: Option<u64>,
     /// The ZeRO stage of that run.
     pub zero_stage: Option<u8>,
+    /// Its precision (None: written before mixed precision existed, so fp32).
+    pub precision: Option<Precision>,
+    /// The fp16 loss scaler's state.
+    pub scaler: Option<ScalerState>,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ResumeError + '_ {
@@ -151,6 +165,10 @@ pub struct Progress {
     pub world: u64,
     /// Its ZeRO stage.
     pub zero_stage: u8,
+    /// Its precision.
+    pub precision: Precision,
+    /// The fp16 loss scaler's state.
+    pub scaler: Option<ScalerState>,
 }
 
 /// The temporary directory a checkpoint `dir` is assembled in before [`finish`] renames it.
@@ -231,6 +249,8 @@ pub fn finish(
             plateau: progress.plateau,
             world: Some(progress.world),
             zero_stage: Some(progress.zero_stage),
+            precision: Some(progress.precision),
+            loss_scaler: progress.scaler,
         };
         let text = serde_json::to_string_pretty(&s).expect("the state serialises");
         std::fs::write(&path, text).map_err(io(&path))?;
@@ -262,6 +282,8 @@ pub fn read_training_state(dir: &Path) -> Result<TrainingState, ResumeError> {
         plateau: s.plateau,
         world: s.world,
         zero_stage: s.zero_stage,
+        precision: s.precision,
+        scaler: s.loss_scaler,
     })
 }
 
@@ -351,7 +373,9 @@ pub fn read_optimizer(dir: &Path, want: &Shard) -> Result<(AdamState, bool), Res
         m: vec![0.0; n],
         v: vec![0.0; n],
         step: 0,
+        master: Vec::new(),
     };
+    let mut masters = None;
     let mut covered = 0usize;
     let mut step = None;
     let mut same = files.len() == 1 && want.ranges.len() == 1 && want.len() == want.total;
@@ -362,6 +386,16 @@ pub fn read_optimizer(dir: &Path, want: &Shard) -> Result<(AdamState, bool), Res
                 &saved.path,
                 "the ranks' optimizer files are from different steps",
             ));
+        }
+        let has_master = !saved.state.master.is_empty();
+        if *masters.get_or_insert(has_master) != has_master {
+            return Err(bad(
+                &saved.path,
+                "some ranks' optimizer files hold fp32 master weights and some do not",
+            ));
+        }
+        if has_master && local.master.is_empty() {
+            local.master = vec![0.0; n];
         }
         // Copy every overlap of a saved range with a wanted one into the local layout.
         let mut from = 0;
@@ -374,6 +408,9 @@ pub fn read_optimizer(dir: &Path, want: &Shard) -> Result<(AdamState, bool), Res
                     let k = hi - lo;
                     local.m[b..b + k].copy_from_slice(&saved.state.m[a..a + k]);
                     local.v[b..b + k].copy_from_slice(&saved.state.v[a..a + k]);
+                    if has_master {
+                        local.master[b..b + k].copy_from_slice(&saved.state.master[a..a + k]);
+                    }
                     covered += k;
                 }
                 to += wr.len();

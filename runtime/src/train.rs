@@ -22,10 +22,11 @@ use crate::plan::{
     DataPlan, Every, ModelSource, Offload, OptimizerKind, Plan, Precision, SchedulePlan,
 };
 use crate::plateau::Plateau;
+use crate::precision::{AtMinimum, LossScaler, ScaleConfig, ScalerImpl};
 use crate::resume;
 use crate::windows::{self, Shape};
 pub use crate::zero::RankMemory;
-use crate::zero::{Replica, Shard, ZeroError};
+use crate::zero::{Replica, Shard, Storage, ZeroError};
 
 /// How to run a plan.
 #[derive(Debug, Clone, Default)]
@@ -80,6 +81,14 @@ pub enum RunError {
         /// The loss.
         loss: f32,
     },
+    /// fp16 gradients overflowed at the minimum loss scale (DeepSpeed ends the run there too).
+    #[error("optimizer step {step}: {source} (lower train.min_loss_scale, lower optimizer.lr, or train in bf16)")]
+    LossScale {
+        /// The step.
+        step: u64,
+        /// The scaler's refusal.
+        source: AtMinimum,
+    },
 }
 
 impl From<ZeroError> for RunError {
@@ -106,6 +115,8 @@ pub struct Summary {
     pub steps: u64,
     /// Optimizer steps the plan predicted.
     pub predicted_steps: u64,
+    /// Steps skipped because fp16 gradients overflowed (the weights and the LR schedule held).
+    pub skipped: u64,
     /// Whether the run stopped early (`--stop-after`).
     pub stopped: bool,
     /// Mean training loss of the last logged window.
@@ -135,6 +146,9 @@ impl fmt::Display for Summary {
                 self.steps, self.predicted_steps
             )?;
         }
+        if self.skipped > 0 {
+            write!(f, ", {} skipped on fp16 overflow", self.skipped)?;
+        }
         if let Some(l) = self.last_loss {
             write!(f, ", last loss {l:.4}")?;
         }
@@ -155,6 +169,9 @@ impl fmt::Display for Summary {
                 mib(m.grads),
                 mib(m.optimizer),
             )?;
+            if m.master > 0 {
+                write!(f, ", fp32 master weights {:.1} MiB", mib(m.master))?;
+            }
             if m.offloaded {
                 write!(
                     f,
@@ -165,7 +182,12 @@ impl fmt::Display for Summary {
             if m.working > 0 {
                 write!(f, ", one segment at a time {:.1} MiB", mib(m.working))?;
             }
-            writeln!(f, ", total {:.1} MiB", mib(m.total()))?;
+            writeln!(
+                f,
+                ", total {:.1} MiB ({:.1} MiB on the device)",
+                mib(m.total()),
+                mib(m.device())
+            )?;
             if self.memory.len() > 1 {
                 let totals: Vec<String> = self
                     .memory
@@ -216,13 +238,6 @@ fn spec(data: &DataPlan, path: &Path) -> data::DataSpec {
 
 /// Refuses what this runtime does not do yet, plainly.
 fn supported(plan: &Plan) -> Result<(), RunError> {
-    if plan.train.precision != Precision::Fp32 {
-        return Err(RunError::NotBuilt(format!(
-            "{:?} mixed precision on the CPU backend (it trains in fp32: --set train.precision=fp32)",
-            plan.train.precision
-        )
-        .to_lowercase()));
-    }
     match (plan.train.offload_optimizer, plan.train.offload_param) {
         (Offload::Nvme, _) => {
             return Err(RunError::NotBuilt(
@@ -264,8 +279,34 @@ fn load_model(plan: &Plan, resume: Option<&Path>) -> Result<Classifier, RunError
     if let Some(p) = plan.model.dropout {
         model.set_dropout(p)?;
     }
-    model.set_backend(Cpu::new(threads()));
+    // DeepSpeed's engine casts the module to fp16 / bf16 (`module.half()` / `.bfloat16()`); the
+    // optimizer's fp32 master weights start from those rounded values.
+    let dtype = plan.train.precision.module_dtype();
+    dtype.round_slice(model.params_mut());
+    model.set_backend(Cpu::new(threads()).with_store(dtype));
     Ok(model)
+}
+
+/// How the ranks store their model states under the plan's precision.
+fn storage(plan: &Plan) -> Storage {
+    let module = plan.train.precision.module_dtype();
+    Storage {
+        module,
+        comm: plan.train.comm_dtype.unwrap_or(module),
+    }
+}
+
+/// The fp16 loss scaler of a rank at ZeRO `stage` (None for fp32 and bf16, which DeepSpeed does
+/// not scale).
+fn loss_scaler(plan: &Plan, stage: u8) -> Option<LossScaler> {
+    (plan.train.precision == Precision::Fp16).then(|| {
+        LossScaler::new(
+            plan.train
+                .loss_scale
+                .unwrap_or_else(ScaleConfig::deepspeed_default),
+            ScalerImpl::for_stage(stage),
+        )
+    })
 }
 
 /// Threads for the CPU backend: `RECIPE_THREADS`, else every core. Results do not depend on it
@@ -347,6 +388,8 @@ struct Shared<'a> {
     plateau: Option<Plateau>,
     /// Whether the resumed optimizer state was re-partitioned (another world size or stage).
     repartitioned: bool,
+    /// The fp16 loss scaler at the start (resumed or fresh).
+    scaler: Option<LossScaler>,
 }
 
 /// Runs a plan to the end (or to `stop_after`). The `world` ranks are threads, each holding a
@@ -399,9 +442,21 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
         .as_deref()
         .map(resume::read_training_state)
         .transpose()?;
+    let mut scaler = loss_scaler(plan, stage);
     if let Some(state) = &resumed {
         done = state.position.step;
         plateau = state.plateau;
+        let saved = state.precision.unwrap_or(Precision::Fp32);
+        if saved != plan.train.precision {
+            return Err(RunError::Mismatch(format!(
+                "the checkpoint was written by a {saved:?} run and this plan trains in {:?}: resume it with train.precision = {}",
+                plan.train.precision,
+                format!("{saved:?}").to_lowercase()
+            )));
+        }
+        if let (Some(s), Some(saved)) = (scaler.as_mut(), state.scaler) {
+            s.state = saved;
+        }
     }
     // Each rank's optimizer over its partition, its state read from the checkpoint: its own
     // file when the layout is unchanged, else assembled from the saved partitions.
@@ -436,12 +491,14 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
         done,
         plateau,
         repartitioned,
+        scaler,
     };
+    let storage = storage(plan);
     let mut group = LocalCollective::group(world, collective_timeout());
     if world == 1 {
         let coll = group.pop().expect("a group of one");
         let adam = adams.pop().expect("one optimizer");
-        let replica = Replica::new(model, stage, 1, 0, adam, offload)?;
+        let replica = Replica::new(model, stage, 1, 0, adam, offload, storage)?;
         return rank_loop(&shared, coll, replica);
     }
     let per_rank = (threads() / world).max(1);
@@ -455,8 +512,8 @@ pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
                 let shared = &shared;
                 s.spawn(move || {
                     let mut model = model.clone();
-                    model.set_backend(Cpu::new(per_rank));
-                    let replica = Replica::new(model, stage, world, rank, adam, offload)?;
+                    model.set_backend(Cpu::new(per_rank).with_store(storage.module));
+                    let replica = Replica::new(model, stage, world, rank, adam, offload, storage)?;
                     rank_loop(shared, coll, replica)
                 })
             })
@@ -516,8 +573,11 @@ fn rank_loop(
         done,
         plateau,
         repartitioned,
+        scaler,
     } = shared;
     let mut plateau = *plateau;
+    let mut scaler = *scaler;
+    let mixed = rep.storage().is_mixed();
     let (plan, options, done) = (*plan, *options, *done);
     let (rank, world) = (coll.rank(), coll.world());
     let lead = rank == 0;
@@ -554,6 +614,8 @@ fn rank_loop(
             "threads": threads(),
             "predicted": plan.steps,
             "memory_rank0": memory,
+            "precision": plan.train.precision,
+            "loss_scaler": scaler.map(|s| s.config),
         }))?;
     } else {
         record(serde_json::json!({
@@ -594,8 +656,16 @@ fn rank_loop(
             )));
         }
         rep.start_window();
+        // fp16: the loss is multiplied by the scale before the backward (DeepSpeed's
+        // `loss.float() * cur_scale`), so every gradient is computed at that scale.
+        let scale = scaler.map_or(1.0, |s| s.scale());
+        // Steps skipped before this one: DeepSpeed's scheduler (and Adam's step count) only
+        // advance on applied steps, so this step runs at the schedule's step `w.step - skipped`.
+        let skipped_before = scaler.map_or(0, |s| s.skipped());
+        let applied = w.step - skipped_before;
         // A short last window is averaged over its real size.
         let weight = 1.0 / w.batches.len() as f32;
+        let grad_weight = (f64::from(weight) * scale) as f32;
         let mut loss = 0.0f32;
         for (i, idx) in w.batches.iter().enumerate() {
             let batch = model_batch(train.batch(idx));
@@ -603,7 +673,7 @@ fn rank_loop(
                 seed: plan.train.seed,
                 micro_batch: ((w.step - 1) * g + i as u64) * world as u64 + rank as u64,
             };
-            loss += rep.micro(&mut coll, &mut ws, &batch, weight, Some(key))?;
+            loss += rep.micro(&mut coll, &mut ws, &batch, grad_weight, Some(key))?;
             trained_samples += (batch.batch * world) as u64;
         }
         loss /= w.batches.len() as f32;
@@ -612,15 +682,34 @@ fn rank_loop(
         if world > 1 {
             loss = (coll.all_reduce_sum_f64(f64::from(loss))? / world as f64) as f32;
         }
-        if !loss.is_finite() {
+        // fp16: an inf or NaN in any rank's gradients skips the step (weights, optimizer state
+        // and LR schedule held) and lowers the scale (DeepSpeed's `has_overflow` reduced over the
+        // ranks, then `_take_model_step` skipping `lr_scheduler.step()`).
+        let overflow = scaler.is_some() && rep.overflow(&mut coll)?;
+        if !overflow && !loss.is_finite() {
             return Err(RunError::Diverged { step: w.step, loss });
         }
-        let norm = rep.clip(&mut coll, plan.train.clip)?;
-        let lr = plateau.map_or_else(|| plan.schedule.lr(w.step), |p| p.lr);
-        if let Some((b1, b2)) = plan.schedule.betas(w.step) {
-            rep.set_betas(b1, b2)?;
+        let lr = plateau.map_or_else(|| plan.schedule.lr(applied), |p| p.lr);
+        let norm = if overflow {
+            f32::INFINITY
+        } else {
+            let (norm, unscale) = if mixed {
+                rep.unscale(&mut coll, plan.train.clip, scale)?
+            } else {
+                (rep.clip(&mut coll, plan.train.clip)?, 1.0)
+            };
+            if let Some((b1, b2)) = plan.schedule.betas(applied) {
+                rep.set_betas(b1, b2)?;
+            }
+            rep.step(&mut coll, lr, unscale)?;
+            norm
+        };
+        if let Some(s) = scaler.as_mut() {
+            s.update(overflow).map_err(|source| RunError::LossScale {
+                step: w.step,
+                source,
+            })?;
         }
-        rep.step(&mut coll, lr)?;
         step = w.step;
         last_loss = Some(loss);
         let rate = trained_samples as f64 / started.elapsed().as_secs_f64().max(1e-9);
@@ -628,15 +717,21 @@ fn rank_loop(
             b.set_position(step);
             b.set_message(format!("loss {loss:.4}  lr {lr:.3e}  {rate:.1} samples/s"));
         }
-        if step % plan.train.logging_steps == 0 || step == total {
-            record(serde_json::json!({
+        // fp16 runs log every step: each one's loss scale and whether it was skipped.
+        if step % plan.train.logging_steps == 0 || step == total || scaler.is_some() {
+            let mut rec = serde_json::json!({
                 "step": step,
                 "epoch": w.epoch + 1,
                 "loss": loss,
                 "lr": lr,
-                "grad_norm": norm,
+                "grad_norm": if norm.is_finite() { serde_json::json!(norm) } else { serde_json::Value::Null },
                 "samples_per_s": rate,
-            }))?;
+            });
+            if scaler.is_some() {
+                rec["loss_scale"] = serde_json::json!(scale);
+                rec["skipped"] = serde_json::json!(overflow);
+            }
+            record(rec)?;
         }
         if w.ends_epoch {
             let steps_in_epoch = step - w.epoch * plan.steps.per_epoch;
@@ -690,6 +785,8 @@ fn rank_loop(
                 plateau,
                 world: world as u64,
                 zero_stage: stage,
+                precision: plan.train.precision,
+                scaler: scaler.map(|s| s.state),
             };
             save_checkpoint(&mut coll, &rep, plan, &dir, progress)?;
             record(serde_json::json!({ "step": step, "checkpoint": dir }))?;
@@ -704,9 +801,11 @@ fn rank_loop(
         b.finish_and_clear();
     }
 
+    let skipped = scaler.map_or(0, |s| s.skipped());
     let mut summary = Summary {
         steps: step,
         predicted_steps: total,
+        skipped,
         stopped,
         last_loss,
         eval: last_eval,
@@ -739,7 +838,7 @@ fn rank_loop(
     resume::save_model(&final_dir, model, &plan.model.labels, &plan.model.tokenizer)?;
     record(serde_json::json!({
         "event": "end",
-        "steps": { "taken": step, "predicted": total },
+        "steps": { "taken": step, "predicted": total, "skipped": skipped },
         "model": final_dir,
     }))?;
     summary.saved = Some(final_dir);
@@ -767,14 +866,14 @@ fn save_checkpoint(
         }
         coll.barrier()?;
         if stage >= 1 {
-            resume::write_shard(&tmp, rep.shard(), rep.optimizer_state())?;
+            resume::write_shard(&tmp, rep.shard(), &rep.optimizer_state())?;
         }
         coll.barrier()?;
         if lead {
             resume::finish(
                 &tmp,
                 dir,
-                (stage == 0).then(|| rep.optimizer_state()),
+                (stage == 0).then(|| rep.optimizer_state()).as_ref(),
                 progress,
             )?;
         }

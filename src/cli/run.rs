@@ -82,7 +82,7 @@ pub fn run(
 }
 
 /// `recipe explain`'s model-states estimate for the stage the run used, to print next to what
-/// the ranks held (the estimate counts mixed-precision Adam; the CPU backend trains in fp32).
+/// the ranks held (the estimate counts mixed-precision Adam).
 fn estimate_line(r: &recipe::resolve::Resolved, plan: &Plan, ranks: usize) -> Option<String> {
     use recipe::memory::ModelSize;
     use recipe::rules::zero::{estimate, to_offload, Choice};
@@ -112,8 +112,13 @@ fn estimate_line(r: &recipe::resolve::Resolved, plan: &Plan, ranks: usize) -> Op
         },
         size,
     )?;
+    let basis = if plan.train.precision == recipe_runtime::plan::Precision::Fp32 {
+        "DeepSpeed's mixed-precision accounting: fp16 weights and gradients, fp32 master, Adam moments; this run held fp32"
+    } else {
+        "DeepSpeed's mixed-precision accounting: half weights and gradients, fp32 master, Adam moments; docs/runtime.md compares"
+    };
     Some(format!(
-        "recipe explain's estimate for ZeRO-{stage} on {ranks} rank(s): {:.1} MiB per GPU (DeepSpeed's mixed-precision accounting: fp16 weights and gradients, fp32 master, Adam moments)",
+        "recipe explain's estimate for ZeRO-{stage} on {ranks} rank(s): {:.1} MiB per GPU ({basis})",
         e.per_gpu as f64 / (1024.0 * 1024.0)
     ))
 }

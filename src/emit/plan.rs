@@ -206,6 +206,7 @@ pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
         Some("bf16") => Precision::Bf16,
         _ => Precision::Fp32,
     };
+    let (loss_scale, comm_dtype) = mixed_precision(r, precision, &mut no);
     let train = TrainPlan {
         epochs,
         max_steps,
@@ -226,6 +227,8 @@ pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
         zero_stage: r.uint("zero.stage").unwrap_or(0).min(3) as u8,
         offload_optimizer: offload(r.word("zero.offload optimizer")),
         offload_param: offload(r.word("zero.offload param")),
+        loss_scale,
+        comm_dtype,
     };
     if !no.is_empty() {
         return Err(no);
@@ -253,6 +256,99 @@ pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
         train,
         steps,
     })
+}
+
+/// A raw `deepspeed { … }` key's value, if the recipe writes one.
+fn raw_ds<'a>(r: &'a Resolved, key: &str) -> Option<&'a Val> {
+    r.raw_deepspeed
+        .iter()
+        .find(|(k, _, _)| k == key)
+        .map(|(_, v, _)| v)
+}
+
+/// A DeepSpeed dtype name (`fp16`, `bfloat16`, `float32`, …) as the runtime's dtype.
+fn ds_dtype(v: &Val) -> Option<recipe_runtime::precision::Dtype> {
+    use recipe_runtime::precision::Dtype;
+    // DeepSpeed's `DtypeEnum` (runtime/config.py) accepts these spellings.
+    match v.as_str()? {
+        "fp32" | "float32" | "float" => Some(Dtype::F32),
+        "fp16" | "float16" | "half" => Some(Dtype::F16),
+        "bf16" | "bfloat16" | "bfloat" => Some(Dtype::Bf16),
+        _ => None,
+    }
+}
+
+/// fp16's loss scaling and the gradient communication dtype, as DeepSpeed would run the recipe;
+/// what the runtime does not emulate is pushed onto `no`.
+fn mixed_precision(
+    r: &Resolved,
+    precision: Precision,
+    no: &mut Unsupported,
+) -> (
+    Option<recipe_runtime::precision::ScaleConfig>,
+    Option<recipe_runtime::precision::Dtype>,
+) {
+    use recipe_runtime::precision::ScaleConfig;
+    let module = match precision {
+        Precision::Fp32 => return (None, None),
+        Precision::Fp16 => recipe_runtime::precision::Dtype::F16,
+        Precision::Bf16 => recipe_runtime::precision::Dtype::Bf16,
+    };
+    if r.word("train.eval_precision")
+        .is_some_and(|e| Some(e) != r.word("train.precision"))
+    {
+        no.push("train.eval_precision: the native runtime evaluates in the training precision (DeepSpeed's engine evaluates its own fp16/bf16 module)".into());
+    }
+    if let Some(v) = raw_ds(r, "data_types.grad_accum_dtype") {
+        if ds_dtype(v) != Some(module) {
+            no.push(format!(
+                "deepspeed data_types.grad_accum_dtype = {v}: the native runtime accumulates gradients in the module's dtype (DeepSpeed's default)"
+            ));
+        }
+    }
+    if raw_ds(r, "fp16.auto_cast").and_then(Val::as_bool) == Some(true) {
+        no.push("deepspeed fp16.auto_cast = true (torch autocast over an fp32 module): the native runtime runs DeepSpeed's fp16 module mode".into());
+    }
+    let comm = match raw_ds(r, "communication_data_type") {
+        None => None,
+        Some(v) => match ds_dtype(v) {
+            Some(d) => Some(d),
+            None => {
+                no.push(format!(
+                    "deepspeed communication_data_type = {v}: not a dtype the native runtime reduces in"
+                ));
+                None
+            }
+        },
+    };
+    if precision != Precision::Fp16 {
+        return (None, comm);
+    }
+    let int = |k: &str| r.uint(k);
+    let scale = match r.val("train.loss_scale") {
+        Some(Val::Int(i)) if *i > 0 => Some(ScaleConfig::Static { scale: *i as f64 }),
+        _ => match (
+            int("train.initial_scale_power"),
+            int("train.loss_scale_window"),
+            int("train.hysteresis"),
+            r.f64("train.min_loss_scale"),
+        ) {
+            (Some(power), Some(window), Some(hysteresis), Some(min_scale)) => {
+                Some(ScaleConfig::Dynamic {
+                    initial_scale_power: power as u32,
+                    window,
+                    hysteresis,
+                    consecutive_hysteresis: raw_ds(r, "fp16.consecutive_hysteresis")
+                        .and_then(Val::as_bool)
+                        .unwrap_or(false),
+                    min_scale,
+                })
+            }
+            // Resolution fills every fp16 default; without them the plan would guess.
+            _ => None,
+        },
+    };
+    (scale, comm)
 }
 
 /// `p` made absolute (canonical when it exists), so a plan runs from anywhere.

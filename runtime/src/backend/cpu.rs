@@ -9,33 +9,85 @@
 use std::ops::Range;
 
 use super::{AttnShape, Backend, Dropout, Gemm};
+use crate::precision::Dtype;
 use crate::rng::philox4x32_x8;
 
 /// The CPU backend. `threads` (≥ 1) bounds the worker threads of GEMMs, attention, LayerNorm,
 /// GELU and dropout.
+///
+/// `store` is the dtype a device would keep the model's tensors in (activations, parameters,
+/// gradients): with fp16 or bf16 every value a kernel writes is rounded to it when the kernel
+/// returns, while the kernel's own arithmetic stays in f32 (see [`crate::precision`]). The
+/// exceptions are LayerNorm's saved mean and 1/std, which PyTorch keeps in fp32 for half inputs,
+/// and the loss, which is returned in f32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cpu {
     threads: usize,
+    store: Dtype,
 }
 
 impl Default for Cpu {
-    /// Single-threaded.
+    /// Single-threaded, fp32.
     fn default() -> Cpu {
-        Cpu { threads: 1 }
+        Cpu {
+            threads: 1,
+            store: Dtype::F32,
+        }
     }
 }
 
 impl Cpu {
-    /// A backend using up to `threads` threads (0 is taken as 1).
+    /// A backend using up to `threads` threads (0 is taken as 1), storing fp32.
     pub fn new(threads: usize) -> Cpu {
         Cpu {
             threads: threads.max(1),
+            store: Dtype::F32,
         }
+    }
+
+    /// The same backend storing `store`.
+    pub fn with_store(self, store: Dtype) -> Cpu {
+        Cpu { store, ..self }
     }
 
     /// The thread bound.
     pub fn threads(&self) -> usize {
         self.threads
+    }
+
+    /// The storage dtype.
+    pub fn store(&self) -> Dtype {
+        self.store
+    }
+
+    /// Rounds what a kernel wrote to the storage dtype.
+    #[inline]
+    fn st(&self, xs: &mut [f32]) {
+        if self.store.is_half() {
+            self.store.round_slice(xs);
+        }
+    }
+
+    /// Rounds rows `0..rows`, columns `0..cols` of a matrix with row stride `ld`.
+    fn st_rows(&self, xs: &mut [f32], rows: usize, cols: usize, ld: usize) {
+        if self.store.is_half() {
+            for r in 0..rows {
+                self.store.round_slice(&mut xs[r * ld..r * ld + cols]);
+            }
+        }
+    }
+
+    /// Rounds the rows `idx` (each `width` wide, duplicates allowed) of a table.
+    fn st_table_rows(&self, table: &mut [f32], idx: impl Iterator<Item = usize>, width: usize) {
+        if self.store.is_half() {
+            let mut rows: Vec<usize> = idx.collect();
+            rows.sort_unstable();
+            rows.dedup();
+            for r in rows {
+                self.store
+                    .round_slice(&mut table[r * width..(r + 1) * width]);
+            }
+        }
     }
 }
 
@@ -375,12 +427,15 @@ impl Cpu {
                 (t, 1),
             );
             softmax_rows(p, t, mask);
+            // The scores stay in f32 inside the (fused) kernel; the saved probabilities are stored.
+            self.st(p);
             let used: &[f32] = match (probs_drop.as_deref_mut(), dropout) {
                 (Some(pd), Some(dr)) => {
                     let pd = &mut pd[h * t * t..(h + 1) * t * t];
                     let first = ((bi * s.heads + h) * t * t) as u64;
                     pd.copy_from_slice(p);
                     dropout_at(pd, first, MaskKey::new(dr));
+                    self.st(pd);
                     pd
                 }
                 _ => p,
@@ -398,6 +453,7 @@ impl Cpu {
                 &mut ctx[h * d..],
                 (hid, 1),
             );
+            self.st_rows(&mut ctx[h * d..], t, d, hid);
         }
     }
 
@@ -453,6 +509,7 @@ impl Cpu {
                 &mut dv[h * d..],
                 (hid, 1),
             );
+            self.st_rows(&mut dv[h * d..], t, d, hid);
             if let Some(dr) = dropout {
                 // The forward's mask, read back from probs_drop instead of redrawn: a zero there
                 // is either dropped or a zero probability, and for the latter the softmax
@@ -483,6 +540,7 @@ impl Cpu {
                 &mut dq[h * d..],
                 (hid, 1),
             );
+            self.st_rows(&mut dq[h * d..], t, d, hid);
             sgemm(
                 t,
                 t,
@@ -496,6 +554,7 @@ impl Cpu {
                 &mut dk[h * d..],
                 (hid, 1),
             );
+            self.st_rows(&mut dk[h * d..], t, d, hid);
         }
     }
 }
@@ -564,6 +623,7 @@ impl Backend for Cpu {
         for (a, b) in acc.iter_mut().zip(x) {
             *a += b;
         }
+        self.st(acc);
     }
 
     fn gemm(&self, g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
@@ -574,6 +634,7 @@ impl Backend for Cpu {
         let threads = if work >= 1 << 21 { self.threads } else { 1 };
         if threads <= 1 || g.m < 64 * threads {
             sgemm(g.m, g.k, g.n, g.alpha, a, sa, b, sb, g.beta, c, (g.ldc, 1));
+            self.st_rows(c, g.m, g.n, g.ldc);
             return;
         }
         let rows = g.m.div_ceil(threads).next_multiple_of(16);
@@ -602,6 +663,7 @@ impl Backend for Cpu {
                 cpart,
                 (g.ldc, 1),
             );
+            self.st_rows(cpart, r, g.n, g.ldc);
         });
     }
 
@@ -614,6 +676,7 @@ impl Backend for Cpu {
                 *o += b;
             }
         }
+        self.st(&mut out[..rows * cols]);
     }
 
     fn bias_grad(&self, db: &mut [f32], dout: &[f32], rows: usize, cols: usize) {
@@ -623,6 +686,7 @@ impl Backend for Cpu {
                 *g += d;
             }
         }
+        self.st(db);
     }
 
     fn embedding_fwd(
@@ -646,6 +710,7 @@ impl Backend for Cpu {
                 o[c] = (word[w * hidden + c] + typ[t * hidden + c]) + pos[p * hidden + c];
             }
         }
+        self.st(&mut out[..batch * seq * hidden]);
     }
 
     fn embedding_bwd(
@@ -669,6 +734,10 @@ impl Backend for Cpu {
                 dpos[p * hidden + c] += g[c];
             }
         }
+        let n = batch * seq;
+        self.st_table_rows(dword, ids[..n].iter().map(|&i| i as usize), hidden);
+        self.st_table_rows(dtyp, types[..n].iter().map(|&i| i as usize), hidden);
+        self.st_table_rows(dpos, 0..seq.min(n), hidden);
     }
 
     fn layernorm_fwd(
@@ -717,6 +786,7 @@ impl Backend for Cpu {
                 *rr = rs as f32;
             }
         });
+        self.st(out);
     }
 
     fn layernorm_bwd(
@@ -776,12 +846,16 @@ impl Backend for Cpu {
                 }
             }
         });
+        self.st(&mut dinp[..rows * cols]);
+        self.st(&mut dw[..cols]);
+        self.st(&mut db[..cols]);
     }
 
     fn gelu_fwd(&self, out: &mut [f32], inp: &[f32]) {
         assert_eq!(out.len(), inp.len());
         par_chunks(self.threads, out, 1, |i, o| {
             gelu_fwd_f32(o, &inp[i..i + o.len()]);
+            self.st(o);
         });
     }
 
@@ -791,6 +865,7 @@ impl Backend for Cpu {
         par_chunks(self.threads, dinp, 1, |i, d| {
             let r = i..i + d.len();
             gelu_bwd_f32(d, &inp[r.clone()], &dout[r]);
+            self.st(d);
         });
     }
 
@@ -798,17 +873,22 @@ impl Backend for Cpu {
         for (o, &x) in out.iter_mut().zip(inp) {
             *o = x.tanh();
         }
+        self.st(out);
     }
 
     fn tanh_bwd(&self, dinp: &mut [f32], y: &[f32], dout: &[f32]) {
         for ((di, &y), &g) in dinp.iter_mut().zip(y).zip(dout) {
             *di = g * (1.0 - y * y);
         }
+        self.st(dinp);
     }
 
     fn dropout(&self, x: &mut [f32], d: &Dropout) {
         let m = MaskKey::new(d);
-        par_chunks(self.threads, x, 32, |i, c| dropout_at(c, 32 * i as u64, m));
+        par_chunks(self.threads, x, 32, |i, c| {
+            dropout_at(c, 32 * i as u64, m);
+            self.st(c);
+        });
     }
 
     fn attention_fwd(
@@ -905,6 +985,7 @@ impl Backend for Cpu {
                 d[c] = ((p - onehot) * g) as f32;
             }
         }
+        self.st(&mut dlogits[..rows * classes]);
         (total / rows as f64) as f32
     }
 }

@@ -28,7 +28,7 @@ mod sinks;
 
 use std::ops::Range;
 
-pub use replica::{HostOptimizer, RankMemory, Replica};
+pub use replica::{HostOptimizer, RankMemory, Replica, Storage};
 
 use crate::collective::{CollectiveError, Partition};
 use crate::model::ModelError;

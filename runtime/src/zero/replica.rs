@@ -12,59 +12,131 @@ use crate::backend::Cpu;
 use crate::collective::{Collective, Partition, ReduceOp};
 use crate::model::{Batch, Classifier, DropoutKey, ParamSource, Whole, Workspace};
 use crate::optim::{self, Adam, AdamState, OptimError};
+use crate::precision::{self, Dtype};
 
-/// The optimizer of a rank's partition, optionally offloaded (`offload optimizer = cpu`): then
-/// fp32 master weights, a gradient copy and Adam's moments live in host memory, the step runs
-/// there, and the result is copied back into the rank's parameters.
+/// How a rank stores its model states: the module's dtype (parameters, activations and the
+/// gradients accumulated over a window, as DeepSpeed's default `grad_accum_dtype`) and the dtype
+/// gradients are reduced in (DeepSpeed's `communication_data_type`, default the module's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Storage {
+    /// Parameters, activations and accumulated gradients.
+    pub module: Dtype,
+    /// Gradient reductions between ranks.
+    pub comm: Dtype,
+}
+
+impl Storage {
+    /// fp32 throughout.
+    pub fn fp32() -> Storage {
+        Storage::default()
+    }
+
+    /// Whether the module is held in a half type (mixed precision).
+    pub fn is_mixed(&self) -> bool {
+        self.module.is_half()
+    }
+
+    /// Rounds a reduced gradient as it arrives (communication dtype) and is stored (module).
+    pub(crate) fn reduced(&self, xs: &mut [f32]) {
+        self.comm.round_slice(xs);
+        self.module.round_slice(xs);
+    }
+}
+
+/// The optimizer of a rank's partition. With mixed precision it keeps fp32 master weights
+/// (DeepSpeed's `single_partition_of_fp32_groups`), steps them with the half gradients unscaled
+/// as they are read (DeepSpeed first upcasts them into an fp32 gradient partition; a fused
+/// optimizer needs none), and writes the result rounded back into the half parameters. With
+/// `offload optimizer = cpu` the master weights, an fp32 gradient copy and Adam's moments live in
+/// host memory and the step runs there (in fp32 too, where the master is a copy of the
+/// parameters).
 #[derive(Debug, Clone)]
 pub struct HostOptimizer {
     adam: Adam,
     host: Option<HostCopy>,
+    offload: bool,
+    module: Dtype,
 }
 
 #[derive(Debug, Clone)]
 struct HostCopy {
     master: Vec<f32>,
+    /// The fp32 gradient copy in host memory (offload only).
     grads: Vec<f32>,
 }
 
 impl HostOptimizer {
-    /// `adam` over the partition whose current parameters are `params`; offloaded when
-    /// `offload` (the master weights start as a copy of `params`).
-    pub fn new(adam: Adam, offload: bool, params: &[f32]) -> HostOptimizer {
+    /// `adam` over the partition whose current parameters are `params`, offloaded when
+    /// `offload`, with parameters stored as `module`. The master weights are the ones saved in
+    /// `adam`'s state when it holds them (a resumed mixed-precision run), else a copy of
+    /// `params`.
+    pub fn new(mut adam: Adam, offload: bool, module: Dtype, params: &[f32]) -> HostOptimizer {
+        let saved = adam.take_master();
+        let keep = offload || module.is_half();
         HostOptimizer {
             adam,
-            host: offload.then(|| HostCopy {
-                master: params.to_vec(),
-                grads: vec![0.0; params.len()],
+            host: keep.then(|| HostCopy {
+                master: if saved.len() == params.len() {
+                    saved
+                } else {
+                    params.to_vec()
+                },
+                grads: if offload {
+                    vec![0.0; params.len()]
+                } else {
+                    Vec::new()
+                },
             }),
+            offload,
+            module,
         }
     }
 
-    /// One Adam step of the partition's `params` with `grads`.
-    pub fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f64) -> Result<(), OptimError> {
-        match &mut self.host {
-            None => self.adam.step(params, grads, lr),
-            Some(h) => {
-                if params.len() != h.master.len() || grads.len() != h.grads.len() {
-                    return Err(OptimError::Length {
-                        what: "offloaded partition",
-                        found: params.len(),
-                        expected: h.master.len(),
-                    });
-                }
-                // Device → host, the CPU optimizer on the master weights, host → device.
-                h.grads.copy_from_slice(grads);
-                self.adam.step(&mut h.master, &h.grads, lr)?;
-                params.copy_from_slice(&h.master);
-                Ok(())
-            }
+    /// One Adam step of the partition's `params` with `grads` multiplied by `unscale` (DeepSpeed
+    /// multiplies the fp32 gradient partition by `1 / combined_scale`; 1 in fp32, where clipping
+    /// was applied in place). The gradients are consumed: they may be overwritten.
+    pub fn step(
+        &mut self,
+        params: &mut [f32],
+        grads: &mut [f32],
+        lr: f64,
+        unscale: f32,
+    ) -> Result<(), OptimError> {
+        let Some(h) = &mut self.host else {
+            return self.adam.step(params, grads, lr);
+        };
+        if params.len() != h.master.len() || grads.len() != h.master.len() {
+            return Err(OptimError::Length {
+                what: "master partition",
+                found: params.len().max(grads.len()),
+                expected: h.master.len(),
+            });
         }
+        // Half values live in f32 containers, so unscaling in place gives the fp32 values
+        // DeepSpeed's upcast partition holds; with offload they travel to the host copy.
+        let g: &mut [f32] = if self.offload {
+            h.grads.copy_from_slice(grads);
+            &mut h.grads
+        } else {
+            grads
+        };
+        if unscale != 1.0 {
+            optim::scale(g, unscale);
+        }
+        self.adam.step(&mut h.master, g, lr)?;
+        // Master → parameters, stored in the module's dtype.
+        params.copy_from_slice(&h.master);
+        self.module.round_slice(params);
+        Ok(())
     }
 
-    /// Adam's state for the partition.
-    pub fn state(&self) -> &AdamState {
-        self.adam.state()
+    /// Adam's state for the partition, with the fp32 master weights under mixed precision.
+    pub fn state(&self) -> AdamState {
+        let mut s = self.adam.state().clone();
+        if let (true, Some(h)) = (self.module.is_half(), &self.host) {
+            s.master = h.master.clone();
+        }
+        s
     }
 
     /// See [`Adam::set_betas`].
@@ -74,26 +146,34 @@ impl HostOptimizer {
 
     /// Whether the state lives in host memory.
     pub fn offloaded(&self) -> bool {
-        self.host.is_some()
+        self.offload
     }
 
-    /// Bytes of the host copies (master weights and gradients), 0 without offload.
-    fn host_copy_bytes(&self) -> u64 {
+    /// Bytes of the fp32 master weights and, with offload, the host gradient copy (0 in fp32
+    /// without offload).
+    fn master_bytes(&self) -> u64 {
         self.host
             .as_ref()
             .map_or(0, |h| 4 * (h.master.len() + h.grads.len()) as u64)
     }
 }
 
-/// Bytes one rank holds for the model states (fp32: 4 bytes an element).
+/// Bytes one rank holds for the model states, each buffer counted at the dtype it stands for on
+/// a device (the CPU backend keeps fp16/bf16 values in f32 containers, so its process holds
+/// twice the figure for those; see docs/runtime.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct RankMemory {
-    /// Parameters kept between steps (ZeRO-3: the rank's partition).
+    /// Parameters kept between steps (ZeRO-3: the rank's partition), in the module's dtype.
     pub params: u64,
-    /// Gradients kept across a window's micro-batches (ZeRO-2/3: the rank's partition).
+    /// Gradients kept across a window's micro-batches (ZeRO-2/3: the rank's partition), in the
+    /// module's dtype.
     pub grads: u64,
-    /// Adam's two moments (ZeRO-1/2/3: the rank's partition).
+    /// Adam's two moments (ZeRO-1/2/3: the rank's partition), fp32.
     pub optimizer: u64,
+    /// Mixed precision without offload: the fp32 master weights the optimizer steps, on the
+    /// device.
+    #[serde(default)]
+    pub master: u64,
     /// With optimizer offload: the fp32 master weights and gradient copy in host memory.
     pub host_copies: u64,
     /// Transient buffers of one segment (ZeRO-2: a gradient segment; ZeRO-3: a gathered
@@ -104,9 +184,16 @@ pub struct RankMemory {
 }
 
 impl RankMemory {
-    /// Everything counted.
+    /// Everything counted, device and host.
     pub fn total(&self) -> u64 {
-        self.params + self.grads + self.optimizer + self.host_copies + self.working
+        self.params + self.grads + self.optimizer + self.master + self.host_copies + self.working
+    }
+
+    /// What stays on the device (the accelerator's share of [`RankMemory::total`]): all but
+    /// the offloaded optimizer state and copies.
+    pub fn device(&self) -> u64 {
+        let host = if self.offloaded { self.optimizer } else { 0 } + self.host_copies;
+        self.total() - host
     }
 }
 
@@ -132,6 +219,7 @@ pub struct Replica {
     send: Vec<f32>,
     buf: Vec<f32>,
     opt: HostOptimizer,
+    storage: Storage,
 }
 
 impl Replica {
@@ -144,6 +232,7 @@ impl Replica {
         rank: usize,
         adam: Adam,
         offload: bool,
+        storage: Storage,
     ) -> Result<Replica, ZeroError> {
         let segs = model.segments().to_vec();
         let shard = Shard::new(stage, world, rank, &segs);
@@ -189,7 +278,7 @@ impl Replica {
             3 => local.clone(),
             _ => shard.take(&model.params().data),
         };
-        let opt = HostOptimizer::new(adam, offload, &init);
+        let opt = HostOptimizer::new(adam, offload, storage.module, &init);
         Ok(Replica {
             model,
             shard,
@@ -202,6 +291,7 @@ impl Replica {
             send,
             buf,
             opt,
+            storage,
         })
     }
 
@@ -216,9 +306,15 @@ impl Replica {
         &self.shard
     }
 
-    /// The optimizer state of this rank's partition (laid out as [`Shard::ranges`]).
-    pub fn optimizer_state(&self) -> &AdamState {
+    /// The optimizer state of this rank's partition (laid out as [`Shard::ranges`]), with the
+    /// fp32 master weights under mixed precision.
+    pub fn optimizer_state(&self) -> AdamState {
         self.opt.state()
+    }
+
+    /// How this rank stores its model states.
+    pub fn storage(&self) -> Storage {
+        self.storage
     }
 
     /// Sets Adam's betas (momentum cycling).
@@ -256,6 +352,7 @@ impl Replica {
                 segs: &segs,
                 scratch: &mut self.scratch,
                 acc: &mut self.grads,
+                storage: self.storage,
             };
             let mut src = Whole::new(&self.model.params().data, &segs);
             return self.model.forward_backward_with::<_, _, ZeroError>(
@@ -276,6 +373,7 @@ impl Replica {
             scratch: &mut self.scratch,
             piece: &mut self.piece,
             acc: &mut self.grads,
+            storage: self.storage,
         };
         self.model
             .forward_backward_with::<_, _, ZeroError>(ws, batch, weight, &mut src, &mut sink, key)
@@ -286,8 +384,42 @@ impl Replica {
     pub fn finish_window(&mut self, coll: &mut dyn Collective) -> Result<(), ZeroError> {
         if self.shard.stage <= 1 && coll.world() > 1 {
             coll.all_reduce(&mut self.grads, ReduceOp::Avg)?;
+            self.storage.reduced(&mut self.grads);
         }
         Ok(())
+    }
+
+    /// Whether any rank's gradients (or gradient partition) hold an inf or NaN: DeepSpeed's
+    /// overflow check, a local test reduced over the ranks.
+    pub fn overflow(&self, coll: &mut dyn Collective) -> Result<bool, ZeroError> {
+        let local = f64::from(u8::from(precision::has_inf_or_nan(&self.grads)));
+        let any = if coll.world() > 1 {
+            coll.all_reduce_sum_f64(local)?
+        } else {
+            local
+        };
+        Ok(any > 0.0)
+    }
+
+    /// Mixed precision's clipping: the global norm of the gradients computed at loss scale
+    /// `scale` (1 for bf16), and the factor DeepSpeed multiplies the fp32 gradient partition by
+    /// (`1 / combined_scale`, which unscales and clips at once). Returns `(unscaled norm,
+    /// factor)`.
+    pub fn unscale(
+        &mut self,
+        coll: &mut dyn Collective,
+        max_norm: f64,
+        scale: f64,
+    ) -> Result<(f32, f32), ZeroError> {
+        let sq = optim::sum_squares(&self.grads);
+        let sq = if self.shard.stage >= 2 {
+            coll.all_reduce_sum_f64(sq)?
+        } else {
+            sq
+        };
+        let scaled_norm = sq.sqrt();
+        let combined = precision::combined_scale(scale, scaled_norm, max_norm);
+        Ok(((scaled_norm / scale) as f32, (1.0 / combined) as f32))
     }
 
     /// The global gradient norm (before clipping), and `clip_grad_norm_` to `max_norm` when it
@@ -308,21 +440,29 @@ impl Replica {
         Ok(norm)
     }
 
-    /// The optimizer step at `lr`: stage 0 updates everything; stages 1–2 update this rank's
+    /// The optimizer step at `lr` with the gradients multiplied by `unscale` (see
+    /// [`Replica::unscale`]; 1 in fp32): stage 0 updates everything; stages 1–2 update this rank's
     /// shard and all-gather the shards; stage 3 updates this rank's pieces (gathered on use).
-    pub fn step(&mut self, coll: &mut dyn Collective, lr: f64) -> Result<(), ZeroError> {
+    pub fn step(
+        &mut self,
+        coll: &mut dyn Collective,
+        lr: f64,
+        unscale: f32,
+    ) -> Result<(), ZeroError> {
         let rank = self.shard.rank;
         match self.shard.stage {
-            0 => self.opt.step(self.model.params_mut(), &self.grads, lr)?,
+            0 => self
+                .opt
+                .step(self.model.params_mut(), &mut self.grads, lr, unscale)?,
             stage @ (1 | 2) => {
                 let r = self.flat.range(rank);
                 let g = if stage == 1 {
-                    &self.grads[r.clone()]
+                    &mut self.grads[r.clone()]
                 } else {
-                    &self.grads[..]
+                    &mut self.grads[..]
                 };
                 self.opt
-                    .step(&mut self.model.params_mut()[r.clone()], g, lr)?;
+                    .step(&mut self.model.params_mut()[r.clone()], g, lr, unscale)?;
                 let mut send = vec![0.0f32; self.flat.shard];
                 send[..r.len()].copy_from_slice(&self.model.params().data[r]);
                 let mut all = vec![0.0f32; self.flat.padded];
@@ -330,7 +470,9 @@ impl Replica {
                 let total = self.flat.total;
                 self.model.params_mut().copy_from_slice(&all[..total]);
             }
-            _ => self.opt.step(&mut self.local, &self.grads, lr)?,
+            _ => self
+                .opt
+                .step(&mut self.local, &mut self.grads, lr, unscale)?,
         }
         Ok(())
     }
@@ -365,21 +507,24 @@ impl Replica {
         }
     }
 
-    /// What this rank holds.
+    /// What this rank holds, each buffer at the dtype it stands for.
     pub fn memory(&self) -> RankMemory {
-        let b = |n: usize| 4 * n as u64;
-        let s = self.opt.state();
+        let half = |n: usize| self.storage.module.bytes() * n as u64;
+        let s = self.opt.adam.state();
+        let master = self.opt.master_bytes();
+        let offloaded = self.opt.offloaded();
         RankMemory {
             params: if self.map.is_some() {
-                b(self.local.len())
+                half(self.local.len())
             } else {
-                b(self.shard.total)
+                half(self.shard.total)
             },
-            grads: b(self.grads.len()),
-            optimizer: b(s.m.len() + s.v.len()),
-            host_copies: self.opt.host_copy_bytes(),
-            working: b(self.scratch.len() + self.buf.len() + self.piece.len() + self.send.len()),
-            offloaded: self.opt.offloaded(),
+            grads: half(self.grads.len()),
+            optimizer: 4 * (s.m.len() + s.v.len()) as u64,
+            master: if offloaded { 0 } else { master },
+            host_copies: if offloaded { master } else { 0 },
+            working: half(self.scratch.len() + self.buf.len() + self.piece.len() + self.send.len()),
+            offloaded,
         }
     }
 }

@@ -6,7 +6,7 @@
 use std::cell::RefCell;
 use std::ops::Range;
 
-use super::SegmentParts;
+use super::{SegmentParts, Storage};
 use crate::backend::Cpu;
 use crate::collective::{Collective, CollectiveError, Partition, ReduceOp};
 use crate::model::{GradSink, ParamSource};
@@ -14,11 +14,13 @@ use crate::model::{GradSink, ParamSource};
 /// The collective of one rank, shared by its source and sink.
 pub(crate) type SharedColl<'c> = RefCell<&'c mut dyn Collective>;
 
-/// Adds `src` into `acc` elementwise (the gradient accumulation of a partition).
-fn accumulate(acc: &mut [f32], src: &[f32]) {
+/// Adds `src` into `acc` elementwise (the gradient accumulation of a partition), stored in the
+/// module's dtype.
+fn accumulate(acc: &mut [f32], src: &[f32], storage: Storage) {
     for (a, g) in acc.iter_mut().zip(src) {
         *a += *g;
     }
+    storage.module.round_slice(acc);
 }
 
 /// ZeRO-2: each finished gradient segment is reduced (averaged over ranks) piece by piece to the
@@ -31,6 +33,8 @@ pub(crate) struct ReduceToOwners<'a, 'c> {
     pub scratch: &'a mut [f32],
     /// This rank's gradient partition, `part.range(rank)`.
     pub acc: &'a mut [f32],
+    /// The dtypes of the reduction and of the partition.
+    pub storage: Storage,
 }
 
 impl GradSink<Cpu> for ReduceToOwners<'_, '_> {
@@ -58,7 +62,12 @@ impl GradSink<Cpu> for ReduceToOwners<'_, '_> {
             let piece = &mut self.scratch[lo - s.start..hi - s.start];
             coll.reduce(piece, owner, ReduceOp::Avg)?;
             if owner == me {
-                accumulate(&mut self.acc[lo - own.start..hi - own.start], piece);
+                self.storage.reduced(piece);
+                accumulate(
+                    &mut self.acc[lo - own.start..hi - own.start],
+                    piece,
+                    self.storage,
+                );
             }
         }
         Ok(())
@@ -117,6 +126,8 @@ pub(crate) struct Scattered<'a, 'c> {
     pub piece: &'a mut [f32],
     /// This rank's gradient pieces of every segment, concatenated.
     pub acc: &'a mut [f32],
+    /// The dtypes of the reduction and of the partition.
+    pub storage: Storage,
 }
 
 impl GradSink<Cpu> for Scattered<'_, '_> {
@@ -142,7 +153,12 @@ impl GradSink<Cpu> for Scattered<'_, '_> {
             ReduceOp::Avg,
         )?;
         let (off, len) = (self.map.local_offset(me, seg), p.range(me).len());
-        accumulate(&mut self.acc[off..off + len], &self.piece[..len]);
+        self.storage.reduced(&mut self.piece[..len]);
+        accumulate(
+            &mut self.acc[off..off + len],
+            &self.piece[..len],
+            self.storage,
+        );
         Ok(())
     }
 }
