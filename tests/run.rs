@@ -3,96 +3,12 @@
 //! the prediction, resume is bit-identical, a saved plan runs the same, and bad input is
 //! reported plainly.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
+use std::process::Command;
+
+use common::*;
 use serde_json::Value;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn recipe_in(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_recipe"))
-        .args(args)
-        .current_dir(dir)
-        .env("NO_COLOR", "1")
-        .env("RECIPE_CACHE", dir.join("cache"))
-        .output()
-        .unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-const CONFIG: &str = r#"{"architectures": ["BertModel"], "model_type": "bert", "vocab_size": 30522,
- "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 37,
- "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
- "max_position_embeddings": 64, "type_vocab_size": 2, "initializer_range": 0.02,
- "layer_norm_eps": 1e-12, "pad_token_id": 0}"#;
-
-/// A test's scratch directory: removed when the test passes, kept (for a look) when it fails.
-struct Scratch(PathBuf);
-
-impl std::ops::Deref for Scratch {
-    type Target = Path;
-    fn deref(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl AsRef<Path> for Scratch {
-    fn as_ref(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
-/// A fresh directory with the tiny model, the tokenizer, the data and a recipe whose extra
-/// lines are `extra` (appended, so they override nothing but add blocks).
-fn workspace(name: &str, recipe: &str) -> Scratch {
-    let dir = std::env::temp_dir().join(format!("recipe-run-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("config.json"), CONFIG).unwrap();
-    let fixtures = root().join("runtime/tests/fixtures");
-    std::fs::copy(
-        fixtures.join("tokenizer/tokenizer.json"),
-        dir.join("tokenizer.json"),
-    )
-    .unwrap();
-    let rows = std::fs::read_to_string(fixtures.join("data/spam48.jsonl")).unwrap();
-    std::fs::write(dir.join("train.jsonl"), &rows).unwrap();
-    let eval: String = rows.lines().take(12).map(|l| format!("{l}\n")).collect();
-    std::fs::write(dir.join("eval.jsonl"), eval).unwrap();
-    std::fs::write(dir.join("tiny.rcp"), recipe).unwrap();
-    Scratch(dir)
-}
-
-const TINY: &str = r#"recipe "tiny"
-model bert { config = "config.json", task = classify(labels: ["ham", "spam"]) }
-data { train = "train.jsonl", eval = "eval.jsonl", max_len = 24 }
-batch { micro = 5, accumulate = 3 }
-optimizer adamw { lr = 1e-3, weight_decay = 0.01 }
-schedule linear { warmup = 2 }
-train { epochs = 2, precision = fp32, seed = 7, logging_steps = 1, output_dir = "out" }
-"#;
-
-fn metrics(dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
 
 #[test]
 fn run_takes_the_predicted_steps_and_saves_an_hf_model() {
@@ -292,61 +208,6 @@ fn a_hub_model_that_is_not_cached_says_how_to_fetch_it() {
         "{}",
         stderr(&o)
     );
-}
-
-/// Final weights of a run, by tensor name.
-fn weights(path: &Path) -> Vec<(String, Vec<f32>)> {
-    recipe_runtime::checkpoint::read_safetensors(path)
-        .unwrap()
-        .tensors
-        .into_iter()
-        .map(|t| (t.name, t.data))
-        .collect()
-}
-
-/// The tiny recipe with one global batch of 12 (micro 12 on one rank, 12/N on N) and no
-/// dropout, so every world size trains the same function.
-fn dp_recipe() -> String {
-    TINY.replace(
-        "batch { micro = 5, accumulate = 3 }",
-        "batch { micro = 12, accumulate = 2 }",
-    )
-    .replace(
-        "task = classify(labels: [\"ham\", \"spam\"]) }",
-        "task = classify(labels: [\"ham\", \"spam\"]), dropout = 0 }",
-    )
-}
-
-/// `--set` arguments for a ZeRO stage, with or without optimizer offload.
-fn zero_sets(stage: u32, offload: bool) -> Vec<String> {
-    let mut v = vec!["--set".to_string(), format!("zero.stage={stage}")];
-    if offload {
-        v.push("--set".into());
-        v.push("zero.offload optimizer=cpu".into());
-    }
-    v
-}
-
-/// Runs `dir`'s tiny.rcp on `world` ranks (micro 12/world) into `out`, with `extra` arguments.
-fn dp_run(dir: &Path, world: u64, out: &str, extra: &[String]) {
-    let mut args: Vec<String> = ["run", "--quiet", "tiny.rcp", "--gpus"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    args.push(world.to_string());
-    args.extend(["--set".into(), format!("batch.micro={}", 12 / world)]);
-    args.extend(["--set".into(), format!("train.output_dir=\"{out}\"")]);
-    args.extend(extra.iter().cloned());
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    let o = recipe_in(dir, &refs);
-    assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
-}
-
-fn start_record(dir: &Path) -> Value {
-    metrics(dir)
-        .into_iter()
-        .find(|r| r["event"] == "start")
-        .unwrap()
 }
 
 /// Data parallelism under ZeRO `stage` (with and without optimizer offload for stages 1–3): N
