@@ -170,5 +170,7 @@ pub fn all() -> Vec<(&'static str, &'static str, &'static str)> {
     for family in crate::rules::FAMILIES {
         codes.extend_from_slice(family.codes);
     }
+    // Not run by `recipe check` alone: the native target's refusals (`--target native`).
+    codes.extend_from_slice(crate::rules::native::CODES);
     codes
 }

@@ -199,6 +199,8 @@ fn upstream_note(r: &Resolved, key: &str) -> Option<String> {
              DeepSpeed's own step logs never print; HF's Trainer logs every logging_steps"
                 .into(),
         ),
+        // Skipped steps shift DeepSpeed's LR schedule against HF's global_step (R-M04).
+        "train.precision" => crate::skips::note(r),
         _ => None,
     }
 }

@@ -22,6 +22,7 @@ pub mod resolve;
 pub mod rules;
 pub mod schedules;
 pub mod schema;
+pub mod skips;
 pub mod source;
 pub mod steps;
 pub mod syntax;

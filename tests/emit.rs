@@ -284,7 +284,14 @@ fn native_plans_match_golden_files() {
         let stem = path.file_stem().unwrap().to_string_lossy().to_string();
         let text = match plan(&r, model) {
             Ok(p) => p.to_json().replace(&root.display().to_string(), "<root>"),
-            Err(reasons) => format!("not native:\n{}\n", reasons.join("\n")),
+            Err(recipe::emit::plan::Unsupported::Refused(ds)) => {
+                let lines: Vec<String> = ds
+                    .iter()
+                    .map(|d| format!("{} {}", d.code, d.message))
+                    .collect();
+                format!("not native:\n{}\n", lines.join("\n"))
+            }
+            Err(recipe::emit::plan::Unsupported::Bug(b)) => panic!("{stem}: {b}"),
         };
         insta::assert_snapshot!(format!("{stem}__plan.json"), text);
     }

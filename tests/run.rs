@@ -182,12 +182,24 @@ fn a_label_outside_the_declared_set_is_an_error() {
 
 #[test]
 fn what_is_not_built_yet_is_said_plainly() {
-    // Parameter offload (ZeRO-Infinity) is not built; ZeRO-3 itself runs (see below).
+    // Parameter offload (ZeRO-Infinity) is not built; ZeRO-3 itself runs (see below). The
+    // native check refuses it with its code, span and help before anything runs.
     let dir = workspace("gpus", &format!("{TINY}zero 3 {{ offload param = cpu }}\n"));
     let o = recipe_in(&dir, &["run", "--gpus", "2", "tiny.rcp"]);
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(stderr(&o).contains("not built yet"), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("R1105"), "{}", stderr(&o));
     assert!(stderr(&o).contains("offload param"), "{}", stderr(&o));
+    assert!(!dir.join("out").exists(), "{}", stderr(&o));
+    // `recipe build --target native` refuses it the same way, and `recipe check --target
+    // native` shows it; a plain `recipe check` does not (the DeepSpeed build is fine).
+    let o = recipe_in(&dir, &["build", "--target", "native", "tiny.rcp"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("R1105"), "{}", stderr(&o));
+    let o = recipe_in(&dir, &["check", "--target", "native", "tiny.rcp"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("R1105"), "{}", stderr(&o));
+    let o = recipe_in(&dir, &["check", "tiny.rcp"]);
+    assert!(!stderr(&o).contains("R1105"), "{}", stderr(&o));
 
     let o = recipe_in(&dir, &["run", "--device", "cuda", "tiny.rcp"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
@@ -382,7 +394,9 @@ fn zero_checkpoints_gather_exactly_and_resume_on_another_world_size() {
         assert!(moved, "stage {stage}: assembled from the rank files");
         if stage == 1 {
             assert_eq!(gathered.step, s0.step);
-            assert!(bits(&gathered.m) == bits(&s0.m) && bits(&gathered.v) == bits(&s0.v));
+            for b in ["exp_avg", "exp_avg_sq"] {
+                assert!(bits(gathered.buffer(b)) == bits(s0.buffer(b)), "{b}");
+            }
         }
         // Each rank's own file, read back for the same layout, is its partition of the whole.
         for rank in 0..2 {
@@ -390,7 +404,7 @@ fn zero_checkpoints_gather_exactly_and_resume_on_another_world_size() {
             let (own, moved) = read_optimizer(&ckpt(&format!("s{stage}")), &shard).unwrap();
             assert!(!moved);
             assert!(
-                bits(&own.m) == bits(&shard.take(&gathered.m)),
+                bits(own.buffer("exp_avg")) == bits(&shard.take(gathered.buffer("exp_avg"))),
                 "stage {stage} rank {rank}"
             );
         }

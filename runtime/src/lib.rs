@@ -6,7 +6,8 @@
 //!
 //! The numerical core: [`params`] (one flat parameter buffer), [`backend`] (the kernel trait and
 //! its deterministic CPU implementation), [`model`] (HF `BertForSequenceClassification`),
-//! [`optim`] (torch-exact clipping, Adam, AdamW) and [`checkpoint`] (safetensors IO). Parity with
+//! [`optim`] (torch-exact clipping; Adam, AdamW, SGD, Adagrad and LAMB as the upstream classes
+//! compute them) and [`checkpoint`] (safetensors IO). Parity with
 //! PyTorch is tested in `tests/parity.rs` against fixtures from `reference/`.
 //!
 //! Data parallelism: [`collective`] (the `Collective` trait over flat buffers, deterministic

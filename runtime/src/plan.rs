@@ -121,7 +121,7 @@ pub struct BatchPlan {
     pub eval_micro: u64,
 }
 
-/// Adam variants.
+/// The optimizer kinds the runtime trains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OptimizerKind {
@@ -129,12 +129,19 @@ pub enum OptimizerKind {
     AdamW,
     /// L2 penalty added to the gradient (torch `Adam`; DeepSpeed `adam_w_mode = false`).
     Adam,
+    /// `torch.optim.SGD` (DeepSpeed's `type: "SGD"` and HF's `optim = "sgd"` both build it).
+    Sgd,
+    /// `torch.optim.Adagrad`; DeepSpeedCPUAdagrad's arithmetic under optimizer offload.
+    Adagrad,
+    /// DeepSpeed's FusedLamb (ZeRO stage 0 only: see `crate::optim::Lamb`).
+    Lamb,
 }
 
-/// The optimizer.
+/// The optimizer. Fields a kind does not use are ignored (betas and bias correction outside the
+/// Adam family and LAMB, eps for SGD, momentum outside SGD, the coefficients outside LAMB).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OptimizerPlan {
-    /// AdamW or Adam.
+    /// Which optimizer.
     pub kind: OptimizerKind,
     /// Peak learning rate.
     pub lr: f64,
@@ -142,12 +149,27 @@ pub struct OptimizerPlan {
     pub betas: (f64, f64),
     /// Denominator epsilon.
     pub eps: f64,
-    /// Weight decay (decoupled for AdamW, L2 for Adam).
+    /// Weight decay (decoupled for AdamW; added to the gradient for Adam, SGD and Adagrad; to the
+    /// update for LAMB).
     pub weight_decay: f64,
     /// Parameter-name substrings excluded from weight decay.
     pub no_decay: Vec<String>,
-    /// Adam bias correction.
+    /// Adam and LAMB bias correction.
     pub bias_correction: bool,
+    /// SGD momentum (0: none). Absent in plans written before SGD.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub momentum: f64,
+    /// SGD Nesterov momentum.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub nesterov: bool,
+    /// LAMB's trust-ratio bounds `(min_coeff, max_coeff)`; absent means FusedLamb's defaults
+    /// (0.01, 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust_clamp: Option<(f64, f64)>,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// Which formula gives the learning rate of optimizer step `k`.

@@ -60,9 +60,17 @@ impl Dtype {
     pub fn round_slice(self, xs: &mut [f32]) {
         match self {
             Dtype::F32 => {}
-            Dtype::F16 => xs
-                .iter_mut()
-                .for_each(|x| *x = half::f16::from_f32(*x).to_f32()),
+            Dtype::F16 => {
+                // The slice conversions use F16C on whole vectors where the CPU has it (the
+                // per-element call does not vectorise): through a small buffer and back.
+                use half::slice::HalfFloatSliceExt;
+                let mut buf = [half::f16::ZERO; 256];
+                for chunk in xs.chunks_mut(256) {
+                    let b = &mut buf[..chunk.len()];
+                    b.convert_from_f32_slice(chunk);
+                    b.convert_to_f32_slice(chunk);
+                }
+            }
             Dtype::Bf16 => xs
                 .iter_mut()
                 .for_each(|x| *x = half::bf16::from_f32(*x).to_f32()),

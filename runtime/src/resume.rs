@@ -4,7 +4,9 @@
 //!
 //! The optimizer state is `optimizer.safetensors` (ZeRO-0: every rank holds it all, rank 0
 //! writes it) or, under ZeRO-1/2/3, one file per rank, `optimizer/rank-R-of-N.safetensors`, with
-//! the rank's moments and the ranges of the flat buffer they cover (like DeepSpeed's
+//! the rank's optimizer buffers (`crate::optim::OptimState`: Adam's and LAMB's `exp_avg` and
+//! `exp_avg_sq`, SGD's `momentum_buffer`, Adagrad's `sum`), which optimizer wrote them, and the
+//! ranges of the flat buffer they cover (like DeepSpeed's
 //! `zero_pp_rank_R_mp_rank_00_optim_states.pt`). Resuming on the same ranks and stage reads each
 //! rank's own file; any other world size or stage assembles each rank's new partition from the
 //! pieces of the saved ones ([`read_optimizer`]), which DeepSpeed cannot do without its
@@ -20,7 +22,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::model::Classifier;
-use crate::optim::{AdamState, OptimError};
+use crate::optim::{OptimError, OptimState};
 use crate::plan::Precision;
 use crate::plateau::Plateau;
 use crate::precision::ScalerState;
@@ -207,7 +209,7 @@ fn shard_name(rank: usize, world: usize) -> String {
 }
 
 /// Writes one rank's optimizer partition into a staging directory.
-pub fn write_shard(tmp: &Path, shard: &Shard, state: &AdamState) -> Result<(), ResumeError> {
+pub fn write_shard(tmp: &Path, shard: &Shard, state: &OptimState) -> Result<(), ResumeError> {
     let ranges: Vec<[usize; 2]> = shard.ranges.iter().map(|r| [r.start, r.end]).collect();
     let meta = [
         ("stage", shard.stage.to_string()),
@@ -232,7 +234,7 @@ pub fn write_shard(tmp: &Path, shard: &Shard, state: &AdamState) -> Result<(), R
 pub fn finish(
     tmp: &Path,
     dir: &Path,
-    whole: Option<&AdamState>,
+    whole: Option<&OptimState>,
     progress: Progress,
 ) -> Result<(), ResumeError> {
     let fill = || -> Result<(), ResumeError> {
@@ -287,10 +289,10 @@ pub fn read_training_state(dir: &Path) -> Result<TrainingState, ResumeError> {
     })
 }
 
-/// One saved optimizer file: its moments and the ranges of the flat buffer they cover.
+/// One saved optimizer file: its state and the ranges of the flat buffer it covers.
 struct Saved {
     path: PathBuf,
-    state: AdamState,
+    state: OptimState,
     ranges: Vec<std::ops::Range<usize>>,
     rank: Option<usize>,
     world: Option<usize>,
@@ -299,7 +301,7 @@ struct Saved {
 fn read_saved(path: &Path, total: usize) -> Result<Saved, ResumeError> {
     let bytes = std::fs::read(path).map_err(io(path))?;
     let (state, meta) =
-        AdamState::from_safetensors_with(&bytes).map_err(|e| bad(path, e.to_string()))?;
+        OptimState::from_safetensors_with(&bytes).map_err(|e| bad(path, e.to_string()))?;
     let num = |k: &str| meta.get(k).and_then(|v| v.parse::<usize>().ok());
     let ranges = match meta.get("ranges") {
         Some(text) => {
@@ -308,7 +310,7 @@ fn read_saved(path: &Path, total: usize) -> Result<Saved, ResumeError> {
             pairs.into_iter().map(|[a, b]| a..b).collect()
         }
         // The whole-state file covers everything.
-        None => std::iter::once(0..state.m.len()).collect::<Vec<_>>(),
+        None => std::iter::once(0..state.len).collect::<Vec<_>>(),
     };
     let mut end = 0;
     for r in &ranges {
@@ -321,10 +323,10 @@ fn read_saved(path: &Path, total: usize) -> Result<Saved, ResumeError> {
         end = r.end;
     }
     let n: usize = ranges.iter().map(|r| r.len()).sum();
-    if n != state.m.len() {
+    if n != state.len {
         return Err(bad(
             path,
-            format!("holds {} elements for ranges of {n}", state.m.len()),
+            format!("holds {} elements for ranges of {n}", state.len),
         ));
     }
     Ok(Saved {
@@ -338,7 +340,7 @@ fn read_saved(path: &Path, total: usize) -> Result<Saved, ResumeError> {
 
 /// The optimizer state of `want`'s partition from a checkpoint, and whether it had to be
 /// re-partitioned (assembled from other partitions: another world size or ZeRO stage).
-pub fn read_optimizer(dir: &Path, want: &Shard) -> Result<(AdamState, bool), ResumeError> {
+pub fn read_optimizer(dir: &Path, want: &Shard) -> Result<(OptimState, bool), ResumeError> {
     let whole = dir.join("optimizer.safetensors");
     let mut files = Vec::new();
     if whole.exists() {
@@ -369,12 +371,8 @@ pub fn read_optimizer(dir: &Path, want: &Shard) -> Result<(AdamState, bool), Res
         }
     }
     let n = want.len();
-    let mut local = AdamState {
-        m: vec![0.0; n],
-        v: vec![0.0; n],
-        step: 0,
-        master: Vec::new(),
-    };
+    // Shaped like the first file read (the optimizer and its buffers), filled from every file.
+    let mut local: Option<OptimState> = None;
     let mut masters = None;
     let mut covered = 0usize;
     let mut step = None;
@@ -394,8 +392,24 @@ pub fn read_optimizer(dir: &Path, want: &Shard) -> Result<(AdamState, bool), Res
                 "some ranks' optimizer files hold fp32 master weights and some do not",
             ));
         }
-        if has_master && local.master.is_empty() {
-            local.master = vec![0.0; n];
+        let local = local.get_or_insert_with(|| {
+            let names: Vec<&str> = saved.state.buffers.keys().map(String::as_str).collect();
+            let mut s = OptimState::new(&saved.state.optimizer, n, &names, 0.0);
+            if has_master {
+                s.master = vec![0.0; n];
+            }
+            s
+        });
+        if saved.state.optimizer != local.optimizer
+            || !saved.state.buffers.keys().eq(local.buffers.keys())
+        {
+            return Err(bad(
+                &saved.path,
+                format!(
+                    "the ranks' optimizer files are of different optimizers ({} and {})",
+                    local.optimizer, saved.state.optimizer
+                ),
+            ));
         }
         // Copy every overlap of a saved range with a wanted one into the local layout.
         let mut from = 0;
@@ -406,8 +420,9 @@ pub fn read_optimizer(dir: &Path, want: &Shard) -> Result<(AdamState, bool), Res
                 if lo < hi {
                     let (a, b) = (from + lo - sr.start, to + lo - wr.start);
                     let k = hi - lo;
-                    local.m[b..b + k].copy_from_slice(&saved.state.m[a..a + k]);
-                    local.v[b..b + k].copy_from_slice(&saved.state.v[a..a + k]);
+                    for (name, dst) in local.buffers.iter_mut() {
+                        dst[b..b + k].copy_from_slice(&saved.state.buffers[name][a..a + k]);
+                    }
                     if has_master {
                         local.master[b..b + k].copy_from_slice(&saved.state.master[a..a + k]);
                     }
@@ -428,6 +443,7 @@ pub fn read_optimizer(dir: &Path, want: &Shard) -> Result<(AdamState, bool), Res
             ),
         ));
     }
+    let mut local = local.ok_or_else(|| bad(dir, "no optimizer state in the checkpoint"))?;
     local.step = step.unwrap_or(0);
     Ok((local, !same))
 }

@@ -17,7 +17,10 @@ use crate::collective::{Collective, CollectiveError, LocalCollective};
 use crate::data::{self, Dataset, LabelSet, TextTokenizer, TokenBatch};
 use crate::metrics::{self, EvalReport};
 use crate::model::{Batch, BertConfig, Classifier, DropoutKey, ModelError, Workspace};
-use crate::optim::{Adam, AdamConfig, OptimError, WeightDecay};
+use crate::optim::{
+    self, Adagrad, AdagradConfig, AdagradImpl, Adam, AdamConfig, Lamb, LambConfig, OptimError,
+    Optimizer, Sgd, SgdConfig, WeightDecay,
+};
 use crate::plan::{
     DataPlan, Every, ModelSource, Offload, OptimizerKind, Plan, Precision, SchedulePlan,
 };
@@ -239,12 +242,13 @@ fn spec(data: &DataPlan, path: &Path) -> data::DataSpec {
 /// Refuses what this runtime does not do yet, plainly.
 fn supported(plan: &Plan) -> Result<(), RunError> {
     match (plan.train.offload_optimizer, plan.train.offload_param) {
-        (Offload::Nvme, _) => {
+        (Offload::Nvme, _) if plan.train.zero_stage >= 1 => {
             return Err(RunError::NotBuilt(
                 "offloading the optimizer to NVMe (`offload optimizer = cpu` runs)".into(),
             ))
         }
-        (_, Offload::Cpu | Offload::Nvme) => {
+        // DeepSpeed reads `offload_param` at ZeRO-3 only.
+        (_, Offload::Cpu | Offload::Nvme) if plan.train.zero_stage >= 3 => {
             return Err(RunError::NotBuilt(
                 "offloading parameters (`offload param`; ZeRO-3 partitions them: drop the offload)"
                     .into(),
@@ -287,6 +291,21 @@ fn load_model(plan: &Plan, resume: Option<&Path>) -> Result<Classifier, RunError
     Ok(model)
 }
 
+/// The gradient a micro-batch's backward starts from at the loss: `scale / n` for a window of
+/// `n` micro-batches, as a half-precision module computes it. The loss is a half tensor, so the
+/// seed `∂(loss · scale)/∂loss` is `scale` rounded to the module's dtype (in fp16, a scale of 2¹⁶
+/// or more is +inf: DeepSpeed's default 2¹⁶ overflows the first steps), and the division by the
+/// accumulation steps (DeepSpeed's `scale_wrt_gas`, or HF's own) is a half division too. Checked
+/// with torch 2.15: `(x.half() * 65536.0).backward()` and `(x.half().float() * 65536.0)
+/// .backward()` both leave `x.grad = inf`.
+fn backward_seed(module: crate::precision::Dtype, scale: f64, n: usize) -> f32 {
+    if !module.is_half() {
+        return (scale / n as f64) as f32;
+    }
+    let seed = module.round(scale as f32);
+    module.round(seed / n as f32)
+}
+
 /// How the ranks store their model states under the plan's precision.
 fn storage(plan: &Plan) -> Storage {
     let module = plan.train.precision.module_dtype();
@@ -296,17 +315,20 @@ fn storage(plan: &Plan) -> Storage {
     }
 }
 
-/// The fp16 loss scaler of a rank at ZeRO `stage` (None for fp32 and bf16, which DeepSpeed does
-/// not scale).
+/// The overflow guard of a rank at ZeRO `stage`: fp16's loss scaler, or for bf16 a fixed scale
+/// of 1 that only counts skipped steps (DeepSpeed 0.19.8 skips a bf16 step whose gradients hold
+/// an inf or NaN too: `bf16.check_grad_overflow`, default true since 0.19.3, in the ZeRO
+/// optimizers; `FP16_Optimizer._skip_invalid_grad_norm` at ZeRO-0). None in fp32.
 fn loss_scaler(plan: &Plan, stage: u8) -> Option<LossScaler> {
-    (plan.train.precision == Precision::Fp16).then(|| {
-        LossScaler::new(
-            plan.train
-                .loss_scale
-                .unwrap_or_else(ScaleConfig::deepspeed_default),
-            ScalerImpl::for_stage(stage),
-        )
-    })
+    let config = match plan.train.precision {
+        Precision::Fp32 => return None,
+        Precision::Fp16 => plan
+            .train
+            .loss_scale
+            .unwrap_or_else(ScaleConfig::deepspeed_default),
+        Precision::Bf16 => ScaleConfig::Static { scale: 1.0 },
+    };
+    Some(LossScaler::new(config, ScalerImpl::for_stage(stage)))
 }
 
 /// Threads for the CPU backend: `RECIPE_THREADS`, else every core. Results do not depend on it
@@ -331,29 +353,73 @@ pub fn model_batch(b: TokenBatch) -> Batch {
     }
 }
 
-/// The optimizer of the plan over `model`'s parameters, with HF Trainer's decay grouping by
-/// name substrings (`optimizer.no_decay`).
-fn optimizer(plan: &Plan, model: &Classifier, shard: &Shard) -> Result<Adam, RunError> {
+/// The optimizer of the plan over `shard`'s part of `model`'s parameters, with HF Trainer's decay
+/// grouping by name substrings (`optimizer.no_decay`). Which class's arithmetic runs, as
+/// DeepSpeed 0.19.8 picks it (`engine.py` `_configure_basic_optimizer`): Adam/AdamW as torch's;
+/// SGD is `torch.optim.SGD` with dampening 0 (the recipe cannot set it); Adagrad is
+/// `torch.optim.Adagrad` with lr_decay and initial_accumulator_value 0, or DeepSpeedCPUAdagrad
+/// under optimizer offload (`zero_use_cpu_optimizer`); LAMB is FusedLamb, whole tensors only.
+fn optimizer(plan: &Plan, model: &Classifier, shard: &Shard) -> Result<Optimizer, RunError> {
     let o = &plan.optimizer;
-    let config = AdamConfig {
-        beta1: o.betas.0,
-        beta2: o.betas.1,
-        eps: o.eps,
-        weight_decay: o.weight_decay,
-        mode: match o.kind {
-            OptimizerKind::AdamW => WeightDecay::Decoupled,
-            OptimizerKind::Adam => WeightDecay::L2,
-        },
-        bias_correction: o.bias_correction,
-    };
     let entries = &model.params().entries;
     let decay: Vec<bool> = entries
         .iter()
         .map(|e| !o.no_decay.iter().any(|s| e.name.contains(s.as_str())))
         .collect();
-    Ok(match shard.stage {
-        0 => Adam::new(config, entries, &decay)?,
-        _ => Adam::shard(config, entries, &decay, &shard.ranges)?,
+    let ranges = &shard.ranges;
+    let adam = |mode| AdamConfig {
+        beta1: o.betas.0,
+        beta2: o.betas.1,
+        eps: o.eps,
+        weight_decay: o.weight_decay,
+        mode,
+        bias_correction: o.bias_correction,
+    };
+    Ok(match o.kind {
+        OptimizerKind::AdamW => {
+            Adam::shard(adam(WeightDecay::Decoupled), entries, &decay, ranges)?.into()
+        }
+        OptimizerKind::Adam => Adam::shard(adam(WeightDecay::L2), entries, &decay, ranges)?.into(),
+        OptimizerKind::Sgd => {
+            let config = SgdConfig::new(o.momentum, o.nesterov, o.weight_decay);
+            Sgd::shard(config, entries, &decay, ranges)?.into()
+        }
+        OptimizerKind::Adagrad => {
+            // The same condition as the offload of the run (`run`): stages 1–3 only.
+            let offloaded = plan.train.offload_optimizer == Offload::Cpu && shard.stage >= 1;
+            let imp = if offloaded {
+                AdagradImpl::DeepSpeedCpu
+            } else {
+                AdagradImpl::Torch
+            };
+            let config = AdagradConfig::new(o.eps, o.weight_decay, imp);
+            Adagrad::shard(config, entries, &decay, ranges)?.into()
+        }
+        OptimizerKind::Lamb => {
+            if shard.stage >= 1 {
+                return Err(RunError::NotBuilt(
+                    "LAMB under ZeRO stages 1–3 (DeepSpeed's ZeRO optimizer hands FusedLamb each rank's flattened partition, so its trust ratio is one per partition and depends on the world size; the native runtime runs LAMB per tensor at ZeRO stage 0)".into(),
+                ));
+            }
+            if plan.train.precision == Precision::Bf16 {
+                return Err(RunError::NotBuilt(
+                    "LAMB in bf16 (DeepSpeed's FusedLamb kernel has no bf16 gradient path and stops at the first step)".into(),
+                ));
+            }
+            let (min_coeff, max_coeff) = o
+                .trust_clamp
+                .unwrap_or((optim::DEFAULT_MIN_COEFF, optim::DEFAULT_MAX_COEFF));
+            let config = LambConfig {
+                beta1: o.betas.0,
+                beta2: o.betas.1,
+                eps: o.eps,
+                weight_decay: o.weight_decay,
+                bias_correction: o.bias_correction,
+                max_coeff,
+                min_coeff,
+            };
+            Lamb::shard(config, entries, &decay, ranges)?.into()
+        }
     })
 }
 
@@ -578,6 +644,7 @@ fn rank_loop(
     let mut plateau = *plateau;
     let mut scaler = *scaler;
     let mixed = rep.storage().is_mixed();
+    let fp16 = plan.train.precision == Precision::Fp16;
     let (plan, options, done) = (*plan, *options, *done);
     let (rank, world) = (coll.rank(), coll.world());
     let lead = rank == 0;
@@ -615,7 +682,7 @@ fn rank_loop(
             "predicted": plan.steps,
             "memory_rank0": memory,
             "precision": plan.train.precision,
-            "loss_scaler": scaler.map(|s| s.config),
+            "loss_scaler": scaler.filter(|_| fp16).map(|s| s.config),
         }))?;
     } else {
         record(serde_json::json!({
@@ -656,16 +723,15 @@ fn rank_loop(
             )));
         }
         rep.start_window();
-        // fp16: the loss is multiplied by the scale before the backward (DeepSpeed's
-        // `loss.float() * cur_scale`), so every gradient is computed at that scale.
+        // fp16: the loss is multiplied by the scale before the backward, so every gradient is
+        // computed at that scale.
         let scale = scaler.map_or(1.0, |s| s.scale());
         // Steps skipped before this one: DeepSpeed's scheduler (and Adam's step count) only
         // advance on applied steps, so this step runs at the schedule's step `w.step - skipped`.
         let skipped_before = scaler.map_or(0, |s| s.skipped());
         let applied = w.step - skipped_before;
         // A short last window is averaged over its real size.
-        let weight = 1.0 / w.batches.len() as f32;
-        let grad_weight = (f64::from(weight) * scale) as f32;
+        let grad_weight = backward_seed(rep.storage().module, scale, w.batches.len());
         let mut loss = 0.0f32;
         for (i, idx) in w.batches.iter().enumerate() {
             let batch = model_batch(train.batch(idx));
@@ -682,19 +748,29 @@ fn rank_loop(
         if world > 1 {
             loss = (coll.all_reduce_sum_f64(f64::from(loss))? / world as f64) as f32;
         }
-        // fp16: an inf or NaN in any rank's gradients skips the step (weights, optimizer state
-        // and LR schedule held) and lowers the scale (DeepSpeed's `has_overflow` reduced over the
-        // ranks, then `_take_model_step` skipping `lr_scheduler.step()`).
+        // Mixed precision: an inf or NaN in any rank's gradients skips the step (weights,
+        // optimizer state and LR schedule held) and, in fp16, lowers the scale (DeepSpeed's
+        // `has_overflow` reduced over the ranks, then `_take_model_step` skipping
+        // `lr_scheduler.step()`).
         let overflow = scaler.is_some() && rep.overflow(&mut coll)?;
         if !overflow && !loss.is_finite() {
             return Err(RunError::Diverged { step: w.step, loss });
         }
         let lr = plateau.map_or_else(|| plan.schedule.lr(applied), |p| p.lr);
+        // DeepSpeed updates the scale before it unscales the gradients (see
+        // `Replica::unscale`).
+        if let Some(s) = scaler.as_mut() {
+            s.update(overflow).map_err(|source| RunError::LossScale {
+                step: w.step,
+                source,
+            })?;
+        }
         let norm = if overflow {
             f32::INFINITY
         } else {
             let (norm, unscale) = if mixed {
-                rep.unscale(&mut coll, plan.train.clip, scale)?
+                let now = scaler.map_or(1.0, |s| s.scale());
+                rep.unscale(&mut coll, plan.train.clip, scale, now)?
             } else {
                 (rep.clip(&mut coll, plan.train.clip)?, 1.0)
             };
@@ -704,12 +780,6 @@ fn rank_loop(
             rep.step(&mut coll, lr, unscale)?;
             norm
         };
-        if let Some(s) = scaler.as_mut() {
-            s.update(overflow).map_err(|source| RunError::LossScale {
-                step: w.step,
-                source,
-            })?;
-        }
         step = w.step;
         last_loss = Some(loss);
         let rate = trained_samples as f64 / started.elapsed().as_secs_f64().max(1e-9);
@@ -717,8 +787,9 @@ fn rank_loop(
             b.set_position(step);
             b.set_message(format!("loss {loss:.4}  lr {lr:.3e}  {rate:.1} samples/s"));
         }
-        // fp16 runs log every step: each one's loss scale and whether it was skipped.
-        if step % plan.train.logging_steps == 0 || step == total || scaler.is_some() {
+        // fp16 runs log every step (each one's loss scale and whether it was skipped); bf16
+        // logs a skipped step off the cadence too.
+        if step % plan.train.logging_steps == 0 || step == total || fp16 || overflow {
             let mut rec = serde_json::json!({
                 "step": step,
                 "epoch": w.epoch + 1,
@@ -727,8 +798,10 @@ fn rank_loop(
                 "grad_norm": if norm.is_finite() { serde_json::json!(norm) } else { serde_json::Value::Null },
                 "samples_per_s": rate,
             });
-            if scaler.is_some() {
+            if fp16 {
                 rec["loss_scale"] = serde_json::json!(scale);
+            }
+            if scaler.is_some() {
                 rec["skipped"] = serde_json::json!(overflow);
             }
             record(rec)?;

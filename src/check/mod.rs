@@ -39,6 +39,9 @@ pub fn check_source_with(text: &str, options: &Options) -> Checked {
             if !diagnostics.iter().any(Diagnostic::is_error) {
                 let resolved = resolve::resolve(&file, options);
                 diagnostics.extend(rules::check(&resolved));
+                if options.native {
+                    rules::native::check(&resolved, &mut diagnostics);
+                }
             }
             diagnostic::sort(&mut diagnostics);
             Checked {

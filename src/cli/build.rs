@@ -100,7 +100,7 @@ pub fn run(file: &Path, out: Option<&PathBuf>, auto: bool, flags: &RecipeFlags) 
             );
             return USAGE;
         }
-        match native_plan(&resolved) {
+        match native_plan(&resolved, &source) {
             Ok(plan) => vec![("plan.json".to_string(), plan.to_json().into_bytes())],
             Err(code) => return code,
         }
@@ -127,19 +127,36 @@ pub fn run(file: &Path, out: Option<&PathBuf>, auto: bool, flags: &RecipeFlags) 
     }
 }
 
-/// The native plan of a checked recipe; the reasons on stderr when it cannot run natively.
+/// The native plan of a checked recipe; the reasons on stderr when it cannot run natively. The
+/// check with `--target native` has already reported the native family's refusals (R11xx), so
+/// they show here only for a caller that skipped it.
 pub fn native_plan(
     resolved: &recipe::resolve::Resolved,
+    source: &recipe::SourceFile,
 ) -> Result<recipe_runtime::plan::Plan, i32> {
+    use recipe::emit::plan::Unsupported;
     let model = super::model_files::find(resolved).map_err(|e| {
         eprintln!("error: {e}");
         USAGE
     })?;
-    emit::plan::plan(resolved, model).map_err(|reasons| {
-        for r in reasons {
-            eprintln!("error: {r}");
+    emit::plan::plan(resolved, model).map_err(|why| {
+        match why {
+            Unsupported::Refused(diagnostics) => {
+                for d in &diagnostics {
+                    eprint!(
+                        "{}",
+                        recipe::diagnostic::render_human(d, source, super::style())
+                    );
+                }
+                eprintln!(
+                    "{}: the native runtime cannot train this recipe yet",
+                    source.name
+                );
+            }
+            Unsupported::Bug(what) => {
+                eprintln!("error: the native plan cannot state {what} (a bug; please report it)");
+            }
         }
-        eprintln!("this recipe cannot run on the native runtime yet");
         FAILED
     })
 }

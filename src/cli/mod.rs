@@ -205,12 +205,14 @@ impl RecipeFlags {
     pub fn options(&self, path: &Path) -> Result<recipe::resolve::Options, String> {
         let mut targets = Vec::new();
         for t in &self.target {
+            // `native` adds the native runtime's refusals to any check; `deepspeed` only
+            // selects what `recipe build` writes.
+            if t == "native" || (t == "deepspeed" && self.build_target_allowed) {
+                continue;
+            }
             if BUILD_TARGETS.contains(&t.as_str()) {
-                if self.build_target_allowed {
-                    continue;
-                }
                 return Err(format!(
-                    "`--target {t}` selects what `recipe build` writes; here --target takes LIB=VERSION"
+                    "`--target {t}` selects what `recipe build` writes; here --target takes LIB=VERSION or native"
                 ));
             }
             let (lib, version) = t.split_once('=').ok_or_else(|| {
@@ -251,6 +253,7 @@ impl RecipeFlags {
             targets,
             sets,
             base_dir,
+            native: self.target.iter().any(|t| t == "native"),
         })
     }
 }

@@ -35,7 +35,10 @@ pub fn run(
             }
         }
     } else {
-        let (source, resolved, options) = match load(file, flags) {
+        // Checked for the native target: its refusals (R11xx) are reported with the rest.
+        let mut flags = flags.clone();
+        flags.target.push("native".into());
+        let (source, resolved, options) = match load(file, &flags) {
             Ok(loaded) => loaded,
             Err(code) => return code,
         };
@@ -44,7 +47,7 @@ pub fn run(
             eprintln!("{}: has errors; not running", source.name);
             return FAILED;
         }
-        let plan = match super::build::native_plan(&resolved) {
+        let plan = match super::build::native_plan(&resolved, &source) {
             Ok(p) => p,
             Err(code) => return code,
         };

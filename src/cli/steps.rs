@@ -108,10 +108,11 @@ pub fn run(file: &Path, versions: &[String], all: bool, flags: &RecipeFlags) -> 
         }
     }
     let native = native(&resolved);
+    let skips = recipe::skips::note(&resolved);
     match flags.format {
         Format::Json => println!(
             "{}",
-            serde_json::json!({ "timelines": timelines, "native": native })
+            serde_json::json!({ "timelines": timelines, "native": native, "skipped_steps": skips })
         ),
         Format::Human => {
             for tl in &timelines {
@@ -123,6 +124,9 @@ pub fn run(file: &Path, versions: &[String], all: bool, flags: &RecipeFlags) -> 
                      steps per epoch (the last over {} micro-batch(es), averaged over them), {} in all",
                     n.batches_per_epoch, n.per_epoch, n.last_window, n.total
                 );
+            }
+            if let Some(note) = &skips {
+                println!("\nskipped steps: {note}");
             }
         }
     }

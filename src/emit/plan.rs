@@ -13,6 +13,7 @@ use recipe_runtime::plan::{
     Plan, Precision, SchedulePlan, TrainPlan, FORMAT,
 };
 
+use crate::diagnostic::Diagnostic;
 use crate::resolve::{files, Resolved, Val};
 use crate::schedules::{self, Owner};
 
@@ -26,7 +27,13 @@ pub struct ModelFiles {
 }
 
 /// Why a recipe cannot run natively (yet): one line each, said plainly.
-pub type Unsupported = Vec<String>;
+#[derive(Debug)]
+pub enum Unsupported {
+    /// The native family's errors (R11xx, `rules::native`), with spans and help.
+    Refused(Vec<Diagnostic>),
+    /// A recipe the native check passed that the emitter still cannot map: a bug.
+    Bug(String),
+}
 
 fn every(v: Option<&Val>, default: Every) -> Every {
     match v {
@@ -54,20 +61,15 @@ pub fn labels(r: &Resolved) -> Option<(Vec<String>, bool)> {
 
 /// The plan of a checked recipe whose model files are at `model`.
 pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
-    let mut no = Vec::new();
-    let arch = r.word("model.arch").unwrap_or("bert").to_string();
-    if arch != "bert" {
-        no.push(format!(
-            "model {arch}: the native runtime trains BERT encoders only"
-        ));
+    // What the runtime cannot train is decided once, with codes and spans (rules/native.rs).
+    let mut refusals = Vec::new();
+    crate::rules::native::check(r, &mut refusals);
+    if refusals.iter().any(Diagnostic::is_error) {
+        return Err(Unsupported::Refused(refusals));
     }
-    let (label_names, named_labels) = match labels(r) {
-        Some(l) => l,
-        None => {
-            no.push("model.task: the native runtime trains `classify(labels: …)` only".into());
-            (Vec::new(), false)
-        }
-    };
+    let bug = |what: &str| Unsupported::Bug(what.to_string());
+    let arch = r.word("model.arch").unwrap_or("bert").to_string();
+    let (label_names, named_labels) = labels(r).ok_or_else(|| bug("model.task has no labels"))?;
 
     let samples = r.uint("data.samples").unwrap_or(0);
     let micro = r.uint("batch.micro").unwrap_or(8);
@@ -76,49 +78,13 @@ pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
     let drop_last = r.bool("data.drop_last").unwrap_or(false);
     let epochs = r.f64("train.epochs").unwrap_or(3.0);
     let max_steps = r.uint("train.max_steps");
-    if samples == 0 {
-        no.push("data.train: no training rows were counted (is the file local?)".into());
-    }
     let steps = accounting::native(
         samples, micro, accumulate, world, drop_last, epochs, max_steps,
     );
 
-    let kind = match r.word("optimizer.kind").unwrap_or("adamw") {
-        "adamw" => OptimizerKind::AdamW,
-        "adam" => OptimizerKind::Adam,
-        other => {
-            no.push(format!(
-                "optimizer {other}: the native runtime has AdamW and Adam so far"
-            ));
-            OptimizerKind::AdamW
-        }
-    };
-    if r.bool("optimizer.amsgrad") == Some(true) {
-        no.push("optimizer.amsgrad: not in the native runtime yet".into());
-    }
-    let betas = match r.val("optimizer.betas") {
-        Some(Val::List(v)) if v.len() == 2 => {
-            (v[0].as_f64().unwrap_or(0.9), v[1].as_f64().unwrap_or(0.999))
-        }
-        _ => (0.9, 0.999),
-    };
-    let no_decay = match r.val("optimizer.no_decay") {
-        Some(Val::List(v)) => v
-            .iter()
-            .filter_map(|x| x.as_str().map(str::to_string))
-            .collect(),
-        _ => vec!["bias".into(), "LayerNorm.weight".into()],
-    };
-    let peak = r.f64("optimizer.lr").unwrap_or(5e-5);
-    let optimizer = OptimizerPlan {
-        kind,
-        lr: peak,
-        betas,
-        eps: r.f64("optimizer.eps").unwrap_or(1e-8),
-        weight_decay: r.f64("optimizer.weight_decay").unwrap_or(0.0),
-        no_decay,
-        bias_correction: r.bool("optimizer.bias_correction").unwrap_or(true),
-    };
+    let optimizer =
+        optimizer(r).ok_or_else(|| bug("an optimizer kind the native check let through"))?;
+    let peak = optimizer.lr;
 
     // The schedule for the native step count: re-derive the totals the schedule reads.
     let mut native_r = r.clone();
@@ -161,18 +127,9 @@ pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
                 peak: c.peak,
                 flags: c.flags,
             },
-            _ => {
-                no.push(format!(
-                    "schedule {}: not in the native runtime (it needs evaluation metrics)",
-                    r.word("schedule.kind").unwrap_or("?")
-                ));
-                SchedulePlan::Hf {
-                    schedule: recipe_runtime::lr::HfSchedule::Constant,
-                    peak,
-                    warmup: 0,
-                    total: steps.total,
-                }
-            }
+            // Only a metric-driven schedule other than the plateau (HF's greedy, which the
+            // language cannot express) or one the target release lacks (a check error) lands here.
+            _ => return Err(bug("a schedule the native runtime cannot state")),
         },
         None => SchedulePlan::Hf {
             schedule: recipe_runtime::lr::HfSchedule::Linear,
@@ -206,7 +163,7 @@ pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
         Some("bf16") => Precision::Bf16,
         _ => Precision::Fp32,
     };
-    let (loss_scale, comm_dtype) = mixed_precision(r, precision, &mut no);
+    let (loss_scale, comm_dtype) = mixed_precision(r, precision);
     let train = TrainPlan {
         epochs,
         max_steps,
@@ -230,9 +187,6 @@ pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
         loss_scale,
         comm_dtype,
     };
-    if !no.is_empty() {
-        return Err(no);
-    }
     Ok(Plan {
         format: FORMAT,
         name: r.str("recipe.name").unwrap_or("recipe").to_string(),
@@ -258,69 +212,101 @@ pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
     })
 }
 
-/// A raw `deepspeed { … }` key's value, if the recipe writes one.
-fn raw_ds<'a>(r: &'a Resolved, key: &str) -> Option<&'a Val> {
-    r.raw_deepspeed
-        .iter()
-        .find(|(k, _, _)| k == key)
-        .map(|(_, v, _)| v)
-}
-
-/// A DeepSpeed dtype name (`fp16`, `bfloat16`, `float32`, …) as the runtime's dtype.
-fn ds_dtype(v: &Val) -> Option<recipe_runtime::precision::Dtype> {
-    use recipe_runtime::precision::Dtype;
-    // DeepSpeed's `DtypeEnum` (runtime/config.py) accepts these spellings.
-    match v.as_str()? {
-        "fp32" | "float32" | "float" => Some(Dtype::F32),
-        "fp16" | "float16" | "half" => Some(Dtype::F16),
-        "bf16" | "bfloat16" | "bfloat" => Some(Dtype::Bf16),
-        _ => None,
+/// The optimizer DeepSpeed 0.19.8 or HF builds for the recipe, as the runtime's plan; what the
+/// runtime does not run, or what would run other than the recipe says, is pushed onto `no`.
+///
+/// Which class runs (DeepSpeed `engine.py` `_configure_basic_optimizer`; HF
+/// `trainer_optimizer.py`; accelerate `map_pytorch_optim_to_deepspeed` under offload):
+/// - `sgd`: `torch.optim.SGD` for both owners. HF's `_get_sgd` passes momentum and Nesterov only
+///   from `optim_args`, which the build does not write; under offload accelerate turns HF's SGD
+///   into DeepSpeedCPUAdam.
+/// - `adagrad`: `torch.optim.Adagrad`, DeepSpeedCPUAdagrad under offload (both owners). DeepSpeed
+///   gets the recipe's eps (the compiler writes it); HF's `_get_adagrad` ignores `adam_epsilon`,
+///   so `owner = hf` runs torch's default eps.
+/// - `lamb`: FusedLamb (DeepSpeed only); under ZeRO 1–3 the ZeRO optimizer hands it each rank's
+///   flattened partition as one tensor (`stage_1_and_2.py`: `param_group['params'] =
+///   [single_partition_of_fp32_groups[i]]`; `stage3.py` likewise per sub-group), so its trust
+///   ratio is one per partition, not per tensor: not emulated. DeepSpeed allows it (LAMB is
+///   "untested" with ZeRO; the compiler adds `zero_allow_untested_optimizer`).
+fn optimizer(r: &Resolved) -> Option<OptimizerPlan> {
+    let hf = r.word("optimizer.owner") == Some("hf");
+    let kind = match r.word("optimizer.kind").unwrap_or("adamw") {
+        "adamw" => OptimizerKind::AdamW,
+        "adam" => OptimizerKind::Adam,
+        "sgd" => OptimizerKind::Sgd,
+        "adagrad" => OptimizerKind::Adagrad,
+        "lamb" => OptimizerKind::Lamb,
+        // rules/native.rs refuses every other kind (R1103).
+        _ => return None,
+    };
+    let betas = match r.val("optimizer.betas") {
+        Some(Val::List(v)) if v.len() == 2 => {
+            (v[0].as_f64().unwrap_or(0.9), v[1].as_f64().unwrap_or(0.999))
+        }
+        _ => (0.9, 0.999),
+    };
+    let no_decay = match r.val("optimizer.no_decay") {
+        Some(Val::List(v)) => v
+            .iter()
+            .filter_map(|x| x.as_str().map(str::to_string))
+            .collect(),
+        _ => vec!["bias".into(), "LayerNorm.weight".into()],
+    };
+    let mut eps = r.f64("optimizer.eps").unwrap_or(1e-8);
+    let momentum = r.f64("optimizer.momentum").unwrap_or(0.0);
+    let nesterov = r.bool("optimizer.nesterov").unwrap_or(false);
+    let mut trust_clamp = None;
+    match kind {
+        // HF's Adagrad takes eps only from `optim_args`, which the build does not write: it
+        // runs torch's default (an explicit other eps is refused, R1103).
+        OptimizerKind::Adagrad if hf => eps = recipe_runtime::optim::TORCH_ADAGRAD_EPS,
+        OptimizerKind::Lamb => {
+            // The compiler writes max_coeff / min_coeff only when the recipe sets them;
+            // otherwise DeepSpeed runs FusedLamb's defaults.
+            trust_clamp = Some((
+                r.f64("optimizer.min_coeff")
+                    .unwrap_or(recipe_runtime::optim::DEFAULT_MIN_COEFF),
+                r.f64("optimizer.max_coeff")
+                    .unwrap_or(recipe_runtime::optim::DEFAULT_MAX_COEFF),
+            ));
+        }
+        _ => {}
     }
+    Some(OptimizerPlan {
+        kind,
+        lr: r.f64("optimizer.lr").unwrap_or(5e-5),
+        betas,
+        eps,
+        weight_decay: r.f64("optimizer.weight_decay").unwrap_or(0.0),
+        no_decay,
+        bias_correction: r.bool("optimizer.bias_correction").unwrap_or(true),
+        momentum,
+        nesterov,
+        trust_clamp,
+    })
 }
 
-/// fp16's loss scaling and the gradient communication dtype, as DeepSpeed would run the recipe;
-/// what the runtime does not emulate is pushed onto `no`.
+/// fp16's loss scaling and the gradient communication dtype, as DeepSpeed would run the recipe
+/// (what the runtime does not emulate is refused by rules/native.rs, R1104).
 fn mixed_precision(
     r: &Resolved,
     precision: Precision,
-    no: &mut Unsupported,
 ) -> (
     Option<recipe_runtime::precision::ScaleConfig>,
     Option<recipe_runtime::precision::Dtype>,
 ) {
-    use recipe_runtime::precision::ScaleConfig;
-    let module = match precision {
-        Precision::Fp32 => return (None, None),
-        Precision::Fp16 => recipe_runtime::precision::Dtype::F16,
-        Precision::Bf16 => recipe_runtime::precision::Dtype::Bf16,
-    };
-    if r.word("train.eval_precision")
-        .is_some_and(|e| Some(e) != r.word("train.precision"))
-    {
-        no.push("train.eval_precision: the native runtime evaluates in the training precision (DeepSpeed's engine evaluates its own fp16/bf16 module)".into());
+    use crate::rules::native::{ds_dtype, raw_ds};
+    use recipe_runtime::precision::{Dtype, ScaleConfig};
+    if precision == Precision::Fp32 {
+        return (None, None);
     }
-    if let Some(v) = raw_ds(r, "data_types.grad_accum_dtype") {
-        if ds_dtype(v) != Some(module) {
-            no.push(format!(
-                "deepspeed data_types.grad_accum_dtype = {v}: the native runtime accumulates gradients in the module's dtype (DeepSpeed's default)"
-            ));
-        }
-    }
-    if raw_ds(r, "fp16.auto_cast").and_then(Val::as_bool) == Some(true) {
-        no.push("deepspeed fp16.auto_cast = true (torch autocast over an fp32 module): the native runtime runs DeepSpeed's fp16 module mode".into());
-    }
-    let comm = match raw_ds(r, "communication_data_type") {
-        None => None,
-        Some(v) => match ds_dtype(v) {
-            Some(d) => Some(d),
-            None => {
-                no.push(format!(
-                    "deepspeed communication_data_type = {v}: not a dtype the native runtime reduces in"
-                ));
-                None
-            }
-        },
-    };
+    let comm = raw_ds(r, "communication_data_type")
+        .and_then(ds_dtype)
+        .map(|d| match d {
+            "fp16" => Dtype::F16,
+            "bf16" => Dtype::Bf16,
+            _ => Dtype::F32,
+        });
     if precision != Precision::Fp16 {
         return (None, comm);
     }

@@ -38,6 +38,9 @@ pub struct Options {
     pub sets: Vec<Override>,
     /// The recipe's directory: relative data and model paths are read from there.
     pub base_dir: Option<PathBuf>,
+    /// Check for the native runtime too (`--target native`): its refusals (R11xx) join the
+    /// upstream rules.
+    pub native: bool,
 }
 
 /// The name under which a block's label is resolved (`zero 2` → `zero.stage`).

@@ -7,6 +7,7 @@ pub mod compat;
 pub mod data;
 pub mod launch;
 pub mod model;
+pub mod native;
 pub mod optimizer;
 pub mod precision;
 pub mod schedule;

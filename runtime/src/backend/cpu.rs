@@ -986,7 +986,8 @@ impl Backend for Cpu {
             }
         }
         self.st(&mut dlogits[..rows * classes]);
-        (total / rows as f64) as f32
+        // The loss is a tensor of the module's dtype too (what HF logs under mixed precision).
+        self.store.round((total / rows as f64) as f32)
     }
 }
 

@@ -18,10 +18,13 @@
 //!   saving gather the whole model for their duration (what DeepSpeed's
 //!   `stage3_gather_16bit_weights_on_model_save` does for saving).
 //!
-//! `offload optimizer = cpu` keeps fp32 master weights, a gradient copy and the moments of the
-//! rank's partition in host memory and runs [`crate::optim::Adam`] there ([`HostOptimizer`]); the
-//! updated master is copied back into the rank's parameters. On the CPU backend host and device
-//! are the same memory, so this changes where the bytes are counted, not the numbers.
+//! `offload optimizer = cpu` keeps fp32 master weights, a gradient copy and the optimizer state of
+//! the rank's partition in host memory and runs the [`crate::optim::Optimizer`] there
+//! ([`HostOptimizer`]; for Adagrad that is DeepSpeedCPUAdagrad's arithmetic); the updated master is
+//! copied back into the rank's parameters. On the CPU backend host and device are the same memory,
+//! so this changes where the bytes are counted, not the numbers. The elementwise optimizers (Adam,
+//! SGD, Adagrad) partition exactly; LAMB, whose trust ratio needs whole tensors, runs at stage 0
+//! only.
 
 mod replica;
 mod sinks;

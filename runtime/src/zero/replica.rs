@@ -11,7 +11,7 @@ use super::{SegmentParts, Shard, ZeroError};
 use crate::backend::Cpu;
 use crate::collective::{Collective, Partition, ReduceOp};
 use crate::model::{Batch, Classifier, DropoutKey, ParamSource, Whole, Workspace};
-use crate::optim::{self, Adam, AdamState, OptimError};
+use crate::optim::{self, GradScale, OptimError, OptimState, Optimizer};
 use crate::precision::{self, Dtype};
 
 /// How a rank stores its model states: the module's dtype (parameters, activations and the
@@ -43,16 +43,16 @@ impl Storage {
     }
 }
 
-/// The optimizer of a rank's partition. With mixed precision it keeps fp32 master weights
-/// (DeepSpeed's `single_partition_of_fp32_groups`), steps them with the half gradients unscaled
-/// as they are read (DeepSpeed first upcasts them into an fp32 gradient partition; a fused
-/// optimizer needs none), and writes the result rounded back into the half parameters. With
-/// `offload optimizer = cpu` the master weights, an fp32 gradient copy and Adam's moments live in
-/// host memory and the step runs there (in fp32 too, where the master is a copy of the
-/// parameters).
+/// The optimizer of a rank's partition (any of [`Optimizer`]). With mixed precision it keeps
+/// fp32 master weights (DeepSpeed's `single_partition_of_fp32_groups`), steps them with the half
+/// gradients unscaled as they are read (DeepSpeed first upcasts them into an fp32 gradient
+/// partition; a fused optimizer needs none), and writes the result rounded back into the half
+/// parameters. With `offload optimizer = cpu` the master weights, an fp32 gradient copy and the
+/// optimizer's state live in host memory and the step runs there (in fp32 too, where the master
+/// is a copy of the parameters).
 #[derive(Debug, Clone)]
 pub struct HostOptimizer {
-    adam: Adam,
+    opt: Optimizer,
     host: Option<HostCopy>,
     offload: bool,
     module: Dtype,
@@ -66,15 +66,20 @@ struct HostCopy {
 }
 
 impl HostOptimizer {
-    /// `adam` over the partition whose current parameters are `params`, offloaded when
+    /// `opt` over the partition whose current parameters are `params`, offloaded when
     /// `offload`, with parameters stored as `module`. The master weights are the ones saved in
-    /// `adam`'s state when it holds them (a resumed mixed-precision run), else a copy of
-    /// `params`.
-    pub fn new(mut adam: Adam, offload: bool, module: Dtype, params: &[f32]) -> HostOptimizer {
-        let saved = adam.take_master();
+    /// `opt`'s state when it holds them (a resumed mixed-precision run), else a copy of `params`.
+    pub fn new(
+        opt: impl Into<Optimizer>,
+        offload: bool,
+        module: Dtype,
+        params: &[f32],
+    ) -> HostOptimizer {
+        let mut opt = opt.into();
+        let saved = opt.take_master();
         let keep = offload || module.is_half();
         HostOptimizer {
-            adam,
+            opt,
             host: keep.then(|| HostCopy {
                 master: if saved.len() == params.len() {
                     saved
@@ -92,7 +97,7 @@ impl HostOptimizer {
         }
     }
 
-    /// One Adam step of the partition's `params` with `grads` multiplied by `unscale` (DeepSpeed
+    /// One step of the partition's `params` with `grads` multiplied by `unscale` (DeepSpeed
     /// multiplies the fp32 gradient partition by `1 / combined_scale`; 1 in fp32, where clipping
     /// was applied in place). The gradients are consumed: they may be overwritten.
     pub fn step(
@@ -102,8 +107,24 @@ impl HostOptimizer {
         lr: f64,
         unscale: f32,
     ) -> Result<(), OptimError> {
+        let scale = GradScale {
+            unscale,
+            combined: None,
+        };
+        self.step_scaled(params, grads, lr, scale)
+    }
+
+    /// [`HostOptimizer::step`] with the combined scale too, when known (LAMB divides by it, as
+    /// FusedLamb does: see [`Optimizer::step_scaled`]).
+    pub fn step_scaled(
+        &mut self,
+        params: &mut [f32],
+        grads: &mut [f32],
+        lr: f64,
+        scale: GradScale,
+    ) -> Result<(), OptimError> {
         let Some(h) = &mut self.host else {
-            return self.adam.step(params, grads, lr);
+            return self.opt.step_scaled(params, grads, lr, scale);
         };
         if params.len() != h.master.len() || grads.len() != h.master.len() {
             return Err(OptimError::Length {
@@ -120,28 +141,31 @@ impl HostOptimizer {
         } else {
             grads
         };
-        if unscale != 1.0 {
-            optim::scale(g, unscale);
-        }
-        self.adam.step(&mut h.master, g, lr)?;
+        self.opt.step_scaled(&mut h.master, g, lr, scale)?;
         // Master → parameters, stored in the module's dtype.
         params.copy_from_slice(&h.master);
         self.module.round_slice(params);
         Ok(())
     }
 
-    /// Adam's state for the partition, with the fp32 master weights under mixed precision.
-    pub fn state(&self) -> AdamState {
-        let mut s = self.adam.state().clone();
+    /// The optimizer's state for the partition, with the fp32 master weights under mixed
+    /// precision.
+    pub fn state(&self) -> OptimState {
+        let mut s = self.opt.state();
         if let (true, Some(h)) = (self.module.is_half(), &self.host) {
             s.master = h.master.clone();
         }
         s
     }
 
-    /// See [`Adam::set_betas`].
+    /// See [`Optimizer::set_betas`].
     pub fn set_betas(&mut self, beta1: f64, beta2: f64) -> Result<(), OptimError> {
-        self.adam.set_betas(beta1, beta2)
+        self.opt.set_betas(beta1, beta2)
+    }
+
+    /// The optimizer.
+    pub fn optimizer(&self) -> &Optimizer {
+        &self.opt
     }
 
     /// Whether the state lives in host memory.
@@ -168,7 +192,8 @@ pub struct RankMemory {
     /// Gradients kept across a window's micro-batches (ZeRO-2/3: the rank's partition), in the
     /// module's dtype.
     pub grads: u64,
-    /// Adam's two moments (ZeRO-1/2/3: the rank's partition), fp32.
+    /// The optimizer's state (ZeRO-1/2/3: the rank's partition), fp32: Adam's and LAMB's two
+    /// moments, Adagrad's sum, SGD's momentum buffer (none without momentum).
     pub optimizer: u64,
     /// Mixed precision without offload: the fp32 master weights the optimizer steps, on the
     /// device.
@@ -220,6 +245,8 @@ pub struct Replica {
     buf: Vec<f32>,
     opt: HostOptimizer,
     storage: Storage,
+    /// The combined scale [`Replica::unscale`] found, for the step that follows it.
+    combined: Option<f64>,
 }
 
 impl Replica {
@@ -230,7 +257,7 @@ impl Replica {
         stage: u8,
         world: usize,
         rank: usize,
-        adam: Adam,
+        opt: impl Into<Optimizer>,
         offload: bool,
         storage: Storage,
     ) -> Result<Replica, ZeroError> {
@@ -266,10 +293,11 @@ impl Replica {
                 vec![0.0; shard.len()]
             }
         };
-        if adam.state().m.len() != shard.len() {
+        let opt = opt.into();
+        if opt.len() != shard.len() {
             return Err(OptimError::Length {
                 what: "optimizer partition",
-                found: adam.state().m.len(),
+                found: opt.len(),
                 expected: shard.len(),
             }
             .into());
@@ -278,7 +306,7 @@ impl Replica {
             3 => local.clone(),
             _ => shard.take(&model.params().data),
         };
-        let opt = HostOptimizer::new(adam, offload, storage.module, &init);
+        let opt = HostOptimizer::new(opt, offload, storage.module, &init);
         Ok(Replica {
             model,
             shard,
@@ -292,6 +320,7 @@ impl Replica {
             buf,
             opt,
             storage,
+            combined: None,
         })
     }
 
@@ -308,7 +337,7 @@ impl Replica {
 
     /// The optimizer state of this rank's partition (laid out as [`Shard::ranges`]), with the
     /// fp32 master weights under mixed precision.
-    pub fn optimizer_state(&self) -> AdamState {
+    pub fn optimizer_state(&self) -> OptimState {
         self.opt.state()
     }
 
@@ -317,7 +346,7 @@ impl Replica {
         self.storage
     }
 
-    /// Sets Adam's betas (momentum cycling).
+    /// Sets the optimizer's betas (momentum cycling; see [`Optimizer::set_betas`]).
     pub fn set_betas(&mut self, beta1: f64, beta2: f64) -> Result<(), ZeroError> {
         Ok(self.opt.set_betas(beta1, beta2)?)
     }
@@ -401,15 +430,19 @@ impl Replica {
         Ok(any > 0.0)
     }
 
-    /// Mixed precision's clipping: the global norm of the gradients computed at loss scale
-    /// `scale` (1 for bf16), and the factor DeepSpeed multiplies the fp32 gradient partition by
-    /// (`1 / combined_scale`, which unscales and clips at once). Returns `(unscaled norm,
-    /// factor)`.
+    /// Mixed precision's clipping: the global norm of the gradients, computed at loss scale
+    /// `used` (1 for bf16), and the factor DeepSpeed multiplies the fp32 gradient partition by,
+    /// `1 / combined_scale` with the scaler's scale *after* this step's update, `now`: DeepSpeed
+    /// 0.19.8 updates the scale before it unscales (`stage_1_and_2.py` `step`,
+    /// `fused_optimizer.py` `step`), so on a step where the scale doubles the gradients are
+    /// divided by twice the scale they were computed at. Returns `(norm / used, factor)`, the
+    /// norm DeepSpeed reports (`scaled_norm / prev_scale`).
     pub fn unscale(
         &mut self,
         coll: &mut dyn Collective,
         max_norm: f64,
-        scale: f64,
+        used: f64,
+        now: f64,
     ) -> Result<(f32, f32), ZeroError> {
         let sq = optim::sum_squares(&self.grads);
         let sq = if self.shard.stage >= 2 {
@@ -418,8 +451,9 @@ impl Replica {
             sq
         };
         let scaled_norm = sq.sqrt();
-        let combined = precision::combined_scale(scale, scaled_norm, max_norm);
-        Ok(((scaled_norm / scale) as f32, (1.0 / combined) as f32))
+        let combined = precision::combined_scale(now, scaled_norm, max_norm);
+        self.combined = Some(combined);
+        Ok(((scaled_norm / used) as f32, (1.0 / combined) as f32))
     }
 
     /// The global gradient norm (before clipping), and `clip_grad_norm_` to `max_norm` when it
@@ -450,10 +484,16 @@ impl Replica {
         unscale: f32,
     ) -> Result<(), ZeroError> {
         let rank = self.shard.rank;
+        // The combined scale behind `unscale`, when this step follows `unscale()` with its factor.
+        let combined = self
+            .combined
+            .take()
+            .filter(|&c| (1.0 / c) as f32 == unscale);
+        let scale = GradScale { unscale, combined };
         match self.shard.stage {
             0 => self
                 .opt
-                .step(self.model.params_mut(), &mut self.grads, lr, unscale)?,
+                .step_scaled(self.model.params_mut(), &mut self.grads, lr, scale)?,
             stage @ (1 | 2) => {
                 let r = self.flat.range(rank);
                 let g = if stage == 1 {
@@ -462,7 +502,7 @@ impl Replica {
                     &mut self.grads[..]
                 };
                 self.opt
-                    .step(&mut self.model.params_mut()[r.clone()], g, lr, unscale)?;
+                    .step_scaled(&mut self.model.params_mut()[r.clone()], g, lr, scale)?;
                 let mut send = vec![0.0f32; self.flat.shard];
                 send[..r.len()].copy_from_slice(&self.model.params().data[r]);
                 let mut all = vec![0.0f32; self.flat.padded];
@@ -472,7 +512,7 @@ impl Replica {
             }
             _ => self
                 .opt
-                .step(&mut self.local, &mut self.grads, lr, unscale)?,
+                .step_scaled(&mut self.local, &mut self.grads, lr, scale)?,
         }
         Ok(())
     }
@@ -510,7 +550,7 @@ impl Replica {
     /// What this rank holds, each buffer at the dtype it stands for.
     pub fn memory(&self) -> RankMemory {
         let half = |n: usize| self.storage.module.bytes() * n as u64;
-        let s = self.opt.adam.state();
+        let state_elems = self.opt.optimizer().state_elems();
         let master = self.opt.master_bytes();
         let offloaded = self.opt.offloaded();
         RankMemory {
@@ -520,7 +560,7 @@ impl Replica {
                 half(self.shard.total)
             },
             grads: half(self.grads.len()),
-            optimizer: 4 * (s.m.len() + s.v.len()) as u64,
+            optimizer: 4 * state_elems as u64,
             master: if offloaded { 0 } else { master },
             host_copies: if offloaded { master } else { 0 },
             working: half(self.scratch.len() + self.buf.len() + self.piece.len() + self.send.len()),

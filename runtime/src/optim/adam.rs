@@ -1,4 +1,4 @@
-//! Gradient clipping and the Adam family, with PyTorch's arithmetic.
+//! Adam and AdamW, with PyTorch's arithmetic.
 //!
 //! The scalar coefficients (bias corrections, step size) are computed in f64 like PyTorch's
 //! Python-float arithmetic, then applied elementwise in f32 in PyTorch's operation order
@@ -10,67 +10,15 @@ use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint;
+use super::{
+    check_betas, check_step, layout, non_negative, partition, whole, OptimError, OptimState,
+};
 use crate::params::Entry;
 
-/// Why an optimizer call was refused.
-#[derive(Debug, thiserror::Error, PartialEq)]
-pub enum OptimError {
-    /// Buffers of different lengths.
-    #[error("{what} has {found} elements, expected {expected}")]
-    Length {
-        /// Which buffer.
-        what: &'static str,
-        /// Its length.
-        found: usize,
-        /// The optimizer's length.
-        expected: usize,
-    },
-    /// A hyper-parameter out of range.
-    #[error("bad optimizer setting: {0}")]
-    Config(String),
-    /// A saved state that cannot be read.
-    #[error("bad optimizer state: {0}")]
-    State(String),
-}
-
-/// `torch.nn.utils.clip_grad_norm_` over all of `grads`: the total L2 norm `n`, and if
-/// `max_norm / (n + 1e-6) < 1` every gradient is scaled by that factor. Returns `n` (pre-clip).
-/// A non-finite norm makes the gradients non-finite too, as in PyTorch; check the returned norm.
-pub fn clip_grad_norm(grads: &mut [f32], max_norm: f32) -> f32 {
-    let norm = sum_squares(grads).sqrt() as f32;
-    if let Some(coef) = clip_coef(norm, max_norm) {
-        scale(grads, coef);
-    }
-    norm
-}
-
-/// `Σ g²` in f64. The norm `sqrt(Σ g²) as f32` is then the correctly rounded f32 of the exact
-/// value, which PyTorch's blocked f32 sums approach to within an ulp or two; partitions of a
-/// buffer (ZeRO-2/3) add their partial sums.
-pub fn sum_squares(grads: &[f32]) -> f64 {
-    grads.iter().map(|&g| f64::from(g) * f64::from(g)).sum()
-}
-
-/// The factor `clip_grad_norm_` multiplies gradients by for total norm `norm`, or `None` when it
-/// leaves them alone: `max_norm / (norm + 1e-6)` if that is below 1 (or NaN, which propagates
-/// like PyTorch's `clamp(coef, max = 1)`).
-pub fn clip_coef(norm: f32, max_norm: f32) -> Option<f32> {
-    let coef = max_norm / (norm + 1e-6);
-    (coef < 1.0 || coef.is_nan()).then_some(coef)
-}
-
-/// `g *= coef` for every element.
-pub fn scale(grads: &mut [f32], coef: f32) {
-    for g in grads.iter_mut() {
-        *g *= coef;
-    }
-}
-
-/// HF Trainer's no-decay rule: biases and LayerNorm weights get no weight decay.
-pub fn hf_no_decay(name: &str) -> bool {
-    name.contains("bias") || name.contains("LayerNorm.weight")
-}
+/// The state family of Adam and AdamW (their files hold the same buffers).
+pub(crate) const FAMILY: &str = "adam";
+/// Adam's buffers, as torch names them.
+pub(crate) const BUFFERS: [&str; 2] = ["exp_avg", "exp_avg_sq"];
 
 /// How weight decay enters the update.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -130,7 +78,7 @@ pub struct AdamState {
 
 impl AdamState {
     /// The state as safetensors bytes (tensors `exp_avg`, `exp_avg_sq`; the step in metadata):
-    /// exact, so a resumed run continues bit-identically.
+    /// exact, so a resumed run continues bit-identically. The [`OptimState`] format.
     pub fn to_safetensors(&self) -> Result<Vec<u8>, OptimError> {
         self.to_safetensors_with(std::iter::empty())
     }
@@ -140,19 +88,10 @@ impl AdamState {
         &self,
         extra: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Vec<u8>, OptimError> {
-        let mut meta: HashMap<String, String> = extra.into_iter().collect();
-        meta.insert("step".to_string(), self.step.to_string());
-        let mut tensors: Vec<(String, Vec<usize>, &[f32])> = vec![
-            ("exp_avg".into(), vec![self.m.len()], &self.m),
-            ("exp_avg_sq".into(), vec![self.v.len()], &self.v),
-        ];
-        if !self.master.is_empty() {
-            tensors.push(("fp32_master".into(), vec![self.master.len()], &self.master));
-        }
-        checkpoint::safetensors_bytes(&tensors, meta).map_err(|e| OptimError::State(e.to_string()))
+        OptimState::from(self.clone()).to_safetensors_with(extra)
     }
 
-    /// Reads [`AdamState::to_safetensors`] output.
+    /// Reads [`AdamState::to_safetensors`] output (or any state file holding Adam's moments).
     pub fn from_safetensors(bytes: &[u8]) -> Result<AdamState, OptimError> {
         Ok(Self::from_safetensors_with(bytes)?.0)
     }
@@ -161,47 +100,48 @@ impl AdamState {
     pub fn from_safetensors_with(
         bytes: &[u8],
     ) -> Result<(AdamState, HashMap<String, String>), OptimError> {
-        use safetensors::tensor::{Dtype, SafeTensors};
-        let err = |m: String| OptimError::State(m);
-        let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| err(e.to_string()))?;
-        let meta = meta.metadata().clone().unwrap_or_default();
-        let step = meta
-            .get("step")
-            .ok_or_else(|| err("no step in metadata".into()))?
-            .parse::<u64>()
-            .map_err(|e| err(format!("step: {e}")))?;
-        let st = SafeTensors::deserialize(bytes).map_err(|e| err(e.to_string()))?;
-        let get = |name: &str| -> Result<Vec<f32>, OptimError> {
-            let t = st.tensor(name).map_err(|e| err(format!("{name}: {e}")))?;
-            if t.dtype() != Dtype::F32 {
-                return Err(err(format!("{name}: dtype {:?}, expected F32", t.dtype())));
-            }
-            Ok(t.data()
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect())
+        let (state, meta) = OptimState::from_safetensors_with(bytes)?;
+        Ok((AdamState::try_from(state)?, meta))
+    }
+}
+
+impl From<AdamState> for OptimState {
+    fn from(s: AdamState) -> OptimState {
+        let [m, v] = BUFFERS;
+        OptimState {
+            optimizer: FAMILY.to_string(),
+            len: s.m.len(),
+            step: s.step,
+            buffers: [(m.to_string(), s.m), (v.to_string(), s.v)].into(),
+            master: s.master,
+        }
+    }
+}
+
+impl TryFrom<OptimState> for AdamState {
+    type Error = OptimError;
+
+    /// The moments of a state that has them (Adam's, or LAMB's, which keeps the same two).
+    fn try_from(mut s: OptimState) -> Result<AdamState, OptimError> {
+        let mut take = |name: &str| {
+            s.buffers
+                .remove(name)
+                .ok_or_else(|| OptimError::State(format!("no {name} in {}'s state", s.optimizer)))
         };
-        let (m, v) = (get("exp_avg")?, get("exp_avg_sq")?);
+        let (m, v) = (take("exp_avg")?, take("exp_avg_sq")?);
         if m.len() != v.len() {
-            return Err(err(format!(
+            return Err(OptimError::State(format!(
                 "exp_avg has {} elements, exp_avg_sq {}",
                 m.len(),
                 v.len()
             )));
         }
-        let master = if st.tensor("fp32_master").is_ok() {
-            get("fp32_master")?
-        } else {
-            Vec::new()
-        };
-        if !master.is_empty() && master.len() != m.len() {
-            return Err(err(format!(
-                "fp32_master has {} elements, exp_avg {}",
-                master.len(),
-                m.len()
-            )));
-        }
-        Ok((AdamState { m, v, step, master }, meta))
+        Ok(AdamState {
+            m,
+            v,
+            step: s.step,
+            master: s.master,
+        })
     }
 }
 
@@ -216,53 +156,14 @@ pub struct Adam {
 
 impl Adam {
     /// An optimizer for a buffer laid out as `entries`; `decay[i]` says whether `entries[i]`
-    /// gets weight decay (see [`hf_no_decay`] for HF Trainer's rule).
+    /// gets weight decay (see [`super::hf_no_decay`] for HF Trainer's rule).
     pub fn new(config: AdamConfig, entries: &[Entry], decay: &[bool]) -> Result<Adam, OptimError> {
-        if entries.len() != decay.len() {
-            return Err(OptimError::Length {
-                what: "decay flags",
-                found: decay.len(),
-                expected: entries.len(),
-            });
-        }
-        let ok = |x: f64| x.is_finite() && (0.0..1.0).contains(&x);
-        if !ok(config.beta1) || !ok(config.beta2) {
-            return Err(OptimError::Config(format!(
-                "betas ({}, {}) must be in [0, 1)",
-                config.beta1, config.beta2
-            )));
-        }
-        if !(config.eps >= 0.0 && config.eps.is_finite()) {
-            return Err(OptimError::Config(format!("eps {} < 0", config.eps)));
-        }
-        if !(config.weight_decay >= 0.0 && config.weight_decay.is_finite()) {
-            return Err(OptimError::Config(format!(
-                "weight_decay {} < 0",
-                config.weight_decay
-            )));
-        }
-        let mut end = 0;
-        let mut segments = Vec::with_capacity(entries.len());
-        for (e, &d) in entries.iter().zip(decay) {
-            if e.offset != end {
-                return Err(OptimError::Config(format!(
-                    "entry {} starts at {}, expected {end} (entries must tile the buffer)",
-                    e.name, e.offset
-                )));
-            }
-            end = e.range().end;
-            segments.push((e.range(), d));
-        }
-        Ok(Adam {
+        Self::shard(
             config,
-            state: AdamState {
-                m: vec![0.0; end],
-                v: vec![0.0; end],
-                step: 0,
-                master: Vec::new(),
-            },
-            segments,
-        })
+            entries,
+            decay,
+            std::slice::from_ref(&whole(entries)),
+        )
     }
 
     /// The optimizer of one ZeRO partition: only the elements `ranges` of the buffer (ascending,
@@ -275,27 +176,11 @@ impl Adam {
         decay: &[bool],
         ranges: &[Range<usize>],
     ) -> Result<Adam, OptimError> {
-        let full = Adam::new(config, entries, decay)?;
-        let total = full.state.m.len();
-        let mut segments = Vec::new();
-        let (mut local, mut prev_end) = (0usize, 0usize);
-        for range in ranges {
-            if range.start > range.end || range.end > total || range.start < prev_end {
-                return Err(OptimError::Config(format!(
-                    "partition {range:?} outside the {total} parameters or out of order"
-                )));
-            }
-            prev_end = range.end;
-            for (r, d) in &full.segments {
-                let (s, e) = (r.start.max(range.start), r.end.min(range.end));
-                if s < e {
-                    let at = local + s - range.start;
-                    segments.push((at..at + (e - s), *d));
-                }
-            }
-            local += range.len();
-        }
-        let n = local;
+        check_betas(config.beta1, config.beta2)?;
+        non_negative("eps", config.eps)?;
+        non_negative("weight_decay", config.weight_decay)?;
+        let (full, total) = layout(entries, decay)?;
+        let (segments, n) = partition(&full, total, ranges)?;
         Ok(Adam {
             config,
             state: AdamState {
@@ -317,12 +202,7 @@ impl Adam {
     /// (DeepSpeed's `OneCycle` writes the param group's `betas`; the bias correction then uses
     /// the current β, as torch's Adam does).
     pub fn set_betas(&mut self, beta1: f64, beta2: f64) -> Result<(), OptimError> {
-        let ok = |x: f64| x.is_finite() && (0.0..1.0).contains(&x);
-        if !ok(beta1) || !ok(beta2) {
-            return Err(OptimError::Config(format!(
-                "betas ({beta1}, {beta2}) must be in [0, 1)"
-            )));
-        }
+        check_betas(beta1, beta2)?;
         self.config.beta1 = beta1;
         self.config.beta2 = beta2;
         Ok(())
@@ -354,19 +234,7 @@ impl Adam {
 
     /// One update of `params` with gradients `grads` at learning rate `lr`.
     pub fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f64) -> Result<(), OptimError> {
-        let n = self.state.m.len();
-        for (what, len) in [("params", params.len()), ("grads", grads.len())] {
-            if len != n {
-                return Err(OptimError::Length {
-                    what,
-                    found: len,
-                    expected: n,
-                });
-            }
-        }
-        if !lr.is_finite() {
-            return Err(OptimError::Config(format!("learning rate {lr}")));
-        }
+        check_step(self.state.m.len(), params, grads, lr)?;
         let c = self.config;
         self.state.step += 1;
         let t = self.state.step as f64;
@@ -414,17 +282,6 @@ mod tests {
 
     fn two_tensors() -> Params {
         Params::zeros(vec![("w".into(), vec![3]), ("b".into(), vec![2])])
-    }
-
-    #[test]
-    fn clip_scales_only_above_max() {
-        let mut g = vec![3.0, 4.0];
-        assert_eq!(clip_grad_norm(&mut g, 10.0), 5.0);
-        assert_eq!(g, vec![3.0, 4.0]);
-        let n = clip_grad_norm(&mut g, 1.0);
-        assert_eq!(n, 5.0);
-        let after = (g[0] * g[0] + g[1] * g[1]).sqrt();
-        assert!((after - 1.0).abs() < 1e-6, "{after}");
     }
 
     #[test]

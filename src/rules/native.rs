@@ -1,0 +1,327 @@
+//! What the native runtime (`recipe run`, `recipe build --target native`) cannot train yet. Not
+//! an upstream rule family: `recipe check` does not run it (a recipe built for DeepSpeed is fine
+//! whatever the native runtime lacks); `check_source_native` adds it for the native target, so
+//! every refusal has a code, a span and a help line (docs/rules/native.md). The plan emitter
+//! (`emit::plan`) maps only what passes here.
+
+use crate::diagnostic::Diagnostic;
+use crate::resolve::{Resolved, Val};
+
+use super::anchor;
+
+/// The model is not a BERT encoder fine-tuned for classification.
+pub const MODEL: &str = "R1101";
+/// No training rows were counted, so the plan cannot state its steps.
+pub const DATA: &str = "R1102";
+/// An optimizer (or optimizer setting) the runtime does not run.
+pub const OPTIMIZER: &str = "R1103";
+/// A mixed-precision variant the CPU backend does not emulate.
+pub const PRECISION: &str = "R1104";
+/// An offload target the runtime does not have.
+pub const OFFLOAD: &str = "R1105";
+
+/// This family's codes.
+pub const CODES: &[(&str, &str, &str)] = &[
+    (
+        MODEL,
+        "native-model",
+        "the native runtime trains BERT encoders for classification only",
+    ),
+    (
+        DATA,
+        "native-data",
+        "the native runtime needs the training rows counted",
+    ),
+    (
+        OPTIMIZER,
+        "native-optimizer",
+        "an optimizer the native runtime does not run yet",
+    ),
+    (
+        PRECISION,
+        "native-precision",
+        "a mixed-precision variant the native runtime does not emulate",
+    ),
+    (
+        OFFLOAD,
+        "native-offload",
+        "an offload target the native runtime does not have yet",
+    ),
+];
+
+/// The optimizer kinds the runtime trains (`runtime/src/optim/`).
+pub const OPTIMIZERS: &[&str] = &["adamw", "adam", "sgd", "adagrad", "lamb"];
+
+/// A raw `deepspeed { … }` key's value, if the recipe writes one.
+pub fn raw_ds<'a>(r: &'a Resolved, key: &str) -> Option<&'a Val> {
+    r.raw_deepspeed
+        .iter()
+        .find(|(k, _, _)| k == key)
+        .map(|(_, v, _)| v)
+}
+
+/// The span of a raw `deepspeed { … }` key.
+fn raw_span(r: &Resolved, key: &str) -> crate::syntax::ast::Span {
+    r.raw_deepspeed
+        .iter()
+        .find(|(k, _, _)| k == key)
+        .map_or_else(|| anchor(r, "deepspeed"), |(_, _, s)| *s)
+}
+
+/// A DeepSpeed dtype name as DeepSpeed's `DtypeEnum` spells them (`runtime/config.py`):
+/// `fp32`/`float32`/`float`, `fp16`/`float16`/`half`, `bf16`/`bfloat16`/`bfloat`.
+pub fn ds_dtype(v: &Val) -> Option<&'static str> {
+    match v.as_str()? {
+        "fp32" | "float32" | "float" => Some("fp32"),
+        "fp16" | "float16" | "half" => Some("fp16"),
+        "bf16" | "bfloat16" | "bfloat" => Some("bf16"),
+        _ => None,
+    }
+}
+
+fn model(r: &Resolved, out: &mut Vec<Diagnostic>) {
+    if let Some(arch) = r.word("model.arch").filter(|a| *a != "bert") {
+        out.push(
+            Diagnostic::error(
+                MODEL,
+                format!("the native runtime cannot train `model {arch}` yet: it fine-tunes BERT encoders"),
+                anchor(r, "model.arch"),
+            )
+            .with_help("train this recipe with HF + DeepSpeed (`recipe build`), or use a BERT-family checkpoint (`model bert { … }`)"),
+        );
+    }
+    let classify = r
+        .val("model.task")
+        .and_then(|t| t.arg("labels"))
+        .is_some_and(|l| matches!(l, Val::Int(n) if *n > 0) || matches!(l, Val::List(_)));
+    if !classify {
+        out.push(
+            Diagnostic::error(
+                MODEL,
+                "the native runtime trains sequence classification only: `task = classify(labels: …)`",
+                anchor(r, "model.task"),
+            )
+            .with_help("write `task = classify(labels: [\"neg\", \"pos\"])` (or a label count), or build for DeepSpeed"),
+        );
+    }
+}
+
+fn data(r: &Resolved, out: &mut Vec<Diagnostic>) {
+    if r.uint("data.samples").unwrap_or(0) == 0 {
+        out.push(
+            Diagnostic::error(
+                DATA,
+                "no training rows were counted, so the native plan cannot state its steps",
+                anchor(r, "data.train"),
+            )
+            .with_help("point data.train at a local JSONL/CSV/TSV file: the runtime reads it, and the plan counts its rows"),
+        );
+    }
+}
+
+fn optimizer(r: &Resolved, out: &mut Vec<Diagnostic>) {
+    let kind = r.word("optimizer.kind").unwrap_or("adamw");
+    if !OPTIMIZERS.contains(&kind) {
+        out.push(
+            Diagnostic::error(
+                OPTIMIZER,
+                format!("the native runtime does not run `optimizer {kind}` yet"),
+                anchor(r, "optimizer.kind"),
+            )
+            .with_help(format!(
+                "it runs {}; or build for DeepSpeed (`recipe build`)",
+                OPTIMIZERS.join(", ")
+            )),
+        );
+    }
+    if r.bool("optimizer.amsgrad") == Some(true) {
+        out.push(
+            Diagnostic::error(
+                OPTIMIZER,
+                "the native runtime does not run AMSGrad yet",
+                anchor(r, "optimizer.amsgrad"),
+            )
+            .with_help("drop `amsgrad = true`, or build for DeepSpeed"),
+        );
+    }
+    let hf = r.word("optimizer.owner") == Some("hf");
+    let stage = r.uint("zero.stage").unwrap_or(0);
+    let offloaded = stage >= 1 && !matches!(r.word("zero.offload optimizer"), None | Some("none"));
+    // With this raw key false, accelerate keeps HF's own optimizer under offload.
+    let hf_kept_under_offload =
+        raw_ds(r, "zero_force_ds_cpu_optimizer").and_then(Val::as_bool) == Some(false);
+    let mut refuse = |key: &str, message: String, help: &str| {
+        out.push(Diagnostic::error(OPTIMIZER, message, anchor(r, key)).with_help(help));
+    };
+    let owner_ds = "write `owner = deepspeed` (DeepSpeed builds the optimizer from its config)";
+    match kind {
+        "sgd" => {
+            let momentum = r.f64("optimizer.momentum").unwrap_or(0.0);
+            let nesterov = r.bool("optimizer.nesterov") == Some(true);
+            if nesterov && momentum <= 0.0 {
+                refuse(
+                    "optimizer.nesterov",
+                    "Nesterov momentum needs `momentum` > 0: torch.optim.SGD stops with \"Nesterov momentum requires a momentum and zero dampening\"".into(),
+                    "set `momentum`, or drop `nesterov`",
+                );
+            }
+            if hf && (momentum != 0.0 || nesterov) {
+                // transformers' `_get_sgd` reads momentum/nesterov only from `optim_args`.
+                refuse(
+                    "optimizer.owner",
+                    "with `owner = hf`, HF builds torch.optim.SGD without momentum or Nesterov (it reads them only from `optim_args`, which the build does not write)".into(),
+                    owner_ds,
+                );
+            }
+            if hf && offloaded && !hf_kept_under_offload {
+                // accelerate's `map_pytorch_optim_to_deepspeed`: anything but Adam/Adagrad/Lion
+                // becomes DeepSpeedCPUAdam.
+                refuse(
+                    "optimizer.owner",
+                    "with `owner = hf` and `offload optimizer`, accelerate rebuilds HF's SGD as DeepSpeedCPUAdam, which the native runtime does not emulate".into(),
+                    owner_ds,
+                );
+            }
+        }
+        "adagrad" if hf => {
+            let eps = r.f64("optimizer.eps");
+            if r.is_given("optimizer.eps") && eps != Some(recipe_runtime::optim::TORCH_ADAGRAD_EPS)
+            {
+                refuse(
+                    "optimizer.eps",
+                    "with `owner = hf`, HF's Adagrad takes eps only from `optim_args`, which the build does not write, so it runs torch's 1e-10".into(),
+                    owner_ds,
+                );
+            }
+            if offloaded && hf_kept_under_offload {
+                refuse(
+                    "optimizer.owner",
+                    "HF's torch Adagrad stepping the offloaded partition (zero_force_ds_cpu_optimizer = false) is not emulated; the native runtime runs DeepSpeedCPUAdagrad under offload".into(),
+                    owner_ds,
+                );
+            }
+        }
+        "lamb" => {
+            if hf {
+                refuse(
+                    "optimizer.owner",
+                    "HF's `optim` has no LAMB".into(),
+                    owner_ds,
+                );
+            }
+            if stage >= 1 {
+                // stage_1_and_2.py hands FusedLamb each rank's flattened fp32 partition as one
+                // tensor: one trust ratio per partition, which depends on the world size.
+                refuse(
+                    "zero.stage",
+                    format!("LAMB at ZeRO stage {stage}: DeepSpeed's ZeRO optimizer computes one trust ratio per rank's flattened partition, which the native runtime does not emulate"),
+                    "run LAMB at ZeRO stage 0 (`zero 0`), or use AdamW with ZeRO",
+                );
+            } else if r.word("train.precision") == Some("bf16") {
+                refuse(
+                    "train.precision",
+                    "LAMB in bf16 at ZeRO stage 0: DeepSpeed's FusedLamb kernel has no bf16 gradient path (the run stops at its first step)".into(),
+                    "train LAMB in fp16 or fp32",
+                );
+            }
+            if r.word("train.precision") == Some("fp16")
+                && matches!(r.val("train.loss_scale"), Some(Val::Int(i)) if *i > 0)
+            {
+                refuse(
+                    "train.loss_scale",
+                    "LAMB with a fixed fp16 loss scale: DeepSpeed asserts \"DeepSpeed lamb optimizer requires dynamic loss scaling\"".into(),
+                    "use `loss_scale = dynamic`",
+                );
+            }
+        }
+        _ => {}
+    }
+}
+
+fn precision(r: &Resolved, out: &mut Vec<Diagnostic>) {
+    let Some(module) = r.word("train.precision").filter(|p| *p != "fp32") else {
+        return;
+    };
+    if let Some(eval) = r.word("train.eval_precision").filter(|e| *e != module) {
+        out.push(
+            Diagnostic::error(
+                PRECISION,
+                format!("the native runtime evaluates in the training precision ({module}), not {eval}"),
+                anchor(r, "train.eval_precision"),
+            )
+            .with_help("drop train.eval_precision: DeepSpeed's engine also evaluates its own fp16/bf16 module"),
+        );
+    }
+    let key = "data_types.grad_accum_dtype";
+    if let Some(v) = raw_ds(r, key).filter(|v| ds_dtype(v) != Some(module)) {
+        out.push(
+            Diagnostic::error(
+                PRECISION,
+                format!("the native runtime accumulates gradients in the module's dtype ({module}), not {v}"),
+                raw_span(r, key),
+            )
+            .with_help("drop data_types.grad_accum_dtype (DeepSpeed's default is the module's dtype)"),
+        );
+    }
+    let key = "fp16.auto_cast";
+    if module == "fp16" && raw_ds(r, key).and_then(Val::as_bool) == Some(true) {
+        out.push(
+            Diagnostic::error(
+                PRECISION,
+                "the native runtime runs DeepSpeed's fp16 module mode, not torch autocast (`fp16.auto_cast = true`)",
+                raw_span(r, key),
+            )
+            .with_help("drop fp16.auto_cast"),
+        );
+    }
+    let key = "communication_data_type";
+    if let Some(v) = raw_ds(r, key).filter(|v| ds_dtype(v).is_none()) {
+        out.push(
+            Diagnostic::error(
+                PRECISION,
+                format!("communication_data_type {v} is not a dtype the native runtime reduces in"),
+                raw_span(r, key),
+            )
+            .with_help("write fp32, fp16 or bf16"),
+        );
+    }
+}
+
+fn offload(r: &Resolved, out: &mut Vec<Diagnostic>) {
+    let stage = r.uint("zero.stage").unwrap_or(0);
+    for (key, what) in [
+        ("zero.offload optimizer", "the optimizer state"),
+        ("zero.offload param", "parameters"),
+    ] {
+        let target = r.word(key).unwrap_or("none");
+        let refused = match key {
+            // DeepSpeed reads `offload_optimizer` under a ZeRO optimizer only (R0601).
+            "zero.offload optimizer" => target == "nvme" && stage >= 1,
+            // ZeRO-Infinity's parameter offload (DeepSpeed reads it at stage 3 only).
+            _ => target != "none" && stage == 3,
+        };
+        if refused {
+            out.push(
+                Diagnostic::error(
+                    OFFLOAD,
+                    format!("the native runtime cannot offload {what} to {target} yet"),
+                    anchor(r, key),
+                )
+                .with_help(if key == "zero.offload optimizer" {
+                    "`offload optimizer = cpu` runs natively"
+                } else {
+                    "drop `offload param`: ZeRO-3 already partitions the parameters over the ranks"
+                }),
+            );
+        }
+    }
+}
+
+/// Reports what the native runtime cannot train in `r`.
+pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
+    model(r, out);
+    data(r, out);
+    optimizer(r, out);
+    precision(r, out);
+    offload(r, out);
+}
