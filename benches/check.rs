@@ -16,10 +16,14 @@
 //!   `/bin/true`, the process-spawn floor; then whole-process `recipe check` of the generated
 //!   raw recipe (written to the temporary directory, so its data files are not local);
 //! * (d) in-process scan of the two JSONL files cls.rcp names (`files::scan_file`, no memo: the
-//!   part of (c) that reads data), next to reading the same bytes with `std::fs::read`.
+//!   part of (c) that reads data), next to reading the same bytes with `std::fs::read`;
+//! * (e) when the conformance venv exists (`conformance/setup.sh` makes `conformance/.venv`): the
+//!   real Python config path for the same recipe as a whole process — `TrainingArguments` built
+//!   from `recipe build`'s training_args.json (its `__post_init__` runs HF's DeepSpeed fill),
+//!   HF's `trainer_config_finalize`, then DeepSpeed's `DeepSpeedConfig` — next to (c).
 //!
-//! (c) needs the release binary: `cargo build --release` first (this bench builds it when it is
-//! missing, and says so if that fails).
+//! (c) and (e) need the release binary: `cargo build --release` first (this bench builds it when
+//! it is missing, and says so if that fails).
 
 use std::ffi::OsStr;
 use std::hint::black_box;
@@ -31,6 +35,8 @@ use std::time::{Duration, Instant};
 const TARGET_PROCESS_MS: f64 = 5.0;
 /// Issue target: checking a 10,000-line recipe.
 const TARGET_10K_MS: f64 = 50.0;
+/// Issue target: whole-process `recipe check recipes/cls.rcp` against the Python config path.
+const TARGET_PYTHON_RATIO: f64 = 1000.0;
 /// Lines in the generated recipes.
 const LINES: usize = 10_000;
 
@@ -92,17 +98,151 @@ fn main() {
 
     // (c) whole process.
     println!("(c) whole-process `recipe check recipes/cls.rcp`, median of 50 runs (target: < {TARGET_PROCESS_MS} ms)");
-    match release_binary(&root) {
+    let bin = release_binary(&root);
+    let process = match &bin {
         Ok(bin) => {
-            bench_process(&bin, &root, &cls_path);
-            bench_raw_process(&bin, &root, &raw);
+            let medians = bench_process(bin, &root, &cls_path);
+            bench_raw_process(bin, &root, &raw);
+            Some(medians)
         }
-        Err(why) => println!("    skipped: {why}"),
-    }
+        Err(why) => {
+            println!("    skipped: {why}");
+            None
+        }
+    };
     println!();
 
     // (d) the data scan alone.
     bench_scan(&root);
+    println!();
+
+    // (e) the Python config path.
+    match (&bin, process) {
+        (Ok(bin), Some(medians)) => bench_python(bin, &root, &cls_path, medians),
+        _ => println!("(e) Python config path: skipped (no release binary)"),
+    }
+}
+
+/// What (e) runs in the venv's Python: argv[1] is `recipe build`'s output directory, argv[2] the
+/// total optimizer steps (for `trainer_config_finalize`). The same calls as a real launch makes
+/// before training (conformance/harness.py runs them with its patches, this runs them plain, at
+/// world size 1 like cls.rcp). Prints the milliseconds of the imports and of the config calls.
+const PYTHON_PEER: &str = r#"
+import contextlib, io, json, logging, os, sys, time, types, warnings
+t0 = time.perf_counter()
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+warnings.filterwarnings("ignore")
+logging.disable(logging.WARNING)
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    from transformers import TrainingArguments
+    from deepspeed.runtime.config import DeepSpeedConfig
+t1 = time.perf_counter()
+out, total = sys.argv[1], int(sys.argv[2])
+with open(os.path.join(out, "training_args.json")) as f:
+    kw = json.load(f)
+kw["deepspeed"] = os.path.join(out, "ds_config.json")
+kw["output_dir"] = os.path.join(out, "out")
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    args = TrainingArguments(**kw)  # __post_init__: HfTrainerDeepSpeedConfig + trainer_config_process
+    hf = args.hf_deepspeed_config
+    # all-MiniLM-L6-v2's width (HF reads it only for "auto" ZeRO bucket sizes)
+    model = types.SimpleNamespace(config=types.SimpleNamespace(hidden_size=384))
+    hf.trainer_config_finalize(args, model, total)
+    DeepSpeedConfig(hf.config)
+t2 = time.perf_counter()
+print(f"{(t1 - t0) * 1e3:.1f} {(t2 - t1) * 1e3:.1f}")
+"#;
+
+/// Times (e): the Python config path of cls.rcp as a whole process, against (c)'s medians
+/// (scan cache off, warm).
+fn bench_python(bin: &Path, root: &Path, cls: &Path, (off, warm): (f64, f64)) {
+    let python = root.join("conformance/.venv/bin/python");
+    if !python.is_file() {
+        println!("(e) Python config path: skipped (no conformance/.venv; `conformance/setup.sh` makes it)");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("recipe-bench-python-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let built = Command::new(bin)
+        .args([OsStr::new("build"), cls.as_os_str(), OsStr::new("-o")])
+        .arg(&dir)
+        .current_dir(root)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let total = std::fs::read_to_string(dir.join("ds_config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v["scheduler"]["params"]["total_num_steps"].as_u64())
+        .unwrap_or(1);
+    let script = dir.join("peer.py");
+    if !built || std::fs::write(&script, PYTHON_PEER).is_err() {
+        println!("(e) Python config path: skipped (`recipe build` of cls.rcp failed)");
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
+    const RUNS: usize = 3;
+    println!(
+        "(e) the Python config path of recipes/cls.rcp, whole process, median of {RUNS} runs after one warm-up (target: recipe check >= {TARGET_PYTHON_RATIO}x faster)"
+    );
+    let mut whole = Vec::new();
+    let mut parts = Vec::new();
+    for i in 0..=RUNS {
+        let t = Instant::now();
+        let output = Command::new(&python)
+            .arg(&script)
+            .arg(&dir)
+            .arg(total.to_string())
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .output()
+            .expect("spawn python");
+        let elapsed = t.elapsed();
+        if !output.status.success() {
+            let err = String::from_utf8_lossy(&output.stderr);
+            let tail: Vec<&str> = err.lines().rev().take(5).collect();
+            println!("    skipped: the Python peer failed ({}):", output.status);
+            for line in tail.iter().rev() {
+                println!("      {line}");
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+            return;
+        }
+        let text = String::from_utf8_lossy(&output.stdout);
+        let phases: Vec<f64> = text
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        if i > 0 {
+            whole.push(elapsed);
+            parts.push((
+                phases.first().copied().unwrap_or(0.0),
+                phases.get(1).copied().unwrap_or(0.0),
+            ));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    whole.sort();
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let p = ms(percentile(&whole, 50));
+    let imports = median(parts.iter().map(|x| x.0).collect());
+    let config = median(parts.iter().map(|x| x.1).collect());
+    println!(
+        "    python        median {p:>9.1} ms   (of which imports {imports:.1} ms, TrainingArguments + HF fill + DeepSpeedConfig {config:.1} ms)"
+    );
+    for (label, r) in [("scan cache warm", warm), ("scan cache off", off)] {
+        let ratio = p / r;
+        println!(
+            "    ratio python/recipe check ({label}, {r:.3} ms): {ratio:.0}x   (target >= {TARGET_PYTHON_RATIO}x: {})",
+            if ratio >= TARGET_PYTHON_RATIO { "met" } else { "NOT met" }
+        );
+    }
 }
 
 /// Times (c) for the generated raw recipe.
@@ -130,9 +270,9 @@ fn bench_raw_process(bin: &Path, root: &Path, raw: &str) {
 
 /// Times (d): `files::scan_file` of the data files cls.rcp names, next to `std::fs::read`.
 fn bench_scan(root: &Path) {
-    use recipe::resolve::files::{scan_file, DataFormat, ScanSpec};
+    use recipe::resolve::files::{scan_file, Format, ScanSpec};
     let spec = ScanSpec {
-        format: DataFormat::Jsonl,
+        format: Format::Jsonl,
         fields: vec!["text".into(), "label".into()],
         label: Some(1),
     };
@@ -238,11 +378,13 @@ fn split(text: &str, n: usize, warmup: usize) -> (Duration, Duration) {
 /// Times (c): spawning the release binary next to spawning `/bin/true`.
 /// Whole-process `recipe check` against `/bin/true`, twice: with the data scan cache off (every
 /// run reads the data files) and on (warm: an earlier run remembered the unchanged files).
-fn bench_process(bin: &Path, root: &Path, cls: &Path) {
+/// Returns the two medians in ms (cache off, warm).
+fn bench_process(bin: &Path, root: &Path, cls: &Path) -> (f64, f64) {
     let cache = std::env::temp_dir().join(format!("recipe-bench-cache-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&cache);
     let off = [("RECIPE_SCAN_CACHE", std::ffi::OsString::from("0"))];
     let warm = [("RECIPE_CACHE", cache.clone().into_os_string())];
+    let mut medians = Vec::new();
     for (label, envs) in [
         ("scan cache off (every run reads the data)", &off[..]),
         (
@@ -251,12 +393,19 @@ fn bench_process(bin: &Path, root: &Path, cls: &Path) {
         ),
     ] {
         println!("  {label}:");
-        bench_process_with(bin, root, cls, envs);
+        medians.push(bench_process_with(bin, root, cls, envs));
     }
     let _ = std::fs::remove_dir_all(&cache);
+    (medians[0], medians[1])
 }
 
-fn bench_process_with(bin: &Path, root: &Path, cls: &Path, envs: &[(&str, std::ffi::OsString)]) {
+/// Returns the median of `recipe check` in ms.
+fn bench_process_with(
+    bin: &Path,
+    root: &Path,
+    cls: &Path,
+    envs: &[(&str, std::ffi::OsString)],
+) -> f64 {
     let run = |program: &Path, args: &[&OsStr]| {
         let status = Command::new(program)
             .args(args)
@@ -308,6 +457,7 @@ fn bench_process_with(bin: &Path, root: &Path, cls: &Path, envs: &[(&str, std::f
         r - f,
         bin.display()
     );
+    r
 }
 
 /// `target/release/recipe`, built here when missing.

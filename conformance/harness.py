@@ -821,6 +821,16 @@ def run_case(case_dir: Path) -> dict:
 # =============================================================================================
 
 HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+
+def portable(text: str) -> str:
+    """`text` without this machine's paths, so that fixtures are the same wherever they were
+    made: the repository's prefix dropped (its files, the conformance venv), the Python
+    installation's written `<python>`."""
+    return text.replace(f"{REPO}/", "").replace(f"{sys.base_prefix}/", "<python>/")
+
+
 OVERLAYS = HERE / ".overlays"
 
 
@@ -1073,7 +1083,7 @@ def main() -> int:
                 counts["harness_crashes"] += 1
                 res = {"format": FORMAT, "case": d.name, "verdict": "harness-crash",
                        "error": traceback.format_exc()[-3000:]}
-            text = json.dumps(jsonable(res), indent=1, sort_keys=True)
+            text = portable(json.dumps(jsonable(res), indent=1, sort_keys=True))
             (a.out_dir / f"{res['case']}.json").write_text(text + "\n")
             counts["cases"] += 1
             v = res.get("verdict")

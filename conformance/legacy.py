@@ -35,6 +35,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+
+
+def portable(text: str) -> str:
+    """`text` without this machine's paths, so that fixtures are the same wherever they were
+    made: the repository's prefix dropped (its files, the conformance venv), the Python
+    installation's written `<python>`."""
+    return text.replace(f"{REPO}/", "").replace(f"{sys.base_prefix}/", "<python>/")
+
+
 OVERLAYS = HERE / ".overlays"
 
 # name → (recipe, transformers overlay, DeepSpeed overlay)
@@ -218,7 +227,8 @@ def main() -> int:
     a.run_out.mkdir(parents=True, exist_ok=True)
     for name in STACKS:
         res = run_stack(name, a.recipe, a.out)
-        (a.out / f"{name}.json").write_text(json.dumps(res, indent=1, sort_keys=True) + "\n")
+        text = portable(json.dumps(res, indent=1, sort_keys=True))
+        (a.out / f"{name}.json").write_text(text + "\n")
         c = res.get("compare", {})
         print(f"legacy: {name}: {res.get('skipped') or c}")
         print(f"legacy: {name}: {run_old_stack(name, a.recipe, a.run_out)}")

@@ -50,6 +50,15 @@ import warnings
 from pathlib import Path
 
 FORMAT = "recipe-conformance-legacy-run/1"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def portable(text: str) -> str:
+    """`text` without this machine's paths, so that fixtures are the same wherever they were
+    made: the repository's prefix dropped (its files, the conformance venv), the Python
+    installation's written `<python>`."""
+    return text.replace(f"{REPO}/", "").replace(f"{sys.base_prefix}/", "<python>/")
+
 warnings.filterwarnings("ignore")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -549,7 +558,7 @@ def main() -> int:
         bad = [r["case"] for r in results if r.get("errors") or r.get("harness_error")]
         print(f"legacy_run: transformers {TF_VERSION} + DeepSpeed {DS_VERSION}: {part}: "
               f"{len(results)}, with errors: {bad[:10]}")
-    out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    out.write_text(portable(json.dumps(doc, indent=1, sort_keys=True)) + "\n")
     return 0
 
 

@@ -58,13 +58,14 @@ TORCH_VERSION=2.15.0
 TRANSFORMERS_VERSION=5.24.0
 ACCELERATE_VERSION=1.15.0
 DEEPSPEED_VERSION=0.19.8     # newest 0.19.x on PyPI when this was written
+DATASETS_VERSION=5.2.0       # the training script's loaders, for data_rows.py's row counts
 
-want="torch==$TORCH_VERSION transformers==$TRANSFORMERS_VERSION accelerate==$ACCELERATE_VERSION deepspeed==$DEEPSPEED_VERSION"
+want="torch==$TORCH_VERSION transformers==$TRANSFORMERS_VERSION accelerate==$ACCELERATE_VERSION deepspeed==$DEEPSPEED_VERSION datasets==$DATASETS_VERSION"
 
 if [ -x "$VENV/bin/python" ]; then
   have="$("$VENV/bin/python" - <<'PY' 2>/dev/null || true
 from importlib.metadata import version
-print(" ".join(f"{p}=={version(p)}" for p in ("torch", "transformers", "accelerate", "deepspeed")))
+print(" ".join(f"{p}=={version(p)}" for p in ("torch", "transformers", "accelerate", "deepspeed", "datasets")))
 PY
 )"
   if [ "$have" = "$want" ]; then
@@ -85,7 +86,8 @@ CONSTRAINTS=()
 "${PIP[@]}" install -q --upgrade pip setuptools wheel
 # torch first: deepspeed's setup.py imports it (hence --no-build-isolation below).
 "${PIP[@]}" install "${CONSTRAINTS[@]}" "torch==$TORCH_VERSION" numpy
-"${PIP[@]}" install "${CONSTRAINTS[@]}" "transformers==$TRANSFORMERS_VERSION" "accelerate==$ACCELERATE_VERSION"
+"${PIP[@]}" install "${CONSTRAINTS[@]}" "transformers==$TRANSFORMERS_VERSION" "accelerate==$ACCELERATE_VERSION" \
+  "datasets==$DATASETS_VERSION"
 # DeepSpeed is an sdist: build it with no ops (no CUDA compile, no nvcc needed).
 DS_BUILD_OPS=0 DS_SKIP_CUDA_CHECK=1 "${PIP[@]}" install "${CONSTRAINTS[@]}" --no-build-isolation \
   "deepspeed==$DEEPSPEED_VERSION"
@@ -96,7 +98,7 @@ if [ ! -f "$HERE/constraints.txt" ]; then
 fi
 "$VENV/bin/python" - <<'PY'
 from importlib.metadata import version
-for p in ("torch", "transformers", "accelerate", "deepspeed", "numpy", "pydantic"):
+for p in ("torch", "transformers", "accelerate", "deepspeed", "datasets", "numpy", "pydantic"):
     print(f"setup: {p}=={version(p)}")
 PY
 [ "$STEP" = overlays ] && overlays

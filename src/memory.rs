@@ -1,6 +1,6 @@
 //! ZeRO memory estimates for **model states only** (parameters, gradients, optimizer states; no
-//! activations, no temporary buffers, no CUDA context), as in spec §8
-//! (`shared/reference/ds_hf_rules.md`, rule R-E01).
+//! activations, no temporary buffers, no CUDA context), for the memory rule
+//! (docs/rules/precision-zero.md).
 //!
 //! Pure arithmetic, no I/O. Stages 2 and 3 reproduce DeepSpeed's own estimators:
 //!

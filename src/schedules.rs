@@ -1,5 +1,5 @@
 //! The learning-rate schedule a resolved recipe runs, and its counterpart on the other side of
-//! the HF ↔ DeepSpeed mapping (../shared/reference/ds_hf_rules.md §7), as [`crate::lr`]
+//! the HF ↔ DeepSpeed mapping (docs/rules/schedule-optimizer.md), as [`crate::lr`]
 //! schedules. An HF schedule name is built by HF (no DeepSpeed `scheduler` section); a
 //! DeepSpeed name is built by DeepSpeed.
 

@@ -1,6 +1,8 @@
 //! Step accounting: batches per rank per epoch (`L`), optimizer steps per epoch (`U`), the
 //! total, warmup steps, and the micro-batch timeline under HF and under DeepSpeed
-//! (../shared/reference/ds_hf_rules.md §5). Pure functions over version facts; no I/O.
+//! (`transformers/trainer.py:Trainer._inner_training_loop`, `deepspeed/runtime/engine.py:
+//! DeepSpeedEngine.is_gradient_accumulation_boundary`; docs/diagnostics.md, "Steps"). Pure
+//! functions over version facts; no I/O.
 
 use serde::Serialize;
 

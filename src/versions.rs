@@ -1,7 +1,7 @@
 //! Target library versions, and every version-dependent fact the rules and emitters need, as
 //! one table ([`CHANGES`]). Nothing else compares version numbers: code asks [`Facts`].
 //!
-//! The facts come from ../shared/reference/ds_hf_rules.md; each row cites the upstream change.
+//! Each row cites the upstream change it records (`repo@tag path:function`).
 
 use std::fmt;
 use std::str::FromStr;

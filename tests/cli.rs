@@ -1,7 +1,11 @@
 //! The command line as a user meets it: exit codes, output streams, JSON, fmt in place.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+
+use common::stderr;
 
 fn recipe(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_recipe"))
@@ -17,10 +21,6 @@ fn temp_dir(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 #[test]
@@ -475,10 +475,10 @@ fn verify_says_plainly_when_python_or_the_libraries_are_missing() {
 /// another release is skipped with the reason, not reported as the real stack failing.
 #[test]
 fn verify_builds_for_the_installed_stack_and_skips_recipes_pinned_elsewhere() {
-    if Command::new("python3").arg("--version").output().is_err() {
-        eprintln!("python3 is not installed: the make_cases.py check is skipped");
+    // Plain Python (make_cases.py imports nothing outside the standard library).
+    let Some(python) = common::python("conformance/make_cases.py --stack") else {
         return;
-    }
+    };
     let dir = temp_dir("verify-stack");
     let corpus = dir.join("corpus");
     std::fs::create_dir_all(&corpus).unwrap();
@@ -493,7 +493,7 @@ fn verify_builds_for_the_installed_stack_and_skips_recipes_pinned_elsewhere() {
     )
     .unwrap();
     let out = dir.join("build");
-    let o = Command::new("python3")
+    let o = Command::new(&python)
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("conformance/make_cases.py"))
         .args(["--recipe", env!("CARGO_BIN_EXE_recipe"), "--corpus"])
         .arg(&corpus)

@@ -1,7 +1,10 @@
 //! Emitters: golden files for every example recipe, and "consistent by construction" checked the
-//! way HF checks it — a re-statement of transformers' `fill_match` mismatch rules (§2.1, Table A
-//! of ../shared/reference/ds_hf_rules.md) run over the emitted ds_config.json and
-//! training_args.json — plus "every emitted key exists in the target release".
+//! way HF checks it — a re-statement of transformers' `fill_match` mismatch rules
+//! (`transformers/integrations/deepspeed.py:HfTrainerDeepSpeedConfig.fill_match`) run over the
+//! emitted ds_config.json and training_args.json — plus "every emitted key exists in the target
+//! release".
+
+mod common;
 
 use std::path::PathBuf;
 
@@ -13,14 +16,7 @@ use recipe::SourceFile;
 use serde_json::Value;
 
 fn examples() -> Vec<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("recipes");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "rcp"))
-        .collect();
-    files.sort();
-    files
+    common::rcp_files("recipes")
 }
 
 fn resolved(path: &PathBuf) -> (SourceFile, Resolved) {

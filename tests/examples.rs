@@ -1,27 +1,20 @@
 //! The example recipes under recipes/: each checks clean, is already in canonical format, and
 //! formatting keeps its meaning (parse(fmt(x)) == parse(x), ignoring spans).
 
+mod common;
+
 use std::path::PathBuf;
 
+use common::shape;
 use recipe::check::check_source_with;
 use recipe::format::format_source;
 use recipe::resolve::Options;
 use recipe::syntax;
 
 fn examples() -> Vec<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("recipes");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "rcp"))
-        .collect();
-    files.sort();
+    let files = common::rcp_files("recipes");
     assert!(files.len() >= 5, "expected at least five example recipes");
     files
-}
-
-fn shape(text: &str) -> serde_json::Value {
-    serde_json::to_value(syntax::parse(text).unwrap()).unwrap()
 }
 
 #[test]

@@ -1,8 +1,11 @@
 //! `recipe import` round trips: import(build(r)) resolves to the same values as r, and
 //! build(import(x)) gives back the same DeepSpeed config and TrainingArguments as x.
 
+mod common;
+
 use std::path::PathBuf;
 
+use common::rcp_files;
 use recipe::check::check_source_with;
 use recipe::emit::{self, deepspeed::Style, Layout};
 use recipe::import::{import, Inputs};
@@ -11,17 +14,6 @@ use recipe::SourceFile;
 use serde_json::Value;
 
 /// The `.rcp` files directly in `dir` (relative to the crate root), sorted.
-fn rcp_files(dir: &str) -> Vec<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(dir);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "rcp"))
-        .collect();
-    files.sort();
-    files
-}
-
 /// Every recipe the round trip is checked on: the examples, the conformance corpus (whose
 /// artefacts the real stack accepted: conformance/fixtures/corpus) and the old stacks' corpus
 /// (conformance/fixtures/legacy-run).

@@ -1,6 +1,9 @@
 //! Property tests: generated recipes round-trip through `fmt`; arbitrary and mutated input never
 //! panics and every reported span lies inside the input.
 
+mod common;
+
+use common::shape;
 use proptest::prelude::*;
 use recipe::format::{format_source, quote};
 use recipe::{check_source, syntax, Diagnostic};
@@ -22,10 +25,6 @@ fn spans_ok(text: &str, diagnostics: &[Diagnostic]) -> Result<(), TestCaseError>
         prop_assert!(!d.message.is_empty());
     }
     Ok(())
-}
-
-fn shape(text: &str) -> serde_json::Value {
-    serde_json::to_value(syntax::parse(text).unwrap()).unwrap()
 }
 
 /// Checking, and formatting when it parses, must hold up on any text.
@@ -267,14 +266,8 @@ proptest! {
         which in 0usize..6,
         edits in prop::collection::vec((any::<prop::sample::Index>(), 0u8..4, "[{}()\\[\\]=,.:#\"\\\\% a-z0-9\n]{1,3}"), 1..6),
     ) {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes");
         // Recipes only: a run of the main job leaves `recipes/out/` beside them.
-        let mut files: Vec<_> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|x| x == "rcp"))
-            .collect();
-        files.sort();
+        let files = common::rcp_files("recipes");
         let mut text = std::fs::read_to_string(&files[which % files.len()]).unwrap();
         for (at, op, insert) in edits {
             let mut pos = at.index(text.len() + 1);

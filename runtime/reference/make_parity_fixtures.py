@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch/transformers reference for `runtime/tests/parity.rs`.
 
-Run with the conformance venv (torch 2.15, transformers 5.24):
-    /work/main/conformance/.venv/bin/python runtime/reference/make_parity_fixtures.py
+Run from the repository root with the conformance venv (torch 2.15, transformers 5.24):
+    conformance/.venv/bin/python runtime/reference/make_parity_fixtures.py
 It rewrites runtime/tests/fixtures/parity/. Everything is seeded, so a rerun reproduces the files up
 to PyTorch's own kernel numerics.
 

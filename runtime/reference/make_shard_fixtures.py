@@ -2,8 +2,8 @@
 accelerate `BatchSamplerShard` (even_batches=True, split_batches=False: the HF Trainer default),
 for the Rust port in runtime/src/data/shard.rs to reproduce exactly.
 
-Run with the conformance venv (accelerate 1.15.0, torch):
-    /work/main/conformance/.venv/bin/python runtime/reference/make_shard_fixtures.py
+Run from the repository root with the conformance venv (accelerate 1.15.0, torch):
+    conformance/.venv/bin/python runtime/reference/make_shard_fixtures.py
 """
 
 import json

@@ -3,8 +3,8 @@
 `padding: Fixed(128)` turned off and truncation set per case (longest-first, as HF
 `truncation=True`), for runtime/tests/data.rs to compare the Rust `tokenizers` crate against.
 
-Run with the conformance venv (tokenizers 0.23.x):
-    /work/main/conformance/.venv/bin/python runtime/reference/make_tokenizer_fixtures.py
+Run from the repository root with the conformance venv (tokenizers 0.23.x):
+    conformance/.venv/bin/python runtime/reference/make_tokenizer_fixtures.py
 """
 
 import json

@@ -1,6 +1,9 @@
 //! Step accounting shared by the compiler (`recipe steps`, `explain`, the rules) and the
-//! training loop: micro-batches per rank per epoch (`L`) and optimizer steps per epoch (`U`),
-//! spec ../shared/reference/ds_hf_rules.md §5. Pure functions; no I/O.
+//! training loop: micro-batches per rank per epoch (`L`) and optimizer steps per epoch (`U`), as
+//! accelerate shards the data (`huggingface/accelerate:src/accelerate/data_loader.py:
+//! BatchSamplerShard`) and the HF Trainer counts its updates
+//! (`huggingface/transformers:src/transformers/trainer.py:Trainer._inner_training_loop`); the
+//! version differences are docs/diagnostics.md's R0201/R0202. Pure functions; no I/O.
 
 /// How `num_update_steps_per_epoch` rounds `L / G` (§5.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

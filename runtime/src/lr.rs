@@ -4,9 +4,9 @@
 //! are counted from 1 and only count applied optimizer steps (an fp16-overflow skip steps
 //! neither scheduler). Everything is `f64`; nothing here does I/O.
 //!
-//! Spec: `/work/shared/reference/ds_hf_rules.md` §6.4 (DeepSpeed formulas, version notes) and
-//! §7 (HF `lr_scheduler_type` λ formulas, the one-step lag, the W = 4, T = 10 table). Where the
-//! spec is silent the behaviour was read from upstream, cited as `repo@tag:path:function`:
+//! The formulas, the one-step lag of DeepSpeed's schedulers and the version notes are read from
+//! upstream (the user-facing account is docs/rules/schedule-optimizer.md), cited as
+//! `repo@tag:path:function`:
 //! `HF` = `huggingface/transformers@v5.24.0:src/transformers/optimization.py`,
 //! `DS` = `deepspeedai/DeepSpeed@v0.19.5:deepspeed/runtime/lr_schedules.py`.
 //!

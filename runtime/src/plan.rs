@@ -69,17 +69,9 @@ pub struct ModelPlan {
     pub dropout: Option<f64>,
 }
 
-/// File format of a data file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DataFormat {
-    /// One JSON object per line.
-    Jsonl,
-    /// Comma-separated with a header row.
-    Csv,
-    /// Tab-separated with a header row.
-    Tsv,
-}
+/// File format of a data file: the one format type of the data layer (the compiler writes a
+/// concrete one; `auto` would be taken from the extension).
+pub use crate::data::Format as DataFormat;
 
 /// The data.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

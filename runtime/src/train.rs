@@ -228,11 +228,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RunError + '_ {
 fn spec(data: &DataPlan, path: &Path) -> data::DataSpec {
     data::DataSpec {
         path: path.to_path_buf(),
-        format: match data.format {
-            crate::plan::DataFormat::Jsonl => data::Format::Jsonl,
-            crate::plan::DataFormat::Csv => data::Format::Csv,
-            crate::plan::DataFormat::Tsv => data::Format::Tsv,
-        },
+        format: data.format,
         text: data.text.clone(),
         text_pair: data.text_pair.clone(),
         label: data.label.clone(),

@@ -1,10 +1,11 @@
-//! The data pipeline against committed fixtures: reading (and every error path), labels,
-//! tokenizer parity with Python `tokenizers`, per-batch padding, and sharding parity with the
-//! real accelerate `BatchSamplerShard`.
+//! The data pipeline against committed fixtures: reading (and every error path), the compiler's
+//! scan agreeing with the reader, labels, tokenizer parity with Python `tokenizers`, per-batch
+//! padding, and sharding parity with the real accelerate `BatchSamplerShard`.
 
 use std::path::{Path, PathBuf};
 
 use recipe_runtime::accounting::{batches_per_rank, Sharding};
+use recipe_runtime::data::scan::{scan_reader, DataScan, ScanSpec};
 use recipe_runtime::data::{
     epoch_order, rank_batches, read_examples, DataError, DataSpec, Dataset, Format, LabelSet,
     TextTokenizer,
@@ -322,6 +323,174 @@ fn bad_input_is_a_typed_error() {
             line, field, role, ..
         } => assert_eq!((line, field.as_str(), role), (17, "text", "text")),
         other => panic!("unexpected {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The compiler's scan and the reader agree
+
+/// Scans `path` as the compiler does, naming `text`, `pair` and `label`.
+fn scan_of(path: &Path, format: Format, text: &str, pair: Option<&str>) -> DataScan {
+    let mut fields = vec![text.to_string()];
+    fields.extend(pair.map(String::from));
+    fields.push("label".into());
+    let spec = ScanSpec {
+        format,
+        label: Some(fields.len() - 1),
+        fields,
+    };
+    scan_reader(std::fs::File::open(path).unwrap(), &spec).unwrap()
+}
+
+/// What the reader says of `path` and what the scan says agree: a clean read has the scan's row
+/// count, every scanned label's first line is a row's line, and nothing is reported; a read that
+/// stops at a row the scan can judge (structure, missing field, empty file) stops where the scan
+/// reports it.
+fn assert_agree(path: &Path, text: &str, pair: Option<&str>, labels: &LabelSet) {
+    let Ok(format) = Format::Auto.resolve(path) else {
+        // No format to scan in: the compiler never scans it, the reader refuses it.
+        let e = read_examples(&spec_at(path), labels).unwrap_err();
+        assert!(matches!(e, DataError::UnknownFormat { .. }), "{e}");
+        return;
+    };
+    let spec = DataSpec {
+        path: path.to_path_buf(),
+        format,
+        text: text.into(),
+        text_pair: pair.map(Into::into),
+        label: "label".into(),
+    };
+    let scan = scan_of(path, format, text, pair);
+    let name = path.display();
+    match read_examples(&spec, labels) {
+        Ok(ex) => {
+            assert_eq!(scan.rows, ex.len() as u64, "{name}: rows");
+            assert_eq!(scan.bad_rows, 0, "{name}: {:?}", scan.first_bad);
+            assert!(scan.missing.is_empty(), "{name}: {:?}", scan.missing);
+            let lines: Vec<u64> = ex.iter().map(|e| e.line as u64).collect();
+            for seen in &scan.labels {
+                assert!(lines.contains(&seen.first_line), "{name}: {seen:?}");
+            }
+        }
+        Err(DataError::Json { line, .. } | DataError::Csv { line, .. }) => {
+            let first = scan.first_bad.as_ref().map(|b| b.0);
+            assert_eq!(first, Some(line as u64), "{name}: first bad row");
+        }
+        Err(DataError::MissingField { line, field, .. }) => {
+            assert!(
+                scan.missing
+                    .iter()
+                    .any(|m| m.field == field && m.first_line == line as u64),
+                "{name}: {field} at {line}: {:?}",
+                scan.missing
+            );
+        }
+        Err(DataError::Empty { .. }) => assert_eq!(scan.rows, 0, "{name}"),
+        Err(DataError::BadLabel { line, .. }) => {
+            // A value the scan collected, or an empty CSV cell it counts as a missing label.
+            let line = line as u64;
+            assert!(
+                scan.labels.iter().any(|l| l.first_line == line)
+                    || scan.missing.iter().any(|m| m.first_line == line),
+                "{name}: label at {line}: {:?} {:?}",
+                scan.labels,
+                scan.missing
+            );
+        }
+        // Value types and encodings: the scan checks structure only.
+        Err(DataError::NotText { .. } | DataError::IoAt { .. }) => {}
+        Err(e) => panic!("{name}: {e}"),
+    }
+}
+
+#[test]
+fn the_scan_counts_the_rows_the_reader_reads() {
+    let hs = ham_spam();
+    assert_agree(&fixture("data/spam48.jsonl"), "text", None, &hs);
+    assert_agree(&fixture("data/spam6.csv"), "body", None, &hs);
+    assert_agree(&fixture("data/spam6.tsv"), "body", None, &hs);
+    let nli = LabelSet::names(["entailment", "neutral", "contradiction"]).unwrap();
+    assert_agree(
+        &fixture("data/pairs.jsonl"),
+        "premise",
+        Some("hypothesis"),
+        &nli,
+    );
+    let broken = fixture("data/broken");
+    let mut names: Vec<_> = std::fs::read_dir(&broken)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    for name in names {
+        let pair = (name == "null_pair.jsonl").then_some("hypothesis");
+        let text = if pair.is_some() { "premise" } else { "text" };
+        let labels = if pair.is_some() { &nli } else { &hs };
+        assert_agree(&broken.join(&name), text, pair, labels);
+    }
+}
+
+#[test]
+fn tricky_delimited_files_have_one_row_count() {
+    // Quoted newlines (LF, CRLF, several in a row), doubled quotes, a quoted delimiter in a
+    // field and in a column name, a BOM, CRLF line ends, blank lines between rows, a lone CR
+    // line end, a last row without a newline: the scan and the reader see the same rows on the
+    // same lines.
+    let dir = tempfile::tempdir().unwrap();
+    let cases: &[(&str, &str)] = &[
+        ("lf.csv", "text,label\n\"a\nb\",spam\n\"c\",ham\n"),
+        (
+            "bom_crlf.csv",
+            "\u{feff}text,label\r\n\"a\r\n\r\nb\",1\r\n\r\n\"say \"\"hi\"\"\",0\r\n",
+        ),
+        (
+            "columns.csv",
+            "\"id, really\",text,label\n7,\"x, y\",ham\n8,\"\n\",spam",
+        ),
+        ("cr.csv", "text,label\rone,ham\rtwo,spam\r"),
+        (
+            "quoted.tsv",
+            "text\tlabel\n\"tab\there\nnewline\"\tham\nplain\t1\n",
+        ),
+        ("ragged_late.csv", "text,label\n\"a\nb\",ham\nc,ham,extra\n"),
+        (
+            "bad_label_late.csv",
+            "text,label\n\"a\n\nb\",ham\n\"c\",eggs\n",
+        ),
+        ("empty_label.csv", "text,label\n\"a\nb\",ham\nc,\n"),
+        // A line of spaces is blank (pandas skips it); inside quotes it is text.
+        (
+            "spaces.csv",
+            "text,label\n  \n\"a\n \t\nb\",ham\n \t \nc,spam\n",
+        ),
+    ];
+    let hs = ham_spam();
+    for (name, text) in cases {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        assert_agree(&path, "text", None, &hs);
+    }
+    // A hundred rows, each with a quoted newline: a hundred rows, not two hundred lines.
+    let mut text = String::from("text,label\r\n");
+    for i in 0..100 {
+        text.push_str(&format!("\"row {i}\r\nsecond line\",{}\r\n", i % 2));
+    }
+    let path = dir.path().join("hundred.csv");
+    std::fs::write(&path, &text).unwrap();
+    assert_agree(&path, "text", None, &hs);
+    assert_eq!(scan_of(&path, Format::Csv, "text", None).rows, 100);
+    let ex = read_examples(&spec_at(&path), &hs).unwrap();
+    assert_eq!(ex.len(), 100);
+    assert_eq!((ex[0].line, ex[99].line), (2, 200));
+}
+
+fn spec_at(path: &Path) -> DataSpec {
+    DataSpec {
+        path: path.to_path_buf(),
+        format: Format::Auto,
+        text: "text".into(),
+        text_pair: None,
+        label: "label".into(),
     }
 }
 

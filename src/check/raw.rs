@@ -3,7 +3,8 @@
 //!
 //! DeepSpeed reads top-level keys with `dict.get` and silently ignores unknown ones, while a few
 //! sections (ZeRO, offload, fp16, bf16) reject unknown fields only at launch (pydantic
-//! `extra="forbid"`); see ../shared/reference/ds_hf_rules.md §6.2. We catch both at check time.
+//! `extra="forbid"`: `deepspeed/runtime/config_utils.py:DeepSpeedConfigModel`, the base of
+//! `deepspeed/runtime/zero/config.py:DeepSpeedZeroConfig`). We catch both at check time.
 
 use std::collections::{HashMap, HashSet};
 

@@ -2,9 +2,10 @@
 //!
 //! Every key the run depends on is stated (no silent DeepSpeed defaults: clipping, accumulation,
 //! both precision sections, offload `device` and `pin_memory`, optimizer `params`, integer bucket
-//! sizes), with canonical DeepSpeed names for the target release (../shared/reference/
-//! ds_hf_rules.md §9). The values are the ones `training_args.json` carries, so HF's fill/match
-//! step (§2.1) finds nothing to change and nothing to reject. serde_json's map keeps keys sorted,
+//! sizes), with canonical DeepSpeed names for the target release (`src/versions.rs` cites each
+//! rename). The values are the ones `training_args.json` carries, so HF's fill/match step
+//! (`transformers/integrations/deepspeed.py:HfTrainerDeepSpeedConfig.trainer_config_process`)
+//! finds nothing to change and nothing to reject. serde_json's map keeps keys sorted,
 //! so the output is byte-identical across runs.
 
 use serde_json::{json, Map, Value};

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 
 use recipe_runtime::accounting;
 use recipe_runtime::plan::{
-    BatchPlan, DataFormat, DataPlan, Every, ModelPlan, ModelSource, OptimizerKind, OptimizerPlan,
-    Plan, Precision, SchedulePlan, TrainPlan, FORMAT,
+    BatchPlan, DataPlan, Every, ModelPlan, ModelSource, OptimizerKind, OptimizerPlan, Plan,
+    Precision, SchedulePlan, TrainPlan, FORMAT,
 };
 
 use crate::diagnostic::Diagnostic;
@@ -140,11 +140,8 @@ pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
     };
 
     let path = |key: &str| r.str(key).map(|p| absolute(files::local_path(r, p)));
-    let format = match r.word("data.format") {
-        Some("csv") => DataFormat::Csv,
-        Some("tsv") => DataFormat::Tsv,
-        _ => DataFormat::Jsonl,
-    };
+    // The format the row count was taken in, so the runtime reads the rows the plan counted.
+    let format = files::data_format(r);
     let data = DataPlan {
         train: path("data.train").unwrap_or_default(),
         eval: path("data.eval"),

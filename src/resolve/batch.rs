@@ -1,5 +1,5 @@
 //! The batch triple, inferred the way DeepSpeed does it
-//! (`DeepSpeedConfig._set_batch_related_parameters`, ../shared/reference/ds_hf_rules.md §6.1):
+//! (`deepspeed/runtime/config.py:DeepSpeedConfig._set_batch_related_parameters`):
 //! from the given ones, with integer (floor) division. Whether the result is consistent is the
 //! batch rule's business (rules/batch.rs); here we only compute what DeepSpeed would.
 

@@ -41,14 +41,10 @@ pub fn default(key: &str, r: &Resolved) -> Option<(Val, Source)> {
 
         "data.format" => {
             let train = r.str("data.train").unwrap_or("");
-            let ext = train.rsplit('.').next().unwrap_or("").to_ascii_lowercase();
-            let fmt = match ext.as_str() {
-                "csv" => "csv",
-                "tsv" => "tsv",
-                _ => "jsonl",
-            };
+            let fmt = recipe_runtime::data::Format::from_extension(train)
+                .unwrap_or(recipe_runtime::data::Format::Jsonl);
             derived(
-                w(fmt),
+                w(fmt.name()),
                 "from the training file's extension",
                 vec![format!("data.train = \"{train}\"")],
             )

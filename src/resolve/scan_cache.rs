@@ -21,8 +21,9 @@ use serde::{Deserialize, Serialize};
 
 use super::files::{DataScan, ScanSpec};
 
-/// Bump when [`DataScan`]'s meaning changes without a version change.
-const SCAN_FORMAT: u32 = 1;
+/// Bump when [`DataScan`]'s meaning changes without a version change (2: CSV/TSV rows are
+/// records, not lines, and their labels are collected).
+const SCAN_FORMAT: u32 = 2;
 
 /// How recently changed a file must not be to be cached.
 pub const RACY: Duration = Duration::from_secs(2);

@@ -2,8 +2,7 @@
 //! them — they exist, their rows are JSON objects with the named fields, their labels are the
 //! classes `model.task` declares, their extensions agree with `data.format`.
 //!
-//! The spec (../shared/reference/ds_hf_rules.md) covers the HF/DeepSpeed side only; these rules
-//! follow what the training script does with the files: HF `datasets`' json/csv loaders
+//! These rules follow what the training script does with the files (docs/rules/data-model-compat.md): HF `datasets`' json/csv loaders
 //! (`load_dataset(format, data_files=…)`) read every file with the one format, and a text or
 //! label column missing from a row, or a label outside `num_labels`, fails in tokenisation or in
 //! the loss (`huggingface/transformers@v5.24.0:src/transformers/models/bert/modeling_bert.py:
@@ -17,18 +16,18 @@
 //!
 //! Files are read once per process (`files::scan_data`, shared with the row count of step
 //! accounting), in one streaming pass that checks each JSONL row's top-level structure but does
-//! not parse its values fully. CSV/TSV files: the header is checked (a simple split, so a quoted
-//! column name containing the delimiter is not handled); their rows and labels are not.
+//! not parse its values fully. CSV/TSV files are read as the runtime reads them (the csv crate:
+//! quoted fields, BOM, CRLF): the header's columns, each record's field count and labels.
 
 use crate::diagnostic::Diagnostic;
-use crate::resolve::files::{self, DataFormat, DataScan, LabelSeen, LabelValue, ScanSpec};
+use crate::resolve::files::{self, DataScan, Format, LabelSeen, LabelValue};
 use crate::resolve::{Resolved, Val};
 
 use super::anchor;
 
 /// A named data file is missing (or is a directory) while the data is local.
 pub const FILE_MISSING: &str = "R0701";
-/// A JSONL row is not a JSON object.
+/// A JSONL row is not a JSON object, or a CSV/TSV row is not one record of the header's fields.
 pub const ROW_NOT_OBJECT: &str = "R0702";
 /// A field the recipe names is missing from rows (or from the CSV/TSV header).
 pub const FIELD_MISSING: &str = "R0703";
@@ -84,7 +83,7 @@ pub const CODES: &[(&str, &str, &str)] = &[
     (
         ROW_NOT_OBJECT,
         "row-not-object",
-        "a JSONL row is not a JSON object",
+        "a JSONL row is not a JSON object, or a CSV/TSV row does not fit the header",
     ),
     (
         FIELD_MISSING,
@@ -118,16 +117,16 @@ const FILES: [(&str, &str); 3] = [
 /// Checks the data files.
 pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
     eval_without_data(r, out);
-    let format = r.word("data.format").and_then(DataFormat::from_word);
+    let spec = files::scan_spec(r);
+    let format = Some(spec.format);
     let train_here = r
         .str("data.train")
         .is_some_and(|p| files::local_path(r, p).is_file());
-    let spec = ScanSpec::from_recipe(r);
     let mut mismatches = Vec::new();
     for (key, what) in FILES {
         let Some(written) = r.str(key) else { continue };
         let path = files::local_path(r, written);
-        let extension = DataFormat::from_extension(written);
+        let extension = Format::from_extension(written);
         let mismatch = matches!((format, extension), (Some(f), Some(e)) if f != e);
         if let (true, Some(e)) = (mismatch, extension) {
             mismatches.push((key, written, e));
@@ -156,7 +155,7 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
         let Ok(scan) = files::scan_data(&path, &spec) else {
             continue;
         };
-        if let Some(d) = not_objects(r, key, written, &scan) {
+        if let Some(d) = not_objects(r, key, written, spec.format, &scan) {
             out.push(d);
         }
         out.extend(missing_fields(r, key, written, &scan));
@@ -215,16 +214,13 @@ fn sibling_names(dir: &std::path::Path) -> Vec<String> {
 
 /// One warning for every file whose extension names another format than the one the loader
 /// will use (`data.format`, written or derived from the training file's extension).
-fn format_mismatch(
-    r: &Resolved,
-    format: DataFormat,
-    files: &[(&str, &str, DataFormat)],
-) -> Diagnostic {
+fn format_mismatch(r: &Resolved, format: Format, files: &[(&str, &str, Format)]) -> Diagnostic {
     let names: Vec<String> = files
         .iter()
         .map(|(_, written, e)| format!("\"{written}\" ({})", e.name()))
         .collect();
-    let written = r.is_given("data.format");
+    // `format = auto` says what the default says: the training file's extension.
+    let written = r.is_given("data.format") && r.word("data.format") != Some("auto");
     let message = if written {
         format!(
             "`format = {}`, but the extension says otherwise for {}",
@@ -262,26 +258,51 @@ fn format_mismatch(
     })
 }
 
-fn not_objects(r: &Resolved, key: &str, written: &str, scan: &DataScan) -> Option<Diagnostic> {
-    let (line, what) = scan.first_bad?;
+fn not_objects(
+    r: &Resolved,
+    key: &str,
+    written: &str,
+    format: Format,
+    scan: &DataScan,
+) -> Option<Diagnostic> {
+    let (line, what) = scan.first_bad.as_ref()?;
     let more = if scan.bad_rows > 1 {
         format!(" ({} rows in all)", scan.bad_rows)
     } else {
         String::new()
     };
-    Some(
-        Diagnostic::error(
-            ROW_NOT_OBJECT,
-            format!("{written}:{line} is not a JSON object: {what}{more}"),
-            anchor(r, key),
+    let (message, help) = if format.has_header() {
+        let name = format.name().to_uppercase();
+        (
+            format!("{written}:{line} is not a {name} row: {what}{more}"),
+            format!(
+                "every row of a {name} file has the header's fields; quote a field that holds the delimiter, a quote (doubled) or a line break; fix or remove the row at line {line}"
+            ),
         )
-        .with_label(format!("line {line} of this file"))
-        .with_help(format!(
-            "every line of a JSONL file must be one JSON object, such as {{\"{}\": \"…\", \"{}\": 0}}; fix or remove line {line}",
-            r.str("data.text").unwrap_or("text"),
-            r.str("data.label").unwrap_or("label")
-        )),
+    } else {
+        (
+            format!("{written}:{line} is not a JSON object: {what}{more}"),
+            format!(
+                "every line of a JSONL file must be one JSON object, such as {{\"{}\": \"…\", \"{}\": 0}}; fix or remove line {line}",
+                r.str("data.text").unwrap_or("text"),
+                r.str("data.label").unwrap_or("label")
+            ),
+        )
+    };
+    Some(
+        Diagnostic::error(ROW_NOT_OBJECT, message, anchor(r, key))
+            .with_label(format!("line {line} of this file"))
+            .with_help(help),
     )
+}
+
+/// A label as the recipe would write it (a class name quoted as a recipe string).
+fn shown(value: &LabelValue) -> String {
+    match value {
+        LabelValue::Int(i) => i.to_string(),
+        LabelValue::Str(s) => crate::format::quote(s),
+        LabelValue::Other(s) => s.clone(),
+    }
 }
 
 /// The `data` key that names a field (for its span).
@@ -441,7 +462,7 @@ fn labels(r: &Resolved, key: &str, written: &str, scan: &DataScan) -> Option<Dia
         format!(
             "\"{written}\" has {distinct} distinct `{field}` names, more than the {} classes the task declares; the first one too many is {} at {written}:{}",
             classes.count(),
-            first.value,
+            shown(&first.value),
             first.first_line
         )
     } else {
@@ -451,12 +472,12 @@ fn labels(r: &Resolved, key: &str, written: &str, scan: &DataScan) -> Option<Dia
         };
         format!(
             "`{field}` {}{what} at {written}:{} is not one of {}",
-            first.value,
+            shown(&first.value),
             first.first_line,
             classes.describe()
         )
     };
-    let values: Vec<String> = bad.iter().take(5).map(|s| s.value.to_string()).collect();
+    let values: Vec<String> = bad.iter().take(5).map(|s| shown(&s.value)).collect();
     let label = if bad.len() > 5 {
         format!(
             "{rows} rows with labels outside the classes ({}, …)",

@@ -1,4 +1,4 @@
-//! The upstream rules (../shared/reference/ds_hf_rules.md §10), one file per family. Each reads
+//! The upstream rules (docs/diagnostics.md and docs/rules/), one file per family. Each reads
 //! the [`Resolved`] recipe only, and reports diagnostics with spans from the values' provenance.
 //! Each family lists its codes (`CODES`); [`crate::codes::all`] gathers them.
 

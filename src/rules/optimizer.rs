@@ -1,5 +1,5 @@
 //! Optimizer rules: whether the optimizer a recipe states can be built, by whom, and whether it
-//! is the one that runs (../shared/reference/ds_hf_rules.md §4, §6.3). The recipe states one
+//! is the one that runs (docs/rules/schedule-optimizer.md). The recipe states one
 //! kind and `owner`: `deepspeed` writes a DeepSpeed `optimizer` section (DeepSpeed builds it),
 //! `hf` sets `TrainingArguments.optim` (the HF Trainer builds it and hands it to DeepSpeed).
 //!

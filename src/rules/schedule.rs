@@ -1,5 +1,5 @@
 //! Schedule rules: what the learning-rate schedule a recipe names does under the target
-//! versions (../shared/reference/ds_hf_rules.md §6.4, §7). The recipe names either an HF
+//! versions (docs/rules/schedule-optimizer.md). The recipe names either an HF
 //! `lr_scheduler_type` (HF builds it; the DeepSpeed config gets no `scheduler` section) or a
 //! DeepSpeed scheduler (the compiler writes a `scheduler` section, DeepSpeed builds and steps it).
 //!

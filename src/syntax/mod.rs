@@ -3,8 +3,9 @@
 pub mod ast;
 pub mod delimiters;
 pub mod expected;
-mod fast;
 pub mod number;
 pub mod parser;
+#[cfg(test)]
+mod tests;
 
 pub use parser::parse;

@@ -1,6 +1,6 @@
 //! From source text to [`File`]: the lexical pre-pass, the pest grammar, then the AST builder.
 
-use pest::iterators::Pair;
+use pest::iterators::{Pair, Pairs};
 use pest::Parser as _;
 
 use crate::codes;
@@ -15,43 +15,28 @@ struct RecipeParser;
 pub use self::Rule as GrammarRule;
 
 /// Parses a recipe. On failure returns the syntax errors (at least one).
-///
-/// A text that parses cleanly is read by the hand-written parser in `fast.rs`, which builds the
-/// same tree several times faster; anything else goes to the pest grammar, which finds and
-/// explains the errors.
 pub fn parse(text: &str) -> Result<File, Vec<Diagnostic>> {
     if let Some(d) = delimiters::scan(text) {
         return Err(vec![d]);
     }
-    if let Some(file) = super::fast::parse(text) {
-        return Ok(file);
-    }
-    parse_with_grammar(text)
-}
-
-/// [`parse`] by the pest grammar alone (after the lexical pre-pass).
-pub(super) fn parse_with_grammar(text: &str) -> Result<File, Vec<Diagnostic>> {
-    let mut pairs = RecipeParser::parse(Rule::file, text)
-        .map_err(|e| vec![expected::syntax_error(text, &e)])?;
-    let file_pair = pairs.next().expect("the file rule always yields one pair");
-    let comments = file_pair
-        .clone()
-        .into_inner()
-        .flatten()
-        .filter(|p| p.as_rule() == Rule::COMMENT)
-        .map(|p| Comment {
-            text: p.as_str().trim_end().to_string(),
-            span: span(&p),
-        })
-        .collect();
+    let file_pair = RecipeParser::parse(Rule::file, text)
+        .map_err(|e| vec![expected::syntax_error(text, &e)])?
+        .next()
+        .expect("the file rule always yields one pair");
     let mut builder = Builder::default();
-    let blocks = file_pair
-        .into_inner()
-        .filter(|p| p.as_rule() == Rule::block)
-        .map(|p| builder.block(p))
-        .collect();
+    let mut blocks = Vec::new();
+    for part in file_pair.into_inner() {
+        match part.as_rule() {
+            Rule::block => blocks.push(builder.block(part)),
+            Rule::COMMENT => builder.comment(&part),
+            _ => {}
+        }
+    }
     if builder.errors.is_empty() {
-        Ok(File { blocks, comments })
+        Ok(File {
+            blocks,
+            comments: builder.comments,
+        })
     } else {
         Err(builder.errors)
     }
@@ -62,9 +47,8 @@ pub fn parse_value(text: &str) -> Result<Value, Vec<Diagnostic>> {
     if let Some(d) = delimiters::scan(text) {
         return Err(vec![d]);
     }
-    let mut pairs = RecipeParser::parse(Rule::lone_value, text)
-        .map_err(|e| vec![expected::syntax_error(text, &e)])?;
-    let pair = pairs
+    let pair = RecipeParser::parse(Rule::lone_value, text)
+        .map_err(|e| vec![expected::syntax_error(text, &e)])?
         .next()
         .expect("the lone_value rule always yields one pair");
     let value_pair = pair
@@ -85,13 +69,29 @@ fn span(pair: &Pair<Rule>) -> Span {
     Span::new(s.start(), s.end())
 }
 
-/// Pairs that carry meaning (punctuation and comments are skipped).
-fn meaningful(pair: Pair<Rule>) -> impl Iterator<Item = Pair<Rule>> {
-    pair.into_inner().filter(|p| {
-        !matches!(
-            p.as_rule(),
-            Rule::COMMENT
-                | Rule::lbrace
+/// Builds the AST from pest's pairs in one pass, in source order: every function walks the
+/// children of its pair once, recording the comments it meets (pest puts a comment under the
+/// innermost rule whose implicit whitespace holds it) and skipping punctuation.
+#[derive(Default)]
+struct Builder {
+    errors: Vec<Diagnostic>,
+    comments: Vec<Comment>,
+}
+
+impl Builder {
+    fn comment(&mut self, pair: &Pair<Rule>) {
+        self.comments.push(Comment {
+            text: pair.as_str().trim_end().to_string(),
+            span: span(pair),
+        });
+    }
+
+    /// The next child of `parts` that carries meaning; comments are recorded, punctuation skipped.
+    fn next<'i>(&mut self, parts: &mut Pairs<'i, Rule>) -> Option<Pair<'i, Rule>> {
+        for part in parts.by_ref() {
+            match part.as_rule() {
+                Rule::COMMENT => self.comment(&part),
+                Rule::lbrace
                 | Rule::rbrace
                 | Rule::lparen
                 | Rule::rparen
@@ -100,18 +100,13 @@ fn meaningful(pair: Pair<Rule>) -> impl Iterator<Item = Pair<Rule>> {
                 | Rule::comma
                 | Rule::colon
                 | Rule::eq
-                | Rule::dot
-                | Rule::kw_target
-        )
-    })
-}
+                | Rule::dot => {}
+                _ => return Some(part),
+            }
+        }
+        None
+    }
 
-#[derive(Default)]
-pub(super) struct Builder {
-    pub(super) errors: Vec<Diagnostic>,
-}
-
-impl Builder {
     fn ident(&self, pair: Pair<Rule>) -> Ident {
         Ident {
             name: pair.as_str().to_string(),
@@ -120,7 +115,11 @@ impl Builder {
     }
 
     fn block(&mut self, pair: Pair<Rule>) -> Block {
-        let mut block = self.block_parts(pair);
+        let inner = pair.into_inner().next().expect("block has one alternative");
+        let mut block = match inner.as_rule() {
+            Rule::target_block => self.target_block(inner),
+            _ => self.generic_block(inner),
+        };
         // pest's span can run over trailing blanks and a trailing comment; end at the last part.
         block.span.end = match (&block.body, &block.label) {
             (Some(body), _) => body.span.end,
@@ -130,84 +129,83 @@ impl Builder {
         block
     }
 
-    fn block_parts(&mut self, pair: Pair<Rule>) -> Block {
-        let inner = pair.into_inner().next().expect("block has one alternative");
-        let block_span = span(&inner);
-        match inner.as_rule() {
-            Rule::target_block => {
-                let kw = inner
-                    .clone()
-                    .into_inner()
-                    .find(|p| p.as_rule() == Rule::kw_target)
-                    .expect("target block starts with its keyword");
-                let name = self.ident(kw);
-                let entries: Vec<Entry> = meaningful(inner)
-                    .map(|pair| {
-                        let pair_span = span(&pair);
-                        let mut parts = meaningful(pair);
-                        let word = parts.next().expect("target pair has a word");
-                        let key = Key {
-                            text: word.as_str().to_string(),
-                            span: span(&word),
-                        };
-                        let value = self.value(parts.next().expect("target pair has a value"));
-                        Entry::Item(Item {
-                            key,
-                            value,
-                            span: pair_span,
-                        })
-                    })
-                    .collect();
-                let body_span = match (entries.first(), entries.last()) {
-                    (Some(a), Some(b)) => a.span().to(b.span()),
-                    _ => name.span,
-                };
-                Block {
-                    name,
-                    label: None,
-                    body: Some(Body {
-                        entries,
-                        span: body_span,
-                    }),
-                    form: BlockForm::Target,
-                    span: block_span,
+    fn target_block(&mut self, pair: Pair<Rule>) -> Block {
+        let block_span = span(&pair);
+        let mut parts = pair.into_inner();
+        let kw = self
+            .next(&mut parts)
+            .expect("target block starts with its keyword");
+        let name = self.ident(kw);
+        let mut entries = Vec::new();
+        while let Some(target_pair) = self.next(&mut parts) {
+            let pair_span = span(&target_pair);
+            let mut inner = target_pair.into_inner();
+            let word = self.next(&mut inner).expect("target pair has a word");
+            let key = Key {
+                text: word.as_str().to_string(),
+                span: span(&word),
+            };
+            let value = self.next(&mut inner).expect("target pair has a value");
+            let value = self.value(value);
+            entries.push(Entry::Item(Item {
+                key,
+                value,
+                span: pair_span,
+            }));
+        }
+        let body_span = match (entries.first(), entries.last()) {
+            (Some(a), Some(b)) => a.span().to(b.span()),
+            _ => name.span,
+        };
+        Block {
+            name,
+            label: None,
+            body: Some(Body {
+                entries,
+                span: body_span,
+            }),
+            form: BlockForm::Target,
+            span: block_span,
+        }
+    }
+
+    fn generic_block(&mut self, pair: Pair<Rule>) -> Block {
+        let block_span = span(&pair);
+        let mut parts = pair.into_inner();
+        let mut name = None;
+        let mut label = None;
+        let mut body = None;
+        while let Some(part) = self.next(&mut parts) {
+            match part.as_rule() {
+                Rule::block_name => name = Some(self.ident(part)),
+                Rule::block_label => {
+                    let v = part.into_inner().next().expect("label has a value");
+                    label = Some(self.scalar(v));
                 }
+                Rule::body => body = Some(self.body(part)),
+                other => unreachable!("unexpected {other:?} in a block"),
             }
-            _ => {
-                let mut name = None;
-                let mut label = None;
-                let mut body = None;
-                for part in meaningful(inner) {
-                    match part.as_rule() {
-                        Rule::block_name => name = Some(self.ident(part)),
-                        Rule::block_label => {
-                            let v = part.into_inner().next().expect("label has a value");
-                            label = Some(self.scalar(v));
-                        }
-                        Rule::body => body = Some(self.body(part)),
-                        other => unreachable!("unexpected {other:?} in a block"),
-                    }
-                }
-                Block {
-                    name: name.expect("generic block has a name"),
-                    label,
-                    body,
-                    form: BlockForm::Generic,
-                    span: block_span,
-                }
-            }
+        }
+        Block {
+            name: name.expect("generic block has a name"),
+            label,
+            body,
+            form: BlockForm::Generic,
+            span: block_span,
         }
     }
 
     fn body(&mut self, pair: Pair<Rule>) -> Body {
         let body_span = span(&pair);
-        let entries_pair = meaningful(pair)
-            .find(|p| p.as_rule() == Rule::entries)
-            .expect("body has entries");
-        let entries = meaningful(entries_pair)
-            .filter(|p| p.as_rule() == Rule::entry)
-            .map(|p| self.entry(p))
-            .collect();
+        let mut parts = pair.into_inner();
+        let mut entries = Vec::new();
+        while let Some(part) = self.next(&mut parts) {
+            // `entries`, the only child that is not punctuation or a comment.
+            let mut inner = part.into_inner();
+            while let Some(entry) = self.next(&mut inner) {
+                entries.push(self.entry(entry));
+            }
+        }
         Body {
             entries,
             span: body_span,
@@ -216,9 +214,10 @@ impl Builder {
 
     fn entry(&mut self, pair: Pair<Rule>) -> Entry {
         let entry_span = span(&pair);
-        let mut parts = meaningful(pair);
-        let key = self.key(parts.next().expect("entry has a key"));
-        let rest = parts.next().expect("entry has a value or body");
+        let mut parts = pair.into_inner();
+        let key = self.next(&mut parts).expect("entry has a key");
+        let key = self.key(key);
+        let rest = self.next(&mut parts).expect("entry has a value or body");
         if rest.as_rule() == Rule::body {
             Entry::Section(Section {
                 key,
@@ -234,19 +233,11 @@ impl Builder {
         }
     }
 
-    fn key(&self, pair: Pair<Rule>) -> Key {
-        // pest's span of `key` can include whitespace after the last word; use the words'.
-        let mut key_span = span(&pair);
-        let words: Vec<Span> = pair
-            .clone()
-            .into_inner()
-            .filter(|p| p.as_rule() == Rule::key_word)
-            .map(|p| span(&p))
-            .collect();
-        if let (Some(first), Some(last)) = (words.first(), words.last()) {
-            key_span = first.to(*last);
-        }
+    /// Words joined by a space, dotted parts by `.`; the span runs from the first word to the
+    /// last (pest's span of `key` can include the blanks after it).
+    fn key(&mut self, pair: Pair<Rule>) -> Key {
         let mut text = String::new();
+        let mut key_span: Option<Span> = None;
         let mut after_dot = false;
         for part in pair.into_inner() {
             match part.as_rule() {
@@ -260,21 +251,23 @@ impl Builder {
                     }
                     text.push_str(part.as_str());
                     after_dot = false;
+                    let word = span(&part);
+                    key_span = Some(key_span.map_or(word, |k| k.to(word)));
                 }
+                Rule::COMMENT => self.comment(&part),
                 _ => {}
             }
         }
         Key {
             text,
-            span: key_span,
+            span: key_span.expect("a key has a word"),
         }
     }
 
     fn value(&mut self, pair: Pair<Rule>) -> Value {
         let inner = if pair.as_rule() == Rule::value {
-            pair.into_inner()
-                .find(|p| p.as_rule() != Rule::COMMENT)
-                .expect("value has one alternative")
+            let mut parts = pair.into_inner();
+            self.next(&mut parts).expect("value has one alternative")
         } else {
             pair
         };
@@ -282,31 +275,7 @@ impl Builder {
         let kind = match inner.as_rule() {
             Rule::tuple => ValueKind::Tuple(self.values(inner)),
             Rule::list => ValueKind::List(self.values(inner)),
-            Rule::call => {
-                let mut parts = meaningful(inner);
-                let name = self.ident(parts.next().expect("call has a name"));
-                let args = parts
-                    .filter(|p| p.as_rule() == Rule::arg)
-                    .map(|arg| {
-                        let a = arg.into_inner().next().expect("arg has one alternative");
-                        if a.as_rule() == Rule::named_arg {
-                            let mut p = meaningful(a);
-                            let name = self.ident(p.next().expect("named arg has a name"));
-                            let value = self.value(p.next().expect("named arg has a value"));
-                            Arg {
-                                name: Some(name),
-                                value,
-                            }
-                        } else {
-                            Arg {
-                                name: None,
-                                value: self.value(a),
-                            }
-                        }
-                    })
-                    .collect();
-                ValueKind::Call(Call { name, args })
-            }
+            Rule::call => ValueKind::Call(self.call(inner)),
             _ => return self.scalar(inner),
         };
         Value {
@@ -315,11 +284,40 @@ impl Builder {
         }
     }
 
+    fn call(&mut self, pair: Pair<Rule>) -> Call {
+        let mut parts = pair.into_inner();
+        let name = self.next(&mut parts).expect("call has a name");
+        let name = self.ident(name);
+        let mut args = Vec::new();
+        while let Some(arg) = self.next(&mut parts) {
+            let a = arg.into_inner().next().expect("arg has one alternative");
+            args.push(if a.as_rule() == Rule::named_arg {
+                let mut inner = a.into_inner();
+                let name = self.next(&mut inner).expect("named arg has a name");
+                let name = self.ident(name);
+                let value = self.next(&mut inner).expect("named arg has a value");
+                let value = self.value(value);
+                Arg {
+                    name: Some(name),
+                    value,
+                }
+            } else {
+                Arg {
+                    name: None,
+                    value: self.value(a),
+                }
+            });
+        }
+        Call { name, args }
+    }
+
     fn values(&mut self, pair: Pair<Rule>) -> Vec<Value> {
-        meaningful(pair)
-            .filter(|p| p.as_rule() == Rule::value)
-            .map(|p| self.value(p))
-            .collect()
+        let mut parts = pair.into_inner();
+        let mut values = Vec::new();
+        while let Some(value) = self.next(&mut parts) {
+            values.push(self.value(value));
+        }
+        values
     }
 
     fn scalar(&mut self, pair: Pair<Rule>) -> Value {
@@ -361,7 +359,7 @@ impl Builder {
     }
 
     /// Resolves the escapes of a string's text starting at byte `offset`.
-    pub(super) fn unescape(&mut self, raw: &str, offset: usize) -> String {
+    fn unescape(&mut self, raw: &str, offset: usize) -> String {
         let mut out = String::with_capacity(raw.len());
         let mut chars = raw.char_indices().peekable();
         while let Some((i, c)) = chars.next() {

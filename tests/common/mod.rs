@@ -1,6 +1,6 @@
-//! Helpers shared by the `recipe run` tests (`run.rs`, `mixed.rs`): a scratch workspace with a
-//! tiny seeded BERT, the real MiniLM tokenizer and 48 committed SpamAssassin rows; the CLI run in
-//! it; the metrics and weights a run leaves.
+//! Helpers shared by the end-to-end tests (`run.rs`, `mixed.rs`, `data_files.rs`): a scratch
+//! workspace with a tiny seeded BERT, the real MiniLM tokenizer and 48 committed SpamAssassin
+//! rows; the CLI run in it; the metrics and weights a run leaves.
 #![allow(dead_code)] // each test binary uses its own subset
 
 use std::path::{Path, PathBuf};
@@ -10,6 +10,64 @@ use serde_json::Value;
 
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The `.rcp` files of a repository folder (`recipes`, `conformance/corpus`, …), sorted; only
+/// recipes, whatever else a run left beside them.
+pub fn rcp_files(dir: &str) -> Vec<PathBuf> {
+    let dir = root().join(dir);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "rcp"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// A parsed recipe's tree as JSON, to compare two texts' structure.
+pub fn shape(text: &str) -> Value {
+    serde_json::to_value(recipe::syntax::parse(text).unwrap()).unwrap()
+}
+
+/// Whether the tests run under CI (`CI` set, as CI services set it, and not `false` or `0`).
+pub fn under_ci() -> bool {
+    matches!(std::env::var("CI").as_deref(), Ok(v) if !v.is_empty() && v != "false" && v != "0")
+}
+
+/// The plain Python 3 a test runs a repository script with: `RECIPE_PYTHON`, else the
+/// conformance venv's (`conformance/.venv/bin/python`, from conformance/setup.sh), else
+/// `python3` on the PATH. When none runs: a failure under CI (a test must not pass there
+/// without running), else `None` after saying on stderr that `what` was skipped.
+pub fn python(what: &str) -> Option<PathBuf> {
+    let py = match std::env::var_os("RECIPE_PYTHON") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let venv = root().join("conformance/.venv/bin/python");
+            if venv.is_file() {
+                venv
+            } else {
+                PathBuf::from("python3")
+            }
+        }
+    };
+    let runs = Command::new(&py)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if runs {
+        return Some(py);
+    }
+    let why = format!(
+        "{what} needs Python 3, and `{}` does not run (set RECIPE_PYTHON)",
+        py.display()
+    );
+    assert!(
+        !under_ci(),
+        "{why}; CI is set, so this fails instead of skipping"
+    );
+    eprintln!("SKIPPED: {why}");
+    None
 }
 
 pub fn recipe_in(dir: &Path, args: &[&str]) -> Output {
@@ -85,6 +143,37 @@ optimizer adamw { lr = 1e-3, weight_decay = 0.01 }
 schedule linear { warmup = 2 }
 train { epochs = 2, precision = fp32, seed = 7, logging_steps = 1, output_dir = "out" }
 "#;
+
+/// [`TINY`] with another `data` block (TINY's names `train.jsonl` and `eval.jsonl`).
+pub fn tiny_with_data(data: &str) -> String {
+    let old = "data { train = \"train.jsonl\", eval = \"eval.jsonl\", max_len = 24 }";
+    assert!(TINY.contains(old));
+    TINY.replace(old, data)
+}
+
+/// The committed SpamAssassin rows: (text, label id).
+pub fn spam_rows() -> Vec<(String, u64)> {
+    let path = root().join("runtime/tests/fixtures/data/spam48.jsonl");
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            (
+                v["text"].as_str().unwrap().to_string(),
+                v["label"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// The JSON object a command printed on stdout.
+pub fn stdout_json(o: &Output) -> Value {
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(o));
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&o.stdout));
+    })
+}
 
 pub fn metrics(dir: &Path) -> Vec<Value> {
     std::fs::read_to_string(dir.join("metrics.jsonl"))

@@ -4,8 +4,8 @@
 //! ([`crate::params`]), so every collective here works on a contiguous `&[f32]` and an explicit
 //! rank, never on tensors or threads. [`Collective`] is the interface ZeRO and plain data
 //! parallelism use; [`LocalCollective`] implements it with ranks as threads of one process
-//! (CPU, deterministic, `../shared/reference/runtime.md` §6.4); an NCCL implementation is meant
-//! to pass the same tests (`tests/collective.rs`). [`Partition`] is the shard map of a flat
+//! (CPU, deterministic; docs/runtime.md, "Data parallelism and ZeRO"); an NCCL implementation
+//! is meant to pass the same tests (`tests/collective.rs`). [`Partition`] is the shard map of a flat
 //! buffer padded to a multiple of the world size.
 //!
 //! Failure model: a collective is all-or-nothing. Any error (a rank that times out, ranks that

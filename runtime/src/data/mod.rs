@@ -2,6 +2,10 @@
 //! declared set ([`labels`]), tokenize once per run and pad per batch ([`tokenize`]), and deal
 //! each epoch's batches to the data-parallel ranks exactly as accelerate does ([`shard`]).
 //!
+//! The compiler reads the same files before a run: [`scan`] counts the rows it plans steps
+//! for and checks their fields and labels in one pass. Both sides take the format, the blank
+//! lines and the CSV/TSV records from [`format`], so they agree on what a row is.
+//!
 //! [`Dataset`] ties the first three together; the training loop asks [`shard::epoch_order`] and
 //! [`shard::rank_batches`] which indices to put in each step's batch and [`Dataset::batch`] for
 //! the padded tensors.
@@ -9,15 +13,18 @@
 //! Every error caused by the input files is a [`DataError`] whose message starts with
 //! `path:line:` so that a user can jump to the offending row.
 
+pub mod format;
 pub mod labels;
 pub mod read;
+pub mod scan;
 pub mod shard;
 pub mod tokenize;
 
 use std::path::PathBuf;
 
+pub use format::Format;
 pub use labels::LabelSet;
-pub use read::{read_examples, DataSpec, Example, Format};
+pub use read::{read_examples, DataSpec, Example};
 pub use shard::{epoch_order, rank_batches};
 pub use tokenize::{Dataset, EncodeError, Encoded, TextTokenizer, TokenBatch};
 

@@ -2,48 +2,17 @@
 //!
 //! Files are streamed (a `BufReader` for JSONL, the `csv` crate's own buffer for CSV/TSV), and
 //! every row remembers its 1-based line so that later stages (tokenization) can still point at it.
+//! What a row is (blank lines, CSV records, their lines) comes from [`super::format`], which the
+//! compiler's row count ([`super::scan`]) uses too.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use super::format::{self, Format, LineTracker};
 use super::{DataError, LabelSet};
-
-/// The layout of a data file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    /// Decided by the extension: `.jsonl`/`.json` → JSONL, `.csv` → CSV, `.tsv` → TSV.
-    Auto,
-    /// One JSON object per line (HF `datasets` reads `.json` files the same way).
-    Jsonl,
-    /// Comma-separated with a header row; RFC 4180 quoting.
-    Csv,
-    /// Tab-separated with a header row; quoting as for CSV (what pandas writes and reads).
-    Tsv,
-}
-
-impl Format {
-    /// The concrete format for `path`: itself, or for `Auto` the one its extension names.
-    pub fn resolve(self, path: &Path) -> Result<Format, DataError> {
-        if self != Format::Auto {
-            return Ok(self);
-        }
-        let ext = path
-            .extension()
-            .and_then(|e| e.to_str())
-            .map(str::to_ascii_lowercase);
-        match ext.as_deref() {
-            Some("jsonl" | "json") => Ok(Format::Jsonl),
-            Some("csv") => Ok(Format::Csv),
-            Some("tsv") => Ok(Format::Tsv),
-            _ => Err(DataError::UnknownFormat {
-                path: path.to_path_buf(),
-            }),
-        }
-    }
-}
 
 /// Where the data is and which fields hold what: the recipe's `data` block.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,9 +53,7 @@ pub fn read_examples(spec: &DataSpec, labels: &LabelSet) -> Result<Vec<Example>,
     })?;
     match spec.format.resolve(&spec.path)? {
         Format::Jsonl => read_jsonl(spec, labels, BufReader::new(file)),
-        Format::Csv => read_delimited(spec, labels, file, b','),
-        Format::Tsv => read_delimited(spec, labels, file, b'\t'),
-        Format::Auto => unreachable!("Format::resolve never returns Auto"),
+        format => read_delimited(spec, labels, file, format),
     }
 }
 
@@ -123,7 +90,7 @@ fn read_jsonl(
         } else {
             &line
         };
-        if line.trim().is_empty() {
+        if format::is_blank(line.as_bytes()) {
             continue;
         }
         let value: Value = serde_json::from_str(line).map_err(|e| DataError::Json {
@@ -199,51 +166,19 @@ fn missing(path: &Path, line: usize, field: &str, role: &'static str, found: Str
     }
 }
 
-/// Passes a file's bytes through to the csv reader and remembers where its line breaks are, so
-/// that a record's byte offset can be turned into the line it starts on. The csv crate's own
-/// `Position::line` is taken at the byte after the previous record's terminator, which in a CRLF
-/// file is the `\n` still on the previous line: one line early.
-struct LineIndex<R> {
-    inner: R,
-    offset: u64,
-    newlines: Vec<u64>,
-    returns: Vec<u64>,
-}
-
-impl<R: Read> Read for LineIndex<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        for (i, &b) in buf[..n].iter().enumerate() {
-            match b {
-                b'\n' => self.newlines.push(self.offset + i as u64),
-                b'\r' => self.returns.push(self.offset + i as u64),
-                _ => {}
-            }
-        }
-        self.offset += n as u64;
-        Ok(n)
-    }
-}
-
-impl<R> LineIndex<R> {
-    /// The 1-based line of the first byte at or after `byte` that is not a line break.
-    fn line_at(&self, byte: u64) -> usize {
-        let mut at = byte;
-        while self.newlines.binary_search(&at).is_ok() || self.returns.binary_search(&at).is_ok() {
-            at += 1;
-        }
-        1 + self.newlines.partition_point(|&o| o < at)
-    }
-}
-
 /// The csv crate's error as `path:line: message`; `fallback` is the line when it knows none.
-fn csv_error<R>(path: &Path, e: csv::Error, index: &LineIndex<R>, fallback: usize) -> DataError {
+fn csv_error<R>(
+    path: &Path,
+    e: csv::Error,
+    index: &mut LineTracker<R>,
+    fallback: usize,
+) -> DataError {
     let line = e.position().map_or(fallback, |p| index.line_at(p.byte()));
     let message = match e.kind() {
         csv::ErrorKind::UnequalLengths {
             expected_len, len, ..
-        } => format!("the row has {len} fields but the header has {expected_len}"),
-        csv::ErrorKind::Utf8 { .. } => "the row is not valid UTF-8".to_string(),
+        } => format::ragged_message(*len as usize, *expected_len as usize),
+        csv::ErrorKind::Utf8 { .. } => format::NOT_UTF8.to_string(),
         csv::ErrorKind::Io(err) => format!("cannot read the line: {err}"),
         _ => e.to_string(),
     };
@@ -258,26 +193,19 @@ fn read_delimited(
     spec: &DataSpec,
     labels: &LabelSet,
     file: File,
-    delimiter: u8,
+    format: Format,
 ) -> Result<Vec<Example>, DataError> {
     let path = &spec.path;
-    // The csv reader buffers internally, so no BufReader is needed around the file.
-    let mut rdr = csv::ReaderBuilder::new()
-        .delimiter(delimiter)
-        .has_headers(true)
-        .from_reader(LineIndex {
-            inner: file,
-            offset: 0,
-            newlines: Vec::new(),
-            returns: Vec::new(),
-        });
+    // The csv reader buffers internally, so no BufReader is needed around the file. Flexible:
+    // a blank line of spaces is one field, to skip before the field count is checked here.
+    let mut rdr = format::csv_reader(format, file, true);
     let header = match rdr.headers() {
         Ok(h) => h.clone(),
-        Err(e) => return Err(csv_error(path, e, rdr.get_ref(), 1)),
+        Err(e) => return Err(csv_error(path, e, rdr.get_mut(), 1)),
     };
     let header_line = header
         .position()
-        .map_or(1, |p| rdr.get_ref().line_at(p.byte()));
+        .map_or(1, |p| rdr.get_mut().line_at(p.byte()));
     if header.iter().all(str::is_empty) {
         return Err(DataError::Empty {
             path: path.clone(),
@@ -305,19 +233,31 @@ fn read_delimited(
 
     let mut out = Vec::new();
     let mut last = header_line;
-    let mut record = csv::StringRecord::new();
+    let mut bytes = csv::ByteRecord::new();
     loop {
-        match rdr.read_record(&mut record) {
+        match rdr.read_byte_record(&mut bytes) {
             Ok(true) => {}
             Ok(false) => break,
-            Err(e) => return Err(csv_error(path, e, rdr.get_ref(), last + 1)),
+            Err(e) => return Err(csv_error(path, e, rdr.get_mut(), last + 1)),
         }
-        let line = record
+        if format::is_blank_record(&bytes) {
+            continue;
+        }
+        let line = bytes
             .position()
-            .map_or(last + 1, |p| rdr.get_ref().line_at(p.byte()));
+            .map_or(last + 1, |p| rdr.get_mut().line_at(p.byte()));
         last = line;
-        // The csv reader has checked every row against the header's field count, so the
-        // columns found in the header exist in the row.
+        let row_error = |message: String| DataError::Csv {
+            path: path.clone(),
+            line,
+            message,
+        };
+        if bytes.len() != header.len() {
+            return Err(row_error(format::ragged_message(bytes.len(), header.len())));
+        }
+        let record = csv::StringRecord::from_byte_record(std::mem::take(&mut bytes))
+            .map_err(|_| row_error(format::NOT_UTF8.to_string()))?;
+        // Checked against the header's field count above: the header's columns are in the row.
         let cell = |c: usize| record.get(c).unwrap_or_default();
         let raw = cell(label_col);
         let label = labels.id_of_str(raw).ok_or_else(|| DataError::BadLabel {
@@ -332,6 +272,7 @@ fn read_delimited(
             label,
             line,
         });
+        bytes = record.into_byte_record(); // its buffers, for the next row
     }
     if out.is_empty() {
         return Err(DataError::Empty {

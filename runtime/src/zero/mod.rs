@@ -1,5 +1,6 @@
 //! ZeRO on the runtime's flat buffers: what each data-parallel rank holds and how the partitions
-//! meet, as DeepSpeed defines the stages (`../shared/reference/ds_hf_rules.md` §6.2, §8).
+//! meet, as DeepSpeed defines the stages (`deepspeed/runtime/zero/stage_1_and_2.py`,
+//! `deepspeed/runtime/zero/stage3.py`; docs/runtime.md, "Data parallelism and ZeRO").
 //!
 //! - Stage 0: every rank holds the whole parameters, gradients and optimizer state; gradients
 //!   are all-reduced (averaged) once per optimizer step.
