@@ -29,6 +29,8 @@ pub const FP16_SETTING_IGNORED: &str = "R0507";
 pub const ZERO_NEEDS_FP16: &str = "R0508";
 /// A raw `deepspeed { }` / `hf { }` key restating the recipe's precision.
 pub const RAW_PRECISION_KEY: &str = "R0509";
+/// fp16 at ZeRO stage 0 on a DeepSpeed that never scales the loss there but still unscales.
+pub const FP16_ZERO0_UNSCALED: &str = "R0510";
 
 /// This family's codes.
 pub const CODES: &[(&str, &str, &str)] = &[
@@ -76,6 +78,11 @@ pub const CODES: &[(&str, &str, &str)] = &[
         RAW_PRECISION_KEY,
         "raw-precision-key",
         "a raw key restates the recipe's precision",
+    ),
+    (
+        FP16_ZERO0_UNSCALED,
+        "fp16-zero0-unscaled",
+        "fp16 at ZeRO stage 0: the target DeepSpeed divides by a loss scale it never applied",
     ),
 ];
 
@@ -161,7 +168,43 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
     bf16_unsupported(r, &p, out);
     fp16_settings_ignored(r, &p, out);
     zero_needs_fp16(r, &p, out);
+    fp16_zero0_unscaled(r, &p, out);
     raw_keys(r, out);
+}
+
+/// DeepSpeed ≥ 0.18.3 (PR #7665), `runtime/engine.py:backward`: the loss is scaled only when the
+/// optimizer is a `ZeROOptimizer` (or under torch autocast). At ZeRO stage 0 fp16 runs
+/// `FP16_Optimizer` / `FP16_UnfusedOptimizer`, which are not, so the backward sees the unscaled
+/// loss — and their `step` still divides the gradients by the loss scale
+/// (`unscale_and_clip_grads`). Measured on DeepSpeed 0.19.8 (CPU accelerator, a `Linear` with
+/// SGD lr 1, `initial_scale_power = 8`): the engine's gradient equalled the true one and the
+/// update was 1/256 of it (docs/rules/precision-zero.md). A warning until the conformance corpus
+/// carries the case.
+fn fp16_zero0_unscaled(r: &Resolved, p: &Precision, out: &mut Vec<Diagnostic>) {
+    if !r.facts.ds_zero0_fp16_unscaled
+        || p.train != "fp16"
+        || r.int("zero.stage").unwrap_or(0) != 0
+        || matches!(r.val("train.loss_scale"), Some(Val::Int(1)))
+    {
+        return;
+    }
+    let ds = r.targets.deepspeed;
+    let scale = match r.val("train.loss_scale") {
+        Some(Val::Int(s)) => format!("the static scale {s}"),
+        _ => format!(
+            "the loss scale (2^{} at the start)",
+            r.int("train.initial_scale_power").unwrap_or(16)
+        ),
+    };
+    out.push(
+        Diagnostic::warning(
+            FP16_ZERO0_UNSCALED,
+            format!("DeepSpeed {ds} never scales an fp16 loss at ZeRO stage 0, but divides the gradients by {scale}: every update is that much too small, and small fp16 gradients flush to zero"),
+            anchor(r, "train.precision"),
+        )
+        .with_label("fp16 at ZeRO stage 0")
+        .with_help("use ZeRO stage 1 (`zero 1 { }`: the ZeRO optimizer scales the loss), or bf16, or `loss_scale = 1` (no scaling, so nothing to divide by)"),
+    );
 }
 
 fn is_half(p: &str) -> bool {
