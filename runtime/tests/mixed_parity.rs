@@ -40,102 +40,23 @@
 //! 1.5e-4 / 9.4e-4): over 20 steps of this model the per-op rounding shows up as noise of the
 //! same size on both sides, not as a trajectory difference, so that run is reported, not bounded.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use recipe_runtime::backend::Cpu;
 use recipe_runtime::lr::{hf_lr, HfSchedule};
-use recipe_runtime::model::{Batch, Classifier, Workspace};
+use recipe_runtime::model::{Classifier, Workspace};
 use recipe_runtime::optim::{self, hf_no_decay, Adam, AdamConfig};
 use recipe_runtime::params::Entry;
 use recipe_runtime::precision::{self, Dtype};
 use recipe_runtime::zero::HostOptimizer;
-use safetensors::tensor::{Dtype as StDtype, SafeTensors};
+use safetensors::tensor::Dtype as StDtype;
+
+mod common;
+
+use common::Fixture;
 
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
-
-/// A fixture file's tensors as f64 (from F32, F64, F16, BF16 or I32), and its metadata.
-struct Fixture {
-    t: HashMap<String, (Vec<usize>, StDtype, Vec<f64>)>,
-    meta: HashMap<String, String>,
-}
-
-impl Fixture {
-    fn load(name: &str) -> Fixture {
-        let bytes = std::fs::read(fixtures().join("mixed_parity").join(name)).unwrap();
-        let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
-        let meta = meta.metadata().clone().unwrap_or_default();
-        let st = SafeTensors::deserialize(&bytes).unwrap();
-        let mut t = HashMap::new();
-        for (n, v) in st.iter() {
-            let d = v.data();
-            let vals: Vec<f64> = match v.dtype() {
-                StDtype::F32 => d
-                    .chunks_exact(4)
-                    .map(|b| f64::from(f32::from_le_bytes(b.try_into().unwrap())))
-                    .collect(),
-                StDtype::F64 => d
-                    .chunks_exact(8)
-                    .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
-                    .collect(),
-                StDtype::F16 => d
-                    .chunks_exact(2)
-                    .map(|b| half::f16::from_le_bytes(b.try_into().unwrap()).to_f64())
-                    .collect(),
-                StDtype::BF16 => d
-                    .chunks_exact(2)
-                    .map(|b| half::bf16::from_le_bytes(b.try_into().unwrap()).to_f64())
-                    .collect(),
-                StDtype::I32 => d
-                    .chunks_exact(4)
-                    .map(|b| f64::from(i32::from_le_bytes(b.try_into().unwrap())))
-                    .collect(),
-                other => panic!("{n}: unexpected fixture dtype {other:?}"),
-            };
-            t.insert(n.to_string(), (v.shape().to_vec(), v.dtype(), vals));
-        }
-        Fixture { t, meta }
-    }
-
-    fn f(&self, name: &str) -> &[f64] {
-        &self
-            .t
-            .get(name)
-            .unwrap_or_else(|| panic!("fixture lacks {name}"))
-            .2
-    }
-
-    fn dtype(&self, name: &str) -> StDtype {
-        self.t[name].1
-    }
-
-    fn meta<T: std::str::FromStr>(&self, key: &str) -> T
-    where
-        T::Err: std::fmt::Debug,
-    {
-        self.meta[key].parse().unwrap()
-    }
-
-    fn u32s(&self, name: &str, range: std::ops::Range<usize>) -> Vec<u32> {
-        self.f(name)[range].iter().map(|&x| x as u32).collect()
-    }
-
-    /// Micro-batch `i` of the stacked `[n, batch, seq]` inputs.
-    fn batch(&self, i: usize) -> Batch {
-        let s = &self.t["input_ids"].0;
-        let (b, t) = (s[1], s[2]);
-        let tok = i * b * t..(i + 1) * b * t;
-        Batch {
-            input_ids: self.u32s("input_ids", tok.clone()),
-            token_type_ids: self.u32s("token_type_ids", tok.clone()),
-            attention_mask: self.u32s("attention_mask", tok),
-            labels: self.u32s("labels", i * b..(i + 1) * b),
-            batch: b,
-            seq: t,
-        }
-    }
+    common::fixtures("")
 }
 
 /// `|got − want| / |want|` of two scalars.
@@ -386,8 +307,12 @@ fn assert_within(tag: &str, d: &Deviation, tol: &Deviation) {
 }
 
 fn check(tag: &str, dtype: Dtype, st_dtype: StDtype, tol: Deviation) {
-    let fx = Fixture::load(&format!("{tag}.safetensors"));
-    assert_eq!(fx.meta["dtype"], tag);
+    let fx = Fixture::load(
+        &fixtures()
+            .join("mixed_parity")
+            .join(format!("{tag}.safetensors")),
+    );
+    assert_eq!(fx.meta_str("dtype"), Some(tag));
     let scale: f64 = fx.meta("loss_scale");
     let max_norm: f64 = fx.meta("max_norm");
     for e in ["final.classifier.weight", "step1_grad.classifier.weight"] {

@@ -8,79 +8,19 @@ use std::path::{Path, PathBuf};
 use recipe_runtime::lr::{hf_lr, HfSchedule};
 use recipe_runtime::model::{Batch, BertConfig, Classifier, ModelError, Workspace};
 use recipe_runtime::optim::{clip_grad_norm, hf_no_decay, Adam, AdamConfig, WeightDecay};
-use safetensors::tensor::{Dtype, SafeTensors};
 
 const TOL: f64 = 1e-5;
 
+mod common;
+
+use common::Fixture;
+
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/parity")
+    common::fixtures("parity")
 }
 
-/// A fixture file's tensors as f64 (from F32, F64 or I32).
-struct Fixture {
-    t: HashMap<String, (Vec<usize>, Vec<f64>)>,
-    meta: HashMap<String, String>,
-}
-
-impl Fixture {
-    fn load(name: &str) -> Fixture {
-        let bytes = std::fs::read(fixtures().join(name)).unwrap();
-        let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
-        let meta = meta.metadata().clone().unwrap_or_default();
-        let st = SafeTensors::deserialize(&bytes).unwrap();
-        let mut t = HashMap::new();
-        for (n, v) in st.iter() {
-            let d = v.data();
-            let vals: Vec<f64> = match v.dtype() {
-                Dtype::F32 => d
-                    .chunks_exact(4)
-                    .map(|b| f64::from(f32::from_le_bytes(b.try_into().unwrap())))
-                    .collect(),
-                Dtype::F64 => d
-                    .chunks_exact(8)
-                    .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
-                    .collect(),
-                Dtype::I32 => d
-                    .chunks_exact(4)
-                    .map(|b| f64::from(i32::from_le_bytes(b.try_into().unwrap())))
-                    .collect(),
-                other => panic!("{n}: unexpected fixture dtype {other:?}"),
-            };
-            t.insert(n.to_string(), (v.shape().to_vec(), vals));
-        }
-        Fixture { t, meta }
-    }
-
-    fn f(&self, name: &str) -> &[f64] {
-        &self
-            .t
-            .get(name)
-            .unwrap_or_else(|| panic!("fixture lacks {name}"))
-            .1
-    }
-
-    fn shape(&self, name: &str) -> &[usize] {
-        &self.t[name].0
-    }
-
-    fn u32s(&self, name: &str, range: std::ops::Range<usize>) -> Vec<u32> {
-        self.f(name)[range].iter().map(|&x| x as u32).collect()
-    }
-
-    /// Micro-batch `i` of a stacked `[n, batch, seq]` fixture (or the only one of `[batch, seq]`).
-    fn batch(&self, i: usize) -> Batch {
-        let s = self.shape("input_ids");
-        let (b, t) = (s[s.len() - 2], s[s.len() - 1]);
-        let tok = i * b * t..(i + 1) * b * t;
-        Batch {
-            input_ids: self.u32s("input_ids", tok.clone()),
-            token_type_ids: self.u32s("token_type_ids", tok.clone()),
-            attention_mask: self.u32s("attention_mask", tok),
-            labels: self.u32s("labels", i * b..(i + 1) * b),
-            batch: b,
-            seq: t,
-        }
-    }
+fn load(name: &str) -> Fixture {
+    Fixture::load(&fixtures().join(name))
 }
 
 /// `max|got − want| / max(max|want|, 1e-30)`.
@@ -122,7 +62,7 @@ fn full() -> Classifier {
 
 #[test]
 fn case_a_logits_loss_and_every_gradient_match_pytorch() {
-    let fx = Fixture::load("case_a.safetensors");
+    let fx = load("case_a.safetensors");
     let m = full();
     let b = fx.batch(0);
     assert!(b.attention_mask.contains(&0) && b.token_type_ids.contains(&1));
@@ -140,11 +80,11 @@ fn case_a_logits_loss_and_every_gradient_match_pytorch() {
     let e_grad = check_params("grad", &grads, &m, &fx, "grad");
     // Every gradient must be exercised (a zero tensor would pass the relative bound vacuously),
     // except the key biases, which are exactly 0 here and rounding noise in PyTorch.
-    let global =
-        fx.t.iter()
-            .filter(|(k, _)| k.starts_with("grad."))
-            .flat_map(|(_, (_, v))| v.iter())
-            .fold(0.0f64, |m, x| m.max(x.abs()));
+    let global = fx
+        .names()
+        .filter(|k| k.starts_with("grad."))
+        .flat_map(|k| fx.f(k).iter())
+        .fold(0.0f64, |m, x| m.max(x.abs()));
     for e in &m.params().entries {
         let g = &grads[e.range()];
         if is_key_bias(&e.name) {
@@ -232,8 +172,8 @@ fn replay(
 
 #[test]
 fn case_b_adamw_accumulation_clipping_warmup_match_pytorch() {
-    let fx = Fixture::load("case_b.safetensors");
-    let max_norm: f32 = fx.meta["max_norm"].parse().unwrap();
+    let fx = load("case_b.safetensors");
+    let max_norm: f32 = fx.meta("max_norm");
     // The fixture is only meaningful if clipping bites on some steps but not all.
     let norms = fx.f("grad_norm");
     assert!(
@@ -248,7 +188,7 @@ fn case_b_adamw_accumulation_clipping_warmup_match_pytorch() {
 
 #[test]
 fn case_c_adam_l2_matches_pytorch() {
-    let fx = Fixture::load("case_c.safetensors");
+    let fx = load("case_c.safetensors");
     let mut cfg = AdamConfig::adamw(0.01);
     cfg.mode = WeightDecay::L2;
     let (scalars, weights) = replay(&fx, cfg, 5, 1, None, |_| 1e-3);
@@ -335,7 +275,7 @@ fn transformers_loads_a_saved_checkpoint() {
     let dir = tmp.path().join("ckpt");
     let labels: Vec<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
     m.save_pretrained(&dir, &labels).unwrap();
-    let b = Fixture::load("case_a.safetensors").batch(0);
+    let b = load("case_a.safetensors").batch(0);
     let logits = m.forward(&b).unwrap();
     let job = serde_json::json!({
         "dir": dir, "input_ids": b.input_ids, "token_type_ids": b.token_type_ids,
@@ -475,7 +415,7 @@ fn malformed_checkpoints_are_errors_naming_the_problem() {
 #[test]
 fn bad_batches_and_buffers_are_errors() {
     let m = full();
-    let good = Fixture::load("case_a.safetensors").batch(0);
+    let good = load("case_a.safetensors").batch(0);
     let mut ws = Workspace::new();
     let mut grads = m.params().zeros_like();
     let run =
