@@ -5,11 +5,6 @@
 //! `deepspeed/runtime/fp16/loss_scaler.py`). `recipe explain` and `recipe steps` print this.
 
 use crate::resolve::{Resolved, Val};
-use crate::versions::{Library, Version};
-
-/// DeepSpeed checks bf16 gradients for inf/NaN (`bf16.check_grad_overflow`, default true) since
-/// this release.
-const BF16_CHECK: Version = Version::new(0, 19, 3);
 
 /// One paragraph on skipped steps for the recipe's precision, or None when nothing is skipped
 /// (fp32; bf16 before DeepSpeed 0.19.3).
@@ -72,7 +67,7 @@ pub fn note(r: &Resolved) -> Option<String> {
                  {opening} {record}, with each step's scale."
             ))
         }
-        "bf16" if r.targets.get(Library::DeepSpeed) >= BF16_CHECK => Some(format!(
+        "bf16" if r.facts.ds_bf16_skips_overflow => Some(format!(
             "bf16 has no loss scale, but DeepSpeed (≥ 0.19.3, bf16.check_grad_overflow) skips a \
              step whose gradients hold an inf or NaN like an fp16 overflow: {held}. {record}."
         )),

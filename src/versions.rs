@@ -243,6 +243,9 @@ pub struct Facts {
     /// At ZeRO stage 0, `engine.backward` does not scale an fp16 loss (it scales only for a
     /// `ZeROOptimizer`), while `FP16_Optimizer.step` still divides the gradients by the scale.
     pub ds_zero0_fp16_unscaled: bool,
+    /// bf16 steps whose gradients hold an inf or NaN are skipped like fp16 overflows
+    /// (`bf16.check_grad_overflow`, default true).
+    pub ds_bf16_skips_overflow: bool,
     /// fp16 `initial_scale_power` default.
     pub ds_initial_scale_power: u32,
     /// The ZeRO-2 estimator uses the post-0.14.3 formula.
@@ -354,6 +357,8 @@ pub enum Fact {
     DsZeroNeedsFp16(bool),
     /// See [`Facts::ds_zero0_fp16_unscaled`].
     DsZero0Fp16Unscaled(bool),
+    /// See [`Facts::ds_bf16_skips_overflow`].
+    DsBf16SkipsOverflow(bool),
     /// See [`Facts::ds_initial_scale_power`].
     DsInitialScalePower(u32),
     /// See [`Facts::ds_zero2_estimate_new`].
@@ -471,6 +476,8 @@ pub static CHANGES: &[Change] = &[
     row(D, (0, 5, 7), DsHasWarmupType(true), "DeepSpeed PR #1530, v0.5.7"),
     row(D, (0, 0, 0), DsZero0Fp16Unscaled(false), "DeepSpeed@v0.18.2 runtime/engine.py:backward calls self.optimizer.backward(loss): FP16_Optimizer scales loss.float() * cur_scale"),
     row(D, (0, 18, 3), DsZero0Fp16Unscaled(true), "DeepSpeed PR #7665 (v0.18.3) runtime/engine.py:backward scales only `isinstance(self.optimizer, ZeROOptimizer)`; FP16_Optimizer is not one, its step still unscales (still so in v0.19.8)"),
+    row(D, (0, 0, 0), DsBf16SkipsOverflow(false), "DeepSpeed@v0.19.2 runtime/precision_config.py: no bf16 check_grad_overflow"),
+    row(D, (0, 19, 3), DsBf16SkipsOverflow(true), "DeepSpeed v0.19.3 runtime/precision_config.py: check_grad_overflow = True; engine.py _configure_zero_optimizer passes it"),
     row(D, (0, 0, 0), DsHasFp16AutoCast(false), "DeepSpeed@v0.6.7 runtime/constants.py: no FP16_AUTO_CAST"),
     row(D, (0, 7, 0), DsHasFp16AutoCast(true), "DeepSpeed@v0.7.0 runtime/constants.py: FP16_AUTO_CAST = \"auto_cast\""),
     row(D, (0, 0, 0), DsBf16Key(None), "DeepSpeed@v0.5.4 (no bf16)"),
@@ -564,6 +571,7 @@ impl Fact {
             DsRemovedLegacyFeatures(v) => f.ds_removed_legacy_features = v,
             DsZeroNeedsFp16(v) => f.ds_zero_needs_fp16 = v,
             DsZero0Fp16Unscaled(v) => f.ds_zero0_fp16_unscaled = v,
+            DsBf16SkipsOverflow(v) => f.ds_bf16_skips_overflow = v,
             DsInitialScalePower(v) => f.ds_initial_scale_power = v,
             DsZero2EstimateNew(v) => f.ds_zero2_estimate_new = v,
             DsStrictZeroSections(v) => f.ds_strict_zero_sections = v,
@@ -618,6 +626,7 @@ impl Facts {
             ds_removed_legacy_features: false,
             ds_zero_needs_fp16: true,
             ds_zero0_fp16_unscaled: false,
+            ds_bf16_skips_overflow: false,
             ds_initial_scale_power: 32,
             ds_zero2_estimate_new: false,
             ds_strict_zero_sections: false,
@@ -687,8 +696,8 @@ mod tests {
             }
             last.insert(d, c.since);
         }
-        // Every field has a 0.0.0 row: 45 facts.
-        assert_eq!(last.len(), 45);
+        // Every field has a 0.0.0 row: 46 facts.
+        assert_eq!(last.len(), 46);
     }
 
     #[test]
