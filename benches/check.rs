@@ -11,7 +11,7 @@
 //!   - "repeated": `recipes/cls.rcp` written out again and again (every repeat is a duplicate
 //!     block, so this one also measures building many diagnostics);
 //!
-//!   and `recipe::format::format_source` of both;
+//!   and `recipe::commands::format::format_source` of both;
 //! * (c) whole-process `recipe check recipes/cls.rcp` (the release binary) next to spawning
 //!   `/bin/true`, the process-spawn floor; then whole-process `recipe check` of the generated
 //!   raw recipe (written to the temporary directory, so its data files are not local);
@@ -331,7 +331,7 @@ fn bench_big(name: &str, text: &str) {
         black_box(serde_json::from_str::<serde_json::Value>(black_box(&json)).unwrap());
     });
     let format = time_n(15, 2, || {
-        black_box(recipe::format::format_source(black_box(text)).unwrap());
+        black_box(recipe::commands::format::format_source(black_box(text)).unwrap());
     });
     let (c, p, f) = (
         ms(percentile(&check, 50)),

@@ -1,33 +1,43 @@
 //! `recipe`: a compiler for training recipes.
 //!
-//! Data flows one way: source text → [`syntax`] (pest grammar, AST with spans) →
-//! [`check`] (schema rules, later the upstream DeepSpeed/HF rules) → diagnostics
-//! ([`diagnostic`]), and → [`format`] for `recipe fmt`.
+//! The folders read as the pipeline; data flows one way:
+//!
+//! 1. [`syntax`]: source text → AST with spans (the pest grammar in `grammar/recipe.pest` is the
+//!    only parser).
+//! 2. [`check`]: the AST against the [`schema`] (every block and key as data: type, default,
+//!    the DeepSpeed key and TrainingArguments field it feeds, the stages and kinds it applies
+//!    to).
+//! 3. [`resolve`]: every value made concrete, with where it came from (written, a flag, a schema
+//!    default, derived), plus the batch triple, the sample count and the step accounting.
+//! 4. [`rules`]: the upstream rules (DeepSpeed, transformers, accelerate, per target release)
+//!    and the native runtime's refusals, one family per file, run on the resolved recipe.
+//! 5. [`emit`]: the artefacts — DeepSpeed config JSON, TrainingArguments, the launch command,
+//!    the lock file, the native plan that `recipe run` hands to the runtime crate.
+//!
+//! Beside the pipeline: [`upstream`] holds what the real stack does (per-release facts, step
+//! and LR formulas, memory estimators) for the rules, emitters and `recipe explain`;
+//! [`diagnostics`] renders every finding (codes, spans, help); [`commands`] is the library side
+//! of `recipe explain`, `fmt` and `import`.
 
 // pest is used without its `std` feature (so without its per-rule stack probe: the lexical
 // pre-pass already bounds nesting at 64); its generated parser then names `alloc` directly.
 extern crate alloc;
 
-pub mod atomic;
-pub mod check;
-pub mod codes;
-pub mod diagnostic;
-pub mod emit;
-pub mod explain;
-pub mod format;
-pub mod import;
-pub mod lr;
-pub mod memory;
-pub mod resolve;
-pub mod rules;
-pub mod schedules;
-pub mod schema;
-pub mod skips;
-pub mod source;
-pub mod steps;
 pub mod syntax;
-pub mod versions;
+
+pub mod check;
+pub mod schema;
+
+pub mod resolve;
+
+pub mod rules;
+
+pub mod emit;
+
+pub mod commands;
+pub mod diagnostics;
+pub mod upstream;
 
 pub use check::{check_source, Checked};
-pub use diagnostic::{Diagnostic, Severity};
-pub use source::SourceFile;
+pub use diagnostics::source::SourceFile;
+pub use diagnostics::{Diagnostic, Severity};

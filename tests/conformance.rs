@@ -725,7 +725,7 @@ fn lr_error(
     side: &str,
     tol: f64,
 ) -> (f64, Option<usize>) {
-    let curves = recipe::schedules::curves(r).expect("schedule curves");
+    let curves = recipe::upstream::schedules::curves(r).expect("schedule curves");
     let (mut worst, mut first) = (0.0f64, None);
     for (i, want) in real.iter().enumerate() {
         // A step upstream could not compute is recorded as a string; nothing to compare.
@@ -804,7 +804,7 @@ fn old_stacks_run_our_artefacts_and_match_our_steps_and_learning_rates() {
                 r.uint("train.logging_steps"),
                 "{stack} {case}"
             );
-            let report = recipe::explain::report(&r, None);
+            let report = recipe::commands::explain::report(&r, None);
             let logging = report
                 .settings
                 .iter()
@@ -1058,7 +1058,7 @@ fn accelerate_changes_only_steps_per_print_and_explain_says_so() {
                 _ => assert_eq!(d["real"], true, "{case}"),
             }
         }
-        let report = recipe::explain::report(&r, None);
+        let report = recipe::commands::explain::report(&r, None);
         let row = report
             .settings
             .iter()

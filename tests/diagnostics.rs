@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use recipe::diagnostic::{render_human, to_json, Style};
+use recipe::diagnostics::{render_human, to_json, Style};
 use recipe::{check_source, Checked, SourceFile};
 
 /// The native family (R11xx) is checked for the native target only (`--target native`).
@@ -64,7 +64,7 @@ fn every_code_has_a_failing_recipe() {
         .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
         .filter_map(|n| n.split('-').next().map(str::to_string))
         .collect();
-    for (code, name, _) in recipe::codes::all() {
+    for (code, name, _) in recipe::diagnostics::codes::all() {
         assert!(
             covered.contains(code),
             "no failing recipe for {code} ({name}) in tests/diagnostics/"
@@ -75,7 +75,7 @@ fn every_code_has_a_failing_recipe() {
 #[test]
 fn codes_are_unique_and_well_formed() {
     let mut seen = BTreeSet::new();
-    for (code, _, _) in recipe::codes::all() {
+    for (code, _, _) in recipe::diagnostics::codes::all() {
         assert!(
             code.len() == 5
                 && code.starts_with('R')
@@ -135,7 +135,7 @@ fn every_rule_code_has_a_passing_neighbour() {
         .filter_map(|n| n.split('-').next().map(str::to_string))
         .collect();
     // Codes from R0100 on are upstream rules: each has a neighbour that passes.
-    for (code, name, _) in recipe::codes::all()
+    for (code, name, _) in recipe::diagnostics::codes::all()
         .into_iter()
         .filter(|(c, _, _)| *c >= "R0100")
     {

@@ -253,7 +253,7 @@ fn diagnostics_reference_has_a_section_per_code() {
             doc.push_str(&std::fs::read_to_string(entry.unwrap().path()).unwrap());
         }
     }
-    for (code, name, _) in recipe::codes::all() {
+    for (code, name, _) in recipe::diagnostics::codes::all() {
         assert!(
             doc.contains(&format!("### {code}")),
             "docs/diagnostics.md has no `### {code}` ({name})"

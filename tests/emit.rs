@@ -126,7 +126,7 @@ fn hf_values(args: &Value, r: &Resolved) -> Vec<(&'static str, Value)> {
 fn hf_fill_match_finds_no_mismatch() {
     for path in examples() {
         let (source, r) = resolved(&path);
-        if r.targets.transformers != recipe::versions::Targets::newest().transformers {
+        if r.targets.transformers != recipe::upstream::versions::Targets::newest().transformers {
             continue; // the Table-A statement above is transformers 5.24.0's
         }
         let artefacts = emit::build(&r, &source, &[], &layout(), Style::Explicit);
@@ -171,7 +171,7 @@ fn every_emitted_key_exists_in_the_target_release() {
         let (_, top) = DEEPSPEED_TOP_LEVEL_BY_VERSION
             .iter()
             .rev()
-            .find(|(v, _)| v.parse::<recipe::versions::Version>().unwrap() <= ds_version)
+            .find(|(v, _)| v.parse::<recipe::upstream::versions::Version>().unwrap() <= ds_version)
             .unwrap_or(&DEEPSPEED_TOP_LEVEL_BY_VERSION[0]);
         for key in json("ds_config.json").as_object().unwrap().keys() {
             assert!(

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use common::shape;
 use recipe::check::check_source_with;
-use recipe::format::format_source;
+use recipe::commands::format::format_source;
 use recipe::resolve::Options;
 use recipe::syntax;
 

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 
 use common::rcp_files;
 use recipe::check::check_source_with;
+use recipe::commands::import::{import, Inputs};
 use recipe::emit::{self, deepspeed::Style, Layout};
-use recipe::import::{import, Inputs};
 use recipe::resolve::{resolve, Options, Resolved, Val};
 use recipe::SourceFile;
 use serde_json::Value;
@@ -93,7 +93,7 @@ fn round_trip_from(
         model_is_local: false,
         gpus: r.uint("cluster.gpus"),
         nodes: r.uint("cluster.nodes"),
-        targets: recipe::versions::Library::ALL
+        targets: recipe::upstream::versions::Library::ALL
             .iter()
             .enumerate()
             .filter(|(i, _)| {
@@ -542,19 +542,19 @@ mod robustness {
 /// for the release the file was written for, nothing is reported.
 #[test]
 fn args_fields_the_target_release_lacks_are_reported() {
-    use recipe::versions::Version;
+    use recipe::upstream::versions::Version;
     let args = serde_json::json!({
         "warmup_ratio": 0.06, "evaluation_strategy": "epoch", "learning_rate": 3e-5
     });
     let v5: Version = "5.24.0".parse().unwrap();
-    let found = recipe::import::unknown_args(&args, v5);
+    let found = recipe::commands::import::unknown_args(&args, v5);
     assert_eq!(found.len(), 2, "{found:?}");
     assert!(found
         .iter()
         .any(|m| m.starts_with("`evaluation_strategy`") && m.contains("now `eval_strategy`")));
     assert!(found.iter().any(|m| m.starts_with("`warmup_ratio`")));
     let v4: Version = "4.30.0".parse().unwrap();
-    assert!(recipe::import::unknown_args(&args, v4).is_empty());
+    assert!(recipe::commands::import::unknown_args(&args, v4).is_empty());
 }
 
 /// Without --gpus, a written train_batch_size that is micro × accumulation × N gives the world

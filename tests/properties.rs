@@ -5,7 +5,7 @@ mod common;
 
 use common::shape;
 use proptest::prelude::*;
-use recipe::format::{format_source, quote};
+use recipe::commands::format::{format_source, quote};
 use recipe::{check_source, syntax, Diagnostic};
 
 fn spans_ok(text: &str, diagnostics: &[Diagnostic]) -> Result<(), TestCaseError> {

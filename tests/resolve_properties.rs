@@ -57,7 +57,7 @@ proptest! {
         let text = recipe_text(micro, accumulate, global, gpus, nodes, samples, epochs, drop_last);
         let mut options = Options::default();
         if !newest {
-            options.targets.push((recipe::versions::Library::Transformers, "4.40.0".parse().unwrap()));
+            options.targets.push((recipe::upstream::versions::Library::Transformers, "4.40.0".parse().unwrap()));
         }
         let checked = check_source_with(&text, &options);
         prop_assume!(!checked.has_errors());

@@ -4,7 +4,7 @@ pub mod raw;
 pub mod schema;
 pub mod suggest;
 
-use crate::diagnostic::{self, Diagnostic};
+use crate::diagnostics::{self, Diagnostic};
 use crate::resolve::{self, Options};
 use crate::rules;
 use crate::syntax::{self, ast::File};
@@ -43,14 +43,14 @@ pub fn check_source_with(text: &str, options: &Options) -> Checked {
                     rules::native::check(&resolved, &mut diagnostics);
                 }
             }
-            diagnostic::sort(&mut diagnostics);
+            diagnostics::sort(&mut diagnostics);
             Checked {
                 file: Some(file),
                 diagnostics,
             }
         }
         Err(mut diagnostics) => {
-            diagnostic::sort(&mut diagnostics);
+            diagnostics::sort(&mut diagnostics);
             Checked {
                 file: None,
                 diagnostics,

@@ -9,8 +9,8 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::check::suggest;
-use crate::codes;
-use crate::diagnostic::Diagnostic;
+use crate::diagnostics::codes;
+use crate::diagnostics::Diagnostic;
 use crate::schema::upstream;
 use crate::schema::RawKind;
 use crate::syntax::ast::{Body, Entry, Span};

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 
 use crate::check::{raw, suggest};
-use crate::codes;
-use crate::diagnostic::Diagnostic;
+use crate::diagnostics::codes;
+use crate::diagnostics::Diagnostic;
 use crate::schema::types::{words_list, Mismatch};
 use crate::schema::{self, BlockSpec, BodySpec, KeySpec, LabelSpec, BLOCKS};
 use crate::syntax::ast::{Block, Body, Entry, File, Span, ValueKind};

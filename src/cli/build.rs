@@ -65,7 +65,7 @@ pub fn run(file: &Path, out: Option<&PathBuf>, auto: bool, flags: &RecipeFlags) 
         let d = recipe::rules::steps::build_needs_samples(&resolved);
         eprint!(
             "{}",
-            recipe::diagnostic::render_human(&d, &source, super::style())
+            recipe::diagnostics::render_human(&d, &source, super::style())
         );
         eprintln!("{}: has errors; nothing written", source.name);
         return FAILED;
@@ -145,7 +145,7 @@ pub fn native_plan(
                 for d in &diagnostics {
                     eprint!(
                         "{}",
-                        recipe::diagnostic::render_human(d, source, super::style())
+                        recipe::diagnostics::render_human(d, source, super::style())
                     );
                 }
                 eprintln!(

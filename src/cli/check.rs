@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use recipe::diagnostic::{render_human, to_json};
+use recipe::diagnostics::{render_human, to_json};
 use recipe::Severity;
 
 use super::{read, style, Format, RecipeFlags, FAILED, OK, USAGE};

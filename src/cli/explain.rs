@@ -3,9 +3,9 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use recipe::explain::{report, Report};
-use recipe::memory::gib;
+use recipe::commands::explain::{report, Report};
 use recipe::resolve::value::fmt_f64;
+use recipe::upstream::memory::gib;
 
 use super::{load, Format, RecipeFlags, FAILED, OK, USAGE};
 
@@ -21,7 +21,7 @@ pub fn run(file: &Path, key: Option<&str>, lr_csv: Option<&PathBuf>, flags: &Rec
             let cell = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x}"));
             let _ = writeln!(csv, "{},{},{}", s.step, cell(s.hf), cell(s.deepspeed));
         }
-        if let Err(e) = recipe::atomic::write(path, csv.as_bytes()) {
+        if let Err(e) = recipe::commands::atomic::write(path, csv.as_bytes()) {
             eprintln!("error: cannot write `{}`: {e}", path.display());
             return USAGE;
         }
@@ -176,7 +176,7 @@ pub fn human(rep: &Report) -> String {
             .and_then(|r| r.json.as_f64())
             .unwrap_or(0.0);
         let owner = match rep.schedule_owner {
-            Some(recipe::schedules::Owner::DeepSpeed) => "DeepSpeed builds it",
+            Some(recipe::upstream::schedules::Owner::DeepSpeed) => "DeepSpeed builds it",
             _ => "HF builds it",
         };
         let _ = writeln!(

@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use recipe::diagnostic::render_human;
+use recipe::diagnostics::render_human;
 
 use super::{read, style, FAILED, OK, USAGE};
 
@@ -14,7 +14,7 @@ pub fn run(files: &[PathBuf], check: bool) -> i32 {
             code = USAGE;
             continue;
         };
-        let formatted = match recipe::format::format_source(&file.text) {
+        let formatted = match recipe::commands::format::format_source(&file.text) {
             Ok(f) => f,
             Err(diagnostics) => {
                 for d in &diagnostics {
@@ -41,7 +41,7 @@ pub fn run(files: &[PathBuf], check: bool) -> i32 {
                 file.name, file.name
             );
             code = code.max(FAILED);
-        } else if let Err(e) = recipe::atomic::write(path, formatted.as_bytes()) {
+        } else if let Err(e) = recipe::commands::atomic::write(path, formatted.as_bytes()) {
             eprintln!("error: cannot write `{}`: {e}", path.display());
             code = USAGE;
         } else {

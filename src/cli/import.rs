@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use recipe::diagnostic::render_human;
-use recipe::import::{import, Inputs};
+use recipe::commands::import::{import, Inputs};
+use recipe::diagnostics::render_human;
 use recipe::SourceFile;
 
 use super::{style, RecipeFlags, FAILED, OK, USAGE};
@@ -84,16 +84,16 @@ pub fn run(file: &Path, args: Option<&PathBuf>, given: Given, flags: &RecipeFlag
     // The args file as it is, against the target transformers (the linter use): a key that
     // release does not have is reported even where the import maps it.
     if let (Some(hf), Some(path)) = (&hf, args) {
-        let mut t = recipe::versions::Targets::newest();
+        let mut t = recipe::upstream::versions::Targets::newest();
         for (lib, v) in &options.targets {
             t.set(*lib, *v);
         }
-        let tf = t.get(recipe::versions::Library::Transformers);
+        let tf = t.get(recipe::upstream::versions::Library::Transformers);
         let given = options
             .targets
             .iter()
-            .any(|(lib, _)| *lib == recipe::versions::Library::Transformers);
-        for m in recipe::import::unknown_args(hf, tf) {
+            .any(|(lib, _)| *lib == recipe::upstream::versions::Library::Transformers);
+        for m in recipe::commands::import::unknown_args(hf, tf) {
             if flags.format == super::Format::Json {
                 let line = serde_json::json!({
                     "severity": "warning", "file": path.display().to_string(), "message": m
@@ -118,7 +118,7 @@ pub fn run(file: &Path, args: Option<&PathBuf>, given: Given, flags: &RecipeFlag
             // stdout holds the recipe: the JSON lines go to stderr.
             super::Format::Json => eprintln!(
                 "{}",
-                serde_json::to_string(&recipe::diagnostic::to_json(d, &source))
+                serde_json::to_string(&recipe::diagnostics::to_json(d, &source))
                     .expect("a diagnostic serializes")
             ),
             super::Format::Human => eprint!("{}", render_human(d, &source, style())),

@@ -17,7 +17,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand, ValueEnum};
-use recipe::diagnostic::Style;
+use recipe::diagnostics::Style;
 use recipe::SourceFile;
 
 /// Exit code: success.
@@ -218,7 +218,7 @@ impl RecipeFlags {
             let (lib, version) = t.split_once('=').ok_or_else(|| {
                 format!("`--target {t}`: expected LIB=VERSION, e.g. transformers=4.24.0")
             })?;
-            let lib = recipe::versions::Library::ALL
+            let lib = recipe::upstream::versions::Library::ALL
                 .into_iter()
                 .find(|l| l.key() == lib.trim())
                 .ok_or_else(|| {
@@ -368,7 +368,7 @@ pub fn load(
     })?;
     let checked = recipe::check::check_source_with(&file.text, &options);
     for d in &checked.diagnostics {
-        eprint!("{}", recipe::diagnostic::render_human(d, &file, style()));
+        eprint!("{}", recipe::diagnostics::render_human(d, &file, style()));
     }
     let blocking = checked
         .diagnostics

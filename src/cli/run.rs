@@ -87,8 +87,8 @@ pub fn run(
 /// `recipe explain`'s model-states estimate for the stage the run used, to print next to what
 /// the ranks held (the estimate counts mixed-precision Adam).
 fn estimate_line(r: &recipe::resolve::Resolved, plan: &Plan, ranks: usize) -> Option<String> {
-    use recipe::memory::ModelSize;
     use recipe::rules::zero::{estimate, to_offload, Choice};
+    use recipe::upstream::memory::ModelSize;
     // From the recipe's resolution, else from the config.json the run loaded (a hub model in
     // the cache, which `check` does not read).
     let size = match (r.uint("model.params"), r.uint("model.largest_layer")) {

@@ -5,8 +5,8 @@ use std::path::Path;
 
 use recipe::resolve::Resolved;
 use recipe::rules::steps::run_timeline;
-use recipe::steps::{diverges, Row};
-use recipe::versions::{Facts, Library, Targets};
+use recipe::upstream::steps::{diverges, Row};
+use recipe::upstream::versions::{Facts, Library, Targets};
 use recipe_runtime::accounting::NativeSteps;
 use serde::Serialize;
 
@@ -108,7 +108,7 @@ pub fn run(file: &Path, versions: &[String], all: bool, flags: &RecipeFlags) -> 
         }
     }
     let native = native(&resolved);
-    let skips = recipe::skips::note(&resolved);
+    let skips = recipe::upstream::skips::note(&resolved);
     match flags.format {
         Format::Json => println!(
             "{}",

@@ -2,7 +2,7 @@
 //!
 //! Every key the run depends on is stated (no silent DeepSpeed defaults: clipping, accumulation,
 //! both precision sections, offload `device` and `pin_memory`, optimizer `params`, integer bucket
-//! sizes), with canonical DeepSpeed names for the target release (`src/versions.rs` cites each
+//! sizes), with canonical DeepSpeed names for the target release (`src/upstream/versions.rs` cites each
 //! rename). The values are the ones `training_args.json` carries, so HF's fill/match step
 //! (`transformers/integrations/deepspeed.py:HfTrainerDeepSpeedConfig.trainer_config_process`)
 //! finds nothing to change and nothing to reject. serde_json's map keeps keys sorted,
@@ -11,7 +11,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::resolve::{Resolved, Val};
-use crate::schedules::{self, Owner};
+use crate::upstream::schedules::{self, Owner};
 
 /// How values that HF fills are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,7 +95,7 @@ fn zero_keys(r: &Resolved) -> &'static [&'static str] {
     KEYS.iter()
         .rev()
         .find(|(v, _)| {
-            v.parse::<crate::versions::Version>()
+            v.parse::<crate::upstream::versions::Version>()
                 .is_ok_and(|v| v <= target)
         })
         .unwrap_or(&KEYS[0])

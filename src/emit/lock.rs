@@ -5,9 +5,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::diagnostics::source::SourceFile;
 use crate::resolve::Resolved;
-use crate::source::SourceFile;
-use crate::versions::Library;
+use crate::upstream::versions::Library;
 
 /// One locked setting.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

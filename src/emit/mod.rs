@@ -7,8 +7,8 @@ pub mod lock;
 pub mod plan;
 pub mod training_args;
 
+use crate::diagnostics::source::SourceFile;
 use crate::resolve::Resolved;
-use crate::source::SourceFile;
 
 /// What `recipe build` writes, in order (the lock last).
 #[derive(Debug, Clone)]

@@ -13,9 +13,9 @@ use recipe_runtime::plan::{
     Precision, SchedulePlan, TrainPlan, FORMAT,
 };
 
-use crate::diagnostic::Diagnostic;
+use crate::diagnostics::Diagnostic;
 use crate::resolve::{files, Resolved, Val};
-use crate::schedules::{self, Owner};
+use crate::upstream::schedules::{self, Owner};
 
 /// Where the model's files are (found by the caller).
 #[derive(Debug, Clone, PartialEq)]
@@ -97,7 +97,7 @@ pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
         },
     );
     if let Some(w) = crate::resolve::warmup(r) {
-        let warmup = crate::steps::warmup_steps(w, steps.total, r.facts.warmup_args);
+        let warmup = crate::upstream::steps::warmup_steps(w, steps.total, r.facts.warmup_args);
         native_r.set(
             "steps.warmup",
             Val::Int(warmup as i64),

@@ -10,9 +10,9 @@
 use serde_json::{json, Map, Value};
 
 use crate::resolve::Resolved;
-use crate::schedules::{self, Owner};
 use crate::schema::upstream_versions::HfFields;
-use crate::versions::Version;
+use crate::upstream::schedules::{self, Owner};
+use crate::upstream::versions::Version;
 
 use super::deepspeed::to_json;
 
@@ -111,8 +111,10 @@ pub fn arguments(r: &Resolved, ds_config: &str) -> Value {
             if r.word("schedule.kind") == Some("warmup_stable_decay") {
                 // Whole steps, whether the recipe wrote steps or a fraction.
                 let decay = match crate::resolve::warmup_like(r, "schedule.decay") {
-                    Some(crate::steps::Warmup::Steps(s)) => s,
-                    Some(crate::steps::Warmup::Fraction(x)) => (c.total as f64 * x).ceil() as u64,
+                    Some(crate::upstream::steps::Warmup::Steps(s)) => s,
+                    Some(crate::upstream::steps::Warmup::Fraction(x)) => {
+                        (c.total as f64 * x).ceil() as u64
+                    }
                     None => 0,
                 };
                 kw.remove("decay");

@@ -135,18 +135,23 @@ fn model_size(r: &mut Resolved, shown: &str, json: &serde_json::Value) {
 
 /// The size of the `labels`-way BERT classifier HF builds from a config.json, or `None` when a
 /// shape field is missing.
-pub fn config_size(json: &serde_json::Value, labels: u64) -> Option<crate::memory::ModelSize> {
+pub fn config_size(
+    json: &serde_json::Value,
+    labels: u64,
+) -> Option<crate::upstream::memory::ModelSize> {
     let get = |k: &str| json.get(k).and_then(serde_json::Value::as_u64);
-    Some(crate::memory::bert_size(&crate::memory::BertShape {
-        vocab_size: get("vocab_size")?,
-        hidden_size: get("hidden_size")?,
-        num_hidden_layers: get("num_hidden_layers")?,
-        intermediate_size: get("intermediate_size")?,
-        max_position_embeddings: get("max_position_embeddings")?,
-        type_vocab_size: get("type_vocab_size").unwrap_or(2),
-        num_labels: labels,
-        pooler: true,
-    }))
+    Some(crate::upstream::memory::bert_size(
+        &crate::upstream::memory::BertShape {
+            vocab_size: get("vocab_size")?,
+            hidden_size: get("hidden_size")?,
+            num_hidden_layers: get("num_hidden_layers")?,
+            intermediate_size: get("intermediate_size")?,
+            max_position_embeddings: get("max_position_embeddings")?,
+            type_vocab_size: get("type_vocab_size").unwrap_or(2),
+            num_labels: labels,
+            pooler: true,
+        },
+    ))
 }
 
 // ---- Data files: one streaming pass per file --------------------------------------------------

@@ -16,9 +16,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use crate::schema::{BodySpec, LabelSpec, BLOCKS};
-use crate::steps;
 use crate::syntax::ast::{Block, Entry, File, Span, ValueKind};
-use crate::versions::{Facts, Library, Targets, Version};
+use crate::upstream::steps;
+use crate::upstream::versions::{Facts, Library, Targets, Version};
 
 pub use overrides::Override;
 pub use value::{Setting, Source, Val};
@@ -390,8 +390,8 @@ fn resolve_steps(r: &mut Resolved) {
     let facts = r.facts.clone();
     let l = steps::batches_per_rank(samples, micro, world, drop_last, facts.sharding);
     let sharding = match facts.sharding {
-        crate::versions::Sharding::BatchSamplerShard => "accelerate BatchSamplerShard",
-        crate::versions::Sharding::DistributedSampler => "torch DistributedSampler",
+        crate::upstream::versions::Sharding::BatchSamplerShard => "accelerate BatchSamplerShard",
+        crate::upstream::versions::Sharding::DistributedSampler => "torch DistributedSampler",
     };
     r.set(
         "steps.batches_per_epoch",
@@ -410,8 +410,8 @@ fn resolve_steps(r: &mut Resolved) {
     );
     let u = steps::updates_per_epoch(l, acc, facts.updates_per_epoch);
     let rounding = match facts.updates_per_epoch {
-        crate::versions::Rounding::Floor => "max(L // G, 1)",
-        crate::versions::Rounding::Ceil => "max(ceil(L / G), 1)",
+        crate::upstream::versions::Rounding::Floor => "max(L // G, 1)",
+        crate::upstream::versions::Rounding::Ceil => "max(ceil(L / G), 1)",
     };
     r.set(
         "steps.per_epoch",

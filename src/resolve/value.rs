@@ -141,7 +141,7 @@ impl fmt::Display for Val {
             Val::Float(x) => f.write_str(&fmt_f64(*x)),
             Val::Percent(p) => write!(f, "{}%", fmt_f64(*p)),
             Val::Bool(b) => write!(f, "{b}"),
-            Val::Str(s) => f.write_str(&crate::format::quote(s)),
+            Val::Str(s) => f.write_str(&crate::commands::format::quote(s)),
             Val::Word(w) => f.write_str(w),
             Val::List(items) => {
                 let parts: Vec<String> = items.iter().map(|v| v.to_string()).collect();

@@ -2,7 +2,7 @@
 //! at check time with the target world size (R-B01; DeepSpeed@v0.19.5
 //! runtime/config.py:DeepSpeedConfig._batch_assertion).
 
-use crate::diagnostic::Diagnostic;
+use crate::diagnostics::Diagnostic;
 use crate::resolve::Resolved;
 
 use super::{anchor, origin};

@@ -8,7 +8,7 @@
 //! model duplicates are here; precision, ZeRO-section, optimizer and scheduler duplicates belong
 //! to their own families. Key names are checked by the schema layer (check/raw.rs) already.
 
-use crate::diagnostic::Diagnostic;
+use crate::diagnostics::Diagnostic;
 use crate::resolve::{Resolved, Val};
 use crate::syntax::ast::Span;
 
@@ -444,7 +444,7 @@ fn save_only_model(r: &Resolved, out: &mut Vec<Diagnostic>) {
 /// (DeepSpeed@v0.19.4 runtime/engine.py:DeepSpeedEngine.is_gradient_accumulation_boundary), so
 /// the weights are updated on every micro-batch and `accumulate` is ignored.
 fn unmanaged_accumulation(r: &Resolved, value: &Val, span: Span, out: &mut Vec<Diagnostic>) {
-    use crate::versions::DsBoundary;
+    use crate::upstream::versions::DsBoundary;
     if value != &Val::Bool(false) || !r.facts.ds_managed_gradient_accumulation {
         return;
     }
@@ -521,7 +521,7 @@ fn accelerate_too_old(r: &Resolved, out: &mut Vec<Diagnostic>) {
 /// and field lists apply, and whatever changed since is not checked. `recipe verify` on that
 /// stack is the way to find out.
 fn target_too_new(r: &Resolved, out: &mut Vec<Diagnostic>) {
-    for (i, lib) in crate::versions::Library::ALL.iter().enumerate() {
+    for (i, lib) in crate::upstream::versions::Library::ALL.iter().enumerate() {
         let (target, newest) = (r.targets.get(*lib), lib.newest());
         if target <= newest {
             continue;
@@ -555,7 +555,7 @@ fn target_too_new(r: &Resolved, out: &mut Vec<Diagnostic>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::versions::{Facts, Targets};
+    use crate::upstream::versions::{Facts, Targets};
 
     fn facts(tf: &str, acc: &str, ds: &str) -> Facts {
         Facts::for_targets(&Targets {

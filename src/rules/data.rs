@@ -19,7 +19,7 @@
 //! not parse its values fully. CSV/TSV files are read as the runtime reads them (the csv crate:
 //! quoted fields, BOM, CRLF): the header's columns, each record's field count and labels.
 
-use crate::diagnostic::Diagnostic;
+use crate::diagnostics::Diagnostic;
 use crate::resolve::files::{self, DataScan, Format, LabelSeen, LabelValue};
 use crate::resolve::{Resolved, Val};
 
@@ -300,7 +300,7 @@ fn not_objects(
 fn shown(value: &LabelValue) -> String {
     match value {
         LabelValue::Int(i) => i.to_string(),
-        LabelValue::Str(s) => crate::format::quote(s),
+        LabelValue::Str(s) => crate::commands::format::quote(s),
         LabelValue::Other(s) => s.clone(),
     }
 }
@@ -509,7 +509,7 @@ fn label_help(classes: Classes<'_>, labels: &[LabelSeen]) -> String {
     let names: Vec<String> = labels
         .iter()
         .filter_map(|s| match &s.value {
-            LabelValue::Str(s) => Some(crate::format::quote(s)),
+            LabelValue::Str(s) => Some(crate::commands::format::quote(s)),
             _ => None,
         })
         .collect();

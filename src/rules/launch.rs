@@ -15,7 +15,7 @@
 //! there) is read and parsed as the launcher parses it; one that is not here is taken to be on
 //! the cluster and is not checked.
 
-use crate::diagnostic::Diagnostic;
+use crate::diagnostics::Diagnostic;
 use crate::resolve::{files, Resolved, Source};
 
 use super::anchor;

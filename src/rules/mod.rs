@@ -1,6 +1,6 @@
 //! The upstream rules (docs/diagnostics.md and docs/rules/), one file per family. Each reads
 //! the [`Resolved`] recipe only, and reports diagnostics with spans from the values' provenance.
-//! Each family lists its codes (`CODES`); [`crate::codes::all`] gathers them.
+//! Each family lists its codes (`CODES`); [`crate::diagnostics::codes::all`] gathers them.
 
 pub mod batch;
 pub mod compat;
@@ -14,7 +14,7 @@ pub mod schedule;
 pub mod steps;
 pub mod zero;
 
-use crate::diagnostic::Diagnostic;
+use crate::diagnostics::Diagnostic;
 use crate::resolve::{Resolved, Source};
 use crate::syntax::ast::Span;
 

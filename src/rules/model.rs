@@ -9,9 +9,9 @@
 
 use std::path::PathBuf;
 
-use crate::diagnostic::{Diagnostic, Severity};
+use crate::diagnostics::{Diagnostic, Severity};
 use crate::resolve::{files, Resolved, Source};
-use crate::versions::HiddenSizeRead;
+use crate::upstream::versions::HiddenSizeRead;
 
 use super::anchor;
 

@@ -4,7 +4,7 @@
 //! every refusal has a code, a span and a help line (docs/rules/native.md). The plan emitter
 //! (`emit::plan`) maps only what passes here.
 
-use crate::diagnostic::Diagnostic;
+use crate::diagnostics::Diagnostic;
 use crate::resolve::{Resolved, Val};
 
 use super::anchor;

@@ -14,11 +14,11 @@
 //!
 //! `optimizer.params.max_grad_norm` (R-P03) is the schema's R0031, not repeated here.
 
-use crate::diagnostic::{Diagnostic, Label};
+use crate::diagnostics::{Diagnostic, Label};
 use crate::resolve::value::fmt_f64;
 use crate::resolve::{Resolved, Val};
 use crate::syntax::ast::Span;
-use crate::versions::{Fact, Library, CHANGES};
+use crate::upstream::versions::{Fact, Library, CHANGES};
 
 use super::schedule::{first_release, fmt_lr, is_deepspeed_schedule, note, with_target};
 use super::{anchor, origin};
@@ -673,7 +673,7 @@ fn offload_needs_ds_optimizer(r: &Resolved, o: &Opt) -> Option<Diagnostic> {
 /// is not possible" (huggingface/transformers@v4.6.1:src/transformers/integrations.py:
 /// deepspeed_init), and 4.30–4.33 raise "Found `optimizer` configured in the DeepSpeed config,
 /// but no `scheduler`. …" (huggingface/transformers@v4.30.0:src/transformers/deepspeed.py:
-/// deepspeed_optim_sched); see [`crate::versions::Facts::hf_ds_optimizer_hf_scheduler_error`].
+/// deepspeed_optim_sched); see [`crate::upstream::versions::Facts::hf_ds_optimizer_hf_scheduler_error`].
 fn ds_optimizer_hf_scheduler(r: &Resolved, o: &Opt, out: &mut Vec<Diagnostic>) {
     let Some(upstream) = r.facts.hf_ds_optimizer_hf_scheduler_error else {
         return;
@@ -886,7 +886,7 @@ fn twice(r: &Resolved, out: &mut Vec<Diagnostic>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::versions::{Facts, Targets};
+    use crate::upstream::versions::{Facts, Targets};
 
     fn facts(tf: &str, acc: &str, ds: &str) -> Facts {
         Facts::for_targets(&Targets {

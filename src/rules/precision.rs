@@ -4,9 +4,9 @@
 //! (§3 R-H01, §6.5 R-F01–R-F03, §6.2 R-Z06). Severities follow §0.2: "error" and "bug" are
 //! errors, "warn" are warnings.
 
-use crate::diagnostic::Diagnostic;
+use crate::diagnostics::Diagnostic;
 use crate::resolve::{Resolved, Val};
-use crate::versions::{Fact, Version, CHANGES};
+use crate::upstream::versions::{Fact, Version, CHANGES};
 
 use super::{anchor, origin};
 

@@ -11,17 +11,17 @@
 //!   (v0.15.3);
 //! * the schedule given twice, by the `schedule` block and by raw keys (R-H07, R-L06).
 //!
-//! LR values come from [`crate::lr`] (the formulas of §6.4/§7) through
-//! [`crate::schedules::curves`]; version facts from [`crate::versions`].
+//! LR values come from [`crate::upstream::lr`] (the formulas of §6.4/§7) through
+//! [`crate::upstream::schedules::curves`]; version facts from [`crate::upstream::versions`].
 
-use crate::diagnostic::{Diagnostic, Label, Severity};
-use crate::lr::{self, DsSchedule, DsWarmupType, HfSchedule};
+use crate::diagnostics::{Diagnostic, Label, Severity};
 use crate::resolve::value::fmt_f64;
 use crate::resolve::{Resolved, Val};
-use crate::schedules::{self, Curves};
 use crate::schema::blocks::DS_SCHEDULES;
 use crate::syntax::ast::Span;
-use crate::versions::{Fact, Library, Version, CHANGES};
+use crate::upstream::lr::{self, DsSchedule, DsWarmupType, HfSchedule};
+use crate::upstream::schedules::{self, Curves};
+use crate::upstream::versions::{Fact, Library, Version, CHANGES};
 
 use super::{anchor, origin};
 
@@ -223,7 +223,7 @@ pub(crate) fn fmt_lr(x: f64) -> String {
 }
 
 /// The DeepSpeed schedule the run really uses: without `warmup_type` support
-/// ([`crate::versions::Facts::ds_has_warmup_type`]) every warmup is logarithmic.
+/// ([`crate::upstream::versions::Facts::ds_has_warmup_type`]) every warmup is logarithmic.
 fn as_run(r: &Resolved, ds: DsSchedule) -> DsSchedule {
     if r.facts.ds_has_warmup_type {
         return ds;
@@ -351,8 +351,8 @@ fn is_constant(r: &Resolved, kind: &str) -> bool {
 fn warmup_steps(r: &Resolved) -> Option<u64> {
     r.uint("steps.warmup")
         .or_else(|| match crate::resolve::warmup(r)? {
-            crate::steps::Warmup::Steps(s) => Some(s),
-            crate::steps::Warmup::Fraction(_) => None,
+            crate::upstream::steps::Warmup::Steps(s) => Some(s),
+            crate::upstream::steps::Warmup::Fraction(_) => None,
         })
 }
 
@@ -825,7 +825,7 @@ fn one_cycle_zero_decay(r: &Resolved) -> Option<Diagnostic> {
 /// An HF `lr_scheduler_type` newer than the target transformers: `TrainingArguments` converts
 /// the string to its `SchedulerType` enum in `__post_init__` and stops
 /// (huggingface/transformers@v4.24.0:src/transformers/training_args.py:__post_init__,
-/// `SchedulerType(self.lr_scheduler_type)`; the kinds per release in [`crate::versions`]).
+/// `SchedulerType(self.lr_scheduler_type)`; the kinds per release in [`crate::upstream::versions`]).
 fn hf_kind_unavailable(r: &Resolved, kind: &str) -> Diagnostic {
     let tf = r.targets.transformers;
     let since = first_release(
@@ -1175,7 +1175,7 @@ mod tests {
 
     #[test]
     fn old_deepspeed_runs_log_warmup() {
-        let mut targets = crate::versions::Targets::newest();
+        let mut targets = crate::upstream::versions::Targets::newest();
         targets.deepspeed = "0.3.16".parse().unwrap();
         let mut r = crate::resolve::resolve(
             &crate::syntax::parse(
@@ -1184,7 +1184,7 @@ mod tests {
             .unwrap(),
             &crate::resolve::Options::default(),
         );
-        r.facts = crate::versions::Facts::for_targets(&targets);
+        r.facts = crate::upstream::versions::Facts::for_targets(&targets);
         let c = run_curves(&r).unwrap();
         let Some(DsSchedule::WarmupLr { warmup_type, .. }) = c.ds else {
             panic!("{:?}", c.ds)

@@ -1,10 +1,10 @@
 //! Step rules: the predicted optimizer steps (R-S01), the HF/DeepSpeed drift windows (R-S02,
 //! R-S03), the 4.47–4.51 early stop (R-S04), warmup against the total, runs without steps.
 
-use crate::diagnostic::Diagnostic;
+use crate::diagnostics::Diagnostic;
 use crate::resolve::Resolved;
-use crate::steps;
-use crate::versions::{DsBoundary, HfStepRule, Rounding};
+use crate::upstream::steps;
+use crate::upstream::versions::{DsBoundary, HfStepRule, Rounding};
 
 use super::{anchor, origin};
 

@@ -4,10 +4,10 @@
 //! restate the `zero` block, and the model-states memory estimate (§8, R-E01). Severities
 //! follow §0.2: "error" and "bug" are errors, "warn" are warnings.
 
-use crate::diagnostic::Diagnostic;
-use crate::memory::{self, BertShape, Estimate, ModelSize, Offload, Zero2Formula};
+use crate::diagnostics::Diagnostic;
 use crate::resolve::{Resolved, Val};
-use crate::versions::Fact;
+use crate::upstream::memory::{self, BertShape, Estimate, ModelSize, Offload, Zero2Formula};
+use crate::upstream::versions::Fact;
 
 use super::precision::{first_release, near};
 use super::{anchor, origin};

@@ -56,10 +56,10 @@ pub struct HfFields {
 impl HfFields {
     /// The field list of the newest sampled release not newer than `target` (the oldest sampled
     /// one for anything older).
-    pub fn for_target(target: crate::versions::Version) -> &'static HfFields {
+    pub fn for_target(target: crate::upstream::versions::Version) -> &'static HfFields {
         let parse = |f: &HfFields| {
             f.version
-                .parse::<crate::versions::Version>()
+                .parse::<crate::upstream::versions::Version>()
                 .expect("sampled versions parse")
         };
         TRAINING_ARGUMENTS_BY_VERSION

@@ -7,8 +7,8 @@
 //! grammar/recipe.pest says about strings (`"` to `"` on one line, `\` escapes) and comments
 //! (`#` to the end of the line).
 
-use crate::codes;
-use crate::diagnostic::Diagnostic;
+use crate::diagnostics::codes;
+use crate::diagnostics::Diagnostic;
 use crate::syntax::ast::Span;
 
 /// Deeper nesting than this is refused (R0007); real recipes nest two or three levels.

@@ -2,8 +2,8 @@
 
 use pest::error::{Error, ErrorVariant, InputLocation};
 
-use crate::codes;
-use crate::diagnostic::Diagnostic;
+use crate::diagnostics::codes;
+use crate::diagnostics::Diagnostic;
 use crate::syntax::ast::Span;
 use crate::syntax::parser::GrammarRule as Rule;
 

@@ -3,8 +3,8 @@
 use pest::iterators::{Pair, Pairs};
 use pest::Parser as _;
 
-use crate::codes;
-use crate::diagnostic::Diagnostic;
+use crate::diagnostics::codes;
+use crate::diagnostics::Diagnostic;
 use crate::syntax::ast::*;
 use crate::syntax::{delimiters, expected, number};
 

@@ -7,7 +7,7 @@ use proptest::prelude::*;
 
 use super::ast::*;
 use super::parse;
-use crate::diagnostic::Diagnostic;
+use crate::diagnostics::Diagnostic;
 
 /// Checks `cond`, or fails with the message.
 macro_rules! ensure {

@@ -5,12 +5,12 @@
 
 use serde::Serialize;
 
-use crate::memory::{ModelSize, Offload};
+use crate::diagnostics::source::SourceFile;
 use crate::resolve::{Resolved, Source, Val};
-use crate::schedules::{self, LrStep, Owner};
 use crate::schema;
-use crate::source::SourceFile;
-use crate::versions::Library;
+use crate::upstream::memory::{ModelSize, Offload};
+use crate::upstream::schedules::{self, LrStep, Owner};
+use crate::upstream::versions::Library;
 
 /// One row of the settings table.
 #[derive(Debug, Clone, Serialize)]
@@ -200,7 +200,7 @@ fn upstream_note(r: &Resolved, key: &str) -> Option<String> {
                 .into(),
         ),
         // Skipped steps shift DeepSpeed's LR schedule against HF's global_step (R-M04).
-        "train.precision" => crate::skips::note(r),
+        "train.precision" => crate::upstream::skips::note(r),
         _ => None,
     }
 }

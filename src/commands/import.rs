@@ -6,7 +6,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::format;
+use crate::commands::format;
 
 /// What the configs do not say: the model and the data (script arguments).
 #[derive(Debug, Clone, Default)]
@@ -804,7 +804,7 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
 /// release's `TrainingArguments(**args)` refuses the file ("unexpected keyword argument"), even
 /// where the import maps the key (e.g. `warmup_ratio` into `warmup`, `evaluation_strategy` into
 /// `eval_every`). One message per key, with the rename where there was one.
-pub fn unknown_args(args: &Value, transformers: crate::versions::Version) -> Vec<String> {
+pub fn unknown_args(args: &Value, transformers: crate::upstream::versions::Version) -> Vec<String> {
     let fields = crate::schema::upstream_versions::HfFields::for_target(transformers);
     let Some(obj) = args.as_object() else {
         return Vec::new();

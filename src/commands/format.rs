@@ -6,7 +6,7 @@
 //! line is kept where the source had any. Comments stay where they were: on their own line
 //! before what follows them, or at the end of the line they ended.
 
-use crate::diagnostic::Diagnostic;
+use crate::diagnostics::Diagnostic;
 use crate::syntax::ast::*;
 
 /// Lines longer than this are not produced by joining a body onto one line.

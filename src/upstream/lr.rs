@@ -5,7 +5,7 @@
 
 pub use recipe_runtime::lr::*;
 
-use crate::versions::Facts;
+use crate::upstream::versions::Facts;
 
 /// The DeepSpeed scheduler switches of the target release, from the versions table.
 pub fn ds_flags(facts: &Facts) -> DsFlags {
@@ -26,9 +26,9 @@ mod tests {
     use super::*;
 
     fn flags_for(deepspeed: &str) -> DsFlags {
-        let mut targets = crate::versions::Targets::newest();
+        let mut targets = crate::upstream::versions::Targets::newest();
         targets.deepspeed = deepspeed.parse().unwrap();
-        ds_flags(&crate::versions::Facts::for_targets(&targets))
+        ds_flags(&crate::upstream::versions::Facts::for_targets(&targets))
     }
 
     /// `got` prints as `want` to 3 decimals, the precision of the spec table.

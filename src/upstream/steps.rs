@@ -6,7 +6,7 @@
 
 use serde::Serialize;
 
-use crate::versions::{DsBoundary, HfStepRule, WarmupArgs};
+use crate::upstream::versions::{DsBoundary, HfStepRule, WarmupArgs};
 
 pub use recipe_runtime::accounting::{batches_per_rank, total_steps, updates_per_epoch};
 
@@ -116,7 +116,7 @@ pub fn diverges(rows: &[Row]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::versions::{Rounding, Sharding};
+    use crate::upstream::versions::{Rounding, Sharding};
 
     #[test]
     fn batches_per_rank_follows_both_samplers() {

@@ -3,12 +3,15 @@
 //! Rendered for people with miette (graphical, like rustc) and for editors as JSON lines
 //! (the contract is documented in docs/diagnostics-json.md).
 
+pub mod codes;
+pub mod source;
+
 use std::fmt;
 
 use miette::{GraphicalReportHandler, GraphicalTheme, LabeledSpan, NamedSource, SourceSpan};
 use serde::Serialize;
 
-use crate::source::SourceFile;
+use crate::diagnostics::source::SourceFile;
 use crate::syntax::ast::Span;
 
 /// How bad a diagnostic is.
@@ -55,7 +58,7 @@ impl Label {
 /// One finding about a recipe.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Diagnostic {
-    /// Stable code such as `R0011`; see [`crate::codes`].
+    /// Stable code such as `R0011`; see [`crate::diagnostics::codes`].
     pub code: &'static str,
     /// Error, warning or note.
     pub severity: Severity,

@@ -1,12 +1,14 @@
 //! The learning-rate schedule a resolved recipe runs, and its counterpart on the other side of
-//! the HF ↔ DeepSpeed mapping (docs/rules/schedule-optimizer.md), as [`crate::lr`]
+//! the HF ↔ DeepSpeed mapping (docs/rules/schedule-optimizer.md), as [`crate::upstream::lr`]
 //! schedules. An HF schedule name is built by HF (no DeepSpeed `scheduler` section); a
 //! DeepSpeed name is built by DeepSpeed.
 
 use serde::Serialize;
 
-use crate::lr::{self, DsFlags, DsSchedule, DsWarmupType, HfSchedule, MinLr, OneCycle, WsdShape};
 use crate::resolve::Resolved;
+use crate::upstream::lr::{
+    self, DsFlags, DsSchedule, DsWarmupType, HfSchedule, MinLr, OneCycle, WsdShape,
+};
 
 /// Which library builds and steps the scheduler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -133,8 +135,10 @@ pub fn curves(r: &Resolved) -> Option<Curves> {
         ),
         "warmup_stable_decay" => {
             let decay = match crate::resolve::warmup_like(r, "schedule.decay") {
-                Some(crate::steps::Warmup::Steps(s)) => s,
-                Some(crate::steps::Warmup::Fraction(x)) => (total as f64 * x).ceil() as u64,
+                Some(crate::upstream::steps::Warmup::Steps(s)) => s,
+                Some(crate::upstream::steps::Warmup::Fraction(x)) => {
+                    (total as f64 * x).ceil() as u64
+                }
                 None => 0,
             };
             (
