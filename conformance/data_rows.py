@@ -62,6 +62,14 @@ def files() -> dict[str, bytes]:
         f"{csv_field(t)},{lab}\n  \t \n" for t, lab in rows)
     out["whitespace_lines.jsonl"] = "".join(
         json.dumps({"text": t, "label": lab}) + "\n \t\n" for t, lab in rows)
+    # A TSV line of spaces and a tab is a row of blank fields to pandas (the tab splits it), and
+    # a CSV line of a bare delimiter is a row of empty fields; a CRLF whitespace line is blank.
+    out["whitespace_lines.tsv"] = "text\tlabel\n" + "".join(
+        f"{t.replace(chr(10), ' ')}\t{lab}\n  \t \n" for t, lab in rows)
+    out["delimiter_only_lines.csv"] = "text,label\n" + "".join(
+        f"{csv_field(t)},{lab}\n,\n" for t, lab in rows)
+    out["whitespace_lines_crlf.csv"] = "text,label\r\n" + "".join(
+        f"{csv_field(t.replace(chr(10), chr(13) + chr(10)))},{lab}\r\n \t\r\n" for t, lab in rows)
     return {name: text.encode("utf-8") for name, text in out.items()}
 
 

@@ -65,7 +65,7 @@ def fmt_num(x: float) -> str:
 
 
 def steps_of(samples: int, micro: int, world: int, acc: int, epochs: float) -> tuple[int, int, int]:
-    """(L, U, total) per ds_hf_rules.md §5.1/§5.2 (drop_last false, even batches)."""
+    """(L, U, total) per docs/upstream.md §5.1/§5.2 (drop_last false, even batches)."""
     b = math.ceil(samples / micro)
     l = b // world + (1 if b % world else 0)
     u = max(math.ceil(l / acc), 1)
@@ -360,6 +360,9 @@ FEATURES = [
       "schedule WarmupCosineLR { warmup = 3%, cos_min_ratio = 0.01 }"]),
     ("target-explicit", None, ['target transformers "5.24.0", accelerate "1.15.0", deepspeed "0.19.8"',
                                "batch { micro = 8 }"]),
+    # HF's cosine_with_min_lr ends at min_lr_rate × lr when given the rate instead of min_lr.
+    ("sched-cosine-min-lr-rate", None, ["batch { micro = 8, accumulate = 2 }",
+                                        "schedule cosine_with_min_lr { warmup = 10%, min_lr_rate = 0.1 }"]),
 ]
 
 

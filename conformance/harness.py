@@ -664,7 +664,7 @@ def run_chain(emitted: dict, targs: dict, ds_path: Path, case: dict, res: dict, 
     elif side == "hf" and pred.get("deepspeed_schedule"):
         res["lr_other_side"] = "deepspeed"
         name = pred["deepspeed_schedule"]
-        # ds_hf_rules.md §7 counterparts: linear warmup, min 0, max = lr, and the warmup /
+        # docs/upstream.md §7 counterparts: linear warmup, min 0, max = lr, and the warmup /
         # total steps HF itself writes for "auto" (`trainer_config_finalize`:
         # warmup_num_steps = max(1, get_warmup_steps(T)), total_num_steps = T).
         hf_warmup_ds = max(1, hf_warmup)
@@ -947,11 +947,12 @@ def judge_silent_engine(meta: dict, run: dict) -> object:
 
 def judge_stack(check: str, run: dict, match: str | None = None) -> tuple[object, dict]:
     """(reproduced, observed) for an `expect = "silent_run"` case. `check` names what the rule
-    exists for (ds_hf_rules.md §5.7): `refused` (the old release refuses the artefacts with a
-    message containing `match`, the pinned stack trains them), `step_drift` (R-S02: DeepSpeed updates the weights a
-    different number of times than HF counts optimizer steps, and the pinned stack — accelerate
-    ≥ 1.8 — does not drift), `early_stop` (R-S04: the Trainer stops before `num_train_epochs`,
-    with fewer optimizer steps than the pinned stack takes on the same artefacts)."""
+    exists for (docs/upstream.md §5.7): `refused` (the old release refuses the artefacts with a
+    message containing `match`, the pinned stack trains them), `step_drift` (docs/upstream.md R-S02:
+    DeepSpeed updates the weights a different number of times than HF counts optimizer steps, and
+    the pinned stack — accelerate ≥ 1.8 — does not drift), `early_stop` (docs/upstream.md R-S04:
+    the Trainer stops before `num_train_epochs`, with fewer optimizer steps than the pinned stack
+    takes on the same artefacts)."""
     if "skipped" in run:
         return f"skipped: {run['skipped']}", {}
     o, p = run["overlay"], run["pinned"]

@@ -258,13 +258,14 @@ fn rejected_fixtures() -> Vec<Value> {
     json_dir("rejected")
 }
 
-/// R0201 (accelerate < 1.8 step drift, ds_hf_rules.md R-S02) and R0202 (transformers 4.47–4.51
-/// early stop, R-S04) need releases older than the pinned stack: the harness trained those
-/// cases for real (`Trainer.train()` through DeepSpeed on CPU, conformance/train_run.py) under an
-/// overlay of the old release, and under the pinned stack as the control. The recorded run must
-/// show the misbehaviour, and our step timeline (`rules::steps::run_timeline`, what `recipe
-/// steps` prints and R0201/R0202 are computed from) must match it at every HF optimizer step:
-/// the micro-batch it happened at, HF's `global_step` and DeepSpeed's weight-update count.
+/// R0201 (accelerate < 1.8 step drift, docs/upstream.md R-S02) and R0202 (transformers 4.47–4.51
+/// early stop, docs/upstream.md R-S04) need releases older than the pinned stack: the harness
+/// trained those cases for real (`Trainer.train()` through DeepSpeed on CPU,
+/// conformance/train_run.py) under an overlay of the old release, and under the pinned stack as the
+/// control. The recorded run must show the misbehaviour, and our step timeline
+/// (`rules::steps::run_timeline`, what `recipe steps` prints and R0201/R0202 are computed from)
+/// must match it at every HF optimizer step: the micro-batch it happened at, HF's `global_step` and
+/// DeepSpeed's weight-update count.
 #[test]
 fn old_stacks_show_the_step_misbehaviour_r0201_and_r0202_exist_for() {
     let mut seen = Vec::new();

@@ -242,6 +242,9 @@ fn a_broken_csv_row_is_reported_by_check_and_run_at_the_same_line() {
     );
 }
 
+/// Tricky files whose every other row has only empty fields (conformance/data_rows.py).
+const BLANK_ROWS: &[&str] = &["delimiter_only_lines.csv", "whitespace_lines.tsv"];
+
 #[test]
 fn tricky_files_have_the_rows_hf_datasets_finds() {
     use recipe::resolve::files::{scan_file, Format, ScanSpec};
@@ -267,7 +270,6 @@ fn tricky_files_have_the_rows_hf_datasets_finds() {
         let len = std::fs::metadata(&path).unwrap().len();
         let scan = scan_file(&path, len, &spec).unwrap();
         assert_eq!(scan.rows, hf, "{}: the scan", path.display());
-        assert_eq!(scan.bad_rows, 0, "{}: {:?}", path.display(), scan.first_bad);
         let read = recipe_runtime::data::read_examples(
             &recipe_runtime::data::DataSpec {
                 path: path.clone(),
@@ -277,8 +279,26 @@ fn tricky_files_have_the_rows_hf_datasets_finds() {
                 label: "label".into(),
             },
             &labels,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        );
+        let name = path.file_name().unwrap().to_string_lossy();
+        if BLANK_ROWS.contains(&name.as_ref()) {
+            // datasets counts the rows of blank fields (their label is empty or a space, which
+            // the training script's label mapping then fails on); the checker counts them too
+            // and sees the label missing (CSV) or a third label value (TSV: " "), which
+            // rules/data.rs reports; the reader refuses the first one with its file and line.
+            let missing = scan.missing.iter().find(|m| m.field == "label");
+            assert!(
+                missing.is_some_and(|m| m.rows == hf / 2 && m.first_line == 3)
+                    || scan.labels.len() == 3,
+                "{}: {scan:?}",
+                path.display()
+            );
+            let e = read.expect_err("a row without a label").to_string();
+            assert!(e.contains(&format!("{name}:3:")), "{e}");
+            continue;
+        }
+        assert_eq!(scan.bad_rows, 0, "{}: {:?}", path.display(), scan.first_bad);
+        let read = read.unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(read.len() as u64, hf, "{}: the reader", path.display());
     }
 }

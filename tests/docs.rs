@@ -1,7 +1,9 @@
 //! The docs cover the language: every key of the schema has its own row in its block's key table
 //! in docs/language.md (and no row names a key the block does not have), every call argument a
 //! row in its call's argument table, every block, call and label word is named; and every
-//! diagnostic code has a section in docs/diagnostics.md.
+//! diagnostic code has a section in docs/diagnostics.md. Comments, docs and messages cite
+//! docs/upstream.md (not notes outside the repository), and every section and rule they cite is
+//! there.
 
 use recipe::schema::{BlockSpec, CallSpec, LabelSpec, Ty, BLOCKS};
 
@@ -273,4 +275,256 @@ fn json_contract_is_documented() {
             "docs/diagnostics-json.md does not describe `{field}`"
         );
     }
+}
+
+// ---- citations: docs/upstream.md, not notes outside the repository ----------------------------
+
+/// What the docs under docs/ define: for each file (its path under docs/), the numbers of its
+/// numbered headings (`## 6.`, `### 6.2`), and the rule ids docs/upstream.md defines (`#### R-Z03`).
+struct Anchors {
+    sections: std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+    rules: std::collections::BTreeSet<String>,
+}
+
+/// Every file under `dir` (relative to the repository), recursively, with its text; files that
+/// are not UTF-8 are left out.
+fn files_under(dir: &str) -> Vec<(String, String)> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut out = Vec::new();
+    let mut stack = vec![root.join(dir)];
+    while let Some(path) = stack.pop() {
+        if path.is_dir() {
+            for entry in std::fs::read_dir(&path).unwrap() {
+                stack.push(entry.unwrap().path());
+            }
+        } else if let Ok(text) = std::fs::read_to_string(&path) {
+            let rel = path
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/");
+            out.push((rel, text));
+        }
+    }
+    out.sort();
+    out
+}
+
+fn anchors() -> Anchors {
+    let mut sections = std::collections::BTreeMap::new();
+    let mut rules = std::collections::BTreeSet::new();
+    for (path, text) in files_under("docs") {
+        let Some(name) = path.strip_prefix("docs/") else {
+            continue;
+        };
+        let mut numbers = std::collections::BTreeSet::new();
+        let mut fenced = false;
+        for line in text.lines() {
+            fenced ^= line.starts_with("```");
+            // An ATX heading outside code blocks: `#`s, a space, the title.
+            let Some(title) = line
+                .strip_prefix('#')
+                .map(|l| l.trim_start_matches('#'))
+                .and_then(|l| l.strip_prefix(' '))
+                .filter(|_| !fenced)
+            else {
+                continue;
+            };
+            let first = title.split_whitespace().next().unwrap_or("");
+            let number = first.trim_end_matches('.');
+            if number.starts_with(|c: char| c.is_ascii_digit()) {
+                numbers.insert(number.to_string());
+            }
+            if name == "upstream.md" && rule_id(first).is_some() {
+                rules.insert(first.to_string());
+            }
+        }
+        sections.insert(name.to_string(), numbers);
+    }
+    Anchors { sections, rules }
+}
+
+/// `R-` and a capital letter and two digits at the start of `s` (a rule id of docs/upstream.md).
+fn rule_id(s: &str) -> Option<&str> {
+    let b = s.as_bytes();
+    let ok = b.len() >= 5
+        && b.starts_with(b"R-")
+        && b[2].is_ascii_uppercase()
+        && b[3].is_ascii_digit()
+        && b[4].is_ascii_digit();
+    ok.then(|| &s[..5])
+}
+
+/// The docs file a `§` cites: the file name before it, over line breaks, comment markers and the
+/// other references of the same list (`docs/upstream.md §2.2, §2.3`,
+/// `[upstream.md](../upstream.md) R-S06, §5.4 and §7`). `None` for a bare `§`.
+fn cited_doc(before: &str) -> Option<String> {
+    let lines: Vec<&str> = before.rsplit('\n').take(3).collect();
+    let mut words: Vec<&str> = Vec::new();
+    for line in &lines {
+        let line = line.trim_start();
+        let line = ["//!", "///", "//", "#"]
+            .iter()
+            .find_map(|m| line.strip_prefix(m))
+            .unwrap_or(line);
+        words.extend(line.split_whitespace().rev());
+    }
+    for word in words {
+        let w = word.trim_matches(|c: char| "(),;`".contains(c));
+        let listed = w.is_empty()
+            || w == "and"
+            || w == "or"
+            || w.split(['/', '–']).filter(|p| !p.is_empty()).all(|part| {
+                let part = part.trim_start_matches('§');
+                rule_id(part).is_some_and(|id| id.len() == part.len())
+                    || part.starts_with(|c: char| c.is_ascii_digit())
+                        && part.chars().all(|c| c.is_ascii_digit() || c == '.')
+            });
+        if listed {
+            continue;
+        }
+        // `docs/upstream.md`, `(docs/upstream.md`, `[upstream.md](../upstream.md)`.
+        let file = word.trim_end_matches(')').rsplit(['(', '[', '`']).next()?;
+        let file = file.trim_start_matches("../").trim_start_matches("docs/");
+        return file.ends_with(".md").then(|| file.to_string());
+    }
+    None
+}
+
+/// The citations in `text` (the file `path`) that point outside the repository or at nothing:
+/// the internal notes by name, a bare `§N`, a `§N` of a docs file that has no such heading, a
+/// rule id docs/upstream.md does not define.
+fn citation_problems(path: &str, text: &str, anchors: &Anchors) -> Vec<String> {
+    let mut problems = Vec::new();
+    let outside = [
+        concat!("ds_hf", "_rules"),
+        concat!("..", "/shared"),
+        concat!("shared", "/reference"),
+    ];
+    for (n, line) in text.lines().enumerate() {
+        for needle in outside {
+            if line.contains(needle) {
+                problems.push(format!("{path}:{}: cites `{needle}`", n + 1));
+            }
+        }
+    }
+    let line_of = |at: usize| text[..at].matches('\n').count() + 1;
+    for (at, _) in text.match_indices('§') {
+        let after = &text[at + '§'.len_utf8()..];
+        let number: String = after
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '.')
+            .collect();
+        let number = number.trim_end_matches('.');
+        if number.is_empty() {
+            continue;
+        }
+        let doc = cited_doc(&text[..at]).or_else(|| {
+            // docs/upstream.md refers to its own sections without its name.
+            (path == "docs/upstream.md").then(|| "upstream.md".to_string())
+        });
+        match doc {
+            None => problems.push(format!(
+                "{path}:{}: a bare §{number} (write docs/upstream.md §{number})",
+                line_of(at)
+            )),
+            Some(doc) => match anchors.sections.get(&doc) {
+                None => problems.push(format!(
+                    "{path}:{}: §{number} of {doc}, which is not a file under docs/",
+                    line_of(at)
+                )),
+                Some(numbers) if !numbers.contains(number) => problems.push(format!(
+                    "{path}:{}: docs/{doc} has no section {number}",
+                    line_of(at)
+                )),
+                Some(_) => {}
+            },
+        }
+    }
+    for (at, _) in text.match_indices("R-") {
+        let preceded = text[..at]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_alphanumeric());
+        if let (false, Some(id)) = (preceded, rule_id(&text[at..])) {
+            if !anchors.rules.contains(id) {
+                problems.push(format!(
+                    "{path}:{}: rule {id} is not defined in docs/upstream.md",
+                    line_of(at)
+                ));
+            }
+        }
+    }
+    problems
+}
+
+#[test]
+fn citations_point_into_the_repository() {
+    // Comments, docs and messages cite docs/upstream.md (`docs/upstream.md §6.2`, `R-Z03`), and
+    // every section and rule they cite exists there.
+    let anchors = anchors();
+    assert!(anchors.sections["upstream.md"].contains("6.2"));
+    assert!(anchors.rules.contains("R-S02"));
+    let mut files = Vec::new();
+    for dir in ["src", "runtime/src", "tests", "docs"] {
+        files.extend(files_under(dir));
+    }
+    // conformance/*.py only: not its virtual environment.
+    let conformance = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("conformance");
+    for entry in std::fs::read_dir(conformance).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        if name.ends_with(".py") {
+            let path = format!("conformance/{name}");
+            files.push((path.clone(), read(&path)));
+        }
+    }
+    files.push(("README.md".to_string(), read("README.md")));
+    let problems: Vec<String> = files
+        .iter()
+        .flat_map(|(path, text)| citation_problems(path, text, &anchors))
+        .collect();
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_citation_check_finds_what_points_nowhere() {
+    let anchors = anchors();
+    let check = |text: &str| citation_problems("x.rs", text, &anchors);
+    for fine in [
+        "// docs/upstream.md \u{a7}6.2",
+        "/// (docs/upstream.md \u{a7}2.2, \u{a7}2.3; R-A01)",
+        "//! the drift (docs/upstream.md\n//! \u{a7}5.5\u{2013}5.7, R-S02/R-S03)",
+        "see [upstream.md](../upstream.md) R-S06, \u{a7}5.4 and \u{a7}6.4",
+        "the syntax of language.md \u{a7}2.4",
+    ] {
+        assert_eq!(check(fine), Vec::<String>::new(), "{fine}");
+    }
+    assert_eq!(
+        check("// the table of \u{a7}6.2"),
+        ["x.rs:1: a bare \u{a7}6.2 (write docs/upstream.md \u{a7}6.2)"]
+    );
+    assert_eq!(
+        check("// reference \u{a7}7, R-M02"),
+        ["x.rs:1: a bare \u{a7}7 (write docs/upstream.md \u{a7}7)"]
+    );
+    assert_eq!(
+        check("// docs/upstream.md \u{a7}6.9"),
+        ["x.rs:1: docs/upstream.md has no section 6.9"]
+    );
+    assert_eq!(
+        check("// notes.md \u{a7}1"),
+        ["x.rs:1: \u{a7}1 of notes.md, which is not a file under docs/"]
+    );
+    assert_eq!(
+        check(concat!("// (R-", "Q99)")),
+        [concat!(
+            "x.rs:1: rule R-",
+            "Q99 is not defined in docs/upstream.md"
+        )]
+    );
+    let internal = concat!("// ds_hf", "_rules.md R-S02");
+    assert_eq!(
+        check(internal),
+        [concat!("x.rs:1: cites `ds_hf", "_rules`")]
+    );
 }

@@ -114,7 +114,7 @@ fn hf_values(args: &Value, r: &Resolved) -> Vec<(&'static str, Value)> {
             "scheduler.params.total_num_steps",
             Value::from(r.int("steps.total").unwrap()),
         ),
-        // T5: max(1, get_warmup_steps(max_steps)).
+        // transformers v5.24.0: max(1, get_warmup_steps(max_steps)).
         (
             "scheduler.params.warmup_num_steps",
             Value::from(warmup.max(1)),
@@ -183,7 +183,7 @@ fn every_emitted_key_exists_in_the_target_release() {
     }
 }
 
-/// The keys HF (Table A) and accelerate (Table B) may fill from `"auto"` (§2.3).
+/// The keys HF (Table A) and accelerate (Table B) may fill from `"auto"` (docs/upstream.md §2.3).
 const FILLABLE: &[&str] = &[
     "train_micro_batch_size_per_gpu",
     "gradient_accumulation_steps",

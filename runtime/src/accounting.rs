@@ -5,7 +5,7 @@
 //! (`huggingface/transformers:src/transformers/trainer.py:Trainer._inner_training_loop`); the
 //! version differences are docs/diagnostics.md's R0201/R0202. Pure functions; no I/O.
 
-/// How `num_update_steps_per_epoch` rounds `L / G` (§5.2).
+/// How `num_update_steps_per_epoch` rounds `L / G` (docs/upstream.md §5.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rounding {
     /// `max(L // G, 1)` (≤ 4.51).
@@ -14,7 +14,7 @@ pub enum Rounding {
     Ceil,
 }
 
-/// How the training data is split across data-parallel ranks (§5.1).
+/// How the training data is split across data-parallel ranks (docs/upstream.md §5.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sharding {
     /// torch `DistributedSampler`: `ceil(N / P)` samples per rank (padded), then batches.
@@ -23,7 +23,7 @@ pub enum Sharding {
     BatchSamplerShard,
 }
 
-/// Micro-batches each data-parallel rank sees per epoch (`L`, §5.1).
+/// Micro-batches each data-parallel rank sees per epoch (`L`, docs/upstream.md §5.1).
 ///
 /// `BatchSamplerShard` (accelerate, `even_batches`): the unsharded sampler makes
 /// `B = ceil(N / b)` batches (`floor` with `drop_last`), then each rank gets `ceil(B / P)`
@@ -45,7 +45,8 @@ pub fn batches_per_rank(
     }
 }
 
-/// Optimizer steps per epoch (`U`, §5.2): `max(L // G, 1)` or `max(ceil(L / G), 1)`.
+/// Optimizer steps per epoch (`U`, docs/upstream.md §5.2): `max(L // G, 1)` or
+/// `max(ceil(L / G), 1)`.
 pub fn updates_per_epoch(batches: u64, accumulate: u64, rounding: Rounding) -> u64 {
     let g = accumulate.max(1);
     let u = match rounding {

@@ -26,7 +26,7 @@
 //!   (`deepspeedai/DeepSpeed@v0.19.5:deepspeed/runtime/engine.py:DeepSpeedEngine._take_model_step`,
 //!   `self.lr_scheduler.step(**(lr_kwargs or {}))` after the optimizer step, skipped on overflow).
 //!   So optimizer step 1 runs at `it = −1` and step `k` at `it = k − 2` ([`ds_iteration`]). This
-//!   reproduces the spec §7 table (k = 1 → 0 *and* k = 2 → 0 for W = 4: `it = −1` gives
+//!   reproduces the docs/upstream.md §7 table (k = 1 → 0 *and* k = 2 → 0 for W = 4: `it = −1` gives
 //!   `min_lr`, `it = 0` gives `min_lr + Δ·0`). Before v0.15.3 the `Warmup*` constructors wrote
 //!   nothing, so step 1 ran at the optimizer's own configured lr ([`DsFlags::init_writes_lr`]).
 //!
@@ -752,8 +752,8 @@ pub fn ds_lr_at_iteration(
 /// value, or, for the `Warmup*` schedulers without [`DsFlags::init_writes_lr`], `optimizer_lr`
 /// itself.
 ///
-/// With W = 4, T = 10, linear warmup this gives the spec §7 rows: `WarmupLR` 0, 0, .25, .5, .75,
-/// 1, …; `WarmupDecayLR` … 1, .833, …, .333 (HF `linear` is one step ahead).
+/// With W = 4, T = 10, linear warmup this gives the docs/upstream.md §7 rows: `WarmupLR` 0, 0, .25,
+/// .5, .75, 1, …; `WarmupDecayLR` … 1, .833, …, .333 (HF `linear` is one step ahead).
 pub fn ds_lr(schedule: &DsSchedule, flags: &DsFlags, optimizer_lr: f64, step: u64) -> f64 {
     let it = ds_iteration(step);
     let warmup_family = matches!(
@@ -771,15 +771,15 @@ pub fn ds_lr(schedule: &DsSchedule, flags: &DsFlags, optimizer_lr: f64, step: u6
 /// The Adam betas `(β₁, β₂)` that DeepSpeed's `OneCycle` sets for optimizer step `step`
 /// (1-based), or `None` when it sets none (other schedulers, or `cycle_momentum: false`).
 ///
-/// β₂ is forced to 0.99 whatever the optimizer was configured with (spec R-L05). β₁ follows the
-/// cycle inversely: `cycle_max_mom − (max − min)·scale` (`DS:OneCycle._get_cycle_mom`), then
-/// `cycle_max_mom · (1 + decay_mom_rate · (it − size + 1) / decay_step_size)` after the cycle
+/// β₂ is forced to 0.99 whatever the optimizer was configured with (docs/upstream.md R-L05). β₁
+/// follows the cycle inversely: `cycle_max_mom − (max − min)·scale` (`DS:OneCycle._get_cycle_mom`),
+/// then `cycle_max_mom · (1 + decay_mom_rate · (it − size + 1) / decay_step_size)` after the cycle
 /// (`DS:OneCycle._get_decay_mom`; it *grows*, even past 1), or `cycle_max_mom` when that decay is
 /// off. Step 1 is special: the constructor writes `(cycle_min_mom, 0.99)`
 /// (`DS:OneCycle._initialize_momentum`) although the cycle formula at that point would give
 /// `cycle_max_mom`, so β₁ jumps from min to ≈max between steps 1 and 2. Upstream turns
-/// `cycle_momentum` off (with a warning) when the optimizer has no `betas` default; the caller
-/// must account for that.
+/// `cycle_momentum` off (with a warning) when the optimizer has no `betas` default; the caller must
+/// account for that.
 pub fn ds_momentum(schedule: &DsSchedule, flags: &DsFlags, step: u64) -> Option<(f64, f64)> {
     const BETA2: f64 = 0.99;
     let DsSchedule::OneCycle(oc) = schedule else {

@@ -265,6 +265,32 @@ fn check_items(
             );
         }
     }
+    for group in spec.exclusive {
+        let both: Vec<(&str, Span)> = group
+            .iter()
+            .filter_map(|k| given.get(k).map(|s| (*k, *s)))
+            .collect();
+        if let [(first, first_span), (second, second_span), ..] = both[..] {
+            out.push(
+                Diagnostic::error(
+                    codes::EXCLUSIVE_KEYS,
+                    format!("`{title}` takes `{first}` or `{second}`, not both"),
+                    second_span,
+                )
+                .with_label(format!("`{second}` given here"))
+                .with_secondary(first_span, format!("`{first}` given here"))
+                .with_help(format!(
+                    "keep one of them: {}",
+                    group
+                        .iter()
+                        .filter_map(|k| spec.key(k))
+                        .map(|k| format!("`{}` is {}", k.name, k.doc))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                )),
+            );
+        }
+    }
     for group in spec.one_of {
         if !group.iter().any(|k| given.contains_key(k)) {
             let names: Vec<String> = group.iter().map(|k| format!("`{k}`")).collect();

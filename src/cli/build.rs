@@ -70,7 +70,7 @@ pub fn run(file: &Path, out: Option<&PathBuf>, auto: bool, flags: &RecipeFlags) 
         eprintln!("{}: has errors; nothing written", source.name);
         return FAILED;
     }
-    let name = resolved.str("recipe.name").unwrap_or("recipe").to_string();
+    let name = resolved.text("recipe.name").to_string();
     let out_dir = out
         .cloned()
         .unwrap_or_else(|| PathBuf::from("build").join(&name));

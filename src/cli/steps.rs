@@ -76,8 +76,8 @@ fn native(r: &Resolved) -> Option<NativeSteps> {
         r.uint("batch.micro")?,
         r.uint("batch.accumulate")?,
         r.uint("cluster.world_size")?,
-        r.bool("data.drop_last").unwrap_or(false),
-        r.f64("train.epochs").unwrap_or(3.0),
+        r.flag("data.drop_last"),
+        r.num("train.epochs"),
         r.uint("train.max_steps"),
     ))
 }

@@ -149,10 +149,10 @@ fn offload_name(o: Offload) -> &'static str {
 
 fn memory_section(r: &Resolved, size: ModelSize, from: String) -> MemorySection {
     use crate::rules::zero::{estimate, to_offload, Choice, CHOICES};
-    let g = r.uint("cluster.gpus").unwrap_or(1).max(1);
-    let n = r.uint("cluster.nodes").unwrap_or(1).max(1);
+    let g = r.count("cluster.gpus").max(1);
+    let n = r.count("cluster.nodes").max(1);
     let chosen = Choice {
-        stage: r.uint("zero.stage").unwrap_or(0) as u8,
+        stage: r.count("zero.stage") as u8,
         optimizer: to_offload(r.word("zero.offload optimizer")),
         param: to_offload(r.word("zero.offload param")),
     };
@@ -199,7 +199,8 @@ fn upstream_note(r: &Resolved, key: &str) -> Option<String> {
              DeepSpeed's own step logs never print; HF's Trainer logs every logging_steps"
                 .into(),
         ),
-        // Skipped steps shift DeepSpeed's LR schedule against HF's global_step (R-M04).
+        // Skipped steps shift DeepSpeed's LR schedule against HF's global_step
+        // (docs/upstream.md R-M04).
         "train.precision" => crate::upstream::skips::note(r),
         _ => None,
     }
@@ -273,7 +274,7 @@ pub fn report(r: &Resolved, file: Option<&SourceFile>) -> Report {
         }
     };
     Report {
-        name: r.str("recipe.name").unwrap_or("recipe").to_string(),
+        name: r.text("recipe.name").to_string(),
         targets,
         settings,
         steps,

@@ -1,7 +1,7 @@
-//! `recipe import`: an existing DeepSpeed config (and optionally the TrainingArguments that go
-//! with it) turned into a recipe. Keys the language models become items; `"auto"` values are
-//! taken from the TrainingArguments, as HF would fill them (§2.2); everything else goes to the
-//! raw `deepspeed { }` / `hf { }` blocks, where the checker still validates it. The result is
+//! `recipe import`: an existing DeepSpeed config (and optionally the TrainingArguments that go with
+//! it) turned into a recipe. Keys the language models become items; `"auto"` values are taken from
+//! the TrainingArguments, as HF would fill them (docs/upstream.md §2.2); everything else goes to
+//! the raw `deepspeed { }` / `hf { }` blocks, where the checker still validates it. The result is
 //! checked like any recipe, so importing doubles as a linter for configs people already have.
 
 use serde_json::{Map, Value};
@@ -310,7 +310,8 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
             let lower = t.to_ascii_lowercase();
             let known = match lower.as_str() {
                 "adam" => {
-                    // DeepSpeed's Adam is AdamW unless adam_w_mode is false (R-P01).
+                    // DeepSpeed's Adam is AdamW unless adam_w_mode is false
+                    // (docs/upstream.md R-P01).
                     let w = b.ds("optimizer.params.adam_w_mode", None);
                     Some(if w.and_then(|v| v.as_bool()) == Some(false) {
                         "adam"
@@ -515,11 +516,11 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
             }
             if let Some(Value::Object(kw)) = b.hf("lr_scheduler_kwargs") {
                 for (k, v) in kw {
-                    let key = if k == "num_decay_steps" {
-                        "decay".to_string()
-                    } else {
-                        k
-                    };
+                    // The schedule key whose kwarg this is (the schema's `hf` column).
+                    let field = format!("lr_scheduler_kwargs.{k}");
+                    let key = crate::schema::block("schedule")
+                        .and_then(|b| b.keys.iter().find(|key| key.hf == Some(field.as_str())))
+                        .map_or(k, |key| key.name.to_string());
                     sched.push((key, lit(&v)));
                 }
             }
@@ -652,26 +653,37 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
     let stage = b.ds("zero_optimization.stage", None);
     let stage = stage.and_then(|v| v.as_i64()).unwrap_or(0);
     let mut zero = Vec::new();
-    for (which, key) in [
-        ("offload_optimizer", "offload optimizer"),
-        ("offload_param", "offload param"),
-    ] {
+    let zero_keys = crate::schema::block("zero").map_or(&[][..], |z| z.keys);
+    // The schema's DeepSpeed name of each `zero` key (the offload calls first, then the rest).
+    let leaf = |k: &crate::schema::KeySpec| {
+        k.deepspeed
+            .and_then(|d| d.strip_prefix("zero_optimization."))
+    };
+    for spec in zero_keys {
+        let (crate::schema::Ty::Call(calls), Some(which)) = (spec.ty, leaf(spec)) else {
+            continue;
+        };
+        let key = spec.name;
         let device = b.ds(&format!("zero_optimization.{which}.device"), None);
         let Some(device) = device.and_then(|v| v.as_str().map(str::to_string)) else {
             continue;
         };
         let mut args = Vec::new();
-        for (param, arg) in [
-            ("nvme_path", "path"),
-            ("pin_memory", "pin_memory"),
-            ("buffer_count", "buffer_count"),
-            ("buffer_size", "buffer_size"),
-            ("max_in_cpu", "max_in_cpu"),
-            ("pipeline_read", "pipeline_read"),
-            ("pipeline_write", "pipeline_write"),
-            ("fast_init", "fast_init"),
-            ("ratio", "ratio"),
-        ] {
+        // Every argument any of the calls takes, by its DeepSpeed name, once.
+        let mut known: Vec<(&str, &str)> = Vec::new();
+        // The device's own call first, so its arguments keep the order the docs give them.
+        let own = calls.iter().filter(|c| c.name == device);
+        for a in own
+            .chain(calls.iter().filter(|c| c.name != device))
+            .flat_map(|c| c.args)
+        {
+            if let Some(up) = a.upstream {
+                if !known.iter().any(|(p, _)| *p == up) {
+                    known.push((up, a.name));
+                }
+            }
+        }
+        for (param, arg) in known {
             if let Some(v) = b.ds(&format!("zero_optimization.{which}.{param}"), None) {
                 if !v.is_null() {
                     args.push(format!("{arg}: {}", lit(&v)));
@@ -688,8 +700,9 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
             zero.push((key.to_string(), call));
         }
     }
-    // HF fills these `"auto"` values from the model's hidden size (§2.2); the recipe derives
-    // the same from `model.hidden_size`, so they need the hidden size and nothing else.
+    // HF fills these `"auto"` values from the model's hidden size (docs/upstream.md §2.2); the
+    // recipe derives the same from `model.hidden_size`, so they need the hidden size and nothing
+    // else.
     let hidden_autos = [
         "reduce_bucket_size",
         "stage3_prefetch_bucket_size",
@@ -709,34 +722,12 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
                 .into(),
         );
     }
-    for (param, key) in [
-        ("overlap_comm", "overlap_comm"),
-        ("contiguous_gradients", "contiguous_gradients"),
-        ("reduce_scatter", "reduce_scatter"),
-        ("reduce_bucket_size", "reduce_bucket"),
-        ("allgather_partitions", "allgather_partitions"),
-        ("allgather_bucket_size", "allgather_bucket"),
-        ("round_robin_gradients", "round_robin_gradients"),
-        ("sub_group_size", "sub_group_size"),
-        ("stage3_prefetch_bucket_size", "prefetch_bucket"),
-        (
-            "stage3_param_persistence_threshold",
-            "param_persistence_threshold",
-        ),
-        (
-            "stage3_model_persistence_threshold",
-            "model_persistence_threshold",
-        ),
-        ("stage3_max_live_parameters", "max_live_parameters"),
-        ("stage3_max_reuse_distance", "max_reuse_distance"),
-        (
-            "stage3_gather_16bit_weights_on_model_save",
-            "gather_16bit_weights_on_model_save",
-        ),
-        ("load_from_fp32_weights", "load_from_fp32_weights"),
-        ("ignore_unused_parameters", "ignore_unused_parameters"),
-        ("elastic_checkpoint", "elastic_checkpoint"),
-    ] {
+    for (spec, param) in zero_keys
+        .iter()
+        .filter(|k| !matches!(k.ty, crate::schema::Ty::Call(_)))
+        .filter_map(|k| Some((k, leaf(k)?)))
+    {
+        let key = spec.name;
         // An `"auto"` comes back as None: derived from model.hidden_size.
         if let Some(v) = b.ds(&format!("zero_optimization.{param}"), None) {
             // Stage 3 ignores the stage-1/2 allgather knobs; at DeepSpeed's defaults (what

@@ -45,6 +45,8 @@ pub const BLOCK_SHAPE: &str = "R0021";
 pub const SECTION_NOT_ALLOWED: &str = "R0022";
 /// A call argument that does not exist, is repeated or is missing.
 pub const BAD_ARGUMENT: &str = "R0023";
+/// Two keys that exclude each other are both given (`min_lr` and `min_lr_rate`).
+pub const EXCLUSIVE_KEYS: &str = "R0024";
 
 /// A `deepspeed { }` key DeepSpeed does not know (it would silently ignore it).
 pub const UNKNOWN_DEEPSPEED_KEY: &str = "R0030";
@@ -141,6 +143,11 @@ pub const ALL: &[(&str, &str, &str)] = &[
         BAD_ARGUMENT,
         "bad-argument",
         "a call argument is unknown, repeated or missing",
+    ),
+    (
+        EXCLUSIVE_KEYS,
+        "exclusive-keys",
+        "two keys that exclude each other are both given",
     ),
     (
         UNKNOWN_DEEPSPEED_KEY,

@@ -18,7 +18,8 @@ use crate::upstream::schedules::{self, Owner};
 pub enum Style {
     /// Concrete values everywhere (the default): nothing is left for HF to fill.
     Explicit,
-    /// `"auto"` exactly where HF/accelerate of the target version fill the key (§2.2, §2.3).
+    /// `"auto"` exactly where HF/accelerate of the target version fill the key
+    /// (docs/upstream.md §2.2, §2.3).
     Auto,
 }
 
@@ -113,7 +114,8 @@ fn zero_section(r: &Resolved, auto: bool) -> Value {
 }
 
 /// Whether a hidden-size bucket is written as `"auto"`: its value came from the hidden size (HF
-/// fills the same number, §2.2) and the target transformers fills this key at this stage.
+/// fills the same number, docs/upstream.md §2.2) and the target transformers fills this key at this
+/// stage.
 fn hidden_auto(r: &Resolved, key: &str, auto: bool, stage: i64) -> bool {
     let derived = matches!(
         r.get(key).map(|s| &s.source),
@@ -121,155 +123,123 @@ fn hidden_auto(r: &Resolved, key: &str, auto: bool, stage: i64) -> bool {
     );
     let fills = match key {
         "zero.reduce_bucket" => stage == 3 || r.facts.hf_hidden_autos_any_stage,
-        // Before 4.45 HF writes a float, which DeepSpeed's int field rejects (R-A06).
+        // Before 4.45 HF writes a float, which DeepSpeed's int field rejects
+        // (docs/upstream.md R-A06).
         "zero.prefetch_bucket" => stage == 3 && !r.facts.hf_float_prefetch_bucket,
         _ => stage == 3,
     };
     auto && derived && fills
 }
 
+/// Zero keys `recipe build` states at a stage where DeepSpeed does not read them, or leaves to
+/// DeepSpeed where it does (the exceptions to the schema's `stages`, which say where DeepSpeed
+/// reads each key). The allgather knobs are validated by DeepSpeed's config model at stage 3
+/// although the stage-3 optimizer never reads them; `ignore_unused_parameters` is stated at
+/// stage 2 only (at stage 1 DeepSpeed's default, true, applies). The conformance corpus records
+/// the configs with exactly these keys, so they stay.
+const ZERO_EMIT_EXCEPTIONS: &[(&str, &[i64])] = &[
+    ("allgather_partitions", &[1, 2, 3]),
+    ("allgather_bucket", &[1, 2, 3]),
+    ("ignore_unused_parameters", &[2]),
+];
+
 fn zero_section_all(r: &Resolved, auto: bool) -> Value {
-    let stage = r.int("zero.stage").unwrap_or(0);
+    let stage = r.integer("zero.stage");
     let mut z = Map::new();
     z.insert("stage".into(), json!(stage));
     if stage == 0 {
         return Value::Object(z);
     }
-    let b = |k: &str| json!(r.bool(k).unwrap_or(false));
-    let i = |k: &str| {
-        if hidden_auto(r, k, auto, stage) {
-            json!("auto")
-        } else {
-            json!(r.int(k).unwrap_or(0))
-        }
-    };
     let pin = r.facts.ds_pin_memory_default;
-    let offload_opt = offload_section(r.val("zero.offload optimizer"), pin, false);
-    if let Some(o) = offload_opt {
-        if r.facts.ds_offload_optimizer_section {
-            z.insert("offload_optimizer".into(), o);
-        } else {
-            // DeepSpeed < 0.3.15 only knows the legacy switch (R-Z01).
+    let Some(block) = crate::schema::block("zero") else {
+        return Value::Object(z);
+    };
+    for key in block.keys {
+        let stages = ZERO_EMIT_EXCEPTIONS
+            .iter()
+            .find(|(name, _)| *name == key.name)
+            .map_or(key.stages, |(_, s)| *s);
+        let Some(leaf) = key
+            .deepspeed
+            .and_then(|d| d.strip_prefix("zero_optimization."))
+        else {
+            continue;
+        };
+        let name = format!("zero.{}", key.name);
+        if !stages.contains(&stage) {
+            continue;
+        }
+        let value = match key.ty {
+            crate::schema::Ty::Call(_) => {
+                match offload_section(r.val(&name), pin, key.name == "offload param") {
+                    Some(o) => o,
+                    None => continue,
+                }
+            }
+            _ if hidden_auto(r, &name, auto, stage) => json!("auto"),
+            _ => match r.val(&name) {
+                Some(v) => to_json(v),
+                None => continue,
+            },
+        };
+        if key.name == "offload optimizer" && !r.facts.ds_offload_optimizer_section {
+            // DeepSpeed < 0.3.15 only knows the legacy switch (docs/upstream.md R-Z01).
             z.insert("cpu_offload".into(), json!(true));
+            continue;
         }
-    }
-    z.insert("overlap_comm".into(), b("zero.overlap_comm"));
-    z.insert(
-        "contiguous_gradients".into(),
-        b("zero.contiguous_gradients"),
-    );
-    z.insert("reduce_scatter".into(), b("zero.reduce_scatter"));
-    z.insert("reduce_bucket_size".into(), i("zero.reduce_bucket"));
-    z.insert(
-        "allgather_partitions".into(),
-        b("zero.allgather_partitions"),
-    );
-    z.insert("allgather_bucket_size".into(), i("zero.allgather_bucket"));
-    z.insert(
-        "load_from_fp32_weights".into(),
-        b("zero.load_from_fp32_weights"),
-    );
-    if stage < 3 {
-        z.insert(
-            "round_robin_gradients".into(),
-            b("zero.round_robin_gradients"),
-        );
-        z.insert("elastic_checkpoint".into(), b("zero.elastic_checkpoint"));
-    }
-    if stage == 2 {
-        z.insert(
-            "ignore_unused_parameters".into(),
-            b("zero.ignore_unused_parameters"),
-        );
-    }
-    if stage == 3 {
-        if let Some(o) = offload_section(r.val("zero.offload param"), pin, true) {
-            z.insert("offload_param".into(), o);
-        }
-        z.insert("sub_group_size".into(), i("zero.sub_group_size"));
-        z.insert(
-            "stage3_prefetch_bucket_size".into(),
-            i("zero.prefetch_bucket"),
-        );
-        z.insert(
-            "stage3_param_persistence_threshold".into(),
-            i("zero.param_persistence_threshold"),
-        );
-        if r.is_given("zero.model_persistence_threshold") {
-            z.insert(
-                "stage3_model_persistence_threshold".into(),
-                i("zero.model_persistence_threshold"),
-            );
-        }
-        z.insert(
-            "stage3_max_live_parameters".into(),
-            i("zero.max_live_parameters"),
-        );
-        z.insert(
-            "stage3_max_reuse_distance".into(),
-            i("zero.max_reuse_distance"),
-        );
-        z.insert(
-            "stage3_gather_16bit_weights_on_model_save".into(),
-            b("zero.gather_16bit_weights_on_model_save"),
-        );
+        z.insert(leaf.into(), value);
     }
     Value::Object(z)
+}
+
+/// The `params` a DeepSpeed `optimizer` / `scheduler` section takes from the schema: every key
+/// of `block` that applies to `kind` and maps to `<section>.params.<name>`, with its resolved
+/// value. Keys the recipe does not resolve (an upstream default) are left to DeepSpeed.
+fn schema_params(r: &Resolved, block: &str, section: &str, kind: &str) -> Map<String, Value> {
+    let prefix = format!("{section}.params.");
+    let mut p = Map::new();
+    for key in crate::schema::block(block).map_or(&[][..], |b| b.keys) {
+        if !key.applies_to(Some(kind)) {
+            continue;
+        }
+        let Some(leaf) = key.deepspeed.and_then(|d| d.strip_prefix(prefix.as_str())) else {
+            continue;
+        };
+        if let Some(v) = r.val(&format!("{block}.{}", key.name)) {
+            p.insert(leaf.to_string(), to_json(v));
+        }
+    }
+    p
 }
 
 fn optimizer_section(r: &Resolved, auto: bool) -> Option<Value> {
     if r.word("optimizer.owner") != Some("deepspeed") {
         return None;
     }
-    let kind = r.word("optimizer.kind").unwrap_or("adamw");
-    let f = |k: &str| r.f64(k).unwrap_or(0.0);
-    let mut p = Map::new();
-    let hf_filled = |v: Value| if auto { json!("auto") } else { v };
-    p.insert("lr".into(), hf_filled(num(f("optimizer.lr"))));
-    if let Some(Val::List(betas)) = r.val("optimizer.betas") {
-        let b: Vec<Value> = betas
-            .iter()
-            .map(|x| num(x.as_f64().unwrap_or(0.0)))
-            .collect();
-        p.insert("betas".into(), hf_filled(Value::Array(b)));
+    let kind = r.choice("optimizer.kind");
+    let mut p = schema_params(r, "optimizer", "optimizer", kind);
+    if auto {
+        // HF fills exactly the params that TrainingArguments also carry (the schema's keys with
+        // both a DeepSpeed key and a TrainingArguments field; docs/upstream.md §2.2).
+        for key in crate::schema::block("optimizer").map_or(&[][..], |b| b.keys) {
+            let leaf = key
+                .deepspeed
+                .and_then(|d| d.strip_prefix("optimizer.params."));
+            if let (Some(leaf), Some(_)) = (leaf, key.hf) {
+                if let Some(v) = p.get_mut(leaf) {
+                    *v = json!("auto");
+                }
+            }
+        }
     }
-    if r.get("optimizer.eps").is_some() {
-        p.insert("eps".into(), hf_filled(num(f("optimizer.eps"))));
-    }
-    p.insert(
-        "weight_decay".into(),
-        hf_filled(num(f("optimizer.weight_decay"))),
-    );
     // With torch_adam DeepSpeed hands params to torch.optim.Adam(W), which has no
     // bias_correction argument (found by the conformance harness).
-    let torch_adam = r.bool("optimizer.torch_adam") == Some(true);
-    for (key, name) in [
-        ("optimizer.bias_correction", "bias_correction"),
-        ("optimizer.amsgrad", "amsgrad"),
-        ("optimizer.torch_adam", "torch_adam"),
-        ("optimizer.nesterov", "nesterov"),
-    ] {
-        if torch_adam && name == "bias_correction" {
-            continue;
-        }
-        if let Some(b) = r.bool(key) {
-            p.insert(name.into(), json!(b));
-        }
-    }
-    for (key, name) in [
-        ("optimizer.momentum", "momentum"),
-        ("optimizer.max_coeff", "max_coeff"),
-        ("optimizer.min_coeff", "min_coeff"),
-    ] {
-        if let Some(x) = r.f64(key) {
-            p.insert(name.into(), num(x));
-        }
-    }
-    if let Some(x) = r.int("optimizer.freeze_step") {
-        p.insert("freeze_step".into(), json!(x));
+    if r.bool("optimizer.torch_adam") == Some(true) {
+        p.remove("bias_correction");
     }
     match kind {
-        // DeepSpeed's "Adam" is AdamW unless told otherwise (R-P01): classic Adam is asked for.
+        // DeepSpeed's "Adam" is AdamW unless told otherwise (docs/upstream.md R-P01): classic Adam
+        // is asked for.
         "adam" => {
             p.insert("adam_w_mode".into(), json!(false));
         }
@@ -287,24 +257,26 @@ fn scheduler_section(r: &Resolved, auto: bool) -> Option<Value> {
         return None;
     }
     let kind = r.word("schedule.kind")?;
-    let f = |k: &str, d: f64| r.f64(k).unwrap_or(d);
+    let f = |k: &str| r.num(k);
     let total = curves.total;
-    // DeepSpeed ≥ 0.19.3 rejects a warmup_num_steps that is not a positive int; HF's own auto
-    // value is max(1, W) where it clamps (R-L03). W' = max(2, W) applies either way.
+    // DeepSpeed ≥ 0.19.3 rejects a warmup_num_steps that is not a positive int; HF's own auto value
+    // is max(1, W) where it clamps (docs/upstream.md R-L03). W' = max(2, W) applies either way.
     let warmup = if r.facts.ds_warmup_steps_positive_int || r.facts.hf_ds_warmup_at_least_one {
         curves.warmup.max(1)
     } else {
         curves.warmup
     };
     let auto_or = |v: Value| if auto { json!("auto") } else { v };
-    let warmup_type = r.word("schedule.warmup_type").unwrap_or("linear");
-    let mut p = Map::new();
+    // Every parameter the schema maps (OneCycle and LRRangeTest need nothing else); the
+    // warmup kinds then state their step counts and HF's "auto" values below.
+    let mut p = schema_params(r, "schedule", "scheduler", kind);
     match kind {
         "WarmupLR" | "WarmupDecayLR" => {
-            // HF fills warmup_min_lr with 0 and warmup_max_lr with learning_rate (§2.2): "auto"
-            // only stands for the recipe's value when it is exactly that.
-            let min_lr = f("schedule.min_lr", 0.0);
-            let max_lr = f("schedule.max_lr", curves.peak);
+            // HF fills warmup_min_lr with 0 and warmup_max_lr with learning_rate
+            // (docs/upstream.md §2.2): "auto" only stands for the recipe's value when it is exactly
+            // that.
+            let min_lr = f("schedule.min_lr");
+            let max_lr = r.f64("schedule.max_lr").unwrap_or(curves.peak);
             p.insert(
                 "warmup_min_lr".into(),
                 if min_lr == 0.0 {
@@ -322,8 +294,8 @@ fn scheduler_section(r: &Resolved, auto: bool) -> Option<Value> {
                 },
             );
             p.insert("warmup_num_steps".into(), auto_or(json!(warmup)));
-            if r.facts.ds_has_warmup_type {
-                p.insert("warmup_type".into(), json!(warmup_type));
+            if !r.facts.ds_has_warmup_type {
+                p.remove("warmup_type");
             }
             if kind == "WarmupDecayLR" {
                 p.insert("total_num_steps".into(), auto_or(json!(total)));
@@ -331,73 +303,9 @@ fn scheduler_section(r: &Resolved, auto: bool) -> Option<Value> {
         }
         "WarmupCosineLR" => {
             p.insert("total_num_steps".into(), auto_or(json!(total)));
-            p.insert(
-                "warmup_min_ratio".into(),
-                num(f("schedule.warmup_min_ratio", 0.0)),
-            );
-            p.insert(
-                "cos_min_ratio".into(),
-                num(f("schedule.cos_min_ratio", 0.0)),
-            );
             p.insert("warmup_num_steps".into(), auto_or(json!(warmup)));
-            p.insert("warmup_type".into(), json!(warmup_type));
         }
-        "OneCycle" => {
-            for (key, name, default) in [
-                ("schedule.cycle_min_lr", "cycle_min_lr", curves.peak / 10.0),
-                ("schedule.cycle_max_lr", "cycle_max_lr", curves.peak),
-                ("schedule.decay_lr_rate", "decay_lr_rate", 0.0),
-                (
-                    "schedule.cycle_first_step_size",
-                    "cycle_first_step_size",
-                    2000.0,
-                ),
-                (
-                    "schedule.cycle_first_stair_count",
-                    "cycle_first_stair_count",
-                    0.0,
-                ),
-                ("schedule.decay_step_size", "decay_step_size", 0.0),
-                ("schedule.cycle_min_mom", "cycle_min_mom", 0.8),
-                ("schedule.cycle_max_mom", "cycle_max_mom", 0.9),
-                ("schedule.decay_mom_rate", "decay_mom_rate", 0.0),
-            ] {
-                p.insert(name.into(), num(f(key, default)));
-            }
-            for (key, name) in [
-                ("schedule.cycle_second_step_size", "cycle_second_step_size"),
-                (
-                    "schedule.cycle_second_stair_count",
-                    "cycle_second_stair_count",
-                ),
-            ] {
-                if let Some(x) = r.f64(key) {
-                    p.insert(name.into(), num(x));
-                }
-            }
-            p.insert(
-                "cycle_momentum".into(),
-                json!(r.bool("schedule.cycle_momentum").unwrap_or(true)),
-            );
-        }
-        "LRRangeTest" => {
-            p.insert(
-                "lr_range_test_min_lr".into(),
-                num(f("schedule.start_lr", 1e-3)),
-            );
-            p.insert(
-                "lr_range_test_step_size".into(),
-                json!(r.int("schedule.step_size").unwrap_or(2000)),
-            );
-            p.insert(
-                "lr_range_test_step_rate".into(),
-                num(f("schedule.step_rate", 1.0)),
-            );
-            p.insert(
-                "lr_range_test_staircase".into(),
-                json!(r.bool("schedule.staircase").unwrap_or(false)),
-            );
-        }
+        "OneCycle" | "LRRangeTest" => {}
         _ => return None,
     }
     Some(json!({ "type": kind, "params": Value::Object(p) }))
@@ -455,12 +363,12 @@ pub fn config(r: &Resolved, style: Style) -> Value {
     );
     c.insert(
         "gradient_clipping".into(),
-        auto_or(num(r.f64("train.clip").unwrap_or(1.0))),
+        auto_or(num(r.num("train.clip"))),
     );
     c.insert("steps_per_print".into(), int("train.logging_steps"));
-    let precision = r.word("train.precision").unwrap_or("fp32");
+    let precision = r.choice("train.precision");
     let eval = r.word("train.eval_precision").unwrap_or(precision);
-    // HF fills fp16.enabled from `fp16 or fp16_full_eval` (and bf16 alike), §2.2.
+    // HF fills fp16.enabled from `fp16 or fp16_full_eval` (and bf16 alike), docs/upstream.md §2.2.
     let fp16 = precision == "fp16" || eval == "fp16";
     let bf16 = precision == "bf16" || eval == "bf16";
     let mut fp = Map::new();
@@ -480,10 +388,7 @@ pub fn config(r: &Resolved, style: Style) -> Value {
         );
         fp.insert("loss_scale_window".into(), int("train.loss_scale_window"));
         fp.insert("hysteresis".into(), int("train.hysteresis"));
-        fp.insert(
-            "min_loss_scale".into(),
-            num(r.f64("train.min_loss_scale").unwrap_or(1.0)),
-        );
+        fp.insert("min_loss_scale".into(), num(r.num("train.min_loss_scale")));
     }
     c.insert("fp16".into(), Value::Object(fp));
     if let Some(key) = r.facts.ds_bf16_key {
@@ -498,11 +403,12 @@ pub fn config(r: &Resolved, style: Style) -> Value {
     }
     c.insert("zero_optimization".into(), zero_section(r, auto));
     if let Some(o) = optimizer_section(r, auto) {
-        let kind = r.word("optimizer.kind").unwrap_or("adamw");
+        let kind = r.choice("optimizer.kind");
         let tested = r.facts.ds_zero_supported_optimizers.contains(&kind);
         c.insert("optimizer".into(), o);
-        if !tested && r.int("zero.stage").unwrap_or(0) >= 1 {
-            // DeepSpeed refuses optimizers outside its ZeRO-tested list without this (R-P02).
+        if !tested && r.integer("zero.stage") >= 1 {
+            // DeepSpeed refuses optimizers outside its ZeRO-tested list without this
+            // (docs/upstream.md R-P02).
             c.insert("zero_allow_untested_optimizer".into(), json!(true));
         }
     }

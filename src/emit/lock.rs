@@ -97,7 +97,7 @@ pub fn lock(
         })
         .collect();
     Lock {
-        recipe: r.str("recipe.name").unwrap_or("recipe").to_string(),
+        recipe: r.text("recipe.name").to_string(),
         generator: format!("recipe {}", env!("CARGO_PKG_VERSION")),
         inputs_sha256,
         flags: flags.to_vec(),

@@ -68,15 +68,22 @@ pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
         return Err(Unsupported::Refused(refusals));
     }
     let bug = |what: &str| Unsupported::Bug(what.to_string());
-    let arch = r.word("model.arch").unwrap_or("bert").to_string();
+    let arch = r.choice("model.arch").to_string();
     let (label_names, named_labels) = labels(r).ok_or_else(|| bug("model.task has no labels"))?;
 
+    // Resolution sets these for every recipe that passed the checks.
     let samples = r.uint("data.samples").unwrap_or(0);
-    let micro = r.uint("batch.micro").unwrap_or(8);
-    let accumulate = r.uint("batch.accumulate").unwrap_or(1);
-    let world = r.uint("cluster.world_size").unwrap_or(1);
-    let drop_last = r.bool("data.drop_last").unwrap_or(false);
-    let epochs = r.f64("train.epochs").unwrap_or(3.0);
+    let micro = r
+        .uint("batch.micro")
+        .ok_or_else(|| bug("batch.micro is not resolved"))?;
+    let accumulate = r
+        .uint("batch.accumulate")
+        .ok_or_else(|| bug("batch.accumulate is not resolved"))?;
+    let world = r
+        .uint("cluster.world_size")
+        .ok_or_else(|| bug("cluster.world_size is not resolved"))?;
+    let drop_last = r.flag("data.drop_last");
+    let epochs = r.num("train.epochs");
     let max_steps = r.uint("train.max_steps");
     let steps = accounting::native(
         samples, micro, accumulate, world, drop_last, epochs, max_steps,
@@ -118,8 +125,8 @@ pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
             (Owner::Hf, Some(recipe_runtime::lr::HfSchedule::ReduceLrOnPlateau), _) => {
                 SchedulePlan::Plateau {
                     peak: c.peak,
-                    factor: r.f64("schedule.factor").unwrap_or(0.1),
-                    patience: r.uint("schedule.patience").unwrap_or(10),
+                    factor: r.num("schedule.factor"),
+                    patience: r.count("schedule.patience"),
                 }
             }
             (Owner::DeepSpeed, _, Some(s)) => SchedulePlan::DeepSpeed {
@@ -147,11 +154,11 @@ pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
         eval: path("data.eval"),
         test: path("data.test"),
         format,
-        text: r.str("data.text").unwrap_or("text").to_string(),
+        text: r.text("data.text").to_string(),
         text_pair: r.str("data.text_pair").map(str::to_string),
-        label: r.str("data.label").unwrap_or("label").to_string(),
-        max_len: r.uint("data.max_len").unwrap_or(128) as usize,
-        shuffle: r.bool("data.shuffle").unwrap_or(true),
+        label: r.text("data.label").to_string(),
+        max_len: r.count("data.max_len") as usize,
+        shuffle: r.flag("data.shuffle"),
         drop_last,
         samples,
     };
@@ -164,10 +171,10 @@ pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
     let train = TrainPlan {
         epochs,
         max_steps,
-        clip: r.f64("train.clip").unwrap_or(1.0),
+        clip: r.num("train.clip"),
         precision,
-        seed: r.uint("train.seed").unwrap_or(42),
-        logging_steps: r.uint("train.logging_steps").unwrap_or(10).max(1),
+        seed: r.count("train.seed"),
+        logging_steps: r.count("train.logging_steps").max(1),
         eval_every: every(
             r.val("train.eval_every"),
             if data.eval.is_some() {
@@ -178,7 +185,7 @@ pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
         ),
         save_every: every(r.val("train.save_every"), Every::Epoch),
         output_dir: path("train.output_dir").unwrap_or_else(|| PathBuf::from("out")),
-        zero_stage: r.uint("zero.stage").unwrap_or(0).min(3) as u8,
+        zero_stage: r.count("zero.stage").min(3) as u8,
         offload_optimizer: offload(r.word("zero.offload optimizer")),
         offload_param: offload(r.word("zero.offload param")),
         loss_scale,
@@ -186,7 +193,7 @@ pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
     };
     Ok(Plan {
         format: FORMAT,
-        name: r.str("recipe.name").unwrap_or("recipe").to_string(),
+        name: r.text("recipe.name").to_string(),
         model: ModelPlan {
             arch,
             source: model.source,
@@ -227,7 +234,7 @@ pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
 ///   "untested" with ZeRO; the compiler adds `zero_allow_untested_optimizer`).
 fn optimizer(r: &Resolved) -> Option<OptimizerPlan> {
     let hf = r.word("optimizer.owner") == Some("hf");
-    let kind = match r.word("optimizer.kind").unwrap_or("adamw") {
+    let kind = match r.choice("optimizer.kind") {
         "adamw" => OptimizerKind::AdamW,
         "adam" => OptimizerKind::Adam,
         "sgd" => OptimizerKind::Sgd,
@@ -236,22 +243,11 @@ fn optimizer(r: &Resolved) -> Option<OptimizerPlan> {
         // rules/native.rs refuses every other kind (R1103).
         _ => return None,
     };
-    let betas = match r.val("optimizer.betas") {
-        Some(Val::List(v)) if v.len() == 2 => {
-            (v[0].as_f64().unwrap_or(0.9), v[1].as_f64().unwrap_or(0.999))
-        }
-        _ => (0.9, 0.999),
-    };
-    let no_decay = match r.val("optimizer.no_decay") {
-        Some(Val::List(v)) => v
-            .iter()
-            .filter_map(|x| x.as_str().map(str::to_string))
-            .collect(),
-        _ => vec!["bias".into(), "LayerNorm.weight".into()],
-    };
-    let mut eps = r.f64("optimizer.eps").unwrap_or(1e-8);
-    let momentum = r.f64("optimizer.momentum").unwrap_or(0.0);
-    let nesterov = r.bool("optimizer.nesterov").unwrap_or(false);
+    let betas = r.pair("optimizer.betas");
+    let no_decay = r.strings("optimizer.no_decay");
+    let mut eps = r.num("optimizer.eps");
+    let momentum = r.num("optimizer.momentum");
+    let nesterov = r.flag("optimizer.nesterov");
     let mut trust_clamp = None;
     match kind {
         // HF's Adagrad takes eps only from `optim_args`, which the build does not write: it
@@ -259,24 +255,19 @@ fn optimizer(r: &Resolved) -> Option<OptimizerPlan> {
         OptimizerKind::Adagrad if hf => eps = recipe_runtime::optim::TORCH_ADAGRAD_EPS,
         OptimizerKind::Lamb => {
             // The compiler writes max_coeff / min_coeff only when the recipe sets them;
-            // otherwise DeepSpeed runs FusedLamb's defaults.
-            trust_clamp = Some((
-                r.f64("optimizer.min_coeff")
-                    .unwrap_or(recipe_runtime::optim::DEFAULT_MIN_COEFF),
-                r.f64("optimizer.max_coeff")
-                    .unwrap_or(recipe_runtime::optim::DEFAULT_MAX_COEFF),
-            ));
+            // otherwise DeepSpeed runs FusedLamb's defaults (the schema's upstream defaults).
+            trust_clamp = Some((r.num("optimizer.min_coeff"), r.num("optimizer.max_coeff")));
         }
         _ => {}
     }
     Some(OptimizerPlan {
         kind,
-        lr: r.f64("optimizer.lr").unwrap_or(5e-5),
+        lr: r.num("optimizer.lr"),
         betas,
         eps,
-        weight_decay: r.f64("optimizer.weight_decay").unwrap_or(0.0),
+        weight_decay: r.num("optimizer.weight_decay"),
         no_decay,
-        bias_correction: r.bool("optimizer.bias_correction").unwrap_or(true),
+        bias_correction: r.flag("optimizer.bias_correction"),
         momentum,
         nesterov,
         trust_clamp,

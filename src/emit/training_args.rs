@@ -53,7 +53,7 @@ pub fn arguments(r: &Resolved, ds_config: &str) -> Value {
         }
     };
     let int = |k: &str| json!(r.int(k).unwrap_or(0));
-    let f = |k: &str, d: f64| num(r.f64(k).unwrap_or(d));
+    let f = |k: &str| num(r.num(k));
     let mut sched_kwargs = None;
     put(
         &["output_dir"],
@@ -65,19 +65,18 @@ pub fn arguments(r: &Resolved, ds_config: &str) -> Value {
     put(&["per_device_train_batch_size"], int("batch.micro"));
     put(&["per_device_eval_batch_size"], int("batch.eval_micro"));
     put(&["gradient_accumulation_steps"], int("batch.accumulate"));
-    put(&["learning_rate"], f("optimizer.lr", 5e-5));
-    put(&["weight_decay"], f("optimizer.weight_decay", 0.0));
-    if let Some(crate::resolve::Val::List(betas)) = r.val("optimizer.betas") {
-        if let [b1, b2] = &betas[..] {
-            put(&["adam_beta1"], num(b1.as_f64().unwrap_or(0.9)));
-            put(&["adam_beta2"], num(b2.as_f64().unwrap_or(0.999)));
-        }
+    put(&["learning_rate"], f("optimizer.lr"));
+    put(&["weight_decay"], f("optimizer.weight_decay"));
+    if r.get("optimizer.betas").is_some() {
+        let (b1, b2) = r.pair("optimizer.betas");
+        put(&["adam_beta1"], num(b1));
+        put(&["adam_beta2"], num(b2));
     }
     if r.get("optimizer.eps").is_some() {
-        put(&["adam_epsilon"], f("optimizer.eps", 1e-8));
+        put(&["adam_epsilon"], f("optimizer.eps"));
     }
-    put(&["max_grad_norm"], f("train.clip", 1.0));
-    put(&["num_train_epochs"], f("train.epochs", 3.0));
+    put(&["max_grad_norm"], f("train.clip"));
+    put(&["num_train_epochs"], f("train.epochs"));
     if let Some(m) = r.int("train.max_steps") {
         put(&["max_steps"], json!(m));
     }
@@ -94,18 +93,20 @@ pub fn arguments(r: &Resolved, ds_config: &str) -> Value {
             put(&["lr_scheduler_type"], json!(name));
         }
         if c.owner == Owner::Hf {
+            // Every kwarg the recipe wrote, named by the schema's `lr_scheduler_kwargs.*` column
+            // (HF's own defaults apply to the rest, the same values the recipe defaults to).
+            let kind = r.choice("schedule.kind");
             let mut kw = Map::new();
-            for (key, name) in [
-                ("schedule.num_cycles", "num_cycles"),
-                ("schedule.power", "power"),
-                ("schedule.lr_end", "lr_end"),
-                ("schedule.timescale", "timescale"),
-                ("schedule.min_lr_ratio", "min_lr_ratio"),
-                ("schedule.factor", "factor"),
-                ("schedule.patience", "patience"),
-            ] {
-                if r.is_given(key) {
-                    kw.insert(name.into(), to_json(r.val(key).expect("given")));
+            for key in crate::schema::block("schedule").map_or(&[][..], |b| b.keys) {
+                let Some(field) = key.hf.and_then(|h| h.strip_prefix("lr_scheduler_kwargs."))
+                else {
+                    continue;
+                };
+                let name = format!("schedule.{}", key.name);
+                if key.applies_to(Some(kind)) && r.is_given(&name) {
+                    if let Some(v) = r.val(&name) {
+                        kw.insert(field.to_string(), to_json(v));
+                    }
                 }
             }
             if r.word("schedule.kind") == Some("warmup_stable_decay") {
@@ -117,11 +118,13 @@ pub fn arguments(r: &Resolved, ds_config: &str) -> Value {
                     }
                     None => 0,
                 };
-                kw.remove("decay");
                 kw.insert("num_decay_steps".into(), json!(decay));
             }
-            if r.word("schedule.kind") == Some("cosine_with_min_lr") {
-                kw.insert("min_lr".into(), f("schedule.min_lr", 0.0));
+            // HF's cosine_with_min_lr needs one of min_lr / min_lr_rate (transformers@v5.24.0
+            // optimization.py:get_cosine_with_min_lr_schedule_with_warmup): the default min_lr
+            // is stated when the recipe gives neither.
+            if kind == "cosine_with_min_lr" && !kw.contains_key("min_lr_rate") {
+                kw.insert("min_lr".into(), f("schedule.min_lr"));
             }
             // Written only where the release has the field (R0312 refuses a recipe whose
             // arguments would be lost); the sampled field lists skip 4.36 … 4.40.
@@ -130,7 +133,7 @@ pub fn arguments(r: &Resolved, ds_config: &str) -> Value {
             }
         }
     }
-    let precision = r.word("train.precision").unwrap_or("fp32");
+    let precision = r.choice("train.precision");
     let eval = r.word("train.eval_precision").unwrap_or(precision);
     put(&["fp16"], json!(precision == "fp16"));
     put(&["bf16"], json!(precision == "bf16"));
@@ -164,10 +167,7 @@ pub fn arguments(r: &Resolved, ds_config: &str) -> Value {
             _ => put(strategy, json!("epoch")),
         }
     }
-    put(
-        &["dataloader_drop_last"],
-        json!(r.bool("data.drop_last").unwrap_or(false)),
-    );
+    put(&["dataloader_drop_last"], json!(r.flag("data.drop_last")));
     put(&["dataloader_num_workers"], int("data.workers"));
     if r.bool("model.gradient_checkpointing") == Some(true) {
         put(
@@ -179,7 +179,7 @@ pub fn arguments(r: &Resolved, ds_config: &str) -> Value {
         put(&["auto_find_batch_size"], json!(true));
     }
     if r.word("optimizer.owner") == Some("hf") {
-        let kind = r.word("optimizer.kind").unwrap_or("adamw");
+        let kind = r.choice("optimizer.kind");
         if fields.has("optim") {
             put(&["optim"], json!(hf_optim(kind)));
         } else if kind == "adafactor" {

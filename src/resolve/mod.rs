@@ -154,6 +154,80 @@ impl Resolved {
         self.val(key).and_then(Val::as_bool)
     }
 
+    /// The schema's literal default of a setting (a key's own, the library's for an
+    /// [`Upstream`](crate::schema::KeyDefault::Upstream) one, or a block label's when the block
+    /// is absent).
+    fn schema_default(key: &str) -> Option<Val> {
+        crate::schema::literal_default(key).map(defaults::lit)
+    }
+
+    /// A number that always has a value: the resolved one, else the schema's literal default
+    /// (for a key the recipe's kind does not resolve, or one the upstream library defaults).
+    /// Only for keys whose schema default is a literal; others are NaN (a test checks every use).
+    pub fn num(&self, key: &str) -> f64 {
+        self.f64(key)
+            .or_else(|| Self::schema_default(key).and_then(|v| v.as_f64()))
+            .unwrap_or(f64::NAN)
+    }
+
+    /// A whole number that always has a value (see [`Resolved::num`]; 0 without a literal).
+    pub fn integer(&self, key: &str) -> i64 {
+        self.int(key)
+            .or_else(|| Self::schema_default(key).and_then(|v| v.as_i64()))
+            .unwrap_or(0)
+    }
+
+    /// A non-negative whole number that always has a value (see [`Resolved::num`]).
+    pub fn count(&self, key: &str) -> u64 {
+        u64::try_from(self.integer(key)).unwrap_or(0)
+    }
+
+    /// A boolean that always has a value (see [`Resolved::num`]; false without a literal).
+    pub fn flag(&self, key: &str) -> bool {
+        self.bool(key)
+            .or_else(|| Self::schema_default(key).and_then(|v| v.as_bool()))
+            .unwrap_or(false)
+    }
+
+    /// A word (or a call's name) that always has a value (see [`Resolved::num`]; "" without a
+    /// literal).
+    pub fn choice(&self, key: &str) -> &str {
+        self.word(key)
+            .or_else(|| crate::schema::literal_default(key).and_then(lit_word))
+            .unwrap_or("")
+    }
+
+    /// A pair of numbers that always has a value (see [`Resolved::num`]; NaN without a literal).
+    pub fn pair(&self, key: &str) -> (f64, f64) {
+        let v = self.val(key).cloned().or_else(|| Self::schema_default(key));
+        match v {
+            Some(Val::List(xs)) if xs.len() == 2 => (
+                xs[0].as_f64().unwrap_or(f64::NAN),
+                xs[1].as_f64().unwrap_or(f64::NAN),
+            ),
+            _ => (f64::NAN, f64::NAN),
+        }
+    }
+
+    /// A list of strings that always has a value (see [`Resolved::num`]; empty without a literal).
+    pub fn strings(&self, key: &str) -> Vec<String> {
+        let v = self.val(key).cloned().or_else(|| Self::schema_default(key));
+        match v {
+            Some(Val::List(xs)) => xs
+                .iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// A string that always has a value (see [`Resolved::num`]; "" without a literal).
+    pub fn text(&self, key: &str) -> &str {
+        self.str(key)
+            .or_else(|| crate::schema::literal_default(key).and_then(lit_str))
+            .unwrap_or("")
+    }
+
     /// The span where the recipe wrote this value.
     pub fn span(&self, key: &str) -> Option<Span> {
         self.get(key).and_then(|s| s.source.span())
@@ -165,6 +239,20 @@ impl Resolved {
             self.get(key).map(|s| &s.source),
             Some(Source::Written { .. } | Source::Flag { .. })
         )
+    }
+}
+
+fn lit_word(v: crate::schema::Lit) -> Option<&'static str> {
+    match v {
+        crate::schema::Lit::Word(w) => Some(w),
+        _ => None,
+    }
+}
+
+fn lit_str(v: crate::schema::Lit) -> Option<&'static str> {
+    match v {
+        crate::schema::Lit::Str(s) => Some(s),
+        _ => None,
     }
 }
 
@@ -213,23 +301,14 @@ pub fn resolve(file: &File, options: &Options) -> Resolved {
                     Val::from_ast(label),
                     Source::Written { span: label.span },
                 );
-            } else if spec.name == "recipe" {
-                // Nameless recipes are named after their file by the CLI; fall back to "recipe".
-                r.set(
-                    &label_name,
-                    Val::Str("recipe".into()),
-                    Source::Default {
-                        reason: "no `recipe` name".into(),
-                    },
-                );
-            } else if let Some((v, s)) = defaults::default(&label_name, &r) {
+            } else if let Some((v, s)) = defaults::default(spec.absent, &r) {
                 r.set(&label_name, v, s);
             }
         }
         let kind = r.word(&label_name).map(str::to_string);
         // The keys.
         for key in spec.keys {
-            if !key.applies_to(kind.as_deref()) && !key.kinds.is_empty() {
+            if !key.applies_to(kind.as_deref()) {
                 continue;
             }
             let name = format!("{}.{}", spec.name, key.name);
@@ -249,7 +328,7 @@ pub fn resolve(file: &File, options: &Options) -> Resolved {
                         span: item.value.span,
                     },
                 );
-            } else if let Some((v, s)) = defaults::default(&name, &r) {
+            } else if let Some((v, s)) = defaults::default(key.default, &r) {
                 r.set(&name, v, s);
             }
         }
@@ -330,8 +409,8 @@ fn resolve_world(r: &mut Resolved, options: &Options) {
     if let Some((v, s)) = flag_or(options.nodes, "nodes") {
         r.set("cluster.nodes", v, s);
     }
-    let gpus = r.int("cluster.gpus").unwrap_or(1);
-    let nodes = r.int("cluster.nodes").unwrap_or(1);
+    let gpus = r.integer("cluster.gpus");
+    let nodes = r.integer("cluster.nodes");
     if nodes > 1 && r.get("cluster.hostfile").is_none() {
         // Stated in launch.sh rather than left to the launcher (R1001 says so).
         r.set(
@@ -386,7 +465,7 @@ fn resolve_steps(r: &mut Resolved) {
     if micro == 0 || acc == 0 || world == 0 {
         return;
     }
-    let drop_last = r.bool("data.drop_last").unwrap_or(false);
+    let drop_last = r.flag("data.drop_last");
     let facts = r.facts.clone();
     let l = steps::batches_per_rank(samples, micro, world, drop_last, facts.sharding);
     let sharding = match facts.sharding {
@@ -421,7 +500,7 @@ fn resolve_steps(r: &mut Resolved) {
             inputs: vec![format!("L = {l}"), format!("G = batch.accumulate = {acc}")],
         },
     );
-    let epochs = r.f64("train.epochs").unwrap_or(3.0);
+    let epochs = r.num("train.epochs");
     let max_steps = r.uint("train.max_steps");
     let total = steps::total_steps(epochs, u, max_steps);
     r.set(

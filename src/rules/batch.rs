@@ -1,5 +1,5 @@
 //! Batch rules: DeepSpeed's `train_batch_size == micro × accumulate × world` assertion, evaluated
-//! at check time with the target world size (R-B01; DeepSpeed@v0.19.5
+//! at check time with the target world size (docs/upstream.md R-B01; DeepSpeed@v0.19.5
 //! runtime/config.py:DeepSpeedConfig._batch_assertion).
 
 use crate::diagnostics::Diagnostic;
@@ -7,7 +7,8 @@ use crate::resolve::Resolved;
 
 use super::{anchor, origin};
 
-/// The batch triple does not satisfy `global = micro × accumulate × world` (R-B01).
+/// The batch triple does not satisfy `global = micro × accumulate × world`
+/// (docs/upstream.md R-B01).
 pub const BATCH_MISMATCH: &str = "R0101";
 /// A batch size inferred the way DeepSpeed does comes out as zero.
 pub const BATCH_ZERO: &str = "R0102";

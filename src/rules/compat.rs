@@ -1,8 +1,9 @@
 //! Compat rules: the raw `deepspeed { }` and `hf { }` escape hatches against what HF, accelerate
-//! and DeepSpeed do with them — `"auto"` that nothing fills (R-A01, R-A09), raw keys that
-//! duplicate typed items (two sources of truth), FSDP with DeepSpeed (R-H03), `save_only_model`
-//! with `load_best_model_at_end` (R-H04), `managed_gradient_accumulation = false` (R-S06) —
-//! and the target accelerate against what the target transformers requires (§0.1).
+//! and DeepSpeed do with them — `"auto"` that nothing fills (docs/upstream.md R-A01, R-A09), raw
+//! keys that duplicate typed items (two sources of truth), FSDP with DeepSpeed
+//! (docs/upstream.md R-H03), `save_only_model` with `load_best_model_at_end`
+//! (docs/upstream.md R-H04), `managed_gradient_accumulation = false` (docs/upstream.md R-S06) — and
+//! the target accelerate against what the target transformers requires (docs/upstream.md §0.1).
 //!
 //! Only the batch, clipping, step, seed, output, logging, evaluation, saving, data-loader and
 //! model duplicates are here; precision, ZeRO-section, optimizer and scheduler duplicates belong
@@ -14,7 +15,7 @@ use crate::syntax::ast::Span;
 
 use super::{anchor, origin};
 
-/// A raw DeepSpeed value `"auto"` that nothing fills (R-A01).
+/// A raw DeepSpeed value `"auto"` that nothing fills (docs/upstream.md R-A01).
 pub const AUTO_UNFILLED: &str = "R0901";
 /// A raw DeepSpeed key that duplicates a typed item.
 pub const RAW_DEEPSPEED_DUPLICATE: &str = "R0902";
@@ -22,11 +23,11 @@ pub const RAW_DEEPSPEED_DUPLICATE: &str = "R0902";
 pub const RAW_HF_DUPLICATE: &str = "R0903";
 /// `hf { deepspeed = … }`: the compiler owns it.
 pub const HF_DEEPSPEED_FIELD: &str = "R0904";
-/// FSDP together with DeepSpeed (R-H03).
+/// FSDP together with DeepSpeed (docs/upstream.md R-H03).
 pub const FSDP_WITH_DEEPSPEED: &str = "R0905";
-/// `save_only_model` with `load_best_model_at_end` under DeepSpeed (R-H04).
+/// `save_only_model` with `load_best_model_at_end` under DeepSpeed (docs/upstream.md R-H04).
 pub const SAVE_ONLY_MODEL_BEST: &str = "R0906";
-/// `managed_gradient_accumulation = false` under accelerate ≥ 1.8 (R-S06).
+/// `managed_gradient_accumulation = false` under accelerate ≥ 1.8 (docs/upstream.md R-S06).
 pub const UNMANAGED_ACCUMULATION: &str = "R0907";
 /// The target accelerate is older than the target transformers requires.
 pub const ACCELERATE_TOO_OLD: &str = "R0908";
@@ -139,8 +140,8 @@ pub const CODES: &[(&str, &str, &str)] = &[
     ),
 ];
 
-/// Keys HF's integration fills when `"auto"` (§2.2 Table A, `trainer_config_process` /
-/// `trainer_config_finalize`; transformers@v4.24.0 … v5.24.0).
+/// Keys HF's integration fills when `"auto"` (docs/upstream.md §2.2 Table A,
+/// `trainer_config_process` / `trainer_config_finalize`; transformers@v4.24.0 … v5.24.0).
 const HF_AUTO: &[&str] = &[
     "train_micro_batch_size_per_gpu",
     "gradient_accumulation_steps",
@@ -161,10 +162,10 @@ const HF_AUTO: &[&str] = &[
     "zero_optimization.stage3_param_persistence_threshold",
 ];
 
-/// Filled by HF while it has apex (`Facts::hf_apex_amp`, §2.2).
+/// Filled by HF while it has apex (`Facts::hf_apex_amp`, docs/upstream.md §2.2).
 const HF_APEX_AUTO: &[&str] = &["amp.enabled", "amp.opt_level"];
 
-/// Filled by accelerate's `DeepSpeedPlugin` (§2.3; accelerate@v1.15.0
+/// Filled by accelerate's `DeepSpeedPlugin` (docs/upstream.md §2.3; accelerate@v1.15.0
 /// utils/dataclasses.py:DeepSpeedPlugin.__post_init__), so only where the Trainer prepares
 /// DeepSpeed through accelerate (not `Facts::hf_direct_deepspeed_init`).
 const ACCELERATE_AUTO: &[&str] = &[
@@ -308,7 +309,8 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
     target_too_new(r, out);
 }
 
-/// Whether HF or accelerate replace `"auto"` at `path` for the targets (§2.2, §2.3).
+/// Whether HF or accelerate replace `"auto"` at `path` for the targets
+/// (docs/upstream.md §2.2, §2.3).
 fn auto_filled(r: &Resolved, path: &str) -> bool {
     HF_AUTO.contains(&path)
         || (r.facts.hf_apex_amp && HF_APEX_AUTO.contains(&path))
@@ -338,7 +340,7 @@ fn auto_unfilled(r: &Resolved, path: &str, span: Span) -> Diagnostic {
             "write the value itself: accelerate fills `{path}` only from transformers 4.30 on, where the Trainer prepares DeepSpeed through accelerate"
         )
     } else {
-        "write the value itself (\"auto\" works only for the keys HF or accelerate fill, ds_hf_rules.md §2.3)".into()
+        "write the value itself; docs/upstream.md §2.3 lists the keys that HF or accelerate fill from \"auto\"".into()
     };
     Diagnostic::error(AUTO_UNFILLED, message, span)
         .with_label(label)
@@ -437,12 +439,12 @@ fn save_only_model(r: &Resolved, out: &mut Vec<Diagnostic>) {
     );
 }
 
-/// R-S06 (§5.4): with `managed_gradient_accumulation = false` (DeepSpeed ≥ 0.19.4) DeepSpeed
-/// asserts in `set_gradient_accumulation_boundary`, which accelerate ≥ 1.8 calls on every
+/// R-S06 (docs/upstream.md §5.4): with `managed_gradient_accumulation = false` (DeepSpeed ≥ 0.19.4)
+/// DeepSpeed asserts in `set_gradient_accumulation_boundary`, which accelerate ≥ 1.8 calls on every
 /// micro-batch; where DeepSpeed is stepped on every micro-batch instead (accelerate < 1.8, or
-/// transformers ≤ 4.26), "every `step()` is the accumulation boundary"
-/// (DeepSpeed@v0.19.4 runtime/engine.py:DeepSpeedEngine.is_gradient_accumulation_boundary), so
-/// the weights are updated on every micro-batch and `accumulate` is ignored.
+/// transformers ≤ 4.26), "every `step()` is the accumulation boundary" (DeepSpeed@v0.19.4
+/// runtime/engine.py:DeepSpeedEngine.is_gradient_accumulation_boundary), so the weights are updated
+/// on every micro-batch and `accumulate` is ignored.
 fn unmanaged_accumulation(r: &Resolved, value: &Val, span: Span, out: &mut Vec<Diagnostic>) {
     use crate::upstream::versions::DsBoundary;
     if value != &Val::Bool(false) || !r.facts.ds_managed_gradient_accumulation {
@@ -513,7 +515,7 @@ fn accelerate_too_old(r: &Resolved, out: &mut Vec<Diagnostic>) {
         d = d.with_secondary(t, format!("transformers {tf}"));
     }
     out.push(d.with_help(format!(
-        "target accelerate \"{min}\" or newer (\"1.8.0\" or newer also keeps DeepSpeed's optimizer steps in line with HF's, R-S02)"
+        "target accelerate \"{min}\" or newer (\"1.8.0\" or newer also keeps DeepSpeed's optimizer steps in line with HF's, docs/upstream.md R-S02)"
     )));
 }
 

@@ -284,8 +284,8 @@ fn not_objects(
             format!("{written}:{line} is not a JSON object: {what}{more}"),
             format!(
                 "every line of a JSONL file must be one JSON object, such as {{\"{}\": \"…\", \"{}\": 0}}; fix or remove line {line}",
-                r.str("data.text").unwrap_or("text"),
-                r.str("data.label").unwrap_or("label")
+                r.text("data.text"),
+                r.text("data.label")
             ),
         )
     };
@@ -313,12 +313,33 @@ fn field_key(r: &Resolved, field: &str) -> &'static str {
         .unwrap_or("data.text")
 }
 
+/// "all 20 rows" / "10 of 20 rows".
+fn share(some: u64, all: u64) -> String {
+    if some == all {
+        format!("all {some} rows")
+    } else {
+        format!("{some} of {all} rows")
+    }
+}
+
 fn missing_fields(r: &Resolved, key: &str, written: &str, scan: &DataScan) -> Vec<Diagnostic> {
     let mut out = Vec::new();
     for m in &scan.missing {
         let item = field_key(r, &m.field);
         let item_name = item.trim_start_matches("data.");
         let (message, label, known) = match &scan.header {
+            // The column is there, but some cells are empty (pandas reads them as NaN).
+            Some((_, columns)) if m.rows > 0 => {
+                let rows = share(m.rows, scan.rows);
+                (
+                    format!(
+                        "`{}` is empty in {rows}, first at {written}:{}",
+                        m.field, m.first_line
+                    ),
+                    format!("line {} has an empty `{}`", m.first_line, m.field),
+                    columns.clone(),
+                )
+            }
             Some((line, columns)) => (
                 format!(
                     "\"{written}\" has no `{}` column (header at line {line}: {})",
@@ -329,11 +350,7 @@ fn missing_fields(r: &Resolved, key: &str, written: &str, scan: &DataScan) -> Ve
                 columns.clone(),
             ),
             None => {
-                let rows = if m.rows == scan.rows {
-                    format!("all {} rows", m.rows)
-                } else {
-                    format!("{} of {} rows", m.rows, scan.rows)
-                };
+                let rows = share(m.rows, scan.rows);
                 (
                     format!(
                         "`{}` is missing or null in {rows}, first at {written}:{}",
@@ -357,7 +374,8 @@ fn missing_fields(r: &Resolved, key: &str, written: &str, scan: &DataScan) -> Ve
             .map(String::as_str)
             .filter(|k| !named.contains(k))
             .collect();
-        let everywhere = scan.header.is_some() || m.rows == scan.rows;
+        // The field is absent everywhere: a CSV/TSV header without the column, or no row has it.
+        let everywhere = (scan.header.is_some() && m.rows == 0) || m.rows == scan.rows;
         let suggestion = crate::check::suggest::closest(&m.field, candidates.iter().copied())
             .or_else(|| (candidates.len() == 1).then(|| candidates[0]));
         let help = match suggestion {
@@ -366,7 +384,7 @@ fn missing_fields(r: &Resolved, key: &str, written: &str, scan: &DataScan) -> Ve
                 known.join(", ")
             ),
             _ if !everywhere => format!(
-                "fix line {} and the other rows without `{}`, or remove them",
+                "fix line {} and the other rows without a `{}`, or remove them",
                 m.first_line, m.field
             ),
             _ => format!("set `{item_name}` in `data` to the field that holds it, or fix the data"),
@@ -447,7 +465,7 @@ fn labels(r: &Resolved, key: &str, written: &str, scan: &DataScan) -> Option<Dia
     let classes = Classes::of(r)?;
     let bad = outside(classes, &scan.labels);
     let first = bad.iter().min_by_key(|s| s.first_line)?;
-    let field = r.str("data.label").unwrap_or("label");
+    let field = r.text("data.label");
     let rows: u64 = bad.iter().map(|s| s.rows).sum();
     let string_overflow = matches!(
         (classes, &first.value),

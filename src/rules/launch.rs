@@ -58,7 +58,7 @@ pub const CODES: &[(&str, &str, &str)] = &[
 
 /// Runs the launch rules.
 pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
-    let nodes = r.uint("cluster.nodes").unwrap_or(1);
+    let nodes = r.count("cluster.nodes");
     let Some(setting) = r.get("cluster.hostfile") else {
         return;
     };
@@ -82,7 +82,7 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
             if nodes > 1 && (hosts.len() as u64) < nodes {
                 out.push(too_few_nodes(r, written, &hosts, nodes));
             }
-            let gpus = r.uint("cluster.gpus").unwrap_or(1);
+            let gpus = r.count("cluster.gpus");
             // The hosts the launcher keeps: the first `nodes`.
             let used = &hosts[..hosts.len().min(nodes as usize)];
             if let Some(h) = used.iter().find(|h| h.slots < gpus) {
@@ -183,7 +183,7 @@ fn hostfile_default(r: &Resolved, nodes: u64) -> Diagnostic {
     .with_label(format!("nodes = {nodes}{}", super::origin(r, "cluster.nodes")))
     .with_help(format!(
         "set `hostfile = \"…\"` in `cluster`: one `host slots={}` line per node; launch.sh passes --hostfile {DEFAULT_HOSTFILE} until then",
-        r.uint("cluster.gpus").unwrap_or(1)
+        r.count("cluster.gpus")
     ))
 }
 
@@ -214,7 +214,7 @@ fn invalid(r: &Resolved, written: &str, bad: &BadHostfile) -> Diagnostic {
 }
 
 fn too_few_nodes(r: &Resolved, written: &str, hosts: &[Host], nodes: u64) -> Diagnostic {
-    let gpus = r.uint("cluster.gpus").unwrap_or(1);
+    let gpus = r.count("cluster.gpus");
     let n = hosts.len() as u64;
     let mut d = Diagnostic::error(
         HOSTFILE_TOO_FEW_NODES,

@@ -1,6 +1,6 @@
-//! Model rules: `from` against `config`, a local model's config.json against what the recipe
-//! says (hidden size, architecture), the hidden size HF's DeepSpeed integration needs (R-A05,
-//! issue #21342).
+//! Model rules: `from` against `config`, a local model's config.json against what the recipe says
+//! (hidden size, architecture), the hidden size HF's DeepSpeed integration needs
+//! (docs/upstream.md R-A05, issue #21342).
 //!
 //! A model is local when `from` (or `config`) names a path that exists here, read relative to the
 //! recipe (`files::local_path`); anything else is a hub id or a path on the cluster, and is not
@@ -186,8 +186,8 @@ fn local_config(r: &Resolved, key: &'static str, out: &mut Vec<Diagnostic>) -> O
     }
 }
 
-/// The hidden size HF's DeepSpeed integration uses, in its lookup order (§2.2): `hidden_size`,
-/// `max(hidden_sizes)`, then the same in `text_config`.
+/// The hidden size HF's DeepSpeed integration uses, in its lookup order (docs/upstream.md §2.2):
+/// `hidden_size`, `max(hidden_sizes)`, then the same in `text_config`.
 fn config_hidden_size(json: &serde_json::Value) -> Option<i64> {
     let pick = |v: &serde_json::Value| {
         v.get("hidden_size").and_then(|h| h.as_i64()).or_else(|| {
@@ -266,9 +266,9 @@ fn arch_mismatch(r: &Resolved, config: &LocalConfig, out: &mut Vec<Diagnostic>) 
 
 /// transformers 4.18–4.26 (and ≤ 4.17 under ZeRO-3) read `model.config.hidden_size`
 /// unconditionally in `trainer_config_finalize`; configs with only `hidden_sizes` raise
-/// AttributeError (issue #21342, fixed by PR #21504 in v4.27.0; §2.2).
+/// AttributeError (issue #21342, fixed by PR #21504 in v4.27.0; docs/upstream.md §2.2).
 fn hidden_size_attribute(r: &Resolved, config: &LocalConfig, out: &mut Vec<Diagnostic>) {
-    let stage = r.int("zero.stage").unwrap_or(0);
+    let stage = r.integer("zero.stage");
     match r.facts.hf_hidden_size_read {
         HiddenSizeRead::AutoKeysOnly => return,
         HiddenSizeRead::Zero3 if stage != 3 => return,
@@ -307,10 +307,11 @@ fn hidden_size_attribute(r: &Resolved, config: &LocalConfig, out: &mut Vec<Diagn
     ));
 }
 
-/// R-A05: HF fills the hidden-size buckets from the model's config; the compiler resolves them
-/// itself, and without a hidden size it falls back to DeepSpeed's fixed defaults (a note).
+/// docs/upstream.md R-A05: HF fills the hidden-size buckets from the model's config; the compiler
+/// resolves them itself, and without a hidden size it falls back to DeepSpeed's fixed defaults (a
+/// note).
 fn hidden_size_unknown(r: &Resolved, config: Option<&LocalConfig>, out: &mut Vec<Diagnostic>) {
-    let stage = r.int("zero.stage").unwrap_or(0);
+    let stage = r.integer("zero.stage");
     if stage < 1 || r.int("model.hidden_size").is_some() {
         return;
     }

@@ -120,7 +120,7 @@ fn data(r: &Resolved, out: &mut Vec<Diagnostic>) {
 }
 
 fn optimizer(r: &Resolved, out: &mut Vec<Diagnostic>) {
-    let kind = r.word("optimizer.kind").unwrap_or("adamw");
+    let kind = r.choice("optimizer.kind");
     if !OPTIMIZERS.contains(&kind) {
         out.push(
             Diagnostic::error(
@@ -145,7 +145,7 @@ fn optimizer(r: &Resolved, out: &mut Vec<Diagnostic>) {
         );
     }
     let hf = r.word("optimizer.owner") == Some("hf");
-    let stage = r.uint("zero.stage").unwrap_or(0);
+    let stage = r.count("zero.stage");
     let offloaded = stage >= 1 && !matches!(r.word("zero.offload optimizer"), None | Some("none"));
     // With this raw key false, accelerate keeps HF's own optimizer under offload.
     let hf_kept_under_offload =
@@ -156,7 +156,7 @@ fn optimizer(r: &Resolved, out: &mut Vec<Diagnostic>) {
     let owner_ds = "write `owner = deepspeed` (DeepSpeed builds the optimizer from its config)";
     match kind {
         "sgd" => {
-            let momentum = r.f64("optimizer.momentum").unwrap_or(0.0);
+            let momentum = r.num("optimizer.momentum");
             let nesterov = r.bool("optimizer.nesterov") == Some(true);
             if nesterov && momentum <= 0.0 {
                 refuse(
@@ -288,7 +288,7 @@ fn precision(r: &Resolved, out: &mut Vec<Diagnostic>) {
 }
 
 fn offload(r: &Resolved, out: &mut Vec<Diagnostic>) {
-    let stage = r.uint("zero.stage").unwrap_or(0);
+    let stage = r.count("zero.stage");
     for (key, what) in [
         ("zero.offload optimizer", "the optimizer state"),
         ("zero.offload param", "parameters"),

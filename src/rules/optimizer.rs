@@ -3,16 +3,20 @@
 //! kind and `owner`: `deepspeed` writes a DeepSpeed `optimizer` section (DeepSpeed builds it),
 //! `hf` sets `TrainingArguments.optim` (the HF Trainer builds it and hands it to DeepSpeed).
 //!
-//! * DeepSpeed's optimizer section: "Adam" is AdamW (R-P01), untested optimizers with ZeRO
-//!   (R-P02), 1-bit optimizers with ZeRO (R-P04), LAMB with a fixed loss scale (R-P05) or with
-//!   optimizer offload (R-P06), kinds DeepSpeed does not have (Adafactor; Lion and 0/1 Adam
-//!   before they were added);
-//! * HF's optimizer under ZeRO-Offload: silently replaced by accelerate (R-O01), rejected by
-//!   DeepSpeed (R-O02), rejected by transformers < 4.9 (§4.2);
+//! * DeepSpeed's optimizer section: "Adam" is AdamW (docs/upstream.md R-P01), untested optimizers
+//!   with ZeRO (docs/upstream.md R-P02), 1-bit optimizers with ZeRO (docs/upstream.md R-P04), LAMB
+//!   with a fixed loss scale (docs/upstream.md R-P05) or with optimizer offload
+//!   (docs/upstream.md R-P06), kinds DeepSpeed does not have (Adafactor; Lion and 0/1 Adam before
+//!   they were added);
+//! * HF's optimizer under ZeRO-Offload: silently replaced by accelerate (docs/upstream.md R-O01),
+//!   rejected by DeepSpeed (docs/upstream.md R-O02), rejected by transformers < 4.9
+//!   (docs/upstream.md §4.2);
 //! * ownership: kinds HF's `optim` lacks, DeepSpeed's optimizer with HF's scheduler where
-//!   transformers cannot combine them (§4.2), the optimizer given twice (R-H07).
+//!   transformers cannot combine them (docs/upstream.md §4.2), the optimizer given twice
+//!   (docs/upstream.md R-H07).
 //!
-//! `optimizer.params.max_grad_norm` (R-P03) is the schema's R0031, not repeated here.
+//! `optimizer.params.max_grad_norm` (docs/upstream.md R-P03) is the schema's R0031, not repeated
+//! here.
 
 use crate::diagnostics::{Diagnostic, Label};
 use crate::resolve::value::fmt_f64;
@@ -23,31 +27,35 @@ use crate::upstream::versions::{Fact, Library, CHANGES};
 use super::schedule::{first_release, fmt_lr, is_deepspeed_schedule, note, with_target};
 use super::{anchor, origin};
 
-/// `optimizer adam` with weight decay is classic L2 Adam: the compiler emits `adam_w_mode = false` (R-P01).
+/// `optimizer adam` with weight decay is classic L2 Adam: the compiler emits `adam_w_mode = false`
+/// (docs/upstream.md R-P01).
 pub const ADAM_L2: &str = "R0401";
 /// `owner = hf` with a kind HF's `optim` does not have.
 pub const NO_HF_OPTIMIZER: &str = "R0402";
-/// An optimizer DeepSpeed does not test with ZeRO (R-P02).
+/// An optimizer DeepSpeed does not test with ZeRO (docs/upstream.md R-P02).
 pub const UNTESTED_OPTIMIZER: &str = "R0403";
-/// 1-bit Adam, 0/1 Adam and 1-bit LAMB are not compatible with ZeRO (R-P04).
+/// 1-bit Adam, 0/1 Adam and 1-bit LAMB are not compatible with ZeRO (docs/upstream.md R-P04).
 pub const ONEBIT_WITH_ZERO: &str = "R0404";
-/// LAMB needs dynamic loss scaling (R-P05).
+/// LAMB needs dynamic loss scaling (docs/upstream.md R-P05).
 pub const LAMB_FIXED_LOSS_SCALE: &str = "R0405";
-/// LAMB has no CPU implementation for optimizer offload (R-P06).
+/// LAMB has no CPU implementation for optimizer offload (docs/upstream.md R-P06).
 pub const LAMB_OFFLOAD: &str = "R0406";
-/// accelerate replaces HF's optimizer by a DeepSpeed CPU optimizer under offload (R-O01).
+/// accelerate replaces HF's optimizer by a DeepSpeed CPU optimizer under offload
+/// (docs/upstream.md R-O01).
 pub const HF_OPTIMIZER_REPLACED: &str = "R0407";
-/// DeepSpeed rejects HF's optimizer under offload when transformers hands it over as is (R-O02).
+/// DeepSpeed rejects HF's optimizer under offload when transformers hands it over as is
+/// (docs/upstream.md R-O02).
 pub const CLIENT_OPTIMIZER_OFFLOAD: &str = "R0408";
 /// DeepSpeed has no Adafactor.
 pub const ADAFACTOR_DEEPSPEED: &str = "R0409";
 /// The target DeepSpeed does not have this optimizer yet.
 pub const NOT_IN_DEEPSPEED: &str = "R0410";
-/// The optimizer is given by `optimizer` and by raw keys as well (R-H07).
+/// The optimizer is given by `optimizer` and by raw keys as well (docs/upstream.md R-H07).
 pub const OPTIMIZER_TWICE: &str = "R0411";
-/// transformers < 4.9 refuses HF's optimizer with ZeRO Offload (§4.2).
+/// transformers < 4.9 refuses HF's optimizer with ZeRO Offload (docs/upstream.md §4.2).
 pub const OFFLOAD_NEEDS_DS_OPTIMIZER: &str = "R0412";
-/// transformers < 4.10 and 4.30–4.33 cannot combine DeepSpeed's optimizer with HF's scheduler (§4.2).
+/// transformers < 4.10 and 4.30–4.33 cannot combine DeepSpeed's optimizer with HF's scheduler
+/// (docs/upstream.md §4.2).
 pub const DS_OPTIMIZER_HF_SCHEDULER: &str = "R0413";
 /// AMSGrad with DeepSpeed's own Adam kernels, which refuse it.
 pub const AMSGRAD_FUSED: &str = "R0414";
@@ -203,10 +211,10 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
     let o = Opt {
         kind,
         owner,
-        stage: r.int("zero.stage").unwrap_or(0),
-        offload_optimizer: r.word("zero.offload optimizer").unwrap_or("none"),
-        offload_param: r.word("zero.offload param").unwrap_or("none"),
-        weight_decay: r.f64("optimizer.weight_decay").unwrap_or(0.0),
+        stage: r.integer("zero.stage"),
+        offload_optimizer: r.choice("zero.offload optimizer"),
+        offload_param: r.choice("zero.offload param"),
+        weight_decay: r.num("optimizer.weight_decay"),
     };
     twice(r, out);
     ds_optimizer_hf_scheduler(r, &o, out);
@@ -307,7 +315,7 @@ fn hf_owned(r: &Resolved, o: &Opt, out: &mut Vec<Diagnostic>) {
     }
 }
 
-/// R-P01 (§6.3): DeepSpeed's `type: "Adam"` uses decoupled weight decay unless
+/// R-P01 (docs/upstream.md §6.3): DeepSpeed's `type: "Adam"` uses decoupled weight decay unless
 /// `adam_w_mode: false` (`ADAM_W_MODE_DEFAULT = True`,
 /// deepspeedai/DeepSpeed@v0.19.5:deepspeed/runtime/engine.py:_configure_basic_optimizer), so the
 /// compiler emits `adam_w_mode: false` for `optimizer adam`: classic Adam, weight decay added to
@@ -368,11 +376,11 @@ fn no_hf_optimizer(r: &Resolved, o: &Opt) -> Diagnostic {
     d.with_help(help)
 }
 
-/// R-P02 (§6.3): with ZeRO (stage ≥ 1) DeepSpeed asserts that the basic optimizer's type is in
-/// `ZERO_SUPPORTED_OPTIMIZERS` or `zero_allow_untested_optimizer` is true
-/// (deepspeedai/DeepSpeed@v0.19.5:deepspeed/runtime/engine.py:_configure_zero_optimizer). HF
-/// sets the flag only for its own optimizer (§4.1), so for `owner = deepspeed` the compiler adds
-/// it. A raw `zero_allow_untested_optimizer = false` makes DeepSpeed stop.
+/// R-P02 (docs/upstream.md §6.3): with ZeRO (stage ≥ 1) DeepSpeed asserts that the basic
+/// optimizer's type is in `ZERO_SUPPORTED_OPTIMIZERS` or `zero_allow_untested_optimizer` is true
+/// (deepspeedai/DeepSpeed@v0.19.5:deepspeed/runtime/engine.py:_configure_zero_optimizer). HF sets
+/// the flag only for its own optimizer (docs/upstream.md §4.1), so for `owner = deepspeed` the
+/// compiler adds it. A raw `zero_allow_untested_optimizer = false` makes DeepSpeed stop.
 fn untested(r: &Resolved, o: &Opt) -> Option<Diagnostic> {
     let ds = r.targets.deepspeed;
     let raw = raw_ds_bool(r, "zero_allow_untested_optimizer");
@@ -417,11 +425,12 @@ fn untested(r: &Resolved, o: &Opt) -> Option<Diagnostic> {
     )))
 }
 
-/// R-P04 (§6.3): `assert not self.zero_optimization(), "1bit-Adam is not compatible with ZeRO"`
-/// (also "0/1 Adam …", "1bit-Lamb …"; deepspeedai/DeepSpeed@v0.19.5:deepspeed/runtime/engine.py:
-/// _configure_basic_optimizer, since v0.4.1 PR #1169). Before v0.4.1 nothing stopped it, but
-/// these optimizers run their own compressed all-reduce and were never made to work under
-/// ZeRO's partitioning, so it is an error for every version.
+/// R-P04 (docs/upstream.md §6.3): `assert not self.zero_optimization(), "1bit-Adam is not
+/// compatible with ZeRO"` (also "0/1 Adam …", "1bit-Lamb …";
+/// deepspeedai/DeepSpeed@v0.19.5:deepspeed/runtime/engine.py: _configure_basic_optimizer, since
+/// v0.4.1 PR #1169). Before v0.4.1 nothing stopped it, but these optimizers run their own
+/// compressed all-reduce and were never made to work under ZeRO's partitioning, so it is an error
+/// for every version.
 fn onebit_with_zero(r: &Resolved, o: &Opt) -> Diagnostic {
     let upstream = match o.kind {
         "onebitadam" => "1bit-Adam is not compatible with ZeRO",
@@ -445,13 +454,14 @@ fn onebit_with_zero(r: &Resolved, o: &Opt) -> Diagnostic {
     ))
 }
 
-/// R-P05 (§6.3): `assert self.dynamic_loss_scale(), "DeepSpeed lamb optimizer requires dynamic
-/// loss scaling"` (also onebitlamb; deepspeedai/DeepSpeed@v0.19.5:deepspeed/runtime/engine.py:
-/// _do_sanity_check). A fixed `loss_scale` with fp16 fails it; so does bf16 on DeepSpeed
-/// 0.5.5–0.17.0, whose `get_loss_scale` returns a fixed 1.0 for bf16
+/// R-P05 (docs/upstream.md §6.3): `assert self.dynamic_loss_scale(), "DeepSpeed lamb optimizer
+/// requires dynamic loss scaling"` (also onebitlamb;
+/// deepspeedai/DeepSpeed@v0.19.5:deepspeed/runtime/engine.py: _do_sanity_check). A fixed
+/// `loss_scale` with fp16 fails it; so does bf16 on DeepSpeed 0.5.5–0.17.0, whose `get_loss_scale`
+/// returns a fixed 1.0 for bf16
 /// (deepspeedai/DeepSpeed@v0.15.2:deepspeed/runtime/config.py:get_loss_scale).
 fn lamb_fixed_loss_scale(r: &Resolved, o: &Opt) -> Option<Diagnostic> {
-    let precision = r.word("train.precision").unwrap_or("fp32");
+    let precision = r.choice("train.precision");
     let name = if o.kind == "lamb" {
         "lamb"
     } else {
@@ -502,9 +512,9 @@ fn lamb_fixed_loss_scale(r: &Resolved, o: &Opt) -> Option<Diagnostic> {
     None
 }
 
-/// R-P06 (§6.3, §4.1): there is no CPU LAMB; with optimizer offload DeepSpeed still builds
-/// FusedLamb (a CUDA kernel) for the offloaded fp32 partitions on the CPU, which fails at the
-/// first step (HF's own note: "… should work … (except LAMB)",
+/// R-P06 (docs/upstream.md §6.3, §4.1): there is no CPU LAMB; with optimizer offload DeepSpeed
+/// still builds FusedLamb (a CUDA kernel) for the offloaded fp32 partitions on the CPU, which fails
+/// at the first step (HF's own note: "… should work … (except LAMB)",
 /// huggingface/transformers@v5.24.0:src/transformers/integrations/deepspeed.py:deepspeed_optim_sched).
 fn lamb_offload(r: &Resolved, o: &Opt) -> Diagnostic {
     let mut d = Diagnostic::error(
@@ -542,14 +552,14 @@ fn cpu_replacement(r: &Resolved, kind: &str) -> Result<&'static str, &'static st
     }
 }
 
-/// R-O01 (§4.1): on the accelerate path (transformers ≥ 4.30) with optimizer offload and
-/// `zero_force_ds_cpu_optimizer` not false, accelerate rebuilds HF's optimizer as a DeepSpeed
-/// CPU optimizer from its param groups (only `lr` and `weight_decay` carried as defaults): an
-/// SGD, Adafactor, … run silently becomes Adam (bug); AdamW stays AdamW (info).
+/// R-O01 (docs/upstream.md §4.1): on the accelerate path (transformers ≥ 4.30) with optimizer
+/// offload and `zero_force_ds_cpu_optimizer` not false, accelerate rebuilds HF's optimizer as a
+/// DeepSpeed CPU optimizer from its param groups (only `lr` and `weight_decay` carried as
+/// defaults): an SGD, Adafactor, … run silently becomes Adam (bug); AdamW stays AdamW (info).
 fn hf_optimizer_replaced(r: &Resolved, o: &Opt) -> Option<Diagnostic> {
     let kind = o.hf_kind();
     let acc = r.targets.accelerate;
-    let lr = r.f64("optimizer.lr").unwrap_or(5e-5);
+    let lr = r.num("optimizer.lr");
     let span = anchor(r, "zero.offload optimizer");
     match cpu_replacement(r, kind) {
         Ok(_) if kind != "adamw" => None,
@@ -601,9 +611,10 @@ fn hf_optimizer_replaced(r: &Resolved, o: &Opt) -> Option<Diagnostic> {
     }
 }
 
-/// R-O02 (§4.1): transformers < 4.30 passes HF's optimizer to `deepspeed.initialize` as is;
-/// DeepSpeed ≥ 0.8.3 (PR #2971) raises `ZeRORuntimeException` for a client optimizer that is
-/// not DeepSpeedCPUAdam under ZeRO-Offload unless `zero_force_ds_cpu_optimizer` is false
+/// R-O02 (docs/upstream.md §4.1): transformers < 4.30 passes HF's optimizer to
+/// `deepspeed.initialize` as is; DeepSpeed ≥ 0.8.3 (PR #2971) raises `ZeRORuntimeException` for a
+/// client optimizer that is not DeepSpeedCPUAdam under ZeRO-Offload unless
+/// `zero_force_ds_cpu_optimizer` is false
 /// (deepspeedai/DeepSpeed@v0.19.5:deepspeed/runtime/engine.py:DeepSpeedEngine._configure_optimizer).
 fn client_optimizer_offload(r: &Resolved, o: &Opt) -> Diagnostic {
     let (tf, ds) = (r.targets.transformers, r.targets.deepspeed);
@@ -625,10 +636,10 @@ fn client_optimizer_offload(r: &Resolved, o: &Opt) -> Diagnostic {
     )
 }
 
-/// §4.2 (T461): transformers before 4.9 (PR #12690) raise "ZeRO Offload can only work with
-/// DeepSpeed optimizers" when HF builds the optimizer and `is_offload()` holds: stage 2 with the
-/// legacy `cpu_offload` switch (what the compiler writes for DeepSpeed < 0.3.15), or stage 3 with
-/// `offload_optimizer` / `offload_param` on cpu or nvme
+/// docs/upstream.md §4.2 (transformers v4.6.1): transformers before 4.9 (PR #12690) raise "ZeRO
+/// Offload can only work with DeepSpeed optimizers" when HF builds the optimizer and `is_offload()`
+/// holds: stage 2 with the legacy `cpu_offload` switch (what the compiler writes for DeepSpeed <
+/// 0.3.15), or stage 3 with `offload_optimizer` / `offload_param` on cpu or nvme
 /// (huggingface/transformers@v4.6.1:src/transformers/integrations.py:DeepSpeedConfigHF.config_process,
 /// deepspeed_init).
 fn offload_needs_ds_optimizer(r: &Resolved, o: &Opt) -> Option<Diagnostic> {
@@ -668,12 +679,13 @@ fn offload_needs_ds_optimizer(r: &Resolved, o: &Opt) -> Option<Diagnostic> {
     )))
 }
 
-/// §4.2: with a DeepSpeed `optimizer` section and no DeepSpeed `scheduler` (an HF schedule),
-/// transformers before 4.10 raise "At the moment HF scheduler + DeepSpeed optimizer combination
-/// is not possible" (huggingface/transformers@v4.6.1:src/transformers/integrations.py:
-/// deepspeed_init), and 4.30–4.33 raise "Found `optimizer` configured in the DeepSpeed config,
-/// but no `scheduler`. …" (huggingface/transformers@v4.30.0:src/transformers/deepspeed.py:
-/// deepspeed_optim_sched); see [`crate::upstream::versions::Facts::hf_ds_optimizer_hf_scheduler_error`].
+/// docs/upstream.md §4.2: with a DeepSpeed `optimizer` section and no DeepSpeed `scheduler` (an HF
+/// schedule), transformers before 4.10 raise "At the moment HF scheduler + DeepSpeed optimizer
+/// combination is not possible" (huggingface/transformers@v4.6.1:src/transformers/integrations.py:
+/// deepspeed_init), and 4.30–4.33 raise "Found `optimizer` configured in the DeepSpeed config, but
+/// no `scheduler`. …" (huggingface/transformers@v4.30.0:src/transformers/deepspeed.py:
+/// deepspeed_optim_sched); see
+/// [`crate::upstream::versions::Facts::hf_ds_optimizer_hf_scheduler_error`].
 fn ds_optimizer_hf_scheduler(r: &Resolved, o: &Opt, out: &mut Vec<Diagnostic>) {
     let Some(upstream) = r.facts.hf_ds_optimizer_hf_scheduler_error else {
         return;
@@ -816,12 +828,12 @@ const HF_OPTIMIZER_FIELDS: &[(&str, &str)] = &[
     ("optim_args", "the optimizer's settings"),
 ];
 
-/// R-H07 (§3): a raw DeepSpeed `optimizer` section or raw HF optimizer fields restate what
-/// `optimizer` writes. With a DeepSpeed `optimizer`, `args.optim` is silently ignored (T5), and
-/// differing lr / betas / eps / weight_decay are a mismatch error (transformers ≥ 4.24,
+/// R-H07 (docs/upstream.md §3): a raw DeepSpeed `optimizer` section or raw HF optimizer fields
+/// restate what `optimizer` writes. With a DeepSpeed `optimizer`, `args.optim` is silently ignored
+/// (transformers v5), and differing lr / betas / eps / weight_decay are a mismatch error (transformers ≥ 4.24,
 /// `fill_match`). Two sources of truth: error.
 fn twice(r: &Resolved, out: &mut Vec<Diagnostic>) {
-    let kind = r.word("optimizer.kind").unwrap_or("adamw");
+    let kind = r.choice("optimizer.kind");
     let ours = if r.is_given("optimizer.kind") {
         format!("`optimizer {kind}`")
     } else {

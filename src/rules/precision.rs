@@ -1,8 +1,8 @@
 //! Precision rules: the recipe states one training precision (`train.precision`), an optional
 //! evaluation precision and the fp16 backend; HF turns them into DeepSpeed's `fp16` / `bf16` /
-//! `amp` sections (ds_hf_rules.md §2.2 Table A), and DeepSpeed accepts only some combinations
-//! (§3 R-H01, §6.5 R-F01–R-F03, §6.2 R-Z06). Severities follow §0.2: "error" and "bug" are
-//! errors, "warn" are warnings.
+//! `amp` sections (docs/upstream.md §2.2 Table A), and DeepSpeed accepts only some combinations
+//! (docs/upstream.md §3 R-H01, §6.5 R-F01–R-F03, §6.2 R-Z06). Severities follow
+//! docs/upstream.md §0.2: "error" and "bug" are errors, "warn" are warnings.
 
 use crate::diagnostics::Diagnostic;
 use crate::resolve::{Resolved, Val};
@@ -11,21 +11,24 @@ use crate::upstream::versions::{Fact, Version, CHANGES};
 use super::{anchor, origin};
 
 /// Half-precision evaluation under DeepSpeed changes the training precision, or is not honoured
-/// (R-A07).
+/// (docs/upstream.md R-A07).
 pub const EVAL_PRECISION: &str = "R0501";
-/// Training and evaluation precisions enable both fp16 and bf16 in DeepSpeed (R-F01, R-H01).
+/// Training and evaluation precisions enable both fp16 and bf16 in DeepSpeed
+/// (docs/upstream.md R-F01, R-H01).
 pub const FP16_AND_BF16: &str = "R0502";
-/// Apex AMP with a ZeRO stage (R-F02).
+/// Apex AMP with a ZeRO stage (docs/upstream.md R-F02).
 pub const APEX_WITH_ZERO: &str = "R0503";
-/// Apex AMP together with DeepSpeed's own fp16 mode (R-F03).
+/// Apex AMP together with DeepSpeed's own fp16 mode (docs/upstream.md R-F03).
 pub const APEX_WITH_FP16: &str = "R0504";
-/// Apex requested where transformers does not hand it to DeepSpeed (R-F03; `hf_apex_amp`).
+/// Apex requested where transformers does not hand it to DeepSpeed (docs/upstream.md R-F03;
+/// `hf_apex_amp`).
 pub const APEX_UNAVAILABLE: &str = "R0505";
 /// bf16 on a DeepSpeed without bf16 support (`ds_bf16_key`).
 pub const BF16_UNSUPPORTED: &str = "R0506";
-/// fp16-only settings (loss scaling, backend) while training in another precision (§6.5).
+/// fp16-only settings (loss scaling, backend) while training in another precision
+/// (docs/upstream.md §6.5).
 pub const FP16_SETTING_IGNORED: &str = "R0507";
-/// ZeRO without fp16 on an old DeepSpeed (R-Z06).
+/// ZeRO without fp16 on an old DeepSpeed (docs/upstream.md R-Z06).
 pub const ZERO_NEEDS_FP16: &str = "R0508";
 /// A raw `deepspeed { }` / `hf { }` key restating the recipe's precision.
 pub const RAW_PRECISION_KEY: &str = "R0509";
@@ -86,7 +89,8 @@ pub const CODES: &[(&str, &str, &str)] = &[
     ),
 ];
 
-/// The fp16-only `train` keys: DeepSpeed's `fp16` section (§6.5), read only when fp16 is on.
+/// The fp16-only `train` keys: DeepSpeed's `fp16` section (docs/upstream.md §6.5), read only when
+/// fp16 is on.
 const LOSS_SCALE_KEYS: &[&str] = &[
     "train.loss_scale",
     "train.initial_scale_power",
@@ -97,7 +101,7 @@ const LOSS_SCALE_KEYS: &[&str] = &[
 
 /// Raw DeepSpeed keys the recipe's precision keys become (schema `.ds()` of `train`), and the
 /// recipe key each restates. `data_types.param_dtype` (DeepSpeed ≥ 0.19.2) must match the
-/// enabled mode (R-F04), so it restates `precision` too.
+/// enabled mode (docs/upstream.md R-F04), so it restates `precision` too.
 const RAW_DEEPSPEED: &[(&str, &str)] = &[
     ("fp16", "train.precision"),
     ("fp16.enabled", "train.precision"),
@@ -156,7 +160,7 @@ impl Precision<'_> {
 
 /// Checks the precision rules.
 pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
-    let train = r.word("train.precision").unwrap_or("fp32");
+    let train = r.choice("train.precision");
     let p = Precision {
         train,
         eval: r.word("train.eval_precision").unwrap_or(train),
@@ -183,7 +187,7 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
 fn fp16_zero0_unscaled(r: &Resolved, p: &Precision, out: &mut Vec<Diagnostic>) {
     if !r.facts.ds_zero0_fp16_unscaled
         || p.train != "fp16"
-        || r.int("zero.stage").unwrap_or(0) != 0
+        || r.integer("zero.stage") != 0
         || matches!(r.val("train.loss_scale"), Some(Val::Int(1)))
     {
         return;
@@ -193,7 +197,7 @@ fn fp16_zero0_unscaled(r: &Resolved, p: &Precision, out: &mut Vec<Diagnostic>) {
         Some(Val::Int(s)) => format!("the static scale {s}"),
         _ => format!(
             "the loss scale (2^{} at the start)",
-            r.int("train.initial_scale_power").unwrap_or(16)
+            r.integer("train.initial_scale_power")
         ),
     };
     out.push(
@@ -211,12 +215,14 @@ fn is_half(p: &str) -> bool {
     matches!(p, "fp16" | "bf16")
 }
 
-/// R-A07 (`T5:ds_int:HfTrainerDeepSpeedConfig.trainer_config_process` fills `fp16.enabled` with
-/// `args.fp16 or args.fp16_full_eval`, `bf16.enabled` with `args.bf16 or args.bf16_full_eval`)
-/// and R-F01/R-H01. The other direction, half-precision training with fp32 evaluation, follows
-/// from DeepSpeed casting the module itself to the half type
+/// docs/upstream.md R-A07
+/// (`huggingface/transformers@v5.24.0:src/transformers/integrations/deepspeed.py:HfTrainerDeepSpeedConfig.trainer_config_process`
+/// fills `fp16.enabled` with `args.fp16 or args.fp16_full_eval`, `bf16.enabled` with `args.bf16 or
+/// args.bf16_full_eval`) and docs/upstream.md R-F01/R-H01. The other direction, half-precision
+/// training with fp32 evaluation, follows from DeepSpeed casting the module itself to the half type
 /// (`deepspeedai/DeepSpeed@v0.19.5:deepspeed/runtime/engine.py:DeepSpeedEngine._configure_distributed_model`),
-/// and HF evaluating through the engine (`T5:trainer.py:Trainer._wrap_model`).
+/// and HF evaluating through the engine
+/// (`huggingface/transformers@v5.24.0:src/transformers/trainer.py:Trainer._wrap_model`).
 fn eval_precision(r: &Resolved, p: &Precision, out: &mut Vec<Diagnostic>) {
     if !p.eval_given || p.eval == p.train {
         return;
@@ -276,8 +282,9 @@ fn eval_precision(r: &Resolved, p: &Precision, out: &mut Vec<Diagnostic>) {
     }
 }
 
-/// R-F02 / R-F03: apex reaches DeepSpeed as `amp.enabled`, which HF fills from
-/// `fp16_backend == "apex"` when fp16 is on (`T457:ds_int:trainer_config_process`), while the
+/// docs/upstream.md R-F02 / R-F03: apex reaches DeepSpeed as `amp.enabled`, which HF fills from
+/// `fp16_backend == "apex"` when fp16 is on
+/// (`huggingface/transformers@v4.57.6:src/transformers/integrations/deepspeed.py:HfTrainerDeepSpeedConfig.trainer_config_process`), while the
 /// recipe's fp16 becomes `fp16.enabled`. DeepSpeed:
 /// `deepspeedai/DeepSpeed@v0.19.5:deepspeed/runtime/engine.py:DeepSpeedEngine._do_optimizer_sanity_check`.
 fn apex(r: &Resolved, p: &Precision, out: &mut Vec<Diagnostic>) {
@@ -304,7 +311,7 @@ fn apex(r: &Resolved, p: &Precision, out: &mut Vec<Diagnostic>) {
     if !p.deepspeed_enables("fp16") {
         return; // HF sets its apex backend only for fp16; R0507 reports it as ignored.
     }
-    let stage = r.int("zero.stage").unwrap_or(0);
+    let stage = r.integer("zero.stage");
     if stage >= 1 {
         let mut d = Diagnostic::error(
             APEX_WITH_ZERO,
@@ -346,7 +353,7 @@ fn apex(r: &Resolved, p: &Precision, out: &mut Vec<Diagnostic>) {
 }
 
 /// bf16 needs DeepSpeed's `bf16` (v0.5.5: `bfloat16`) section; older releases ignore the
-/// unknown top-level key and train in fp32 (`ds_bf16_key`, §6.5).
+/// unknown top-level key and train in fp32 (`ds_bf16_key`, docs/upstream.md §6.5).
 fn bf16_unsupported(r: &Resolved, p: &Precision, out: &mut Vec<Diagnostic>) {
     if r.facts.ds_bf16_key.is_some() || !p.deepspeed_enables("bf16") {
         return;
@@ -380,8 +387,9 @@ fn bf16_unsupported(r: &Resolved, p: &Precision, out: &mut Vec<Diagnostic>) {
     }));
 }
 
-/// DeepSpeed reads the `fp16` section only with fp16 on (§6.5), and HF picks its fp16 backend
-/// only for fp16 (`T457:ds_int:trainer_config_process`).
+/// DeepSpeed reads the `fp16` section only with fp16 on (docs/upstream.md §6.5), and HF picks its
+/// fp16 backend only for fp16
+/// (`huggingface/transformers@v4.57.6:src/transformers/integrations/deepspeed.py:HfTrainerDeepSpeedConfig.trainer_config_process`).
 fn fp16_settings_ignored(r: &Resolved, p: &Precision, out: &mut Vec<Diagnostic>) {
     if p.deepspeed_enables("fp16") {
         return;
@@ -436,10 +444,11 @@ fn fp16_settings_ignored(r: &Resolved, p: &Precision, out: &mut Vec<Diagnostic>)
     )));
 }
 
-/// R-Z06: `deepspeedai/DeepSpeed@v0.3.16:deepspeed/runtime/config.py:DeepSpeedConfig._do_error_check`
+/// docs/upstream.md R-Z06:
+/// `deepspeedai/DeepSpeed@v0.3.16:deepspeed/runtime/config.py:DeepSpeedConfig._do_error_check`
 /// asserts fp16 for ZeRO stage 1 (every stage up to v0.3.15; none from v0.4.0, PR #1042).
 fn zero_needs_fp16(r: &Resolved, p: &Precision, out: &mut Vec<Diagnostic>) {
-    let stage = r.int("zero.stage").unwrap_or(0);
+    let stage = r.integer("zero.stage");
     let needs =
         r.facts.ds_zero_needs_fp16 && stage >= 1 && (stage == 1 || !r.facts.ds_zero23_without_fp16);
     if !needs || p.deepspeed_enables("fp16") {
@@ -481,7 +490,7 @@ fn zero_needs_fp16(r: &Resolved, p: &Precision, out: &mut Vec<Diagnostic>) {
 /// A raw key that restates a precision key: the compiler derives it from the recipe, so the two
 /// would be two sources of truth.
 fn raw_keys(r: &Resolved, out: &mut Vec<Diagnostic>) {
-    let train = r.word("train.precision").unwrap_or("fp32");
+    let train = r.choice("train.precision");
     for (path, value, span) in &r.raw_deepspeed {
         let Some((_, key)) = RAW_DEEPSPEED.iter().find(|(p, _)| p == path) else {
             continue;

@@ -3,15 +3,16 @@
 //! `lr_scheduler_type` (HF builds it; the DeepSpeed config gets no `scheduler` section) or a
 //! DeepSpeed scheduler (the compiler writes a `scheduler` section, DeepSpeed builds and steps it).
 //!
-//! * DeepSpeed's `Warmup*` schedulers against HF's counterparts: the one-step lag (R-M02), the
-//!   effective warmup `W' = max(2, W)` (R-M03, R-L03), log warmup (R-L01/R-M01), the cosine
-//!   floor (R-M05);
-//! * `OneCycle` overriding the optimizer's betas (R-L05);
+//! * DeepSpeed's `Warmup*` schedulers against HF's counterparts: the one-step lag
+//!   (docs/upstream.md R-M02), the effective warmup `W' = max(2, W)` (docs/upstream.md R-M03,
+//!   R-L03), log warmup (docs/upstream.md R-L01/R-M01), the cosine floor (docs/upstream.md R-M05);
+//! * `OneCycle` overriding the optimizer's betas (docs/upstream.md R-L05);
 //! * version gaps: `WarmupCosineLR` (v0.12.3), `warmup_type` (v0.5.7), the construction-time LR
 //!   (v0.15.3);
-//! * the schedule given twice, by the `schedule` block and by raw keys (R-H07, R-L06).
+//! * the schedule given twice, by the `schedule` block and by raw keys (docs/upstream.md R-H07,
+//!   R-L06).
 //!
-//! LR values come from [`crate::upstream::lr`] (the formulas of §6.4/§7) through
+//! LR values come from [`crate::upstream::lr`] (the formulas of docs/upstream.md §6.4/§7) through
 //! [`crate::upstream::schedules::curves`]; version facts from [`crate::upstream::versions`].
 
 use crate::diagnostics::{Diagnostic, Label, Severity};
@@ -25,27 +26,31 @@ use crate::upstream::versions::{Fact, Library, Version, CHANGES};
 
 use super::{anchor, origin};
 
-/// A DeepSpeed `Warmup*` scheduler runs one optimizer step behind HF's (R-M02).
+/// A DeepSpeed `Warmup*` scheduler runs one optimizer step behind HF's (docs/upstream.md R-M02).
 pub const DS_LAG: &str = "R0301";
-/// A DeepSpeed `Warmup*` scheduler with a warmup below 2 steps warms up over 2 (R-M03, R-L03).
+/// A DeepSpeed `Warmup*` scheduler with a warmup below 2 steps warms up over 2
+/// (docs/upstream.md R-M03, R-L03).
 pub const DS_WARMUP_MIN_TWO: &str = "R0302";
-/// `warmup_type = log`: DeepSpeed warms up logarithmically, HF linearly (R-L01, R-M01).
+/// `warmup_type = log`: DeepSpeed warms up logarithmically, HF linearly (docs/upstream.md R-L01,
+/// R-M01).
 pub const LOG_WARMUP: &str = "R0303";
-/// `OneCycle` with `cycle_momentum` overwrites the optimizer's betas (R-L05).
+/// `OneCycle` with `cycle_momentum` overwrites the optimizer's betas (docs/upstream.md R-L05).
 pub const ONE_CYCLE_MOMENTUM: &str = "R0304";
-/// `WarmupCosineLR` with a non-zero `cos_min_ratio` / `warmup_min_ratio` (R-M05).
+/// `WarmupCosineLR` with a non-zero `cos_min_ratio` / `warmup_min_ratio` (docs/upstream.md R-M05).
 pub const COSINE_FLOOR: &str = "R0305";
-/// `WarmupCosineLR` on a DeepSpeed without it (§6.4, v0.12.3).
+/// `WarmupCosineLR` on a DeepSpeed without it (docs/upstream.md §6.4, v0.12.3).
 pub const NO_WARMUP_COSINE: &str = "R0306";
-/// `warmup_type` on a DeepSpeed without it: the warmup is logarithmic (§6.4, v0.5.7).
+/// `warmup_type` on a DeepSpeed without it: the warmup is logarithmic (docs/upstream.md §6.4,
+/// v0.5.7).
 pub const WARMUP_TYPE_IGNORED: &str = "R0307";
 /// A DeepSpeed `Warmup*` scheduler before v0.15.3: step 1 runs at the optimizer's lr.
 pub const FIRST_STEP_AT_PEAK: &str = "R0308";
-/// The schedule is given by `schedule` and by raw keys as well (R-H07).
+/// The schedule is given by `schedule` and by raw keys as well (docs/upstream.md R-H07).
 pub const SCHEDULE_TWICE: &str = "R0309";
-/// HF scheduler arguments next to a DeepSpeed schedule are ignored (R-H07, R-L06).
+/// HF scheduler arguments next to a DeepSpeed schedule are ignored (docs/upstream.md R-H07, R-L06).
 pub const HF_SCHEDULER_ARGS_IGNORED: &str = "R0310";
-/// `max_lr` differs from the optimizer's lr: HF raises a mismatch at train start (R-A03).
+/// `max_lr` differs from the optimizer's lr: HF raises a mismatch at train start
+/// (docs/upstream.md R-A03).
 pub const PEAK_MISMATCH: &str = "R0311";
 
 /// HF schedule arguments the target transformers cannot pass to its scheduler: no
@@ -311,7 +316,7 @@ fn step_list(steps: &[u64]) -> String {
     v.join(", ")
 }
 
-/// HF's schedule that the DeepSpeed `Warmup*` scheduler stands for (§7).
+/// HF's schedule that the DeepSpeed `Warmup*` scheduler stands for (docs/upstream.md §7).
 fn hf_twin(kind: &str) -> &'static str {
     match kind {
         "WarmupLR" => "constant_with_warmup",
@@ -324,9 +329,9 @@ fn hf_twin(kind: &str) -> &'static str {
 /// `warmup_min_ratio × lr` for `WarmupCosineLR`.
 fn warmup_start(r: &Resolved, kind: &str) -> f64 {
     if kind == "WarmupCosineLR" {
-        r.f64("schedule.warmup_min_ratio").unwrap_or(0.0) * r.f64("optimizer.lr").unwrap_or(5e-5)
+        r.num("schedule.warmup_min_ratio") * r.num("optimizer.lr")
     } else {
-        r.f64("schedule.min_lr").unwrap_or(0.0)
+        r.num("schedule.min_lr")
     }
 }
 
@@ -436,9 +441,9 @@ fn first_lrs(c: Option<&Curves>, twin: &str, lead: &str, hf_part: &str) -> Optio
     ))
 }
 
-/// R-M02 (§7): DeepSpeed's scheduler starts at `last_batch_iteration = -1`, writes that value at
-/// construction and is stepped after each optimizer step, so optimizer step `k` runs at
-/// iteration `k − 2` where HF's LambdaLR uses `λ(k − 1)`: the first two steps both run at the
+/// R-M02 (docs/upstream.md §7): DeepSpeed's scheduler starts at `last_batch_iteration = -1`, writes
+/// that value at construction and is stepped after each optimizer step, so optimizer step `k` runs
+/// at iteration `k − 2` where HF's LambdaLR uses `λ(k − 1)`: the first two steps both run at the
 /// start of the warmup and the whole curve is one step late (`lr::ds_lr`, `lr::hf_lr`).
 fn lag(r: &Resolved, kind: &str) -> Diagnostic {
     let twin = hf_twin(kind);
@@ -471,10 +476,11 @@ fn lag(r: &Resolved, kind: &str) -> Diagnostic {
         .with_help(help)
 }
 
-/// R-M03 (§7) and R-L03 (§6.4): DeepSpeed's `Warmup*` schedulers use `W' = max(2, W)`, so a
-/// warmup of 0 or 1 still spends two steps below the peak; DeepSpeed ≥ 0.19.3 rejects
-/// `warmup_num_steps` 0 ("warmup_num_steps must be a positive integer"), so the compiler emits 1
-/// there (deepspeedai/DeepSpeed@v0.19.5:deepspeed/runtime/lr_schedules.py:WarmupLR.__init__).
+/// R-M03 (docs/upstream.md §7) and R-L03 (docs/upstream.md §6.4): DeepSpeed's `Warmup*` schedulers
+/// use `W' = max(2, W)`, so a warmup of 0 or 1 still spends two steps below the peak; DeepSpeed ≥
+/// 0.19.3 rejects `warmup_num_steps` 0 ("warmup_num_steps must be a positive integer"), so the
+/// compiler emits 1 there
+/// (deepspeedai/DeepSpeed@v0.19.5:deepspeed/runtime/lr_schedules.py:WarmupLR.__init__).
 fn warmup_min_two(r: &Resolved, kind: &str, w: u64) -> Diagnostic {
     let twin = hf_twin(kind);
     // As the emitter does: at least 1 where DeepSpeed rejects 0 or HF's own auto value clamps.
@@ -531,8 +537,9 @@ fn half_way(f: impl Fn(u64) -> f64, first: u64, limit: u64) -> Option<u64> {
     (first..=limit).find(|&k| f(k) >= 0.5 - 1e-12)
 }
 
-/// R-L01/R-M01 (§6.4, §7): `warmup_type = log` gives `γ = ln(it + 1) / ln(W')`, concave, where
-/// HF warms up linearly (`s / W`); with the recipe's default `linear` this cannot happen.
+/// R-L01/R-M01 (docs/upstream.md §6.4, §7): `warmup_type = log` gives `γ = ln(it + 1) / ln(W')`,
+/// concave, where HF warms up linearly (`s / W`); with the recipe's default `linear` this cannot
+/// happen.
 fn log_warmup(r: &Resolved, kind: &str) -> Diagnostic {
     let twin = hf_twin(kind);
     let numbers = warmup_steps(r).map(|w| {
@@ -576,10 +583,10 @@ fn log_warmup(r: &Resolved, kind: &str) -> Diagnostic {
         })
 }
 
-/// R-L05 (§6.4): with `cycle_momentum` (default true) `OneCycle` writes `(mom, 0.99)` into every
-/// param group's `betas` at construction and each step, β₁ cycling inversely to the lr between
-/// `cycle_min_mom` and `cycle_max_mom` (`lr::ds_momentum`), for any optimizer whose defaults
-/// have `betas`.
+/// R-L05 (docs/upstream.md §6.4): with `cycle_momentum` (default true) `OneCycle` writes `(mom,
+/// 0.99)` into every param group's `betas` at construction and each step, β₁ cycling inversely to
+/// the lr between `cycle_min_mom` and `cycle_max_mom` (`lr::ds_momentum`), for any optimizer whose
+/// defaults have `betas`.
 fn one_cycle_momentum(r: &Resolved, out: &mut Vec<Diagnostic>) {
     if r.bool("schedule.cycle_momentum") != Some(true) {
         return;
@@ -590,8 +597,8 @@ fn one_cycle_momentum(r: &Resolved, out: &mut Vec<Diagnostic>) {
     if !HAS_BETAS.contains(&opt) {
         return;
     }
-    let min = r.f64("schedule.cycle_min_mom").unwrap_or(0.8);
-    let max = r.f64("schedule.cycle_max_mom").unwrap_or(0.9);
+    let min = r.num("schedule.cycle_min_mom");
+    let max = r.num("schedule.cycle_max_mom");
     let betas = match r.val("optimizer.betas") {
         Some(Val::List(items)) if items.len() == 2 => {
             let b: Vec<String> = items
@@ -623,15 +630,16 @@ fn one_cycle_momentum(r: &Resolved, out: &mut Vec<Diagnostic>) {
     ));
 }
 
-/// R-M05 (§7): `WarmupCosineLR`'s ratio decays to `cos_min_ratio` (DeepSpeed's own default 1e-4;
-/// the recipe's 0) and warms up from `warmup_min_ratio`; HF's `cosine` goes from 0 to 0.
+/// R-M05 (docs/upstream.md §7): `WarmupCosineLR`'s ratio decays to `cos_min_ratio` (DeepSpeed's own
+/// default 1e-4; the recipe's 0) and warms up from `warmup_min_ratio`; HF's `cosine` goes from 0 to
+/// 0.
 fn cosine_floor(r: &Resolved) -> Option<Diagnostic> {
-    let floor = r.f64("schedule.cos_min_ratio").unwrap_or(0.0);
-    let start = r.f64("schedule.warmup_min_ratio").unwrap_or(0.0);
+    let floor = r.num("schedule.cos_min_ratio");
+    let start = r.num("schedule.warmup_min_ratio");
     if floor == 0.0 && start == 0.0 {
         return None;
     }
-    let lr = r.f64("optimizer.lr").unwrap_or(5e-5);
+    let lr = r.num("optimizer.lr");
     let mut parts = Vec::new();
     if floor != 0.0 {
         parts.push(format!(
@@ -680,9 +688,9 @@ fn cosine_floor(r: &Resolved) -> Option<Diagnostic> {
     Some(d.with_help(help))
 }
 
-/// §6.4: `WarmupCosineLR` exists since DeepSpeed v0.12.3; before, `_scheduler_from_config`
-/// finds it neither in `lr_schedules` nor in `torch.optim.lr_scheduler` and asserts
-/// "DeepSpeed does not recognize LR scheduler WarmupCosineLR"
+/// docs/upstream.md §6.4: `WarmupCosineLR` exists since DeepSpeed v0.12.3; before,
+/// `_scheduler_from_config` finds it neither in `lr_schedules` nor in `torch.optim.lr_scheduler`
+/// and asserts "DeepSpeed does not recognize LR scheduler WarmupCosineLR"
 /// (deepspeedai/DeepSpeed@v0.12.2:deepspeed/runtime/engine.py:DeepSpeedEngine._scheduler_from_config).
 fn no_warmup_cosine(r: &Resolved) -> Diagnostic {
     let ds = r.targets.deepspeed;
@@ -708,10 +716,11 @@ fn no_warmup_cosine(r: &Resolved) -> Diagnostic {
     })
 }
 
-/// §6.4: `warmup_type` exists since DeepSpeed v0.5.7 (PR #1530). Before, `WarmupLR.__init__`
-/// takes no such argument (the compiler cannot emit it: `TypeError`) and always warms up as
-/// `ln(it + 1) / ln(W')` (deepspeedai/DeepSpeed@v0.3.16:deepspeed/runtime/lr_schedules.py:
-/// WarmupLR._get_gamma), so a recipe's linear warmup silently becomes logarithmic (R-L01: bug).
+/// docs/upstream.md §6.4: `warmup_type` exists since DeepSpeed v0.5.7 (PR #1530). Before,
+/// `WarmupLR.__init__` takes no such argument (the compiler cannot emit it: `TypeError`) and always
+/// warms up as `ln(it + 1) / ln(W')`
+/// (deepspeedai/DeepSpeed@v0.3.16:deepspeed/runtime/lr_schedules.py: WarmupLR._get_gamma), so a
+/// recipe's linear warmup silently becomes logarithmic (docs/upstream.md R-L01: bug).
 fn warmup_type_ignored(r: &Resolved, kind: &str) -> Diagnostic {
     let ds = r.targets.deepspeed;
     let since = first_release(Library::DeepSpeed, ds, |f| {
@@ -779,7 +788,7 @@ fn first_step_at_peak(r: &Resolved, kind: &str) -> Option<Diagnostic> {
 /// decay") the scheduler step after optimizer step `cycle + 1` raises `ZeroDivisionError` and the
 /// run stops there (reproduced with the real 0.3.16, conformance/fixtures/legacy-run).
 fn one_cycle_zero_decay(r: &Resolved) -> Option<Diagnostic> {
-    let decay = r.int("schedule.decay_step_size").unwrap_or(0);
+    let decay = r.integer("schedule.decay_step_size");
     if decay != 0 {
         return None;
     }
@@ -931,7 +940,7 @@ fn hf_kwargs_unavailable(r: &Resolved, kind: &str, out: &mut Vec<Diagnostic>) {
 /// The `lr_scheduler_kwargs` fields the `schedule` block writes for an HF kind (from the
 /// schema's `hf` column), plus the ones that clash with them.
 fn modelled_kwargs(kind: &str) -> Vec<&'static str> {
-    let mut fields: Vec<&'static str> = crate::schema::block("schedule")
+    crate::schema::block("schedule")
         .map(|b| {
             b.keys
                 .iter()
@@ -940,14 +949,7 @@ fn modelled_kwargs(kind: &str) -> Vec<&'static str> {
                 .map(|f| f.split_whitespace().next().unwrap_or(f))
                 .collect()
         })
-        .unwrap_or_default();
-    // `cosine_with_min_lr` takes exactly one of min_lr / min_lr_rate
-    // (huggingface/transformers@v5.24.0:src/transformers/optimization.py:
-    // get_cosine_with_min_lr_schedule_with_warmup, "Only one of min_lr or min_lr_rate should be set").
-    if fields.contains(&"min_lr") {
-        fields.push("min_lr_rate");
-    }
-    fields
+        .unwrap_or_default()
 }
 
 /// TrainingArguments' warmup fields.
@@ -961,9 +963,10 @@ fn warmup_modelled(r: &Resolved) -> bool {
     r.get("schedule.warmup").is_some()
 }
 
-/// R-H07 (§3): a raw `deepspeed { scheduler … }` makes DeepSpeed build a scheduler and HF then
-/// ignores `lr_scheduler_type` without a check (§4.1); raw `hf { lr_scheduler_type, warmup_steps,
-/// lr_scheduler_kwargs.<modelled> }` restate what `schedule` writes. Two sources of truth: error.
+/// R-H07 (docs/upstream.md §3): a raw `deepspeed { scheduler … }` makes DeepSpeed build a scheduler
+/// and HF then ignores `lr_scheduler_type` without a check (docs/upstream.md §4.1); raw `hf {
+/// lr_scheduler_type, warmup_steps, lr_scheduler_kwargs.<modelled> }` restate what `schedule`
+/// writes. Two sources of truth: error.
 fn twice(r: &Resolved, kind: &str, out: &mut Vec<Diagnostic>) {
     let written = r.is_given("schedule.kind");
     let ours = if written {
@@ -1039,11 +1042,11 @@ fn raw_twice(
     )))
 }
 
-/// R-H07/R-L06 (§3, §6.4): with a DeepSpeed `scheduler` section HF never builds its scheduler,
-/// so `lr_scheduler_kwargs` has no effect (huggingface/transformers@v5.24.0:
-/// src/transformers/integrations/deepspeed.py:deepspeed_optim_sched), nor has `warmup_steps`
-/// for a kind without warmup (`OneCycle`, `LRRangeTest`: `trainer_config_finalize`'s
-/// `fill_match` finds no `scheduler.params.warmup_num_steps` to fill or check).
+/// R-H07/R-L06 (docs/upstream.md §3, §6.4): with a DeepSpeed `scheduler` section HF never builds
+/// its scheduler, so `lr_scheduler_kwargs` has no effect (huggingface/transformers@v5.24.0:
+/// src/transformers/integrations/deepspeed.py:deepspeed_optim_sched), nor has `warmup_steps` for a
+/// kind without warmup (`OneCycle`, `LRRangeTest`: `trainer_config_finalize`'s `fill_match` finds
+/// no `scheduler.params.warmup_num_steps` to fill or check).
 fn hf_args_ignored(r: &Resolved, kind: &str, out: &mut Vec<Diagnostic>) {
     let keys: Vec<&(String, Val, Span)> = r
         .raw_hf
@@ -1078,9 +1081,10 @@ fn hf_args_ignored(r: &Resolved, kind: &str, out: &mut Vec<Diagnostic>) {
     )));
 }
 
-/// R-A03 (§2.1, Table A): HF checks `scheduler.params.warmup_max_lr` against `learning_rate` with
-/// must_match (transformers ≥ 4.24; `trainer_config_finalize` raises the recorded mismatch at
-/// train start), so a DeepSpeed warmup cannot peak anywhere but at the optimizer's lr.
+/// R-A03 (docs/upstream.md §2.1, Table A): HF checks `scheduler.params.warmup_max_lr` against
+/// `learning_rate` with must_match (transformers ≥ 4.24; `trainer_config_finalize` raises the
+/// recorded mismatch at train start), so a DeepSpeed warmup cannot peak anywhere but at the
+/// optimizer's lr.
 fn peak_mismatch(r: &Resolved, kind: &str, out: &mut Vec<Diagnostic>) {
     if !matches!(kind, "WarmupLR" | "WarmupDecayLR") || !r.facts.hf_mismatch_checks {
         return;
@@ -1200,8 +1204,8 @@ mod tests {
 
     #[test]
     fn lag_message_reproduces_the_spec_table() {
-        // §7 table, W = 4, T = 10 (80 samples / 8, one epoch), peak 1: DS WarmupDecayLR linear
-        // 0, 0, .25 against HF linear 0, .25, .5.
+        // docs/upstream.md §7 table, W = 4, T = 10 (80 samples / 8, one epoch), peak 1: DS
+        // WarmupDecayLR linear 0, 0, .25 against HF linear 0, .25, .5.
         let d = diagnostics(&format!("{HEAD}schedule WarmupDecayLR {{ warmup = 4 }}\n"));
         let lag = d.iter().find(|d| d.code == DS_LAG).expect("R0301");
         assert!(

@@ -1,5 +1,6 @@
-//! Step rules: the predicted optimizer steps (R-S01), the HF/DeepSpeed drift windows (R-S02,
-//! R-S03), the 4.47–4.51 early stop (R-S04), warmup against the total, runs without steps.
+//! Step rules: the predicted optimizer steps (docs/upstream.md R-S01), the HF/DeepSpeed drift
+//! windows (docs/upstream.md R-S02, R-S03), the 4.47–4.51 early stop
+//! (docs/upstream.md R-S04), warmup against the total, runs without steps.
 
 use crate::diagnostics::Diagnostic;
 use crate::resolve::Resolved;
@@ -8,9 +9,9 @@ use crate::upstream::versions::{DsBoundary, HfStepRule, Rounding};
 
 use super::{anchor, origin};
 
-/// HF and DeepSpeed count optimizer steps differently (R-S02, R-S03).
+/// HF and DeepSpeed count optimizer steps differently (docs/upstream.md R-S02, R-S03).
 pub const STEP_DRIFT: &str = "R0201";
-/// transformers 4.47–4.51 end the run before the last epoch (R-S04).
+/// transformers 4.47–4.51 end the run before the last epoch (docs/upstream.md R-S04).
 pub const EARLY_STOP: &str = "R0202";
 /// Warmup as long as the whole run, or longer.
 pub const WARMUP_TOO_LONG: &str = "R0203";
@@ -139,13 +140,14 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
             }
         }
     }
-    // transformers 4.47–4.51: floor U with stepping at every epoch end (§5.5, issue #36297).
+    // transformers 4.47–4.51: floor U with stepping at every epoch end (docs/upstream.md §5.5,
+    // issue #36297).
     if r.facts.hf_step_rule == HfStepRule::EpochModuloOrLast
         && r.facts.updates_per_epoch == Rounding::Floor
         && l % g != 0
         && r.uint("train.max_steps").is_none()
     {
-        let epochs = r.f64("train.epochs").unwrap_or(3.0);
+        let epochs = r.num("train.epochs");
         let steps_run = l.div_ceil(g);
         out.push(
             Diagnostic::error(

@@ -1,8 +1,9 @@
-//! ZeRO rules: keys DeepSpeed reads only at some stages (ds_hf_rules.md §6.2, R-Z03/R-Z04),
-//! partial offload, 16-bit weights on save (R-H06), `auto_find_batch_size` (R-A04), offload on
-//! DeepSpeed releases before the offload sections (R-Z01), raw `zero_optimization` keys that
-//! restate the `zero` block, and the model-states memory estimate (§8, R-E01). Severities
-//! follow §0.2: "error" and "bug" are errors, "warn" are warnings.
+//! ZeRO rules: keys DeepSpeed reads only at some stages (docs/upstream.md §6.2, R-Z03/R-Z04),
+//! partial offload, 16-bit weights on save (docs/upstream.md R-H06), `auto_find_batch_size`
+//! (docs/upstream.md R-A04), offload on DeepSpeed releases before the offload sections
+//! (docs/upstream.md R-Z01), raw `zero_optimization` keys that restate the `zero` block, and the
+//! model-states memory estimate (docs/upstream.md §8, R-E01). Severities follow
+//! docs/upstream.md §0.2: "error" and "bug" are errors, "warn" are warnings.
 
 use crate::diagnostics::Diagnostic;
 use crate::resolve::{Resolved, Val};
@@ -12,23 +13,24 @@ use crate::upstream::versions::Fact;
 use super::precision::{first_release, near};
 use super::{anchor, origin};
 
-/// A `zero` key written for a stage at which DeepSpeed does not read it (R-Z03).
+/// A `zero` key written for a stage at which DeepSpeed does not read it (docs/upstream.md R-Z03).
 pub const KEY_WRONG_STAGE: &str = "R0601";
-/// NVMe optimizer offload with ZeRO stage 1 or 2 behaves as CPU offload (R-Z04).
+/// NVMe optimizer offload with ZeRO stage 1 or 2 behaves as CPU offload (docs/upstream.md R-Z04).
 pub const NVME_AS_CPU: &str = "R0602";
-/// Partial optimizer offload (`ratio` < 1) below ZeRO stage 3 (§6.2).
+/// Partial optimizer offload (`ratio` < 1) below ZeRO stage 3 (docs/upstream.md §6.2).
 pub const PARTIAL_OFFLOAD: &str = "R0603";
-/// ZeRO-3 without gathering 16-bit weights on save (R-H06).
+/// ZeRO-3 without gathering 16-bit weights on save (docs/upstream.md R-H06).
 pub const NO_16BIT_SAVE: &str = "R0604";
-/// `auto_find_batch_size` with ZeRO-3 (R-A04).
+/// `auto_find_batch_size` with ZeRO-3 (docs/upstream.md R-A04).
 pub const AUTO_BATCH_ZERO3: &str = "R0605";
-/// Offload the target DeepSpeed cannot express (R-Z01; `ds_offload_optimizer_section`).
+/// Offload the target DeepSpeed cannot express (docs/upstream.md R-Z01;
+/// `ds_offload_optimizer_section`).
 pub const OFFLOAD_UNSUPPORTED: &str = "R0606";
 /// A raw `deepspeed { }` key restating the `zero` block.
 pub const RAW_ZERO_KEY: &str = "R0607";
-/// The model states alone fill most of a GPU (R-E01).
+/// The model states alone fill most of a GPU (docs/upstream.md R-E01).
 pub const MEMORY: &str = "R0608";
-/// ZeRO-2 with reduce-scatter and gradient pre-scaling or pre-division (R-Z05).
+/// ZeRO-2 with reduce-scatter and gradient pre-scaling or pre-division (docs/upstream.md R-Z05).
 pub const REDUCE_SCATTER_PRESCALE: &str = "R0609";
 
 /// This family's codes.
@@ -80,85 +82,6 @@ pub const CODES: &[(&str, &str, &str)] = &[
     ),
 ];
 
-/// Every `zero` key and the stages at which DeepSpeed reads it (§6.2 "meaningful for", checked
-/// against `deepspeedai/DeepSpeed@v0.19.5:deepspeed/runtime/engine.py:DeepSpeedEngine._configure_zero_optimizer`:
-/// stage 0 builds no ZeRO optimizer; stages 1-2 build `DeepSpeedZeroOptimizer`, which takes no
-/// stage-3 argument; stage 3 builds `DeepSpeedZeroOptimizer_Stage3`, which takes no
-/// `allgather_*`, `round_robin_gradients` or `ignore_unused_parameters`).
-const STAGES: &[(&str, &[i64])] = &[
-    ("offload optimizer", &[1, 2, 3]),
-    ("offload param", &[3]),
-    ("overlap_comm", &[1, 2, 3]),
-    ("contiguous_gradients", &[1, 2, 3]),
-    ("reduce_scatter", &[1, 2, 3]),
-    ("reduce_bucket", &[1, 2, 3]),
-    ("allgather_partitions", &[1, 2]),
-    ("allgather_bucket", &[1, 2]),
-    ("round_robin_gradients", &[1, 2]),
-    ("sub_group_size", &[3]),
-    ("prefetch_bucket", &[3]),
-    ("param_persistence_threshold", &[3]),
-    ("model_persistence_threshold", &[3]),
-    ("max_live_parameters", &[3]),
-    ("max_reuse_distance", &[3]),
-    ("gather_16bit_weights_on_model_save", &[3]),
-    ("load_from_fp32_weights", &[1, 2, 3]),
-    ("ignore_unused_parameters", &[1, 2]),
-    ("elastic_checkpoint", &[1, 2]),
-];
-
-/// Raw keys under `zero_optimization` (DeepSpeed's names and pydantic aliases,
-/// `DeepSpeed@v0.19.5 zero/config.py:DeepSpeedZeroConfig`, and the deprecated `cpu_offload*`
-/// switches, R-Z01) and the `zero` key each restates. `zero_optimization.stage` is compat's
-/// (R0902, with the other keys the compiler writes from typed items).
-const RAW_ZERO: &[(&str, &str)] = &[
-    ("offload_optimizer", "offload optimizer"),
-    ("cpu_offload", "offload optimizer"),
-    ("cpu_offload_use_pin_memory", "offload optimizer"),
-    ("offload_param", "offload param"),
-    ("cpu_offload_param", "offload param"),
-    ("cpu_offload_params", "offload param"),
-    ("overlap_comm", "overlap_comm"),
-    ("contiguous_gradients", "contiguous_gradients"),
-    ("reduce_scatter", "reduce_scatter"),
-    ("reduce_bucket_size", "reduce_bucket"),
-    ("allgather_partitions", "allgather_partitions"),
-    ("allgather_bucket_size", "allgather_bucket"),
-    ("round_robin_gradients", "round_robin_gradients"),
-    ("sub_group_size", "sub_group_size"),
-    ("stage3_prefetch_bucket_size", "prefetch_bucket"),
-    ("prefetch_bucket_size", "prefetch_bucket"),
-    (
-        "stage3_param_persistence_threshold",
-        "param_persistence_threshold",
-    ),
-    ("param_persistence_threshold", "param_persistence_threshold"),
-    (
-        "stage3_model_persistence_threshold",
-        "model_persistence_threshold",
-    ),
-    ("model_persistence_threshold", "model_persistence_threshold"),
-    ("stage3_max_live_parameters", "max_live_parameters"),
-    ("max_live_parameters", "max_live_parameters"),
-    ("stage3_max_reuse_distance", "max_reuse_distance"),
-    ("max_reuse_distance", "max_reuse_distance"),
-    (
-        "stage3_gather_16bit_weights_on_model_save",
-        "gather_16bit_weights_on_model_save",
-    ),
-    (
-        "stage3_gather_fp16_weights_on_model_save",
-        "gather_16bit_weights_on_model_save",
-    ),
-    (
-        "gather_16bit_weights_on_model_save",
-        "gather_16bit_weights_on_model_save",
-    ),
-    ("load_from_fp32_weights", "load_from_fp32_weights"),
-    ("ignore_unused_parameters", "ignore_unused_parameters"),
-    ("elastic_checkpoint", "elastic_checkpoint"),
-];
-
 /// Shapes of a few public BERT checkpoints (each one's config.json on the Hugging Face hub:
 /// vocabulary, hidden size, layers, intermediate size; 512 positions, 2 token types), so that a
 /// recipe naming one by hub id gets a memory estimate without a local copy.
@@ -200,12 +123,12 @@ const KNOWN_MODELS: &[(&[&str], u64, u64, u64, u64)] = &[
     ),
 ];
 
-/// The share of a GPU's memory the model states may take before R-E01 warns.
+/// The share of a GPU's memory the model states may take before docs/upstream.md R-E01 warns.
 const MEMORY_SHARE: f64 = 0.8;
 
 /// Checks the ZeRO rules.
 pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
-    let stage = r.int("zero.stage").unwrap_or(0);
+    let stage = r.integer("zero.stage");
     wrong_stage(r, stage, out);
     offload(r, stage, out);
     if stage == 3 {
@@ -218,8 +141,8 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
     memory_estimate(r, stage, out);
 }
 
-/// R-Z05: ZeRO-2 with `reduce_scatter` (default true) asserts against gradient pre-scaling
-/// (deepspeedai/DeepSpeed@v0.19.5:deepspeed/runtime/zero/stage_1_and_2.py:
+/// docs/upstream.md R-Z05: ZeRO-2 with `reduce_scatter` (default true) asserts against gradient
+/// pre-scaling (deepspeedai/DeepSpeed@v0.19.5:deepspeed/runtime/zero/stage_1_and_2.py:
 /// DeepSpeedZeroOptimizer.__init__, guarded by `partition_gradients`, i.e. stage 2).
 fn reduce_scatter_prescale(r: &Resolved, out: &mut Vec<Diagnostic>) {
     if r.bool("zero.reduce_scatter") == Some(false) {
@@ -275,10 +198,17 @@ fn stage_label(r: &Resolved, stage: i64, d: Diagnostic) -> Diagnostic {
     }
 }
 
-/// R-Z03 (§6.2 table). Elastic checkpoints with stage 3 are also logged by DeepSpeed
-/// (`DeepSpeed@v0.19.5 zero/config.py:DeepSpeedZeroConfig.elastic_checkpoint_deprecated`).
+/// R-Z03 (docs/upstream.md §6.2 table). Elastic checkpoints with stage 3 are also logged by
+/// DeepSpeed (`DeepSpeed@v0.19.5
+/// zero/config.py:DeepSpeedZeroConfig.elastic_checkpoint_deprecated`).
 fn wrong_stage(r: &Resolved, stage: i64, out: &mut Vec<Diagnostic>) {
-    for (name, stages) in STAGES {
+    // The stages at which DeepSpeed reads each key are the schema's (`KeySpec::stages`, from
+    // deepspeedai/DeepSpeed@v0.19.5:deepspeed/runtime/engine.py:_configure_zero_optimizer: stage 0
+    // builds no ZeRO optimizer; stages 1-2 build DeepSpeedZeroOptimizer, which takes no stage-3
+    // argument; stage 3 builds DeepSpeedZeroOptimizer_Stage3, which takes no `allgather_*`,
+    // `round_robin_gradients` or `ignore_unused_parameters`).
+    for spec in crate::schema::block("zero").map_or(&[][..], |b| b.keys) {
+        let (name, stages) = (spec.name, spec.stages);
         let key = format!("zero.{name}");
         if !r.is_given(&key) || stages.contains(&stage) {
             continue;
@@ -288,7 +218,7 @@ fn wrong_stage(r: &Resolved, stage: i64, out: &mut Vec<Diagnostic>) {
         if is_offload && offload_word(r, &key).is_none() {
             continue; // `none` offloads nothing
         }
-        if *name == "offload optimizer" && partial_ratio(r).is_some() {
+        if name == "offload optimizer" && partial_ratio(r).is_some() {
             continue; // R0603 is the error DeepSpeed raises
         }
         let (message, help) = if stage == 0 {
@@ -298,12 +228,12 @@ fn wrong_stage(r: &Resolved, stage: i64, out: &mut Vec<Diagnostic>) {
                 ),
                 "remove it, or choose a ZeRO stage (`zero 1`, `zero 2` or `zero 3`)".to_string(),
             )
-        } else if stages == &[3] {
+        } else if stages == [3] {
             (
                 format!("`{name}` only applies to ZeRO stage 3; DeepSpeed ignores it with stage {stage}"),
                 format!("remove it, or use `zero 3`{}", if is_offload { " (parameter offload is ZeRO-3's)" } else { "" }),
             )
-        } else if *name == "elastic_checkpoint" {
+        } else if name == "elastic_checkpoint" {
             (
                 format!("`{name}` only applies to ZeRO stages 1 and 2; DeepSpeed ignores it with stage 3"),
                 "remove it: DeepSpeed logs \"ZeRO-3 elastic checkpointing is deprecated and no longer supported. Use Universal Checkpointing instead.\"".to_string(),
@@ -342,10 +272,11 @@ fn partial_ratio(r: &Resolved) -> Option<f64> {
         .filter(|ratio| *ratio < 1.0)
 }
 
-/// R-Z04, the partial-offload assertion
-/// (`DeepSpeed@v0.19.5 zero/config.py:DeepSpeedZeroConfig.offload_ratio_check`, since v0.12.3),
-/// and R-Z01: before v0.3.15 the ZeRO config has only the `cpu_offload` / `cpu_offload_params`
-/// switches (`DeepSpeed@v0.3.14 runtime/zero/constants.py`), so NVMe offload cannot be expressed.
+/// docs/upstream.md R-Z04, the partial-offload assertion (`DeepSpeed@v0.19.5
+/// zero/config.py:DeepSpeedZeroConfig.offload_ratio_check`, since v0.12.3), and
+/// docs/upstream.md R-Z01: before v0.3.15 the ZeRO config has only the `cpu_offload` /
+/// `cpu_offload_params` switches (`DeepSpeed@v0.3.14 runtime/zero/constants.py`), so NVMe offload
+/// cannot be expressed.
 fn offload(r: &Resolved, stage: i64, out: &mut Vec<Diagnostic>) {
     let key = "zero.offload optimizer";
     let value = r.val(key).map_or_else(String::new, Val::to_string);
@@ -401,7 +332,7 @@ fn offload(r: &Resolved, stage: i64, out: &mut Vec<Diagnostic>) {
     }
 }
 
-/// R-H06 and R-A04, for ZeRO stage 3.
+/// docs/upstream.md R-H06 and R-A04, for ZeRO stage 3.
 fn zero3(r: &Resolved, out: &mut Vec<Diagnostic>) {
     let key = "zero.gather_16bit_weights_on_model_save";
     if r.bool(key) == Some(false) {
@@ -494,10 +425,16 @@ fn raw_zero_key(path: &str) -> Option<(&'static str, &'static str)> {
     }
     let rest = path.strip_prefix("zero_optimization.")?;
     let field = rest.split('.').next()?;
-    RAW_ZERO
-        .iter()
-        .find(|(raw, _)| *raw == field)
-        .map(|(raw, name)| (*name, *raw))
+    // DeepSpeed's name for each `zero` key, and the other names it accepts (pydantic aliases of
+    // `DeepSpeed@v0.19.5 zero/config.py:DeepSpeedZeroConfig`, the deprecated `cpu_offload*`
+    // switches, docs/upstream.md R-Z01), from the schema.
+    crate::schema::block("zero")?.keys.iter().find_map(|k| {
+        let own = k.deepspeed?.strip_prefix("zero_optimization.")?;
+        std::iter::once(own)
+            .chain(k.ds_aliases.iter().copied())
+            .find(|raw| *raw == field)
+            .map(|raw| (k.name, raw))
+    })
 }
 
 /// The model's size: from a local config.json (`model.params`, resolved from the file), else
@@ -570,7 +507,7 @@ impl Choice {
     }
 }
 
-/// The configurations the help compares (DeepSpeed's estimator rows, §8).
+/// The configurations the help compares (DeepSpeed's estimator rows, docs/upstream.md §8).
 pub const CHOICES: &[(u8, Offload, Offload)] = &[
     (0, Offload::None, Offload::None),
     (1, Offload::None, Offload::None),
@@ -590,9 +527,9 @@ pub fn to_offload(word: Option<&str>) -> Offload {
     }
 }
 
-/// Model-states memory of one configuration (HF builds ZeRO-3 models under `zero.Init`).
-/// DeepSpeed has no ZeRO-1 estimator; ZeRO-1 keeps full 16-bit gradients on every GPU, so it
-/// needs at least the ZeRO-2 figure (§8): stage 1 is the larger of the paper's formula and that.
+/// Model-states memory of one configuration (HF builds ZeRO-3 models under `zero.Init`). DeepSpeed
+/// has no ZeRO-1 estimator; ZeRO-1 keeps full 16-bit gradients on every GPU, so it needs at least
+/// the ZeRO-2 figure (docs/upstream.md §8): stage 1 is the larger of the paper's formula and that.
 pub fn estimate(r: &Resolved, c: Choice, size: ModelSize) -> Option<Estimate> {
     if c.stage == 1 {
         let zero2 = estimate(r, Choice { stage: 2, ..c }, size)?;
@@ -606,8 +543,8 @@ pub fn estimate(r: &Resolved, c: Choice, size: ModelSize) -> Option<Estimate> {
 }
 
 fn estimate_raw(r: &Resolved, c: Choice, size: ModelSize) -> Option<Estimate> {
-    let gpus = r.uint("cluster.gpus").unwrap_or(1);
-    let nodes = r.uint("cluster.nodes").unwrap_or(1);
+    let gpus = r.count("cluster.gpus");
+    let nodes = r.count("cluster.nodes");
     let formula = if r.facts.ds_zero2_estimate_new {
         Zero2Formula::Since0_14_3
     } else {
@@ -635,13 +572,14 @@ fn gib(bytes: u64) -> String {
     }
 }
 
-/// Whether `per_gpu` bytes exceed the share of `gpu_memory` R-E01 allows.
+/// Whether `per_gpu` bytes exceed the share of `gpu_memory` docs/upstream.md R-E01 allows.
 fn too_big(per_gpu: u64, gpu_memory: u64) -> bool {
     per_gpu as f64 > MEMORY_SHARE * gpu_memory as f64
 }
 
-/// R-E01: DeepSpeed's model-states estimators (`memory.rs`, §8) for the recipe's stage, offload
-/// and world; a warning when they exceed 80% of `cluster.gpu_memory`.
+/// docs/upstream.md R-E01: DeepSpeed's model-states estimators (`memory.rs`, docs/upstream.md §8)
+/// for the recipe's stage, offload and world; a warning when they exceed 80% of
+/// `cluster.gpu_memory`.
 fn memory_estimate(r: &Resolved, stage: i64, out: &mut Vec<Diagnostic>) {
     let Some(gpu_memory) = r.uint("cluster.gpu_memory").filter(|m| *m > 0) else {
         return;
@@ -724,16 +662,33 @@ mod tests {
     use crate::schema;
 
     #[test]
-    fn every_zero_key_has_its_stages() {
+    fn every_zero_key_has_its_stages_and_deepspeed_name() {
         let zero = schema::block("zero").unwrap();
         for key in zero.keys {
+            assert!(!key.stages.is_empty(), "zero.{} has no stages", key.name);
             assert!(
-                STAGES.iter().any(|(name, _)| *name == key.name),
-                "zero.{} has no entry in STAGES",
+                key.deepspeed.is_some(),
+                "zero.{} has no DeepSpeed key",
                 key.name
             );
         }
-        assert_eq!(STAGES.len(), zero.keys.len());
+        assert_eq!(
+            raw_zero_key("zero_optimization.stage3_prefetch_bucket_size"),
+            Some(("prefetch_bucket", "stage3_prefetch_bucket_size"))
+        );
+        assert_eq!(
+            raw_zero_key("zero_optimization.prefetch_bucket_size"),
+            Some(("prefetch_bucket", "prefetch_bucket_size"))
+        );
+        assert_eq!(
+            raw_zero_key("zero_optimization.cpu_offload"),
+            Some(("offload optimizer", "cpu_offload"))
+        );
+        assert_eq!(
+            raw_zero_key("zero_optimization.offload_param.device"),
+            Some(("offload param", "offload_param"))
+        );
+        assert_eq!(raw_zero_key("zero_optimization.nonsense"), None);
     }
 
     #[test]

@@ -6,15 +6,17 @@
 //! where they mirror an upstream default the doc says which.
 
 use super::types::{ArgSpec, CallSpec, Ty};
-use super::{BlockSpec, BodySpec, KeySpec, LabelSpec, RawKind};
+use super::{BlockSpec, BodySpec, Derive, KeyDefault, KeySpec, LabelSpec, Lit, RawKind};
 
 const fn key(name: &'static str, ty: Ty, doc: &'static str) -> KeySpec {
     KeySpec {
         name,
         ty,
         doc,
-        default: None,
+        default: KeyDefault::None,
         deepspeed: None,
+        ds_aliases: &[],
+        stages: &[],
         hf: None,
         required: false,
         kinds: &[],
@@ -22,8 +24,28 @@ const fn key(name: &'static str, ty: Ty, doc: &'static str) -> KeySpec {
 }
 
 impl KeySpec {
-    const fn default(mut self, default: &'static str) -> Self {
-        self.default = Some(default);
+    const fn val(mut self, value: Lit, why: &'static str) -> Self {
+        self.default = KeyDefault::Value(value, why);
+        self
+    }
+    const fn derived(mut self, rule: Derive, text: &'static str) -> Self {
+        self.default = KeyDefault::Derived(rule, text);
+        self
+    }
+    const fn later(mut self, text: &'static str) -> Self {
+        self.default = KeyDefault::Later(text);
+        self
+    }
+    const fn upstream(mut self, value: Lit, text: &'static str) -> Self {
+        self.default = KeyDefault::Upstream(value, text);
+        self
+    }
+    const fn stages(mut self, stages: &'static [i64]) -> Self {
+        self.stages = stages;
+        self
+    }
+    const fn aliases(mut self, names: &'static [&'static str]) -> Self {
+        self.ds_aliases = names;
         self
     }
     const fn ds(mut self, key: &'static str) -> Self {
@@ -288,8 +310,10 @@ pub static BLOCKS: &[BlockSpec] = &[
         },
         body: BodySpec::None,
         required: false,
+        absent: KeyDefault::Value(Lit::Str("recipe"), "no `recipe` name"),
         keys: &[],
         one_of: &[],
+        exclusive: &[],
     },
     BlockSpec {
         name: "target",
@@ -297,12 +321,17 @@ pub static BLOCKS: &[BlockSpec] = &[
         label: LabelSpec::None,
         body: BodySpec::Pairs,
         required: false,
+        absent: KeyDefault::None,
         keys: &[
-            key("transformers", Ty::Version, "transformers release").default("\"5.24.0\""),
-            key("accelerate", Ty::Version, "accelerate release").default("\"1.15.0\""),
-            key("deepspeed", Ty::Version, "DeepSpeed release").default("\"0.19.8\""),
+            key("transformers", Ty::Version, "transformers release")
+                .val(Lit::Str("5.24.0"), "the newest release recipe knows"),
+            key("accelerate", Ty::Version, "accelerate release")
+                .val(Lit::Str("1.15.0"), "the newest release recipe knows"),
+            key("deepspeed", Ty::Version, "DeepSpeed release")
+                .val(Lit::Str("0.19.8"), "the newest release recipe knows"),
         ],
         one_of: &[],
+        exclusive: &[],
     },
     BlockSpec {
         name: "model",
@@ -313,6 +342,7 @@ pub static BLOCKS: &[BlockSpec] = &[
         },
         body: BodySpec::Items,
         required: true,
+        absent: KeyDefault::Value(Lit::Word("auto"), "architecture from the model's config.json"),
         keys: &[
             key("from", Ty::Str, "a local HF-layout directory (config.json, model.safetensors, tokenizer.json) or a hub id")
                 .hf("model_name_or_path (script)"),
@@ -320,14 +350,15 @@ pub static BLOCKS: &[BlockSpec] = &[
                 .hf("config_name (script)"),
             key("task", Ty::Call(TASKS), "what the model is trained to do").required().hf("num_labels (script)"),
             key("hidden_size", POSITIVE, "the hidden size, for the bucket sizes DeepSpeed derives from it when the model is not local")
-                .default("read from the model's config.json"),
+                .later("read from the model's config.json"),
             key("dropout", UNIT, "override of the hidden and attention dropout (0 for exact parity runs)")
-                .default("the model config's"),
+                .later("the model config's"),
             key("gradient_checkpointing", Ty::Bool, "recompute activations in backward to save memory")
-                .default("false")
-                .hf("activation_checkpointing (gradient_checkpointing before 5.23)"),
+                .hf("activation_checkpointing (gradient_checkpointing before 5.23)")
+                .upstream(Lit::Bool(false), "HF gradient_checkpointing"),
         ],
         one_of: &[&["from", "config"]],
+        exclusive: &[],
     },
     BlockSpec {
         name: "data",
@@ -335,26 +366,33 @@ pub static BLOCKS: &[BlockSpec] = &[
         label: LabelSpec::None,
         body: BodySpec::Items,
         required: true,
+        absent: KeyDefault::None,
         keys: &[
             key("train", Ty::Path, "training data: a JSONL, CSV or TSV file").required().hf("train_file (script)"),
             key("eval", Ty::Path, "evaluation data, evaluated at each epoch end").hf("validation_file (script)"),
             key("test", Ty::Path, "held-out test data, evaluated once after training").hf("test_file (script)"),
-            key("format", Ty::Word(&["auto", "jsonl", "csv", "tsv"]), "file format").default("auto (from the extension)"),
-            key("text", Ty::Str, "the field holding the text").default("\"text\""),
+            key("format", Ty::Word(&["auto", "jsonl", "csv", "tsv"]), "file format")
+                .derived(Derive::FormatFromExtension, "from the training file's extension"),
+            key("text", Ty::Str, "the field holding the text")
+                .val(Lit::Str("text"), "the usual field name"),
             key("text_pair", Ty::Str, "a second text field, for sentence-pair tasks"),
-            key("label", Ty::Str, "the field holding the label").default("\"label\""),
+            key("label", Ty::Str, "the field holding the label")
+                .val(Lit::Str("label"), "the usual field name"),
             key("max_len", Ty::Int { min: 1, max: 1_000_000 }, "tokens per example after truncation")
-                .default("128")
-                .hf("max_seq_length (script)"),
+                .hf("max_seq_length (script)")
+                .val(Lit::Int(128), "recipe default"),
             key("samples", POSITIVE, "number of training examples, when the training file is not local")
-                .default("counted from the training file"),
-            key("shuffle", Ty::Bool, "shuffle the training data each epoch (seeded)").default("true"),
+                .later("counted from the training file"),
+            key("shuffle", Ty::Bool, "shuffle the training data each epoch (seeded)")
+                .val(Lit::Bool(true), "HF Trainer shuffles the training set"),
             key("drop_last", Ty::Bool, "drop the last incomplete batch of each epoch")
-                .default("false")
-                .hf("dataloader_drop_last"),
-            key("workers", NON_NEGATIVE, "data loader worker processes").default("0").hf("dataloader_num_workers"),
+                .hf("dataloader_drop_last")
+                .val(Lit::Bool(false), "HF dataloader_drop_last default"),
+            key("workers", NON_NEGATIVE, "data loader worker processes").hf("dataloader_num_workers")
+                .val(Lit::Int(0), "HF dataloader_num_workers default"),
         ],
         one_of: &[],
+        exclusive: &[],
     },
     BlockSpec {
         name: "batch",
@@ -362,22 +400,24 @@ pub static BLOCKS: &[BlockSpec] = &[
         label: LabelSpec::None,
         body: BodySpec::Items,
         required: true,
+        absent: KeyDefault::None,
         keys: &[
             key("micro", POSITIVE, "examples per GPU per forward/backward pass")
                 .ds("train_micro_batch_size_per_gpu")
                 .hf("per_device_train_batch_size"),
             key("accumulate", POSITIVE, "micro-batches accumulated per optimizer step")
-                .default("1, or derived from global")
                 .ds("gradient_accumulation_steps")
-                .hf("gradient_accumulation_steps"),
+                .hf("gradient_accumulation_steps")
+                .later("`1`, or derived from `global` (the batch inference)"),
             key("global", POSITIVE, "examples per optimizer step over all GPUs; checked against the others")
-                .default("micro x accumulate x world size")
-                .ds("train_batch_size"),
+                .ds("train_batch_size")
+                .later("micro × accumulate × world size (the batch inference)"),
             key("eval_micro", POSITIVE, "examples per GPU per evaluation pass")
-                .default("the training micro batch")
-                .hf("per_device_eval_batch_size"),
+                .hf("per_device_eval_batch_size")
+                .derived(Derive::TrainingMicro, "the training micro batch"),
         ],
         one_of: &[&["micro", "global"]],
+        exclusive: &[],
     },
     BlockSpec {
         name: "optimizer",
@@ -389,50 +429,57 @@ pub static BLOCKS: &[BlockSpec] = &[
         },
         body: BodySpec::Items,
         required: false,
+        absent: KeyDefault::Value(Lit::Word("adamw"), "AdamW, HF's default optimizer (optim adamw_torch)"),
         keys: &[
-            key("lr", LR, "peak learning rate").default("5e-5 (HF learning_rate)").ds("optimizer.params.lr").hf("learning_rate"),
+            key("lr", LR, "peak learning rate").ds("optimizer.params.lr").hf("learning_rate")
+                .val(Lit::Float(5e-5), "HF TrainingArguments.learning_rate"),
             key("betas", Ty::Pair { min: 0.0, max: 1.0 }, "Adam moment decay rates")
-                .default("(0.9, 0.999)")
                 .ds("optimizer.params.betas")
                 .hf("adam_beta1, adam_beta2")
-                .kinds(ADAM_LIKE),
+                .kinds(ADAM_LIKE)
+                .val(Lit::Floats(&[0.9, 0.999]), "HF adam_beta1/adam_beta2 (also DeepSpeed's)"),
             key("eps", LR, "denominator epsilon")
-                .default("1e-8")
                 .ds("optimizer.params.eps")
                 .hf("adam_epsilon")
-                .kinds(ADAM_EPS),
+                .kinds(ADAM_EPS)
+                .val(Lit::Float(1e-8), "HF adam_epsilon (also DeepSpeed's)"),
             key("weight_decay", LR, "decoupled weight decay (AdamW) or L2 penalty (adam, sgd)")
-                .default("0.0")
                 .ds("optimizer.params.weight_decay")
-                .hf("weight_decay"),
+                .hf("weight_decay")
+                .val(Lit::Float(0.0), "HF weight_decay (also DeepSpeed's)"),
             key("no_decay", Ty::StrList, "parameter-name substrings excluded from weight decay")
-                .default("[\"bias\", \"LayerNorm.weight\"] (HF Trainer's grouping)"),
-            key("momentum", UNIT, "SGD momentum").default("0.0").ds("optimizer.params.momentum").kinds(&["sgd"]),
-            key("nesterov", Ty::Bool, "Nesterov momentum").default("false").ds("optimizer.params.nesterov").kinds(&["sgd"]),
+                .val(Lit::Strs(&["bias", "LayerNorm.weight"]), "HF Trainer's grouping: no decay for biases and LayerNorm weights"),
+            key("momentum", UNIT, "SGD momentum").ds("optimizer.params.momentum").kinds(&["sgd"])
+                .val(Lit::Float(0.0), "torch SGD"),
+            key("nesterov", Ty::Bool, "Nesterov momentum").ds("optimizer.params.nesterov").kinds(&["sgd"])
+                .val(Lit::Bool(false), "torch SGD"),
             key("bias_correction", Ty::Bool, "Adam bias correction")
-                .default("true")
                 .ds("optimizer.params.bias_correction")
-                .kinds(&["adamw", "adam", "lamb", "onebitadam", "zerooneadam", "onebitlamb"]),
+                .kinds(&["adamw", "adam", "lamb", "onebitadam", "zerooneadam", "onebitlamb"])
+                .val(Lit::Bool(true), "DeepSpeed Adam"),
             key("amsgrad", Ty::Bool, "the AMSGrad variant")
-                .default("false")
                 .ds("optimizer.params.amsgrad")
-                .kinds(&["adamw", "adam"]),
+                .kinds(&["adamw", "adam"])
+                .val(Lit::Bool(false), "DeepSpeed Adam"),
             key("torch_adam", Ty::Bool, "use torch's Adam instead of DeepSpeed's fused kernel")
-                .default("false")
                 .ds("optimizer.params.torch_adam")
-                .kinds(&["adamw", "adam"]),
+                .kinds(&["adamw", "adam"])
+                .val(Lit::Bool(false), "DeepSpeed Adam"),
             key("freeze_step", POSITIVE, "warm-up steps before 1-bit compression starts")
-                .default("100000")
                 .ds("optimizer.params.freeze_step")
-                .kinds(ONEBIT),
-            key("max_coeff", LR, "LAMB trust-ratio upper bound").default("10.0").ds("optimizer.params.max_coeff").kinds(&["lamb", "onebitlamb"]),
-            key("min_coeff", LR, "LAMB trust-ratio lower bound").default("0.01").ds("optimizer.params.min_coeff").kinds(&["lamb", "onebitlamb"]),
+                .kinds(ONEBIT)
+                .upstream(Lit::Int(100_000), "DeepSpeed's 1-bit optimizers"),
+            key("max_coeff", LR, "LAMB trust-ratio upper bound").ds("optimizer.params.max_coeff").kinds(&["lamb", "onebitlamb"])
+                .upstream(Lit::Float(10.0), "DeepSpeed FusedLamb"),
+            key("min_coeff", LR, "LAMB trust-ratio lower bound").ds("optimizer.params.min_coeff").kinds(&["lamb", "onebitlamb"])
+                .upstream(Lit::Float(0.01), "DeepSpeed FusedLamb"),
             key("owner", Ty::Word(&["deepspeed", "hf"]), "who builds the optimizer: a DeepSpeed `optimizer` section, or HF's `optim`")
-                .default("deepspeed")
                 .ds("optimizer")
-                .hf("optim"),
+                .hf("optim")
+                .val(Lit::Word("deepspeed"), "recipe default: a DeepSpeed optimizer section"),
         ],
         one_of: &[],
+        exclusive: &[],
     },
     BlockSpec {
         name: "schedule",
@@ -444,77 +491,102 @@ pub static BLOCKS: &[BlockSpec] = &[
         },
         body: BodySpec::Items,
         required: false,
+        absent: KeyDefault::Value(Lit::Word("linear"), "HF's default lr_scheduler_type"),
         keys: &[
             key("warmup", Ty::Steps, "warmup length: optimizer steps, or a fraction of all steps")
-                .default("0")
                 .ds("scheduler.params.warmup_num_steps")
                 .hf("warmup_steps (a fraction: warmup_ratio before transformers 5.0)")
-                .kinds(WARMED),
+                .kinds(WARMED)
+                .val(Lit::Int(0), "HF warmup_steps"),
             key("warmup_type", Ty::Word(&["linear", "log"]), "shape of a DeepSpeed warmup")
-                .default("linear (DeepSpeed's own default is log)")
                 .ds("scheduler.params.warmup_type")
-                .kinds(DS_WARMUP),
+                .kinds(DS_WARMUP)
+                .val(Lit::Word("linear"), "recipe default, like HF's warmup (DeepSpeed's own is log)"),
             key("min_lr", LR, "learning rate at the start of warmup / end of decay")
-                .default("0")
                 .ds("scheduler.params.warmup_min_lr")
                 .hf("lr_scheduler_kwargs.min_lr")
-                .kinds(&["WarmupLR", "WarmupDecayLR", "cosine_with_min_lr"]),
+                .kinds(&["WarmupLR", "WarmupDecayLR", "cosine_with_min_lr"])
+                .val(Lit::Float(0.0), "HF's auto value for warmup_min_lr"),
+            key("min_lr_rate", UNIT, "final learning rate as a fraction of lr, instead of min_lr")
+                .hf("lr_scheduler_kwargs.min_lr_rate")
+                .kinds(&["cosine_with_min_lr"]),
             key("max_lr", LR, "peak learning rate of a DeepSpeed warmup")
-                .default("the optimizer's lr")
                 .ds("scheduler.params.warmup_max_lr")
-                .kinds(&["WarmupLR", "WarmupDecayLR"]),
+                .kinds(&["WarmupLR", "WarmupDecayLR"])
+                .derived(Derive::OptimizerLr, "the optimizer's lr"),
             key("warmup_min_ratio", UNIT, "start of the cosine warmup, as a fraction of lr")
-                .default("0")
                 .ds("scheduler.params.warmup_min_ratio")
-                .kinds(&["WarmupCosineLR"]),
+                .kinds(&["WarmupCosineLR"])
+                .val(Lit::Float(0.0), "DeepSpeed WarmupCosineLR"),
             key("cos_min_ratio", UNIT, "end of the cosine decay, as a fraction of lr")
-                .default("0 (DeepSpeed's own default is 1e-4)")
                 .ds("scheduler.params.cos_min_ratio")
-                .kinds(&["WarmupCosineLR"]),
+                .kinds(&["WarmupCosineLR"])
+                .val(Lit::Float(0.0), "recipe default for HF parity (DeepSpeed's own is 1e-4)"),
             key("num_cycles", LR, "cosine cycles (0.5 = one half-wave down)")
-                .default("0.5 (cosine), 1 (cosine_with_restarts)")
                 .hf("lr_scheduler_kwargs.num_cycles")
-                .kinds(&["cosine", "cosine_with_restarts", "cosine_with_min_lr"]),
-            key("power", LR, "polynomial decay power").default("1.0").hf("lr_scheduler_kwargs.power").kinds(&["polynomial"]),
+                .kinds(&["cosine", "cosine_with_restarts", "cosine_with_min_lr"])
+                .derived(Derive::CosineCycles, "`0.5` (`cosine`), `1` (`cosine_with_restarts`), as HF"),
+            key("power", LR, "polynomial decay power").hf("lr_scheduler_kwargs.power").kinds(&["polynomial"])
+                .val(Lit::Float(1.0), "HF polynomial"),
             key("lr_end", LR, "final learning rate of the polynomial decay")
-                .default("1e-7")
                 .hf("lr_scheduler_kwargs.lr_end")
-                .kinds(&["polynomial"]),
+                .kinds(&["polynomial"])
+                .val(Lit::Float(1e-7), "HF polynomial"),
             key("timescale", POSITIVE, "inverse-sqrt time scale")
-                .default("the warmup steps")
                 .hf("lr_scheduler_kwargs.timescale")
-                .kinds(&["inverse_sqrt"]),
-            key("decay", Ty::Steps, "length of the final decay phase (HF requires it)")
+                .kinds(&["inverse_sqrt"])
+                .later("the warmup steps (HF inverse_sqrt)"),
+            key("decay", Ty::Steps, "length of the final decay phase (HF requires it; written as whole steps)")
                 .required()
                 .hf("lr_scheduler_kwargs.num_decay_steps")
                 .kinds(&["warmup_stable_decay"]),
             key("min_lr_ratio", UNIT, "final learning rate as a fraction of lr")
-                .default("0")
                 .hf("lr_scheduler_kwargs.min_lr_ratio")
-                .kinds(&["warmup_stable_decay"]),
-            key("factor", UNIT, "LR reduction factor on a plateau").default("0.1").hf("lr_scheduler_kwargs.factor").kinds(&["reduce_lr_on_plateau"]),
-            key("patience", NON_NEGATIVE, "evaluations without improvement before reducing").default("10").hf("lr_scheduler_kwargs.patience").kinds(&["reduce_lr_on_plateau"]),
+                .kinds(&["warmup_stable_decay"])
+                .val(Lit::Float(0.0), "HF warmup_stable_decay"),
+            key("factor", UNIT, "LR reduction factor on a plateau").hf("lr_scheduler_kwargs.factor").kinds(&["reduce_lr_on_plateau"])
+                .val(Lit::Float(0.1), "torch ReduceLROnPlateau"),
+            key("patience", NON_NEGATIVE, "evaluations without improvement before reducing").hf("lr_scheduler_kwargs.patience").kinds(&["reduce_lr_on_plateau"])
+                .val(Lit::Int(10), "torch ReduceLROnPlateau"),
             key("cycle_min_lr", LR, "lowest LR of the cycle (DeepSpeed requires it)")
                 .required()
                 .ds("scheduler.params.cycle_min_lr")
                 .kinds(&["OneCycle"]),
-            key("cycle_max_lr", LR, "highest LR of the cycle").default("the optimizer's lr").ds("scheduler.params.cycle_max_lr").kinds(&["OneCycle"]),
-            key("cycle_first_step_size", POSITIVE, "steps of the rising half").default("2000").ds("scheduler.params.cycle_first_step_size").kinds(&["OneCycle"]),
-            key("cycle_second_step_size", POSITIVE, "steps of the falling half").default("cycle_first_step_size").ds("scheduler.params.cycle_second_step_size").kinds(&["OneCycle"]),
-            key("cycle_first_stair_count", NON_NEGATIVE, "stairs in the rising half (0 = smooth)").default("0").ds("scheduler.params.cycle_first_stair_count").kinds(&["OneCycle"]),
-            key("cycle_second_stair_count", NON_NEGATIVE, "stairs in the falling half").default("cycle_first_stair_count").ds("scheduler.params.cycle_second_stair_count").kinds(&["OneCycle"]),
-            key("decay_lr_rate", LR, "LR decay rate after the cycle").default("0").ds("scheduler.params.decay_lr_rate").kinds(&["OneCycle"]),
-            key("decay_step_size", NON_NEGATIVE, "steps between LR decays after the cycle").default("0").ds("scheduler.params.decay_step_size").kinds(&["OneCycle"]),
-            key("cycle_momentum", Ty::Bool, "cycle beta1 too (and set beta2 to 0.99)").default("true").ds("scheduler.params.cycle_momentum").kinds(&["OneCycle"]),
-            key("cycle_min_mom", UNIT, "lowest momentum of the cycle").default("0.8").ds("scheduler.params.cycle_min_mom").kinds(&["OneCycle"]),
-            key("cycle_max_mom", UNIT, "highest momentum of the cycle").default("0.9").ds("scheduler.params.cycle_max_mom").kinds(&["OneCycle"]),
-            key("decay_mom_rate", LR, "momentum decay rate after the cycle").default("0").ds("scheduler.params.decay_mom_rate").kinds(&["OneCycle"]),
-            key("start_lr", LR, "LR at the start of the range test").default("1e-3").ds("scheduler.params.lr_range_test_min_lr").kinds(&["LRRangeTest"]),
-            key("step_size", POSITIVE, "steps per LR increase").default("2000").ds("scheduler.params.lr_range_test_step_size").kinds(&["LRRangeTest"]),
-            key("step_rate", LR, "LR increase per step_size").default("1.0").ds("scheduler.params.lr_range_test_step_rate").kinds(&["LRRangeTest"]),
-            key("staircase", Ty::Bool, "increase in stairs rather than continuously").default("false").ds("scheduler.params.lr_range_test_staircase").kinds(&["LRRangeTest"]),
+            key("cycle_max_lr", LR, "highest LR of the cycle").ds("scheduler.params.cycle_max_lr").kinds(&["OneCycle"])
+                .derived(Derive::OptimizerLr, "the optimizer's lr"),
+            key("cycle_first_step_size", POSITIVE, "steps of the rising half").ds("scheduler.params.cycle_first_step_size").kinds(&["OneCycle"])
+                .val(Lit::Int(2000), "DeepSpeed OneCycle"),
+            key("cycle_second_step_size", POSITIVE, "steps of the falling half").ds("scheduler.params.cycle_second_step_size").kinds(&["OneCycle"])
+                .later("`cycle_first_step_size` (DeepSpeed OneCycle)"),
+            key("cycle_first_stair_count", NON_NEGATIVE, "stairs in the rising half (0 = smooth)").ds("scheduler.params.cycle_first_stair_count").kinds(&["OneCycle"])
+                .val(Lit::Int(0), "DeepSpeed OneCycle"),
+            key("cycle_second_stair_count", NON_NEGATIVE, "stairs in the falling half").ds("scheduler.params.cycle_second_stair_count").kinds(&["OneCycle"])
+                .later("`cycle_first_stair_count` (DeepSpeed OneCycle)"),
+            key("decay_lr_rate", LR, "LR decay rate after the cycle").ds("scheduler.params.decay_lr_rate").kinds(&["OneCycle"])
+                .val(Lit::Float(0.0), "DeepSpeed OneCycle"),
+            key("decay_step_size", NON_NEGATIVE, "steps between LR decays after the cycle").ds("scheduler.params.decay_step_size").kinds(&["OneCycle"])
+                .val(Lit::Int(0), "DeepSpeed OneCycle"),
+            key("cycle_momentum", Ty::Bool, "cycle beta1 too (and set beta2 to 0.99)").ds("scheduler.params.cycle_momentum").kinds(&["OneCycle"])
+                .val(Lit::Bool(true), "DeepSpeed OneCycle"),
+            key("cycle_min_mom", UNIT, "lowest momentum of the cycle").ds("scheduler.params.cycle_min_mom").kinds(&["OneCycle"])
+                .val(Lit::Float(0.8), "DeepSpeed OneCycle"),
+            key("cycle_max_mom", UNIT, "highest momentum of the cycle").ds("scheduler.params.cycle_max_mom").kinds(&["OneCycle"])
+                .val(Lit::Float(0.9), "DeepSpeed OneCycle"),
+            key("decay_mom_rate", LR, "momentum decay rate after the cycle").ds("scheduler.params.decay_mom_rate").kinds(&["OneCycle"])
+                .val(Lit::Float(0.0), "DeepSpeed OneCycle"),
+            key("start_lr", LR, "LR at the start of the range test").ds("scheduler.params.lr_range_test_min_lr").kinds(&["LRRangeTest"])
+                .val(Lit::Float(1e-3), "DeepSpeed LRRangeTest"),
+            key("step_size", POSITIVE, "steps per LR increase").ds("scheduler.params.lr_range_test_step_size").kinds(&["LRRangeTest"])
+                .val(Lit::Int(2000), "DeepSpeed LRRangeTest"),
+            key("step_rate", LR, "LR increase per step_size").ds("scheduler.params.lr_range_test_step_rate").kinds(&["LRRangeTest"])
+                .val(Lit::Float(1.0), "DeepSpeed LRRangeTest"),
+            key("staircase", Ty::Bool, "increase in stairs rather than continuously").ds("scheduler.params.lr_range_test_staircase").kinds(&["LRRangeTest"])
+                .val(Lit::Bool(false), "DeepSpeed LRRangeTest"),
         ],
         one_of: &[],
+        // HF takes one or the other (transformers@v5.24.0 optimization.py:
+        // get_cosine_with_min_lr_schedule_with_warmup, "Only one of min_lr or min_lr_rate").
+        exclusive: &[&["min_lr", "min_lr_rate"]],
     },
     BlockSpec {
         name: "train",
@@ -522,59 +594,63 @@ pub static BLOCKS: &[BlockSpec] = &[
         label: LabelSpec::None,
         body: BodySpec::Items,
         required: false,
+        absent: KeyDefault::None,
         keys: &[
             key("epochs", Ty::Number { min: 0.0, max: 1e9 }, "passes over the training data (fractions allowed)")
-                .default("3 (HF num_train_epochs)")
-                .hf("num_train_epochs"),
+                .hf("num_train_epochs")
+                .val(Lit::Float(3.0), "HF num_train_epochs"),
             key("max_steps", POSITIVE, "stop after this many optimizer steps (wins over epochs)").hf("max_steps"),
             key("clip", LR, "clip gradients to this global L2 norm (0 = off)")
-                .default("1.0 (HF max_grad_norm)")
                 .ds("gradient_clipping")
-                .hf("max_grad_norm"),
+                .hf("max_grad_norm")
+                .val(Lit::Float(1.0), "HF max_grad_norm"),
             key("precision", Ty::Word(&["fp32", "fp16", "bf16"]), "training precision")
-                .default("fp32")
                 .ds("fp16.enabled, bf16.enabled")
-                .hf("fp16, bf16"),
+                .hf("fp16, bf16")
+                .val(Lit::Word("fp32"), "recipe default: full precision"),
             key("eval_precision", Ty::Word(&["fp32", "fp16", "bf16"]), "precision of evaluation")
-                .default("the training precision")
-                .hf("fp16_full_eval, bf16_full_eval"),
+                .hf("fp16_full_eval, bf16_full_eval")
+                .derived(Derive::TrainingPrecision, "the training precision"),
             key("fp16_backend", Ty::Word(&["amp", "apex"]), "fp16 implementation (apex is incompatible with ZeRO)")
-                .default("amp")
                 .ds("amp.enabled")
-                .hf("half_precision_backend (transformers 4.x; removed in 5.0, where apex is gone)"),
+                .hf("half_precision_backend (transformers 4.x; removed in 5.0, where apex is gone)")
+                .val(Lit::Word("amp"), "HF half_precision_backend (torch AMP)"),
             key("loss_scale", Ty::WordOrInt(&["dynamic"], 1, i64::MAX), "fp16 loss scale: dynamic, or a fixed scale")
-                .default("dynamic")
-                .ds("fp16.loss_scale"),
+                .ds("fp16.loss_scale")
+                .val(Lit::Word("dynamic"), "DeepSpeed fp16.loss_scale 0 = dynamic"),
             key("initial_scale_power", Ty::Int { min: 0, max: 63 }, "the dynamic loss scale starts at 2^this")
-                .default("16")
-                .ds("fp16.initial_scale_power"),
+                .ds("fp16.initial_scale_power")
+                .val(Lit::Int(16), "DeepSpeed fp16 (since 0.8.0)"),
             key("loss_scale_window", POSITIVE, "good steps before the loss scale doubles")
-                .default("1000")
-                .ds("fp16.loss_scale_window"),
+                .ds("fp16.loss_scale_window")
+                .val(Lit::Int(1000), "DeepSpeed fp16"),
             key("hysteresis", POSITIVE, "overflows tolerated before the loss scale halves")
-                .default("2")
-                .ds("fp16.hysteresis"),
+                .ds("fp16.hysteresis")
+                .val(Lit::Int(2), "DeepSpeed fp16"),
             key("min_loss_scale", POSITIVE, "the loss scale never drops below this (DeepSpeed requires an integer)")
-                .default("1")
-                .ds("fp16.min_loss_scale"),
-            key("seed", NON_NEGATIVE, "seed for initialisation, shuffling and dropout").default("42").hf("seed"),
-            key("script", Ty::Path, "the training script `launch.sh` runs (HF's text-classification example by default)")
-                .default("\"run_classification.py\""),
+                .ds("fp16.min_loss_scale")
+                .val(Lit::Int(1), "DeepSpeed fp16"),
+            key("seed", NON_NEGATIVE, "seed for initialisation, shuffling and dropout").hf("seed")
+                .val(Lit::Int(42), "HF seed"),
+            key("script", Ty::Path, "the training script `launch.sh` runs: HF's text-classification example by default, which takes `--model_name_or_path`, `--train_file`, `--validation_file`, `--text_column_names`, `--label_column_name`, `--max_seq_length` and the TrainingArguments")
+                .val(Lit::Str("run_classification.py"), "HF's examples/pytorch/text-classification/run_classification.py"),
             key("output_dir", Ty::Path, "where checkpoints, metrics and logs go")
-                .default("\"out/<recipe name>\"")
-                .hf("output_dir"),
-            key("logging_steps", POSITIVE, "log every this many optimizer steps").default("10").ds("steps_per_print").hf("logging_steps"),
-            key("eval_every", Ty::WordOrInt(&["epoch", "never"], 1, i64::MAX), "evaluate every epoch, never, or every N optimizer steps")
-                .default("epoch with data.eval, else never")
-                .hf("eval_strategy, eval_steps"),
+                .hf("output_dir")
+                .derived(Derive::OutputDir, "`\"out/<recipe name>\"`"),
+            key("logging_steps", POSITIVE, "log every this many optimizer steps").ds("steps_per_print").hf("logging_steps")
+                .val(Lit::Int(10), "recipe default"),
+            key("eval_every", Ty::WordOrInt(&["epoch", "never"], 1, i64::MAX), "evaluate every epoch, never, or every N optimizer steps (HF refuses a strategy without evaluation data)")
+                .hf("eval_strategy, eval_steps")
+                .derived(Derive::EvalEvery, "`epoch` with `data.eval`, else `never`"),
             key("save_every", Ty::WordOrInt(&["epoch", "never"], 1, i64::MAX), "checkpoint every epoch, never, or every N optimizer steps")
-                .default("epoch")
-                .hf("save_strategy, save_steps"),
+                .hf("save_strategy, save_steps")
+                .val(Lit::Word("epoch"), "recipe default"),
             key("auto_find_batch_size", Ty::Bool, "halve the micro batch on out-of-memory (not with ZeRO-3)")
-                .default("false")
-                .hf("auto_find_batch_size"),
+                .hf("auto_find_batch_size")
+                .val(Lit::Bool(false), "HF auto_find_batch_size"),
         ],
         one_of: &[],
+        exclusive: &[],
     },
     BlockSpec {
         name: "zero",
@@ -586,66 +662,68 @@ pub static BLOCKS: &[BlockSpec] = &[
         },
         body: BodySpec::Items,
         required: false,
+        absent: KeyDefault::Value(Lit::Int(0), "no `zero` block: stage 0, DeepSpeed's default"),
         keys: &[
             key("offload optimizer", Ty::Call(OFFLOAD_OPTIMIZER), "where optimizer states live")
-                .default("none")
-                .ds("zero_optimization.offload_optimizer"),
+                .ds("zero_optimization.offload_optimizer")
+                .val(Lit::Word("none"), "DeepSpeed: no offload").stages(&[1, 2, 3]).aliases(&["cpu_offload", "cpu_offload_use_pin_memory"]),
             key("offload param", Ty::Call(OFFLOAD_PARAM), "where parameters live between uses (stage 3)")
-                .default("none")
-                .ds("zero_optimization.offload_param"),
+                .ds("zero_optimization.offload_param")
+                .val(Lit::Word("none"), "DeepSpeed: no offload").stages(&[3]).aliases(&["cpu_offload_param", "cpu_offload_params"]),
             key("overlap_comm", Ty::Bool, "overlap gradient reduction with backward")
-                .default("true for stage 3, else false (DeepSpeed)")
-                .ds("zero_optimization.overlap_comm"),
+                .ds("zero_optimization.overlap_comm")
+                .derived(Derive::Stage3, "`true` for stage 3, else `false` (DeepSpeed)").stages(&[1, 2, 3]),
             key("contiguous_gradients", Ty::Bool, "copy gradients into one buffer as they are produced")
-                .default("true")
-                .ds("zero_optimization.contiguous_gradients"),
+                .ds("zero_optimization.contiguous_gradients")
+                .val(Lit::Bool(true), "DeepSpeed (since 0.4.3)").stages(&[1, 2, 3]),
             key("reduce_scatter", Ty::Bool, "reduce gradients with reduce-scatter instead of all-reduce")
-                .default("true")
-                .ds("zero_optimization.reduce_scatter"),
+                .ds("zero_optimization.reduce_scatter")
+                .val(Lit::Bool(true), "DeepSpeed (since 0.4.0)").stages(&[1, 2, 3]),
             key("reduce_bucket", Ty::Size, "elements reduced at a time")
-                .default("hidden_size^2 (as HF's auto)")
-                .ds("zero_optimization.reduce_bucket_size"),
+                .ds("zero_optimization.reduce_bucket_size")
+                .derived(Derive::HiddenSquared, "hidden_size² (HF's auto value), else DeepSpeed's 5e8").stages(&[1, 2, 3]),
             key("allgather_partitions", Ty::Bool, "all-gather updated partitions (else broadcasts)")
-                .default("true")
-                .ds("zero_optimization.allgather_partitions"),
+                .ds("zero_optimization.allgather_partitions")
+                .val(Lit::Bool(true), "DeepSpeed").stages(&[1, 2]),
             key("allgather_bucket", Ty::Size, "elements all-gathered at a time")
-                .default("5e8")
-                .ds("zero_optimization.allgather_bucket_size"),
+                .ds("zero_optimization.allgather_bucket_size")
+                .val(Lit::Int(500_000_000), "DeepSpeed allgather_bucket_size 5e8").stages(&[1, 2]),
             key("round_robin_gradients", Ty::Bool, "stage 1-2 CPU offload: parallel gradient copies")
-                .default("false")
-                .ds("zero_optimization.round_robin_gradients"),
+                .ds("zero_optimization.round_robin_gradients")
+                .val(Lit::Bool(false), "DeepSpeed").stages(&[1, 2]),
             key("sub_group_size", Ty::Size, "stage 3: parameters per optimizer sub-group")
-                .default("1e9")
-                .ds("zero_optimization.sub_group_size"),
+                .ds("zero_optimization.sub_group_size")
+                .val(Lit::Int(1_000_000_000), "DeepSpeed 1e9").stages(&[3]),
             key("prefetch_bucket", Ty::Size, "stage 3: parameter elements prefetched")
-                .default("0.9 x hidden_size^2 (as HF's auto)")
-                .ds("zero_optimization.stage3_prefetch_bucket_size"),
+                .ds("zero_optimization.stage3_prefetch_bucket_size")
+                .derived(Derive::PrefetchBucket, "int(0.9 × hidden_size²) (HF's auto value), else DeepSpeed's 5e7").stages(&[3]).aliases(&["prefetch_bucket_size"]),
             key("param_persistence_threshold", Ty::Size, "stage 3: parameters smaller than this stay unpartitioned")
-                .default("10 x hidden_size (as HF's auto)")
-                .ds("zero_optimization.stage3_param_persistence_threshold"),
+                .ds("zero_optimization.stage3_param_persistence_threshold")
+                .derived(Derive::PersistenceThreshold, "10 × hidden_size (HF's auto value), else DeepSpeed's 1e5").stages(&[3]).aliases(&["param_persistence_threshold"]),
             key("model_persistence_threshold", Ty::Size, "stage 3: cap on unpartitioned parameter elements")
-                .default("unlimited")
-                .ds("zero_optimization.stage3_model_persistence_threshold"),
+                .ds("zero_optimization.stage3_model_persistence_threshold")
+                .later("unlimited (DeepSpeed: sys.maxsize)").stages(&[3]).aliases(&["model_persistence_threshold"]),
             key("max_live_parameters", Ty::Size, "stage 3: parameter elements resident per GPU")
-                .default("1e9")
-                .ds("zero_optimization.stage3_max_live_parameters"),
+                .ds("zero_optimization.stage3_max_live_parameters")
+                .val(Lit::Int(1_000_000_000), "DeepSpeed 1e9").stages(&[3]).aliases(&["max_live_parameters"]),
             key("max_reuse_distance", Ty::Size, "stage 3: keep a parameter if reused within this many elements")
-                .default("1e9")
-                .ds("zero_optimization.stage3_max_reuse_distance"),
+                .ds("zero_optimization.stage3_max_reuse_distance")
+                .val(Lit::Int(1_000_000_000), "DeepSpeed 1e9").stages(&[3]).aliases(&["max_reuse_distance"]),
             key("gather_16bit_weights_on_model_save", Ty::Bool, "stage 3: gather full 16-bit weights when saving, for a loadable model")
-                .default("true")
-                .ds("zero_optimization.stage3_gather_16bit_weights_on_model_save"),
+                .ds("zero_optimization.stage3_gather_16bit_weights_on_model_save")
+                .val(Lit::Bool(true), "recipe default: a loadable model.safetensors (DeepSpeed's is false)").stages(&[3]).aliases(&["stage3_gather_fp16_weights_on_model_save", "gather_16bit_weights_on_model_save"]),
             key("load_from_fp32_weights", Ty::Bool, "initialise fp32 master weights from the checkpoint's fp32 copy")
-                .default("true")
-                .ds("zero_optimization.load_from_fp32_weights"),
+                .ds("zero_optimization.load_from_fp32_weights")
+                .val(Lit::Bool(true), "DeepSpeed").stages(&[1, 2, 3]),
             key("ignore_unused_parameters", Ty::Bool, "stage 2: tolerate parameters without gradients")
-                .default("true")
-                .ds("zero_optimization.ignore_unused_parameters"),
+                .ds("zero_optimization.ignore_unused_parameters")
+                .val(Lit::Bool(true), "DeepSpeed").stages(&[1, 2]),
             key("elastic_checkpoint", Ty::Bool, "stages 1-2: checkpoints loadable at another world size")
-                .default("false")
-                .ds("zero_optimization.elastic_checkpoint"),
+                .ds("zero_optimization.elastic_checkpoint")
+                .val(Lit::Bool(false), "DeepSpeed (since 0.5.10)").stages(&[1, 2]),
         ],
         one_of: &[],
+        exclusive: &[],
     },
     BlockSpec {
         name: "cluster",
@@ -653,15 +731,20 @@ pub static BLOCKS: &[BlockSpec] = &[
         label: LabelSpec::None,
         body: BodySpec::Items,
         required: false,
+        absent: KeyDefault::None,
         keys: &[
-            key("gpus", POSITIVE, "GPUs per node").default("1, or --gpus").hf("deepspeed --num_gpus (launcher)"),
-            key("nodes", POSITIVE, "number of nodes").default("1, or --nodes").hf("deepspeed --num_nodes (launcher)"),
+            key("gpus", POSITIVE, "GPUs per node").hf("deepspeed --num_gpus (launcher)")
+                .val(Lit::Int(1), "one GPU (use --gpus or cluster.gpus)"),
+            key("nodes", POSITIVE, "number of nodes").hf("deepspeed --num_nodes (launcher)")
+                .val(Lit::Int(1), "one node (use --nodes or cluster.nodes)"),
             key("hostfile", Ty::Path, "DeepSpeed hostfile listing the nodes and their slots").hf("deepspeed --hostfile (launcher)"),
             key("master_addr", Ty::Str, "address of the rank-0 node").hf("deepspeed --master_addr (launcher)"),
-            key("master_port", Ty::Int { min: 1, max: 65535 }, "port of the rendezvous").default("29500").hf("deepspeed --master_port (launcher)"),
+            key("master_port", Ty::Int { min: 1, max: 65535 }, "port of the rendezvous").hf("deepspeed --master_port (launcher)")
+                .val(Lit::Int(29500), "DeepSpeed launcher"),
             key("gpu_memory", Ty::Size, "memory per GPU in bytes (80Gi), for the memory estimate"),
         ],
         one_of: &[],
+        exclusive: &[],
     },
     BlockSpec {
         name: "deepspeed",
@@ -669,8 +752,10 @@ pub static BLOCKS: &[BlockSpec] = &[
         label: LabelSpec::None,
         body: BodySpec::Raw(RawKind::DeepSpeed),
         required: false,
+        absent: KeyDefault::None,
         keys: &[],
         one_of: &[],
+        exclusive: &[],
     },
     BlockSpec {
         name: "hf",
@@ -678,8 +763,10 @@ pub static BLOCKS: &[BlockSpec] = &[
         label: LabelSpec::None,
         body: BodySpec::Raw(RawKind::Hf),
         required: false,
+        absent: KeyDefault::None,
         keys: &[],
         one_of: &[],
+        exclusive: &[],
     },
 ];
 

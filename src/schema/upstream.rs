@@ -1,6 +1,16 @@
-//! Key sets of the upstream libraries, read from their source.
+//! Key sets of the upstream libraries: the hand-curated part.
 //!
-//! Sources (all read directly, names re-typed here; no upstream code is copied):
+//! The per-release tables (transformers' `TrainingArguments` fields, the DeepSpeed top-level and
+//! `zero_optimization` keys) are extracted from the released packages by
+//! `conformance/extract_upstream.py` into [`super::upstream_versions`] (generated; do not edit it,
+//! rerun the script: conformance/README.md, "Upstream key tables"). This file takes the newest of
+//! those lists from there ([`DEEPSPEED_TOP_LEVEL`], the strict `zero_optimization` keys in
+//! [`DEEPSPEED_STRICT_SECTIONS`], [`TRAINING_ARGUMENTS_FIELDS`]) and adds what the script cannot
+//! derive: which sections are strict and their keys, renamed and deprecated keys with their history,
+//! keys only on DeepSpeed master, and per-key notes.
+//!
+//! Sources of the hand-curated tables (all read directly, names re-typed here; no upstream code is
+//! copied):
 //!
 //! * DeepSpeed: `deepspeedai/DeepSpeed@v0.19.5` (git tag; `version.txt` = 0.19.5), files
 //!   `deepspeed/runtime/config.py` (`DeepSpeedConfig._initialize_params` and its getters),
@@ -15,10 +25,12 @@
 //!   `deepspeed/runtime/engine.py`; history via `git log -S` / older tags (v0.3.16 … v0.18.0) for the
 //!   renamed table. Master (`edaa72212`, version.txt 0.19.6, unreleased) only in [`DEEPSPEED_MASTER_ONLY`].
 //! * transformers: `huggingface/transformers@v5.24.0:src/transformers/training_args.py`, read from the
-//!   PyPI wheel of the same version (dataclass fields of `TrainingArguments`, parsed with Python's `ast`);
-//!   the 4.x/5.x history from the wheels of v4.24.0, v4.30.0, v4.33.0, v4.36.2, v4.41.0, v4.46.0, v4.47.0,
-//!   v4.49.0, v4.50.0, v4.51.0, v4.52.1, v4.54.0, v4.56.0, v4.57.6, v5.0.0, v5.1.0, v5.2.0, v5.12.0,
-//!   v5.14.1, v5.15.0, v5.18.0, v5.21.0, v5.22.0, v5.23.0 (same file).
+//!   PyPI wheel of the same version; the 4.x/5.x history from the wheels of v4.24.0, v4.30.0, v4.33.0,
+//!   v4.36.2, v4.41.0, v4.46.0, v4.47.0, v4.49.0, v4.50.0, v4.51.0, v4.52.1, v4.54.0, v4.56.0, v4.57.6,
+//!   v5.0.0, v5.1.0, v5.2.0, v5.12.0, v5.14.1, v5.15.0, v5.18.0, v5.21.0, v5.22.0, v5.23.0 (same file).
+//!
+//! The hand-curated tables describe DeepSpeed v0.19.5 and transformers v5.24.0, the newest sampled
+//! releases (a test fails when the script samples a newer one, so that they are reviewed with it).
 //!
 //! Behaviour notes the checker relies on:
 //! * DeepSpeed reads top-level keys with `dict.get`: an unknown top-level key is silently ignored
@@ -32,78 +44,119 @@
 //!   (`offload_optimizer`, `offload_param`, `zenflow`, `leaf_module`, `tensor_parallel.tp`, and
 //!   `tensorboard`/`wandb`/`csv_monitor`/`comet`, which sit inside one monitor model) get no such filtering.
 
+use super::upstream_versions::{
+    DEEPSPEED_TOP_LEVEL_BY_VERSION, DEEPSPEED_ZERO_KEYS_BY_VERSION, TRAINING_ARGUMENTS_BY_VERSION,
+};
+
+/// `TrainingArguments` fields of one transformers release (the entries of the generated
+/// [`TRAINING_ARGUMENTS_BY_VERSION`]): (field name, literal default as the Python `repr` string, or
+/// `None` when the default is not a literal). Fields sorted (byte order), no duplicates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HfFields {
+    /// Release version, e.g. `"4.24.0"`.
+    pub version: &'static str,
+    /// (field name, literal default as Python `repr`, or `None`), sorted by name.
+    pub fields: &'static [(&'static str, Option<&'static str>)],
+    /// Why a field's default is `None` in `fields` (exactly those fields, sorted by name): `no default:
+    /// required argument`, `default_factory=...`, or `non-literal default `EXPR`` (for a class
+    /// attribute, with the literals assigned to it in the class body).
+    pub default_notes: &'static [(&'static str, &'static str)],
+}
+
+impl HfFields {
+    /// The field list of the newest sampled release not newer than `target` (the oldest sampled
+    /// one for anything older).
+    pub fn for_target(target: crate::upstream::versions::Version) -> &'static HfFields {
+        let parse = |f: &HfFields| {
+            f.version
+                .parse::<crate::upstream::versions::Version>()
+                .expect("sampled versions parse")
+        };
+        TRAINING_ARGUMENTS_BY_VERSION
+            .iter()
+            .rev()
+            .find(|f| parse(f) <= target)
+            .unwrap_or(&TRAINING_ARGUMENTS_BY_VERSION[0])
+    }
+
+    /// Whether the release has the field `name`.
+    pub fn has(&self, name: &str) -> bool {
+        self.fields.binary_search_by(|(n, _)| n.cmp(&name)).is_ok()
+    }
+}
+
+/// The keys of the newest release in a generated per-version table (its last entry).
+const fn newest(
+    table: &'static [(&'static str, &'static [&'static str])],
+) -> &'static [&'static str] {
+    table[table.len() - 1].1
+}
+
+/// The field names of `fields`, in order (`N` = `fields.len()`).
+const fn field_names<const N: usize>(
+    fields: &'static [(&'static str, Option<&'static str>)],
+) -> [&'static str; N] {
+    let mut out = [""; N];
+    let mut i = 0;
+    while i < N {
+        out[i] = fields[i].0;
+        i += 1;
+    }
+    out
+}
+
 /// Top-level keys DeepSpeed v0.19.5 reads from the ds_config dict (`deepspeed/runtime/config.py`
 /// `DeepSpeedConfig.__init__`/`_initialize_params`/`_do_warning_check`, the sub-config getters it calls,
-/// and `deepspeed/__init__.py:initialize`). Sorted (byte order), no duplicates.
+/// and `deepspeed/__init__.py:initialize`). Sorted (byte order), no duplicates: the last entry of the
+/// generated [`DEEPSPEED_TOP_LEVEL_BY_VERSION`]; per-key notes in [`DEEPSPEED_KEY_NOTES`].
 ///
 /// Not listed on purpose: `eigenvalue` (only read nested inside `quantize_training`), `fp32_allreduce`,
 /// `seq_parallel_comm_data_type` (old names, no longer read; see [`DEEPSPEED_RENAMED`]),
 /// `gradient_allreduce_op` (master only; see [`DEEPSPEED_MASTER_ONLY`]).
-pub const DEEPSPEED_TOP_LEVEL: &[&str] = &[
-    "activation_checkpointing", // dict.get, not strict
-    "aio",
-    // Legacy: read only when `zero_optimization` is a bool (old format); becomes allgather_bucket_size.
-    "allgather_size",
-    "amp", // Apex AMP; every key but `enabled` is passed through to amp.initialize
-    "autotuning",
-    "bf16",
-    "bfloat16", // legacy name of `bf16`, read only when `bf16` is absent
-    "checkpoint",
-    "comet",
-    "comms_logger",
-    "communication_data_type",
-    "compile",
-    "compression_training",
-    "csv_monitor",
-    "curriculum_learning", // legacy curriculum (pre-data_efficiency); still read
-    "data_efficiency",
-    // Read only in deepspeed.initialize, and only together with sequence_parallel_size (mesh device).
-    "data_parallel_size",
-    "data_types",
-    "dataloader_drop_last",
-    "datastates_ckpt",
-    "disable_allgather",
-    "dump_state",
-    "elasticity",
-    "expert_parallel", // since v0.19.2
-    "flops_profiler",
-    "fp16",
-    "gradient_accumulation_steps",
-    "gradient_clipping",
-    "gradient_predivide_factor",
-    "graph_harvesting",
-    "hybrid_engine",
-    "log_level",                     // since v0.19.3
-    "managed_gradient_accumulation", // since v0.19.4
-    "memory_breakdown",
-    "nebula",
-    "optimizer",
-    "pipeline",
-    "prescale_gradients",
-    "progressive_layer_drop",
-    // Legacy MoQ section: only its nested `eigenvalue` block is still read, and only when
-    // compression_training weight quantization is enabled (see DEEPSPEED_RENAMED).
-    "quantize_training",
-    "scheduler",
-    "seq_parallel_communication_data_type",
-    "sequence_parallel_size",
-    "sparse_attention",
-    "sparse_gradients",
-    "steps_per_print",
-    "tensor_parallel",
-    "tensorboard",
-    "timers",
-    "torch_autocast",
-    "train_batch_size",
-    "train_micro_batch_size_per_gpu",
-    "use_data_before_expert_parallelism",
-    "vocabulary_size", // only used for a tensor-core alignment warning
-    "wall_clock_breakdown",
-    "wandb",
-    "weight_quantization", // inference-style WeightQuantConfig (post-init quantization)
-    "zero_allow_untested_optimizer",
-    "zero_force_ds_cpu_optimizer",
-    "zero_optimization",
+pub const DEEPSPEED_TOP_LEVEL: &[&str] = newest(DEEPSPEED_TOP_LEVEL_BY_VERSION);
+
+/// Notes on ds_config keys of the sampled releases (dotted key, note), for readers of the generated
+/// tables; renames and deprecations are in [`DEEPSPEED_RENAMED`]. Sorted by key, no duplicates; every
+/// key is in some release's table in [`super::upstream_versions`].
+pub const DEEPSPEED_KEY_NOTES: &[(&str, &str)] = &[
+    ("activation_checkpointing", "read with dict.get, not strict"),
+    (
+        "allgather_size",
+        "legacy: read only when `zero_optimization` is a bool (old format); becomes allgather_bucket_size",
+    ),
+    ("amp", "Apex AMP; every key but `enabled` is passed through to amp.initialize"),
+    (
+        "bfloat16",
+        "the only bf16 section name in 0.5.10 (no `bf16`); from 0.8.3 on the legacy name of `bf16`, \
+         read only when `bf16` is absent",
+    ),
+    ("curriculum_learning", "legacy curriculum (pre-data_efficiency); still read"),
+    (
+        "data_parallel_size",
+        "read only in deepspeed.initialize, and only together with sequence_parallel_size (mesh device)",
+    ),
+    ("expert_parallel", "since v0.19.2"),
+    ("fp32_allreduce", "not read any more from 0.5.10 on"),
+    ("log_level", "since v0.19.3"),
+    ("managed_gradient_accumulation", "since v0.19.4"),
+    (
+        "quantize_training",
+        "legacy MoQ section: only its nested `eigenvalue` block is still read, and only when \
+         compression_training weight quantization is enabled (see DEEPSPEED_RENAMED)",
+    ),
+    ("seq_parallel_comm_data_type", "renamed seq_parallel_communication_data_type in v0.16.5"),
+    ("vocabulary_size", "only used for a tensor-core alignment warning"),
+    ("weight_quantization", "inference-style WeightQuantConfig (post-init quantization)"),
+    (
+        "zero_optimization.cpu_offload_params",
+        "with `s` (plain dict, up to 0.5.10); the pydantic versions name it cpu_offload_param",
+    ),
+    ("zero_optimization.find_unused_parameters", "renamed ignore_unused_parameters by 0.5.10"),
+    (
+        "zero_optimization.legacy_stage1",
+        "read (0.5.10) / accepted (0.8.3 on); true raises (engine: unsupported since 0.5.9)",
+    ),
+    ("zero_optimization.offload_optimizer", "new in 0.3.15 (absent from the 0.3.14 sdist)"),
 ];
 
 /// Sections DeepSpeed v0.19.5 validates strictly (pydantic models derived from `DeepSpeedConfigModel`,
@@ -266,64 +319,8 @@ pub const DEEPSPEED_STRICT_SECTIONS: &[(&str, &[&str])] = &[
     // allgather_sequential/stage3_allgather_sequential.
     // Deprecated but accepted: cpu_offload, cpu_offload_param, cpu_offload_use_pin_memory,
     // stage3_gather_fp16_weights_on_model_save; legacy_stage1 (true raises).
-    (
-        "zero_optimization",
-        &[
-            "allgather_bucket_size",
-            "allgather_partitions",
-            "allgather_sequential",
-            "contiguous_gradients",
-            "cpu_offload",
-            "cpu_offload_param",
-            "cpu_offload_use_pin_memory",
-            "elastic_checkpoint",
-            "enable_sanity_checks",
-            "gather_16bit_weights_on_model_save",
-            "ignore_unused_parameters",
-            "leaf_module",
-            "legacy_stage1",
-            "load_from_fp32_weights",
-            "log_trace_cache_warnings",
-            "max_live_parameters",
-            "max_reuse_distance",
-            "memory_efficient_linear",
-            "mics_hierarchical_params_gather",
-            "mics_shard_size",
-            "model_persistence_threshold",
-            "module_granularity_threshold",
-            "offload_optimizer",
-            "offload_param",
-            "overlap_comm",
-            "override_module_apply",
-            "param_persistence_threshold",
-            "pipeline_loading_checkpoint",
-            "prefetch_bucket_size",
-            "reduce_bucket_size",
-            "reduce_scatter",
-            "round_robin_gradients",
-            "save_muon_momentum_buffer_in_memory",
-            "stage",
-            "stage3_allgather_sequential",
-            "stage3_gather_16bit_weights_on_model_save",
-            "stage3_gather_fp16_weights_on_model_save",
-            "stage3_max_live_parameters",
-            "stage3_max_reuse_distance",
-            "stage3_model_persistence_threshold",
-            "stage3_module_granularity_threshold",
-            "stage3_param_persistence_threshold",
-            "stage3_prefetch_bucket_size",
-            "stage3_use_all_reduce_for_fetch_params",
-            "sub_group_size",
-            "use_all_reduce_for_fetch_params",
-            "use_multi_rank_bucket_allreduce",
-            "zenflow",
-            "zero_hpz_partition_size",
-            "zero_quantized_gradients",
-            "zero_quantized_nontrainable_weights",
-            "zero_quantized_weights",
-            "zeropp_loco_param",
-        ],
-    ),
+    // Keys: the last entry of the generated DEEPSPEED_ZERO_KEYS_BY_VERSION (every name and alias).
+    ("zero_optimization", newest(DEEPSPEED_ZERO_KEYS_BY_VERSION)),
     // zero/leaf_module_config.py DeepSpeedZeroLeafModuleConfig
     (
         "zero_optimization.leaf_module",
@@ -498,122 +495,47 @@ pub const DEEPSPEED_RENAMED: &[(&str, &str, &str, bool)] = &[
 ];
 
 /// Fields of transformers' `TrainingArguments` at v5.24.0 (`src/transformers/training_args.py`,
-/// dataclass fields; none is `init=False`). Sorted, complete (114).
-pub const TRAINING_ARGUMENTS_FIELDS: &[&str] = &[
-    "accelerator_config",
-    "activation_checkpointing", // since v5.23.0 (replaces gradient_checkpointing)
-    "activation_checkpointing_kwargs", // since v5.23.0
-    "adam_beta1",
-    "adam_beta2",
-    "adam_epsilon",
-    "auto_find_batch_size",
-    "average_tokens_across_devices",
-    "batch_eval_metrics",
-    "bf16",
-    "bf16_full_eval",
-    "data_seed",
-    "dataloader_drop_last",
-    "dataloader_in_order",                // since v5.15.0
-    "dataloader_multiprocessing_context", // since v5.15.0
-    "dataloader_num_workers",
-    "dataloader_persistent_workers",
-    "dataloader_pin_memory",
-    "dataloader_prefetch_factor",
-    "ddp_backend",
-    "ddp_broadcast_buffers",
-    "ddp_bucket_cap_mb",
-    "ddp_find_unused_parameters",
-    "ddp_static_graph", // since v5.3-v5.12 (absent in v5.2.0, present in v5.12.0)
-    "ddp_timeout",
-    "debug",
-    "deepspeed",
-    "disable_tqdm",
-    "do_eval",
-    "do_predict",
-    "do_train",
-    "enable_jit_checkpoint", // since v5.0.0
-    "eval_accumulation_steps",
-    "eval_delay",
-    "eval_do_concat_batches",
-    "eval_on_start",
-    "eval_steps",
-    "eval_strategy",
-    "eval_use_gather_object",
-    "fp16",
-    "fp16_full_eval",
-    "fsdp",
-    "fsdp_config",
-    "full_determinism",
-    "gradient_accumulation_steps",
-    "gradient_checkpointing", // deprecated alias of activation_checkpointing since v5.23.0
-    "gradient_checkpointing_kwargs", // deprecated alias of activation_checkpointing_kwargs since v5.23.0
-    "greater_is_better",
-    "hub_always_push",
-    "hub_model_id",
-    "hub_private_repo",
-    "hub_revision",
-    "hub_strategy",
-    "hub_token",
-    "ignore_data_skip",
-    "include_for_metrics",
-    "include_num_input_tokens_seen",
-    "label_names",
-    "label_smoothing_factor",
-    "learning_rate",
-    "length_column_name",
-    "liger_kernel_config",
-    "load_best_model_at_end",
-    "local_rank",
-    "log_level",
-    "log_level_replica",
-    "log_on_each_node",
-    "logging_first_step",
-    "logging_nan_inf_filter",
-    "logging_steps",
-    "logging_strategy",
-    "lr_scheduler_kwargs",
-    "lr_scheduler_type",
-    "max_grad_norm",
-    "max_steps",
-    "metric_for_best_model",
-    "neftune_noise_alpha",
-    "num_train_epochs",
-    "optim",
-    "optim_args",
-    "optim_target_modules",
-    "output_dir",
-    "parallelism_config",
-    "per_device_eval_batch_size",
-    "per_device_train_batch_size",
-    "prediction_loss_only",
-    "project",
-    "push_to_hub",
-    "remove_unused_columns",
-    "report_to",
-    "restore_callback_states_from_checkpoint",
-    "resume_from_checkpoint",
-    "run_name",
-    "save_on_each_node",
-    "save_only_model",
-    "save_steps",
-    "save_strategy",
-    "save_total_limit",
-    "seed",
-    "skip_memory_metrics",
-    "tf32",
-    "torch_compile",
-    "torch_compile_backend",
-    "torch_compile_mode",
-    "torch_empty_cache_steps",
-    "trackio_bucket_id", // since v5.3-v5.12
-    "trackio_space_id",
-    "trackio_static_space_id", // since v5.3-v5.12
-    "train_sampling_strategy", // since v5.2.0 (replaces group_by_length)
-    "use_cache",               // since v5.0.0
-    "use_cpu",
-    "use_liger_kernel",
-    "warmup_steps", // float since v5.0: value in [0, 1) is a ratio of total steps
-    "weight_decay",
+/// dataclass fields; none is `init=False`). Sorted, complete (114): the names of the last entry of the
+/// generated [`TRAINING_ARGUMENTS_BY_VERSION`]; per-field notes in [`TRAINING_ARGUMENTS_FIELD_NOTES`].
+pub const TRAINING_ARGUMENTS_FIELDS: &[&str] = &NEWEST_TRAINING_ARGUMENTS;
+
+const NEWEST_HF: HfFields = TRAINING_ARGUMENTS_BY_VERSION[TRAINING_ARGUMENTS_BY_VERSION.len() - 1];
+const NEWEST_TRAINING_ARGUMENTS: [&str; NEWEST_HF.fields.len()] = field_names(NEWEST_HF.fields);
+
+/// Notes on fields of [`TRAINING_ARGUMENTS_FIELDS`] (field, note), from the wheels listed in the module
+/// doc. Sorted by field, no duplicates.
+pub const TRAINING_ARGUMENTS_FIELD_NOTES: &[(&str, &str)] = &[
+    (
+        "activation_checkpointing",
+        "since v5.23.0 (replaces gradient_checkpointing)",
+    ),
+    ("activation_checkpointing_kwargs", "since v5.23.0"),
+    ("dataloader_in_order", "since v5.15.0"),
+    ("dataloader_multiprocessing_context", "since v5.15.0"),
+    (
+        "ddp_static_graph",
+        "since v5.3-v5.12 (absent in v5.2.0, present in v5.12.0)",
+    ),
+    ("enable_jit_checkpoint", "since v5.0.0"),
+    (
+        "gradient_checkpointing",
+        "deprecated alias of activation_checkpointing since v5.23.0",
+    ),
+    (
+        "gradient_checkpointing_kwargs",
+        "deprecated alias of activation_checkpointing_kwargs since v5.23.0",
+    ),
+    ("trackio_bucket_id", "since v5.3-v5.12"),
+    ("trackio_static_space_id", "since v5.3-v5.12"),
+    (
+        "train_sampling_strategy",
+        "since v5.2.0 (replaces group_by_length)",
+    ),
+    ("use_cache", "since v5.0.0"),
+    (
+        "warmup_steps",
+        "float since v5.0: value in [0, 1) is a ratio of total steps",
+    ),
 ];
 
 /// `TrainingArguments` fields of transformers 4.x (v4.24.0 … v4.57.6, incl. fields that lived only between
@@ -788,6 +710,57 @@ mod tests {
     #[test]
     fn deepspeed_top_level_sorted_unique() {
         assert_sorted_unique("DEEPSPEED_TOP_LEVEL", DEEPSPEED_TOP_LEVEL);
+        assert_eq!(DEEPSPEED_TOP_LEVEL.len(), 60);
+    }
+
+    #[test]
+    fn hand_tables_describe_the_newest_sampled_releases() {
+        // The strict sections, DEEPSPEED_MASTER_ONLY, DEEPSPEED_RENAMED's `honoured` and the
+        // TrainingArguments rename tables are for DeepSpeed v0.19.5 and transformers v5.24.0. When
+        // conformance/extract_upstream.py samples a newer release, review them, then update this test.
+        let ds = DEEPSPEED_TOP_LEVEL_BY_VERSION.last().map(|(v, _)| *v);
+        assert_eq!(ds, Some("0.19.5"));
+        assert_eq!(DEEPSPEED_ZERO_KEYS_BY_VERSION.last().map(|(v, _)| *v), ds);
+        assert_eq!(
+            TRAINING_ARGUMENTS_BY_VERSION.last().map(|h| h.version),
+            Some("5.24.0")
+        );
+        let names: Vec<&str> = NEWEST_HF.fields.iter().map(|(n, _)| *n).collect();
+        assert_eq!(TRAINING_ARGUMENTS_FIELDS, names.as_slice());
+    }
+
+    #[test]
+    fn deepspeed_key_notes_name_sampled_keys() {
+        let keys: Vec<&str> = DEEPSPEED_KEY_NOTES.iter().map(|(k, _)| *k).collect();
+        assert_sorted_unique("DEEPSPEED_KEY_NOTES", &keys);
+        for (key, note) in DEEPSPEED_KEY_NOTES {
+            assert!(!note.is_empty(), "{key}: empty note");
+            let (table, leaf) = match key.split_once('.') {
+                None => (DEEPSPEED_TOP_LEVEL_BY_VERSION, *key),
+                Some(("zero_optimization", leaf)) => (DEEPSPEED_ZERO_KEYS_BY_VERSION, leaf),
+                Some(_) => panic!("{key}: only top-level and zero_optimization keys are sampled"),
+            };
+            assert!(
+                table.iter().any(|(_, keys)| keys.contains(&leaf)),
+                "{key} is in no sampled release"
+            );
+        }
+    }
+
+    #[test]
+    fn training_arguments_field_notes_name_fields() {
+        let fields: Vec<&str> = TRAINING_ARGUMENTS_FIELD_NOTES
+            .iter()
+            .map(|(f, _)| *f)
+            .collect();
+        assert_sorted_unique("TRAINING_ARGUMENTS_FIELD_NOTES", &fields);
+        for (field, note) in TRAINING_ARGUMENTS_FIELD_NOTES {
+            assert!(!note.is_empty(), "{field}: empty note");
+            assert!(
+                TRAINING_ARGUMENTS_FIELDS.contains(field),
+                "{field} is not a v5.24.0 field"
+            );
+        }
     }
 
     #[test]

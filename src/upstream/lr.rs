@@ -19,9 +19,9 @@ pub fn ds_flags(facts: &Facts) -> DsFlags {
 
 #[cfg(test)]
 mod tests {
-    //! Expected values are literals: the spec §7 table (as printed, 3 decimals) and numbers
-    //! worked out by hand from the documented formulas (cross-checked by running the upstream
-    //! Python with a stub `torch`), never produced by calling the functions under test.
+    //! Expected values are literals: the docs/upstream.md §7 table (as printed, 3 decimals) and
+    //! numbers worked out by hand from the documented formulas (cross-checked by running the
+    //! upstream Python with a stub `torch`), never produced by calling the functions under test.
 
     use super::*;
 
@@ -87,7 +87,7 @@ mod tests {
         }
     }
 
-    // --- spec §7 table, W = 4, T = 10 -------------------------------------------------------
+    // --- docs/upstream.md §7 table, W = 4, T = 10 ------------------------------------------------
 
     #[test]
     fn spec_table_ds_warmup_lr_log() {
@@ -146,7 +146,7 @@ mod tests {
         assert_row(&got, &want, "HF cosine");
     }
 
-    // --- spec §7, W = 1, T = 6 ---------------------------------------------------------------
+    // --- docs/upstream.md §7, W = 1, T = 6 -------------------------------------------------------
 
     #[test]
     fn spec_w1_t6() {
@@ -373,7 +373,7 @@ mod tests {
 
     #[test]
     fn ds_constant_warmup_lr() {
-        // min == max: exact constant from step 1 (spec §7, `constant`).
+        // min == max: exact constant from step 1 (docs/upstream.md §7, `constant`).
         let s = DsSchedule::WarmupLr {
             min_lr: 2e-5,
             max_lr: Some(2e-5),

@@ -116,9 +116,9 @@ impl Offload {
     /// DeepSpeed's estimators take a boolean "cpu offload" per section and have no NVMe case
     /// (v0.19.5; the printer's `format_options` only ever writes `cpu`/`none`). NVMe is therefore
     /// counted like CPU: same GPU figure, same host figure. For ZeRO-1/2 that is exact, since
-    /// stages 1/2 treat any device other than `none` as CPU offload (spec §6, R-Z04). For ZeRO-3
-    /// the host figure is an upper bound: with NVMe the offloaded states live on disk and host
-    /// RAM holds only pinned staging buffers, which upstream does not estimate.
+    /// stages 1/2 treat any device other than `none` as CPU offload (docs/upstream.md §6, R-Z04).
+    /// For ZeRO-3 the host figure is an upper bound: with NVMe the offloaded states live on disk
+    /// and host RAM holds only pinned staging buffers, which upstream does not estimate.
     fn is_offloaded(self) -> bool {
         !matches!(self, Offload::None)
     }
@@ -172,7 +172,7 @@ pub const ADDITIONAL_BUFFER_FACTOR: f64 = 1.5;
 ///
 /// `zero_init` matters only for stage 3. [`Offload::Nvme`] counts as [`Offload::Cpu`] (see
 /// `Offload::is_offloaded`). `offload_param` is ignored for stages 0-2, as DeepSpeed ignores it
-/// there (spec §6: `offload_param` is stage 3 only, no error).
+/// there (docs/upstream.md §6: `offload_param` is stage 3 only, no error).
 ///
 /// Returns `None` where no formula is modelled:
 /// * `stage > 3`, or `gpus_per_node == 0`, or `nodes == 0` (upstream divides by zero);
@@ -398,11 +398,11 @@ mod tests {
         s
     }
 
-    /// Spec §8 sanity check, 1 GPU: the transformers docs table for T0_3B, which is the output of
-    /// `estimate_zero3_model_states_mem_needs_all_cold` (ZeRO-3), per CPU / per GPU:
-    /// 70.00/0.25 (param cpu, optimizer cpu, zero_init 1 and 0), 62.23/5.43 (param none,
-    /// optimizer cpu, zero_init 1 and 0), 0.37/46.91 (none, none, zero_init 1),
-    /// 15.56/46.91 (none, none, zero_init 0). Spec's figures, at the spec's precision.
+    /// docs/upstream.md §8 sanity check, 1 GPU: the transformers docs table for T0_3B, which is the
+    /// output of `estimate_zero3_model_states_mem_needs_all_cold` (ZeRO-3), per CPU / per GPU:
+    /// 70.00/0.25 (param cpu, optimizer cpu, zero_init 1 and 0), 62.23/5.43 (param none, optimizer
+    /// cpu, zero_init 1 and 0), 0.37/46.91 (none, none, zero_init 1), 15.56/46.91 (none, none,
+    /// zero_init 0). docs/upstream.md's figures, at its precision.
     #[test]
     fn t0_3b_one_gpu_spec_figures() {
         use Offload::{Cpu, None as No};
@@ -504,7 +504,7 @@ mod tests {
         );
     }
 
-    /// Spec §8 worked example: P = 7e9, 8 GPUs x 1 node.
+    /// docs/upstream.md §8 worked example: P = 7e9, 8 GPUs x 1 node.
     #[test]
     fn seven_billion_on_eight_gpus_spec_figures() {
         use Offload::{Cpu, None as No};

@@ -51,16 +51,17 @@ pub fn curves(r: &Resolved) -> Option<Curves> {
     let kind = r.word("schedule.kind")?;
     let total = r.uint("steps.total")?;
     let warmup = r.uint("steps.warmup").unwrap_or(0);
-    let peak = r.f64("optimizer.lr").unwrap_or(5e-5);
-    let min_lr = r.f64("schedule.min_lr").unwrap_or(0.0);
+    let peak = r.num("optimizer.lr");
+    let min_lr = r.num("schedule.min_lr");
     let max_lr = r.f64("schedule.max_lr").unwrap_or(peak);
-    let f = |k: &str, d: f64| r.f64(k).unwrap_or(d);
+    let f = |k: &str| r.num(k);
     let owner = if crate::schema::blocks::DS_SCHEDULES.contains(&kind) {
         Owner::DeepSpeed
     } else {
         Owner::Hf
     };
-    // The DeepSpeed counterpart of an HF schedule, with linear warmup and HF's ends (§7).
+    // The DeepSpeed counterpart of an HF schedule, with linear warmup and HF's ends
+    // (docs/upstream.md §7).
     let ds_linear = |ds: &str| -> Option<DsSchedule> {
         Some(match ds {
             "WarmupLR" => DsSchedule::WarmupLr {
@@ -91,9 +92,9 @@ pub fn curves(r: &Resolved) -> Option<Curves> {
         "constant_with_warmup" => (Some(HfSchedule::ConstantWithWarmup), ds_linear("WarmupLR")),
         "cosine" => (
             Some(HfSchedule::Cosine {
-                num_cycles: f("schedule.num_cycles", 0.5),
+                num_cycles: f("schedule.num_cycles"),
             }),
-            (f("schedule.num_cycles", 0.5) == 0.5)
+            (f("schedule.num_cycles") == 0.5)
                 .then(|| ds_linear("WarmupCosineLR"))
                 .flatten(),
         ),
@@ -108,14 +109,14 @@ pub fn curves(r: &Resolved) -> Option<Curves> {
         ),
         "cosine_with_restarts" => (
             Some(HfSchedule::CosineWithRestarts {
-                num_cycles: f("schedule.num_cycles", 1.0),
+                num_cycles: f("schedule.num_cycles"),
             }),
             None,
         ),
         "polynomial" => (
             Some(HfSchedule::Polynomial {
-                lr_end: f("schedule.lr_end", 1e-7),
-                power: f("schedule.power", 1.0),
+                lr_end: f("schedule.lr_end"),
+                power: f("schedule.power"),
             }),
             None,
         ),
@@ -128,8 +129,11 @@ pub fn curves(r: &Resolved) -> Option<Curves> {
         "reduce_lr_on_plateau" => (Some(HfSchedule::ReduceLrOnPlateau), None),
         "cosine_with_min_lr" => (
             Some(HfSchedule::CosineWithMinLr {
-                num_cycles: f("schedule.num_cycles", 0.5),
-                min_lr: MinLr::Absolute(min_lr),
+                num_cycles: f("schedule.num_cycles"),
+                min_lr: match r.f64("schedule.min_lr_rate") {
+                    Some(rate) => MinLr::Rate(rate),
+                    None => MinLr::Absolute(min_lr),
+                },
             }),
             None,
         ),
@@ -147,7 +151,7 @@ pub fn curves(r: &Resolved) -> Option<Curves> {
                     num_decay_steps: decay,
                     warmup_type: WsdShape::Linear,
                     decay_type: WsdShape::Cosine,
-                    min_lr_ratio: f("schedule.min_lr_ratio", 0.0),
+                    min_lr_ratio: f("schedule.min_lr_ratio"),
                     num_cycles: 0.5,
                 }),
                 None,
@@ -173,40 +177,40 @@ pub fn curves(r: &Resolved) -> Option<Curves> {
             }),
         ),
         "WarmupCosineLR" => (
-            (f("schedule.cos_min_ratio", 0.0) == 0.0 && f("schedule.warmup_min_ratio", 0.0) == 0.0)
+            (f("schedule.cos_min_ratio") == 0.0 && f("schedule.warmup_min_ratio") == 0.0)
                 .then_some(HfSchedule::Cosine { num_cycles: 0.5 }),
             Some(DsSchedule::WarmupCosineLr {
                 total_num_steps: total,
-                warmup_min_ratio: f("schedule.warmup_min_ratio", 0.0),
-                cos_min_ratio: f("schedule.cos_min_ratio", 0.0),
+                warmup_min_ratio: f("schedule.warmup_min_ratio"),
+                cos_min_ratio: f("schedule.cos_min_ratio"),
                 warmup_num_steps: warmup,
                 warmup_type: warmup_type(r),
             }),
         ),
         "OneCycle" => {
             let mut c = OneCycle::new(
-                f("schedule.cycle_min_lr", peak / 10.0),
-                f("schedule.cycle_max_lr", peak),
+                r.f64("schedule.cycle_min_lr").unwrap_or(peak / 10.0),
+                r.f64("schedule.cycle_max_lr").unwrap_or(peak),
             );
-            c.cycle_first_step_size = f("schedule.cycle_first_step_size", 2000.0);
+            c.cycle_first_step_size = f("schedule.cycle_first_step_size");
             c.cycle_second_step_size = r.f64("schedule.cycle_second_step_size");
-            c.cycle_first_stair_count = r.uint("schedule.cycle_first_stair_count").unwrap_or(0);
+            c.cycle_first_stair_count = r.count("schedule.cycle_first_stair_count");
             c.cycle_second_stair_count = r.uint("schedule.cycle_second_stair_count");
-            c.decay_lr_rate = f("schedule.decay_lr_rate", 0.0);
-            c.decay_step_size = f("schedule.decay_step_size", 0.0);
-            c.cycle_momentum = r.bool("schedule.cycle_momentum").unwrap_or(true);
-            c.cycle_min_mom = f("schedule.cycle_min_mom", 0.8);
-            c.cycle_max_mom = f("schedule.cycle_max_mom", 0.9);
-            c.decay_mom_rate = f("schedule.decay_mom_rate", 0.0);
+            c.decay_lr_rate = f("schedule.decay_lr_rate");
+            c.decay_step_size = f("schedule.decay_step_size");
+            c.cycle_momentum = r.flag("schedule.cycle_momentum");
+            c.cycle_min_mom = f("schedule.cycle_min_mom");
+            c.cycle_max_mom = f("schedule.cycle_max_mom");
+            c.decay_mom_rate = f("schedule.decay_mom_rate");
             (None, Some(DsSchedule::OneCycle(c)))
         }
         "LRRangeTest" => (
             None,
             Some(DsSchedule::LrRangeTest {
-                min_lr: f("schedule.start_lr", 1e-3),
-                step_size: f("schedule.step_size", 2000.0),
-                step_rate: f("schedule.step_rate", 1.0),
-                staircase: r.bool("schedule.staircase").unwrap_or(false),
+                min_lr: f("schedule.start_lr"),
+                step_size: f("schedule.step_size"),
+                step_rate: f("schedule.step_rate"),
+                staircase: r.flag("schedule.staircase"),
             }),
         ),
         _ => (None, None),

@@ -19,7 +19,7 @@ pub fn note(r: &Resolved) -> Option<String> {
     let record = "`recipe run` records every skipped step in metrics.jsonl";
     match r.word("train.precision")? {
         "fp16" => {
-            let stage = r.uint("zero.stage").unwrap_or(0);
+            let stage = r.count("zero.stage");
             let scale = match r.val("train.loss_scale") {
                 Some(Val::Int(s)) if *s > 0 => {
                     return Some(format!(

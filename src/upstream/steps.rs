@@ -19,8 +19,8 @@ pub enum Warmup {
     Fraction(f64),
 }
 
-/// Warmup steps HF derives for `total` steps (§5.3). A fraction is `ceil(total × f)` in every
-/// version that takes one; whole steps are taken as they are.
+/// Warmup steps HF derives for `total` steps (docs/upstream.md §5.3). A fraction is `ceil(total ×
+/// f)` in every version that takes one; whole steps are taken as they are.
 pub fn warmup_steps(warmup: Warmup, total: u64, _args: WarmupArgs) -> u64 {
     match warmup {
         Warmup::Steps(s) => s,
@@ -49,8 +49,8 @@ pub struct Row {
     pub ds_step: bool,
 }
 
-/// The micro-batch timeline of a run (§5.5): `batches` per epoch, accumulation `g`,
-/// `epochs` (whole epochs started), HF stopping at `max_steps`.
+/// The micro-batch timeline of a run (docs/upstream.md §5.5): `batches` per epoch, accumulation
+/// `g`, `epochs` (whole epochs started), HF stopping at `max_steps`.
 pub fn timeline(
     batches: u64,
     g: u64,

@@ -131,7 +131,7 @@ impl Targets {
     }
 }
 
-/// When the HF Trainer takes an optimizer step inside an epoch (§5.5).
+/// When the HF Trainer takes an optimizer step inside an epoch (docs/upstream.md §5.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HfStepRule {
     /// ≤ 4.26: `i % G == 0`, or `L <= G` and `i == L`; a leftover `L % G` is carried into the
@@ -145,7 +145,7 @@ pub enum HfStepRule {
 
 pub use recipe_runtime::accounting::{Rounding, Sharding};
 
-/// What decides a DeepSpeed optimizer update under the Trainer (§5.4, §5.5).
+/// What decides a DeepSpeed optimizer update under the Trainer (docs/upstream.md §5.4, §5.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DsBoundary {
     /// DeepSpeed's own never-reset micro-step counter: an update when `c % G == 0`.
@@ -154,7 +154,7 @@ pub enum DsBoundary {
     FollowsHf,
 }
 
-/// How TrainingArguments express warmup (§5.3).
+/// How TrainingArguments express warmup (docs/upstream.md §5.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WarmupArgs {
     /// `warmup_steps` only (4.6.1; DS auto ignores the ratio).
@@ -167,7 +167,8 @@ pub enum WarmupArgs {
     FloatSteps,
 }
 
-/// When HF's DeepSpeed integration reads `model.config.hidden_size` (§2.2, issue #21342).
+/// When HF's DeepSpeed integration reads `model.config.hidden_size` (docs/upstream.md §2.2, issue
+/// #21342).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HiddenSizeRead {
     /// Under ZeRO-3 only, unconditionally there.
@@ -498,7 +499,7 @@ pub static CHANGES: &[Change] = &[
     row(D, (0, 0, 0), DsZero23WithoutFp16(false), "DeepSpeed@v0.3.15 runtime/config.py:DeepSpeedConfig._do_error_check (every ZeRO stage asserts fp16)"),
     row(D, (0, 3, 16), DsZero23WithoutFp16(true), "DeepSpeed PR #1004 (full precision for ZeRO stages 2 and 3), v0.3.16"),
     // ---- optimizer / scheduler ownership and DeepSpeed optimizers (rules/schedule.rs, rules/optimizer.rs) ----
-    row(T, (0, 0, 0), HfOffloadNeedsDsOptimizer(true), "transformers@v4.6.1 integrations.py:deepspeed_init (ds_hf_rules.md §4.2)"),
+    row(T, (0, 0, 0), HfOffloadNeedsDsOptimizer(true), "transformers@v4.6.1 integrations.py:deepspeed_init (docs/upstream.md §4.2)"),
     row(T, (0, 0, 0), HfSchedulerKwargs(false), "transformers@v4.35.2 training_args.py: no lr_scheduler_kwargs (released wheel)"),
     row(T, (0, 0, 0), HfSchedulerKinds(&["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"]), "transformers@v4.26.0 trainer_utils.py:SchedulerType (same in v4.6.1, released wheels)"),
     row(T, (4, 27, 0), HfSchedulerKinds(&["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt"]), "transformers@v4.27.0 trainer_utils.py:SchedulerType (released wheel)"),
@@ -507,7 +508,7 @@ pub static CHANGES: &[Change] = &[
     row(T, (4, 41, 0), HfSchedulerKinds(&["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt", "reduce_lr_on_plateau", "cosine_with_min_lr", "warmup_stable_decay"]), "transformers@v4.41.0 trainer_utils.py:SchedulerType (released wheel; unchanged through v5.24.0 for these names)"),
     row(T, (4, 36, 0), HfSchedulerKwargs(true), "transformers@v4.36.0 training_args.py: lr_scheduler_kwargs (released wheel)"),
     row(T, (4, 9, 0), HfOffloadNeedsDsOptimizer(false), "transformers PR #12690 (non-native optimizers with ZeRO-Offload), v4.9.0: deepspeed.py:deepspeed_init only logs"),
-    row(T, (0, 0, 0), HfDsOptimizerHfSchedulerError(Some("At the moment HF scheduler + DeepSpeed optimizer combination is not possible")), "transformers@v4.6.1 integrations.py:deepspeed_init (ds_hf_rules.md §4.2); same in v4.9.0 deepspeed.py"),
+    row(T, (0, 0, 0), HfDsOptimizerHfSchedulerError(Some("At the moment HF scheduler + DeepSpeed optimizer combination is not possible")), "transformers@v4.6.1 integrations.py:deepspeed_init (docs/upstream.md §4.2); same in v4.9.0 deepspeed.py"),
     row(T, (4, 10, 0), HfDsOptimizerHfSchedulerError(None), "transformers PR #13216 (DS callable API for the HF scheduler), v4.10.0 deepspeed.py:deepspeed_init"),
     row(T, (4, 30, 0), HfDsOptimizerHfSchedulerError(Some("Found `optimizer` configured in the DeepSpeed config, but no `scheduler`. Please configure a scheduler in the DeepSpeed config.")), "transformers@v4.30.0 deepspeed.py:deepspeed_optim_sched (DummyOptim without DummyScheduler)"),
     row(T, (4, 34, 0), HfDsOptimizerHfSchedulerError(None), "transformers PR #25863, v4.34.0 integrations/deepspeed.py:deepspeed_optim_sched (DummyScheduler lr_scheduler_callable)"),
@@ -537,7 +538,7 @@ pub static CHANGES: &[Change] = &[
     row(T, (4, 45, 2), HfMinAccelerate(Some(Version::new(0, 26, 0))), "transformers@v4.45.2 utils/import_utils.py:ACCELERATE_MIN_VERSION, checked in training_args.py:_setup_devices (first release read with 0.26.0; same in v4.57.6)"),
     row(T, (5, 0, 0), HfMinAccelerate(Some(Version::new(1, 1, 0))), "transformers@v5.0.0 utils/import_utils.py:ACCELERATE_MIN_VERSION (same in v5.24.0)"),
     row(D, (0, 0, 0), DsManagedGradientAccumulation(false), "DeepSpeed@v0.19.3 runtime/config.py (no managed_gradient_accumulation)"),
-    row(D, (0, 19, 4), DsManagedGradientAccumulation(true), "DeepSpeed@v0.19.4 runtime/engine.py:DeepSpeedEngine.set_gradient_accumulation_boundary (assert; ds_hf_rules.md §5.4)"),
+    row(D, (0, 19, 4), DsManagedGradientAccumulation(true), "DeepSpeed@v0.19.4 runtime/engine.py:DeepSpeedEngine.set_gradient_accumulation_boundary (assert; docs/upstream.md §5.4)"),
 ];
 
 impl Fact {
@@ -651,7 +652,7 @@ impl Facts {
             }
         }
         // Under transformers ≤ 4.26 HF steps DeepSpeed on every micro-batch itself, whatever
-        // accelerate is installed (§5.5): DeepSpeed counts on its own.
+        // accelerate is installed (docs/upstream.md §5.5): DeepSpeed counts on its own.
         if facts.hf_step_rule == self::HfStepRule::EpochModulo {
             facts.ds_boundary = self::DsBoundary::OwnCounter;
         }

@@ -166,7 +166,7 @@ fn sgemm(
 }
 
 /// `erfc(x)` with fractional error below 1.2e-7 everywhere (the Chebyshev-fitted formula of
-/// Press et al., *Numerical Recipes* §6.2), evaluated in f64: that is about one f32 ulp, as good
+/// Press et al., *Numerical Recipes*, section 6.2), evaluated in f64: that is about one f32 ulp, as good
 /// as PyTorch's f32 `erf`, with one `exp` per call.
 pub fn erfc(x: f64) -> f64 {
     let z = x.abs();
