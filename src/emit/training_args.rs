@@ -11,6 +11,7 @@ use serde_json::{json, Map, Value};
 
 use crate::resolve::Resolved;
 use crate::schema::upstream_versions::HfFields;
+use crate::schema::Ty;
 use crate::upstream::schedules::{self, Owner};
 use crate::upstream::versions::Version;
 
@@ -52,33 +53,34 @@ pub fn arguments(r: &Resolved, ds_config: &str) -> Value {
             a.insert((*name).to_string(), value);
         }
     };
-    let int = |k: &str| json!(r.int(k).unwrap_or(0));
     let f = |k: &str| num(r.num(k));
     let mut sched_kwargs = None;
-    put(
-        &["output_dir"],
-        json!(r.str("train.output_dir").unwrap_or("out")),
-    );
     put(&["deepspeed"], json!(ds_config));
     put(&["do_train"], json!(true));
     put(&["do_eval"], json!(r.get("data.eval").is_some()));
-    put(&["per_device_train_batch_size"], int("batch.micro"));
-    put(&["per_device_eval_batch_size"], int("batch.eval_micro"));
-    put(&["gradient_accumulation_steps"], int("batch.accumulate"));
-    put(&["learning_rate"], f("optimizer.lr"));
-    put(&["weight_decay"], f("optimizer.weight_decay"));
+    // Every key whose TrainingArguments field is one plain field taking the value as it is (the
+    // schema's `hf` column), written when resolved. The rest are mapped below.
+    for block in crate::schema::BLOCKS {
+        for key in block.keys {
+            let plain = |h: &&str| {
+                h.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            };
+            let Some(field) = key.hf.filter(plain) else {
+                continue;
+            };
+            if matches!(key.ty, Ty::Word(_) | Ty::Call(_) | Ty::WordOrInt(..)) {
+                continue; // a word is mapped to HF's own words below
+            }
+            if let Some(v) = r.val(&format!("{}.{}", block.name, key.name)) {
+                put(&[field], to_json(v));
+            }
+        }
+    }
     if r.get("optimizer.betas").is_some() {
         let (b1, b2) = r.pair("optimizer.betas");
         put(&["adam_beta1"], num(b1));
         put(&["adam_beta2"], num(b2));
-    }
-    if r.get("optimizer.eps").is_some() {
-        put(&["adam_epsilon"], f("optimizer.eps"));
-    }
-    put(&["max_grad_norm"], f("train.clip"));
-    put(&["num_train_epochs"], f("train.epochs"));
-    if let Some(m) = r.int("train.max_steps") {
-        put(&["max_steps"], json!(m));
     }
     // Whole warmup steps: the same number the DeepSpeed scheduler gets, and never a float in
     // [0, 1) that transformers 5 would read as a ratio.
@@ -148,8 +150,6 @@ pub fn arguments(r: &Resolved, ds_config: &str) -> Value {
     if r.word("train.fp16_backend") == Some("apex") {
         put(&["half_precision_backend", "fp16_backend"], json!("apex"));
     }
-    put(&["seed"], int("train.seed"));
-    put(&["logging_steps"], int("train.logging_steps"));
     for (key, strategy, steps) in [
         (
             "train.eval_every",
@@ -167,8 +167,6 @@ pub fn arguments(r: &Resolved, ds_config: &str) -> Value {
             _ => put(strategy, json!("epoch")),
         }
     }
-    put(&["dataloader_drop_last"], json!(r.flag("data.drop_last")));
-    put(&["dataloader_num_workers"], int("data.workers"));
     if r.bool("model.gradient_checkpointing") == Some(true) {
         put(
             &["activation_checkpointing", "gradient_checkpointing"],

@@ -646,7 +646,7 @@ pub static BLOCKS: &[BlockSpec] = &[
                 .hf("save_strategy, save_steps")
                 .val(Lit::Word("epoch"), "recipe default"),
             key("auto_find_batch_size", Ty::Bool, "halve the micro batch on out-of-memory (not with ZeRO-3)")
-                .hf("auto_find_batch_size")
+                .hf("auto_find_batch_size (written when true)")
                 .val(Lit::Bool(false), "HF auto_find_batch_size"),
         ],
         one_of: &[],
