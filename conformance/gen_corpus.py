@@ -339,8 +339,10 @@ FEATURES = [
                                "min_loss_scale = 0.5, initial_scale_power = 10 }", "zero 1"]),
     ("reduce-lr-on-plateau", None, ["batch { micro = 8 }",
                                     "schedule reduce_lr_on_plateau { factor = 0.5, patience = 2 }"]),
+    # HF steps the plateau schedule at each evaluation only when HF builds the optimizer (R0315).
     ("reduce-lr-on-plateau-with-eval", 'data { train = "train.jsonl", eval = "dev.jsonl", samples = 1003 }',
-     ["batch { micro = 8 }", "schedule reduce_lr_on_plateau { factor = 0.5, patience = 2 }"]),
+     ["batch { micro = 8 }", "optimizer adamw { owner = hf }",
+      "schedule reduce_lr_on_plateau { factor = 0.5, patience = 2 }"]),
     ("max-steps-ds-decay", None, ["batch { micro = 8, accumulate = 2 }", "train { max_steps = 17 }",
                                   "schedule WarmupDecayLR { warmup = 10% }"]),
     ("max-steps-beyond-epochs", None, ["batch { micro = 8, accumulate = 2 }", "train { max_steps = 200, epochs = 1 }",

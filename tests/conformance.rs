@@ -1126,3 +1126,61 @@ fn our_hostfile_parser_agrees_with_deepspeeds_launcher() {
         "{accepted} accepted, {refused} refused"
     );
 }
+
+/// R0315's arithmetic against a real DeepSpeed engine stepping HF's `reduce_lr_on_plateau`
+/// (conformance/plateau_engine.py): the LR after each optimizer step, and the message's end
+/// value for a recipe of the same shape.
+#[test]
+fn deepspeed_steps_a_plateau_schedule_every_step_as_r0315_says() {
+    let f: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("conformance/fixtures/plateau-engine.json")).unwrap(),
+    )
+    .unwrap();
+    let (lr, factor, patience) = (
+        f["lr"].as_f64().unwrap(),
+        f["factor"].as_f64().unwrap(),
+        f["patience"].as_u64().unwrap(),
+    );
+    let real: Vec<f64> = f["lr_after_step"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert!(real.len() >= 3 * (patience as usize + 1), "{f}");
+    for (i, got) in real.iter().enumerate() {
+        let cuts = i as u64 / (patience + 1);
+        let want = lr * factor.powi(cuts as i32);
+        assert!(
+            (got - want).abs() <= 1e-12 * want,
+            "step {}: {got} vs {want}",
+            i + 1
+        );
+    }
+    assert_eq!(
+        f["best_metric"].as_f64(),
+        f["train_batch_size"].as_f64(),
+        "the metric is the batch size"
+    );
+    let text = format!(
+        "model bert {{ from = \"bert-base-uncased\", task = classify(labels: 2), hidden_size = 768 }}\n\
+         data {{ train = \"train.jsonl\", eval = \"dev.jsonl\", samples = {} }}\n\
+         batch {{ micro = {} }}\ntrain {{ epochs = 1 }}\noptimizer adamw {{ lr = {lr:e} }}\n\
+         schedule reduce_lr_on_plateau {{ factor = {factor}, patience = {patience} }}\n",
+        real.len() as u64 * f["train_batch_size"].as_u64().unwrap(),
+        f["train_batch_size"].as_u64().unwrap(),
+    );
+    let checked = check_source_with(&text, &Options::default());
+    let d = checked
+        .diagnostics
+        .iter()
+        .find(|d| d.code == "R0315")
+        .unwrap_or_else(|| panic!("no R0315 for\n{text}"));
+    let end = recipe::resolve::value::fmt_f64(*real.last().unwrap()); // 1.25e-5: exact in 3 digits
+    assert!(
+        d.message
+            .contains(&format!("down to {end} by step {}", real.len())),
+        "{}",
+        d.message
+    );
+}

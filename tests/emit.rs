@@ -292,3 +292,52 @@ fn native_plans_match_golden_files() {
         insta::assert_snapshot!(format!("{stem}__plan.json"), text);
     }
 }
+
+/// HF-built SGD and Adagrad get the settings HF reads only from `optim_args`
+/// (src/upstream/hf_optimizers.rs, docs/rules/schedule-optimizer.md): golden training_args.json
+/// for each, and no `optim_args` where HF would read none.
+#[test]
+fn hf_optimizer_settings_reach_optim_args() {
+    let head = "model bert { from = \"m\", task = classify(labels: 2), hidden_size = 8 }\ndata { train = \"t.jsonl\", samples = 80 }\nbatch { micro = 8 }\n";
+    let args = |body: &str| -> Value {
+        let text = format!("{head}{body}\n");
+        let options = Options::default();
+        let checked = check_source_with(&text, &options);
+        assert!(!checked.has_errors(), "{body}: {:#?}", checked.diagnostics);
+        let r = resolve(checked.file.as_ref().unwrap(), &options);
+        let source = SourceFile::new("r.rcp", text);
+        let files = emit::build(&r, &source, &[], &layout(), Style::Explicit).files;
+        let (_, bytes) = files
+            .iter()
+            .find(|(n, _)| n == "training_args.json")
+            .unwrap();
+        serde_json::from_slice(bytes).unwrap()
+    };
+    for (name, body) in [
+        (
+            "hf_sgd",
+            "optimizer sgd { lr = 0.1, momentum = 0.9, nesterov = true, owner = hf }",
+        ),
+        (
+            "hf_adagrad",
+            "optimizer adagrad { lr = 0.01, eps = 1e-6, owner = hf }",
+        ),
+    ] {
+        let text = serde_json::to_string_pretty(&args(body)).unwrap();
+        insta::assert_snapshot!(format!("{name}__training_args.json"), text);
+    }
+    assert_eq!(
+        args("optimizer sgd { lr = 0.1, momentum = 0.9, owner = hf }")["optim_args"],
+        "momentum=0.9"
+    );
+    for body in [
+        // DeepSpeed builds it: momentum goes to its optimizer section.
+        "optimizer sgd { lr = 0.1, momentum = 0.9 }",
+        // Nothing given that HF reads from optim_args.
+        "optimizer sgd { lr = 0.1, owner = hf }",
+        "optimizer adagrad { lr = 0.01, owner = hf }",
+        "optimizer adamw { lr = 3e-5, eps = 1e-6, owner = hf }",
+    ] {
+        assert!(args(body).get("optim_args").is_none(), "{body}");
+    }
+}

@@ -549,7 +549,11 @@ fn reduce_lr_on_plateau_follows_the_evaluation_loss() {
             "schedule reduce_lr_on_plateau { factor = 0.5, patience = 0 }",
         )
         .replace("logging_steps = 1,", "logging_steps = 1, eval_every = 1,")
-        .replace("optimizer adamw { lr = 1e-3", "optimizer adamw { lr = 3e-2");
+        // HF builds the optimizer, so HF steps the plateau schedule at evaluations (R0315).
+        .replace(
+            "optimizer adamw { lr = 1e-3",
+            "optimizer adamw { owner = hf, lr = 3e-2",
+        );
     let dir = workspace("plateau", &recipe);
     for (gpus, micro, out) in [("1", "5", "p1"), ("2", "5", "p2")] {
         let out_set = format!("train.output_dir=\"{out}\"");

@@ -202,6 +202,30 @@ fn upstream_note(r: &Resolved, key: &str) -> Option<String> {
         // Skipped steps shift DeepSpeed's LR schedule against HF's global_step
         // (docs/upstream.md R-M04).
         "train.precision" => crate::upstream::skips::note(r),
+        _ => hf_optimizer_note(r, key),
+    }
+}
+
+/// With `owner = hf`: how an `optimizer` setting reaches the optimizer HF builds, where the
+/// TrainingArguments field alone does not say (src/upstream/hf_optimizers.rs).
+fn hf_optimizer_note(r: &Resolved, key: &str) -> Option<String> {
+    use crate::upstream::hf_optimizers::{class, route, Route};
+    let name = key.strip_prefix("optimizer.")?;
+    if r.word("optimizer.owner") != Some("hf") {
+        return None;
+    }
+    let kind = r.choice("optimizer.kind");
+    let class = class(kind)?;
+    match route(kind, name, &r.facts)? {
+        Route::OptimArgs(arg) if r.is_given(key) => Some(format!(
+            "{class} reads it from optim_args (`{arg}=…`, written by the build)"
+        )),
+        Route::Dropped(runs) if r.is_given(key) && !r.val(key).is_some_and(|v| runs.agrees(v)) => {
+            Some(format!(
+                "never reaches {class}, which runs with {} (R0415)",
+                runs.describe()
+            ))
+        }
         _ => None,
     }
 }
@@ -212,7 +236,18 @@ pub fn report(r: &Resolved, file: Option<&SourceFile>) -> Report {
         .settings()
         .iter()
         .map(|s| {
-            let (deepspeed, hf) = upstream_names(&s.key);
+            let (deepspeed, mut hf) = upstream_names(&s.key);
+            // HF's SGD and Adagrad take these from `optim_args`, not from their own field.
+            if let (Some(name), Some("hf")) =
+                (s.key.strip_prefix("optimizer."), r.word("optimizer.owner"))
+            {
+                let kind = r.choice("optimizer.kind");
+                if let Some(crate::upstream::hf_optimizers::Route::OptimArgs(_)) =
+                    crate::upstream::hf_optimizers::route(kind, name, &r.facts)
+                {
+                    hf = Some("optim_args");
+                }
+            }
             Row {
                 key: s.key.clone(),
                 value: s.value.to_string(),

@@ -376,18 +376,47 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
     if let Some(v) = wd {
         opt.push(("weight_decay".into(), lit(&v)));
     }
-    for (param, key) in [
-        ("bias_correction", "bias_correction"),
-        ("amsgrad", "amsgrad"),
-        ("torch_adam", "torch_adam"),
-        ("momentum", "momentum"),
-        ("nesterov", "nesterov"),
-        ("freeze_step", "freeze_step"),
-        ("max_coeff", "max_coeff"),
-        ("min_coeff", "min_coeff"),
-    ] {
+    // The other params, by the schema's DeepSpeed column (those with a TrainingArguments
+    // counterpart were read above, against it).
+    for (param, key) in ds_params("optimizer", "optimizer", |k| k.hf.is_none()) {
         if let Some(v) = b.ds(&format!("optimizer.params.{param}"), None) {
             opt.push((key.into(), lit(&v)));
+        }
+    }
+    // The `optim_args` of an HF-built optimizer, as the compiler writes it
+    // (src/upstream/hf_optimizers.rs): each entry back to the key it states. An entry with no key
+    // keeps the whole string raw, where the check names it (R0411).
+    if ds_opt_type.is_none() {
+        if let Some(Value::String(text)) = b.args.get("optim_args").cloned() {
+            let newest = crate::upstream::versions::Facts::for_targets(
+                &crate::upstream::versions::Targets::newest(),
+            );
+            let pairs: Option<Vec<(&str, String)>> = text
+                .replace(' ', "")
+                .split(',')
+                .filter(|p| !p.is_empty())
+                .map(|pair| {
+                    let (name, value) = pair.split_once('=')?;
+                    let key =
+                        crate::upstream::hf_optimizers::key_for_optim_arg(&kind, name, &newest)?;
+                    let value = match value.parse::<f64>() {
+                        Ok(x) => lit(&Value::from(x)),
+                        // `_get_sgd`: `value.lower() in ("true", "1", "yes")`.
+                        Err(_) => {
+                            matches!(value.to_ascii_lowercase().as_str(), "true" | "1" | "yes")
+                                .to_string()
+                        }
+                    };
+                    Some((key, value))
+                })
+                .collect();
+            if let Some(pairs) = pairs {
+                b.hf("optim_args");
+                for (key, value) in pairs {
+                    opt.retain(|(k, _)| k != key);
+                    opt.push((key.to_string(), value));
+                }
+            }
         }
     }
     // Parameters the language does not model go into the block, where the check names them
@@ -453,29 +482,8 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
                 Some(v) => sched.push(("warmup".to_string(), lit(&v))),
                 None => {}
             }
-            for (param, key) in [
-                ("warmup_type", "warmup_type"),
-                ("warmup_min_lr", "min_lr"),
-                ("warmup_max_lr", "max_lr"),
-                ("warmup_min_ratio", "warmup_min_ratio"),
-                ("cos_min_ratio", "cos_min_ratio"),
-                ("cycle_min_lr", "cycle_min_lr"),
-                ("cycle_max_lr", "cycle_max_lr"),
-                ("cycle_first_step_size", "cycle_first_step_size"),
-                ("cycle_second_step_size", "cycle_second_step_size"),
-                ("cycle_first_stair_count", "cycle_first_stair_count"),
-                ("cycle_second_stair_count", "cycle_second_stair_count"),
-                ("decay_lr_rate", "decay_lr_rate"),
-                ("decay_step_size", "decay_step_size"),
-                ("cycle_momentum", "cycle_momentum"),
-                ("cycle_min_mom", "cycle_min_mom"),
-                ("cycle_max_mom", "cycle_max_mom"),
-                ("decay_mom_rate", "decay_mom_rate"),
-                ("lr_range_test_min_lr", "start_lr"),
-                ("lr_range_test_step_size", "step_size"),
-                ("lr_range_test_step_rate", "step_rate"),
-                ("lr_range_test_staircase", "staircase"),
-            ] {
+            // Every param the schema maps but the warmup length, read above.
+            for (param, key) in ds_params("schedule", "scheduler", |k| k.name != "warmup") {
                 let v = b.ds(&format!("scheduler.params.{param}"), None);
                 match v {
                     // `"auto"` min/max lr are HF's 0 and learning_rate: the recipe's defaults.
@@ -818,5 +826,21 @@ pub fn unknown_args(args: &Value, transformers: crate::upstream::versions::Versi
                 "`{k}` is not a TrainingArguments field of transformers {transformers}{renamed}: that release refuses the file (\"unexpected keyword argument\")"
             )
         })
+        .collect()
+}
+
+/// The keys of `block` the schema maps to `<section>.params.<param>`, as (param, key), in schema
+/// order, those `keep` accepts.
+fn ds_params(
+    block: &str,
+    section: &str,
+    keep: impl Fn(&crate::schema::KeySpec) -> bool,
+) -> Vec<(&'static str, &'static str)> {
+    let prefix = format!("{section}.params.");
+    crate::schema::block(block)
+        .map_or(&[][..], |b| b.keys)
+        .iter()
+        .filter(|k| keep(k))
+        .filter_map(|k| Some((k.deepspeed?.strip_prefix(prefix.as_str())?, k.name)))
         .collect()
 }

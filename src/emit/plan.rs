@@ -221,12 +221,14 @@ pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
 ///
 /// Which class runs (DeepSpeed `engine.py` `_configure_basic_optimizer`; HF
 /// `trainer_optimizer.py`; accelerate `map_pytorch_optim_to_deepspeed` under offload):
-/// - `sgd`: `torch.optim.SGD` for both owners. HF's `_get_sgd` passes momentum and Nesterov only
-///   from `optim_args`, which the build does not write; under offload accelerate turns HF's SGD
-///   into DeepSpeedCPUAdam.
+/// - `sgd`: `torch.optim.SGD` for both owners. HF's `_get_sgd` takes momentum and Nesterov from
+///   the `optim_args` the build writes (src/upstream/hf_optimizers.rs; R0415 refuses them where
+///   the target transformers does not read it); under offload accelerate turns HF's SGD into
+///   DeepSpeedCPUAdam.
 /// - `adagrad`: `torch.optim.Adagrad`, DeepSpeedCPUAdagrad under offload (both owners). DeepSpeed
-///   gets the recipe's eps (the compiler writes it); HF's `_get_adagrad` ignores `adam_epsilon`,
-///   so `owner = hf` runs torch's default eps.
+///   gets the recipe's eps (the compiler writes it); HF's `_get_adagrad` ignores `adam_epsilon`
+///   and reads eps from `optim_args` only, which the build writes when the recipe gives eps: an
+///   `owner = hf` recipe without eps runs torch's default.
 /// - `lamb`: FusedLamb (DeepSpeed only); under ZeRO 1–3 the ZeRO optimizer hands it each rank's
 ///   flattened partition as one tensor (`stage_1_and_2.py`: `param_group['params'] =
 ///   [single_partition_of_fp32_groups[i]]`; `stage3.py` likewise per sub-group), so its trust
@@ -250,9 +252,11 @@ fn optimizer(r: &Resolved) -> Option<OptimizerPlan> {
     let nesterov = r.flag("optimizer.nesterov");
     let mut trust_clamp = None;
     match kind {
-        // HF's Adagrad takes eps only from `optim_args`, which the build does not write: it
-        // runs torch's default (an explicit other eps is refused, R1103).
-        OptimizerKind::Adagrad if hf => eps = recipe_runtime::optim::TORCH_ADAGRAD_EPS,
+        // HF's Adagrad takes eps only from `optim_args`, which the build writes when the recipe
+        // gives eps (src/upstream/hf_optimizers.rs): otherwise it runs torch's default.
+        OptimizerKind::Adagrad if hf && !hf_reads_eps(r) => {
+            eps = recipe_runtime::optim::TORCH_ADAGRAD_EPS;
+        }
         OptimizerKind::Lamb => {
             // The compiler writes max_coeff / min_coeff only when the recipe sets them;
             // otherwise DeepSpeed runs FusedLamb's defaults (the schema's upstream defaults).
@@ -272,6 +276,14 @@ fn optimizer(r: &Resolved) -> Option<OptimizerPlan> {
         nesterov,
         trust_clamp,
     })
+}
+
+/// Whether HF's Adagrad gets the recipe's eps: given, and read from the `optim_args` the build
+/// writes on the target transformers.
+fn hf_reads_eps(r: &Resolved) -> bool {
+    use crate::upstream::hf_optimizers::{route, Route};
+    r.is_given("optimizer.eps")
+        && matches!(route("adagrad", "eps", &r.facts), Some(Route::OptimArgs(_)))
 }
 
 /// fp16's loss scaling and the gradient communication dtype, as DeepSpeed would run the recipe

@@ -183,6 +183,11 @@ pub fn arguments(r: &Resolved, ds_config: &str) -> Value {
         } else if kind == "adafactor" {
             put(&["adafactor"], json!(true));
         }
+        // The settings HF's optimizer reads only from `optim_args` (SGD's momentum and Nesterov,
+        // Adagrad's eps, from transformers 5.3.0 on; src/upstream/hf_optimizers.rs).
+        if let Some(args) = crate::upstream::hf_optimizers::optim_args(r) {
+            put(&["optim_args"], json!(args));
+        }
     }
     if let Some(kw) = sched_kwargs {
         a.insert("lr_scheduler_kwargs".into(), kw);

@@ -35,6 +35,9 @@ pub const ACCELERATE_TOO_OLD: &str = "R0908";
 pub const REMOVED_DEEPSPEED_KEY: &str = "R0909";
 /// A target release newer than the newest one the rules were read from.
 pub const TARGET_TOO_NEW: &str = "R0910";
+/// A raw DeepSpeed `"auto"` that accelerate fills from its own defaults with a value other than
+/// the recipe's.
+pub const AUTO_ACCELERATE_DEFAULT: &str = "R0911";
 
 /// Raw DeepSpeed keys that DeepSpeed 0.19.8 refuses with "… has been removed", even when the
 /// section only disables the feature (`deepspeed/runtime/config.py:_reject_removed_config_keys`,
@@ -137,6 +140,11 @@ pub const CODES: &[(&str, &str, &str)] = &[
         TARGET_TOO_NEW,
         "target-too-new",
         "a target release newer than the rules know",
+    ),
+    (
+        AUTO_ACCELERATE_DEFAULT,
+        "auto-accelerate-default",
+        "a raw DeepSpeed \"auto\" that accelerate fills from its own defaults, not the recipe",
     ),
 ];
 
@@ -280,6 +288,10 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
             ));
         } else if value.as_str() == Some("auto") && !auto_filled(r, path) {
             out.push(auto_unfilled(r, path, *span));
+        } else if value.as_str() == Some("auto") {
+            if let Some(d) = auto_accelerate_default(r, path, *span) {
+                out.push(d);
+            }
         } else if path == "managed_gradient_accumulation" {
             unmanaged_accumulation(r, value, *span, out);
         }
@@ -315,6 +327,88 @@ fn auto_filled(r: &Resolved, path: &str) -> bool {
     HF_AUTO.contains(&path)
         || (r.facts.hf_apex_amp && HF_APEX_AUTO.contains(&path))
         || (!r.facts.hf_direct_deepspeed_init && ACCELERATE_AUTO.contains(&path))
+}
+
+/// What accelerate's `DeepSpeedPlugin` fills an `"auto"` at `path` with, and the environment
+/// variable it reads first. The HF Trainer creates the plugin with no arguments (transformers
+/// training_args.py: `DeepSpeedPlugin(hf_ds_config=…)`) and the `deepspeed` launcher of
+/// `launch.sh` sets no `ACCELERATE_*` variable, so these are accelerate's own defaults, not the
+/// recipe's (accelerate@v1.15.0 utils/dataclasses.py:DeepSpeedPlugin.__post_init__, then
+/// `fill_match` of `plugin_to_config_mapping`).
+fn accelerate_fill(path: &str) -> Option<(serde_json::Value, &'static str)> {
+    use serde_json::json;
+    Some(match path {
+        "zero_optimization.stage" => (json!(2), "ACCELERATE_DEEPSPEED_ZERO_STAGE"),
+        "zero_optimization.offload_optimizer.device" => (
+            json!("none"),
+            "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE",
+        ),
+        "zero_optimization.offload_param.device" => {
+            (json!("none"), "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE")
+        }
+        "zero_optimization.offload_optimizer.nvme_path" => (
+            json!("none"),
+            "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH",
+        ),
+        "zero_optimization.offload_param.nvme_path" => (
+            json!("none"),
+            "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_NVME_PATH",
+        ),
+        "zero_optimization.stage3_gather_16bit_weights_on_model_save" => {
+            (json!(false), "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL")
+        }
+        _ => return None,
+    })
+}
+
+/// docs/upstream.md §2.3: a raw `"auto"` that accelerate fills. It fills from its own defaults,
+/// so the run gets the recipe's value only when the two agree; then the `"auto"` is harmless (as
+/// R0607 and R0509 treat an `"auto"` HF fills from the recipe). Otherwise DeepSpeed runs with
+/// accelerate's value where `recipe explain` shows the recipe's: an error.
+fn auto_accelerate_default(r: &Resolved, path: &str, span: Span) -> Option<Diagnostic> {
+    if r.facts.hf_direct_deepspeed_init {
+        return None; // no accelerate in between (auto_filled says whether HF fills it)
+    }
+    let (filled, env) = accelerate_fill(path)?;
+    // The recipe's own value at `path`: the config `recipe build` writes from the typed blocks.
+    let mut typed = r.clone();
+    typed.raw_deepspeed.clear();
+    let config = crate::emit::deepspeed::config(&typed, crate::emit::deepspeed::Style::Explicit);
+    let ours = path
+        .split('.')
+        .try_fold(&config, |node, part| node.get(part))
+        .cloned();
+    let leaf = path.rsplit('.').next().unwrap_or(path);
+    let ours = match ours {
+        Some(v) => v,
+        // An offload section the recipe does not write is no offload.
+        None if leaf == "device" => serde_json::json!("none"),
+        // A key DeepSpeed does not read at the recipe's stage, or an nvme path without nvme.
+        None => return None,
+    };
+    let same = filled == ours || (filled.as_f64().is_some() && filled.as_f64() == ours.as_f64());
+    if same {
+        return None;
+    }
+    let effect = match leaf {
+        "device" if filled == "none" => " (nothing is offloaded)".to_string(),
+        "stage" => format!(" (ZeRO stage {filled}, not {ours})"),
+        _ => String::new(),
+    };
+    let d = Diagnostic::error(
+        AUTO_ACCELERATE_DEFAULT,
+        format!(
+            "accelerate fills `{path} = \"auto\"` with its own default, {filled}, not the recipe's {ours}: DeepSpeed runs with {filled}{effect}"
+        ),
+        span,
+    )
+    .with_label(format!(
+        "accelerate {} reads {env} (unset under `deepspeed` launches), else {filled}",
+        r.targets.accelerate
+    ));
+    Some(d.with_help(format!(
+        "remove `{path}` from `deepspeed {{ }}`: `recipe build` writes {ours} there from the typed blocks"
+    )))
 }
 
 fn auto_unfilled(r: &Resolved, path: &str, span: Span) -> Diagnostic {
@@ -598,6 +692,34 @@ mod tests {
 data { train = \"/cluster/x.jsonl\", samples = 64 }
 batch { micro = 8 }
 ";
+
+    #[test]
+    fn an_auto_accelerate_fills_is_an_error_only_where_it_differs_from_the_recipe() {
+        let count = |blocks: &str, raw: &str| {
+            let text = format!("{BASE}{blocks}\ndeepspeed {{ {raw} }}\n");
+            codes(&text)
+                .iter()
+                .filter(|c| **c == AUTO_ACCELERATE_DEFAULT)
+                .count()
+        };
+        let device = "zero_optimization.offload_optimizer.device = \"auto\"";
+        assert_eq!(count("zero 2 { offload optimizer = cpu }", device), 1);
+        assert_eq!(count("zero 2", device), 0);
+        // The recipe's 16-bit save (true by default) against accelerate's false, at stage 3 only.
+        let save = "zero_optimization.stage3_gather_16bit_weights_on_model_save = \"auto\"";
+        assert_eq!(count("zero 3", save), 1);
+        assert_eq!(
+            count(
+                "zero 3 { gather_16bit_weights_on_model_save = false }",
+                save
+            ),
+            0
+        );
+        assert_eq!(count("zero 2", save), 0);
+        // transformers 4.26 prepares DeepSpeed without accelerate: nobody fills it (R0901 says so).
+        let old = format!("target transformers \"4.26.1\"\n{BASE}zero 2 {{ offload optimizer = cpu }}\ndeepspeed {{ {device} }}\n");
+        assert!(!codes(&old).contains(&AUTO_ACCELERATE_DEFAULT));
+    }
 
     #[test]
     fn auto_keys_filled_depend_on_the_versions() {

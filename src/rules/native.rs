@@ -165,14 +165,8 @@ fn optimizer(r: &Resolved, out: &mut Vec<Diagnostic>) {
                     "set `momentum`, or drop `nesterov`",
                 );
             }
-            if hf && (momentum != 0.0 || nesterov) {
-                // transformers' `_get_sgd` reads momentum/nesterov only from `optim_args`.
-                refuse(
-                    "optimizer.owner",
-                    "with `owner = hf`, HF builds torch.optim.SGD without momentum or Nesterov (it reads them only from `optim_args`, which the build does not write)".into(),
-                    owner_ds,
-                );
-            }
+            // With `owner = hf`, momentum and Nesterov reach HF's SGD through the `optim_args`
+            // the build writes; where the target transformers ignores them, R0415 refuses.
             if hf && offloaded && !hf_kept_under_offload {
                 // accelerate's `map_pytorch_optim_to_deepspeed`: anything but Adam/Adagrad/Lion
                 // becomes DeepSpeedCPUAdam.
@@ -183,23 +177,13 @@ fn optimizer(r: &Resolved, out: &mut Vec<Diagnostic>) {
                 );
             }
         }
-        "adagrad" if hf => {
-            let eps = r.f64("optimizer.eps");
-            if r.is_given("optimizer.eps") && eps != Some(recipe_runtime::optim::TORCH_ADAGRAD_EPS)
-            {
-                refuse(
-                    "optimizer.eps",
-                    "with `owner = hf`, HF's Adagrad takes eps only from `optim_args`, which the build does not write, so it runs torch's 1e-10".into(),
-                    owner_ds,
-                );
-            }
-            if offloaded && hf_kept_under_offload {
-                refuse(
-                    "optimizer.owner",
-                    "HF's torch Adagrad stepping the offloaded partition (zero_force_ds_cpu_optimizer = false) is not emulated; the native runtime runs DeepSpeedCPUAdagrad under offload".into(),
-                    owner_ds,
-                );
-            }
+        // A given eps reaches HF's Adagrad through `optim_args` (R0415 where it cannot).
+        "adagrad" if hf && offloaded && hf_kept_under_offload => {
+            refuse(
+                "optimizer.owner",
+                "HF's torch Adagrad stepping the offloaded partition (zero_force_ds_cpu_optimizer = false) is not emulated; the native runtime runs DeepSpeedCPUAdagrad under offload".into(),
+                owner_ds,
+            );
         }
         "lamb" => {
             if hf {

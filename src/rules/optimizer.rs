@@ -13,7 +13,9 @@
 //!   (docs/upstream.md §4.2);
 //! * ownership: kinds HF's `optim` lacks, DeepSpeed's optimizer with HF's scheduler where
 //!   transformers cannot combine them (docs/upstream.md §4.2), the optimizer given twice
-//!   (docs/upstream.md R-H07).
+//!   (docs/upstream.md R-H07);
+//! * settings the built optimizer never receives: what HF does not pass to the optimizer it
+//!   builds, and `bias_correction` with DeepSpeed's `torch_adam` (src/upstream/hf_optimizers.rs).
 //!
 //! `optimizer.params.max_grad_norm` (docs/upstream.md R-P03) is the schema's R0031, not repeated
 //! here.
@@ -22,6 +24,7 @@ use crate::diagnostics::{Diagnostic, Label};
 use crate::resolve::value::fmt_f64;
 use crate::resolve::{Resolved, Val};
 use crate::syntax::ast::Span;
+use crate::upstream::hf_optimizers::{self, Dropped, Runs};
 use crate::upstream::versions::{Fact, Library, CHANGES};
 
 use super::schedule::{first_release, fmt_lr, is_deepspeed_schedule, note, with_target};
@@ -59,6 +62,9 @@ pub const OFFLOAD_NEEDS_DS_OPTIMIZER: &str = "R0412";
 pub const DS_OPTIMIZER_HF_SCHEDULER: &str = "R0413";
 /// AMSGrad with DeepSpeed's own Adam kernels, which refuse it.
 pub const AMSGRAD_FUSED: &str = "R0414";
+/// A setting the recipe gives that the optimizer the run builds never receives
+/// (src/upstream/hf_optimizers.rs).
+pub const SETTING_NOT_PASSED: &str = "R0415";
 
 /// This family's codes.
 pub const CODES: &[(&str, &str, &str)] = &[
@@ -131,6 +137,11 @@ pub const CODES: &[(&str, &str, &str)] = &[
         AMSGRAD_FUSED,
         "amsgrad-fused",
         "amsgrad with DeepSpeed's FusedAdam or DeepSpeedCPUAdam, which refuse it",
+    ),
+    (
+        SETTING_NOT_PASSED,
+        "setting-not-passed",
+        "an optimizer setting the optimizer the run builds never receives",
     ),
 ];
 
@@ -221,6 +232,7 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
     if o.deepspeed() {
         amsgrad_fused(r, &o, out);
         deepspeed_owned(r, &o, out);
+        not_passed(r, &o, out);
     } else {
         hf_owned(r, &o, out);
     }
@@ -251,6 +263,138 @@ fn amsgrad_fused(r: &Resolved, o: &Opt, out: &mut Vec<Diagnostic>) {
         .with_label(format!("amsgrad with {which}"))
         .with_help("remove `amsgrad`, or set `torch_adam = true` (torch's Adam supports AMSGrad; not with optimizer offload)"),
     );
+}
+
+/// R0415: a setting the recipe gives that the optimizer the run builds never receives
+/// (src/upstream/hf_optimizers.rs; docs/rules/schedule-optimizer.md). With `owner = hf` the
+/// Trainer passes `lr`, AdamW's and Lion's betas, AdamW's eps and the weight decay, and, from
+/// transformers 5.3.0, SGD's momentum / Nesterov and Adagrad's eps through `optim_args`, which
+/// the compiler writes (huggingface/transformers@v5.24.0
+/// src/transformers/trainer_optimizer.py:_get_adamw_torch, _get_sgd, _get_adagrad); anything
+/// else runs at the constructor's default. With `owner = deepspeed` and `torch_adam = true`,
+/// DeepSpeed builds torch's Adam, which has no `bias_correction`
+/// (deepspeedai/DeepSpeed@v0.19.8 deepspeed/runtime/engine.py:get_optimizer_configuration).
+fn not_passed(r: &Resolved, o: &Opt, out: &mut Vec<Diagnostic>) {
+    for d in hf_optimizers::dropped(r) {
+        out.push(if o.deepspeed() {
+            torch_adam_drops(r, o, d)
+        } else {
+            hf_drops(r, o, d)
+        });
+    }
+}
+
+/// The given value of an `optimizer` key, as written.
+fn given_value(r: &Resolved, key: &str) -> String {
+    r.val(&format!("optimizer.{key}"))
+        .map(ToString::to_string)
+        .unwrap_or_default()
+}
+
+/// R0415 with `owner = hf`.
+fn hf_drops(r: &Resolved, o: &Opt, d: Dropped) -> Diagnostic {
+    let key = d.key;
+    let dotted = format!("optimizer.{key}");
+    let given = given_value(r, key);
+    let class = hf_optimizers::class(o.kind).unwrap_or("the optimizer");
+    let lr = fmt_lr(r.num("optimizer.lr"));
+    let tf = r.targets.transformers;
+    // The release from which HF reads this key from `optim_args` (SGD, Adagrad).
+    let later = first_release(Library::Transformers, tf, |f| {
+        matches!(f, Fact::HfSgdAdagradOptimArgs(true))
+    })
+    .filter(|_| matches!(key, "momentum" | "nesterov" | "eps"));
+    let who = if later.is_some() {
+        format!("transformers {tf}")
+    } else {
+        "HF".to_string()
+    };
+    let ctor = match o.kind {
+        "adamw" | "adam" => format!("{class}(params, lr={lr}, betas, eps)"),
+        "lion" => format!("{class}(params, lr={lr}, betas)"),
+        _ => format!("{class}(params, lr={lr})"),
+    };
+    let runs = d.runs.describe();
+    let message = match key {
+        "no_decay" => format!(
+            "{who} groups the parameters itself (no weight decay for biases and normalization layers) and never reads `no_decay`: the run would not decay as `no_decay = {given}` says"
+        ),
+        "momentum" => format!(
+            "{who} builds {ctor} and never passes `momentum`: the run would be plain SGD, without momentum"
+        ),
+        "nesterov" => format!(
+            "{who} builds {ctor} and never passes `nesterov`: the run would use no Nesterov momentum"
+        ),
+        "torch_adam" => format!(
+            "{who} builds {ctor}: `torch_adam = {given}` (DeepSpeed's own Adam kernel) never applies when HF builds the optimizer"
+        ),
+        "bias_correction" => format!(
+            "{who} builds {ctor} and never passes `bias_correction`: torch's AdamW always corrects the bias"
+        ),
+        "amsgrad" => format!(
+            "{who} builds {ctor} and never passes `amsgrad`: the run would be AdamW without AMSGrad"
+        ),
+        "eps" => format!(
+            "{who} builds {ctor} and never passes `eps`: the run would use torch's eps = {runs}"
+        ),
+        _ => format!(
+            "{who} builds {ctor} and never passes `{key}`: the run would use {runs}"
+        ),
+    };
+    let label = if key == "no_decay" {
+        "never read: HF decays by its own grouping".to_string()
+    } else {
+        format!("never reaches {class}")
+    };
+    let mut diag =
+        Diagnostic::error(SETTING_NOT_PASSED, message, anchor(r, &dotted)).with_label(label);
+    if let Some(span) = r.span("optimizer.owner") {
+        diag = diag.with_secondary(span, "HF builds the optimizer");
+    }
+    let help = match (key, later) {
+        (_, Some(v)) => format!(
+            "target transformers ≥ {v} (its {} reads `{key}` from `optim_args`, which the compiler then writes), or write `owner = deepspeed` (DeepSpeed passes `{key}` to {class}), or remove `{key}`",
+            display(o.kind)
+        ),
+        ("no_decay", None) => "remove `no_decay` (HF's grouping is what the default [\"bias\", \"LayerNorm.weight\"] stands for), or set `weight_decay = 0`".to_string(),
+        ("amsgrad", None) => "write `owner = deepspeed` with `torch_adam = true` (DeepSpeed passes `amsgrad` to torch's Adam), or remove `amsgrad`".to_string(),
+        ("bias_correction", None) => "write `owner = deepspeed` (DeepSpeed's FusedAdam takes `bias_correction = false`), or remove `bias_correction`".to_string(),
+        ("torch_adam", None) => "remove `torch_adam` (it chooses DeepSpeed's Adam kernel), or write `owner = deepspeed`".to_string(),
+        _ => format!("write `owner = deepspeed`, or remove `{key}`"),
+    };
+    if later.is_some() {
+        diag = with_target(diag, r, Library::Transformers);
+    }
+    diag.with_help(help)
+}
+
+/// R0415 with `owner = deepspeed` and `torch_adam = true`: `bias_correction = false`.
+fn torch_adam_drops(r: &Resolved, o: &Opt, d: Dropped) -> Diagnostic {
+    let key = d.key;
+    let class = if o.kind == "adam" {
+        "torch.optim.Adam"
+    } else {
+        "torch.optim.AdamW"
+    };
+    let runs = match d.runs {
+        Runs::Bool(true) => "the run corrects the bias".to_string(),
+        other => format!("the run uses {}", other.describe()),
+    };
+    let mut diag = Diagnostic::error(
+        SETTING_NOT_PASSED,
+        format!(
+            "with `torch_adam = true` DeepSpeed builds {class}, which has no `{key}` argument: the compiler leaves `{key} = {}` out, and {runs}",
+            given_value(r, key)
+        ),
+        anchor(r, &format!("optimizer.{key}")),
+    )
+    .with_label(format!("never reaches {class}"));
+    if let Some(span) = r.span("optimizer.torch_adam") {
+        diag = diag.with_secondary(span, "DeepSpeed builds torch's Adam");
+    }
+    diag.with_help(format!(
+        "remove `torch_adam = true` (DeepSpeed's FusedAdam takes `{key}`), or remove `{key}`"
+    ))
 }
 
 /// Rules for a DeepSpeed `optimizer` section.
@@ -293,6 +437,7 @@ fn hf_owned(r: &Resolved, o: &Opt, out: &mut Vec<Diagnostic>) {
         out.push(no_hf_optimizer(r, o));
         return;
     }
+    not_passed(r, o, out);
     let forced_off = matches!(
         raw_ds_bool(r, "zero_force_ds_cpu_optimizer"),
         Some((false, _))
@@ -889,10 +1034,65 @@ fn twice(r: &Resolved, out: &mut Vec<Diagnostic>) {
         if let Some(span) = r.span("optimizer.kind") {
             d = d.with_secondary(span, "the recipe's optimizer");
         }
-        out.push(d.with_help(
-            "the compiler writes learning_rate, weight_decay, adam_beta1/2, adam_epsilon and optim from `optimizer`; state them once there and remove them from `hf { }`",
+        let raw_optim_args = hf
+            .iter()
+            .find(|((k, _, _), _)| k == "optim_args")
+            .map(|((_, v, _), _)| v.as_str().unwrap_or_default());
+        let help = match raw_optim_args {
+            Some(text) => optim_args_help(r, text),
+            None => "the compiler writes learning_rate, weight_decay, adam_beta1/2, adam_epsilon and optim from `optimizer`; state them once there and remove them from `hf { }`".to_string(),
+        };
+        out.push(d.with_help(help));
+    }
+}
+
+/// R0411's help for a raw `hf { optim_args = "…" }`: the compiler writes `optim_args` itself from
+/// the typed keys HF reads it for (src/upstream/hf_optimizers.rs, as the newest release reads
+/// them), so each entry is translated to the recipe key that states it; entries with no recipe
+/// key are named.
+fn optim_args_help(r: &Resolved, text: &str) -> String {
+    let kind = r.choice("optimizer.kind");
+    let newest = crate::upstream::versions::Facts::for_targets(
+        &crate::upstream::versions::Targets::newest(),
+    );
+    let (mut typed, mut untyped) = (Vec::new(), Vec::new());
+    // As huggingface/transformers@v5.24.0 trainer_optimizer.py:_parse_optim_args splits it.
+    for pair in text.replace(' ', "").split(',').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match hf_optimizers::key_for_optim_arg(kind, name, &newest) {
+            Some(key) => {
+                let value = if value.parse::<f64>().is_ok() {
+                    value.to_string()
+                } else {
+                    // _get_sgd: `value.lower() in ("true", "1", "yes")`.
+                    matches!(value.to_ascii_lowercase().as_str(), "true" | "1" | "yes").to_string()
+                };
+                typed.push(format!("{key} = {value}"));
+            }
+            None => untyped.push(format!("`{name}`")),
+        }
+    }
+    let mut parts = Vec::new();
+    if !typed.is_empty() {
+        let who = if r.word("optimizer.owner") == Some("hf") {
+            "the compiler writes `optim_args` from them"
+        } else {
+            "DeepSpeed passes them to the optimizer it builds, and HF ignores `optim_args` (docs/upstream.md R-H07)"
+        };
+        parts.push(format!(
+            "write `{}` in `optimizer {kind} {{ }}`: {who}",
+            typed.join(", ")
         ));
     }
+    if !untyped.is_empty() {
+        parts.push(format!(
+            "{} {} no recipe key",
+            untyped.join(", "),
+            if untyped.len() == 1 { "has" } else { "have" }
+        ));
+    }
+    parts.push("remove `optim_args` from `hf { }`".into());
+    parts.join("; ")
 }
 
 #[cfg(test)]
@@ -1021,6 +1221,105 @@ mod tests {
             "target transformers \"4.6.1\", deepspeed \"0.3.16\"\n{HEAD}{body}"
         ));
         assert!(section.is_empty(), "{section:?}");
+    }
+
+    #[test]
+    fn settings_the_built_optimizer_never_receives() {
+        let only = |text: &str| -> Vec<&'static str> {
+            codes(text)
+                .into_iter()
+                .map(|(c, _)| c)
+                .filter(|c| *c == SETTING_NOT_PASSED)
+                .collect()
+        };
+        // HF's SGD reads momentum and Nesterov from the `optim_args` the compiler writes from
+        // transformers 5.3.0 on; before, they never reach it.
+        let sgd = "optimizer sgd { lr = 0.1, momentum = 0.9, nesterov = true, owner = hf }\n";
+        assert!(only(&format!("{HEAD}{sgd}")).is_empty());
+        assert!(only(&format!("target transformers \"5.3.0\"\n{HEAD}{sgd}")).is_empty());
+        let old = codes(&format!("target transformers \"5.2.0\"\n{HEAD}{sgd}"));
+        assert_eq!(old.len(), 2, "{old:?}");
+        assert!(
+            old[0].1.starts_with("target transformers ≥ 5.3.0"),
+            "{}",
+            old[0].1
+        );
+        // The same keys with DeepSpeed building torch.optim.SGD: passed.
+        let ds = "optimizer sgd { lr = 0.1, momentum = 0.9, nesterov = true }\n";
+        assert!(only(&format!("target transformers \"5.2.0\"\n{HEAD}{ds}")).is_empty());
+        // Adagrad's eps: through optim_args from 5.3.0; stating torch's own default is harmless.
+        let eps = "optimizer adagrad { lr = 0.01, eps = 1e-6, owner = hf }\n";
+        assert!(only(&format!("{HEAD}{eps}")).is_empty());
+        assert_eq!(
+            only(&format!("target transformers \"4.57.6\"\n{HEAD}{eps}")).len(),
+            1
+        );
+        let torch_eps = "optimizer adagrad { lr = 0.01, eps = 1e-10, owner = hf }\n";
+        assert!(only(&format!(
+            "target transformers \"4.57.6\"\n{HEAD}{torch_eps}"
+        ))
+        .is_empty());
+        // AdamW: amsgrad, bias_correction = false, torch_adam = false never reach torch's AdamW;
+        // the values it runs with anyway are accepted.
+        for bad in [
+            "amsgrad = true",
+            "bias_correction = false",
+            "torch_adam = false",
+        ] {
+            let text = format!("{HEAD}optimizer adamw {{ lr = 3e-5, {bad}, owner = hf }}\n");
+            assert_eq!(only(&text), vec![SETTING_NOT_PASSED], "{bad}");
+        }
+        for fine in [
+            "amsgrad = false",
+            "bias_correction = true",
+            "torch_adam = true",
+        ] {
+            let text = format!("{HEAD}optimizer adamw {{ lr = 3e-5, {fine}, owner = hf }}\n");
+            assert!(codes(&text).is_empty(), "{fine}");
+        }
+        // no_decay: HF's own grouping; only a list other than the default, and only while
+        // something decays.
+        let nd = |wd: &str, list: &str| {
+            format!("{HEAD}optimizer adamw {{ lr = 3e-5, weight_decay = {wd}, no_decay = {list}, owner = hf }}\n")
+        };
+        assert_eq!(only(&nd("0.01", "[\"bias\"]")).len(), 1);
+        assert!(only(&nd("0", "[\"bias\"]")).is_empty());
+        assert!(codes(&nd("0.01", "[\"LayerNorm.weight\", \"bias\"]")).is_empty());
+        // Lion and Adafactor: everything the language lets them state reaches them.
+        let lion =
+            "optimizer lion { lr = 1e-4, betas = (0.9, 0.99), weight_decay = 0.1, owner = hf }\n";
+        assert!(codes(&format!("{HEAD}{lion}")).is_empty());
+        let adafactor = "optimizer adafactor { lr = 1e-3, weight_decay = 0.01, owner = hf }\n";
+        assert!(codes(&format!("{HEAD}{adafactor}")).is_empty());
+        // DeepSpeed's torch_adam: torch's Adam has no bias_correction; FusedAdam has.
+        let ds_torch =
+            "optimizer adamw { lr = 3e-5, bias_correction = false, torch_adam = true }\n";
+        assert_eq!(only(&format!("{HEAD}{ds_torch}")), vec![SETTING_NOT_PASSED]);
+        let fused = "optimizer adamw { lr = 3e-5, bias_correction = false }\n";
+        assert!(codes(&format!("{HEAD}{fused}")).is_empty());
+        // transformers 4.6.1 has no `optim`: HF builds AdamW whatever the kind, not this rule's.
+        let legacy = format!("target transformers \"4.6.1\", deepspeed \"0.3.16\"\n{HEAD}{sgd}");
+        assert!(only(&legacy).is_empty());
+    }
+
+    #[test]
+    fn a_raw_optim_args_is_translated_to_the_typed_keys() {
+        let text = format!(
+            "{HEAD}optimizer sgd {{ lr = 0.1, owner = hf }}\nhf {{ optim_args = \"momentum=0.9, nesterov=True, dampening=0\" }}\n"
+        );
+        let found = codes(&text);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].0, OPTIMIZER_TWICE);
+        assert!(
+            found[0].1.starts_with("write `momentum = 0.9, nesterov = true` in `optimizer sgd { }`: the compiler writes `optim_args`"),
+            "{}",
+            found[0].1
+        );
+        assert!(
+            found[0].1.contains("`dampening` has no recipe key"),
+            "{}",
+            found[0].1
+        );
     }
 
     #[test]

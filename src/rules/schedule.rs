@@ -62,6 +62,10 @@ pub const HF_KIND_UNAVAILABLE: &str = "R0313";
 /// `OneCycle` without decay steps runs past its cycle on a DeepSpeed that divides by them.
 pub const ONE_CYCLE_ZERO_DECAY: &str = "R0314";
 
+/// `reduce_lr_on_plateau` with a DeepSpeed-built optimizer: DeepSpeed's engine steps HF's
+/// scheduler every optimizer step, without a metric.
+pub const PLATEAU_STEPPED_BY_DEEPSPEED: &str = "R0315";
+
 /// This family's codes.
 pub const CODES: &[(&str, &str, &str)] = &[
     (
@@ -133,6 +137,11 @@ pub const CODES: &[(&str, &str, &str)] = &[
         ONE_CYCLE_ZERO_DECAY,
         "one-cycle-zero-decay",
         "OneCycle runs past its cycle with decay_step_size = 0 on a DeepSpeed that divides by it",
+    ),
+    (
+        PLATEAU_STEPPED_BY_DEEPSPEED,
+        "plateau-stepped-by-deepspeed",
+        "reduce_lr_on_plateau with a DeepSpeed optimizer: DeepSpeed steps it every step without a metric",
     ),
 ];
 
@@ -367,6 +376,11 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
         return;
     };
     twice(r, kind, out);
+    if kind == "reduce_lr_on_plateau" {
+        if let Some(d) = plateau_stepped_by_deepspeed(r) {
+            out.push(d);
+        }
+    }
     if !is_deepspeed_schedule(kind) {
         if !r.facts.hf_scheduler_kinds.contains(&kind) {
             out.push(hf_kind_unavailable(r, kind));
@@ -782,6 +796,69 @@ fn first_step_at_peak(r: &Resolved, kind: &str) -> Option<Diagnostic> {
     )))
 }
 
+/// `reduce_lr_on_plateau` when DeepSpeed builds the optimizer (`owner = deepspeed`): HF hands its
+/// scheduler to `deepspeed.initialize` as a callable (huggingface/transformers@v5.24.0
+/// integrations/deepspeed.py:deepspeed_optim_sched, `DummyScheduler(lr_scheduler_callable=…)`;
+/// accelerate@v1.15.0 accelerator.py:_prepare_deepspeed passes it on), and the engine steps it
+/// after every optimizer step with `step()`. torch's `ReduceLROnPlateau.step` needs the metric,
+/// so that raises TypeError, and DeepSpeed retries with `step(train_batch_size())`: the batch
+/// size, a constant, is the metric, it never improves, and the LR is multiplied by `factor`
+/// every `patience + 1` steps (from step `patience + 2`). Before DeepSpeed 0.10.1 the retry is
+/// `step(increment=…)`, which raises again: the run stops at the first optimizer step
+/// (deepspeedai/DeepSpeed@v0.10.0 and @v0.10.1 runtime/engine.py:_take_model_step). With
+/// `owner = hf` accelerate keeps the scheduler (only DeepSpeed's own scheduler types are passed,
+/// `VALID_LR_SCHEDULES`) and HF steps it at each evaluation with the metric.
+fn plateau_stepped_by_deepspeed(r: &Resolved) -> Option<Diagnostic> {
+    if r.word("optimizer.owner") != Some("deepspeed")
+        || r.facts.hf_ds_optimizer_hf_scheduler_error.is_some()
+    {
+        return None; // HF steps it, or the combination is refused already (R0413)
+    }
+    let batch = r.uint("batch.global")?;
+    let factor = r.num("schedule.factor");
+    let patience = r.count("schedule.patience");
+    let ds = r.targets.deepspeed;
+    let (message, label) = if r.facts.ds_scheduler_step_batch_size_fallback {
+        let lr = r.num("optimizer.lr");
+        let total = r.uint("steps.total").unwrap_or(0);
+        let cuts = total.saturating_sub(1) / (patience + 1);
+        let end = lr * factor.powi(i32::try_from(cuts).unwrap_or(i32::MAX));
+        (
+            format!(
+                "DeepSpeed steps `reduce_lr_on_plateau` after every optimizer step with the batch size ({batch}) as the metric: the LR is multiplied by {} every {} steps, down to {} by step {total}, whatever the evaluations say",
+                fmt_f64(factor),
+                patience + 1,
+                fmt_lr(end)
+            ),
+            "DeepSpeed builds the optimizer, so its engine steps HF's scheduler",
+        )
+    } else {
+        (
+            format!(
+                "DeepSpeed {ds} steps `reduce_lr_on_plateau` after the first optimizer step without a metric: the run stops with TypeError"
+            ),
+            "DeepSpeed builds the optimizer, so its engine steps HF's scheduler",
+        )
+    };
+    let key = if r.is_given("optimizer.owner") {
+        "optimizer.owner"
+    } else {
+        "schedule.kind"
+    };
+    let mut d =
+        Diagnostic::error(PLATEAU_STEPPED_BY_DEEPSPEED, message, anchor(r, key)).with_label(
+            format!("owner = deepspeed{}: {label}", origin(r, "optimizer.owner")),
+        );
+    if key != "schedule.kind" {
+        if let Some(span) = r.span("schedule.kind") {
+            d = d.with_secondary(span, "steps on an evaluation metric");
+        }
+    }
+    Some(with_target(d, r, Library::DeepSpeed).with_help(
+        "write `owner = hf` in `optimizer`: HF then builds the optimizer and steps the schedule at each evaluation with its metric; or choose a schedule that does not read a metric",
+    ))
+}
+
 /// Before DeepSpeed v0.5.5 `OneCycle.get_lr` computes the post-cycle decay as
 /// `iteration / decay_step_size` with no guard (deepspeedai/DeepSpeed@v0.3.16:deepspeed/runtime/
 /// lr_schedules.py:OneCycle._get_decay_lr), so with `decay_step_size = 0` (its default, "no
@@ -1123,6 +1200,47 @@ fn peak_mismatch(r: &Resolved, kind: &str, out: &mut Vec<Diagnostic>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plateau_is_refused_only_when_deepspeed_steps_it() {
+        let base = "model bert { from = \"bert-base-uncased\", task = classify(labels: 2), hidden_size = 768 }\n\
+                    data { train = \"t.jsonl\", eval = \"d.jsonl\", samples = 96 }\nbatch { micro = 8 }\n\
+                    train { epochs = 1 }\nschedule reduce_lr_on_plateau { factor = 0.5, patience = 2 }\n";
+        let has = |text: &str| {
+            crate::check::check_source(text)
+                .diagnostics
+                .into_iter()
+                .find(|d| d.code == PLATEAU_STEPPED_BY_DEEPSPEED)
+        };
+        // 12 steps: cut after steps 3, 6, 9 (from step 4 on, every 3).
+        let d = has(&format!("{base}optimizer adamw {{ lr = 1e-4 }}\n")).expect("R0315");
+        assert!(
+            d.message.contains("down to 1.25e-5 by step 12"),
+            "{}",
+            d.message
+        );
+        assert!(has(&format!(
+            "{base}optimizer adamw {{ lr = 1e-4, owner = hf }}\n"
+        ))
+        .is_none());
+        // Before DeepSpeed 0.10.1 the retry raises too: the run stops.
+        let old = has(&format!(
+            "target transformers \"4.46.0\", accelerate \"1.0.1\", deepspeed \"0.10.0\"\n{base}"
+        ))
+        .expect("R0315 on 0.10.0");
+        assert!(
+            old.message.contains("stops with TypeError"),
+            "{}",
+            old.message
+        );
+        assert!(crate::check::check_source(&base.replace(
+            "reduce_lr_on_plateau { factor = 0.5, patience = 2 }",
+            "linear"
+        ))
+        .diagnostics
+        .iter()
+        .all(|d| d.code != PLATEAU_STEPPED_BY_DEEPSPEED));
+    }
 
     #[test]
     fn lr_formatting() {

@@ -222,11 +222,16 @@ pub struct Facts {
     /// The `Warmup*` schedulers write the `it = -1` LR into the optimizer when built, so step 1
     /// runs at the minimum (before: at the optimizer's lr).
     pub ds_warmup_init_writes_lr: bool,
-    /// `OneCycle`'s stair counts take effect.
     /// `OneCycle` with `decay_step_size = 0` (its default, "no decay") holds the minimum LR after
     /// the cycle; before, the first scheduler step after the cycle divides by it
     /// (`ZeroDivisionError`).
     pub ds_one_cycle_zero_decay_ok: bool,
+    /// When a scheduler's `step()` raises TypeError (it needs an argument, as torch's
+    /// `ReduceLROnPlateau.step(metrics)` does), the engine retries with `step(train_batch_size())`,
+    /// so the batch size becomes the metric; before, the retry is `step(increment=…)`, which
+    /// raises again and stops the run (DeepSpeed `runtime/engine.py:_take_model_step`).
+    pub ds_scheduler_step_batch_size_fallback: bool,
+    /// `OneCycle`'s stair counts take effect.
     pub ds_one_cycle_stairs: bool,
     /// DeepSpeed's `warmup_type` exists (else warmup is always log).
     pub ds_has_warmup_type: bool,
@@ -267,6 +272,10 @@ pub struct Facts {
     /// warmup (num_cycles, power, lr_end, …) reach `get_scheduler`. Before, every HF schedule
     /// runs with its function's defaults.
     pub hf_scheduler_kwargs: bool,
+    /// HF's `sgd` and `adagrad` optimizers read `optim_args` (SGD: momentum, dampening,
+    /// weight_decay, nesterov; Adagrad: lr_decay, weight_decay, eps). Before, the Trainer builds
+    /// `torch.optim.SGD` / `torch.optim.Adagrad` with `lr` alone and ignores `optim_args`.
+    pub hf_sgd_adagrad_optim_args: bool,
     /// The `lr_scheduler_type` values (`SchedulerType`) the release knows; any other value stops
     /// `TrainingArguments` with "'<name>' is not a valid SchedulerType".
     pub hf_scheduler_kinds: &'static [&'static str],
@@ -344,6 +353,8 @@ pub enum Fact {
     DsOneCycleStairs(bool),
     /// See [`Facts::ds_one_cycle_zero_decay_ok`].
     DsOneCycleZeroDecayOk(bool),
+    /// See [`Facts::ds_scheduler_step_batch_size_fallback`].
+    DsSchedulerStepBatchSizeFallback(bool),
     /// See [`Facts::ds_has_warmup_type`].
     DsHasWarmupType(bool),
     /// See [`Facts::ds_has_fp16_auto_cast`].
@@ -374,6 +385,8 @@ pub enum Fact {
     HfOffloadNeedsDsOptimizer(bool),
     /// See [`Facts::hf_scheduler_kwargs`].
     HfSchedulerKwargs(bool),
+    /// See [`Facts::hf_sgd_adagrad_optim_args`].
+    HfSgdAdagradOptimArgs(bool),
     /// See [`Facts::hf_scheduler_kinds`].
     HfSchedulerKinds(&'static [&'static str]),
     /// See [`Facts::hf_ds_optimizer_hf_scheduler_error`].
@@ -473,6 +486,8 @@ pub static CHANGES: &[Change] = &[
     row(D, (0, 19, 4), DsOneCycleStairs(true), "DeepSpeed PR #8179, v0.19.4"),
     row(D, (0, 0, 0), DsOneCycleZeroDecayOk(false), "DeepSpeed@v0.5.4 lr_schedules.py:OneCycle._get_decay_lr (divides by decay_step_size; released sdist)"),
     row(D, (0, 5, 5), DsOneCycleZeroDecayOk(true), "DeepSpeed@v0.5.5 lr_schedules.py:OneCycle (skip_lr_decay when decay_step_size is 0; released sdist)"),
+    row(D, (0, 0, 0), DsSchedulerStepBatchSizeFallback(false), "DeepSpeed@v0.10.0 runtime/engine.py:DeepSpeedEngine._take_model_step (lr_scheduler.step(**lr_kwargs); on TypeError step(increment=train_batch_size()); v0.3.16 has no retry)"),
+    row(D, (0, 10, 1), DsSchedulerStepBatchSizeFallback(true), "DeepSpeed@v0.10.1 runtime/engine.py:DeepSpeedEngine._take_model_step (on TypeError step(train_batch_size()); PR #4152)"),
     row(D, (0, 0, 0), DsHasWarmupType(false), "DeepSpeed@v0.5.6 lr_schedules.py (log warmup only)"),
     row(D, (0, 5, 7), DsHasWarmupType(true), "DeepSpeed PR #1530, v0.5.7"),
     row(D, (0, 0, 0), DsZero0Fp16Unscaled(false), "DeepSpeed@v0.18.2 runtime/engine.py:backward calls self.optimizer.backward(loss): FP16_Optimizer scales loss.float() * cur_scale"),
@@ -507,6 +522,8 @@ pub static CHANGES: &[Change] = &[
     row(T, (4, 40, 0), HfSchedulerKinds(&["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt", "reduce_lr_on_plateau", "cosine_with_min_lr"]), "transformers@v4.40.0 trainer_utils.py:SchedulerType (released wheel)"),
     row(T, (4, 41, 0), HfSchedulerKinds(&["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt", "reduce_lr_on_plateau", "cosine_with_min_lr", "warmup_stable_decay"]), "transformers@v4.41.0 trainer_utils.py:SchedulerType (released wheel; unchanged through v5.24.0 for these names)"),
     row(T, (4, 36, 0), HfSchedulerKwargs(true), "transformers@v4.36.0 training_args.py: lr_scheduler_kwargs (released wheel)"),
+    row(T, (0, 0, 0), HfSgdAdagradOptimArgs(false), "transformers@v5.2.0 trainer_optimizer.py:_get_sgd, _get_adagrad (lr only; v4.24.0–v5.0.0 trainer.py:Trainer.get_optimizer_cls_and_kwargs likewise; released wheels)"),
+    row(T, (5, 3, 0), HfSgdAdagradOptimArgs(true), "transformers PR #44203, v5.3.0 trainer_optimizer.py:_get_sgd, _get_adagrad (parse optim_args; released wheel, same in v5.24.0)"),
     row(T, (4, 9, 0), HfOffloadNeedsDsOptimizer(false), "transformers PR #12690 (non-native optimizers with ZeRO-Offload), v4.9.0: deepspeed.py:deepspeed_init only logs"),
     row(T, (0, 0, 0), HfDsOptimizerHfSchedulerError(Some("At the moment HF scheduler + DeepSpeed optimizer combination is not possible")), "transformers@v4.6.1 integrations.py:deepspeed_init (docs/upstream.md §4.2); same in v4.9.0 deepspeed.py"),
     row(T, (4, 10, 0), HfDsOptimizerHfSchedulerError(None), "transformers PR #13216 (DS callable API for the HF scheduler), v4.10.0 deepspeed.py:deepspeed_init"),
@@ -565,6 +582,7 @@ impl Fact {
             DsWarmupInitWritesLr(v) => f.ds_warmup_init_writes_lr = v,
             DsOneCycleStairs(v) => f.ds_one_cycle_stairs = v,
             DsOneCycleZeroDecayOk(v) => f.ds_one_cycle_zero_decay_ok = v,
+            DsSchedulerStepBatchSizeFallback(v) => f.ds_scheduler_step_batch_size_fallback = v,
             DsHasWarmupType(v) => f.ds_has_warmup_type = v,
             DsHasFp16AutoCast(v) => f.ds_has_fp16_auto_cast = v,
             DsBf16Key(v) => f.ds_bf16_key = v,
@@ -580,6 +598,7 @@ impl Fact {
             DsZero23WithoutFp16(v) => f.ds_zero23_without_fp16 = v,
             HfOffloadNeedsDsOptimizer(v) => f.hf_offload_needs_ds_optimizer = v,
             HfSchedulerKwargs(v) => f.hf_scheduler_kwargs = v,
+            HfSgdAdagradOptimArgs(v) => f.hf_sgd_adagrad_optim_args = v,
             HfSchedulerKinds(v) => f.hf_scheduler_kinds = v,
             HfDsOptimizerHfSchedulerError(v) => f.hf_ds_optimizer_hf_scheduler_error = v,
             AccCpuOptimizerByClass(v) => f.acc_cpu_optimizer_by_class = v,
@@ -620,6 +639,7 @@ impl Facts {
             ds_warmup_init_writes_lr: false,
             ds_one_cycle_stairs: false,
             ds_one_cycle_zero_decay_ok: false,
+            ds_scheduler_step_batch_size_fallback: false,
             ds_has_warmup_type: false,
             ds_has_fp16_auto_cast: false,
             ds_bf16_key: None,
@@ -635,6 +655,7 @@ impl Facts {
             ds_zero23_without_fp16: false,
             hf_offload_needs_ds_optimizer: true,
             hf_scheduler_kwargs: false,
+            hf_sgd_adagrad_optim_args: false,
             hf_scheduler_kinds: &[],
             hf_ds_optimizer_hf_scheduler_error: None,
             acc_cpu_optimizer_by_class: false,
@@ -697,8 +718,8 @@ mod tests {
             }
             last.insert(d, c.since);
         }
-        // Every field has a 0.0.0 row: 46 facts.
-        assert_eq!(last.len(), 46);
+        // Every field has a 0.0.0 row: 48 facts.
+        assert_eq!(last.len(), 48);
     }
 
     #[test]
