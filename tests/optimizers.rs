@@ -246,7 +246,11 @@ fn data_parallel(kind: &str, line: &str, runs: &[(u32, bool)]) {
                 rel <= 1e-6,
                 "{ctx}: weights differ by {rel:e} (relative L2)"
             );
-            assert!(worst <= 1e-5, "{ctx}: a tensor differs by {worst:e}");
+            // Adagrad's step g / sqrt(Σg²) is scale-free, so where the gradient and the L2 decay
+            // term nearly cancel (decayed biases, with owner = deepspeed every tensor decays) the
+            // reduction order's relative error is amplified: 5e-5 per tensor for it.
+            let per_tensor = if kind == "adagrad" { 5e-5 } else { 1e-5 };
+            assert!(worst <= per_tensor, "{ctx}: a tensor differs by {worst:e}");
             // Rank 0 holds the state of its partition: one buffer per element for SGD with
             // momentum and Adagrad, two for LAMB (whole at stage 0).
             let mem = &start_record(&dir.join(&out))["memory_rank0"];

@@ -138,7 +138,8 @@ fn a_saved_plan_runs_like_the_recipe() {
             .unwrap();
     assert_eq!(plan["format"], 1);
     assert_eq!(plan["steps"]["total"], 8);
-    assert_eq!(plan["optimizer"]["no_decay"][0], "bias");
+    // DeepSpeed builds TINY's optimizer: one parameter group, every tensor decays.
+    assert_eq!(plan["optimizer"]["no_decay"], serde_json::json!([]));
     let o = recipe_in(&dir, &["run", "--quiet", "built/plan.json"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     std::fs::rename(dir.join("out"), dir.join("from-plan")).unwrap();

@@ -129,6 +129,32 @@ fn derive(rule: Derive, r: &Resolved) -> Option<(Val, Source)> {
             ),
             None => derived(w("never"), "no evaluation data (data.eval)", vec![]),
         },
+        // transformers hands DeepSpeed `model.parameters()` as one flat list
+        // (huggingface/transformers@v5.24.0 integrations/deepspeed.py:deepspeed_init,
+        // `DummyOptim(params=model_parameters)`), so DeepSpeed's optimizer decays every tensor;
+        // HF's own optimizer gets its two groups (trainer.py:Trainer.create_optimizer).
+        Derive::NoDecay => match r.word("optimizer.owner") {
+            Some("hf") => Some((
+                Val::List(
+                    crate::schema::blocks::HF_NO_DECAY
+                        .iter()
+                        .map(|s| Val::Str((*s).to_string()))
+                        .collect(),
+                ),
+                Source::Default {
+                    reason: "HF Trainer's grouping: no decay for biases and LayerNorm weights"
+                        .into(),
+                },
+            )),
+            owner => derived(
+                Val::List(Vec::new()),
+                "DeepSpeed builds the optimizer over one parameter group: every tensor decays",
+                vec![format!(
+                    "optimizer.owner = {}",
+                    owner.unwrap_or("deepspeed")
+                )],
+            ),
+        },
         Derive::Stage3 => {
             let stage = r.integer("zero.stage");
             derived(

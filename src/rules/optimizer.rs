@@ -275,6 +275,9 @@ fn amsgrad_fused(r: &Resolved, o: &Opt, out: &mut Vec<Diagnostic>) {
 /// DeepSpeed builds torch's Adam, which has no `bias_correction`
 /// (deepspeedai/DeepSpeed@v0.19.8 deepspeed/runtime/engine.py:get_optimizer_configuration).
 fn not_passed(r: &Resolved, o: &Opt, out: &mut Vec<Diagnostic>) {
+    if let Some(d) = deepspeed_no_decay(r, o) {
+        out.push(d);
+    }
     for d in hf_optimizers::dropped(r) {
         out.push(if o.deepspeed() {
             torch_adam_drops(r, o, d)
@@ -366,6 +369,36 @@ fn hf_drops(r: &Resolved, o: &Opt, d: Dropped) -> Diagnostic {
         diag = with_target(diag, r, Library::Transformers);
     }
     diag.with_help(help)
+}
+
+/// R0415 with `owner = deepspeed`: a written `no_decay`. transformers hands DeepSpeed the model's
+/// parameters as one flat list (huggingface/transformers@v5.24.0
+/// src/transformers/integrations/deepspeed.py:deepspeed_init, `DummyOptim(params=…)`), so
+/// DeepSpeed's optimizer has one parameter group and decays every tensor by `weight_decay`;
+/// nothing reads the recipe's grouping. (The default follows: `[]` with `owner = deepspeed`.)
+fn deepspeed_no_decay(r: &Resolved, o: &Opt) -> Option<Diagnostic> {
+    if !o.deepspeed() || o.weight_decay == 0.0 || !r.is_given("optimizer.no_decay") {
+        return None;
+    }
+    if matches!(r.val("optimizer.no_decay"), Some(Val::List(items)) if items.is_empty()) {
+        return None; // what DeepSpeed runs anyway
+    }
+    let wd = fmt_f64(o.weight_decay);
+    let mut d = Diagnostic::error(
+        SETTING_NOT_PASSED,
+        format!(
+            "DeepSpeed builds the optimizer over one parameter group and decays every tensor by weight_decay = {wd}: `no_decay = {}` is never read",
+            given_value(r, "no_decay")
+        ),
+        anchor(r, "optimizer.no_decay"),
+    )
+    .with_label("never reaches DeepSpeed: transformers hands it the parameters as one list");
+    if let Some(span) = r.span("optimizer.owner") {
+        d = d.with_secondary(span, "DeepSpeed builds the optimizer");
+    }
+    Some(d.with_help(
+        "write `owner = hf` (HF's optimizer keeps biases and LayerNorm weights out of weight decay), or remove `no_decay` (every tensor decays, as DeepSpeed runs it)",
+    ))
 }
 
 /// R0415 with `owner = deepspeed` and `torch_adam = true`: `bias_correction = false`.

@@ -101,6 +101,10 @@ const LR: Ty = Ty::Number {
 };
 const UNIT: Ty = Ty::Number { min: 0.0, max: 1.0 };
 
+/// The parameter-name substrings HF's Trainer excludes from weight decay when it builds the
+/// optimizer (`Trainer.get_decay_parameter_names`: biases and normalization layers).
+pub const HF_NO_DECAY: &[&str] = &["bias", "LayerNorm.weight"];
+
 /// Optimizer kinds (`optimizer <kind>`): DeepSpeed optimizer types plus the torch/HF ones.
 pub const OPTIMIZERS: &[&str] = &[
     "adamw",
@@ -431,6 +435,11 @@ pub static BLOCKS: &[BlockSpec] = &[
         required: false,
         absent: KeyDefault::Value(Lit::Word("adamw"), "AdamW, HF's default optimizer (optim adamw_torch)"),
         keys: &[
+            // First: `no_decay`'s default depends on it (keys resolve in this order).
+            key("owner", Ty::Word(&["deepspeed", "hf"]), "who builds the optimizer: a DeepSpeed `optimizer` section, or HF's `optim`")
+                .ds("optimizer")
+                .hf("optim")
+                .val(Lit::Word("deepspeed"), "recipe default: a DeepSpeed optimizer section"),
             key("lr", LR, "peak learning rate").ds("optimizer.params.lr").hf("learning_rate")
                 .val(Lit::Float(5e-5), "HF TrainingArguments.learning_rate"),
             key("betas", Ty::Pair { min: 0.0, max: 1.0 }, "Adam moment decay rates")
@@ -448,7 +457,7 @@ pub static BLOCKS: &[BlockSpec] = &[
                 .hf("weight_decay")
                 .val(Lit::Float(0.0), "HF weight_decay (also DeepSpeed's)"),
             key("no_decay", Ty::StrList, "parameter-name substrings excluded from weight decay")
-                .val(Lit::Strs(&["bias", "LayerNorm.weight"]), "HF Trainer's grouping: no decay for biases and LayerNorm weights"),
+                .derived(Derive::NoDecay, "with `owner = hf`, HF Trainer's grouping, `[\"bias\", \"LayerNorm.weight\"]`; with `owner = deepspeed`, `[]`: DeepSpeed gets one parameter group"),
             key("momentum", UNIT, "SGD momentum").ds("optimizer.params.momentum").kinds(&["sgd"])
                 .val(Lit::Float(0.0), "torch SGD"),
             key("nesterov", Ty::Bool, "Nesterov momentum").ds("optimizer.params.nesterov").kinds(&["sgd"])
@@ -473,10 +482,6 @@ pub static BLOCKS: &[BlockSpec] = &[
                 .upstream(Lit::Float(10.0), "DeepSpeed FusedLamb"),
             key("min_coeff", LR, "LAMB trust-ratio lower bound").ds("optimizer.params.min_coeff").kinds(&["lamb", "onebitlamb"])
                 .upstream(Lit::Float(0.01), "DeepSpeed FusedLamb"),
-            key("owner", Ty::Word(&["deepspeed", "hf"]), "who builds the optimizer: a DeepSpeed `optimizer` section, or HF's `optim`")
-                .ds("optimizer")
-                .hf("optim")
-                .val(Lit::Word("deepspeed"), "recipe default: a DeepSpeed optimizer section"),
         ],
         one_of: &[],
         exclusive: &[],

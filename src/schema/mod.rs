@@ -116,6 +116,9 @@ pub enum Derive {
     OutputDir,
     /// Evaluate each epoch when there is evaluation data, else never.
     EvalEvery,
+    /// The parameters without weight decay: HF's grouping when HF builds the optimizer; none
+    /// when DeepSpeed does (it gets one parameter group).
+    NoDecay,
     /// True at ZeRO stage 3, else false.
     Stage3,
     /// hidden_size² (else DeepSpeed's 5e8).

@@ -66,9 +66,13 @@ impl Runs {
                     out.dedup();
                     Some(out)
                 };
-                let default = crate::schema::literal_default("optimizer.no_decay")
-                    .map(crate::resolve::defaults::lit);
-                default.is_some_and(|d| names(&d).is_some() && names(&d) == names(given))
+                let hf = Val::List(
+                    crate::schema::blocks::HF_NO_DECAY
+                        .iter()
+                        .map(|s| Val::Str((*s).to_string()))
+                        .collect(),
+                );
+                names(&hf).is_some() && names(&hf) == names(given)
             }
         }
     }
