@@ -65,6 +65,8 @@ pub const AMSGRAD_FUSED: &str = "R0414";
 /// A setting the recipe gives that the optimizer the run builds never receives
 /// (src/upstream/hf_optimizers.rs).
 pub const SETTING_NOT_PASSED: &str = "R0415";
+/// An HF-built optimizer from a package transformers does not install (bitsandbytes' Lion).
+pub const OPTIONAL_DEPENDENCY: &str = "R0416";
 
 /// This family's codes.
 pub const CODES: &[(&str, &str, &str)] = &[
@@ -142,6 +144,11 @@ pub const CODES: &[(&str, &str, &str)] = &[
         SETTING_NOT_PASSED,
         "setting-not-passed",
         "an optimizer setting the optimizer the run builds never receives",
+    ),
+    (
+        OPTIONAL_DEPENDENCY,
+        "optional-dependency",
+        "the optimizer HF builds comes from a package transformers does not install",
     ),
 ];
 
@@ -235,7 +242,39 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
         not_passed(r, &o, out);
     } else {
         hf_owned(r, &o, out);
+        optional_dependency(r, &o, out);
     }
+}
+
+/// R0416: `optimizer lion { owner = hf }` makes HF build bitsandbytes' Lion (`optim =
+/// "lion_32bit"`), and bitsandbytes is not a dependency of transformers: without it the Trainer
+/// stops when it creates the optimizer (huggingface/transformers@v5.24.0
+/// src/transformers/trainer_optimizer.py:_get_bitsandbytes_optimizer, "You need to install
+/// `bitsandbytes` in order to use bitsandbytes optimizers"). A warning: the check cannot see the
+/// training machines' packages.
+fn optional_dependency(r: &Resolved, o: &Opt, out: &mut Vec<Diagnostic>) {
+    if o.kind != "lion" {
+        return;
+    }
+    let key = if r.is_given("optimizer.owner") {
+        "optimizer.owner"
+    } else {
+        "optimizer.kind"
+    };
+    let mut d = Diagnostic::warning(
+        OPTIONAL_DEPENDENCY,
+        "HF builds Lion from bitsandbytes (`optim = \"lion_32bit\"`), which transformers does not install: without it the Trainer stops with ImportError when it creates the optimizer",
+        anchor(r, key),
+    )
+    .with_label("HF builds bitsandbytes.optim.Lion");
+    if key != "optimizer.kind" {
+        if let Some(span) = r.span("optimizer.kind") {
+            d = d.with_secondary(span, "Lion");
+        }
+    }
+    out.push(d.with_help(
+        "install bitsandbytes where the run trains (`pip install -U bitsandbytes`), or write `owner = deepspeed` (DeepSpeed builds its own FusedLion)",
+    ));
 }
 
 /// `amsgrad = true` on DeepSpeed's Adam: FusedAdam (and DeepSpeedCPUAdam under optimizer offload)
@@ -1321,7 +1360,12 @@ mod tests {
         // Lion and Adafactor: everything the language lets them state reaches them.
         let lion =
             "optimizer lion { lr = 1e-4, betas = (0.9, 0.99), weight_decay = 0.1, owner = hf }\n";
-        assert!(codes(&format!("{HEAD}{lion}")).is_empty());
+        // (R0416 warns that HF's Lion needs bitsandbytes; nothing else.)
+        let lion_codes: Vec<&str> = codes(&format!("{HEAD}{lion}"))
+            .into_iter()
+            .map(|(code, _)| code)
+            .collect();
+        assert_eq!(lion_codes, vec![OPTIONAL_DEPENDENCY]);
         let adafactor = "optimizer adafactor { lr = 1e-3, weight_decay = 0.01, owner = hf }\n";
         assert!(codes(&format!("{HEAD}{adafactor}")).is_empty());
         // DeepSpeed's torch_adam: torch's Adam has no bias_correction; FusedAdam has.
