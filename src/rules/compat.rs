@@ -276,6 +276,17 @@ const HF_TYPED: &[(&str, &str, &str)] = &[
 pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
     removed_keys(r, out);
     for (path, value, span) in &r.raw_deepspeed {
+        let auto = value.as_str() == Some("auto");
+        if auto && auto_filled(r, path) && DEEPSPEED_TYPED.iter().any(|(k, ..)| k == path) {
+            // An "auto" for a key the compiler writes is not a second source when HF fills it
+            // from the TrainingArguments the recipe writes (the batch triple, clipping; as R0607
+            // and R0509 treat "auto"); one accelerate fills from its own defaults (the stage) is
+            // checked against the recipe's value.
+            if let Some(d) = auto_accelerate_default(r, path, *span) {
+                out.push(d);
+            }
+            continue;
+        }
         if let Some(typed) = DEEPSPEED_TYPED.iter().find(|(k, ..)| k == path) {
             out.push(duplicate(
                 r,
@@ -739,11 +750,24 @@ batch { micro = 8 }
             0
         );
         assert_eq!(count("", "amp.enabled = \"auto\""), 1);
-        // A typed duplicate is reported as such, not as an unfilled auto.
-        let stage = codes(&format!(
-            "{BASE}deepspeed {{ zero_optimization.stage = \"auto\" }}\n"
-        ));
-        assert!(stage.contains(&RAW_DEEPSPEED_DUPLICATE) && !stage.contains(&AUTO_UNFILLED));
+        // A typed key left to an "auto" HF fills from the recipe is accepted; the stage, which
+        // accelerate fills from its own default (2), only where that is the recipe's stage.
+        let raw = |zero: &str, raw: &str| -> Vec<&str> {
+            codes(&format!("{BASE}{zero}\ndeepspeed {{ {raw} }}\n"))
+                .into_iter()
+                .filter(|c| *c != "R0805") // the hidden size of a hub model, beside the point
+                .collect()
+        };
+        assert!(raw(
+            "",
+            "train_batch_size = \"auto\", gradient_clipping = \"auto\""
+        )
+        .is_empty());
+        let stage = "zero_optimization.stage = \"auto\"";
+        assert_eq!(raw("zero 1", stage), vec![AUTO_ACCELERATE_DEFAULT]);
+        assert!(raw("zero 2", stage).is_empty());
+        // A written value is still a second source.
+        assert!(raw("", "train_batch_size = 8").contains(&RAW_DEEPSPEED_DUPLICATE));
     }
 
     #[test]
