@@ -137,26 +137,6 @@ impl Adagrad {
         &self.config
     }
 
-    /// Elements updated.
-    pub fn len(&self) -> usize {
-        self.state.len
-    }
-
-    /// True when it updates nothing.
-    pub fn is_empty(&self) -> bool {
-        self.state.len == 0
-    }
-
-    /// The state (`sum`).
-    pub fn state(&self) -> &OptimState {
-        &self.state
-    }
-
-    /// Takes the fp32 master weights out of the state.
-    pub fn take_master(&mut self) -> Vec<f32> {
-        std::mem::take(&mut self.state.master)
-    }
-
     /// Replaces the state with a saved one (same family and length).
     pub fn load_state(&mut self, s: OptimState) -> Result<(), OptimError> {
         s.check_fits(FAMILY, &[BUFFER], self.state.len)?;
@@ -325,3 +305,5 @@ mod tests {
         }
     }
 }
+
+state_access!(Adagrad);

@@ -147,29 +147,9 @@ impl Lamb {
         &self.config
     }
 
-    /// Elements updated.
-    pub fn len(&self) -> usize {
-        self.state.len
-    }
-
-    /// True when it updates nothing.
-    pub fn is_empty(&self) -> bool {
-        self.state.len == 0
-    }
-
-    /// The state (`exp_avg`, `exp_avg_sq`).
-    pub fn state(&self) -> &OptimState {
-        &self.state
-    }
-
     /// The trust ratio of each tensor at the last step (1 before the first).
     pub fn coefficients(&self) -> &[f32] {
         &self.coeffs
-    }
-
-    /// Takes the fp32 master weights out of the state.
-    pub fn take_master(&mut self) -> Vec<f32> {
-        std::mem::take(&mut self.state.master)
     }
 
     /// Replaces the state with a saved one (same family and length).
@@ -391,3 +371,5 @@ mod tests {
             .is_err());
     }
 }
+
+state_access!(Lamb);

@@ -12,6 +12,34 @@
 //! an [`OptimState`]: named per-element buffers, the step count and, under mixed precision, the
 //! fp32 master weights, saved per rank as safetensors and re-partitionable by element ranges.
 
+/// The accessors every optimizer whose state is an [`OptimState`] shares (SGD, Adagrad, LAMB;
+/// Adam keeps its own `AdamState`).
+macro_rules! state_access {
+    ($t:ty) => {
+        impl $t {
+            /// Elements updated.
+            pub fn len(&self) -> usize {
+                self.state.len
+            }
+
+            /// True when it updates nothing.
+            pub fn is_empty(&self) -> bool {
+                self.state.len == 0
+            }
+
+            /// The state: its buffers, step count and fp32 master weights.
+            pub fn state(&self) -> &OptimState {
+                &self.state
+            }
+
+            /// Takes the fp32 master weights out of the state.
+            pub fn take_master(&mut self) -> Vec<f32> {
+                std::mem::take(&mut self.state.master)
+            }
+        }
+    };
+}
+
 mod adagrad;
 mod adam;
 mod lamb;

@@ -117,26 +117,6 @@ impl Sgd {
         &self.config
     }
 
-    /// Elements updated.
-    pub fn len(&self) -> usize {
-        self.state.len
-    }
-
-    /// True when it updates nothing.
-    pub fn is_empty(&self) -> bool {
-        self.state.len == 0
-    }
-
-    /// The state (`momentum_buffer` when μ ≠ 0).
-    pub fn state(&self) -> &OptimState {
-        &self.state
-    }
-
-    /// Takes the fp32 master weights out of the state.
-    pub fn take_master(&mut self) -> Vec<f32> {
-        std::mem::take(&mut self.state.master)
-    }
-
     /// Replaces the state with a saved one (same family, buffers and length).
     pub fn load_state(&mut self, s: OptimState) -> Result<(), OptimError> {
         s.check_fits(FAMILY, Self::buffers(&self.config), self.state.len)?;
@@ -286,3 +266,5 @@ mod tests {
         assert_eq!(whole, resumed);
     }
 }
+
+state_access!(Sgd);
