@@ -22,6 +22,11 @@
 //!   from `recipe build`'s training_args.json (its `__post_init__` runs HF's DeepSpeed fill),
 //!   HF's `trainer_config_finalize`, then DeepSpeed's `DeepSpeedConfig` — next to (c).
 //!
+//! * (f) a DeepSpeed config + TrainingArguments pair (`recipe check ds_config.json --args …`,
+//!   the pair linter) next to checking recipes/cls.rcp, in the same run: in process (the pair
+//!   `conformance/pairs/001-docs-zero2-fp16-auto`, and all of conformance/pairs/ in a row), and
+//!   as whole processes interleaved (release binary).
+//!
 //! (c) and (e) need the release binary: `cargo build --release` first (this bench builds it when
 //! it is missing, and says so if that fails).
 
@@ -121,6 +126,109 @@ fn main() {
         (Ok(bin), Some(medians)) => bench_python(bin, &root, &cls_path, medians),
         _ => println!("(e) Python config path: skipped (no release binary)"),
     }
+    println!();
+
+    // (f) pairs.
+    bench_pairs(&root, &cls, bin.as_ref().ok());
+}
+
+/// The pair of a conformance/pairs/ directory, as `recipe check` reads it.
+fn pair_input(dir: &Path) -> (recipe::SourceFile, Option<recipe::pair::ArgsInput>) {
+    let read = |p: PathBuf| recipe::SourceFile::read(&p).expect("read a pair file");
+    let args = if dir.join("training_args.json").is_file() {
+        Some(recipe::pair::ArgsInput::Json(read(
+            dir.join("training_args.json"),
+        )))
+    } else if dir.join("args.txt").is_file() {
+        Some(recipe::pair::ArgsInput::Flags(read(dir.join("args.txt"))))
+    } else {
+        None
+    };
+    (read(dir.join("ds_config.json")), args)
+}
+
+/// Times (f): checking pairs against checking cls.rcp, in the same run.
+fn bench_pairs(root: &Path, cls: &str, bin: Option<&PathBuf>) {
+    let opts = recipe::pair::Options {
+        world: 4,
+        samples: Some(20_000),
+        hidden_size: Some(768),
+        has_eval: None,
+        targets: recipe::upstream::versions::Targets::newest(),
+    };
+    let one = root.join("conformance/pairs/001-docs-zero2-fp16-auto");
+    let (ds, args) = pair_input(&one);
+    let pair = time_n(5_000, 200, || {
+        black_box(recipe::pair::check(ds.clone(), args.clone(), &opts));
+    });
+    let rcp = time_n(5_000, 200, || {
+        black_box(recipe::check_source(black_box(cls)));
+    });
+    let (p, r) = (us(percentile(&pair, 50)), us(percentile(&rcp, 50)));
+    println!("(f) the pair linter against checking a recipe, same run");
+    println!("    in process, pair 001-docs-zero2-fp16-auto   median {p:>8.1} us");
+    println!("    in process, recipes/cls.rcp                median {r:>8.1} us   ratio pair/recipe {:.2}x", p / r);
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root.join("conformance/pairs"))
+        .map(|d| {
+            d.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.is_dir())
+                .collect()
+        })
+        .unwrap_or_default();
+    dirs.sort();
+    let inputs: Vec<_> = dirs.iter().map(|d| pair_input(d)).collect();
+    let all = time_n(50, 5, || {
+        for (ds, args) in &inputs {
+            black_box(recipe::pair::check(ds.clone(), args.clone(), &opts));
+        }
+    });
+    println!(
+        "    in process, all {} conformance pairs         median {:>8.1} us ({:.1} us a pair)",
+        inputs.len(),
+        us(percentile(&all, 50)),
+        us(percentile(&all, 50)) / inputs.len().max(1) as f64
+    );
+    let Some(bin) = bin else {
+        println!("    whole process: skipped (no release binary)");
+        return;
+    };
+    let run = |args: &[&OsStr]| {
+        let t = Instant::now();
+        let status = Command::new(bin)
+            .args(args)
+            .current_dir(root)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("spawn");
+        assert!(status.code().is_some(), "recipe was killed");
+        t.elapsed()
+    };
+    let ds = one.join("ds_config.json");
+    let ta = one.join("training_args.json");
+    let pair_args = [
+        OsStr::new("check"),
+        ds.as_os_str(),
+        OsStr::new("--args"),
+        ta.as_os_str(),
+    ];
+    let rcp_path = root.join("recipes/cls.rcp");
+    let rcp_args = [OsStr::new("check"), rcp_path.as_os_str()];
+    let (mut ps, mut rs) = (Vec::new(), Vec::new());
+    for i in 0..55 {
+        let p = run(&pair_args);
+        let r = run(&rcp_args);
+        if i >= 5 {
+            ps.push(p);
+            rs.push(r);
+        }
+    }
+    ps.sort();
+    rs.sort();
+    let (p, r) = (ms(percentile(&ps, 50)), ms(percentile(&rs, 50)));
+    println!("    whole process, recipe check ds_config.json --args training_args.json  median {p:>7.3} ms");
+    println!("    whole process, recipe check recipes/cls.rcp (scan cache warm)        median {r:>7.3} ms   ratio pair/recipe {:.2}x", p / r);
 }
 
 /// What (e) runs in the venv's Python: argv[1] is `recipe build`'s output directory, argv[2] the

@@ -505,23 +505,26 @@ def check_launch(case_dir: Path, world: int, json_args) -> dict:
 
 
 def run_chain(emitted: dict, targs: dict, ds_path: Path, case: dict, res: dict, errors: list,
-              want_lr: bool) -> dict | None:
+              want_lr: bool, args=None) -> dict | None:
     """S1 … S4 + DeepSpeed for one (ds_config, training_args) pair. Returns what the run
-    would see, or None when TrainingArguments itself fails."""
+    would see, or None when TrainingArguments itself fails. `args`: TrainingArguments already
+    built by the caller (with `training_arguments_class(world)`, `deepspeed` = `ds_path`, e.g.
+    by `HfArgumentParser`, pairs.py); then `targs` is not used and S1 is the caller's."""
     world = int(case["world_size"])
     hidden = int(case.get("hidden_size") or 768)
     samples = int(case["samples"])
     model = types.SimpleNamespace(config=types.SimpleNamespace(hidden_size=hidden))
 
     # ---- S1: TrainingArguments (HF fill/match recorded, DeepSpeedPlugin) ----------------------
-    kw = dict(targs)
-    kw["deepspeed"] = str(ds_path)  # the emitted path is relative to the recipe's directory
-    try:
-        with Quiet(), gpu_bf16_for_training_arguments():
-            args = training_arguments_class(world)(**kw)
-    except Exception as e:  # noqa: BLE001
-        errors.append({"stage": "S1", "error": err_text(e)})
-        return None
+    if args is None:
+        kw = dict(targs)
+        kw["deepspeed"] = str(ds_path)  # the emitted path is relative to the recipe's directory
+        try:
+            with Quiet(), gpu_bf16_for_training_arguments():
+                args = training_arguments_class(world)(**kw)
+        except Exception as e:  # noqa: BLE001
+            errors.append({"stage": "S1", "error": err_text(e)})
+            return None
 
     for msg in replay_trainer_checks(args, bool(case.get("has_eval"))):  # R1
         errors.append({"stage": "trainer", "error": msg})

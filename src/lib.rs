@@ -38,6 +38,10 @@ pub mod commands;
 pub mod diagnostics;
 pub mod upstream;
 
+/// Beside the pipeline: the linter for configs people already have (a DeepSpeed config and its
+/// TrainingArguments), replaying the real stack's order of events.
+pub mod pair;
+
 pub use check::{check_source, Checked};
 pub use diagnostics::source::SourceFile;
 pub use diagnostics::{Diagnostic, Severity};

@@ -409,7 +409,24 @@ fn import_lints_an_existing_config() {
             "zero_optimization": {"stage": 2, "cpu_offload": true}}"#,
     )
     .unwrap();
+    // The real stack refuses the pair (DeepSpeed's batch assertion: 10 != 3 × 3 × 1): no
+    // recipe, the findings in the JSON file.
     let o = recipe(&["import", ds.to_str().unwrap(), "--samples", "1000"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(o.stdout.is_empty());
+    let err = stderr(&o);
+    assert!(
+        err.contains("R1220") && err.contains("ds_config.json:1:") && err.contains("--force"),
+        "{err}"
+    );
+    // --force writes it, marked.
+    let o = recipe(&[
+        "import",
+        ds.to_str().unwrap(),
+        "--samples",
+        "1000",
+        "--force",
+    ]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let out = String::from_utf8(o.stdout.clone()).unwrap();
     assert!(
@@ -417,11 +434,22 @@ fn import_lints_an_existing_config() {
         "{out}"
     );
     assert!(
+        out.contains("# conflict in the imported pair (--force): R1220"),
+        "{out}"
+    );
+    // The deprecated key is mapped as DeepSpeed maps it.
+    assert!(
+        out.contains("offload optimizer = cpu")
+            && out.contains("# mapped: zero_optimization.cpu_offload"),
+        "{out}"
+    );
+    assert!(
         out.contains("# fill in: model.from is a placeholder"),
         "{out}"
     );
     let err = stderr(&o);
-    // The batch triple does not add up; the legacy key is reported in the raw block.
+    // The batch triple does not add up (in the recipe too); the legacy key is reported in the
+    // JSON.
     assert!(err.contains("R0101") && err.contains("R0031"), "{err}");
     // A misspelt key DeepSpeed would silently ignore.
     std::fs::write(
@@ -760,6 +788,7 @@ fn import_json_diagnostics_are_json_lines_on_stderr() {
         "4708",
         "--format",
         "json",
+        "--force",
     ]);
     assert!(String::from_utf8_lossy(&o.stdout).contains("schedule "));
     let err = stderr(&o);
@@ -773,4 +802,76 @@ fn import_json_diagnostics_are_json_lines_on_stderr() {
         err.contains("`warmup_ratio` is not a TrainingArguments field"),
         "{err}"
     );
+}
+
+/// `recipe check ds_config.json`: the pair linter, with the TrainingArguments as a JSON file, as
+/// a launch script, or as flags after `--`; JSON output names the other file on its labels.
+#[test]
+fn check_lints_a_pair() {
+    let pair = "tests/pairs/R1210-lr-mismatch";
+    let ds = format!("{pair}/ds_config.json");
+    let ta = format!("{pair}/training_args.json");
+    let o = recipe(&["check", &ds, "--args", &ta]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("R1210") && err.contains("ds_config.json:6:22"),
+        "{err}"
+    );
+    assert!(err.contains("training_args.json:3:20"), "{err}");
+    assert!(err.contains("2 errors"), "{err}");
+    // The same values as flags after `--`: the TrainingArguments span is on the command line.
+    let o = recipe(&[
+        "check",
+        &ds,
+        "--",
+        "--per_device_train_batch_size",
+        "16",
+        "--learning_rate",
+        "5e-5",
+        "--adam_beta2",
+        "0.98",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("<command line>"), "{}", stderr(&o));
+    // Matching values: accepted.
+    let o = recipe(&[
+        "check",
+        &ds,
+        "--",
+        "--per_device_train_batch_size",
+        "16",
+        "--learning_rate",
+        "0.001",
+        "--adam_epsilon",
+        "1e-8",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // JSON lines: the label in the other file carries it.
+    let o = recipe(&["check", &ds, "--args", &ta, "--format", "json"]);
+    let out = String::from_utf8(o.stdout).unwrap();
+    let first: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!(first["code"], "R1210");
+    assert!(first["file"].as_str().unwrap().ends_with("ds_config.json"));
+    let labels = first["labels"].as_array().unwrap();
+    assert!(
+        labels.iter().any(|l| l["file"]
+            .as_str()
+            .is_some_and(|f| f.ends_with("training_args.json"))),
+        "{out}"
+    );
+    // A launch script: the flags after the training script count.
+    let o = recipe(&[
+        "check",
+        "tests/pairs/R1204-flag-not-an-int/ds_config.json",
+        "--args",
+        "tests/pairs/R1204-flag-not-an-int/args.txt",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("R1204"), "{}", stderr(&o));
+    // Pair flags with a recipe, and two sources of arguments, are usage errors.
+    let o = recipe(&["check", "recipes/cls.rcp", "--args", &ta]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = recipe(&["check", &ds, "--args", &ta, "--", "--fp16"]);
+    assert_eq!(o.status.code(), Some(2));
 }

@@ -261,6 +261,12 @@ fn diagnostics_reference_has_a_section_per_code() {
             "docs/diagnostics.md has no `### {code}` ({name})"
         );
     }
+    for (code, name, _) in recipe::pair::codes::CODES {
+        assert!(
+            doc.contains(&format!("### {code} {name}")),
+            "docs/rules/pairs.md has no `### {code} {name}`"
+        );
+    }
 }
 
 #[test]

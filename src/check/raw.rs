@@ -232,6 +232,46 @@ fn deepspeed_key(
     None
 }
 
+/// Checks one key of a ds_config.json file, where DeepSpeed's own reading decides the severity
+/// (unlike a recipe's `deepspeed { }` block, whose every unknown key is an error): an unknown
+/// top-level key, and an old key DeepSpeed no longer reads, are silently ignored (warnings); a
+/// key a strict section rejects is an error, except an `"auto"` value in a section built by
+/// keyword, which DeepSpeed drops before validating (docs/upstream.md, schema/upstream.rs).
+pub fn deepspeed_finding(dotted: &str, span: Span, is_auto: bool) -> Option<Diagnostic> {
+    let renamed = renamed_deepspeed(dotted);
+    // Keys below a renamed section are covered by the section's report.
+    if renamed.is_some_and(|(old, ..)| *old != dotted) {
+        return None;
+    }
+    let mut d = deepspeed_key(dotted, renamed, span)?;
+    let (section, field) = dotted.rsplit_once('.').unwrap_or(("", dotted));
+    let strict = upstream::DEEPSPEED_STRICT_SECTIONS
+        .binary_search_by(|(name, _)| name.cmp(&section))
+        .ok()
+        .map(|i| upstream::DEEPSPEED_STRICT_SECTIONS[i].1);
+    let rejected = strict.is_some_and(|fields| !fields.contains(&field));
+    let keyword_built = !section.contains('.');
+    d.severity = if rejected && !(is_auto && keyword_built) {
+        crate::diagnostics::Severity::Error
+    } else if renamed.is_some_and(|(.., honoured)| *honoured) || !rejected {
+        crate::diagnostics::Severity::Warning
+    } else {
+        crate::diagnostics::Severity::Error
+    };
+    if d.code == codes::UNKNOWN_DEEPSPEED_KEY && !rejected {
+        d.primary.text = "DeepSpeed ignores it".into();
+    }
+    if d.code == codes::RENAMED_DEEPSPEED_KEY && d.severity == crate::diagnostics::Severity::Warning
+    {
+        d.primary.text = if renamed.is_some_and(|(.., honoured)| *honoured) {
+            "deprecated, still applied".into()
+        } else {
+            "ignored".into()
+        };
+    }
+    Some(d)
+}
+
 fn hf_key(dotted: &str, span: Span) -> Option<Diagnostic> {
     let field = dotted
         .split('.')

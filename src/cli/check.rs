@@ -54,7 +54,12 @@ pub fn run(files: &[PathBuf], flags: &RecipeFlags) -> i32 {
 }
 
 fn summary(diagnostics: &[recipe::Diagnostic]) -> String {
-    let count = |s: Severity| diagnostics.iter().filter(|d| d.severity == s).count();
+    summary_of(&diagnostics.iter().map(|d| d.severity).collect::<Vec<_>>())
+}
+
+/// "2 errors, 1 warning", or "ok".
+pub fn summary_of(severities: &[Severity]) -> String {
+    let count = |s: Severity| severities.iter().filter(|&&d| d == s).count();
     let parts: Vec<String> = [
         (count(Severity::Error), "error"),
         (count(Severity::Warning), "warning"),

@@ -32,7 +32,13 @@ pub struct Given {
     pub hidden_size: Option<u64>,
 }
 
-pub fn run(file: &Path, args: Option<&PathBuf>, given: Given, flags: &RecipeFlags) -> i32 {
+pub fn run(
+    file: &Path,
+    args: Option<&PathBuf>,
+    given: Given,
+    force: bool,
+    flags: &RecipeFlags,
+) -> i32 {
     let ds = match read_json(file) {
         Ok(v) => v,
         Err(e) => {
@@ -47,6 +53,44 @@ pub fn run(file: &Path, args: Option<&PathBuf>, given: Given, flags: &RecipeFlag
             return USAGE;
         }
     };
+    // The pair as the real stack takes it, first: a pair it refuses gets no recipe (unless
+    // --force), since a recipe is consistent by construction and would hide the conflict.
+    let (Some(ds_file), args_file) = (super::read(file), args.map(|p| super::read(p))) else {
+        return USAGE;
+    };
+    if matches!(args_file, Some(None)) {
+        return USAGE;
+    }
+    let pair_opts = match super::pair::options(flags, file, given.hidden_size, false) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return USAGE;
+        }
+    };
+    let report = recipe::pair::check(
+        ds_file,
+        args_file.flatten().map(recipe::pair::ArgsInput::Json),
+        &pair_opts,
+    );
+    if super::pair::print(&report, flags.format, true).is_err() {
+        return USAGE;
+    }
+    let conflicts: Vec<String> = report
+        .findings
+        .iter()
+        .filter(|f| f.severity == recipe::Severity::Error)
+        .map(|f| format!("{} {}", f.code, f.message))
+        .collect();
+    if !conflicts.is_empty() && !force {
+        eprintln!(
+            "error: the real stack refuses this pair ({} error{} above), so no recipe is written; \
+             fix the pair, or give --force to write one marked where the pair conflicts",
+            conflicts.len(),
+            if conflicts.len() == 1 { "" } else { "s" }
+        );
+        return FAILED;
+    }
     let mut origin = file.display().to_string();
     if let Some(a) = args {
         origin.push_str(&format!(" and {}", a.display()));
@@ -79,7 +123,20 @@ pub fn run(file: &Path, args: Option<&PathBuf>, given: Given, flags: &RecipeFlag
         nodes: flags.nodes,
         origin,
     };
-    let text = import(&ds, hf.as_ref(), &inputs);
+    let mut text = import(&ds, hf.as_ref(), &inputs);
+    if !conflicts.is_empty() {
+        // --force: the recipe says where the pair it came from conflicts.
+        let marks: String = conflicts
+            .iter()
+            .map(|c| {
+                format!(
+                    "# conflict in the imported pair (--force): {}\n",
+                    c.replace('\n', " ")
+                )
+            })
+            .collect();
+        text = format!("{marks}{text}");
+    }
     print!("{text}");
     // The args file as it is, against the target transformers (the linter use): a key that
     // release does not have is reported even where the import maps it.

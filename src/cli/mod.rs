@@ -9,6 +9,7 @@ mod explain;
 mod fmt;
 mod import;
 mod model_files;
+mod pair;
 mod run;
 mod steps;
 mod verify;
@@ -41,13 +42,29 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Parse and check recipes; exit 1 if any has errors.
+    /// Parse and check recipes, or an existing DeepSpeed config with its TrainingArguments
+    /// (`recipe check ds_config.json --args training_args.json`, or `-- --learning_rate …`);
+    /// exit 1 if any has errors.
     Check {
-        /// Recipe files (`-` reads standard input).
+        /// Recipe files (`-` reads standard input), or one ds_config.json.
         #[arg(required = true)]
         files: Vec<PathBuf>,
+        /// With a ds_config.json: the TrainingArguments, as a JSON file or as a file of
+        /// command-line flags (a launch script: the flags after the training script count).
+        #[arg(long, value_name = "FILE")]
+        args: Option<PathBuf>,
+        /// With a ds_config.json: the model's hidden size, for the ZeRO "auto" bucket sizes.
+        #[arg(long, value_name = "N")]
+        hidden_size: Option<u64>,
+        /// With a ds_config.json: the script passes no evaluation dataset (the Trainer then
+        /// refuses any eval_strategy but "no").
+        #[arg(long)]
+        no_eval_data: bool,
         #[command(flatten)]
         flags: RecipeFlags,
+        /// With a ds_config.json: TrainingArguments flags, as the launch command writes them.
+        #[arg(last = true, value_name = "TRAINING_ARGUMENTS")]
+        training_flags: Vec<String>,
     },
     /// Rewrite recipes in canonical layout, keeping comments.
     Fmt {
@@ -156,6 +173,9 @@ enum Command {
         /// the model; a local --model directory's config.json says it too).
         #[arg(long, value_name = "N")]
         hidden_size: Option<u64>,
+        /// Write a recipe even for a pair the real stack refuses, marked where it conflicts.
+        #[arg(long)]
+        force: bool,
         #[command(flatten)]
         flags: RecipeFlags,
     },
@@ -281,7 +301,38 @@ pub fn main() -> i32 {
         recipe::resolve::scan_cache::enable(model_files::cache_root().join("scans"));
     }
     match cli.command {
-        Command::Check { files, flags } => check::run(&files, &flags),
+        Command::Check {
+            files,
+            args,
+            hidden_size,
+            no_eval_data,
+            flags,
+            training_flags,
+        } => {
+            if files.iter().any(|f| pair::is_pair_file(f)) {
+                pair::run(
+                    &files,
+                    pair::PairFlags {
+                        args,
+                        hidden_size,
+                        no_eval_data,
+                        training_flags,
+                    },
+                    &flags,
+                )
+            } else if args.is_some()
+                || hidden_size.is_some()
+                || no_eval_data
+                || !training_flags.is_empty()
+            {
+                eprintln!(
+                    "error: --args, --hidden-size, --no-eval-data and `-- flags` go with a ds_config.json, not a recipe"
+                );
+                USAGE
+            } else {
+                check::run(&files, &flags)
+            }
+        }
         Command::Fmt { files, check } => fmt::run(&files, check),
         Command::Explain {
             file,
@@ -323,6 +374,7 @@ pub fn main() -> i32 {
             eval,
             labels,
             hidden_size,
+            force,
             flags,
         } => import::run(
             &file,
@@ -334,6 +386,7 @@ pub fn main() -> i32 {
                 labels,
                 hidden_size,
             },
+            force,
             &flags,
         ),
     }

@@ -81,6 +81,8 @@ struct Builder<'a> {
     comments: Vec<String>,
     /// Keys no recipe can write (not words: no DeepSpeed key or TrainingArguments field is).
     dropped: Vec<String>,
+    /// Top-level keys DeepSpeed does not read (it ignores them).
+    ignored: Vec<String>,
     _inputs: &'a Inputs,
 }
 
@@ -159,6 +161,55 @@ fn raw_lines(map: &Map<String, Value>, prefix: &str, out: &mut Vec<(String, Stri
     }
 }
 
+/// Deprecated `zero_optimization` keys mapped the way DeepSpeed maps them when it reads the
+/// config (`DEEPSPEED_RENAMED` in schema/upstream.rs: `cpu_offload: true` is optimizer offload
+/// to the CPU, `cpu_offload_param: true` parameter offload, the fp16 gather key is the 16-bit
+/// one; `cpu_offload_use_pin_memory` is not applied at all), so that the recipe states what the
+/// run does. Both the old key and its replacement: left as they are (the pair check refuses it).
+fn deprecated_zero_keys(b: &mut Builder<'_>) {
+    let Some(Value::Object(zero)) = b.ds.get_mut("zero_optimization") else {
+        return;
+    };
+    let offloads = [
+        ("cpu_offload", "offload_optimizer"),
+        ("cpu_offload_param", "offload_param"),
+    ];
+    for (old, new) in offloads {
+        if zero.contains_key(new) {
+            continue;
+        }
+        if let Some(v) = zero.remove(old) {
+            if v.as_bool() == Some(true) {
+                zero.insert(new.into(), serde_json::json!({"device": "cpu"}));
+            }
+            b.comments.push(format!(
+                "zero_optimization.{old} = {v} is deprecated; DeepSpeed reads it as {new} {}",
+                if v.as_bool() == Some(true) {
+                    "on the CPU"
+                } else {
+                    "off"
+                }
+            ));
+        }
+    }
+    let (old, new) = (
+        "stage3_gather_fp16_weights_on_model_save",
+        "stage3_gather_16bit_weights_on_model_save",
+    );
+    if !zero.contains_key(new) {
+        if let Some(v) = zero.remove(old) {
+            zero.insert(new.into(), v);
+        }
+    }
+    if zero.remove("cpu_offload_use_pin_memory").is_some() {
+        b.comments.push(
+            "zero_optimization.cpu_offload_use_pin_memory is dropped: DeepSpeed does not apply it \
+             (write pin_memory in the offload call)"
+                .into(),
+        );
+    }
+}
+
 /// The recipe for a DeepSpeed config and optional TrainingArguments.
 pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
     let mut b = Builder {
@@ -166,8 +217,10 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
         args: args.and_then(Value::as_object).cloned().unwrap_or_default(),
         comments: Vec::new(),
         dropped: Vec::new(),
+        ignored: Vec::new(),
         _inputs: inputs,
     };
+    deprecated_zero_keys(&mut b);
     // HF owns these; they say nothing about the run.
     b.hf("deepspeed");
     b.hf("do_train");
@@ -557,6 +610,11 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
         train.push(("clip".into(), lit(&v)));
     }
     let fp16_args = b.hf("fp16").and_then(|v| v.as_bool()).unwrap_or(false);
+    // accelerate inserts `fp16: {enabled: true, auto_cast: true}` when the arguments train in
+    // fp16 and the config has no fp16 section (`DeepSpeedPlugin.set_mixed_precision`,
+    // docs/rules/pairs.md); the compiler writes `auto_cast: false`, so the recipe keeps the
+    // inserted value raw.
+    let fp16_section_absent = !b.ds.contains_key("fp16");
     let bf16_args = b.hf("bf16").and_then(|v| v.as_bool()).unwrap_or(false);
     let enabled = |b: &mut Builder, key: &str, arg: bool| match b.ds(key, None) {
         Some(Value::Bool(x)) => x,
@@ -613,7 +671,18 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
             ));
         }
     }
-    b.ds("fp16.auto_cast", None);
+    // auto_cast: the compiler writes false; a true (written, or accelerate's insert) stays raw.
+    let auto_cast = b.ds("fp16.auto_cast", None);
+    if fp16 && (auto_cast == Some(Value::Bool(true)) || (fp16_args && fp16_section_absent)) {
+        if auto_cast.is_none() {
+            b.comments.push(
+                "fp16.auto_cast = true: the config has no fp16 section, so accelerate inserts one \
+                 with auto_cast on"
+                    .into(),
+            );
+        }
+        b.ds.insert("fp16".into(), serde_json::json!({ "auto_cast": true }));
+    }
     let logging = b.args.get("logging_steps").cloned();
     for f in [
         "seed",
@@ -768,6 +837,20 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
     if b.ds.get("wall_clock_breakdown") == Some(&Value::Bool(false)) {
         b.ds.remove("wall_clock_breakdown"); // DeepSpeed's default; the compiler writes it
     }
+    // Top-level keys DeepSpeed does not read: it ignores them, so they say nothing about the run.
+    let ignored: Vec<String> =
+        b.ds.keys()
+            .filter(|k| {
+                crate::schema::upstream::DEEPSPEED_TOP_LEVEL
+                    .binary_search(&k.as_str())
+                    .is_err()
+            })
+            .cloned()
+            .collect();
+    for k in ignored {
+        b.ds.remove(&k);
+        b.ignored.push(k);
+    }
     let mut raw = Vec::new();
     raw_lines(&b.ds, "", &mut raw);
     let raw = b.writable("deepspeed", raw);
@@ -782,10 +865,25 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
     if !raw.is_empty() {
         out.push_str(&format!("\nhf{}\n", items(&raw)));
     }
-    if !b.comments.is_empty() || !b.dropped.is_empty() {
+    if !b.comments.is_empty() || !b.dropped.is_empty() || !b.ignored.is_empty() {
         let mut head = String::new();
         for c in &b.comments {
-            head.push_str(&format!("# fill in: {c}\n"));
+            // Deprecated keys are mapped, not missing: a note, not a fill-in.
+            let what = if c.starts_with("zero_optimization.") || c.starts_with("fp16.") {
+                "mapped"
+            } else {
+                "fill in"
+            };
+            head.push_str(&format!("# {what}: {c}\n"));
+        }
+        for k in &b.ignored {
+            let top = crate::schema::upstream::DEEPSPEED_TOP_LEVEL.iter().copied();
+            let hint = crate::check::suggest::closest(k, top)
+                .map(|best| format!(" (did you mean `{best}`?)"))
+                .unwrap_or_default();
+            head.push_str(&format!(
+                "# not imported: `{k}` is not a DeepSpeed key; DeepSpeed ignores it{hint}\n"
+            ));
         }
         for d in &b.dropped {
             head.push_str(&format!(

@@ -132,6 +132,46 @@ pub fn sort(diagnostics: &mut [Diagnostic]) {
 struct Report<'a> {
     diagnostic: &'a Diagnostic,
     source: NamedSource<String>,
+    /// Labels of the same finding in another file (a pair's other side).
+    related: Vec<Related<'a>>,
+}
+
+/// Labels of a finding in a second file, drawn below the first as a note.
+struct Related<'a> {
+    labels: &'a [Label],
+    source: NamedSource<String>,
+    name: String,
+}
+
+impl fmt::Debug for Related<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+impl fmt::Display for Related<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "in {}", self.name)
+    }
+}
+
+impl std::error::Error for Related<'_> {}
+
+impl miette::Diagnostic for Related<'_> {
+    fn severity(&self) -> Option<miette::Severity> {
+        Some(miette::Severity::Advice)
+    }
+
+    fn source_code(&self) -> Option<&dyn miette::SourceCode> {
+        Some(&self.source)
+    }
+
+    fn labels(&self) -> Option<Box<dyn Iterator<Item = LabeledSpan> + '_>> {
+        let text = |t: &str| (!t.is_empty()).then(|| t.to_string());
+        Some(Box::new(self.labels.iter().map(move |l| {
+            LabeledSpan::new_with_span(text(&l.text), source_span(l.span))
+        })))
+    }
 }
 
 impl fmt::Debug for Report<'_> {
@@ -176,6 +216,15 @@ impl miette::Diagnostic for Report<'_> {
         Some(&self.source)
     }
 
+    fn related<'a>(&'a self) -> Option<Box<dyn Iterator<Item = &'a dyn miette::Diagnostic> + 'a>> {
+        if self.related.is_empty() {
+            return None;
+        }
+        Some(Box::new(
+            self.related.iter().map(|r| r as &dyn miette::Diagnostic),
+        ))
+    }
+
     fn labels(&self) -> Option<Box<dyn Iterator<Item = LabeledSpan> + '_>> {
         let d = self.diagnostic;
         let text = |t: &str| (!t.is_empty()).then(|| t.to_string());
@@ -200,14 +249,35 @@ pub enum Style {
 
 /// Renders one diagnostic the way `recipe check` prints it.
 pub fn render_human(diagnostic: &Diagnostic, file: &SourceFile, style: Style) -> String {
+    render_human_with(diagnostic, file, None, style)
+}
+
+/// Renders a diagnostic whose finding also has labels in a second file (`other`), drawn below
+/// the first file's snippet.
+pub fn render_human_with(
+    diagnostic: &Diagnostic,
+    file: &SourceFile,
+    other: Option<(&SourceFile, &[Label])>,
+    style: Style,
+) -> String {
     let theme = match style {
         Style::Color => GraphicalTheme::unicode(),
         Style::Plain => GraphicalTheme::unicode_nocolor(),
     };
     let handler = GraphicalReportHandler::new_themed(theme).with_width(100);
+    let related = other
+        .filter(|(_, labels)| !labels.is_empty())
+        .map(|(f, labels)| Related {
+            labels,
+            source: NamedSource::new(f.name.clone(), f.text.clone()),
+            name: f.name.clone(),
+        })
+        .into_iter()
+        .collect();
     let report = Report {
         diagnostic,
         source: NamedSource::new(file.name.clone(), file.text.clone()),
+        related,
     };
     let mut out = String::new();
     if handler.render_report(&mut out, &report).is_err() {
@@ -249,6 +319,9 @@ pub struct JsonLabel {
     pub text: String,
     /// True for the primary label.
     pub primary: bool,
+    /// The file of a label in another file than the diagnostic's (a pair's other side).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
 }
 
 /// One diagnostic as `recipe check --format json` prints it (one object per line).
@@ -280,11 +353,13 @@ pub fn to_json(diagnostic: &Diagnostic, file: &SourceFile) -> JsonDiagnostic {
         span: span(diagnostic.primary.span),
         text: diagnostic.primary.text.clone(),
         primary: true,
+        file: None,
     }];
     labels.extend(diagnostic.secondary.iter().map(|l| JsonLabel {
         span: span(l.span),
         text: l.text.clone(),
         primary: false,
+        file: None,
     }));
     JsonDiagnostic {
         code: diagnostic.code.to_string(),
@@ -295,6 +370,28 @@ pub fn to_json(diagnostic: &Diagnostic, file: &SourceFile) -> JsonDiagnostic {
         labels,
         help: diagnostic.help.clone(),
     }
+}
+
+/// Converts a diagnostic with labels in a second file (`other`) to its JSON form: those labels
+/// carry their `file`.
+pub fn to_json_with(
+    diagnostic: &Diagnostic,
+    file: &SourceFile,
+    other: Option<(&SourceFile, &[Label])>,
+) -> JsonDiagnostic {
+    let mut out = to_json(diagnostic, file);
+    if let Some((f, labels)) = other {
+        out.labels.extend(labels.iter().map(|l| JsonLabel {
+            span: JsonSpan {
+                start: position(f, l.span.start),
+                end: position(f, l.span.end),
+            },
+            text: l.text.clone(),
+            primary: false,
+            file: Some(f.name.clone()),
+        }));
+    }
+    out
 }
 
 fn position(file: &SourceFile, offset: usize) -> JsonPosition {

@@ -43,7 +43,7 @@ pub const AUTO_ACCELERATE_DEFAULT: &str = "R0911";
 /// section only disables the feature (`deepspeed/runtime/config.py:_reject_removed_config_keys`,
 /// `_REMOVED_TOP_LEVEL_CONFIG_KEYS` and `_REMOVED_ZERO_CONFIG_KEYS` of the 0.19.8 wheel; all
 /// read by 0.19.5; seen by the conformance harness, conformance/fixtures/).
-const REMOVED_KEYS: &[&str] = &[
+pub const REMOVED_KEYS: &[&str] = &[
     "amp",
     "compression_training",
     "curriculum_learning",
