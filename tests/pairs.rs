@@ -72,6 +72,11 @@ fn cause_codes(error: &str) -> &'static [&'static str] {
         ),
         ("Extra inputs are not permitted", &["R0030", "R0031"]),
         ("not used by the HfArgumentParser", &["R0032", "R0033"]),
+        // DeepSpeed's scheduler constructors (before TrainingArguments' own TypeError).
+        ("LR.__init__()", &["R1222"]),
+        ("Cycle.__init__()", &["R1222"]),
+        ("Test.__init__()", &["R1222"]),
+        ("warmup_num_steps must be a positive integer", &["R1222"]),
         ("unexpected keyword argument", &["R0032", "R0033"]),
         ("At most one of fp16 and bf16", &["R1205"]),
         ("is not a valid", &["R1205"]),

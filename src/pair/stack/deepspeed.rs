@@ -207,6 +207,83 @@ impl Work<'_> {
         self.deepspeed_values();
     }
 
+    /// The parameters of one of DeepSpeed's schedulers, as its constructor takes them.
+    fn scheduler_params(&mut self, name: &str) {
+        let Some((_, required, optional)) = DS_SCHEDULER_PARAMS.iter().find(|(n, ..)| *n == name)
+        else {
+            return;
+        };
+        let params = self
+            .get("scheduler.params")
+            .cloned()
+            .unwrap_or(Py::Dict(Vec::new()));
+        let Py::Dict(items) = &params else { return };
+        let mut all: Vec<&str> = required.to_vec();
+        all.extend_from_slice(optional);
+        for (k, _) in items {
+            if all.contains(&k.as_str()) {
+                continue;
+            }
+            let path = format!("scheduler.params.{k}");
+            let hint = crate::check::suggest::closest(k, all.iter().copied())
+                .map(|b| format!("did you mean `{b}`? "))
+                .unwrap_or_default();
+            self.out.push(
+                Finding::new(
+                    codes::DS_BAD_VALUE,
+                    Severity::Error,
+                    format!("`{k}` is not a parameter of DeepSpeed's {name}"),
+                    At::ds(self.ds_key_span(&path), "not a parameter"),
+                )
+                .help(format!(
+                    "DeepSpeed refuses it when it builds the scheduler (\"__init__() got an \
+                     unexpected keyword argument '{k}'\"); {hint}{name} takes {}",
+                    all.join(", ")
+                )),
+            );
+        }
+        for k in *required {
+            if params.get(k).is_none() {
+                self.out.push(
+                    Finding::new(
+                        codes::DS_BAD_VALUE,
+                        Severity::Error,
+                        format!("DeepSpeed's {name} needs `{k}`, and the config does not give it"),
+                        At::ds(self.ds_key_span("scheduler.params"), format!("no {k}")),
+                    )
+                    .help(format!(
+                        "DeepSpeed refuses it when it builds the scheduler (\"__init__() missing 1 \
+                         required positional argument: '{k}'\"); write it (\"auto\" where HF fills it)"
+                    )),
+                );
+            }
+        }
+        let warmup = params.get("warmup_num_steps").filter(|v| !v.is_auto());
+        if let (true, Some(v)) = (self.facts.ds_warmup_steps_positive_int, warmup) {
+            if name.starts_with("Warmup") && !matches!(v, Py::Int(1..) | Py::Bool(true)) {
+                self.out.push(
+                    Finding::new(
+                        codes::DS_BAD_VALUE,
+                        Severity::Error,
+                        format!(
+                            "`warmup_num_steps` = {} is not a positive integer",
+                            v.show()
+                        ),
+                        At::ds(
+                            self.ds_span("scheduler.params.warmup_num_steps"),
+                            "must be ≥ 1",
+                        ),
+                    )
+                    .help(format!(
+                        "DeepSpeed refuses it (\"warmup_num_steps must be a positive integer, got \
+                         {}\"); write 1 for no warmup, or \"auto\"",
+                        v.show()
+                    )),
+                );
+            }
+        }
+    }
+
     /// Values DeepSpeed validates: the ZeRO stage, offload devices, optimizer and scheduler types.
     pub(super) fn deepspeed_values(&mut self) {
         let bad = |w: &Work, path: &str, msg: String, help: String| {
@@ -290,8 +367,9 @@ impl Work<'_> {
             }
         }
         if let Some(Py::Str(name)) = self.get("scheduler.type").cloned() {
-            if !DS_SCHEDULERS.contains(&name.as_str()) && !TORCH_SCHEDULERS.contains(&name.as_str())
-            {
+            self.scheduler_params(&name);
+            let own = crate::schema::blocks::DS_SCHEDULES.contains(&name.as_str());
+            if !own && !TORCH_SCHEDULERS.contains(&name.as_str()) {
                 let f = bad(
                     self,
                     "scheduler.type",
@@ -299,7 +377,7 @@ impl Work<'_> {
                     format!(
                         "DeepSpeed refuses it (\"DeepSpeed does not recognize LR scheduler {name}\"); \
                          one of: {}",
-                        DS_SCHEDULERS.join(", ")
+                        crate::schema::blocks::DS_SCHEDULES.join(", ")
                     ),
                 );
                 self.out.push(f);
@@ -308,13 +386,72 @@ impl Work<'_> {
     }
 }
 
-/// DeepSpeed's own schedulers (`deepspeed/runtime/lr_schedules.py:VALID_LR_SCHEDULES`).
-const DS_SCHEDULERS: &[&str] = &[
-    "LRRangeTest",
-    "OneCycle",
-    "WarmupLR",
-    "WarmupDecayLR",
-    "WarmupCosineLR",
+/// DeepSpeed's own schedulers: the constructor parameters of each, required ones first
+/// (DeepSpeed v0.19.8 `runtime/lr_schedules.py`; the names are the schema's `DS_SCHEDULES`).
+/// DeepSpeed calls `Class(optimizer, **params)`, so an unknown parameter or a missing required
+/// one is a `TypeError` when the engine builds the scheduler.
+const DS_SCHEDULER_PARAMS: &[(&str, &[&str], &[&str])] = &[
+    (
+        "LRRangeTest",
+        &[],
+        &[
+            "lr_range_test_min_lr",
+            "lr_range_test_step_size",
+            "lr_range_test_step_rate",
+            "lr_range_test_staircase",
+            "last_batch_iteration",
+        ],
+    ),
+    (
+        "OneCycle",
+        &["cycle_min_lr", "cycle_max_lr"],
+        &[
+            "decay_lr_rate",
+            "cycle_first_step_size",
+            "cycle_second_step_size",
+            "cycle_first_stair_count",
+            "cycle_second_stair_count",
+            "decay_step_size",
+            "cycle_momentum",
+            "cycle_min_mom",
+            "cycle_max_mom",
+            "decay_mom_rate",
+            "last_batch_iteration",
+        ],
+    ),
+    (
+        "WarmupLR",
+        &[],
+        &[
+            "warmup_min_lr",
+            "warmup_max_lr",
+            "warmup_num_steps",
+            "warmup_type",
+            "last_batch_iteration",
+        ],
+    ),
+    (
+        "WarmupDecayLR",
+        &["total_num_steps"],
+        &[
+            "warmup_min_lr",
+            "warmup_max_lr",
+            "warmup_num_steps",
+            "warmup_type",
+            "last_batch_iteration",
+        ],
+    ),
+    (
+        "WarmupCosineLR",
+        &["total_num_steps"],
+        &[
+            "warmup_min_ratio",
+            "warmup_num_steps",
+            "cos_min_ratio",
+            "warmup_type",
+            "last_batch_iteration",
+        ],
+    ),
 ];
 
 /// `torch.optim.lr_scheduler` classes DeepSpeed falls back to by name.
