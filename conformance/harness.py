@@ -188,7 +188,8 @@ def engine_shell(ds_config: DeepSpeedConfig, client_optimizer):
 def replay_trainer_checks(args, has_eval: bool) -> list[str]:
     """R1. Checks of `Trainer.__init__` that need no model, copied from transformers 5.24.0, in
     the order `__init__` runs them: `Trainer.create_accelerator_and_postprocess` (save_only_model
-    + load_best_model_at_end; auto_find_batch_size + ZeRO-3), then `Trainer._validate_args`
+    + load_best_model_at_end; auto_find_batch_size + ZeRO-3), `--fsdp` with `--deepspeed`, then
+    `Trainer._validate_args`
     (eval_strategy without an eval dataset). All failing checks are returned (upstream stops at
     the first). The eval dataset exists iff the recipe names `data.eval`: the launched script
     (HF's run_classification.py) passes `eval_dataset` only with `--do_eval` and a validation
@@ -202,6 +203,10 @@ def replay_trainer_checks(args, has_eval: bool) -> list[str]:
     if plugin.zero_stage == 3 and args.auto_find_batch_size:
         out.append("ValueError: `auto_find_batch_size` isn't supported yet with DeepSpeed Zero-3. Please consider "
                    "using Zero-2, Zero-1, or FSDP")
+    # Trainer.__init__, after create_accelerator_and_postprocess (every args here has --deepspeed).
+    if args.fsdp:
+        out.append("ValueError: Using --fsdp xxx together with --deepspeed is not possible, deactivate one of those "
+                   "flags.")
     if args.eval_strategy is not None and args.eval_strategy != "no" and not has_eval:
         out.append(
             f"ValueError: You have set `args.eval_strategy` to {args.eval_strategy} but you didn't pass an "

@@ -72,6 +72,14 @@ fn cause_codes(error: &str) -> &'static [&'static str] {
         ),
         ("Extra inputs are not permitted", &["R0030", "R0031"]),
         ("not used by the HfArgumentParser", &["R0032", "R0033"]),
+        // HF's schedule functions (before TrainingArguments' own TypeError).
+        ("_schedule()", &["R1207"]),
+        ("schedule_with_warmup()", &["R1207"]),
+        ("warmup_lr_rate()", &["R1207"]),
+        ("Plateau.__init__()", &["R1207"]),
+        ("must be smaller than initial lr", &["R1207"]),
+        ("Invalid communication_data_type", &["R1222"]),
+        ("together with --deepspeed is not possible", &["R1206"]),
         // DeepSpeed's scheduler constructors (before TrainingArguments' own TypeError).
         ("LR.__init__()", &["R1222"]),
         ("Cycle.__init__()", &["R1222"]),
@@ -438,7 +446,8 @@ mod no_panic {
 /// A DeepSpeed config (flattened) as DeepSpeed reads it, so that two spellings of the same run
 /// compare equal: the deprecated ZeRO keys as DeepSpeed maps them (schema/upstream.rs
 /// `DEEPSPEED_RENAMED`: `cpu_offload: true` is optimizer offload to the CPU, `cpu_offload_param`
-/// parameter offload, `cpu_offload_use_pin_memory` is not applied), DeepSpeed's own optimizer
+/// parameter offload, `cpu_offload_use_pin_memory` is not applied, the fp16 gather key is the
+/// 16-bit one, `bfloat16` is not read beside `bf16`), null as absent, DeepSpeed's own optimizer
 /// names in lower case (it lowercases them), the parameters of a disabled precision section and
 /// the ZeRO keys DeepSpeed ignores at the stage (the schema's `stages`) and the top-level keys
 /// it does not read dropped.
@@ -460,6 +469,23 @@ fn deepspeed_reading(flat: &mut BTreeMap<String, Py>) {
         }
     }
     flat.remove("zero_optimization.cpu_offload_use_pin_memory");
+    // The deprecated gather key is read as the 16-bit one (honoured, DEEPSPEED_RENAMED).
+    if let Some(v) = flat.remove("zero_optimization.stage3_gather_fp16_weights_on_model_save") {
+        flat.entry("zero_optimization.stage3_gather_16bit_weights_on_model_save".into())
+            .or_insert(v);
+    }
+    // `bfloat16` is read only without `bf16` (which accelerate always inserts under HF).
+    if flat.keys().any(|k| k.starts_with("bf16.")) {
+        flat.retain(|k, _| !k.starts_with("bfloat16."));
+    }
+    // Old names DeepSpeed no longer reads.
+    for (old, _, _, honoured) in recipe::schema::upstream::DEEPSPEED_RENAMED {
+        if !honoured {
+            flat.retain(|k, _| k != old && !k.starts_with(&format!("{old}.")));
+        }
+    }
+    // null is "not set": the reader's default applies.
+    flat.retain(|_, v| *v != Py::None);
     // Top-level keys DeepSpeed does not read: ignored.
     flat.retain(|k, _| {
         let top = k.split('.').next().unwrap_or(k);

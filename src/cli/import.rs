@@ -124,6 +124,28 @@ pub fn run(
         origin,
     };
     let mut text = import(&ds, hf.as_ref(), &inputs);
+    // Silent changes the stack makes to the pair (accelerate's inserts, arguments the run does
+    // not use): the recipe states one consistent run, so say where it differs from the pair's.
+    let surprises: String = report
+        .findings
+        .iter()
+        .filter(|f| {
+            f.severity == recipe::Severity::Warning
+                && [
+                    recipe::pair::codes::ACCELERATE_CHANGES,
+                    recipe::pair::codes::ARGS_IGNORED,
+                ]
+                .contains(&f.code)
+        })
+        .map(|f| {
+            format!(
+                "# the pair as the stack runs it: {} {}\n",
+                f.code,
+                f.message.replace('\n', " ")
+            )
+        })
+        .collect();
+    text = format!("{surprises}{text}");
     if !conflicts.is_empty() {
         // --force: the recipe says where the pair it came from conflicts.
         let marks: String = conflicts

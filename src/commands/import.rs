@@ -410,9 +410,24 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
     }
     let betas = b.ds("optimizer.params.betas", None);
     let (b1, b2) = (b.hf("adam_beta1"), b.hf("adam_beta2"));
+    // One beta given: the other is TrainingArguments' default (HF fills "auto" betas with both).
+    let hf_default = |field: &str| {
+        let release = crate::schema::upstream::HfFields::for_target(
+            crate::upstream::versions::Library::Transformers.newest(),
+        );
+        release
+            .fields
+            .iter()
+            .find(|(n, _)| *n == field)
+            .and_then(|(_, d)| d.and_then(|d| d.parse::<f64>().ok()))
+            .map(Value::from)
+    };
     let betas = match betas {
         Some(Value::Array(v)) if v.len() == 2 => Some((v[0].clone(), v[1].clone())),
-        _ => b1.zip(b2),
+        _ if b1.is_some() || b2.is_some() => b1
+            .or_else(|| hf_default("adam_beta1"))
+            .zip(b2.or_else(|| hf_default("adam_beta2"))),
+        _ => None,
     };
     if let Some((x, y)) = betas {
         opt.push(("betas".into(), format!("({}, {})", lit(&x), lit(&y))));
@@ -577,12 +592,18 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
             }
             if let Some(Value::Object(kw)) = b.hf("lr_scheduler_kwargs") {
                 for (k, v) in kw {
-                    // The schedule key whose kwarg this is (the schema's `hf` column).
+                    // The schedule key whose kwarg this is (the schema's `hf` column); one the
+                    // language does not model stays raw (`hf { lr_scheduler_kwargs.<k> }`, which
+                    // the emitter merges into the kwargs).
                     let field = format!("lr_scheduler_kwargs.{k}");
-                    let key = crate::schema::block("schedule")
+                    match crate::schema::block("schedule")
                         .and_then(|b| b.keys.iter().find(|key| key.hf == Some(field.as_str())))
-                        .map_or(k, |key| key.name.to_string());
-                    sched.push((key, lit(&v)));
+                    {
+                        Some(key) => sched.push((key.name.to_string(), lit(&v))),
+                        None => {
+                            b.args.insert(field, v);
+                        }
+                    }
                 }
             }
             name
@@ -621,8 +642,9 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
         _ => arg, // absent or "auto": HF's argument decides
     };
     let fp16 = enabled(&mut b, "fp16.enabled", fp16_args);
-    let bf16 =
-        enabled(&mut b, "bf16.enabled", bf16_args) || enabled(&mut b, "bfloat16.enabled", false);
+    // The legacy `bfloat16` section is never read under HF: accelerate inserts a `bf16` section
+    // when there is none, and DeepSpeed reads `bfloat16` only without `bf16` (dropped below).
+    let bf16 = enabled(&mut b, "bf16.enabled", bf16_args);
     let precision = if fp16 {
         "fp16"
     } else if bf16 {
@@ -851,6 +873,31 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
         b.ds.remove(&k);
         b.ignored.push(k);
     }
+    // Old names DeepSpeed no longer reads (`DEEPSPEED_RENAMED`, not honoured): they say nothing
+    // about the run either.
+    for (old, new, _, honoured) in crate::schema::upstream::DEEPSPEED_RENAMED {
+        if !honoured && take(&mut b.ds, old).is_some() {
+            let instead = if new.is_empty() {
+                String::new()
+            } else {
+                format!(" (the current key is `{new}`)")
+            };
+            b.comments.push(format!(
+                "{old} is not imported: DeepSpeed does not read it under HF{instead}"
+            ));
+        }
+    }
+    // `null` is DeepSpeed's "not set" (its readers' default applies); a recipe has no null.
+    let mut nulls = Vec::new();
+    raw_lines(&b.ds, "", &mut nulls);
+    for (path, value) in nulls {
+        if value == "null" {
+            take(&mut b.ds, &path);
+            b.comments.push(format!(
+                "{path} = null is not imported: DeepSpeed's default applies, as for null"
+            ));
+        }
+    }
     let mut raw = Vec::new();
     raw_lines(&b.ds, "", &mut raw);
     let raw = b.writable("deepspeed", raw);
@@ -869,7 +916,9 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
         let mut head = String::new();
         for c in &b.comments {
             // Deprecated keys are mapped, not missing: a note, not a fill-in.
-            let what = if c.starts_with("zero_optimization.") || c.starts_with("fp16.") {
+            let what = if c.contains(" is not imported: ") {
+                "not imported"
+            } else if c.starts_with("zero_optimization.") || c.starts_with("fp16.") {
                 "mapped"
             } else {
                 "fill in"

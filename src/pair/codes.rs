@@ -24,6 +24,8 @@ pub const HF_SCHEDULER_REFUSES: &str = "R1207";
 pub const ACCELERATE_CHANGES: &str = "R1212";
 /// TrainingArguments' precision against the other precision enabled in the config.
 pub const MIXED_PRECISION_CONFLICT: &str = "R1213";
+/// A TrainingArguments value the run does not use (DeepSpeed's section or default wins).
+pub const ARGS_IGNORED: &str = "R1215";
 /// No `zero_optimization` section (accelerate requires one).
 pub const NO_ZERO_SECTION: &str = "R1214";
 /// DeepSpeed's batch sizes do not agree at the world size (or none is given).

@@ -930,7 +930,15 @@ fn hf_kind_unavailable(r: &Resolved, kind: &str) -> Diagnostic {
         Some(v) => format!("added in transformers {v}"),
         None => "not in this transformers".into(),
     });
-    let kinds = r.facts.hf_scheduler_kinds.join(", ");
+    // The ones a recipe can write (the release may have more).
+    let kinds = r
+        .facts
+        .hf_scheduler_kinds
+        .iter()
+        .filter(|k| crate::schema::blocks::HF_SCHEDULES.contains(k))
+        .copied()
+        .collect::<Vec<_>>()
+        .join(", ");
     with_target(d, r, Library::Transformers).with_help(match since {
         Some(v) => format!("target transformers ≥ {v}, or use a schedule it has: {kinds}"),
         None => format!("use a schedule transformers {tf} has: {kinds}"),

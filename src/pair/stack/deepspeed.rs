@@ -337,6 +337,35 @@ impl Work<'_> {
                 self.out.push(f);
             }
         }
+        // `get_communication_data_type` (DeepSpeed v0.19.8 runtime/config.py): lowercased, then
+        // one of three names.
+        for key in [
+            "communication_data_type",
+            "seq_parallel_communication_data_type",
+        ] {
+            let Some(v) = self.get(key).cloned() else {
+                continue;
+            };
+            let ok = match &v {
+                Py::None => true,
+                Py::Str(s) => ["fp16", "bf16", "fp32"].contains(&s.to_lowercase().as_str()),
+                _ => false,
+            };
+            if !ok {
+                let f = bad(
+                    self,
+                    key,
+                    format!("{key} {} is not one DeepSpeed takes", v.repr()),
+                    format!(
+                        "DeepSpeed refuses it (\"Invalid communication_data_type. Supported data \
+                         types: ['fp16', 'bf16', 'fp32']. Got: {}\"); write \"fp32\" (not \
+                         \"float32\"), \"fp16\" or \"bf16\"",
+                        v.show().to_lowercase()
+                    ),
+                );
+                self.out.push(f);
+            }
+        }
         let stage = self
             .get("zero_optimization.stage")
             .and_then(Py::number)

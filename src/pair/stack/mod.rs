@@ -208,10 +208,16 @@ pub fn replay(ds: &Node, args: &Args, opts: &Options) -> Outcome {
         };
     }
     w.hf_process();
-    let plugin_ok = w.accelerate_plugin();
-    w.accelerate_mixed_precision();
+    // Releases where the Trainer calls deepspeed.initialize itself have no accelerate plugin
+    // in the path (`Facts::hf_direct_deepspeed_init`).
+    let through_accelerate = !w.facts.hf_direct_deepspeed_init;
+    let plugin_ok = through_accelerate && w.accelerate_plugin();
+    if through_accelerate {
+        w.accelerate_mixed_precision();
+    }
     w.trainer_checks();
     let total = w.hf_finalize();
+    w.ignored_arguments();
     w.optim_sched();
     w.hf_scheduler();
     if plugin_ok {
@@ -338,7 +344,13 @@ impl Work<'_> {
             );
             return;
         }
-        if !must_match || current == Py::None || current.py_eq(&hf) {
+        // Before transformers 4.24 HF only filled "auto"s and compared nothing
+        // (`Facts::hf_mismatch_checks`).
+        if !must_match
+            || !self.facts.hf_mismatch_checks
+            || current == Py::None
+            || current.py_eq(&hf)
+        {
             return;
         }
         let given: Vec<&str> = fields

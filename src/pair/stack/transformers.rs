@@ -22,16 +22,7 @@ impl Work<'_> {
         // Enum fields: the dataclass converts them (`SchedulerType(value)` …).
         let kinds = self.facts.hf_scheduler_kinds;
         let mut enums: Vec<(&str, &str, Vec<&str>)> = vec![
-            ("lr_scheduler_type", "SchedulerType", {
-                let mut k = kinds.to_vec();
-                // transformers ≥ 4.48 / 5.x names beyond the facts table's base list.
-                for extra in ["greedy", "cosine_warmup_with_min_lr"] {
-                    if a.fields.contains_key("lr_scheduler_kwargs") && !k.contains(&extra) {
-                        k.push(extra);
-                    }
-                }
-                k
-            }),
+            ("lr_scheduler_type", "SchedulerType", kinds.to_vec()),
             (
                 "eval_strategy",
                 "IntervalStrategy",
@@ -333,6 +324,22 @@ impl Work<'_> {
                 ),
             );
         }
+        if a.flag("fsdp") {
+            let span = a.given("fsdp").map(|g| g.1).unwrap_or_default();
+            self.out.push(
+                Finding::new(
+                    codes::TRAINER_REFUSES,
+                    Severity::Error,
+                    "`fsdp` together with a DeepSpeed config",
+                    At::args(span, "FSDP"),
+                )
+                .help(
+                    "the Trainer refuses it (\"Using --fsdp xxx together with --deepspeed is not \
+                     possible, deactivate one of those flags.\"); shard with ZeRO-3 instead, or \
+                     drop --deepspeed",
+                ),
+            );
+        }
         if eval != "no" && !eval.is_empty() && self.opts.has_eval == Some(false) {
             let span = a.given("eval_strategy").map(|g| g.1).unwrap_or_default();
             self.out.push(
@@ -434,48 +441,314 @@ impl Work<'_> {
     }
 
     /// The HF scheduler, built when the config has no `scheduler` section
-    /// (`Trainer.create_scheduler` → `get_scheduler` with `lr_scheduler_kwargs`; transformers
-    /// v5.24.0 `optimization.py:get_cosine_with_min_lr_schedule_with_warmup`).
+    /// (`Trainer.create_scheduler` → `get_scheduler(name, optimizer, num_warmup_steps,
+    /// num_training_steps, scheduler_specific_kwargs=lr_scheduler_kwargs)`, transformers v5.24.0
+    /// `optimization.py`): the kwargs against the schedule function's parameters, and the
+    /// functions' own checks.
     pub(super) fn hf_scheduler(&mut self) {
-        if self.get("scheduler").is_some()
-            || self.args.text("lr_scheduler_type") != "cosine_with_min_lr"
-        {
+        if self.get("scheduler").is_some() {
             return;
         }
+        let kind = self.args.text("lr_scheduler_type").to_string();
+        let Some((_, func, accepted, required)) =
+            HF_SCHEDULE_FUNCTIONS.iter().find(|(k, ..)| *k == kind)
+        else {
+            return; // constant (kwargs not passed), greedy, or a kind TrainingArguments refused
+        };
         let kwargs = self
             .args
             .get("lr_scheduler_kwargs")
             .cloned()
             .unwrap_or(Py::None);
-        let has = |k: &str| kwargs.get(k).is_some_and(|v| *v != Py::None);
-        let (min_lr, rate) = (has("min_lr"), has("min_lr_rate"));
-        if min_lr == rate {
-            let span = self
-                .args
-                .given("lr_scheduler_kwargs")
-                .or(self.args.given("lr_scheduler_type"))
-                .map(|g| g.1)
-                .unwrap_or_default();
-            let quote = if min_lr {
-                "Only one of min_lr or min_lr_rate should be set"
-            } else {
-                "One of min_lr or min_lr_rate should be set through the `lr_scheduler_kwargs`"
-            };
-            self.out.push(
+        let span = self
+            .args
+            .given("lr_scheduler_kwargs")
+            .or(self.args.given("lr_scheduler_type"))
+            .map(|g| g.1)
+            .unwrap_or_default();
+        let refuse = |w: &mut Work, message: String, label: &str, quote: String, fix: &str| {
+            w.out.push(
                 Finding::new(
                     codes::HF_SCHEDULER_REFUSES,
                     Severity::Error,
-                    if min_lr {
-                        "cosine_with_min_lr takes `min_lr` or `min_lr_rate`, and both are given".to_string()
-                    } else {
-                        "cosine_with_min_lr needs `min_lr` or `min_lr_rate` in `lr_scheduler_kwargs`".to_string()
-                    },
-                    At::args(span, if min_lr { "both given" } else { "neither given" }),
+                    message,
+                    At::args(span, label.to_string()),
                 )
                 .help(format!(
-                    "HF refuses it when it builds the scheduler (\"{quote}\"); give exactly one"
+                    "HF refuses it when it builds the scheduler (\"{quote}\"); {fix}"
                 )),
             );
+        };
+        let given: Vec<String> = match &kwargs {
+            Py::Dict(items) => items.iter().map(|(k, _)| k.clone()).collect(),
+            _ => Vec::new(),
+        };
+        for k in &given {
+            if ["num_warmup_steps", "num_training_steps"].contains(&k.as_str()) {
+                refuse(
+                    self,
+                    format!("`lr_scheduler_kwargs` repeats `{k}`, which the Trainer passes itself"),
+                    "passed twice",
+                    format!("{func}() got multiple values for keyword argument '{k}'"),
+                    "remove it (warmup comes from warmup_steps, the total from the step count)",
+                );
+            } else if !accepted.contains(&k.as_str()) {
+                let hint = crate::check::suggest::closest(k, accepted.iter().copied())
+                    .map(|b| format!("did you mean `{b}`? "))
+                    .unwrap_or_default();
+                refuse(
+                    self,
+                    format!("`{k}` is not an argument of HF's {kind} schedule"),
+                    "unknown argument",
+                    format!("{func}() got an unexpected keyword argument '{k}'"),
+                    &format!(
+                        "{hint}{kind} takes {}",
+                        if accepted.is_empty() {
+                            "none".to_string()
+                        } else {
+                            accepted.join(", ")
+                        }
+                    ),
+                );
+            }
+        }
+        for k in *required {
+            if kwargs.get(k).is_none() {
+                refuse(
+                    self,
+                    format!("HF's {kind} schedule needs `{k}` in `lr_scheduler_kwargs`"),
+                    "missing argument",
+                    format!("{func}() missing 1 required positional argument: '{k}'"),
+                    "give it in lr_scheduler_kwargs",
+                );
+            }
+        }
+        let has = |k: &str| kwargs.get(k).is_some_and(|v| *v != Py::None);
+        if kind.contains("with_min_lr") && has("min_lr") == has("min_lr_rate") {
+            let both = has("min_lr");
+            refuse(
+                self,
+                if both {
+                    format!("{kind} takes `min_lr` or `min_lr_rate`, and both are given")
+                } else {
+                    format!("{kind} needs `min_lr` or `min_lr_rate` in `lr_scheduler_kwargs`")
+                },
+                if both { "both given" } else { "neither given" },
+                if both {
+                    "Only one of min_lr or min_lr_rate should be set".into()
+                } else {
+                    "One of min_lr or min_lr_rate should be set through the `lr_scheduler_kwargs`"
+                        .into()
+                },
+                "give exactly one",
+            );
+        }
+        if kind == "polynomial" {
+            // The initial LR is the optimizer's: DeepSpeed's section when there is one.
+            let lr = self
+                .get("optimizer.params.lr")
+                .and_then(Py::number)
+                .unwrap_or_else(|| self.args.num("learning_rate", 5e-5));
+            let end = kwargs.get("lr_end").and_then(Py::number).unwrap_or(1e-7);
+            if lr.partial_cmp(&end) != Some(std::cmp::Ordering::Greater) {
+                refuse(
+                    self,
+                    format!(
+                        "polynomial decay to lr_end {} does not end below the initial LR {}",
+                        py_float(end),
+                        py_float(lr)
+                    ),
+                    "lr_end too high",
+                    format!(
+                        "lr_end ({}) must be smaller than initial lr ({})",
+                        py_float(end),
+                        py_float(lr)
+                    ),
+                    "make lr_end smaller than the learning rate",
+                );
+            }
+        }
+    }
+
+    /// TrainingArguments the run does not use, silently (warnings): under DeepSpeed the Trainer
+    /// leaves clipping to DeepSpeed (accelerate's `clip_grad_norm_` only reads the norm), builds
+    /// no optimizer or scheduler of its own when the config has those sections
+    /// (`deepspeed_optim_sched`), and hands DeepSpeed's optimizer one flat parameter list, so
+    /// weight decay reaches biases and LayerNorm weights (docs/upstream.md §4).
+    pub(super) fn ignored_arguments(&mut self) {
+        let a = self.args;
+        let warn = |at: At, msg: String, help: &str| {
+            Finding::new(codes::ARGS_IGNORED, Severity::Warning, msg, at).help(help.to_string())
+        };
+        if self.get("gradient_clipping").is_none() {
+            let clip = a.num("max_grad_norm", 1.0);
+            let ds_default = self.facts.ds_clipping_default;
+            if clip != ds_default {
+                let at = self
+                    .field_at("max_grad_norm", "not applied")
+                    .unwrap_or_else(|| At::ds(self.ds_key_span(""), "no gradient_clipping"));
+                let f = warn(
+                    at,
+                    format!(
+                        "TrainingArguments clip at max_grad_norm = {}, but under DeepSpeed the \
+                         config's `gradient_clipping` decides, and it is absent: DeepSpeed clips at \
+                         its default {}",
+                        py_float(clip),
+                        py_float(ds_default)
+                    ),
+                    "write \"gradient_clipping\": \"auto\" (HF fills it from max_grad_norm)",
+                );
+                self.out.push(f);
+            }
+        }
+        if let Some(kind) = self.get("optimizer.type").cloned() {
+            if let Some((_, v)) = a.given("optim") {
+                let f = warn(
+                    At::args(v, "not used"),
+                    format!(
+                        "`optim` = {} is not used: DeepSpeed builds the config's optimizer ({})",
+                        a.get("optim").map(Py::show).unwrap_or_default(),
+                        kind.show()
+                    ),
+                    "remove `optim`, or remove the config's `optimizer` section to train with HF's",
+                )
+                .also(At::ds(
+                    self.ds_span("optimizer.type"),
+                    "this optimizer runs",
+                ));
+                self.out.push(f);
+            }
+            let wd = self
+                .get("optimizer.params.weight_decay")
+                .and_then(Py::number)
+                .unwrap_or(0.0);
+            if wd > 0.0 {
+                let f = warn(
+                    At::ds(self.ds_span("optimizer.params.weight_decay"), "applies to every parameter"),
+                    format!(
+                        "weight decay {} reaches biases and LayerNorm weights: the Trainer hands \
+                         DeepSpeed's optimizer one flat parameter list, without HF's no-decay group",
+                        py_num(wd)
+                    ),
+                    "remove the config's `optimizer` section to keep HF's grouping (AdamW without \
+                     decay on biases and norms), or accept decay everywhere",
+                );
+                let f = match self.field_at("weight_decay", "the decay") {
+                    Some(at) => f.also(at),
+                    None => f,
+                };
+                self.out.push(f);
+            }
+        }
+        if let Some(kind) = self.get("scheduler.type").cloned() {
+            for field in ["lr_scheduler_type", "lr_scheduler_kwargs"] {
+                if let Some((_, v)) = a.given(field) {
+                    let f = warn(
+                        At::args(v, "not used"),
+                        format!(
+                            "`{field}` is not used: DeepSpeed runs the config's scheduler ({})",
+                            kind.show()
+                        ),
+                        "remove it, or remove the config's `scheduler` section to use HF's",
+                    )
+                    .also(At::ds(
+                        self.ds_span("scheduler.type"),
+                        "this scheduler runs",
+                    ));
+                    self.out.push(f);
+                }
+            }
         }
     }
 }
+
+/// HF's schedule functions by `lr_scheduler_type`: the function, the `lr_scheduler_kwargs` it
+/// takes, and those it requires (transformers v5.24.0 `optimization.py`; `get_scheduler` passes
+/// `num_warmup_steps` / `num_training_steps` itself). `constant` gets no kwargs and `greedy`
+/// takes free-form ones, so neither is listed; `reduce_lr_on_plateau` passes them to torch's
+/// `ReduceLROnPlateau`.
+const HF_SCHEDULE_FUNCTIONS: &[(&str, &str, &[&str], &[&str])] = &[
+    (
+        "linear",
+        "get_linear_schedule_with_warmup",
+        &["last_epoch"],
+        &[],
+    ),
+    (
+        "cosine",
+        "get_cosine_schedule_with_warmup",
+        &["num_cycles", "last_epoch"],
+        &[],
+    ),
+    (
+        "cosine_with_restarts",
+        "get_cosine_with_hard_restarts_schedule_with_warmup",
+        &["num_cycles", "last_epoch"],
+        &[],
+    ),
+    (
+        "polynomial",
+        "get_polynomial_decay_schedule_with_warmup",
+        &["lr_end", "power", "last_epoch"],
+        &[],
+    ),
+    (
+        "constant_with_warmup",
+        "get_constant_schedule_with_warmup",
+        &[],
+        &[],
+    ),
+    (
+        "inverse_sqrt",
+        "get_inverse_sqrt_schedule",
+        &["timescale", "last_epoch"],
+        &[],
+    ),
+    (
+        "reduce_lr_on_plateau",
+        "ReduceLROnPlateau.__init__",
+        &[
+            "mode",
+            "factor",
+            "patience",
+            "threshold",
+            "threshold_mode",
+            "cooldown",
+            "min_lr",
+            "eps",
+        ],
+        &[],
+    ),
+    (
+        "cosine_with_min_lr",
+        "get_cosine_with_min_lr_schedule_with_warmup",
+        &["num_cycles", "last_epoch", "min_lr", "min_lr_rate"],
+        &[],
+    ),
+    (
+        "cosine_warmup_with_min_lr",
+        "get_cosine_with_min_lr_schedule_with_warmup_lr_rate",
+        &[
+            "num_cycles",
+            "last_epoch",
+            "min_lr",
+            "min_lr_rate",
+            "warmup_lr_rate",
+        ],
+        &[],
+    ),
+    (
+        "warmup_stable_decay",
+        "get_wsd_schedule",
+        &[
+            "num_decay_steps",
+            "num_stable_steps",
+            "warmup_type",
+            "decay_type",
+            "min_lr_ratio",
+            "num_cycles",
+            "last_epoch",
+        ],
+        &["num_decay_steps"],
+    ),
+];
