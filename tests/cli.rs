@@ -875,3 +875,57 @@ fn check_lints_a_pair() {
     let o = recipe(&["check", &ds, "--args", &ta, "--", "--fp16"]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+/// `recipe explain ds_config.json --args …`: the config DeepSpeed receives and where each value
+/// came from.
+#[test]
+fn explain_shows_where_a_pairs_values_come_from() {
+    let pair = "tests/pairs/R1212-accumulation-inserted";
+    let ds = format!("{pair}/ds_config.json");
+    let ta = format!("{pair}/training_args.json");
+    let o = recipe(&["explain", &ds, "--args", &ta, "--gpus", "2"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = String::from_utf8(o.stdout).unwrap();
+    let line = |key: &str| {
+        out.lines()
+            .find(|l| l.trim_start().starts_with(key))
+            .unwrap_or_else(|| panic!("no {key} in {out}"))
+            .to_string()
+    };
+    assert!(
+        line("train_micro_batch_size_per_gpu")
+            .contains("HF fills it from per_device_train_batch_size"),
+        "{out}"
+    );
+    assert!(
+        line("train_micro_batch_size_per_gpu").contains("training_args.json:2:3"),
+        "{out}"
+    );
+    assert!(
+        line("gradient_accumulation_steps").contains("accelerate inserts it"),
+        "{out}"
+    );
+    assert!(
+        line("steps_per_print").contains("accelerate overwrites it"),
+        "{out}"
+    );
+    assert!(
+        line("zero_optimization.stage").contains("written (")
+            && line("zero_optimization.stage").contains("ds_config.json:4:"),
+        "{out}"
+    );
+    let o = recipe(&[
+        "explain",
+        &ds,
+        "--args",
+        &ta,
+        "--format",
+        "json",
+        "gradient_accumulation_steps",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v[0]["key"], "gradient_accumulation_steps");
+    assert_eq!(v[0]["value"], 1);
+    let o = recipe(&["explain", "recipes/cls.rcp", "--args", &ta]);
+    assert_eq!(o.status.code(), Some(2));
+}

@@ -84,6 +84,13 @@ enum Command {
         /// Write the LR of every optimizer step (HF and DeepSpeed) to this CSV file.
         #[arg(long, value_name = "PATH")]
         lr_csv: Option<PathBuf>,
+        /// With a ds_config.json: its TrainingArguments (JSON, or a file of flags); explain then
+        /// shows the config DeepSpeed receives and where each value came from.
+        #[arg(long, value_name = "FILE")]
+        args: Option<PathBuf>,
+        /// With a ds_config.json: the model's hidden size, for the ZeRO "auto" bucket sizes.
+        #[arg(long, value_name = "N")]
+        hidden_size: Option<u64>,
         #[command(flatten)]
         flags: RecipeFlags,
     },
@@ -338,8 +345,23 @@ pub fn main() -> i32 {
             file,
             key,
             lr_csv,
+            args,
+            hidden_size,
             flags,
-        } => explain::run(&file, key.as_deref(), lr_csv.as_ref(), &flags),
+        } => {
+            if pair::is_pair_file(&file) {
+                if lr_csv.is_some() {
+                    eprintln!("error: --lr-csv goes with a recipe (a pair's schedule is not modelled by explain yet)");
+                    return USAGE;
+                }
+                pair::explain(&file, args.as_ref(), hidden_size, key.as_deref(), &flags)
+            } else if args.is_some() || hidden_size.is_some() {
+                eprintln!("error: --args and --hidden-size go with a ds_config.json, not a recipe");
+                USAGE
+            } else {
+                explain::run(&file, key.as_deref(), lr_csv.as_ref(), &flags)
+            }
+        }
         Command::Steps {
             file,
             versions,

@@ -151,3 +151,154 @@ pub fn run(files: &[PathBuf], pf: PairFlags, flags: &RecipeFlags) -> i32 {
         OK
     }
 }
+
+/// Where a value of the final config came from, for people.
+fn origin_text(report: &lint::Report, key: &str, origin: Option<&lint::stack::Origin>) -> String {
+    use lint::stack::Origin;
+    let at = |side: lint::Side, span: recipe::diagnostics::Label| {
+        let f = report.file(side);
+        let (line, col) = f.line_col(span.span.start);
+        format!("{}:{line}:{col}", f.name)
+    };
+    let node = |path: &str| {
+        recipe::pair::json::parse(&report.ds.text)
+            .ok()
+            .and_then(|n| n.get(path).map(|v| v.span))
+    };
+    match origin {
+        Some(Origin::Written) | None => match node(key) {
+            Some(span) => format!(
+                "written ({})",
+                at(
+                    lint::Side::DeepSpeed,
+                    recipe::diagnostics::Label::new(span, "")
+                )
+            ),
+            None => "written".into(),
+        },
+        Some(Origin::Filled { by, from }) => {
+            let given = report.outcome.as_ref().and_then(|_| {
+                let args = report.args.as_ref()?;
+                let field = from.split(['|', '+', ' ']).next()?;
+                let text = &args.text;
+                // The field's own key in the arguments file, when it is written there.
+                let needle = [format!("\"{field}\""), format!("--{field}")];
+                needle.iter().find_map(|n| text.find(n.as_str())).map(|i| {
+                    let (line, col) = args.line_col(i);
+                    format!("{}:{line}:{col}", args.name)
+                })
+            });
+            let field_like = from.chars().all(|c| c.is_ascii_lowercase() || c == '_');
+            match given {
+                Some(place) => format!("\"auto\", {by} fills it from {from} ({place})"),
+                None if from.parse::<f64>().is_ok() => {
+                    format!("\"auto\", {by} fills it with {from}")
+                }
+                None if field_like => format!("\"auto\", {by} fills it from {from} (its default)"),
+                None => format!("\"auto\", {by} fills it from {from}"),
+            }
+        }
+        Some(Origin::Inserted { by }) => format!("not in the file: {by} inserts it"),
+        Some(Origin::Overwritten { by }) => format!("written, but {by} overwrites it"),
+    }
+}
+
+/// `recipe explain ds_config.json --args …`: the config DeepSpeed receives, value by value,
+/// with where each came from.
+pub fn explain(
+    file: &Path,
+    args: Option<&PathBuf>,
+    hidden_size: Option<u64>,
+    key: Option<&str>,
+    flags: &RecipeFlags,
+) -> i32 {
+    let Some(ds) = read(file) else {
+        return USAGE;
+    };
+    let args = match args {
+        Some(path) => {
+            let Some(f) = read(path) else {
+                return USAGE;
+            };
+            Some(if is_pair_file(path) {
+                ArgsInput::Json(f)
+            } else {
+                ArgsInput::Flags(f)
+            })
+        }
+        None => None,
+    };
+    let opts = match options(flags, file, hidden_size, false) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return USAGE;
+        }
+    };
+    let report = lint::check(ds, args, &opts);
+    let Some(outcome) = &report.outcome else {
+        // Not JSON: the findings say why.
+        let _ = print(&report, Format::Human, false);
+        return FAILED;
+    };
+    let rows: Vec<(String, String, String)> = outcome
+        .config
+        .leaves()
+        .into_iter()
+        .filter(|(k, _)| key.is_none_or(|want| k == want || k.starts_with(&format!("{want}."))))
+        .map(|(k, v)| {
+            let origin = origin_text(&report, &k, outcome.origins.get(&k));
+            (k, v.show(), origin)
+        })
+        .collect();
+    if rows.is_empty() {
+        if let Some(want) = key {
+            eprintln!("error: the final config has no `{want}`");
+            return FAILED;
+        }
+    }
+    match flags.format {
+        Format::Json => {
+            let items: Vec<serde_json::Value> = rows
+                .iter()
+                .map(|(k, _, o)| {
+                    let value = outcome
+                        .config
+                        .at(k)
+                        .map(|v| v.to_json())
+                        .unwrap_or_default();
+                    serde_json::json!({ "key": k, "value": value, "from": o })
+                })
+                .collect();
+            println!("{}", serde_json::Value::Array(items));
+        }
+        Format::Human => {
+            let names = match &report.args {
+                Some(a) => format!("{} + {}", report.ds.name, a.name),
+                None => format!("{} (TrainingArguments at their defaults)", report.ds.name),
+            };
+            println!(
+                "The DeepSpeed config DeepSpeed receives from {names}, at {} process(es):",
+                opts.world
+            );
+            let kw = rows.iter().map(|r| r.0.len()).max().unwrap_or(0).min(48);
+            let vw = rows.iter().map(|r| r.1.len()).max().unwrap_or(0).min(16);
+            for (k, v, o) in &rows {
+                println!("  {k:<kw$}  {v:<vw$}  {o}");
+            }
+            let errors = report
+                .findings
+                .iter()
+                .filter(|f| f.severity == recipe::Severity::Error)
+                .count();
+            let warnings = report.findings.len() - errors;
+            if errors + warnings > 0 {
+                println!(
+                    "{errors} error(s), {warnings} other finding(s): `recipe check {}` shows them",
+                    report.ds.name
+                );
+            }
+        }
+    }
+    OK
+}

@@ -66,6 +66,9 @@ pub const ONE_CYCLE_ZERO_DECAY: &str = "R0314";
 /// scheduler every optimizer step, without a metric.
 pub const PLATEAU_STEPPED_BY_DEEPSPEED: &str = "R0315";
 
+/// An HF schedule whose own argument checks refuse the recipe when the Trainer builds it.
+pub const HF_SCHEDULE_REFUSES: &str = "R0316";
+
 /// This family's codes.
 pub const CODES: &[(&str, &str, &str)] = &[
     (
@@ -142,6 +145,11 @@ pub const CODES: &[(&str, &str, &str)] = &[
         PLATEAU_STEPPED_BY_DEEPSPEED,
         "plateau-stepped-by-deepspeed",
         "reduce_lr_on_plateau with a DeepSpeed optimizer: DeepSpeed steps it every step without a metric",
+    ),
+    (
+        HF_SCHEDULE_REFUSES,
+        "hf-schedule-refuses",
+        "an HF schedule whose own argument checks refuse the recipe at train start",
     ),
 ];
 
@@ -382,6 +390,9 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
         }
     }
     if !is_deepspeed_schedule(kind) {
+        if let Some(d) = hf_schedule_refuses(r, kind) {
+            out.push(d);
+        }
         if !r.facts.hf_scheduler_kinds.contains(&kind) {
             out.push(hf_kind_unavailable(r, kind));
         } else if !r.facts.hf_scheduler_kwargs {
@@ -435,6 +446,42 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
         Some(w) if w < 2 => out.push(warmup_min_two(r, kind, w)),
         _ => out.push(lag(r, kind)),
     }
+}
+
+/// The argument checks of HF's schedule functions that a recipe can fail (transformers v5.24.0
+/// `optimization.py:get_polynomial_decay_schedule_with_warmup`: the decay must end below the
+/// optimizer's initial LR, `optimizer.defaults["lr"]`, whoever builds the optimizer). The pair
+/// linter checks the same on existing configs (`pair::stack`, R1207).
+fn hf_schedule_refuses(r: &Resolved, kind: &str) -> Option<Diagnostic> {
+    if kind != "polynomial" {
+        return None;
+    }
+    let (lr, end) = (r.num("optimizer.lr"), r.num("schedule.lr_end"));
+    if lr > end {
+        return None;
+    }
+    let shown = |x: f64| crate::pair::json::py_float(x);
+    let span = r
+        .span("schedule.lr_end")
+        .unwrap_or_else(|| anchor(r, "schedule.kind"));
+    let mut d = Diagnostic::error(
+        HF_SCHEDULE_REFUSES,
+        format!(
+            "the polynomial decay ends at lr_end {} , not below the learning rate {}: HF stops \
+             when it builds the scheduler (\"lr_end ({}) must be smaller than initial lr ({})\")",
+            shown(end),
+            shown(lr),
+            shown(end),
+            shown(lr)
+        )
+        .replace(" , ", ", "),
+        span,
+    )
+    .with_label("not below the learning rate");
+    if let Some(s) = r.span("optimizer.lr") {
+        d = d.with_secondary(s, "the initial learning rate");
+    }
+    Some(d.with_help("make lr_end smaller than the optimizer's lr (HF's default is 1e-7)"))
 }
 
 /// "<lead>the learning rate at steps 1, 2, 3 is …" plus HF's values where there is an HF twin

@@ -107,11 +107,12 @@ impl Work<'_> {
                 );
             }
         }
-        self.set(
-            "steps_per_print",
-            Py::Float(f64::INFINITY),
-            Origin::Inserted { by: "accelerate" },
-        );
+        let origin = if self.get("steps_per_print").is_some() {
+            Origin::Overwritten { by: "accelerate" }
+        } else {
+            Origin::Inserted { by: "accelerate" }
+        };
+        self.set("steps_per_print", Py::Float(f64::INFINITY), origin);
         true
     }
 

@@ -133,6 +133,11 @@ pub enum Origin {
         /// The TrainingArguments field (or the computed value) it came from.
         from: String,
     },
+    /// Written, and replaced by HF or accelerate.
+    Overwritten {
+        /// "HF" or "accelerate".
+        by: &'static str,
+    },
     /// Not in the file: put there by HF or accelerate.
     Inserted {
         /// "HF" or "accelerate".
