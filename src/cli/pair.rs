@@ -24,6 +24,17 @@ pub fn is_pair_file(path: &Path) -> bool {
         .is_some_and(|e| e.eq_ignore_ascii_case("json"))
 }
 
+/// The TrainingArguments file: JSON by its extension, else a file of flags (a launch script).
+/// `None` when it cannot be read (the error is printed).
+fn args_file(path: &Path) -> Option<ArgsInput> {
+    let f = read(path)?;
+    Some(if is_pair_file(path) {
+        ArgsInput::Json(f)
+    } else {
+        ArgsInput::Flags(f)
+    })
+}
+
 /// Quotes a word for the synthetic command line, so that its spans read back as written.
 fn shell_quote(w: &str) -> String {
     if !w.is_empty()
@@ -99,16 +110,10 @@ pub fn run(files: &[PathBuf], pf: PairFlags, flags: &RecipeFlags) -> i32 {
         return USAGE;
     };
     let args = match (&pf.args, pf.training_flags.is_empty()) {
-        (Some(path), _) => {
-            let Some(f) = read(path) else {
-                return USAGE;
-            };
-            Some(if is_pair_file(path) {
-                ArgsInput::Json(f)
-            } else {
-                ArgsInput::Flags(f)
-            })
-        }
+        (Some(path), _) => match args_file(path) {
+            Some(a) => Some(a),
+            None => return USAGE,
+        },
         (None, false) => {
             let line: Vec<String> = pf.training_flags.iter().map(|w| shell_quote(w)).collect();
             Some(ArgsInput::Flags(SourceFile::new(
@@ -215,17 +220,9 @@ pub fn explain(
     let Some(ds) = read(file) else {
         return USAGE;
     };
-    let args = match args {
-        Some(path) => {
-            let Some(f) = read(path) else {
-                return USAGE;
-            };
-            Some(if is_pair_file(path) {
-                ArgsInput::Json(f)
-            } else {
-                ArgsInput::Flags(f)
-            })
-        }
+    let args = match args.map(|p| args_file(p)) {
+        Some(None) => return USAGE,
+        Some(a) => a,
         None => None,
     };
     let opts = match options(flags, file, hidden_size, false) {
