@@ -69,6 +69,10 @@ pub const PLATEAU_STEPPED_BY_DEEPSPEED: &str = "R0315";
 /// An HF schedule whose own argument checks refuse the recipe when the Trainer builds it.
 pub const HF_SCHEDULE_REFUSES: &str = "R0316";
 
+/// A raw `hf { lr_scheduler_kwargs.<x> }` the `schedule` block does not model: HF refuses it
+/// (not an argument of the schedule function) or `recipe explain`'s curve does not follow it.
+pub const RAW_SCHEDULE_KWARG: &str = "R0317";
+
 /// This family's codes.
 pub const CODES: &[(&str, &str, &str)] = &[
     (
@@ -150,6 +154,11 @@ pub const CODES: &[(&str, &str, &str)] = &[
         HF_SCHEDULE_REFUSES,
         "hf-schedule-refuses",
         "an HF schedule whose own argument checks refuse the recipe at train start",
+    ),
+    (
+        RAW_SCHEDULE_KWARG,
+        "raw-schedule-kwarg",
+        "a raw lr_scheduler_kwargs entry the schedule does not model: refused by HF, or not in explain's curve",
     ),
 ];
 
@@ -393,6 +402,7 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
         if let Some(d) = hf_schedule_refuses(r, kind) {
             out.push(d);
         }
+        raw_schedule_kwargs(r, kind, out);
         if !r.facts.hf_scheduler_kinds.contains(&kind) {
             out.push(hf_kind_unavailable(r, kind));
         } else if !r.facts.hf_scheduler_kwargs {
@@ -482,6 +492,58 @@ fn hf_schedule_refuses(r: &Resolved, kind: &str) -> Option<Diagnostic> {
         d = d.with_secondary(s, "the initial learning rate");
     }
     Some(d.with_help("make lr_end smaller than the optimizer's lr (HF's default is 1e-7)"))
+}
+
+/// Raw `hf { lr_scheduler_kwargs.<x> }` entries the `schedule` block does not model (the modelled
+/// ones are R0309). HF passes them to the schedule function
+/// (`upstream::schedules::HF_SCHEDULE_FUNCTIONS`, transformers v5.24.0 `optimization.py`): one it
+/// does not take stops the run when the Trainer builds the scheduler (error); one it takes
+/// changes the curve, which `recipe explain` and the LR rules do not model (warning).
+fn raw_schedule_kwargs(r: &Resolved, kind: &str, out: &mut Vec<Diagnostic>) {
+    let modelled = modelled_kwargs(kind);
+    let function = crate::upstream::schedules::HF_SCHEDULE_FUNCTIONS
+        .iter()
+        .find(|(k, ..)| *k == kind);
+    for (key, _, span) in &r.raw_hf {
+        let Some(arg) = key.strip_prefix("lr_scheduler_kwargs.") else {
+            continue;
+        };
+        if modelled.contains(&arg) {
+            continue; // R0309
+        }
+        let d = match function {
+            Some((_, func, accepted, _)) if !accepted.contains(&arg) => {
+                let takes = if accepted.is_empty() {
+                    "no arguments".to_string()
+                } else {
+                    accepted.join(", ")
+                };
+                Diagnostic::error(
+                    RAW_SCHEDULE_KWARG,
+                    format!(
+                        "`{arg}` is not an argument of HF's `{kind}` schedule: the run stops when the \
+                         Trainer builds it (\"{func}() got an unexpected keyword argument '{arg}'\")"
+                    ),
+                    *span,
+                )
+                .with_label("not an argument of the schedule")
+                .with_help(format!("remove it; `{kind}` takes {takes}"))
+            }
+            // A kind whose kwargs HF ignores (constant) or passes on free-form (greedy).
+            None => continue,
+            Some(_) => Diagnostic::warning(
+                RAW_SCHEDULE_KWARG,
+                format!(
+                    "`{arg}` reaches HF's `{kind}` schedule, but the recipe does not model it: \
+                     `recipe explain` and the LR checks show the curve without it"
+                ),
+                *span,
+            )
+            .with_label("not modelled")
+            .with_help("nothing to fix if the real curve is what you want; the language lists what it models (docs/language.md §5.7)"),
+        };
+        out.push(d);
+    }
 }
 
 /// "<lead>the learning rate at steps 1, 2, 3 is …" plus HF's values where there is an HF twin

@@ -266,3 +266,94 @@ impl Curves {
         )
     }
 }
+
+/// HF's schedule functions by `lr_scheduler_type`: the function, the `lr_scheduler_kwargs` it
+/// takes, and those it requires (transformers v5.24.0 `optimization.py`; `get_scheduler` passes
+/// `num_warmup_steps` / `num_training_steps` itself). `constant` gets no kwargs and `greedy`
+/// takes free-form ones, so neither is listed; `reduce_lr_on_plateau` passes them to torch's
+/// `ReduceLROnPlateau`.
+pub const HF_SCHEDULE_FUNCTIONS: &[(&str, &str, &[&str], &[&str])] = &[
+    (
+        "linear",
+        "get_linear_schedule_with_warmup",
+        &["last_epoch"],
+        &[],
+    ),
+    (
+        "cosine",
+        "get_cosine_schedule_with_warmup",
+        &["num_cycles", "last_epoch"],
+        &[],
+    ),
+    (
+        "cosine_with_restarts",
+        "get_cosine_with_hard_restarts_schedule_with_warmup",
+        &["num_cycles", "last_epoch"],
+        &[],
+    ),
+    (
+        "polynomial",
+        "get_polynomial_decay_schedule_with_warmup",
+        &["lr_end", "power", "last_epoch"],
+        &[],
+    ),
+    (
+        "constant_with_warmup",
+        "get_constant_schedule_with_warmup",
+        &[],
+        &[],
+    ),
+    (
+        "inverse_sqrt",
+        "get_inverse_sqrt_schedule",
+        &["timescale", "last_epoch"],
+        &[],
+    ),
+    (
+        "reduce_lr_on_plateau",
+        "ReduceLROnPlateau.__init__",
+        &[
+            "mode",
+            "factor",
+            "patience",
+            "threshold",
+            "threshold_mode",
+            "cooldown",
+            "min_lr",
+            "eps",
+        ],
+        &[],
+    ),
+    (
+        "cosine_with_min_lr",
+        "get_cosine_with_min_lr_schedule_with_warmup",
+        &["num_cycles", "last_epoch", "min_lr", "min_lr_rate"],
+        &[],
+    ),
+    (
+        "cosine_warmup_with_min_lr",
+        "get_cosine_with_min_lr_schedule_with_warmup_lr_rate",
+        &[
+            "num_cycles",
+            "last_epoch",
+            "min_lr",
+            "min_lr_rate",
+            "warmup_lr_rate",
+        ],
+        &[],
+    ),
+    (
+        "warmup_stable_decay",
+        "get_wsd_schedule",
+        &[
+            "num_decay_steps",
+            "num_stable_steps",
+            "warmup_type",
+            "decay_type",
+            "min_lr_ratio",
+            "num_cycles",
+            "last_epoch",
+        ],
+        &["num_decay_steps"],
+    ),
+];
