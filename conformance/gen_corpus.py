@@ -365,6 +365,13 @@ FEATURES = [
     # HF's cosine_with_min_lr ends at min_lr_rate × lr when given the rate instead of min_lr.
     ("sched-cosine-min-lr-rate", None, ["batch { micro = 8, accumulate = 2 }",
                                         "schedule cosine_with_min_lr { warmup = 10%, min_lr_rate = 0.1 }"]),
+    # HF's warmup_stable_decay with every argument: stable steps, the phase shapes, cycles.
+    ("sched-wsd-shapes", None, ["batch { micro = 8, accumulate = 2 }",
+                                "schedule warmup_stable_decay { warmup = 5, stable = 30%, decay = 20, "
+                                "warmup_shape = cosine, decay_shape = one_minus_sqrt }"]),
+    ("sched-wsd-cycles", None, ["batch { micro = 8 }",
+                                "schedule warmup_stable_decay { warmup = 10%, decay = 30%, num_cycles = 1.0, "
+                                "min_lr_ratio = 0.1, decay_shape = cosine }"]),
 ]
 
 

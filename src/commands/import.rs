@@ -599,6 +599,16 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
                     match crate::schema::block("schedule")
                         .and_then(|b| b.keys.iter().find(|key| key.hf == Some(field.as_str())))
                     {
+                        // HF's shape names as the language's words ("1-sqrt").
+                        Some(key) if key.name.ends_with("_shape") => {
+                            let word = v
+                                .as_str()
+                                .and_then(crate::upstream::schedules::wsd_shape_word);
+                            match word {
+                                Some(w) => sched.push((key.name.to_string(), w.to_string())),
+                                None => sched.push((key.name.to_string(), lit(&v))),
+                            }
+                        }
                         Some(key) => sched.push((key.name.to_string(), lit(&v))),
                         None => {
                             b.args.insert(field, v);

@@ -121,6 +121,21 @@ pub fn arguments(r: &Resolved, ds_config: &str) -> Value {
                     None => 0,
                 };
                 kw.insert("num_decay_steps".into(), json!(decay));
+                if let Some(stable) =
+                    crate::upstream::schedules::wsd_steps(r, "schedule.stable", c.total)
+                {
+                    kw.insert("num_stable_steps".into(), json!(stable));
+                }
+                // The shape words, in HF's names (`one_minus_sqrt` is "1-sqrt").
+                for (key, field) in [
+                    ("schedule.warmup_shape", "warmup_type"),
+                    ("schedule.decay_shape", "decay_type"),
+                ] {
+                    if r.is_given(key) {
+                        let name = crate::upstream::schedules::wsd_shape(r.choice(key));
+                        kw.insert(field.into(), json!(name));
+                    }
+                }
             }
             // HF's cosine_with_min_lr needs one of min_lr / min_lr_rate (transformers@v5.24.0
             // optimization.py:get_cosine_with_min_lr_schedule_with_warmup): the default min_lr

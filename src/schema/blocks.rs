@@ -138,6 +138,10 @@ const ADAM_EPS: &[&str] = &[
 ];
 const ONEBIT: &[&str] = &["onebitadam", "zerooneadam", "onebitlamb"];
 
+/// The shapes of HF's warmup_stable_decay phases, as words (`upstream::schedules::wsd_shape`
+/// gives HF's names: `one_minus_sqrt` is `"1-sqrt"`).
+pub const WSD_SHAPES: &[&str] = &["linear", "cosine", "one_minus_sqrt"];
+
 /// Declares the HF and DeepSpeed schedule names once, and their union.
 macro_rules! schedules {
     (hf: [$($hf:literal),* $(,)?], deepspeed: [$($ds:literal),* $(,)?] $(,)?) => {
@@ -529,8 +533,8 @@ pub static BLOCKS: &[BlockSpec] = &[
                 .val(Lit::Float(0.0), "recipe default for HF parity (DeepSpeed's own is 1e-4)"),
             key("num_cycles", LR, "cosine cycles (0.5 = one half-wave down)")
                 .hf("lr_scheduler_kwargs.num_cycles")
-                .kinds(&["cosine", "cosine_with_restarts", "cosine_with_min_lr"])
-                .derived(Derive::CosineCycles, "`0.5` (`cosine`), `1` (`cosine_with_restarts`), as HF"),
+                .kinds(&["cosine", "cosine_with_restarts", "cosine_with_min_lr", "warmup_stable_decay"])
+                .derived(Derive::CosineCycles, "`0.5` (`cosine`, `cosine_with_min_lr`, a cosine `decay_shape`), `1` (`cosine_with_restarts`), as HF"),
             key("power", LR, "polynomial decay power").hf("lr_scheduler_kwargs.power").kinds(&["polynomial"])
                 .val(Lit::Float(1.0), "HF polynomial"),
             key("lr_end", LR, "final learning rate of the polynomial decay")
@@ -549,6 +553,18 @@ pub static BLOCKS: &[BlockSpec] = &[
                 .hf("lr_scheduler_kwargs.min_lr_ratio")
                 .kinds(&["warmup_stable_decay"])
                 .val(Lit::Float(0.0), "HF warmup_stable_decay"),
+            key("stable", Ty::Steps, "length of the constant phase between warmup and decay (written as whole steps)")
+                .hf("lr_scheduler_kwargs.num_stable_steps")
+                .kinds(&["warmup_stable_decay"])
+                .later("the steps left after warmup and decay (HF warmup_stable_decay)"),
+            key("warmup_shape", Ty::Word(WSD_SHAPES), "shape of the warmup (one_minus_sqrt is HF's \"1-sqrt\")")
+                .hf("lr_scheduler_kwargs.warmup_type")
+                .kinds(&["warmup_stable_decay"])
+                .val(Lit::Word("linear"), "HF warmup_stable_decay"),
+            key("decay_shape", Ty::Word(WSD_SHAPES), "shape of the decay (one_minus_sqrt is HF's \"1-sqrt\")")
+                .hf("lr_scheduler_kwargs.decay_type")
+                .kinds(&["warmup_stable_decay"])
+                .val(Lit::Word("cosine"), "HF warmup_stable_decay"),
             key("factor", UNIT, "LR reduction factor on a plateau").hf("lr_scheduler_kwargs.factor").kinds(&["reduce_lr_on_plateau"])
                 .val(Lit::Float(0.1), "torch ReduceLROnPlateau"),
             key("patience", NON_NEGATIVE, "evaluations without improvement before reducing").hf("lr_scheduler_kwargs.patience").kinds(&["reduce_lr_on_plateau"])

@@ -39,6 +39,47 @@ pub struct Curves {
     pub flags: DsFlags,
 }
 
+/// A warmup_stable_decay phase length in whole steps (a fraction of `total` rounds up), when
+/// the recipe gives one.
+pub fn wsd_steps(r: &Resolved, key: &str, total: u64) -> Option<u64> {
+    match crate::resolve::warmup_like(r, key)? {
+        crate::upstream::steps::Warmup::Steps(s) => Some(s),
+        crate::upstream::steps::Warmup::Fraction(x) => Some((total as f64 * x).ceil() as u64),
+    }
+}
+
+/// The words of `schema::blocks::WSD_SHAPES` and HF's names for them (`get_wsd_schedule`'s
+/// `warmup_type` / `decay_type`, transformers v5.24.0 `optimization.py`): the one conversion.
+pub const WSD_SHAPE_NAMES: &[(&str, &str)] = &[
+    ("linear", "linear"),
+    ("cosine", "cosine"),
+    ("one_minus_sqrt", "1-sqrt"),
+];
+
+/// HF's name of a shape word.
+pub fn wsd_shape(word: &str) -> &'static str {
+    WSD_SHAPE_NAMES
+        .iter()
+        .find(|(w, _)| *w == word)
+        .map_or("cosine", |(_, hf)| hf)
+}
+
+/// The shape word of an HF name (`None` for a name HF does not take).
+pub fn wsd_shape_word(hf: &str) -> Option<&'static str> {
+    WSD_SHAPE_NAMES
+        .iter()
+        .find(|(_, h)| *h == hf)
+        .map(|(w, _)| *w)
+}
+
+fn wsd_shape_of(word: &str) -> WsdShape {
+    match word {
+        "linear" => WsdShape::Linear,
+        "one_minus_sqrt" => WsdShape::OneMinusSqrt,
+        _ => WsdShape::Cosine,
+    }
+}
+
 fn warmup_type(r: &Resolved) -> DsWarmupType {
     match r.word("schedule.warmup_type") {
         Some("log") => DsWarmupType::Log,
@@ -147,12 +188,12 @@ pub fn curves(r: &Resolved) -> Option<Curves> {
             };
             (
                 Some(HfSchedule::WarmupStableDecay {
-                    num_stable_steps: None,
+                    num_stable_steps: wsd_steps(r, "schedule.stable", total),
                     num_decay_steps: decay,
-                    warmup_type: WsdShape::Linear,
-                    decay_type: WsdShape::Cosine,
+                    warmup_type: wsd_shape_of(r.choice("schedule.warmup_shape")),
+                    decay_type: wsd_shape_of(r.choice("schedule.decay_shape")),
                     min_lr_ratio: f("schedule.min_lr_ratio"),
-                    num_cycles: 0.5,
+                    num_cycles: f("schedule.num_cycles"),
                 }),
                 None,
             )
