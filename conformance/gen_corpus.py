@@ -372,6 +372,11 @@ FEATURES = [
     ("sched-wsd-cycles", None, ["batch { micro = 8 }",
                                 "schedule warmup_stable_decay { warmup = 10%, decay = 30%, num_cycles = 1.0, "
                                 "min_lr_ratio = 0.1, decay_shape = cosine }"]),
+    # Every argument of torch's ReduceLROnPlateau the Trainer passes on (HF steps it, owner = hf).
+    ("sched-plateau-kwargs", 'data { train = "train.jsonl", eval = "dev.jsonl", samples = 1003 }',
+     ["batch { micro = 8 }", "optimizer adamw { owner = hf }",
+      "schedule reduce_lr_on_plateau { factor = 0.5, patience = 1, cooldown = 1, mode = max, "
+      "threshold = 0.01, threshold_mode = abs, min_lr = 1e-6, eps = 1e-9 }"]),
 ]
 
 

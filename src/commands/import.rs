@@ -609,7 +609,16 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
                                 None => sched.push((key.name.to_string(), lit(&v))),
                             }
                         }
-                        Some(key) => sched.push((key.name.to_string(), lit(&v))),
+                        // A word the key takes is written bare (`mode = max`).
+                        Some(key) => {
+                            let word = match (key.ty, v.as_str()) {
+                                (crate::schema::Ty::Word(words), Some(w)) if words.contains(&w) => {
+                                    Some(w.to_string())
+                                }
+                                _ => None,
+                            };
+                            sched.push((key.name.to_string(), word.unwrap_or_else(|| lit(&v))));
+                        }
                         None => {
                             b.args.insert(field, v);
                         }

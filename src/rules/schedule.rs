@@ -930,13 +930,22 @@ fn plateau_stepped_by_deepspeed(r: &Resolved) -> Option<Diagnostic> {
     let (message, label) = if r.facts.ds_scheduler_step_batch_size_fallback {
         let lr = r.num("optimizer.lr");
         let total = r.uint("steps.total").unwrap_or(0);
-        let cuts = total.saturating_sub(1) / (patience + 1);
-        let end = lr * factor.powi(i32::try_from(cuts).unwrap_or(i32::MAX));
+        // torch's ReduceLROnPlateau on a metric that never improves: the first cut after
+        // `patience + 1` bad steps, then one every `cooldown + patience + 1` (the cooldown
+        // resets the count); never below `min_lr`.
+        let cooldown = r.count("schedule.cooldown");
+        let first = patience + 1;
+        let cuts = match total.saturating_sub(1) {
+            n if n < first => 0,
+            n => 1 + (n - first) / (first + cooldown),
+        };
+        let min_lr = r.num("schedule.min_lr");
+        let end = (lr * factor.powi(i32::try_from(cuts).unwrap_or(i32::MAX))).max(min_lr);
         (
             format!(
                 "DeepSpeed steps `reduce_lr_on_plateau` after every optimizer step with the batch size ({batch}) as the metric: the LR is multiplied by {} every {} steps, down to {} by step {total}, whatever the evaluations say",
                 fmt_f64(factor),
-                patience + 1,
+                patience + 1 + cooldown,
                 fmt_lr(end)
             ),
             "DeepSpeed builds the optimizer, so its engine steps HF's scheduler",

@@ -514,7 +514,7 @@ pub static BLOCKS: &[BlockSpec] = &[
             key("min_lr", LR, "learning rate at the start of warmup / end of decay")
                 .ds("scheduler.params.warmup_min_lr")
                 .hf("lr_scheduler_kwargs.min_lr")
-                .kinds(&["WarmupLR", "WarmupDecayLR", "cosine_with_min_lr"])
+                .kinds(&["WarmupLR", "WarmupDecayLR", "cosine_with_min_lr", "reduce_lr_on_plateau"])
                 .val(Lit::Float(0.0), "HF's auto value for warmup_min_lr"),
             key("min_lr_rate", UNIT, "final learning rate as a fraction of lr, instead of min_lr")
                 .hf("lr_scheduler_kwargs.min_lr_rate")
@@ -569,6 +569,16 @@ pub static BLOCKS: &[BlockSpec] = &[
                 .val(Lit::Float(0.1), "torch ReduceLROnPlateau"),
             key("patience", NON_NEGATIVE, "evaluations without improvement before reducing").hf("lr_scheduler_kwargs.patience").kinds(&["reduce_lr_on_plateau"])
                 .val(Lit::Int(10), "torch ReduceLROnPlateau"),
+            key("cooldown", NON_NEGATIVE, "evaluations after a reduction before counting again").hf("lr_scheduler_kwargs.cooldown").kinds(&["reduce_lr_on_plateau"])
+                .val(Lit::Int(0), "torch ReduceLROnPlateau"),
+            key("mode", Ty::Word(&["min", "max"]), "whether the metric should fall (min, a loss) or rise (max)").hf("lr_scheduler_kwargs.mode").kinds(&["reduce_lr_on_plateau"])
+                .val(Lit::Word("min"), "torch ReduceLROnPlateau"),
+            key("threshold", LR, "the least change that counts as an improvement").hf("lr_scheduler_kwargs.threshold").kinds(&["reduce_lr_on_plateau"])
+                .val(Lit::Float(1e-4), "torch ReduceLROnPlateau"),
+            key("threshold_mode", Ty::Word(&["rel", "abs"]), "threshold relative to the best metric (rel) or absolute (abs)").hf("lr_scheduler_kwargs.threshold_mode").kinds(&["reduce_lr_on_plateau"])
+                .val(Lit::Word("rel"), "torch ReduceLROnPlateau"),
+            key("eps", LR, "an LR change smaller than this is not made").hf("lr_scheduler_kwargs.eps").kinds(&["reduce_lr_on_plateau"])
+                .val(Lit::Float(1e-8), "torch ReduceLROnPlateau"),
             key("cycle_min_lr", LR, "lowest LR of the cycle (DeepSpeed requires it)")
                 .required()
                 .ds("scheduler.params.cycle_min_lr")
