@@ -194,14 +194,7 @@ fn bench_pairs(root: &Path, cls: &str, bin: Option<&PathBuf>) {
     };
     let run = |args: &[&OsStr]| {
         let t = Instant::now();
-        let status = Command::new(bin)
-            .args(args)
-            .current_dir(root)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("spawn");
+        let status = run_quiet(bin, args, root, &[]);
         assert!(status.code().is_some(), "recipe was killed");
         t.elapsed()
     };
@@ -359,14 +352,7 @@ fn bench_raw_process(bin: &Path, root: &Path, raw: &str) {
     std::fs::write(&path, raw).expect("write the raw recipe");
     let samples = time_n(15, 2, || {
         // Exits 1: the raw recipe has errors (R0902, R0909) by design.
-        Command::new(bin)
-            .args([OsStr::new("check"), path.as_os_str()])
-            .current_dir(root)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("spawn");
+        run_quiet(bin, &[OsStr::new("check"), path.as_os_str()], root, &[]);
     });
     let _ = std::fs::remove_file(&path);
     let r = ms(percentile(&samples, 50));
@@ -515,15 +501,7 @@ fn bench_process_with(
     envs: &[(&str, std::ffi::OsString)],
 ) -> f64 {
     let run = |program: &Path, args: &[&OsStr]| {
-        let status = Command::new(program)
-            .args(args)
-            .envs(envs.iter().map(|(k, v)| (*k, v)))
-            .current_dir(root)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("spawn");
+        let status = run_quiet(program, args, root, envs);
         assert!(
             status.success(),
             "{} exited with {status}",
@@ -566,6 +544,25 @@ fn bench_process_with(
         bin.display()
     );
     r
+}
+
+/// Runs `program args` in `root` with no input or output (`envs` added), as every whole-process
+/// figure does; panics when it cannot start.
+fn run_quiet(
+    program: &Path,
+    args: &[&OsStr],
+    root: &Path,
+    envs: &[(&str, std::ffi::OsString)],
+) -> std::process::ExitStatus {
+    Command::new(program)
+        .args(args)
+        .envs(envs.iter().map(|(k, v)| (*k, v)))
+        .current_dir(root)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("spawn")
 }
 
 /// `target/release/recipe`, built here when missing.

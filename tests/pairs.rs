@@ -106,42 +106,78 @@ fn cause_codes(error: &str) -> &'static [&'static str] {
 }
 
 /// A config's leaves, dotted (an empty section is a leaf).
-fn flatten(v: &Py, _prefix: &str, out: &mut BTreeMap<String, Py>) {
-    out.extend(v.leaves().into_iter().map(|(k, v)| (k, v.clone())));
+fn leaves(v: &Py) -> BTreeMap<String, Py> {
+    v.leaves()
+        .into_iter()
+        .map(|(k, v)| (k, v.clone()))
+        .collect()
 }
 
 fn from_fixture(v: &serde_json::Value) -> Py {
     json::parse(&v.to_string()).expect("fixture JSON").to_py()
 }
 
-#[test]
-fn pairs_agree_with_the_real_stack() {
-    let dir = root().join("conformance/pairs");
-    let mut cases: Vec<PathBuf> = std::fs::read_dir(&dir)
+/// Whether our value is the real one (non-finite numbers are strings in a fixture: "inf").
+fn same_value(ours: Option<&Py>, real: &Py) -> bool {
+    match (ours, real) {
+        (Some(Py::Float(f)), Py::Str(s)) => json::py_float(*f) == *s,
+        (Some(m), v) => m.py_eq(v),
+        (None, _) => false,
+    }
+}
+
+/// One pair of conformance/pairs/ with its real-stack fixture.
+struct Pair {
+    name: String,
+    dir: PathBuf,
+    opts: Options,
+    fixture: serde_json::Value,
+}
+
+/// Every pair of the corpus, in name order.
+fn corpus() -> Vec<Pair> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root().join("conformance/pairs"))
         .expect("conformance/pairs exists")
         .map(|e| e.unwrap().path())
         .filter(|p| p.is_dir())
         .collect();
-    cases.sort();
+    dirs.sort();
+    let json = |path: PathBuf| -> serde_json::Value {
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        serde_json::from_str(&text).unwrap()
+    };
+    dirs.into_iter()
+        .map(|dir| {
+            let name = dir.file_name().unwrap().to_string_lossy().to_string();
+            Pair {
+                opts: case_options(&json(dir.join("case.json"))),
+                fixture: json(root().join(format!("conformance/fixtures/pairs/{name}.json"))),
+                name,
+                dir,
+            }
+        })
+        .collect()
+}
+
+/// The pair checked as `recipe check` checks it.
+fn check_pair(p: &Pair) -> lint::Report {
+    lint::check(
+        read(&p.dir.join("ds_config.json")),
+        args_of(&p.dir),
+        &p.opts,
+    )
+}
+
+#[test]
+fn pairs_agree_with_the_real_stack() {
+    let cases = corpus();
     assert!(cases.len() >= 60, "the corpus has {} pairs", cases.len());
     let mut failures = Vec::new();
     let (mut refused, mut accepted, mut values) = (0, 0, 0);
-    for case_dir in &cases {
-        let name = case_dir.file_name().unwrap().to_string_lossy().to_string();
-        let fixture_path = root().join(format!("conformance/fixtures/pairs/{name}.json"));
-        let fixture: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(&fixture_path)
-                .unwrap_or_else(|e| panic!("{}: {e}", fixture_path.display())),
-        )
-        .unwrap();
-        let case: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(case_dir.join("case.json")).unwrap())
-                .unwrap();
-        let report = lint::check(
-            read(&case_dir.join("ds_config.json")),
-            args_of(case_dir),
-            &case_options(&case),
-        );
+    for pair in &cases {
+        let (name, fixture) = (&pair.name, &pair.fixture);
+        let report = check_pair(pair);
         let ours: Vec<&str> = report
             .findings
             .iter()
@@ -183,19 +219,11 @@ fn pairs_agree_with_the_real_stack() {
         if fixture["final_config"].is_null() {
             continue;
         }
-        let mut real = BTreeMap::new();
-        flatten(&from_fixture(&fixture["final_config"]), "", &mut real);
-        let mut mine = BTreeMap::new();
-        flatten(&report.outcome.as_ref().unwrap().config, "", &mut mine);
+        let real = leaves(&from_fixture(&fixture["final_config"]));
+        let mine = leaves(&report.outcome.as_ref().unwrap().config);
         for (k, v) in &real {
-            // Non-finite numbers are strings in the fixture ("inf").
-            let same = match (mine.get(k), v) {
-                (Some(Py::Float(f)), Py::Str(s)) => json::py_float(*f) == *s,
-                (Some(m), v) => m.py_eq(v),
-                (None, _) => false,
-            };
             values += 1;
-            if !same {
+            if !same_value(mine.get(k), v) {
                 failures.push(format!(
                     "{name}: `{k}` is {} after the real chain; ours {}",
                     v.repr(),
@@ -545,37 +573,19 @@ fn deepspeed_default(ds_key: &str) -> Option<Py> {
 /// `recipe import` of every accepted pair, then `recipe build` of the recipe: the pair the build
 /// writes, taken through the same stack, gives DeepSpeed the same values the original pair gave
 /// it in the real chain (conformance/fixtures/pairs `final_config`), and gives the Trainer the
-/// same TrainingArguments (`args`).
+/// same TrainingArguments (the fixture's `args`, the ones the run uses).
 #[test]
 fn accepted_pairs_import_and_build_to_the_same_effective_values() {
     use recipe::commands::import::{import, Inputs};
     use recipe::emit::{self, deepspeed::Style, Layout};
 
-    let dir = root().join("conformance/pairs");
-    let mut cases: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_dir())
-        .collect();
-    cases.sort();
     let mut failures = Vec::new();
     let (mut checked, mut values) = (0, 0);
-    for case_dir in &cases {
-        let name = case_dir.file_name().unwrap().to_string_lossy().to_string();
-        let fixture: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(
-                root().join(format!("conformance/fixtures/pairs/{name}.json")),
-            )
-            .unwrap(),
-        )
-        .unwrap();
+    for pair in corpus() {
+        let (name, fixture, opts, case_dir) = (&pair.name, &pair.fixture, &pair.opts, &pair.dir);
         if fixture["verdict"] != "ok" || fixture["final_config"].is_null() {
             continue;
         }
-        let case: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(case_dir.join("case.json")).unwrap())
-                .unwrap();
-        let opts = case_options(&case);
         let ds_text = std::fs::read_to_string(case_dir.join("ds_config.json")).unwrap();
         let ds: serde_json::Value = serde_json::from_str(&ds_text).unwrap();
         // The TrainingArguments as written (flags read as argparse reads them).
@@ -637,7 +647,7 @@ fn accepted_pairs_import_and_build_to_the_same_effective_values() {
         let report = lint::check(
             file("ds_config.json"),
             Some(ArgsInput::Json(file("training_args.json"))),
-            &opts,
+            opts,
         );
         let errors: Vec<String> = report
             .findings
@@ -649,21 +659,57 @@ fn accepted_pairs_import_and_build_to_the_same_effective_values() {
             failures.push(format!("{name}: the rebuilt pair is refused: {errors:?}"));
             continue;
         }
-        let mut real = BTreeMap::new();
-        flatten(&from_fixture(&fixture["final_config"]), "", &mut real);
-        let mut mine = BTreeMap::new();
-        flatten(&report.outcome.as_ref().unwrap().config, "", &mut mine);
+        // The TrainingArguments the Trainer gets from the rebuilt arguments file.
+        let release = recipe::schema::upstream::HfFields::for_target(
+            recipe::upstream::versions::Library::Transformers.newest(),
+        );
+        let rebuilt_args = lint::args::Args::from_json(
+            &json::parse(&file("training_args.json").text).unwrap(),
+            release,
+        );
+        // With a DeepSpeed `scheduler` section the run uses DeepSpeed's: HF's schedule fields do
+        // not reach it (R1215), and the recipe writes its counterpart's name there instead.
+        let ds_scheduler = !fixture["final_config"]["scheduler"].is_null();
+        if let Some(serde_json::Value::Object(real_args)) = fixture.get("args") {
+            for (field, real) in real_args {
+                let schedule_field = ["lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps"]
+                    .contains(&field.as_str());
+                if ds_scheduler && schedule_field {
+                    continue;
+                }
+                values += 1;
+                let real = from_fixture(real);
+                // A warmup fraction and the whole steps it comes to are the same warmup
+                // (`get_warmup_steps`, the fixture's `steps.warmup`).
+                if field == "warmup_steps" {
+                    let total = fixture["steps"]["total"].as_f64().unwrap_or(0.0);
+                    let w = rebuilt_args.num("warmup_steps", 0.0);
+                    let ours = if w >= 1.0 {
+                        w.floor()
+                    } else {
+                        (total * w).ceil()
+                    };
+                    if Some(ours) == fixture["steps"]["warmup"].as_f64() {
+                        continue;
+                    }
+                }
+                if !same_value(rebuilt_args.get(field), &real) {
+                    failures.push(format!(
+                        "{name}: the Trainer gets {field} = {} from the pair, {} from import → build",
+                        real.repr(),
+                        rebuilt_args.get(field).map_or("<absent>".into(), Py::repr)
+                    ));
+                }
+            }
+        }
+        let mut real = leaves(&from_fixture(&fixture["final_config"]));
+        let mut mine = leaves(&report.outcome.as_ref().unwrap().config);
         deepspeed_reading(&mut real);
         deepspeed_reading(&mut mine);
         // A config without `gradient_accumulation_steps` trains HF's loop with the arguments'
         // accumulation and DeepSpeed with accelerate's 1 (R1212): one recipe cannot say both;
         // the import keeps the arguments' value, and the pair check warns.
-        let original = lint::check(
-            read(&case_dir.join("ds_config.json")),
-            args_of(case_dir),
-            &opts,
-        );
-        if original
+        if check_pair(&pair)
             .findings
             .iter()
             .any(|f| f.code == "R1212" && f.message.contains("gradient_accumulation_steps"))
@@ -672,11 +718,10 @@ fn accepted_pairs_import_and_build_to_the_same_effective_values() {
         }
         for (k, v) in &real {
             values += 1;
-            let same = match (mine.get(k), v) {
-                (Some(Py::Float(f)), Py::Str(s)) => json::py_float(*f) == *s,
-                (Some(m), v) => m.py_eq(v),
-                // Not written by the build: DeepSpeed's default, if the schema says it is this.
-                (None, v) => deepspeed_default(k).is_some_and(|d| d.py_eq(v)),
+            // Not written by the build: DeepSpeed's default, if the schema says it is this.
+            let same = match mine.get(k) {
+                None => deepspeed_default(k).is_some_and(|d| d.py_eq(v)),
+                ours => same_value(ours, v),
             };
             if !same {
                 failures.push(format!(

@@ -9,15 +9,14 @@ use recipe::SourceFile;
 
 use super::{style, RecipeFlags, FAILED, OK, USAGE};
 
-fn read_json(path: &Path) -> Result<serde_json::Value, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
-    let v: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| format!("`{}` is not JSON: {e}", path.display()))?;
+/// A JSON file's settings, from the text already read.
+fn settings(file: &SourceFile) -> Result<serde_json::Value, String> {
+    let v: serde_json::Value = serde_json::from_str(&file.text)
+        .map_err(|e| format!("`{}` is not JSON: {e}", file.name))?;
     if !v.is_object() {
         return Err(format!(
             "`{}` is JSON but not an object of settings (`{{ … }}`)",
-            path.display()
+            file.name
         ));
     }
     Ok(v)
@@ -39,14 +38,19 @@ pub fn run(
     force: bool,
     flags: &RecipeFlags,
 ) -> i32 {
-    let ds = match read_json(file) {
-        Ok(v) => v,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return USAGE;
-        }
+    let Some(ds_file) = super::read(file) else {
+        return USAGE;
     };
-    let hf = match args.map(|p| read_json(p)).transpose() {
+    let args_file = match args.map(|p| super::read(p)) {
+        Some(None) => return USAGE,
+        Some(f) => f,
+        None => None,
+    };
+    let parsed = settings(&ds_file).and_then(|ds| {
+        let hf = args_file.as_ref().map(settings).transpose()?;
+        Ok((ds, hf))
+    });
+    let (ds, hf) = match parsed {
         Ok(v) => v,
         Err(e) => {
             eprintln!("error: {e}");
@@ -55,12 +59,6 @@ pub fn run(
     };
     // The pair as the real stack takes it, first: a pair it refuses gets no recipe (unless
     // --force), since a recipe is consistent by construction and would hide the conflict.
-    let (Some(ds_file), args_file) = (super::read(file), args.map(|p| super::read(p))) else {
-        return USAGE;
-    };
-    if matches!(args_file, Some(None)) {
-        return USAGE;
-    }
     let pair_opts = match super::pair::options(flags, file, given.hidden_size, false) {
         Ok(o) => o,
         Err(e) => {
@@ -70,7 +68,7 @@ pub fn run(
     };
     let report = recipe::pair::check(
         ds_file,
-        args_file.flatten().map(recipe::pair::ArgsInput::Json),
+        args_file.map(recipe::pair::ArgsInput::Json),
         &pair_opts,
     );
     if super::pair::print(&report, flags.format, true).is_err() {

@@ -158,51 +158,27 @@ pub fn run(files: &[PathBuf], pf: PairFlags, flags: &RecipeFlags) -> i32 {
 }
 
 /// Where a value of the final config came from, for people.
-fn origin_text(report: &lint::Report, key: &str, origin: Option<&lint::stack::Origin>) -> String {
+fn origin_text(report: &lint::Report, origin: Option<&lint::stack::Origin>) -> String {
     use lint::stack::Origin;
-    let at = |side: lint::Side, span: recipe::diagnostics::Label| {
+    let at = |side: lint::Side, span: recipe::syntax::ast::Span| {
         let f = report.file(side);
-        let (line, col) = f.line_col(span.span.start);
+        let (line, col) = f.line_col(span.start);
         format!("{}:{line}:{col}", f.name)
     };
-    let node = |path: &str| {
-        recipe::pair::json::parse(&report.ds.text)
-            .ok()
-            .and_then(|n| n.get(path).map(|v| v.span))
-    };
     match origin {
-        Some(Origin::Written) | None => match node(key) {
+        Some(Origin::Written(span)) => format!("written ({})", at(lint::Side::DeepSpeed, *span)),
+        None => "written".into(),
+        Some(Origin::Filled { by, from, given }) => match given {
             Some(span) => format!(
-                "written ({})",
-                at(
-                    lint::Side::DeepSpeed,
-                    recipe::diagnostics::Label::new(span, "")
-                )
+                "\"auto\", {by} fills it from {from} ({})",
+                at(lint::Side::Args, *span)
             ),
-            None => "written".into(),
-        },
-        Some(Origin::Filled { by, from }) => {
-            let given = report.outcome.as_ref().and_then(|_| {
-                let args = report.args.as_ref()?;
-                let field = from.split(['|', '+', ' ']).next()?;
-                let text = &args.text;
-                // The field's own key in the arguments file, when it is written there.
-                let needle = [format!("\"{field}\""), format!("--{field}")];
-                needle.iter().find_map(|n| text.find(n.as_str())).map(|i| {
-                    let (line, col) = args.line_col(i);
-                    format!("{}:{line}:{col}", args.name)
-                })
-            });
-            let field_like = from.chars().all(|c| c.is_ascii_lowercase() || c == '_');
-            match given {
-                Some(place) => format!("\"auto\", {by} fills it from {from} ({place})"),
-                None if from.parse::<f64>().is_ok() => {
-                    format!("\"auto\", {by} fills it with {from}")
-                }
-                None if field_like => format!("\"auto\", {by} fills it from {from} (its default)"),
-                None => format!("\"auto\", {by} fills it from {from}"),
+            None if from.parse::<f64>().is_ok() => format!("\"auto\", {by} fills it with {from}"),
+            None if from.chars().all(|c| c.is_ascii_lowercase() || c == '_') => {
+                format!("\"auto\", {by} fills it from {from} (its default)")
             }
-        }
+            None => format!("\"auto\", {by} fills it from {from}"),
+        },
         Some(Origin::Inserted { by }) => format!("not in the file: {by} inserts it"),
         Some(Origin::Overwritten { by }) => format!("written, but {by} overwrites it"),
     }
@@ -244,7 +220,7 @@ pub fn explain(
         .into_iter()
         .filter(|(k, _)| key.is_none_or(|want| k == want || k.starts_with(&format!("{want}."))))
         .map(|(k, v)| {
-            let origin = origin_text(&report, &k, outcome.origins.get(&k));
+            let origin = origin_text(&report, outcome.origins.get(&k));
             (k, v.show(), origin)
         })
         .collect();

@@ -161,6 +161,17 @@ fn raw_lines(map: &Map<String, Value>, prefix: &str, out: &mut Vec<(String, Stri
     }
 }
 
+/// A TrainingArguments field's default in the newest transformers (the generated tables), as
+/// JSON.
+fn hf_default(field: &str) -> Option<Value> {
+    let release = crate::schema::upstream::HfFields::for_target(
+        crate::upstream::versions::Library::Transformers.newest(),
+    );
+    crate::pair::args::default_of(release, field)
+        .filter(|v| *v != crate::pair::json::Py::None)
+        .map(|v| v.to_json())
+}
+
 /// Deprecated `zero_optimization` keys mapped the way DeepSpeed maps them when it reads the
 /// config (`DEEPSPEED_RENAMED` in schema/upstream.rs: `cpu_offload: true` is optimizer offload
 /// to the CPU, `cpu_offload_param: true` parameter offload, the fp16 gather key is the 16-bit
@@ -411,17 +422,6 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
     let betas = b.ds("optimizer.params.betas", None);
     let (b1, b2) = (b.hf("adam_beta1"), b.hf("adam_beta2"));
     // One beta given: the other is TrainingArguments' default (HF fills "auto" betas with both).
-    let hf_default = |field: &str| {
-        let release = crate::schema::upstream::HfFields::for_target(
-            crate::upstream::versions::Library::Transformers.newest(),
-        );
-        release
-            .fields
-            .iter()
-            .find(|(n, _)| *n == field)
-            .and_then(|(_, d)| d.and_then(|d| d.parse::<f64>().ok()))
-            .map(Value::from)
-    };
     let betas = match betas {
         Some(Value::Array(v)) if v.len() == 2 => Some((v[0].clone(), v[1].clone())),
         _ if b1.is_some() || b2.is_some() => b1
@@ -747,8 +747,13 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
     ] {
         // `evaluation_strategy` before transformers 4.41.
         let old = (strategy == "eval_strategy").then_some("evaluation_strategy");
-        let s = b.hf(strategy).or_else(|| old.and_then(|o| b.hf(o)));
-        let n = b.hf(steps);
+        // Not given: HF's defaults (save every 500 steps, no evaluation), which the recipe's
+        // own defaults are not.
+        let s = b
+            .hf(strategy)
+            .or_else(|| old.and_then(|o| b.hf(o)))
+            .or_else(|| hf_default(strategy));
+        let n = b.hf(steps).or_else(|| hf_default(steps));
         match s.as_ref().and_then(Value::as_str) {
             Some("steps") => {
                 if let Some(n) = n {

@@ -145,9 +145,15 @@ pub const SCRIPT_ARGUMENTS: &[&str] = &[
     "validation_file",
 ];
 
+/// A field's default in `release` (`None` for a field the release does not have).
+pub fn default_of(release: &HfFields, name: &str) -> Option<Py> {
+    let (_, repr) = release.fields.iter().find(|(n, _)| *n == name)?;
+    Some(computed_default(name).unwrap_or_else(|| default_value(*repr)))
+}
+
 impl Args {
     /// Every field at its default for `release`.
-    fn defaults(release: &HfFields) -> Args {
+    pub fn defaults(release: &HfFields) -> Args {
         let fields = release
             .fields
             .iter()

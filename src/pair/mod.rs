@@ -229,13 +229,7 @@ pub fn check(ds: SourceFile, args_input: Option<ArgsInput>, opts: &Options) -> R
     let release = HfFields::for_target(opts.targets.get(Library::Transformers));
     let ds_node = parse_object(&ds, Side::DeepSpeed, &mut findings);
     let (args_file, parsed_args) = match args_input {
-        None => (
-            None,
-            Some(args::Args::from_json(
-                &json::parse("{}").expect("{} is JSON"),
-                release,
-            )),
-        ),
+        None => (None, Some(args::Args::defaults(release))),
         Some(ArgsInput::Json(file)) => {
             let a = parse_object(&file, Side::Args, &mut findings)
                 .map(|node| args::Args::from_json(&node, release));

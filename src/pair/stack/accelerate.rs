@@ -85,6 +85,7 @@ impl Work<'_> {
                     Origin::Filled {
                         by: "accelerate",
                         from: "DeepSpeedPlugin default".into(),
+                        given: None,
                     },
                 );
             }
@@ -136,12 +137,6 @@ impl Work<'_> {
             };
             self.insert(mixed, v, "accelerate");
             if mixed == "fp16" {
-                self.origins
-                    .insert("fp16.enabled".into(), Origin::Inserted { by: "accelerate" });
-                self.origins.insert(
-                    "fp16.auto_cast".into(),
-                    Origin::Inserted { by: "accelerate" },
-                );
                 self.out.push(
                     Finding::new(
                         codes::ACCELERATE_CHANGES,
@@ -155,16 +150,13 @@ impl Work<'_> {
                          (auto_cast false: the model's inputs are not cast)",
                     ),
                 );
-            } else {
-                self.origins
-                    .insert("bf16.enabled".into(), Origin::Inserted { by: "accelerate" });
             }
         }
         if mixed != "no" {
             let other = if mixed == "fp16" { "bf16" } else { "fp16" };
             let path = format!("{other}.enabled");
             if let Some(v) = self.get(&path) {
-                if py_str(v).to_lowercase() == "true" {
+                if v.show().to_lowercase() == "true" {
                     let mut f = Finding::new(
                         codes::MIXED_PRECISION_CONFLICT,
                         Severity::Error,
@@ -193,10 +185,6 @@ impl Work<'_> {
                     Py::Dict(vec![("enabled".into(), Py::Bool(false))]),
                     "accelerate",
                 );
-                self.origins.insert(
-                    format!("{dtype}.enabled"),
-                    Origin::Inserted { by: "accelerate" },
-                );
             }
             let path = format!("{dtype}.enabled");
             if self.is_auto(&path) {
@@ -206,6 +194,7 @@ impl Work<'_> {
                     Origin::Filled {
                         by: "accelerate",
                         from: "mixed_precision".into(),
+                        given: None,
                     },
                 );
             }
@@ -235,20 +224,10 @@ impl Work<'_> {
             kwargs.push(("train_micro_batch_size_per_gpu", Some(m)));
             kwargs.push(("train_batch_size", tb));
         }
-        let hidden_keys = [
-            "zero_optimization.reduce_bucket_size",
-            "zero_optimization.stage3_prefetch_bucket_size",
-            "zero_optimization.stage3_param_persistence_threshold",
-        ];
-        if hidden_keys.iter().any(|k| self.is_auto(k)) {
+        let hidden = self.hidden_size_fills();
+        if hidden.iter().any(|(k, _)| self.is_auto(k)) {
             // The model's hidden size: unknown here unless given; filled at launch.
-            let h = self.opts.hidden_size.map(|h| h as i128);
-            kwargs.push((hidden_keys[0], h.map(|h| Py::Int(h.saturating_mul(h)))));
-            kwargs.push((
-                hidden_keys[1],
-                h.map(|h| Py::Int(h.saturating_mul(h).saturating_mul(9) / 10)),
-            ));
-            kwargs.push((hidden_keys[2], h.map(|h| Py::Int(h.saturating_mul(10)))));
+            kwargs.extend(hidden.map(|(k, v)| (k, v.map(Py::Int))));
         }
         if self.get("optimizer").is_some() {
             let lr = self.args.get("learning_rate").cloned();
@@ -281,6 +260,7 @@ impl Work<'_> {
                         Origin::Filled {
                             by: "accelerate",
                             from: "Accelerator.prepare".into(),
+                            given: None,
                         },
                     );
                 }

@@ -121,7 +121,7 @@ impl Work<'_> {
                 .map(Py::show)
                 .unwrap_or_else(|| "inferred".into());
             match w.origins.get(path) {
-                Some(Origin::Filled { by, from }) => {
+                Some(Origin::Filled { by, from, .. }) => {
                     format!("{path} = {v} ({by} fills it from {from})")
                 }
                 Some(Origin::Inserted { by }) => format!("{path} = {v} (inserted by {by})"),

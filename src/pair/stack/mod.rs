@@ -124,14 +124,16 @@ pub struct Options {
 /// Where a value of the working config came from.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Origin {
-    /// Written in ds_config.json.
-    Written,
+    /// Written in ds_config.json: the value's span.
+    Written(Span),
     /// An "auto" filled by HF or accelerate from `from`.
     Filled {
         /// "HF" or "accelerate".
         by: &'static str,
         /// The TrainingArguments field (or the computed value) it came from.
         from: String,
+        /// The key (or flag) of `from`, when it is a TrainingArguments field the user gave.
+        given: Option<Span>,
     },
     /// Written, and replaced by HF or accelerate.
     Overwritten {
@@ -173,10 +175,12 @@ struct Work<'a> {
 /// Replays the pair.
 pub fn replay(ds: &Node, args: &Args, opts: &Options) -> Outcome {
     let cfg = ds.to_py();
-    let origins = cfg
-        .entries()
+    // Every written key with its value's span (a repeated key: the last one, as Python reads it).
+    let mut written = Vec::new();
+    members(ds, "", &mut written);
+    let origins = written
         .into_iter()
-        .map(|(k, _)| (k, Origin::Written))
+        .map(|(k, _, node)| (k, Origin::Written(node.span)))
         .collect();
     let mut w = Work {
         ds,
@@ -305,11 +309,16 @@ impl Work<'_> {
         self.get(path).is_some_and(Py::is_auto)
     }
 
+    /// Sets a key whose parents exist; a section set whole gives its keys the same origin.
     fn set(&mut self, path: &str, v: Py, origin: Origin) {
-        if let Some((items, last)) = node_mut(&mut self.cfg, path) {
-            set_in(items, &last, v);
-            self.origins.insert(path.to_string(), origin);
+        let Some((items, last)) = node_mut(&mut self.cfg, path) else {
+            return;
+        };
+        for (k, _) in v.entries() {
+            self.origins.insert(format!("{path}.{k}"), origin.clone());
         }
+        set_in(items, &last, v);
+        self.origins.insert(path.to_string(), origin);
     }
 
     /// Sets a key whose parents may be missing (creating them), as `config[a] = config.get(a,
@@ -329,22 +338,42 @@ impl Work<'_> {
         self.set(path, v, Origin::Inserted { by });
     }
 
+    /// The ZeRO keys HF and accelerate fill from the model's hidden size `h`, with those values
+    /// (`h²`, `int(0.9·h²)`, `10·h`), when `--hidden-size` gives it.
+    fn hidden_size_fills(&self) -> [(&'static str, Option<i128>); 3] {
+        let h = self.opts.hidden_size.map(|h| h as i128);
+        [
+            (
+                "zero_optimization.reduce_bucket_size",
+                h.map(|h| h.saturating_mul(h)),
+            ),
+            (
+                "zero_optimization.stage3_prefetch_bucket_size",
+                h.map(|h| h.saturating_mul(h).saturating_mul(9) / 10),
+            ),
+            (
+                "zero_optimization.stage3_param_persistence_threshold",
+                h.map(|h| h.saturating_mul(10)),
+            ),
+        ]
+    }
+
     /// HF's `fill_match`: an "auto" becomes `hf`; otherwise, with `must_match`, a written value
     /// that differs from `hf` (Python `!=`) is a mismatch.
     fn fill_match(&mut self, path: &str, hf: Py, hf_key: &str, fields: &[&str], must_match: bool) {
+        // Absent (or a parent missing): HF does nothing.
         let Some(current) = self.get(path).cloned() else {
-            if node_mut(&mut self.cfg, path).is_none() {
-                return; // a parent is missing: HF does nothing
-            }
             return;
         };
         if current.is_auto() {
+            let given = fields.iter().find_map(|f| self.args.given(f)).map(|g| g.0);
             self.set(
                 path,
                 hf,
                 Origin::Filled {
                     by: "HF",
                     from: hf_key.to_string(),
+                    given,
                 },
             );
             return;
@@ -409,10 +438,6 @@ fn members<'a>(node: &'a Node, prefix: &str, out: &mut Vec<(String, Span, &'a No
         out.push((key.clone(), m.key_span, &m.value));
         members(&m.value, &key, out);
     }
-}
-
-fn py_str(v: &Py) -> String {
-    v.show()
 }
 
 fn py_num(f: f64) -> String {

@@ -379,30 +379,19 @@ impl Work<'_> {
 
     /// `trainer_config_finalize`: hidden-size and step "auto"s, then the mismatch error.
     pub(super) fn hf_finalize(&mut self) -> Option<u64> {
-        let hidden_keys = [
-            "zero_optimization.reduce_bucket_size",
-            "zero_optimization.stage3_prefetch_bucket_size",
-            "zero_optimization.stage3_param_persistence_threshold",
-        ];
-        if let Some(h) = self.opts.hidden_size {
-            let h = h as i128;
-            let zero3 = self.get("zero_optimization.stage").and_then(Py::number) == Some(3.0);
-            let values = [
-                h.saturating_mul(h),
-                h.saturating_mul(h).saturating_mul(9) / 10,
-                h.saturating_mul(10),
-            ];
-            for (i, key) in hidden_keys.iter().enumerate() {
-                if self.is_auto(key) && (i == 0 || zero3) {
-                    self.set(
-                        key,
-                        Py::Int(values[i]),
-                        Origin::Filled {
-                            by: "HF",
-                            from: "the model's hidden_size".into(),
-                        },
-                    );
-                }
+        // HF fills the prefetch and persistence sizes at stage 3 only.
+        let zero3 = self.get("zero_optimization.stage").and_then(Py::number) == Some(3.0);
+        for (i, (key, value)) in self.hidden_size_fills().into_iter().enumerate() {
+            if let Some(v) = value.filter(|_| self.is_auto(key) && (i == 0 || zero3)) {
+                self.set(
+                    key,
+                    Py::Int(v),
+                    Origin::Filled {
+                        by: "HF",
+                        from: "the model's hidden_size".into(),
+                        given: None,
+                    },
+                );
             }
         }
         let total = self.total_steps();
