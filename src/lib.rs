@@ -42,6 +42,10 @@ pub mod upstream;
 /// TrainingArguments), replaying the real stack's order of events.
 pub mod pair;
 
+/// Beside the pipeline: `recipe lsp`, the language server (diagnostics, hovers, completion,
+/// quick fixes and formatting in the editor, all from the stages above).
+pub mod lsp;
+
 pub use check::{check_source, Checked};
 pub use diagnostics::source::SourceFile;
 pub use diagnostics::{Diagnostic, Severity};

@@ -5,7 +5,7 @@ pub mod schema;
 pub mod suggest;
 
 use crate::diagnostics::{self, Diagnostic};
-use crate::resolve::{self, Options};
+use crate::resolve::{self, Options, Resolved};
 use crate::rules;
 use crate::syntax::{self, ast::File};
 
@@ -33,27 +33,50 @@ pub fn check_source(text: &str) -> Checked {
 /// Parses and checks a recipe's text: syntax, schema, then (when those are clean) resolution
 /// and the upstream rules.
 pub fn check_source_with(text: &str, options: &Options) -> Checked {
+    analyze(text, options).checked
+}
+
+/// A check together with the resolved recipe it ran the rules on (for the editor's hovers and
+/// hints, which show resolved values without resolving twice).
+#[derive(Debug)]
+pub struct Analysis {
+    /// The check's outcome.
+    pub checked: Checked,
+    /// The resolved recipe, when syntax and schema were clean.
+    pub resolved: Option<Resolved>,
+}
+
+/// Like [`check_source_with`], keeping the resolved recipe.
+pub fn analyze(text: &str, options: &Options) -> Analysis {
     match syntax::parse(text) {
         Ok(file) => {
             let mut diagnostics = schema::check(&file);
+            let mut resolved = None;
             if !diagnostics.iter().any(Diagnostic::is_error) {
-                let resolved = resolve::resolve(&file, options);
-                diagnostics.extend(rules::check(&resolved));
+                let r = resolve::resolve(&file, options);
+                diagnostics.extend(rules::check(&r));
                 if options.native {
-                    rules::native::check(&resolved, &mut diagnostics);
+                    rules::native::check(&r, &mut diagnostics);
                 }
+                resolved = Some(r);
             }
             diagnostics::sort(&mut diagnostics);
-            Checked {
-                file: Some(file),
-                diagnostics,
+            Analysis {
+                checked: Checked {
+                    file: Some(file),
+                    diagnostics,
+                },
+                resolved,
             }
         }
         Err(mut diagnostics) => {
             diagnostics::sort(&mut diagnostics);
-            Checked {
-                file: None,
-                diagnostics,
+            Analysis {
+                checked: Checked {
+                    file: None,
+                    diagnostics,
+                },
+                resolved: None,
             }
         }
     }

@@ -173,33 +173,39 @@ fn deepspeed_key(
         } else {
             Diagnostic::error(codes::RENAMED_DEEPSPEED_KEY, message, span)
         };
-        return Some(
-            diagnostic
-                .with_label(if *honoured {
-                    "deprecated"
-                } else {
-                    "not applied"
-                })
-                .with_help(help),
-        );
+        let diagnostic = diagnostic
+            .with_label(if *honoured {
+                "deprecated"
+            } else {
+                "not applied"
+            })
+            .with_help(help);
+        // The key written as the whole old path (`cpu_offload`, or dotted) is renamed in place.
+        let rename = (!new.is_empty() && span.len() == old.len()).then_some(*new);
+        return Some(rename_fix(diagnostic, span, rename));
     }
     let mut path = dotted.split('.');
     let top = path.next().expect("a key has one part at least");
     // Sorted (tested in schema::upstream).
     if upstream::DEEPSPEED_TOP_LEVEL.binary_search(&top).is_err() {
-        let help = match suggest::closest(top, upstream::DEEPSPEED_TOP_LEVEL.iter().copied()) {
+        let best = suggest::closest(top, upstream::DEEPSPEED_TOP_LEVEL.iter().copied());
+        let help = match best {
             Some(best) => format!("did you mean `{best}`? DeepSpeed silently ignores unknown top-level keys"),
             None => "DeepSpeed silently ignores unknown top-level keys; check the spelling against the DeepSpeed config docs".into(),
         };
-        return Some(
-            Diagnostic::error(
-                codes::UNKNOWN_DEEPSPEED_KEY,
-                format!("`{top}` is not a DeepSpeed config key"),
-                span,
-            )
-            .with_label("unknown to DeepSpeed")
-            .with_help(help),
-        );
+        let d = Diagnostic::error(
+            codes::UNKNOWN_DEEPSPEED_KEY,
+            format!("`{top}` is not a DeepSpeed config key"),
+            span,
+        )
+        .with_label("unknown to DeepSpeed")
+        .with_help(help);
+        // Only where the key is written as that one word (a section, or a bare key).
+        return Some(rename_fix(
+            d,
+            span,
+            best.filter(|_| span.len() == top.len()),
+        ));
     }
     // Strictly validated sections: every level we know must name a real field.
     // The section of each depth is a prefix of `dotted` (no allocation per key).
@@ -214,22 +220,31 @@ fn deepspeed_key(
         };
         let fields = upstream::DEEPSPEED_STRICT_SECTIONS[i].1;
         if !fields.contains(&field) {
-            let help = match suggest::closest(field, fields.iter().copied()) {
+            let best = suggest::closest(field, fields.iter().copied());
+            let help = match best {
                 Some(best) => format!("did you mean `{best}`?"),
                 None => format!("`{section}` has no such field"),
             };
-            return Some(
-                Diagnostic::error(
-                    codes::UNKNOWN_DEEPSPEED_KEY,
-                    format!("`{field}` is not a field of DeepSpeed's `{section}`"),
-                    span,
-                )
-                .with_label("DeepSpeed rejects this at launch (\"Extra inputs are not permitted\")")
-                .with_help(help),
-            );
+            let d = Diagnostic::error(
+                codes::UNKNOWN_DEEPSPEED_KEY,
+                format!("`{field}` is not a field of DeepSpeed's `{section}`"),
+                span,
+            )
+            .with_label("DeepSpeed rejects this at launch (\"Extra inputs are not permitted\")")
+            .with_help(help);
+            let whole = span.len() == field.len() && dotted.ends_with(field);
+            return Some(rename_fix(d, span, best.filter(|_| whole)));
         }
     }
     None
+}
+
+/// Adds the fix "rename to `new`" (the key's span replaced).
+fn rename_fix(d: Diagnostic, span: Span, new: Option<&str>) -> Diagnostic {
+    match new {
+        Some(new) => d.with_fix(format!("rename to `{new}`"), span, new),
+        None => d,
+    }
 }
 
 /// Checks one key of a ds_config.json file, where DeepSpeed's own reading decides the severity
@@ -286,44 +301,51 @@ fn hf_key(dotted: &str, span: Span) -> Option<Diagnostic> {
         } else {
             format!("use `{new}` instead ({note})")
         };
-        return Some(
-            Diagnostic::error(
-                codes::RENAMED_HF_FIELD,
-                format!("`{old}` is not a TrainingArguments field in transformers 5.24.0"),
-                span,
-            )
-            .with_label("renamed or removed")
-            .with_help(help),
-        );
+        let d = Diagnostic::error(
+            codes::RENAMED_HF_FIELD,
+            format!("`{old}` is not a TrainingArguments field in transformers 5.24.0"),
+            span,
+        )
+        .with_label("renamed or removed")
+        .with_help(help);
+        let rename = (!new.is_empty() && span.len() == old.len()).then_some(*new);
+        return Some(rename_fix(d, span, rename));
     }
     if let Some((old, new, note)) = upstream::TRAINING_ARGUMENTS_DEPRECATED_ALIASES
         .iter()
         .find(|(old, _, _)| *old == field)
     {
-        return Some(
-            Diagnostic::warning(
-                codes::RENAMED_HF_FIELD,
-                format!("`{old}` is a deprecated TrainingArguments field"),
-                span,
-            )
-            .with_label("deprecated alias")
-            .with_help(format!("use `{new}` instead ({note})")),
-        );
+        let d = Diagnostic::warning(
+            codes::RENAMED_HF_FIELD,
+            format!("`{old}` is a deprecated TrainingArguments field"),
+            span,
+        )
+        .with_label("deprecated alias")
+        .with_help(format!("use `{new}` instead ({note})"));
+        return Some(rename_fix(
+            d,
+            span,
+            (span.len() == old.len()).then_some(*new),
+        ));
     }
     if upstream::TRAINING_ARGUMENTS_FIELDS.contains(&field) {
         return None;
     }
-    let help = match suggest::closest(field, upstream::TRAINING_ARGUMENTS_FIELDS.iter().copied()) {
+    let best = suggest::closest(field, upstream::TRAINING_ARGUMENTS_FIELDS.iter().copied());
+    let help = match best {
         Some(best) => format!("did you mean `{best}`?"),
         None => "see transformers' TrainingArguments for the field names".into(),
     };
-    Some(
-        Diagnostic::error(
-            codes::UNKNOWN_HF_FIELD,
-            format!("`{field}` is not a TrainingArguments field"),
-            span,
-        )
-        .with_label("unknown to transformers")
-        .with_help(help),
+    let d = Diagnostic::error(
+        codes::UNKNOWN_HF_FIELD,
+        format!("`{field}` is not a TrainingArguments field"),
+        span,
     )
+    .with_label("unknown to transformers")
+    .with_help(help);
+    Some(rename_fix(
+        d,
+        span,
+        best.filter(|_| span.len() == field.len()),
+    ))
 }

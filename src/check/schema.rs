@@ -47,17 +47,19 @@ pub fn check(file: &File) -> Vec<Diagnostic> {
 fn unknown_block(block: &Block) -> Diagnostic {
     let name = &block.name.name;
     let names = BLOCKS.iter().map(|b| b.name);
-    let help = match suggest::closest(name, names.clone()) {
+    let best = suggest::closest(name, names.clone());
+    let help = match best {
         Some(best) => format!("did you mean `{best}`?"),
         None => format!("the blocks are {}", words_list(&names.collect::<Vec<_>>())),
     };
-    Diagnostic::error(
+    let d = Diagnostic::error(
         codes::UNKNOWN_BLOCK,
         format!("unknown block `{name}`"),
         block.name.span,
     )
     .with_label("not a block of the language")
-    .with_help(help)
+    .with_help(help);
+    replace_with(d, block.name.span, best)
 }
 
 fn missing_block(spec: &BlockSpec, file: &File) -> Diagnostic {
@@ -325,18 +327,20 @@ fn unknown_key(
         .filter(|k| k.applies_to(kind))
         .map(|k| k.name)
         .collect();
-    let help = match suggest::closest(key, applicable.iter().copied()) {
+    let best = suggest::closest(key, applicable.iter().copied());
+    let help = match best {
         Some(best) => format!("did you mean `{best}`?"),
         None if applicable.is_empty() => format!("`{title}` takes no keys"),
         None => format!("the keys of `{title}` are {}", words_list(&applicable)),
     };
-    Diagnostic::error(
+    let d = Diagnostic::error(
         codes::UNKNOWN_KEY,
         format!("unknown key `{key}` in `{title}`"),
         span,
     )
     .with_label("not a key of this block")
-    .with_help(help)
+    .with_help(help);
+    replace_with(d, span, best)
 }
 
 fn not_for_kind(spec: &BlockSpec, title: &str, key: &KeySpec, span: Span) -> Diagnostic {
@@ -373,14 +377,15 @@ fn mismatch(m: Mismatch, what: &str, doc: &str, key_span: Option<Span>) -> Diagn
         )
         .with_help(type_help(&expected)),
         Mismatch::Word { word, allowed, at } => {
-            let help = match suggest::closest(&word, allowed.iter().copied()) {
+            let best = suggest::closest(&word, allowed.iter().copied());
+            let help = match best {
                 Some(best) => format!(
                     "did you mean `{best}`? The values are {}",
                     words_list(&allowed)
                 ),
                 None => format!("the values are {}", words_list(&allowed)),
             };
-            with_key(
+            let d = with_key(
                 Diagnostic::error(
                     codes::UNKNOWN_VALUE,
                     format!("`{word}` is not a valid value for {what}"),
@@ -388,7 +393,8 @@ fn mismatch(m: Mismatch, what: &str, doc: &str, key_span: Option<Span>) -> Diagn
                 )
                 .with_label("unknown value"),
             )
-            .with_help(help)
+            .with_help(help);
+            replace_with(d, at, best)
         }
         Mismatch::Range { why, at } => with_key(
             Diagnostic::error(
@@ -416,6 +422,14 @@ fn mismatch(m: Mismatch, what: &str, doc: &str, key_span: Option<Span>) -> Diagn
             with_key(Diagnostic::error(codes::BAD_ARGUMENT, why, at).with_label("here"))
                 .with_help(help)
         }
+    }
+}
+
+/// Adds the fix "replace with `best`" for a did-you-mean.
+fn replace_with(d: Diagnostic, span: Span, best: Option<&str>) -> Diagnostic {
+    match best {
+        Some(best) => d.with_fix(format!("replace with `{best}`"), span, best),
+        None => d,
     }
 }
 

@@ -8,6 +8,7 @@ mod diff;
 mod explain;
 mod fmt;
 mod import;
+mod lsp;
 mod model_files;
 mod pair;
 mod run;
@@ -154,6 +155,17 @@ enum Command {
         /// No progress bar (metrics still go to the metrics file).
         #[arg(long)]
         quiet: bool,
+        #[command(flatten)]
+        flags: RecipeFlags,
+    },
+    /// Run the language server on stdin/stdout, for editors (docs/editors.md).
+    Lsp {
+        /// Accepted for clients that pass it (stdio is the only transport).
+        #[arg(long)]
+        stdio: bool,
+        /// Milliseconds the editor must be quiet before diagnostics are published.
+        #[arg(long, value_name = "MS", default_value_t = 150)]
+        debounce: u64,
         #[command(flatten)]
         flags: RecipeFlags,
     },
@@ -388,6 +400,11 @@ pub fn main() -> i32 {
             quiet,
             flags,
         } => run::run(&file, device, resume.as_deref(), stop_after, quiet, &flags),
+        Command::Lsp {
+            stdio: _,
+            debounce,
+            flags,
+        } => lsp::run(debounce, &flags),
         Command::Import {
             file,
             args,

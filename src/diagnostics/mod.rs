@@ -70,6 +70,26 @@ pub struct Diagnostic {
     pub secondary: Vec<Label>,
     /// How to fix it.
     pub help: Option<String>,
+    /// Concrete edits that carry out the help (an editor offers them as quick fixes).
+    pub fixes: Vec<Fix>,
+}
+
+/// One way to fix a diagnostic: a title and the edits to the recipe's text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Fix {
+    /// What it does, e.g. "replace with `accumulate = 6`".
+    pub title: String,
+    /// Non-overlapping edits, applied together.
+    pub edits: Vec<Edit>,
+}
+
+/// Replace the text at `span` with `text` (an empty span inserts).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Edit {
+    /// What to replace.
+    pub span: Span,
+    /// The new text.
+    pub text: String,
 }
 
 impl Diagnostic {
@@ -82,6 +102,7 @@ impl Diagnostic {
             primary: Label::new(span, ""),
             secondary: Vec::new(),
             help: None,
+            fixes: Vec::new(),
         }
     }
 
@@ -108,6 +129,23 @@ impl Diagnostic {
     /// Sets the help line.
     pub fn with_help(mut self, help: impl Into<String>) -> Self {
         self.help = Some(help.into());
+        self
+    }
+
+    /// Adds a fix that replaces the text at `span` with `text`.
+    pub fn with_fix(
+        mut self,
+        title: impl Into<String>,
+        span: Span,
+        text: impl Into<String>,
+    ) -> Self {
+        self.fixes.push(Fix {
+            title: title.into(),
+            edits: vec![Edit {
+                span,
+                text: text.into(),
+            }],
+        });
         self
     }
 

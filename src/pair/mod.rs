@@ -69,6 +69,7 @@ impl Report {
                 .map(|a| a.label.clone())
                 .collect(),
             help: f.help.clone(),
+            fixes: Vec::new(),
         };
         let others: Vec<Label> = f
             .secondary

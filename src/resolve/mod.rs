@@ -72,6 +72,21 @@ pub struct Resolved {
     pub raw_hf: Vec<(String, Val, Span)>,
     /// The recipe's directory: relative data and model paths are read from here.
     pub base_dir: Option<PathBuf>,
+    /// Where a key not written in a block would be added (for fixes: [`crate::rules::fix`]).
+    pub block_inserts: HashMap<String, Insert>,
+    /// The end of the recipe's last block (where a missing block would be added).
+    pub text_end: usize,
+}
+
+/// Where a new `key = value` goes in a written block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Insert {
+    /// After the body's last entry: `, key = value`.
+    AfterEntry(usize),
+    /// Replacing an empty body `{ }`: `{ key = value }`.
+    EmptyBody(Span),
+    /// After a header without a body: ` { key = value }`.
+    NoBody(usize),
 }
 
 impl Resolved {
@@ -90,6 +105,8 @@ impl Resolved {
             raw_deepspeed: Vec::new(),
             raw_hf: Vec::new(),
             base_dir: None,
+            block_inserts: HashMap::new(),
+            text_end: 0,
         }
     }
 
@@ -268,7 +285,16 @@ pub fn resolve(file: &File, options: &Options) -> Resolved {
         .collect();
     for (name, block) in &blocks {
         r.block_spans.insert(name.to_string(), block.header_span());
+        let insert = match &block.body {
+            Some(body) => match body.entries.last() {
+                Some(last) => Insert::AfterEntry(last.span().end),
+                None => Insert::EmptyBody(body.span),
+            },
+            None => Insert::NoBody(block.header_span().end),
+        };
+        r.block_inserts.insert(name.to_string(), insert);
     }
+    r.text_end = file.blocks.last().map_or(0, |b| b.span.end);
 
     resolve_targets(&mut r, blocks.get("target").copied(), options);
 

@@ -83,21 +83,30 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
     if let Some(span) = r.span("cluster.gpus").or_else(|| r.span("cluster.nodes")) {
         d = d.with_secondary(span, format!("world size {world}"));
     }
-    let fix = if tb % (mb * world) == 0 {
-        format!(
-            "set accumulate = {} (= {tb} / ({mb} × {world}))",
-            tb / (mb * world)
+    let (fix, key, value) = if tb % (mb * world) == 0 {
+        let v = tb / (mb * world);
+        (
+            format!("set accumulate = {v} (= {tb} / ({mb} × {world}))"),
+            "batch.accumulate",
+            v,
         )
     } else if tb % (gas * world) == 0 {
-        format!(
-            "set micro = {} (= {tb} / ({gas} × {world}))",
-            tb / (gas * world)
+        let v = tb / (gas * world);
+        (
+            format!("set micro = {v} (= {tb} / ({gas} × {world}))"),
+            "batch.micro",
+            v,
         )
     } else {
-        format!("set global = {product}, or remove `global` and let it be derived")
+        (
+            format!("set global = {product}, or remove `global` and let it be derived"),
+            "batch.global",
+            product,
+        )
     };
-    out.push(d.with_help(format!(
+    let d = d.with_help(format!(
         "DeepSpeed asserts train_batch_size == micro_batch_per_gpu × gradient_acc_step × world_size at launch ({world} GPU(s){}); {fix}",
         origin(r, "cluster.world_size").replace(" (derived)", "")
-    )));
+    ));
+    out.push(super::fix::with_set(d, r, key, &value.to_string()));
 }

@@ -5,6 +5,7 @@
 pub mod batch;
 pub mod compat;
 pub mod data;
+pub mod fix;
 pub mod launch;
 pub mod model;
 pub mod native;

@@ -118,7 +118,7 @@ pub fn lit(v: Lit) -> String {
     }
 }
 
-fn default(key: &KeySpec) -> String {
+pub fn default(key: &KeySpec) -> String {
     if key.required {
         return "required".into();
     }

@@ -1,0 +1,105 @@
+//! Edits that carry out a help line which names one ("set accumulate = 6", "write `owner =
+//! deepspeed`"): the editor offers them as quick fixes ([`crate::diagnostics::Fix`]).
+
+use crate::diagnostics::Diagnostic;
+use crate::resolve::{label_key, Insert, Resolved, Source};
+use crate::syntax::ast::Span;
+
+/// The edit that makes the recipe say `key = value` (`block.key`, or a block's label such as
+/// `optimizer.kind`): the written value replaced, or the item added to its block, or the block
+/// added. None when the value comes from a command-line flag (the recipe is not where it is
+/// set) or when the key lives in a block that cannot take it.
+pub fn set(r: &Resolved, key: &str, value: &str) -> Option<(Span, String)> {
+    let (block, name) = key.split_once('.')?;
+    match r.get(key).map(|s| &s.source) {
+        Some(Source::Written { span }) => return Some((*span, value.to_string())),
+        Some(Source::Flag { .. }) => return None,
+        _ => {}
+    }
+    let is_label = label_key(block) == name && crate::schema::key_spec(key).is_none();
+    if is_label {
+        return match r.block_inserts.get(block) {
+            // The block is written without its label: nothing to replace safely.
+            Some(_) => None,
+            None => Some((
+                Span::new(r.text_end, r.text_end),
+                format!("\n{block} {value}"),
+            )),
+        };
+    }
+    let item = format!("{name} = {value}");
+    Some(match r.block_inserts.get(block) {
+        Some(Insert::AfterEntry(end)) => (Span::new(*end, *end), format!(", {item}")),
+        Some(Insert::EmptyBody(span)) => (*span, format!("{{ {item} }}")),
+        Some(Insert::NoBody(end)) => (Span::new(*end, *end), format!(" {{ {item} }}")),
+        None => (
+            Span::new(r.text_end, r.text_end),
+            format!("\n{block} {{ {item} }}"),
+        ),
+    })
+}
+
+/// Adds the fix "write `key = value`" to `d` when [`set`] finds where.
+pub fn with_set(d: Diagnostic, r: &Resolved, key: &str, value: &str) -> Diagnostic {
+    let name = key.split_once('.').map_or(key, |(_, n)| n);
+    let title = if name == label_key(key.split('.').next().unwrap_or("")) {
+        format!("write `{} {value}`", key.split('.').next().unwrap_or(""))
+    } else {
+        format!("write `{name} = {value}`")
+    };
+    match set(r, key, value) {
+        Some((span, text)) => d.with_fix(title, span, text),
+        None => d,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn apply(text: &str, key: &str, value: &str) -> String {
+        let file = crate::syntax::parse(text).unwrap();
+        let r = crate::resolve::resolve(&file, &Default::default());
+        let (span, new) = set(&r, key, value).unwrap();
+        let mut out = text.to_string();
+        out.replace_range(span.start..span.end, &new);
+        out
+    }
+
+    #[test]
+    fn replaces_written_values_and_adds_missing_ones() {
+        let base = "recipe \"x\"\nbatch { micro = 16 }\n";
+        assert_eq!(
+            apply(base, "batch.micro", "8"),
+            "recipe \"x\"\nbatch { micro = 8 }\n"
+        );
+        assert_eq!(
+            apply(base, "batch.accumulate", "4"),
+            "recipe \"x\"\nbatch { micro = 16, accumulate = 4 }\n"
+        );
+        assert_eq!(
+            apply("recipe \"x\"\nzero 2\n", "zero.overlap_comm", "true"),
+            "recipe \"x\"\nzero 2 { overlap_comm = true }\n"
+        );
+        assert_eq!(
+            apply("recipe \"x\"\ntrain { }\n", "train.clip", "1.0"),
+            "recipe \"x\"\ntrain { clip = 1.0 }\n"
+        );
+        assert_eq!(
+            apply(base, "train.precision", "fp16"),
+            "recipe \"x\"\nbatch { micro = 16 }\ntrain { precision = fp16 }\n"
+        );
+        assert_eq!(
+            apply(base, "zero.stage", "0"),
+            "recipe \"x\"\nbatch { micro = 16 }\nzero 0\n"
+        );
+        assert_eq!(
+            apply(
+                "recipe \"x\"\noptimizer adamw { lr = 1e-4 }\n",
+                "optimizer.kind",
+                "adam"
+            ),
+            "recipe \"x\"\noptimizer adam { lr = 1e-4 }\n"
+        );
+    }
+}
