@@ -377,6 +377,24 @@ FEATURES = [
      ["batch { micro = 8 }", "optimizer adamw { owner = hf }",
       "schedule reduce_lr_on_plateau { factor = 0.5, patience = 1, cooldown = 1, mode = max, "
       "threshold = 0.01, threshold_mode = abs, min_lr = 1e-6, eps = 1e-9 }"]),
+    # HF's cosine_warmup_with_min_lr (transformers >= 4.54.0): one step ahead of
+    # cosine_with_min_lr, so without warmup step 1 is already past the peak.
+    ("sched-cosine-warmup-min-lr", None, ["batch { micro = 8, accumulate = 2 }",
+                                          "schedule cosine_warmup_with_min_lr { min_lr = 2e-6 }"]),
+    # ... with its warmup_lr_rate, a min_lr_rate and more than half a cosine wave.
+    ("sched-cosine-warmup-min-lr-rates", None, ["batch { micro = 8 }",
+                                                "schedule cosine_warmup_with_min_lr { warmup = 10%, min_lr_rate = 0.05, "
+                                                "warmup_lr_rate = 0.02, num_cycles = 0.75 }"]),
+    # HF's greedy (transformers >= 5.4.0, GreedyLR) with every argument it takes; HF steps it at
+    # each evaluation (owner = hf), so without a metric the LR holds.
+    ("sched-greedy-kwargs", 'data { train = "train.jsonl", eval = "dev.jsonl", samples = 1003 }',
+     ["batch { micro = 8 }", "optimizer adamw { owner = hf }", "train { eval_every = 25 }",
+      "schedule greedy { factor = 0.8, patience = 3, cooldown = 1, increase_cooldown = 2, mode = min, "
+      "threshold = 1e-3, threshold_mode = rel, min_lr = 1e-7, max_lr = 1e-3, eps = 1e-9, smooth = true, "
+      "window_size = 5, reset_start = 100, verbose = false }"]),
+    # ... and with GreedyLR's own defaults (no lr_scheduler_kwargs at all).
+    ("sched-greedy-defaults", 'data { train = "train.jsonl", eval = "dev.jsonl", samples = 1003 }',
+     ["batch { micro = 8 }", "optimizer adamw { owner = hf }", "schedule greedy"]),
 ]
 
 

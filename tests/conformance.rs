@@ -1184,3 +1184,80 @@ fn deepspeed_steps_a_plateau_schedule_every_step_as_r0315_says() {
         d.message
     );
 }
+
+/// R0315 for HF's `greedy` against a real DeepSpeed engine stepping HF's `GreedyLR`
+/// (conformance/plateau_engine.py): the LR after each optimizer step is what
+/// `upstream::schedules::Greedy` gives on the batch size, cuts, floor and reset included, and the
+/// message states the run's curve.
+#[test]
+fn deepspeed_steps_a_greedy_schedule_every_step_as_r0315_says() {
+    use recipe::upstream::schedules::{Greedy, GreedyConfig};
+    let f: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("conformance/fixtures/greedy-engine.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(f["scheduler"], "GreedyLR");
+    let lr = f["lr"].as_f64().unwrap();
+    let kw = &f["kwargs"];
+    let (factor, patience, cooldown, reset_start) = (
+        kw["factor"].as_f64().unwrap(),
+        kw["patience"].as_u64().unwrap(),
+        kw["cooldown"].as_u64().unwrap(),
+        kw["reset_start"].as_u64().unwrap(),
+    );
+    let batch = f["train_batch_size"].as_u64().unwrap();
+    let real: Vec<f64> = f["lr_after_step"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    // The fixture shows the cuts, the floor and the start over.
+    assert!(real.contains(&1e-3) && real.iter().rev().skip(3).any(|&x| x == lr));
+    let mut g = Greedy::new(
+        lr,
+        GreedyConfig {
+            factor,
+            patience,
+            cooldown,
+            reset_start,
+            ..GreedyConfig::default()
+        },
+    );
+    for (i, want) in real.iter().enumerate() {
+        let got = g.step(batch as f64);
+        assert!(
+            (got - want).abs() <= 1e-12 * want,
+            "step {}: {got} vs {want}",
+            i + 1
+        );
+    }
+    // A recipe of the same shape: one more step than the fixture has, so its last LR is the one
+    // the fixture records after its last step.
+    let steps = real.len() as u64 + 1;
+    let text = format!(
+        "model bert {{ from = \"bert-base-uncased\", task = classify(labels: 2), hidden_size = 768 }}\n\
+         data {{ train = \"train.jsonl\", eval = \"dev.jsonl\", samples = {} }}\n\
+         batch {{ micro = {batch} }}\ntrain {{ epochs = 1 }}\noptimizer adamw {{ lr = {lr:e} }}\n\
+         schedule greedy {{ factor = {factor}, patience = {patience}, cooldown = {cooldown}, reset_start = {reset_start} }}\n",
+        steps * batch,
+    );
+    let checked = check_source_with(&text, &Options::default());
+    let d = checked
+        .diagnostics
+        .iter()
+        .find(|d| d.code == "R0315")
+        .unwrap_or_else(|| panic!("no R0315 for\n{text}"));
+    let first = real.iter().position(|&x| x != lr).unwrap();
+    let fmt = recipe::resolve::value::fmt_f64;
+    assert!(
+        d.message.contains(&format!(
+            "the LR moves to {} at step {} and is {} by step {steps}",
+            fmt(real[first]),
+            first + 2,
+            fmt(*real.last().unwrap())
+        )),
+        "{}",
+        d.message
+    );
+}

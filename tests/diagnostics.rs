@@ -145,3 +145,48 @@ fn every_rule_code_has_a_passing_neighbour() {
         );
     }
 }
+
+/// Every quick fix a finding carries (the editor's code actions) does what its title says: the
+/// fixed recipe still parses and no longer reports that finding.
+#[test]
+fn every_fix_removes_its_finding() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/diagnostics");
+    let mut applied = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "rcp") {
+            continue;
+        }
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let checked = check_for(&name, &text);
+        for d in &checked.diagnostics {
+            for fix in &d.fixes {
+                let mut edits = fix.edits.clone();
+                edits.sort_by_key(|e| std::cmp::Reverse(e.span.start));
+                let mut fixed = text.clone();
+                for e in &edits {
+                    fixed.replace_range(e.span.start..e.span.end, &e.text);
+                }
+                let after = check_for(&name, &fixed);
+                assert!(
+                    after.file.is_some(),
+                    "{name}: `{}` breaks the syntax:\n{fixed}",
+                    fix.title
+                );
+                assert!(
+                    !after
+                        .diagnostics
+                        .iter()
+                        .any(|a| a.code == d.code && a.message == d.message),
+                    "{name}: `{}` leaves `{}`:\n{fixed}",
+                    fix.title,
+                    d.message
+                );
+                applied += 1;
+            }
+        }
+    }
+    eprintln!("{applied} fixes applied");
+    assert!(applied >= 10, "only {applied} fixes exercised");
+}

@@ -70,7 +70,9 @@ fn a_changed_schema_row_is_caught() {
     // The renderer is not a constant: a key's table row follows its spec.
     let block = BLOCKS.iter().find(|b| b.name == "schedule").unwrap();
     let table = key_table(block);
-    assert!(table.contains("| `min_lr_rate` | number 0–1 | — | `cosine_with_min_lr` | — | `lr_scheduler_kwargs.min_lr_rate` |"));
+    assert!(table.contains("| `min_lr_rate` | number 0–1 | — | `cosine_with_min_lr`, `cosine_warmup_with_min_lr` | — | `lr_scheduler_kwargs.min_lr_rate` |"));
+    // A default that differs by kind says so.
+    assert!(table.contains("| `factor` | number 0–1 | `0.1`: torch ReduceLROnPlateau; with `greedy`: `0.95`: HF GreedyLR |"));
     assert!(key_table(BLOCKS.iter().find(|b| b.name == "zero").unwrap())
         .contains("| `offload param` | call: `none` \\| `cpu` \\| `nvme` | `none`: DeepSpeed: no offload | stage 3 |"));
 }

@@ -273,7 +273,7 @@ fn lint(ds: &str, args: Option<&str>) -> (String, Vec<String>) {
 /// imported recipe, never silently turned into something else.
 #[test]
 fn import_names_what_it_cannot_carry_over() {
-    let cases: [(&str, Option<&str>, &str, &[&str]); 8] = [
+    let cases: [(&str, Option<&str>, &str, &[&str]); 10] = [
         // A torch.optim class DeepSpeed would look up by name, and a typo: not AdamW.
         (
             r#"{"train_batch_size": 8, "optimizer": {"type": "RMSprop", "params": {"lr": 0.01}}}"#,
@@ -320,6 +320,25 @@ fn import_names_what_it_cannot_carry_over() {
             r#"{"train_batch_size": 8}"#,
             Some(r#"{"eval_strategy": "epoch", "per_device_train_batch_size": 8}"#),
             "= \"eval.jsonl\"",
+            &[],
+        ),
+        // A warmup for a kind that takes none (`get_scheduler` passes `constant` and the
+        // metric-driven kinds no `num_warmup_steps`): kept raw, as the arguments give it.
+        (
+            r#"{"train_batch_size": 8}"#,
+            Some(
+                r#"{"lr_scheduler_type": "constant", "warmup_steps": 10, "per_device_train_batch_size": 8}"#,
+            ),
+            "hf {\n  warmup_steps = 10\n}",
+            &[],
+        ),
+        // greedy's kwargs are schedule keys; its `warmup` is `increase_cooldown`.
+        (
+            r#"{"train_batch_size": 8}"#,
+            Some(
+                r#"{"lr_scheduler_type": "greedy", "lr_scheduler_kwargs": {"warmup": 2, "min_lr": 0}, "eval_strategy": "epoch", "optim": "adamw_torch", "per_device_train_batch_size": 8}"#,
+            ),
+            "increase_cooldown = 2",
             &[],
         ),
         // Gradient checkpointing (renamed in transformers 5.23) and Adafactor before `optim`.

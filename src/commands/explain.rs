@@ -202,8 +202,73 @@ fn upstream_note(r: &Resolved, key: &str) -> Option<String> {
         // Skipped steps shift DeepSpeed's LR schedule against HF's global_step
         // (docs/upstream.md R-M04).
         "train.precision" => crate::upstream::skips::note(r),
+        "schedule.kind" => metric_schedule_note(r),
         _ => hf_optimizer_note(r, key),
     }
+}
+
+/// `reduce_lr_on_plateau` and `greedy` move the LR only when HF steps them after an evaluation,
+/// with its metric (huggingface/transformers@v5.24.0 src/transformers/trainer.py:
+/// `Trainer._evaluate`; `metric_for_best_model` defaults to `loss` for them in
+/// `TrainingArguments.__post_init__`), so the LR table (the starting LR, `upstream::lr`) is exact
+/// only as far as no metric can have moved it: neither changes the LR before `patience + 1`
+/// evaluations (torch `ReduceLROnPlateau.step`, v5.24.0 `optimization.py:GreedyLR.step`).
+fn metric_schedule_note(r: &Resolved) -> Option<String> {
+    use crate::resolve::value::fmt_f64;
+    use crate::rules::schedule::fmt_lr;
+    let kind = r.word("schedule.kind")?;
+    if !matches!(kind, "reduce_lr_on_plateau" | "greedy") {
+        return None;
+    }
+    if r.word("optimizer.owner") != Some("hf") {
+        return Some(format!(
+            "`{kind}` is stepped by DeepSpeed's engine after every optimizer step, with the batch size as its metric (R0315): the LR table does not show that curve"
+        ));
+    }
+    let lr = r.num("optimizer.lr");
+    let factor = fmt_f64(r.num("schedule.factor"));
+    let n = r.count("schedule.patience") + 1;
+    let moves = if kind == "greedy" {
+        format!(
+            "{n} evaluations without improvement multiply it by {factor} (not below min_lr = {}), {n} improving ones divide it by {factor} (not above max_lr = {})",
+            fmt_lr(r.num("schedule.min_lr")),
+            fmt_lr(r.num("schedule.max_lr"))
+        )
+    } else {
+        format!(
+            "{n} evaluations without improvement multiply it by {factor} (not below min_lr = {})",
+            fmt_lr(r.num("schedule.min_lr"))
+        )
+    };
+    let lead = format!(
+        "`{kind}` changes the LR only after an evaluation, from its metric (eval_loss unless `metric_for_best_model` says otherwise): {moves}"
+    );
+    // The optimizer steps between evaluations.
+    let every = match r.val("train.eval_every") {
+        Some(v) if v.as_i64().is_some() => v.as_i64().and_then(|n| u64::try_from(n).ok()),
+        Some(v) if v.as_word() == Some("epoch") => r.uint("steps.per_epoch"),
+        _ => None,
+    };
+    let (Some(every), Some(total)) = (every.filter(|e| *e > 0), r.uint("steps.total")) else {
+        return Some(format!(
+            "{lead}; the table shows the LR it starts at, {}",
+            fmt_lr(lr)
+        ));
+    };
+    let held = n.saturating_mul(every);
+    Some(if held >= total {
+        format!(
+            "{lead}; with an evaluation every {every} steps, the run's {total} steps end before evaluation {n} could move it, so every step runs at {}, as the table shows",
+            fmt_lr(lr)
+        )
+    } else {
+        format!(
+            "{lead}; evaluating every {every} steps, steps 1–{held} run at {} as the table shows, whatever the metric; from step {} the LR depends on the metric, which the table does not know (it holds {})",
+            fmt_lr(lr),
+            held + 1,
+            fmt_lr(lr)
+        )
+    })
 }
 
 /// With `owner = hf`: how an `optimizer` setting reaches the optimizer HF builds, where the
@@ -236,7 +301,18 @@ pub fn report(r: &Resolved, file: Option<&SourceFile>) -> Report {
         .settings()
         .iter()
         .map(|s| {
-            let (deepspeed, mut hf) = upstream_names(&s.key);
+            let (mut deepspeed, mut hf) = upstream_names(&s.key);
+            // A schedule key reaches one side only: DeepSpeed's `scheduler` section for a
+            // DeepSpeed kind, `lr_scheduler_kwargs` for an HF one (`min_lr`, `max_lr` map both).
+            if s.key.starts_with("schedule.") && s.key != "schedule.kind" {
+                if r.word("schedule.kind")
+                    .is_some_and(crate::rules::schedule::is_deepspeed_schedule)
+                {
+                    hf = hf.filter(|h| !h.starts_with("lr_scheduler_kwargs."));
+                } else {
+                    deepspeed = deepspeed.filter(|d| !d.starts_with("scheduler."));
+                }
+            }
             // HF's SGD and Adagrad take these from `optim_args`, not from their own field.
             if let (Some(name), Some("hf")) =
                 (s.key.strip_prefix("optimizer."), r.word("optimizer.owner"))
@@ -319,5 +395,81 @@ pub fn report(r: &Resolved, file: Option<&SourceFile>) -> Report {
         lr,
         memory,
         notes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolved(text: &str) -> Resolved {
+        let head = "model bert { from = \"m\", task = classify(labels: 2) }\n\
+                    data { train = \"t.jsonl\", eval = \"d.jsonl\", samples = 800 }\nbatch { micro = 8 }\n\
+                    train { epochs = 1, eval_every = 10 }\n";
+        crate::resolve::resolve(
+            &crate::syntax::parse(&format!("{head}{text}")).unwrap(),
+            &crate::resolve::Options::default(),
+        )
+    }
+
+    #[test]
+    fn a_metric_driven_schedule_says_how_far_the_table_holds() {
+        // 100 steps, an evaluation every 10: no change before evaluation patience + 1 = 3.
+        let r = resolved(
+            "optimizer adamw { lr = 1e-4, owner = hf }\nschedule greedy { patience = 2 }\n",
+        );
+        let note = metric_schedule_note(&r).unwrap();
+        assert!(
+            note.contains(
+                "steps 1–30 run at 1e-4 as the table shows, whatever the metric; from step 31"
+            ),
+            "{note}"
+        );
+        assert!(note.contains("not above max_lr = 1"), "{note}");
+        // patience 10: evaluation 11 would come after the last step; the table is exact.
+        let r =
+            resolved("optimizer adamw { lr = 1e-4, owner = hf }\nschedule reduce_lr_on_plateau\n");
+        let note = metric_schedule_note(&r).unwrap();
+        assert!(
+            note.contains("end before evaluation 11 could move it"),
+            "{note}"
+        );
+        // With a DeepSpeed optimizer the engine steps it (R0315).
+        let r = resolved("optimizer adamw { lr = 1e-4 }\nschedule greedy\n");
+        assert!(metric_schedule_note(&r).unwrap().contains("R0315"));
+        assert!(metric_schedule_note(&resolved("schedule cosine\n")).is_none());
+    }
+
+    #[test]
+    fn an_hf_schedule_key_names_no_deepspeed_key() {
+        let report = report(
+            &resolved(
+                "optimizer adamw { lr = 1e-4, owner = hf }\nschedule greedy { max_lr = 1e-3 }\n",
+            ),
+            None,
+        );
+        let row = report
+            .settings
+            .iter()
+            .find(|s| s.key == "schedule.max_lr")
+            .unwrap();
+        assert_eq!(
+            (row.deepspeed, row.hf),
+            (None, Some("lr_scheduler_kwargs.max_lr"))
+        );
+        let report = report_of("schedule WarmupLR { warmup = 5, max_lr = 1e-4 }\n");
+        let row = report
+            .settings
+            .iter()
+            .find(|s| s.key == "schedule.max_lr")
+            .unwrap();
+        assert_eq!(
+            (row.deepspeed, row.hf),
+            (Some("scheduler.params.warmup_max_lr"), None)
+        );
+    }
+
+    fn report_of(text: &str) -> Report {
+        report(&resolved(text), None)
     }
 }

@@ -587,8 +587,23 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
                 .hf("lr_scheduler_type")
                 .and_then(|v| v.as_str().map(str::to_string))
                 .unwrap_or_else(|| "linear".into());
+            // A kind without warmup (`constant`, the metric-driven ones: `get_scheduler` passes
+            // them no `num_warmup_steps`) ignores the field: it stays raw, as given.
+            let takes_warmup = crate::schema::key_spec("schedule.warmup")
+                .is_some_and(|k| k.applies_to(Some(name.as_str())));
             if let Some(w) = hf_warmup.clone() {
-                sched.push(("warmup".into(), w));
+                if takes_warmup {
+                    sched.push(("warmup".into(), w));
+                } else {
+                    for (field, v) in [
+                        ("warmup_steps", &warmup_steps_arg),
+                        ("warmup_ratio", &warmup_ratio_arg),
+                    ] {
+                        if let Some(v) = v.clone().filter(|v| num(v).is_some_and(|x| x > 0.0)) {
+                            b.args.insert(field.to_string(), v);
+                        }
+                    }
+                }
             }
             if let Some(Value::Object(kw)) = b.hf("lr_scheduler_kwargs") {
                 for (k, v) in kw {

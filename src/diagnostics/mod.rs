@@ -379,6 +379,27 @@ pub struct JsonDiagnostic {
     pub labels: Vec<JsonLabel>,
     /// How to fix it, if known.
     pub help: Option<String>,
+    /// Edits that carry out the help (an editor's quick fixes); absent when there are none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fixes: Vec<JsonFix>,
+}
+
+/// A fix in the JSON output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct JsonFix {
+    /// What it does.
+    pub title: String,
+    /// The edits, applied together: each replaces its span's text with `text`.
+    pub edits: Vec<JsonEdit>,
+}
+
+/// One edit of a fix.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct JsonEdit {
+    /// What to replace (empty: insert at `start`).
+    pub span: JsonSpan,
+    /// The new text.
+    pub text: String,
 }
 
 /// Converts a diagnostic to its JSON form.
@@ -407,6 +428,21 @@ pub fn to_json(diagnostic: &Diagnostic, file: &SourceFile) -> JsonDiagnostic {
         span: span(diagnostic.primary.span),
         labels,
         help: diagnostic.help.clone(),
+        fixes: diagnostic
+            .fixes
+            .iter()
+            .map(|f| JsonFix {
+                title: f.title.clone(),
+                edits: f
+                    .edits
+                    .iter()
+                    .map(|e| JsonEdit {
+                        span: span(e.span),
+                        text: e.text.clone(),
+                    })
+                    .collect(),
+            })
+            .collect(),
     }
 }
 

@@ -134,8 +134,8 @@ pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
                 peak: c.peak,
                 flags: c.flags,
             },
-            // Only a metric-driven schedule other than the plateau (HF's greedy, which the
-            // language cannot express) or one the target release lacks (a check error) lands here.
+            // Only a metric-driven schedule other than the plateau (HF's greedy, refused for the
+            // native target by R1106) or one the target release lacks (a check error) lands here.
             _ => return Err(bug("a schedule the native runtime cannot state")),
         },
         None => SchedulePlan::Hf {

@@ -137,10 +137,13 @@ pub fn arguments(r: &Resolved, ds_config: &str) -> Value {
                     }
                 }
             }
-            // HF's cosine_with_min_lr needs one of min_lr / min_lr_rate (transformers@v5.24.0
-            // optimization.py:get_cosine_with_min_lr_schedule_with_warmup): the default min_lr
-            // is stated when the recipe gives neither.
-            if kind == "cosine_with_min_lr" && !kw.contains_key("min_lr_rate") {
+            // HF's cosine_with_min_lr and cosine_warmup_with_min_lr need one of min_lr /
+            // min_lr_rate (transformers@v5.24.0 optimization.py:
+            // get_cosine_with_min_lr_schedule_with_warmup, …_with_warmup_lr_rate): the default
+            // min_lr is stated when the recipe gives neither.
+            if matches!(kind, "cosine_with_min_lr" | "cosine_warmup_with_min_lr")
+                && !kw.contains_key("min_lr_rate")
+            {
                 kw.insert("min_lr".into(), f("schedule.min_lr"));
             }
             // Written only where the release has the field (R0312 refuses a recipe whose

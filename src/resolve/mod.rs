@@ -354,7 +354,7 @@ pub fn resolve(file: &File, options: &Options) -> Resolved {
                         span: item.value.span,
                     },
                 );
-            } else if let Some((v, s)) = defaults::default(key.default, &r) {
+            } else if let Some((v, s)) = defaults::default(key.default_for(kind.as_deref()), &r) {
                 r.set(&name, v, s);
             }
         }

@@ -42,21 +42,40 @@ pub const EVAL_WITHOUT_DATA: &str = "R0706";
 /// construction (found by the conformance harness; huggingface/transformers@v5.24.0
 /// src/transformers/trainer.py:Trainer.__init__).
 fn eval_without_data(r: &Resolved, out: &mut Vec<Diagnostic>) {
-    if r.get("data.eval").is_some() {
+    // reduce_lr_on_plateau and greedy step on an evaluation metric: TrainingArguments refuses
+    // them without an evaluation strategy ("lr_scheduler_type reduce_lr_on_plateau requires an
+    // eval strategy"; "lr_scheduler_type greedy requires an eval strategy" since greedy came, in
+    // v5.4.0; huggingface/transformers@v5.24.0 src/transformers/training_args.py:__post_init__).
+    let kind = r.word("schedule.kind");
+    if let Some(kind) = kind.filter(|k| matches!(*k, "reduce_lr_on_plateau" | "greedy")) {
+        let quote = format!("\"lr_scheduler_type {kind} requires an eval strategy\"");
+        if r.get("data.eval").is_none() {
+            out.push(
+                Diagnostic::error(
+                    EVAL_WITHOUT_DATA,
+                    format!("`{kind}` steps on an evaluation metric, but there is no evaluation data: TrainingArguments stops with {quote}"),
+                    super::anchor(r, "schedule.kind"),
+                )
+                .with_label("needs `data.eval`")
+                .with_help("add `eval = \"…\"` to `data`, or choose a schedule that does not need a metric"),
+            );
+            return;
+        }
+        if r.word("train.eval_every") == Some("never") {
+            let mut d = Diagnostic::error(
+                EVAL_WITHOUT_DATA,
+                format!("`{kind}` steps on an evaluation metric, but `eval_every = never` turns evaluation off: TrainingArguments stops with {quote}"),
+                super::anchor(r, "train.eval_every"),
+            )
+            .with_label("no evaluation, so no metric");
+            if let Some(span) = r.span("schedule.kind") {
+                d = d.with_secondary(span, "steps on an evaluation metric");
+            }
+            out.push(d.with_help("evaluate (`eval_every = epoch`, or every N steps), or choose a schedule that does not need a metric"));
+        }
         return;
     }
-    // reduce_lr_on_plateau steps on an evaluation metric: TrainingArguments refuses it without
-    // an evaluation strategy ("lr_scheduler_type reduce_lr_on_plateau requires an eval strategy").
-    if r.word("schedule.kind") == Some("reduce_lr_on_plateau") {
-        out.push(
-            Diagnostic::error(
-                EVAL_WITHOUT_DATA,
-                "`reduce_lr_on_plateau` steps on an evaluation metric, but there is no evaluation data: TrainingArguments stops with \"lr_scheduler_type reduce_lr_on_plateau requires an eval strategy\"",
-                super::anchor(r, "schedule.kind"),
-            )
-            .with_label("needs `data.eval`")
-            .with_help("add `eval = \"…\"` to `data`, or choose a schedule that does not need a metric"),
-        );
+    if r.get("data.eval").is_some() {
         return;
     }
     if !r.is_given("train.eval_every") || r.word("train.eval_every") == Some("never") {

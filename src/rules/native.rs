@@ -19,6 +19,8 @@ pub const OPTIMIZER: &str = "R1103";
 pub const PRECISION: &str = "R1104";
 /// An offload target the runtime does not have.
 pub const OFFLOAD: &str = "R1105";
+/// A schedule the runtime does not run.
+pub const SCHEDULE: &str = "R1106";
 
 /// This family's codes.
 pub const CODES: &[(&str, &str, &str)] = &[
@@ -46,6 +48,11 @@ pub const CODES: &[(&str, &str, &str)] = &[
         OFFLOAD,
         "native-offload",
         "an offload target the native runtime does not have yet",
+    ),
+    (
+        SCHEDULE,
+        "native-schedule",
+        "a schedule the native runtime does not run yet",
     ),
 ];
 
@@ -301,6 +308,53 @@ fn offload(r: &Resolved, out: &mut Vec<Diagnostic>) {
     }
 }
 
+/// HF's `greedy` (`GreedyLR`, stepped on the evaluation metric) has no counterpart in the
+/// runtime, which runs every other schedule kind (`recipe_runtime::lr`, and
+/// `recipe_runtime::plateau` for `reduce_lr_on_plateau`, with torch's defaults for all but
+/// `factor` and `patience`).
+fn schedule(r: &Resolved, out: &mut Vec<Diagnostic>) {
+    if r.word("schedule.kind") == Some("reduce_lr_on_plateau") {
+        // recipe_runtime::plateau: mode min, threshold 1e-4 relative, no cooldown, min_lr 0,
+        // eps 1e-8 (torch ReduceLROnPlateau's defaults).
+        let runs = [
+            ("mode", Val::Word("min".into())),
+            ("threshold", Val::Float(1e-4)),
+            ("threshold_mode", Val::Word("rel".into())),
+            ("cooldown", Val::Int(0)),
+            ("min_lr", Val::Float(0.0)),
+            ("eps", Val::Float(1e-8)),
+        ];
+        for (key, value) in runs {
+            let name = format!("schedule.{key}");
+            let same = match (r.val(&name), &value) {
+                (Some(v), Val::Word(w)) => v.as_word() == Some(w.as_str()),
+                (Some(v), _) => v.as_f64() == value.as_f64(),
+                (None, _) => true,
+            };
+            if !same {
+                out.push(
+                    Diagnostic::error(
+                        SCHEDULE,
+                        format!("the native runtime runs `reduce_lr_on_plateau` with {key} = {value} (torch's default), not {}", r.val(&name).map(Val::to_string).unwrap_or_default()),
+                        anchor(r, &name),
+                    )
+                    .with_help(format!("drop `{key}`, or build for DeepSpeed (`recipe build`), where torch's ReduceLROnPlateau takes it")),
+                );
+            }
+        }
+    }
+    if r.word("schedule.kind") == Some("greedy") {
+        out.push(
+            Diagnostic::error(
+                SCHEDULE,
+                "the native runtime does not run `schedule greedy` yet: HF's GreedyLR, which raises or lowers the LR from the evaluation metric",
+                anchor(r, "schedule.kind"),
+            )
+            .with_help("build for DeepSpeed (`recipe build`), where HF steps it; or use `reduce_lr_on_plateau`, which the native runtime runs"),
+        );
+    }
+}
+
 /// Reports what the native runtime cannot train in `r`.
 pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
     model(r, out);
@@ -308,4 +362,5 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
     optimizer(r, out);
     precision(r, out);
     offload(r, out);
+    schedule(r, out);
 }

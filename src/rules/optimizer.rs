@@ -28,7 +28,7 @@ use crate::upstream::hf_optimizers::{self, Dropped, Runs};
 use crate::upstream::versions::{Fact, Library, CHANGES};
 
 use super::schedule::{first_release, fmt_lr, is_deepspeed_schedule, note, with_target};
-use super::{anchor, origin};
+use super::{anchor, fix, origin};
 
 /// `optimizer adam` with weight decay is classic L2 Adam: the compiler emits `adam_w_mode = false`
 /// (docs/upstream.md R-P01).
@@ -272,9 +272,10 @@ fn optional_dependency(r: &Resolved, o: &Opt, out: &mut Vec<Diagnostic>) {
             d = d.with_secondary(span, "Lion");
         }
     }
-    out.push(d.with_help(
+    let d = d.with_help(
         "install bitsandbytes where the run trains (`pip install -U bitsandbytes`), or write `owner = deepspeed` (DeepSpeed builds its own FusedLion)",
-    ));
+    );
+    out.push(fix::with_set(d, r, "optimizer.owner", "deepspeed"));
 }
 
 /// `amsgrad = true` on DeepSpeed's Adam: FusedAdam (and DeepSpeedCPUAdam under optimizer offload)
@@ -407,7 +408,13 @@ fn hf_drops(r: &Resolved, o: &Opt, d: Dropped) -> Diagnostic {
     if later.is_some() {
         diag = with_target(diag, r, Library::Transformers);
     }
-    diag.with_help(help)
+    let diag = diag.with_help(help);
+    // Every help but no_decay's and amsgrad's (which needs a second key) names this one edit.
+    if matches!(key, "no_decay" | "amsgrad") && later.is_none() {
+        diag
+    } else {
+        fix::with_set(diag, r, "optimizer.owner", "deepspeed")
+    }
 }
 
 /// R0415 with `owner = deepspeed`: a written `no_decay`. transformers hands DeepSpeed the model's
@@ -435,9 +442,10 @@ fn deepspeed_no_decay(r: &Resolved, o: &Opt) -> Option<Diagnostic> {
     if let Some(span) = r.span("optimizer.owner") {
         d = d.with_secondary(span, "DeepSpeed builds the optimizer");
     }
-    Some(d.with_help(
+    let d = d.with_help(
         "write `owner = hf` (HF's optimizer keeps biases and LayerNorm weights out of weight decay), or remove `no_decay` (every tensor decays, as DeepSpeed runs it)",
-    ))
+    );
+    Some(fix::with_set(d, r, "optimizer.owner", "hf"))
 }
 
 /// R0415 with `owner = deepspeed` and `torch_adam = true`: `bias_correction = false`.
@@ -590,7 +598,7 @@ fn no_hf_optimizer(r: &Resolved, o: &Opt) -> Diagnostic {
             d = d.with_secondary(span, "an L2 penalty");
         }
     }
-    d.with_help(help)
+    fix::with_set(d.with_help(help), r, "optimizer.owner", "deepspeed")
 }
 
 /// R-P02 (docs/upstream.md §6.3): with ZeRO (stage ≥ 1) DeepSpeed asserts that the basic
@@ -699,9 +707,8 @@ fn lamb_fixed_loss_scale(r: &Resolved, o: &Opt) -> Option<Diagnostic> {
         if r.span("optimizer.kind").is_some() {
             d = d.with_secondary(kind_span(r), format!("`{}`", o.kind));
         }
-        return Some(
-            d.with_help("write `loss_scale = dynamic` (the default), or use another optimizer"),
-        );
+        let d = d.with_help("write `loss_scale = dynamic` (the default), or use another optimizer");
+        return Some(fix::with_set(d, r, "train.loss_scale", "dynamic"));
     }
     if precision == "bf16" && r.facts.ds_bf16_fixed_loss_scale {
         let ds = r.targets.deepspeed;
@@ -820,10 +827,15 @@ fn hf_optimizer_replaced(r: &Resolved, o: &Opt) -> Option<Diagnostic> {
             } else {
                 "write `owner = deepspeed` (DeepSpeed builds it), ".into()
             };
-            Some(d.with_help(format!(
+            let d = d.with_help(format!(
                 "{ds_fix}remove the optimizer offload, or add `deepspeed {{ zero_force_ds_cpu_optimizer = false }}` to keep HF's {} (it then steps on the CPU copies)",
                 display(kind)
-            )))
+            ));
+            Some(if ds_fix.is_empty() {
+                d
+            } else {
+                fix::with_set(d, r, "optimizer.owner", "deepspeed")
+            })
         }
     }
 }
@@ -848,9 +860,10 @@ fn client_optimizer_offload(r: &Resolved, o: &Opt) -> Diagnostic {
         d = d.with_secondary(s, "HF builds the optimizer");
     }
     d = with_target(d, r, Library::DeepSpeed);
-    d.with_help(
+    let d = d.with_help(
         "write `owner = deepspeed` (DeepSpeedCPUAdam), or add `deepspeed { zero_force_ds_cpu_optimizer = false }` to run HF's optimizer on the CPU copies",
-    )
+    );
+    fix::with_set(d, r, "optimizer.owner", "deepspeed")
 }
 
 /// docs/upstream.md §4.2 (transformers v4.6.1): transformers before 4.9 (PR #12690) raise "ZeRO
@@ -891,9 +904,10 @@ fn offload_needs_ds_optimizer(r: &Resolved, o: &Opt) -> Option<Diagnostic> {
     let upgrade = fixed
         .map(|v| format!(", or target transformers ≥ {v}"))
         .unwrap_or_default();
-    Some(d.with_help(format!(
+    let d = d.with_help(format!(
         "write `owner = deepspeed` (DeepSpeed builds the optimizer), or remove the offload{upgrade}"
-    )))
+    ));
+    Some(fix::with_set(d, r, "optimizer.owner", "deepspeed"))
 }
 
 /// docs/upstream.md §4.2: with a DeepSpeed `optimizer` section and no DeepSpeed `scheduler` (an HF

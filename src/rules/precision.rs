@@ -8,7 +8,7 @@ use crate::diagnostics::Diagnostic;
 use crate::resolve::{Resolved, Val};
 use crate::upstream::versions::{Fact, Version, CHANGES};
 
-use super::{anchor, origin};
+use super::{anchor, fix, origin};
 
 /// Half-precision evaluation under DeepSpeed changes the training precision, or is not honoured
 /// (docs/upstream.md R-A07).
@@ -377,14 +377,15 @@ fn bf16_unsupported(r: &Resolved, p: &Precision, out: &mut Vec<Diagnostic>) {
     if let Some(span) = r.target_sources[2].span() {
         d = d.with_secondary(span, format!("DeepSpeed {ds}"));
     }
-    out.push(d.with_help(match (since, named) {
+    let d = d.with_help(match (since, named) {
         (Some(v), Some(b)) if v != b => format!(
             "target DeepSpeed ≥ {b}, where the section is `bf16`, the name HF and accelerate read \
              (from {v} until then it was `bfloat16`), or use `precision = fp16`"
         ),
         (Some(v), _) => format!("target DeepSpeed ≥ {v}, or use `precision = fp16`"),
         _ => "use `precision = fp16`".into(),
-    }));
+    });
+    out.push(fix::with_set(d, r, key, "fp16"));
 }
 
 /// DeepSpeed reads the `fp16` section only with fp16 on (docs/upstream.md §6.5), and HF picks its
@@ -481,10 +482,12 @@ fn zero_needs_fp16(r: &Resolved, p: &Precision, out: &mut Vec<Diagnostic>) {
     if let Some(v) = first_release(|f| matches!(f, Fact::DsZeroNeedsFp16(false))) {
         fixes.push(format!("target DeepSpeed ≥ {v}"));
     }
-    out.push(d.with_help(format!(
+    let d = d.with_help(format!(
         "DeepSpeed asserts \"DeepSpeedConfig: ZeRO is only supported if fp16 is enabled\"; {}",
         fixes.join(", or ")
-    )));
+    ));
+    let d = fix::with_set(d, r, "train.precision", "fp16");
+    out.push(fix::with_set(d, r, "zero.stage", "0"));
 }
 
 /// A raw key that restates a precision key: the compiler derives it from the recipe, so the two

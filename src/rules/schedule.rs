@@ -62,8 +62,8 @@ pub const HF_KIND_UNAVAILABLE: &str = "R0313";
 /// `OneCycle` without decay steps runs past its cycle on a DeepSpeed that divides by them.
 pub const ONE_CYCLE_ZERO_DECAY: &str = "R0314";
 
-/// `reduce_lr_on_plateau` with a DeepSpeed-built optimizer: DeepSpeed's engine steps HF's
-/// scheduler every optimizer step, without a metric.
+/// `reduce_lr_on_plateau` or `greedy` with a DeepSpeed-built optimizer: DeepSpeed's engine steps
+/// HF's scheduler every optimizer step, without a metric.
 pub const PLATEAU_STEPPED_BY_DEEPSPEED: &str = "R0315";
 
 /// An HF schedule whose own argument checks refuse the recipe when the Trainer builds it.
@@ -72,6 +72,10 @@ pub const HF_SCHEDULE_REFUSES: &str = "R0316";
 /// A raw `hf { lr_scheduler_kwargs.<x> }` the `schedule` block does not model: HF refuses it
 /// (not an argument of the schedule function) or `recipe explain`'s curve does not follow it.
 pub const RAW_SCHEDULE_KWARG: &str = "R0317";
+
+/// `greedy` whose floor `min_lr` (HF GreedyLR's default 1e-3) is not below the learning rate:
+/// the LR is never lowered.
+pub const GREEDY_NEVER_LOWERS: &str = "R0318";
 
 /// This family's codes.
 pub const CODES: &[(&str, &str, &str)] = &[
@@ -148,7 +152,7 @@ pub const CODES: &[(&str, &str, &str)] = &[
     (
         PLATEAU_STEPPED_BY_DEEPSPEED,
         "plateau-stepped-by-deepspeed",
-        "reduce_lr_on_plateau with a DeepSpeed optimizer: DeepSpeed steps it every step without a metric",
+        "reduce_lr_on_plateau or greedy with a DeepSpeed optimizer: DeepSpeed steps it every step without a metric",
     ),
     (
         HF_SCHEDULE_REFUSES,
@@ -159,6 +163,11 @@ pub const CODES: &[(&str, &str, &str)] = &[
         RAW_SCHEDULE_KWARG,
         "raw-schedule-kwarg",
         "a raw lr_scheduler_kwargs entry the schedule does not model: refused by HF, or not in explain's curve",
+    ),
+    (
+        GREEDY_NEVER_LOWERS,
+        "greedy-never-lowers",
+        "greedy's floor min_lr is not below the learning rate: the LR is never lowered",
     ),
 ];
 
@@ -393,8 +402,13 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
         return;
     };
     twice(r, kind, out);
-    if kind == "reduce_lr_on_plateau" {
-        if let Some(d) = plateau_stepped_by_deepspeed(r) {
+    if matches!(kind, "reduce_lr_on_plateau" | "greedy") {
+        if let Some(d) = plateau_stepped_by_deepspeed(r, kind) {
+            out.push(d);
+        }
+    }
+    if kind == "greedy" && r.word("optimizer.owner") == Some("hf") {
+        if let Some(d) = greedy_never_lowers(r) {
             out.push(d);
         }
     }
@@ -460,9 +474,13 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
 
 /// The argument checks of HF's schedule functions that a recipe can fail (transformers v5.24.0
 /// `optimization.py:get_polynomial_decay_schedule_with_warmup`: the decay must end below the
-/// optimizer's initial LR, `optimizer.defaults["lr"]`, whoever builds the optimizer). The pair
-/// linter checks the same on existing configs (`pair::stack`, R1207).
+/// optimizer's initial LR, `optimizer.defaults["lr"]`, whoever builds the optimizer), and those
+/// of the metric-driven schedules' constructors (a `factor` below 1). The pair linter checks the
+/// same on existing configs (`pair::stack`, R1207).
 fn hf_schedule_refuses(r: &Resolved, kind: &str) -> Option<Diagnostic> {
+    if matches!(kind, "reduce_lr_on_plateau" | "greedy") {
+        return factor_not_below_one(r, kind);
+    }
     if kind != "polynomial" {
         return None;
     }
@@ -492,6 +510,92 @@ fn hf_schedule_refuses(r: &Resolved, kind: &str) -> Option<Diagnostic> {
         d = d.with_secondary(s, "the initial learning rate");
     }
     Some(d.with_help("make lr_end smaller than the optimizer's lr (HF's default is 1e-7)"))
+}
+
+/// A metric-driven schedule's `factor` must be below 1: torch's `ReduceLROnPlateau.__init__`
+/// (torch 2.x `optim/lr_scheduler.py`) and HF's `GreedyLR.__init__` (transformers v5.24.0
+/// `optimization.py`) both raise "Factor should be < 1.0." when the Trainer builds the scheduler.
+fn factor_not_below_one(r: &Resolved, kind: &str) -> Option<Diagnostic> {
+    let factor = r.f64("schedule.factor")?;
+    if factor < 1.0 {
+        return None;
+    }
+    let class = if kind == "greedy" {
+        "HF's GreedyLR"
+    } else {
+        "torch's ReduceLROnPlateau"
+    };
+    Some(
+        Diagnostic::error(
+            HF_SCHEDULE_REFUSES,
+            format!(
+                "`{kind}` needs a factor below 1, not {}: {class} stops when the Trainer builds it (\"Factor should be < 1.0.\")",
+                fmt_f64(factor)
+            ),
+            anchor(r, "schedule.factor"),
+        )
+        .with_label("not below 1")
+        .with_help("write a factor below 1 (the LR is multiplied by it on a plateau)"),
+    )
+}
+
+/// HF's `GreedyLR` cuts the LR to `max(lr × factor, min_lr)` and makes the cut only when it
+/// lowers the LR by more than `eps` (transformers v5.24.0 `optimization.py:GreedyLR._reduce_lr`);
+/// its `min_lr` defaults to 1e-3, above the learning rates models are usually fine-tuned at. With
+/// `min_lr` not below the optimizer's lr no cut is ever made: the LR only rises on improvement
+/// (`_increase_lr`, up to `max_lr`), or never moves. Only when HF steps it (`owner = hf`); with a
+/// DeepSpeed optimizer R0315 says what happens instead.
+fn greedy_never_lowers(r: &Resolved) -> Option<Diagnostic> {
+    let (lr, min_lr) = (r.f64("optimizer.lr")?, r.num("schedule.min_lr"));
+    let (factor, max_lr) = (r.num("schedule.factor"), r.num("schedule.max_lr"));
+    if min_lr < lr || factor >= 1.0 {
+        return None; // it lowers the LR, or HF refuses the factor (R0316)
+    }
+    let n = r.count("schedule.patience") + 1;
+    let after = if max_lr > lr {
+        format!(
+            "the LR can only rise (divided by {} after {n} improving evaluations, up to max_lr = {})",
+            fmt_f64(factor),
+            fmt_lr(max_lr)
+        )
+    } else {
+        format!(
+            "and max_lr = {} is not above it either, so the LR never moves",
+            fmt_lr(max_lr)
+        )
+    };
+    let mut d = Diagnostic::warning(
+        GREEDY_NEVER_LOWERS,
+        format!(
+            "`greedy` never lowers the learning rate: its floor min_lr = {} is not below lr = {}, so a cut on a plateau, max(lr × {}, min_lr), is no cut; {after}",
+            fmt_lr(min_lr),
+            fmt_lr(lr),
+            fmt_f64(factor)
+        ),
+        anchor(
+            r,
+            if r.is_given("schedule.min_lr") {
+                "schedule.min_lr"
+            } else {
+                "schedule.kind"
+            },
+        ),
+    )
+    .with_label(format!(
+        "min_lr = {}{}",
+        fmt_lr(min_lr),
+        if r.is_given("schedule.min_lr") {
+            String::new()
+        } else {
+            " (HF GreedyLR's default)".to_string()
+        }
+    ));
+    if let Some(span) = r.span("optimizer.lr") {
+        d = d.with_secondary(span, format!("lr = {}", fmt_lr(lr)));
+    }
+    Some(d.with_help(
+        "write a `min_lr` below the learning rate (`min_lr = 0` for no floor) for the LR to come down on a plateau; nothing to fix if only increases are intended",
+    ))
 }
 
 /// Raw `hf { lr_scheduler_kwargs.<x> }` entries the `schedule` block does not model (the modelled
@@ -916,8 +1020,11 @@ fn first_step_at_peak(r: &Resolved, kind: &str) -> Option<Diagnostic> {
 /// `step(increment=…)`, which raises again: the run stops at the first optimizer step
 /// (deepspeedai/DeepSpeed@v0.10.0 and @v0.10.1 runtime/engine.py:_take_model_step). With
 /// `owner = hf` accelerate keeps the scheduler (only DeepSpeed's own scheduler types are passed,
-/// `VALID_LR_SCHEDULES`) and HF steps it at each evaluation with the metric.
-fn plateau_stepped_by_deepspeed(r: &Resolved) -> Option<Diagnostic> {
+/// `VALID_LR_SCHEDULES`) and HF steps it at each evaluation with the metric. HF's `greedy`
+/// (`GreedyLR.step(self, metrics, epoch=None)`, transformers v5.24.0 `optimization.py`) takes
+/// the same path: its curve on the batch size is [`schedules::Greedy`]'s, checked against a real
+/// engine (conformance/plateau_engine.py, conformance/fixtures/greedy-engine.json).
+fn plateau_stepped_by_deepspeed(r: &Resolved, kind: &str) -> Option<Diagnostic> {
     if r.word("optimizer.owner") != Some("deepspeed")
         || r.facts.hf_ds_optimizer_hf_scheduler_error.is_some()
     {
@@ -927,7 +1034,30 @@ fn plateau_stepped_by_deepspeed(r: &Resolved) -> Option<Diagnostic> {
     let factor = r.num("schedule.factor");
     let patience = r.count("schedule.patience");
     let ds = r.targets.deepspeed;
-    let (message, label) = if r.facts.ds_scheduler_step_batch_size_fallback {
+    let (message, label) = if r.facts.ds_scheduler_step_batch_size_fallback && kind == "greedy" {
+        let lr = r.num("optimizer.lr");
+        let total = r.uint("steps.total").unwrap_or(0);
+        // Step k runs at the LR the scheduler left after optimizer step k − 1.
+        let mut g = schedules::Greedy::of(r);
+        let lrs: Vec<f64> = std::iter::once(lr)
+            .chain((1..total).map(|_| g.step(batch as f64)))
+            .collect();
+        let curve = match lrs.iter().position(|&x| x != lr) {
+            None => format!("the LR stays at {} for all {total} steps", fmt_lr(lr)),
+            Some(i) => format!(
+                "the LR moves to {} at step {} and is {} by step {total}",
+                fmt_lr(lrs[i]),
+                i + 1,
+                fmt_lr(*lrs.last().unwrap_or(&lr))
+            ),
+        };
+        (
+            format!(
+                "DeepSpeed steps `greedy` after every optimizer step with the batch size ({batch}) as the metric: {curve}, whatever the evaluations say"
+            ),
+            "DeepSpeed builds the optimizer, so its engine steps HF's scheduler",
+        )
+    } else if r.facts.ds_scheduler_step_batch_size_fallback {
         let lr = r.num("optimizer.lr");
         let total = r.uint("steps.total").unwrap_or(0);
         // torch's ReduceLROnPlateau on a metric that never improves: the first cut after
@@ -962,7 +1092,7 @@ fn plateau_stepped_by_deepspeed(r: &Resolved) -> Option<Diagnostic> {
     } else {
         (
             format!(
-                "DeepSpeed {ds} steps `reduce_lr_on_plateau` after the first optimizer step without a metric: the run stops with TypeError"
+                "DeepSpeed {ds} steps `{kind}` after the first optimizer step without a metric: the run stops with TypeError"
             ),
             "DeepSpeed builds the optimizer, so its engine steps HF's scheduler",
         )
@@ -1378,6 +1508,57 @@ mod tests {
     }
 
     #[test]
+    fn greedy_rules() {
+        let base = "model bert { from = \"m\", task = classify(labels: 2) }\n\
+                    data { train = \"t.jsonl\", eval = \"d.jsonl\", samples = 96 }\nbatch { micro = 8 }\n\
+                    train { epochs = 1 }\n";
+        let codes = |text: &str| -> Vec<&'static str> {
+            crate::check::check_source(&format!("{base}{text}"))
+                .diagnostics
+                .iter()
+                .map(|d| d.code)
+                .collect()
+        };
+        // GreedyLR's floor 1e-3 above the lr: never lowered (HF steps it).
+        let hf = "optimizer adamw { lr = 2e-5, owner = hf }\n";
+        assert_eq!(
+            codes(&format!("{hf}schedule greedy\n")),
+            vec![GREEDY_NEVER_LOWERS]
+        );
+        assert!(codes(&format!("{hf}schedule greedy {{ min_lr = 0 }}\n")).is_empty());
+        // A factor of 1 is refused by GreedyLR itself (not also R0318).
+        assert_eq!(
+            codes(&format!("{hf}schedule greedy {{ factor = 1 }}\n")),
+            vec![HF_SCHEDULE_REFUSES]
+        );
+        // DeepSpeed's engine steps it on the batch size (8): with the default floor above the
+        // lr it never moves; from above the floor it is cut every patience + 1 steps.
+        let ds = crate::check::check_source(&format!(
+            "{base}optimizer adamw {{ lr = 2e-5 }}\nschedule greedy\n"
+        ))
+        .diagnostics;
+        assert_eq!(ds.len(), 1);
+        assert!(
+            ds[0]
+                .message
+                .contains("the LR stays at 2e-5 for all 12 steps"),
+            "{}",
+            ds[0].message
+        );
+        let ds = crate::check::check_source(&format!(
+            "{base}optimizer adamw {{ lr = 0.01 }}\nschedule greedy {{ factor = 0.5, patience = 1 }}\n"
+        ))
+        .diagnostics;
+        assert!(
+            ds[0]
+                .message
+                .contains("the LR moves to 0.005 at step 4 and is 0.001 by step 12"),
+            "{}",
+            ds[0].message
+        );
+    }
+
+    #[test]
     fn lr_formatting() {
         assert_eq!(fmt_lr(0.0), "0");
         assert_eq!(fmt_lr(3e-5), "3e-5");
@@ -1491,6 +1672,24 @@ mod tests {
             "{HEAD}schedule WarmupLR {{ warmup = 4, min_lr = 1, max_lr = 1 }}\n"
         ));
         assert!(d.is_empty(), "{d:#?}");
+    }
+
+    #[test]
+    fn every_argument_of_an_hf_schedule_function_is_a_key() {
+        // All but `last_epoch` (a resume by hand): an upstream argument the language lacks, or
+        // a key the function does not take, trips this.
+        for (kind, _, accepted, _) in crate::upstream::schedules::HF_SCHEDULE_FUNCTIONS {
+            assert!(crate::schema::blocks::HF_SCHEDULES.contains(kind), "{kind}");
+            let mut want: Vec<&str> = accepted
+                .iter()
+                .copied()
+                .filter(|a| *a != "last_epoch")
+                .collect();
+            let mut have = modelled_kwargs(kind);
+            want.sort_unstable();
+            have.sort_unstable();
+            assert_eq!(want, have, "{kind}");
+        }
     }
 
     #[test]

@@ -20,6 +20,7 @@ const fn key(name: &'static str, ty: Ty, doc: &'static str) -> KeySpec {
         hf: None,
         required: false,
         kinds: &[],
+        kind_defaults: &[],
     }
 }
 
@@ -62,6 +63,11 @@ impl KeySpec {
     }
     const fn kinds(mut self, kinds: &'static [&'static str]) -> Self {
         self.kinds = kinds;
+        self
+    }
+    /// Other defaults for some of the kinds (see [`KeySpec::kind_defaults`]).
+    const fn val_for(mut self, defaults: &'static [super::KindDefault]) -> Self {
+        self.kind_defaults = defaults;
         self
     }
 }
@@ -164,7 +170,9 @@ schedules! {
         "inverse_sqrt",
         "reduce_lr_on_plateau",
         "cosine_with_min_lr",
+        "cosine_warmup_with_min_lr",
         "warmup_stable_decay",
+        "greedy",
     ],
     deepspeed: ["WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest"],
 }
@@ -176,12 +184,21 @@ const WARMED: &[&str] = &[
     "constant_with_warmup",
     "inverse_sqrt",
     "cosine_with_min_lr",
+    "cosine_warmup_with_min_lr",
     "warmup_stable_decay",
     "WarmupLR",
     "WarmupDecayLR",
     "WarmupCosineLR",
 ];
 const DS_WARMUP: &[&str] = &["WarmupLR", "WarmupDecayLR", "WarmupCosineLR"];
+/// HF's cosine schedules that end at `min_lr` / `min_lr_rate`.
+const MIN_LR_COSINE: &[&str] = &["cosine_with_min_lr", "cosine_warmup_with_min_lr"];
+/// The HF schedules that step on an evaluation metric: torch's `ReduceLROnPlateau` and HF's
+/// `GreedyLR` (transformers v5.24.0 `optimization.py`), which share most arguments.
+const METRIC: &[&str] = &["reduce_lr_on_plateau", "greedy"];
+/// HF `GreedyLR`'s own defaults where torch `ReduceLROnPlateau`'s differ
+/// (transformers v5.24.0 `optimization.py:GreedyLR.__init__`).
+const GREEDY: &[&str] = &["greedy"];
 
 const OFFLOAD_OPTIMIZER: &[CallSpec] = &[
     CallSpec {
@@ -511,18 +528,25 @@ pub static BLOCKS: &[BlockSpec] = &[
                 .ds("scheduler.params.warmup_type")
                 .kinds(DS_WARMUP)
                 .val(Lit::Word("linear"), "recipe default, like HF's warmup (DeepSpeed's own is log)"),
-            key("min_lr", LR, "learning rate at the start of warmup / end of decay")
+            key("min_lr", LR, "learning rate at the start of warmup / end of decay (a metric-driven schedule's floor)")
                 .ds("scheduler.params.warmup_min_lr")
                 .hf("lr_scheduler_kwargs.min_lr")
-                .kinds(&["WarmupLR", "WarmupDecayLR", "cosine_with_min_lr", "reduce_lr_on_plateau"])
-                .val(Lit::Float(0.0), "HF's auto value for warmup_min_lr"),
+                .kinds(&["WarmupLR", "WarmupDecayLR", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "reduce_lr_on_plateau", "greedy"])
+                .val(Lit::Float(0.0), "HF's auto value for warmup_min_lr")
+                .val_for(&[(GREEDY, Lit::Float(1e-3), "HF GreedyLR")]),
             key("min_lr_rate", UNIT, "final learning rate as a fraction of lr, instead of min_lr")
                 .hf("lr_scheduler_kwargs.min_lr_rate")
-                .kinds(&["cosine_with_min_lr"]),
-            key("max_lr", LR, "peak learning rate of a DeepSpeed warmup")
+                .kinds(MIN_LR_COSINE),
+            key("warmup_lr_rate", UNIT, "first warmup step's learning rate as a fraction of lr")
+                .hf("lr_scheduler_kwargs.warmup_lr_rate")
+                .kinds(&["cosine_warmup_with_min_lr"])
+                .later("1 / warmup: HF warms up as (step + 1) / warmup"),
+            key("max_lr", LR, "peak learning rate of a DeepSpeed warmup; greedy's ceiling")
                 .ds("scheduler.params.warmup_max_lr")
-                .kinds(&["WarmupLR", "WarmupDecayLR"])
-                .derived(Derive::OptimizerLr, "the optimizer's lr"),
+                .hf("lr_scheduler_kwargs.max_lr")
+                .kinds(&["WarmupLR", "WarmupDecayLR", "greedy"])
+                .derived(Derive::OptimizerLr, "the optimizer's lr")
+                .val_for(&[(GREEDY, Lit::Float(1.0), "HF GreedyLR")]),
             key("warmup_min_ratio", UNIT, "start of the cosine warmup, as a fraction of lr")
                 .ds("scheduler.params.warmup_min_ratio")
                 .kinds(&["WarmupCosineLR"])
@@ -533,8 +557,8 @@ pub static BLOCKS: &[BlockSpec] = &[
                 .val(Lit::Float(0.0), "recipe default for HF parity (DeepSpeed's own is 1e-4)"),
             key("num_cycles", LR, "cosine cycles (0.5 = one half-wave down)")
                 .hf("lr_scheduler_kwargs.num_cycles")
-                .kinds(&["cosine", "cosine_with_restarts", "cosine_with_min_lr", "warmup_stable_decay"])
-                .derived(Derive::CosineCycles, "`0.5` (`cosine`, `cosine_with_min_lr`, a cosine `decay_shape`), `1` (`cosine_with_restarts`), as HF"),
+                .kinds(&["cosine", "cosine_with_restarts", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay"])
+                .derived(Derive::CosineCycles, "`0.5` (`cosine`, `cosine_with_min_lr`, `cosine_warmup_with_min_lr`, a cosine `decay_shape`), `1` (`cosine_with_restarts`), as HF"),
             key("power", LR, "polynomial decay power").hf("lr_scheduler_kwargs.power").kinds(&["polynomial"])
                 .val(Lit::Float(1.0), "HF polynomial"),
             key("lr_end", LR, "final learning rate of the polynomial decay")
@@ -565,20 +589,33 @@ pub static BLOCKS: &[BlockSpec] = &[
                 .hf("lr_scheduler_kwargs.decay_type")
                 .kinds(&["warmup_stable_decay"])
                 .val(Lit::Word("cosine"), "HF warmup_stable_decay"),
-            key("factor", UNIT, "LR reduction factor on a plateau").hf("lr_scheduler_kwargs.factor").kinds(&["reduce_lr_on_plateau"])
-                .val(Lit::Float(0.1), "torch ReduceLROnPlateau"),
-            key("patience", NON_NEGATIVE, "evaluations without improvement before reducing").hf("lr_scheduler_kwargs.patience").kinds(&["reduce_lr_on_plateau"])
-                .val(Lit::Int(10), "torch ReduceLROnPlateau"),
-            key("cooldown", NON_NEGATIVE, "evaluations after a reduction before counting again").hf("lr_scheduler_kwargs.cooldown").kinds(&["reduce_lr_on_plateau"])
-                .val(Lit::Int(0), "torch ReduceLROnPlateau"),
-            key("mode", Ty::Word(&["min", "max"]), "whether the metric should fall (min, a loss) or rise (max)").hf("lr_scheduler_kwargs.mode").kinds(&["reduce_lr_on_plateau"])
-                .val(Lit::Word("min"), "torch ReduceLROnPlateau"),
-            key("threshold", LR, "the least change that counts as an improvement").hf("lr_scheduler_kwargs.threshold").kinds(&["reduce_lr_on_plateau"])
-                .val(Lit::Float(1e-4), "torch ReduceLROnPlateau"),
-            key("threshold_mode", Ty::Word(&["rel", "abs"]), "threshold relative to the best metric (rel) or absolute (abs)").hf("lr_scheduler_kwargs.threshold_mode").kinds(&["reduce_lr_on_plateau"])
-                .val(Lit::Word("rel"), "torch ReduceLROnPlateau"),
-            key("eps", LR, "an LR change smaller than this is not made").hf("lr_scheduler_kwargs.eps").kinds(&["reduce_lr_on_plateau"])
-                .val(Lit::Float(1e-8), "torch ReduceLROnPlateau"),
+            key("factor", UNIT, "LR reduction factor on a plateau (greedy also divides by it on improvement)").hf("lr_scheduler_kwargs.factor").kinds(METRIC)
+                .val(Lit::Float(0.1), "torch ReduceLROnPlateau")
+                .val_for(&[(GREEDY, Lit::Float(0.95), "HF GreedyLR")]),
+            key("patience", NON_NEGATIVE, "evaluations without improvement before reducing (greedy: also with improvement before raising)").hf("lr_scheduler_kwargs.patience").kinds(METRIC)
+                .val(Lit::Int(10), "torch ReduceLROnPlateau, HF GreedyLR"),
+            key("cooldown", NON_NEGATIVE, "evaluations after a reduction before counting again").hf("lr_scheduler_kwargs.cooldown").kinds(METRIC)
+                .val(Lit::Int(0), "torch ReduceLROnPlateau, HF GreedyLR"),
+            key("mode", Ty::Word(&["min", "max"]), "whether the metric should fall (min, a loss) or rise (max)").hf("lr_scheduler_kwargs.mode").kinds(METRIC)
+                .val(Lit::Word("min"), "torch ReduceLROnPlateau, HF GreedyLR"),
+            key("threshold", LR, "the least change that counts as an improvement").hf("lr_scheduler_kwargs.threshold").kinds(METRIC)
+                .val(Lit::Float(1e-4), "torch ReduceLROnPlateau")
+                .val_for(&[(GREEDY, Lit::Float(1e-6), "HF GreedyLR")]),
+            key("threshold_mode", Ty::Word(&["rel", "abs"]), "threshold relative to the best metric (rel) or absolute (abs)").hf("lr_scheduler_kwargs.threshold_mode").kinds(METRIC)
+                .val(Lit::Word("rel"), "torch ReduceLROnPlateau")
+                .val_for(&[(GREEDY, Lit::Word("abs"), "HF GreedyLR")]),
+            key("eps", LR, "an LR change smaller than this is not made").hf("lr_scheduler_kwargs.eps").kinds(METRIC)
+                .val(Lit::Float(1e-8), "torch ReduceLROnPlateau, HF GreedyLR"),
+            key("increase_cooldown", NON_NEGATIVE, "evaluations after an increase before counting again (HF's `warmup`)").hf("lr_scheduler_kwargs.warmup").kinds(GREEDY)
+                .val(Lit::Int(0), "HF GreedyLR"),
+            key("smooth", Ty::Bool, "compare a rolling average of the metric instead of the metric").hf("lr_scheduler_kwargs.smooth").kinds(GREEDY)
+                .val(Lit::Bool(false), "HF GreedyLR"),
+            key("window_size", POSITIVE, "evaluations in the rolling average (with smooth)").hf("lr_scheduler_kwargs.window_size").kinds(GREEDY)
+                .val(Lit::Int(50), "HF GreedyLR"),
+            key("reset_start", NON_NEGATIVE, "reductions attempted at min_lr before the LR is reset to its start").hf("lr_scheduler_kwargs.reset_start").kinds(GREEDY)
+                .val(Lit::Int(500), "HF GreedyLR"),
+            key("verbose", Ty::Bool, "print each LR change").hf("lr_scheduler_kwargs.verbose").kinds(GREEDY)
+                .val(Lit::Bool(false), "HF GreedyLR"),
             key("cycle_min_lr", LR, "lowest LR of the cycle (DeepSpeed requires it)")
                 .required()
                 .ds("scheduler.params.cycle_min_lr")
@@ -616,7 +653,8 @@ pub static BLOCKS: &[BlockSpec] = &[
         ],
         one_of: &[],
         // HF takes one or the other (transformers@v5.24.0 optimization.py:
-        // get_cosine_with_min_lr_schedule_with_warmup, "Only one of min_lr or min_lr_rate").
+        // get_cosine_with_min_lr_schedule_with_warmup and
+        // get_cosine_with_min_lr_schedule_with_warmup_lr_rate, "Only one of min_lr or min_lr_rate").
         exclusive: &[&["min_lr", "min_lr_rate"]],
     },
     BlockSpec {

@@ -122,12 +122,21 @@ pub fn default(key: &KeySpec) -> String {
     if key.required {
         return "required".into();
     }
-    match key.default {
+    let mut text = match key.default {
         KeyDefault::None => "—".into(),
         KeyDefault::Value(v, why) => format!("`{}`: {why}", lit(v)),
         KeyDefault::Upstream(v, who) => format!("`{}` from {who} (not written)", lit(v)),
-        KeyDefault::Derived(_, text) | KeyDefault::Later(text) => text.into(),
+        KeyDefault::Derived(_, text) | KeyDefault::Later(text) => text.to_string(),
+    };
+    for (kinds, v, why) in key.kind_defaults {
+        let kinds = kinds
+            .iter()
+            .map(|k| format!("`{k}`"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        text.push_str(&format!("; with {kinds}: `{}`: {why}", lit(*v)));
     }
+    text
 }
 
 fn applies(key: &KeySpec) -> String {

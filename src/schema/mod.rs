@@ -186,12 +186,30 @@ pub struct KeySpec {
     pub required: bool,
     /// The block labels it applies to (`sgd` for `momentum`); empty = all.
     pub kinds: &'static [&'static str],
+    /// Defaults that differ by block label, instead of `default` (HF's `greedy` takes
+    /// `factor`, `threshold`, … with other defaults than torch's `ReduceLROnPlateau`): the
+    /// labels, the value, whose default it mirrors.
+    pub kind_defaults: &'static [KindDefault],
 }
+
+/// A key's default for some block labels (see [`KeySpec::kind_defaults`]).
+pub type KindDefault = (&'static [&'static str], Lit, &'static str);
 
 impl KeySpec {
     /// Whether this key applies to a block with this label.
     pub fn applies_to(&self, kind: Option<&str>) -> bool {
         self.kinds.is_empty() || kind.is_some_and(|k| self.kinds.contains(&k))
+    }
+
+    /// The key's default in a block with this label: the label's own default, if the key has
+    /// one, else `default`.
+    pub fn default_for(&self, kind: Option<&str>) -> KeyDefault {
+        kind.and_then(|k| {
+            self.kind_defaults
+                .iter()
+                .find(|(kinds, _, _)| kinds.contains(&k))
+        })
+        .map_or(self.default, |(_, v, why)| KeyDefault::Value(*v, why))
     }
 }
 

@@ -736,16 +736,10 @@ mod tests {
         assert_eq!(f.ds_bf16_key, Some("bf16"));
         assert_eq!(f.hf_checkpointing_field, "activation_checkpointing");
         assert!(f.hf_scheduler_kwargs && f.ds_one_cycle_zero_decay_ok);
-        // Every HF kind of the newest release is a `schedule` kind, but for the ones the
-        // language does not have yet (an open item of docs/language.md): a new upstream kind, or
-        // a new language kind, trips this.
-        let not_in_language = ["cosine_warmup_with_min_lr", "greedy"];
-        let mut newest: Vec<&str> = f
-            .hf_scheduler_kinds
-            .iter()
-            .copied()
-            .filter(|k| !not_in_language.contains(k))
-            .collect();
+        // Every HF kind of the newest release is a `schedule` kind, and every HF `schedule`
+        // kind is one of the newest release: a new upstream kind, or a new language kind,
+        // trips this.
+        let mut newest: Vec<&str> = f.hf_scheduler_kinds.to_vec();
         let mut language = crate::schema::blocks::HF_SCHEDULES.to_vec();
         newest.sort_unstable();
         language.sort_unstable();

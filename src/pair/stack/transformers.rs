@@ -443,7 +443,7 @@ impl Work<'_> {
             .iter()
             .find(|(k, ..)| *k == kind)
         else {
-            return; // constant (kwargs not passed), greedy, or a kind TrainingArguments refused
+            return; // constant (kwargs not passed), or a kind TrainingArguments refused
         };
         let kwargs = self
             .args
@@ -532,6 +532,24 @@ impl Work<'_> {
                 },
                 "give exactly one",
             );
+        }
+        // torch's ReduceLROnPlateau.__init__ and HF's GreedyLR.__init__ (v5.24.0
+        // optimization.py) refuse a factor of 1 or more.
+        if matches!(kind.as_str(), "reduce_lr_on_plateau" | "greedy") {
+            let default = if kind == "greedy" { 0.95 } else { 0.1 };
+            let factor = kwargs.get("factor").and_then(Py::number).unwrap_or(default);
+            if factor >= 1.0 {
+                refuse(
+                    self,
+                    format!(
+                        "HF's {kind} schedule needs a factor below 1, not {}",
+                        py_float(factor)
+                    ),
+                    "factor not below 1",
+                    "Factor should be < 1.0.".into(),
+                    "give a factor below 1",
+                );
+            }
         }
         if kind == "polynomial" {
             // The initial LR is the optimizer's: DeepSpeed's section when there is one.
