@@ -204,7 +204,14 @@ impl Server {
                 match connection.receiver.recv_timeout(self.config.debounce) {
                     Ok(m) => m,
                     Err(RecvTimeoutError::Timeout) => {
-                        for n in self.publish_dirty() {
+                        // A bug in a check must not take the editor's server down: the
+                        // panic is reported on stderr (the client's log) and the loop goes on.
+                        let published =
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                self.publish_dirty()
+                            }))
+                            .unwrap_or_default();
+                        for n in published {
                             connection.sender.send(Message::Notification(n))?;
                         }
                         continue;
@@ -217,7 +224,17 @@ impl Server {
                     if connection.handle_shutdown(&request)? {
                         return Ok(());
                     }
-                    let response = self.request(request);
+                    let id = request.id.clone();
+                    let response = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        self.request(request)
+                    }))
+                    .unwrap_or_else(|_| {
+                        Response::new_err(
+                            id,
+                            ErrorCode::InternalError as i32,
+                            "internal error (see the server's log)".into(),
+                        )
+                    });
                     connection.sender.send(Message::Response(response))?;
                 }
                 Message::Notification(n) => {

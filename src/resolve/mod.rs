@@ -76,6 +76,8 @@ pub struct Resolved {
     pub block_inserts: HashMap<String, Insert>,
     /// The end of the recipe's last block (where a missing block would be added).
     pub text_end: usize,
+    /// The whole `key = value` item of each written key (for fixes that remove it).
+    pub item_spans: HashMap<String, Span>,
 }
 
 /// Where a new `key = value` goes in a written block.
@@ -107,6 +109,7 @@ impl Resolved {
             base_dir: None,
             block_inserts: HashMap::new(),
             text_end: 0,
+            item_spans: HashMap::new(),
         }
     }
 
@@ -347,6 +350,7 @@ pub fn resolve(file: &File, options: &Options) -> Resolved {
             if let Some(o) = options.sets.iter().rev().find(|o| o.key == name) {
                 r.set(&name, o.value.clone(), o.source());
             } else if let Some(item) = written {
+                r.item_spans.insert(name.clone(), item.span);
                 r.set(
                     &name,
                     Val::from_ast(&item.value),

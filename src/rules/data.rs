@@ -208,7 +208,15 @@ fn missing_file(
             let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
             let siblings = sibling_names(dir);
             match crate::check::suggest::closest(name, siblings.iter().map(String::as_str)) {
-                Some(best) => format!("did you mean \"{best}\"? (in the same directory)"),
+                Some(best) => {
+                    // The path as written, with the file name replaced.
+                    let fixed = match written.rfind('/') {
+                        Some(i) => format!("{}{best}", &written[..=i]),
+                        None => best.to_string(),
+                    };
+                    d = super::fix::with_set(d, r, key, &crate::commands::format::quote(&fixed));
+                    format!("did you mean \"{best}\"? (in the same directory)")
+                }
                 None => "fix the path (relative paths are read from the recipe's directory), or remove the item".into(),
             }
         }
@@ -397,6 +405,9 @@ fn missing_fields(r: &Resolved, key: &str, written: &str, scan: &DataScan) -> Ve
         let everywhere = (scan.header.is_some() && m.rows == 0) || m.rows == scan.rows;
         let suggestion = crate::check::suggest::closest(&m.field, candidates.iter().copied())
             .or_else(|| (candidates.len() == 1).then(|| candidates[0]));
+        if let Some(best) = suggestion.filter(|_| everywhere) {
+            d = super::fix::with_set(d, r, item, &crate::commands::format::quote(best));
+        }
         let help = match suggestion {
             Some(best) if everywhere => format!(
                 "the file has the fields {}: set `{item_name} = \"{best}\"` in `data` if that is the one, or fix the data",

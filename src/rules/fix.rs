@@ -39,6 +39,18 @@ pub fn set(r: &Resolved, key: &str, value: &str) -> Option<(Span, String)> {
     })
 }
 
+/// Adds the fix "remove `key = value`" when the item is written in the recipe (the separators
+/// around it stay: `{ a = 1, }` is valid, and `recipe fmt` tidies it).
+pub fn with_removal(d: Diagnostic, r: &Resolved, key: &str) -> Diagnostic {
+    match r.item_spans.get(key) {
+        Some(span) => {
+            let name = key.split_once('.').map_or(key, |(_, n)| n);
+            d.with_fix(format!("remove `{name}`"), *span, "")
+        }
+        None => d,
+    }
+}
+
 /// Adds the fix "write `key = value`" to `d` when [`set`] finds where.
 pub fn with_set(d: Diagnostic, r: &Resolved, key: &str, value: &str) -> Diagnostic {
     let name = key.split_once('.').map_or(key, |(_, n)| n);

@@ -157,9 +157,15 @@ fn optimizer(r: &Resolved, out: &mut Vec<Diagnostic>) {
     // With this raw key false, accelerate keeps HF's own optimizer under offload.
     let hf_kept_under_offload =
         raw_ds(r, "zero_force_ds_cpu_optimizer").and_then(Val::as_bool) == Some(false);
-    let mut refuse = |key: &str, message: String, help: &str| {
-        out.push(Diagnostic::error(OPTIMIZER, message, anchor(r, key)).with_help(help));
+    // `fix`: the item the help writes, offered as a quick fix.
+    let mut refuse = |key: &str, message: String, help: &str, fix: Option<(&str, &str)>| {
+        let d = Diagnostic::error(OPTIMIZER, message, anchor(r, key)).with_help(help);
+        out.push(match fix {
+            Some((k, v)) => super::fix::with_set(d, r, k, v),
+            None => d,
+        });
     };
+    let to_ds = Some(("optimizer.owner", "deepspeed"));
     let owner_ds = "write `owner = deepspeed` (DeepSpeed builds the optimizer from its config)";
     match kind {
         "sgd" => {
@@ -170,6 +176,7 @@ fn optimizer(r: &Resolved, out: &mut Vec<Diagnostic>) {
                     "optimizer.nesterov",
                     "Nesterov momentum needs `momentum` > 0: torch.optim.SGD stops with \"Nesterov momentum requires a momentum and zero dampening\"".into(),
                     "set `momentum`, or drop `nesterov`",
+                    None,
                 );
             }
             // With `owner = hf`, momentum and Nesterov reach HF's SGD through the `optim_args`
@@ -181,6 +188,7 @@ fn optimizer(r: &Resolved, out: &mut Vec<Diagnostic>) {
                     "optimizer.owner",
                     "with `owner = hf` and `offload optimizer`, accelerate rebuilds HF's SGD as DeepSpeedCPUAdam, which the native runtime does not emulate".into(),
                     owner_ds,
+                    to_ds,
                 );
             }
         }
@@ -190,6 +198,7 @@ fn optimizer(r: &Resolved, out: &mut Vec<Diagnostic>) {
                 "optimizer.owner",
                 "HF's torch Adagrad stepping the offloaded partition (zero_force_ds_cpu_optimizer = false) is not emulated; the native runtime runs DeepSpeedCPUAdagrad under offload".into(),
                 owner_ds,
+                to_ds,
             );
         }
         "lamb" => {
@@ -198,6 +207,7 @@ fn optimizer(r: &Resolved, out: &mut Vec<Diagnostic>) {
                     "optimizer.owner",
                     "HF's `optim` has no LAMB".into(),
                     owner_ds,
+                    to_ds,
                 );
             }
             if stage >= 1 {
@@ -207,12 +217,14 @@ fn optimizer(r: &Resolved, out: &mut Vec<Diagnostic>) {
                     "zero.stage",
                     format!("LAMB at ZeRO stage {stage}: DeepSpeed's ZeRO optimizer computes one trust ratio per rank's flattened partition, which the native runtime does not emulate"),
                     "run LAMB at ZeRO stage 0 (`zero 0`), or use AdamW with ZeRO",
+                    Some(("zero.stage", "0")),
                 );
             } else if r.word("train.precision") == Some("bf16") {
                 refuse(
                     "train.precision",
                     "LAMB in bf16 at ZeRO stage 0: DeepSpeed's FusedLamb kernel has no bf16 gradient path (the run stops at its first step)".into(),
                     "train LAMB in fp16 or fp32",
+                    None,
                 );
             }
             if r.word("train.precision") == Some("fp16")
@@ -222,6 +234,7 @@ fn optimizer(r: &Resolved, out: &mut Vec<Diagnostic>) {
                     "train.loss_scale",
                     "LAMB with a fixed fp16 loss scale: DeepSpeed asserts \"DeepSpeed lamb optimizer requires dynamic loss scaling\"".into(),
                     "use `loss_scale = dynamic`",
+                    Some(("train.loss_scale", "dynamic")),
                 );
             }
         }

@@ -797,7 +797,7 @@ fn log_warmup(r: &Resolved, kind: &str) -> Diagnostic {
         ),
         _ => "`warmup_type = log` warms up as ln(it + 1) / ln(W'), unlike HF's linear warmup: most of the rise happens in the first steps".into(),
     };
-    Diagnostic::warning(LOG_WARMUP, message, anchor(r, "schedule.warmup_type"))
+    let d = Diagnostic::warning(LOG_WARMUP, message, anchor(r, "schedule.warmup_type"))
         .with_label("DeepSpeed's own default, not HF's shape")
         .with_help(if r.facts.ds_has_warmup_type {
             "write `warmup_type = linear` (the recipe's default) to warm up linearly, as HF does"
@@ -807,7 +807,12 @@ fn log_warmup(r: &Resolved, kind: &str) -> Diagnostic {
                 "DeepSpeed {} has no `warmup_type`: it only warms up this way; an HF schedule (`schedule linear`) warms up linearly",
                 r.targets.deepspeed
             )
-        })
+        });
+    if r.facts.ds_has_warmup_type {
+        super::fix::with_set(d, r, "schedule.warmup_type", "linear")
+    } else {
+        d
+    }
 }
 
 /// R-L05 (docs/upstream.md §6.4): with `cycle_momentum` (default true) `OneCycle` writes `(mom,

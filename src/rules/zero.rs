@@ -246,11 +246,17 @@ fn wrong_stage(r: &Resolved, stage: i64, out: &mut Vec<Diagnostic>) {
         };
         let d = Diagnostic::warning(KEY_WRONG_STAGE, message, anchor(r, &key))
             .with_label(format!("{name} = {value} is ignored"));
-        out.push(stage_label(r, stage, d).with_help(format!(
+        let d = stage_label(r, stage, d).with_help(format!(
             "{help} (`{}` is read by DeepSpeed at {})",
             ds_key(name),
             stages_text(stages)
-        )));
+        ));
+        let d = super::fix::with_removal(d, r, &key);
+        out.push(if stages == [3] && stage != 0 {
+            super::fix::with_set(d, r, "zero.stage", "3")
+        } else {
+            d
+        });
     }
 }
 
