@@ -331,6 +331,16 @@ fn an_editor_session_over_stdio() {
     assert!(md.contains("**optimizer.lr** = `3e-5`"), "{md}");
     assert!(md.contains("LR over"), "{md}");
 
+    // Hover on a block's label: the kind, its provenance and upstream names.
+    let col = text.lines().nth(5).unwrap().find("adamw").unwrap() as u64 + 2;
+    let hover = client.request(
+        "textDocument/hover",
+        json!({"textDocument": {"uri": uri}, "position": pos(5, col)}),
+    );
+    let md = hover["contents"]["value"].as_str().unwrap();
+    assert!(md.starts_with("**optimizer.kind** = `adamw`"), "{md}");
+    assert!(md.contains("DeepSpeed `optimizer.type`"), "{md}");
+
     // Completion inside `train { }`: its keys not yet written, with type and default.
     // (At the start of `precision`, after `epochs = 1, `.)
     let items = client.request(

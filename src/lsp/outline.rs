@@ -89,7 +89,8 @@ fn entries_of(
 }
 
 /// Hints for the settings a block does not write, at the end of the block's first line: what
-/// was derived, given by a flag or read from a file, and the defaults. Settings of blocks the
+/// was derived, given by a flag or read from a file, and the defaults that reach DeepSpeed or
+/// HF. Settings of blocks the
 /// recipe leaves out (`cluster`, `steps`) go on the first block's line. Only lines in `range`.
 pub fn inlay_hints(
     doc: &Document,
@@ -122,7 +123,10 @@ pub fn inlay_hints(
                     0
                 ) | (Source::Default { .. }, 1)
             );
-            if !shown {
+            // Of the defaults, those that reach DeepSpeed or HF: the rest configure the
+            // native runtime only (workers, drop_last, …) and would crowd the line.
+            let upstream = row.deepspeed.is_some() || row.hf.is_some();
+            if !shown || (pass == 1 && !upstream) {
                 continue;
             }
             let (block_name, key) = row.key.split_once('.').unwrap_or(("", &row.key));

@@ -593,9 +593,10 @@ fn greedy_never_lowers(r: &Resolved) -> Option<Diagnostic> {
     if let Some(span) = r.span("optimizer.lr") {
         d = d.with_secondary(span, format!("lr = {}", fmt_lr(lr)));
     }
-    Some(d.with_help(
+    let d = d.with_help(
         "write a `min_lr` below the learning rate (`min_lr = 0` for no floor) for the LR to come down on a plateau; nothing to fix if only increases are intended",
-    ))
+    );
+    Some(super::fix::with_set(d, r, "schedule.min_lr", "0"))
 }
 
 /// Raw `hf { lr_scheduler_kwargs.<x> }` entries the `schedule` block does not model (the modelled
