@@ -50,7 +50,13 @@ pub struct Analysis {
 pub fn analyze(text: &str, options: &Options) -> Analysis {
     match syntax::parse(text) {
         Ok(file) => {
-            let mut diagnostics = schema::check(&file);
+            let flag = options
+                .targets
+                .iter()
+                .rev()
+                .find(|(lib, _)| *lib == crate::upstream::versions::Library::Transformers)
+                .map(|(_, v)| *v);
+            let mut diagnostics = schema::check_for(&file, flag);
             let mut resolved = None;
             if !diagnostics.iter().any(Diagnostic::is_error) {
                 let r = resolve::resolve(&file, options);

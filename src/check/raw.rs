@@ -11,9 +11,11 @@ use std::collections::{HashMap, HashSet};
 use crate::check::suggest;
 use crate::diagnostics::codes;
 use crate::diagnostics::Diagnostic;
-use crate::schema::upstream;
+use crate::schema::upstream::{self, HfFields};
+use crate::schema::upstream_versions;
 use crate::schema::RawKind;
 use crate::syntax::ast::{Body, Entry, Span};
+use crate::upstream::versions::{Library, Version};
 
 /// A raw key flattened to its dotted path (key words never hold a `.`, so the path's parts
 /// are the dotted text's `.`-separated parts).
@@ -59,7 +61,7 @@ fn flatten(body: &Body, prefix: &mut String, out: &mut Vec<RawKey>, diags: &mut 
 }
 
 /// Checks a raw block's keys.
-pub fn check(kind: RawKind, body: &Body, out: &mut Vec<Diagnostic>) {
+pub fn check(kind: RawKind, body: &Body, release: Option<Version>, out: &mut Vec<Diagnostic>) {
     let mut keys = Vec::new();
     flatten(body, &mut String::new(), &mut keys, out);
     let mut seen: HashMap<&str, Span> = HashMap::with_capacity(keys.len());
@@ -115,7 +117,7 @@ pub fn check(kind: RawKind, body: &Body, out: &mut Vec<Diagnostic>) {
                 }
                 deepspeed_key(dotted, renamed, entry.span)
             }
-            RawKind::Hf => hf_key(dotted, entry.span),
+            RawKind::Hf => hf_key(dotted, entry.span, release),
         };
         out.extend(finding);
     }
@@ -287,34 +289,19 @@ pub fn deepspeed_finding(dotted: &str, span: Span, is_auto: bool) -> Option<Diag
     Some(d)
 }
 
-fn hf_key(dotted: &str, span: Span) -> Option<Diagnostic> {
+/// Checks one raw `hf { }` key against the fields of the target transformers release
+/// (`release`; None: the newest), whose `HfArgumentParser` refuses any other.
+fn hf_key(dotted: &str, span: Span, release: Option<Version>) -> Option<Diagnostic> {
     let field = dotted
         .split('.')
         .next()
         .expect("a key has one part at least");
-    if let Some((old, new, note)) = upstream::TRAINING_ARGUMENTS_RENAMED
-        .iter()
-        .find(|(old, _, _)| *old == field)
-    {
-        let help = if new.is_empty() {
-            format!("remove it: {note}")
-        } else {
-            format!("use `{new}` instead ({note})")
-        };
-        let d = Diagnostic::error(
-            codes::RENAMED_HF_FIELD,
-            format!("`{old}` is not a TrainingArguments field in transformers 5.24.0"),
-            span,
-        )
-        .with_label("renamed or removed")
-        .with_help(help);
-        let rename = (!new.is_empty() && span.len() == old.len()).then_some(*new);
-        return Some(rename_fix(d, span, rename));
-    }
-    if let Some((old, new, note)) = upstream::TRAINING_ARGUMENTS_DEPRECATED_ALIASES
-        .iter()
-        .find(|(old, _, _)| *old == field)
-    {
+    let v = release.unwrap_or_else(|| Library::Transformers.newest());
+    let fields = HfFields::for_target(v);
+    if fields.has(field) {
+        let (old, new, note) = upstream::TRAINING_ARGUMENTS_DEPRECATED_ALIASES
+            .iter()
+            .find(|(old, _, _)| *old == field)?;
         let d = Diagnostic::warning(
             codes::RENAMED_HF_FIELD,
             format!("`{old}` is a deprecated TrainingArguments field"),
@@ -328,20 +315,68 @@ fn hf_key(dotted: &str, span: Span) -> Option<Diagnostic> {
             (span.len() == old.len()).then_some(*new),
         ));
     }
-    if upstream::TRAINING_ARGUMENTS_FIELDS.contains(&field) {
-        return None;
+    if let Some((old, new, note)) = upstream::TRAINING_ARGUMENTS_RENAMED
+        .iter()
+        .find(|(old, new, _)| *old == field && (new.is_empty() || fields.has(new)))
+    {
+        let help = if new.is_empty() {
+            format!("remove it: {note}")
+        } else {
+            format!("use `{new}` instead ({note})")
+        };
+        let d = Diagnostic::error(
+            codes::RENAMED_HF_FIELD,
+            format!("`{old}` is not a TrainingArguments field in transformers {v}"),
+            span,
+        )
+        .with_label("renamed or removed")
+        .with_help(help);
+        let rename = (!new.is_empty() && span.len() == old.len()).then_some(*new);
+        return Some(rename_fix(d, span, rename));
     }
-    let best = suggest::closest(field, upstream::TRAINING_ARGUMENTS_FIELDS.iter().copied());
-    let help = match best {
-        Some(best) => format!("did you mean `{best}`?"),
-        None => "see transformers' TrainingArguments for the field names".into(),
+    // A later release's new name for a field this release has under its old name.
+    if let Some((old, new, _)) = upstream::TRAINING_ARGUMENTS_RENAMED
+        .iter()
+        .find(|(old, new, _)| *new == field && fields.has(old))
+    {
+        let d = Diagnostic::error(
+            codes::UNKNOWN_HF_FIELD,
+            format!("`{new}` is not a TrainingArguments field in transformers {v}"),
+            span,
+        )
+        .with_label(format!("unknown to transformers {v}"))
+        .with_help(format!(
+            "transformers {v} calls it `{old}` (renamed `{new}` later): write `{old}`, or target a release with `{new}`"
+        ));
+        return Some(rename_fix(
+            d,
+            span,
+            (span.len() == new.len()).then_some(*old),
+        ));
+    }
+    // A field of a later release: the target is what is wrong, not the spelling.
+    let added = upstream_versions::TRAINING_ARGUMENTS_BY_VERSION
+        .iter()
+        .find(|f| f.has(field) && f.version.parse::<Version>().is_ok_and(|fv| fv > v))
+        .map(|f| f.version);
+    let names = fields.fields.iter().map(|(n, _)| *n);
+    let best = added
+        .is_none()
+        .then(|| suggest::closest(field, names))
+        .flatten();
+    let help = match (added, best) {
+        (Some(a), _) => format!(
+            "`{field}` is a field from transformers {a} on: target transformers ≥ {a}, or remove it"
+        ),
+        (None, Some(best)) => format!("did you mean `{best}`?"),
+        (None, None) => "see transformers' TrainingArguments for the field names".into(),
     };
     let d = Diagnostic::error(
         codes::UNKNOWN_HF_FIELD,
-        format!("`{field}` is not a TrainingArguments field"),
+        format!("`{field}` is not a TrainingArguments field in transformers {v}"),
         span,
     )
-    .with_label("unknown to transformers")
+    .with_label(format!("unknown to transformers {v}"))
     .with_help(help);
     Some(rename_fix(
         d,

@@ -9,9 +9,18 @@ use crate::diagnostics::Diagnostic;
 use crate::schema::types::{words_list, Mismatch};
 use crate::schema::{self, BlockSpec, BodySpec, KeySpec, LabelSpec, BLOCKS};
 use crate::syntax::ast::{Block, Body, Entry, File, Span, ValueKind};
+use crate::upstream::versions::Version;
 
-/// Checks a parsed file against the schema.
+/// Checks a parsed file against the schema, for the transformers release its `target` block
+/// names (else the newest).
 pub fn check(file: &File) -> Vec<Diagnostic> {
+    check_for(file, None)
+}
+
+/// Checks a parsed file against the schema; `transformers` (a `--target` flag) overrides the
+/// file's own target for the raw `hf { }` fields.
+pub fn check_for(file: &File, transformers: Option<Version>) -> Vec<Diagnostic> {
+    let release = transformers.or_else(|| written_transformers(file));
     let mut out = Vec::new();
     let mut seen: HashMap<&str, &Block> = HashMap::new();
     for block in &file.blocks {
@@ -34,7 +43,7 @@ pub fn check(file: &File) -> Vec<Diagnostic> {
         } else {
             seen.insert(name, block);
         }
-        check_block(spec, block, &mut out);
+        check_block(file, release, spec, block, &mut out);
     }
     for spec in BLOCKS.iter().filter(|b| b.required) {
         if !seen.contains_key(spec.name) {
@@ -133,8 +142,28 @@ fn block_kind(spec: &BlockSpec, block: &Block) -> Option<String> {
     }
 }
 
-fn check_block(spec: &BlockSpec, block: &Block, out: &mut Vec<Diagnostic>) {
+/// The transformers release a `target` block names.
+fn written_transformers(file: &File) -> Option<Version> {
+    let target = file.blocks.iter().find(|b| b.name.name == "target")?;
+    target.body.as_ref()?.entries.iter().find_map(|e| match e {
+        Entry::Item(item) if item.key.text == "transformers" => match &item.value.kind {
+            ValueKind::Str(s) => s.parse().ok(),
+            _ => None,
+        },
+        _ => None,
+    })
+}
+
+fn check_block(
+    file: &File,
+    release: Option<Version>,
+    spec: &BlockSpec,
+    block: &Block,
+    out: &mut Vec<Diagnostic>,
+) {
     let name = spec.name;
+    // `zero { stage = 2 }`, `optimizer { kind = sgd }`: the label written as a key.
+    let label_item = label_as_key(spec, block);
     match (spec.label, &block.label) {
         (LabelSpec::None, Some(label)) => out.push(
             Diagnostic::error(
@@ -145,6 +174,22 @@ fn check_block(spec: &BlockSpec, block: &Block, out: &mut Vec<Diagnostic>) {
             .with_label("unexpected label")
             .with_help(format!("write `{name} {{ … }}`")),
         ),
+        (LabelSpec::Required { what, .. }, None) if label_item.is_some() => {
+            out.push(label_written_as_key(
+                file,
+                block,
+                what,
+                label_item.expect("checked"),
+            ));
+        }
+        (LabelSpec::Optional { what, .. }, None) if label_item.is_some() => {
+            out.push(label_written_as_key(
+                file,
+                block,
+                what,
+                label_item.expect("checked"),
+            ));
+        }
         (LabelSpec::Required { what, example, .. }, None) => out.push(
             Diagnostic::error(
                 codes::MISSING_LABEL,
@@ -184,18 +229,30 @@ fn check_block(spec: &BlockSpec, block: &Block, out: &mut Vec<Diagnostic>) {
             }),
         ),
         (BodySpec::Items | BodySpec::Pairs, body) => {
-            check_items(spec, block, kind.as_deref(), kind_known, body.as_ref(), out)
+            let skip = label_item.map(|i| i.key.text.as_str());
+            check_items(
+                file,
+                spec,
+                block,
+                (kind.as_deref(), kind_known, skip),
+                body.as_ref(),
+                out,
+            )
         }
-        (BodySpec::Raw(kind), Some(body)) => raw::check(kind, body, out),
+        (BodySpec::Raw(kind), Some(body)) => raw::check(kind, body, release, out),
         _ => {}
     }
 }
 
+/// `(kind, kind_known, skip)`: the block's kind, whether it is known, and a key already
+/// reported as the label written as a key.
+type KindInfo<'a> = (Option<&'a str>, bool, Option<&'a str>);
+
 fn check_items(
+    file: &File,
     spec: &BlockSpec,
     block: &Block,
-    kind: Option<&str>,
-    kind_known: bool,
+    (kind, kind_known, skip): KindInfo<'_>,
     body: Option<&Body>,
     out: &mut Vec<Diagnostic>,
 ) {
@@ -219,8 +276,12 @@ fn check_items(
             }
             Entry::Item(item) => item,
         };
+        if skip == Some(key.text.as_str()) {
+            continue;
+        }
         let Some(key_spec) = spec.key(&key.text) else {
-            out.push(unknown_key(spec, &title, kind, &key.text, key.span));
+            let d = unknown_key(spec, &title, kind, &key.text, key.span);
+            out.push(elsewhere(file, block, item, d));
             continue;
         };
         if let Some(first) = given.get(key.text.as_str()) {
@@ -422,6 +483,199 @@ fn mismatch(m: Mismatch, what: &str, doc: &str, key_span: Option<Span>) -> Diagn
             with_key(Diagnostic::error(codes::BAD_ARGUMENT, why, at).with_label("here"))
                 .with_help(help)
         }
+    }
+}
+
+/// The item that writes a block's label as a key (`stage = 2` in `zero { }`), when its value is
+/// a valid label.
+fn label_as_key<'a>(spec: &BlockSpec, block: &'a Block) -> Option<&'a crate::syntax::ast::Item> {
+    if block.label.is_some() {
+        return None;
+    }
+    let ty = match spec.label {
+        LabelSpec::Required { ty, .. } | LabelSpec::Optional { ty, .. } => ty,
+        LabelSpec::None => return None,
+    };
+    let key = crate::resolve::label_key(spec.name);
+    block.body.as_ref()?.entries.iter().find_map(|e| match e {
+        Entry::Item(item) if item.key.text == key && ty.check(&item.value).is_ok() => Some(item),
+        _ => None,
+    })
+}
+
+/// R0020 (or R0011 for an optional label) for `zero { stage = 2 }`: one error, whose fix moves
+/// the value after the keyword.
+fn label_written_as_key(
+    file: &File,
+    block: &Block,
+    what: &str,
+    item: &crate::syntax::ast::Item,
+) -> Diagnostic {
+    let name = &block.name.name;
+    let value = crate::commands::format::value(&item.value);
+    let key = &item.key.text;
+    let d = Diagnostic::error(
+        codes::MISSING_LABEL,
+        format!("`{name}` takes {what} after the keyword, not as a `{key}` key"),
+        item.span,
+    )
+    .with_label(format!("write `{name} {value}`"))
+    .with_secondary(block.name.span, format!("{what} should follow `{name}`"))
+    .with_help(format!(
+        "write `{name} {value} {{ … }}`, without `{key} = {value}` inside"
+    ));
+    let mut fix = crate::diagnostics::Fix {
+        title: format!("write `{name} {value}`"),
+        edits: vec![
+            crate::diagnostics::Edit {
+                span: Span::new(block.name.span.end, block.name.span.end),
+                text: format!(" {value}"),
+            },
+            crate::diagnostics::Edit {
+                span: removal(file, block, item),
+                text: String::new(),
+            },
+        ],
+    };
+    fix.edits.sort_by_key(|e| e.span.start);
+    let mut d = d;
+    d.fixes.push(fix);
+    d
+}
+
+/// For a key unknown to its block: the other blocks that have a key of that name, or whose
+/// key feeds a TrainingArguments field / DeepSpeed key of that name (`gradient_accumulation_steps`
+/// is `batch.accumulate`). With one such place, the help names it and the fix moves the item.
+fn elsewhere(
+    file: &File,
+    block: &Block,
+    item: &crate::syntax::ast::Item,
+    d: Diagnostic,
+) -> Diagnostic {
+    let key = item.key.text.as_str();
+    let here = block.name.name.as_str();
+    let upstream_name = |k: &KeySpec| {
+        k.hf == Some(key)
+            || k.deepspeed
+                .is_some_and(|ds| ds == key || ds.rsplit('.').next() == Some(key))
+    };
+    let mut homes: Vec<(&str, &str)> = Vec::new();
+    for b in BLOCKS.iter().filter(|b| matches!(b.body, BodySpec::Items)) {
+        for k in b.keys {
+            let same = k.name == key && b.name != here;
+            if (same || upstream_name(k)) && !homes.contains(&(b.name, k.name)) {
+                homes.push((b.name, k.name));
+            }
+        }
+    }
+    let [(home, name)] = homes[..] else {
+        if homes.is_empty() {
+            return d;
+        }
+        let places: Vec<String> = homes.iter().map(|(b, k)| format!("`{b}.{k}`")).collect();
+        let help = format!("`{key}` is written {} in a recipe", places.join(" or "));
+        return Diagnostic {
+            help: Some(help),
+            fixes: Vec::new(),
+            ..d
+        };
+    };
+    let value = crate::commands::format::value(&item.value);
+    let target = file.blocks.iter().find(|b| b.name.name == home);
+    // How the block reads in the help: as written, or as it would be added.
+    let home_title = match target {
+        Some(b) => block_title(b),
+        None => absent_title(home).unwrap_or_else(|| home.to_string()),
+    };
+    let help = if name == key {
+        format!("`{key}` is a key of `{home}`, not of `{here}`: move it there (`{home_title} {{ {key} = {value} }}`)")
+    } else {
+        format!("`{key}` is the upstream name; the recipe writes `{name}` in `{home}` (`{home_title} {{ {name} = {value} }}`)")
+    };
+    let mut d = Diagnostic {
+        help: Some(help),
+        fixes: Vec::new(),
+        ..d
+    };
+    let new_item = format!("{name} = {value}");
+    let insert = match target {
+        Some(b) if std::ptr::eq(b, block) => Some(crate::diagnostics::Edit {
+            span: item.key.span,
+            text: name.to_string(),
+        }),
+        Some(b) => Some(match &b.body {
+            Some(body) => match body.entries.last() {
+                Some(last) => crate::diagnostics::Edit {
+                    span: Span::new(last.span().end, last.span().end),
+                    text: format!(", {new_item}"),
+                },
+                None => crate::diagnostics::Edit {
+                    span: body.span,
+                    text: format!("{{ {new_item} }}"),
+                },
+            },
+            None => crate::diagnostics::Edit {
+                span: Span::new(b.header_span().end, b.header_span().end),
+                text: format!(" {{ {new_item} }}"),
+            },
+        }),
+        // An absent block is added, with the label it has when absent (`optimizer adamw`);
+        // not one whose label has no such default.
+        None => absent_title(home).map(|title| {
+            let end = file.blocks.last().map_or(0, |b| b.span.end);
+            crate::diagnostics::Edit {
+                span: Span::new(end, end),
+                text: format!("\n{title} {{ {new_item} }}"),
+            }
+        }),
+    };
+    if let Some(insert) = insert {
+        let mut edits = vec![insert];
+        let same_block = target.is_some_and(|b| std::ptr::eq(b, block));
+        if !same_block {
+            edits.push(crate::diagnostics::Edit {
+                span: removal(file, block, item),
+                text: String::new(),
+            });
+        }
+        edits.sort_by_key(|e| e.span.start);
+        d.fixes.push(crate::diagnostics::Fix {
+            title: if same_block {
+                format!("rename to `{name}`")
+            } else {
+                format!("move to `{home_title} {{ {name} = {value} }}`")
+            },
+            edits,
+        });
+    }
+    d
+}
+
+/// How an absent block is written when a fix adds it: its keyword, and the label it has when
+/// absent (`optimizer adamw`); None for a block whose label has no such default (`model`).
+fn absent_title(name: &str) -> Option<String> {
+    let spec = schema::block(name)?;
+    match (spec.label, spec.absent.literal()) {
+        (LabelSpec::None, _) => Some(name.to_string()),
+        (_, Some(crate::schema::Lit::Word(w))) => Some(format!("{name} {w}")),
+        (_, Some(crate::schema::Lit::Int(i))) => Some(format!("{name} {i}")),
+        (LabelSpec::Optional { .. }, _) => Some(name.to_string()),
+        _ => None,
+    }
+}
+
+/// What to delete to remove `item` from `block` (with its separator; syntax::edit).
+fn removal(file: &File, block: &Block, item: &crate::syntax::ast::Item) -> Span {
+    let Some(body) = &block.body else {
+        return item.span;
+    };
+    match body
+        .entries
+        .iter()
+        .position(|e| matches!(e, Entry::Item(i) if std::ptr::eq(i, item)))
+    {
+        Some(index) => crate::syntax::edit::removal_span(body, index, &file.comments),
+        None => item.span,
     }
 }
 

@@ -76,7 +76,7 @@ pub struct Resolved {
     pub block_inserts: HashMap<String, Insert>,
     /// The end of the recipe's last block (where a missing block would be added).
     pub text_end: usize,
-    /// The whole `key = value` item of each written key (for fixes that remove it).
+    /// What to delete to remove each written key's item, separator included (for fixes).
     pub item_spans: HashMap<String, Span>,
 }
 
@@ -341,16 +341,20 @@ pub fn resolve(file: &File, options: &Options) -> Resolved {
                 continue;
             }
             let name = format!("{}.{}", spec.name, key.name);
-            let written = block.and_then(|b| b.body.as_ref()).and_then(|body| {
-                body.entries.iter().find_map(|e| match e {
-                    Entry::Item(item) if item.key.text == key.name => Some(item),
+            let body = block.and_then(|b| b.body.as_ref());
+            let written = body.and_then(|body| {
+                body.entries.iter().enumerate().find_map(|(i, e)| match e {
+                    Entry::Item(item) if item.key.text == key.name => Some((i, item)),
                     _ => None,
                 })
             });
             if let Some(o) = options.sets.iter().rev().find(|o| o.key == name) {
                 r.set(&name, o.value.clone(), o.source());
-            } else if let Some(item) = written {
-                r.item_spans.insert(name.clone(), item.span);
+            } else if let (Some((index, item)), Some(body)) = (written, body) {
+                r.item_spans.insert(
+                    name.clone(),
+                    crate::syntax::edit::removal_span(body, index, &file.comments),
+                );
                 r.set(
                     &name,
                     Val::from_ast(&item.value),

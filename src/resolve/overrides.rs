@@ -48,11 +48,19 @@ pub fn parse(flag: &str) -> Result<Override, String> {
             "`--set {flag}`: `{block_name}` cannot be set from the command line"
         ));
     }
+    // A string is quoted as in a recipe; through a shell that means quoting twice.
+    let quoted = format!(
+        "--set '{}={}'",
+        path.trim(),
+        crate::commands::format::quote(raw.trim())
+    );
     let value = parse_value(raw.trim()).map_err(|e| {
-        format!(
-            "`--set {flag}`: {}",
-            e.first().map_or("bad value", |d| d.message.as_str())
-        )
+        let why = e.first().map_or("bad value", |d| d.message.as_str());
+        if raw.trim().starts_with('"') {
+            format!("`--set {flag}`: {why}")
+        } else {
+            format!("`--set {flag}`: {why}; a string value is quoted as in a recipe: {quoted}")
+        }
     })?;
     // The label (`zero.stage`, `optimizer.kind`), else a key; `offload_optimizer` may stand for
     // `offload optimizer` since spaces are awkward in a shell.
@@ -82,6 +90,11 @@ pub fn parse(flag: &str) -> Result<Override, String> {
     };
     ty.check(&value).map_err(|m| {
         let why = match m {
+            schema::types::Mismatch::Type {
+                expected, found, ..
+            } if expected.contains("string") && !raw.trim().starts_with('"') => {
+                format!("expected {expected}, found {found}; quote it as in a recipe: {quoted}")
+            }
             schema::types::Mismatch::Type {
                 expected, found, ..
             } => format!("expected {expected}, found {found}"),
@@ -123,6 +136,23 @@ mod tests {
             parse("schedule.warmup=6%").unwrap().value,
             Val::Percent(6.0)
         );
+    }
+
+    #[test]
+    fn unquoted_strings_get_the_quoted_spelling() {
+        let e = parse("model.from=bert-base-uncased").unwrap_err();
+        assert!(
+            e.ends_with(
+                r#"a string value is quoted as in a recipe: --set 'model.from="bert-base-uncased"'"#
+            ),
+            "{e}"
+        );
+        let e = parse("data.train=x").unwrap_err();
+        assert!(
+            e.ends_with(r#"quote it as in a recipe: --set 'data.train="x"'"#),
+            "{e}"
+        );
+        assert!(parse(r#"model.from="bert-base-uncased""#).is_ok());
     }
 
     #[test]

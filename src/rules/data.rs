@@ -203,22 +203,10 @@ fn missing_file(
     if let Some(span) = r.span("data.train") {
         d = d.with_secondary(span, "while the training file is here");
     }
-    let help = match path.parent().filter(|p| p.is_dir()) {
-        Some(dir) => {
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            let siblings = sibling_names(dir);
-            match crate::check::suggest::closest(name, siblings.iter().map(String::as_str)) {
-                Some(best) => {
-                    // The path as written, with the file name replaced.
-                    let fixed = match written.rfind('/') {
-                        Some(i) => format!("{}{best}", &written[..=i]),
-                        None => best.to_string(),
-                    };
-                    d = super::fix::with_set(d, r, key, &crate::commands::format::quote(&fixed));
-                    format!("did you mean \"{best}\"? (in the same directory)")
-                }
-                None => "fix the path (relative paths are read from the recipe's directory), or remove the item".into(),
-            }
+    let help = match closest_sibling(written, path) {
+        Some((best, fixed)) => {
+            d = super::fix::with_set(d, r, key, &crate::commands::format::quote(&fixed));
+            format!("did you mean \"{best}\"? (in the same directory)")
         }
         None => {
             "fix the path (relative paths are read from the recipe's directory), or remove the item"
@@ -226,6 +214,20 @@ fn missing_file(
         }
     };
     d.with_help(help)
+}
+
+/// For a missing file whose directory exists: the closest name in that directory, and the path
+/// as written with its file name replaced by it.
+pub fn closest_sibling(written: &str, path: &std::path::Path) -> Option<(String, String)> {
+    let dir = path.parent().filter(|p| p.is_dir())?;
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let siblings = sibling_names(dir);
+    let best = crate::check::suggest::closest(name, siblings.iter().map(String::as_str))?;
+    let fixed = match written.rfind('/') {
+        Some(i) => format!("{}{best}", &written[..=i]),
+        None => best.to_string(),
+    };
+    Some((best.to_string(), fixed))
 }
 
 fn sibling_names(dir: &std::path::Path) -> Vec<String> {

@@ -82,20 +82,44 @@ pub fn build_needs_samples(r: &Resolved) -> Diagnostic {
     .with_help("give `samples = N` in `data` (or --samples N) when the file lives elsewhere")
 }
 
+/// R0204 as `recipe check` reports it (a warning: the file may live on the cluster). A path
+/// whose directory exists here but whose file does not is more likely a typo: the message says
+/// the file is missing, and the help (and its fix) names the closest file of that directory.
+fn samples_unknown(r: &Resolved) -> Diagnostic {
+    let written = r.str("data.train").unwrap_or_default();
+    let path = crate::resolve::files::local_path(r, written);
+    let dir_here = path.parent().is_some_and(|p| p.is_dir());
+    let (message, label) = if dir_here && !path.exists() {
+        (
+            format!("the training file \"{written}\" does not exist, so the number of training samples is unknown and optimizer steps cannot be predicted"),
+            format!("no file at {}", path.display()),
+        )
+    } else {
+        (
+            "the number of training samples is unknown, so optimizer steps cannot be predicted"
+                .to_string(),
+            "not a readable local file".to_string(),
+        )
+    };
+    let d =
+        Diagnostic::warning(SAMPLES_UNKNOWN, message, anchor(r, "data.train")).with_label(label);
+    match super::data::closest_sibling(written, &path).filter(|_| !path.exists()) {
+        Some((best, fixed)) => {
+            let d = d.with_help(format!(
+                "did you mean \"{best}\"? (in the same directory); or give `samples = N` in `data` (or --samples N) when the file lives elsewhere"
+            ));
+            super::fix::with_set(d, r, "data.train", &crate::commands::format::quote(&fixed))
+        }
+        None => d.with_help(
+            "give `samples = N` in `data` (or --samples N) when the file lives elsewhere",
+        ),
+    }
+}
+
 /// Checks step accounting.
 pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
     if r.uint("data.samples").is_none() {
-        out.push(
-            Diagnostic::warning(
-                SAMPLES_UNKNOWN,
-                "the number of training samples is unknown, so optimizer steps cannot be predicted",
-                anchor(r, "data.train"),
-            )
-            .with_label("not a readable local file")
-            .with_help(
-                "give `samples = N` in `data` (or --samples N) when the file lives elsewhere",
-            ),
-        );
+        out.push(samples_unknown(r));
         return;
     }
     let (Some(l), Some(g), Some(u), Some(total)) = (

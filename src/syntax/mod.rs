@@ -2,6 +2,7 @@
 
 pub mod ast;
 pub mod delimiters;
+pub mod edit;
 pub mod expected;
 pub mod number;
 pub mod parser;
