@@ -50,13 +50,7 @@ pub struct Analysis {
 pub fn analyze(text: &str, options: &Options) -> Analysis {
     match syntax::parse(text) {
         Ok(file) => {
-            let flag = options
-                .targets
-                .iter()
-                .rev()
-                .find(|(lib, _)| *lib == crate::upstream::versions::Library::Transformers)
-                .map(|(_, v)| *v);
-            let mut diagnostics = schema::check_for(&file, flag);
+            let mut diagnostics = schema::check_for(&file, &options.targets);
             let mut resolved = None;
             if !diagnostics.iter().any(Diagnostic::is_error) {
                 let r = resolve::resolve(&file, options);

@@ -60,13 +60,23 @@ fn flatten(body: &Body, prefix: &mut String, out: &mut Vec<RawKey>, diags: &mut 
     }
 }
 
+/// The target releases raw keys are checked against (None: the newest).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Releases {
+    /// transformers, for `hf { }`.
+    pub transformers: Option<Version>,
+    /// DeepSpeed, for `deepspeed { }`.
+    pub deepspeed: Option<Version>,
+}
+
 /// Checks a raw block's keys.
-pub fn check(kind: RawKind, body: &Body, release: Option<Version>, out: &mut Vec<Diagnostic>) {
+pub fn check(kind: RawKind, body: &Body, release: Releases, out: &mut Vec<Diagnostic>) {
     let mut keys = Vec::new();
     flatten(body, &mut String::new(), &mut keys, out);
     let mut seen: HashMap<&str, Span> = HashMap::with_capacity(keys.len());
     let mut sections: HashMap<&str, Span> = HashMap::new();
     let mut reported_renames: Vec<&str> = Vec::new();
+    let mut reported_tops: Vec<&str> = Vec::new();
     // Every proper prefix of a key path is a section (`zero_optimization` of
     // `zero_optimization.stage`); collected once so the loop below stays linear.
     let prefixes: HashSet<&str> = keys
@@ -115,10 +125,23 @@ pub fn check(kind: RawKind, body: &Body, release: Option<Version>, out: &mut Vec
                     }
                     reported_renames.push(old);
                 }
-                deepspeed_key(dotted, renamed, entry.span)
+                deepspeed_key(dotted, renamed, entry.span, release.deepspeed)
             }
-            RawKind::Hf => hf_key(dotted, entry.span, release),
+            RawKind::Hf => hf_key(dotted, entry.span, release.transformers),
         };
+        // An unknown section is reported once, not again for each key inside it.
+        let top = dotted.split('.').next().unwrap_or(dotted);
+        if let Some(d) = &finding {
+            if d.code == codes::UNKNOWN_DEEPSPEED_KEY
+                && d.message
+                    .starts_with(&format!("`{top}` is not a config key"))
+            {
+                if reported_tops.contains(&top) {
+                    continue;
+                }
+                reported_tops.push(top);
+            }
+        }
         out.extend(finding);
     }
 }
@@ -158,6 +181,7 @@ fn deepspeed_key(
     dotted: &str,
     renamed: Option<&(&str, &str, &str, bool)>,
     span: Span,
+    release: Option<Version>,
 ) -> Option<Diagnostic> {
     if let Some((old, new, note, honoured)) = renamed {
         let help = if new.is_empty() {
@@ -188,19 +212,41 @@ fn deepspeed_key(
     }
     let mut path = dotted.split('.');
     let top = path.next().expect("a key has one part at least");
-    // Sorted (tested in schema::upstream).
-    if upstream::DEEPSPEED_TOP_LEVEL.binary_search(&top).is_err() {
-        let best = suggest::closest(top, upstream::DEEPSPEED_TOP_LEVEL.iter().copied());
-        let help = match best {
-            Some(best) => format!("did you mean `{best}`? DeepSpeed silently ignores unknown top-level keys"),
-            None => "DeepSpeed silently ignores unknown top-level keys; check the spelling against the DeepSpeed config docs".into(),
+    // The target release's top-level keys (the newest sampled release not newer than it).
+    let v = release.unwrap_or_else(|| Library::DeepSpeed.newest());
+    let keys = upstream_versions::DEEPSPEED_TOP_LEVEL_BY_VERSION
+        .iter()
+        .rev()
+        .find(|(rv, _)| rv.parse::<Version>().is_ok_and(|rv| rv <= v))
+        .map_or(upstream::DEEPSPEED_TOP_LEVEL, |(_, keys)| keys);
+    if !keys.contains(&top) {
+        // A key of a later release: the target is what is wrong, not the spelling.
+        // Of the sampled releases, the first newer one that reads it and the one before it.
+        let table = upstream_versions::DEEPSPEED_TOP_LEVEL_BY_VERSION;
+        let added = table
+            .iter()
+            .position(|(rv, keys)| {
+                keys.contains(&top) && rv.parse::<Version>().is_ok_and(|rv| rv > v)
+            })
+            .map(|i| (table[i].0, i.checked_sub(1).map(|p| table[p].0)));
+        let best = added
+            .is_none()
+            .then(|| suggest::closest(top, keys.iter().copied()))
+            .flatten();
+        let help = match (added, best) {
+            (Some((a, before)), _) => format!(
+                "DeepSpeed {v} silently ignores it; DeepSpeed {a} reads it{}: target a release that does, or remove it",
+                before.map(|b| format!(" ({b} does not)")).unwrap_or_default()
+            ),
+            (None, Some(best)) => format!("did you mean `{best}`? DeepSpeed silently ignores unknown top-level keys"),
+            (None, None) => "DeepSpeed silently ignores unknown top-level keys; check the spelling against the DeepSpeed config docs".into(),
         };
         let d = Diagnostic::error(
             codes::UNKNOWN_DEEPSPEED_KEY,
-            format!("`{top}` is not a DeepSpeed config key"),
+            format!("`{top}` is not a config key of DeepSpeed {v}"),
             span,
         )
-        .with_label("unknown to DeepSpeed")
+        .with_label(format!("unknown to DeepSpeed {v}"))
         .with_help(help);
         // Only where the key is written as that one word (a section, or a bare key).
         return Some(rename_fix(
@@ -260,7 +306,7 @@ pub fn deepspeed_finding(dotted: &str, span: Span, is_auto: bool) -> Option<Diag
     if renamed.is_some_and(|(old, ..)| *old != dotted) {
         return None;
     }
-    let mut d = deepspeed_key(dotted, renamed, span)?;
+    let mut d = deepspeed_key(dotted, renamed, span, None)?;
     let (section, field) = dotted.rsplit_once('.').unwrap_or(("", dotted));
     let strict = upstream::DEEPSPEED_STRICT_SECTIONS
         .binary_search_by(|(name, _)| name.cmp(&section))
@@ -355,18 +401,23 @@ fn hf_key(dotted: &str, span: Span, release: Option<Version>) -> Option<Diagnost
         ));
     }
     // A field of a later release: the target is what is wrong, not the spelling.
-    let added = upstream_versions::TRAINING_ARGUMENTS_BY_VERSION
+    // Of the sampled releases, the first newer one that has it and the one before it.
+    let table = upstream_versions::TRAINING_ARGUMENTS_BY_VERSION;
+    let added = table
         .iter()
-        .find(|f| f.has(field) && f.version.parse::<Version>().is_ok_and(|fv| fv > v))
-        .map(|f| f.version);
+        .position(|f| f.has(field) && f.version.parse::<Version>().is_ok_and(|fv| fv > v))
+        .map(|i| (table[i].version, i.checked_sub(1).map(|p| table[p].version)));
     let names = fields.fields.iter().map(|(n, _)| *n);
     let best = added
         .is_none()
         .then(|| suggest::closest(field, names))
         .flatten();
     let help = match (added, best) {
-        (Some(a), _) => format!(
-            "`{field}` is a field from transformers {a} on: target transformers ≥ {a}, or remove it"
+        (Some((a, before)), _) => format!(
+            "transformers {a} has `{field}`{}: target a release that has it, or remove it",
+            before
+                .map(|b| format!(" ({b} does not)"))
+                .unwrap_or_default()
         ),
         (None, Some(best)) => format!("did you mean `{best}`?"),
         (None, None) => "see transformers' TrainingArguments for the field names".into(),

@@ -9,18 +9,29 @@ use crate::diagnostics::Diagnostic;
 use crate::schema::types::{words_list, Mismatch};
 use crate::schema::{self, BlockSpec, BodySpec, KeySpec, LabelSpec, BLOCKS};
 use crate::syntax::ast::{Block, Body, Entry, File, Span, ValueKind};
-use crate::upstream::versions::Version;
+use crate::upstream::versions::{Library, Version};
 
-/// Checks a parsed file against the schema, for the transformers release its `target` block
-/// names (else the newest).
+/// Checks a parsed file against the schema, for the releases its `target` block names (else
+/// the newest).
 pub fn check(file: &File) -> Vec<Diagnostic> {
-    check_for(file, None)
+    check_for(file, &[])
 }
 
-/// Checks a parsed file against the schema; `transformers` (a `--target` flag) overrides the
-/// file's own target for the raw `hf { }` fields.
-pub fn check_for(file: &File, transformers: Option<Version>) -> Vec<Diagnostic> {
-    let release = transformers.or_else(|| written_transformers(file));
+/// Checks a parsed file against the schema; `targets` (`--target` flags) override the file's
+/// own target for the raw `hf { }` fields and `deepspeed { }` keys.
+pub fn check_for(file: &File, targets: &[(Library, Version)]) -> Vec<Diagnostic> {
+    let target = |lib: Library| {
+        targets
+            .iter()
+            .rev()
+            .find(|(l, _)| *l == lib)
+            .map(|(_, v)| *v)
+            .or_else(|| written_target(file, lib))
+    };
+    let release = raw::Releases {
+        transformers: target(Library::Transformers),
+        deepspeed: target(Library::DeepSpeed),
+    };
     let mut out = Vec::new();
     let mut seen: HashMap<&str, &Block> = HashMap::new();
     for block in &file.blocks {
@@ -142,11 +153,11 @@ fn block_kind(spec: &BlockSpec, block: &Block) -> Option<String> {
     }
 }
 
-/// The transformers release a `target` block names.
-fn written_transformers(file: &File) -> Option<Version> {
+/// The release of `lib` a `target` block names.
+fn written_target(file: &File, lib: Library) -> Option<Version> {
     let target = file.blocks.iter().find(|b| b.name.name == "target")?;
     target.body.as_ref()?.entries.iter().find_map(|e| match e {
-        Entry::Item(item) if item.key.text == "transformers" => match &item.value.kind {
+        Entry::Item(item) if item.key.text == lib.key() => match &item.value.kind {
             ValueKind::Str(s) => s.parse().ok(),
             _ => None,
         },
@@ -156,7 +167,7 @@ fn written_transformers(file: &File) -> Option<Version> {
 
 fn check_block(
     file: &File,
-    release: Option<Version>,
+    release: raw::Releases,
     spec: &BlockSpec,
     block: &Block,
     out: &mut Vec<Diagnostic>,
