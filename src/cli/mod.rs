@@ -1,6 +1,8 @@
 //! Command-line interface: argument parsing and the subcommands.
 //!
-//! Exit codes: 0 ok, 1 the recipe has errors (or `fmt --check` found work), 2 usage or I/O error.
+//! Exit codes: 0 ok, 1 the input has errors (or the command found what it reports: `fmt --check`
+//! a file to format, `steps` a divergence, `diff` a difference), 2 usage or I/O error. Each
+//! command's table, and every file and JSON it writes: docs/outputs.md.
 
 mod build;
 mod check;
@@ -24,16 +26,80 @@ use recipe::SourceFile;
 
 /// Exit code: success.
 pub const OK: i32 = 0;
-/// Exit code: the recipe has errors.
+/// Exit code: the input has errors, or the command found what it reports (docs/outputs.md).
 pub const FAILED: i32 = 1;
 /// Exit code: bad usage or an I/O error.
 pub const USAGE: i32 = 2;
+
+/// A count of at least 1 (`--gpus`, `--nodes`, `--samples`, …). clap's own range check would
+/// say "0 is not in 1..18446744073709551615"; this says it as a person would.
+pub fn positive(s: &str) -> Result<u64, String> {
+    match whole(s)? {
+        0 => Err("must be at least 1".into()),
+        n => Ok(n),
+    }
+}
+
+/// A whole number, 0 or more (`--debounce`).
+pub fn whole(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    if t.starts_with('-') && t[1..].parse::<f64>().is_ok() {
+        return Err("must not be negative".into());
+    }
+    t.parse::<u64>().map_err(|e| match e.kind() {
+        std::num::IntErrorKind::PosOverflow => "is too large".into(),
+        std::num::IntErrorKind::Empty => "expected a whole number, e.g. 4".into(),
+        _ if t.parse::<f64>().is_ok() => "must be a whole number, e.g. 4".into(),
+        _ => "expected a whole number, e.g. 4".into(),
+    })
+}
+
+// What `--format` and `--target` mean differs by command: each command states its own (the
+// `mut_arg` overrides below), and the commands that ignore `--format` hide it.
+
+const FORMAT_CHECK: &str = "Output: `human`, each diagnostic drawn over its source and a \
+    summary line per file, on stderr; `json`, one JSON object per diagnostic per line on stdout \
+    and no summary (docs/diagnostics-json.md)";
+const FORMAT_EXPLAIN: &str = "Output on stdout: `human`, the tables; `json`, the report as one \
+    JSON object (with KEY: that setting's row; with a ds_config.json: one array of {key, value, \
+    from}). The recipe's diagnostics go to stderr as text either way";
+const FORMAT_STEPS: &str = "Output on stdout: `human`, the timelines; `json`, one JSON object \
+    {timelines, native, skipped_steps}. The recipe's diagnostics and the divergence message go \
+    to stderr as text either way";
+const FORMAT_DIFF: &str = "Output on stdout: `human`, each changed key with its value before \
+    and after; `json`, one JSON array of {key, before, after}";
+const FORMAT_IMPORT: &str = "How the findings are printed, on stderr (the recipe itself always \
+    goes to stdout): `human`, drawn over their source; `json`, one JSON object per line";
+const IGNORED: &str = "Ignored: this command prints no report";
+
+const TARGET_CHECK: &str = "A release to check against, LIB=VERSION (e.g. \
+    `transformers=4.24.0`; repeatable; overrides the recipe's `target`), or, for a recipe, \
+    `native`: also report what `recipe run` cannot train (R11xx)";
+const TARGET_EXPLAIN: &str = "A release to resolve against, LIB=VERSION (e.g. \
+    `transformers=4.24.0`; repeatable; overrides the recipe's `target`), or `native`: also \
+    report what `recipe run` cannot train (R11xx)";
+const TARGET_BUILD: &str = "What to write: `deepspeed` (the default: ds_config.json, \
+    training_args.json, launch.sh, recipe.lock) or `native` (plan.json, for `recipe run`); or a \
+    release to build for, LIB=VERSION (e.g. `transformers=4.24.0`; repeatable; overrides the \
+    recipe's `target`)";
+const TARGET_RUN: &str = "A release to resolve the recipe against, LIB=VERSION (e.g. \
+    `deepspeed=0.14.0`; repeatable; overrides the recipe's `target`); the recipe is always \
+    checked for the native runtime (R11xx). A saved plan.json runs as built and ignores this";
+const TARGET_LSP: &str = "A release to check every document against, LIB=VERSION (e.g. \
+    `transformers=4.24.0`; repeatable; overrides each recipe's `target`), or `native`: also \
+    report what `recipe run` cannot train (R11xx)";
+const TARGET_IMPORT: &str = "A release the pair is checked against and the recipe's `target` \
+    line names, LIB=VERSION (e.g. `transformers=4.24.0`; repeatable; default: the newest \
+    releases recipe knows), or `native`: also report what `recipe run` cannot train (R11xx)";
 
 #[derive(Parser)]
 #[command(
     name = "recipe",
     version,
     about = "Check training recipes and compile them to DeepSpeed + HF configs or a native plan",
+    after_help = "Exit codes: 0 ok; 1 errors found (or what the command reports: a file to format, a \
+                  divergence, a difference); 2 usage or I/O error. docs/outputs.md has each \
+                  command's, and every file and JSON the commands write.",
     propagate_version = true
 )]
 struct Cli {
@@ -46,6 +112,10 @@ enum Command {
     /// Parse and check recipes, or an existing DeepSpeed config with its TrainingArguments
     /// (`recipe check ds_config.json --args training_args.json`, or `-- --learning_rate …`);
     /// exit 1 if any has errors.
+    #[command(
+        mut_arg("format", |a| a.help(FORMAT_CHECK)),
+        mut_arg("target", |a| a.help(TARGET_CHECK))
+    )]
     Check {
         /// Recipe files (`-` reads standard input), or one ds_config.json.
         #[arg(required = true)]
@@ -55,7 +125,7 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         args: Option<PathBuf>,
         /// With a ds_config.json: the model's hidden size, for the ZeRO "auto" bucket sizes.
-        #[arg(long, value_name = "N")]
+        #[arg(long, value_name = "N", value_parser = positive)]
         hidden_size: Option<u64>,
         /// With a ds_config.json: the script passes no evaluation dataset (the Trainer then
         /// refuses any eval_strategy but "no").
@@ -77,6 +147,10 @@ enum Command {
         check: bool,
     },
     /// Every resolved value and where it came from; step accounting; LR per step; memory.
+    #[command(
+        mut_arg("format", |a| a.help(FORMAT_EXPLAIN)),
+        mut_arg("target", |a| a.help(TARGET_EXPLAIN))
+    )]
     Explain {
         /// Recipe file.
         file: PathBuf,
@@ -90,12 +164,16 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         args: Option<PathBuf>,
         /// With a ds_config.json: the model's hidden size, for the ZeRO "auto" bucket sizes.
-        #[arg(long, value_name = "N")]
+        #[arg(long, value_name = "N", value_parser = positive)]
         hidden_size: Option<u64>,
         #[command(flatten)]
         flags: RecipeFlags,
     },
     /// The micro-batch timeline: where HF and DeepSpeed take optimizer steps; exit 1 if they differ.
+    #[command(
+        mut_arg("format", |a| a.help(FORMAT_STEPS)),
+        mut_arg("target", |a| a.help(TARGET_EXPLAIN))
+    )]
     Steps {
         /// Recipe file.
         file: PathBuf,
@@ -111,6 +189,10 @@ enum Command {
     },
     /// Write ds_config.json, training_args.json, launch.sh and recipe.lock for the targets
     /// (`--target native`: plan.json for `recipe run`).
+    #[command(
+        mut_arg("format", |a| a.help(IGNORED).hide(true)),
+        mut_arg("target", |a| a.help(TARGET_BUILD))
+    )]
     Build {
         /// Recipe file.
         file: PathBuf,
@@ -129,17 +211,21 @@ enum Command {
         /// A directory of recipes.
         dir: PathBuf,
     },
-    /// Compare two recipe.lock files: what changed and where each value came from.
+    /// Compare two recipe.lock files: what changed and where each value came from; exit 1 if
+    /// any value differs.
     Diff {
         /// The first lock.
         a: PathBuf,
         /// The second lock.
         b: PathBuf,
-        /// Output: human or json.
-        #[arg(long, value_enum, default_value_t = Format::Human)]
+        #[arg(long, value_enum, default_value_t = Format::Human, help = FORMAT_DIFF)]
         format: Format,
     },
     /// Train natively: a recipe (compiled to a plan first) or a saved plan.json.
+    #[command(
+        mut_arg("format", |a| a.help(IGNORED).hide(true)),
+        mut_arg("target", |a| a.help(TARGET_RUN))
+    )]
     Run {
         /// Recipe file or plan.json.
         file: PathBuf,
@@ -150,7 +236,7 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         resume: Option<PathBuf>,
         /// Stop (with a checkpoint) after this many optimizer steps, to resume later.
-        #[arg(long, value_name = "N")]
+        #[arg(long, value_name = "N", value_parser = positive)]
         stop_after: Option<u64>,
         /// No progress bar (metrics still go to the metrics file).
         #[arg(long)]
@@ -159,17 +245,25 @@ enum Command {
         flags: RecipeFlags,
     },
     /// Run the language server on stdin/stdout, for editors (docs/editors.md).
+    #[command(
+        mut_arg("format", |a| a.help(IGNORED).hide(true)),
+        mut_arg("target", |a| a.help(TARGET_LSP))
+    )]
     Lsp {
         /// Accepted for clients that pass it (stdio is the only transport).
         #[arg(long)]
         stdio: bool,
         /// Milliseconds the editor must be quiet before diagnostics are published.
-        #[arg(long, value_name = "MS", default_value_t = 150)]
+        #[arg(long, value_name = "MS", default_value_t = 150, value_parser = whole)]
         debounce: u64,
         #[command(flatten)]
         flags: RecipeFlags,
     },
     /// Turn a DeepSpeed config (+ TrainingArguments) into a recipe on stdout, and check it.
+    #[command(
+        mut_arg("format", |a| a.help(FORMAT_IMPORT)),
+        mut_arg("target", |a| a.help(TARGET_IMPORT))
+    )]
     Import {
         /// ds_config.json.
         file: PathBuf,
@@ -186,11 +280,11 @@ enum Command {
         #[arg(long)]
         eval: Option<String>,
         /// Number of classes of the classifier.
-        #[arg(long)]
+        #[arg(long, value_name = "N", value_parser = positive)]
         labels: Option<u64>,
         /// The model's hidden size, for the config's "auto" ZeRO sizes (HF computes them from
         /// the model; a local --model directory's config.json says it too).
-        #[arg(long, value_name = "N")]
+        #[arg(long, value_name = "N", value_parser = positive)]
         hidden_size: Option<u64>,
         /// Write a recipe even for a pair the real stack refuses, marked where it conflicts.
         #[arg(long)]
@@ -213,22 +307,22 @@ pub enum Device {
 #[derive(clap::Args, Clone)]
 pub struct RecipeFlags {
     /// GPUs per node (overrides `cluster.gpus`).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", value_parser = positive)]
     pub gpus: Option<u64>,
     /// Nodes (overrides `cluster.nodes`).
-    #[arg(long, value_name = "M", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "M", value_parser = positive)]
     pub nodes: Option<u64>,
     /// Training examples, instead of counting the training file's rows.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = positive)]
     pub samples: Option<u64>,
-    /// Target version, e.g. `transformers=4.24.0` (repeatable; overrides `target`); for
-    /// `build`, also `native` (plan.json) or `deepspeed` (the default).
+    /// A release, LIB=VERSION (repeatable; overrides the recipe's `target`). Each command
+    /// states its own meaning, and what else it takes (`native`, `deepspeed`).
     #[arg(long, value_name = "LIB=VERSION")]
     pub target: Vec<String>,
     /// Any recipe item, e.g. `batch.micro=8` (repeatable).
     #[arg(long = "set", value_name = "BLOCK.KEY=VALUE")]
     pub set: Vec<String>,
-    /// Output: human (on stderr) or json (on stdout).
+    /// Output: human or json (each command states where each goes).
     #[arg(long, value_enum, default_value_t = Format::Human)]
     pub format: Format,
     /// Set by `build`, which reads `--target native|deepspeed` itself.
@@ -297,12 +391,13 @@ impl RecipeFlags {
     }
 }
 
-/// Output format of `check`.
+/// The `--format` of `check`, `explain`, `steps`, `diff` and `import`: where each goes is the
+/// command's (its `--help`, docs/outputs.md).
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
-    /// miette's graphical report on stderr.
+    /// For people.
     Human,
-    /// One JSON object per diagnostic per line on stdout (docs/diagnostics-json.md).
+    /// For programs.
     Json,
 }
 
