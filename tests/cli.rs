@@ -191,11 +191,21 @@ fn explain_shows_values_with_provenance_and_step_accounting() {
     let o = recipe(&["explain", "recipes/cls.rcp"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = String::from_utf8(o.stdout).unwrap();
+    // Grouped by block: `global` under `batch`.
     assert!(
-        out.contains("batch.global") && out.contains("derived: micro × accumulate × world"),
+        out.contains("\nbatch\n")
+            && out.contains("  global ")
+            && out.contains("derived: micro × accumulate × world"),
         "{out}"
     );
     assert!(out.contains("written at recipes/cls.rcp:21:16"), "{out}");
+    // --wide: one row per dotted key.
+    let o = recipe(&["explain", "recipes/cls.rcp", "--wide"]);
+    let wide = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        wide.lines().any(|l| l.starts_with("batch.global ")),
+        "{wide}"
+    );
     assert!(
         out.contains("optimizer steps in all") && out.contains("222"),
         "{out}"

@@ -26,6 +26,7 @@ pub mod optim;
 pub mod params;
 pub mod plan;
 pub mod plateau;
+pub mod plot;
 pub mod precision;
 pub mod progress;
 pub mod resume;

@@ -136,6 +136,12 @@ pub struct Summary {
     pub metrics: PathBuf,
     /// What each rank held for the model states, by rank.
     pub memory: Vec<RankMemory>,
+    /// The pictures written beside the metrics file (crate::plot).
+    pub pictures: Vec<PathBuf>,
+    /// Why they could not be drawn, if so.
+    pub picture_error: Option<String>,
+    /// The training loss of every logged step as a one-line sparkline.
+    pub loss_line: String,
 }
 
 impl fmt::Display for Summary {
@@ -203,7 +209,22 @@ impl fmt::Display for Summary {
         if let Some(p) = &self.saved {
             writeln!(f, "saved {}", p.display())?;
         }
-        write!(f, "metrics {}", self.metrics.display())
+        write!(f, "metrics {}", self.metrics.display())?;
+        let names: Vec<String> = self
+            .pictures
+            .iter()
+            .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().to_string()))
+            .collect();
+        if !names.is_empty() {
+            write!(f, " (pictures: {})", names.join(", "))?;
+        }
+        if let Some(e) = &self.picture_error {
+            write!(f, "\nno pictures: {e}")?;
+        }
+        if !self.loss_line.is_empty() {
+            write!(f, "\nloss {}", self.loss_line)?;
+        }
+        Ok(())
     }
 }
 
@@ -458,6 +479,26 @@ struct Shared<'a> {
 /// [`Replica`] under the plan's ZeRO stage and talking through a [`LocalCollective`] (a single
 /// process is a group of one); rank 0 logs, evaluates and saves.
 pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
+    let mut summary = train(plan, options)?;
+    // The pictures of the run, from everything its metrics file holds (a resumed run's too).
+    // Drawing them cannot undo the training: a failure is reported, not returned.
+    let text = std::fs::read_to_string(&summary.metrics).unwrap_or_default();
+    let series = crate::plot::RunSeries::parse(&text);
+    summary.loss_line =
+        crate::plot::sparkline(&series.steps.iter().map(|s| s.1).collect::<Vec<_>>(), 60);
+    let dir = summary
+        .metrics
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    match crate::plot::write_run_charts(&dir, &series, &plan.name) {
+        Ok(written) => summary.pictures = written,
+        Err(e) => summary.picture_error = Some(e.to_string()),
+    }
+    Ok(summary)
+}
+
+/// Trains: the data, the model (or the checkpoint), one replica per rank.
+fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
     supported(plan)?;
     let labels = labels(plan)?;
     let tokenizer = TextTokenizer::from_file(&plan.model.tokenizer, plan.data.max_len)?;
@@ -883,6 +924,9 @@ fn rank_loop(
         saved: None,
         metrics: metrics_path.clone(),
         memory: vec![memory],
+        pictures: Vec::new(),
+        picture_error: None,
+        loss_line: String::new(),
     };
     if stopped {
         summary.saved = Some(out.join(format!("checkpoint-{step}")));

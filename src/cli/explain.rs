@@ -1,7 +1,7 @@
 //! `recipe explain FILE [KEY] [--lr-csv PATH]`
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use recipe::commands::explain::{report, Report};
 use recipe::resolve::value::fmt_f64;
@@ -9,13 +9,80 @@ use recipe::upstream::memory::gib;
 
 use super::{load, Format, RecipeFlags, FAILED, OK, USAGE};
 
-pub fn run(file: &Path, key: Option<&str>, lr_csv: Option<&PathBuf>, flags: &RecipeFlags) -> i32 {
+/// The files `explain` writes besides its report, and how it lays the report out.
+pub struct Files<'a> {
+    /// `--lr-csv`.
+    pub lr_csv: Option<&'a Path>,
+    /// `--plot`.
+    pub plot: Option<&'a Path>,
+    /// The settings' layout.
+    pub layout: Layout,
+}
+
+/// How the settings are laid out for people.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// `--wide`: one table row per setting, every column (as wide as it takes).
+    Wide,
+    /// Grouped by block, fitted to this many columns; `colour` for a terminal.
+    Fit {
+        /// Columns.
+        width: usize,
+        /// ANSI colour (stdout is a terminal, NO_COLOR unset).
+        colour: bool,
+    },
+}
+
+impl Layout {
+    /// `--wide`, else the width of `COLUMNS`, of the terminal stdout is, or 100.
+    pub fn detect(wide: bool) -> Layout {
+        use std::io::IsTerminal;
+        if wide {
+            return Layout::Wide;
+        }
+        let tty = std::io::stdout().is_terminal();
+        let width = std::env::var("COLUMNS")
+            .ok()
+            .and_then(|c| c.trim().parse::<usize>().ok())
+            .filter(|&w| w > 0)
+            .or_else(|| tty.then(terminal_width).flatten())
+            .unwrap_or(100)
+            .max(40);
+        Layout::Fit {
+            width,
+            colour: tty && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        }
+    }
+}
+
+/// The terminal's columns (TIOCGWINSZ on stdout).
+fn terminal_width() -> Option<usize> {
+    #[cfg(unix)]
+    {
+        // SAFETY: TIOCGWINSZ fills the winsize struct it is given; a zeroed one is valid input.
+        let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+        let ok = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut ws) } == 0;
+        (ok && ws.ws_col > 0).then_some(ws.ws_col as usize)
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
+pub fn run(file: &Path, key: Option<&str>, files: Files<'_>, flags: &RecipeFlags) -> i32 {
     let (source, resolved, _) = match load(file, flags) {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
     let rep = report(&resolved, Some(&source));
-    if let Some(path) = lr_csv {
+    if let Some(path) = files.plot {
+        if let Err(e) = plot(&rep, &resolved, path) {
+            eprintln!("error: {e}");
+            return USAGE;
+        }
+    }
+    if let Some(path) = files.lr_csv {
         let mut csv = String::from("step,hf,deepspeed\n");
         for s in &rep.lr {
             let cell = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x}"));
@@ -60,9 +127,64 @@ pub fn run(file: &Path, key: Option<&str>, lr_csv: Option<&PathBuf>, flags: &Rec
             "{}",
             serde_json::to_string(&rep).expect("the report serializes")
         ),
-        Format::Human => print!("{}", human(&rep)),
+        Format::Human => print!("{}", human(&rep, files.layout)),
     }
     OK
+}
+
+/// `--plot`: HF's and DeepSpeed's LR per optimizer step, epoch ends, the steps they differ at.
+fn plot(rep: &Report, r: &recipe::resolve::Resolved, path: &Path) -> Result<(), String> {
+    use recipe_runtime::plot::{lr_chart, Curve};
+    if rep.lr.is_empty() {
+        return Err(
+            "--plot: no LR to draw (the number of training samples is unknown: give `data.samples` or --samples)"
+                .into(),
+        );
+    }
+    let side = |f: fn(&recipe::upstream::schedules::LrStep) -> Option<f64>| -> Vec<(u64, f64)> {
+        rep.lr
+            .iter()
+            .filter_map(|s| f(s).map(|v| (s.step, v)))
+            .collect()
+    };
+    let hf = side(|s| s.hf);
+    let ds = side(|s| s.deepspeed);
+    let hf_name = format!("HF {}", rep.hf_schedule.unwrap_or("(no equivalent)"));
+    let ds_name = format!(
+        "DeepSpeed {}",
+        rep.deepspeed_schedule.unwrap_or("(no equivalent)")
+    );
+    let mut curves = Vec::new();
+    if !hf.is_empty() {
+        curves.push(Curve {
+            name: &hf_name,
+            points: &hf,
+        });
+    }
+    if !ds.is_empty() {
+        curves.push(Curve {
+            name: &ds_name,
+            points: &ds,
+        });
+    }
+    let per_epoch = r.count("steps.per_epoch");
+    let total = r.count("steps.total");
+    let epoch_ends: Vec<u64> = (1..)
+        .map(|e| e * per_epoch)
+        .take_while(|&s| per_epoch > 0 && s <= total)
+        .collect();
+    let differ: Vec<u64> = rep
+        .lr
+        .iter()
+        .filter(|s| matches!((s.hf, s.deepspeed), (Some(a), Some(b)) if (a - b).abs() > 1e-12 * a.abs().max(b.abs())))
+        .map(|s| s.step)
+        .collect();
+    let owner = match rep.schedule_owner {
+        Some(recipe::upstream::schedules::Owner::DeepSpeed) => "DeepSpeed builds it",
+        _ => "HF builds it",
+    };
+    let title = format!("{}: learning rate per optimizer step ({owner})", rep.name);
+    lr_chart(path, &title, &curves, &epoch_ends, &differ).map_err(|e| e.to_string())
 }
 
 fn table(rows: &[Vec<String>]) -> String {
@@ -117,20 +239,136 @@ fn fmt_sig(x: f64) -> String {
     }
 }
 
+/// Words of `text` in lines of at most `width` characters, each after `indent` (the first after
+/// `first`, which the caller has already written); a word longer than a line stands alone.
+fn wrap(text: &str, first: usize, indent: usize, width: usize) -> String {
+    let mut out = String::new();
+    let mut col = first;
+    let mut line_empty = true;
+    for word in text.split_whitespace() {
+        let len = word.chars().count();
+        if !line_empty && col + 1 + len > width {
+            // A word too long for the indent (a long DeepSpeed key) starts further left.
+            let at = indent.min(width.saturating_sub(len));
+            out.push('\n');
+            out.push_str(&" ".repeat(at));
+            col = at;
+            line_empty = true;
+        }
+        if !line_empty {
+            out.push(' ');
+            col += 1;
+        }
+        out.push_str(word);
+        col += len;
+        line_empty = false;
+    }
+    out
+}
+
+/// The settings grouped by block, fitted to `width`: `key  value  provenance` on one line when
+/// it fits, else the provenance on the next line under the value; then what it feeds upstream
+/// and what upstream does with it.
+fn settings_fitted(rep: &Report, width: usize, colour: bool) -> String {
+    let paint = |code: &str, text: &str| {
+        if colour {
+            format!("\x1b[{code}m{text}\x1b[0m")
+        } else {
+            text.to_string()
+        }
+    };
+    let mut out = String::new();
+    let name_of = |key: &str| key.split_once('.').map_or(key, |(_, k)| k).to_string();
+    let key_w = rep
+        .settings
+        .iter()
+        .map(|r| name_of(&r.key).chars().count())
+        .max()
+        .unwrap_or(0)
+        .min(18);
+    let mut block = "";
+    for r in &rep.settings {
+        let b = r.key.split_once('.').map_or("", |(b, _)| b);
+        if b != block {
+            block = b;
+            let _ = writeln!(out, "{}", paint("1", b));
+        }
+        let name = name_of(&r.key);
+        let value_col = 2 + key_w.max(name.chars().count()) + 2;
+        let head = format!("  {name:<key_w$}  ");
+        let value = wrap(&r.value, value_col, value_col, width);
+        out.push_str(&head);
+        out.push_str(&value);
+        let end = value.rsplit('\n').next().map_or(0, |l| {
+            if value.contains('\n') {
+                l.chars().count()
+            } else {
+                value_col + l.chars().count()
+            }
+        });
+        // The provenance beside the value when it fits, else below it.
+        let from_len = r.from.chars().count();
+        if !value.contains('\n') && end + 2 + from_len <= width {
+            out.push_str("  ");
+            out.push_str(&paint("2", &r.from));
+        } else {
+            out.push('\n');
+            out.push_str(&" ".repeat(value_col));
+            out.push_str(&paint("2", &wrap(&r.from, value_col, value_col, width)));
+        }
+        out.push('\n');
+        let mut feeds = Vec::new();
+        if let Some(ds) = r.deepspeed {
+            feeds.push(format!("DeepSpeed {ds}"));
+        }
+        if let Some(hf) = r.hf {
+            feeds.push(format!("TrainingArguments {hf}"));
+        }
+        if !feeds.is_empty() {
+            let text = format!("→ {}", feeds.join(" · "));
+            out.push_str(&" ".repeat(value_col));
+            out.push_str(&wrap(&text, value_col, value_col + 2, width));
+            out.push('\n');
+        }
+        if let Some(note) = &r.upstream {
+            let text = format!("upstream: {note}");
+            out.push_str(&" ".repeat(value_col));
+            out.push_str(&wrap(&text, value_col, value_col + 2, width));
+            out.push('\n');
+        }
+    }
+    out
+}
+
 /// The report for people.
-pub fn human(rep: &Report) -> String {
+pub fn human(rep: &Report, layout: Layout) -> String {
     let mut out = String::new();
     let targets: Vec<String> = rep
         .targets
         .iter()
         .map(|t| format!("{} {} ({})", t.library, t.version, t.from))
         .collect();
+    let width = match layout {
+        Layout::Wide => usize::MAX,
+        Layout::Fit { width, .. } => width,
+    };
     let _ = writeln!(
         out,
         "recipe \"{}\"\ntargets: {}\n",
         rep.name,
-        targets.join(", ")
+        wrap(&targets.join(", "), 9, 9, width)
     );
+    if let Layout::Fit { width, colour } = layout {
+        out.push_str(&settings_fitted(rep, width, colour));
+    } else {
+        out.push_str(&settings_wide(rep));
+    }
+    rest(rep, &mut out, width);
+    out
+}
+
+/// One row per setting, every column.
+fn settings_wide(rep: &Report) -> String {
     let mut rows = vec![vec![
         "KEY".to_string(),
         "VALUE".into(),
@@ -147,7 +385,11 @@ pub fn human(rep: &Report) -> String {
             r.hf.unwrap_or("—").into(),
         ]);
     }
-    out.push_str(&table(&rows));
+    table(&rows)
+}
+
+/// Step accounting, the LR table, memory and notes (narrow already, but for the notes).
+fn rest(rep: &Report, out: &mut String, width: usize) {
     if let Some(s) = &rep.steps {
         let _ = writeln!(out, "\nstep accounting");
         out.push_str(&table(&[
@@ -179,11 +421,11 @@ pub fn human(rep: &Report) -> String {
             Some(recipe::upstream::schedules::Owner::DeepSpeed) => "DeepSpeed builds it",
             _ => "HF builds it",
         };
-        let _ = writeln!(
-            out,
-            "\nlearning rate per optimizer step (peak {}; {owner}; fraction of peak in brackets)",
+        let heading = format!(
+            "learning rate per optimizer step (peak {}; {owner}; fraction of peak in brackets)",
             fmt_f64(peak)
         );
+        let _ = writeln!(out, "\n{}", wrap(&heading, 0, 2, width));
         let mut rows = vec![vec![
             "  STEP".to_string(),
             format!("HF {}", rep.hf_schedule.unwrap_or("(no equivalent)")),
@@ -211,15 +453,15 @@ pub fn human(rep: &Report) -> String {
         }
     }
     if let Some(m) = &rep.memory {
-        let _ = writeln!(
-            out,
-            "\nZeRO memory, model states only ({}: {:.1}M parameters, largest layer {:.1}M; {} GPU(s) × {} node(s))",
+        let heading = format!(
+            "ZeRO memory, model states only ({}: {:.1}M parameters, largest layer {:.1}M; {} GPU(s) × {} node(s))",
             m.from,
             m.params as f64 / 1e6,
             m.largest_layer as f64 / 1e6,
             m.gpus_per_node,
             m.nodes
         );
+        let _ = writeln!(out, "\n{}", wrap(&heading, 0, 2, width));
         let mut rows = vec![vec![
             "  STAGE".to_string(),
             "OFFLOAD OPTIMIZER".into(),
@@ -243,7 +485,6 @@ pub fn human(rep: &Report) -> String {
         out.push_str(&table(&rows));
     }
     for note in &rep.notes {
-        let _ = writeln!(out, "\nnote: {note}");
+        let _ = writeln!(out, "\nnote: {}", wrap(note, 6, 6, width));
     }
-    out
 }

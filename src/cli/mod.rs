@@ -159,6 +159,14 @@ enum Command {
         /// Write the LR of every optimizer step (HF and DeepSpeed) to this CSV file.
         #[arg(long, value_name = "PATH")]
         lr_csv: Option<PathBuf>,
+        /// Draw the LR of every optimizer step as HF and as DeepSpeed would run it, with the
+        /// epoch ends and the steps where they disagree marked, to this SVG file.
+        #[arg(long, value_name = "FILE.svg")]
+        plot: Option<PathBuf>,
+        /// One table row per setting with every column, however wide (by default the settings
+        /// are grouped by block and fitted to COLUMNS, the terminal, or 100 columns).
+        #[arg(long)]
+        wide: bool,
         /// With a ds_config.json: its TrainingArguments (JSON, or a file of flags); explain then
         /// shows the config DeepSpeed receives and where each value came from.
         #[arg(long, value_name = "FILE")]
@@ -452,13 +460,15 @@ pub fn main() -> i32 {
             file,
             key,
             lr_csv,
+            plot,
+            wide,
             args,
             hidden_size,
             flags,
         } => {
             if pair::is_pair_file(&file) {
-                if lr_csv.is_some() {
-                    eprintln!("error: --lr-csv goes with a recipe (a pair's schedule is not modelled by explain yet)");
+                if lr_csv.is_some() || plot.is_some() {
+                    eprintln!("error: --lr-csv and --plot go with a recipe (a pair's schedule is not modelled by explain yet)");
                     return USAGE;
                 }
                 pair::explain(&file, args.as_ref(), hidden_size, key.as_deref(), &flags)
@@ -466,7 +476,16 @@ pub fn main() -> i32 {
                 eprintln!("error: --args and --hidden-size go with a ds_config.json, not a recipe");
                 USAGE
             } else {
-                explain::run(&file, key.as_deref(), lr_csv.as_ref(), &flags)
+                explain::run(
+                    &file,
+                    key.as_deref(),
+                    explain::Files {
+                        lr_csv: lr_csv.as_deref(),
+                        plot: plot.as_deref(),
+                        layout: explain::Layout::detect(wide),
+                    },
+                    &flags,
+                )
             }
         }
         Command::Steps {
