@@ -517,6 +517,20 @@ fn hf_schedule_refuses(r: &Resolved, kind: &str) -> Option<Diagnostic> {
 /// `optimization.py`) both raise "Factor should be < 1.0." when the Trainer builds the scheduler.
 fn factor_not_below_one(r: &Resolved, kind: &str) -> Option<Diagnostic> {
     let factor = r.f64("schedule.factor")?;
+    // GreedyLR also divides by the factor when evaluations improve (`_increase_lr`:
+    // `old_lr / self.factor`): a factor of 0 passes its constructor and raises
+    // ZeroDivisionError at the first increase.
+    if kind == "greedy" && factor <= 0.0 {
+        return Some(
+            Diagnostic::error(
+                HF_SCHEDULE_REFUSES,
+                "`greedy` divides the learning rate by `factor` after improving evaluations: a factor of 0 makes HF's GreedyLR raise ZeroDivisionError at the first increase",
+                anchor(r, "schedule.factor"),
+            )
+            .with_label("0: the first increase divides by it")
+            .with_help("write a factor between 0 and 1 (GreedyLR's default is 0.95)"),
+        );
+    }
     if factor < 1.0 {
         return None;
     }
