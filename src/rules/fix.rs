@@ -4,6 +4,7 @@
 use crate::diagnostics::Diagnostic;
 use crate::resolve::{label_key, Insert, Resolved, Source};
 use crate::syntax::ast::Span;
+use crate::upstream::versions::Library;
 
 /// The edit that makes the recipe say `key = value` (`block.key`, or a block's label such as
 /// `optimizer.kind`): the written value replaced, or the item added to its block, or the block
@@ -37,6 +38,72 @@ pub fn set(r: &Resolved, key: &str, value: &str) -> Option<(Span, String)> {
             format!("\n{block} {{ {item} }}"),
         ),
     })
+}
+
+/// The edit that makes the recipe target `library` at `version`: the written version replaced,
+/// or the pair added to the `target` block, or a `target` line added at the top. None when the
+/// target comes from a `--target` flag.
+pub fn set_target(r: &Resolved, library: Library, version: &str) -> Option<(Span, String)> {
+    let i = Library::ALL.iter().position(|l| *l == library)?;
+    let quoted = crate::commands::format::quote(version);
+    match &r.target_sources[i] {
+        Source::Written { span } => Some((*span, quoted)),
+        Source::Flag { .. } => None,
+        _ => Some(match r.block_inserts.get("target") {
+            Some(Insert::AfterEntry(end)) => (
+                Span::new(*end, *end),
+                format!(", {} {quoted}", library.key()),
+            ),
+            _ => (
+                Span::new(0, 0),
+                format!("target {} {quoted}\n", library.key()),
+            ),
+        }),
+    }
+}
+
+/// Where a help names a release to target (`target transformers ≥ 4.54.0`, the wording every
+/// rule's `first_release` help uses), adds the fix that targets exactly that release.
+pub fn add_target_upgrade(d: &mut Diagnostic, r: &Resolved) {
+    let Some(help) = &d.help else {
+        return;
+    };
+    let Some(at) = help.find("target ") else {
+        return;
+    };
+    let rest = &help[at + "target ".len()..];
+    let Some((lib, rest)) = rest.split_once(' ') else {
+        return;
+    };
+    let Some(library) = Library::ALL
+        .into_iter()
+        .find(|l| l.key().eq_ignore_ascii_case(lib))
+    else {
+        return;
+    };
+    let Some(rest) = rest.strip_prefix("≥ ") else {
+        return;
+    };
+    let version: String = rest
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    let version = version.trim_end_matches('.');
+    if version
+        .parse::<crate::upstream::versions::Version>()
+        .is_err()
+    {
+        return;
+    }
+    if let Some((span, text)) = set_target(r, library, version) {
+        let title = format!("target {} \"{version}\"", library.key());
+        if !d.fixes.iter().any(|f| f.title == title) {
+            d.fixes.push(crate::diagnostics::Fix {
+                title,
+                edits: vec![crate::diagnostics::Edit { span, text }],
+            });
+        }
+    }
 }
 
 /// Adds the fix "remove `key = value`" when the item is written in the recipe (the separators

@@ -92,6 +92,9 @@ pub fn check(r: &Resolved) -> Vec<Diagnostic> {
     for family in FAMILIES {
         (family.check)(r, &mut out);
     }
+    for d in &mut out {
+        fix::add_target_upgrade(d, r);
+    }
     out
 }
 
