@@ -12,6 +12,16 @@ use crate::upstream::versions::Library;
 /// set) or when the key lives in a block that cannot take it.
 pub fn set(r: &Resolved, key: &str, value: &str) -> Option<(Span, String)> {
     let (block, name) = key.split_once('.')?;
+    // DeepSpeed's optimizer next to an HF schedule is refused by old transformers (R0413): there
+    // the edit would trade one error for another.
+    if key == "optimizer.owner"
+        && value == "deepspeed"
+        && r.facts.hf_ds_optimizer_hf_scheduler_error.is_some()
+        && r.word("schedule.kind")
+            .is_some_and(|k| !super::schedule::is_deepspeed_schedule(k))
+    {
+        return None;
+    }
     match r.get(key).map(|s| &s.source) {
         Some(Source::Written { span }) => return Some((*span, value.to_string())),
         Some(Source::Flag { .. }) => return None,
@@ -104,6 +114,104 @@ pub fn add_target_upgrade(d: &mut Diagnostic, r: &Resolved) {
             });
         }
     }
+}
+
+/// Where a help names an edit of the recipe in the words every rule uses — "write `owner =
+/// hf`", "set `format = jsonl`", "remove `fp16_backend`", "use `zero 3`" — adds it as a fix: the
+/// key is the recipe's one key of that name (written, for a removal), a label change only for
+/// `zero` and `optimizer` (whose kinds share their keys). Help text naming anything else (`…`
+/// placeholders, raw keys, other files) adds nothing.
+pub fn add_named_edits(d: &mut Diagnostic, r: &Resolved) {
+    let Some(help) = d.help.clone() else {
+        return;
+    };
+    let mut rest = help.as_str();
+    while let Some(open) = rest.find('`') {
+        let before = &rest[..open];
+        let Some(close) = rest[open + 1..].find('`') else {
+            break;
+        };
+        let snippet = &rest[open + 1..open + 1 + close];
+        rest = &rest[open + close + 2..];
+        // "write `owner = deepspeed` with `torch_adam = true`": two edits, not this one alone.
+        let compound = rest.starts_with(" with `") || rest.starts_with(" and `");
+        let before = before.trim_end();
+        let verb = before.rsplit(' ').next().unwrap_or("");
+        // Only an edit the help offers as a way to fix it: at the start of the help or of an
+        // alternative ("…, or set `x = 1`"), not one mentioned in an explanation after a colon.
+        let lead = before[..before.len() - verb.len()].trim_end();
+        let offered = lead.is_empty()
+            || lead.ends_with(" or")
+            || lead.ends_with(';')
+            || lead.ends_with(',')
+            || lead == "or";
+        if snippet.contains('…') || !offered || compound {
+            continue;
+        }
+        let fix = match verb {
+            "remove" | "drop" => removal_of(r, snippet),
+            "write" | "set" | "use" => setting_of(r, snippet),
+            _ => None,
+        };
+        if let Some((title, span, text)) = fix {
+            if !d.fixes.iter().any(|f| f.title == title) {
+                d.fixes.push(crate::diagnostics::Fix {
+                    title,
+                    edits: vec![crate::diagnostics::Edit { span, text }],
+                });
+            }
+        }
+    }
+}
+
+/// The written item named `name` (one only), as a removal.
+fn removal_of(r: &Resolved, name: &str) -> Option<(String, Span, String)> {
+    let mut found = r
+        .item_spans
+        .iter()
+        .filter(|(k, _)| k.split_once('.').is_some_and(|(_, n)| n == name));
+    let (_, span) = found.next()?;
+    if found.next().is_some() {
+        return None;
+    }
+    Some((format!("remove `{name}`"), *span, String::new()))
+}
+
+/// `name = value` for the recipe's one key of that name, or `zero N` / `optimizer KIND`.
+fn setting_of(r: &Resolved, snippet: &str) -> Option<(String, Span, String)> {
+    let key = if let Some((name, value)) = snippet.split_once(" = ") {
+        let name = name.trim();
+        // The written one, else the one block of the schema that has it.
+        let written: Vec<&String> = r
+            .item_spans
+            .keys()
+            .filter(|k| k.split_once('.').is_some_and(|(_, n)| n == name))
+            .collect();
+        let key = match written[..] {
+            [k] => k.clone(),
+            [] => {
+                let blocks: Vec<&str> = crate::schema::BLOCKS
+                    .iter()
+                    .filter(|b| b.key(name).is_some())
+                    .map(|b| b.name)
+                    .collect();
+                match blocks[..] {
+                    [b] => format!("{b}.{name}"),
+                    _ => return None,
+                }
+            }
+            _ => return None,
+        };
+        (key, value.trim().to_string())
+    } else {
+        let (block, label) = snippet.split_once(' ')?;
+        if !matches!(block, "zero" | "optimizer") || label.contains(' ') {
+            return None;
+        }
+        (format!("{block}.{}", label_key(block)), label.to_string())
+    };
+    let (span, text) = set(r, &key.0, &key.1)?;
+    Some((format!("write `{snippet}`"), span, text))
 }
 
 /// Adds the fix "remove `key = value`" when the item is written in the recipe (the separators

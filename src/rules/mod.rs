@@ -94,6 +94,7 @@ pub fn check(r: &Resolved) -> Vec<Diagnostic> {
     }
     for d in &mut out {
         fix::add_target_upgrade(d, r);
+        fix::add_named_edits(d, r);
     }
     out
 }

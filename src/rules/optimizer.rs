@@ -275,7 +275,7 @@ fn optional_dependency(r: &Resolved, o: &Opt, out: &mut Vec<Diagnostic>) {
     let d = d.with_help(
         "install bitsandbytes where the run trains (`pip install -U bitsandbytes`), or write `owner = deepspeed` (DeepSpeed builds its own FusedLion)",
     );
-    out.push(fix::with_set(d, r, "optimizer.owner", "deepspeed"));
+    out.push(to_deepspeed(d, r));
 }
 
 /// `amsgrad = true` on DeepSpeed's Adam: FusedAdam (and DeepSpeedCPUAdam under optimizer offload)
@@ -413,7 +413,7 @@ fn hf_drops(r: &Resolved, o: &Opt, d: Dropped) -> Diagnostic {
     if matches!(key, "no_decay" | "amsgrad") && later.is_none() {
         diag
     } else {
-        fix::with_set(diag, r, "optimizer.owner", "deepspeed")
+        to_deepspeed(diag, r)
     }
 }
 
@@ -561,6 +561,12 @@ fn adam_l2(r: &Resolved, o: &Opt) -> Diagnostic {
     d.with_help("for decoupled weight decay (HF Trainer's default, AdamW) write `optimizer adamw`")
 }
 
+/// Adds the fix `owner = deepspeed` (fix::set declines it where the target transformers would
+/// then refuse the recipe's HF schedule, R0413).
+fn to_deepspeed(d: Diagnostic, r: &Resolved) -> Diagnostic {
+    fix::with_set(d, r, "optimizer.owner", "deepspeed")
+}
+
 /// HF's `optim` has no LAMB, no 1-bit optimizer and no classic Adam
 /// (huggingface/transformers@v5.24.0:src/transformers/training_args.py:OptimizerNames: adamw_*,
 /// adafactor, sgd, adagrad, lion_*, rmsprop, …), so `owner = hf` cannot build these.
@@ -598,7 +604,7 @@ fn no_hf_optimizer(r: &Resolved, o: &Opt) -> Diagnostic {
             d = d.with_secondary(span, "an L2 penalty");
         }
     }
-    fix::with_set(d.with_help(help), r, "optimizer.owner", "deepspeed")
+    to_deepspeed(d.with_help(help), r)
 }
 
 /// R-P02 (docs/upstream.md §6.3): with ZeRO (stage ≥ 1) DeepSpeed asserts that the basic
@@ -834,7 +840,7 @@ fn hf_optimizer_replaced(r: &Resolved, o: &Opt) -> Option<Diagnostic> {
             Some(if ds_fix.is_empty() {
                 d
             } else {
-                fix::with_set(d, r, "optimizer.owner", "deepspeed")
+                to_deepspeed(d, r)
             })
         }
     }
@@ -863,7 +869,7 @@ fn client_optimizer_offload(r: &Resolved, o: &Opt) -> Diagnostic {
     let d = d.with_help(
         "write `owner = deepspeed` (DeepSpeedCPUAdam), or add `deepspeed { zero_force_ds_cpu_optimizer = false }` to run HF's optimizer on the CPU copies",
     );
-    fix::with_set(d, r, "optimizer.owner", "deepspeed")
+    to_deepspeed(d, r)
 }
 
 /// docs/upstream.md §4.2 (transformers v4.6.1): transformers before 4.9 (PR #12690) raise "ZeRO
@@ -907,7 +913,7 @@ fn offload_needs_ds_optimizer(r: &Resolved, o: &Opt) -> Option<Diagnostic> {
     let d = d.with_help(format!(
         "write `owner = deepspeed` (DeepSpeed builds the optimizer), or remove the offload{upgrade}"
     ));
-    Some(fix::with_set(d, r, "optimizer.owner", "deepspeed"))
+    Some(to_deepspeed(d, r))
 }
 
 /// docs/upstream.md §4.2: with a DeepSpeed `optimizer` section and no DeepSpeed `scheduler` (an HF
