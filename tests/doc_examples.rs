@@ -359,41 +359,56 @@ fn the_range_check_finds_a_stale_range() {
 /// `recipe steps` where HF and DeepSpeed disagree).
 const RUN: &[(&str, &str, i32)] = &[
     ("README.md", "recipe check recipes/cls.rcp", 0),
-    ("README.md", "recipe check recipes/*.rcp", 0),
+    ("docs/commands.md", "recipe check recipes/*.rcp", 0),
     (
-        "README.md",
+        "docs/commands.md",
         "recipe check --gpus 8 --nodes 2 recipes/cls.rcp",
         0,
     ),
     // The step drift of accelerate 1.7 (R0201) is an error.
     (
-        "README.md",
+        "docs/commands.md",
         "recipe check --target accelerate=1.7.0 recipes/cls.rcp",
         1,
     ),
     (
-        "README.md",
+        "docs/commands.md",
         "recipe check --set batch.micro=8 recipes/cls.rcp",
         0,
     ),
     ("README.md", "recipe explain recipes/cls.rcp", 0),
     (
-        "README.md",
+        "docs/commands.md",
         "recipe explain recipes/cls.rcp batch.global --gpus 4",
         0,
     ),
     (
-        "README.md",
+        "docs/commands.md",
         "recipe steps recipes/cls.rcp --versions transformers=4.26.0",
         1,
     ),
     (
-        "README.md",
+        "docs/commands.md",
         "recipe check --target native recipes/cls.rcp",
         0,
     ),
-    ("README.md", "recipe fmt --check recipes/*.rcp", 0),
+    ("docs/commands.md", "recipe fmt --check recipes/*.rcp", 0),
     ("docs/editors.md", "recipe lsp --help", 0),
+    (
+        "docs/own-model-and-data.md",
+        "recipe check docs/examples/own-csv.rcp",
+        0,
+    ),
+    (
+        "docs/own-model-and-data.md",
+        "recipe check --target native docs/examples/own-csv.rcp",
+        0,
+    ),
+    (
+        "docs/own-model-and-data.md",
+        "recipe explain docs/examples/own-csv.rcp",
+        0,
+    ),
 ];
 
 /// The others, and why they are not run here.
@@ -413,6 +428,7 @@ const NOT_RUN: &[(&str, &str)] = &[
     ("recipe verify recipes/", "Python"),
     ("recipe run recipes/spam.rcp", "training"),
     ("recipe run recipes/cls.rcp --gpus 4", "training"),
+    ("recipe run docs/examples/own-csv.rcp", "training (docs/own-model-and-data.md shows a real run)"),
     ("recipe run build/spam/plan.json", "training"),
     ("recipe run recipes/spam.rcp --stop-after 20", "training"),
     ("recipe run recipes/spam.rcp --resume recipes/out/spam/checkpoint-20", "training"),
