@@ -559,6 +559,15 @@ def main() -> int:
         if rec["check"]["errors"]:
             rec["verdict"] = "refused"
             rec["evidence"] = refusal_evidence(kind, rec["check"]["errors"])
+            # A real run of this very recipe, from before the checker refused it (--reuse keeps
+            # it): the best evidence there is.
+            for saved in sorted((work / name).glob("run*.json")):
+                r = json.loads(saved.read_text())
+                if "error" in r:
+                    rec["real"] = {"error": r["error"], "raised_at": r.get("raised_at")}
+                    rec["evidence"] = [f"the real Trainer run of this recipe ({saved.name}) stops: "
+                                       f"{r['error']} at {r.get('raised_at')}"]
+                    break
             records.append(rec)
             continue
         rec["verdict"] = "accepted"

@@ -792,7 +792,34 @@ fn hf_optimizer_replaced(r: &Resolved, o: &Opt) -> Option<Diagnostic> {
     let lr = r.num("optimizer.lr");
     let span = anchor(r, "zero.offload optimizer");
     match cpu_replacement(r, kind) {
-        Ok(_) if kind != "adamw" => None,
+        // accelerate (≥ 1.2.0, accelerate/utils/deepspeed.py:map_pytorch_optim_to_deepspeed)
+        // sets `adamw_mode` in the defaults for every optimizer before it picks the class, and
+        // DeepSpeedCPUAdagrad / DeepSpeedCPULion take no such argument (DeepSpeed 0.8.3–0.19.8
+        // ops/adagrad/cpu_adagrad.py, ops/lion/cpu_lion.py): the run stops at start (seen with
+        // accelerate 1.15.0 + DeepSpeed 0.19.8 in conformance/fixtures/owners.json).
+        Ok(class) if kind != "adamw" => {
+            let mut d = Diagnostic::error(
+                HF_OPTIMIZER_REPLACED,
+                format!(
+                    "with `owner = hf` and optimizer offload, accelerate {acc} rebuilds HF's {} as {class} and passes it `adamw_mode`, which {class} does not take: the run stops at start with \"TypeError: {class}.__init__() got an unexpected keyword argument 'adamw_mode'\"",
+                    display(kind)
+                ),
+                span,
+            )
+            .with_label(format!(
+                "offload optimizer = {}: HF's optimizer is rebuilt for the CPU",
+                o.offload_optimizer
+            ));
+            if let Some(s) = r.span("optimizer.owner") {
+                d = d.with_secondary(s, "HF builds the optimizer");
+            }
+            d = with_target(d, r, Library::Accelerate);
+            let d = d.with_help(format!(
+                "write `owner = deepspeed` (DeepSpeed builds {class} from its config), remove the optimizer offload, or add `deepspeed {{ zero_force_ds_cpu_optimizer = false }}` to keep HF's {} (it then steps on the CPU copies)",
+                display(kind)
+            ));
+            Some(to_deepspeed(d, r))
+        }
         Ok(becomes) => {
             let d = note(
                 HF_OPTIMIZER_REPLACED,
