@@ -310,7 +310,9 @@ fn check_items(
         }
         given.insert(&key.text, key.span);
         if !applies(key_spec) {
-            out.push(not_for_kind(spec, &title, key_spec, key.span));
+            let d = not_for_kind(spec, &title, key_spec, key.span);
+            let span = removal(file, block, item);
+            out.push(d.with_fix(format!("remove `{}`", key.text), span, ""));
             continue;
         }
         if let Err(m) = key_spec.ty.check(&item.value) {

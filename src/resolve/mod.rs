@@ -78,6 +78,8 @@ pub struct Resolved {
     pub text_end: usize,
     /// What to delete to remove each written key's item, separator included (for fixes).
     pub item_spans: HashMap<String, Span>,
+    /// The same for raw keys: `deepspeed.<dotted path>`, `hf.<dotted path>`.
+    pub raw_item_spans: HashMap<String, Span>,
 }
 
 /// Where a new `key = value` goes in a written block.
@@ -110,6 +112,7 @@ impl Resolved {
             block_inserts: HashMap::new(),
             text_end: 0,
             item_spans: HashMap::new(),
+            raw_item_spans: HashMap::new(),
         }
     }
 
@@ -309,6 +312,7 @@ pub fn resolve(file: &File, options: &Options) -> Resolved {
                 if let Some(body) = block.and_then(|b| b.body.as_ref()) {
                     let mut raw = Vec::new();
                     flatten_raw(&body.entries, &mut String::new(), &mut raw);
+                    raw_removals(body, spec.name, &file.comments, &mut r.raw_item_spans);
                     match kind {
                         crate::schema::RawKind::DeepSpeed => r.raw_deepspeed = raw,
                         crate::schema::RawKind::Hf => r.raw_hf = raw,
@@ -400,6 +404,25 @@ fn resolve_targets(r: &mut Resolved, block: Option<&Block>, options: &Options) {
         }
     }
     r.facts = Facts::for_targets(&r.targets);
+}
+
+/// What to delete to remove each raw entry (sections too), keyed `<prefix>.<path>`.
+fn raw_removals(
+    body: &crate::syntax::ast::Body,
+    prefix: &str,
+    comments: &[crate::syntax::ast::Comment],
+    out: &mut HashMap<String, Span>,
+) {
+    for (i, entry) in body.entries.iter().enumerate() {
+        let path = format!("{prefix}.{}", entry.key().text);
+        out.insert(
+            path.clone(),
+            crate::syntax::edit::removal_span(body, i, comments),
+        );
+        if let Entry::Section(section) = entry {
+            raw_removals(&section.body, &path, comments, out);
+        }
+    }
 }
 
 /// Flattens raw entries below `prefix` (a dotted path, empty at the top; restored on return).

@@ -135,6 +135,10 @@ pub fn add_named_edits(d: &mut Diagnostic, r: &Resolved) {
         rest = &rest[open + close + 2..];
         // "write `owner = deepspeed` with `torch_adam = true`": two edits, not this one alone.
         let compound = rest.starts_with(" with `") || rest.starts_with(" and `");
+        // "remove `seed` from `hf { }`": a raw key, not the typed one of that name.
+        let raw = ["deepspeed", "hf"]
+            .into_iter()
+            .find(|b| rest.starts_with(&format!(" from `{b} {{")));
         let before = before.trim_end();
         let verb = before.rsplit(' ').next().unwrap_or("");
         // Only an edit the help offers as a way to fix it: at the start of the help or of an
@@ -149,7 +153,7 @@ pub fn add_named_edits(d: &mut Diagnostic, r: &Resolved) {
             continue;
         }
         let fix = match verb {
-            "remove" | "drop" => removal_of(r, snippet),
+            "remove" | "drop" => removal_of(r, snippet, raw),
             "write" | "set" | "use" => setting_of(r, snippet),
             _ => None,
         };
@@ -164,8 +168,17 @@ pub fn add_named_edits(d: &mut Diagnostic, r: &Resolved) {
     }
 }
 
-/// The written item named `name` (one only), as a removal.
-fn removal_of(r: &Resolved, name: &str) -> Option<(String, Span, String)> {
+/// The written item named `name` (one only), as a removal; in a raw block, the entry at that
+/// dotted path.
+fn removal_of(r: &Resolved, name: &str, raw: Option<&str>) -> Option<(String, Span, String)> {
+    if let Some(block) = raw {
+        let span = r.raw_item_spans.get(&format!("{block}.{name}"))?;
+        return Some((
+            format!("remove `{name}` from `{block} {{ }}`"),
+            *span,
+            String::new(),
+        ));
+    }
     let mut found = r
         .item_spans
         .iter()

@@ -558,7 +558,10 @@ fn adam_l2(r: &Resolved, o: &Opt) -> Diagnostic {
     if let Some(span) = r.span("optimizer.weight_decay") {
         d = d.with_secondary(span, "an L2 penalty here");
     }
-    d.with_help("for decoupled weight decay (HF Trainer's default, AdamW) write `optimizer adamw`")
+    let d = d.with_help(
+        "for decoupled weight decay (HF Trainer's default, AdamW) write `optimizer adamw`",
+    );
+    fix::with_set(d, r, "optimizer.kind", "adamw")
 }
 
 /// Adds the fix `owner = deepspeed` (fix::set declines it where the target transformers would

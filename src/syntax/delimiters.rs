@@ -128,6 +128,8 @@ pub fn scan(text: &str) -> Option<Diagnostic> {
 
 fn unterminated_string(text: &str, start: usize, end: usize) -> Diagnostic {
     let end = end.min(text.len());
+    // The quote goes after the line's last character that is not a space.
+    let close = start + text[start..end].trim_end().len();
     Diagnostic::error(
         codes::UNTERMINATED_STRING,
         "unterminated string",
@@ -135,6 +137,7 @@ fn unterminated_string(text: &str, start: usize, end: usize) -> Diagnostic {
     )
     .with_label("this string has no closing `\"`")
     .with_help("close it with `\"` on the same line; strings cannot span lines (write `\\n` for a line break)")
+    .with_fix("close the string at the end of the line", Span::new(close, close), "\"")
 }
 
 #[cfg(test)]
