@@ -77,7 +77,7 @@ pub fn run(file: &Path, key: Option<&str>, files: Files<'_>, flags: &RecipeFlags
     };
     let rep = report(&resolved, Some(&source));
     if let Some(path) = files.plot {
-        if let Err(e) = plot(&rep, &resolved, path) {
+        if let Err(e) = plot(&rep, path) {
             eprintln!("error: {e}");
             return USAGE;
         }
@@ -133,7 +133,7 @@ pub fn run(file: &Path, key: Option<&str>, files: Files<'_>, flags: &RecipeFlags
 }
 
 /// `--plot`: HF's and DeepSpeed's LR per optimizer step, epoch ends, the steps they differ at.
-fn plot(rep: &Report, r: &recipe::resolve::Resolved, path: &Path) -> Result<(), String> {
+fn plot(rep: &Report, path: &Path) -> Result<(), String> {
     use recipe_runtime::plot::{lr_chart, Curve};
     if rep.lr.is_empty() {
         return Err(
@@ -167,8 +167,10 @@ fn plot(rep: &Report, r: &recipe::resolve::Resolved, path: &Path) -> Result<(), 
             points: &ds,
         });
     }
-    let per_epoch = r.count("steps.per_epoch");
-    let total = r.count("steps.total");
+    let (per_epoch, total) = rep
+        .steps
+        .as_ref()
+        .map_or((0, 0), |s| (s.per_epoch, s.total));
     let epoch_ends: Vec<u64> = (1..)
         .map(|e| e * per_epoch)
         .take_while(|&s| per_epoch > 0 && s <= total)
