@@ -60,3 +60,35 @@ fn explain_plot_without_a_sample_count_says_why() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("number of training samples is unknown"));
 }
+
+#[test]
+fn steps_draws_the_timelines_and_marks_the_drift() {
+    let dir = std::env::temp_dir().join(format!("recipe-steps-plot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("steps.svg");
+    // The seed's step drift: transformers 4.26.0 steps at an epoch's end where DeepSpeed does not.
+    let out = Command::new(env!("CARGO_BIN_EXE_recipe"))
+        .args([
+            "steps",
+            "recipes/cls.rcp",
+            "--versions",
+            "transformers=4.26.0",
+            "--plot",
+        ])
+        .arg(&svg)
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "the timelines diverge");
+    let text = std::fs::read_to_string(&svg).unwrap();
+    for label in [
+        "HF global_step (transformers 4.26.0",
+        "DeepSpeed global_steps (transformers 4.26.0",
+        "HF global_step (transformers 5.24.0",
+        "epoch end",
+        "the curves differ",
+    ] {
+        assert!(text.contains(label), "no `{label}` in the picture");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

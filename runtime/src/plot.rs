@@ -5,8 +5,9 @@
 //! - `loss.svg` / `loss.png`: training loss per logged step, evaluation loss per evaluation, the
 //!   LR on the right-hand axis, skipped (overflow) steps marked; below it, evaluation accuracy;
 //! - `throughput.svg`: samples per second per logged step;
-//! - [`lr_chart`]: LR curves per optimizer step (`recipe explain --plot`), with epoch ends and
-//!   the steps where the curves disagree marked.
+//! - [`curves_chart`]: LR curves per optimizer step (`recipe explain --plot`) and optimizer steps
+//!   per micro-batch (`recipe steps --plot`), with epoch ends and the points where the curves
+//!   disagree marked.
 //!
 //! Each picture is written to a temporary file and renamed into place.
 
@@ -306,7 +307,7 @@ fn throughput_chart<DB: DrawingBackend>(
     root.present().map_err(e)
 }
 
-/// One curve of [`lr_chart`].
+/// One curve of [`curves_chart`].
 pub struct Curve<'a> {
     /// Its legend.
     pub name: &'a str,
@@ -314,11 +315,36 @@ pub struct Curve<'a> {
     pub points: &'a [(u64, f64)],
 }
 
-/// The LR per optimizer step of each curve, as SVG: epoch ends as vertical lines, the steps
-/// where the first two curves differ marked.
-pub fn lr_chart(
+/// The axes of a [`curves_chart`].
+pub struct Axes {
+    /// The x axis' description.
+    pub x: &'static str,
+    /// The y axis' description.
+    pub y: &'static str,
+    /// Label the values as 1.0e-5 (LRs) rather than plainly (counts).
+    pub scientific: bool,
+}
+
+/// The LR per optimizer step (`recipe explain --plot`).
+pub const LR_AXES: Axes = Axes {
+    x: "optimizer step",
+    y: "learning rate",
+    scientific: true,
+};
+
+/// The optimizer steps each side has taken after every micro-batch (`recipe steps --plot`).
+pub const STEPS_AXES: Axes = Axes {
+    x: "micro-batch",
+    y: "optimizer steps taken",
+    scientific: false,
+};
+
+/// Curves as SVG: epoch ends as vertical lines, the x values where the first two curves differ
+/// marked on the first.
+pub fn curves_chart(
     path: &Path,
     title: &str,
+    axes: &Axes,
     curves: &[Curve<'_>],
     epoch_ends: &[u64],
     differ: &[u64],
@@ -346,12 +372,19 @@ pub fn lr_chart(
             .y_label_area_size(80)
             .build_cartesian_2d(0..last + 1, y.clone())
             .map_err(e)?;
+        let scientific = axes.scientific;
         chart
             .configure_mesh()
             .light_line_style(GRID)
-            .x_desc("optimizer step")
-            .y_desc("learning rate")
-            .y_label_formatter(&|v| format!("{v:.1e}"))
+            .x_desc(axes.x)
+            .y_desc(axes.y)
+            .y_label_formatter(&|v| {
+                if scientific {
+                    format!("{v:.1e}")
+                } else {
+                    format!("{v:.0}")
+                }
+            })
             .draw()
             .map_err(e)?;
         let colours = [TRAIN, EVAL, LR];
@@ -512,9 +545,10 @@ mod tests {
         let hf: Vec<(u64, f64)> = (1..=10).map(|s| (s, s as f64 * 1e-5)).collect();
         let ds: Vec<(u64, f64)> = (1..=10).map(|s| (s, (s as f64 - 0.5) * 1e-5)).collect();
         let path = dir.path().join("lr.svg");
-        lr_chart(
+        curves_chart(
             &path,
             "lr",
+            &LR_AXES,
             &[
                 Curve {
                     name: "HF linear",

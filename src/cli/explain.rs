@@ -134,7 +134,7 @@ pub fn run(file: &Path, key: Option<&str>, files: Files<'_>, flags: &RecipeFlags
 
 /// `--plot`: HF's and DeepSpeed's LR per optimizer step, epoch ends, the steps they differ at.
 fn plot(rep: &Report, path: &Path) -> Result<(), String> {
-    use recipe_runtime::plot::{lr_chart, Curve};
+    use recipe_runtime::plot::{curves_chart, Curve, LR_AXES};
     if rep.lr.is_empty() {
         return Err(
             "--plot: no LR to draw (the number of training samples is unknown: give `data.samples` or --samples)"
@@ -186,7 +186,7 @@ fn plot(rep: &Report, path: &Path) -> Result<(), String> {
         _ => "HF builds it",
     };
     let title = format!("{}: learning rate per optimizer step ({owner})", rep.name);
-    lr_chart(path, &title, &curves, &epoch_ends, &differ).map_err(|e| e.to_string())
+    curves_chart(path, &title, &LR_AXES, &curves, &epoch_ends, &differ).map_err(|e| e.to_string())
 }
 
 fn table(rows: &[Vec<String>]) -> String {

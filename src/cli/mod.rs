@@ -192,6 +192,10 @@ enum Command {
         /// Print every micro-batch (default: the first window, epoch ends and disagreements).
         #[arg(long)]
         all: bool,
+        /// Draw the optimizer steps HF and DeepSpeed have taken after every micro-batch, with the
+        /// epoch ends and the micro-batches where they step differently marked, to this SVG file.
+        #[arg(long, value_name = "FILE.svg")]
+        plot: Option<PathBuf>,
         #[command(flatten)]
         flags: RecipeFlags,
     },
@@ -492,8 +496,9 @@ pub fn main() -> i32 {
             file,
             versions,
             all,
+            plot,
             flags,
-        } => steps::run(&file, &versions, all, &flags),
+        } => steps::run(&file, &versions, all, plot.as_deref(), &flags),
         Command::Build {
             file,
             out,

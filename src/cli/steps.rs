@@ -68,6 +68,71 @@ fn timeline_for(resolved: &Resolved, targets: Targets) -> Option<Timeline> {
     })
 }
 
+/// `--plot`: per timeline, the optimizer steps HF and DeepSpeed have taken after each
+/// micro-batch; the epoch ends, and the micro-batches where the first diverging timeline's two
+/// sides step differently, marked.
+fn draw(timelines: &[Timeline], r: &Resolved, path: &Path) -> Result<(), String> {
+    use recipe_runtime::plot::{curves_chart, Curve, STEPS_AXES};
+    // The first timeline that diverges comes first: its differences are marked on its curve.
+    let first = timelines
+        .iter()
+        .find(|t| t.diverges)
+        .or(timelines.first())
+        .ok_or("no timeline")?;
+    let ordered =
+        std::iter::once(first).chain(timelines.iter().filter(|t| !std::ptr::eq(*t, first)));
+    let mut names = Vec::new();
+    let mut points = Vec::new();
+    for tl in ordered {
+        let versions = if timelines.len() > 1 {
+            format!(
+                " (transformers {}, accelerate {}, deepspeed {})",
+                tl.transformers, tl.accelerate, tl.deepspeed
+            )
+        } else {
+            String::new()
+        };
+        names.push(format!("HF global_step{versions}"));
+        points.push(
+            tl.rows
+                .iter()
+                .map(|x| (x.count, x.hf_global as f64))
+                .collect::<Vec<_>>(),
+        );
+        names.push(format!("DeepSpeed global_steps{versions}"));
+        points.push(
+            tl.rows
+                .iter()
+                .map(|x| (x.count, x.ds_global as f64))
+                .collect::<Vec<_>>(),
+        );
+    }
+    let curves: Vec<Curve<'_>> = names
+        .iter()
+        .zip(&points)
+        .map(|(name, points)| Curve { name, points })
+        .collect();
+    let epoch_ends: Vec<u64> = first
+        .rows
+        .iter()
+        .filter(|x| x.step_in_epoch == first.batches_per_epoch)
+        .map(|x| x.count)
+        .collect();
+    let differ: Vec<u64> = first
+        .rows
+        .iter()
+        .filter(|x| x.hf_step != x.ds_step)
+        .map(|x| x.count)
+        .collect();
+    let title = format!(
+        "{}: optimizer steps per micro-batch (accumulate {})",
+        r.text("recipe.name"),
+        first.accumulate
+    );
+    curves_chart(path, &title, &STEPS_AXES, &curves, &epoch_ends, &differ)
+        .map_err(|e| e.to_string())
+}
+
 /// The native runtime's accounting (`recipe_runtime::accounting::native`, which the training
 /// loop asserts its own count against).
 fn native(r: &Resolved) -> Option<NativeSteps> {
@@ -82,7 +147,13 @@ fn native(r: &Resolved) -> Option<NativeSteps> {
     ))
 }
 
-pub fn run(file: &Path, versions: &[String], all: bool, flags: &RecipeFlags) -> i32 {
+pub fn run(
+    file: &Path,
+    versions: &[String],
+    all: bool,
+    plot: Option<&Path>,
+    flags: &RecipeFlags,
+) -> i32 {
     let (_, resolved, _) = match load(file, flags) {
         Ok(loaded) => loaded,
         Err(code) => return code,
@@ -105,6 +176,12 @@ pub fn run(file: &Path, versions: &[String], all: bool, flags: &RecipeFlags) -> 
                 eprintln!("error: the number of training samples is unknown: give data.samples or --samples");
                 return FAILED;
             }
+        }
+    }
+    if let Some(path) = plot {
+        if let Err(e) = draw(&timelines, &resolved, path) {
+            eprintln!("error: {e}");
+            return USAGE;
         }
     }
     let native = native(&resolved);
