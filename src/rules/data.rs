@@ -426,6 +426,27 @@ fn missing_fields(r: &Resolved, key: &str, written: &str, scan: &DataScan) -> Ve
     out
 }
 
+/// With `classify(labels: N)` (a count), the distinct label names of the local training file,
+/// sorted as HF's text-classification script numbers them (`label_list.sort()`); None when the
+/// task names its classes, the file is not local, or its labels are ids.
+pub fn names_under_a_count(r: &Resolved) -> Option<Vec<String>> {
+    let Classes::Count(_) = Classes::of(r)? else {
+        return None;
+    };
+    let path = files::local_path(r, r.str("data.train")?);
+    let scan = files::scan_data(&path, &files::scan_spec(r)).ok()?;
+    let mut names: Vec<String> = scan
+        .labels
+        .iter()
+        .filter_map(|s| match &s.value {
+            LabelValue::Str(n) => Some(n.clone()),
+            _ => None,
+        })
+        .collect();
+    names.sort();
+    (!names.is_empty()).then_some(names)
+}
+
 /// The classes a task declares.
 #[derive(Debug, Clone, Copy)]
 enum Classes<'a> {

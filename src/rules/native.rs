@@ -114,6 +114,28 @@ fn model(r: &Resolved, out: &mut Vec<Diagnostic>) {
 }
 
 fn data(r: &Resolved, out: &mut Vec<Diagnostic>) {
+    // The runtime maps label names only to the names a task declares (runtime/src/data/labels.rs
+    // `LabelSet::id_of_str`); with a count it reads ids, where HF's script numbers the names.
+    if let Some(names) = super::data::names_under_a_count(r) {
+        let list: Vec<String> = names
+            .iter()
+            .map(|n| crate::commands::format::quote(n))
+            .collect();
+        let task = format!("classify(labels: [{}])", list.join(", "));
+        let d = Diagnostic::error(
+            DATA,
+            format!(
+                "the training file's labels are names ({}), but the task declares a count: the native runtime reads labels as ids then, and stops at the first name",
+                list.join(", ")
+            ),
+            anchor(r, "model.task"),
+        )
+        .with_label("a count of classes")
+        .with_help(format!(
+            "declare the names, in the order HF's script numbers them (sorted): `task = {task}`"
+        ));
+        out.push(super::fix::with_set(d, r, "model.task", &task));
+    }
     if r.uint("data.samples").unwrap_or(0) == 0 {
         out.push(
             Diagnostic::error(
