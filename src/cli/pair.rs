@@ -5,7 +5,6 @@ use std::path::{Path, PathBuf};
 
 use recipe::diagnostics::{render_human_with, to_json_with};
 use recipe::pair::{self as lint, ArgsInput, Options};
-use recipe::upstream::versions::Targets;
 use recipe::SourceFile;
 
 use super::{read, style, Format, RecipeFlags, FAILED, OK, USAGE};
@@ -55,17 +54,11 @@ pub fn options(
     no_eval_data: bool,
 ) -> Result<Options, String> {
     let options = flags.options(file)?;
-    let mut targets = Targets::newest();
-    for (lib, v) in &options.targets {
-        targets.set(*lib, *v);
-    }
-    Ok(Options {
-        world: flags.gpus.unwrap_or(1) * flags.nodes.unwrap_or(1),
-        samples: flags.samples,
+    Ok(Options::from_recipe(
+        &options,
         hidden_size,
-        has_eval: no_eval_data.then_some(false),
-        targets,
-    })
+        no_eval_data.then_some(false),
+    ))
 }
 
 /// Prints a pair's findings: human on stderr, or JSON lines on stdout (on stderr with

@@ -179,7 +179,7 @@ pub struct Server {
     encoding: Encoding,
     docs: HashMap<Uri, Open>,
     /// Documents changed since their diagnostics were last published.
-    dirty: BTreeSet<String>,
+    dirty: BTreeSet<Uri>,
 }
 
 impl Server {
@@ -278,7 +278,7 @@ impl Server {
                 } else {
                     Kind::Other
                 };
-                self.dirty.insert(item.uri.as_str().to_string());
+                self.dirty.insert(item.uri.clone());
                 self.docs.insert(
                     item.uri,
                     Open {
@@ -302,7 +302,7 @@ impl Server {
                         open.doc.apply(change, self.encoding);
                     }
                     open.doc.version = p.text_document.version;
-                    self.dirty.insert(uri.as_str().to_string());
+                    self.dirty.insert(uri.clone());
                     if open.kind == Kind::Pair {
                         self.pair_changed(&uri);
                     }
@@ -313,13 +313,12 @@ impl Server {
                     serde_json::from_value::<lsp_types::DidCloseTextDocumentParams>(n.params)
                 {
                     self.docs.remove(&p.text_document.uri);
-                    self.dirty.remove(p.text_document.uri.as_str());
+                    self.dirty.remove(&p.text_document.uri);
                 }
             }
             notif::DidSaveTextDocument::METHOD => {
                 // A data file may have changed too: check every recipe again.
-                let all: Vec<String> = self.docs.keys().map(|u| u.as_str().to_string()).collect();
-                self.dirty.extend(all);
+                self.dirty.extend(self.docs.keys().cloned());
             }
             _ => {}
         }
@@ -327,13 +326,16 @@ impl Server {
 
     /// The diagnostics of every changed document, as notifications (a closed document's list
     /// is not published again).
+    // lsp_types::Uri holds a fluent_uri buffer clippy cannot see through; its Ord and Hash
+    // read only the text, which never changes once parsed.
+    #[allow(clippy::mutable_key_type)]
     pub fn publish_dirty(&mut self) -> Vec<Notification> {
         let dirty = std::mem::take(&mut self.dirty);
         let mut out = Vec::new();
-        for key in dirty {
-            let Some(uri) = self.docs.keys().find(|u| u.as_str() == key).cloned() else {
+        for uri in dirty {
+            if !self.docs.contains_key(&uri) {
                 continue;
-            };
+            }
             let params = self.diagnostics(&uri);
             out.push(Notification::new(
                 notif::PublishDiagnostics::METHOD.into(),
@@ -352,13 +354,13 @@ impl Server {
         let Some(dir) = dir else {
             return;
         };
-        let same_dir: Vec<String> = self
+        let same_dir: Vec<Uri> = self
             .docs
             .iter()
             .filter(|(_, o)| {
                 o.kind == Kind::Pair && o.path.as_ref().and_then(|p| p.parent()) == Some(&dir)
             })
-            .map(|(u, _)| u.as_str().to_string())
+            .map(|(u, _)| u.clone())
             .collect();
         self.dirty.extend(same_dir);
     }

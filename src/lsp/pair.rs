@@ -72,17 +72,7 @@ pub fn diagnostics(
     let args = args_text
         .as_ref()
         .map(|(p, t)| ArgsInput::Json(SourceFile::new(name(p), t.clone())));
-    let mut targets = crate::upstream::versions::Targets::newest();
-    for (lib, v) in &options.targets {
-        targets.set(*lib, *v);
-    }
-    let opts = pair::Options {
-        world: options.gpus.unwrap_or(1) * options.nodes.unwrap_or(1),
-        samples: options.samples,
-        hidden_size: None,
-        has_eval: None,
-        targets,
-    };
+    let opts = pair::Options::from_recipe(options, None, None);
     let report = pair::check(ds, args, &opts);
     let (Some(here_uri), other_path) = (
         super::file_uri(path),

@@ -801,22 +801,16 @@ fn hf_optimizer_replaced(r: &Resolved, o: &Opt) -> Option<Diagnostic> {
         // ops/adagrad/cpu_adagrad.py, ops/lion/cpu_lion.py): the run stops at start (seen with
         // accelerate 1.15.0 + DeepSpeed 0.19.8 in conformance/fixtures/owners.json).
         Ok(class) if kind != "adamw" => {
-            let mut d = Diagnostic::error(
-                HF_OPTIMIZER_REPLACED,
+            let d = rebuilt(
+                r,
+                o,
                 format!(
                     "with `owner = hf` and optimizer offload, accelerate {acc} rebuilds HF's {} as {class} and passes it `adamw_mode`, which {class} does not take: the run stops at start with \"TypeError: {class}.__init__() got an unexpected keyword argument 'adamw_mode'\"",
                     display(kind)
                 ),
                 span,
-            )
-            .with_label(format!(
-                "offload optimizer = {}: HF's optimizer is rebuilt for the CPU",
-                o.offload_optimizer
-            ));
-            if let Some(s) = r.span("optimizer.owner") {
-                d = d.with_secondary(s, "HF builds the optimizer");
-            }
-            d = with_target(d, r, Library::Accelerate);
+            );
+            let d = with_target(d, r, Library::Accelerate);
             let d = d.with_help(format!(
                 "write `owner = deepspeed` (DeepSpeed builds {class} from its config), remove the optimizer offload, or add `deepspeed {{ zero_force_ds_cpu_optimizer = false }}` to keep HF's {} (it then steps on the CPU copies)",
                 display(kind)
@@ -837,8 +831,9 @@ fn hf_optimizer_replaced(r: &Resolved, o: &Opt) -> Option<Diagnostic> {
             ))
         }
         Err(becomes) => {
-            let mut d = Diagnostic::error(
-                HF_OPTIMIZER_REPLACED,
+            let mut d = rebuilt(
+                r,
+                o,
                 format!(
                     "with `owner = hf` and optimizer offload, accelerate {acc} silently replaces HF's {} by {becomes} at lr {}: the run does not train with {}",
                     display(kind),
@@ -846,14 +841,7 @@ fn hf_optimizer_replaced(r: &Resolved, o: &Opt) -> Option<Diagnostic> {
                     display(kind)
                 ),
                 span,
-            )
-            .with_label(format!(
-                "offload optimizer = {}: HF's optimizer is rebuilt for the CPU",
-                o.offload_optimizer
-            ));
-            if let Some(s) = r.span("optimizer.owner") {
-                d = d.with_secondary(s, "HF builds the optimizer");
-            }
+            );
             if r.span("optimizer.kind").is_some() {
                 d = d.with_secondary(kind_span(r), format!("`{}`", o.kind));
             }
@@ -874,6 +862,19 @@ fn hf_optimizer_replaced(r: &Resolved, o: &Opt) -> Option<Diagnostic> {
             })
         }
     }
+}
+
+/// R0407's error: accelerate rebuilds HF's optimizer for the CPU (labels on the offload and, when
+/// written, the owner).
+fn rebuilt(r: &Resolved, o: &Opt, message: String, span: Span) -> Diagnostic {
+    let mut d = Diagnostic::error(HF_OPTIMIZER_REPLACED, message, span).with_label(format!(
+        "offload optimizer = {}: HF's optimizer is rebuilt for the CPU",
+        o.offload_optimizer
+    ));
+    if let Some(s) = r.span("optimizer.owner") {
+        d = d.with_secondary(s, "HF builds the optimizer");
+    }
+    d
 }
 
 /// R-O02 (docs/upstream.md §4.1): transformers < 4.30 passes HF's optimizer to

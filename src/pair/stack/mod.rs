@@ -121,6 +121,28 @@ pub struct Options {
     pub targets: Targets,
 }
 
+impl Options {
+    /// The pair options of the recipe flags (`--gpus`, `--nodes`, `--samples`, `--target`): the
+    /// world is GPUs × nodes, targets default to the newest releases.
+    pub fn from_recipe(
+        o: &crate::resolve::Options,
+        hidden_size: Option<u64>,
+        has_eval: Option<bool>,
+    ) -> Options {
+        let mut targets = crate::upstream::versions::Targets::newest();
+        for (lib, v) in &o.targets {
+            targets.set(*lib, *v);
+        }
+        Options {
+            world: o.gpus.unwrap_or(1) * o.nodes.unwrap_or(1),
+            samples: o.samples,
+            hidden_size,
+            has_eval,
+            targets,
+        }
+    }
+}
+
 /// Where a value of the working config came from.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Origin {
