@@ -12,6 +12,8 @@
 //! calling a kernel, and a kernel given inconsistent lengths panics (a bug, not bad input).
 
 pub mod cpu;
+pub mod device;
+pub mod kernels;
 
 pub use cpu::Cpu;
 

@@ -1,0 +1,57 @@
+// The C entry points of the emulation: launch a kernel by name with cuLaunchKernel-style
+// arguments (an array of pointers to the argument values), and list the kernels.
+#include "cuda_emu.hpp"
+
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "kernel_includes.inc"
+
+namespace {
+
+template <class... A, size_t... I>
+void call(void (*k)(A...), void** args, std::index_sequence<I...>) {
+    k(*static_cast<std::remove_cv_t<std::remove_reference_t<A>>*>(args[I])...);
+}
+
+template <class... A>
+void run(void (*k)(A...), dim3 g, dim3 b, size_t smem, void** args) {
+    emu::launch(g, b, smem, [&] { call(k, args, std::index_sequence_for<A...>{}); });
+}
+
+struct Entry {
+    const char* name;
+    void (*launch)(dim3, dim3, size_t, void**);
+};
+
+#define KERNEL(n) {#n, [](dim3 g, dim3 b, size_t s, void** a) { run(&n, g, b, s, a); }},
+const Entry table[] = {
+#include "kernel_table.inc"
+};
+
+}  // namespace
+
+// 0 on success; -1 for an unknown kernel; -2 for a launch shape a GPU refuses (more than 1024
+// threads per block, more than 48 KiB of dynamic shared memory without opting in, a grid's y or
+// z beyond 65535, an empty grid or block).
+extern "C" int recipe_emu_launch(const char* name, const unsigned* grid, const unsigned* block,
+                                 unsigned smem, void** args) {
+    unsigned threads = block[0] * block[1] * block[2];
+    if (threads == 0 || threads > 1024 || block[2] > 64 || smem > 48 * 1024 || grid[1] > 65535 ||
+        grid[2] > 65535 || grid[0] == 0 || grid[1] == 0 || grid[2] == 0)
+        return -2;
+    for (const Entry& e : table) {
+        if (std::strcmp(e.name, name) == 0) {
+            e.launch(dim3(grid[0], grid[1], grid[2]), dim3(block[0], block[1], block[2]), smem, args);
+            return 0;
+        }
+    }
+    return -1;
+}
+
+extern "C" unsigned recipe_emu_kernel_count() { return sizeof(table) / sizeof(table[0]); }
+
+extern "C" const char* recipe_emu_kernel_name(unsigned i) {
+    return i < recipe_emu_kernel_count() ? table[i].name : nullptr;
+}

@@ -1,0 +1,157 @@
+//! The CUDA kernels of `runtime/kernels/` on the CPU: [`Emu`] is a [`Device`] whose launches run
+//! the unchanged `.cu` sources under a C++ emulation of the CUDA execution model
+//! (`cpp/cuda_emu.hpp`: one OS thread per CUDA thread, `__syncthreads` as a barrier, warp
+//! shuffles, static shared memory), and whose GEMM is the CPU backend's. `Kernels<Emu>` is thus
+//! the CUDA backend's launch code with only the memory and cuBLAS swapped, and the tests compare
+//! it with the CPU backend (docs/cuda.md, "How the kernels are proven").
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::ops::Range;
+
+use recipe_runtime::backend::device::{Arg, Device, Launch};
+use recipe_runtime::backend::{Backend, Cpu, Gemm};
+
+extern "C" {
+    fn recipe_emu_launch(
+        name: *const c_char,
+        grid: *const c_uint,
+        block: *const c_uint,
+        smem: c_uint,
+        args: *mut *mut c_void,
+    ) -> c_int;
+    fn recipe_emu_kernel_count() -> c_uint;
+    fn recipe_emu_kernel_name(i: c_uint) -> *const c_char;
+}
+
+/// The emulated device (host memory; see the crate docs).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Emu;
+
+/// The kernels the emulation library was built with.
+pub fn kernels() -> Vec<String> {
+    // SAFETY: the library's table is static; each name is a NUL-terminated literal.
+    unsafe {
+        (0..recipe_emu_kernel_count())
+            .map(|i| {
+                CStr::from_ptr(recipe_emu_kernel_name(i))
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect()
+    }
+}
+
+impl Device for Emu {
+    type Buf = Vec<f32>;
+    type View<'a> = &'a [f32];
+    type ViewMut<'a> = &'a mut [f32];
+    type Ids = Vec<u32>;
+
+    fn alloc(&self, n: usize) -> Vec<f32> {
+        vec![0.0; n]
+    }
+
+    fn upload_ids(&self, src: &[u32]) -> Vec<u32> {
+        src.to_vec()
+    }
+
+    fn download(&self, src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+
+    fn view<'a>(&self, b: &'a Vec<f32>) -> &'a [f32] {
+        b
+    }
+
+    fn view_mut<'a>(&self, b: &'a mut Vec<f32>) -> &'a mut [f32] {
+        b
+    }
+
+    fn sub<'a>(&self, v: &'a [f32], r: Range<usize>) -> &'a [f32]
+    where
+        Self: 'a,
+    {
+        &v[r]
+    }
+
+    fn sub_mut<'a, 'b>(&self, v: &'b mut &'a mut [f32], r: Range<usize>) -> &'b mut [f32]
+    where
+        'a: 'b,
+    {
+        &mut v[r]
+    }
+
+    fn split_at_mut<'a, 'b>(
+        &self,
+        v: &'b mut &'a mut [f32],
+        mid: usize,
+    ) -> (&'b mut [f32], &'b mut [f32])
+    where
+        'a: 'b,
+    {
+        v.split_at_mut(mid)
+    }
+
+    fn len(&self, v: &[f32]) -> usize {
+        v.len()
+    }
+
+    fn len_mut(&self, v: &&mut [f32]) -> usize {
+        v.len()
+    }
+
+    fn ptr(&self, v: &[f32]) -> u64 {
+        v.as_ptr() as u64
+    }
+
+    fn ptr_mut(&self, v: &mut &mut [f32]) -> u64 {
+        v.as_mut_ptr() as u64
+    }
+
+    fn ids_ptr(&self, ids: &Vec<u32>) -> u64 {
+        ids.as_ptr() as u64
+    }
+
+    fn zero(&self, dst: &mut [f32]) {
+        dst.fill(0.0);
+    }
+
+    fn copy(&self, dst: &mut [f32], src: &[f32]) {
+        dst.copy_from_slice(src);
+    }
+
+    fn launch(&self, name: &'static str, l: Launch, args: &[Arg]) {
+        let mut slots: Vec<u64> = args.iter().map(|a| a.to_slot()).collect();
+        let mut ptrs: Vec<*mut c_void> = slots
+            .iter_mut()
+            .map(|s| s as *mut u64 as *mut c_void)
+            .collect();
+        let cname = CString::new(name).expect("kernel name");
+        let grid = [l.grid.0, l.grid.1, l.grid.2];
+        let block = [l.block.0, l.block.1, l.block.2];
+        // SAFETY: the pointers in `args` come from live views the caller holds for this call;
+        // `ptrs` points at `slots`, which outlive the call.
+        let rc = unsafe {
+            recipe_emu_launch(
+                cname.as_ptr(),
+                grid.as_ptr(),
+                block.as_ptr(),
+                l.smem,
+                ptrs.as_mut_ptr(),
+            )
+        };
+        match rc {
+            0 => {}
+            -1 => panic!("kernel `{name}` is not in runtime/kernels"),
+            _ => panic!("kernel `{name}`: launch shape {l:?} would be refused by a GPU"),
+        }
+    }
+
+    fn gemm(&self, g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
+        Cpu::new(1).gemm(g, a, b, c);
+    }
+
+    fn sync(&self) -> Result<(), String> {
+        Ok(())
+    }
+}

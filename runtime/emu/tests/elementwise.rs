@@ -1,0 +1,129 @@
+//! runtime/kernels/elementwise.cu on the emulated device against the CPU backend.
+
+mod common;
+
+use common::{close, pair, rand, SIZES};
+use recipe_runtime::backend::{Backend, Dropout, Gemm};
+use recipe_runtime::precision::Dtype;
+
+const STORES: [Dtype; 3] = [Dtype::F32, Dtype::F16, Dtype::Bf16];
+
+#[test]
+fn every_kernel_of_the_sources_is_in_the_emulation() {
+    let mut built = recipe_kernel_emu::kernels();
+    let mut listed: Vec<String> = recipe_runtime::backend::kernels::all_kernel_names()
+        .into_iter()
+        .map(String::from)
+        .collect();
+    built.sort();
+    listed.sort();
+    assert_eq!(built, listed);
+    assert!(listed.iter().any(|k| k == "gelu_fwd"));
+}
+
+#[test]
+fn unary_and_binary_kernels_match_the_cpu() {
+    for store in STORES {
+        let (g, c) = pair(store);
+        // Rounding the inputs first keeps both sides on representable values.
+        for &n in SIZES {
+            let mut x = rand(n, 4.0, 1);
+            let mut dy = rand(n, 1.0, 2);
+            store.round_slice(&mut x);
+            store.round_slice(&mut dy);
+            let tol = if store.is_half() { 1e-2 } else { 2e-6 };
+            let (mut a, mut b) = (vec![0.0; n], vec![0.0; n]);
+            g.gelu_fwd(&mut a, &x);
+            c.gelu_fwd(&mut b, &x);
+            close("gelu_fwd", &a, &b, tol, tol);
+            g.gelu_bwd(&mut a, &x, &dy);
+            c.gelu_bwd(&mut b, &x, &dy);
+            close("gelu_bwd", &a, &b, tol, tol);
+            g.tanh_fwd(&mut a, &x);
+            c.tanh_fwd(&mut b, &x);
+            close("tanh_fwd", &a, &b, tol, tol);
+            let y = a.clone();
+            g.tanh_bwd(&mut a, &y, &dy);
+            c.tanh_bwd(&mut b, &y, &dy);
+            close("tanh_bwd", &a, &b, 0.0, 0.0);
+            let (mut a, mut b) = (x.clone(), x.clone());
+            g.add_assign(&mut a, &dy);
+            c.add_assign(&mut b, &dy);
+            close("add_assign", &a, &b, 0.0, 0.0);
+        }
+    }
+}
+
+#[test]
+fn dropout_draws_the_cpu_mask_exactly() {
+    for store in STORES {
+        let (g, c) = pair(store);
+        for &n in SIZES {
+            let x = rand(n, 1.0, 3);
+            for p in [0.1f32, 0.5, 0.9] {
+                let d = Dropout {
+                    p,
+                    seed: 0xdead_beef_1234,
+                    stream: 77 + n as u64,
+                };
+                let (mut a, mut b) = (x.clone(), x.clone());
+                g.dropout(&mut a, &d);
+                c.dropout(&mut b, &d);
+                assert_eq!(a, b, "dropout n={n} p={p} {store:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn bias_kernels_match_the_cpu_bit_for_bit() {
+    for store in STORES {
+        let (g, c) = pair(store);
+        for (rows, cols) in [(1, 1), (1, 37), (13, 1), (9, 33), (40, 257)] {
+            let out0 = rand(rows * cols, 2.0, 4);
+            let bias = rand(cols, 1.0, 5);
+            let (mut a, mut b) = (out0.clone(), out0.clone());
+            g.add_bias(&mut a, &bias, rows, cols);
+            c.add_bias(&mut b, &bias, rows, cols);
+            close("add_bias", &a, &b, 0.0, 0.0);
+            let db0 = rand(cols, 1.0, 6);
+            let (mut a, mut b) = (db0.clone(), db0.clone());
+            g.bias_grad(&mut a, &out0, rows, cols);
+            c.bias_grad(&mut b, &out0, rows, cols);
+            close("bias_grad", &a, &b, 0.0, 0.0);
+        }
+    }
+}
+
+#[test]
+fn gemm_output_is_rounded_to_the_storage_dtype() {
+    // The emulated GEMM is the CPU's; what is tested is the rounding pass after it, on a C with
+    // a wider row stride (only the first n columns of each row are C).
+    for store in STORES {
+        let (g, c) = pair(store);
+        let (m, n, k) = (5, 7, 9);
+        let a = rand(m * k, 1.0, 7);
+        let b = rand(k * n, 1.0, 8);
+        let mut gm = Gemm::dense(m, n, k, false, false, 0.0);
+        gm.ldc = n + 3;
+        let (mut x, mut y) = (vec![0.5; m * (n + 3)], vec![0.5; m * (n + 3)]);
+        g.gemm(&gm, &a, &b, &mut x);
+        c.gemm(&gm, &a, &b, &mut y);
+        close("gemm", &x, &y, 0.0, 0.0);
+    }
+}
+
+#[test]
+#[should_panic(expected = "is not in runtime/kernels")]
+fn an_unknown_kernel_is_refused() {
+    use recipe_runtime::backend::device::{Device, Launch};
+    recipe_kernel_emu::Emu.launch(
+        "no_such_kernel",
+        Launch {
+            grid: (1, 1, 1),
+            block: (1, 1, 1),
+            smem: 0,
+        },
+        &[],
+    );
+}

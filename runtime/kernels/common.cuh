@@ -1,0 +1,118 @@
+// Shared device helpers for every kernel file. Header-free on purpose: NVRTC ships no CUDA headers
+// (../../docs/cuda.md, "Kernels"), so half rounding is inline PTX and constants are bit patterns.
+//
+// The same text compiles for the CPU under runtime/emu/cpp/cuda_emu.hpp (RECIPE_EMU defined),
+// which is how the kernels are tested on machines without a GPU.
+#pragma once
+
+#ifndef RECIPE_EMU
+// A kernel's dynamically sized shared memory, `name` of element type `T`.
+#define DYN_SHARED(T, name) extern __shared__ T name[]
+#endif
+
+// Storage dtypes, the values of the `store` argument (runtime/src/backend/kernels/mod.rs).
+#define STORE_F32 0
+#define STORE_F16 1
+#define STORE_BF16 2
+
+// Block size every 1-D kernel is launched with (kernels/mod.rs, `BLOCK`).
+#define BLOCK 256
+
+__device__ __forceinline__ float f32_inf() { return __int_as_float(0x7f800000); }
+// torch.finfo(float32).min, HF's additive attention mask value.
+__device__ __forceinline__ float f32_lowest() { return __int_as_float(0xff7fffff); }
+
+// `x` rounded to the storage dtype (to nearest, ties to even) and widened back, as a device that
+// stores fp16/bf16 keeps it. The CPU backend does the same through the `half` crate.
+__device__ __forceinline__ float st(float x, int store) {
+    if (store == STORE_F32) return x;
+#ifdef RECIPE_EMU
+    if (store == STORE_F16) return (float)(_Float16)x;
+    unsigned u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return x;  // NaN stays NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return __uint_as_float(u & 0xffff0000u);
+#else
+    if (store == STORE_F16) {
+        unsigned short h;
+        float r;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+        asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(h));
+        return r;
+    }
+    unsigned short b;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(x));
+    return __uint_as_float(((unsigned)b) << 16);
+#endif
+}
+
+// Sum over the 32 lanes of a warp (every lane gets the total). The butterfly order is fixed, so
+// the result does not depend on timing.
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int m = 16; m > 0; m >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));
+    return v;
+}
+
+// Sum of `v` over the whole block, returned to every thread. `scratch` holds 32 floats of shared
+// memory. Every thread of the block must call it (it synchronises). Deterministic: warps reduce by
+// butterfly, then warp 0 adds the warp totals in warp order.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int warps = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float t = 0.0f;
+    if (warp == 0) {
+        t = lane < warps ? scratch[lane] : 0.0f;
+        t = warp_sum(t);
+        if (lane == 0) scratch[0] = t;
+    }
+    __syncthreads();
+    return scratch[0];
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int warps = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float t = lane < warps ? scratch[lane] : -f32_inf();
+        t = warp_max(t);
+        if (lane == 0) scratch[0] = t;
+    }
+    __syncthreads();
+    return scratch[0];
+}
+
+// Philox4x32-10 (runtime/src/rng.rs): counter (c0..c3) under key (k0, k1), four words out.
+__device__ __forceinline__ void philox4x32(unsigned c[4], unsigned k0, unsigned k1) {
+    for (int r = 0; r < 10; r++) {
+        unsigned hi0 = __umulhi(0xD2511F53u, c[0]), lo0 = 0xD2511F53u * c[0];
+        unsigned hi1 = __umulhi(0xCD9E8D57u, c[2]), lo1 = 0xCD9E8D57u * c[2];
+        unsigned n0 = hi1 ^ c[1] ^ k0, n2 = hi0 ^ c[3] ^ k1;
+        c[0] = n0; c[1] = lo1; c[2] = n2; c[3] = lo0;
+        k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
+    }
+}
+
+// The dropout multiplier of element `idx` of stream `stream`: word idx % 4 of the Philox block
+// idx / 4 kept iff ≥ threshold (runtime/src/backend/cpu.rs, `MaskKey`).
+__device__ __forceinline__ float dropout_mult(unsigned long long idx, unsigned long long seed,
+                                              unsigned long long stream, unsigned threshold,
+                                              float scale) {
+    unsigned long long blk = idx >> 2;
+    unsigned c[4] = {(unsigned)blk, (unsigned)(blk >> 32), (unsigned)stream,
+                     (unsigned)(stream >> 32)};
+    philox4x32(c, (unsigned)seed, (unsigned)(seed >> 32));
+    return c[idx & 3] >= threshold ? scale : 0.0f;
+}

@@ -1,0 +1,79 @@
+// Elementwise kernels: one thread per element, 1-D grid of BLOCK threads. Every kernel stores its
+// result rounded to the storage dtype (`store`, see common.cuh), as the CPU backend does.
+#include "common.cuh"
+
+// acc[i] += x[i]
+extern "C" __global__ void add_assign(float* acc, const float* x, int n, int store) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) acc[i] = st(acc[i] + x[i], store);
+}
+
+// out[r, c] += bias[c] for a rows × cols matrix.
+extern "C" __global__ void add_bias(float* out, const float* bias, int rows, int cols, int store) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (long long)rows * cols) out[i] = st(out[i] + bias[i % cols], store);
+}
+
+// db[c] += Σ_r dout[r, c], one thread per column summing its rows in order: the same additions in
+// the same order as the CPU backend, so the same bits, and no atomics.
+extern "C" __global__ void bias_grad(float* db, const float* dout, int rows, int cols, int store) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    float acc = db[c];
+    for (int r = 0; r < rows; r++) acc += dout[(long long)r * cols + c];
+    db[c] = st(acc, store);
+}
+
+// Rounds rows × cols of a matrix with row stride ld to the storage dtype (after a cuBLAS GEMM,
+// which writes fp32).
+extern "C" __global__ void round_rows(float* x, int rows, int cols, int ld, int store) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (long long)rows * cols) {
+        long long at = (i / cols) * ld + i % cols;
+        x[at] = st(x[at], store);
+    }
+}
+
+// Exact (erf) GELU, HF's "gelu", written as PyTorch's CUDA kernel writes it:
+// x · ½(1 + erf(x/√2)).
+extern "C" __global__ void gelu_fwd(float* out, const float* inp, int n, int store) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float x = inp[i];
+        out[i] = st(x * 0.5f * (1.0f + erff(x * 0.70710678118654752f)), store);
+    }
+}
+
+// dinp = dout · (Φ(x) + x φ(x)).
+extern "C" __global__ void gelu_bwd(float* dinp, const float* inp, const float* dout, int n,
+                                    int store) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float x = inp[i];
+        float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
+        float pdf = expf(-0.5f * x * x) * 0.39894228040143268f;
+        dinp[i] = st(dout[i] * (cdf + x * pdf), store);
+    }
+}
+
+extern "C" __global__ void tanh_fwd(float* out, const float* inp, int n, int store) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = st(tanhf(inp[i]), store);
+}
+
+// From the forward's output y: dinp = dout · (1 − y²).
+extern "C" __global__ void tanh_bwd(float* dinp, const float* y, const float* dout, int n,
+                                    int store) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dinp[i] = st(dout[i] * (1.0f - y[i] * y[i]), store);
+}
+
+// Dropout in place: element i keeps x · scale iff the Philox draw of index first + i is at least
+// threshold (= ⌈p · 2³²⌉), else 0. The mask is a pure function of (seed, stream, index), so the
+// backward is the same call, and the CPU backend draws the same mask.
+extern "C" __global__ void dropout(float* x, int n, unsigned long long seed,
+                                   unsigned long long stream, unsigned threshold, float scale,
+                                   unsigned long long first, int store) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = st(x[i] * dropout_mult(first + i, seed, stream, threshold, scale), store);
+}

@@ -1,0 +1,114 @@
+//! What a kernel executor must provide: memory, views, a kernel launch and a GEMM.
+//!
+//! [`super::kernels::Kernels`] implements the whole [`super::Backend`] once over this trait, so
+//! the launch code (grid sizes, argument order, the storage-dtype rounding) is the same for the
+//! real GPU ([`super::cuda::CudaDevice`], cudarc) and for the CPU emulation of the CUDA execution
+//! model the tests run the same `.cu` sources on (`runtime/emu`, docs/cuda.md).
+
+use std::ops::Range;
+
+use super::Gemm;
+
+/// One kernel argument, passed by value as `cuLaunchKernel` takes them: a device address or a
+/// scalar of the kernel's parameter type.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arg {
+    /// A pointer (`float*`, `const unsigned*`, …).
+    Ptr(u64),
+    /// `int`.
+    I32(i32),
+    /// `unsigned`.
+    U32(u32),
+    /// `unsigned long long`.
+    U64(u64),
+    /// `float`.
+    F32(f32),
+}
+
+impl Arg {
+    /// The argument's bytes, little-endian, padded to 8: a kernel reads the first
+    /// `sizeof(parameter)` of them.
+    pub fn to_slot(self) -> u64 {
+        match self {
+            Arg::Ptr(p) | Arg::U64(p) => p,
+            Arg::I32(x) => u64::from(x as u32),
+            Arg::U32(x) => u64::from(x),
+            Arg::F32(x) => u64::from(x.to_bits()),
+        }
+    }
+}
+
+/// A launch shape: `grid` blocks of `block` threads, `smem` bytes of dynamic shared memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Launch {
+    /// Blocks (x, y, z).
+    pub grid: (u32, u32, u32),
+    /// Threads per block (x, y, z).
+    pub block: (u32, u32, u32),
+    /// Dynamic shared memory per block, in bytes.
+    pub smem: u32,
+}
+
+/// Memory and launches of one kernel executor (see the module docs).
+pub trait Device {
+    /// An owned `f32` buffer.
+    type Buf;
+    /// A read-only view of part of a buffer.
+    type View<'a>: Copy
+    where
+        Self: 'a;
+    /// A writable view of part of a buffer.
+    type ViewMut<'a>
+    where
+        Self: 'a;
+    /// An owned `u32` buffer.
+    type Ids;
+
+    /// A zero-filled buffer of `n` floats.
+    fn alloc(&self, n: usize) -> Self::Buf;
+    /// A copy of `src` on the device.
+    fn upload_ids(&self, src: &[u32]) -> Self::Ids;
+    /// Copies `src` to the host.
+    fn download(&self, src: Self::View<'_>, dst: &mut [f32]);
+    /// The whole of `b`, read-only.
+    fn view<'a>(&self, b: &'a Self::Buf) -> Self::View<'a>;
+    /// The whole of `b`, writable.
+    fn view_mut<'a>(&self, b: &'a mut Self::Buf) -> Self::ViewMut<'a>;
+    /// Elements `r` of a view.
+    fn sub<'a>(&self, v: Self::View<'a>, r: Range<usize>) -> Self::View<'a>
+    where
+        Self: 'a;
+    /// Elements `r` of a writable view.
+    fn sub_mut<'a, 'b>(&self, v: &'b mut Self::ViewMut<'a>, r: Range<usize>) -> Self::ViewMut<'b>
+    where
+        'a: 'b;
+    /// Splits a writable view at `mid`.
+    fn split_at_mut<'a, 'b>(
+        &self,
+        v: &'b mut Self::ViewMut<'a>,
+        mid: usize,
+    ) -> (Self::ViewMut<'b>, Self::ViewMut<'b>)
+    where
+        'a: 'b;
+    /// Elements in a view.
+    fn len(&self, v: Self::View<'_>) -> usize;
+    /// Elements in a writable view.
+    fn len_mut(&self, v: &Self::ViewMut<'_>) -> usize;
+    /// The address of a view's first element, for [`Arg::Ptr`].
+    fn ptr(&self, v: Self::View<'_>) -> u64;
+    /// The address of a writable view's first element.
+    fn ptr_mut(&self, v: &mut Self::ViewMut<'_>) -> u64;
+    /// The address of an id buffer.
+    fn ids_ptr(&self, ids: &Self::Ids) -> u64;
+
+    /// `dst = 0`.
+    fn zero(&self, dst: Self::ViewMut<'_>);
+    /// `dst = src` (the same length).
+    fn copy(&self, dst: Self::ViewMut<'_>, src: Self::View<'_>);
+    /// Runs kernel `name` (an `extern "C"` function of runtime/kernels/) with `args`.
+    fn launch(&self, name: &'static str, l: Launch, args: &[Arg]);
+    /// One fp32 GEMM (see [`Gemm`]), unrounded.
+    fn gemm(&self, g: &Gemm, a: Self::View<'_>, b: Self::View<'_>, c: Self::ViewMut<'_>);
+    /// Waits for all launched work; `Ok` unless the device reported an error.
+    fn sync(&self) -> Result<(), String>;
+}

@@ -1,0 +1,143 @@
+//! Launches of `runtime/kernels/elementwise.cu`, and the GEMM (the device's BLAS, then rounding).
+
+use super::{dropout_args, grid1, int, Kernels};
+use crate::backend::device::{Arg, Device};
+use crate::backend::{Dropout, Gemm};
+
+pub(super) fn add_assign<D: Device>(k: &Kernels<D>, mut acc: D::ViewMut<'_>, x: D::View<'_>) {
+    let n = k.dev.len_mut(&acc);
+    assert_eq!(n, k.dev.len(x), "add_assign lengths");
+    let args = [k.dev.ptr_mut(&mut acc), k.dev.ptr(x)];
+    k.dev.launch(
+        "add_assign",
+        grid1(n),
+        &[Arg::Ptr(args[0]), Arg::Ptr(args[1]), int(n), k.store_arg()],
+    );
+}
+
+pub(super) fn gemm<D: Device>(
+    k: &Kernels<D>,
+    g: &Gemm,
+    a: D::View<'_>,
+    b: D::View<'_>,
+    mut c: D::ViewMut<'_>,
+) {
+    let p = k.dev.ptr_mut(&mut c);
+    k.dev.gemm(g, a, b, c);
+    if k.store.is_half() {
+        k.dev.launch(
+            "round_rows",
+            grid1(g.m * g.n),
+            &[Arg::Ptr(p), int(g.m), int(g.n), int(g.ldc), k.store_arg()],
+        );
+    }
+}
+
+pub(super) fn add_bias<D: Device>(
+    k: &Kernels<D>,
+    mut out: D::ViewMut<'_>,
+    bias: D::View<'_>,
+    rows: usize,
+    cols: usize,
+) {
+    assert_eq!(k.dev.len(bias), cols, "add_bias width");
+    assert!(k.dev.len_mut(&out) >= rows * cols, "add_bias rows");
+    let o = k.dev.ptr_mut(&mut out);
+    k.dev.launch(
+        "add_bias",
+        grid1(rows * cols),
+        &[
+            Arg::Ptr(o),
+            Arg::Ptr(k.dev.ptr(bias)),
+            int(rows),
+            int(cols),
+            k.store_arg(),
+        ],
+    );
+}
+
+pub(super) fn bias_grad<D: Device>(
+    k: &Kernels<D>,
+    mut db: D::ViewMut<'_>,
+    dout: D::View<'_>,
+    rows: usize,
+    cols: usize,
+) {
+    assert_eq!(k.dev.len_mut(&db), cols, "bias_grad width");
+    assert!(k.dev.len(dout) >= rows * cols, "bias_grad rows");
+    let d = k.dev.ptr_mut(&mut db);
+    k.dev.launch(
+        "bias_grad",
+        grid1(cols),
+        &[
+            Arg::Ptr(d),
+            Arg::Ptr(k.dev.ptr(dout)),
+            int(rows),
+            int(cols),
+            k.store_arg(),
+        ],
+    );
+}
+
+/// `out = f(inp)` with kernel `name(out, inp, n, store)`.
+pub(super) fn unary<D: Device>(
+    k: &Kernels<D>,
+    name: &'static str,
+    mut out: D::ViewMut<'_>,
+    inp: D::View<'_>,
+) {
+    let n = k.dev.len_mut(&out);
+    assert_eq!(n, k.dev.len(inp), "{name} lengths");
+    let o = k.dev.ptr_mut(&mut out);
+    k.dev.launch(
+        name,
+        grid1(n),
+        &[Arg::Ptr(o), Arg::Ptr(k.dev.ptr(inp)), int(n), k.store_arg()],
+    );
+}
+
+/// `out = f(a, b)` with kernel `name(out, a, b, n, store)`.
+pub(super) fn binary<D: Device>(
+    k: &Kernels<D>,
+    name: &'static str,
+    mut out: D::ViewMut<'_>,
+    a: D::View<'_>,
+    b: D::View<'_>,
+) {
+    let n = k.dev.len_mut(&out);
+    assert_eq!(n, k.dev.len(a), "{name} lengths");
+    assert_eq!(n, k.dev.len(b), "{name} lengths");
+    let o = k.dev.ptr_mut(&mut out);
+    k.dev.launch(
+        name,
+        grid1(n),
+        &[
+            Arg::Ptr(o),
+            Arg::Ptr(k.dev.ptr(a)),
+            Arg::Ptr(k.dev.ptr(b)),
+            int(n),
+            k.store_arg(),
+        ],
+    );
+}
+
+/// Dropout of a buffer whose first element has mask index `first`.
+pub(crate) fn dropout<D: Device>(k: &Kernels<D>, mut x: D::ViewMut<'_>, d: &Dropout, first: u64) {
+    let n = k.dev.len_mut(&x);
+    let (seed, stream, threshold, scale) = dropout_args(d);
+    let p = k.dev.ptr_mut(&mut x);
+    k.dev.launch(
+        "dropout",
+        grid1(n),
+        &[
+            Arg::Ptr(p),
+            int(n),
+            seed,
+            stream,
+            threshold,
+            scale,
+            Arg::U64(first),
+            k.store_arg(),
+        ],
+    );
+}

@@ -1,0 +1,354 @@
+//! [`Backend`] over any [`Device`]: the launch side of the CUDA kernels in `runtime/kernels/`.
+//!
+//! Every method here decides a kernel's launch shape and passes its arguments in the order the
+//! `.cu` source declares them; the [`Device`] only moves memory and runs launches. The same code
+//! therefore drives the GPU (cudarc) and the CPU emulation the tests use (`runtime/emu`), and a
+//! wrong grid or a swapped argument fails the emulation tests against the CPU backend.
+//!
+//! One file per kernel family, as in `runtime/kernels/`: [`elementwise`], [`embedding`],
+//! [`layernorm`], [`attention`], [`loss`].
+
+mod attention;
+mod elementwise;
+mod embedding;
+mod layernorm;
+mod loss;
+
+use std::ops::Range;
+
+use super::device::{Arg, Device, Launch};
+use super::{AttnShape, Backend, Dropout, Gemm};
+use crate::precision::Dtype;
+
+/// Threads per block of the 1-D kernels (`BLOCK` in common.cuh).
+pub const BLOCK: u32 = 256;
+
+/// The kernel sources, in the order they are concatenated into one program.
+pub const SOURCES: &[(&str, &str)] = &[
+    (
+        "elementwise.cu",
+        include_str!("../../../kernels/elementwise.cu"),
+    ),
+    (
+        "embedding.cu",
+        include_str!("../../../kernels/embedding.cu"),
+    ),
+    (
+        "layernorm.cu",
+        include_str!("../../../kernels/layernorm.cu"),
+    ),
+    (
+        "attention.cu",
+        include_str!("../../../kernels/attention.cu"),
+    ),
+    ("loss.cu", include_str!("../../../kernels/loss.cu")),
+];
+
+/// The shared header every source includes.
+pub const COMMON: &str = include_str!("../../../kernels/common.cuh");
+
+/// All kernels as one NVRTC program: the header once, then every source with its
+/// `#include "common.cuh"` line dropped (NVRTC is given no include path: nothing to install).
+pub fn program() -> String {
+    let mut out = String::with_capacity(64 * 1024);
+    out.push_str(COMMON);
+    for (name, text) in SOURCES {
+        out.push_str(&format!("\n// ---- {name}\n"));
+        for line in text.lines() {
+            if line.trim() != "#include \"common.cuh\"" {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// The names of the kernels (`extern "C" __global__ void NAME(`) of one source text.
+pub fn kernel_names(text: &str) -> Vec<&str> {
+    const MARK: &str = "extern \"C\" __global__ void ";
+    text.match_indices(MARK)
+        .filter_map(|(i, _)| {
+            let rest = &text[i + MARK.len()..];
+            rest.find('(').map(|end| rest[..end].trim())
+        })
+        .collect()
+}
+
+/// Every kernel of every source.
+pub fn all_kernel_names() -> Vec<&'static str> {
+    SOURCES.iter().flat_map(|(_, t)| kernel_names(t)).collect()
+}
+
+/// The [`Backend`] of a [`Device`]: see the module docs.
+#[derive(Debug, Clone)]
+pub struct Kernels<D> {
+    dev: D,
+    store: Dtype,
+}
+
+impl<D: Device> Kernels<D> {
+    /// Kernels on `dev`, storing fp32.
+    pub fn new(dev: D) -> Kernels<D> {
+        Kernels {
+            dev,
+            store: Dtype::F32,
+        }
+    }
+
+    /// The same kernels storing `store` (values rounded as a half-precision device stores them).
+    pub fn with_store(self, store: Dtype) -> Kernels<D> {
+        Kernels { store, ..self }
+    }
+
+    /// The device.
+    pub fn device(&self) -> &D {
+        &self.dev
+    }
+
+    /// The storage dtype as the kernels' `store` argument.
+    fn store_arg(&self) -> Arg {
+        Arg::I32(match self.store {
+            Dtype::F32 => 0,
+            Dtype::F16 => 1,
+            Dtype::Bf16 => 2,
+        })
+    }
+}
+
+/// `n` as a kernel's `int`: the runtime never builds a tensor of 2³¹ elements or more on a
+/// device (a bug if it does, so a panic).
+pub(crate) fn int(n: usize) -> Arg {
+    Arg::I32(i32::try_from(n).expect("a kernel dimension does not fit an int"))
+}
+
+/// One thread per element, [`BLOCK`] per block.
+pub(crate) fn grid1(n: usize) -> Launch {
+    Launch {
+        grid: (n.div_ceil(BLOCK as usize).max(1) as u32, 1, 1),
+        block: (BLOCK, 1, 1),
+        smem: 0,
+    }
+}
+
+/// `⌈p · 2³²⌉` and `1 / (1 − p)` of a dropout (the CPU backend's `MaskKey`).
+pub(crate) fn dropout_args(d: &Dropout) -> (Arg, Arg, Arg, Arg) {
+    (
+        Arg::U64(d.seed),
+        Arg::U64(d.stream),
+        Arg::U32((f64::from(d.p) * 4_294_967_296.0).ceil() as u32),
+        Arg::F32(1.0 / (1.0 - d.p)),
+    )
+}
+
+impl<D: Device> Backend for Kernels<D> {
+    type Buf = D::Buf;
+    type View<'a>
+        = D::View<'a>
+    where
+        D: 'a;
+    type ViewMut<'a>
+        = D::ViewMut<'a>
+    where
+        D: 'a;
+    type Ids = D::Ids;
+
+    fn alloc(&self, n: usize) -> D::Buf {
+        self.dev.alloc(n)
+    }
+
+    fn upload_ids(&self, src: &[u32]) -> D::Ids {
+        self.dev.upload_ids(src)
+    }
+
+    fn download(&self, src: D::View<'_>, dst: &mut [f32]) {
+        self.dev.download(src, dst)
+    }
+
+    fn view<'a>(&self, b: &'a D::Buf) -> D::View<'a> {
+        self.dev.view(b)
+    }
+
+    fn view_mut<'a>(&self, b: &'a mut D::Buf) -> D::ViewMut<'a> {
+        self.dev.view_mut(b)
+    }
+
+    fn sub<'a>(&self, v: D::View<'a>, r: Range<usize>) -> D::View<'a>
+    where
+        Self: 'a,
+    {
+        self.dev.sub(v, r)
+    }
+
+    fn sub_mut<'a, 'b>(&self, v: &'b mut D::ViewMut<'a>, r: Range<usize>) -> D::ViewMut<'b>
+    where
+        'a: 'b,
+    {
+        self.dev.sub_mut(v, r)
+    }
+
+    fn split_at_mut<'a, 'b>(
+        &self,
+        v: &'b mut D::ViewMut<'a>,
+        mid: usize,
+    ) -> (D::ViewMut<'b>, D::ViewMut<'b>)
+    where
+        'a: 'b,
+    {
+        self.dev.split_at_mut(v, mid)
+    }
+
+    fn zero(&self, dst: D::ViewMut<'_>) {
+        self.dev.zero(dst)
+    }
+
+    fn copy(&self, dst: D::ViewMut<'_>, src: D::View<'_>) {
+        self.dev.copy(dst, src)
+    }
+
+    fn add_assign(&self, acc: D::ViewMut<'_>, x: D::View<'_>) {
+        elementwise::add_assign(self, acc, x)
+    }
+
+    fn gemm(&self, g: &Gemm, a: D::View<'_>, b: D::View<'_>, c: D::ViewMut<'_>) {
+        elementwise::gemm(self, g, a, b, c)
+    }
+
+    fn add_bias(&self, out: D::ViewMut<'_>, bias: D::View<'_>, rows: usize, cols: usize) {
+        elementwise::add_bias(self, out, bias, rows, cols)
+    }
+
+    fn bias_grad(&self, db: D::ViewMut<'_>, dout: D::View<'_>, rows: usize, cols: usize) {
+        elementwise::bias_grad(self, db, dout, rows, cols)
+    }
+
+    fn embedding_fwd(
+        &self,
+        out: D::ViewMut<'_>,
+        ids: &D::Ids,
+        types: &D::Ids,
+        word: D::View<'_>,
+        pos: D::View<'_>,
+        typ: D::View<'_>,
+        batch: usize,
+        seq: usize,
+        hidden: usize,
+    ) {
+        embedding::fwd(self, out, ids, types, word, pos, typ, batch, seq, hidden)
+    }
+
+    fn embedding_bwd(
+        &self,
+        dword: D::ViewMut<'_>,
+        dpos: D::ViewMut<'_>,
+        dtyp: D::ViewMut<'_>,
+        dout: D::View<'_>,
+        ids: &D::Ids,
+        types: &D::Ids,
+        batch: usize,
+        seq: usize,
+        hidden: usize,
+    ) {
+        embedding::bwd(
+            self, dword, dpos, dtyp, dout, ids, types, batch, seq, hidden,
+        )
+    }
+
+    fn layernorm_fwd(
+        &self,
+        out: D::ViewMut<'_>,
+        mean: D::ViewMut<'_>,
+        rstd: D::ViewMut<'_>,
+        inp: D::View<'_>,
+        w: D::View<'_>,
+        b: D::View<'_>,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    ) {
+        layernorm::fwd(self, out, mean, rstd, inp, w, b, rows, cols, eps)
+    }
+
+    fn layernorm_bwd(
+        &self,
+        dinp: D::ViewMut<'_>,
+        dw: D::ViewMut<'_>,
+        db: D::ViewMut<'_>,
+        dout: D::View<'_>,
+        inp: D::View<'_>,
+        w: D::View<'_>,
+        mean: D::View<'_>,
+        rstd: D::View<'_>,
+        rows: usize,
+        cols: usize,
+    ) {
+        layernorm::bwd(self, dinp, dw, db, dout, inp, w, mean, rstd, rows, cols)
+    }
+
+    fn gelu_fwd(&self, out: D::ViewMut<'_>, inp: D::View<'_>) {
+        elementwise::unary(self, "gelu_fwd", out, inp)
+    }
+
+    fn gelu_bwd(&self, dinp: D::ViewMut<'_>, inp: D::View<'_>, dout: D::View<'_>) {
+        elementwise::binary(self, "gelu_bwd", dinp, inp, dout)
+    }
+
+    fn tanh_fwd(&self, out: D::ViewMut<'_>, inp: D::View<'_>) {
+        elementwise::unary(self, "tanh_fwd", out, inp)
+    }
+
+    fn tanh_bwd(&self, dinp: D::ViewMut<'_>, y: D::View<'_>, dout: D::View<'_>) {
+        elementwise::binary(self, "tanh_bwd", dinp, y, dout)
+    }
+
+    fn dropout(&self, x: D::ViewMut<'_>, d: &Dropout) {
+        elementwise::dropout(self, x, d, 0)
+    }
+
+    fn attention_fwd(
+        &self,
+        ctx: D::ViewMut<'_>,
+        probs: D::ViewMut<'_>,
+        probs_drop: Option<D::ViewMut<'_>>,
+        q: D::View<'_>,
+        k: D::View<'_>,
+        v: D::View<'_>,
+        mask: &D::Ids,
+        s: AttnShape,
+        dropout: Option<&Dropout>,
+    ) {
+        attention::fwd(self, ctx, probs, probs_drop, q, k, v, mask, s, dropout)
+    }
+
+    fn attention_bwd(
+        &self,
+        dq: D::ViewMut<'_>,
+        dk: D::ViewMut<'_>,
+        dv: D::ViewMut<'_>,
+        scratch: D::ViewMut<'_>,
+        dctx: D::View<'_>,
+        q: D::View<'_>,
+        k: D::View<'_>,
+        v: D::View<'_>,
+        probs: D::View<'_>,
+        probs_drop: Option<D::View<'_>>,
+        s: AttnShape,
+        dropout: Option<&Dropout>,
+    ) {
+        attention::bwd(
+            self, dq, dk, dv, scratch, dctx, q, k, v, probs, probs_drop, s, dropout,
+        )
+    }
+
+    fn cross_entropy(
+        &self,
+        dlogits: D::ViewMut<'_>,
+        logits: D::View<'_>,
+        labels: &D::Ids,
+        rows: usize,
+        classes: usize,
+        grad_scale: f32,
+    ) -> f32 {
+        loss::cross_entropy(self, dlogits, logits, labels, rows, classes, grad_scale)
+    }
+}
