@@ -201,10 +201,124 @@ fn what_is_not_built_yet_is_said_plainly() {
     assert!(stderr(&o).contains("R1105"), "{}", stderr(&o));
     let o = recipe_in(&dir, &["check", "tiny.rcp"]);
     assert!(!stderr(&o).contains("R1105"), "{}", stderr(&o));
+}
 
+#[test]
+fn without_a_cuda_driver_the_gpu_is_refused_plainly() {
+    if recipe_runtime::backend::cuda::probe().driver {
+        // A GPU machine: scripts/gpu-check.sh trains there instead.
+        eprintln!("a CUDA driver is present; the refusal cannot be shown here");
+        return;
+    }
+    let dir = workspace("nodriver", TINY);
     let o = recipe_in(&dir, &["run", "--device", "cuda", "tiny.rcp"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(stderr(&o).contains("not built yet"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no CUDA driver (libcuda.so.1) found; use --device cpu"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!dir.join("out").exists(), "{}", stderr(&o));
+    // auto falls back to the CPU without a word about it.
+    let o = recipe_in(
+        &dir,
+        &[
+            "run",
+            "--quiet",
+            "--device",
+            "auto",
+            "--set",
+            "train.epochs=1",
+            "tiny.rcp",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let m = metrics(&dir.join("out"));
+    let start = m.iter().find(|r| r["event"] == "start").unwrap();
+    assert_eq!(start["device"], "cpu");
+}
+
+/// The training loop with the model's passes on the CUDA backend's launch code, run on the
+/// emulated GPU (runtime/emu): the same steps and LRs exactly, the same losses and final
+/// weights to the kernels' float differences (fp32, dropout 0.1 with the CPU's masks).
+#[test]
+fn the_cuda_kernels_train_the_cpu_curve_on_the_emulated_gpu() {
+    use recipe_kernel_emu::Emu;
+    use recipe_runtime::backend::kernels::Kernels;
+    use recipe_runtime::model::OnDevice;
+    use recipe_runtime::plan::Plan;
+    use recipe_runtime::train::{self, RunOptions};
+
+    let dir = workspace("emu", TINY);
+    let o = recipe_in(
+        &dir,
+        &[
+            "build",
+            "--target",
+            "native",
+            "-o",
+            "built",
+            "--set",
+            "train.epochs=1",
+            "tiny.rcp",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let plan = Plan::read(&dir.join("built/plan.json")).unwrap();
+    let run = |name: &str, gpu: bool| {
+        let mut p = plan.clone();
+        p.train.output_dir = dir.join(name);
+        let options = RunOptions {
+            quiet: true,
+            executor: gpu.then(|| {
+                OnDevice::new(Kernels::new(Emu), "emulated GPU")
+                    as std::sync::Arc<dyn recipe_runtime::model::Executor>
+            }),
+            ..RunOptions::default()
+        };
+        train::run(&p, &options).unwrap();
+        metrics(&dir.join(name))
+    };
+    let (cpu, gpu) = (run("cpu", false), run("gpu", true));
+    let start = gpu.iter().find(|r| r["event"] == "start").unwrap();
+    assert_eq!(start["device"], "emulated GPU");
+    let steps = |m: &[Value]| -> Vec<(u64, f64, f64)> {
+        m.iter()
+            .filter(|r| r["loss"].is_f64())
+            .map(|r| {
+                (
+                    r["step"].as_u64().unwrap(),
+                    r["lr"].as_f64().unwrap(),
+                    r["loss"].as_f64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let (a, b) = (steps(&cpu), steps(&gpu));
+    assert_eq!(a.len(), 4, "{cpu:?}");
+    assert_eq!(a.len(), b.len());
+    for ((sa, la, xa), (sb, lb, xb)) in a.iter().zip(&b) {
+        assert_eq!((sa, la), (sb, lb), "step and LR");
+        assert!(
+            (xa - xb).abs() <= 1e-5 * xa.abs(),
+            "step {sa}: loss {xb} vs {xa}"
+        );
+    }
+    let weights = |name: &str| {
+        let m =
+            recipe_runtime::model::Classifier::from_pretrained(&dir.join(name).join("model"), 2, 0)
+                .unwrap();
+        m.params().data.clone()
+    };
+    let (wa, wb) = (weights("cpu"), weights("gpu"));
+    assert_eq!(wa.len(), wb.len());
+    let worst = wa
+        .iter()
+        .zip(&wb)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    eprintln!("largest final-weight difference, CPU vs emulated GPU: {worst:e}");
+    assert!(worst <= 1e-5, "final weights differ by {worst}");
 }
 
 #[test]

@@ -1,0 +1,115 @@
+// LayerNorm over the last dimension, forward and backward. The semantics are the CPU backend's
+// (runtime/src/backend/cpu.rs, `layernorm_fwd` / `layernorm_bwd`): biased variance, eps inside the
+// square root, the row's mean and 1/std saved (fp32, not rounded to the storage dtype).
+//
+// Precision: the row statistics are summed in double, as the CPU does (two passes: the mean, then
+// the squared deviations from it). Only the order of the additions differs (a thread's strided
+// loop, then a fixed tree), an error near 1e-16 relative, far below an f32 ulp; so the saved
+// mean/rstd, the normalized values and the backward's row means come out as the CPU's f32 values
+// except in the rare case where the exact value lies within ~1e-16 of an f32 rounding boundary.
+// That keeps the backward's dw/db — which are recomputed from the saved mean/rstd — in bit
+// agreement with the CPU too. The cost is a few double operations per element, on a kernel that is
+// bound by memory traffic. (In f32 the statistics would be off by about an ulp, and every value
+// downstream by as much.)
+#include "common.cuh"
+
+// Sum of a double over the block, returned to every thread: block_sum (common.cuh) for doubles,
+// the same fixed tree. `scratch` holds 32 doubles of shared memory; every thread must call it.
+__device__ __forceinline__ double ln_block_sum(double v, double* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int warps = (blockDim.x + 31) >> 5;
+    for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        double t = lane < warps ? scratch[lane] : 0.0;
+        for (int m = 16; m > 0; m >>= 1) t += __shfl_xor_sync(0xffffffffu, t, m);
+        if (lane == 0) scratch[0] = t;
+    }
+    __syncthreads();
+    return scratch[0];
+}
+
+// Forward: one block per row (grid rows), whole warps striding over the columns.
+// out = xhat · w + b rounded to `store`, xhat = (x − mean) · rstd computed in double and then
+// rounded to f32, as the CPU computes it.
+extern "C" __global__ void layernorm_fwd(float* out, float* mean, float* rstd, const float* inp,
+                                         const float* w, const float* b, int cols, float eps,
+                                         int store) {
+    __shared__ double red[32];
+    long long r = blockIdx.x;
+    const float* x = inp + r * cols;
+    float* o = out + r * cols;
+
+    double s = 0.0;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) s += (double)x[c];
+    double m = ln_block_sum(s, red) / cols;
+
+    // Second pass (the row is re-read, from cache): squared deviations from the mean, which do not
+    // cancel as E[x²] − mean² would.
+    double v = 0.0;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        double d = (double)x[c] - m;
+        v += d * d;
+    }
+    double var = ln_block_sum(v, red) / cols;
+    double rs = 1.0 / sqrt(var + (double)eps);
+
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float xhat = (float)(((double)x[c] - m) * rs);
+        o[c] = st(xhat * w[c] + b[c], store);
+    }
+    if (threadIdx.x == 0) {
+        mean[r] = (float)m;
+        rstd[r] = (float)rs;
+    }
+}
+
+// Backward, dinp (overwritten): one block per row. With xhat = (x − mean) · rstd and
+// dxhat = dout · w, both in f32 from the saved statistics,
+//   dinp = rstd · (dxhat − mean(dxhat) − xhat · mean(dxhat · xhat)),
+// the two row means summed in double (as the CPU) and rounded to f32.
+extern "C" __global__ void layernorm_bwd_dinp(float* dinp, const float* dout, const float* inp,
+                                              const float* w, const float* mean,
+                                              const float* rstd, int cols, int store) {
+    __shared__ double red[32];
+    long long r = blockIdx.x;
+    const float* x = inp + r * cols;
+    const float* g = dout + r * cols;
+    float* di = dinp + r * cols;
+    float m = mean[r], rs = rstd[r];
+
+    double sd = 0.0, sdx = 0.0;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float xhat = (x[c] - m) * rs;
+        float dxhat = g[c] * w[c];
+        sd += (double)dxhat;
+        sdx += (double)(dxhat * xhat);
+    }
+    float mean_d = (float)(ln_block_sum(sd, red) / cols);
+    float mean_dx = (float)(ln_block_sum(sdx, red) / cols);
+
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float xhat = (x[c] - m) * rs;
+        di[c] = st(rs * (g[c] * w[c] - mean_d - xhat * mean_dx), store);
+    }
+}
+
+// Backward, dw += Σ_r dout · xhat and db += Σ_r dout: one thread per column summing its rows in
+// order (1-D grid of BLOCK threads), the CPU's additions in the CPU's order, no atomics.
+extern "C" __global__ void layernorm_bwd_dwdb(float* dw, float* db, const float* dout,
+                                              const float* inp, const float* mean,
+                                              const float* rstd, int rows, int cols, int store) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    float aw = dw[c], ab = db[c];
+    for (int r = 0; r < rows; r++) {
+        long long at = (long long)r * cols + c;
+        float xhat = (inp[at] - mean[r]) * rstd[r];
+        aw += dout[at] * xhat;
+        ab += dout[at];
+    }
+    dw[c] = st(aw, store);
+    db[c] = st(ab, store);
+}

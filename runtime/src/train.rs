@@ -42,6 +42,8 @@ pub struct RunOptions {
     pub progress: bool,
     /// Print nothing but errors (metrics still go to the metrics file).
     pub quiet: bool,
+    /// Run the model's passes here (a GPU) instead of the CPU backend; one rank, ZeRO 0–1.
+    pub executor: Option<std::sync::Arc<dyn crate::model::Executor>>,
 }
 
 /// Why a run stopped.
@@ -526,9 +528,24 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
 
     let out = &plan.train.output_dir;
     std::fs::create_dir_all(out).map_err(io(out))?;
-    let model = load_model(plan, options.resume.as_deref())?;
+    let mut model = load_model(plan, options.resume.as_deref())?;
     let world = plan.batch.world.max(1) as usize;
     let stage = plan.train.zero_stage.min(3);
+    if let Some(x) = &options.executor {
+        // The device runs whole passes; several GPUs need NCCL, and ZeRO-2/3 reduce or gather
+        // each layer's segment inside the pass (docs/cuda.md, "What is built").
+        if world > 1 {
+            return Err(RunError::NotBuilt(format!(
+                "training on {world} GPUs (one GPU runs: --gpus 1)"
+            )));
+        }
+        if stage >= 2 {
+            return Err(RunError::NotBuilt(format!(
+                "ZeRO-{stage} on a GPU (stages 0 and 1 run on one GPU)"
+            )));
+        }
+        model.set_executor(x.clone());
+    }
     // DeepSpeed reads `offload_optimizer` only under a ZeRO optimizer (stages 1–3; R0601 warns).
     let offload = plan.train.offload_optimizer == Offload::Cpu && stage >= 1;
     let mut done = 0u64;
@@ -716,6 +733,7 @@ fn rank_loop(
             "zero_stage": stage,
             "offload_optimizer": memory.offloaded,
             "threads": threads(),
+            "device": rep.model_executor().unwrap_or_else(|| "cpu".into()),
             "predicted": plan.steps,
             "memory_rank0": memory,
             "precision": plan.train.precision,

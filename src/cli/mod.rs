@@ -10,6 +10,7 @@ mod diff;
 mod explain;
 mod fmt;
 mod import;
+mod kernels;
 mod lsp;
 mod model_files;
 mod pair;
@@ -241,7 +242,8 @@ enum Command {
     Run {
         /// Recipe file or plan.json.
         file: PathBuf,
-        /// Where to train: the CPU reference backend, or CUDA (not built yet).
+        /// Where to train: the CPU reference backend, one CUDA GPU (docs/cuda.md), or auto (CUDA
+        /// when a driver, a GPU, NVRTC and cuBLAS are all there).
         #[arg(long, value_enum, default_value_t = Device::Cpu)]
         device: Device,
         /// Continue from a checkpoint directory written by an earlier run.
@@ -255,6 +257,20 @@ enum Command {
         quiet: bool,
         #[command(flatten)]
         flags: RecipeFlags,
+    },
+    /// Compile the CUDA kernels with NVRTC (no GPU needed) and, with --ptxas, report registers,
+    /// shared memory and spills per kernel; exit 1 on a compile error or a spill (docs/cuda.md).
+    Kernels {
+        /// A GPU architecture, sm_XY (repeatable; default sm_80 and sm_90).
+        #[arg(long = "arch", value_name = "sm_XY", value_parser = kernels::arch)]
+        arch: Vec<String>,
+        /// Write kernels.<arch>.ptx and kernels.<arch>.cubin into this directory.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// Assemble each PTX with this ptxas and print each kernel's registers, shared memory,
+        /// stack and spills.
+        #[arg(long, value_name = "PATH")]
+        ptxas: Option<PathBuf>,
     },
     /// Run the language server on stdin/stdout, for editors (docs/editors.md).
     #[command(
@@ -311,8 +327,10 @@ enum Command {
 pub enum Device {
     /// The CPU reference backend.
     Cpu,
-    /// CUDA through cudarc (not built yet).
+    /// One CUDA GPU through cudarc.
     Cuda,
+    /// CUDA when a driver and a GPU exist, else the CPU.
+    Auto,
 }
 
 /// The flags every recipe command takes.
@@ -519,6 +537,9 @@ pub fn main() -> i32 {
             quiet,
             flags,
         } => run::run(&file, device, resume.as_deref(), stop_after, quiet, &flags),
+        Command::Kernels { arch, out, ptxas } => {
+            kernels::run(&arch, out.as_deref(), ptxas.as_deref())
+        }
         Command::Lsp {
             stdio: _,
             debounce,

@@ -16,10 +16,10 @@ pub fn run(
     quiet: bool,
     flags: &RecipeFlags,
 ) -> i32 {
-    if device == Device::Cuda {
-        eprintln!("error: the CUDA backend is not built yet; `--device cpu` (the default) trains on the CPU reference backend");
-        return USAGE;
-    }
+    let want_gpu = match choose_device(device) {
+        Ok(g) => g,
+        Err(code) => return code,
+    };
     let is_plan = file.extension().is_some_and(|e| e == "json");
     let mut resolved_recipe = None;
     let plan = if is_plan {
@@ -54,11 +54,20 @@ pub fn run(
         resolved_recipe = Some(resolved);
         plan
     };
+    let executor = if want_gpu {
+        match open_gpu(&plan, device) {
+            Ok(x) => x,
+            Err(code) => return code,
+        }
+    } else {
+        None
+    };
     let options = RunOptions {
         resume: resume.map(Path::to_path_buf),
         stop_after,
         progress: !quiet && std::io::IsTerminal::is_terminal(&std::io::stderr()),
         quiet,
+        executor,
     };
     match train::run(&plan, &options) {
         Ok(summary) => {
@@ -124,4 +133,51 @@ fn estimate_line(r: &recipe::resolve::Resolved, plan: &Plan, ranks: usize) -> Op
         "recipe explain's estimate for ZeRO-{stage} on {ranks} rank(s): {:.1} MiB per GPU ({basis})",
         e.per_gpu as f64 / (1024.0 * 1024.0)
     ))
+}
+
+/// Settles `--device`: whether to train on a GPU. `cuda` without a driver, a GPU, NVRTC or
+/// cuBLAS is a usage error naming what is missing; `auto` takes the GPU only when all are there.
+fn choose_device(device: Device) -> Result<bool, i32> {
+    use recipe_runtime::backend::cuda;
+    match device {
+        Device::Cpu => Ok(false),
+        Device::Cuda => match cuda::require() {
+            Ok(_) => Ok(true),
+            Err(e) => {
+                eprintln!("error: {e}");
+                Err(USAGE)
+            }
+        },
+        Device::Auto => Ok(cuda::require().is_ok()),
+    }
+}
+
+/// GPU 0 with the kernels compiled for it, storing the plan's module dtype. Under `auto` a GPU
+/// that cannot be opened falls back to the CPU with a note.
+fn open_gpu(
+    plan: &Plan,
+    device: Device,
+) -> Result<Option<std::sync::Arc<dyn recipe_runtime::model::Executor>>, i32> {
+    use recipe_runtime::backend::cuda::CudaDevice;
+    use recipe_runtime::backend::kernels::Kernels;
+    use recipe_runtime::model::OnDevice;
+    match CudaDevice::open(0) {
+        Ok(dev) => {
+            let (name, arch) = dev.describe();
+            let what = format!("{name} ({arch})");
+            let store = plan.train.precision.module_dtype();
+            Ok(Some(OnDevice::new(
+                Kernels::new(dev).with_store(store),
+                what,
+            )))
+        }
+        Err(e) if device == Device::Auto => {
+            eprintln!("note: {e}; training on the CPU");
+            Ok(None)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            Err(USAGE)
+        }
+    }
 }

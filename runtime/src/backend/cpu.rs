@@ -569,8 +569,16 @@ impl Backend for Cpu {
         vec![0.0; n]
     }
 
+    fn upload(&self, src: &[f32]) -> Vec<f32> {
+        src.to_vec()
+    }
+
     fn upload_ids(&self, src: &[u32]) -> Vec<u32> {
         src.to_vec()
+    }
+
+    fn range_mut<'a>(&self, b: &'a mut Vec<f32>, r: Range<usize>) -> &'a mut [f32] {
+        &mut b[r]
     }
 
     fn download(&self, src: &[f32], dst: &mut [f32]) {

@@ -67,6 +67,8 @@ pub trait Device {
     /// A zero-filled buffer of `n` floats.
     fn alloc(&self, n: usize) -> Self::Buf;
     /// A copy of `src` on the device.
+    fn upload(&self, src: &[f32]) -> Self::Buf;
+    /// A copy of `src` on the device.
     fn upload_ids(&self, src: &[u32]) -> Self::Ids;
     /// Copies `src` to the host.
     fn download(&self, src: Self::View<'_>, dst: &mut [f32]);
@@ -74,6 +76,8 @@ pub trait Device {
     fn view<'a>(&self, b: &'a Self::Buf) -> Self::View<'a>;
     /// The whole of `b`, writable.
     fn view_mut<'a>(&self, b: &'a mut Self::Buf) -> Self::ViewMut<'a>;
+    /// Elements `r` of a buffer, writable for the buffer's borrow.
+    fn range_mut<'a>(&self, b: &'a mut Self::Buf, r: Range<usize>) -> Self::ViewMut<'a>;
     /// Elements `r` of a view.
     fn sub<'a>(&self, v: Self::View<'a>, r: Range<usize>) -> Self::View<'a>
     where

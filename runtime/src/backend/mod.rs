@@ -12,6 +12,7 @@
 //! calling a kernel, and a kernel given inconsistent lengths panics (a bug, not bad input).
 
 pub mod cpu;
+pub mod cuda;
 pub mod device;
 pub mod kernels;
 
@@ -112,6 +113,8 @@ pub trait Backend {
     /// A zero-filled buffer of `n` floats.
     fn alloc(&self, n: usize) -> Self::Buf;
     /// A buffer holding a copy of `src` (host to backend).
+    fn upload(&self, src: &[f32]) -> Self::Buf;
+    /// A buffer holding a copy of `src` (host to backend).
     fn upload_ids(&self, src: &[u32]) -> Self::Ids;
     /// Copies `src` out to the host.
     fn download(&self, src: Self::View<'_>, dst: &mut [f32]);
@@ -119,6 +122,8 @@ pub trait Backend {
     fn view<'a>(&self, b: &'a Self::Buf) -> Self::View<'a>;
     /// The whole of `b`, writable.
     fn view_mut<'a>(&self, b: &'a mut Self::Buf) -> Self::ViewMut<'a>;
+    /// Elements `r` of a buffer, writable for the buffer's borrow.
+    fn range_mut<'a>(&self, b: &'a mut Self::Buf, r: Range<usize>) -> Self::ViewMut<'a>;
     /// Elements `r` of a view.
     fn sub<'a>(&self, v: Self::View<'a>, r: Range<usize>) -> Self::View<'a>
     where

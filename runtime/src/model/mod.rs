@@ -17,6 +17,7 @@
 
 mod bert;
 mod config;
+mod on_device;
 mod segments;
 
 use std::collections::HashMap;
@@ -30,7 +31,8 @@ use crate::params::Params;
 use crate::rng::Rng;
 
 pub use config::BertConfig;
-pub use segments::{GradSink, ParamSource, Whole, WholeGrads};
+pub use on_device::{Executor, OnDevice};
+pub use segments::{BufGrads, BufParams, GradSink, ParamSource, Whole, WholeGrads};
 
 use bert::{Acts, Drop, Layout};
 
@@ -54,6 +56,9 @@ pub enum ModelError {
     /// `config.json` is malformed or unsupported.
     #[error("bad config: {0}")]
     Config(String),
+    /// The device running the passes reported an error (e.g. a CUDA launch failed).
+    #[error("device: {0}")]
+    Device(String),
     /// The safetensors file is malformed.
     #[error("{path}: bad safetensors file: {message}")]
     Safetensors {
@@ -158,6 +163,14 @@ pub struct Classifier {
     params: Params,
     layout: Layout,
     backend: Cpu,
+    /// Where the passes run when not on `backend` (a GPU).
+    executor: Option<std::sync::Arc<dyn Executor>>,
+}
+
+impl std::fmt::Debug for dyn Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Executor({})", self.describe())
+    }
 }
 
 impl Classifier {
@@ -177,6 +190,7 @@ impl Classifier {
             params,
             layout,
             backend: Cpu::default(),
+            executor: None,
         })
     }
 
@@ -378,6 +392,18 @@ impl Classifier {
         self.backend = backend;
     }
 
+    /// Runs [`Classifier::forward`] and [`Classifier::forward_backward`] on `executor` (a GPU)
+    /// from now on; the CPU backend stays for what the executor does not run (ZeRO-2/3's
+    /// segment-wise passes).
+    pub fn set_executor(&mut self, executor: std::sync::Arc<dyn Executor>) {
+        self.executor = Some(executor);
+    }
+
+    /// The executor set by [`Classifier::set_executor`], if any.
+    pub fn executor(&self) -> Option<&std::sync::Arc<dyn Executor>> {
+        self.executor.as_ref()
+    }
+
     /// Checks a batch against the model; the error says which field is wrong.
     pub fn check_batch(&self, b: &Batch) -> Result<(), ModelError> {
         let bad = |m: String| Err(ModelError::Batch(m));
@@ -461,6 +487,9 @@ impl Classifier {
         }
         self.check_batch(&probe)?;
         self.require_params()?;
+        if let Some(x) = &self.executor {
+            return x.forward(self, &probe);
+        }
         let a = self.prepare(ws, &probe);
         let be = self.backend;
         let mut src = Whole::new(&self.params.data, &self.layout.segs);
@@ -490,6 +519,10 @@ impl Classifier {
                 grads.len(),
                 self.params.len()
             )));
+        }
+        if let Some(x) = &self.executor {
+            self.check_batch(batch)?;
+            return x.forward_backward(self, batch, loss_weight, grads, dropout);
         }
         let segs = &self.layout.segs;
         self.forward_backward_with(
@@ -522,17 +555,100 @@ impl Classifier {
     {
         self.check_batch(batch)?;
         let c = &self.config;
-        let drop = dropout.map(|k| Drop {
+        let drop = self.dropout_keys(dropout);
+        let a = self.prepare(ws, batch);
+        let be = self.backend;
+        bert::forward(&be, c, &self.layout, params, a, drop)?;
+        bert::backward(&be, c, &self.layout, params, a, drop, loss_weight, grads)
+    }
+
+    /// [`Classifier::forward_backward`] on any backend `be` (a GPU's, or the emulated one the
+    /// kernel tests use), with the parameters and the gradient accumulator in `be`'s buffers
+    /// (both laid out as [`Classifier::params`]). The model's own parameters are not read.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_backward_on<B: Backend>(
+        &self,
+        be: &B,
+        ws: &mut Workspace<B>,
+        batch: &Batch,
+        loss_weight: f32,
+        params: &B::Buf,
+        grads: &mut B::Buf,
+        dropout: Option<DropoutKey>,
+    ) -> Result<f32, ModelError> {
+        self.check_batch(batch)?;
+        let c = &self.config;
+        let drop = self.dropout_keys(dropout);
+        let fits = matches!(&ws.acts, Some(a) if a.batch == batch.batch && a.seq == batch.seq);
+        if !fits {
+            ws.acts = Some(Acts::new(be, c, self.num_labels, batch.batch, batch.seq));
+        }
+        let a = ws.acts.as_mut().expect("just set");
+        a.set_inputs(
+            be,
+            &batch.input_ids,
+            &batch.token_type_ids,
+            &batch.attention_mask,
+            &batch.labels,
+        );
+        let segs = &self.layout.segs;
+        let mut src = BufParams::new(be, params, segs);
+        let mut sink = BufGrads::new(be, grads, segs);
+        let Ok(()) = bert::forward(be, c, &self.layout, &mut src, a, drop);
+        bert::backward::<B, _, _, ModelError>(
+            be,
+            c,
+            &self.layout,
+            &mut src,
+            a,
+            drop,
+            loss_weight,
+            &mut sink,
+        )
+    }
+
+    /// Eval-mode logits `[batch × num_labels]` on any backend, the parameters in `be`'s buffer.
+    pub fn forward_on<B: Backend>(
+        &self,
+        be: &B,
+        ws: &mut Workspace<B>,
+        batch: &Batch,
+        params: &B::Buf,
+    ) -> Result<Vec<f32>, ModelError> {
+        let mut probe = batch.clone();
+        if probe.labels.is_empty() {
+            probe.labels = vec![0; batch.batch];
+        }
+        self.check_batch(&probe)?;
+        let c = &self.config;
+        let fits = matches!(&ws.acts, Some(a) if a.batch == batch.batch && a.seq == batch.seq);
+        if !fits {
+            ws.acts = Some(Acts::new(be, c, self.num_labels, batch.batch, batch.seq));
+        }
+        let a = ws.acts.as_mut().expect("just set");
+        a.set_inputs(
+            be,
+            &probe.input_ids,
+            &probe.token_type_ids,
+            &probe.attention_mask,
+            &probe.labels,
+        );
+        let mut src = BufParams::new(be, params, &self.layout.segs);
+        let Ok(()) = bert::forward(be, c, &self.layout, &mut src, a, None);
+        let mut out = vec![0.0; batch.batch * self.num_labels];
+        be.download(be.view(&a.logits), &mut out);
+        Ok(out)
+    }
+
+    fn dropout_keys(&self, dropout: Option<DropoutKey>) -> Option<Drop> {
+        let c = &self.config;
+        dropout.map(|k| Drop {
             seed: k.seed,
             base: k.micro_batch.wrapping_mul(4096),
             hidden: c.hidden_dropout_prob as f32,
             attn: c.attention_probs_dropout_prob as f32,
             head: c.head_dropout() as f32,
-        });
-        let a = self.prepare(ws, batch);
-        let be = self.backend;
-        bert::forward(&be, c, &self.layout, params, a, drop)?;
-        bert::backward(&be, c, &self.layout, params, a, drop, loss_weight, grads)
+        })
     }
 
     /// The segments of the flat parameter buffer in forward order: the embeddings, each encoder

@@ -92,3 +92,58 @@ impl GradSink<Cpu> for WholeGrads<'_> {
         Ok(())
     }
 }
+
+/// Every segment read from one whole parameter buffer of any backend (a GPU's).
+pub struct BufParams<'a, B: Backend> {
+    be: &'a B,
+    data: &'a B::Buf,
+    segs: &'a [Range<usize>],
+}
+
+impl<'a, B: Backend> BufParams<'a, B> {
+    /// The segments `segs` of `data`, a buffer of `be`.
+    pub fn new(be: &'a B, data: &'a B::Buf, segs: &'a [Range<usize>]) -> Self {
+        BufParams { be, data, segs }
+    }
+}
+
+impl<B: Backend> ParamSource<B> for BufParams<'_, B> {
+    type Error = Infallible;
+    fn fetch<'s>(&'s mut self, seg: usize) -> Result<B::View<'s>, Infallible>
+    where
+        B: 's,
+    {
+        let whole = self.be.view(self.data);
+        Ok(self.be.sub(whole, self.segs[seg].clone()))
+    }
+    fn release(&mut self, _: usize) -> Result<(), Infallible> {
+        Ok(())
+    }
+}
+
+/// Every segment's gradient accumulated into one whole buffer of any backend.
+pub struct BufGrads<'a, B: Backend> {
+    be: &'a B,
+    data: &'a mut B::Buf,
+    segs: &'a [Range<usize>],
+}
+
+impl<'a, B: Backend> BufGrads<'a, B> {
+    /// The segments `segs` of `data`, a buffer of `be`.
+    pub fn new(be: &'a B, data: &'a mut B::Buf, segs: &'a [Range<usize>]) -> Self {
+        BufGrads { be, data, segs }
+    }
+}
+
+impl<B: Backend> GradSink<B> for BufGrads<'_, B> {
+    type Error = Infallible;
+    fn fetch<'s>(&'s mut self, seg: usize) -> Result<B::ViewMut<'s>, Infallible>
+    where
+        B: 's,
+    {
+        Ok(self.be.range_mut(self.data, self.segs[seg].clone()))
+    }
+    fn done(&mut self, _: usize) -> Result<(), Infallible> {
+        Ok(())
+    }
+}

@@ -351,7 +351,12 @@ impl Replica {
         Ok(self.opt.set_betas(beta1, beta2)?)
     }
 
-    /// Zeroes the gradient accumulation before a window.
+    /// What runs the model's passes when it is not the CPU backend.
+    pub fn model_executor(&self) -> Option<String> {
+        self.model.executor().map(|x| x.describe())
+    }
+
+    /// Clears the gradient accumulator at the start of a window.
     pub fn start_window(&mut self) {
         self.grads.fill(0.0);
     }

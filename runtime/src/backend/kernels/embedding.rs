@@ -1,11 +1,14 @@
-//! Launches of `runtime/kernels/embedding.cu` (placeholder until the kernels land).
-#![allow(clippy::too_many_arguments, unused_variables)]
-use super::Kernels;
-use crate::backend::device::Device;
+//! Launches of `runtime/kernels/embedding.cu`: the forward one thread per output element, the
+//! backward one thread per table column (word and token-type tables) or per position-table
+//! element, each summing its tokens in order (no atomics, the CPU backend's bits).
+#![allow(clippy::too_many_arguments)]
+
+use super::{grid1, int, Kernels, BLOCK};
+use crate::backend::device::{Arg, Device, Launch};
 
 pub(super) fn fwd<D: Device>(
     k: &Kernels<D>,
-    out: D::ViewMut<'_>,
+    mut out: D::ViewMut<'_>,
     ids: &D::Ids,
     types: &D::Ids,
     word: D::View<'_>,
@@ -15,14 +18,46 @@ pub(super) fn fwd<D: Device>(
     seq: usize,
     hidden: usize,
 ) {
-    unimplemented!("embedding_fwd kernel")
+    let n = batch * seq * hidden;
+    assert!(k.dev.len_mut(&out) >= n, "embedding_fwd out");
+    assert!(k.dev.len(pos) >= seq * hidden, "embedding_fwd positions");
+    assert_eq!(
+        k.dev.len(word) % hidden.max(1),
+        0,
+        "embedding_fwd word width"
+    );
+    assert_eq!(
+        k.dev.len(typ) % hidden.max(1),
+        0,
+        "embedding_fwd type width"
+    );
+    if n == 0 {
+        return;
+    }
+    let o = k.dev.ptr_mut(&mut out);
+    k.dev.launch(
+        "embedding_fwd",
+        grid1(n),
+        &[
+            Arg::Ptr(o),
+            Arg::Ptr(k.dev.ids_ptr(ids)),
+            Arg::Ptr(k.dev.ids_ptr(types)),
+            Arg::Ptr(k.dev.ptr(word)),
+            Arg::Ptr(k.dev.ptr(pos)),
+            Arg::Ptr(k.dev.ptr(typ)),
+            int(batch * seq),
+            int(seq),
+            int(hidden),
+            k.store_arg(),
+        ],
+    );
 }
 
 pub(super) fn bwd<D: Device>(
     k: &Kernels<D>,
-    dword: D::ViewMut<'_>,
-    dpos: D::ViewMut<'_>,
-    dtyp: D::ViewMut<'_>,
+    mut dword: D::ViewMut<'_>,
+    mut dpos: D::ViewMut<'_>,
+    mut dtyp: D::ViewMut<'_>,
     dout: D::View<'_>,
     ids: &D::Ids,
     types: &D::Ids,
@@ -30,5 +65,60 @@ pub(super) fn bwd<D: Device>(
     seq: usize,
     hidden: usize,
 ) {
-    unimplemented!("embedding_bwd kernel")
+    let tokens = batch * seq;
+    assert!(k.dev.len(dout) >= tokens * hidden, "embedding_bwd dout");
+    assert!(
+        k.dev.len_mut(&dpos) >= seq * hidden,
+        "embedding_bwd positions"
+    );
+    assert_eq!(
+        k.dev.len_mut(&dword) % hidden.max(1),
+        0,
+        "embedding_bwd word"
+    );
+    assert_eq!(
+        k.dev.len_mut(&dtyp) % hidden.max(1),
+        0,
+        "embedding_bwd type"
+    );
+    // No tokens: nothing is added and (as on the CPU) no row is rounded.
+    if tokens == 0 || hidden == 0 {
+        return;
+    }
+    let (w, t, p) = (
+        k.dev.ptr_mut(&mut dword),
+        k.dev.ptr_mut(&mut dtyp),
+        k.dev.ptr_mut(&mut dpos),
+    );
+    // Word table (blockIdx.y 0) and token-type table (blockIdx.y 1), one thread per column.
+    k.dev.launch(
+        "embedding_bwd_tables",
+        Launch {
+            grid: (hidden.div_ceil(BLOCK as usize) as u32, 2, 1),
+            block: (BLOCK, 1, 1),
+            smem: 0,
+        },
+        &[
+            Arg::Ptr(w),
+            Arg::Ptr(t),
+            Arg::Ptr(k.dev.ptr(dout)),
+            Arg::Ptr(k.dev.ids_ptr(ids)),
+            Arg::Ptr(k.dev.ids_ptr(types)),
+            int(tokens),
+            int(hidden),
+            k.store_arg(),
+        ],
+    );
+    k.dev.launch(
+        "embedding_bwd_pos",
+        grid1(seq * hidden),
+        &[
+            Arg::Ptr(p),
+            Arg::Ptr(k.dev.ptr(dout)),
+            int(batch),
+            int(seq),
+            int(hidden),
+            k.store_arg(),
+        ],
+    );
 }

@@ -1,13 +1,28 @@
-//! Launches of `runtime/kernels/layernorm.cu` (placeholder until the kernels land).
-#![allow(clippy::too_many_arguments, unused_variables)]
-use super::Kernels;
-use crate::backend::device::Device;
+//! Launches of `runtime/kernels/layernorm.cu`: the forward and the backward's `dinp` one block
+//! per row, the backward's `dw`/`db` one thread per column summing its rows in order.
+#![allow(clippy::too_many_arguments)]
+
+use super::{grid1, int, Kernels, BLOCK};
+use crate::backend::device::{Arg, Device, Launch};
+
+/// One block per row, whole warps: enough threads to cover `cols` once, at most [`BLOCK`].
+fn per_row(rows: usize, cols: usize) -> Launch {
+    Launch {
+        grid: (u32::try_from(rows).expect("layernorm rows"), 1, 1),
+        block: (
+            (cols.div_ceil(32) * 32).clamp(32, BLOCK as usize) as u32,
+            1,
+            1,
+        ),
+        smem: 0,
+    }
+}
 
 pub(super) fn fwd<D: Device>(
     k: &Kernels<D>,
-    out: D::ViewMut<'_>,
-    mean: D::ViewMut<'_>,
-    rstd: D::ViewMut<'_>,
+    mut out: D::ViewMut<'_>,
+    mut mean: D::ViewMut<'_>,
+    mut rstd: D::ViewMut<'_>,
     inp: D::View<'_>,
     w: D::View<'_>,
     b: D::View<'_>,
@@ -15,14 +30,42 @@ pub(super) fn fwd<D: Device>(
     cols: usize,
     eps: f32,
 ) {
-    unimplemented!("layernorm_fwd kernel")
+    assert!(k.dev.len_mut(&out) >= rows * cols, "layernorm_fwd out");
+    assert!(k.dev.len(inp) >= rows * cols, "layernorm_fwd inp");
+    assert!(k.dev.len_mut(&mean) >= rows, "layernorm_fwd mean");
+    assert!(k.dev.len_mut(&rstd) >= rows, "layernorm_fwd rstd");
+    assert_eq!(k.dev.len(w), cols, "layernorm_fwd weight");
+    assert_eq!(k.dev.len(b), cols, "layernorm_fwd bias");
+    if rows == 0 {
+        return;
+    }
+    let (o, m, r) = (
+        k.dev.ptr_mut(&mut out),
+        k.dev.ptr_mut(&mut mean),
+        k.dev.ptr_mut(&mut rstd),
+    );
+    k.dev.launch(
+        "layernorm_fwd",
+        per_row(rows, cols),
+        &[
+            Arg::Ptr(o),
+            Arg::Ptr(m),
+            Arg::Ptr(r),
+            Arg::Ptr(k.dev.ptr(inp)),
+            Arg::Ptr(k.dev.ptr(w)),
+            Arg::Ptr(k.dev.ptr(b)),
+            int(cols),
+            Arg::F32(eps),
+            k.store_arg(),
+        ],
+    );
 }
 
 pub(super) fn bwd<D: Device>(
     k: &Kernels<D>,
-    dinp: D::ViewMut<'_>,
-    dw: D::ViewMut<'_>,
-    db: D::ViewMut<'_>,
+    mut dinp: D::ViewMut<'_>,
+    mut dw: D::ViewMut<'_>,
+    mut db: D::ViewMut<'_>,
     dout: D::View<'_>,
     inp: D::View<'_>,
     w: D::View<'_>,
@@ -31,5 +74,46 @@ pub(super) fn bwd<D: Device>(
     rows: usize,
     cols: usize,
 ) {
-    unimplemented!("layernorm_bwd kernel")
+    assert!(k.dev.len_mut(&dinp) >= rows * cols, "layernorm_bwd dinp");
+    assert!(k.dev.len(dout) >= rows * cols, "layernorm_bwd dout");
+    assert!(k.dev.len(inp) >= rows * cols, "layernorm_bwd inp");
+    assert!(k.dev.len(mean) >= rows, "layernorm_bwd mean");
+    assert!(k.dev.len(rstd) >= rows, "layernorm_bwd rstd");
+    assert_eq!(k.dev.len(w), cols, "layernorm_bwd weight");
+    assert_eq!(k.dev.len_mut(&dw), cols, "layernorm_bwd dw");
+    assert_eq!(k.dev.len_mut(&db), cols, "layernorm_bwd db");
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    let di = k.dev.ptr_mut(&mut dinp);
+    k.dev.launch(
+        "layernorm_bwd_dinp",
+        per_row(rows, cols),
+        &[
+            Arg::Ptr(di),
+            Arg::Ptr(k.dev.ptr(dout)),
+            Arg::Ptr(k.dev.ptr(inp)),
+            Arg::Ptr(k.dev.ptr(w)),
+            Arg::Ptr(k.dev.ptr(mean)),
+            Arg::Ptr(k.dev.ptr(rstd)),
+            int(cols),
+            k.store_arg(),
+        ],
+    );
+    let (pw, pb) = (k.dev.ptr_mut(&mut dw), k.dev.ptr_mut(&mut db));
+    k.dev.launch(
+        "layernorm_bwd_dwdb",
+        grid1(cols),
+        &[
+            Arg::Ptr(pw),
+            Arg::Ptr(pb),
+            Arg::Ptr(k.dev.ptr(dout)),
+            Arg::Ptr(k.dev.ptr(inp)),
+            Arg::Ptr(k.dev.ptr(mean)),
+            Arg::Ptr(k.dev.ptr(rstd)),
+            int(rows),
+            int(cols),
+            k.store_arg(),
+        ],
+    );
 }

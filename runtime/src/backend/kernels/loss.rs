@@ -1,16 +1,51 @@
-//! Launches of `runtime/kernels/loss.cu` (placeholder until the kernels land).
-#![allow(clippy::too_many_arguments, unused_variables)]
-use super::Kernels;
-use crate::backend::device::Device;
+//! Launches of `runtime/kernels/loss.cu`: one block per row; the rows' losses come back through a
+//! small device buffer and are averaged on the host in the CPU backend's order.
+
+use super::{int, Kernels, BLOCK};
+use crate::backend::device::{Arg, Device, Launch};
 
 pub(super) fn cross_entropy<D: Device>(
     k: &Kernels<D>,
-    dlogits: D::ViewMut<'_>,
+    mut dlogits: D::ViewMut<'_>,
     logits: D::View<'_>,
     labels: &D::Ids,
     rows: usize,
     classes: usize,
     grad_scale: f32,
 ) -> f32 {
-    unimplemented!("cross_entropy kernel")
+    assert!(classes > 0, "cross_entropy: no classes");
+    assert!(
+        k.dev.len_mut(&dlogits) >= rows * classes,
+        "cross_entropy dlogits"
+    );
+    assert!(k.dev.len(logits) >= rows * classes, "cross_entropy logits");
+    let mut losses = vec![0.0f32; rows];
+    if rows > 0 {
+        let mut buf = k.dev.alloc(rows);
+        let d = k.dev.ptr_mut(&mut dlogits);
+        let l = k.dev.ptr_mut(&mut k.dev.view_mut(&mut buf));
+        k.dev.launch(
+            "cross_entropy",
+            Launch {
+                grid: (u32::try_from(rows).expect("cross_entropy rows"), 1, 1),
+                block: ((classes.div_ceil(32) * 32).min(BLOCK as usize) as u32, 1, 1),
+                smem: 0,
+            },
+            &[
+                Arg::Ptr(d),
+                Arg::Ptr(l),
+                Arg::Ptr(k.dev.ptr(logits)),
+                Arg::Ptr(k.dev.ids_ptr(labels)),
+                int(rows),
+                int(classes),
+                Arg::F32(grad_scale),
+                k.store_arg(),
+            ],
+        );
+        k.dev.download(k.dev.view(&buf), &mut losses);
+    }
+    // The CPU's reduction: rows summed in f64 in order, the mean rounded to the storage dtype
+    // (0 rows give NaN there too).
+    let total: f64 = losses.iter().map(|&x| f64::from(x)).sum();
+    k.store.round((total / rows as f64) as f32)
 }

@@ -157,8 +157,16 @@ impl<D: Device> Backend for Kernels<D> {
         self.dev.alloc(n)
     }
 
+    fn upload(&self, src: &[f32]) -> D::Buf {
+        self.dev.upload(src)
+    }
+
     fn upload_ids(&self, src: &[u32]) -> D::Ids {
         self.dev.upload_ids(src)
+    }
+
+    fn range_mut<'a>(&self, b: &'a mut D::Buf, r: Range<usize>) -> D::ViewMut<'a> {
+        self.dev.range_mut(b, r)
     }
 
     fn download(&self, src: D::View<'_>, dst: &mut [f32]) {

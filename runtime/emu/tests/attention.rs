@@ -1,0 +1,331 @@
+//! runtime/kernels/attention.cu on the emulated device against the CPU backend.
+//!
+//! Forward: ctx, probs and probs_drop from the same inputs. Backward: dq, dk, dv and the ds the
+//! kernel leaves in scratch, both sides given the CPU forward's probs / probs_drop, so a
+//! difference there is the backward's own.
+//!
+//! Tolerances are `eps · (max|want| + |want|)` per element, eps 1e-5 for f32 (the sums run in
+//! another order than the CPU's GEMM; measured at most 5.8e-7 of the tensor's largest value on
+//! the small shapes, 1.3e-6 at seq 512) and one storage ulp for half stores (a value a hair from
+//! a rounding boundary rounds the other way on one side: f16 2⁻¹⁰, bf16 2⁻⁷; measured at most
+//! 1.1e-4 for f16, 2.6e-3 for bf16). Each test prints its measured errors (`--nocapture`).
+
+mod common;
+
+use common::{pair, rand};
+use recipe_runtime::backend::{AttnShape, Backend, Dropout};
+use recipe_runtime::precision::Dtype;
+
+const STORES: [Dtype; 3] = [Dtype::F32, Dtype::F16, Dtype::Bf16];
+
+/// (batch, seq, heads, head_dim): one token, odd sizes, more than one warp of keys (33), more
+/// than one stride of the block (130 keys over 128 threads).
+const SHAPES: &[(usize, usize, usize, usize)] = &[
+    (1, 1, 1, 1),
+    (2, 3, 3, 5),
+    (1, 17, 1, 16),
+    (2, 17, 3, 5),
+    (2, 33, 3, 16),
+    (1, 33, 1, 1),
+];
+
+fn shape(&(batch, seq, heads, head_dim): &(usize, usize, usize, usize)) -> AttnShape {
+    AttnShape {
+        batch,
+        seq,
+        heads,
+        head_dim,
+    }
+}
+
+/// Padding masks: everything kept in the first sequence but its last third padded; the second
+/// sequence (when there is one) fully masked, the case HF's additive mask keeps finite.
+fn padding_mask(s: AttnShape) -> Vec<u32> {
+    let mut m = vec![1u32; s.batch * s.seq];
+    let keep = s.seq - s.seq / 3;
+    m[keep..s.seq].fill(0);
+    if s.batch > 1 {
+        m[s.seq..2 * s.seq].fill(0);
+    }
+    m
+}
+
+/// The largest `|got − want|`, and that over `max|want|`.
+fn max_err(got: &[f32], want: &[f32]) -> (f32, f32) {
+    let abs = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| (g - w).abs())
+        .fold(0.0f32, f32::max);
+    let big = want.iter().map(|w| w.abs()).fold(0.0f32, f32::max);
+    (abs, if big > 0.0 { abs / big } else { abs })
+}
+
+fn eps(store: Dtype) -> f32 {
+    match store {
+        Dtype::F32 => 1e-5,
+        Dtype::F16 => 1.0 / 1024.0,
+        Dtype::Bf16 => 1.0 / 128.0,
+    }
+}
+
+/// Asserts `got ≈ want` within `eps · (max|want| + |want|)` and returns the error relative to
+/// `max|want|`.
+#[track_caller]
+fn check(what: &str, got: &[f32], want: &[f32], store: Dtype) -> f32 {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let e = eps(store);
+    let big = want.iter().map(|w| w.abs()).fold(0.0f32, f32::max);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            g.is_finite() && w.is_finite(),
+            "{what}[{i}]: got {g}, want {w}"
+        );
+        assert!(
+            (g - w).abs() <= e * (big + w.abs()),
+            "{what}[{i}]: got {g}, want {w} (max|want| {big}, eps {e})"
+        );
+    }
+    max_err(got, want).1
+}
+
+/// Worst relative error seen per (store, tensor), printed at the end of a test.
+#[derive(Default)]
+struct Worst(Vec<(String, f32)>);
+
+impl Worst {
+    fn note(&mut self, key: String, e: f32) {
+        match self.0.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, w)) => *w = w.max(e),
+            None => self.0.push((key, e)),
+        }
+    }
+
+    fn print(&self, test: &str) {
+        for (k, e) in &self.0 {
+            eprintln!("{test}: {k} max error {e:.3e} (relative to the tensor's largest value)");
+        }
+    }
+}
+
+struct Inputs {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    dctx: Vec<f32>,
+}
+
+fn inputs(s: AttnShape, store: Dtype, salt: u64) -> Inputs {
+    let n = s.batch * s.seq * s.heads * s.head_dim;
+    // Scale 2 gives peaked softmax rows as well as flat ones.
+    let mut x = Inputs {
+        q: rand(n, 2.0, 10 + salt),
+        k: rand(n, 2.0, 20 + salt),
+        v: rand(n, 1.0, 30 + salt),
+        dctx: rand(n, 1.0, 40 + salt),
+    };
+    for t in [&mut x.q, &mut x.k, &mut x.v, &mut x.dctx] {
+        store.round_slice(t);
+    }
+    x
+}
+
+/// A forward on one backend: (ctx, probs, probs_drop).
+type FwdCall<'a> = &'a dyn Fn(&mut [f32], &mut [f32], Option<&mut [f32]>);
+/// A backward on one backend: (dq, dk, dv, scratch).
+type BwdCall<'a> = &'a dyn Fn(&mut [f32], &mut [f32], &mut [f32], &mut [f32]);
+
+/// One forward and backward on both backends, compared; returns the emulated outputs.
+fn compare(
+    store: Dtype,
+    s: AttnShape,
+    mask: &[u32],
+    dropout: Option<&Dropout>,
+    worst: &mut Worst,
+) -> Vec<Vec<f32>> {
+    let (g, c) = pair(store);
+    let x = inputs(s, store, (s.seq * 7 + s.head_dim) as u64);
+    let (tok, pp) = (
+        s.batch * s.seq * s.heads * s.head_dim,
+        s.batch * s.heads * s.seq * s.seq,
+    );
+    let mask = mask.to_vec();
+    let drop = dropout.is_some();
+    let tag = format!(
+        "{store:?} {s:?} {}",
+        if drop { "dropout" } else { "no dropout" }
+    );
+
+    // Forward. Garbage in the outputs shows a kernel that skips an element.
+    let fwd = |b: FwdCall| {
+        let (mut ctx, mut p, mut pd) = (vec![7.0; tok], vec![7.0; pp], vec![7.0; pp]);
+        b(&mut ctx, &mut p, drop.then_some(&mut pd[..]));
+        (ctx, p, pd)
+    };
+    let (gctx, gp, gpd) =
+        fwd(&|ctx, p, pd| g.attention_fwd(ctx, p, pd, &x.q, &x.k, &x.v, &mask, s, dropout));
+    let (cctx, cp, cpd) =
+        fwd(&|ctx, p, pd| c.attention_fwd(ctx, p, pd, &x.q, &x.k, &x.v, &mask, s, dropout));
+    let st = format!("{store:?}");
+    worst.note(
+        format!("{st} probs"),
+        check(&format!("probs {tag}"), &gp, &cp, store),
+    );
+    worst.note(
+        format!("{st} ctx"),
+        check(&format!("ctx {tag}"), &gctx, &cctx, store),
+    );
+    if drop {
+        worst.note(
+            format!("{st} probs_drop"),
+            check(&format!("probs_drop {tag}"), &gpd, &cpd, store),
+        );
+        // The same mask: the same elements dropped.
+        for (i, (a, b)) in gpd.iter().zip(&cpd).enumerate() {
+            assert_eq!(
+                *a == 0.0,
+                *b == 0.0,
+                "probs_drop[{i}] mask {tag}: {a} vs {b}"
+            );
+        }
+    }
+
+    // Backward, from the CPU forward's probabilities on both sides.
+    let bwd = |b: BwdCall| {
+        let (mut dq, mut dk, mut dv, mut ds) = (
+            vec![7.0; tok],
+            vec![7.0; tok],
+            vec![7.0; tok],
+            vec![7.0; pp],
+        );
+        b(&mut dq, &mut dk, &mut dv, &mut ds);
+        [dq, dk, dv, ds]
+    };
+    let cpd_view = drop.then_some(&cpd[..]);
+    let gb = bwd(&|dq, dk, dv, ds| {
+        g.attention_bwd(
+            dq, dk, dv, ds, &x.dctx, &x.q, &x.k, &x.v, &cp, cpd_view, s, dropout,
+        )
+    });
+    let cb = bwd(&|dq, dk, dv, ds| {
+        c.attention_bwd(
+            dq, dk, dv, ds, &x.dctx, &x.q, &x.k, &x.v, &cp, cpd_view, s, dropout,
+        )
+    });
+    for (name, (a, b)) in ["dq", "dk", "dv", "ds"].iter().zip(gb.iter().zip(&cb)) {
+        // ds (scratch) is f32 inside the kernel on both sides: f32 tolerance for every store.
+        let tol_store = if *name == "ds" { Dtype::F32 } else { store };
+        let e = check(&format!("{name} {tag}"), a, b, tol_store);
+        worst.note(format!("{st} {name}"), e);
+    }
+
+    let [dq, dk, dv, ds] = gb;
+    vec![gctx, gp, gpd, dq, dk, dv, ds]
+}
+
+#[test]
+fn attention_matches_the_cpu_without_dropout() {
+    let mut worst = Worst::default();
+    for store in STORES {
+        for sh in SHAPES {
+            let s = shape(sh);
+            compare(store, s, &vec![1; s.batch * s.seq], None, &mut worst);
+        }
+    }
+    worst.print("no dropout");
+}
+
+#[test]
+fn attention_matches_the_cpu_with_padding_and_dropout() {
+    let mut worst = Worst::default();
+    for store in STORES {
+        for (n, sh) in SHAPES.iter().enumerate() {
+            let s = shape(sh);
+            let mask = padding_mask(s);
+            // Padding alone once (f32); the half stores with padding and dropout together.
+            if store == Dtype::F32 {
+                compare(store, s, &mask, None, &mut worst);
+            }
+            let d = Dropout {
+                p: [0.1, 0.5][n % 2],
+                seed: 0x0123_4567_89ab_cdef,
+                stream: 5 + n as u64,
+            };
+            compare(store, s, &mask, Some(&d), &mut worst);
+        }
+    }
+    worst.print("padding + dropout");
+}
+
+#[test]
+fn a_fully_masked_sequence_stays_finite_and_uniform() {
+    let s = AttnShape {
+        batch: 2,
+        seq: 5,
+        heads: 3,
+        head_dim: 4,
+    };
+    let mut mask = [1; 10];
+    mask[5..].fill(0);
+    let mut worst = Worst::default();
+    let out = compare(Dtype::F32, s, &mask, None, &mut worst);
+    let probs = &out[1];
+    // The second sequence: every row uniform over its 5 keys.
+    for &p in &probs[s.heads * 25..] {
+        assert!((p - 0.2).abs() < 1e-6, "fully masked row: {p}");
+    }
+    assert!(out.iter().flatten().all(|v| v.is_finite()));
+}
+
+#[test]
+fn more_keys_than_threads() {
+    // 130 keys over 128 threads: each thread loops twice over keys.
+    let s = AttnShape {
+        batch: 1,
+        seq: 130,
+        heads: 1,
+        head_dim: 3,
+    };
+    let mut mask = [1; 130];
+    mask[100..].fill(0);
+    let d = Dropout {
+        p: 0.2,
+        seed: 99,
+        stream: 3,
+    };
+    let mut worst = Worst::default();
+    compare(Dtype::F32, s, &mask, Some(&d), &mut worst);
+    worst.print("130 keys");
+}
+
+#[test]
+fn attention_is_deterministic() {
+    let s = shape(&(2, 17, 3, 5));
+    let mask = padding_mask(s);
+    let d = Dropout {
+        p: 0.3,
+        seed: 7,
+        stream: 11,
+    };
+    let mut w = Worst::default();
+    let a = compare(Dtype::F32, s, &mask, Some(&d), &mut w);
+    let b = compare(Dtype::F32, s, &mask, Some(&d), &mut w);
+    for (x, y) in a.iter().zip(&b) {
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(x), bits(y));
+    }
+}
+
+#[test]
+fn the_largest_supported_shape_launches() {
+    // seq 512, head_dim 128: the BERT-base maximum; the emulation refuses a launch a GPU would.
+    let s = AttnShape {
+        batch: 1,
+        seq: 512,
+        heads: 1,
+        head_dim: 128,
+    };
+    let mut worst = Worst::default();
+    compare(Dtype::F32, s, &[1; 512], None, &mut worst);
+    worst.print("seq 512");
+}

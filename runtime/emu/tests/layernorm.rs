@@ -1,0 +1,184 @@
+//! runtime/kernels/layernorm.cu on the emulated device against the CPU backend.
+//!
+//! Tolerances. The kernels sum the row statistics in double, as the CPU does, in another order
+//! (strided, then a tree): an error near 1e-16 relative, so the f32 results normally come out as
+//! the CPU's bits, and the comparisons allow one f32 ulp (2⁻²³ relative) of slack for an exact
+//! value that falls within that error of a rounding boundary — plus, for a half store, one ulp of
+//! the storage dtype for an output whose f32 value moved by that ulp across a half tie. Measured:
+//! 0 on every shape here (bit-identical). dw/db are recomputed per column from mean/rstd in the
+//! CPU's order; given the same mean/rstd they are bit-identical, which is asserted exactly.
+
+mod common;
+
+use common::{close, pair, rand};
+use recipe_runtime::backend::Backend;
+use recipe_runtime::precision::Dtype;
+
+const STORES: [Dtype; 3] = [Dtype::F32, Dtype::F16, Dtype::Bf16];
+
+/// (rows, cols): one column (zero variance), widths off the warp and the block, BERT's 768.
+const SHAPES: &[(usize, usize)] = &[(1, 1), (3, 7), (17, 33), (3, 257), (2, 768), (1, 1000)];
+
+/// One f32 ulp, relative.
+const F32_ULP: f32 = 1.0 / (1 << 23) as f32;
+
+/// One ulp of the storage dtype, relative (the slack for a half rounding that a last-bit f32
+/// difference flips).
+fn store_ulp(store: Dtype) -> f32 {
+    match store {
+        Dtype::F32 => F32_ULP,
+        Dtype::F16 => 1.0 / 1024.0,
+        Dtype::Bf16 => 1.0 / 128.0,
+    }
+}
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+/// Largest |got − want| / max(|want|, tiny) (printed with `--nocapture`, for the record).
+fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| (g - w).abs() / w.abs().max(1e-30))
+        .fold(0.0, f32::max)
+}
+
+/// Rows with a large common offset (a one-pass variance would cancel) and a spread.
+fn input(rows: usize, cols: usize, store: Dtype) -> Vec<f32> {
+    let mut x = rand(rows * cols, 2.0, 1);
+    for (i, v) in x.iter_mut().enumerate() {
+        *v += 3.0 + (i / cols.max(1)) as f32;
+    }
+    store.round_slice(&mut x);
+    x
+}
+
+#[test]
+fn forward_matches_the_cpu() {
+    for store in STORES {
+        let (g, c) = pair(store);
+        for &(rows, cols) in SHAPES {
+            for eps in [1e-12f32, 1e-5] {
+                let x = input(rows, cols, store);
+                let mut w = rand(cols, 1.0, 2);
+                let mut b = rand(cols, 0.5, 3);
+                store.round_slice(&mut w);
+                store.round_slice(&mut b);
+                let n = rows * cols;
+                let (mut o1, mut m1, mut r1) = (vec![0.0; n], vec![0.0; rows], vec![0.0; rows]);
+                let (mut o2, mut m2, mut r2) = (vec![0.0; n], vec![0.0; rows], vec![0.0; rows]);
+                g.layernorm_fwd(&mut o1, &mut m1, &mut r1, &x, &w, &b, rows, cols, eps);
+                c.layernorm_fwd(&mut o2, &mut m2, &mut r2, &x, &w, &b, rows, cols, eps);
+                let what = format!("{store:?} {rows}x{cols} eps {eps}");
+                eprintln!(
+                    "layernorm_fwd {what}: out {:e} mean {:e} rstd {:e}",
+                    rel_err(&o1, &o2),
+                    rel_err(&m1, &m2),
+                    rel_err(&r1, &r2)
+                );
+                close(&format!("mean {what}"), &m1, &m2, 0.0, F32_ULP);
+                close(&format!("rstd {what}"), &r1, &r2, 0.0, F32_ULP);
+                // xhat · w + b can cancel, so the slack is relative to the terms' size (≈ |w|
+                // · |xhat| ≤ 2·√cols) rather than to the result.
+                let atol = store_ulp(store) * 4.0 * (cols as f32).sqrt();
+                close(&format!("out {what}"), &o1, &o2, atol, store_ulp(store));
+                // Deterministic.
+                let (mut o3, mut m3, mut r3) = (vec![0.0; n], vec![0.0; rows], vec![0.0; rows]);
+                g.layernorm_fwd(&mut o3, &mut m3, &mut r3, &x, &w, &b, rows, cols, eps);
+                assert_eq!(bits(&o1), bits(&o3), "rerun out {what}");
+                assert_eq!(bits(&m1), bits(&m3), "rerun mean {what}");
+                assert_eq!(bits(&r1), bits(&r3), "rerun rstd {what}");
+            }
+        }
+    }
+}
+
+#[test]
+fn backward_matches_the_cpu() {
+    for store in STORES {
+        let (g, c) = pair(store);
+        for &(rows, cols) in SHAPES {
+            let x = input(rows, cols, store);
+            let mut w = rand(cols, 1.0, 4);
+            let mut b = rand(cols, 0.5, 5);
+            let mut dout = rand(rows * cols, 1.0, 6);
+            for t in [&mut w, &mut b, &mut dout] {
+                store.round_slice(t);
+            }
+            // The statistics of the CPU forward feed both backwards: dw/db then depend only on
+            // the backward kernels' own arithmetic.
+            let n = rows * cols;
+            let (mut o, mut m, mut r) = (vec![0.0; n], vec![0.0; rows], vec![0.0; rows]);
+            c.layernorm_fwd(&mut o, &mut m, &mut r, &x, &w, &b, rows, cols, 1e-12);
+            let dw0 = rand(cols, 0.1, 7);
+            let db0 = rand(cols, 0.1, 8);
+            let run_gpu = || {
+                let (mut di, mut dw, mut db) = (vec![0.0; n], dw0.clone(), db0.clone());
+                g.layernorm_bwd(&mut di, &mut dw, &mut db, &dout, &x, &w, &m, &r, rows, cols);
+                (di, dw, db)
+            };
+            let (di1, dw1, db1) = run_gpu();
+            let (mut di2, mut dw2, mut db2) = (vec![0.0; n], dw0.clone(), db0.clone());
+            c.layernorm_bwd(
+                &mut di2, &mut dw2, &mut db2, &dout, &x, &w, &m, &r, rows, cols,
+            );
+            let what = format!("{store:?} {rows}x{cols}");
+            eprintln!(
+                "layernorm_bwd {what}: dinp {:e} dw {:e} db {:e}",
+                rel_err(&di1, &di2),
+                rel_err(&dw1, &dw2),
+                rel_err(&db1, &db2)
+            );
+            assert_eq!(bits(&dw1), bits(&dw2), "dw {what}");
+            assert_eq!(bits(&db1), bits(&db2), "db {what}");
+            // dinp = rstd · (dxhat − mean_d − xhat · mean_dx) cancels; the slack is one ulp of
+            // the storage dtype relative to the size of its terms (rstd · |dxhat| ≲ rstd).
+            let scale = r.iter().fold(0.0f32, |a, &v| a.max(v));
+            close(
+                &format!("dinp {what}"),
+                &di1,
+                &di2,
+                store_ulp(store) * 4.0 * scale,
+                F32_ULP,
+            );
+            let (di3, dw3, db3) = run_gpu();
+            assert_eq!(
+                (bits(&di1), bits(&dw1), bits(&db1)),
+                (bits(&di3), bits(&dw3), bits(&db3)),
+                "rerun {what}"
+            );
+        }
+    }
+}
+
+#[test]
+fn forward_then_backward_stays_on_the_cpu_bits() {
+    // The whole chain on each side (the device backward from the device statistics): the
+    // double statistics keep even dw/db, which depend on mean/rstd, bit-identical here.
+    for store in STORES {
+        let (g, c) = pair(store);
+        let (rows, cols) = (5, 257);
+        let x = input(rows, cols, store);
+        let (w, b, dout) = (
+            rand(cols, 1.0, 9),
+            rand(cols, 0.5, 10),
+            rand(rows * cols, 1.0, 11),
+        );
+        let n = rows * cols;
+        let mut outs = Vec::new();
+        for side in 0..2 {
+            let (mut o, mut m, mut r) = (vec![0.0; n], vec![0.0; rows], vec![0.0; rows]);
+            let (mut di, mut dw, mut db) = (vec![0.0; n], vec![0.0; cols], vec![0.0; cols]);
+            if side == 0 {
+                g.layernorm_fwd(&mut o, &mut m, &mut r, &x, &w, &b, rows, cols, 1e-12);
+                g.layernorm_bwd(&mut di, &mut dw, &mut db, &dout, &x, &w, &m, &r, rows, cols);
+            } else {
+                c.layernorm_fwd(&mut o, &mut m, &mut r, &x, &w, &b, rows, cols, 1e-12);
+                c.layernorm_bwd(&mut di, &mut dw, &mut db, &dout, &x, &w, &m, &r, rows, cols);
+            }
+            outs.push([o, m, r, di, dw, db].map(|v| bits(&v)));
+        }
+        assert_eq!(outs[0], outs[1], "{store:?}");
+    }
+}

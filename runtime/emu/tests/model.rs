@@ -1,0 +1,103 @@
+//! The whole BERT classifier's forward and backward through the CUDA backend's launch code on the
+//! emulated device, against the CPU backend: every kernel in the order and shapes the model uses
+//! them, dropout masks included.
+
+mod common;
+
+use common::close;
+use recipe_kernel_emu::Emu;
+use recipe_runtime::backend::kernels::Kernels;
+use recipe_runtime::backend::{Backend, Cpu};
+use recipe_runtime::model::{Batch, BertConfig, Classifier, DropoutKey, Workspace};
+use recipe_runtime::precision::Dtype;
+use recipe_runtime::rng::Rng;
+
+fn tiny(dropout: f64) -> BertConfig {
+    BertConfig::from_json(&format!(
+        r#"{{"vocab_size": 40, "hidden_size": 16, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "intermediate_size": 24, "max_position_embeddings": 12,
+            "type_vocab_size": 2, "hidden_dropout_prob": {dropout},
+            "attention_probs_dropout_prob": {dropout}, "initializer_range": 0.3,
+            "pad_token_id": 0}}"#
+    ))
+    .unwrap()
+}
+
+/// Two sequences of 7 tokens (not a multiple of anything), the second padded after 4.
+fn batch() -> Batch {
+    let mut r = Rng::new(11, 1);
+    let (bsz, seq) = (2, 7);
+    let mut b = Batch {
+        batch: bsz,
+        seq,
+        ..Batch::default()
+    };
+    for i in 0..bsz {
+        let len = if i == 0 { seq } else { 4 };
+        for t in 0..seq {
+            let real = t < len;
+            b.input_ids
+                .push(if real { 1 + r.below(39) as u32 } else { 0 });
+            b.token_type_ids.push(u32::from(real && t >= len / 2));
+            b.attention_mask.push(u32::from(real));
+        }
+        b.labels.push(i as u32 * 2);
+    }
+    b
+}
+
+/// (loss, gradient) of one micro-batch on the CPU and on the emulated GPU.
+fn both(store: Dtype, dropout: Option<DropoutKey>) -> ((f32, Vec<f32>), (f32, Vec<f32>)) {
+    let p = if dropout.is_some() { 0.2 } else { 0.0 };
+    let mut m = Classifier::random(tiny(p), 3, 7).unwrap();
+    store.round_slice(m.params_mut());
+    m.set_backend(Cpu::new(1).with_store(store));
+    let b = batch();
+    let n = m.num_params();
+    let mut g_cpu = vec![0.0; n];
+    let l_cpu = m
+        .forward_backward(&mut Workspace::new(), &b, 0.5, &mut g_cpu, dropout)
+        .unwrap();
+
+    let k = Kernels::new(Emu).with_store(store);
+    let params = k.upload(&m.params().data);
+    let mut grads = k.alloc(n);
+    let mut ws = Workspace::new();
+    let l_gpu = m
+        .forward_backward_on(&k, &mut ws, &b, 0.5, &params, &mut grads, dropout)
+        .unwrap();
+    let mut g_gpu = vec![0.0; n];
+    k.download(k.view(&grads), &mut g_gpu);
+    ((l_cpu, g_cpu), (l_gpu, g_gpu))
+}
+
+#[test]
+fn fp32_micro_batch_matches_the_cpu() {
+    let ((lc, gc), (lg, gg)) = both(Dtype::F32, None);
+    assert!((lc - lg).abs() <= 1e-5 * lc.abs(), "loss {lg} vs {lc}");
+    close("gradient", &gg, &gc, 1e-5, 1e-4);
+}
+
+#[test]
+fn dropout_masks_are_the_cpus() {
+    let key = Some(DropoutKey {
+        seed: 42,
+        micro_batch: 3,
+    });
+    let ((lc, gc), (lg, gg)) = both(Dtype::F32, key);
+    assert!((lc - lg).abs() <= 1e-5 * lc.abs(), "loss {lg} vs {lc}");
+    close("gradient", &gg, &gc, 1e-5, 1e-4);
+    // A different mask would move the loss far more than the tolerance.
+    let ((lc0, _), _) = both(Dtype::F32, None);
+    assert!(
+        (lc0 - lc).abs() > 1e-3,
+        "dropout changed nothing: {lc0} vs {lc}"
+    );
+}
+
+#[test]
+fn bf16_storage_stays_near_the_cpu() {
+    let ((lc, gc), (lg, gg)) = both(Dtype::Bf16, None);
+    assert!((lc - lg).abs() <= 2e-2 * lc.abs(), "loss {lg} vs {lc}");
+    close("gradient", &gg, &gc, 2e-2, 5e-2);
+}

@@ -1,0 +1,121 @@
+//! NVRTC: the kernel program (runtime/kernels/, one translation unit) to PTX and CUBIN.
+//!
+//! The same path serves a run (CUBIN for the device's own architecture, so a driver older than
+//! the NVRTC never has to JIT a newer PTX ISA: ../../docs/cuda.md, "Versions") and the compile
+//! gate (`recipe kernels`, scripts/check-kernels.sh: PTX for ptxas to report registers and
+//! spills per kernel).
+
+use std::ffi::{c_char, CStr, CString};
+
+use cudarc::nvrtc::{result, sys};
+
+use super::CudaError;
+use crate::backend::kernels;
+
+/// One compiled program.
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    /// The architecture, e.g. `sm_90`.
+    pub arch: String,
+    /// PTX text.
+    pub ptx: String,
+    /// The device binary for `arch`.
+    pub cubin: Vec<u8>,
+    /// NVRTC's log (warnings), empty when clean.
+    pub log: String,
+}
+
+/// Whether libnvrtc can be loaded (cudarc panics on first use otherwise).
+pub fn nvrtc_present() -> bool {
+    // SAFETY: only tries to dlopen the library by its candidate names.
+    unsafe { sys::is_culib_present() }
+}
+
+/// NVRTC's version, `(major, minor)`.
+pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
+    if !nvrtc_present() {
+        return Err(CudaError::NoNvrtc);
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: two out-pointers to live integers.
+    unsafe { sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(|e| CudaError::Compile(format!("nvrtcVersion: {e:?}")))?;
+    Ok((major, minor))
+}
+
+/// The options every compile uses: header-free kernels, C++17, IEEE division and square root
+/// (the CPU reference's), fused multiply-add allowed (as PyTorch's kernels build).
+fn options(arch: &str) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".into(),
+        "--prec-div=true".into(),
+        "--prec-sqrt=true".into(),
+        "--ftz=false".into(),
+        "--fmad=true".into(),
+        "-lineinfo".into(),
+    ]
+}
+
+/// Compiles every kernel for `arch` (`sm_80`, `sm_90`, …): PTX, and a CUBIN for that
+/// architecture. A compile error comes back with NVRTC's log.
+pub fn compile(arch: &str) -> Result<Compiled, CudaError> {
+    if !nvrtc_present() {
+        return Err(CudaError::NoNvrtc);
+    }
+    let src = CString::new(kernels::program()).expect("kernel sources contain no NUL");
+    let name = CString::new("recipe_kernels.cu").expect("no NUL");
+    let prog = result::create_program(&src, Some(&name))
+        .map_err(|e| CudaError::Compile(format!("nvrtcCreateProgram: {e:?}")))?;
+    let opts = options(arch);
+    // SAFETY: `prog` is a live program; the options outlive the call.
+    let compiled = unsafe { result::compile_program(prog, &opts) };
+    let log = program_log(prog);
+    let out = match compiled {
+        Err(e) => Err(CudaError::Compile(format!(
+            "NVRTC ({e:?}) for {arch}:\n{log}"
+        ))),
+        Ok(()) => {
+            // SAFETY: the program compiled; both getters fill buffers of the sizes NVRTC reports.
+            let ptx = unsafe { result::get_ptx(prog) }
+                .map_err(|e| CudaError::Compile(format!("nvrtcGetPTX: {e:?}")))?;
+            let ptx = unsafe { CStr::from_ptr(ptx.as_ptr()) }
+                .to_string_lossy()
+                .into_owned();
+            let cubin = get_cubin(prog)?;
+            Ok(Compiled {
+                arch: arch.to_string(),
+                ptx,
+                cubin,
+                log: log.trim().to_string(),
+            })
+        }
+    };
+    // SAFETY: destroys the program created above, once.
+    let _ = unsafe { result::destroy_program(prog) };
+    out
+}
+
+fn program_log(prog: sys::nvrtcProgram) -> String {
+    // SAFETY: `prog` is live; the buffer has the size NVRTC reports.
+    match unsafe { result::get_program_log(prog) } {
+        Ok(buf) => unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned(),
+        Err(e) => format!("(no log: {e:?})"),
+    }
+}
+
+fn get_cubin(prog: sys::nvrtcProgram) -> Result<Vec<u8>, CudaError> {
+    let mut size = 0usize;
+    // SAFETY: `prog` compiled for a real architecture (sm_XY), so it has a CUBIN.
+    unsafe { sys::nvrtcGetCUBINSize(prog, &mut size) }
+        .result()
+        .map_err(|e| CudaError::Compile(format!("nvrtcGetCUBINSize: {e:?}")))?;
+    let mut buf = vec![0u8; size];
+    unsafe { sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut c_char) }
+        .result()
+        .map_err(|e| CudaError::Compile(format!("nvrtcGetCUBIN: {e:?}")))?;
+    Ok(buf)
+}

@@ -1,0 +1,132 @@
+//! A row-major [`Gemm`] as the column-major call cuBLAS takes.
+//!
+//! A row-major `r × c` matrix with row stride `ld` is, to a column-major library, its transpose
+//! (`c × r`, leading dimension `ld`). So `C = op(A)·op(B)` in row-major is
+//! `Cᵀ = op(B)ᵀ·op(A)ᵀ` in column-major: swap the operands and keep each one's transpose flag.
+
+use crate::backend::Gemm;
+
+/// The arguments of one `cublasSgemm` (column-major), operand order already swapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ColMajor {
+    /// Transpose the first operand (our `B`).
+    pub trans_first: bool,
+    /// Transpose the second operand (our `A`).
+    pub trans_second: bool,
+    /// Rows of the column-major C (= our `n`).
+    pub m: usize,
+    /// Columns of the column-major C (= our `m`).
+    pub n: usize,
+    /// The contracted dimension.
+    pub k: usize,
+    /// Leading dimension of the first operand (our `ldb`).
+    pub ld_first: usize,
+    /// Leading dimension of the second operand (our `lda`).
+    pub ld_second: usize,
+    /// Leading dimension of C.
+    pub ldc: usize,
+}
+
+/// See the module docs; the first operand of the call is `B`, the second `A`.
+pub fn col_major(g: &Gemm) -> ColMajor {
+    ColMajor {
+        trans_first: g.trans_b,
+        trans_second: g.trans_a,
+        m: g.n,
+        n: g.m,
+        k: g.k,
+        ld_first: g.ldb,
+        ld_second: g.lda,
+        ldc: g.ldc,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{Backend, Cpu};
+
+    /// The reference BLAS semantics of `sgemm` (column-major, `C = alpha·op(X)·op(Y) + beta·C`).
+    #[allow(clippy::too_many_arguments)]
+    fn sgemm_col(
+        tx: bool,
+        ty: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f32,
+        x: &[f32],
+        ldx: usize,
+        y: &[f32],
+        ldy: usize,
+        beta: f32,
+        c: &mut [f32],
+        ldc: usize,
+    ) {
+        for j in 0..n {
+            for i in 0..m {
+                let mut acc = 0.0f64;
+                for p in 0..k {
+                    let xv = if tx { x[p + i * ldx] } else { x[i + p * ldx] };
+                    let yv = if ty { y[j + p * ldy] } else { y[p + j * ldy] };
+                    acc += f64::from(xv) * f64::from(yv);
+                }
+                let old = if beta == 0.0 {
+                    0.0
+                } else {
+                    beta * c[i + j * ldc]
+                };
+                c[i + j * ldc] = alpha * acc as f32 + old;
+            }
+        }
+    }
+
+    #[test]
+    fn the_column_major_call_computes_the_row_major_product() {
+        let mut seed = 1u32;
+        let mut next = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1 << 24) as f32 - 0.5
+        };
+        for (m, n, k) in [(1, 1, 1), (3, 5, 7), (8, 2, 9), (4, 6, 1)] {
+            for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+                for beta in [0.0f32, 1.0] {
+                    let mut g = Gemm::dense(m, n, k, ta, tb, beta);
+                    // Wider strides than the shapes need, as the [CLS]-row GEMMs use.
+                    g.lda += 2;
+                    g.ldb += 1;
+                    g.ldc += 3;
+                    g.alpha = 0.5;
+                    let a: Vec<f32> = (0..g.lda * m.max(k)).map(|_| next()).collect();
+                    let b: Vec<f32> = (0..g.ldb * n.max(k)).map(|_| next()).collect();
+                    let c0: Vec<f32> = (0..g.ldc * m).map(|_| next()).collect();
+                    let mut want = c0.clone();
+                    Cpu::new(1).gemm(&g, &a, &b, &mut want);
+                    let cm = col_major(&g);
+                    let mut got = c0.clone();
+                    sgemm_col(
+                        cm.trans_first,
+                        cm.trans_second,
+                        cm.m,
+                        cm.n,
+                        cm.k,
+                        g.alpha,
+                        &b,
+                        cm.ld_first,
+                        &a,
+                        cm.ld_second,
+                        beta,
+                        &mut got,
+                        cm.ldc,
+                    );
+                    for (i, (x, y)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            (x - y).abs() <= 1e-5,
+                            "m{m} n{n} k{k} ta{ta} tb{tb} beta{beta}: [{i}] {x} vs {y}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,462 @@
+//! The CUDA device: cudarc with libraries loaded at run time.
+//!
+//! Nothing CUDA is linked: the binary builds and runs on machines without CUDA, and every entry
+//! point checks that its library can be loaded before the first call (cudarc panics otherwise).
+//! [`CudaDevice`] is a [`Device`]: memory on one GPU, one stream, the kernel program compiled by
+//! NVRTC for the GPU's own architecture when the device opens, cuBLAS for GEMMs (fp32, TF32 off,
+//! so the CPU reference's arithmetic). Errors inside a launch are recorded and reported by
+//! [`Device::sync`] (the [`crate::backend::Backend`] methods cannot fail).
+
+pub mod compile;
+pub mod gemm;
+pub mod ptxas;
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::marker::PhantomData;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use cudarc::cublas::sys::cublasOperation_t;
+use cudarc::driver::{
+    result as drv, sys as drv_sys, CudaContext, CudaFunction, CudaSlice, CudaStream,
+};
+use cudarc::nvrtc::Ptx;
+
+use super::device::{Arg, Device, Launch};
+use super::kernels::all_kernel_names;
+use super::Gemm;
+
+/// Why the CUDA backend cannot run here.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CudaError {
+    /// libcuda.so.1 cannot be loaded.
+    #[error("no CUDA driver (libcuda.so.1) found; use --device cpu")]
+    NoDriver,
+    /// The driver loads but reports no device.
+    #[error("the CUDA driver reports no GPU; use --device cpu")]
+    NoDevice,
+    /// libnvrtc cannot be loaded.
+    #[error(
+        "NVRTC (libnvrtc.so.13) not found: install the pinned wheel (`pip install nvidia-cuda-nvrtc==13.0.88`) and put its nvidia/cu13/lib folder on LD_LIBRARY_PATH (docs/cuda.md)"
+    )]
+    NoNvrtc,
+    /// libcublas cannot be loaded.
+    #[error(
+        "cuBLAS (libcublas.so.13) not found: install `nvidia-cublas` and put its nvidia/cu13/lib folder on LD_LIBRARY_PATH (docs/cuda.md)"
+    )]
+    NoCublas,
+    /// NVRTC refused the kernels (the log says where).
+    #[error("the CUDA kernels did not compile: {0}")]
+    Compile(String),
+    /// A driver or cuBLAS call failed.
+    #[error("CUDA: {0}")]
+    Driver(String),
+}
+
+/// What this machine offers, without touching anything that could panic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    /// libcuda loads.
+    pub driver: bool,
+    /// GPUs the driver reports (0 without a driver).
+    pub devices: usize,
+    /// libnvrtc loads.
+    pub nvrtc: bool,
+    /// libcublas loads.
+    pub cublas: bool,
+}
+
+/// Looks for the driver, GPUs, NVRTC and cuBLAS.
+pub fn probe() -> Probe {
+    // SAFETY: each check only tries to dlopen a library by its candidate names.
+    let driver = unsafe { drv_sys::is_culib_present() };
+    let devices = if driver && drv::init().is_ok() {
+        drv::device::get_count().map_or(0, |n| n.max(0) as usize)
+    } else {
+        0
+    };
+    Probe {
+        driver,
+        devices,
+        nvrtc: compile::nvrtc_present(),
+        cublas: unsafe { cudarc::cublas::sys::is_culib_present() },
+    }
+}
+
+/// Everything a run needs, or the first thing missing.
+pub fn require() -> Result<Probe, CudaError> {
+    let p = probe();
+    if !p.driver {
+        return Err(CudaError::NoDriver);
+    }
+    if p.devices == 0 {
+        return Err(CudaError::NoDevice);
+    }
+    if !p.nvrtc {
+        return Err(CudaError::NoNvrtc);
+    }
+    if !p.cublas {
+        return Err(CudaError::NoCublas);
+    }
+    Ok(p)
+}
+
+/// A read-only view of device memory (a pointer and a length; `Copy`, as the backend needs).
+#[derive(Debug, Clone, Copy)]
+pub struct DevView<'a> {
+    ptr: u64,
+    len: usize,
+    _borrow: PhantomData<&'a CudaSlice<f32>>,
+}
+
+/// A writable view of device memory.
+#[derive(Debug)]
+pub struct DevViewMut<'a> {
+    ptr: u64,
+    len: usize,
+    _borrow: PhantomData<&'a mut CudaSlice<f32>>,
+}
+
+/// Token ids, labels or masks on the device.
+#[derive(Debug)]
+pub struct DevIds(CudaSlice<u32>);
+
+/// One GPU (see the module docs).
+pub struct CudaDevice {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    functions: HashMap<&'static str, CudaFunction>,
+    blas: cudarc::cublas::CudaBlas,
+    name: String,
+    arch: String,
+    error: Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("name", &self.name)
+            .field("arch", &self.arch)
+            .finish()
+    }
+}
+
+fn driver_err(what: &str) -> impl Fn(drv::DriverError) -> CudaError + '_ {
+    move |e| CudaError::Driver(format!("{what}: {e:?}"))
+}
+
+impl CudaDevice {
+    /// Opens GPU `ordinal`: checks the libraries, compiles the kernels for its architecture,
+    /// loads them and creates the cuBLAS handle.
+    pub fn open(ordinal: usize) -> Result<CudaDevice, CudaError> {
+        let p = require()?;
+        if ordinal >= p.devices {
+            return Err(CudaError::Driver(format!(
+                "GPU {ordinal} asked for; the driver reports {}",
+                p.devices
+            )));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(driver_err("opening the GPU"))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(driver_err("compute capability"))?;
+        let name = ctx.name().map_err(driver_err("device name"))?;
+        let arch = format!("sm_{major}{minor}");
+        let compiled = compile::compile(&arch)?;
+        let module = ctx
+            .load_module(Ptx::from_binary(compiled.cubin))
+            .map_err(driver_err("loading the kernels"))?;
+        let mut functions = HashMap::new();
+        for k in all_kernel_names() {
+            let f = module
+                .load_function(k)
+                .map_err(|e| CudaError::Driver(format!("kernel {k}: {e:?}")))?;
+            functions.insert(k, f);
+        }
+        // One stream, kernels in order: cudarc's per-buffer event tracking is not needed.
+        // SAFETY: no other stream of this context is used while it is off.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let blas = cudarc::cublas::CudaBlas::new(stream.clone())
+            .map_err(|e| CudaError::Driver(format!("cuBLAS: {e:?}")))?;
+        Ok(CudaDevice {
+            ctx,
+            stream,
+            functions,
+            blas,
+            name,
+            arch,
+            error: Mutex::new(None),
+        })
+    }
+
+    /// The GPU's name and architecture, e.g. ("NVIDIA H200", "sm_90").
+    pub fn describe(&self) -> (&str, &str) {
+        (&self.name, &self.arch)
+    }
+
+    /// Keeps the first error for [`Device::sync`].
+    fn record(&self, what: &str, e: impl std::fmt::Debug) {
+        let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(format!("{what}: {e:?}"));
+        }
+    }
+
+    /// Host → device copy of any plain type.
+    fn upload_plain<T: cudarc::driver::DeviceRepr>(&self, src: &[T]) -> CudaSlice<T> {
+        match self.stream.clone_htod(src) {
+            Ok(s) => s,
+            Err(e) => panic!("CUDA upload of {} elements failed: {e:?}", src.len()),
+        }
+    }
+
+    /// Copies `host` into `dst` (same length).
+    pub fn upload_into(&self, dst: &mut DevViewMut<'_>, host: &[f32]) {
+        assert_eq!(dst.len, host.len(), "upload length");
+        // SAFETY: `dst` is a live allocation of `host.len()` floats.
+        let r = unsafe { drv::memcpy_htod_async(dst.ptr, host, self.stream.cu_stream()) };
+        if let Err(e) = r {
+            self.record("upload", e);
+        }
+    }
+
+    /// The context (for collectives and pinned memory).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+}
+
+impl Device for CudaDevice {
+    type Buf = CudaSlice<f32>;
+    type View<'a> = DevView<'a>;
+    type ViewMut<'a> = DevViewMut<'a>;
+    type Ids = DevIds;
+
+    fn alloc(&self, n: usize) -> CudaSlice<f32> {
+        // Allocation failure is out-of-memory: the plan's memory estimate said it fits, so this
+        // is a bug or another process's memory; stop with the driver's words.
+        match self.stream.alloc_zeros::<f32>(n.max(1)) {
+            Ok(s) => s,
+            Err(e) => panic!("CUDA allocation of {n} floats failed: {e:?}"),
+        }
+    }
+
+    fn upload(&self, src: &[f32]) -> CudaSlice<f32> {
+        if src.is_empty() {
+            return self.alloc(1);
+        }
+        self.upload_plain(src)
+    }
+
+    fn range_mut<'a>(&self, b: &'a mut CudaSlice<f32>, r: Range<usize>) -> DevViewMut<'a> {
+        let mut v = self.view_mut(b);
+        let s = self.sub_mut(&mut v, r);
+        DevViewMut {
+            ptr: s.ptr,
+            len: s.len,
+            _borrow: PhantomData,
+        }
+    }
+
+    fn upload_ids(&self, src: &[u32]) -> DevIds {
+        if src.is_empty() {
+            return DevIds(self.upload_plain(&[0u32]));
+        }
+        DevIds(self.upload_plain(src))
+    }
+
+    fn download(&self, src: DevView<'_>, dst: &mut [f32]) {
+        assert_eq!(src.len, dst.len(), "download length");
+        // SAFETY: `src` is a live allocation of `dst.len()` floats; the stream is synchronised
+        // before `dst` is read.
+        let r = unsafe { drv::memcpy_dtoh_async(dst, src.ptr, self.stream.cu_stream()) };
+        if let Err(e) = r {
+            self.record("download", e);
+        }
+        if let Err(e) = self.stream.synchronize() {
+            self.record("download", e);
+        }
+    }
+
+    fn view<'a>(&self, b: &'a CudaSlice<f32>) -> DevView<'a> {
+        let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(b, &self.stream);
+        DevView {
+            ptr,
+            len: b.len(),
+            _borrow: PhantomData,
+        }
+    }
+
+    fn view_mut<'a>(&self, b: &'a mut CudaSlice<f32>) -> DevViewMut<'a> {
+        let len = b.len();
+        let (ptr, _sync) = cudarc::driver::DevicePtrMut::device_ptr_mut(b, &self.stream);
+        DevViewMut {
+            ptr,
+            len,
+            _borrow: PhantomData,
+        }
+    }
+
+    fn sub<'a>(&self, v: DevView<'a>, r: Range<usize>) -> DevView<'a>
+    where
+        Self: 'a,
+    {
+        assert!(r.start <= r.end && r.end <= v.len, "sub {r:?} of {}", v.len);
+        DevView {
+            ptr: v.ptr + 4 * r.start as u64,
+            len: r.len(),
+            _borrow: PhantomData,
+        }
+    }
+
+    fn sub_mut<'a, 'b>(&self, v: &'b mut DevViewMut<'a>, r: Range<usize>) -> DevViewMut<'b>
+    where
+        'a: 'b,
+    {
+        assert!(
+            r.start <= r.end && r.end <= v.len,
+            "sub_mut {r:?} of {}",
+            v.len
+        );
+        DevViewMut {
+            ptr: v.ptr + 4 * r.start as u64,
+            len: r.len(),
+            _borrow: PhantomData,
+        }
+    }
+
+    fn split_at_mut<'a, 'b>(
+        &self,
+        v: &'b mut DevViewMut<'a>,
+        mid: usize,
+    ) -> (DevViewMut<'b>, DevViewMut<'b>)
+    where
+        'a: 'b,
+    {
+        assert!(mid <= v.len, "split_at_mut {mid} of {}", v.len);
+        (
+            DevViewMut {
+                ptr: v.ptr,
+                len: mid,
+                _borrow: PhantomData,
+            },
+            DevViewMut {
+                ptr: v.ptr + 4 * mid as u64,
+                len: v.len - mid,
+                _borrow: PhantomData,
+            },
+        )
+    }
+
+    fn len(&self, v: DevView<'_>) -> usize {
+        v.len
+    }
+
+    fn len_mut(&self, v: &DevViewMut<'_>) -> usize {
+        v.len
+    }
+
+    fn ptr(&self, v: DevView<'_>) -> u64 {
+        v.ptr
+    }
+
+    fn ptr_mut(&self, v: &mut DevViewMut<'_>) -> u64 {
+        v.ptr
+    }
+
+    fn ids_ptr(&self, ids: &DevIds) -> u64 {
+        cudarc::driver::DevicePtr::device_ptr(&ids.0, &self.stream).0
+    }
+
+    fn zero(&self, dst: DevViewMut<'_>) {
+        // SAFETY: `dst` is a live allocation of `len` floats.
+        let r = unsafe { drv::memset_d8_async(dst.ptr, 0, 4 * dst.len, self.stream.cu_stream()) };
+        if let Err(e) = r {
+            self.record("zero", e);
+        }
+    }
+
+    fn copy(&self, dst: DevViewMut<'_>, src: DevView<'_>) {
+        assert_eq!(dst.len, src.len, "copy lengths");
+        // SAFETY: both are live allocations of `len` floats.
+        let r = unsafe {
+            drv::memcpy_dtod_async(dst.ptr, src.ptr, 4 * src.len, self.stream.cu_stream())
+        };
+        if let Err(e) = r {
+            self.record("copy", e);
+        }
+    }
+
+    fn launch(&self, name: &'static str, l: Launch, args: &[Arg]) {
+        let Some(f) = self.functions.get(name) else {
+            panic!("kernel `{name}` is not in runtime/kernels");
+        };
+        let mut slots: Vec<u64> = args.iter().map(|a| a.to_slot()).collect();
+        let mut params: Vec<*mut c_void> = slots
+            .iter_mut()
+            .map(|s| s as *mut u64 as *mut c_void)
+            .collect();
+        // SAFETY: the parameters match the kernel's signature (the emulation tests run the same
+        // launch code against the same source); device pointers come from live views.
+        let r = unsafe {
+            drv::launch_kernel(
+                f.cu_function(),
+                l.grid,
+                l.block,
+                l.smem,
+                self.stream.cu_stream(),
+                &mut params,
+            )
+        };
+        if let Err(e) = r {
+            self.record(name, e);
+        }
+    }
+
+    fn gemm(&self, g: &Gemm, a: DevView<'_>, b: DevView<'_>, c: DevViewMut<'_>) {
+        let cm = gemm::col_major(g);
+        let op = |t: bool| {
+            if t {
+                cublasOperation_t::CUBLAS_OP_T
+            } else {
+                cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let int = |x: usize| i32::try_from(x).expect("GEMM dimension fits an int");
+        // SAFETY: the views are live allocations large enough for the shapes (the model checks
+        // its shapes before calling); cuBLAS runs on this device's stream.
+        let r = unsafe {
+            cudarc::cublas::result::sgemm(
+                *self.blas.handle(),
+                op(cm.trans_first),
+                op(cm.trans_second),
+                int(cm.m),
+                int(cm.n),
+                int(cm.k),
+                &g.alpha,
+                b.ptr as *const f32,
+                int(cm.ld_first),
+                a.ptr as *const f32,
+                int(cm.ld_second),
+                &g.beta,
+                c.ptr as *mut f32,
+                int(cm.ldc),
+            )
+        };
+        if let Err(e) = r {
+            self.record("cublasSgemm", e);
+        }
+    }
+
+    fn sync(&self) -> Result<(), String> {
+        if let Err(e) = self.stream.synchronize() {
+            self.record("synchronize", e);
+        }
+        match self.error.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The CUDA kernels' compile gate, on any machine (no GPU, no driver, no CUDA install):
+# installs the pinned NVRTC + ptxas wheels into a cache, compiles every kernel of runtime/kernels/
+# through the runtime's own NVRTC path for sm_80 and sm_90, assembles the PTX with ptxas and
+# fails on a compile error or a register spill (docs/cuda.md, "How the kernels are proven").
+#
+#   scripts/check-kernels.sh            # uses target/release/recipe, building it if missing
+#   RECIPE_BIN=path/to/recipe scripts/check-kernels.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# CUDA 13.0.x: the NVRTC must not be newer than the drivers the PTX meets (580 = 13.0).
+NVRTC=nvidia-cuda-nvrtc==13.0.88
+NVCC=nvidia-cuda-nvcc==13.0.88
+CACHE="${RECIPE_CUDA_WHEELS:-${XDG_CACHE_HOME:-$HOME/.cache}/recipe/cuda-13.0.88}"
+CU13="$CACHE/nvidia/cu13"
+
+if [ ! -e "$CU13/lib/libnvrtc.so.13" ] || [ ! -e "$CU13/bin/ptxas" ]; then
+    echo "check-kernels: installing $NVRTC and $NVCC into $CACHE" >&2
+    rm -rf "$CACHE.partial"
+    python3 -m pip install --quiet --disable-pip-version-check --no-deps \
+        --target "$CACHE.partial" "$NVRTC" "$NVCC"
+    rm -rf "$CACHE"
+    mv "$CACHE.partial" "$CACHE"
+fi
+# Unpacked wheels may lose the exec bit.
+chmod +x "$CU13/bin/ptxas"
+
+BIN="${RECIPE_BIN:-target/release/recipe}"
+if [ ! -x "$BIN" ]; then
+    cargo build --release --bin recipe
+fi
+# libnvrtc loads libnvrtc-builtins by bare name, so the folder goes on the library path.
+LD_LIBRARY_PATH="$CU13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    "$BIN" kernels --arch sm_80 --arch sm_90 --ptxas "$CU13/bin/ptxas"

@@ -1,0 +1,152 @@
+//! `recipe kernels [--arch sm_XY]… [--out DIR] [--ptxas PATH]`: the CUDA kernels through the same
+//! NVRTC path a run uses, on any machine (no GPU, no driver): the compile gate of CI
+//! (scripts/check-kernels.sh) and a check of a CUDA install.
+
+use std::path::Path;
+
+use recipe_runtime::backend::cuda::{compile, ptxas};
+use recipe_runtime::backend::kernels::all_kernel_names;
+
+use super::{FAILED, OK, USAGE};
+
+/// The architectures checked when none is named: A100 and H100/H200.
+const DEFAULT_ARCHS: &[&str] = &["sm_80", "sm_90"];
+
+/// `--arch` values: `sm_` and a number.
+pub fn arch(s: &str) -> Result<String, String> {
+    match s.strip_prefix("sm_") {
+        Some(n) if !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric()) => Ok(s.into()),
+        _ => Err(format!(
+            "`{s}` is not an architecture; write sm_80, sm_90, …"
+        )),
+    }
+}
+
+pub fn run(archs: &[String], out: Option<&Path>, ptxas_bin: Option<&Path>) -> i32 {
+    let archs: Vec<String> = if archs.is_empty() {
+        DEFAULT_ARCHS.iter().map(|s| s.to_string()).collect()
+    } else {
+        archs.to_vec()
+    };
+    let version = match compile::nvrtc_version() {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return USAGE;
+        }
+    };
+    if let Some(dir) = out {
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            eprintln!("error: cannot create {}: {e}", dir.display());
+            return USAGE;
+        }
+    }
+    let kernels = all_kernel_names();
+    let tmp = tempdir_for_ptx(out);
+    let mut failed = false;
+    for arch in &archs {
+        let compiled = match compile::compile(arch) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("error: {e}");
+                failed = true;
+                continue;
+            }
+        };
+        println!(
+            "NVRTC {}.{}: {} kernels for {arch}: PTX {} bytes, CUBIN {} bytes",
+            version.0,
+            version.1,
+            kernels.len(),
+            compiled.ptx.len(),
+            compiled.cubin.len()
+        );
+        if !compiled.log.is_empty() {
+            eprintln!("NVRTC log for {arch}:\n{}", compiled.log);
+        }
+        let dir = out.unwrap_or(tmp.as_path());
+        let ptx_path = dir.join(format!("kernels.{arch}.ptx"));
+        let written = write_atomic(&ptx_path, compiled.ptx.as_bytes()).and_then(|()| {
+            if out.is_some() {
+                write_atomic(&dir.join(format!("kernels.{arch}.cubin")), &compiled.cubin)
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(e) = written {
+            eprintln!("error: {e}");
+            return USAGE;
+        }
+        if let Some(bin) = ptxas_bin {
+            match ptxas::assemble(bin, &ptx_path, arch) {
+                Ok(reports) => {
+                    failed |= print_reports(arch, &reports, &kernels);
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    failed = true;
+                }
+            }
+        }
+    }
+    if out.is_none() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    if failed {
+        FAILED
+    } else {
+        OK
+    }
+}
+
+/// Prints one architecture's table; true when a kernel spills or is missing from the report.
+fn print_reports(arch: &str, reports: &[ptxas::KernelReport], kernels: &[&str]) -> bool {
+    println!(
+        "  {:<28} {:>5} {:>6} {:>6} {:>7}",
+        "kernel", "regs", "smem", "stack", "spills"
+    );
+    let mut bad = false;
+    for r in reports {
+        let spills = r.spill_stores + r.spill_loads;
+        println!(
+            "  {:<28} {:>5} {:>6} {:>6} {:>7}{}",
+            r.name,
+            r.registers,
+            r.smem,
+            r.stack,
+            spills,
+            if spills > 0 { "  <- spills" } else { "" }
+        );
+        bad |= spills > 0;
+    }
+    for k in kernels {
+        if !reports.iter().any(|r| r.name == *k) {
+            eprintln!("error: ptxas reported nothing for kernel {k} ({arch})");
+            bad = true;
+        }
+    }
+    if bad {
+        eprintln!("error: {arch}: a kernel spills registers or is missing");
+    }
+    bad
+}
+
+/// Where the PTX goes when no --out is given (ptxas reads a file).
+fn tempdir_for_ptx(out: Option<&Path>) -> std::path::PathBuf {
+    match out {
+        Some(d) => d.to_path_buf(),
+        None => {
+            let d = std::env::temp_dir().join(format!("recipe-kernels-{}", std::process::id()));
+            let _ = std::fs::create_dir_all(&d);
+            d
+        }
+    }
+}
+
+/// Writes through a temporary file and a rename: never a half-written artefact.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
