@@ -22,7 +22,7 @@ pub fn arch(s: &str) -> Result<String, String> {
     }
 }
 
-pub fn run(archs: &[String], out: Option<&Path>, ptxas_bin: Option<&Path>) -> i32 {
+pub fn run(archs: &[String], out: Option<&Path>, ptxas_bin: Option<&Path>, selftest: bool) -> i32 {
     let archs: Vec<String> = if archs.is_empty() {
         DEFAULT_ARCHS.iter().map(|s| s.to_string()).collect()
     } else {
@@ -92,11 +92,70 @@ pub fn run(archs: &[String], out: Option<&Path>, ptxas_bin: Option<&Path>) -> i3
     if out.is_none() {
         let _ = std::fs::remove_dir_all(&tmp);
     }
+    if selftest {
+        match self_test(out) {
+            Ok(ok) => failed |= !ok,
+            Err(code) => return code,
+        }
+    }
     if failed {
         FAILED
     } else {
         OK
     }
+}
+
+/// Every operation on GPU 0 against the CPU backend, per storage dtype; true when all pass.
+fn self_test(out: Option<&Path>) -> Result<bool, i32> {
+    use recipe_runtime::backend::cuda::CudaDevice;
+    use recipe_runtime::backend::kernels::Kernels;
+    use recipe_runtime::backend::selftest::compare;
+    use recipe_runtime::precision::Dtype;
+    let dev = CudaDevice::open(0).map_err(|e| {
+        eprintln!("error: {e}");
+        USAGE
+    })?;
+    let (name, arch) = dev.describe();
+    println!("self-test on {name} ({arch}) against the CPU backend:");
+    let mut kernels = Kernels::new(dev);
+    let mut all = Vec::new();
+    for store in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+        kernels = kernels.with_store(store);
+        let checks = compare(&kernels, store);
+        if let Err(e) = recipe_runtime::backend::device::Device::sync(kernels.device()) {
+            eprintln!("error: the GPU reported: {e}");
+            return Err(FAILED);
+        }
+        all.extend(checks);
+    }
+    println!(
+        "  {:<28} {:>5} {:>10} {:>10}",
+        "operation", "store", "error", "tolerance"
+    );
+    for c in &all {
+        println!(
+            "  {:<28} {:>5} {:>10.2e} {:>10.1e}{}",
+            c.op,
+            c.store.torch_name().trim_start_matches("torch."),
+            c.error,
+            c.tolerance,
+            if c.ok { "" } else { "  <- FAILS" }
+        );
+    }
+    let ok = all.iter().all(|c| c.ok);
+    if let Some(dir) = out {
+        let json = serde_json::to_string_pretty(&all).expect("plain data");
+        if let Err(e) = write_atomic(&dir.join("selftest.json"), json.as_bytes()) {
+            eprintln!("error: {e}");
+            return Err(USAGE);
+        }
+    }
+    if !ok {
+        eprintln!(
+            "error: an operation on the GPU differs from the CPU backend beyond its tolerance"
+        );
+    }
+    Ok(ok)
 }
 
 /// Prints one architecture's table; true when a kernel spills or is missing from the report.

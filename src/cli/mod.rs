@@ -271,6 +271,11 @@ enum Command {
         /// stack and spills.
         #[arg(long, value_name = "PATH")]
         ptxas: Option<PathBuf>,
+        /// On GPU 0: run every operation there and on the CPU backend and compare them, in fp32,
+        /// fp16 and bf16 storage (with --out, also selftest.json); exit 1 on a difference beyond
+        /// the tolerance.
+        #[arg(long)]
+        selftest: bool,
     },
     /// Run the language server on stdin/stdout, for editors (docs/editors.md).
     #[command(
@@ -537,9 +542,12 @@ pub fn main() -> i32 {
             quiet,
             flags,
         } => run::run(&file, device, resume.as_deref(), stop_after, quiet, &flags),
-        Command::Kernels { arch, out, ptxas } => {
-            kernels::run(&arch, out.as_deref(), ptxas.as_deref())
-        }
+        Command::Kernels {
+            arch,
+            out,
+            ptxas,
+            selftest,
+        } => kernels::run(&arch, out.as_deref(), ptxas.as_deref(), selftest),
         Command::Lsp {
             stdio: _,
             debounce,

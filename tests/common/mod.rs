@@ -84,11 +84,8 @@ pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-pub const CONFIG: &str = r#"{"architectures": ["BertModel"], "model_type": "bert", "vocab_size": 30522,
- "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 37,
- "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
- "max_position_embeddings": 64, "type_vocab_size": 2, "initializer_range": 0.02,
- "layer_norm_eps": 1e-12, "pad_token_id": 0}"#;
+/// The tiny BERT of the run tests (also scripts/gpu-check.sh's): random init from this config.
+pub const CONFIG: &str = include_str!("../../runtime/tests/fixtures/tiny-bert/config.json");
 
 /// A test's scratch directory: removed when the test passes, kept (for a look) when it fails.
 pub struct Scratch(pub PathBuf);
@@ -135,14 +132,7 @@ pub fn workspace(name: &str, recipe: &str) -> Scratch {
     Scratch(dir)
 }
 
-pub const TINY: &str = r#"recipe "tiny"
-model bert { config = "config.json", task = classify(labels: ["ham", "spam"]) }
-data { train = "train.jsonl", eval = "eval.jsonl", max_len = 24 }
-batch { micro = 5, accumulate = 3 }
-optimizer adamw { lr = 1e-3, weight_decay = 0.01 }
-schedule linear { warmup = 2 }
-train { epochs = 2, precision = fp32, seed = 7, logging_steps = 1, output_dir = "out" }
-"#;
+pub const TINY: &str = include_str!("../../runtime/tests/fixtures/tiny-bert/tiny.rcp");
 
 /// [`TINY`] with another `data` block (TINY's names `train.jsonl` and `eval.jsonl`).
 pub fn tiny_with_data(data: &str) -> String {

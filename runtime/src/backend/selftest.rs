@@ -1,0 +1,451 @@
+//! Every [`Backend`] operation of one backend against the CPU reference, op by op, on odd shapes:
+//! what `recipe kernels --selftest` runs on a GPU (scripts/gpu-check.sh), and what the emulation
+//! tests run on the emulated device, so the check itself is tested where there is no GPU.
+//!
+//! Errors are measured relative to the largest reference value of each output (a kernel's float
+//! differences scale with its magnitudes), against a tolerance per storage dtype: fp32 allows the
+//! GPU's fused multiply-adds and another summation order (1e-5), fp16 and bf16 one rounding of
+//! their own (2⁻¹⁰, 2⁻⁷) on top.
+
+use serde::Serialize;
+
+use super::{AttnShape, Backend, Cpu, Dropout, Gemm};
+use crate::precision::Dtype;
+use crate::rng::Rng;
+
+/// One operation's comparison.
+#[derive(Debug, Clone, Serialize)]
+pub struct OpCheck {
+    /// The operation and output, e.g. `attention_bwd.dq`.
+    pub op: String,
+    /// The storage dtype.
+    pub store: Dtype,
+    /// Largest `|got − want|` over the output, divided by the output's largest `|want|`.
+    pub error: f64,
+    /// The bound `error` must stay within.
+    pub tolerance: f64,
+    /// Whether the output is finite where the reference is, and within the tolerance.
+    pub ok: bool,
+}
+
+fn tolerance(store: Dtype) -> f64 {
+    match store {
+        Dtype::F32 => 1e-5,
+        Dtype::F16 => 1e-5 + 2f64.powi(-10),
+        Dtype::Bf16 => 1e-5 + 2f64.powi(-7),
+    }
+}
+
+fn rand(n: usize, scale: f32, stream: u64, store: Dtype) -> Vec<f32> {
+    let mut r = Rng::new(0x5e1f, stream);
+    let mut v: Vec<f32> = (0..n)
+        .map(|_| ((r.uniform() * 2.0 - 1.0) as f32) * scale)
+        .collect();
+    store.round_slice(&mut v);
+    v
+}
+
+fn ids(n: usize, bound: u64, stream: u64) -> Vec<u32> {
+    let mut r = Rng::new(0x1d, stream);
+    (0..n).map(|_| r.below(bound) as u32).collect()
+}
+
+struct Checker<'a, B: Backend> {
+    be: &'a B,
+    cpu: Cpu,
+    store: Dtype,
+    out: Vec<OpCheck>,
+}
+
+impl<B: Backend> Checker<'_, B> {
+    fn compare(&mut self, op: &str, got: &[f32], want: &[f32]) {
+        let scale = want.iter().fold(0.0f64, |m, &x| m.max(f64::from(x.abs())));
+        let mut finite_agree = true;
+        let mut worst = 0.0f64;
+        for (&g, &w) in got.iter().zip(want) {
+            if g.is_finite() != w.is_finite() {
+                finite_agree = false;
+            } else if w.is_finite() {
+                worst = worst.max(f64::from((g - w).abs()));
+            }
+        }
+        let error = if scale > 0.0 { worst / scale } else { worst };
+        let tol = tolerance(self.store);
+        self.out.push(OpCheck {
+            op: op.to_string(),
+            store: self.store,
+            error,
+            tolerance: tol,
+            ok: finite_agree && got.len() == want.len() && error <= tol,
+        });
+    }
+
+    /// [`Checker::compare`] for each `(name, backend buffer, reference)`.
+    fn compare_bufs(&mut self, outputs: &[(&str, &B::Buf, &Vec<f32>)]) {
+        for (name, buf, want) in outputs {
+            let mut got = vec![0.0; want.len()];
+            self.be.download(self.be.view(buf), &mut got);
+            self.compare(name, &got, want);
+        }
+    }
+
+    /// Uploads `host`, runs `f` on the backend's buffer and downloads it.
+    fn on_backend(&self, host: &[f32], f: impl FnOnce(&B, &mut B::Buf)) -> Vec<f32> {
+        let mut buf = self.be.upload(host);
+        f(self.be, &mut buf);
+        let mut out = vec![0.0; host.len()];
+        self.be.download(self.be.view(&buf), &mut out);
+        out
+    }
+
+    fn elementwise(&mut self) {
+        let st = self.store;
+        let n = 1000;
+        let x = rand(n, 4.0, 1, st);
+        let dy = rand(n, 1.0, 2, st);
+        let (be, cpu) = (self.be, self.cpu);
+        let xb = be.upload(&x);
+        let dyb = be.upload(&dy);
+        type Un<B> = fn(&B, <B as Backend>::ViewMut<'_>, <B as Backend>::View<'_>);
+        let unary: [(&str, Un<B>, Un<Cpu>); 2] = [
+            (
+                "gelu_fwd",
+                |b, o, i| b.gelu_fwd(o, i),
+                |b, o, i| b.gelu_fwd(o, i),
+            ),
+            (
+                "tanh_fwd",
+                |b, o, i| b.tanh_fwd(o, i),
+                |b, o, i| b.tanh_fwd(o, i),
+            ),
+        ];
+        for (name, fb, fc) in unary {
+            let got = self.on_backend(&vec![0.0; n], |b, o| fb(b, b.view_mut(o), b.view(&xb)));
+            let mut want = vec![0.0; n];
+            fc(&cpu, &mut want, &x);
+            self.compare(name, &got, &want);
+        }
+        let got = self.on_backend(&vec![0.0; n], |b, o| {
+            b.gelu_bwd(b.view_mut(o), b.view(&xb), b.view(&dyb))
+        });
+        let mut want = vec![0.0; n];
+        cpu.gelu_bwd(&mut want, &x, &dy);
+        self.compare("gelu_bwd", &got, &want);
+        let got = self.on_backend(&vec![0.0; n], |b, o| {
+            b.tanh_bwd(b.view_mut(o), b.view(&xb), b.view(&dyb))
+        });
+        let mut want = vec![0.0; n];
+        cpu.tanh_bwd(&mut want, &x, &dy);
+        self.compare("tanh_bwd", &got, &want);
+        let got = self.on_backend(&x, |b, o| b.add_assign(b.view_mut(o), b.view(&dyb)));
+        let mut want = x.clone();
+        cpu.add_assign(&mut want, &dy);
+        self.compare("add_assign", &got, &want);
+        let d = Dropout {
+            p: 0.3,
+            seed: 77,
+            stream: 5,
+        };
+        let got = self.on_backend(&x, |b, o| b.dropout(b.view_mut(o), &d));
+        let mut want = x.clone();
+        cpu.dropout(&mut want, &d);
+        self.compare("dropout", &got, &want);
+        let (rows, cols) = (37, 27);
+        let bias = rand(cols, 1.0, 3, st);
+        let bb = be.upload(&bias);
+        let m = rand(rows * cols, 2.0, 4, st);
+        let mb = be.upload(&m);
+        let got = self.on_backend(&m, |b, o| {
+            b.add_bias(b.view_mut(o), b.view(&bb), rows, cols)
+        });
+        let mut want = m.clone();
+        cpu.add_bias(&mut want, &bias, rows, cols);
+        self.compare("add_bias", &got, &want);
+        let got = self.on_backend(&bias, |b, o| {
+            b.bias_grad(b.view_mut(o), b.view(&mb), rows, cols)
+        });
+        let mut want = bias.clone();
+        cpu.bias_grad(&mut want, &m, rows, cols);
+        self.compare("bias_grad", &got, &want);
+    }
+
+    fn gemm(&mut self) {
+        let st = self.store;
+        let be = self.be;
+        let (m, n, k) = (37, 29, 70);
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            for beta in [0.0f32, 1.0] {
+                let mut g = Gemm::dense(m, n, k, ta, tb, beta);
+                g.ldc = n + 3;
+                let a = rand(m * k, 1.0, 10, st);
+                let b = rand(k * n, 1.0, 11, st);
+                let c0 = rand(m * g.ldc, 1.0, 12, st);
+                let (ab, bb) = (be.upload(&a), be.upload(&b));
+                let got = self.on_backend(&c0, |x, c| {
+                    x.gemm(&g, x.view(&ab), x.view(&bb), x.view_mut(c))
+                });
+                let mut want = c0.clone();
+                self.cpu.gemm(&g, &a, &b, &mut want);
+                let name = format!(
+                    "gemm.{}{}{}",
+                    if ta { "T" } else { "N" },
+                    if tb { "T" } else { "N" },
+                    if beta == 0.0 { "" } else { "+C" }
+                );
+                self.compare(&name, &got, &want);
+            }
+        }
+    }
+
+    fn embedding_and_layernorm(&mut self) {
+        let st = self.store;
+        let (be, cpu) = (self.be, self.cpu);
+        let (batch, seq, hidden, vocab) = (3, 17, 33, 50);
+        let n = batch * seq;
+        let word = rand(vocab * hidden, 1.0, 20, st);
+        let pos = rand(seq * hidden, 1.0, 21, st);
+        let typ = rand(2 * hidden, 1.0, 22, st);
+        let tok = ids(n, vocab as u64, 23);
+        let types = ids(n, 2, 24);
+        let (wb, pb, tb) = (be.upload(&word), be.upload(&pos), be.upload(&typ));
+        let (ib, yb) = (be.upload_ids(&tok), be.upload_ids(&types));
+        let got = self.on_backend(&vec![0.0; n * hidden], |b, o| {
+            b.embedding_fwd(
+                b.view_mut(o),
+                &ib,
+                &yb,
+                b.view(&wb),
+                b.view(&pb),
+                b.view(&tb),
+                batch,
+                seq,
+                hidden,
+            )
+        });
+        let mut want = vec![0.0; n * hidden];
+        cpu.embedding_fwd(
+            &mut want,
+            &tok.to_vec(),
+            &types.to_vec(),
+            &word,
+            &pos,
+            &typ,
+            batch,
+            seq,
+            hidden,
+        );
+        self.compare("embedding_fwd", &got, &want);
+
+        let dout = rand(n * hidden, 1.0, 25, st);
+        let db = be.upload(&dout);
+        let (mut gw, mut gp, mut gt) = (be.upload(&word), be.upload(&pos), be.upload(&typ));
+        be.embedding_bwd(
+            be.view_mut(&mut gw),
+            be.view_mut(&mut gp),
+            be.view_mut(&mut gt),
+            be.view(&db),
+            &ib,
+            &yb,
+            batch,
+            seq,
+            hidden,
+        );
+        let (mut ww, mut wp, mut wt) = (word.clone(), pos.clone(), typ.clone());
+        cpu.embedding_bwd(
+            &mut ww, &mut wp, &mut wt, &dout, &tok, &types, batch, seq, hidden,
+        );
+        self.compare_bufs(&[
+            ("embedding_bwd.word", &gw, &ww),
+            ("embedding_bwd.pos", &gp, &wp),
+            ("embedding_bwd.type", &gt, &wt),
+        ]);
+
+        let (rows, cols) = (n, hidden);
+        let x = rand(rows * cols, 3.0, 26, st);
+        let w = rand(cols, 1.0, 27, st);
+        let b = rand(cols, 1.0, 28, st);
+        let (xb, wb2, bb) = (be.upload(&x), be.upload(&w), be.upload(&b));
+        let (mut out, mut mean, mut rstd) = (be.alloc(rows * cols), be.alloc(rows), be.alloc(rows));
+        be.layernorm_fwd(
+            be.view_mut(&mut out),
+            be.view_mut(&mut mean),
+            be.view_mut(&mut rstd),
+            be.view(&xb),
+            be.view(&wb2),
+            be.view(&bb),
+            rows,
+            cols,
+            1e-12,
+        );
+        let (mut wo, mut wm, mut wr) = (vec![0.0; rows * cols], vec![0.0; rows], vec![0.0; rows]);
+        cpu.layernorm_fwd(&mut wo, &mut wm, &mut wr, &x, &w, &b, rows, cols, 1e-12);
+        self.compare_bufs(&[
+            ("layernorm_fwd.out", &out, &wo),
+            ("layernorm_fwd.mean", &mean, &wm),
+            ("layernorm_fwd.rstd", &rstd, &wr),
+        ]);
+        // The backward from the CPU's saved statistics, so only the backward is compared.
+        let (mb, rb) = (be.upload(&wm), be.upload(&wr));
+        let (mut di, mut dw, mut dbb) = (be.alloc(rows * cols), be.upload(&w), be.upload(&b));
+        let dout2 = rand(rows * cols, 1.0, 29, st);
+        let d2 = be.upload(&dout2);
+        be.layernorm_bwd(
+            be.view_mut(&mut di),
+            be.view_mut(&mut dw),
+            be.view_mut(&mut dbb),
+            be.view(&d2),
+            be.view(&xb),
+            be.view(&wb2),
+            be.view(&mb),
+            be.view(&rb),
+            rows,
+            cols,
+        );
+        let (mut wdi, mut wdw, mut wdb) = (vec![0.0; rows * cols], w.clone(), b.clone());
+        cpu.layernorm_bwd(
+            &mut wdi, &mut wdw, &mut wdb, &dout2, &x, &w, &wm, &wr, rows, cols,
+        );
+        self.compare_bufs(&[
+            ("layernorm_bwd.dinp", &di, &wdi),
+            ("layernorm_bwd.dw", &dw, &wdw),
+            ("layernorm_bwd.db", &dbb, &wdb),
+        ]);
+    }
+
+    fn attention(&mut self) {
+        let st = self.store;
+        let (be, cpu) = (self.be, self.cpu);
+        let s = AttnShape {
+            batch: 2,
+            seq: 33,
+            heads: 3,
+            head_dim: 16,
+        };
+        let tok = s.batch * s.seq * s.heads * s.head_dim;
+        let pp = s.batch * s.heads * s.seq * s.seq;
+        let (q, k, v) = (
+            rand(tok, 1.0, 30, st),
+            rand(tok, 1.0, 31, st),
+            rand(tok, 1.0, 32, st),
+        );
+        // The second sequence is padded after 20 tokens.
+        let mask: Vec<u32> = (0..s.batch * s.seq)
+            .map(|i| u32::from(i < s.seq || i % s.seq < 20))
+            .collect();
+        let d = Dropout {
+            p: 0.1,
+            seed: 9,
+            stream: 3,
+        };
+        let (qb, kb, vb) = (be.upload(&q), be.upload(&k), be.upload(&v));
+        let mb = be.upload_ids(&mask);
+        let (mut ctx, mut probs, mut pd) = (be.alloc(tok), be.alloc(pp), be.alloc(pp));
+        be.attention_fwd(
+            be.view_mut(&mut ctx),
+            be.view_mut(&mut probs),
+            Some(be.view_mut(&mut pd)),
+            be.view(&qb),
+            be.view(&kb),
+            be.view(&vb),
+            &mb,
+            s,
+            Some(&d),
+        );
+        let (mut wc, mut wp, mut wpd) = (vec![0.0; tok], vec![0.0; pp], vec![0.0; pp]);
+        cpu.attention_fwd(
+            &mut wc,
+            &mut wp,
+            Some(&mut wpd),
+            &q,
+            &k,
+            &v,
+            &mask,
+            s,
+            Some(&d),
+        );
+        self.compare_bufs(&[
+            ("attention_fwd.ctx", &ctx, &wc),
+            ("attention_fwd.probs", &probs, &wp),
+            ("attention_fwd.probs_drop", &pd, &wpd),
+        ]);
+        // The backward from the CPU's forward, so only the backward is compared.
+        let (pb, pdb) = (be.upload(&wp), be.upload(&wpd));
+        let dctx = rand(tok, 1.0, 33, st);
+        let dcb = be.upload(&dctx);
+        let (mut dq, mut dk, mut dv, mut scratch) =
+            (be.alloc(tok), be.alloc(tok), be.alloc(tok), be.alloc(pp));
+        be.attention_bwd(
+            be.view_mut(&mut dq),
+            be.view_mut(&mut dk),
+            be.view_mut(&mut dv),
+            be.view_mut(&mut scratch),
+            be.view(&dcb),
+            be.view(&qb),
+            be.view(&kb),
+            be.view(&vb),
+            be.view(&pb),
+            Some(be.view(&pdb)),
+            s,
+            Some(&d),
+        );
+        let (mut wq, mut wk, mut wv, mut ws) = (
+            vec![0.0; tok],
+            vec![0.0; tok],
+            vec![0.0; tok],
+            vec![0.0; pp],
+        );
+        cpu.attention_bwd(
+            &mut wq,
+            &mut wk,
+            &mut wv,
+            &mut ws,
+            &dctx,
+            &q,
+            &k,
+            &v,
+            &wp,
+            Some(&wpd),
+            s,
+            Some(&d),
+        );
+        self.compare_bufs(&[
+            ("attention_bwd.dq", &dq, &wq),
+            ("attention_bwd.dk", &dk, &wk),
+            ("attention_bwd.dv", &dv, &wv),
+        ]);
+    }
+
+    fn cross_entropy(&mut self) {
+        let st = self.store;
+        let (be, cpu) = (self.be, self.cpu);
+        let (rows, classes) = (37, 5);
+        let logits = rand(rows * classes, 4.0, 40, st);
+        let labels = ids(rows, classes as u64, 41);
+        let (lb, yb) = (be.upload(&logits), be.upload_ids(&labels));
+        let mut dl = be.alloc(rows * classes);
+        let loss = be.cross_entropy(be.view_mut(&mut dl), be.view(&lb), &yb, rows, classes, 0.5);
+        let mut got = vec![0.0; rows * classes];
+        be.download(be.view(&dl), &mut got);
+        let mut want = vec![0.0; rows * classes];
+        let wl = cpu.cross_entropy(&mut want, &logits, &labels, rows, classes, 0.5);
+        self.compare("cross_entropy.dlogits", &got, &want);
+        self.compare("cross_entropy.loss", &[loss], &[wl]);
+    }
+}
+
+/// Runs every operation on `be` (which stores `store`) and on the CPU backend storing the same,
+/// and compares each output.
+pub fn compare<B: Backend>(be: &B, store: Dtype) -> Vec<OpCheck> {
+    let mut c = Checker {
+        be,
+        cpu: Cpu::new(1).with_store(store),
+        store,
+        out: Vec::new(),
+    };
+    c.elementwise();
+    c.gemm();
+    c.embedding_and_layernorm();
+    c.attention();
+    c.cross_entropy();
+    c.out
+}
