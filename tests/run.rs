@@ -239,15 +239,17 @@ fn without_a_cuda_driver_the_gpu_is_refused_plainly() {
 }
 
 /// The training loop with the model's passes on the CUDA backend's launch code, run on the
-/// emulated GPU (runtime/emu): the same steps and LRs exactly, the same losses and final
-/// weights to the kernels' float differences (fp32, dropout 0.1 with the CPU's masks).
+/// emulated GPU (runtime/emu), then stopped and resumed on the CPU from its checkpoint: the same
+/// steps and LRs exactly, the same losses and final weights as the CPU alone to the kernels'
+/// float differences (fp32, dropout 0.1 with the CPU's masks). docs/cuda.md states the figures.
 #[test]
-fn the_cuda_kernels_train_the_cpu_curve_on_the_emulated_gpu() {
+fn the_cuda_kernels_train_the_cpu_curve_and_their_checkpoint_resumes_on_the_cpu() {
     use recipe_kernel_emu::Emu;
     use recipe_runtime::backend::kernels::Kernels;
-    use recipe_runtime::model::OnDevice;
+    use recipe_runtime::model::{Executor, OnDevice};
     use recipe_runtime::plan::Plan;
     use recipe_runtime::train::{self, RunOptions};
+    use std::sync::Arc;
 
     let dir = workspace("emu", TINY);
     let o = recipe_in(
@@ -264,39 +266,49 @@ fn the_cuda_kernels_train_the_cpu_curve_on_the_emulated_gpu() {
         ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let plan = Plan::read(&dir.join("built/plan.json")).unwrap();
-    let run = |name: &str, gpu: bool| {
-        let mut p = plan.clone();
-        p.train.output_dir = dir.join(name);
-        let options = RunOptions {
+    let mut plan = Plan::read(&dir.join("built/plan.json")).unwrap();
+    plan.train.output_dir = dir.join("cpu");
+    train::run(
+        &plan,
+        &RunOptions {
             quiet: true,
-            executor: gpu.then(|| {
-                OnDevice::new(Kernels::new(Emu), "emulated GPU")
-                    as std::sync::Arc<dyn recipe_runtime::model::Executor>
-            }),
             ..RunOptions::default()
-        };
-        train::run(&p, &options).unwrap();
-        metrics(&dir.join(name))
+        },
+    )
+    .unwrap();
+    // Two of the four steps on the emulated GPU, stopped with a checkpoint…
+    plan.train.output_dir = dir.join("gpu");
+    let gpu: Arc<dyn Executor> = OnDevice::new(Kernels::new(Emu), "emulated GPU");
+    let options = RunOptions {
+        quiet: true,
+        stop_after: Some(2),
+        executor: Some(gpu),
+        ..RunOptions::default()
     };
-    let (cpu, gpu) = (run("cpu", false), run("gpu", true));
-    let start = gpu.iter().find(|r| r["event"] == "start").unwrap();
-    assert_eq!(start["device"], "emulated GPU");
+    train::run(&plan, &options).unwrap();
+    // …and the rest on the CPU from it.
+    let options = RunOptions {
+        quiet: true,
+        resume: Some(dir.join("gpu/checkpoint-2")),
+        ..RunOptions::default()
+    };
+    train::run(&plan, &options).unwrap();
+
+    let (cpu, gpu) = (metrics(&dir.join("cpu")), metrics(&dir.join("gpu")));
+    let devices: Vec<_> = gpu.iter().filter_map(|r| r["device"].as_str()).collect();
+    assert_eq!(devices, ["emulated GPU"], "{gpu:?}");
     let steps = |m: &[Value]| -> Vec<(u64, f64, f64)> {
         m.iter()
             .filter(|r| r["loss"].is_f64())
             .map(|r| {
-                (
-                    r["step"].as_u64().unwrap(),
-                    r["lr"].as_f64().unwrap(),
-                    r["loss"].as_f64().unwrap(),
-                )
+                let f = |k: &str| r[k].as_f64().unwrap();
+                (r["step"].as_u64().unwrap(), f("lr"), f("loss"))
             })
             .collect()
     };
     let (a, b) = (steps(&cpu), steps(&gpu));
     assert_eq!(a.len(), 4, "{cpu:?}");
-    assert_eq!(a.len(), b.len());
+    assert_eq!(a.len(), b.len(), "{gpu:?}");
     for ((sa, la, xa), (sb, lb, xb)) in a.iter().zip(&b) {
         assert_eq!((sa, la), (sb, lb), "step and LR");
         assert!(
@@ -317,7 +329,7 @@ fn the_cuda_kernels_train_the_cpu_curve_on_the_emulated_gpu() {
         .zip(&wb)
         .map(|(x, y)| (x - y).abs())
         .fold(0.0f32, f32::max);
-    eprintln!("largest final-weight difference, CPU vs emulated GPU: {worst:e}");
+    eprintln!("largest final-weight difference, CPU vs emulated GPU then CPU: {worst:e}");
     assert!(worst <= 1e-5, "final weights differ by {worst}");
 }
 
