@@ -78,6 +78,24 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return scratch[0];
 }
 
+// block_sum for doubles, the same fixed tree; `scratch` holds 32 doubles. The kernels that must
+// match the CPU backend's f64 statistics (LayerNorm, cross-entropy, the gradient norm) use it.
+__device__ __forceinline__ double block_sum_d(double v, double* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int warps = (blockDim.x + 31) >> 5;
+    for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        double t = lane < warps ? scratch[lane] : 0.0;
+        for (int m = 16; m > 0; m >>= 1) t += __shfl_xor_sync(0xffffffffu, t, m);
+        if (lane == 0) scratch[0] = t;
+    }
+    __syncthreads();
+    return scratch[0];
+}
+
 __device__ __forceinline__ float block_max(float v, float* scratch) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int warps = (blockDim.x + 31) >> 5;

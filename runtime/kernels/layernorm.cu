@@ -13,24 +13,6 @@
 // downstream by as much.)
 #include "common.cuh"
 
-// Sum of a double over the block, returned to every thread: block_sum (common.cuh) for doubles,
-// the same fixed tree. `scratch` holds 32 doubles of shared memory; every thread must call it.
-__device__ __forceinline__ double ln_block_sum(double v, double* scratch) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int warps = (blockDim.x + 31) >> 5;
-    for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
-    __syncthreads();  // scratch may still be read by a previous call
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        double t = lane < warps ? scratch[lane] : 0.0;
-        for (int m = 16; m > 0; m >>= 1) t += __shfl_xor_sync(0xffffffffu, t, m);
-        if (lane == 0) scratch[0] = t;
-    }
-    __syncthreads();
-    return scratch[0];
-}
-
 // Forward: one block per row (grid rows), whole warps striding over the columns.
 // out = xhat · w + b rounded to `store`, xhat = (x − mean) · rstd computed in double and then
 // rounded to f32, as the CPU computes it.
@@ -44,7 +26,7 @@ extern "C" __global__ void layernorm_fwd(float* out, float* mean, float* rstd, c
 
     double s = 0.0;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) s += (double)x[c];
-    double m = ln_block_sum(s, red) / cols;
+    double m = block_sum_d(s, red) / cols;
 
     // Second pass (the row is re-read, from cache): squared deviations from the mean, which do not
     // cancel as E[x²] − mean² would.
@@ -53,7 +35,7 @@ extern "C" __global__ void layernorm_fwd(float* out, float* mean, float* rstd, c
         double d = (double)x[c] - m;
         v += d * d;
     }
-    double var = ln_block_sum(v, red) / cols;
+    double var = block_sum_d(v, red) / cols;
     double rs = 1.0 / sqrt(var + (double)eps);
 
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
@@ -87,8 +69,8 @@ extern "C" __global__ void layernorm_bwd_dinp(float* dinp, const float* dout, co
         sd += (double)dxhat;
         sdx += (double)(dxhat * xhat);
     }
-    float mean_d = (float)(ln_block_sum(sd, red) / cols);
-    float mean_dx = (float)(ln_block_sum(sdx, red) / cols);
+    float mean_d = (float)(block_sum_d(sd, red) / cols);
+    float mean_dx = (float)(block_sum_d(sdx, red) / cols);
 
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         float xhat = (x[c] - m) * rs;

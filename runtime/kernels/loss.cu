@@ -9,24 +9,6 @@
 // (which cancels the same way). So dlogits and the loss are within ~1e-6 relative of the CPU's.
 #include "common.cuh"
 
-// Sum of a double over the block, returned to every thread: block_sum (common.cuh) for doubles,
-// the same fixed tree. `scratch` holds 32 doubles of shared memory; every thread must call it.
-__device__ __forceinline__ double ce_block_sum(double v, double* scratch) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int warps = (blockDim.x + 31) >> 5;
-    for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
-    __syncthreads();  // scratch may still be read by a previous call
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        double t = lane < warps ? scratch[lane] : 0.0;
-        for (int m = 16; m > 0; m >>= 1) t += __shfl_xor_sync(0xffffffffu, t, m);
-        if (lane == 0) scratch[0] = t;
-    }
-    __syncthreads();
-    return scratch[0];
-}
-
 // One block per row (grid rows), whole warps striding over the classes. Writes the row's
 // dlogits (rounded to `store`) and its loss to losses[row] (f32, unrounded: the host sums the
 // rows in double in row order, divides by rows and rounds, as the CPU does).
@@ -46,7 +28,7 @@ extern "C" __global__ void cross_entropy(float* dlogits, float* losses, const fl
 
     double s = 0.0;
     for (int c = threadIdx.x; c < classes; c += blockDim.x) s += (double)expf(l[c] - mx);
-    double sum = ce_block_sum(s, redd);
+    double sum = block_sum_d(s, redd);
 
     // The CPU's scale, grad_scale / rows, in double; one division per row, not per class.
     double g = (double)grad_scale / rows, inv = 1.0 / sum;

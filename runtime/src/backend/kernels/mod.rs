@@ -13,6 +13,11 @@ mod elementwise;
 mod embedding;
 mod layernorm;
 mod loss;
+mod optim;
+
+pub use optim::{
+    adamw_step, grad_norm_sq, grad_norm_sq_blocks, AdamScalars, DecayMask, NORM_BLOCKS,
+};
 
 use std::ops::Range;
 
@@ -42,6 +47,7 @@ pub const SOURCES: &[(&str, &str)] = &[
         include_str!("../../../kernels/attention.cu"),
     ),
     ("loss.cu", include_str!("../../../kernels/loss.cu")),
+    ("optim.cu", include_str!("../../../kernels/optim.cu")),
 ];
 
 /// The shared header every source includes.

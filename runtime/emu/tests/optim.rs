@@ -1,0 +1,515 @@
+//! runtime/kernels/optim.cu on the emulated device against the host optimizer (runtime/src/optim,
+//! the code path the runtime trains with today, itself tested against PyTorch).
+//!
+//! Tolerances: the Adam step is the same f32 operations in the same order as adam.rs (no FMA
+//! contraction on either side: the kernel uses `__f*_rn` on a GPU, and g++ has no FMA on baseline
+//! x86-64), so parameters, moments, master and half weights are compared **bit for bit**. The
+//! gradient norm sums in f64 in a blocked order where the host sums sequentially: bit-identical
+//! when every partial sum is exact (checked on such inputs), otherwise within `n · 2⁻⁵²` relative
+//! (both orders are within `(n − 1) · 2⁻⁵³` of the exact sum); the f32 norm the host derives from
+//! it is then the same unless the sum sits that close to an f32 rounding boundary of its square
+//! root (the same on every input tested here).
+
+mod common;
+
+use common::rand;
+use recipe_kernel_emu::Emu;
+use recipe_runtime::backend::kernels::{
+    adamw_step, grad_norm_sq, grad_norm_sq_blocks, DecayMask, Kernels, NORM_BLOCKS,
+};
+use recipe_runtime::optim::{self, Adam, AdamConfig, GradScale, Optimizer, WeightDecay};
+use recipe_runtime::params::Entry;
+use recipe_runtime::precision::{self, Dtype, LossScaler, ScaleConfig, ScalerImpl};
+use recipe_runtime::zero::HostOptimizer;
+
+const SIZES: [usize; 4] = [1, 33, 257, 1000];
+
+/// Asserts `got` and `want` hold the same bits, naming the first difference.
+#[track_caller]
+fn same_bits(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    if let Some(i) = (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+        panic!(
+            "{what}[{i}]: got {:e}, want {:e} ({} differences)",
+            got[i],
+            want[i],
+            (0..got.len())
+                .filter(|&i| got[i].to_bits() != want[i].to_bits())
+                .count()
+        );
+    }
+}
+
+/// A buffer of `n` elements as four tensors named so that HF's no-decay rule decays only the
+/// weights (a sub-range), or one tensor when `n` is 1.
+fn layout(n: usize) -> (Vec<Entry>, Vec<bool>) {
+    if n == 1 {
+        let e = Entry {
+            name: "w.weight".into(),
+            shape: vec![1],
+            offset: 0,
+        };
+        return (vec![e], vec![true]);
+    }
+    let a = n / 2;
+    let b = (n / 8).max(1);
+    let c = (n - a - b) / 2;
+    let d = n - a - b - c;
+    let mut entries = Vec::new();
+    let mut at = 0;
+    for (name, len) in [
+        ("l0.dense.weight", a),
+        ("l0.dense.bias", b),
+        ("l0.LayerNorm.weight", c),
+        ("l1.dense.weight", d),
+    ] {
+        if len > 0 {
+            entries.push(Entry {
+                name: name.into(),
+                shape: vec![len],
+                offset: at,
+            });
+            at += len;
+        }
+    }
+    let decay = entries
+        .iter()
+        .map(|e| !optim::hf_no_decay(&e.name))
+        .collect();
+    (entries, decay)
+}
+
+/// The gradient of step `k`: random, with some exact zeros, different every step.
+fn grads(n: usize, k: usize) -> Vec<f32> {
+    let mut g = rand(n, 0.5 + k as f32, 100 + k as u64);
+    for x in g.iter_mut().skip(3).step_by(7) {
+        *x = 0.0;
+    }
+    g
+}
+
+fn config(beta1: f64, beta2: f64, eps: f64, wd: f64, mode: WeightDecay, bc: bool) -> AdamConfig {
+    AdamConfig {
+        beta1,
+        beta2,
+        eps,
+        weight_decay: wd,
+        mode,
+        bias_correction: bc,
+    }
+}
+
+/// The mask of a whole buffer laid out as `entries` (`Adam::new`'s).
+fn whole_mask(k: &Kernels<Emu>, entries: &[Entry], decay: &[bool]) -> DecayMask<Emu> {
+    let end = entries.last().map_or(0, |e| e.range().end);
+    DecayMask::new(k, entries, decay, std::slice::from_ref(&(0..end))).unwrap()
+}
+
+/// (config, base LR, decay flags replaced by all-true, betas set from step 3 on).
+type Case = (AdamConfig, f64, bool, Option<(f64, f64)>);
+
+fn cases() -> Vec<Case> {
+    use WeightDecay::{Decoupled, L2};
+    vec![
+        (AdamConfig::adamw(0.01), 1e-3, false, None),
+        (config(0.8, 0.99, 1e-6, 0.1, L2, true), 3e-3, false, None),
+        (
+            config(0.95, 0.9999, 1e-10, 0.5, Decoupled, false),
+            1e-2,
+            false,
+            None,
+        ),
+        (
+            config(0.9, 0.98, 1e-7, 0.0, Decoupled, true),
+            5e-4,
+            false,
+            None,
+        ),
+        // Adjacent decaying tensors (merged in the mask), and OneCycle-style momentum cycling.
+        (
+            config(0.9, 0.999, 1e-8, 0.05, L2, true),
+            2e-3,
+            true,
+            Some((0.85, 0.995)),
+        ),
+    ]
+}
+
+/// Several steps of [`Optimizer::step_scaled`] (what `Replica::step` calls) and of the kernel,
+/// with changing gradients, LRs and gradient multipliers (< 1: clipping or unscaling).
+#[test]
+fn adam_step_matches_the_host_bit_for_bit() {
+    let k = Kernels::new(Emu);
+    const MULTS: [f32; 5] = [1.0, 0.37, 1.0, 0.812_345_6, 0.5];
+    for n in SIZES {
+        let (entries, flags) = layout(n);
+        for (ci, (cfg0, lr0, all_decay, cycle)) in cases().into_iter().enumerate() {
+            let flags = if all_decay {
+                vec![true; flags.len()]
+            } else {
+                flags.clone()
+            };
+            let mut host = Optimizer::from(Adam::new(cfg0, &entries, &flags).unwrap());
+            let mask = whole_mask(&k, &entries, &flags);
+            let mut cfg = cfg0;
+            let p0 = rand(n, 1.0, 7);
+            let (mut hp, mut dp) = (p0.clone(), p0);
+            let (mut m, mut v) = (vec![0.0f32; n], vec![0.0f32; n]);
+            for (step, mult) in MULTS.into_iter().enumerate() {
+                if let (Some((b1, b2)), true) = (cycle, step >= 2) {
+                    host.set_betas(b1, b2).unwrap();
+                    (cfg.beta1, cfg.beta2) = (b1, b2);
+                }
+                let lr = lr0 * (1.0 + step as f64) / 3.0;
+                let g = grads(n, step);
+                let scale = GradScale {
+                    unscale: mult,
+                    combined: None,
+                };
+                host.step_scaled(&mut hp, &mut g.clone(), lr, scale)
+                    .unwrap();
+                let t = step as u64 + 1;
+                adamw_step(
+                    &k, &cfg, t, lr, mult, &mask, &mut dp, &g, &mut m, &mut v, None,
+                )
+                .unwrap();
+                let what = format!("n={n} case {ci} step {t}");
+                let state = host.state();
+                same_bits(&format!("{what} params"), &dp, &hp);
+                same_bits(&format!("{what} exp_avg"), &m, state.buffer("exp_avg"));
+                same_bits(
+                    &format!("{what} exp_avg_sq"),
+                    &v,
+                    state.buffer("exp_avg_sq"),
+                );
+            }
+        }
+    }
+}
+
+/// The fp32 clipping path of `Replica::clip`: the norm from the device's `Σ g²`, the host's
+/// coefficient, applied as the kernel's multiplier; against `clip_grad_norm` then the step.
+#[test]
+fn clipped_steps_match_clip_grad_norm_then_the_host_step() {
+    let k = Kernels::new(Emu);
+    for n in SIZES {
+        let (entries, flags) = layout(n);
+        let cfg = AdamConfig::adamw(0.01);
+        let mut host = Optimizer::from(Adam::new(cfg, &entries, &flags).unwrap());
+        let mask = whole_mask(&k, &entries, &flags);
+        let p0 = rand(n, 1.0, 8);
+        let (mut hp, mut dp) = (p0.clone(), p0);
+        let (mut m, mut v) = (vec![0.0f32; n], vec![0.0f32; n]);
+        let mut clipped = 0;
+        for step in 0..4 {
+            let g = grads(n, step);
+            let max_norm = 0.6f32;
+            let mut hg = g.clone();
+            let host_norm = optim::clip_grad_norm(&mut hg, max_norm);
+            host.step_scaled(&mut hp, &mut hg, 1e-3, GradScale::ONE)
+                .unwrap();
+            let norm = grad_norm_sq(&k, &g).sqrt() as f32;
+            assert_eq!(norm.to_bits(), host_norm.to_bits(), "n={n} norm");
+            let coef = optim::clip_coef(norm, max_norm);
+            clipped += usize::from(coef.is_some());
+            let mult = coef.unwrap_or(1.0);
+            adamw_step(
+                &k,
+                &cfg,
+                step as u64 + 1,
+                1e-3,
+                mult,
+                &mask,
+                &mut dp,
+                &g,
+                &mut m,
+                &mut v,
+                None,
+            )
+            .unwrap();
+            same_bits(&format!("n={n} step {step} params"), &dp, &hp);
+        }
+        assert!(clipped > 0, "n={n}: the test should clip some steps");
+    }
+}
+
+/// Mixed precision as `Replica` runs it: half gradients at a loss scale, the overflow check and
+/// the norm from one `Σ g²`, DeepSpeed's combined factor, the step on fp32 masters, and the half
+/// weights rounded from them (`HostOptimizer`); an overflowing step is skipped on both sides.
+#[test]
+fn mixed_precision_steps_match_the_host_optimizer() {
+    for module in [Dtype::F16, Dtype::Bf16] {
+        let k = Kernels::new(Emu).with_store(module);
+        for n in SIZES {
+            let (entries, flags) = layout(n);
+            let mut cfg = AdamConfig::adamw(0.01);
+            cfg.mode = if n == 33 {
+                WeightDecay::L2
+            } else {
+                WeightDecay::Decoupled
+            };
+            let mut p0 = rand(n, 1.0, 9);
+            module.round_slice(&mut p0);
+            let adam = Adam::new(cfg, &entries, &flags).unwrap();
+            let mut host = HostOptimizer::new(adam, false, module, &p0);
+            let mask = whole_mask(&k, &entries, &flags);
+            let mut hp = p0.clone();
+            let (mut master, mut work) = (p0.clone(), p0);
+            let (mut m, mut v) = (vec![0.0f32; n], vec![0.0f32; n]);
+            let scale_cfg = if module == Dtype::F16 {
+                ScaleConfig::Dynamic {
+                    initial_scale_power: 10,
+                    window: 2,
+                    hysteresis: 1,
+                    consecutive_hysteresis: false,
+                    min_scale: 1.0,
+                }
+            } else {
+                ScaleConfig::Static { scale: 1.0 }
+            };
+            let mut scaler = LossScaler::new(scale_cfg, ScalerImpl::Zero);
+            let mut t = 0u64;
+            for step in 0..5 {
+                let used = scaler.scale();
+                // Multiples of 2⁻⁶ (times a power of two): the f64 Σg² is exact on both sides.
+                let mut g: Vec<f32> = grads(n, step)
+                    .iter()
+                    .map(|x| (x * 64.0).round() / 64.0 * used as f32)
+                    .collect();
+                if step == 2 {
+                    g[n / 2] = f32::INFINITY; // one overflowing step
+                }
+                module.round_slice(&mut g);
+                let sq = grad_norm_sq(&k, &g);
+                let overflow = !sq.is_finite();
+                assert_eq!(overflow, precision::has_inf_or_nan(&g), "n={n} overflow");
+                assert_eq!(overflow, step == 2);
+                scaler.update(overflow).unwrap();
+                if overflow {
+                    continue;
+                }
+                let now = scaler.scale();
+                let host_sq = optim::sum_squares(&g);
+                assert_eq!(sq.to_bits(), host_sq.to_bits(), "n={n} Σg² (exact here)");
+                let combined = precision::combined_scale(now, sq.sqrt(), 1.0);
+                let unscale = (1.0 / combined) as f32;
+                let lr = 1e-3 * (step + 1) as f64;
+                host.step(&mut hp, &mut g.clone(), lr, unscale).unwrap();
+                t += 1;
+                adamw_step(
+                    &k,
+                    &cfg,
+                    t,
+                    lr,
+                    unscale,
+                    &mask,
+                    &mut master,
+                    &g,
+                    &mut m,
+                    &mut v,
+                    Some(&mut work),
+                )
+                .unwrap();
+                let what = format!("{module:?} n={n} step {step}");
+                let state = host.state();
+                same_bits(&format!("{what} master"), &master, &state.master);
+                same_bits(&format!("{what} half weights"), &work, &hp);
+                same_bits(&format!("{what} exp_avg"), &m, state.buffer("exp_avg"));
+                same_bits(
+                    &format!("{what} exp_avg_sq"),
+                    &v,
+                    state.buffer("exp_avg_sq"),
+                );
+            }
+        }
+    }
+}
+
+/// A ZeRO partition (several pieces of a buffer in one local buffer): the mask is
+/// `Adam::shard`'s, and the partition steps as the host's shard does.
+#[test]
+fn a_zero_partition_steps_as_the_host_shard() {
+    let k = Kernels::new(Emu);
+    let (entries, flags) = layout(1000);
+    let pieces = [3..70, 480..620, 990..1000];
+    let cfg = AdamConfig::adamw(0.1);
+    let mut host = Adam::shard(cfg, &entries, &flags, &pieces).unwrap();
+    let mask = DecayMask::new(&k, &entries, &flags, &pieces).unwrap();
+    let n = mask.len();
+    assert_eq!(n, 67 + 140 + 10);
+    let p0 = rand(n, 1.0, 10);
+    let (mut hp, mut dp) = (p0.clone(), p0);
+    let (mut m, mut v) = (vec![0.0f32; n], vec![0.0f32; n]);
+    for step in 0..3 {
+        let g = grads(n, step);
+        host.step(&mut hp, &g, 1e-2).unwrap();
+        adamw_step(
+            &k,
+            &cfg,
+            step as u64 + 1,
+            1e-2,
+            1.0,
+            &mask,
+            &mut dp,
+            &g,
+            &mut m,
+            &mut v,
+            None,
+        )
+        .unwrap();
+        same_bits("partition params", &dp, &hp);
+    }
+    // Wrong lengths and a non-finite LR are refused as the host refuses them.
+    let short = vec![0.0f32; n - 1];
+    assert!(
+        adamw_step(&k, &cfg, 4, 1e-2, 1.0, &mask, &mut dp, &short, &mut m, &mut v, None).is_err()
+    );
+    let g = grads(n, 0);
+    assert!(adamw_step(
+        &k,
+        &cfg,
+        4,
+        f64::NAN,
+        1.0,
+        &mask,
+        &mut dp,
+        &g,
+        &mut m,
+        &mut v,
+        None
+    )
+    .is_err());
+}
+
+/// `Σ g²` against `optim::sum_squares`: bit-identical on inputs whose sums are exact (multiples
+/// of 2⁻¹⁰ up to 2 in magnitude: squares are multiples of 2⁻²⁰ below 2¹³ in total), and within
+/// `n · 2⁻⁵²` relative with the same f32 norm on f32 values spread over 40 binades. Sizes cover
+/// one element and partial warps and blocks; small block caps run the grid-stride loop (many
+/// elements per thread) at a cost the emulation affords.
+#[test]
+fn grad_norm_matches_the_host_sum_of_squares() {
+    let k = Kernels::new(Emu);
+    for (n, cap) in [
+        (0, NORM_BLOCKS),
+        (1, NORM_BLOCKS),
+        (33, NORM_BLOCKS),
+        (257, NORM_BLOCKS),
+        (1000, NORM_BLOCKS),
+        (1000, 1),
+        (5003, 3),
+        (20_000, 7),
+    ] {
+        let exact: Vec<f32> = rand(n, 1.0, 11)
+            .iter()
+            .map(|x| (x * 2048.0).round() / 1024.0)
+            .collect();
+        let got = grad_norm_sq_blocks(&k, &exact, cap);
+        let want = optim::sum_squares(&exact);
+        // (Rust's f64 sum of nothing is −0.0, the device's +0.0: equal values.)
+        assert!(
+            got == want && got.to_bits() == (want + 0.0).to_bits(),
+            "n={n} exact Σg²: {got} vs {want}"
+        );
+
+        let spread: Vec<f32> = rand(n, 1.0, 12)
+            .iter()
+            .zip(rand(n, 1.0, 13))
+            .map(|(x, e)| x * 2f32.powi((e * 20.0) as i32))
+            .collect();
+        let got = grad_norm_sq_blocks(&k, &spread, cap);
+        let want = optim::sum_squares(&spread);
+        let bound = n as f64 * 2f64.powi(-52) * want;
+        assert!(
+            (got - want).abs() <= bound,
+            "n={n}: {got} vs {want} (bound {bound})"
+        );
+        assert_eq!(
+            (got.sqrt() as f32).to_bits(),
+            (want.sqrt() as f32).to_bits() & 0x7fff_ffff,
+            "n={n} f32 norm"
+        );
+        // Determinism: the same call, the same bits.
+        assert_eq!(
+            grad_norm_sq_blocks(&k, &spread, cap).to_bits(),
+            got.to_bits(),
+            "n={n} rerun"
+        );
+    }
+}
+
+/// The sum is non-finite exactly when an element is inf or NaN (the host's overflow test), wherever
+/// it sits, and finite for the largest finite values (no f64 overflow); and one sum at the real
+/// cap over more than NORM_BLOCKS · BLOCK elements.
+#[test]
+fn grad_norm_reports_non_finite_gradients_as_the_overflow_check_does() {
+    let k = Kernels::new(Emu);
+    for (n, cap) in [
+        (1, NORM_BLOCKS),
+        (33, NORM_BLOCKS),
+        (1000, NORM_BLOCKS),
+        (3001, 2),
+    ] {
+        let base = rand(n, 1.0, 14);
+        for at in [0, n / 2, n - 1] {
+            for bad in [f32::INFINITY, f32::NEG_INFINITY, f32::NAN] {
+                let mut g = base.clone();
+                g[at] = bad;
+                let sq = grad_norm_sq_blocks(&k, &g, cap);
+                assert!(!sq.is_finite(), "n={n} at {at} {bad}: {sq}");
+                assert!(precision::has_inf_or_nan(&g));
+                assert_eq!(sq.is_nan(), bad.is_nan(), "n={n} at {at} {bad}");
+            }
+        }
+        let maxed = vec![f32::MAX; n];
+        let sq = grad_norm_sq_blocks(&k, &maxed, cap);
+        assert!(sq.is_finite() && !precision::has_inf_or_nan(&maxed));
+        let want = optim::sum_squares(&maxed);
+        assert!((sq - want).abs() <= n as f64 * 2f64.powi(-52) * want);
+    }
+    // The default cap, beyond one grid: block 0's threads take a second round (one call only:
+    // ~5 s of emulation on two cores).
+    let n = NORM_BLOCKS * 256 + 77;
+    let g = rand(n, 1.0, 16);
+    let (got, want) = (grad_norm_sq(&k, &g), optim::sum_squares(&g));
+    assert!((got - want).abs() <= n as f64 * 2f64.powi(-52) * want);
+    assert_eq!(
+        (got.sqrt() as f32).to_bits(),
+        (want.sqrt() as f32).to_bits()
+    );
+}
+
+/// The same step from the same state twice gives the same bits.
+#[test]
+fn adam_step_is_deterministic() {
+    let k = Kernels::new(Emu).with_store(Dtype::Bf16);
+    let n = 1000;
+    let (entries, flags) = layout(n);
+    let mask = whole_mask(&k, &entries, &flags);
+    let cfg = AdamConfig::adamw(0.01);
+    let run = || {
+        let mut p = rand(n, 1.0, 15);
+        let (mut m, mut v, mut w) = (vec![0.0f32; n], vec![0.0f32; n], vec![0.0f32; n]);
+        for step in 0..3 {
+            let g = grads(n, step);
+            adamw_step(
+                &k,
+                &cfg,
+                step as u64 + 1,
+                1e-3,
+                0.7,
+                &mask,
+                &mut p,
+                &g,
+                &mut m,
+                &mut v,
+                Some(&mut w),
+            )
+            .unwrap();
+        }
+        [p, m, v, w]
+    };
+    let (a, b) = (run(), run());
+    for (x, y) in a.iter().zip(&b) {
+        same_bits("rerun", x, y);
+    }
+}

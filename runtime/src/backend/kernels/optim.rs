@@ -1,0 +1,262 @@
+//! Launches of `runtime/kernels/optim.cu`: the gradient norm and the fused Adam / AdamW step, the
+//! device side of [`crate::optim`] (the host optimizer the emulation tests compare them with).
+//!
+//! - [`grad_norm_sq`]: `Σ g²` in f64, as [`crate::optim::sum_squares`], in two fixed passes (at
+//!   most [`NORM_BLOCKS`] block partials, then one block adds them in order): the same bits on
+//!   every run and every GPU. Non-finite exactly when some `g` is inf or NaN, so it is also the
+//!   overflow check ([`crate::precision::has_inf_or_nan`]): a double sum of f32 squares cannot
+//!   overflow.
+//! - [`adamw_step`]: one update of a flat buffer (or a ZeRO partition) with
+//!   [`crate::optim::Adam::step`]'s arithmetic, the gradient first multiplied by one host-computed
+//!   factor (clip coefficient, or `f32(1 / combined scale)`), weight decay on the ranges of a
+//!   [`DecayMask`], and optionally the result stored rounded into the module's half copy.
+
+#![allow(clippy::too_many_arguments)]
+
+use std::ops::Range;
+
+use super::{grid1, int, Kernels, BLOCK};
+use crate::backend::device::{Arg, Device, Launch};
+use crate::optim::{self, AdamConfig, OptimError, WeightDecay};
+use crate::params::Entry;
+
+/// Most blocks of the norm's first pass (`NORM_BLOCKS` in optim.cu): fixed, so the partial sums
+/// (and the result's bits) depend only on the gradient's length.
+pub const NORM_BLOCKS: usize = 1024;
+
+/// `Σ g²` over `g` in f64 (see the module docs). Its square root rounded to f32 is the norm
+/// [`crate::optim::clip_grad_norm`] computes; partitions add their sums as the host's do.
+pub fn grad_norm_sq<D: Device>(k: &Kernels<D>, g: D::View<'_>) -> f64 {
+    grad_norm_sq_blocks(k, g, NORM_BLOCKS)
+}
+
+/// [`grad_norm_sq`] with at most `max_blocks` first-pass blocks instead of [`NORM_BLOCKS`] (the
+/// bits depend on it; the tests use small caps to run the grid-stride loop cheaply).
+pub fn grad_norm_sq_blocks<D: Device>(k: &Kernels<D>, g: D::View<'_>, max_blocks: usize) -> f64 {
+    let n = k.dev.len(g);
+    assert!(
+        (1..=65_535).contains(&max_blocks),
+        "grad_norm_sq: {max_blocks} blocks"
+    );
+    let blocks = n.div_ceil(BLOCK as usize).clamp(1, max_blocks);
+    // [total (2 floats), partials (2 floats per block)]: each double travels as its two words.
+    let mut scratch = k.dev.alloc(2 + 2 * blocks);
+    {
+        let mut all = k.dev.view_mut(&mut scratch);
+        let (mut total, mut partial) = k.dev.split_at_mut(&mut all, 2);
+        let (t, p) = (k.dev.ptr_mut(&mut total), k.dev.ptr_mut(&mut partial));
+        k.dev.launch(
+            "grad_norm_partial",
+            Launch {
+                grid: (blocks as u32, 1, 1),
+                block: (BLOCK, 1, 1),
+                smem: 0,
+            },
+            &[Arg::Ptr(p), Arg::Ptr(k.dev.ptr(g)), int(n)],
+        );
+        k.dev.launch(
+            "grad_norm_final",
+            Launch {
+                grid: (1, 1, 1),
+                block: (BLOCK, 1, 1),
+                smem: 0,
+            },
+            &[Arg::Ptr(t), Arg::Ptr(p), int(blocks)],
+        );
+    }
+    let mut words = [0.0f32; 2];
+    k.dev
+        .download(k.dev.sub(k.dev.view(&scratch), 0..2), &mut words);
+    f64::from_bits(u64::from(words[0].to_bits()) | (u64::from(words[1].to_bits()) << 32))
+}
+
+/// Which elements of an optimizer's buffer get weight decay, on the device: the bounds of the
+/// decaying ranges (`[b0, b1), [b2, b3), …`, adjacent ranges merged), which the kernel
+/// binary-searches. Built once per optimizer from the same layout [`crate::optim::Adam`] keeps.
+pub struct DecayMask<D: Device> {
+    bounds: D::Ids,
+    count: usize,
+    len: usize,
+}
+
+impl<D: Device> DecayMask<D> {
+    /// The mask of [`crate::optim::Adam::shard`]`(_, entries, decay, ranges)`: the elements
+    /// `ranges` of the buffer laid out as `entries` (use `[0..total]` for
+    /// [`crate::optim::Adam::new`]'s whole buffer), in the layout of the ranges' concatenation.
+    pub fn new(
+        k: &Kernels<D>,
+        entries: &[Entry],
+        decay: &[bool],
+        ranges: &[Range<usize>],
+    ) -> Result<DecayMask<D>, OptimError> {
+        let (full, total) = optim::layout(entries, decay)?;
+        let (segments, n) = optim::partition(&full, total, ranges)?;
+        Ok(Self::from_segments(k, &segments, n))
+    }
+
+    /// The mask of a buffer of `len` elements whose ranges `segments` (ascending, disjoint) decay
+    /// when flagged; elements outside every segment do not decay (the host never steps those).
+    pub fn from_segments(
+        k: &Kernels<D>,
+        segments: &[(Range<usize>, bool)],
+        len: usize,
+    ) -> DecayMask<D> {
+        let mut bounds: Vec<u32> = Vec::new();
+        for (r, d) in segments {
+            if !*d || r.is_empty() {
+                continue;
+            }
+            assert!(r.end <= len, "decay range {r:?} beyond {len} elements");
+            let (s, e) = (u32::try_from(r.start), u32::try_from(r.end));
+            let (s, e) = (s.expect("range start"), e.expect("range end"));
+            // A range that starts where the previous one ended extends it.
+            if bounds.last() == Some(&s) {
+                bounds.pop();
+            } else {
+                assert!(
+                    bounds.last().is_none_or(|&b| b < s),
+                    "segments out of order"
+                );
+                bounds.push(s);
+            }
+            bounds.push(e);
+        }
+        DecayMask {
+            count: bounds.len(),
+            bounds: k.dev.upload_ids(&bounds),
+            len,
+        }
+    }
+
+    /// Elements covered.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when it covers nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// The f32 scalars of one Adam step, formed from f64 exactly as [`crate::optim::Adam::step`]
+/// forms them (adam.rs: PyTorch's Python-float arithmetic, then rounded for the kernel).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamScalars {
+    /// `−lr / (1 − β₁ᵗ)`.
+    pub step_size: f32,
+    /// `√(1 − β₂ᵗ)`.
+    pub bc2_sqrt: f32,
+    /// `1 − β₁`.
+    pub w1: f32,
+    /// `β₂`.
+    pub b2: f32,
+    /// `1 − β₂`.
+    pub w2: f32,
+    /// `eps`.
+    pub eps: f32,
+    /// 0: no decay (or `weight_decay == 0`), 1: decoupled (AdamW), 2: L2 (Adam).
+    pub decay_mode: i32,
+    /// `1 − lr·wd`.
+    pub decay_mul: f32,
+    /// `wd`.
+    pub wd: f32,
+}
+
+impl AdamScalars {
+    /// The scalars of step `step` (the count *after* this step, as adam.rs increments it first:
+    /// 1 for the first step) at learning rate `lr`.
+    pub fn new(c: &AdamConfig, step: u64, lr: f64) -> AdamScalars {
+        let t = step as f64;
+        let (bc1, bc2) = if c.bias_correction {
+            (1.0 - c.beta1.powf(t), 1.0 - c.beta2.powf(t))
+        } else {
+            (1.0, 1.0)
+        };
+        AdamScalars {
+            step_size: -(lr / bc1) as f32,
+            bc2_sqrt: bc2.sqrt() as f32,
+            w1: (1.0 - c.beta1) as f32,
+            b2: c.beta2 as f32,
+            w2: (1.0 - c.beta2) as f32,
+            eps: c.eps as f32,
+            decay_mode: match (c.weight_decay != 0.0, c.mode) {
+                (false, _) => 0,
+                (true, WeightDecay::Decoupled) => 1,
+                (true, WeightDecay::L2) => 2,
+            },
+            decay_mul: (1.0 - lr * c.weight_decay) as f32,
+            wd: c.weight_decay as f32,
+        }
+    }
+}
+
+/// One Adam / AdamW step on the device: `params`, `m`, `v` updated in place from `grads · mult`
+/// exactly as [`crate::optim::Adam::step`] updates them (`step` is the step count after this
+/// step, 1 first; `mult` the one factor the host multiplies the gradients by, see optim.cu).
+/// With `work`, the updated values are also stored there rounded to the kernels' storage dtype
+/// (the half parameters of a mixed-precision module, whose fp32 master is `params`).
+///
+/// Errors as the host's: buffers of the wrong length, a non-finite learning rate.
+pub fn adamw_step<D: Device>(
+    k: &Kernels<D>,
+    cfg: &AdamConfig,
+    step: u64,
+    lr: f64,
+    mult: f32,
+    mask: &DecayMask<D>,
+    mut params: D::ViewMut<'_>,
+    grads: D::View<'_>,
+    mut m: D::ViewMut<'_>,
+    mut v: D::ViewMut<'_>,
+    work: Option<D::ViewMut<'_>>,
+) -> Result<(), OptimError> {
+    let n = mask.len;
+    let lens = [
+        ("params", k.dev.len_mut(&params)),
+        ("grads", k.dev.len(grads)),
+        ("exp_avg", k.dev.len_mut(&m)),
+        ("exp_avg_sq", k.dev.len_mut(&v)),
+        ("work", work.as_ref().map_or(n, |w| k.dev.len_mut(w))),
+    ];
+    for (what, found) in lens {
+        if found != n {
+            return Err(OptimError::Length {
+                what,
+                found,
+                expected: n,
+            });
+        }
+    }
+    if !lr.is_finite() {
+        return Err(OptimError::Config(format!("learning rate {lr}")));
+    }
+    let s = AdamScalars::new(cfg, step, lr);
+    let work = work.map_or(0, |mut w| k.dev.ptr_mut(&mut w));
+    k.dev.launch(
+        "adamw_step",
+        grid1(n),
+        &[
+            Arg::Ptr(k.dev.ptr_mut(&mut params)),
+            Arg::Ptr(k.dev.ptr(grads)),
+            Arg::Ptr(k.dev.ptr_mut(&mut m)),
+            Arg::Ptr(k.dev.ptr_mut(&mut v)),
+            Arg::Ptr(work),
+            Arg::Ptr(k.dev.ids_ptr(&mask.bounds)),
+            int(mask.count),
+            int(n),
+            Arg::F32(mult),
+            Arg::F32(s.step_size),
+            Arg::F32(s.w1),
+            Arg::F32(s.b2),
+            Arg::F32(s.w2),
+            Arg::F32(s.bc2_sqrt),
+            Arg::F32(s.eps),
+            Arg::I32(s.decay_mode),
+            Arg::F32(s.decay_mul),
+            Arg::F32(s.wd),
+            k.store_arg(),
+        ],
+    );
+    Ok(())
+}
