@@ -165,6 +165,15 @@ pub struct Classifier {
     backend: Cpu,
     /// Where the passes run when not on `backend` (a GPU).
     executor: Option<std::sync::Arc<dyn Executor>>,
+    /// Changes whenever the parameter values may have (unique in the process), so an executor
+    /// uploads them only when they did.
+    stamp: u64,
+}
+
+/// A fresh [`Classifier`] parameter stamp.
+fn new_stamp() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl std::fmt::Debug for dyn Executor {
@@ -191,6 +200,7 @@ impl Classifier {
             layout,
             backend: Cpu::default(),
             executor: None,
+            stamp: new_stamp(),
         })
     }
 
@@ -384,6 +394,7 @@ impl Classifier {
 
     /// The parameter values, writable (the layout itself is fixed).
     pub fn params_mut(&mut self) -> &mut [f32] {
+        self.stamp = new_stamp();
         &mut self.params.data
     }
 
@@ -397,6 +408,12 @@ impl Classifier {
     /// segment-wise passes).
     pub fn set_executor(&mut self, executor: std::sync::Arc<dyn Executor>) {
         self.executor = Some(executor);
+    }
+
+    /// Changes whenever the parameter values may have changed (process-unique): equal stamps
+    /// mean equal parameters.
+    pub fn params_stamp(&self) -> u64 {
+        self.stamp
     }
 
     /// The executor set by [`Classifier::set_executor`], if any.
@@ -675,6 +692,7 @@ impl Classifier {
     /// its partition; [`Classifier::forward_backward_with`] still runs, the other passes refuse
     /// until [`Classifier::put_params`]).
     pub fn take_params(&mut self) -> Vec<f32> {
+        self.stamp = new_stamp();
         std::mem::take(&mut self.params.data)
     }
 
@@ -688,6 +706,7 @@ impl Classifier {
             )));
         }
         self.params.data = data;
+        self.stamp = new_stamp();
         Ok(())
     }
 }

@@ -1,9 +1,9 @@
 //! The model's passes on a kernel device (a GPU through cudarc, or the emulated one the tests
 //! use), for a [`super::Classifier`] whose parameters, gradients and optimizer stay on the host.
 //!
-//! Each pass uploads the current parameters (and, for training, the gradient accumulator),
-//! runs the forward/backward with [`Kernels`], and downloads the result: the optimizer, the
-//! clipping, the loss scaler and ZeRO's stage 0–1 bookkeeping are the host code already tested
+//! Each pass uploads the parameters when they changed (once per optimizer step) and, for
+//! training, the gradient accumulator, runs the forward/backward with [`Kernels`], and downloads
+//! the result: the optimizer, the clipping, the loss scaler and ZeRO's stage 0–1 bookkeeping are the host code already tested
 //! against PyTorch and DeepSpeed. Uploading the accumulator instead of adding a downloaded
 //! micro-batch gradient keeps the CPU's order of additions, so the two backends agree to the
 //! kernels' own differences. Keeping the optimizer on the device (a fused AdamW) and the
@@ -36,6 +36,8 @@ pub trait Executor: Send + Sync {
 struct State<D: Device> {
     ws: Workspace<Kernels<D>>,
     params: Option<D::Buf>,
+    /// The [`Classifier::params_stamp`] of what `params` holds.
+    params_stamp: u64,
     grads: Option<D::Buf>,
 }
 
@@ -56,15 +58,25 @@ impl<D: Device> OnDevice<D> {
             state: Mutex::new(State {
                 ws: Workspace::new(),
                 params: None,
+                params_stamp: 0,
                 grads: None,
             }),
         })
     }
 }
 
-/// Copies `host` into `slot`, (re)allocating when its length changed.
+/// Copies `host` into `slot`.
 fn put<D: Device>(k: &Kernels<D>, slot: &mut Option<D::Buf>, host: &[f32]) {
     *slot = Some(k.upload(host));
+}
+
+/// Uploads the model's parameters unless the device already holds these values (the same
+/// stamp): a window's micro-batches and an evaluation's batches upload them once.
+fn put_params<D: Device>(k: &Kernels<D>, st: &mut State<D>, model: &Classifier) {
+    if st.params.is_none() || st.params_stamp != model.params_stamp() {
+        put(k, &mut st.params, &model.params().data);
+        st.params_stamp = model.params_stamp();
+    }
 }
 
 impl<D> Executor for OnDevice<D>
@@ -88,7 +100,7 @@ where
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
-        put(k, &mut st.params, &model.params().data);
+        put_params(k, st, model);
         put(k, &mut st.grads, grads);
         let (params, dgrads) = (st.params.as_ref().unwrap(), st.grads.as_mut().unwrap());
         let loss = model.forward_backward_on(
@@ -109,7 +121,7 @@ where
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
-        put(k, &mut st.params, &model.params().data);
+        put_params(k, st, model);
         let logits = model.forward_on(k, &mut st.ws, batch, st.params.as_ref().unwrap())?;
         k.device().sync().map_err(ModelError::Device)?;
         Ok(logits)
