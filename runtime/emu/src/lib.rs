@@ -63,6 +63,15 @@ impl Device for Emu {
         &mut b[r]
     }
 
+    fn write(&self, dst: &mut [f32], src: &[f32]) {
+        dst.copy_from_slice(src);
+    }
+
+    fn write_ids(&self, dst: &mut Vec<u32>, src: &[u32]) {
+        dst.clear();
+        dst.extend_from_slice(src);
+    }
+
     fn download(&self, src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src);
     }

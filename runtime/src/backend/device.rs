@@ -68,6 +68,10 @@ pub trait Device {
     fn alloc(&self, n: usize) -> Self::Buf;
     /// A copy of `src` on the device.
     fn upload(&self, src: &[f32]) -> Self::Buf;
+    /// Copies `src` into `dst` (the same length).
+    fn write(&self, dst: Self::ViewMut<'_>, src: &[f32]);
+    /// Copies `src` into `dst` when the lengths agree, else replaces `dst`.
+    fn write_ids(&self, dst: &mut Self::Ids, src: &[u32]);
     /// A copy of `src` on the device.
     fn upload_ids(&self, src: &[u32]) -> Self::Ids;
     /// Copies `src` to the host.

@@ -117,6 +117,10 @@ pub trait Backend {
     fn upload(&self, src: &[f32]) -> Self::Buf;
     /// A buffer holding a copy of `src` (host to backend).
     fn upload_ids(&self, src: &[u32]) -> Self::Ids;
+    /// Copies `src` into `dst` (the same length), reusing the allocation.
+    fn write(&self, dst: Self::ViewMut<'_>, src: &[f32]);
+    /// Copies `src` into `dst` when it has `src`'s length, else replaces it with a new buffer.
+    fn write_ids(&self, dst: &mut Self::Ids, src: &[u32]);
     /// Copies `src` out to the host.
     fn download(&self, src: Self::View<'_>, dst: &mut [f32]);
     /// The whole of `b`, read-only.

@@ -335,10 +335,11 @@ impl<B: Backend> Acts<B> {
         mask: &[u32],
         labels: &[u32],
     ) {
-        self.ids = be.upload_ids(ids);
-        self.types = be.upload_ids(types);
-        self.mask = be.upload_ids(mask);
-        self.labels = be.upload_ids(labels);
+        // Into the same buffers while the shape holds: no allocation per micro-batch.
+        be.write_ids(&mut self.ids, ids);
+        be.write_ids(&mut self.types, types);
+        be.write_ids(&mut self.mask, mask);
+        be.write_ids(&mut self.labels, labels);
     }
 }
 

@@ -65,9 +65,12 @@ impl<D: Device> OnDevice<D> {
     }
 }
 
-/// Copies `host` into `slot`.
+/// Copies `host` into `slot`, allocating only the first time (the model's size is fixed).
 fn put<D: Device>(k: &Kernels<D>, slot: &mut Option<D::Buf>, host: &[f32]) {
-    *slot = Some(k.upload(host));
+    match slot {
+        Some(buf) => k.write(k.view_mut(buf), host),
+        None => *slot = Some(k.upload(host)),
+    }
 }
 
 /// Uploads the model's parameters unless the device already holds these values (the same

@@ -260,6 +260,23 @@ impl Device for CudaDevice {
         }
     }
 
+    fn write(&self, mut dst: DevViewMut<'_>, src: &[f32]) {
+        self.upload_into(&mut dst, src);
+    }
+
+    fn write_ids(&self, dst: &mut DevIds, src: &[u32]) {
+        if src.is_empty() || dst.0.len() != src.len() {
+            *dst = self.upload_ids(src);
+            return;
+        }
+        let (ptr, _sync) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut dst.0, &self.stream);
+        // SAFETY: `dst` is a live allocation of `src.len()` ids.
+        let r = unsafe { drv::memcpy_htod_async(ptr, src, self.stream.cu_stream()) };
+        if let Err(e) = r {
+            self.record("upload", e);
+        }
+    }
+
     fn upload_ids(&self, src: &[u32]) -> DevIds {
         if src.is_empty() {
             return DevIds(self.upload_plain(&[0u32]));

@@ -175,6 +175,14 @@ impl<D: Device> Backend for Kernels<D> {
         self.dev.range_mut(b, r)
     }
 
+    fn write(&self, dst: D::ViewMut<'_>, src: &[f32]) {
+        self.dev.write(dst, src)
+    }
+
+    fn write_ids(&self, dst: &mut D::Ids, src: &[u32]) {
+        self.dev.write_ids(dst, src)
+    }
+
     fn download(&self, src: D::View<'_>, dst: &mut [f32]) {
         self.dev.download(src, dst)
     }
