@@ -109,7 +109,7 @@ pub fn run(archs: &[String], out: Option<&Path>, ptxas_bin: Option<&Path>, selft
 fn self_test(out: Option<&Path>) -> Result<bool, i32> {
     use recipe_runtime::backend::cuda::CudaDevice;
     use recipe_runtime::backend::kernels::Kernels;
-    use recipe_runtime::backend::selftest::compare;
+    use recipe_runtime::backend::selftest::{compare, compare_optim};
     use recipe_runtime::precision::Dtype;
     let dev = CudaDevice::open(0).map_err(|e| {
         eprintln!("error: {e}");
@@ -122,6 +122,18 @@ fn self_test(out: Option<&Path>) -> Result<bool, i32> {
     for store in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
         kernels = kernels.with_store(store);
         let checks = compare(&kernels, store);
+        if let Err(e) = recipe_runtime::backend::device::Device::sync(kernels.device()) {
+            eprintln!("error: the GPU reported: {e}");
+            return Err(FAILED);
+        }
+        all.extend(checks);
+    }
+    // The device optimizer (no Backend operation): the gradient norm and Adam/AdamW against the
+    // host optimizer, per store: the half stores add the mixed-precision step, whose working copy
+    // is rounded by each half type's own PTX conversion.
+    for store in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+        kernels = kernels.with_store(store);
+        let checks = compare_optim(&kernels, store);
         if let Err(e) = recipe_runtime::backend::device::Device::sync(kernels.device()) {
             eprintln!("error: the GPU reported: {e}");
             return Err(FAILED);

@@ -1,18 +1,45 @@
-// A ThreadSanitizer driver for the emulation (tests/tsan.rs): runs the attention kernels once on
-// small shapes, built with -fsanitize=thread against one kernel source. Under the emulation every
-// CUDA thread is an OS thread and `__shared__` is a static, so a missing __syncthreads between a
-// shared-memory write and another thread's read is a data race TSan reports.
+// A ThreadSanitizer driver for the emulation (tests/tsan.rs): runs every kernel that uses shared
+// memory or a block reduction (attention, LayerNorm, cross-entropy, the gradient norm) once on
+// small shapes, built with -fsanitize=thread against one set of kernel sources. Under the
+// emulation every CUDA thread is an OS thread and `__shared__` is a static, so a missing
+// __syncthreads between a shared-memory write and another thread's read is a data race TSan
+// reports.
 //
-// The include path decides which source is built: runtime/kernels (the real one) or a temporary
-// copy with a barrier removed on purpose (the test that TSan catches it).
+// The include path decides which sources are built: runtime/kernels (the real ones) or a temporary
+// copy with a barrier removed on purpose (the tests that TSan catches it). Every block has at least
+// two warps, so the block reductions (common.cuh) cross warps through shared memory.
+//
+// Usage: tsan_driver [GROUP...], GROUP one of attention, layernorm, loss, norm (none: all). Each
+// group checks its results loosely against a host computation (a sanity check that the kernels
+// ran; the emulation tests compare them exactly), and a failed check exits 1.
 #include "cuda_emu.hpp"
 
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "attention.cu"
+#include "layernorm.cu"
+#include "loss.cu"
+#include "optim.cu"
 
-int main() {
+namespace {
+
+// A deterministic value in [-0.5, 0.5) for index i of stream s.
+float val(int i, int s) { return (float)((i * (7 + 2 * s) + s) % (13 + 4 * s)) / (13 + 4 * s) - 0.5f; }
+
+bool fail(const char* what, int at, double got, double want) {
+    std::fprintf(stderr, "%s [%d]: got %.17g, want %.17g\n", what, at, got, want);
+    return false;
+}
+
+bool close(const char* what, int at, double got, double want, double tol) {
+    if (std::fabs(got - want) <= tol * (1.0 + std::fabs(want))) return true;
+    return fail(what, at, got, want);
+}
+
+bool attention() {
     // Two heads over 36 keys: blocks of 64 threads (two warps, so block_sum crosses warps).
     const int batch = 2, seq = 36, heads = 2, dim = 4;
     const int tok = batch * seq * heads * dim, pp = batch * heads * seq * seq;
@@ -45,15 +72,163 @@ int main() {
                            seq, heads, dim, scale, 0);
     });
 
-    // A sanity check that the kernels ran: every probability row sums to 1.
+    // Every probability row sums to 1.
     for (int r = 0; r < pp / seq; r++) {
-        float s = 0.0f;
+        double s = 0.0;
         for (int j = 0; j < seq; j++) s += probs[r * seq + j];
-        if (s < 0.999f || s > 1.001f) {
-            std::fprintf(stderr, "probability row %d sums to %f\n", r, s);
-            return 1;
+        if (!close("attention probability row sum", r, s, 1.0, 1e-3)) return false;
+    }
+    return true;
+}
+
+bool layernorm() {
+    // 70 columns on 96 threads (three warps, the runtime's shape: whole warps covering the row
+    // once, the last warp partly idle), two rows plus one constant row (variance 0: eps alone).
+    const int rows = 3, cols = 70;
+    const float eps = 1e-5f;
+    std::vector<float> x(rows * cols), w(cols), b(cols), out(rows * cols), mean(rows), rstd(rows);
+    std::vector<float> dout(rows * cols), dinp(rows * cols);
+    for (int i = 0; i < rows * cols; i++) {
+        x[i] = i / cols == 2 ? 1.25f : 3.0f * val(i, 1) + 0.75f;
+        dout[i] = val(i, 2);
+    }
+    for (int c = 0; c < cols; c++) {
+        w[c] = 1.0f + 0.5f * val(c, 3);
+        b[c] = val(c, 4);
+    }
+    dim3 grid(rows), block(96);
+    emu::launch(grid, block, 0, [&] {
+        layernorm_fwd(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), cols,
+                      eps, STORE_F32);
+    });
+    emu::launch(grid, block, 0, [&] {
+        layernorm_bwd_dinp(dinp.data(), dout.data(), x.data(), w.data(), mean.data(), rstd.data(),
+                           cols, STORE_F32);
+    });
+
+    for (int r = 0; r < rows; r++) {
+        const float* xr = &x[r * cols];
+        double m = 0.0, var = 0.0;
+        for (int c = 0; c < cols; c++) m += xr[c];
+        m /= cols;
+        for (int c = 0; c < cols; c++) var += (xr[c] - m) * (xr[c] - m);
+        var /= cols;
+        double rs = 1.0 / std::sqrt(var + eps);
+        if (!close("layernorm mean", r, mean[r], m, 1e-6)) return false;
+        if (!close("layernorm rstd", r, rstd[r], rs, 1e-6)) return false;
+        // Before the affine, the row has mean 0 and (but for eps) variance 1.
+        double s = 0.0, s2 = 0.0;
+        for (int c = 0; c < cols; c++) {
+            double xh = (out[r * cols + c] - b[c]) / w[c];
+            s += xh;
+            s2 += xh * xh;
+        }
+        if (!close("layernorm row mean of xhat", r, s / cols, 0.0, 1e-5)) return false;
+        double want_var = var / (var + eps);
+        if (!close("layernorm row variance of xhat", r, s2 / cols, want_var, 1e-4)) return false;
+        // dinp = rstd · (dxhat − mean(dxhat) − xhat · mean(dxhat · xhat)), from the saved stats.
+        double md = 0.0, mdx = 0.0;
+        for (int c = 0; c < cols; c++) {
+            double xh = (xr[c] - (double)mean[r]) * rstd[r];
+            double dxh = (double)dout[r * cols + c] * w[c];
+            md += dxh;
+            mdx += dxh * xh;
+        }
+        md /= cols;
+        mdx /= cols;
+        for (int c = 0; c < cols; c++) {
+            double xh = (xr[c] - (double)mean[r]) * rstd[r];
+            double want = rstd[r] * ((double)dout[r * cols + c] * w[c] - md - xh * mdx);
+            if (!close("layernorm dinp", r * cols + c, dinp[r * cols + c], want, 1e-4))
+                return false;
         }
     }
-    std::printf("attention ran\n");
+    return true;
+}
+
+bool loss() {
+    // 45 classes on 64 threads (two warps, the runtime's shape): block_max, then block_sum_d.
+    const int rows = 3, classes = 45;
+    const float grad_scale = 0.5f;
+    std::vector<float> logits(rows * classes), dlogits(rows * classes), losses(rows);
+    std::vector<unsigned> labels = {0, 44, 17};
+    for (int i = 0; i < rows * classes; i++) logits[i] = 8.0f * val(i, 5);
+    emu::launch(dim3(rows), dim3(64), 0, [&] {
+        cross_entropy(dlogits.data(), losses.data(), logits.data(), labels.data(), rows, classes,
+                      grad_scale, STORE_F32);
+    });
+
+    for (int r = 0; r < rows; r++) {
+        const float* l = &logits[r * classes];
+        double mx = l[0], s = 0.0;
+        for (int c = 1; c < classes; c++) mx = std::fmax(mx, l[c]);
+        for (int c = 0; c < classes; c++) s += std::exp(l[c] - mx);
+        double want = mx + std::log(s) - l[labels[r]];
+        if (!close("cross-entropy loss", r, losses[r], want, 1e-5)) return false;
+        // softmax − onehot sums to 0 over the row.
+        double ds = 0.0;
+        for (int c = 0; c < classes; c++) ds += dlogits[r * classes + c];
+        if (!close("cross-entropy dlogits row sum", r, ds, 0.0, 1e-6)) return false;
+        double g = (double)grad_scale / rows;
+        double p = std::exp(l[labels[r]] - mx) / s;
+        if (!close("cross-entropy dlogits at the label", r, dlogits[r * classes + labels[r]],
+                   (p - 1.0) * g, 1e-5))
+            return false;
+    }
+    return true;
+}
+
+bool norm() {
+    // 1000 values over 3 blocks of 64 threads (a grid-stride loop, two warps a block), then one
+    // block of 64 adding the 3 partials: the two passes of kernels/optim.rs `grad_norm_sq`.
+    const int n = 1000, blocks = 3;
+    std::vector<float> g(n), partial(2 * blocks), total(2);
+    for (int i = 0; i < n; i++) g[i] = std::ldexp(std::round(val(i, 6) * 2048.0f), -10);
+    emu::launch(dim3(blocks), dim3(64), 0, [&] { grad_norm_partial(partial.data(), g.data(), n); });
+    emu::launch(dim3(1), dim3(64), 0, [&] { grad_norm_final(total.data(), partial.data(), blocks); });
+
+    // Multiples of 2⁻¹⁰ below 1: every partial sum is exact, so the totals are equal.
+    double want = 0.0;
+    for (int i = 0; i < n; i++) want += (double)g[i] * g[i];
+    unsigned long long u = (unsigned long long)__float_as_uint(total[0]) |
+                           ((unsigned long long)__float_as_uint(total[1]) << 32);
+    double got;
+    std::memcpy(&got, &u, 8);
+    if (got != want || want == 0.0) return fail("gradient norm Σg²", 0, got, want);
+    return true;
+}
+
+struct Group {
+    const char* name;
+    bool (*run)();
+};
+
+const Group GROUPS[] = {
+    {"attention", attention},
+    {"layernorm", layernorm},
+    {"loss", loss},
+    {"norm", norm},
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    int ran = 0;
+    for (const Group& g : GROUPS) {
+        bool wanted = argc == 1;
+        for (int a = 1; a < argc; a++) wanted |= std::strcmp(argv[a], g.name) == 0;
+        if (!wanted) continue;
+        if (!g.run()) {
+            std::fprintf(stderr, "%s: wrong result\n", g.name);
+            return 1;
+        }
+        std::printf("%s ran\n", g.name);
+        ran++;
+    }
+    int asked = argc == 1 ? (int)(sizeof(GROUPS) / sizeof(GROUPS[0])) : argc - 1;
+    if (ran != asked) {
+        std::fprintf(stderr, "unknown group among the arguments\n");
+        return 2;
+    }
     return 0;
 }

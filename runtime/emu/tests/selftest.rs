@@ -3,7 +3,7 @@
 
 use recipe_kernel_emu::Emu;
 use recipe_runtime::backend::kernels::Kernels;
-use recipe_runtime::backend::selftest::compare;
+use recipe_runtime::backend::selftest::{compare, compare_optim, compare_optim_against, OpCheck};
 use recipe_runtime::precision::Dtype;
 
 #[test]
@@ -21,6 +21,70 @@ fn every_operation_passes_the_gpu_self_test_on_the_emulated_device() {
         let bad: Vec<_> = checks.iter().filter(|c| !c.ok).collect();
         assert!(bad.is_empty(), "{bad:#?}");
     }
+}
+
+fn print(checks: &[OpCheck]) {
+    for c in checks {
+        eprintln!(
+            "{:?} {:<28} {:.2e} (≤ {:.1e}){}",
+            c.store,
+            c.op,
+            c.error,
+            c.tolerance,
+            if c.ok { "" } else { "  FAILS" }
+        );
+    }
+}
+
+#[test]
+fn the_device_optimizer_passes_the_gpu_self_test_on_the_emulated_device() {
+    for store in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+        let k = Kernels::new(Emu).with_store(store);
+        let checks = compare_optim(&k, store);
+        print(&checks);
+        // 5 norm checks, 3 outputs of each of the two Adam variants, 4 of the mixed step.
+        let want = if store == Dtype::F32 { 11 } else { 15 };
+        assert_eq!(checks.len(), want, "{checks:#?}");
+        let bad: Vec<_> = checks.iter().filter(|c| !c.ok).collect();
+        assert!(bad.is_empty(), "{bad:#?}");
+        // The Adam steps are bit-identical, so the emulation leaves no error at all.
+        for c in checks.iter().filter(|c| c.tolerance == 0.0) {
+            assert_eq!(c.error, 0.0, "{c:?}");
+        }
+    }
+}
+
+#[test]
+fn the_optimizer_self_test_finds_a_wrong_step() {
+    // The host stepping at a learning rate off by 2⁻²⁰ relative (about an ulp of each update):
+    // the fp32 parameters of every Adam check must fail, the norms (no learning rate) still pass.
+    // (The moments may go either way: Adam-L2's see the parameters; and the bf16 working copy
+    // rounds an f32 ulp away.)
+    for store in [Dtype::F32, Dtype::Bf16] {
+        let k = Kernels::new(Emu).with_store(store);
+        let checks = compare_optim_against(&k, store, 1.0 + 2f64.powi(-20));
+        print(&checks);
+        let mut params = 0;
+        for c in &checks {
+            if c.op.starts_with("optim.grad_norm") {
+                assert!(c.ok, "{c:?}");
+            } else if [".param", ".master"].iter().any(|s| c.op.ends_with(s)) {
+                assert!(!c.ok, "{c:?}");
+                params += 1;
+            }
+        }
+        assert_eq!(params, if store == Dtype::F32 { 2 } else { 3 });
+    }
+    // Kernels storing bf16 checked as if they stored fp16: the half working copy is rounded
+    // differently from the host's, and only it fails.
+    let k = Kernels::new(Emu).with_store(Dtype::Bf16);
+    let checks = compare_optim(&k, Dtype::F16);
+    let bad: Vec<_> = checks
+        .iter()
+        .filter(|c| !c.ok)
+        .map(|c| c.op.as_str())
+        .collect();
+    assert_eq!(bad, ["optim.mixed.work"], "{checks:#?}");
 }
 
 #[test]

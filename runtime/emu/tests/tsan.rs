@@ -1,8 +1,15 @@
-//! ThreadSanitizer over the emulation: the attention kernels (and common.cuh's block reductions
-//! they call) built with `-fsanitize=thread` run without a race report, and a copy with one
+//! ThreadSanitizer over the emulation: every kernel with shared memory or a block reduction
+//! (attention_fwd/bwd_rows/bwd_cols, layernorm_fwd, layernorm_bwd_dinp, cross_entropy,
+//! grad_norm_partial, grad_norm_final, and common.cuh's block_sum / block_sum_d / block_max they
+//! call) built with `-fsanitize=thread` runs without a race report on blocks of two or more warps,
+//! each result sanity-checked against the host (cpp/tsan_driver.cpp); and a copy with one
 //! `__syncthreads()` removed on purpose is reported — so the emulation really turns a missing
 //! barrier into a detectable race (cpp/cuda_emu.hpp), and the shipped kernels have none on these
-//! shapes.
+//! shapes. The other kernels (elementwise, embedding, layernorm_bwd_dwdb, adamw_step) have no
+//! shared memory and no barrier: one thread per element or column.
+//!
+//! One driver includes all those sources; it is built once per variant (the shipped sources, and
+//! each mutation), which is most of the time these tests take.
 //!
 //! Needs a C++20 compiler with libtsan (`$CXX`, else `g++`); without one the tests fail with a
 //! message rather than pass unchecked.
@@ -44,25 +51,34 @@ fn build(dir: &Path, kernels: &Path) -> PathBuf {
     exe
 }
 
-/// Runs the driver; returns (exit code, stderr).
-fn run(exe: &Path) -> (Option<i32>, String) {
+/// What one run of the driver left: its exit code, stdout and stderr.
+struct Run {
+    code: Option<i32>,
+    out: String,
+    err: String,
+}
+
+/// Runs the driver on `groups` (all of them when empty).
+fn run(exe: &Path, groups: &[&str]) -> Run {
     let go = |cmd: &mut Command| {
         let out = cmd
+            .args(groups)
             .env("TSAN_OPTIONS", "halt_on_error=1 exitcode=66")
             .output()
             .expect("run the TSan driver");
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        Run {
+            code: out.status.code(),
+            out: String::from_utf8_lossy(&out.stdout).into_owned(),
+            err: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
     };
-    let (code, err) = go(&mut Command::new(exe));
+    let r = go(&mut Command::new(exe));
     // Some kernels randomise mmap more than GCC 12's TSan runtime expects; it runs without ASLR.
-    if err.contains("unexpected memory mapping") {
+    if r.err.contains("unexpected memory mapping") {
         let arch = std::env::consts::ARCH;
         return go(Command::new("setarch").args([arch, "-R"]).arg(exe));
     }
-    (code, err)
+    r
 }
 
 /// A fresh directory for one test's files.
@@ -88,48 +104,110 @@ fn drop_sync(text: &str, func: &str, anchor: &str) -> String {
     format!("{}{}", &text[..s], &text[s + SYNC.len()..])
 }
 
-/// Copies common.cuh and attention.cu into a temp dir, `edit` applied to `file`, and runs the
-/// driver built against the copy; returns its stderr after asserting the race was reported.
-fn assert_race_caught(name: &str, file: &str, edit: impl Fn(&str) -> String) {
+/// Copies the kernel sources into a temp dir, `edit` applied to `file`, and builds the driver
+/// against the copy.
+fn build_mutant(name: &str, file: &str, edit: impl Fn(&str) -> String) -> PathBuf {
     let dir = scratch(name);
-    for f in ["common.cuh", "attention.cu"] {
-        let text = std::fs::read_to_string(kernels_dir().join(f)).expect("read a kernel source");
-        let text = if f == file { edit(&text) } else { text };
-        assert_ne!(text.len(), 0, "{f} is empty");
-        std::fs::write(dir.join(f), text).expect("write the copy");
+    let mut edited = false;
+    for e in std::fs::read_dir(kernels_dir()).expect("read runtime/kernels") {
+        let path = e.expect("a directory entry").path();
+        let f = path.file_name().unwrap().to_string_lossy().into_owned();
+        if !(f.ends_with(".cu") || f.ends_with(".cuh")) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("read a kernel source");
+        let text = if f == file {
+            edited = true;
+            let t = edit(&text);
+            assert_ne!(t, text, "{name}: the edit changed nothing");
+            t
+        } else {
+            text
+        };
+        std::fs::write(dir.join(&f), text).expect("write the copy");
     }
-    let exe = build(&dir, &dir);
-    let (code, err) = run(&exe);
     assert!(
-        err.contains("ThreadSanitizer: data race"),
-        "{name}: the removed __syncthreads went unreported (exit {code:?}):\n{err}"
+        edited,
+        "{file} not in runtime/kernels: update tests/tsan.rs"
+    );
+    build(&dir, &dir)
+}
+
+/// Runs `groups` of a mutant driver and asserts TSan reported a data race whose report names
+/// `culprit` (the function the barrier was removed from).
+fn assert_race_caught(exe: &Path, name: &str, groups: &[&str], culprit: &str) {
+    let r = run(exe, groups);
+    assert!(
+        r.err.contains("ThreadSanitizer: data race"),
+        "{name} {groups:?}: the removed __syncthreads went unreported (exit {:?}):\n{}",
+        r.code,
+        r.err
+    );
+    assert_eq!(
+        r.code,
+        Some(66),
+        "{name} {groups:?}: TSan's exit code\n{}",
+        r.err
+    );
+    assert!(
+        r.err.contains(culprit),
+        "{name} {groups:?}: the race report does not name `{culprit}`:\n{}",
+        r.err
     );
 }
 
 #[test]
-fn the_attention_kernels_run_clean_under_tsan() {
+fn every_kernel_with_shared_memory_runs_clean_under_tsan() {
     let dir = scratch("clean");
     let exe = build(&dir, &kernels_dir());
-    let (code, err) = run(&exe);
+    let r = run(&exe, &[]);
     assert!(
-        !err.contains("ThreadSanitizer"),
-        "TSan reported on the shipped kernels:\n{err}"
+        !r.err.contains("ThreadSanitizer"),
+        "TSan reported on the shipped kernels:\n{}",
+        r.err
     );
-    assert_eq!(code, Some(0), "the TSan driver failed:\n{err}");
+    assert_eq!(r.code, Some(0), "the TSan driver failed:\n{}", r.err);
+    // Every group ran and passed its sanity check (the driver stops at the first that fails).
+    for g in ["attention", "layernorm", "loss", "norm"] {
+        assert!(
+            r.out.contains(&format!("{g} ran")),
+            "{g} did not run:\n{}{}",
+            r.out,
+            r.err
+        );
+    }
 }
 
 #[test]
 fn a_missing_barrier_in_block_sum_is_caught() {
     // Warp 0 reads the other warps' totals: without the barrier, before or while they write them.
-    assert_race_caught("block-sum", "common.cuh", |t| {
+    let exe = build_mutant("block-sum", "common.cuh", |t| {
         drop_sync(t, "float block_sum(", "scratch[warp] = v;")
     });
+    assert_race_caught(&exe, "block_sum", &["attention"], "block_sum");
+}
+
+#[test]
+fn a_missing_barrier_in_block_sum_d_is_caught() {
+    // The double reduction (LayerNorm's statistics, cross-entropy's Σexp, the gradient norm's
+    // passes): the same missing barrier, caught through each kernel family that calls it.
+    let exe = build_mutant("block-sum-d", "common.cuh", |t| {
+        drop_sync(t, "double block_sum_d(", "scratch[warp] = v;")
+    });
+    for group in ["layernorm", "loss", "norm"] {
+        assert_race_caught(&exe, "block_sum_d", &[group], "block_sum_d");
+    }
+    // Attention calls only the float reductions: the mutant runs clean there, so the reports
+    // above come from block_sum_d, not from the driver.
+    let r = run(&exe, &["attention"]);
+    assert!(!r.err.contains("ThreadSanitizer"), "{}", r.err);
 }
 
 #[test]
 fn a_missing_barrier_in_attention_fwd_is_caught() {
     // Every thread reads the whole q row that threads 0..head_dim load into shared memory.
-    assert_race_caught("attention-fwd", "attention.cu", |t| {
+    let exe = build_mutant("attention-fwd", "attention.cu", |t| {
         drop_sync(t, "void attention_fwd(", "qi[c] = q[")
     });
+    assert_race_caught(&exe, "attention_fwd", &["attention"], "attention_fwd");
 }
