@@ -332,6 +332,7 @@ fn build_writes_the_artefacts_atomically_and_identically() {
     let names = [
         "ds_config.json",
         "training_args.json",
+        "train.py",
         "launch.sh",
         "recipe.lock",
     ];
@@ -340,7 +341,7 @@ fn build_writes_the_artefacts_atomically_and_identically() {
         .map(|n| std::fs::read(out.join(n)).unwrap())
         .collect();
     // Nothing else (no temporary directory) is left behind.
-    assert_eq!(std::fs::read_dir(&out).unwrap().count(), 4);
+    assert_eq!(std::fs::read_dir(&out).unwrap().count(), 5);
     let o = recipe(&["build", "recipes/cls.rcp", "-o", out.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0));
     let second: Vec<Vec<u8>> = names

@@ -341,3 +341,293 @@ fn hf_optimizer_settings_reach_optim_args() {
         assert!(args(body).get("optim_args").is_none(), "{body}");
     }
 }
+
+fn text_of(files: &[(String, Vec<u8>)], name: &str) -> Option<String> {
+    files
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, b)| String::from_utf8(b.clone()).unwrap())
+}
+
+/// A path with `.` and `..` taken out, for comparing where two relative paths lead.
+fn normal(path: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for p in path.split('/') {
+        match p {
+            "" | "." => {}
+            ".." if parts.last().is_some_and(|l| *l != "..") => {
+                parts.pop();
+            }
+            _ => parts.push(p),
+        }
+    }
+    parts.join("/")
+}
+
+/// Every example recipe's train.py is valid Python: `py_compile` with the Python the tests find
+/// (3.11 under CI), and the grammar of Python 3.7 (`ast.parse(feature_version=(3, 7))`), the
+/// oldest a supported transformers release runs on. Needs no torch or transformers: the script
+/// imports them inside `main()`.
+#[test]
+fn every_built_train_py_compiles() {
+    let Some(python) = common::python("compiling the built train.py files") else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("recipe-train-py-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut scripts = Vec::new();
+    for path in examples() {
+        let (source, r) = resolved(&path);
+        let files = emit::build(&r, &source, &[], &layout(), Style::Explicit).files;
+        let script = text_of(&files, "train.py")
+            .unwrap_or_else(|| panic!("{}: no train.py written", path.display()));
+        let stem = path.file_stem().unwrap().to_string_lossy().to_string();
+        let file = dir.join(format!("{stem}.py"));
+        std::fs::write(&file, script).unwrap();
+        scripts.push(file);
+    }
+    let check = "import ast, py_compile, sys\n\
+                 for f in sys.argv[1:]:\n\
+                 \x20   py_compile.compile(f, doraise=True)\n\
+                 \x20   ast.parse(open(f, encoding='utf-8').read(), f, feature_version=(3, 7))\n";
+    let o = std::process::Command::new(&python)
+        .arg("-c")
+        .arg(check)
+        .args(&scripts)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// launch.sh runs the train.py written beside it (its path from the recipe's directory, where
+/// launch.sh `cd`s, leads back to launch.sh's own directory), and passes it only arguments it
+/// accepts: train.py parses its command line with `HfArgumentParser(TrainingArguments)` alone,
+/// so every flag must be a TrainingArguments field of the target release (as is `--local_rank`,
+/// which the DeepSpeed launcher adds), and the flags read back, as HfArgumentParser reads them
+/// (`recipe::pair::args`, the checker's re-statement), into training_args.json's values.
+#[test]
+fn launch_sh_runs_train_py_with_arguments_it_accepts() {
+    use recipe::pair::args::{script_flags, shell_words, Args};
+    for path in examples() {
+        let (source, r) = resolved(&path);
+        let files = emit::build(&r, &source, &[], &layout(), Style::Explicit).files;
+        let launch = text_of(&files, "launch.sh").unwrap();
+        let train_py = text_of(&files, "train.py").unwrap();
+        let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "ds_config.json",
+                "training_args.json",
+                "train.py",
+                "launch.sh",
+                "recipe.lock"
+            ],
+            "{}: train.py is renamed into place before the launch.sh that runs it",
+            path.display()
+        );
+
+        // train.py's only parser, and no argument of its own.
+        assert!(train_py.contains(
+            "(args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()"
+        ));
+        assert!(!train_py.contains("argparse") && !train_py.contains("sys.argv"));
+
+        // The script launch.sh runs is this train.py: out dir + cd + script path = out dir.
+        let out = "build/x"; // layout(): the recipes are at ../../recipes from it
+        let cd = launch
+            .lines()
+            .find_map(|l| l.strip_prefix("cd \"$(dirname \"$0\")\"/"))
+            .unwrap();
+        let words: Vec<String> = shell_words(&launch).into_iter().map(|(w, _)| w).collect();
+        let script = words.iter().find(|w| w.ends_with(".py")).unwrap();
+        assert_eq!(
+            normal(&format!("{out}/{cd}/{script}")),
+            format!("{out}/train.py"),
+            "{}",
+            path.display()
+        );
+
+        let release = recipe::emit::training_args::fields_for(r.targets.transformers);
+        assert!(release.has("local_rank"), "{}", release.version);
+        let flags = script_flags(shell_words(&launch));
+        for (w, _) in &flags {
+            if let Some(name) = w.strip_prefix("--") {
+                assert!(
+                    release.has(name),
+                    "{}: launch.sh passes --{name}, not a TrainingArguments field of {}",
+                    path.display(),
+                    release.version
+                );
+            }
+        }
+        let from_flags = Args::from_flags(&flags, release);
+        assert!(from_flags.unknown.is_empty() && from_flags.bad.is_empty());
+        let json =
+            recipe::pair::json::parse(&text_of(&files, "training_args.json").unwrap()).unwrap();
+        let from_json = Args::from_json(&json, release);
+        for (name, _) in release.fields {
+            // Python's `==`, as TrainingArguments compares: `--logging_steps 10` is 10.0 where
+            // the field is a float, the JSON's 10 an int.
+            // And a list field given one word (`--report_to tensorboard`) is that one-item list
+            // after `TrainingArguments.__post_init__`.
+            use recipe::pair::json::Py;
+            let (a, b) = (from_flags.get(name).unwrap(), from_json.get(name).unwrap());
+            let one = |x: &Py| match x {
+                Py::List(items) if items.len() == 1 => items[0].clone(),
+                x => x.clone(),
+            };
+            assert!(
+                a.py_eq(b) || one(a).py_eq(&one(b)),
+                "{}: {name}: {a:?} from launch.sh, {b:?} from training_args.json",
+                path.display()
+            );
+        }
+        assert_eq!(
+            from_flags.deepspeed.map(|d| d.0),
+            from_json.deepspeed.map(|d| d.0)
+        );
+    }
+}
+
+/// A recipe that names its own script gets no train.py: launch.sh runs that script with the
+/// arguments of HF's text-classification example, then the TrainingArguments.
+#[test]
+fn a_script_of_the_recipes_own_is_run_with_the_example_arguments() {
+    let path = PathBuf::from("recipes/spam.rcp");
+    let text = std::fs::read_to_string(&path).unwrap().replace(
+        "  seed      = 42\n",
+        "  seed      = 42\n  script    = \"my_train.py\"\n",
+    );
+    assert!(text.contains("my_train.py"));
+    let options = Options {
+        base_dir: Some(PathBuf::from("recipes")),
+        ..Options::default()
+    };
+    let checked = check_source_with(&text, &options);
+    assert!(!checked.has_errors(), "{:#?}", checked.diagnostics);
+    let r = resolve(checked.file.as_ref().unwrap(), &options);
+    let source = SourceFile::new("recipes/spam.rcp", text);
+    let files = emit::build(&r, &source, &[], &layout(), Style::Explicit).files;
+    assert!(text_of(&files, "train.py").is_none());
+    let launch = text_of(&files, "launch.sh").unwrap();
+    for want in [
+        "  my_train.py \\\n  --model_name_or_path sentence-transformers/all-MiniLM-L6-v2 \\\n",
+        "  --train_file ../data/spamassassin/train.jsonl \\\n",
+        "  --text_column_names text \\\n  --label_column_name label \\\n  --max_seq_length 64 \\\n",
+        "  --per_device_train_batch_size 16 \\\n",
+    ] {
+        assert!(launch.contains(want), "{want:?} not in\n{launch}");
+    }
+}
+
+/// What the recipe says about the model and the data reaches train.py's constants: names or a
+/// count of labels, the pair field, the format (CSV here, from the extension), the test file and
+/// the dropout.
+#[test]
+fn train_py_states_the_recipes_model_and_data() {
+    let text = "recipe \"pairs\"\n\
+        model bert { config = \"tiny/config.json\", task = classify(labels: 3), hidden_size = 8, dropout = 0 }\n\
+        data { train = \"nli/train.csv\", test = \"nli/test.csv\", text = \"premise\", text_pair = \"hypothesis\", label = \"gold\", max_len = 64, samples = 100 }\n\
+        batch { micro = 4 }\n";
+    let options = Options::default();
+    let checked = check_source_with(text, &options);
+    assert!(!checked.has_errors(), "{:#?}", checked.diagnostics);
+    let r = resolve(checked.file.as_ref().unwrap(), &options);
+    let files = emit::build(
+        &r,
+        &SourceFile::new("pairs.rcp", text),
+        &[],
+        &layout(),
+        Style::Explicit,
+    )
+    .files;
+    let py = text_of(&files, "train.py").unwrap();
+    for want in [
+        "MODEL_FROM = None\nMODEL_CONFIG = \"tiny/config.json\"\n",
+        "LABELS = [\"LABEL_0\", \"LABEL_1\", \"LABEL_2\"]\nLABELS_NAMED = False\n",
+        "DROPOUT = 0.0\n",
+        "TRAIN_FILE = \"nli/train.csv\"\nEVAL_FILE = None\nTEST_FILE = \"nli/test.csv\"\nFORMAT = \"csv\"\n",
+        "TEXT = \"premise\"\nTEXT_PAIR = \"hypothesis\"\nLABEL = \"gold\"\n",
+        "MAX_LEN = 64\n",
+        "Written for pairs.rcp by `recipe build`",
+    ] {
+        assert!(py.contains(want), "{want:?} not in train.py");
+    }
+}
+
+/// The built train.py reads the rows `recipe` counts: on the tricky CSV, TSV and JSONL files of
+/// conformance/data-rows (blank and whitespace lines, BOM + CRLF, quoted newlines, …), its
+/// readers (plain Python, no torch needed) find exactly the `recipe_rows` of
+/// conformance/fixtures/data-rows.json, which HF `datasets` found too. Labels are not judged here
+/// (two files hold rows that R0703/R0704 refuse): only the row count.
+#[test]
+fn train_py_reads_the_rows_recipe_counts() {
+    let Some(python) = common::python("reading data files with the built train.py") else {
+        return;
+    };
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let fixture: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("conformance/fixtures/data-rows.json")).unwrap(),
+    )
+    .unwrap();
+    let dir = std::env::temp_dir().join(format!("recipe-train-py-rows-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cases = Vec::new();
+    for (i, f) in fixture["files"].as_array().unwrap().iter().enumerate() {
+        let file = format!("conformance/{}", f["file"].as_str().unwrap());
+        let text = format!(
+            "recipe \"rows\"\nmodel bert {{ from = \"m\", task = classify(labels: [\"ham\", \"spam\"]), hidden_size = 8 }}\n\
+             data {{ train = \"{file}\", samples = 10 }}\nbatch {{ micro = 2 }}\n"
+        );
+        let options = Options {
+            base_dir: Some(root.clone()),
+            ..Options::default()
+        };
+        let checked = check_source_with(&text, &options);
+        let r = resolve(checked.file.as_ref().unwrap(), &options);
+        let files = emit::build(
+            &r,
+            &SourceFile::new("rows.rcp", text.clone()),
+            &[],
+            &layout(),
+            Style::Explicit,
+        )
+        .files;
+        let script = dir.join(format!("train_{i}.py"));
+        std::fs::write(&script, text_of(&files, "train.py").unwrap()).unwrap();
+        cases.push((script, file, f["recipe_rows"].as_u64().unwrap()));
+    }
+    let count = "import importlib.util, sys\n\
+                 script, data = sys.argv[1], sys.argv[2]\n\
+                 spec = importlib.util.spec_from_file_location('train', script)\n\
+                 m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n\
+                 m.label_id = lambda raw, path, line: 0\n\
+                 print(len(m.read_rows(data)))\n";
+    for (script, file, want) in cases {
+        let o = std::process::Command::new(&python)
+            .arg("-c")
+            .arg(count)
+            .arg(&script)
+            .arg(&file)
+            .current_dir(&root)
+            .output()
+            .unwrap();
+        let got = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        assert_eq!(
+            got,
+            want.to_string(),
+            "{file}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

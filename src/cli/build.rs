@@ -1,7 +1,7 @@
-//! `recipe build FILE [-o DIR] [--auto]`: writes ds_config.json, training_args.json, launch.sh
-//! and recipe.lock. Everything is written to a temporary directory inside DIR first and renamed
-//! into place file by file; a recipe with errors writes nothing, and a failed write leaves the
-//! previous outputs as they were.
+//! `recipe build FILE [-o DIR] [--auto]`: writes ds_config.json, training_args.json, train.py,
+//! launch.sh and recipe.lock. Everything is written to a temporary directory inside DIR first and
+//! renamed into place file by file; a recipe with errors writes nothing, and a failed write leaves
+//! the previous outputs as they were.
 
 use std::path::{Component, Path, PathBuf};
 

@@ -80,7 +80,7 @@ const TARGET_EXPLAIN: &str = "A release to resolve against, LIB=VERSION (e.g. \
     `transformers=4.24.0`; repeatable; overrides the recipe's `target`), or `native`: also \
     report what `recipe run` cannot train (R11xx)";
 const TARGET_BUILD: &str = "What to write: `deepspeed` (the default: ds_config.json, \
-    training_args.json, launch.sh, recipe.lock) or `native` (plan.json, for `recipe run`); or a \
+    training_args.json, train.py, launch.sh, recipe.lock) or `native` (plan.json, for `recipe run`); or a \
     release to build for, LIB=VERSION (e.g. `transformers=4.24.0`; repeatable; overrides the \
     recipe's `target`)";
 const TARGET_RUN: &str = "A release to resolve the recipe against, LIB=VERSION (e.g. \
@@ -200,7 +200,7 @@ enum Command {
         #[command(flatten)]
         flags: RecipeFlags,
     },
-    /// Write ds_config.json, training_args.json, launch.sh and recipe.lock for the targets
+    /// Write ds_config.json, training_args.json, train.py, launch.sh and recipe.lock for the targets
     /// (`--target native`: plan.json for `recipe run`).
     #[command(
         mut_arg("format", |a| a.help(IGNORED).hide(true)),

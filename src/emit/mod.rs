@@ -5,6 +5,7 @@ pub mod deepspeed;
 pub mod launch;
 pub mod lock;
 pub mod plan;
+pub mod train_py;
 pub mod training_args;
 
 use crate::diagnostics::source::SourceFile;
@@ -26,6 +27,18 @@ pub struct Layout {
     pub out_dir_from_recipe: String,
 }
 
+impl Layout {
+    /// A file of the output directory, as a path from the recipe's directory.
+    pub fn from_recipe(&self, name: &str) -> String {
+        let out = self.out_dir_from_recipe.trim_end_matches('/');
+        if out.is_empty() || out == "." {
+            name.to_string()
+        } else {
+            format!("{out}/{name}")
+        }
+    }
+}
+
 fn pretty(v: &serde_json::Value) -> Vec<u8> {
     let mut s = serde_json::to_string_pretty(v).expect("JSON values serialize");
     s.push('\n');
@@ -41,21 +54,24 @@ pub fn build(
     style: deepspeed::Style,
 ) -> Artefacts {
     let ds = deepspeed::config(r, style);
-    let ds_path = if layout.out_dir_from_recipe.is_empty() || layout.out_dir_from_recipe == "." {
-        "ds_config.json".to_string()
-    } else {
-        format!(
-            "{}/ds_config.json",
-            layout.out_dir_from_recipe.trim_end_matches('/')
-        )
-    };
-    let args = training_args::arguments(r, &ds_path);
-    let script = launch::script(r, &args, &layout.recipe_dir_from_out, &source.name);
+    let args = training_args::arguments(r, &layout.from_recipe("ds_config.json"));
     let mut files = vec![
         ("ds_config.json".to_string(), pretty(&ds)),
         ("training_args.json".to_string(), pretty(&args)),
-        ("launch.sh".to_string(), script.into_bytes()),
     ];
+    // train.py before launch.sh, which runs it: the files are renamed into place in this order.
+    let train_py = layout.from_recipe(train_py::FILE);
+    let script = if train_py::written(r) {
+        files.push((
+            train_py::FILE.to_string(),
+            train_py::script(r, &source.name).into_bytes(),
+        ));
+        launch::Script::Written(&train_py)
+    } else {
+        launch::Script::Own(r.text("train.script"))
+    };
+    let launch = launch::script(r, &args, &layout.recipe_dir_from_out, &source.name, script);
+    files.push(("launch.sh".to_string(), launch.into_bytes()));
     let lock = lock::lock(r, source, flags, &files);
     files.push((
         "recipe.lock".to_string(),

@@ -701,8 +701,8 @@ pub static BLOCKS: &[BlockSpec] = &[
                 .val(Lit::Int(1), "DeepSpeed fp16"),
             key("seed", NON_NEGATIVE, "seed for initialisation, shuffling and dropout").hf("seed")
                 .val(Lit::Int(42), "HF seed"),
-            key("script", Ty::Path, "the training script `launch.sh` runs: HF's text-classification example by default, which takes `--model_name_or_path`, `--train_file`, `--validation_file`, `--text_column_names`, `--label_column_name`, `--max_seq_length` and the TrainingArguments")
-                .val(Lit::Str("run_classification.py"), "HF's examples/pytorch/text-classification/run_classification.py"),
+            key("script", Ty::Path, "the training script `launch.sh` runs: by default the `train.py` that `recipe build` writes beside it, which takes the TrainingArguments; a script of your own also gets the arguments of HF's text-classification example (`--model_name_or_path`, `--train_file`, `--validation_file`, `--test_file`, `--text_column_names`, `--label_column_name`, `--max_seq_length`)")
+                .val(Lit::Str("train.py"), "written by `recipe build` beside launch.sh"),
             key("output_dir", Ty::Path, "where checkpoints, metrics and logs go")
                 .hf("output_dir")
                 .derived(Derive::OutputDir, "`\"out/<recipe name>\"`"),
