@@ -98,6 +98,13 @@ fn constants(r: &Resolved) -> String {
         "data.max_len: tokens per row after truncation, special tokens included",
         &[("MAX_LEN", r.integer("data.max_len").to_string())],
     );
+    group(
+        "data.shuffle: False takes the training rows in file order every epoch",
+        &[(
+            "SHUFFLE",
+            py_bool(r.bool("data.shuffle") != Some(false)).to_string(),
+        )],
+    );
     s.pop(); // the template's blank lines follow
     s
 }

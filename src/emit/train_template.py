@@ -217,7 +217,22 @@ def main():
         trainer_args["processing_class"] = tokenizer
     else:
         trainer_args["tokenizer"] = tokenizer
-    trainer = Trainer(**trainer_args)
+    trainer_class = Trainer
+    if not SHUFFLE and not hasattr(args, "train_sampling_strategy"):
+        # data.shuffle = false on a release without TrainingArguments.train_sampling_strategy
+        # (before 5.2.0; launch.sh passes --train_sampling_strategy sequential where it exists):
+        # the Trainer's own sampler is a RandomSampler (trainer.py, `Trainer._get_train_sampler`),
+        # so the rows are taken in file order here, as `recipe run` takes them.
+        from torch.utils.data import SequentialSampler
+
+        class SequentialTrainer(Trainer):
+            # A `train_dataset` argument from 4.51/4.52 on (4.52.1; 4.50.0 has none).
+            def _get_train_sampler(self, *positional, **named):
+                dataset = positional[0] if positional else named.get("train_dataset")
+                return SequentialSampler(self.train_dataset if dataset is None else dataset)
+
+        trainer_class = SequentialTrainer
+    trainer = trainer_class(**trainer_args)
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
 
     # Evaluated after the last step too (unless the recipe says eval_every = never: the Trainer

@@ -207,6 +207,15 @@ pub fn arguments(r: &Resolved, ds_config: &str) -> Value {
             put(&["optim_args"], json!(args));
         }
     }
+    // `data.shuffle = false`: HF's `SequentialSampler` (transformers@v5.2.0 … v5.24.0
+    // trainer.py:Trainer._get_train_sampler, `train_sampling_strategy == "sequential"`). Releases
+    // before 5.2.0 have no such field: the generated train.py then returns a `SequentialSampler`
+    // itself, and a recipe's own script is warned about (R0707).
+    if r.bool("data.shuffle") == Some(false) && r.facts.hf_train_sampling_strategy {
+        // By the facts table, not the sampled field lists (5.0.0 and 5.24.0: a 5.2 … 5.23 target
+        // takes 5.0.0's list, which lacks the field).
+        a.insert("train_sampling_strategy".into(), json!("sequential"));
+    }
     if let Some(kw) = sched_kwargs {
         a.insert("lr_scheduler_kwargs".into(), kw);
     }

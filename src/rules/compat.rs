@@ -38,6 +38,9 @@ pub const TARGET_TOO_NEW: &str = "R0910";
 /// A raw DeepSpeed `"auto"` that accelerate fills from its own defaults with a value other than
 /// the recipe's.
 pub const AUTO_ACCELERATE_DEFAULT: &str = "R0911";
+/// With gradient accumulation, the HF Trainer of the target release scales the loss so that the
+/// gradient of an optimizer step is not the mean over its micro-batches (G× or 1/G).
+pub const GA_LOSS_SCALING: &str = "R0912";
 
 /// Raw DeepSpeed keys that DeepSpeed 0.19.8 refuses with "… has been removed", even when the
 /// section only disables the feature (`deepspeed/runtime/config.py:_reject_removed_config_keys`,
@@ -145,6 +148,11 @@ pub const CODES: &[(&str, &str, &str)] = &[
         AUTO_ACCELERATE_DEFAULT,
         "auto-accelerate-default",
         "a raw DeepSpeed \"auto\" that accelerate fills from its own defaults, not the recipe",
+    ),
+    (
+        GA_LOSS_SCALING,
+        "ga-loss-scaling",
+        "with accumulation, HF's loss scaling makes the step's gradient G× or 1/G of the mean",
     ),
 ];
 
@@ -275,6 +283,7 @@ const HF_TYPED: &[(&str, &str, &str)] = &[
 /// Checks the compat rules.
 pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
     removed_keys(r, out);
+    ga_loss_scaling(r, out);
     for (path, value, span) in &r.raw_deepspeed {
         let auto = value.as_str() == Some("auto");
         if auto && auto_filled(r, path) && DEEPSPEED_TYPED.iter().any(|(k, ..)| k == path) {
@@ -657,6 +666,82 @@ fn target_too_new(r: &Resolved, out: &mut Vec<Diagnostic>) {
             )),
         );
     }
+}
+
+/// How the HF Trainer scales each micro-batch's loss for accumulation, under DeepSpeed (every
+/// recipe trains with it), against the recipe's meaning: the step's gradient is the mean over
+/// the window's micro-batches of their mean losses (what `recipe run` computes). G is
+/// `accumulate`. Read in the released wheels (trainer.py, `Trainer.training_step`, and
+/// `Trainer.__init__` for `model_accepts_loss_kwargs`; models/bert/modeling_bert.py):
+///
+/// - 4.46.0, 4.46.1: `loss *= gradient_accumulation_steps` before `accelerator.backward`, for
+///   every model; DeepSpeed's `backward` divides by G: G× the gradient, G× the logged loss.
+/// - 4.46.2 … 4.47.1: the loss as computed, DeepSpeed divides: the mean.
+/// - 4.48.0 … 4.48.3: HF divides by G when the model does not take loss kwargs (4.48.0: when
+///   `num_items_in_batch is None`, which `get_batch_samples` returns for such a model; 4.48.1:
+///   `not self.model_accepts_loss_kwargs`), and DeepSpeed's `backward` divides again: 1/G of
+///   the gradient (the logged loss, HF-divided once, is right). BERT takes no loss kwargs, and
+///   the generated train.py's `accepts_loss_kwargs = False` says the same.
+/// - 4.49.0 on (transformers PR #35808): `scale_wrt_gas=False` under DeepSpeed; HF divides only
+///   when the model takes no loss kwargs. `BertForSequenceClassification.forward` takes
+///   `**kwargs` from 5.0.0 on, so without an `accepts_loss_kwargs` attribute the Trainer passes
+///   `num_items_in_batch` and divides by nothing, while BERT's loss is a plain
+///   `CrossEntropyLoss()` mean that ignores it: G× the gradient and the logged loss
+///   (v5.24.0: `loss_is_scaled_for_ga`). The generated train.py sets
+///   `model.accepts_loss_kwargs = False`; a script of the recipe's own is warned about.
+///
+/// Only `model bert` is checked: `model auto`'s class is known at run time only.
+fn ga_loss_scaling(r: &Resolved, out: &mut Vec<Diagnostic>) {
+    use crate::upstream::versions::GaScaling;
+    let g = r.int("batch.accumulate").unwrap_or(1);
+    if g <= 1 || r.word("model.arch") != Some("bert") {
+        return;
+    }
+    let own = r.is_given("train.script");
+    let tf = r.targets.transformers;
+    let (factor, logged, why, help) = match r.facts.hf_ga_scaling {
+        GaScaling::TimesG => (
+            format!("{g}×"),
+            format!("the logged loss {g}× too"),
+            format!("transformers {tf} multiplies every micro-batch's loss by the accumulation steps before DeepSpeed's backward divides it by them (Trainer.training_step)"),
+            "target transformers ≥ 4.46.2 (it no longer multiplies the loss; 4.46.0 and 4.46.1 do)".to_string(),
+        ),
+        GaScaling::DividedTwice => (
+            format!("1/{g}"),
+            "the logged loss is the mean".to_string(),
+            format!("transformers {tf} divides the loss of a model that takes no loss kwargs (BERT's) by the accumulation steps, and DeepSpeed's backward divides it again (Trainer.training_step; fixed by transformers PR #35808)"),
+            "target transformers ≥ 4.49.0 (it passes scale_wrt_gas=False, so DeepSpeed does not divide again)".to_string(),
+        ),
+        GaScaling::UndividedWithLossKwargs if own && r.facts.hf_bert_forward_kwargs => (
+            format!("{g}×"),
+            format!("the logged loss {g}× too"),
+            format!("in transformers {tf} BertForSequenceClassification.forward takes **kwargs, so the Trainer takes it for a model that reads num_items_in_batch and divides its loss by nothing (Trainer.training_step), while BERT's loss is a plain mean that ignores it"),
+            "in the script, set model.accepts_loss_kwargs = False before building the Trainer (as the generated train.py does), or remove `script` to run the generated train.py".to_string(),
+        ),
+        _ => return,
+    };
+    let (clip, sgd) = if factor.starts_with("1/") {
+        (format!("max_grad_norm × {g}"), format!("lr / {g}"))
+    } else {
+        (format!("max_grad_norm / {g}"), format!("{g}× lr"))
+    };
+    let mut d = Diagnostic::warning(
+        GA_LOSS_SCALING,
+        format!(
+            "with `accumulate = {g}` the gradient of each optimizer step is {factor} the mean over its micro-batches that the recipe means ({logged}; gradient clipping acts at {clip} and an SGD step is {sgd}): {why}",
+        ),
+        anchor(r, "batch.accumulate"),
+    )
+    .with_label(format!("{g} micro-batches per step{}", origin(r, "batch.accumulate")));
+    if let Some(span) = r.target_sources[0].span() {
+        d = d.with_secondary(span, "this transformers");
+    }
+    if own {
+        if let Some(span) = r.span("train.script") {
+            d = d.with_secondary(span, "the recipe's own script");
+        }
+    }
+    out.push(d.with_help(help));
 }
 
 #[cfg(test)]

@@ -37,6 +37,9 @@ pub const LABEL_OUT_OF_SET: &str = "R0704";
 pub const FORMAT_MISMATCH: &str = "R0705";
 /// Evaluation asked for without evaluation data: HF's Trainer refuses it.
 pub const EVAL_WITHOUT_DATA: &str = "R0706";
+/// `shuffle = false` with the recipe's own script, on a transformers without
+/// `train_sampling_strategy`: the HF Trainer shuffles anyway.
+pub const SHUFFLE_NOT_HONOURED: &str = "R0707";
 
 /// `train.eval_every` other than `never` without `data.eval`: HF's Trainer raises at
 /// construction (found by the conformance harness; huggingface/transformers@v5.24.0
@@ -92,6 +95,37 @@ fn eval_without_data(r: &Resolved, out: &mut Vec<Diagnostic>) {
     );
 }
 
+/// `shuffle = false` reaches the HF Trainer as `train_sampling_strategy = "sequential"`
+/// (transformers@v5.2.0 … v5.24.0 trainer.py:`Trainer._get_train_sampler` returns a
+/// `SequentialSampler`; the field is absent in v5.1.0). Before 5.2.0 `_get_train_sampler` returns
+/// a `RandomSampler` (or a `LengthGroupedSampler` with `group_by_length`) whatever the arguments
+/// say (v4.46.0 … v5.1.0 trainer.py): the generated train.py then overrides it with a
+/// `SequentialSampler`, but a script of the recipe's own (`train.script`) gets no argument that
+/// says so, and shuffles.
+fn shuffle_not_honoured(r: &Resolved, out: &mut Vec<Diagnostic>) {
+    if r.bool("data.shuffle") != Some(false)
+        || r.facts.hf_train_sampling_strategy
+        || !r.is_given("train.script")
+    {
+        return;
+    }
+    let tf = r.targets.transformers;
+    let mut d = Diagnostic::warning(
+        SHUFFLE_NOT_HONOURED,
+        format!(
+            "`shuffle = false` cannot be passed to the training script: transformers {tf} has no TrainingArguments field for it (`train_sampling_strategy` comes in 5.2.0), so the HF Trainer of the recipe's own script shuffles the training data every epoch (Trainer._get_train_sampler: RandomSampler)"
+        ),
+        anchor(r, "data.shuffle"),
+    )
+    .with_label("not honoured by the DeepSpeed build");
+    if let Some(span) = r.span("train.script") {
+        d = d.with_secondary(span, "the recipe's own script");
+    }
+    out.push(d.with_help(
+        "target transformers ≥ 5.2.0 (`recipe build` then passes train_sampling_strategy \"sequential\"), or remove `script` to run the generated train.py (it takes the rows in file order on every release), or make the script's Trainer return a SequentialSampler from _get_train_sampler",
+    ));
+}
+
 /// This family's codes.
 pub const CODES: &[(&str, &str, &str)] = &[
     (
@@ -124,6 +158,11 @@ pub const CODES: &[(&str, &str, &str)] = &[
         "eval-without-data",
         "eval_every asks for evaluation, but data.eval is not given",
     ),
+    (
+        SHUFFLE_NOT_HONOURED,
+        "shuffle-not-honoured",
+        "`shuffle = false`, but the target transformers has no field for it and the script is the recipe's own",
+    ),
 ];
 
 /// The data files a recipe may name, and what each is for.
@@ -136,6 +175,7 @@ const FILES: [(&str, &str); 3] = [
 /// Checks the data files.
 pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
     eval_without_data(r, out);
+    shuffle_not_honoured(r, out);
     let spec = files::scan_spec(r);
     let format = Some(spec.format);
     let train_here = r

@@ -27,6 +27,8 @@ pub const ARCH_MISMATCH: &str = "R0804";
 pub const HIDDEN_SIZE_UNKNOWN: &str = "R0805";
 /// transformers 4.18–4.26 read `model.config.hidden_size`, which this model does not have.
 pub const HIDDEN_SIZE_ATTRIBUTE: &str = "R0806";
+/// `data.max_len` is longer than the local model's `max_position_embeddings`.
+pub const MAX_LEN_OVER_POSITIONS: &str = "R0807";
 
 /// This family's codes.
 pub const CODES: &[(&str, &str, &str)] = &[
@@ -60,6 +62,11 @@ pub const CODES: &[(&str, &str, &str)] = &[
         "hidden-size-attribute",
         "transformers < 4.27 reads `config.hidden_size`, which the model lacks",
     ),
+    (
+        MAX_LEN_OVER_POSITIONS,
+        "max-len-over-positions",
+        "`data.max_len` is longer than the model's `max_position_embeddings`",
+    ),
 ];
 
 /// A local model's config.json, read.
@@ -87,6 +94,7 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
         hidden_size_mismatch(r, config, out);
         arch_mismatch(r, config, out);
         hidden_size_attribute(r, config, out);
+        max_len_over_positions(r, config, out);
     }
     hidden_size_unknown(r, config.as_ref(), out);
 }
@@ -305,6 +313,43 @@ fn hidden_size_attribute(r: &Resolved, config: &LocalConfig, out: &mut Vec<Diagn
     out.push(d.with_help(
         "target transformers ≥ 4.27.0 (it falls back to max(hidden_sizes), and reads it only for \"auto\" buckets; PR #21504), or add \"hidden_size\" to config.json",
     ));
+}
+
+/// A BERT-like model has one learned position embedding per position, `max_position_embeddings`
+/// of them (transformers@v5.24.0 models/bert/modeling_bert.py:BertEmbeddings.__init__,
+/// `nn.Embedding(config.max_position_embeddings, …)`; `forward` indexes it with the positions
+/// 0…seq-1). The generated train.py truncates rows to `max_len` tokens, so a row longer than the
+/// model's limit reaches the embedding and the first forward of that batch fails with an
+/// index error (a CUDA device-side assert on a GPU); the native runtime refuses the same batch
+/// (runtime/src/model/mod.rs `check_batch`: "seq … exceeds max_position_embeddings"), after the
+/// run has started. Read from the config's top level, else its `text_config`.
+fn max_len_over_positions(r: &Resolved, config: &LocalConfig, out: &mut Vec<Diagnostic>) {
+    let pick = |v: &serde_json::Value| v.get("max_position_embeddings").and_then(|m| m.as_i64());
+    let Some(limit) = pick(&config.json).or_else(|| config.json.get("text_config").and_then(pick))
+    else {
+        return;
+    };
+    let Some(max_len) = r.int("data.max_len") else {
+        return;
+    };
+    if max_len <= limit {
+        return;
+    }
+    let mut d = Diagnostic::error(
+        MAX_LEN_OVER_POSITIONS,
+        format!(
+            "`max_len = {max_len}` is longer than the {limit} positions of the model ({} says max_position_embeddings = {limit}): the first batch with a row over {limit} tokens stops training with an index error in the position embeddings",
+            config.path.display()
+        ),
+        anchor(r, "data.max_len"),
+    )
+    .with_label(format!("{max_len} tokens per row{}", super::origin(r, "data.max_len")));
+    if let Some(span) = r.span(config.key) {
+        d = d.with_secondary(span, format!("{limit} positions"));
+    }
+    out.push(d.with_help(format!(
+        "set `max_len = {limit}` (the model's max_position_embeddings), or use a model with more positions"
+    )));
 }
 
 /// docs/upstream.md R-A05: HF fills the hidden-size buckets from the model's config; the compiler

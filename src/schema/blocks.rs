@@ -409,6 +409,7 @@ pub static BLOCKS: &[BlockSpec] = &[
             key("samples", POSITIVE, "number of training examples, when the training file is not local")
                 .later("counted from the training file"),
             key("shuffle", Ty::Bool, "shuffle the training data each epoch (seeded)")
+                .hf("train_sampling_strategy (\"sequential\" when false; transformers ≥ 5.2.0)")
                 .val(Lit::Bool(true), "HF Trainer shuffles the training set"),
             key("drop_last", Ty::Bool, "drop the last incomplete batch of each epoch")
                 .hf("dataloader_drop_last")

@@ -179,6 +179,26 @@ pub enum HiddenSizeRead {
     AutoKeysOnly,
 }
 
+/// How the HF Trainer scales each micro-batch's loss for gradient accumulation under DeepSpeed
+/// (`Trainer.training_step`; rules/compat.rs R0912). G is `gradient_accumulation_steps`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GaScaling {
+    /// The window's gradient is the mean over its micro-batches: HF leaves the loss alone and
+    /// DeepSpeed's `backward` divides it by G (or HF divides and DeepSpeed does not).
+    Mean,
+    /// `loss *= G` before `accelerator.backward`, whatever the model: DeepSpeed's division by G
+    /// undoes it, so the gradient is G× the mean, and the logged loss G× too.
+    TimesG,
+    /// HF divides by G when the model does not take loss kwargs (`model_accepts_loss_kwargs`
+    /// false, from the model's `accepts_loss_kwargs` attribute when it has one), and DeepSpeed's
+    /// `backward` divides again: the gradient is 1/G of the mean (the logged loss is the mean).
+    DividedTwice,
+    /// HF passes `scale_wrt_gas=False` under DeepSpeed and divides by G only when the model does
+    /// not take loss kwargs: a model whose `forward` takes `**kwargs` but whose loss ignores
+    /// `num_items_in_batch` gets G× the mean, and logs G× the loss.
+    UndividedWithLossKwargs,
+}
+
 /// Every version-dependent fact, for one set of targets.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Facts {
@@ -306,6 +326,16 @@ pub struct Facts {
     /// DeepSpeed reads `managed_gradient_accumulation`, and asserts in
     /// `set_gradient_accumulation_boundary` when it is false.
     pub ds_managed_gradient_accumulation: bool,
+    /// `TrainingArguments.train_sampling_strategy` exists (`"sequential"`: a `SequentialSampler`
+    /// in `Trainer._get_train_sampler`). Before, the Trainer's training sampler is a
+    /// `RandomSampler` (or `LengthGroupedSampler`) and no field turns the shuffling off.
+    pub hf_train_sampling_strategy: bool,
+    /// How the Trainer scales the loss for gradient accumulation under DeepSpeed.
+    pub hf_ga_scaling: GaScaling,
+    /// `BertForSequenceClassification.forward` takes `**kwargs`, so the Trainer (without an
+    /// `accepts_loss_kwargs` attribute on the model) takes it for a model that reads
+    /// `num_items_in_batch`; its loss is a plain `CrossEntropyLoss()` mean that does not.
+    pub hf_bert_forward_kwargs: bool,
 }
 
 /// One version-dependent fact, as a table row applies it.
@@ -407,6 +437,12 @@ pub enum Fact {
     HfMinAccelerate(Option<Version>),
     /// See [`Facts::ds_managed_gradient_accumulation`].
     DsManagedGradientAccumulation(bool),
+    /// See [`Facts::hf_train_sampling_strategy`].
+    HfTrainSamplingStrategy(bool),
+    /// See [`Facts::hf_ga_scaling`].
+    HfGaScaling(GaScaling),
+    /// See [`Facts::hf_bert_forward_kwargs`].
+    HfBertForwardKwargs(bool),
 }
 
 /// A row of the table: from `since` on (until a later row sets the same fact), `fact` holds.
@@ -558,6 +594,16 @@ pub static CHANGES: &[Change] = &[
     row(T, (5, 0, 0), HfMinAccelerate(Some(Version::new(1, 1, 0))), "transformers@v5.0.0 utils/import_utils.py:ACCELERATE_MIN_VERSION (same in v5.24.0)"),
     row(D, (0, 0, 0), DsManagedGradientAccumulation(false), "DeepSpeed@v0.19.3 runtime/config.py (no managed_gradient_accumulation)"),
     row(D, (0, 19, 4), DsManagedGradientAccumulation(true), "DeepSpeed@v0.19.4 runtime/engine.py:DeepSpeedEngine.set_gradient_accumulation_boundary (assert; docs/upstream.md §5.4)"),
+    // ---- the training sampler and the loss scaling of accumulation (rules/data.rs R0707, rules/compat.rs R0912) ----
+    row(T, (0, 0, 0), HfTrainSamplingStrategy(false), "transformers@v5.1.0 trainer.py:Trainer._get_train_sampler (RandomSampler unless group_by_length; same in v4.46.0, released wheels)"),
+    row(T, (5, 2, 0), HfTrainSamplingStrategy(true), "transformers@v5.2.0 training_args.py:TrainingArguments.train_sampling_strategy, trainer.py:_get_train_sampler (\"sequential\": SequentialSampler; absent in v5.1.0; same in v5.24.0)"),
+    row(T, (0, 0, 0), HfGaScaling(GaScaling::Mean), "transformers@v4.45.2 trainer.py:Trainer.training_step (returns loss / G; accelerate divides, DeepSpeed's backward divides under DeepSpeed)"),
+    row(T, (4, 46, 0), HfGaScaling(GaScaling::TimesG), "transformers@v4.46.0 trainer.py:Trainer.training_step (`loss *= self.args.gradient_accumulation_steps` before accelerator.backward; same in v4.46.1)"),
+    row(T, (4, 46, 2), HfGaScaling(GaScaling::Mean), "transformers@v4.46.2 trainer.py:Trainer.training_step (backward of the loss as computed; DeepSpeed divides; same in v4.47.1)"),
+    row(T, (4, 48, 0), HfGaScaling(GaScaling::DividedTwice), "transformers@v4.48.0 trainer.py:Trainer.training_step (`loss / gradient_accumulation_steps` when num_items_in_batch is None; v4.48.1-v4.48.3: when not model_accepts_loss_kwargs; DeepSpeed's backward divides again)"),
+    row(T, (4, 49, 0), HfGaScaling(GaScaling::UndividedWithLossKwargs), "transformers PR #35808, v4.49.0 trainer.py:Trainer.training_step (scale_wrt_gas=False under DeepSpeed; same in v4.57.6, v5.0.0; v5.24.0: loss_is_scaled_for_ga)"),
+    row(T, (0, 0, 0), HfBertForwardKwargs(false), "transformers@v4.57.6 models/bert/modeling_bert.py:BertForSequenceClassification.forward (no **kwargs; likewise v4.46.0-v4.52.1)"),
+    row(T, (5, 0, 0), HfBertForwardKwargs(true), "transformers@v5.0.0 models/bert/modeling_bert.py:BertForSequenceClassification.forward (**kwargs: Unpack[TransformersKwargs]; same in v5.24.0)"),
 ];
 
 impl Fact {
@@ -611,6 +657,9 @@ impl Fact {
             HfHiddenSizeRead(v) => f.hf_hidden_size_read = v,
             HfMinAccelerate(v) => f.hf_min_accelerate = v,
             DsManagedGradientAccumulation(v) => f.ds_managed_gradient_accumulation = v,
+            HfTrainSamplingStrategy(v) => f.hf_train_sampling_strategy = v,
+            HfGaScaling(v) => f.hf_ga_scaling = v,
+            HfBertForwardKwargs(v) => f.hf_bert_forward_kwargs = v,
         }
     }
 }
@@ -668,6 +717,9 @@ impl Facts {
             hf_hidden_size_read: self::HiddenSizeRead::Zero3,
             hf_min_accelerate: None,
             ds_managed_gradient_accumulation: false,
+            hf_train_sampling_strategy: false,
+            hf_ga_scaling: GaScaling::Mean,
+            hf_bert_forward_kwargs: false,
         };
         for change in CHANGES {
             if targets.get(change.library) >= change.since {
@@ -720,8 +772,8 @@ mod tests {
             }
             last.insert(d, c.since);
         }
-        // Every field has a 0.0.0 row: 48 facts.
-        assert_eq!(last.len(), 48);
+        // Every field has a 0.0.0 row: 51 facts.
+        assert_eq!(last.len(), 51);
     }
 
     #[test]
@@ -736,6 +788,8 @@ mod tests {
         assert_eq!(f.ds_bf16_key, Some("bf16"));
         assert_eq!(f.hf_checkpointing_field, "activation_checkpointing");
         assert!(f.hf_scheduler_kwargs && f.ds_one_cycle_zero_decay_ok);
+        assert!(f.hf_train_sampling_strategy && f.hf_bert_forward_kwargs);
+        assert_eq!(f.hf_ga_scaling, GaScaling::UndividedWithLossKwargs);
         // Every HF kind of the newest release is a `schedule` kind, and every HF `schedule`
         // kind is one of the newest release: a new upstream kind, or a new language kind,
         // trips this.
