@@ -527,7 +527,26 @@ fn fsdp(r: &Resolved, value: &Val, span: Span) -> Diagnostic {
     if let Some(zero) = r.block_spans.get("zero") {
         d = d.with_secondary(*zero, "DeepSpeed ZeRO");
     }
-    d.with_help("remove `fsdp` (and `fsdp_config`) from `hf { }`: use `zero 3` to shard parameters")
+    d = d.with_help(
+        "remove `fsdp` (and `fsdp_config`) from `hf { }`: use `zero 3` to shard parameters",
+    );
+    // The fix takes both out together: `fsdp_config` alone is ignored by HF, but left behind it
+    // would read as if FSDP were still configured.
+    let edits: Vec<crate::diagnostics::Edit> = ["hf.fsdp", "hf.fsdp_config"]
+        .iter()
+        .filter_map(|k| r.raw_item_spans.get(*k))
+        .map(|span| crate::diagnostics::Edit {
+            span: *span,
+            text: String::new(),
+        })
+        .collect();
+    if !edits.is_empty() {
+        d.fixes.push(crate::diagnostics::Fix {
+            title: "remove `fsdp` from `hf { }`".into(),
+            edits,
+        });
+    }
+    d
 }
 
 fn raw_hf<'a>(r: &'a Resolved, field: &str) -> Option<&'a (String, Val, Span)> {
@@ -551,6 +570,28 @@ fn save_only_model(r: &Resolved, out: &mut Vec<Diagnostic>) {
         .with_secondary(*best, "load_best_model_at_end = true")
         .with_help("drop one of them: keep full checkpoints (remove `save_only_model`), or do not reload the best model at the end"),
     );
+    // One quick fix per way out the help names.
+    let d = out.last_mut().expect("just pushed");
+    for (key, title) in [
+        (
+            "hf.save_only_model",
+            "remove `save_only_model` (keep full checkpoints)",
+        ),
+        (
+            "hf.load_best_model_at_end",
+            "remove `load_best_model_at_end` (do not reload the best model)",
+        ),
+    ] {
+        if let Some(span) = r.raw_item_spans.get(key) {
+            d.fixes.push(crate::diagnostics::Fix {
+                title: title.into(),
+                edits: vec![crate::diagnostics::Edit {
+                    span: *span,
+                    text: String::new(),
+                }],
+            });
+        }
+    }
 }
 
 /// R-S06 (docs/upstream.md §5.4): with `managed_gradient_accumulation = false` (DeepSpeed ≥ 0.19.4)
