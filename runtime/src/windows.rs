@@ -54,7 +54,8 @@ pub fn windows(shape: Shape, rank: usize, done: u64) -> Result<Vec<Window>, Data
     }
     while step < shape.total {
         let order = data::epoch_order(shape.rows, shape.seed, epoch, shape.shuffle);
-        let batches = data::rank_batches(&order, shape.micro, shape.world, rank, shape.drop_last)?;
+        let batches =
+            data::trainer_batches(&order, shape.micro, shape.world, rank, shape.drop_last)?;
         if batches.is_empty() {
             // Nothing to train on (e.g. drop_last with fewer rows than one batch per rank).
             break;

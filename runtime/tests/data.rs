@@ -860,3 +860,20 @@ fn epoch_orders_are_seeded_permutations() {
     assert_eq!(epoch_order(5, 42, 3, false), [0, 1, 2, 3, 4]);
     assert!(epoch_order(0, 1, 0, true).is_empty());
 }
+
+#[test]
+fn one_process_keeps_the_short_last_batch_as_the_trainer_does() {
+    // 48 rows in batches of 5: torch's BatchSampler gives nine batches of 5 and one of 3; accelerate
+    // shards (and pads) only across several processes.
+    let order: Vec<usize> = (0..48).collect();
+    let b = recipe_runtime::data::trainer_batches(&order, 5, 1, 0, false).unwrap();
+    assert_eq!(b.len(), 10);
+    assert_eq!(b[9], vec![45, 46, 47]);
+    assert!(b[..9].iter().all(|x| x.len() == 5));
+    let b = recipe_runtime::data::trainer_batches(&order, 5, 1, 0, true).unwrap();
+    assert_eq!(b.len(), 9);
+    // Several processes: accelerate's BatchSamplerShard, padded.
+    let b = recipe_runtime::data::trainer_batches(&order, 5, 2, 1, false).unwrap();
+    assert_eq!(b, rank_batches(&order, 5, 2, 1, false).unwrap());
+    assert!(b.iter().all(|x| x.len() == 5));
+}

@@ -25,7 +25,7 @@ use std::path::PathBuf;
 pub use format::Format;
 pub use labels::LabelSet;
 pub use read::{read_examples, DataSpec, Example};
-pub use shard::{epoch_order, rank_batches};
+pub use shard::{epoch_order, rank_batches, trainer_batches};
 pub use tokenize::{Dataset, EncodeError, Encoded, TextTokenizer, TokenBatch};
 
 /// Why the data could not be loaded. The `Display` text is the message shown to the user and names

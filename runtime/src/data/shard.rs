@@ -80,3 +80,36 @@ pub fn rank_batches(
         })
         .collect())
 }
+
+/// The batches the HF Trainer's data loader gives rank `rank` of `world` in an epoch: accelerate
+/// 1.15.0 `data_loader.py`, `prepare_data_loader`, shards the batch sampler with
+/// [`rank_batches`]'s `BatchSamplerShard` only when `num_processes != 1` ("No change if no
+/// multiprocess"). With one process the loader is torch's own `BatchSampler`: consecutive batches
+/// of `micro`, the short last one kept as it is (dropped with `drop_last`), never padded.
+/// Found by the two-backend agreement run (conformance/README.md, "Agreement").
+pub fn trainer_batches(
+    order: &[usize],
+    micro: usize,
+    world: usize,
+    rank: usize,
+    drop_last: bool,
+) -> Result<Vec<Vec<usize>>, DataError> {
+    if world != 1 {
+        return rank_batches(order, micro, world, rank, drop_last);
+    }
+    if micro == 0 {
+        return Err(DataError::Shard(
+            "the per-device batch size must be at least 1".into(),
+        ));
+    }
+    if rank != 0 {
+        return Err(DataError::Shard(format!(
+            "rank {rank} is outside a world of 1 rank"
+        )));
+    }
+    Ok(order
+        .chunks(micro)
+        .filter(|b| !drop_last || b.len() == micro)
+        .map(<[usize]>::to_vec)
+        .collect())
+}
