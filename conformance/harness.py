@@ -400,7 +400,8 @@ def real_steps(args, samples: int, world_size: int) -> dict:
     }
 
 
-# The training script's own arguments that launch.sh passes (HF run_classification.py).
+# The training script's own arguments that launch.sh passes to a recipe's own `train.script` (HF's
+# run_classification.py interface; the generated train.py takes only TrainingArguments).
 SCRIPT_FLAGS = {"model_name_or_path", "config_name", "train_file", "validation_file", "test_file",
                 "text_column_names", "label_column_name", "max_seq_length"}
 LAUNCHER_FLAGS = {"--num_gpus", "--num_nodes", "--hostfile", "--master_addr", "--master_port"}

@@ -310,6 +310,22 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
     if let Some(v) = b.hf("dataloader_num_workers") {
         data.push(("workers".into(), lit(&v)));
     }
+    // transformers ≥ 5.2.0: "sequential" is `shuffle = false`, "random" the default; the other
+    // strategies (group_by_length, batch_rebalance) have no recipe key and stay raw.
+    match b
+        .args
+        .get("train_sampling_strategy")
+        .and_then(|v| v.as_str())
+    {
+        Some("sequential") => {
+            b.hf("train_sampling_strategy");
+            data.push(("shuffle".into(), "false".into()));
+        }
+        Some("random") => {
+            b.hf("train_sampling_strategy");
+        }
+        _ => {}
+    }
     out.push_str(&format!("data{}\n\n", items(&data)));
 
     let mut inferred_gpus: Option<u64> = None;

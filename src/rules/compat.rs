@@ -263,6 +263,13 @@ const HF_TYPED: &[(&str, &str, &str)] = &[
         "data.drop_last",
         "`drop_last` in `data`",
     ),
+    // Written from `data.shuffle = false` on transformers ≥ 5.2.0 (training_args.rs); a raw value
+    // would silently override the typed one either way.
+    (
+        "train_sampling_strategy",
+        "data.shuffle",
+        "`shuffle` in `data`",
+    ),
     (
         "dataloader_num_workers",
         "data.workers",
