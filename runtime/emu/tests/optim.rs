@@ -17,6 +17,7 @@ use recipe_kernel_emu::Emu;
 use recipe_runtime::backend::kernels::{
     adamw_step, grad_norm_sq, grad_norm_sq_blocks, DecayMask, Kernels, NORM_BLOCKS,
 };
+use recipe_runtime::backend::selftest::optim_layout;
 use recipe_runtime::optim::{self, Adam, AdamConfig, GradScale, Optimizer, WeightDecay};
 use recipe_runtime::params::Entry;
 use recipe_runtime::precision::{self, Dtype, LossScaler, ScaleConfig, ScalerImpl};
@@ -38,45 +39,6 @@ fn same_bits(what: &str, got: &[f32], want: &[f32]) {
                 .count()
         );
     }
-}
-
-/// A buffer of `n` elements as four tensors named so that HF's no-decay rule decays only the
-/// weights (a sub-range), or one tensor when `n` is 1.
-fn layout(n: usize) -> (Vec<Entry>, Vec<bool>) {
-    if n == 1 {
-        let e = Entry {
-            name: "w.weight".into(),
-            shape: vec![1],
-            offset: 0,
-        };
-        return (vec![e], vec![true]);
-    }
-    let a = n / 2;
-    let b = (n / 8).max(1);
-    let c = (n - a - b) / 2;
-    let d = n - a - b - c;
-    let mut entries = Vec::new();
-    let mut at = 0;
-    for (name, len) in [
-        ("l0.dense.weight", a),
-        ("l0.dense.bias", b),
-        ("l0.LayerNorm.weight", c),
-        ("l1.dense.weight", d),
-    ] {
-        if len > 0 {
-            entries.push(Entry {
-                name: name.into(),
-                shape: vec![len],
-                offset: at,
-            });
-            at += len;
-        }
-    }
-    let decay = entries
-        .iter()
-        .map(|e| !optim::hf_no_decay(&e.name))
-        .collect();
-    (entries, decay)
 }
 
 /// The gradient of step `k`: random, with some exact zeros, different every step.
@@ -142,7 +104,7 @@ fn adam_step_matches_the_host_bit_for_bit() {
     let k = Kernels::new(Emu);
     const MULTS: [f32; 5] = [1.0, 0.37, 1.0, 0.812_345_6, 0.5];
     for n in SIZES {
-        let (entries, flags) = layout(n);
+        let (entries, flags) = optim_layout(n);
         for (ci, (cfg0, lr0, all_decay, cycle)) in cases().into_iter().enumerate() {
             let flags = if all_decay {
                 vec![true; flags.len()]
@@ -193,7 +155,7 @@ fn adam_step_matches_the_host_bit_for_bit() {
 fn clipped_steps_match_clip_grad_norm_then_the_host_step() {
     let k = Kernels::new(Emu);
     for n in SIZES {
-        let (entries, flags) = layout(n);
+        let (entries, flags) = optim_layout(n);
         let cfg = AdamConfig::adamw(0.01);
         let mut host = Optimizer::from(Adam::new(cfg, &entries, &flags).unwrap());
         let mask = whole_mask(&k, &entries, &flags);
@@ -241,7 +203,7 @@ fn mixed_precision_steps_match_the_host_optimizer() {
     for module in [Dtype::F16, Dtype::Bf16] {
         let k = Kernels::new(Emu).with_store(module);
         for n in SIZES {
-            let (entries, flags) = layout(n);
+            let (entries, flags) = optim_layout(n);
             let mut cfg = AdamConfig::adamw(0.01);
             cfg.mode = if n == 33 {
                 WeightDecay::L2
@@ -330,7 +292,7 @@ fn mixed_precision_steps_match_the_host_optimizer() {
 #[test]
 fn a_zero_partition_steps_as_the_host_shard() {
     let k = Kernels::new(Emu);
-    let (entries, flags) = layout(1000);
+    let (entries, flags) = optim_layout(1000);
     let pieces = [3..70, 480..620, 990..1000];
     let cfg = AdamConfig::adamw(0.1);
     let mut host = Adam::shard(cfg, &entries, &flags, &pieces).unwrap();
@@ -483,7 +445,7 @@ fn grad_norm_reports_non_finite_gradients_as_the_overflow_check_does() {
 fn adam_step_is_deterministic() {
     let k = Kernels::new(Emu).with_store(Dtype::Bf16);
     let n = 1000;
-    let (entries, flags) = layout(n);
+    let (entries, flags) = optim_layout(n);
     let mask = whole_mask(&k, &entries, &flags);
     let cfg = AdamConfig::adamw(0.01);
     let run = || {

@@ -6,8 +6,6 @@
 //! thread count. Transcendental loops (GELU, softmax `exp`) use branch-free f32 approximations that
 //! vectorise, and are compiled a second time for AVX2 (same bits, wider vectors).
 
-use std::ops::Range;
-
 use super::{AttnShape, Backend, Dropout, Gemm};
 use crate::precision::Dtype;
 use crate::rng::philox4x32_x8;
@@ -560,80 +558,7 @@ impl Cpu {
 }
 
 impl Backend for Cpu {
-    type Buf = Vec<f32>;
-    type View<'a> = &'a [f32];
-    type ViewMut<'a> = &'a mut [f32];
-    type Ids = Vec<u32>;
-
-    fn alloc(&self, n: usize) -> Vec<f32> {
-        vec![0.0; n]
-    }
-
-    fn upload(&self, src: &[f32]) -> Vec<f32> {
-        src.to_vec()
-    }
-
-    fn upload_ids(&self, src: &[u32]) -> Vec<u32> {
-        src.to_vec()
-    }
-
-    fn range_mut<'a>(&self, b: &'a mut Vec<f32>, r: Range<usize>) -> &'a mut [f32] {
-        &mut b[r]
-    }
-
-    fn write(&self, dst: &mut [f32], src: &[f32]) {
-        dst.copy_from_slice(src);
-    }
-
-    fn write_ids(&self, dst: &mut Vec<u32>, src: &[u32]) {
-        dst.clear();
-        dst.extend_from_slice(src);
-    }
-
-    fn download(&self, src: &[f32], dst: &mut [f32]) {
-        dst.copy_from_slice(src);
-    }
-
-    fn view<'a>(&self, b: &'a Vec<f32>) -> &'a [f32] {
-        b
-    }
-
-    fn view_mut<'a>(&self, b: &'a mut Vec<f32>) -> &'a mut [f32] {
-        b
-    }
-
-    fn sub<'a>(&self, v: &'a [f32], r: Range<usize>) -> &'a [f32]
-    where
-        Self: 'a,
-    {
-        &v[r]
-    }
-
-    fn sub_mut<'a, 'b>(&self, v: &'b mut &'a mut [f32], r: Range<usize>) -> &'b mut [f32]
-    where
-        'a: 'b,
-    {
-        &mut v[r]
-    }
-
-    fn split_at_mut<'a, 'b>(
-        &self,
-        v: &'b mut &'a mut [f32],
-        mid: usize,
-    ) -> (&'b mut [f32], &'b mut [f32])
-    where
-        'a: 'b,
-    {
-        v.split_at_mut(mid)
-    }
-
-    fn zero(&self, dst: &mut [f32]) {
-        dst.fill(0.0);
-    }
-
-    fn copy(&self, dst: &mut [f32], src: &[f32]) {
-        dst.copy_from_slice(src);
-    }
+    crate::host_memory!();
 
     fn add_assign(&self, acc: &mut [f32], x: &[f32]) {
         assert_eq!(acc.len(), x.len());

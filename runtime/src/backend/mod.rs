@@ -19,6 +19,94 @@ pub mod selftest;
 
 pub use cpu::Cpu;
 
+/// The memory half of a backend or device whose buffers are host memory (`Vec<f32>`, slices):
+/// the associated types and the methods [`Backend`] and [`device::Device`] share, written once
+/// for the CPU backend and the emulated GPU (`runtime/emu`). Expands inside their `impl` blocks.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! host_memory {
+    () => {
+        type Buf = Vec<f32>;
+        type View<'a> = &'a [f32];
+        type ViewMut<'a> = &'a mut [f32];
+        type Ids = Vec<u32>;
+
+        fn alloc(&self, n: usize) -> Vec<f32> {
+            vec![0.0; n]
+        }
+
+        fn upload(&self, src: &[f32]) -> Vec<f32> {
+            src.to_vec()
+        }
+
+        fn upload_ids(&self, src: &[u32]) -> Vec<u32> {
+            src.to_vec()
+        }
+
+        fn range_mut<'a>(&self, b: &'a mut Vec<f32>, r: ::std::ops::Range<usize>) -> &'a mut [f32] {
+            &mut b[r]
+        }
+
+        fn write(&self, dst: &mut [f32], src: &[f32]) {
+            dst.copy_from_slice(src);
+        }
+
+        fn write_ids(&self, dst: &mut Vec<u32>, src: &[u32]) {
+            dst.clear();
+            dst.extend_from_slice(src);
+        }
+
+        fn download(&self, src: &[f32], dst: &mut [f32]) {
+            dst.copy_from_slice(src);
+        }
+
+        fn view<'a>(&self, b: &'a Vec<f32>) -> &'a [f32] {
+            b
+        }
+
+        fn view_mut<'a>(&self, b: &'a mut Vec<f32>) -> &'a mut [f32] {
+            b
+        }
+
+        fn sub<'a>(&self, v: &'a [f32], r: ::std::ops::Range<usize>) -> &'a [f32]
+        where
+            Self: 'a,
+        {
+            &v[r]
+        }
+
+        fn sub_mut<'a, 'b>(
+            &self,
+            v: &'b mut &'a mut [f32],
+            r: ::std::ops::Range<usize>,
+        ) -> &'b mut [f32]
+        where
+            'a: 'b,
+        {
+            &mut v[r]
+        }
+
+        fn split_at_mut<'a, 'b>(
+            &self,
+            v: &'b mut &'a mut [f32],
+            mid: usize,
+        ) -> (&'b mut [f32], &'b mut [f32])
+        where
+            'a: 'b,
+        {
+            v.split_at_mut(mid)
+        }
+
+        fn zero(&self, dst: &mut [f32]) {
+            dst.fill(0.0);
+        }
+
+        fn copy(&self, dst: &mut [f32], src: &[f32]) {
+            dst.copy_from_slice(src);
+        }
+    };
+}
+
 use std::ops::Range;
 
 /// One GEMM: `C[m×n] = alpha · op(A)[m×k] · op(B)[k×n] + beta · C`.

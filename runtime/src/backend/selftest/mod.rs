@@ -14,7 +14,7 @@
 
 mod optim;
 
-pub use optim::{compare_optim, compare_optim_against};
+pub use optim::{compare_optim, compare_optim_against, optim_layout};
 
 use serde::Serialize;
 

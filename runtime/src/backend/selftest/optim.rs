@@ -21,8 +21,18 @@ pub const NORM_TOLERANCE: f64 = f32::EPSILON as f64;
 const OPTIM_N: usize = 1000;
 
 /// `n` elements as four tensors named so that HF's no-decay rule decays only the two weights (a
-/// sub-range: `[0, n/2)` and the last tensor), as runtime/emu/tests/optim.rs lays them out.
-fn optim_layout(n: usize) -> (Vec<Entry>, Vec<bool>) {
+/// sub-range: `[0, n/2)` and the last tensor); one decayed weight for `n = 1`. The layout of
+/// these checks and of runtime/emu/tests/optim.rs.
+#[doc(hidden)]
+pub fn optim_layout(n: usize) -> (Vec<Entry>, Vec<bool>) {
+    if n == 1 {
+        let e = Entry {
+            name: "w.weight".into(),
+            shape: vec![1],
+            offset: 0,
+        };
+        return (vec![e], vec![true]);
+    }
     let a = n / 2;
     let b = (n / 8).max(1);
     let c = (n - a - b) / 2;
@@ -35,12 +45,14 @@ fn optim_layout(n: usize) -> (Vec<Entry>, Vec<bool>) {
         ("l0.LayerNorm.weight", c),
         ("l1.dense.weight", d),
     ] {
-        entries.push(Entry {
-            name: name.into(),
-            shape: vec![len],
-            offset: at,
-        });
-        at += len;
+        if len > 0 {
+            entries.push(Entry {
+                name: name.into(),
+                shape: vec![len],
+                offset: at,
+            });
+            at += len;
+        }
     }
     let decay = entries
         .iter()
@@ -255,6 +267,38 @@ impl<D: Device> DeviceAdam<D> {
         dev.download(dev.view(b), &mut out);
         out
     }
+
+    /// Step `t` (from 1) of the device optimizer on gradients `g` (uploaded here), scaled by
+    /// `mult`, writing the rounded working copy into `work` when given.
+    #[allow(clippy::too_many_arguments)]
+    fn step(
+        &mut self,
+        k: &Kernels<D>,
+        cfg: &AdamConfig,
+        t: u64,
+        lr: f64,
+        mult: f32,
+        mask: &DecayMask<D>,
+        g: &[f32],
+        work: Option<&mut D::Buf>,
+    ) {
+        let dev = k.device();
+        let gb = dev.upload(g);
+        adamw_step(
+            k,
+            cfg,
+            t,
+            lr,
+            mult,
+            mask,
+            dev.view_mut(&mut self.p),
+            dev.view(&gb),
+            dev.view_mut(&mut self.m),
+            dev.view_mut(&mut self.v),
+            work.map(|w| dev.view_mut(w)),
+        )
+        .expect("a device step");
+    }
 }
 
 /// AdamW with clipping and Adam with L2 decay, two steps each, against the host's `Optimizer`.
@@ -300,21 +344,7 @@ fn adam_checks<D: Device>(k: &Kernels<D>, store: Dtype, host_lr_factor: f64) -> 
             };
             host.step_scaled(&mut hp, &mut hg, lr * host_lr_factor, scale)
                 .expect("a host step");
-            let gb = dev.upload(&g);
-            adamw_step(
-                k,
-                &cfg,
-                step as u64 + 1,
-                lr,
-                mult,
-                &mask,
-                dev.view_mut(&mut d.p),
-                dev.view(&gb),
-                dev.view_mut(&mut d.m),
-                dev.view_mut(&mut d.v),
-                None,
-            )
-            .expect("a device step");
+            d.step(k, &cfg, step as u64 + 1, lr, mult, &mask, &g, None);
             let state = host.state();
             for (what, buf, want) in [
                 ("param", &d.p, &hp[..]),
@@ -364,21 +394,16 @@ fn mixed_checks<D: Device>(k: &Kernels<D>, store: Dtype, host_lr_factor: f64) ->
         let lr = 1e-3 * (1 + step) as f64;
         host.step(&mut hp, &mut g.clone(), lr * host_lr_factor, unscale)
             .expect("a host step");
-        let gb = dev.upload(&g);
-        adamw_step(
+        d.step(
             k,
             &cfg,
             step as u64 + 1,
             lr,
             unscale,
             &mask,
-            dev.view_mut(&mut d.p),
-            dev.view(&gb),
-            dev.view_mut(&mut d.m),
-            dev.view_mut(&mut d.v),
-            Some(dev.view_mut(&mut work)),
-        )
-        .expect("a device step");
+            &g,
+            Some(&mut work),
+        );
         let state = host.state();
         for (what, buf, want) in [
             ("master", &d.p, &state.master[..]),
