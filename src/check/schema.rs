@@ -91,18 +91,76 @@ fn missing_block(spec: &BlockSpec, file: &File) -> Diagnostic {
         .or(file.blocks.first())
         .map_or(Span::new(0, 0), Block::header_span);
     let example = match spec.name {
-        "model" => "model bert { from = \"...\", task = classify(labels: 2) }",
-        "data" => "data { train = \"data/train.jsonl\" }",
-        "batch" => "batch { micro = 16 }",
-        other => other,
+        "model" => "model bert { from = \"...\", task = classify(labels: 2) }".to_string(),
+        "data" | "batch" => {
+            let items: Vec<String> = required_items(spec)
+                .iter()
+                .map(|(k, v)| format!("{k} = {v}"))
+                .collect();
+            format!("{} {{ {} }}", spec.name, items.join(", "))
+        }
+        other => other.to_string(),
     };
-    Diagnostic::error(
+    let d = Diagnostic::error(
         codes::MISSING_BLOCK,
         format!("the recipe has no `{}` block", spec.name),
         at,
     )
     .with_label(format!("`{}` is needed to run", spec.name))
-    .with_help(format!("add `{example}` ({})", lowercase_first(spec.doc)))
+    .with_help(format!("add `{example}` ({})", lowercase_first(spec.doc)));
+    // The model's path is the user's to name: no fix writes a placeholder for it.
+    if spec.name == "model" {
+        return d;
+    }
+    let end = file.blocks.last().map_or(0, |b| b.span.end);
+    let text = if end == 0 {
+        format!("{example}\n")
+    } else {
+        format!("\n{example}")
+    };
+    d.with_fix(format!("add `{example}`"), Span::new(end, end), text)
+}
+
+/// What a fix writes for a key a block needs: the usual training file, a two-label
+/// classification, HF's usual per-device batch of 16 (for `micro` of the `micro`/`global` pair).
+fn example_value(block: &str, key: &str) -> Option<&'static str> {
+    match (block, key) {
+        ("data", "train") => Some("\"data/train.jsonl\""),
+        ("model", "task") => Some("classify(labels: 2)"),
+        ("batch", "micro") => Some("16"),
+        _ => None,
+    }
+}
+
+/// The items a new block of this kind needs, with the values a fix writes for them.
+fn required_items(spec: &BlockSpec) -> Vec<(&'static str, &'static str)> {
+    let required = spec.keys.iter().filter(|k| k.required).map(|k| k.name);
+    let first_of = spec.one_of.iter().filter_map(|g| g.first().copied());
+    required
+        .chain(first_of)
+        .filter_map(|k| example_value(spec.name, k).map(|v| (k, v)))
+        .collect()
+}
+
+/// The edit that adds `item` to a written block: after its last entry, into its empty braces,
+/// or as a new body.
+fn add_item(block: &Block, item: &str) -> crate::diagnostics::Edit {
+    match &block.body {
+        Some(body) => match body.entries.last() {
+            Some(last) => crate::diagnostics::Edit {
+                span: Span::new(last.span().end, last.span().end),
+                text: format!(", {item}"),
+            },
+            None => crate::diagnostics::Edit {
+                span: body.span,
+                text: format!("{{ {item} }}"),
+            },
+        },
+        None => crate::diagnostics::Edit {
+            span: Span::new(block.header_span().end, block.header_span().end),
+            text: format!(" {{ {item} }}"),
+        },
+    }
 }
 
 /// "a stage (0, 1, 2 or 3)" → "stage".
@@ -330,15 +388,22 @@ fn check_items(
         .filter(|k| k.required && k.applies_to(kind))
     {
         if !given.contains_key(key_spec.name) {
-            out.push(
-                Diagnostic::error(
-                    codes::MISSING_ITEM,
-                    format!("`{title}` needs `{}`", key_spec.name),
-                    block.header_span(),
-                )
-                .with_label(format!("no `{}` in this block", key_spec.name))
-                .with_help(format!("add `{} = …`: {}", key_spec.name, key_spec.doc)),
-            );
+            let d = Diagnostic::error(
+                codes::MISSING_ITEM,
+                format!("`{title}` needs `{}`", key_spec.name),
+                block.header_span(),
+            )
+            .with_label(format!("no `{}` in this block", key_spec.name))
+            .with_help(format!("add `{} = …`: {}", key_spec.name, key_spec.doc));
+            let d = match example_value(spec.name, key_spec.name) {
+                Some(v) => {
+                    let item = format!("{} = {v}", key_spec.name);
+                    let edit = add_item(block, &item);
+                    d.with_fix(format!("add `{item}`"), edit.span, edit.text)
+                }
+                None => d,
+            };
+            out.push(d);
         }
     }
     for group in spec.exclusive {
@@ -375,15 +440,21 @@ fn check_items(
                 .filter_map(|k| spec.key(k))
                 .map(|k| format!("`{}` is {}", k.name, k.doc))
                 .collect();
-            out.push(
-                Diagnostic::error(
-                    codes::MISSING_ITEM,
-                    format!("`{title}` needs {}", names.join(" or ")),
-                    block.header_span(),
-                )
-                .with_label(format!("neither {} in this block", names.join(" nor ")))
-                .with_help(format!("add one of them: {}", docs.join("; "))),
-            );
+            let mut d = Diagnostic::error(
+                codes::MISSING_ITEM,
+                format!("`{title}` needs {}", names.join(" or ")),
+                block.header_span(),
+            )
+            .with_label(format!("neither {} in this block", names.join(" nor ")))
+            .with_help(format!("add one of them: {}", docs.join("; ")));
+            for key in group.iter() {
+                if let Some(v) = example_value(spec.name, key) {
+                    let item = format!("{key} = {v}");
+                    let edit = add_item(block, &item);
+                    d = d.with_fix(format!("add `{item}`"), edit.span, edit.text);
+                }
+            }
+            out.push(d);
         }
     }
 }
@@ -616,22 +687,7 @@ fn elsewhere(
             span: item.key.span,
             text: name.to_string(),
         }),
-        Some(b) => Some(match &b.body {
-            Some(body) => match body.entries.last() {
-                Some(last) => crate::diagnostics::Edit {
-                    span: Span::new(last.span().end, last.span().end),
-                    text: format!(", {new_item}"),
-                },
-                None => crate::diagnostics::Edit {
-                    span: body.span,
-                    text: format!("{{ {new_item} }}"),
-                },
-            },
-            None => crate::diagnostics::Edit {
-                span: Span::new(b.header_span().end, b.header_span().end),
-                text: format!(" {{ {new_item} }}"),
-            },
-        }),
+        Some(b) => Some(add_item(b, &new_item)),
         // An absent block is added, with the label it has when absent (`optimizer adamw`);
         // not one whose label has no such default.
         None => absent_title(home).map(|title| {

@@ -173,7 +173,7 @@ fn host_line(l: &str) -> Option<(&str, u64)> {
 }
 
 fn hostfile_default(r: &Resolved, nodes: u64) -> Diagnostic {
-    Diagnostic::warning(
+    let d = Diagnostic::warning(
         HOSTFILE_DEFAULT,
         format!(
             "{nodes} nodes, but no `hostfile` names them: the DeepSpeed launcher reads {DEFAULT_HOSTFILE}, and where there is none it stops with \"Num nodes is >1 but no extra nodes available via hostfile\""
@@ -184,7 +184,15 @@ fn hostfile_default(r: &Resolved, nodes: u64) -> Diagnostic {
     .with_help(format!(
         "set `hostfile = \"…\"` in `cluster`: one `host slots={}` line per node; launch.sh passes --hostfile {DEFAULT_HOSTFILE} until then",
         r.count("cluster.gpus")
-    ))
+    ));
+    // Stating the launcher's default makes the recipe say where the hosts are read from; the
+    // file itself is then checked wherever it exists.
+    super::fix::with_set(
+        d,
+        r,
+        "cluster.hostfile",
+        &crate::commands::format::quote(DEFAULT_HOSTFILE),
+    )
 }
 
 fn invalid(r: &Resolved, written: &str, bad: &BadHostfile) -> Diagnostic {

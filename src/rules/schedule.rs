@@ -713,9 +713,26 @@ fn lag(r: &Resolved, kind: &str) -> Diagnostic {
         ),
         None => "nothing to fix if this is intended; for HF's curve use an HF schedule (`linear`, `cosine`, `cosine_with_min_lr`, …), which HF builds and steps".into(),
     };
-    Diagnostic::warning(DS_LAG, message, anchor(r, "schedule.kind"))
+    let d = Diagnostic::warning(DS_LAG, message, anchor(r, "schedule.kind"))
         .with_label(label)
-        .with_help(help)
+        .with_help(help);
+    with_hf_twin(d, r, twin)
+}
+
+/// Adds the fix "write `schedule TWIN`" (HF's counterpart of a DeepSpeed `Warmup*` schedule,
+/// keeping the block's items) when every item written in the block applies to the twin too:
+/// otherwise the edit would trade this warning for an unknown-key error.
+fn with_hf_twin(d: Diagnostic, r: &Resolved, twin: &str) -> Diagnostic {
+    let fits = r
+        .item_spans
+        .keys()
+        .filter(|k| k.starts_with("schedule."))
+        .all(|k| crate::schema::key_spec(k).is_some_and(|s| s.applies_to(Some(twin))));
+    if fits {
+        super::fix::with_set(d, r, "schedule.kind", twin)
+    } else {
+        d
+    }
 }
 
 /// R-M03 (docs/upstream.md §7) and R-L03 (docs/upstream.md §6.4): DeepSpeed's `Warmup*` schedulers
@@ -763,7 +780,7 @@ fn warmup_min_two(r: &Resolved, kind: &str, w: u64) -> Diagnostic {
             r.targets.transformers
         )
     };
-    Diagnostic::warning(DS_WARMUP_MIN_TWO, message, anchor(r, "schedule.warmup"))
+    let d = Diagnostic::warning(DS_WARMUP_MIN_TWO, message, anchor(r, "schedule.warmup"))
         .with_label(format!(
             "{w} warmup step{}{}; {emit}",
             if w == 1 { "" } else { "s" },
@@ -771,7 +788,9 @@ fn warmup_min_two(r: &Resolved, kind: &str, w: u64) -> Diagnostic {
         ))
         .with_help(format!(
             "no warmup is impossible with DeepSpeed's {kind}: write `schedule {twin}` (HF builds it; no DeepSpeed `scheduler` section), or `warmup = 2` to state what DeepSpeed does"
-        ))
+        ));
+    let d = with_hf_twin(d, r, twin);
+    super::fix::with_set(d, r, "schedule.warmup", "2")
 }
 
 /// The first optimizer step at which the warmup has covered half of its way, on a unit scale.

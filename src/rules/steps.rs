@@ -187,6 +187,9 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
             ))
             .with_help("upgrade to transformers ≥ 4.52 (`target transformers \"4.52.0\"`), set `max_steps`, or make the micro-batches per epoch a multiple of `accumulate`"),
         );
+        if let Some(d) = out.pop() {
+            out.push(early_stop_fixes(d, r, l, g));
+        }
     }
     if let Some(w) = r.uint("steps.warmup") {
         if w >= total && total > 0 {
@@ -205,6 +208,39 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
                 ),
             );
         }
+    }
+}
+
+/// R0202's ways out as edits: the first release that counts a partial accumulation window
+/// (4.52.0), `drop_last = true` where dropping the short batch leaves a multiple of
+/// `accumulate`, and the accumulation nearest the written one that divides the micro-batches
+/// per epoch.
+fn early_stop_fixes(mut d: Diagnostic, r: &Resolved, l: u64, g: u64) -> Diagnostic {
+    use crate::upstream::versions::Library;
+    if let Some((span, text)) = super::fix::set_target(r, Library::Transformers, "4.52.0") {
+        d.fixes.push(crate::diagnostics::Fix {
+            title: "target transformers \"4.52.0\"".into(),
+            edits: vec![crate::diagnostics::Edit { span, text }],
+        });
+    }
+    if let (Some(n), Some(m), Some(world), Some(false)) = (
+        r.uint("data.samples"),
+        r.uint("batch.micro"),
+        r.uint("cluster.world_size"),
+        r.bool("data.drop_last"),
+    ) {
+        let dropped = steps::batches_per_rank(n, m, world, true, r.facts.sharding);
+        if dropped > 0 && dropped % g == 0 {
+            d = super::fix::with_set(d, r, "data.drop_last", "true");
+        }
+    }
+    // Within a factor of two of the written accumulation: a batch size the user still means.
+    let nearest = ((g / 2).max(2)..=l.min(2 * g))
+        .filter(|x| l % x == 0)
+        .min_by_key(|x| x.abs_diff(g));
+    match nearest {
+        Some(x) => super::fix::with_set(d, r, "batch.accumulate", &x.to_string()),
+        None => d,
     }
 }
 

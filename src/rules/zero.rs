@@ -415,10 +415,64 @@ fn raw_keys(r: &Resolved, out: &mut Vec<Diagnostic>) {
         } else {
             ds_key(name)
         };
-        out.push(d.with_help(format!(
+        let d = d.with_help(format!(
             "remove it and {how}: `recipe build` writes `{written}` from it{deprecated}"
-        )));
+        ));
+        out.push(raw_key_fix(d, r, path, name, raw_name, value));
     }
+}
+
+/// R0607's fix: the raw key removed and its value written in the `zero` block (unless the block
+/// already says the same), the deprecated `cpu_offload*` switches as the device they mean.
+fn raw_key_fix(
+    mut d: Diagnostic,
+    r: &Resolved,
+    path: &str,
+    name: &str,
+    raw_name: &str,
+    value: &Val,
+) -> Diagnostic {
+    let Some(span) = r.raw_item_spans.get(&format!("deepspeed.{path}")) else {
+        return d;
+    };
+    let text = match (raw_name.starts_with("cpu_offload"), value) {
+        (true, Val::Bool(on)) if name.starts_with("offload ") => {
+            if *on { "cpu" } else { "none" }.to_string()
+        }
+        (true, _) => return d,
+        // The legacy `zero_optimization: true|false` names no stage.
+        (false, Val::Bool(_)) if name == "stage" => return d,
+        _ => value.to_string(),
+    };
+    let key = if name == "stage" {
+        "zero.stage".to_string()
+    } else {
+        format!("zero.{name}")
+    };
+    let mut edits = vec![crate::diagnostics::Edit {
+        span: *span,
+        text: String::new(),
+    }];
+    let same = r.val(&key).is_some_and(|v| v.to_string() == text);
+    if !same {
+        let Some((at, new)) = super::fix::set(r, &key, &text) else {
+            return d;
+        };
+        edits.push(crate::diagnostics::Edit {
+            span: at,
+            text: new,
+        });
+    }
+    edits.sort_by_key(|e| e.span.start);
+    let title = if same {
+        format!("remove `{path}` (the `zero` block says the same)")
+    } else if name == "stage" {
+        format!("remove `{path}` and write `zero {text}`")
+    } else {
+        format!("move it to `zero {{ {name} = {text} }}`")
+    };
+    d.fixes.push(crate::diagnostics::Fix { title, edits });
+    d
 }
 
 /// The `zero` key a raw DeepSpeed path restates, and the `zero_optimization` field it names.
