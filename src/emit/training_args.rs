@@ -47,6 +47,7 @@ fn num(v: f64) -> Value {
 pub fn arguments(r: &Resolved, ds_config: &str) -> Value {
     let fields = fields_for(r.targets.transformers);
     let mut a = Map::new();
+    let mut unsampled_optim = None;
     // Writes the value under the first name the release has.
     let mut put = |names: &[&str], value: Value| {
         if let Some(name) = names.iter().find(|n| fields.has(n)) {
@@ -198,6 +199,10 @@ pub fn arguments(r: &Resolved, ds_config: &str) -> Value {
         let kind = r.choice("optimizer.kind");
         if fields.has("optim") {
             put(&["optim"], json!(hf_optim(kind)));
+        } else if !r.facts.hf_optim_names.is_empty() {
+            // `optim` exists from 4.16.0, between the sampled field lists of 4.6.1 and 4.24.0
+            // (the facts table, src/upstream/versions.rs `HfOptimNames`): written last.
+            unsampled_optim = Some(hf_optim(kind));
         } else if kind == "adafactor" {
             put(&["adafactor"], json!(true));
         }
@@ -218,6 +223,9 @@ pub fn arguments(r: &Resolved, ds_config: &str) -> Value {
     }
     if let Some(kw) = sched_kwargs {
         a.insert("lr_scheduler_kwargs".into(), kw);
+    }
+    if let Some(optim) = unsampled_optim {
+        a.insert("optim".into(), json!(optim));
     }
     for (path, value, _) in &r.raw_hf {
         super::deepspeed::insert_path(&mut a, path, to_json(value));

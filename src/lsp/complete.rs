@@ -249,7 +249,8 @@ fn key_doc(k: &KeySpec) -> String {
 }
 
 /// The words a value of type `ty` can be; schedule kinds filtered to those the target
-/// transformers has (DeepSpeed's own kinds exist in every supported release).
+/// transformers has (DeepSpeed's own kinds exist in every supported release), optimizer kinds to
+/// those DeepSpeed or HF can build on the target releases.
 fn values(ty: &Ty, block: &str, key: &str, facts: &Facts) -> Vec<String> {
     let words: Vec<String> = match ty {
         Ty::Word(ws) | Ty::WordOrInt(ws, ..) => ws.iter().map(|w| w.to_string()).collect(),
@@ -258,6 +259,12 @@ fn values(ty: &Ty, block: &str, key: &str, facts: &Facts) -> Vec<String> {
         Ty::Int { min, max } if max - min <= 8 => (*min..=*max).map(|i| i.to_string()).collect(),
         _ => Vec::new(),
     };
+    if block == "optimizer" && key == "kind" {
+        return words
+            .into_iter()
+            .filter(|w| crate::rules::optimizer::buildable(w, facts))
+            .collect();
+    }
     if block == "schedule" && key == "kind" {
         return words
             .into_iter()
@@ -317,5 +324,35 @@ fn columns(resolved: Option<&Resolved>) -> Vec<String> {
             None => scan.first_fields.clone(),
         },
         Err(_) => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::upstream::versions::Version;
+
+    fn kinds(transformers: Version, deepspeed: Version) -> Vec<String> {
+        let targets = Targets {
+            transformers,
+            accelerate: Version::new(1, 15, 0),
+            deepspeed,
+        };
+        let spec = schema::block("optimizer").unwrap();
+        let (LabelSpec::Optional { ty, .. } | LabelSpec::Required { ty, .. }) = &spec.label else {
+            panic!("optimizer has a label");
+        };
+        values(ty, "optimizer", "kind", &Facts::for_targets(&targets))
+    }
+
+    #[test]
+    fn optimizer_kinds_follow_the_targets() {
+        // DeepSpeed 0.5.10 has no Lion and transformers 4.24.0's `optim` has no lion_32bit.
+        let old = kinds(Version::new(4, 24, 0), Version::new(0, 5, 10));
+        assert!(!old.iter().any(|k| k == "lion"), "{old:?}");
+        assert!(old.iter().any(|k| k == "adafactor" || k == "sgd"), "{old:?}");
+        // Either side builds it on the newest releases.
+        let new = kinds(Version::new(5, 24, 0), Version::new(0, 19, 8));
+        assert!(new.iter().any(|k| k == "lion"), "{new:?}");
     }
 }

@@ -253,7 +253,8 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
 /// `bitsandbytes` in order to use bitsandbytes optimizers"). A warning: the check cannot see the
 /// training machines' packages.
 fn optional_dependency(r: &Resolved, o: &Opt, out: &mut Vec<Diagnostic>) {
-    if o.kind != "lion" {
+    // A release without `lion_32bit` never gets that far (R0402).
+    if o.kind != "lion" || !r.facts.hf_optim_names.contains(&"lion_32bit") {
         return;
     }
     let key = if r.is_given("optimizer.owner") {
@@ -477,6 +478,20 @@ fn torch_adam_drops(r: &Resolved, o: &Opt, d: Dropped) -> Diagnostic {
     ))
 }
 
+/// Whether some owner can build `kind` on the releases whose facts are `facts`: DeepSpeed (no
+/// Adafactor; its own kinds only where the release has them) or HF (the release's `optim` has
+/// the value the compiler writes, or it has no `optim` and builds AdamW / Adafactor). The
+/// editor's completion offers these kinds.
+pub fn buildable(kind: &str, facts: &crate::upstream::versions::Facts) -> bool {
+    let deepspeed =
+        kind != "adafactor" && (!DS_ONLY.contains(&kind) || facts.ds_optimizers.contains(&kind));
+    let names = facts.hf_optim_names;
+    let hf = crate::upstream::hf_optimizers::class(kind).is_some()
+        && (names.contains(&crate::emit::training_args::hf_optim(kind))
+            || (names.is_empty() && matches!(kind, "adamw" | "adam" | "adafactor")));
+    deepspeed || hf
+}
+
 /// Rules for a DeepSpeed `optimizer` section.
 fn deepspeed_owned(r: &Resolved, o: &Opt, out: &mut Vec<Diagnostic>) {
     if o.kind == "adafactor" {
@@ -515,6 +530,10 @@ fn hf_owned(r: &Resolved, o: &Opt, out: &mut Vec<Diagnostic>) {
         || (o.kind == "adam" && o.weight_decay > 0.0)
     {
         out.push(no_hf_optimizer(r, o));
+        return;
+    }
+    if let Some(d) = not_in_release(r, o) {
+        out.push(d);
         return;
     }
     not_passed(r, o, out);
@@ -568,6 +587,54 @@ fn adam_l2(r: &Resolved, o: &Opt) -> Diagnostic {
 /// then refuse the recipe's HF schedule, R0413).
 fn to_deepspeed(d: Diagnostic, r: &Resolved) -> Diagnostic {
     fix::with_set(d, r, "optimizer.owner", "deepspeed")
+}
+
+/// The target transformers lacks the `optim` value the compiler writes for the kind
+/// ([`Facts::hf_optim_names`]): before 4.16.0 there is no `optim` and the Trainer builds AdamW
+/// whatever the kind (Adafactor with `adafactor = true`, which the compiler writes); later,
+/// HfArgumentParser refuses a value its `OptimizerNames` lacks (argparse's "invalid choice").
+///
+/// [`Facts::hf_optim_names`]: crate::upstream::versions::Facts::hf_optim_names
+fn not_in_release(r: &Resolved, o: &Opt) -> Option<Diagnostic> {
+    let names = r.facts.hf_optim_names;
+    let tf = r.targets.transformers;
+    let name = crate::emit::training_args::hf_optim(o.kind);
+    // Adam without weight decay is AdamW (hf_owned refuses it with decay).
+    let builds_adamw = matches!(o.kind, "adamw" | "adam");
+    if names.contains(&name) || (names.is_empty() && (builds_adamw || o.kind == "adafactor")) {
+        return None;
+    }
+    let first = super::precision::first_release(|f| {
+        matches!(f, crate::upstream::versions::Fact::HfOptimNames(n) if n.contains(&name))
+    })?;
+    let (message, label) = if names.is_empty() {
+        (
+            format!(
+                "transformers {tf} has no `optim`: with `owner = hf` its Trainer builds AdamW, not {}",
+                display(o.kind)
+            ),
+            "HF builds AdamW whatever the kind".to_string(),
+        )
+    } else {
+        (
+            format!(
+                "transformers {tf}'s `optim` has no `{name}`: the launch stops in HfArgumentParser (\"argument --optim: invalid choice: '{name}'\")"
+            ),
+            format!("HF builds the optimizer from `optim = \"{name}\"`"),
+        )
+    };
+    let mut d = Diagnostic::error(NO_HF_OPTIMIZER, message, anchor(r, "optimizer.owner"))
+        .with_label(label);
+    if r.span("optimizer.owner").is_some() {
+        if let Some(span) = r.span("optimizer.kind") {
+            d = d.with_secondary(span, format!("`{}`", o.kind));
+        }
+    }
+    let help = format!(
+        "target transformers ≥ {first} (`optim = \"{name}\"` arrived then), or write `owner = deepspeed` (DeepSpeed builds {})",
+        display(o.kind)
+    );
+    Some(to_deepspeed(d.with_help(help), r))
 }
 
 /// HF's `optim` has no LAMB, no 1-bit optimizer and no classic Adam

@@ -296,6 +296,10 @@ pub struct Facts {
     /// weight_decay, nesterov; Adagrad: lr_decay, weight_decay, eps). Before, the Trainer builds
     /// `torch.optim.SGD` / `torch.optim.Adagrad` with `lr` alone and ignores `optim_args`.
     pub hf_sgd_adagrad_optim_args: bool,
+    /// The `optim` values (`TrainingArguments.optim`, enum `OptimizerNames`) the release has,
+    /// among those the compiler writes (src/emit/training_args.rs `hf_optim`); empty before the
+    /// field exists, when the Trainer builds AdamW (or Adafactor with `adafactor = true`).
+    pub hf_optim_names: &'static [&'static str],
     /// The `lr_scheduler_type` values (`SchedulerType`) the release knows; any other value stops
     /// `TrainingArguments` with "'<name>' is not a valid SchedulerType".
     pub hf_scheduler_kinds: &'static [&'static str],
@@ -417,6 +421,8 @@ pub enum Fact {
     HfSchedulerKwargs(bool),
     /// See [`Facts::hf_sgd_adagrad_optim_args`].
     HfSgdAdagradOptimArgs(bool),
+    /// See [`Facts::hf_optim_names`].
+    HfOptimNames(&'static [&'static str]),
     /// See [`Facts::hf_scheduler_kinds`].
     HfSchedulerKinds(&'static [&'static str]),
     /// See [`Facts::hf_ds_optimizer_hf_scheduler_error`].
@@ -561,6 +567,13 @@ pub static CHANGES: &[Change] = &[
     row(T, (5, 4, 0), HfSchedulerKinds(&["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt", "reduce_lr_on_plateau", "cosine_with_min_lr", "warmup_stable_decay", "cosine_warmup_with_min_lr", "greedy"]), "transformers@v5.4.0 trainer_utils.py:SchedulerType (released wheel; absent in v5.3.0)"),
     row(T, (4, 36, 0), HfSchedulerKwargs(true), "transformers@v4.36.0 training_args.py: lr_scheduler_kwargs (released wheel)"),
     row(T, (0, 0, 0), HfSgdAdagradOptimArgs(false), "transformers@v5.2.0 trainer_optimizer.py:_get_sgd, _get_adagrad (lr only; v4.24.0–v5.0.0 trainer.py:Trainer.get_optimizer_cls_and_kwargs likewise; released wheels)"),
+    // Read in the released wheels' training_args.py (`class OptimizerNames`, the `optim` field):
+    // absent in 4.6.1 … 4.15.0; 4.16.0–4.18.0 adamw_* and adafactor; sgd and adagrad from 4.19.0;
+    // lion_32bit from 4.30.0 (absent in 4.29.0); all five in every later release sampled.
+    row(T, (0, 0, 0), HfOptimNames(&[]), "transformers@v4.15.0 training_args.py:TrainingArguments (no `optim` field; trainer.py:create_optimizer builds AdamW, or Adafactor when `adafactor`)"),
+    row(T, (4, 16, 0), HfOptimNames(&["adafactor", "adamw_torch"]), "transformers@v4.16.0 training_args.py:OptimizerNames, TrainingArguments.optim"),
+    row(T, (4, 19, 0), HfOptimNames(&["adafactor", "adagrad", "adamw_torch", "sgd"]), "transformers@v4.19.0 training_args.py:OptimizerNames (SGD, ADAGRAD; absent in v4.18.0)"),
+    row(T, (4, 30, 0), HfOptimNames(&["adafactor", "adagrad", "adamw_torch", "lion_32bit", "sgd"]), "transformers@v4.30.0 training_args.py:OptimizerNames (LION; absent in v4.29.0; same in v5.24.0)"),
     row(T, (5, 3, 0), HfSgdAdagradOptimArgs(true), "transformers PR #44203, v5.3.0 trainer_optimizer.py:_get_sgd, _get_adagrad (parse optim_args; released wheel, same in v5.24.0)"),
     row(T, (4, 9, 0), HfOffloadNeedsDsOptimizer(false), "transformers PR #12690 (non-native optimizers with ZeRO-Offload), v4.9.0: deepspeed.py:deepspeed_init only logs"),
     row(T, (0, 0, 0), HfDsOptimizerHfSchedulerError(Some("At the moment HF scheduler + DeepSpeed optimizer combination is not possible")), "transformers@v4.6.1 integrations.py:deepspeed_init (docs/upstream.md §4.2); same in v4.9.0 deepspeed.py"),
@@ -647,6 +660,7 @@ impl Fact {
             HfOffloadNeedsDsOptimizer(v) => f.hf_offload_needs_ds_optimizer = v,
             HfSchedulerKwargs(v) => f.hf_scheduler_kwargs = v,
             HfSgdAdagradOptimArgs(v) => f.hf_sgd_adagrad_optim_args = v,
+            HfOptimNames(v) => f.hf_optim_names = v,
             HfSchedulerKinds(v) => f.hf_scheduler_kinds = v,
             HfDsOptimizerHfSchedulerError(v) => f.hf_ds_optimizer_hf_scheduler_error = v,
             AccCpuOptimizerByClass(v) => f.acc_cpu_optimizer_by_class = v,
@@ -707,6 +721,7 @@ impl Facts {
             hf_offload_needs_ds_optimizer: true,
             hf_scheduler_kwargs: false,
             hf_sgd_adagrad_optim_args: false,
+            hf_optim_names: &[],
             hf_scheduler_kinds: &[],
             hf_ds_optimizer_hf_scheduler_error: None,
             acc_cpu_optimizer_by_class: false,
@@ -772,8 +787,8 @@ mod tests {
             }
             last.insert(d, c.since);
         }
-        // Every field has a 0.0.0 row: 51 facts.
-        assert_eq!(last.len(), 51);
+        // Every field has a 0.0.0 row: 52 facts.
+        assert_eq!(last.len(), 52);
     }
 
     #[test]
