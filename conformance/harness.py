@@ -330,9 +330,12 @@ class Quiet:
         return False
 
 
-def dummy_optimizer(lr: float, betas=(0.9, 0.999)):
-    p = torch.nn.Parameter(torch.zeros(1))
-    return torch.optim.AdamW([p], lr=lr, betas=tuple(betas))
+def dummy_optimizer(lr: float, betas=(0.9, 0.999), groups: int = 1):
+    """An AdamW over `groups` parameter groups of one parameter each: 2 stands for the optimizer
+    Trainer.create_optimizer builds (the weights that decay, then biases and LayerNorm weights),
+    1 for the one DeepSpeed builds from the flat parameter list HF passes it."""
+    ps = [{"params": [torch.nn.Parameter(torch.zeros(1))]} for _ in range(groups)]
+    return torch.optim.AdamW(ps, lr=lr, betas=tuple(betas))
 
 
 def record_lrs(optimizer, scheduler, total: int) -> list[float]:
@@ -353,8 +356,10 @@ def record_lrs(optimizer, scheduler, total: int) -> list[float]:
     return out
 
 
-def hf_lrs(args, lr: float, betas, total: int, warmup: int) -> list[float]:
-    opt = dummy_optimizer(lr, betas)
+def hf_lrs(args, lr: float, betas, total: int, warmup: int, groups: int = 1) -> list[float]:
+    # Per-group scheduler arguments (GreedyLR's / ReduceLROnPlateau's `min_lr` lists) are
+    # counted against the optimizer's parameter groups.
+    opt = dummy_optimizer(lr, betas, groups)
     sched = get_scheduler(args.lr_scheduler_type, optimizer=opt, num_warmup_steps=warmup,
                           num_training_steps=total,
                           scheduler_specific_kwargs=args.lr_scheduler_kwargs)
@@ -570,10 +575,15 @@ def run_chain(emitted: dict, targs: dict, ds_path: Path, case: dict, res: dict, 
             # S3: deepspeed_init → trainer_config_finalize → deepspeed_optim_sched
             hfc = args.hf_deepspeed_config
             hfc.trainer_config_finalize(args, model, total)
-            params = [torch.nn.Parameter(torch.zeros(1))]
+            params = [torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(1))]
             stub = types.SimpleNamespace(args=args, lr_scheduler=None)
+            # Trainer.create_optimizer's two parameter groups (the weights that decay, then
+            # biases and LayerNorm weights with weight_decay 0), which per-group scheduler
+            # arguments (GreedyLR / ReduceLROnPlateau `min_lr` lists) are counted against.
             stub.create_optimizer = lambda: torch.optim.AdamW(
-                params, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
+                [{"params": [params[0]], "weight_decay": args.weight_decay},
+                 {"params": [params[1]], "weight_decay": 0.0}],
+                lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
                 eps=args.adam_epsilon, weight_decay=args.weight_decay)
             optimizer, scheduler = deepspeed_optim_sched(stub, hfc, args, total, params)
             # S4: accelerate's last fill
@@ -656,7 +666,8 @@ def run_chain(emitted: dict, targs: dict, ds_path: Path, case: dict, res: dict, 
     res["lr_side"] = side
     try:
         res["lr"] = (ds_lrs(cfg["scheduler"], peak, betas, total) if side == "deepspeed"
-                     else hf_lrs(args, peak, betas, total, hf_warmup))
+                     else hf_lrs(args, peak, betas, total, hf_warmup,
+                                 groups=1 if "optimizer" in cfg else 2))
     except Exception as e:  # noqa: BLE001
         errors.append({"stage": f"{side}-scheduler", "error": err_text(e)})
         res["lr"] = None

@@ -77,6 +77,9 @@ fn cause_codes(error: &str) -> &'static [&'static str] {
         ("schedule_with_warmup()", &["R1207"]),
         ("warmup_lr_rate()", &["R1207"]),
         ("Plateau.__init__()", &["R1207"]),
+        // GreedyLR / ReduceLROnPlateau: a per-group list of the wrong length.
+        ("min_lrs, got", &["R1207"]),
+        ("max_lrs, got", &["R1207"]),
         ("must be smaller than initial lr", &["R1207"]),
         ("Invalid communication_data_type", &["R1222"]),
         ("together with --deepspeed is not possible", &["R1206"]),

@@ -228,16 +228,24 @@ fn metric_schedule_note(r: &Resolved) -> Option<String> {
     let lr = r.num("optimizer.lr");
     let factor = fmt_f64(r.num("schedule.factor"));
     let n = r.count("schedule.patience") + 1;
+    // One value, or one per parameter group (`[1e-6, 0]`; the table shows group 0's LR).
+    let bound = |key: &str| match r.per_group(key) {
+        Some(list) => {
+            let each: Vec<String> = list.iter().map(|x| fmt_lr(*x)).collect();
+            format!("[{}] per parameter group", each.join(", "))
+        }
+        None => fmt_lr(r.num(key)),
+    };
     let moves = if kind == "greedy" {
         format!(
             "{n} evaluations without improvement multiply it by {factor} (not below min_lr = {}), {n} improving ones divide it by {factor} (not above max_lr = {})",
-            fmt_lr(r.num("schedule.min_lr")),
-            fmt_lr(r.num("schedule.max_lr"))
+            bound("schedule.min_lr"),
+            bound("schedule.max_lr")
         )
     } else {
         format!(
             "{n} evaluations without improvement multiply it by {factor} (not below min_lr = {})",
-            fmt_lr(r.num("schedule.min_lr"))
+            bound("schedule.min_lr")
         )
     };
     let lead = format!(

@@ -350,7 +350,10 @@ mod tests {
         // DeepSpeed 0.5.10 has no Lion and transformers 4.24.0's `optim` has no lion_32bit.
         let old = kinds(Version::new(4, 24, 0), Version::new(0, 5, 10));
         assert!(!old.iter().any(|k| k == "lion"), "{old:?}");
-        assert!(old.iter().any(|k| k == "adafactor" || k == "sgd"), "{old:?}");
+        assert!(
+            old.iter().any(|k| k == "adafactor" || k == "sgd"),
+            "{old:?}"
+        );
         // Either side builds it on the newest releases.
         let new = kinds(Version::new(5, 24, 0), Version::new(0, 19, 8));
         assert!(new.iter().any(|k| k == "lion"), "{new:?}");

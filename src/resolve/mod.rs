@@ -159,7 +159,20 @@ impl Resolved {
 
     /// A numeric value (`6%` is 0.06).
     pub fn f64(&self, key: &str) -> Option<f64> {
-        self.val(key).and_then(Val::as_f64)
+        match self.val(key)? {
+            // A per-group list (`min_lr = [1e-5, 0]`): parameter group 0's value, the group
+            // whose LR the Trainer logs (`get_last_lr()[0]`); [`Resolved::per_group`] has all.
+            Val::List(items) => items.first().and_then(Val::as_f64),
+            v => v.as_f64(),
+        }
+    }
+
+    /// The values of a per-parameter-group list (`min_lr = [1e-5, 0]`); None for one number.
+    pub fn per_group(&self, key: &str) -> Option<Vec<f64>> {
+        match self.val(key)? {
+            Val::List(items) => items.iter().map(Val::as_f64).collect(),
+            _ => None,
+        }
     }
 
     /// A word value (or a call's name).

@@ -604,9 +604,9 @@ fn not_in_release(r: &Resolved, o: &Opt) -> Option<Diagnostic> {
     if names.contains(&name) || (names.is_empty() && (builds_adamw || o.kind == "adafactor")) {
         return None;
     }
-    let first = super::precision::first_release(|f| {
-        matches!(f, crate::upstream::versions::Fact::HfOptimNames(n) if n.contains(&name))
-    })?;
+    let first = super::precision::first_release(
+        |f| matches!(f, crate::upstream::versions::Fact::HfOptimNames(n) if n.contains(&name)),
+    )?;
     let (message, label) = if names.is_empty() {
         (
             format!(
@@ -623,8 +623,8 @@ fn not_in_release(r: &Resolved, o: &Opt) -> Option<Diagnostic> {
             format!("HF builds the optimizer from `optim = \"{name}\"`"),
         )
     };
-    let mut d = Diagnostic::error(NO_HF_OPTIMIZER, message, anchor(r, "optimizer.owner"))
-        .with_label(label);
+    let mut d =
+        Diagnostic::error(NO_HF_OPTIMIZER, message, anchor(r, "optimizer.owner")).with_label(label);
     if r.span("optimizer.owner").is_some() {
         if let Some(span) = r.span("optimizer.kind") {
             d = d.with_secondary(span, format!("`{}`", o.kind));

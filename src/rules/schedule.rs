@@ -76,6 +76,9 @@ pub const RAW_SCHEDULE_KWARG: &str = "R0317";
 /// `greedy` whose floor `min_lr` (HF GreedyLR's default 1e-3) is not below the learning rate:
 /// the LR is never lowered.
 pub const GREEDY_NEVER_LOWERS: &str = "R0318";
+/// A per-parameter-group list (`min_lr = [1e-5, 0]`) where the schedule takes one number, or
+/// whose length is not the optimizer's number of parameter groups.
+pub const PER_GROUP_LIST: &str = "R0319";
 
 /// This family's codes.
 pub const CODES: &[(&str, &str, &str)] = &[
@@ -168,6 +171,11 @@ pub const CODES: &[(&str, &str, &str)] = &[
         GREEDY_NEVER_LOWERS,
         "greedy-never-lowers",
         "greedy's floor min_lr is not below the learning rate: the LR is never lowered",
+    ),
+    (
+        PER_GROUP_LIST,
+        "per-group-list",
+        "a list of one value per parameter group where the schedule takes one number, or of the wrong length",
     ),
 ];
 
@@ -402,6 +410,11 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
         return;
     };
     twice(r, kind, out);
+    let lists = per_group_lists(r, kind);
+    if !lists.is_empty() {
+        out.extend(lists);
+        return;
+    }
     if matches!(kind, "reduce_lr_on_plateau" | "greedy") {
         if let Some(d) = plateau_stepped_by_deepspeed(r, kind) {
             out.push(d);
@@ -560,11 +573,28 @@ fn factor_not_below_one(r: &Resolved, kind: &str) -> Option<Diagnostic> {
 /// (`_increase_lr`, up to `max_lr`), or never moves. Only when HF steps it (`owner = hf`); with a
 /// DeepSpeed optimizer R0315 says what happens instead.
 fn greedy_never_lowers(r: &Resolved) -> Option<Diagnostic> {
-    let (lr, min_lr) = (r.f64("optimizer.lr")?, r.num("schedule.min_lr"));
-    let (factor, max_lr) = (r.num("schedule.factor"), r.num("schedule.max_lr"));
-    if min_lr < lr || factor >= 1.0 {
-        return None; // it lowers the LR, or HF refuses the factor (R0316)
+    let lr = r.f64("optimizer.lr")?;
+    let factor = r.num("schedule.factor");
+    // Per parameter group where the recipe gives lists: the first group whose floor holds.
+    let mins = r.per_group("schedule.min_lr");
+    let maxs = r.per_group("schedule.max_lr");
+    let groups = mins.as_ref().or(maxs.as_ref()).map_or(1, Vec::len);
+    let at = |list: &Option<Vec<f64>>, key: &str, g: usize| {
+        list.as_ref().map_or_else(|| r.num(key), |l| l[g])
+    };
+    let group = (0..groups).find(|&g| at(&mins, "schedule.min_lr", g) >= lr)?;
+    let (min_lr, max_lr) = (
+        at(&mins, "schedule.min_lr", group),
+        at(&maxs, "schedule.max_lr", group),
+    );
+    if factor >= 1.0 {
+        return None; // HF refuses the factor (R0316)
     }
+    let whose = if groups > 1 {
+        format!(" of parameter group {group} ({})", group_name(group))
+    } else {
+        String::new()
+    };
     let n = r.count("schedule.patience") + 1;
     let after = if max_lr > lr {
         format!(
@@ -581,7 +611,7 @@ fn greedy_never_lowers(r: &Resolved) -> Option<Diagnostic> {
     let mut d = Diagnostic::warning(
         GREEDY_NEVER_LOWERS,
         format!(
-            "`greedy` never lowers the learning rate: its floor min_lr = {} is not below lr = {}, so a cut on a plateau, max(lr × {}, min_lr), is no cut; {after}",
+            "`greedy` never lowers the learning rate{whose}: its floor min_lr = {} is not below lr = {}, so a cut on a plateau, max(lr × {}, min_lr), is no cut; {after}",
             fmt_lr(min_lr),
             fmt_lr(lr),
             fmt_f64(factor)
@@ -610,7 +640,106 @@ fn greedy_never_lowers(r: &Resolved) -> Option<Diagnostic> {
     let d = d.with_help(
         "write a `min_lr` below the learning rate (`min_lr = 0` for no floor) for the LR to come down on a plateau; nothing to fix if only increases are intended",
     );
+    if mins.is_some() {
+        return Some(d); // which group's floor to lower is the user's choice
+    }
     Some(super::fix::with_set(d, r, "schedule.min_lr", "0"))
+}
+
+/// The parameter groups of the optimizer a per-group list speaks to: HF's Trainer builds two
+/// (transformers v5.24.0 `trainer.py:Trainer.create_optimizer`: the parameters that decay, then
+/// biases and LayerNorm weights with weight_decay 0); DeepSpeed builds its optimizer from the
+/// one flat list HF passes it (`integrations/deepspeed.py:deepspeed_optim_sched`).
+fn param_groups(r: &Resolved) -> usize {
+    if r.word("optimizer.owner") == Some("hf") {
+        2
+    } else {
+        1
+    }
+}
+
+/// How a message names parameter group `g` of HF's optimizer.
+fn group_name(g: usize) -> &'static str {
+    if g == 0 {
+        "the weights that decay"
+    } else {
+        "biases and LayerNorm weights"
+    }
+}
+
+/// R0319: `min_lr`/`max_lr` as a list, one value per parameter group. torch's
+/// ReduceLROnPlateau (`min_lr`) and HF's GreedyLR (`min_lr`, `max_lr`) take one; both raise
+/// `ValueError(f"expected {len(optimizer.param_groups)} min_lrs, got {len(min_lr)}")` when the
+/// length differs (torch 2.15 `optim/lr_scheduler.py:ReduceLROnPlateau.__init__`,
+/// transformers v5.24.0 `optimization.py:GreedyLR.__init__`). Every other kind takes a number.
+fn per_group_lists(r: &Resolved, kind: &str) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    for name in ["min_lr", "max_lr"] {
+        let key = format!("schedule.{name}");
+        let Some(list) = r.per_group(&key) else {
+            continue;
+        };
+        let takes = match name {
+            "min_lr" => matches!(kind, "greedy" | "reduce_lr_on_plateau"),
+            _ => kind == "greedy",
+        };
+        let values: Vec<String> = list.iter().map(|x| fmt_lr(*x)).collect();
+        if !takes {
+            let first = values[0].clone();
+            out.push(super::fix::with_set(
+                Diagnostic::error(
+                    PER_GROUP_LIST,
+                    format!("`{kind}` takes one `{name}`, not one per parameter group"),
+                    anchor(r, &key),
+                )
+                .with_label(format!("{} values", list.len()))
+                .with_help(format!(
+                    "write one number (`{name} = {}`); a list per parameter group is for {}",
+                    values[0],
+                    if name == "min_lr" {
+                        "`greedy` and `reduce_lr_on_plateau`"
+                    } else {
+                        "`greedy`"
+                    }
+                )),
+                r,
+                &key,
+                &first,
+            ));
+            continue;
+        }
+        let groups = param_groups(r);
+        if list.len() == groups {
+            continue;
+        }
+        let (who, class) = if kind == "greedy" {
+            ("HF's GreedyLR", "GreedyLR")
+        } else {
+            ("torch's ReduceLROnPlateau", "ReduceLROnPlateau")
+        };
+        let built = if groups == 2 {
+            "HF builds the optimizer with 2 parameter groups (the weights that decay; biases and LayerNorm weights)"
+        } else {
+            "DeepSpeed builds the optimizer with 1 parameter group"
+        };
+        let d = Diagnostic::error(
+            PER_GROUP_LIST,
+            format!(
+                "{} values of `{name}` for {groups} parameter group{}: {who} stops the run when the Trainer builds the scheduler",
+                list.len(),
+                if groups == 1 { "" } else { "s" }
+            ),
+            anchor(r, &key),
+        )
+        .with_label(format!("{name} = [{}]", values.join(", ")))
+        .with_help(format!(
+            "{built}, and {class} raises ValueError(\"expected {groups} {name}s, got {}\"); write {groups} value{} (or one number for every group)",
+            list.len(),
+            if groups == 1 { "" } else { "s" }
+        ));
+        out.push(d);
+    }
+    out
 }
 
 /// Raw `hf { lr_scheduler_kwargs.<x> }` entries the `schedule` block does not model (the modelled

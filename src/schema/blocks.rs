@@ -105,6 +105,11 @@ const LR: Ty = Ty::Number {
     min: 0.0,
     max: f64::INFINITY,
 };
+/// A learning rate, or one per parameter group (R0319 says which kinds take a list).
+const LRS: Ty = Ty::Numbers {
+    min: 0.0,
+    max: f64::INFINITY,
+};
 const UNIT: Ty = Ty::Number { min: 0.0, max: 1.0 };
 
 /// The parameter-name substrings HF's Trainer excludes from weight decay when it builds the
@@ -529,7 +534,7 @@ pub static BLOCKS: &[BlockSpec] = &[
                 .ds("scheduler.params.warmup_type")
                 .kinds(DS_WARMUP)
                 .val(Lit::Word("linear"), "recipe default, like HF's warmup (DeepSpeed's own is log)"),
-            key("min_lr", LR, "learning rate at the start of warmup / end of decay (a metric-driven schedule's floor)")
+            key("min_lr", LRS, "learning rate at the start of warmup / end of decay (a metric-driven schedule's floor; one per parameter group for those)")
                 .ds("scheduler.params.warmup_min_lr")
                 .hf("lr_scheduler_kwargs.min_lr")
                 .kinds(&["WarmupLR", "WarmupDecayLR", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "reduce_lr_on_plateau", "greedy"])
@@ -542,7 +547,7 @@ pub static BLOCKS: &[BlockSpec] = &[
                 .hf("lr_scheduler_kwargs.warmup_lr_rate")
                 .kinds(&["cosine_warmup_with_min_lr"])
                 .later("1 / warmup: HF warms up as (step + 1) / warmup"),
-            key("max_lr", LR, "peak learning rate of a DeepSpeed warmup; greedy's ceiling")
+            key("max_lr", LRS, "peak learning rate of a DeepSpeed warmup; greedy's ceiling (one per parameter group for it)")
                 .ds("scheduler.params.warmup_max_lr")
                 .hf("lr_scheduler_kwargs.max_lr")
                 .kinds(&["WarmupLR", "WarmupDecayLR", "greedy"])

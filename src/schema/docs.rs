@@ -82,6 +82,16 @@ pub fn ty(t: &Ty) -> String {
         Ty::Fraction => "fraction".into(),
         Ty::Steps => "steps".into(),
         Ty::Pair { min, max } => format!("pair, each {}–{}", num(min), num(max)),
+        Ty::Numbers { min, max } if max == f64::INFINITY => {
+            format!("number ≥ {} (or one per parameter group)", num(min))
+        }
+        Ty::Numbers { min, max } => {
+            format!(
+                "number {}–{} (or one per parameter group)",
+                num(min),
+                num(max)
+            )
+        }
         Ty::StrList => "list of strings".into(),
         Ty::WordOrInt(ws, min, max) if max == i64::MAX => {
             format!("{} | integer ≥ {}", words(ws), int(min))

@@ -42,6 +42,14 @@ pub enum Ty {
         /// Largest allowed.
         max: f64,
     },
+    /// A number in `min..=max`, or a list of them, one per optimizer parameter group
+    /// (`min_lr = [1e-5, 1e-6]`, as torch's ReduceLROnPlateau and HF's GreedyLR take).
+    Numbers {
+        /// Smallest allowed.
+        min: f64,
+        /// Largest allowed.
+        max: f64,
+    },
     /// A list of strings.
     StrList,
     /// One of these words, or a whole number in `min..=max` (`loss_scale = dynamic`).
@@ -136,6 +144,7 @@ impl Ty {
             Ty::Fraction => "a fraction (a percentage such as 6% or a number from 0 to 1)".into(),
             Ty::Steps => "a number of steps (100) or a fraction of them (6%)".into(),
             Ty::Pair { .. } => "a pair of numbers such as (0.9, 0.999)".into(),
+            Ty::Numbers { .. } => "a number, or one per parameter group such as [1e-5, 0.0]".into(),
             Ty::StrList => "a list of strings".into(),
             Ty::WordOrInt(words, _, _) => format!("{} or a whole number", words_list(words)),
             Ty::Labels => "a number of labels (2) or their names ([\"ham\", \"spam\"])".into(),
@@ -239,6 +248,16 @@ impl Ty {
                     Ok(())
                 }
                 _ => Err(wrong()),
+            },
+            Ty::Numbers { min, max } => match &value.kind {
+                ValueKind::List(items) if items.is_empty() => Err(Mismatch::Range {
+                    why: "an empty list names no parameter group".into(),
+                    at: value.span,
+                }),
+                ValueKind::List(items) => items
+                    .iter()
+                    .try_for_each(|item| Ty::Number { min, max }.check(item)),
+                _ => Ty::Number { min, max }.check(value),
             },
             Ty::StrList => match &value.kind {
                 ValueKind::List(items) => items.iter().try_for_each(|item| match item.kind {

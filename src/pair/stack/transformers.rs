@@ -551,6 +551,40 @@ impl Work<'_> {
                 );
             }
         }
+        // A list of one value per parameter group (torch 2.15 ReduceLROnPlateau.__init__, HF's
+        // GreedyLR.__init__): as many as the optimizer has groups, two for the one HF builds
+        // (Trainer.create_optimizer: decaying weights, then the rest), one for DeepSpeed's (HF
+        // passes it one flat parameter list). The recipe side is rules/schedule.rs R0319.
+        let per_group: &[&str] = match kind.as_str() {
+            "reduce_lr_on_plateau" => &["min_lr"],
+            "greedy" => &["min_lr", "max_lr"],
+            _ => &[],
+        };
+        let groups = if self.get("optimizer").is_some() {
+            1
+        } else {
+            2
+        };
+        for k in per_group {
+            if let Some(Py::List(items)) = kwargs.get(k) {
+                if items.len() != groups {
+                    refuse(
+                        self,
+                        format!(
+                            "{} values of `{k}` for the optimizer's {groups} parameter group{}",
+                            items.len(),
+                            if groups == 1 { "" } else { "s" }
+                        ),
+                        "one per parameter group",
+                        format!("expected {groups} {k}s, got {}", items.len()),
+                        &format!(
+                            "give {groups} value{} or one number",
+                            if groups == 1 { "" } else { "s" }
+                        ),
+                    );
+                }
+            }
+        }
         if kind == "polynomial" {
             // The initial LR is the optimizer's: DeepSpeed's section when there is one.
             let lr = self
