@@ -1,4 +1,4 @@
-//! The CPU reference backend: plain loops (llm.c style) plus `matrixmultiply` for GEMMs.
+//! The CPU reference backend: plain loops (llm.c style) plus the `gemm` crate for GEMMs.
 //!
 //! Deterministic by construction: every reduction runs in a fixed order, and the optional threads
 //! split only independent work (rows of a GEMM's output, sequences of an attention call, rows or
@@ -118,6 +118,12 @@ fn par_each<T: Send>(threads: usize, items: Vec<T>, f: impl Fn(T) + Sync) {
 
 /// `C = alpha·A·B + beta·C` with arbitrary element strides, bounds-checked so the unsafe call
 /// cannot read or write outside the slices.
+///
+/// A row of `C` comes out the same whatever other rows share the call: the threads split the rows
+/// of one product, and the evaluation forward runs the last layer on the `[CLS]` rows only. The
+/// `gemm` crate's general kernel has that property (its K blocking depends on `k` alone), but it
+/// takes shape-dependent shortcuts for one row, small outputs and small `m` and `n` with long `k`
+/// (other summation orders); a call that could take one is padded with rows until it cannot.
 #[allow(clippy::too_many_arguments)]
 fn sgemm(
     m: usize,
@@ -141,26 +147,113 @@ fn sgemm(
         assert!(last(m, k, rsa, csa) < a.len(), "gemm: A out of bounds");
         assert!(last(k, n, rsb, csb) < b.len(), "gemm: B out of bounds");
     }
-    // SAFETY: the asserts above keep every accessed element inside the slices; `c` is borrowed
-    // mutably, so it cannot alias `a` or `b`. Strides fit in isize for any real allocation.
+    let rows = general_kernel_rows(n, k);
+    if m >= rows || n <= 1 || k <= 2 {
+        // SAFETY: the asserts above keep every accessed element inside the slices.
+        unsafe {
+            gemm_raw(
+                m,
+                k,
+                n,
+                alpha,
+                a,
+                (rsa, csa),
+                b,
+                (rsb, csb),
+                beta,
+                c,
+                (rsc, csc),
+            )
+        };
+        return;
+    }
+    let mut ap = vec![0.0f32; rows * k];
+    let mut cp = vec![0.0f32; rows * n];
+    for i in 0..m {
+        for p in 0..k {
+            ap[i * k + p] = a[i * rsa + p * csa];
+        }
+        if beta != 0.0 {
+            for j in 0..n {
+                cp[i * n + j] = c[i * rsc + j * csc];
+            }
+        }
+    }
+    // SAFETY: `ap` and `cp` are dense `rows × k` and `rows × n`; `b` was checked above.
     unsafe {
-        matrixmultiply::sgemm(
-            m,
+        gemm_raw(
+            rows,
             k,
             n,
             alpha,
-            a.as_ptr(),
-            rsa as isize,
-            csa as isize,
-            b.as_ptr(),
-            rsb as isize,
-            csb as isize,
+            &ap,
+            (k, 1),
+            b,
+            (rsb, csb),
             beta,
-            c.as_mut_ptr(),
-            rsc as isize,
-            csc as isize,
-        );
+            &mut cp,
+            (n, 1),
+        )
+    };
+    for i in 0..m {
+        for j in 0..n {
+            c[i * rsc + j * csc] = cp[i * n + j];
+        }
     }
+}
+
+/// The fewest rows for which `gemm` 0.18 runs its general kernel on an `n`-column, `k`-deep
+/// product: more than one row (GEMV), more than 256 outputs (dot-product kernels) and, with
+/// `n ≤ 64` and `k > 512`, more than 64 rows (a K blocking of its own).
+fn general_kernel_rows(n: usize, k: usize) -> usize {
+    let mut rows = (256 / n + 1).max(2);
+    if n <= 64 && k > 512 {
+        rows = rows.max(65);
+    }
+    rows
+}
+
+/// `gemm::gemm` single-threaded (the callers split rows themselves; it never splits K).
+///
+/// # Safety
+/// Every element the strides reach must lie inside the slices.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_raw(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: &[f32],
+    (rsa, csa): (usize, usize),
+    b: &[f32],
+    (rsb, csb): (usize, usize),
+    beta: f32,
+    c: &mut [f32],
+    (rsc, csc): (usize, usize),
+) {
+    // `c` is borrowed mutably, so it cannot alias `a` or `b`; strides fit in isize for any real
+    // allocation. gemm's own `alpha` scales the old C and its `beta` the product.
+    gemm::gemm(
+        m,
+        n,
+        k,
+        c.as_mut_ptr(),
+        csc as isize,
+        rsc as isize,
+        beta != 0.0,
+        a.as_ptr(),
+        csa as isize,
+        rsa as isize,
+        b.as_ptr(),
+        csb as isize,
+        rsb as isize,
+        beta,
+        alpha,
+        false,
+        false,
+        false,
+        gemm::Parallelism::None,
+    );
 }
 
 /// `erfc(x)` with fractional error below 1.2e-7 everywhere (the Chebyshev-fitted formula of
@@ -1068,6 +1161,43 @@ mod tests {
                 .map(|(x, y)| (x - y).abs())
                 .fold(0.0, f32::max);
             assert!(err < 1e-4, "({ta},{tb}) err {err}");
+        }
+    }
+
+    #[test]
+    fn gemm_rows_do_not_depend_on_the_rows_beside_them() {
+        let mut rng = crate::rng::Rng::new(4, 0);
+        let m = 200;
+        for (n, k) in [
+            (2, 384),
+            (16, 129),
+            (40, 700),
+            (70, 129),
+            (384, 384),
+            (130, 1536),
+        ] {
+            let a: Vec<f32> = (0..m * k).map(|_| rng.normal() as f32).collect();
+            let b: Vec<f32> = (0..k * n).map(|_| rng.normal() as f32).collect();
+            let c0: Vec<f32> = (0..m * n).map(|_| rng.normal() as f32).collect();
+            for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+                let sa = if ta { (1, m) } else { (k, 1) };
+                let sb = if tb { (1, k) } else { (n, 1) };
+                let mut full = c0.clone();
+                sgemm(m, k, n, 0.5, &a, sa, &b, sb, 1.5, &mut full, (n, 1));
+                for piece in [1, 3, 16, 70] {
+                    let mut c = c0.clone();
+                    for r0 in (0..m).step_by(piece) {
+                        let r = piece.min(m - r0);
+                        let (a_off, c_off) = (r0 * sa.0, r0 * n);
+                        let cs = &mut c[c_off..];
+                        sgemm(r, k, n, 0.5, &a[a_off..], sa, &b, sb, 1.5, cs, (n, 1));
+                    }
+                    assert!(
+                        c == full,
+                        "n {n} k {k} ta {ta} tb {tb}: {piece}-row calls differ"
+                    );
+                }
+            }
         }
     }
 

@@ -343,6 +343,82 @@ impl<B: Backend> Acts<B> {
     }
 }
 
+/// Buffers of the evaluation forward ([`forward_eval`]): one layer's worth, reused by every layer,
+/// since no backward follows and nothing has to be kept.
+pub(crate) struct EvalActs<B: Backend> {
+    pub batch: usize,
+    pub seq: usize,
+    ids: B::Ids,
+    types: B::Ids,
+    mask: B::Ids,
+    /// The current layer's input.
+    x: B::Buf,
+    /// The embedding sum, then each layer's output (swapped with `x`).
+    y: B::Buf,
+    q: B::Buf,
+    k: B::Buf,
+    v: B::Buf,
+    ctx: B::Buf,
+    probs: B::Buf,
+    tail: EvalTail<B>,
+    /// The last layer's input at the `[CLS]` rows.
+    cls: B::Buf,
+    pool_pre: B::Buf,
+    pool: B::Buf,
+    pub logits: B::Buf,
+}
+
+/// Scratch of [`eval_tail`].
+struct EvalTail<B: Backend> {
+    res: B::Buf,
+    x1: B::Buf,
+    inter: B::Buf,
+    act: B::Buf,
+    mean: B::Buf,
+    rstd: B::Buf,
+}
+
+impl<B: Backend> EvalActs<B> {
+    pub(crate) fn new(be: &B, c: &BertConfig, labels: usize, batch: usize, seq: usize) -> Self {
+        let n = batch * seq;
+        let (h, i) = (c.hidden_size, c.intermediate_size);
+        let a = |len: usize| be.alloc(len);
+        EvalActs {
+            batch,
+            seq,
+            ids: be.upload_ids(&[]),
+            types: be.upload_ids(&[]),
+            mask: be.upload_ids(&[]),
+            x: a(n * h),
+            y: a(n * h),
+            q: a(n * h),
+            k: a(n * h),
+            v: a(n * h),
+            ctx: a(n * h),
+            probs: a(batch * c.num_attention_heads * seq * seq),
+            tail: EvalTail {
+                res: a(n * h),
+                x1: a(n * h),
+                inter: a(n * i),
+                act: a(n * i),
+                mean: a(n),
+                rstd: a(n),
+            },
+            cls: a(batch * h),
+            pool_pre: a(batch * h),
+            pool: a(batch * h),
+            logits: a(batch * labels),
+        }
+    }
+
+    /// Uploads one batch's integer inputs (already validated).
+    pub(crate) fn set_inputs(&mut self, be: &B, ids: &[u32], types: &[u32], mask: &[u32]) {
+        be.write_ids(&mut self.ids, ids);
+        be.write_ids(&mut self.types, types);
+        be.write_ids(&mut self.mask, mask);
+    }
+}
+
 /// Dropout keys of one micro-batch: site `s` uses Philox stream `base + s`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Drop {
@@ -586,6 +662,214 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
         be,
         be.view_mut(&mut a.logits),
         be.view(&a.pool_drop),
+        p,
+        lay.head,
+        bsz,
+        h,
+    );
+    src.release(tail)
+}
+
+/// The rest of an encoder layer after attention, on `rows` tokens whose attention context is
+/// `ctx`'s rows `ld_ctx` apart and whose input is row `r` of `x`: `y = LN2(x1 + FFN(x1))` with
+/// `x1 = LN1(x + ctx · Woᵀ)`. The same kernels in the same order as [`forward`] without dropout,
+/// so every row's bits are the training forward's.
+#[allow(clippy::too_many_arguments)]
+fn eval_tail<B: Backend>(
+    be: &B,
+    c: &BertConfig,
+    ll: &LayerLayout,
+    p: B::View<'_>,
+    a: &mut EvalTail<B>,
+    ctx: B::View<'_>,
+    x: B::View<'_>,
+    y: B::ViewMut<'_>,
+    rows: usize,
+    ld_ctx: usize,
+) {
+    let (h, im, eps) = (c.hidden_size, c.intermediate_size, c.layer_norm_eps as f32);
+    let (nh, ni) = (rows * h, rows * im);
+    linear_fwd(
+        be,
+        be.range_mut(&mut a.res, 0..nh),
+        ctx,
+        p,
+        ll.o,
+        rows,
+        ld_ctx,
+    );
+    be.add_assign(be.range_mut(&mut a.res, 0..nh), be.sub(x, 0..nh));
+    be.layernorm_fwd(
+        be.range_mut(&mut a.x1, 0..nh),
+        be.view_mut(&mut a.mean),
+        be.view_mut(&mut a.rstd),
+        be.view(&a.res),
+        be.sub(p, ll.ln1.w()),
+        be.sub(p, ll.ln1.b()),
+        rows,
+        h,
+        eps,
+    );
+    linear_fwd(
+        be,
+        be.range_mut(&mut a.inter, 0..ni),
+        be.view(&a.x1),
+        p,
+        ll.inter,
+        rows,
+        h,
+    );
+    be.gelu_fwd(
+        be.range_mut(&mut a.act, 0..ni),
+        be.sub(be.view(&a.inter), 0..ni),
+    );
+    linear_fwd(
+        be,
+        be.range_mut(&mut a.res, 0..nh),
+        be.view(&a.act),
+        p,
+        ll.out,
+        rows,
+        im,
+    );
+    be.add_assign(
+        be.range_mut(&mut a.res, 0..nh),
+        be.sub(be.view(&a.x1), 0..nh),
+    );
+    be.layernorm_fwd(
+        y,
+        be.view_mut(&mut a.mean),
+        be.view_mut(&mut a.rstd),
+        be.view(&a.res),
+        be.sub(p, ll.ln2.w()),
+        be.sub(p, ll.ln2.b()),
+        rows,
+        h,
+        eps,
+    );
+}
+
+/// The evaluation forward (no dropout): the logits of [`forward`] bit for bit, leaving them in
+/// `a.logits`, with one layer's buffers instead of every layer's. The last layer runs its
+/// attention output and feed-forward on the `[CLS]` rows only: nothing else reaches the pooler,
+/// and every kernel treats rows independently, so those rows come out the same.
+pub(crate) fn forward_eval<B: Backend, W: ParamSource<B>>(
+    be: &B,
+    c: &BertConfig,
+    lay: &Layout,
+    src: &mut W,
+    a: &mut EvalActs<B>,
+) -> Result<(), W::Error> {
+    let (bsz, t) = (a.batch, a.seq);
+    let n = bsz * t;
+    let (h, eps) = (c.hidden_size, c.layer_norm_eps as f32);
+    let shape = AttnShape {
+        batch: bsz,
+        seq: t,
+        heads: c.num_attention_heads,
+        head_dim: c.head_dim(),
+    };
+
+    let p = src.fetch(0)?;
+    be.embedding_fwd(
+        be.view_mut(&mut a.y),
+        &a.ids,
+        &a.types,
+        be.sub(p, lay.word..lay.pos),
+        be.sub(p, lay.pos..lay.typ),
+        be.sub(p, lay.typ..lay.emb_end),
+        bsz,
+        t,
+        h,
+    );
+    be.layernorm_fwd(
+        be.view_mut(&mut a.x),
+        be.view_mut(&mut a.tail.mean),
+        be.view_mut(&mut a.tail.rstd),
+        be.view(&a.y),
+        be.sub(p, lay.emb_ln.w()),
+        be.sub(p, lay.emb_ln.b()),
+        n,
+        h,
+        eps,
+    );
+    src.release(0)?;
+
+    let layers = lay.layers.len();
+    for (l, ll) in lay.layers.iter().enumerate() {
+        let p = src.fetch(1 + l)?;
+        let x = be.view(&a.x);
+        linear_fwd(be, be.view_mut(&mut a.q), x, p, ll.q, n, h);
+        linear_fwd(be, be.view_mut(&mut a.k), x, p, ll.k, n, h);
+        linear_fwd(be, be.view_mut(&mut a.v), x, p, ll.v, n, h);
+        be.attention_fwd(
+            be.view_mut(&mut a.ctx),
+            be.view_mut(&mut a.probs),
+            None,
+            be.view(&a.q),
+            be.view(&a.k),
+            be.view(&a.v),
+            &a.mask,
+            shape,
+            None,
+        );
+        let ctx = be.view(&a.ctx);
+        if l + 1 < layers {
+            eval_tail(
+                be,
+                c,
+                ll,
+                p,
+                &mut a.tail,
+                ctx,
+                x,
+                be.view_mut(&mut a.y),
+                n,
+                h,
+            );
+        } else {
+            // Only the [CLS] rows (row b·t) reach the pooler: gather their residual input and
+            // read their context rows t·h apart.
+            for b in 0..bsz {
+                let row = be.sub(x, b * t * h..b * t * h + h);
+                be.copy(be.range_mut(&mut a.cls, b * h..(b + 1) * h), row);
+            }
+            let y = be.range_mut(&mut a.y, 0..bsz * h);
+            eval_tail(
+                be,
+                c,
+                ll,
+                p,
+                &mut a.tail,
+                ctx,
+                be.view(&a.cls),
+                y,
+                bsz,
+                t * h,
+            );
+        }
+        std::mem::swap(&mut a.x, &mut a.y);
+        src.release(1 + l)?;
+    }
+
+    // Pooler on the [CLS] rows, compacted by the last layer (all rows when there are no layers).
+    let tail = lay.tail();
+    let p = src.fetch(tail)?;
+    let ld = if layers > 0 { h } else { t * h };
+    linear_fwd(
+        be,
+        be.view_mut(&mut a.pool_pre),
+        be.view(&a.x),
+        p,
+        lay.pooler,
+        bsz,
+        ld,
+    );
+    be.tanh_fwd(be.view_mut(&mut a.pool), be.view(&a.pool_pre));
+    linear_fwd(
+        be,
+        be.view_mut(&mut a.logits),
+        be.view(&a.pool),
         p,
         lay.head,
         bsz,

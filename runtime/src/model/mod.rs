@@ -34,7 +34,7 @@ pub use config::BertConfig;
 pub use on_device::{Executor, OnDevice};
 pub use segments::{BufGrads, BufParams, GradSink, ParamSource, Whole, WholeGrads};
 
-use bert::{Acts, Drop, Layout};
+use bert::{Acts, Drop, EvalActs, Layout};
 
 impl From<std::convert::Infallible> for ModelError {
     fn from(never: std::convert::Infallible) -> Self {
@@ -133,11 +133,16 @@ pub struct DropoutKey {
 /// Reusable activation buffers: reallocated only when the batch shape changes.
 pub struct Workspace<B: Backend = Cpu> {
     acts: Option<Acts<B>>,
+    /// The evaluation forward's (smaller) buffers.
+    eval: Option<EvalActs<B>>,
 }
 
 impl<B: Backend> Default for Workspace<B> {
     fn default() -> Self {
-        Workspace { acts: None }
+        Workspace {
+            acts: None,
+            eval: None,
+        }
     }
 }
 
@@ -490,6 +495,28 @@ impl Classifier {
         a
     }
 
+    /// The evaluation buffers of `ws` for `b`'s shape, holding `b`'s inputs.
+    fn prepare_eval<'w, B: Backend>(
+        &self,
+        be: &B,
+        ws: &'w mut Workspace<B>,
+        b: &Batch,
+    ) -> &'w mut EvalActs<B> {
+        let fits = matches!(&ws.eval, Some(a) if a.batch == b.batch && a.seq == b.seq);
+        if !fits {
+            ws.eval = Some(EvalActs::new(
+                be,
+                &self.config,
+                self.num_labels,
+                b.batch,
+                b.seq,
+            ));
+        }
+        let a = ws.eval.as_mut().expect("just set");
+        a.set_inputs(be, &b.input_ids, &b.token_type_ids, &b.attention_mask);
+        a
+    }
+
     /// Logits `[batch × num_labels]`, row-major, in eval mode (no dropout).
     pub fn forward(&self, batch: &Batch) -> Result<Vec<f32>, ModelError> {
         self.forward_ws(&mut Workspace::new(), batch)
@@ -507,10 +534,10 @@ impl Classifier {
         if let Some(x) = &self.executor {
             return x.forward(self, &probe);
         }
-        let a = self.prepare(ws, &probe);
         let be = self.backend;
+        let a = self.prepare_eval(&be, ws, &probe);
         let mut src = Whole::new(&self.params.data, &self.layout.segs);
-        let Ok(()) = bert::forward(&be, &self.config, &self.layout, &mut src, a, None);
+        let Ok(()) = bert::forward_eval(&be, &self.config, &self.layout, &mut src, a);
         let mut out = vec![0.0; batch.batch * self.num_labels];
         be.download(&a.logits, &mut out);
         Ok(out)
@@ -638,6 +665,8 @@ impl Classifier {
         }
         self.check_batch(&probe)?;
         let c = &self.config;
+        // The training forward, not `forward_eval`: device backends have not been checked on the
+        // latter's row-subset calls yet.
         let fits = matches!(&ws.acts, Some(a) if a.batch == batch.batch && a.seq == batch.seq);
         if !fits {
             ws.acts = Some(Acts::new(be, c, self.num_labels, batch.batch, batch.seq));
@@ -708,5 +737,61 @@ impl Classifier {
         self.params.data = data;
         self.stamp = new_stamp();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::precision::Dtype;
+
+    #[test]
+    fn eval_forward_is_the_training_forward_bit_for_bit() {
+        // Big enough that the GEMMs and elementwise kernels take their threaded paths.
+        let cfg = BertConfig::from_json(
+            r#"{"vocab_size": 50, "hidden_size": 64, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "intermediate_size": 256,
+                "max_position_embeddings": 64, "type_vocab_size": 2, "initializer_range": 0.3}"#,
+        )
+        .unwrap();
+        let (batch, seq) = (5, 40);
+        let mut r = Rng::new(11, 1);
+        let mut b = Batch {
+            batch,
+            seq,
+            labels: vec![0; batch],
+            ..Batch::default()
+        };
+        for i in 0..batch {
+            let len = if i == 0 {
+                seq
+            } else {
+                1 + r.below(seq as u64) as usize
+            };
+            for t in 0..seq {
+                let real = t < len;
+                b.input_ids
+                    .push(if real { 1 + r.below(49) as u32 } else { 0 });
+                b.token_type_ids.push(u32::from(real && t >= len / 2));
+                b.attention_mask.push(u32::from(real));
+            }
+        }
+        for (threads, store) in [(1, Dtype::F32), (3, Dtype::F32), (2, Dtype::Bf16)] {
+            let mut m = Classifier::random(cfg.clone(), 3, 5).unwrap();
+            m.set_backend(Cpu::new(threads).with_store(store));
+            let got = m.forward(&b).unwrap();
+            let be = m.backend;
+            let mut a = Acts::new(&be, &m.config, 3, batch, seq);
+            a.set_inputs(
+                &be,
+                &b.input_ids,
+                &b.token_type_ids,
+                &b.attention_mask,
+                &b.labels,
+            );
+            let mut src = Whole::new(&m.params.data, &m.layout.segs);
+            let Ok(()) = bert::forward(&be, &m.config, &m.layout, &mut src, &mut a, None);
+            assert_eq!(got, a.logits, "{threads} threads, {store:?}");
+        }
     }
 }
