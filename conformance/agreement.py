@@ -115,7 +115,8 @@ def native_side(ws: Path, recipe_bin: str, name: str) -> dict:
     steps = [r for r in recs if "loss" in r and "step" in r]
     end = next(r for r in recs if r.get("event") == "end")
     return {"seconds": secs, "steps": [r["step"] for r in steps], "lr": [r["lr"] for r in steps],
-            "loss": [r["loss"] for r in steps], "taken": end["steps"]["taken"],
+            "loss": [r["loss"] for r in steps], "grad_norm": [r.get("grad_norm") for r in steps],
+            "taken": end["steps"]["taken"],
             "predicted": end["steps"]["predicted"],
             "weights": load_file(str(ws / "out" / "model" / "model.safetensors"))}
 
@@ -152,7 +153,12 @@ def hf_side(ws: Path, recipe_bin: str, name: str, env: dict) -> dict:
     total = state["max_steps"]
     applied, after = hf_applied_lrs(args, total)
     logged = [h["learning_rate"] for h in logs]
+    # DeepSpeed's own count of applied optimizer steps: the engine saves its checkpoint under the
+    # tag `global_step{engine.global_steps}` (runtime/engine.py:save_checkpoint, DeepSpeed 0.19.8).
+    tags = [int(p.name[len("global_step"):]) for p in ckpts[-1].glob("global_step*")]
     return {"seconds": secs, "steps": [h["step"] for h in logs], "global_step": state["global_step"],
+            "ds_global_steps": max(tags) if tags else None,
+            "grad_norm": [h.get("grad_norm") for h in logs],
             "max_steps": total, "loss": [h["loss"] for h in logs], "lr_logged": logged,
             "lr": applied[:len(logs)], "lr_replay_matches_log": logged == after[:len(logs)],
             "train_sampling_strategy": args.get("train_sampling_strategy"),
@@ -227,12 +233,19 @@ def compare(nat: dict, hf: dict, init: dict) -> dict:
     lr_rel = max((abs(a - b) / abs(b) if b else abs(a - b) for a, b in zip(nat["lr"], hf["lr"])),
                  default=0.0)
     loss_rel = [abs(a - b) / abs(b) for a, b in zip(nat["loss"], hf["loss"])]
+    # The gradient norm each side clipped with (HF logs DeepSpeed's `get_global_grad_norm()`).
+    norm_rel = [abs(a - b) / abs(b) if a is not None and b else None
+                for a, b in zip(nat["grad_norm"], hf["grad_norm"])]
     rows = [{"step": k + 1, "native_lr": nat["lr"][k], "hf_lr": hf["lr"][k],
              "hf_lr_logged": hf["lr_logged"][k], "native_loss": nat["loss"][k],
-             "hf_loss": hf["loss"][k], "loss_rel": loss_rel[k]} for k in range(n)]
+             "hf_loss": hf["loss"][k], "loss_rel": loss_rel[k],
+             "native_grad_norm": nat["grad_norm"][k], "hf_grad_norm": hf["grad_norm"][k],
+             "grad_norm_rel": norm_rel[k]} for k in range(n)]
+    norms = [x for x in norm_rel if x is not None]
     return {
         "steps": {"native": nat["taken"], "native_predicted": nat["predicted"],
                   "hf_global_step": hf["global_step"], "hf_max_steps": hf["max_steps"],
+                  "deepspeed_global_steps": hf["ds_global_steps"],
                   "native_logged": len(nat["steps"]), "hf_logged": len(hf["steps"])},
         "lr": {"max_abs": lr_abs, "max_rel": lr_rel,
                "hf_replay_matches_log": hf["lr_replay_matches_log"]},
@@ -242,6 +255,9 @@ def compare(nat: dict, hf: dict, init: dict) -> dict:
                  "max_rel_before_short_batch": max(loss_rel[:clean], default=0.0),
                  "worst_step": 1 + max(range(n), key=lambda k: loss_rel[k]) if n else None,
                  "first_step_rel": loss_rel[0] if n else None},
+        "grad_norm": {"compared": len(norms), "max_rel": max(norms, default=None),
+                      "max_rel_before_short_batch": max(
+                          (x for x in norm_rel[:clean] if x is not None), default=None)},
         "weights": weight_deviation(nat["weights"], hf["weights"], init),
         "rows": rows,
     }

@@ -2,8 +2,9 @@
 //! conformance/agreement/ with `recipe run` and with `recipe build` + `bash launch.sh` (HF
 //! Trainer + DeepSpeed 0.19.8 on its CPU accelerator, world 1) from the same initial weights, and
 //! committed what it measured in conformance/fixtures/agreement.json. This test reads that
-//! fixture (no Python): the step counts equal each other and what `recipe steps` predicts today,
-//! the LRs are equal, and the loss curves and final weights are within the tolerances below,
+//! fixture (no Python): the step counts (the native run's, HF's and DeepSpeed's own) equal each
+//! other and what `recipe steps` predicts today, the LRs are equal, and the loss curves, the
+//! gradient norms clipped with and the final weights are within the tolerances below,
 //! set from the measurements (conformance/README.md, "The two backends agree").
 
 mod common;
@@ -22,6 +23,9 @@ const WEIGHTS_REL: f64 = 1e-6;
 const UPDATE_REL: f64 = 3e-5;
 /// Final weights: the largest elementwise difference (measured ≤ 4.6e-6).
 const WEIGHTS_ABS: f64 = 1e-5;
+/// The global gradient norm each side clips with, relative, every step where both log one
+/// (measured ≤ 2.2e-5, on a step whose norm is 0.023: fp32 reduction order).
+const GRAD_NORM_REL: f64 = 1e-4;
 /// The attention key biases (an exactly zero gradient: the runtime keeps them at 0, torch drifts
 /// by rounding noise; docs/runtime.md): largest difference (measured ≤ 2.1e-7).
 const KEY_BIAS_ABS: f64 = 1e-6;
@@ -115,6 +119,8 @@ fn both_backends_take_the_steps_recipe_steps_predicts_at_the_same_lr() {
             "hf_global_step",
             "hf_max_steps",
             "hf_logged",
+            // DeepSpeed's own count (the engine's checkpoint tag, global_step{N}).
+            "deepspeed_global_steps",
         ] {
             assert_eq!(s[key].as_u64(), Some(predicted), "{name}: steps.{key}");
         }
@@ -135,7 +141,7 @@ fn both_backends_take_the_steps_recipe_steps_predicts_at_the_same_lr() {
 
 #[test]
 fn loss_curves_and_final_weights_agree_to_fp32_reduction_order() {
-    let mut with_short_batch = 0;
+    let (mut with_short_batch, mut with_norms) = (0, 0);
     for r in fixture()["recipes"].as_array().unwrap() {
         let name = r["name"].as_str().unwrap();
         let rows = r["rows"].as_array().unwrap();
@@ -143,6 +149,22 @@ fn loss_curves_and_final_weights_agree_to_fp32_reduction_order() {
         for row in rows {
             let (a, b) = (f(&row["native_loss"]), f(&row["hf_loss"]));
             assert!((a - b).abs() <= LOSS_REL * b.abs(), "{name}: {row}");
+            // The global norm, where DeepSpeed reports one: at ZeRO-0 in fp32 its engine has no
+            // wrapper optimizer to take `_global_grad_norm` from (DeepSpeed 0.19.8
+            // runtime/engine.py `_take_model_step`), so HF logs none.
+            if !row["hf_grad_norm"].is_null() {
+                let (a, b) = (f(&row["native_grad_norm"]), f(&row["hf_grad_norm"]));
+                assert!(
+                    b > 0.0 && (a - b).abs() <= GRAD_NORM_REL * b,
+                    "{name}: {row}"
+                );
+            }
+        }
+        let zero = r["hf_build"]["zero_stage"].as_u64().unwrap_or(0);
+        let compared = r["grad_norm"]["compared"].as_u64().unwrap_or(0);
+        if zero >= 1 {
+            assert_eq!(compared, rows.len() as u64, "{name}: every step's norm");
+            with_norms += 1;
         }
         // A short last micro-batch is trained as it is on both sides at world 1 (it once was
         // padded natively: runtime/src/data/shard.rs `trainer_batches`).
@@ -162,4 +184,5 @@ fn loss_curves_and_final_weights_agree_to_fp32_reduction_order() {
         with_short_batch >= 1,
         "a recipe with a short last micro-batch keeps that case covered"
     );
+    assert!(with_norms >= 4, "ZeRO 1, 2, 2 + offload and 3 compare gradient norms");
 }
