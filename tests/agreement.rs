@@ -184,5 +184,8 @@ fn loss_curves_and_final_weights_agree_to_fp32_reduction_order() {
         with_short_batch >= 1,
         "a recipe with a short last micro-batch keeps that case covered"
     );
-    assert!(with_norms >= 4, "ZeRO 1, 2, 2 + offload and 3 compare gradient norms");
+    assert!(
+        with_norms >= 4,
+        "ZeRO 1, 2, 2 + offload and 3 compare gradient norms"
+    );
 }
