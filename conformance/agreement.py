@@ -121,12 +121,24 @@ def native_side(ws: Path, recipe_bin: str, name: str) -> dict:
             "weights": load_file(str(ws / "out" / "model" / "model.safetensors"))}
 
 
-def hf_applied_lrs(args: dict, total: int) -> tuple[list[float], list[float]]:
-    """The LR of each step 1..total+1 from HF's own scheduler (`get_scheduler`, as
-    `Trainer.create_scheduler` calls it) on a dummy optimizer, stepped once per optimizer step."""
+def hf_applied_lrs(args: dict, total: int, ds_sched: dict | None = None) -> tuple[list[float], list[float]]:
+    """The LR of each step 1..total+1 from the scheduler the run steps, on a dummy optimizer,
+    stepped once per optimizer step: HF's own (`get_scheduler`, as `Trainer.create_scheduler`
+    calls it), or, where the DeepSpeed config has a `scheduler` section, DeepSpeed's class with
+    its params (`runtime/lr_schedules.py`, as the engine's `_scheduler_from_config` builds it;
+    the engine steps it after every optimizer step and HF logs its `get_last_lr()`)."""
     from transformers import get_scheduler
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([p], lr=args["learning_rate"])
+    if ds_sched is not None:
+        from deepspeed.runtime import lr_schedules
+        sched = getattr(lr_schedules, ds_sched["type"])(opt, **(ds_sched.get("params") or {}))
+        out = []
+        for _ in range(total + 1):
+            out.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        return out[:-1], out[1:]
     warm = args.get("warmup_steps", 0)
     if isinstance(warm, float) and warm < 1:
         warm = math.ceil(warm * total)
@@ -151,7 +163,7 @@ def hf_side(ws: Path, recipe_bin: str, name: str, env: dict) -> dict:
     state = json.loads((ckpts[-1] / "trainer_state.json").read_text())
     logs = [h for h in state["log_history"] if "loss" in h and "step" in h]
     total = state["max_steps"]
-    applied, after = hf_applied_lrs(args, total)
+    applied, after = hf_applied_lrs(args, total, ds.get("scheduler"))
     logged = [h["learning_rate"] for h in logs]
     # DeepSpeed's own count of applied optimizer steps: the engine saves its checkpoint under the
     # tag `global_step{engine.global_steps}` (runtime/engine.py:save_checkpoint, DeepSpeed 0.19.8).
