@@ -101,3 +101,28 @@ fn bf16_storage_stays_near_the_cpu() {
     assert!((lc - lg).abs() <= 2e-2 * lc.abs(), "loss {lg} vs {lc}");
     close("gradient", &gg, &gc, 2e-2, 5e-2);
 }
+
+/// Evaluation logits (the evaluation forward: one layer's buffers, the last layer on the `[CLS]`
+/// rows only) on the emulated GPU against the CPU's.
+fn eval_logits(store: Dtype) -> (Vec<f32>, Vec<f32>) {
+    let mut m = Classifier::random(tiny(0.0), 3, 7).unwrap();
+    store.round_slice(m.params_mut());
+    m.set_backend(Cpu::new(1).with_store(store));
+    let b = batch();
+    let cpu = m.forward(&b).unwrap();
+    let k = Kernels::new(Emu).with_store(store);
+    let params = k.upload(&m.params().data);
+    let gpu = m
+        .forward_on(&k, &mut Workspace::new(), &b, &params)
+        .unwrap();
+    (cpu, gpu)
+}
+
+#[test]
+fn eval_logits_match_the_cpu() {
+    let (cpu, gpu) = eval_logits(Dtype::F32);
+    assert_eq!(cpu.len(), 2 * 3);
+    close("logits", &gpu, &cpu, 1e-5, 1e-5);
+    let (cpu, gpu) = eval_logits(Dtype::Bf16);
+    close("bf16 logits", &gpu, &cpu, 2e-2, 2e-2);
+}

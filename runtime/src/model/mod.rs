@@ -664,23 +664,11 @@ impl Classifier {
             probe.labels = vec![0; batch.batch];
         }
         self.check_batch(&probe)?;
-        let c = &self.config;
-        // The training forward, not `forward_eval`: device backends have not been checked on the
-        // latter's row-subset calls yet.
-        let fits = matches!(&ws.acts, Some(a) if a.batch == batch.batch && a.seq == batch.seq);
-        if !fits {
-            ws.acts = Some(Acts::new(be, c, self.num_labels, batch.batch, batch.seq));
-        }
-        let a = ws.acts.as_mut().expect("just set");
-        a.set_inputs(
-            be,
-            &probe.input_ids,
-            &probe.token_type_ids,
-            &probe.attention_mask,
-            &probe.labels,
-        );
+        // The evaluation forward, as on the CPU (one layer's buffers, the last layer on the
+        // `[CLS]` rows only); runtime/emu/tests/model.rs checks it against the CPU's logits.
+        let a = self.prepare_eval(be, ws, &probe);
         let mut src = BufParams::new(be, params, &self.layout.segs);
-        let Ok(()) = bert::forward(be, c, &self.layout, &mut src, a, None);
+        let Ok(()) = bert::forward_eval(be, &self.config, &self.layout, &mut src, a);
         let mut out = vec![0.0; batch.batch * self.num_labels];
         be.download(be.view(&a.logits), &mut out);
         Ok(out)
