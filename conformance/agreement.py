@@ -133,17 +133,12 @@ def hf_applied_lrs(args: dict, total: int, ds_sched: dict | None = None) -> tupl
     if ds_sched is not None:
         from deepspeed.runtime import lr_schedules
         sched = getattr(lr_schedules, ds_sched["type"])(opt, **(ds_sched.get("params") or {}))
-        out = []
-        for _ in range(total + 1):
-            out.append(opt.param_groups[0]["lr"])
-            opt.step()
-            sched.step()
-        return out[:-1], out[1:]
-    warm = args.get("warmup_steps", 0)
-    if isinstance(warm, float) and warm < 1:
-        warm = math.ceil(warm * total)
-    sched = get_scheduler(args.get("lr_scheduler_type", "linear"), opt, num_warmup_steps=warm,
-                          num_training_steps=total)
+    else:
+        warm = args.get("warmup_steps", 0)
+        if isinstance(warm, float) and warm < 1:
+            warm = math.ceil(warm * total)
+        sched = get_scheduler(args.get("lr_scheduler_type", "linear"), opt,
+                              num_warmup_steps=warm, num_training_steps=total)
     out = []
     for _ in range(total + 1):
         out.append(opt.param_groups[0]["lr"])
