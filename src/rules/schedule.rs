@@ -1414,7 +1414,8 @@ fn hf_kwargs_unavailable(r: &Resolved, kind: &str, out: &mut Vec<Diagnostic>) {
         if !r.is_given(&key) {
             continue;
         }
-        let given = r.f64(&key);
+        // A per-group list is never the default's one number.
+        let given = r.per_group(&key).map_or_else(|| r.f64(&key), |_| None);
         let default = hf_kwarg_default(kind, k.name);
         if given.is_some() && given == default {
             continue;
