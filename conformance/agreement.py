@@ -18,6 +18,12 @@ data (runtime/tests/fixtures/data/spam48.jsonl as train.jsonl), the tokenizer
 INIT_SEED, dropout 0, labels ham/spam), saved once with `save_pretrained` into `init/`, which
 every recipe loads with `model bert { from = "init" }`.
 
+The HF side runs on the venv's releases, or, for a recipe whose `target` names others, under the
+overlay of overlays.txt that pins them (PYTHONPATH=.overlays/<name>); `# run-under: <overlay>`
+runs artefacts built for one release under another, and `# expect: R0912` marks a recipe whose
+stack trains something else than the recipe means, by the amount that rule states
+(tests/agreement.rs checks the divergence instead of the agreement).
+
 Per optimizer step it reads the native runtime's metrics.jsonl (step, lr, loss) and the HF
 Trainer's `log_history` (trainer_state.json of the last checkpoint, logging_steps = 1), and the
 final weights of both (`out/model/model.safetensors`). The fixture
@@ -41,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import os
 import shutil
 import subprocess
@@ -58,6 +65,7 @@ from safetensors.torch import load_file  # noqa: E402
 
 FORMAT = "recipe-agreement/1"
 ROOT = Path(__file__).resolve().parent.parent
+OVERLAYS = ROOT / "conformance" / ".overlays"  # setup.sh overlays (overlays.txt)
 RECIPES = ROOT / "conformance" / "agreement"
 FIXTURES = ROOT / "runtime" / "tests" / "fixtures"
 INIT_SEED = 0
@@ -88,6 +96,60 @@ def make_init(dest: Path) -> None:
     model = BertForSequenceClassification(cfg)
     model.save_pretrained(str(dest))
     shutil.copy(FIXTURES / "tokenizer" / "tokenizer.json", dest / "tokenizer.json")
+
+
+def pinned_versions() -> dict:
+    import accelerate
+    import deepspeed
+    return {"torch": torch.__version__, "transformers": transformers.__version__,
+            "accelerate": accelerate.__version__, "deepspeed": deepspeed.__version__}
+
+
+def targets(recipe: Path) -> dict:
+    """The releases a recipe's `target` line pins (`target transformers "4.48.0", ...`)."""
+    for line in recipe.read_text().splitlines():
+        if line.startswith("target "):
+            return dict(re.findall(r'(\w+)\s+"([^"]+)"', line[len("target "):]))
+    return {}
+
+
+def overlay_for(recipe: Path, pinned: dict) -> str | None:
+    """The overlay (overlays.txt) whose pins hold every release the recipe targets that the venv
+    does not have; None when the venv is the recipe's stack. The HF side then runs with
+    PYTHONPATH=.overlays/<name> in front of the venv, as the harness runs old releases."""
+    for line in recipe.read_text().splitlines():
+        if line.startswith("# run-under:"):  # artefacts built for one release, run under another
+            name = line.split(":", 1)[1].split()[0]
+            if not (OVERLAYS / name).is_dir():
+                raise RuntimeError(f"overlay {name} is not installed: conformance/setup.sh overlays")
+            return name
+    want = {lib: v for lib, v in targets(recipe).items() if pinned.get(lib) != v}
+    if not want:
+        return None
+    for line in (ROOT / "conformance" / "overlays.txt").read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            name, *pins = line.split()
+            if all(f"{lib}=={v}" in pins for lib, v in want.items()):
+                if not (OVERLAYS / name).is_dir():
+                    raise RuntimeError(f"overlay {name} is not installed: conformance/setup.sh overlays")
+                return name
+    raise RuntimeError(f"no overlay in overlays.txt pins {want}")
+
+
+def stack_versions(env: dict) -> dict:
+    """The releases the HF side imports under `env` (an overlay in front of the venv)."""
+    code = ("import json, torch, transformers, accelerate, deepspeed; print(json.dumps({m.__name__: "
+            "m.__version__ for m in (torch, transformers, accelerate, deepspeed)}))")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       check=True)
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def expected(recipe: Path) -> list[str]:
+    """The codes a recipe says the checker reports for the divergence it shows (`# expect: R0912`):
+    tests/agreement.rs checks that the checker does and that the fixture shows that divergence."""
+    return [c for line in recipe.read_text().splitlines() if line.startswith("# expect:")
+            for c in re.findall(r"\bR\d{4}\b", line)]
 
 
 def workspace(base: Path, recipe: Path, init: Path) -> Path:
@@ -169,6 +231,12 @@ def hf_side(ws: Path, recipe_bin: str, name: str, env: dict) -> dict:
             "max_steps": total, "loss": [h["loss"] for h in logs], "lr_logged": logged,
             "lr": applied[:len(logs)], "lr_replay_matches_log": logged == after[:len(logs)],
             "train_sampling_strategy": args.get("train_sampling_strategy"),
+            # train.py's own switch: on a release without train_sampling_strategy it visits the
+            # rows with a SequentialSampler when this is False (src/emit/train_template.py).
+            "train_py_shuffle": re.search(r"^SHUFFLE = (\w+)", (build / "train.py").read_text(),
+                                          re.M).group(1),
+            "micro": args["per_device_train_batch_size"],
+            "accumulate": args["gradient_accumulation_steps"],
             "short_batch_steps": short_batch_steps(args["per_device_train_batch_size"],
                                                    args["gradient_accumulation_steps"],
                                                    int(args["num_train_epochs"])),
@@ -200,7 +268,7 @@ def weight_deviation(a: dict, b: dict, init: dict) -> dict:
     only = sorted(set(a) ^ set(b))
     key_bias = max((float((a[n].double() - b[n].double()).abs().max())
                     for n in set(a) & set(b) if n.endswith(ZERO_GRAD)), default=0.0)
-    d2 = w2 = u2 = 0.0
+    d2 = w2 = u2 = n2 = 0.0
     max_abs, worst, worst_rel = 0.0, None, 0.0
     for n in names:
         x, y = a[n].double(), b[n].double()
@@ -208,6 +276,8 @@ def weight_deviation(a: dict, b: dict, init: dict) -> dict:
             raise RuntimeError(f"{n}: shapes {tuple(x.shape)} and {tuple(y.shape)}")
         d = (x - y)
         u = y - init[n].double()
+        v = x - init[n].double()
+        n2 += float((v * v).sum())
         d2 += float((d * d).sum())
         w2 += float((y * y).sum())
         u2 += float((u * u).sum())
@@ -218,7 +288,8 @@ def weight_deviation(a: dict, b: dict, init: dict) -> dict:
     return {"tensors": len(names), "only_one_side": only, "max_abs": max_abs,
             "rel_to_weights": math.sqrt(d2 / w2) if w2 else 0.0,
             "rel_to_update": math.sqrt(d2 / u2) if u2 else 0.0,
-            "update_norm": math.sqrt(u2), "worst_tensor": worst,
+            "update_norm": math.sqrt(u2), "native_update_norm": math.sqrt(n2),
+            "worst_tensor": worst,
             "key_bias_max_abs": key_bias,
             "worst_tensor_rel_to_update": worst_rel}
 
@@ -287,6 +358,7 @@ def main() -> int:
     init_w = load_file(str(init / "model.safetensors"))
     env = dict(os.environ, DS_ACCELERATOR="cpu",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    pinned = pinned_versions()
     recipes = sorted(a.recipes.resolve().glob("*.rcp"))
     if a.only:
         recipes = [r for r in recipes if a.only in r.name]
@@ -294,10 +366,14 @@ def main() -> int:
     for r in recipes:
         t = time.time()
         try:
+            overlay = overlay_for(r, pinned)
+            env_r = dict(env, PYTHONPATH=str(OVERLAYS / overlay)) if overlay else env
+            stack = {"overlay": overlay, "versions": stack_versions(env_r)}
             nat = native_side(workspace(scratch / r.stem / "native", r, init), a.recipe, r.name)
-            hf = hf_side(workspace(scratch / r.stem / "hf", r, init), a.recipe, r.name, env)
-            res = {"recipe": rel(r), "name": r.stem,
-                   "hf_build": {k: hf[k] for k in ("train_sampling_strategy", "zero_stage",
+            hf = hf_side(workspace(scratch / r.stem / "hf", r, init), a.recipe, r.name, env_r)
+            res = {"recipe": rel(r), "name": r.stem, "stack": stack, "expect": expected(r),
+                   "hf_build": {k: hf[k] for k in ("train_sampling_strategy", "train_py_shuffle", "micro",
+                                                   "accumulate", "zero_stage",
                                                    "offload_optimizer", "optimizer")},
                    **compare(nat, hf, init_w),
                    "seconds": {"native": round(nat["seconds"], 1), "hf": round(hf["seconds"], 1)}}
@@ -309,11 +385,7 @@ def main() -> int:
               f"lr {res.get('lr', {}).get('max_abs')} loss {res.get('loss', {}).get('max_rel')} "
               f"w {res.get('weights', {}).get('rel_to_update')} {res.get('error', '')[-500:]}",
               flush=True)
-    import accelerate
-    import deepspeed
-    fixture = {"format": FORMAT,
-               "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                            "accelerate": accelerate.__version__, "deepspeed": deepspeed.__version__},
+    fixture = {"format": FORMAT, "versions": pinned,
                "init": {"seed": INIT_SEED, "config": rel(FIXTURES / "tiny-bert" / "config.json"),
                         "tokenizer": rel(FIXTURES / "tokenizer" / "tokenizer.json"),
                         "data": rel(FIXTURES / "data" / "spam48.jsonl")},

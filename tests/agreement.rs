@@ -39,6 +39,62 @@ fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
 
+/// The codes a recipe says the checker reports for the divergence its fixture shows (`# expect:
+/// R0912` in the recipe; agreement.py records them): such a recipe is checked for the
+/// divergence, not for agreement.
+fn expected(r: &Value) -> Vec<&str> {
+    r["expect"]
+        .as_array()
+        .map(|a| a.iter().map(|c| c.as_str().unwrap()).collect())
+        .unwrap_or_default()
+}
+
+/// The codes that say a stack trains something other than what the recipe means.
+const DIVERGENCE_CODES: [&str; 3] = ["R0201", "R0202", "R0912"];
+
+/// The committed recipe with its `target` line stating the releases the HF side ran under
+/// (an overlay's, or the pinned venv's), and the model read from the workspace's config.json.
+fn on_its_stack(r: &Value) -> String {
+    let text = std::fs::read_to_string(root().join(r["recipe"].as_str().unwrap())).unwrap();
+    let v = &r["stack"]["versions"];
+    let target = format!(
+        "target transformers \"{}\", accelerate \"{}\", deepspeed \"{}\"",
+        v["transformers"].as_str().unwrap(),
+        v["accelerate"].as_str().unwrap(),
+        v["deepspeed"].as_str().unwrap()
+    );
+    let mut lines: Vec<String> = text
+        .lines()
+        .filter(|l| !l.starts_with("target "))
+        .map(|l| l.replace("from = \"init\"", "from = \".\""))
+        .collect();
+    let at = lines.iter().position(|l| l.starts_with("recipe ")).unwrap() + 1;
+    lines.insert(at, target);
+    lines.join("\n") + "\n"
+}
+
+/// The codes `recipe check` reports for [`on_its_stack`].
+fn codes_on_its_stack(r: &Value) -> Vec<String> {
+    let name = r["name"].as_str().unwrap();
+    let dir = workspace(&format!("agreement-check-{name}"), &on_its_stack(r));
+    let o = recipe_in(&dir, &["check", "--format", "json", "tiny.rcp"]);
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|d| d["code"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// Whether the HF side's transformers rounds the loss it logs to 4 decimals (4.x:
+/// `round(tr_loss_scalar / …, 4)` in `Trainer._maybe_log_save_evaluate`, trainer.py:3058 of
+/// 4.48.0; 5.x logs it whole).
+fn logs_rounded_loss(r: &Value) -> bool {
+    r["stack"]["versions"]["transformers"]
+        .as_str()
+        .unwrap()
+        .starts_with("4.")
+}
+
 #[test]
 fn the_fixture_covers_every_committed_recipe_with_relative_paths() {
     let fx = fixture();
@@ -101,9 +157,17 @@ fn both_backends_take_the_steps_recipe_steps_predicts_at_the_same_lr() {
     for r in fixture()["recipes"].as_array().unwrap() {
         let name = r["name"].as_str().unwrap();
         assert!(r.get("error").is_none(), "{name}: {}", r["error"]);
-        assert_eq!(
-            r["hf_build"]["train_sampling_strategy"], "sequential",
-            "{name}"
+        if !expected(r).is_empty() {
+            continue; // a divergence: `divergences_the_checker_names_show_in_the_fixture`
+        }
+        // Both sides visit the rows in file order: through TrainingArguments'
+        // train_sampling_strategy, or, on a release without it, train.py's own
+        // SequentialSampler (its SHUFFLE = False).
+        let b = &r["hf_build"];
+        assert!(
+            b["train_sampling_strategy"] == "sequential"
+                || (b["train_sampling_strategy"].is_null() && b["train_py_shuffle"] == "False"),
+            "{name}: the HF side may shuffle: {b}"
         );
         // Today's prediction, on the committed recipe with the same 48 rows.
         let text = std::fs::read_to_string(root().join(r["recipe"].as_str().unwrap())).unwrap();
@@ -144,11 +208,18 @@ fn loss_curves_and_final_weights_agree_to_fp32_reduction_order() {
     let (mut with_short_batch, mut with_norms) = (0, 0);
     for r in fixture()["recipes"].as_array().unwrap() {
         let name = r["name"].as_str().unwrap();
+        if !expected(r).is_empty() {
+            continue;
+        }
         let rows = r["rows"].as_array().unwrap();
         assert!(rows.len() >= 3, "{name}: too few comparable steps");
+        let rounding = if logs_rounded_loss(r) { 0.5e-4 } else { 0.0 };
         for row in rows {
             let (a, b) = (f(&row["native_loss"]), f(&row["hf_loss"]));
-            assert!((a - b).abs() <= LOSS_REL * b.abs(), "{name}: {row}");
+            assert!(
+                (a - b).abs() <= LOSS_REL * b.abs() + rounding,
+                "{name}: {row}"
+            );
             // The global norm, where DeepSpeed reports one: at ZeRO-0 in fp32 its engine has no
             // wrapper optimizer to take `_global_grad_norm` from (DeepSpeed 0.19.8
             // runtime/engine.py `_take_model_step`), so HF logs none.
@@ -178,7 +249,9 @@ fn loss_curves_and_final_weights_agree_to_fp32_reduction_order() {
         assert!(f(&w["rel_to_update"]) <= UPDATE_REL, "{name}: {w}");
         assert!(f(&w["max_abs"]) <= WEIGHTS_ABS, "{name}: {w}");
         assert!(f(&w["key_bias_max_abs"]) <= KEY_BIAS_ABS, "{name}: {w}");
-        assert!(f(&r["loss"]["max_rel"]) <= LOSS_REL, "{name}");
+        if rounding == 0.0 {
+            assert!(f(&r["loss"]["max_rel"]) <= LOSS_REL, "{name}");
+        }
     }
     assert!(
         with_short_batch >= 1,
@@ -187,5 +260,97 @@ fn loss_curves_and_final_weights_agree_to_fp32_reduction_order() {
     assert!(
         with_norms >= 4,
         "ZeRO 1, 2, 2 + offload and 3 compare gradient norms"
+    );
+}
+
+/// Other releases: at least one recipe runs its HF side on an older transformers (an overlay of
+/// conformance/overlays.txt) and agrees like the rest; the checker reports no divergence for any
+/// agreeing recipe on the stack it ran under.
+#[test]
+fn agreeing_recipes_include_an_older_release_and_the_checker_finds_nothing_to_name() {
+    let fx = fixture();
+    let mut older = 0;
+    for r in fx["recipes"].as_array().unwrap() {
+        if !expected(r).is_empty() {
+            continue;
+        }
+        let name = r["name"].as_str().unwrap();
+        if r["stack"]["overlay"].is_string() && logs_rounded_loss(r) {
+            older += 1;
+        }
+        let codes = codes_on_its_stack(r);
+        for c in DIVERGENCE_CODES {
+            assert!(
+                !codes.iter().any(|x| x == c),
+                "{name}: {c} on {}",
+                r["stack"]
+            );
+        }
+    }
+    assert!(
+        older >= 1,
+        "no agreeing recipe on a transformers 4.x overlay"
+    );
+}
+
+/// Where a release trains something other than the recipe (the recipe says `# expect: CODE`),
+/// the fixture shows that divergence, by the amount the rule states, and the checker names it on
+/// the stack the HF side ran under.
+#[test]
+fn divergences_the_checker_names_show_in_the_fixture() {
+    let mut seen = Vec::new();
+    for r in fixture()["recipes"].as_array().unwrap() {
+        let expect = expected(r);
+        if expect.is_empty() {
+            continue;
+        }
+        let name = r["name"].as_str().unwrap();
+        assert!(r.get("error").is_none(), "{name}: {}", r["error"]);
+        let codes = codes_on_its_stack(r);
+        for c in &expect {
+            assert!(codes.iter().any(|x| x == c), "{name}: no {c} in {codes:?}");
+            seen.push(c.to_string());
+        }
+        let s = &r["steps"];
+        let w = &r["weights"];
+        // The native run keeps the recipe's meaning: the steps it predicts.
+        assert_eq!(s["native"], s["native_predicted"], "{name}");
+        // …and ends far outside the agreement band.
+        assert!(f(&w["rel_to_update"]) > 100.0 * UPDATE_REL, "{name}: {w}");
+        let rows = r["rows"].as_array().unwrap();
+        if expect.contains(&"R0201") {
+            // HF's and DeepSpeed's counts differ, as `recipe steps` predicts for that stack.
+            let dir = workspace(&format!("agreement-steps-{name}"), &on_its_stack(r));
+            // `recipe steps` prints the timeline and exits 1: R0201 is an error.
+            let o = recipe_in(&dir, &["steps", "--format", "json", "tiny.rcp"]);
+            assert_eq!(o.status.code(), Some(1), "{name}: {}", stderr(&o));
+            let steps: Value = serde_json::from_slice(&o.stdout).unwrap();
+            let t = &steps["timelines"][0];
+            assert_eq!(t["diverges"], true, "{name}");
+            assert_eq!(s["hf_global_step"], t["hf_steps"], "{name}");
+            assert_eq!(s["deepspeed_global_steps"], t["deepspeed_steps"], "{name}");
+            assert_ne!(s["hf_global_step"], s["deepspeed_global_steps"], "{name}");
+            assert_eq!(s["native"], steps["native"]["total"], "{name}");
+        }
+        if expect.contains(&"R0912") {
+            // From the same weights, HF's first gradient is the mean / accumulate: the norm it
+            // clips with is the native one's 1/accumulate, while the logged losses agree.
+            let acc = r["hf_build"]["accumulate"].as_f64().unwrap();
+            let first = &rows[0];
+            let ratio = f(&first["native_grad_norm"]) / f(&first["hf_grad_norm"]);
+            assert!(
+                (ratio - acc).abs() <= 1e-4 * acc,
+                "{name}: {ratio} vs {acc}"
+            );
+            let (a, b) = (f(&first["native_loss"]), f(&first["hf_loss"]));
+            assert!((a - b).abs() <= LOSS_REL * b + 0.5e-4, "{name}: {first}");
+            assert_eq!(s["hf_global_step"], s["native"], "{name}");
+        }
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        ["R0201", "R0912"],
+        "the divergences the fixture covers"
     );
 }
