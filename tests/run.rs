@@ -249,6 +249,8 @@ struct Deviation {
     weights: f32,
     /// The same for the run resumed on the CPU from the device's mid-run checkpoint.
     resumed: f32,
+    /// The same for the run resumed on the device from the CPU's mid-run checkpoint.
+    back: f32,
     /// Steps skipped on an fp16 overflow (the same on both).
     skipped: usize,
 }
@@ -261,8 +263,9 @@ struct Deviation {
 /// `clip` 0.58 (steps 2 and 3 clip, 1 and 4 do not), a checkpoint at step 2 written from the
 /// device's states, the evaluation at the end on the device. Against the CPU alone: the same
 /// steps, LRs, loss scales and skipped steps exactly; losses, gradient norms and final weights to
-/// the kernels' float differences; and the device's checkpoint, resumed on the CPU, ends where
-/// the CPU alone ends (the checkpoint is the CPU's files). docs/cuda.md states the figures.
+/// the kernels' float differences; and the device's checkpoint resumed on the CPU, and the CPU's
+/// resumed on the device, end where the CPU alone ends (the checkpoints are the same files).
+/// docs/cuda.md states the figures.
 fn device_run_against_the_cpu(precision: &str, sets: &[&str]) -> Deviation {
     use recipe_kernel_emu::Emu;
     use recipe_runtime::backend::kernels::Kernels;
@@ -302,9 +305,14 @@ fn device_run_against_the_cpu(precision: &str, sets: &[&str]) -> Deviation {
     };
     train::run(&plan, &quiet).unwrap();
     plan.train.output_dir = dir.join("gpu");
-    let gpu: Arc<dyn Executor> = OnDevice::new(Kernels::new(Emu).with_store(dtype), "emulated GPU");
+    let gpu = || -> Option<Arc<dyn Executor>> {
+        Some(OnDevice::new(
+            Kernels::new(Emu).with_store(dtype),
+            "emulated GPU",
+        ))
+    };
     let options = RunOptions {
-        executor: Some(gpu),
+        executor: gpu(),
         ..quiet.clone()
     };
     train::run(&plan, &options).unwrap();
@@ -312,6 +320,14 @@ fn device_run_against_the_cpu(precision: &str, sets: &[&str]) -> Deviation {
     plan.train.output_dir = dir.join("resumed");
     let options = RunOptions {
         resume: Some(dir.join("gpu/checkpoint-2")),
+        ..quiet.clone()
+    };
+    train::run(&plan, &options).unwrap();
+    // And back: the CPU's checkpoint finished on the device.
+    plan.train.output_dir = dir.join("back");
+    let options = RunOptions {
+        resume: Some(dir.join("cpu/checkpoint-2")),
+        executor: gpu(),
         ..quiet.clone()
     };
     train::run(&plan, &options).unwrap();
@@ -380,6 +396,7 @@ fn device_run_against_the_cpu(precision: &str, sets: &[&str]) -> Deviation {
         grad_norm,
         weights: worst(&cpu_w, &weights("gpu")),
         resumed: worst(&cpu_w, &weights("resumed")),
+        back: worst(&cpu_w, &weights("back")),
         skipped,
     };
     eprintln!("{precision}, CPU vs the emulated GPU's resident optimizer: {d:?}");
@@ -390,7 +407,10 @@ fn device_run_against_the_cpu(precision: &str, sets: &[&str]) -> Deviation {
 fn the_device_optimizer_trains_the_cpu_curve_in_fp32_and_its_checkpoint_resumes_on_the_cpu() {
     let d = device_run_against_the_cpu("fp32", &[]);
     assert!(d.loss <= 1e-5 && d.grad_norm <= 1e-5, "{d:?}");
-    assert!(d.weights <= 1e-6 && d.resumed <= 1e-6, "{d:?}");
+    assert!(
+        d.weights <= 1e-6 && d.resumed <= 1e-6 && d.back <= 1e-6,
+        "{d:?}"
+    );
 }
 
 /// fp16 at ZeRO-1 (where DeepSpeed scales the loss): the default scale 2¹⁶ overflows the first
@@ -401,14 +421,20 @@ fn the_device_optimizer_trains_the_cpu_curve_in_fp16_with_the_loss_scaler() {
     let d = device_run_against_the_cpu("fp16", &["--set", "zero.stage=1"]);
     assert_eq!(d.skipped, 2, "{d:?}");
     assert!(d.loss <= 1e-3 && d.grad_norm <= 1e-3, "{d:?}");
-    assert!(d.weights <= 1e-3 && d.resumed <= 1e-3, "{d:?}");
+    assert!(
+        d.weights <= 1e-3 && d.resumed <= 1e-3 && d.back <= 1e-3,
+        "{d:?}"
+    );
 }
 
 #[test]
 fn the_device_optimizer_trains_the_cpu_curve_in_bf16() {
     let d = device_run_against_the_cpu("bf16", &[]);
     assert!(d.loss <= 1e-2 && d.grad_norm <= 1e-2, "{d:?}");
-    assert!(d.weights <= 1e-2 && d.resumed <= 1e-2, "{d:?}");
+    assert!(
+        d.weights <= 1e-2 && d.resumed <= 1e-2 && d.back <= 1e-2,
+        "{d:?}"
+    );
 }
 
 #[test]

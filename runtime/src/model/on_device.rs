@@ -6,7 +6,7 @@
 //!   changed (once per optimizer step) and the gradient accumulator, runs the forward/backward
 //!   with [`Kernels`] and downloads the accumulator; the host runs the optimizer. Uploading the
 //!   accumulator instead of adding a downloaded micro-batch gradient keeps the CPU's order of
-//!   additions. ZeRO's stages and the optimizers the device has no kernel for use this.
+//!   additions. Optimizer offload and the optimizers the device has no kernel for use this.
 //! - resident ([`Executor::resident`], [`crate::optim::device`]): the parameters, the gradient
 //!   accumulator and Adam's state stay on the device and the step runs there; the host gets
 //!   them back only when it reads them (checkpoints, evaluation, the final save).
