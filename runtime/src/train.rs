@@ -618,7 +618,9 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
     if world == 1 {
         let coll = group.pop().expect("a group of one");
         let adam = adams.pop().expect("one optimizer");
-        let replica = Replica::new(model, stage, 1, 0, adam, offload, storage)?;
+        let mut replica = Replica::new(model, stage, 1, 0, adam, offload, storage)?;
+        // One device: Adam's step and the model states stay there when it can (docs/cuda.md).
+        replica.keep_on_device()?;
         return rank_loop(&shared, coll, replica);
     }
     let per_rank = (threads() / world).max(1);
@@ -734,6 +736,7 @@ fn rank_loop(
             "offload_optimizer": memory.offloaded,
             "threads": threads(),
             "device": rep.model_executor().unwrap_or_else(|| "cpu".into()),
+            "optimizer_on_device": rep.on_device(),
             "predicted": plan.steps,
             "memory_rank0": memory,
             "precision": plan.train.precision,
@@ -777,7 +780,7 @@ fn rank_loop(
                 plan.steps.batches_per_epoch
             )));
         }
-        rep.start_window();
+        rep.start_window()?;
         // fp16: the loss is multiplied by the scale before the backward, so every gradient is
         // computed at that scale.
         let scale = scaler.map_or(1.0, |s| s.scale());

@@ -126,3 +126,54 @@ fn eval_logits_match_the_cpu() {
     let (cpu, gpu) = eval_logits(Dtype::Bf16);
     close("bf16 logits", &gpu, &cpu, 2e-2, 2e-2);
 }
+
+/// Which runs keep the model states and the optimizer step on the device
+/// (`Replica::keep_on_device`): one rank at ZeRO 0–1 with Adam/AdamW and no optimizer offload;
+/// every other run keeps the host optimizer behind the device's passes. A device storing another
+/// dtype than the run trains in is refused, not trained on.
+#[test]
+fn only_one_rank_at_zero_0_or_1_with_adam_and_no_offload_steps_on_the_device() {
+    use recipe_runtime::model::OnDevice;
+    use recipe_runtime::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
+    use recipe_runtime::zero::{Replica, Shard, Storage};
+
+    let replica = |stage: u8, world: usize, offload: bool, sgd: bool, module: Dtype| {
+        let mut m = Classifier::random(tiny(0.0), 3, 7).unwrap();
+        m.set_executor(OnDevice::new(Kernels::new(Emu), "emulated GPU"));
+        let shard = Shard::new(stage, world, 0, m.segments());
+        let entries = &m.params().entries;
+        let decay = vec![true; entries.len()];
+        let opt: Optimizer = if sgd {
+            let c = SgdConfig::new(0.9, false, 0.0);
+            Sgd::shard(c, entries, &decay, &shard.ranges)
+                .unwrap()
+                .into()
+        } else {
+            let c = AdamConfig::adamw(0.01);
+            Adam::shard(c, entries, &decay, &shard.ranges)
+                .unwrap()
+                .into()
+        };
+        let storage = Storage {
+            module,
+            comm: module,
+        };
+        Replica::new(m, stage, world, 0, opt, offload, storage).unwrap()
+    };
+    let keeps = |stage, world, offload, sgd| {
+        let mut r = replica(stage, world, offload, sgd, Dtype::F32);
+        let kept = r.keep_on_device().unwrap();
+        assert_eq!(kept, r.on_device());
+        kept
+    };
+    assert!(keeps(0, 1, false, false));
+    assert!(keeps(1, 1, false, false));
+    assert!(!keeps(2, 1, false, false), "ZeRO-2");
+    assert!(!keeps(3, 1, false, false), "ZeRO-3");
+    assert!(!keeps(1, 2, false, false), "two ranks");
+    assert!(!keeps(1, 1, true, false), "optimizer offload");
+    assert!(!keeps(0, 1, false, true), "SGD");
+    let mut r = replica(0, 1, false, false, Dtype::Bf16);
+    let e = r.keep_on_device().unwrap_err().to_string();
+    assert!(e.contains("stores F32") && e.contains("Bf16"), "{e}");
+}

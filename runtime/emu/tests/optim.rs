@@ -475,3 +475,79 @@ fn adam_step_is_deterministic() {
         same_bits("rerun", x, y);
     }
 }
+
+/// The training loop's resident optimizer (`optim::device::DeviceAdam`: state uploaded once,
+/// the accumulator, norm and step on the device, the state downloaded for a checkpoint) against
+/// `HostOptimizer` over several steps, from a state that already took a step (a resumed run):
+/// the weights (fp32, or master and half copy), the moments and the step count bit for bit;
+/// clipping in fp32 (the coefficient the host scales by, as the step's factor), the unscale factor
+/// under mixed precision.
+#[test]
+fn the_resident_optimizer_keeps_the_host_optimizers_state() {
+    use recipe_runtime::backend::Backend;
+    use recipe_runtime::optim::device::DeviceAdam;
+
+    for module in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+        let k = Kernels::new(Emu).with_store(module);
+        let n = 257;
+        let (entries, flags) = optim_layout(n);
+        let cfg = AdamConfig::adamw(0.01);
+        let mut p0 = rand(n, 1.0, 5);
+        module.round_slice(&mut p0);
+        let mut host = HostOptimizer::new(
+            Adam::new(cfg, &entries, &flags).unwrap(),
+            false,
+            module,
+            &p0,
+        );
+        let mut hp = p0;
+        // One host step first: the device starts from a state with moments and a count.
+        host.step(&mut hp, &mut grads(n, 9), 1e-3, 1.0).unwrap();
+        let state = host.state();
+        let mut adam = Adam::new(cfg, &entries, &flags).unwrap();
+        let master = state.master.clone();
+        adam.load_state(state.try_into().unwrap()).unwrap();
+        let mut dev = DeviceAdam::new(&k, &adam, module.is_half().then_some(&master[..]));
+        assert_eq!(dev.len(), n);
+        let mut params = k.upload(&hp);
+        for step in 0..4 {
+            let g: Vec<f32> = grads(n, step).iter().map(|x| x * 64.0).collect();
+            dev.zero_grads(&k);
+            k.write(k.view_mut(dev.grads_mut()), &g);
+            let sq = dev.grad_sq(&k);
+            assert_eq!(sq, grad_norm_sq(&k, &g), "{module:?} step {step}");
+            let norm = sq.sqrt() as f32;
+            let lr = 1e-3 * (step + 1) as f64;
+            let mut hg = g.clone();
+            let mult = if module.is_half() {
+                let unscale = (1.0 / precision::combined_scale(64.0, sq.sqrt(), 1.0)) as f32;
+                host.step(&mut hp, &mut hg, lr, unscale).unwrap();
+                unscale
+            } else {
+                let coef = optim::clip_coef(norm, 1.0).expect("these gradients clip");
+                optim::scale(&mut hg, coef);
+                host.step(&mut hp, &mut hg, lr, 1.0).unwrap();
+                coef
+            };
+            adam.count_step();
+            let t = adam.state().step;
+            dev.step(&k, &mut params, adam.config(), t, lr, mult)
+                .unwrap();
+            let state = host.state();
+            assert_eq!(t, state.step);
+            let (mut m, mut v, mut w) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+            dev.download(&k, &mut m, &mut v, Some(&mut w));
+            let what = format!("{module:?} step {step}");
+            same_bits(&format!("{what} weights"), &params, &hp);
+            same_bits(&format!("{what} exp_avg"), &m, state.buffer("exp_avg"));
+            same_bits(
+                &format!("{what} exp_avg_sq"),
+                &v,
+                state.buffer("exp_avg_sq"),
+            );
+            if module.is_half() {
+                same_bits(&format!("{what} master"), &w, &state.master);
+            }
+        }
+    }
+}

@@ -1,13 +1,15 @@
 //! The model's passes on a kernel device (a GPU through cudarc, or the emulated one the tests
-//! use), for a [`super::Classifier`] whose parameters, gradients and optimizer stay on the host.
+//! use).
 //!
-//! Each pass uploads the parameters when they changed (once per optimizer step) and, for
-//! training, the gradient accumulator, runs the forward/backward with [`Kernels`], and downloads
-//! the result: the optimizer, the clipping, the loss scaler and ZeRO's stage 0–1 bookkeeping are the host code already tested
-//! against PyTorch and DeepSpeed. Uploading the accumulator instead of adding a downloaded
-//! micro-batch gradient keeps the CPU's order of additions, so the two backends agree to the
-//! kernels' own differences. Keeping the optimizer on the device (a fused AdamW) and the
-//! transfers out of the step is the next step of docs/cuda.md.
+//! Two ways to train on it:
+//! - passes only ([`Executor::forward_backward`]): each pass uploads the parameters when they
+//!   changed (once per optimizer step) and the gradient accumulator, runs the forward/backward
+//!   with [`Kernels`] and downloads the accumulator; the host runs the optimizer. Uploading the
+//!   accumulator instead of adding a downloaded micro-batch gradient keeps the CPU's order of
+//!   additions. Optimizer offload and the optimizers the device has no kernel for use this.
+//! - resident ([`Executor::resident`], [`crate::optim::device`]): the parameters, the gradient
+//!   accumulator and Adam's state stay on the device and the step runs there; the host gets
+//!   them back only when it reads them (checkpoints, evaluation, the final save).
 
 use std::sync::{Arc, Mutex};
 
@@ -15,6 +17,10 @@ use super::{Batch, Classifier, DropoutKey, ModelError, Workspace};
 use crate::backend::device::Device;
 use crate::backend::kernels::Kernels;
 use crate::backend::Backend;
+use crate::optim::device::{DeviceAdam, Resident};
+use crate::optim::{Adam, AdamConfig};
+use crate::precision::Dtype;
+use crate::zero::ZeroError;
 
 /// Runs a classifier's passes somewhere other than the CPU backend.
 pub trait Executor: Send + Sync {
@@ -31,6 +37,10 @@ pub trait Executor: Send + Sync {
     ) -> Result<f32, ModelError>;
     /// [`Classifier::forward`] there.
     fn forward(&self, model: &Classifier, batch: &Batch) -> Result<Vec<f32>, ModelError>;
+    /// The model states kept on the device and Adam stepped there, when this executor can.
+    fn resident(&self) -> Option<&dyn Resident> {
+        None
+    }
 }
 
 struct State<D: Device> {
@@ -39,6 +49,8 @@ struct State<D: Device> {
     /// The [`Classifier::params_stamp`] of what `params` holds.
     params_stamp: u64,
     grads: Option<D::Buf>,
+    /// The resident optimizer's buffers, once [`Resident::upload`] ran.
+    adam: Option<DeviceAdam<D>>,
 }
 
 /// An [`Executor`] over a [`Device`]'s kernels; buffers are kept between passes (allocated once
@@ -60,6 +72,7 @@ impl<D: Device> OnDevice<D> {
                 params: None,
                 params_stamp: 0,
                 grads: None,
+                adam: None,
             }),
         })
     }
@@ -120,6 +133,10 @@ where
         Ok(loss)
     }
 
+    fn resident(&self) -> Option<&dyn Resident> {
+        Some(self)
+    }
+
     fn forward(&self, model: &Classifier, batch: &Batch) -> Result<Vec<f32>, ModelError> {
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -128,5 +145,118 @@ where
         let logits = model.forward_on(k, &mut st.ws, batch, st.params.as_ref().unwrap())?;
         k.device().sync().map_err(ModelError::Device)?;
         Ok(logits)
+    }
+}
+
+fn not_uploaded() -> ModelError {
+    ModelError::Argument("the device holds no model states yet (Resident::upload)".into())
+}
+
+impl<D> Resident for OnDevice<D>
+where
+    D: Device + Send + Sync,
+    D::Buf: Send,
+    D::Ids: Send,
+{
+    fn upload(
+        &self,
+        model: &Classifier,
+        module: Dtype,
+        adam: &Adam,
+        master: Option<&[f32]>,
+    ) -> Result<(), ModelError> {
+        let k = &self.kernels;
+        if k.store() != module {
+            return Err(ModelError::Argument(format!(
+                "the device stores {:?} values and the run trains in {module:?}",
+                k.store()
+            )));
+        }
+        let n = model.params().len();
+        let lens = [adam.state().m.len(), master.map_or(n, <[f32]>::len)];
+        if lens.iter().any(|&l| l != n) {
+            return Err(ModelError::Argument(format!(
+                "optimizer state of {lens:?} elements for a model of {n}"
+            )));
+        }
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let st = &mut *st;
+        put(k, &mut st.params, &model.params().data);
+        st.params_stamp = model.params_stamp();
+        st.adam = Some(DeviceAdam::new(k, adam, master));
+        k.device().sync().map_err(ModelError::Device)
+    }
+
+    fn zero_grads(&self) -> Result<(), ModelError> {
+        let k = &self.kernels;
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.adam.as_mut().ok_or_else(not_uploaded)?.zero_grads(k);
+        Ok(())
+    }
+
+    fn micro(
+        &self,
+        model: &Classifier,
+        batch: &Batch,
+        weight: f32,
+        dropout: Option<DropoutKey>,
+    ) -> Result<f32, ModelError> {
+        let k = &self.kernels;
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let st = &mut *st;
+        let (Some(params), Some(adam)) = (st.params.as_ref(), st.adam.as_mut()) else {
+            return Err(not_uploaded());
+        };
+        let loss = model.forward_backward_on(
+            k,
+            &mut st.ws,
+            batch,
+            weight,
+            params,
+            adam.grads_mut(),
+            dropout,
+        )?;
+        k.device().sync().map_err(ModelError::Device)?;
+        Ok(loss)
+    }
+
+    fn grad_sq(&self) -> Result<f64, ModelError> {
+        let k = &self.kernels;
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let sq = st.adam.as_mut().ok_or_else(not_uploaded)?.grad_sq(k);
+        k.device().sync().map_err(ModelError::Device)?;
+        Ok(sq)
+    }
+
+    fn step(&self, cfg: &AdamConfig, step: u64, lr: f64, mult: f32) -> Result<(), ZeroError> {
+        let k = &self.kernels;
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let st = &mut *st;
+        let (Some(params), Some(adam)) = (st.params.as_mut(), st.adam.as_mut()) else {
+            return Err(not_uploaded().into());
+        };
+        adam.step(k, params, cfg, step, lr, mult)?;
+        // The passes read these parameters as they are: no upload until the host changes them.
+        Ok(k.device().sync().map_err(ModelError::Device)?)
+    }
+
+    fn download(
+        &self,
+        model: &mut Classifier,
+        m: &mut [f32],
+        v: &mut [f32],
+        master: Option<&mut [f32]>,
+    ) -> Result<(), ModelError> {
+        let k = &self.kernels;
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let st = &mut *st;
+        let (Some(params), Some(adam)) = (st.params.as_ref(), st.adam.as_ref()) else {
+            return Err(not_uploaded());
+        };
+        k.download(k.view(params), model.params_mut());
+        // The host now holds what the device holds: an evaluation uploads nothing.
+        st.params_stamp = model.params_stamp();
+        adam.download(k, m, v, master);
+        k.device().sync().map_err(ModelError::Device)
     }
 }

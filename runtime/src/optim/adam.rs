@@ -213,6 +213,18 @@ impl Adam {
         &self.state
     }
 
+    /// The element ranges of the buffer it updates, each with whether it decays.
+    pub fn segments(&self) -> &[(Range<usize>, bool)] {
+        &self.segments
+    }
+
+    /// Counts a step applied to this optimizer's moments elsewhere (the device's `adamw_step`,
+    /// [`super::device`]), which keeps them until [`Adam::load_state`] brings them back: the
+    /// step count is the host's, so a checkpoint and the next bias correction see it.
+    pub fn count_step(&mut self) {
+        self.state.step += 1;
+    }
+
     /// Takes the fp32 master weights out of the state (see [`AdamState::master`]).
     pub fn take_master(&mut self) -> Vec<f32> {
         std::mem::take(&mut self.state.master)

@@ -42,6 +42,7 @@ macro_rules! state_access {
 
 mod adagrad;
 mod adam;
+pub mod device;
 mod lamb;
 mod sgd;
 

@@ -3,6 +3,7 @@
 
 use std::cell::RefCell;
 use std::ops::Range;
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -10,7 +11,8 @@ use super::sinks::{Gathered, ReduceToOwners, Scattered, SharedColl};
 use super::{SegmentParts, Shard, ZeroError};
 use crate::backend::Cpu;
 use crate::collective::{Collective, Partition, ReduceOp};
-use crate::model::{Batch, Classifier, DropoutKey, ParamSource, Whole, Workspace};
+use crate::model::{Batch, Classifier, DropoutKey, Executor, ParamSource, Whole, Workspace};
+use crate::optim::device::Resident;
 use crate::optim::{self, GradScale, OptimError, OptimState, Optimizer};
 use crate::precision::{self, Dtype};
 
@@ -247,6 +249,12 @@ pub struct Replica {
     storage: Storage,
     /// The combined scale [`Replica::unscale`] found, for the step that follows it.
     combined: Option<f64>,
+    /// The executor keeping the model states on its device ([`Replica::keep_on_device`]).
+    device: Option<Arc<dyn Executor>>,
+    /// On the device: this window's `Σ g²` (one norm serves the overflow check and the clip).
+    sq: Option<f64>,
+    /// On the device: the clip coefficient [`Replica::clip`] found, applied by the step.
+    coef: Option<f32>,
 }
 
 impl Replica {
@@ -321,7 +329,57 @@ impl Replica {
             opt,
             storage,
             combined: None,
+            device: None,
+            sq: None,
+            coef: None,
         })
+    }
+
+    /// Keeps the model states on the device of the model's executor and steps Adam there
+    /// ([`crate::optim::device`]), when this rank can: one rank at ZeRO 0–1, no optimizer
+    /// offload, Adam or AdamW, an executor that offers it. Otherwise the host path stays.
+    /// Returns whether it does. From now on the host's parameters and optimizer state are
+    /// refreshed by [`Replica::gather_whole`] only.
+    pub fn keep_on_device(&mut self) -> Result<bool, ZeroError> {
+        let Some(x) = self.model.executor().cloned() else {
+            return Ok(false);
+        };
+        let Optimizer::Adam(adam) = &self.opt.opt else {
+            return Ok(false);
+        };
+        let Some(r) = x.resident() else {
+            return Ok(false);
+        };
+        if self.shard.world > 1 || self.shard.stage > 1 || self.opt.offload {
+            return Ok(false);
+        }
+        let master = self.opt.host.as_ref().map(|h| &h.master[..]);
+        r.upload(&self.model, self.storage.module, adam, master)?;
+        self.device = Some(x);
+        Ok(true)
+    }
+
+    /// Whether the model states live on the device ([`Replica::keep_on_device`]).
+    pub fn on_device(&self) -> bool {
+        self.device.is_some()
+    }
+
+    fn resident(&self) -> Option<&dyn Resident> {
+        self.device.as_ref().and_then(|x| x.resident())
+    }
+
+    /// `Σ g²` of the whole gradient (stages 0–1) or this rank's partition: on the device once a
+    /// window, else on the host.
+    fn sum_squares(&mut self) -> Result<f64, ZeroError> {
+        if let Some(sq) = self.sq {
+            return Ok(sq);
+        }
+        let Some(r) = self.resident() else {
+            return Ok(optim::sum_squares(&self.grads));
+        };
+        let sq = r.grad_sq()?;
+        self.sq = Some(sq);
+        Ok(sq)
     }
 
     /// The model. Under ZeRO-3 its parameters are present only between
@@ -357,8 +415,13 @@ impl Replica {
     }
 
     /// Clears the gradient accumulator at the start of a window.
-    pub fn start_window(&mut self) {
-        self.grads.fill(0.0);
+    pub fn start_window(&mut self) -> Result<(), ZeroError> {
+        (self.sq, self.coef) = (None, None);
+        match self.resident() {
+            Some(r) => r.zero_grads()?,
+            None => self.grads.fill(0.0),
+        }
+        Ok(())
     }
 
     /// One micro-batch's forward and backward, its gradient (× `weight`) accumulated: locally
@@ -371,6 +434,9 @@ impl Replica {
         weight: f32,
         key: Option<DropoutKey>,
     ) -> Result<f32, ZeroError> {
+        if let Some(r) = self.resident() {
+            return Ok(r.micro(&self.model, batch, weight, key)?);
+        }
         let stage = self.shard.stage;
         if stage <= 1 {
             return Ok(self
@@ -425,8 +491,14 @@ impl Replica {
 
     /// Whether any rank's gradients (or gradient partition) hold an inf or NaN: DeepSpeed's
     /// overflow check, a local test reduced over the ranks.
-    pub fn overflow(&self, coll: &mut dyn Collective) -> Result<bool, ZeroError> {
-        let local = f64::from(u8::from(precision::has_inf_or_nan(&self.grads)));
+    /// On the device, `Σ g²` answers it (inf or NaN exactly when some gradient is).
+    pub fn overflow(&mut self, coll: &mut dyn Collective) -> Result<bool, ZeroError> {
+        let bad = if self.device.is_some() {
+            !self.sum_squares()?.is_finite()
+        } else {
+            precision::has_inf_or_nan(&self.grads)
+        };
+        let local = f64::from(u8::from(bad));
         let any = if coll.world() > 1 {
             coll.all_reduce_sum_f64(local)?
         } else {
@@ -449,7 +521,7 @@ impl Replica {
         used: f64,
         now: f64,
     ) -> Result<(f32, f32), ZeroError> {
-        let sq = optim::sum_squares(&self.grads);
+        let sq = self.sum_squares()?;
         let sq = if self.shard.stage >= 2 {
             coll.all_reduce_sum_f64(sq)?
         } else {
@@ -463,8 +535,10 @@ impl Replica {
 
     /// The global gradient norm (before clipping), and `clip_grad_norm_` to `max_norm` when it
     /// is positive. Partitioned gradients add their squared sums over the ranks.
+    /// On the device the coefficient is kept for the step, which multiplies by it as it reads
+    /// the gradients (the same f32 product as scaling them in place).
     pub fn clip(&mut self, coll: &mut dyn Collective, max_norm: f64) -> Result<f32, ZeroError> {
-        let sq = optim::sum_squares(&self.grads);
+        let sq = self.sum_squares()?;
         let sq = if self.shard.stage >= 2 {
             coll.all_reduce_sum_f64(sq)?
         } else {
@@ -473,7 +547,11 @@ impl Replica {
         let norm = sq.sqrt() as f32;
         if max_norm > 0.0 {
             if let Some(coef) = optim::clip_coef(norm, max_norm as f32) {
-                optim::scale(&mut self.grads, coef);
+                if self.device.is_some() {
+                    self.coef = Some(coef);
+                } else {
+                    optim::scale(&mut self.grads, coef);
+                }
             }
         }
         Ok(norm)
@@ -495,6 +573,9 @@ impl Replica {
             .take()
             .filter(|&c| (1.0 / c) as f32 == unscale);
         let scale = GradScale { unscale, combined };
+        if let Some(x) = self.device.clone() {
+            return self.step_on_device(x.resident().expect("kept on the device"), lr, unscale);
+        }
         match self.shard.stage {
             0 => self
                 .opt
@@ -522,9 +603,43 @@ impl Replica {
         Ok(())
     }
 
+    /// [`Replica::step`] on the device: the one factor the host path multiplies the gradients
+    /// by — the clip coefficient in fp32, `unscale` under mixed precision (the loop never asks
+    /// for both) — applied by `adamw_step`, and the step counted on the host's Adam.
+    fn step_on_device(&mut self, r: &dyn Resident, lr: f64, unscale: f32) -> Result<(), ZeroError> {
+        let mult = match self.coef.take() {
+            Some(c) if unscale == 1.0 => c,
+            Some(_) => {
+                return Err(OptimError::Config(
+                    "a clip coefficient and an unscale factor in one device step".into(),
+                )
+                .into())
+            }
+            None => unscale,
+        };
+        let Optimizer::Adam(adam) = &mut self.opt.opt else {
+            unreachable!("keep_on_device keeps Adam only")
+        };
+        r.step(adam.config(), adam.state().step + 1, lr, mult)?;
+        adam.count_step();
+        Ok(())
+    }
+
     /// ZeRO-3: gathers the whole parameters into the model (every rank takes part) for
-    /// evaluation or saving; a no-op for the other stages.
+    /// evaluation or saving. On the device: downloads the parameters, and the optimizer state
+    /// for a checkpoint. A no-op for the other stages.
     pub fn gather_whole(&mut self, coll: &mut dyn Collective) -> Result<(), ZeroError> {
+        if let Some(x) = self.device.clone() {
+            let r = x.resident().expect("kept on the device");
+            let Optimizer::Adam(adam) = &mut self.opt.opt else {
+                unreachable!("keep_on_device keeps Adam only")
+            };
+            let mut s = adam.state().clone();
+            let master = self.opt.host.as_mut().map(|h| &mut h.master[..]);
+            r.download(&mut self.model, &mut s.m, &mut s.v, master)?;
+            adam.load_state(s)?;
+            return Ok(());
+        }
         let Some(map) = &self.map else {
             return Ok(());
         };

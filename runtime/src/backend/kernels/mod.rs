@@ -16,7 +16,8 @@ mod loss;
 mod optim;
 
 pub use optim::{
-    adamw_step, grad_norm_sq, grad_norm_sq_blocks, AdamScalars, DecayMask, NORM_BLOCKS,
+    adamw_step, grad_norm_sq, grad_norm_sq_blocks, grad_norm_sq_in, norm_scratch_len, AdamScalars,
+    DecayMask, NORM_BLOCKS,
 };
 
 use std::ops::Range;
@@ -105,6 +106,11 @@ impl<D: Device> Kernels<D> {
     /// The same kernels storing `store` (values rounded as a half-precision device stores them).
     pub fn with_store(self, store: Dtype) -> Kernels<D> {
         Kernels { store, ..self }
+    }
+
+    /// The storage dtype (the module's: fp16/bf16 values are stored rounded to it).
+    pub fn store(&self) -> Dtype {
+        self.store
     }
 
     /// The device.

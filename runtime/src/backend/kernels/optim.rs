@@ -33,16 +33,39 @@ pub fn grad_norm_sq<D: Device>(k: &Kernels<D>, g: D::View<'_>) -> f64 {
 /// [`grad_norm_sq`] with at most `max_blocks` first-pass blocks instead of [`NORM_BLOCKS`] (the
 /// bits depend on it; the tests use small caps to run the grid-stride loop cheaply).
 pub fn grad_norm_sq_blocks<D: Device>(k: &Kernels<D>, g: D::View<'_>, max_blocks: usize) -> f64 {
+    let mut scratch = k.dev.alloc(norm_scratch_len(k.dev.len(g), max_blocks));
+    norm_sq_in(k, g, &mut scratch, max_blocks)
+}
+
+/// The floats of scratch [`grad_norm_sq_in`] needs for `n` elements with at most `max_blocks`
+/// first-pass blocks: the total and one partial per block, each double as two floats.
+pub fn norm_scratch_len(n: usize, max_blocks: usize) -> usize {
+    2 + 2 * n.div_ceil(BLOCK as usize).clamp(1, max_blocks)
+}
+
+/// [`grad_norm_sq`] in a caller's `scratch` of at least [`norm_scratch_len`]`(n, NORM_BLOCKS)`
+/// floats: a training loop allocates it once per run, not once per step.
+pub fn grad_norm_sq_in<D: Device>(k: &Kernels<D>, g: D::View<'_>, scratch: &mut D::Buf) -> f64 {
+    norm_sq_in(k, g, scratch, NORM_BLOCKS)
+}
+
+fn norm_sq_in<D: Device>(
+    k: &Kernels<D>,
+    g: D::View<'_>,
+    scratch: &mut D::Buf,
+    max_blocks: usize,
+) -> f64 {
     let n = k.dev.len(g);
     assert!(
         (1..=65_535).contains(&max_blocks),
         "grad_norm_sq: {max_blocks} blocks"
     );
     let blocks = n.div_ceil(BLOCK as usize).clamp(1, max_blocks);
+    let need = norm_scratch_len(n, max_blocks);
     // [total (2 floats), partials (2 floats per block)]: each double travels as its two words.
-    let mut scratch = k.dev.alloc(2 + 2 * blocks);
+    let mut all = k.dev.range_mut(scratch, 0..need);
+    let mut words = [0.0f32; 2];
     {
-        let mut all = k.dev.view_mut(&mut scratch);
         let (mut total, mut partial) = k.dev.split_at_mut(&mut all, 2);
         let (t, p) = (k.dev.ptr_mut(&mut total), k.dev.ptr_mut(&mut partial));
         k.dev.launch(
@@ -64,9 +87,9 @@ pub fn grad_norm_sq_blocks<D: Device>(k: &Kernels<D>, g: D::View<'_>, max_blocks
             &[Arg::Ptr(t), Arg::Ptr(p), int(blocks)],
         );
     }
-    let mut words = [0.0f32; 2];
+    drop(all);
     k.dev
-        .download(k.dev.sub(k.dev.view(&scratch), 0..2), &mut words);
+        .download(k.dev.sub(k.dev.view(scratch), 0..2), &mut words);
     f64::from_bits(u64::from(words[0].to_bits()) | (u64::from(words[1].to_bits()) << 32))
 }
 
