@@ -199,8 +199,14 @@ def hf_applied_lrs(args: dict, total: int, ds_sched: dict | None = None) -> tupl
         warm = args.get("warmup_steps", 0)
         if isinstance(warm, float) and warm < 1:
             warm = math.ceil(warm * total)
+        # The schedule's own kwargs (num_cycles, min_lr, num_decay_steps, ...), as the Trainer
+        # passes `lr_scheduler_kwargs` (a dict, or its JSON text on the command line).
+        kwargs = args.get("lr_scheduler_kwargs") or {}
+        if isinstance(kwargs, str):
+            kwargs = json.loads(kwargs)
         sched = get_scheduler(args.get("lr_scheduler_type", "linear"), opt,
-                              num_warmup_steps=warm, num_training_steps=total)
+                              num_warmup_steps=warm, num_training_steps=total,
+                              scheduler_specific_kwargs=kwargs)
     out = []
     for _ in range(total + 1):
         out.append(opt.param_groups[0]["lr"])
