@@ -266,7 +266,7 @@ struct Deviation {
 /// the kernels' float differences; and the device's checkpoint resumed on the CPU, and the CPU's
 /// resumed on the device, end where the CPU alone ends (the checkpoints are the same files).
 /// docs/cuda.md states the figures.
-fn device_run_against_the_cpu(precision: &str, sets: &[&str]) -> Deviation {
+fn device_run_against_the_cpu(precision: &str, sets: &[&str], back: bool) -> Deviation {
     use recipe_kernel_emu::Emu;
     use recipe_runtime::backend::kernels::Kernels;
     use recipe_runtime::model::{Classifier, Executor, OnDevice};
@@ -323,14 +323,17 @@ fn device_run_against_the_cpu(precision: &str, sets: &[&str]) -> Deviation {
         ..quiet.clone()
     };
     train::run(&plan, &options).unwrap();
-    // And back: the CPU's checkpoint finished on the device.
-    plan.train.output_dir = dir.join("back");
-    let options = RunOptions {
-        resume: Some(dir.join("cpu/checkpoint-2")),
-        executor: gpu(),
-        ..quiet.clone()
-    };
-    train::run(&plan, &options).unwrap();
+    // And back: the CPU's checkpoint finished on the device (fp32 only: each emulated leg costs
+    // about half a minute of CI, and the path does not depend on the precision).
+    if back {
+        plan.train.output_dir = dir.join("back");
+        let options = RunOptions {
+            resume: Some(dir.join("cpu/checkpoint-2")),
+            executor: gpu(),
+            ..quiet.clone()
+        };
+        train::run(&plan, &options).unwrap();
+    }
 
     let (cpu, gpu) = (metrics(&dir.join("cpu")), metrics(&dir.join("gpu")));
     let start = gpu.iter().find(|r| r["event"] == "start").unwrap();
@@ -396,7 +399,11 @@ fn device_run_against_the_cpu(precision: &str, sets: &[&str]) -> Deviation {
         grad_norm,
         weights: worst(&cpu_w, &weights("gpu")),
         resumed: worst(&cpu_w, &weights("resumed")),
-        back: worst(&cpu_w, &weights("back")),
+        back: if back {
+            worst(&cpu_w, &weights("back"))
+        } else {
+            0.0
+        },
         skipped,
     };
     eprintln!("{precision}, CPU vs the emulated GPU's resident optimizer: {d:?}");
@@ -405,7 +412,7 @@ fn device_run_against_the_cpu(precision: &str, sets: &[&str]) -> Deviation {
 
 #[test]
 fn the_device_optimizer_trains_the_cpu_curve_in_fp32_and_its_checkpoint_resumes_on_the_cpu() {
-    let d = device_run_against_the_cpu("fp32", &[]);
+    let d = device_run_against_the_cpu("fp32", &[], true);
     assert!(d.loss <= 1e-5 && d.grad_norm <= 1e-5, "{d:?}");
     assert!(
         d.weights <= 1e-6 && d.resumed <= 1e-6 && d.back <= 1e-6,
@@ -413,26 +420,21 @@ fn the_device_optimizer_trains_the_cpu_curve_in_fp32_and_its_checkpoint_resumes_
     );
 }
 
+/// bf16 takes the same path as fp16 without the scaler (half weights rounded from the device's
+/// fp32 masters); its device step is checked bit for bit in runtime/emu/tests/optim.rs, and a
+/// whole emulated run costs about a minute of CI, so the loop is run in fp32 and fp16 only
+/// (measured in bf16 too when this was built: bit-identical to the CPU, docs/cuda.md).
+///
 /// fp16 at ZeRO-1 (where DeepSpeed scales the loss): the default scale 2¹⁶ overflows the first
 /// steps (two, with the scaler's hysteresis of 2), which the device's `Σ g²` must report for the
 /// host's scaler to skip them and halve the scale; the last two steps apply.
 #[test]
 fn the_device_optimizer_trains_the_cpu_curve_in_fp16_with_the_loss_scaler() {
-    let d = device_run_against_the_cpu("fp16", &["--set", "zero.stage=1"]);
+    let d = device_run_against_the_cpu("fp16", &["--set", "zero.stage=1"], false);
     assert_eq!(d.skipped, 2, "{d:?}");
     assert!(d.loss <= 1e-3 && d.grad_norm <= 1e-3, "{d:?}");
     assert!(
         d.weights <= 1e-3 && d.resumed <= 1e-3 && d.back <= 1e-3,
-        "{d:?}"
-    );
-}
-
-#[test]
-fn the_device_optimizer_trains_the_cpu_curve_in_bf16() {
-    let d = device_run_against_the_cpu("bf16", &[]);
-    assert!(d.loss <= 1e-2 && d.grad_norm <= 1e-2, "{d:?}");
-    assert!(
-        d.weights <= 1e-2 && d.resumed <= 1e-2 && d.back <= 1e-2,
         "{d:?}"
     );
 }
