@@ -29,6 +29,9 @@ pub const HIDDEN_SIZE_UNKNOWN: &str = "R0805";
 pub const HIDDEN_SIZE_ATTRIBUTE: &str = "R0806";
 /// `data.max_len` is longer than the local model's `max_position_embeddings`.
 pub const MAX_LEN_OVER_POSITIONS: &str = "R0807";
+/// HF's BERT tokenizer lowercases otherwise than the model's tokenizer.json, which `recipe run`
+/// follows.
+pub const TOKENIZER_LOWERCASE: &str = "R0808";
 
 /// This family's codes.
 pub const CODES: &[(&str, &str, &str)] = &[
@@ -67,6 +70,11 @@ pub const CODES: &[(&str, &str, &str)] = &[
         "max-len-over-positions",
         "`data.max_len` is longer than the model's `max_position_embeddings`",
     ),
+    (
+        TOKENIZER_LOWERCASE,
+        "tokenizer-lowercase",
+        "HF's BERT tokenizer lowercases otherwise than the model's tokenizer.json",
+    ),
 ];
 
 /// A local model's config.json, read.
@@ -95,6 +103,7 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
         arch_mismatch(r, config, out);
         hidden_size_attribute(r, config, out);
         max_len_over_positions(r, config, out);
+        tokenizer_lowercase(r, config, out);
     }
     hidden_size_unknown(r, config.as_ref(), out);
 }
@@ -449,5 +458,130 @@ mod tests {
             Some(1024)
         );
         assert_eq!(config_hidden_size(&json!({"n_embd": 768})), None);
+    }
+}
+
+/// Whether a tokenizer.json normalizer lowercases: a `BertNormalizer`'s `lowercase`, or a
+/// `Sequence` holding `Lowercase` or such a `BertNormalizer`; None for anything else.
+fn normalizer_lowercases(n: &serde_json::Value) -> Option<bool> {
+    match n.get("type")?.as_str()? {
+        "BertNormalizer" => n.get("lowercase")?.as_bool(),
+        "Lowercase" => Some(true),
+        "Sequence" => {
+            let parts: Vec<Option<bool>> = n
+                .get("normalizers")?
+                .as_array()?
+                .iter()
+                .map(normalizer_lowercases)
+                .collect();
+            Some(parts.contains(&Some(true)))
+        }
+        _ => None,
+    }
+}
+
+/// BERT's tokenizer in transformers takes `do_lower_case` from tokenizer_config.json, else the
+/// release's default, and rebuilds tokenizer.json's normalizer with `lowercase = do_lower_case`
+/// whatever the file says (transformers@v4.57.6 models/bert/tokenization_bert_fast.py
+/// `BertTokenizerFast.__init__`, default true; v5.0.0–v5.2.0 tokenization_bert.py
+/// `BertTokenizer.__init__`, default **false**; v5.3.0 on, true: `Facts::hf_bert_do_lower_case_default`).
+/// `recipe run` tokenizes with tokenizer.json as it is. Where the two differ, the DeepSpeed build
+/// trains on other tokens than the native run: an uncased vocabulary not lowercased turns every
+/// capitalised word into `[UNK]` (seen in a real 5.0.0 run: conformance/README.md, "Found on
+/// transformers 5.0.0").
+fn tokenizer_lowercase(r: &Resolved, config: &LocalConfig, out: &mut Vec<Diagnostic>) {
+    if config.key != "model.from" || r.word("model.arch") != Some("bert") {
+        return;
+    }
+    let Some(dir) = config.path.parent() else {
+        return;
+    };
+    let read = |name: &str| -> Option<serde_json::Value> {
+        serde_json::from_str(&std::fs::read_to_string(dir.join(name)).ok()?).ok()
+    };
+    let Some(file) = read("tokenizer.json").and_then(|t| normalizer_lowercases(&t["normalizer"]))
+    else {
+        return;
+    };
+    let tc_path = dir.join("tokenizer_config.json");
+    let tc = if tc_path.is_file() {
+        match read("tokenizer_config.json") {
+            Some(tc) => Some(tc),
+            None => return, // unreadable: not this rule's business
+        }
+    } else {
+        None
+    };
+    let class = tc.as_ref().and_then(|t| t["tokenizer_class"].as_str());
+    if class.is_some_and(|c| !c.starts_with("BertTokenizer")) {
+        return;
+    }
+    let tf = r.targets.transformers;
+    let default = r.facts.hf_bert_do_lower_case_default;
+    let (hf, why) = match tc.as_ref().and_then(|t| t["do_lower_case"].as_bool()) {
+        Some(v) => (v, format!("{}'s `do_lower_case`", tc_path.display())),
+        None if tc.is_some() => (
+            default,
+            format!(
+                "no `do_lower_case` in {} (transformers {tf}'s default: {default})",
+                tc_path.display()
+            ),
+        ),
+        None => (
+            default,
+            format!(
+                "no tokenizer_config.json (transformers {tf}'s default `do_lower_case`: {default})"
+            ),
+        ),
+    };
+    if hf == file {
+        return;
+    }
+    let (does, lost) = if file {
+        (
+            "does not lowercase",
+            "every capitalised word of an uncased vocabulary becomes [UNK]",
+        )
+    } else {
+        ("lowercases", "a cased vocabulary loses its capitals")
+    };
+    let mut d = Diagnostic::warning(
+        TOKENIZER_LOWERCASE,
+        format!(
+            "HF's BERT tokenizer {does} here, unlike the model's tokenizer.json that `recipe run` follows: {why}, and transformers rebuilds the file's normalizer (`lowercase: {file}`) from it — the DeepSpeed build trains on other tokens ({lost})"
+        ),
+        anchor(r, "model.from"),
+    )
+    .with_label(format!("tokenizer.json: lowercase = {file}; HF: {hf}"));
+    if let Some(span) = r.target_sources[0].span() {
+        d = d.with_secondary(span, "this transformers");
+    }
+    let newer = if file && !default {
+        ", or target transformers ≥ 5.3.0 (its default is true)"
+    } else {
+        ""
+    };
+    out.push(d.with_help(format!(
+        "write \"do_lower_case\": {file} in tokenizer_config.json beside tokenizer.json (save_pretrained writes it){newer}"
+    )));
+}
+
+#[cfg(test)]
+mod normalizer_tests {
+    use super::normalizer_lowercases;
+    use serde_json::json;
+
+    #[test]
+    fn tokenizer_json_normalizers_that_lowercase() {
+        let bert = |l: bool| json!({"type": "BertNormalizer", "lowercase": l});
+        assert_eq!(normalizer_lowercases(&bert(true)), Some(true));
+        assert_eq!(normalizer_lowercases(&bert(false)), Some(false));
+        let seq =
+            json!({"type": "Sequence", "normalizers": [{"type": "NFD"}, {"type": "Lowercase"}]});
+        assert_eq!(normalizer_lowercases(&seq), Some(true));
+        let cased = json!({"type": "Sequence", "normalizers": [{"type": "NFD"}, bert(false)]});
+        assert_eq!(normalizer_lowercases(&cased), Some(false));
+        assert_eq!(normalizer_lowercases(&json!({"type": "NFC"})), None);
+        assert_eq!(normalizer_lowercases(&serde_json::Value::Null), None);
     }
 }

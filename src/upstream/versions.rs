@@ -340,6 +340,10 @@ pub struct Facts {
     /// `accepts_loss_kwargs` attribute on the model) takes it for a model that reads
     /// `num_items_in_batch`; its loss is a plain `CrossEntropyLoss()` mean that does not.
     pub hf_bert_forward_kwargs: bool,
+    /// The `do_lower_case` BERT's tokenizer takes when tokenizer_config.json does not say; the
+    /// tokenizer rebuilds tokenizer.json's normalizer with `lowercase = do_lower_case` whatever
+    /// the file says.
+    pub hf_bert_do_lower_case_default: bool,
 }
 
 /// One version-dependent fact, as a table row applies it.
@@ -449,6 +453,8 @@ pub enum Fact {
     HfGaScaling(GaScaling),
     /// See [`Facts::hf_bert_forward_kwargs`].
     HfBertForwardKwargs(bool),
+    /// See [`Facts::hf_bert_do_lower_case_default`].
+    HfBertDoLowerCaseDefault(bool),
 }
 
 /// A row of the table: from `since` on (until a later row sets the same fact), `fact` holds.
@@ -617,6 +623,10 @@ pub static CHANGES: &[Change] = &[
     row(T, (4, 49, 0), HfGaScaling(GaScaling::UndividedWithLossKwargs), "transformers PR #35808, v4.49.0 trainer.py:Trainer.training_step (scale_wrt_gas=False under DeepSpeed; same in v4.57.6, v5.0.0; v5.24.0: loss_is_scaled_for_ga)"),
     row(T, (0, 0, 0), HfBertForwardKwargs(false), "transformers@v4.57.6 models/bert/modeling_bert.py:BertForSequenceClassification.forward (no **kwargs; likewise v4.46.0-v4.52.1)"),
     row(T, (5, 0, 0), HfBertForwardKwargs(true), "transformers@v5.0.0 models/bert/modeling_bert.py:BertForSequenceClassification.forward (**kwargs: Unpack[TransformersKwargs]; same in v5.24.0)"),
+    // ---- BERT's tokenizer and tokenizer.json's lowercasing (rules/model.rs R0808) ----
+    row(T, (0, 0, 0), HfBertDoLowerCaseDefault(true), "transformers@v4.57.6 models/bert/tokenization_bert_fast.py:BertTokenizerFast.__init__ (do_lower_case=True; the normalizer rebuilt when its lowercase differs; same in v4.41.0)"),
+    row(T, (5, 0, 0), HfBertDoLowerCaseDefault(false), "transformers@v5.0.0 models/bert/tokenization_bert.py:BertTokenizer.__init__ (do_lower_case: bool = False; BertNormalizer(lowercase=do_lower_case); same in v5.1.0, v5.2.0)"),
+    row(T, (5, 3, 0), HfBertDoLowerCaseDefault(true), "transformers@v5.3.0 models/bert/tokenization_bert.py:BertTokenizer.__init__ (do_lower_case: bool = True; same in v5.24.0)"),
 ];
 
 impl Fact {
@@ -674,6 +684,7 @@ impl Fact {
             HfTrainSamplingStrategy(v) => f.hf_train_sampling_strategy = v,
             HfGaScaling(v) => f.hf_ga_scaling = v,
             HfBertForwardKwargs(v) => f.hf_bert_forward_kwargs = v,
+            HfBertDoLowerCaseDefault(v) => f.hf_bert_do_lower_case_default = v,
         }
     }
 }
@@ -735,6 +746,7 @@ impl Facts {
             hf_train_sampling_strategy: false,
             hf_ga_scaling: GaScaling::Mean,
             hf_bert_forward_kwargs: false,
+            hf_bert_do_lower_case_default: true,
         };
         for change in CHANGES {
             if targets.get(change.library) >= change.since {
@@ -787,8 +799,8 @@ mod tests {
             }
             last.insert(d, c.since);
         }
-        // Every field has a 0.0.0 row: 52 facts.
-        assert_eq!(last.len(), 52);
+        // Every field has a 0.0.0 row: 53 facts.
+        assert_eq!(last.len(), 53);
     }
 
     #[test]
