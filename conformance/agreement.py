@@ -222,17 +222,13 @@ def hf_side(ws: Path, recipe_bin: str, name: str, env: dict) -> dict:
     ds = json.loads((build / "ds_config.json").read_text())
     secs = run(["bash", str(build / "launch.sh")], ws, env=env, log=ws / "launch.log")
     out = ws / "out"
-    ckpts = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
-    state = json.loads((ckpts[-1] / "trainer_state.json").read_text())
+    state, ds_steps, _ = last_checkpoint(out)
     logs = [h for h in state["log_history"] if "loss" in h and "step" in h]
     total = state["max_steps"]
     applied, after = hf_applied_lrs(args, total, ds.get("scheduler"))
     logged = [h["learning_rate"] for h in logs]
-    # DeepSpeed's own count of applied optimizer steps: the engine saves its checkpoint under the
-    # tag `global_step{engine.global_steps}` (runtime/engine.py:save_checkpoint, DeepSpeed 0.19.8).
-    tags = [int(p.name[len("global_step"):]) for p in ckpts[-1].glob("global_step*")]
     return {"seconds": secs, "steps": [h["step"] for h in logs], "global_step": state["global_step"],
-            "ds_global_steps": max(tags) if tags else None,
+            "ds_global_steps": ds_steps,
             "grad_norm": [h.get("grad_norm") for h in logs],
             "max_steps": total, "loss": [h["loss"] for h in logs], "lr_logged": logged,
             "lr": applied[:len(logs)], "lr_replay_matches_log": logged == after[:len(logs)],
@@ -251,6 +247,17 @@ def hf_side(ws: Path, recipe_bin: str, name: str, env: dict) -> dict:
             .get("device"),
             "optimizer": ds.get("optimizer", {}).get("type") or "HF (" + args.get("optim", "default") + ")",
             "weights": hf_names(load_file(str(out / "model" / "model.safetensors")))}
+
+
+def last_checkpoint(out: Path) -> tuple[dict, int | None, list[int]]:
+    """The HF run's last checkpoint in `out`: its trainer_state.json, DeepSpeed's own count of
+    applied optimizer steps (the engine saves under the tag `global_step{engine.global_steps}`,
+    runtime/engine.py:save_checkpoint, DeepSpeed 0.19.8; None without one), and every
+    checkpoint's step."""
+    ckpts = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    state = json.loads((ckpts[-1] / "trainer_state.json").read_text())
+    tags = [int(p.name[len("global_step"):]) for p in ckpts[-1].glob("global_step*")]
+    return state, (max(tags) if tags else None), [int(p.name.split("-")[1]) for p in ckpts]
 
 
 def hf_names(w: dict) -> dict:

@@ -125,9 +125,8 @@ def main() -> int:
     secs = run(["bash", "build/cls/launch.sh"], rdir, env, scratch / "launch.log")
     args = json.loads((rdir / "build" / "cls" / "training_args.json").read_text())
     out = rdir / args["output_dir"]
-    ckpts = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
-    state = json.loads((ckpts[-1] / "trainer_state.json").read_text())
-    tags = [int(p.name[len("global_step"):]) for p in ckpts[-1].glob("global_step*")]
+    from agreement import last_checkpoint  # conformance/agreement.py, beside this script
+    state, ds_steps, ckpts = last_checkpoint(out)
     import accelerate
     import deepspeed
     import torch
@@ -144,8 +143,7 @@ def main() -> int:
                   "predicted_hf": [t["hf_steps"] for t in steps["timelines"]],
                   "predicted_deepspeed": [t["deepspeed_steps"] for t in steps["timelines"]],
                   "hf_global_step": state["global_step"], "hf_max_steps": state["max_steps"],
-                  "deepspeed_global_steps": max(tags) if tags else None,
-                  "checkpoints": [int(p.name.split("-")[1]) for p in ckpts]},
+                  "deepspeed_global_steps": ds_steps, "checkpoints": ckpts},
         "train": [{k: h[k] for k in ("step", "epoch", "loss", "learning_rate", "grad_norm") if k in h}
                   for h in logs if "loss" in h],
         "eval": [{k: v for k, v in h.items() if k in ("step", "epoch", "eval_loss", "eval_accuracy",
