@@ -177,6 +177,7 @@ def native_side(ws: Path, recipe_bin: str, name: str) -> dict:
     steps = [r for r in recs if "loss" in r and "step" in r]
     end = next(r for r in recs if r.get("event") == "end")
     return {"seconds": secs, "steps": [r["step"] for r in steps], "lr": [r["lr"] for r in steps],
+            "eval": [(r["step"], r["eval"]["loss"]) for r in recs if "eval" in r and "step" in r],
             "loss": [r["loss"] for r in steps], "grad_norm": [r.get("grad_norm") for r in steps],
             "taken": end["steps"]["taken"],
             "predicted": end["steps"]["predicted"],
@@ -215,6 +216,53 @@ def hf_applied_lrs(args: dict, total: int, ds_sched: dict | None = None) -> tupl
     return out[:-1], out[1:]
 
 
+METRIC_DRIVEN = ("reduce_lr_on_plateau", "greedy")
+
+
+def metric_driven_replay(args: dict, total: int, evals: list) -> tuple[list[float], float | None]:
+    """The LR of each step 1..total under a schedule the Trainer steps only after an evaluation
+    (torch's ReduceLROnPlateau, HF's GreedyLR; transformers 5.24.0 trainer.py: no
+    `lr_scheduler.step()` after an optimizer step for them, `lr_scheduler.step(metric)` in
+    `_evaluate`). The LR HF logs at step k is read right after the optimizer step
+    (`learning_rate = self._get_learning_rate()`), before that step's evaluation moves it: it is
+    the LR step k ran at, and the applied LR. This replays HF's own scheduler class
+    (`get_scheduler`) on a dummy optimizer, stepped with HF's evaluation losses at the steps HF
+    evaluated, which must give every logged value; and the verdicts' margin ([`verdict_margin`])."""
+    from transformers import get_scheduler
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=args["learning_rate"])
+    kwargs = args.get("lr_scheduler_kwargs") or {}
+    if isinstance(kwargs, str):
+        kwargs = json.loads(kwargs)
+    sched = get_scheduler(args["lr_scheduler_type"], opt, scheduler_specific_kwargs=kwargs)
+    # Every verdict (metric, best so far) the scheduler takes, for the margin below.
+    name = "_is_better" if hasattr(sched, "_is_better") else "is_better"
+    verdict = getattr(sched, name)
+    seen = []
+    setattr(sched, name, lambda a, best: seen.append((a, best)) or verdict(a, best))
+    at = dict(evals)
+    replay = []
+    for k in range(1, total + 1):
+        replay.append(opt.param_groups[0]["lr"])
+        if k in at:
+            sched.step(at[k])
+    return replay, verdict_margin(seen, sched.mode, sched.threshold_mode, sched.threshold)
+
+
+def verdict_margin(seen: list, mode: str, threshold_mode: str, threshold: float) -> float | None:
+    """How close the closest verdict came to the other one: min over the (metric, best) pairs
+    the scheduler compared of |metric - boundary| / |metric|, the boundary being where
+    `is_better` flips (best·(1 ∓ threshold) relative, best ∓ threshold absolute). A verdict
+    closer than the two sides' evaluation losses differ could go either way."""
+    sign = -1.0 if mode == "min" else 1.0
+    margins = []
+    for a, best in seen:
+        if math.isfinite(best) and a:
+            edge = best * (1 + sign * threshold) if threshold_mode == "rel" else best + sign * threshold
+            margins.append(abs(a - edge) / abs(a))
+    return min(margins, default=None)
+
+
 def hf_side(ws: Path, recipe_bin: str, name: str, env: dict) -> dict:
     run([recipe_bin, "build", name], ws)
     (build,) = [p.parent for p in (ws / "build").glob("*/launch.sh")]  # build/<recipe name>/
@@ -224,14 +272,22 @@ def hf_side(ws: Path, recipe_bin: str, name: str, env: dict) -> dict:
     out = ws / "out"
     state, ds_steps, _ = last_checkpoint(out)
     logs = [h for h in state["log_history"] if "loss" in h and "step" in h]
+    evals = [(h["step"], h["eval_loss"]) for h in state["log_history"] if "eval_loss" in h]
     total = state["max_steps"]
-    applied, after = hf_applied_lrs(args, total, ds.get("scheduler"))
     logged = [h["learning_rate"] for h in logs]
+    if args.get("lr_scheduler_type") in METRIC_DRIVEN:
+        applied = logged
+        replay, margin = metric_driven_replay(args, total, evals)
+        matches = logged == replay[:len(logs)]
+    else:
+        applied, after = hf_applied_lrs(args, total, ds.get("scheduler"))
+        matches, margin = logged == after[:len(logs)], None
     return {"seconds": secs, "steps": [h["step"] for h in logs], "global_step": state["global_step"],
             "ds_global_steps": ds_steps,
             "grad_norm": [h.get("grad_norm") for h in logs],
             "max_steps": total, "loss": [h["loss"] for h in logs], "lr_logged": logged,
-            "lr": applied[:len(logs)], "lr_replay_matches_log": logged == after[:len(logs)],
+            "lr": applied[:len(logs)], "lr_replay_matches_log": matches, "eval": evals,
+            "verdict_margin": margin,
             "train_sampling_strategy": args.get("train_sampling_strategy"),
             # train.py's own switch: on a release without train_sampling_strategy it visits the
             # rows with a SequentialSampler when this is False (src/emit/train_template.py).
@@ -350,8 +406,17 @@ def compare(nat: dict, hf: dict, init: dict) -> dict:
                       "max_rel_before_short_batch": max(
                           (x for x in norm_rel[:clean] if x is not None), default=None)},
         "weights": weight_deviation(nat["weights"], hf["weights"], init),
+        "eval": {**compare_evals(nat["eval"], hf["eval"]), "verdict_margin": hf["verdict_margin"]},
         "rows": rows,
     }
+
+
+def compare_evals(nat: list, hf: list) -> dict:
+    """The evaluation losses of both sides, at the optimizer steps each evaluated after."""
+    rel = [abs(a - b) / abs(b) for (_, a), (_, b) in zip(nat, hf)]
+    return {"native_steps": [k for k, _ in nat], "hf_steps": [k for k, _ in hf],
+            "native_loss": [x for _, x in nat], "hf_loss": [x for _, x in hf],
+            "max_rel": max(rel, default=None)}
 
 
 def main() -> int:

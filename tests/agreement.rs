@@ -252,6 +252,14 @@ fn loss_curves_and_final_weights_agree_to_fp32_reduction_order() {
         if rounding == 0.0 {
             assert!(f(&r["loss"]["max_rel"]) <= LOSS_REL, "{name}");
         }
+        // Evaluations (where the recipe has them): after the same optimizer steps, the same
+        // loss to fp32 reduction order.
+        if let Some(e) = r.get("eval") {
+            assert_eq!(e["native_steps"], e["hf_steps"], "{name}: {e}");
+            if !e["hf_steps"].as_array().unwrap().is_empty() {
+                assert!(f(&e["max_rel"]) <= LOSS_REL, "{name}: {e}");
+            }
+        }
     }
     assert!(
         with_short_batch >= 1,
@@ -443,8 +451,8 @@ fn the_seed_recipe_trains_with_its_own_launch_sh() {
 }
 
 /// Every schedule kind of the language is trained end to end by both sides (the schema's list:
-/// src/schema/blocks.rs), except the two that step on evaluation metrics, whose DeepSpeed-engine
-/// runs are conformance/plateau_engine.py's.
+/// src/schema/blocks.rs), the two metric-driven ones included (their DeepSpeed-engine runs under
+/// R0315 are conformance/plateau_engine.py's).
 #[test]
 fn every_schedule_kind_runs_end_to_end() {
     use recipe::schema::blocks::{DS_SCHEDULES, HF_SCHEDULES};
@@ -456,11 +464,57 @@ fn every_schedule_kind_runs_end_to_end() {
         }
     }
     for kind in HF_SCHEDULES.iter().chain(DS_SCHEDULES) {
-        if !["reduce_lr_on_plateau", "greedy"].contains(kind) {
-            assert!(
-                ran.contains(*kind),
-                "no agreement recipe trains `schedule {kind}`"
-            );
-        }
+        assert!(
+            ran.contains(*kind),
+            "no agreement recipe trains `schedule {kind}`"
+        );
     }
+}
+
+/// The metric-driven schedules (`reduce_lr_on_plateau`, `greedy`): HF's Trainer and the native
+/// loop step them after each evaluation with its loss. The evaluations agree (above), so do the
+/// decisions: the LR each step ran at is the same on both sides (`both_backends_take_…`), it
+/// moves during the run (else the test would show nothing), HF's logged LRs are its own
+/// scheduler class replayed on its evaluation losses (agreement.py `metric_driven_replay`), and
+/// no evaluation's verdict is within the measured loss deviation of the threshold (a decision
+/// the reduction order could flip).
+#[test]
+fn metric_driven_schedules_move_the_lr_at_the_same_evaluations() {
+    let mut kinds = std::collections::BTreeSet::new();
+    for r in fixture()["recipes"].as_array().unwrap() {
+        let text = std::fs::read_to_string(root().join(r["recipe"].as_str().unwrap())).unwrap();
+        let Some(kind) = ["reduce_lr_on_plateau", "greedy"]
+            .into_iter()
+            .find(|k| text.contains(&format!("schedule {k} ")))
+        else {
+            continue;
+        };
+        let name = r["name"].as_str().unwrap();
+        kinds.insert(kind);
+        let e = &r["eval"];
+        let evals = e["hf_steps"].as_array().unwrap().len();
+        assert!(evals >= 4, "{name}: {evals} evaluations");
+        assert_eq!(r["lr"]["hf_replay_matches_log"], true, "{name}");
+        let lrs: Vec<f64> = r["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|row| f(&row["native_lr"]))
+            .collect();
+        let changes = lrs.windows(2).filter(|w| w[0] != w[1]).count();
+        assert!(
+            changes >= 2,
+            "{name}: the LR moved {changes} times: {lrs:?}"
+        );
+        let margin = f(&r["eval"]["verdict_margin"]);
+        assert!(
+            margin > 100.0 * LOSS_REL,
+            "{name}: a verdict within {margin} of the threshold"
+        );
+    }
+    assert_eq!(
+        kinds.len(),
+        2,
+        "an agreement recipe for each metric-driven kind: {kinds:?}"
+    );
 }

@@ -829,3 +829,74 @@ fn reduce_lr_on_plateau_follows_the_evaluation_loss() {
         );
     }
 }
+
+/// `greedy` (HF's GreedyLR) in the native loop: stepped after each evaluation with its loss, it
+/// raises the LR while the loss improves (patience 0: at every improving evaluation) — the LR of
+/// each step is the state machine's after the evaluations before it. A run stopped before its
+/// first evaluation (the scheduler's best still +inf, which JSON has no number for) resumes to
+/// the uninterrupted run's weights, bit for bit. The state machine itself is checked against
+/// HF's class by the agreement fixture (tests/agreement.rs).
+#[test]
+fn greedy_follows_the_evaluation_loss_and_resumes_before_its_first_evaluation() {
+    use recipe::upstream::schedules::{Greedy, GreedyConfig};
+    let recipe = TINY
+        .replace(
+            "schedule linear { warmup = 2 }",
+            "schedule greedy { factor = 0.5, patience = 0, min_lr = 1e-4, max_lr = 1e-2 }",
+        )
+        .replace("logging_steps = 1,", "logging_steps = 1, eval_every = 2,")
+        .replace(
+            "optimizer adamw { lr = 1e-3",
+            "optimizer adamw { owner = hf, lr = 2e-3",
+        );
+    let dir = workspace("greedy", &recipe);
+    let run = |args: &[&str]| {
+        let mut all = vec!["run", "--quiet", "tiny.rcp"];
+        all.extend_from_slice(args);
+        let o = recipe_in(&dir, &all);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    };
+    run(&["--set", "train.output_dir=\"a\""]);
+    run(&["--set", "train.output_dir=\"b\"", "--stop-after", "1"]);
+    let state = std::fs::read_to_string(dir.join("b/checkpoint-1/trainer_state.json")).unwrap();
+    assert!(state.contains("\"inf\""), "{state}");
+    run(&[
+        "--set",
+        "train.output_dir=\"b\"",
+        "--resume",
+        "b/checkpoint-1",
+    ]);
+    let a = std::fs::read(dir.join("a/model/model.safetensors")).unwrap();
+    let b = std::fs::read(dir.join("b/model/model.safetensors")).unwrap();
+    assert!(a == b, "resumed weights differ from the uninterrupted run");
+    let m = metrics(&dir.join("a"));
+    let lrs: Vec<(u64, f64)> = m
+        .iter()
+        .filter_map(|r| Some((r["step"].as_u64()?, r["lr"].as_f64()?)))
+        .collect();
+    let mut g = Greedy::new(
+        2e-3,
+        GreedyConfig {
+            factor: 0.5,
+            patience: 0,
+            min_lr: 1e-4,
+            max_lr: 1e-2,
+            ..GreedyConfig::default()
+        },
+    );
+    let mut want = 2e-3;
+    for (step, lr) in &lrs {
+        assert_eq!(*lr, want, "step {step}: {lrs:?}");
+        if let Some(loss) = m
+            .iter()
+            .find(|r| r["step"] == *step && r["eval"].is_object())
+            .map(|r| r["eval"]["loss"].as_f64().unwrap())
+        {
+            want = g.step(loss);
+        }
+    }
+    assert!(
+        lrs.iter().any(|(_, lr)| *lr != 2e-3),
+        "the LR never moved; the test shows nothing: {lrs:?}"
+    );
+}

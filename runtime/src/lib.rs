@@ -19,6 +19,8 @@ pub mod backend;
 pub mod checkpoint;
 pub mod collective;
 pub mod data;
+pub mod greedy;
+pub mod json_f64;
 pub mod lr;
 pub mod metrics;
 pub mod model;

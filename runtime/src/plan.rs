@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::accounting::NativeSteps;
+use crate::greedy::GreedyConfig;
 use crate::lr::{self, DsFlags, DsSchedule, HfSchedule};
+use crate::plateau::PlateauConfig;
 use crate::precision::{Dtype, ScaleConfig};
 
 /// The plan format this runtime executes.
@@ -184,10 +186,18 @@ pub enum SchedulePlan {
     Plateau {
         /// The starting learning rate.
         peak: f64,
-        /// Multiplies the LR on a plateau.
-        factor: f64,
-        /// Evaluations without improvement tolerated.
-        patience: u64,
+        /// torch's arguments (flattened: a plan that names only `factor` and `patience` takes
+        /// torch's defaults for the rest).
+        #[serde(flatten)]
+        config: PlateauConfig,
+    },
+    /// HF's `greedy` (`GreedyLR`): `peak` until evaluations move it, down on a plateau and up
+    /// while the loss improves (`crate::greedy::Greedy`, which the loop drives).
+    Greedy {
+        /// The starting learning rate.
+        peak: f64,
+        /// GreedyLR's arguments.
+        config: GreedyConfig,
     },
     /// A DeepSpeed scheduler (`recipe_runtime::lr::ds_lr`).
     #[serde(rename = "deepspeed")]
@@ -228,8 +238,8 @@ impl SchedulePlan {
                 peak,
                 flags,
             } => lr::ds_lr(schedule, flags, *peak, step),
-            // The loop's `Plateau` state decides; before any evaluation this is the LR.
-            SchedulePlan::Plateau { peak, .. } => *peak,
+            // The loop's metric-driven state decides; before any evaluation this is the LR.
+            SchedulePlan::Plateau { peak, .. } | SchedulePlan::Greedy { peak, .. } => *peak,
         }
     }
 
@@ -240,7 +250,9 @@ impl SchedulePlan {
             SchedulePlan::DeepSpeed {
                 schedule, flags, ..
             } => lr::ds_momentum(schedule, flags, step),
-            SchedulePlan::Hf { .. } | SchedulePlan::Plateau { .. } => None,
+            SchedulePlan::Hf { .. }
+            | SchedulePlan::Plateau { .. }
+            | SchedulePlan::Greedy { .. } => None,
         }
     }
 }

@@ -21,10 +21,11 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::greedy::Greedy;
 use crate::model::Classifier;
 use crate::optim::{OptimError, OptimState};
 use crate::plan::Precision;
-use crate::plateau::Plateau;
+use crate::plateau::{OnMetric, Plateau};
 use crate::precision::ScalerState;
 use crate::train::Position;
 use crate::zero::Shard;
@@ -66,6 +67,9 @@ struct TrainerState {
     /// `reduce_lr_on_plateau`'s state, when the run uses it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     plateau: Option<Plateau>,
+    /// `greedy`'s state, when the run uses it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    greedy: Option<Greedy>,
     /// Ranks of the run that wrote it.
     #[serde(default)]
     world: Option<u64>,
@@ -85,8 +89,8 @@ struct TrainerState {
 pub struct TrainingState {
     /// Where the run was.
     pub position: Position,
-    /// The plateau scheduler's state, if any.
-    pub plateau: Option<Plateau>,
+    /// The metric-driven scheduler's state, if any.
+    pub on_metric: Option<OnMetric>,
     /// Ranks of the run that wrote the checkpoint.
     pub world: Option<u64>,
     /// The ZeRO stage of that run.
@@ -157,12 +161,12 @@ pub fn save_model(
 }
 
 /// Where a run is, besides its weights and optimizer state.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Progress {
     /// Steps and data position.
     pub position: Position,
-    /// The plateau scheduler's state, if any.
-    pub plateau: Option<Plateau>,
+    /// The metric-driven scheduler's state, if any.
+    pub on_metric: Option<OnMetric>,
     /// Ranks of the run.
     pub world: u64,
     /// Its ZeRO stage.
@@ -248,7 +252,14 @@ pub fn finish(
         let s = TrainerState {
             format: STATE_FORMAT,
             position: progress.position,
-            plateau: progress.plateau,
+            plateau: match &progress.on_metric {
+                Some(OnMetric::Plateau(p)) => Some(*p),
+                _ => None,
+            },
+            greedy: match progress.on_metric {
+                Some(OnMetric::Greedy(g)) => Some(g),
+                _ => None,
+            },
             world: Some(progress.world),
             zero_stage: Some(progress.zero_stage),
             precision: Some(progress.precision),
@@ -281,7 +292,10 @@ pub fn read_training_state(dir: &Path) -> Result<TrainingState, ResumeError> {
     }
     Ok(TrainingState {
         position: s.position,
-        plateau: s.plateau,
+        on_metric: s
+            .plateau
+            .map(OnMetric::Plateau)
+            .or(s.greedy.map(OnMetric::Greedy)),
         world: s.world,
         zero_stage: s.zero_stage,
         precision: s.precision,

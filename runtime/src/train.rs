@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::backend::Cpu;
 use crate::collective::{Collective, CollectiveError, LocalCollective};
 use crate::data::{self, Dataset, LabelSet, TextTokenizer, TokenBatch};
+use crate::greedy::Greedy;
 use crate::metrics::{self, EvalReport};
 use crate::model::{Batch, BertConfig, Classifier, DropoutKey, ModelError, Workspace};
 use crate::optim::{
@@ -24,7 +25,7 @@ use crate::optim::{
 use crate::plan::{
     DataPlan, Every, ModelSource, Offload, OptimizerKind, Plan, Precision, SchedulePlan,
 };
-use crate::plateau::Plateau;
+use crate::plateau::{OnMetric, Plateau};
 use crate::precision::{AtMinimum, LossScaler, ScaleConfig, ScalerImpl};
 use crate::resume;
 use crate::windows::{self, Shape};
@@ -469,8 +470,8 @@ struct Shared<'a> {
     eval: Option<Dataset>,
     test: Option<Dataset>,
     done: u64,
-    /// `reduce_lr_on_plateau`'s state at the start (resumed or fresh).
-    plateau: Option<Plateau>,
+    /// The metric-driven schedule's state at the start (resumed or fresh).
+    on_metric: Option<OnMetric>,
     /// Whether the resumed optimizer state was re-partitioned (another world size or stage).
     repartitioned: bool,
     /// The fp16 loss scaler at the start (resumed or fresh).
@@ -549,12 +550,11 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
     // DeepSpeed reads `offload_optimizer` only under a ZeRO optimizer (stages 1–3; R0601 warns).
     let offload = plan.train.offload_optimizer == Offload::Cpu && stage >= 1;
     let mut done = 0u64;
-    let mut plateau = match plan.schedule {
-        SchedulePlan::Plateau {
-            peak,
-            factor,
-            patience,
-        } => Some(Plateau::new(peak, factor, patience)),
+    let mut on_metric = match plan.schedule {
+        SchedulePlan::Plateau { peak, config } => {
+            Some(OnMetric::Plateau(Plateau::new(peak, config)))
+        }
+        SchedulePlan::Greedy { peak, config } => Some(OnMetric::Greedy(Greedy::new(peak, config))),
         _ => None,
     };
     let resumed = options
@@ -565,7 +565,13 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
     let mut scaler = loss_scaler(plan, stage);
     if let Some(state) = &resumed {
         done = state.position.step;
-        plateau = state.plateau;
+        // The saved scheduler state, as the Trainer loads `scheduler.pt` (its arguments
+        // included), when it is the plan's kind.
+        if let (Some(now), Some(saved)) = (on_metric.as_mut(), &state.on_metric) {
+            if std::mem::discriminant(now) == std::mem::discriminant(saved) {
+                now.clone_from(saved);
+            }
+        }
         let saved = state.precision.unwrap_or(Precision::Fp32);
         if saved != plan.train.precision {
             return Err(RunError::Mismatch(format!(
@@ -609,7 +615,7 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
         eval,
         test,
         done,
-        plateau,
+        on_metric,
         repartitioned,
         scaler,
     };
@@ -693,11 +699,11 @@ fn rank_loop(
         eval,
         test,
         done,
-        plateau,
+        on_metric,
         repartitioned,
         scaler,
     } = shared;
-    let mut plateau = *plateau;
+    let mut on_metric = on_metric.clone();
     let mut scaler = *scaler;
     let mixed = rep.storage().is_mixed();
     let fp16 = plan.train.precision == Precision::Fp16;
@@ -814,7 +820,9 @@ fn rank_loop(
         if !overflow && !loss.is_finite() {
             return Err(RunError::Diverged { step: w.step, loss });
         }
-        let lr = plateau.map_or_else(|| plan.schedule.lr(applied), |p| p.lr);
+        let lr = on_metric
+            .as_ref()
+            .map_or_else(|| plan.schedule.lr(applied), OnMetric::lr);
         // DeepSpeed updates the scale before it unscales the gradients (see
         // `Replica::unscale`).
         if let Some(s) = scaler.as_mut() {
@@ -887,15 +895,15 @@ fn rank_loop(
             // ZeRO-3: every rank takes part in gathering the whole model.
             rep.gather_whole(&mut coll)?;
         }
-        // Every rank evaluates under reduce_lr_on_plateau (the replicas are identical, so each
-        // reaches the same LR without a broadcast); otherwise rank 0 alone.
+        // Every rank evaluates under a metric-driven schedule (the replicas are identical, so
+        // each reaches the same LR without a broadcast); otherwise rank 0 alone.
         if let Some(ev) = eval
             .as_ref()
-            .filter(|_| eval_now && (lead || plateau.is_some()))
+            .filter(|_| eval_now && (lead || on_metric.is_some()))
         {
             let report = metrics::evaluate(rep.model(), ev, plan.batch.eval_micro as usize)?;
-            if let Some(p) = plateau.as_mut() {
-                p.observe(report.loss);
+            if let Some(m) = on_metric.as_mut() {
+                m.observe(report.loss);
             }
             record(serde_json::json!({ "step": step, "eval": report }))?;
             match &bar {
@@ -913,7 +921,7 @@ fn rank_loop(
                     epoch: w.epoch,
                     batch: w.first_batch + w.batches.len() as u64,
                 },
-                plateau,
+                on_metric: on_metric.clone(),
                 world: world as u64,
                 zero_stage: stage,
                 precision: plan.train.precision,
@@ -993,7 +1001,7 @@ fn save_checkpoint(
     let lead = coll.rank() == 0;
     let tmp = resume::staging(dir);
     let stage = rep.shard().stage;
-    let mut write = || -> Result<(), RunError> {
+    let write = || -> Result<(), RunError> {
         if lead {
             let m = rep.model();
             resume::begin(&tmp, m, &plan.model.labels, &plan.model.tokenizer)?;

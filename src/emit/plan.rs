@@ -125,17 +125,19 @@ pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
             (Owner::Hf, Some(recipe_runtime::lr::HfSchedule::ReduceLrOnPlateau), _) => {
                 SchedulePlan::Plateau {
                     peak: c.peak,
-                    factor: r.num("schedule.factor"),
-                    patience: r.count("schedule.patience"),
+                    config: schedules::plateau_config(r),
                 }
             }
+            (Owner::Hf, Some(recipe_runtime::lr::HfSchedule::Greedy), _) => SchedulePlan::Greedy {
+                peak: c.peak,
+                config: schedules::greedy_config(r),
+            },
             (Owner::DeepSpeed, _, Some(s)) => SchedulePlan::DeepSpeed {
                 schedule: s,
                 peak: c.peak,
                 flags: c.flags,
             },
-            // Only a metric-driven schedule other than the plateau (HF's greedy, refused for the
-            // native target by R1106) or one the target release lacks (a check error) lands here.
+            // Only a schedule the target release lacks (a check error) lands here.
             _ => return Err(bug("a schedule the native runtime cannot state")),
         },
         None => SchedulePlan::Hf {

@@ -52,7 +52,7 @@ pub const CODES: &[(&str, &str, &str)] = &[
     (
         SCHEDULE,
         "native-schedule",
-        "a schedule the native runtime does not run yet",
+        "a schedule setting the native runtime cannot follow",
     ),
 ];
 
@@ -343,50 +343,42 @@ fn offload(r: &Resolved, out: &mut Vec<Diagnostic>) {
     }
 }
 
-/// HF's `greedy` (`GreedyLR`, stepped on the evaluation metric) has no counterpart in the
-/// runtime, which runs every other schedule kind (`recipe_runtime::lr`, and
-/// `recipe_runtime::plateau` for `reduce_lr_on_plateau`, with torch's defaults for all but
-/// `factor` and `patience`).
+/// The runtime runs every schedule kind (`recipe_runtime::lr`; the metric-driven ones,
+/// `recipe_runtime::plateau` and `recipe_runtime::greedy`, at each evaluation with the
+/// evaluation loss), at one learning rate for every parameter. HF's optimizer has two parameter
+/// groups (decaying weights, then the rest) whose LRs a metric-driven schedule moves apart only
+/// when a per-group `min_lr` / `max_lr` list holds different values: that one LR cannot follow.
 fn schedule(r: &Resolved, out: &mut Vec<Diagnostic>) {
-    if r.word("schedule.kind") == Some("reduce_lr_on_plateau") {
-        // recipe_runtime::plateau: mode min, threshold 1e-4 relative, no cooldown, min_lr 0,
-        // eps 1e-8 (torch ReduceLROnPlateau's defaults).
-        let runs = [
-            ("mode", Val::Word("min".into())),
-            ("threshold", Val::Float(1e-4)),
-            ("threshold_mode", Val::Word("rel".into())),
-            ("cooldown", Val::Int(0)),
-            ("min_lr", Val::Float(0.0)),
-            ("eps", Val::Float(1e-8)),
-        ];
-        for (key, value) in runs {
-            let name = format!("schedule.{key}");
-            let same = match (r.val(&name), &value) {
-                (Some(v), Val::Word(w)) => v.as_word() == Some(w.as_str()),
-                (Some(v), _) => v.as_f64() == value.as_f64(),
-                (None, _) => true,
-            };
-            if !same {
-                out.push(
-                    Diagnostic::error(
-                        SCHEDULE,
-                        format!("the native runtime runs `reduce_lr_on_plateau` with {key} = {value} (torch's default), not {}", r.val(&name).map(Val::to_string).unwrap_or_default()),
-                        anchor(r, &name),
-                    )
-                    .with_help(format!("drop `{key}`, or build for DeepSpeed (`recipe build`), where torch's ReduceLROnPlateau takes it")),
-                );
-            }
-        }
+    if !matches!(
+        r.word("schedule.kind"),
+        Some("reduce_lr_on_plateau" | "greedy")
+    ) {
+        return;
     }
-    if r.word("schedule.kind") == Some("greedy") {
-        out.push(
-            Diagnostic::error(
-                SCHEDULE,
-                "the native runtime does not run `schedule greedy` yet: HF's GreedyLR, which raises or lowers the LR from the evaluation metric",
-                anchor(r, "schedule.kind"),
-            )
-            .with_help("build for DeepSpeed (`recipe build`), where HF steps it; or use `reduce_lr_on_plateau`, which the native runtime runs"),
-        );
+    for key in ["schedule.min_lr", "schedule.max_lr"] {
+        let Some(values) = r.per_group(key) else {
+            continue;
+        };
+        if values.windows(2).any(|w| w[0] != w[1]) {
+            let name = key.trim_start_matches("schedule.");
+            out.push(
+                Diagnostic::error(
+                    SCHEDULE,
+                    format!(
+                        "the native runtime trains every parameter at one learning rate, so `{name} = {}` cannot hold a different value per parameter group",
+                        r.val(key).map(Val::to_string).unwrap_or_default()
+                    ),
+                    anchor(r, key),
+                )
+                .with_help(format!(
+                    "write one `{name}` for every group (e.g. `{name} = {}`), or build for DeepSpeed (`recipe build`), where HF's optimizer has its parameter groups",
+                    match r.val(key) {
+                        Some(Val::List(items)) => items[0].to_string(),
+                        _ => values[0].to_string(),
+                    }
+                )),
+            );
+        }
     }
 }
 

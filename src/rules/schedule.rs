@@ -1206,7 +1206,7 @@ fn plateau_stepped_by_deepspeed(r: &Resolved, kind: &str) -> Option<Diagnostic> 
         let lr = r.num("optimizer.lr");
         let total = r.uint("steps.total").unwrap_or(0);
         // Step k runs at the LR the scheduler left after optimizer step k − 1.
-        let mut g = schedules::Greedy::of(r);
+        let mut g = schedules::greedy(r);
         let lrs: Vec<f64> = std::iter::once(lr)
             .chain((1..total).map(|_| g.step(batch as f64)))
             .collect();

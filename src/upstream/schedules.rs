@@ -435,217 +435,49 @@ pub const HF_SCHEDULE_FUNCTIONS: &[(&str, &str, &[&str], &[&str])] = &[
     ),
 ];
 
-/// The arguments of HF's `GreedyLR` (`greedy`), one parameter group
-/// (huggingface/transformers@v5.24.0 src/transformers/optimization.py:`GreedyLR.__init__`);
-/// [`Default`] is its defaults.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct GreedyConfig {
-    /// `mode == "max"`.
-    pub maximize: bool,
-    /// `factor` (< 1).
-    pub factor: f64,
-    /// `patience`.
-    pub patience: u64,
-    /// `threshold`.
-    pub threshold: f64,
-    /// `threshold_mode == "rel"`.
-    pub relative: bool,
-    /// `cooldown`.
-    pub cooldown: u64,
-    /// `warmup` (steps without counting after an increase; the recipe's `increase_cooldown`).
-    pub warmup: u64,
-    /// `min_lr`.
-    pub min_lr: f64,
-    /// `max_lr`.
-    pub max_lr: f64,
-    /// `eps`.
-    pub eps: f64,
-    /// `window_size` when `smooth`, else `None`.
-    pub window: Option<usize>,
-    /// `reset_start`.
-    pub reset_start: u64,
-}
+/// HF's `GreedyLR` state machine and its arguments live in the runtime, which runs it at each
+/// evaluation; the rules run it on the metric DeepSpeed would step it with (R0315).
+pub use recipe_runtime::greedy::{Greedy, GreedyConfig};
+pub use recipe_runtime::plateau::PlateauConfig;
 
-impl Default for GreedyConfig {
-    fn default() -> Self {
-        GreedyConfig {
-            maximize: false,
-            factor: 0.95,
-            patience: 10,
-            threshold: 1e-6,
-            relative: false,
-            cooldown: 0,
-            warmup: 0,
-            min_lr: 1e-3,
-            max_lr: 1.0,
-            eps: 1e-8,
-            window: None,
-            reset_start: 500,
-        }
+/// The arguments of a resolved `schedule greedy` (its keys resolve to GreedyLR's defaults; a
+/// per-group list reads as its first group's value, the group HF logs).
+pub fn greedy_config(r: &Resolved) -> GreedyConfig {
+    GreedyConfig {
+        maximize: r.choice("schedule.mode") == "max",
+        factor: r.num("schedule.factor"),
+        patience: r.count("schedule.patience"),
+        threshold: r.num("schedule.threshold"),
+        relative: r.choice("schedule.threshold_mode") == "rel",
+        cooldown: r.count("schedule.cooldown"),
+        warmup: r.count("schedule.increase_cooldown"),
+        min_lr: r.num("schedule.min_lr"),
+        max_lr: r.num("schedule.max_lr"),
+        eps: r.num("schedule.eps"),
+        window: r
+            .flag("schedule.smooth")
+            .then(|| r.count("schedule.window_size") as usize),
+        reset_start: r.count("schedule.reset_start"),
     }
 }
 
-impl GreedyConfig {
-    /// The arguments of a resolved `schedule greedy` (its keys resolve to GreedyLR's defaults).
-    pub fn of(r: &Resolved) -> GreedyConfig {
-        GreedyConfig {
-            maximize: r.choice("schedule.mode") == "max",
-            factor: r.num("schedule.factor"),
-            patience: r.count("schedule.patience"),
-            threshold: r.num("schedule.threshold"),
-            relative: r.choice("schedule.threshold_mode") == "rel",
-            cooldown: r.count("schedule.cooldown"),
-            warmup: r.count("schedule.increase_cooldown"),
-            min_lr: r.num("schedule.min_lr"),
-            max_lr: r.num("schedule.max_lr"),
-            eps: r.num("schedule.eps"),
-            window: r
-                .flag("schedule.smooth")
-                .then(|| r.count("schedule.window_size") as usize),
-            reset_start: r.count("schedule.reset_start"),
-        }
-    }
+/// The scheduler of a resolved `schedule greedy` recipe, over an optimizer at its lr.
+pub fn greedy(r: &Resolved) -> Greedy {
+    Greedy::new(r.num("optimizer.lr"), greedy_config(r))
 }
 
-/// HF's `GreedyLR` as a state machine over the metrics it is stepped with
-/// (huggingface/transformers@v5.24.0 src/transformers/optimization.py: `GreedyLR.step`,
-/// `is_better`, `_reduce_lr`, `_increase_lr`, `_reset`, `StreamingAverage`). A metric better
-/// than the best by more than `threshold` counts as good, else bad; `patience + 1` good ones in a
-/// row divide the LR by `factor` (up to `max_lr`, then `warmup` steps without counting),
-/// `patience + 1` bad ones multiply it (down to `min_lr`, then `cooldown` steps without
-/// counting); a change of `eps` or less is not made, and after `reset_start` reductions tried at
-/// `min_lr` it starts over from the initial LR. `recipe explain` has no metric to drive it; the
-/// rules use it where the metric is known (DeepSpeed stepping it with the batch size, R0315).
-/// Checked against the real class (transformers 5.24.0, torch 2.x) on 1,536 argument sets and
-/// metric sequences of 40 steps each (constant, random, falling, rising; both modes and
-/// threshold modes, patience 0–4, cooldown, warmup, smoothing, resets): all 61,440 LRs equal
-/// to 1e-14 relative (the recorded values' JSON round trip).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Greedy {
-    /// Its arguments.
-    pub config: GreedyConfig,
-    /// The initial LR (`_init_lrs`).
-    pub init_lr: f64,
-    /// The LR now.
-    pub lr: f64,
-    best: f64,
-    bad: u64,
-    good: u64,
-    cooldown_counter: u64,
-    warmup_counter: u64,
-    resets_left: i64,
-    values: std::collections::VecDeque<f64>,
-    sum: f64,
-}
-
-impl Greedy {
-    /// A scheduler over an optimizer at `lr`.
-    pub fn new(lr: f64, config: GreedyConfig) -> Greedy {
-        Greedy {
-            config,
-            init_lr: lr,
-            lr,
-            best: Self::worst(&config),
-            bad: 0,
-            good: 0,
-            cooldown_counter: 0,
-            warmup_counter: 0,
-            resets_left: config.reset_start as i64,
-            values: std::collections::VecDeque::new(),
-            sum: 0.0,
-        }
-    }
-
-    /// The scheduler of a resolved `schedule greedy` recipe, over an optimizer at its lr.
-    pub fn of(r: &Resolved) -> Greedy {
-        Greedy::new(r.num("optimizer.lr"), GreedyConfig::of(r))
-    }
-
-    fn worst(c: &GreedyConfig) -> f64 {
-        if c.maximize {
-            f64::NEG_INFINITY
-        } else {
-            f64::INFINITY
-        }
-    }
-
-    fn is_better(&self, current: f64) -> bool {
-        let c = &self.config;
-        match (c.maximize, c.relative) {
-            (false, true) => current < self.best * (1.0 - c.threshold),
-            (false, false) => current < self.best - c.threshold,
-            (true, true) => current > self.best * (1.0 + c.threshold),
-            (true, false) => current > self.best + c.threshold,
-        }
-    }
-
-    /// `step(metrics)`: one metric; returns the LR from now on.
-    pub fn step(&mut self, metric: f64) -> f64 {
-        let c = self.config;
-        let mut current = metric;
-        if let Some(size) = c.window {
-            // StreamingAverage.streamavg: the window's mean, the sum kept as it goes.
-            self.values.push_back(current);
-            self.sum += current;
-            if self.values.len() > size {
-                self.sum -= self.values.pop_front().unwrap_or(0.0);
-            }
-            current = self.sum / self.values.len() as f64;
-        }
-        if self.cooldown_counter > 0 {
-            self.cooldown_counter -= 1;
-            self.bad = 0;
-            self.good = 0;
-        } else if self.warmup_counter > 0 {
-            self.warmup_counter -= 1;
-            self.bad = 0;
-            self.good = 0;
-        } else {
-            if self.is_better(current) {
-                self.best = current;
-                self.bad = 0;
-                self.good += 1;
-            } else {
-                self.bad += 1;
-                self.good = 0;
-            }
-            if self.good > c.patience {
-                let new = (self.lr / c.factor).min(c.max_lr);
-                if new - self.lr > c.eps {
-                    self.lr = new;
-                }
-                self.resets_left = c.reset_start as i64;
-                self.warmup_counter = c.warmup;
-                self.good = 0;
-            } else if self.bad > c.patience {
-                let new = (self.lr * c.factor).max(c.min_lr);
-                if self.lr - new > c.eps {
-                    self.lr = new;
-                }
-                if self.lr <= c.min_lr {
-                    self.resets_left -= 1;
-                    if self.resets_left <= 0 {
-                        self.reset();
-                    }
-                }
-                self.cooldown_counter = c.cooldown;
-                self.bad = 0;
-            }
-        }
-        self.lr
-    }
-
-    /// `_reset`: the initial LR and a fresh start (the cooldown set after it still applies).
-    fn reset(&mut self) {
-        self.lr = self.init_lr;
-        self.best = Self::worst(&self.config);
-        self.bad = 0;
-        self.good = 0;
-        self.cooldown_counter = 0;
-        self.warmup_counter = 0;
-        self.resets_left = self.config.reset_start as i64;
-        self.values.clear();
-        self.sum = 0.0;
+/// The arguments of a resolved `schedule reduce_lr_on_plateau` (torch's defaults where unset;
+/// a per-group `min_lr` list reads as its first group's value).
+pub fn plateau_config(r: &Resolved) -> PlateauConfig {
+    PlateauConfig {
+        factor: r.num("schedule.factor"),
+        patience: r.count("schedule.patience"),
+        maximize: r.choice("schedule.mode") == "max",
+        threshold: r.num("schedule.threshold"),
+        relative: r.choice("schedule.threshold_mode") == "rel",
+        cooldown: r.count("schedule.cooldown"),
+        min_lr: r.num("schedule.min_lr"),
+        eps: r.num("schedule.eps"),
     }
 }
 
@@ -683,7 +515,7 @@ mod tests {
         let c = curves(&r).unwrap();
         assert!(c.hf.unwrap().is_metric_driven());
         assert_eq!(c.at(10).hf, Some(1.0));
-        assert_eq!(GreedyConfig::of(&r), GreedyConfig::default());
+        assert_eq!(greedy_config(&r), GreedyConfig::default());
         let p = resolved("schedule reduce_lr_on_plateau");
         assert_eq!(
             (
@@ -692,42 +524,5 @@ mod tests {
             ),
             (0.1, "rel")
         );
-    }
-
-    #[test]
-    fn greedy_on_a_constant_metric() {
-        // lr 0.01, factor 0.5, patience 1, floor 1e-3, 2 resets: the first metric is good, then
-        // every second one cuts (bad 2 > 1); at the floor two more cuts are tried, then the LR
-        // starts over. Worked out from GreedyLR.step by hand.
-        let config = GreedyConfig {
-            factor: 0.5,
-            patience: 1,
-            reset_start: 2,
-            ..GreedyConfig::default()
-        };
-        let mut g = Greedy::new(0.01, config);
-        let got: Vec<f64> = (0..12).map(|_| g.step(8.0)).collect();
-        let want = [
-            0.01, 0.01, 0.005, 0.005, 0.0025, 0.0025, 0.00125, 0.00125, 0.001, 0.001, 0.01, 0.01,
-        ];
-        assert_eq!(got, want);
-    }
-
-    #[test]
-    fn greedy_raises_after_improving_metrics_and_never_cuts_below_its_floor() {
-        // patience 0: every improvement divides by 0.95, up to max_lr; lr 1e-4 under the default
-        // floor 1e-3: a plateau makes no cut.
-        let mut g = Greedy::new(
-            1e-4,
-            GreedyConfig {
-                patience: 0,
-                max_lr: 1.1e-4,
-                ..GreedyConfig::default()
-            },
-        );
-        assert!((g.step(1.0) - 1e-4 / 0.95).abs() < 1e-18);
-        assert_eq!(g.step(0.5), 1.1e-4);
-        assert_eq!(g.step(0.5), 1.1e-4);
-        assert_eq!(g.step(0.5), 1.1e-4);
     }
 }
