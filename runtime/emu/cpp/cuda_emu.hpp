@@ -1,24 +1,76 @@
 // The CUDA execution model on the CPU, enough to run runtime/kernels/*.cu unchanged (C++20).
 //
-// One OS thread per CUDA thread of a block; the blocks of a launch run one after another on the
-// same threads. `__syncthreads` is a std::barrier over the block, warp shuffles go through a
-// per-thread slot and a per-warp barrier. `__shared__` variables are `static`: one block runs at a
-// time and launches are serialised, so a static is exactly one block's shared memory. Built with
-// -fsanitize=thread, a missing `__syncthreads` shows up as a data race (tests/tsan.rs).
-//
 // Why this exists: CI has no GPU (docs/cuda.md, "How the kernels are proven").
+//
+// Both modes below run the blocks of a launch one after another, launches serialised by a mutex,
+// so a `__shared__` variable can be a `static`: it is exactly the running block's shared memory.
+// Warp shuffles go through a per-thread slot between two warp barriers. The two modes differ only
+// in what a CUDA thread is, chosen at compile time:
+//
+// - Fibers (the default: the library runtime/emu links). The CUDA threads of a block are fibers
+//   on the launching OS thread, switched by a few instructions of assembly (x86-64 ELF; ucontext
+//   elsewhere, or with RECIPE_EMU_UCONTEXT). A cooperative scheduler resumes them in thread order;
+//   `__syncthreads`, `__syncwarp` and the shuffles are barriers where a fiber yields until every
+//   participant arrived. A barrier costs nanoseconds, where OS threads need every one of up to
+//   1024 threads scheduled by the kernel, on 2 cores in CI (figures below).
+// - OS threads (RECIPE_EMU_OS_THREADS: tests/tsan.rs builds cpp/tsan_driver.cpp with it, and any
+//   -fsanitize=thread build gets it). One OS thread per CUDA thread, the barriers are
+//   std::barrier. This is what ThreadSanitizer understands: a missing `__syncthreads` between
+//   one thread's shared-memory write and another's read is a data race it reports
+//   (tests/tsan.rs). Under fibers TSan would see one thread doing everything in order, and find
+//   nothing.
+//
+// Threads that return early: with fibers, an exited thread is not waited for at its block's later
+// `__syncthreads` (what GPUs do in practice); a warp barrier (shuffle, `__syncwarp`) missing an
+// exited lane, or threads waiting at barriers that cannot all complete, is reported and aborts
+// (a kernel bug; OS threads hang there instead). With OS threads, an exited thread waits at the
+// block-end barrier, which is the `__syncthreads` barrier, so it stands in for the first later
+// `__syncthreads` only; the block-end barrier then falls out of step (the next block started
+// early, or a hang). The shipped kernels return early only where no barrier follows, so both
+// modes run them the same.
+//
+// Wall time on 2 busy cores, OS threads → fibers: the kernel tests of `cargo test --release -p
+// recipe-kernel-emu` 48 s → 2 s (the whole command 71 s → 27 s, now mostly tests/tsan.rs building
+// its drivers); the emulated training loops of tests/run.rs, fp32 83 s → 3.1 s, fp16 52 s → 2.1 s.
+// tests/fibers.rs checks the scheduler itself (cpp/fiber_check.cpp).
 #pragma once
+
+#if !defined(RECIPE_EMU_OS_THREADS) && defined(__SANITIZE_THREAD__)  // GCC
+#define RECIPE_EMU_OS_THREADS 1
+#endif
+#if !defined(RECIPE_EMU_OS_THREADS) && defined(__has_feature)  // Clang
+#if __has_feature(thread_sanitizer)
+#define RECIPE_EMU_OS_THREADS 1
+#endif
+#endif
 
 #include <algorithm>
 #include <atomic>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <mutex>
-#include <thread>
 #include <vector>
+
+#ifdef RECIPE_EMU_OS_THREADS
+#include <barrier>
+#include <thread>
+#else
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+// The hand-written switch is x86-64 System V assembly in ELF sections; elsewhere ucontext's
+// swapcontext, which is slower (a system call for the signal mask at every switch).
+#if !defined(__x86_64__) || !defined(__ELF__)
+#define RECIPE_EMU_UCONTEXT 1
+#endif
+#ifdef RECIPE_EMU_UCONTEXT
+#include <ucontext.h>
+#endif
+#endif
 
 #define RECIPE_EMU 1
 
@@ -30,53 +82,305 @@ struct dim3 {
 
 namespace emu {
 
+// What every thread of a launch sees.
 struct Launch {
     dim3 grid, block;
-    unsigned threads = 0;
+    unsigned threads;
     std::vector<unsigned char> dyn_smem;
-    std::unique_ptr<std::barrier<>> block_bar;
-    std::vector<std::unique_ptr<std::barrier<>>> warp_bars;
     std::vector<uint64_t> lanes;  // one shuffle slot per thread
+
+    Launch(dim3 g, dim3 b, size_t smem)
+        : grid(g), block(b), threads(b.x * b.y * b.z), dyn_smem(smem + 16, 0), lanes(threads, 0) {}
+    dim3 thread_index(unsigned t) const {
+        return dim3(t % block.x, (t / block.x) % block.y, t / (block.x * block.y));
+    }
+    unsigned warps() const { return (threads + 31) / 32; }
+    unsigned warp_lanes(unsigned w) const { return std::min(32u, threads - w * 32); }
 };
 
 inline Launch* cur = nullptr;
-inline thread_local dim3 tid, bid;
-inline thread_local unsigned linear = 0;
 inline std::mutex launch_mu;
 
-// Runs `body` as a kernel over `grid` × `block` threads with `smem` bytes of dynamic shared memory.
-template <class F>
-void launch(dim3 grid, dim3 block, size_t smem, F body) {
-    std::lock_guard<std::mutex> guard(launch_mu);
-    Launch l;
-    l.grid = grid;
-    l.block = block;
-    l.threads = block.x * block.y * block.z;
-    l.dyn_smem.assign(smem + 16, 0);
-    l.block_bar = std::make_unique<std::barrier<>>(l.threads);
-    for (unsigned w = 0; w * 32 < l.threads; w++) {
-        unsigned n = std::min(32u, l.threads - w * 32);
-        l.warp_bars.push_back(std::make_unique<std::barrier<>>(n));
+#ifdef RECIPE_EMU_OS_THREADS
+
+inline thread_local dim3 tid, bid;
+inline thread_local unsigned linear = 0;
+
+namespace os {
+
+struct Barriers {
+    std::barrier<> block;
+    std::vector<std::unique_ptr<std::barrier<>>> warps;
+    explicit Barriers(const Launch& l) : block((ptrdiff_t)l.threads) {
+        for (unsigned w = 0; w < l.warps(); w++)
+            warps.push_back(std::make_unique<std::barrier<>>((ptrdiff_t)l.warp_lanes(w)));
     }
-    l.lanes.assign(l.threads, 0);
-    cur = &l;
+};
+inline Barriers* bars = nullptr;
+
+template <class F>
+void run(Launch& l, F& body) {
+    Barriers b(l);
+    bars = &b;
     std::vector<std::thread> pool;
     pool.reserve(l.threads);
     for (unsigned t = 0; t < l.threads; t++) {
-        pool.emplace_back([&l, &body, t] {
+        pool.emplace_back([&l, &b, &body, t] {
             linear = t;
-            tid = dim3(t % l.block.x, (t / l.block.x) % l.block.y, t / (l.block.x * l.block.y));
+            tid = l.thread_index(t);
             for (unsigned z = 0; z < l.grid.z; z++)
                 for (unsigned y = 0; y < l.grid.y; y++)
                     for (unsigned x = 0; x < l.grid.x; x++) {
                         bid = dim3(x, y, z);
                         body();
                         // The end of a block: the next block reuses the shared memory.
-                        l.block_bar->arrive_and_wait();
+                        b.block.arrive_and_wait();
                     }
         });
     }
     for (auto& th : pool) th.join();
+    bars = nullptr;
+}
+
+}  // namespace os
+
+inline void block_sync() { os::bars->block.arrive_and_wait(); }
+inline void warp_sync() { os::bars->warps[linear / 32]->arrive_and_wait(); }
+
+#else  // fibers
+
+// One OS thread runs every fiber, holding launch_mu: the scheduler sets these before resuming one.
+inline dim3 tid, bid;
+inline unsigned linear = 0;
+
+namespace fiber {
+
+// Where a fiber is suspended. Switching saves the callee-saved registers of the running context
+// on its own stack and restores the other's: the compiler sees an ordinary call (which may
+// change memory and loses the caller-saved registers), so that is all a switch must keep.
+#ifdef RECIPE_EMU_UCONTEXT
+struct Context {
+    ucontext_t uc;
+};
+inline void switch_to(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+#else
+struct Context {
+    void* sp = nullptr;
+};
+extern "C" void recipe_emu_switch(void** save_sp, void* to_sp);
+extern "C" void recipe_emu_fiber_start();
+// recipe_emu_switch: push the SysV callee-saved registers, MXCSR and the x87 control word, store
+// the stack pointer in *save_sp, load to_sp, pop the same. A new fiber's stack holds such a frame
+// whose return address is recipe_emu_fiber_start, which calls the function in r12 (never
+// returning). A COMDAT group, so every translation unit including this header may emit it.
+asm(R"(
+    .pushsection .text.recipe_emu_switch,"axG",@progbits,recipe_emu_switch,comdat
+    .globl recipe_emu_switch
+    .hidden recipe_emu_switch
+    .type recipe_emu_switch,@function
+    .p2align 4
+recipe_emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size recipe_emu_switch, .-recipe_emu_switch
+    .globl recipe_emu_fiber_start
+    .hidden recipe_emu_fiber_start
+    .type recipe_emu_fiber_start,@function
+recipe_emu_fiber_start:
+    callq *%r12
+    ud2
+    .size recipe_emu_fiber_start, .-recipe_emu_fiber_start
+    .popsection
+)");
+inline void switch_to(Context& from, Context& to) { recipe_emu_switch(&from.sp, to.sp); }
+#endif
+
+// A barrier among fibers: the last to arrive opens it (a new generation) and runs on; the others
+// are suspended until the scheduler sees the generation move.
+struct Barrier {
+    unsigned expected = 0, arrived = 0;
+    uint64_t gen = 0;
+    void reset(unsigned n) {
+        expected = n;
+        arrived = 0;
+    }
+    void open() {
+        arrived = 0;
+        gen++;
+    }
+};
+
+// A fiber's stack, allocated once and kept for later launches: generous (the memory is only
+// reserved; a kernel touches a page or two), with an inaccessible page below it so an overflow
+// faults instead of writing into the next stack.
+struct Stack {
+    static constexpr size_t SIZE = 256 * 1024;
+    char* lo = nullptr;  // the usable bottom, above the guard page
+    static Stack make() {
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        void* p = mmap(nullptr, SIZE + page, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+        if (p == MAP_FAILED || mprotect(p, page, PROT_NONE) != 0) {
+            std::perror("cuda_emu: a fiber stack");
+            std::abort();
+        }
+        return Stack{static_cast<char*>(p) + page};
+    }
+};
+
+struct Fiber {
+    Context ctx;
+    dim3 tid;
+    Barrier* waiting = nullptr;  // the barrier it is suspended at, if any
+    uint64_t gen = 0;            // that barrier's generation when it arrived
+    bool done = false;
+
+    bool runnable() const { return !done && (waiting == nullptr || waiting->gen != gen); }
+};
+
+// The one scheduler (launch_mu is held while it runs).
+struct Scheduler {
+    Context main;  // the launching thread, between fibers
+    std::vector<Stack> stacks;
+    std::vector<Fiber> fibers;
+    Barrier block;
+    std::vector<Barrier> warps;
+    unsigned running = 0;
+    void (*call)(void*) = nullptr;  // the kernel body
+    void* body = nullptr;
+};
+inline Scheduler sched;
+
+// Suspends the running fiber at `b` unless it is the last to arrive.
+inline void arrive_and_wait(Barrier& b) {
+    if (++b.arrived == b.expected) return b.open();
+    Fiber& f = sched.fibers[sched.running];
+    f.waiting = &b;
+    f.gen = b.gen;
+    switch_to(f.ctx, sched.main);
+}
+
+// Every fiber starts here: the kernel body for one thread, then back to the scheduler for good.
+[[noreturn]] inline void fiber_main() {
+    sched.call(sched.body);
+    Fiber& f = sched.fibers[sched.running];
+    f.done = true;
+    // An exited thread is not waited for at later __syncthreads; it may have been the last one.
+    Barrier& b = sched.block;
+    if (--b.expected > 0 && b.arrived == b.expected) b.open();
+    switch_to(f.ctx, sched.main);
+    std::abort();  // never resumed
+}
+
+// Makes `f` start at fiber_main on `s` when next switched to.
+inline void prepare(Fiber& f, const Stack& s) {
+#ifdef RECIPE_EMU_UCONTEXT
+    getcontext(&f.ctx.uc);
+    f.ctx.uc.uc_stack.ss_sp = s.lo;
+    f.ctx.uc.uc_stack.ss_size = Stack::SIZE;
+    f.ctx.uc.uc_link = nullptr;
+    makecontext(&f.ctx.uc, reinterpret_cast<void (*)()>(&fiber_main), 0);
+#else
+    // The frame recipe_emu_switch pops, 16 bytes below the top: MXCSR and the x87 control word
+    // as the launching thread has them, r15, r14, r13, r12 = fiber_main, rbx, rbp, then the return
+    // address. After `ret` the stack pointer is the 16-aligned top, as a call expects.
+    uintptr_t top = (reinterpret_cast<uintptr_t>(s.lo) + Stack::SIZE - 16) & ~uintptr_t(15);
+    void** sp = reinterpret_cast<void**>(top) - 8;
+    uint32_t mxcsr;
+    uint16_t fpcw;
+    asm volatile("stmxcsr %0" : "=m"(mxcsr));
+    asm volatile("fnstcw %0" : "=m"(fpcw));
+    uint64_t ctl = mxcsr | (uint64_t)fpcw << 32;
+    std::memcpy(&sp[0], &ctl, 8);
+    for (int r = 1; r < 7; r++) sp[r] = nullptr;
+    sp[4] = reinterpret_cast<void*>(&fiber_main);
+    sp[7] = reinterpret_cast<void*>(&recipe_emu_fiber_start);
+    f.ctx.sp = sp;
+#endif
+    f.waiting = nullptr;
+    f.done = false;
+}
+
+[[noreturn]] inline void deadlock() {
+    std::fprintf(stderr,
+                 "cuda_emu: block (%u, %u, %u) cannot finish: every thread still running waits at "
+                 "a barrier that cannot open (a lane exited before a warp shuffle or __syncwarp, "
+                 "or threads wait at different barriers)\n",
+                 bid.x, bid.y, bid.z);
+    std::abort();
+}
+
+inline void run(const Launch& l, void (*call)(void*), void* body) {
+    Scheduler& s = sched;
+    while (s.stacks.size() < l.threads) s.stacks.push_back(Stack::make());
+    s.fibers.assign(l.threads, Fiber{});
+    for (unsigned t = 0; t < l.threads; t++) s.fibers[t].tid = l.thread_index(t);
+    s.warps.assign(l.warps(), Barrier{});
+    s.call = call;
+    s.body = body;
+    for (unsigned z = 0; z < l.grid.z; z++)
+        for (unsigned y = 0; y < l.grid.y; y++)
+            for (unsigned x = 0; x < l.grid.x; x++) {
+                bid = dim3(x, y, z);
+                s.block.reset(l.threads);
+                for (unsigned w = 0; w < l.warps(); w++) s.warps[w].reset(l.warp_lanes(w));
+                for (unsigned t = 0; t < l.threads; t++) prepare(s.fibers[t], s.stacks[t]);
+                // Round robin in thread order until every thread returned: each pass runs every
+                // runnable fiber to its next barrier (or its end).
+                for (unsigned live = l.threads; live > 0;) {
+                    bool ran = false;
+                    for (unsigned t = 0; t < l.threads; t++) {
+                        Fiber& f = s.fibers[t];
+                        if (!f.runnable()) continue;
+                        f.waiting = nullptr;
+                        s.running = linear = t;
+                        tid = f.tid;
+                        switch_to(s.main, f.ctx);
+                        ran = true;
+                        live -= f.done;
+                    }
+                    if (!ran) deadlock();
+                }
+            }
+}
+
+}  // namespace fiber
+
+inline void block_sync() { fiber::arrive_and_wait(fiber::sched.block); }
+inline void warp_sync() { fiber::arrive_and_wait(fiber::sched.warps[linear / 32]); }
+
+#endif
+
+// Runs `body` as a kernel over `grid` × `block` threads with `smem` bytes of dynamic shared memory.
+template <class F>
+void launch(dim3 grid, dim3 block, size_t smem, F body) {
+    std::lock_guard<std::mutex> guard(launch_mu);
+    Launch l(grid, block, smem);
+    cur = &l;
+#ifdef RECIPE_EMU_OS_THREADS
+    os::run(l, body);
+#else
+    fiber::run(l, [](void* b) { (*static_cast<F*>(b))(); }, &body);
+#endif
     cur = nullptr;
 }
 
@@ -89,12 +393,12 @@ T shuffle(T v, unsigned src_lane_xor, bool is_xor, unsigned src_abs) {
     uint64_t bits = 0;
     std::memcpy(&bits, &v, sizeof(T));
     cur->lanes[me] = bits;
-    cur->warp_bars[warp]->arrive_and_wait();
+    warp_sync();  // every lane's value is in
     unsigned lane = me & 31;
     unsigned src = warp * 32 + (is_xor ? (lane ^ src_lane_xor) : src_abs);
     T out = v;
     if (src < cur->threads) std::memcpy(&out, &cur->lanes[src], sizeof(T));
-    cur->warp_bars[warp]->arrive_and_wait();
+    warp_sync();  // every lane has read before the next shuffle overwrites a slot
     return out;
 }
 
@@ -114,8 +418,8 @@ T shuffle(T v, unsigned src_lane_xor, bool is_xor, unsigned src_abs) {
 #define __shared__ static
 #define DYN_SHARED(T, name) T* name = static_cast<T*>(emu::dyn_smem())
 
-inline void __syncthreads() { emu::cur->block_bar->arrive_and_wait(); }
-inline void __syncwarp(unsigned = 0xffffffffu) { emu::cur->warp_bars[emu::linear / 32]->arrive_and_wait(); }
+inline void __syncthreads() { emu::block_sync(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::warp_sync(); }
 
 template <class T>
 T __shfl_xor_sync(unsigned, T v, int mask) { return emu::shuffle(v, (unsigned)mask, true, 0); }

@@ -1,7 +1,8 @@
 // A ThreadSanitizer driver for the emulation (tests/tsan.rs): runs every kernel that uses shared
 // memory or a block reduction (attention, LayerNorm, cross-entropy, the gradient norm) once on
 // small shapes, built with -fsanitize=thread against one set of kernel sources. Under the
-// emulation every CUDA thread is an OS thread and `__shared__` is a static, so a missing
+// emulation's OS-thread mode (RECIPE_EMU_OS_THREADS, which tests/tsan.rs sets and the header picks
+// under TSan) every CUDA thread is an OS thread and `__shared__` is a static, so a missing
 // __syncthreads between a shared-memory write and another thread's read is a data race TSan
 // reports.
 //

@@ -1,7 +1,7 @@
 //! The CUDA kernels of `runtime/kernels/` on the CPU: [`Emu`] is a [`Device`] whose launches run
 //! the unchanged `.cu` sources under a C++ emulation of the CUDA execution model
-//! (`cpp/cuda_emu.hpp`: one OS thread per CUDA thread, `__syncthreads` as a barrier, warp
-//! shuffles, static shared memory), and whose GEMM is the CPU backend's. `Kernels<Emu>` is thus
+//! (`cpp/cuda_emu.hpp`: a block's CUDA threads as fibers on one OS thread, `__syncthreads` as a
+//! barrier, warp shuffles, static shared memory), and whose GEMM is the CPU backend's. `Kernels<Emu>` is thus
 //! the CUDA backend's launch code with only the memory and cuBLAS swapped, and the tests compare
 //! it with the CPU backend (docs/cuda.md, "How the kernels are proven").
 

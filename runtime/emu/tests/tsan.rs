@@ -14,39 +14,29 @@
 //! Needs a C++20 compiler with libtsan (`$CXX`, else `g++`); without one the tests fail with a
 //! message rather than pass unchecked.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// runtime/emu.
-fn emu_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn kernels_dir() -> PathBuf {
-    emu_dir().join("../kernels")
-}
+use common::{build_cpp, kernels_dir};
 
 /// Builds cpp/tsan_driver.cpp with the kernel sources found first in `kernels` into `dir`.
 fn build(dir: &Path, kernels: &Path) -> PathBuf {
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
     let exe = dir.join("tsan_driver");
-    let out = Command::new(&cxx)
-        .args(["-std=c++20", "-fsanitize=thread", "-O1", "-g", "-pthread"])
-        .arg("-I")
-        .arg(kernels)
-        .arg("-I")
-        .arg(emu_dir().join("cpp"))
-        .arg(emu_dir().join("cpp/tsan_driver.cpp"))
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("the TSan test needs a C++20 compiler with libtsan; running `{cxx}` failed: {e}")
-        });
-    assert!(
-        out.status.success(),
-        "building the TSan driver with `{cxx}` failed (is libtsan installed?):\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let flags = [
+        "-fsanitize=thread",
+        "-O1",
+        // One OS thread per CUDA thread, which TSan sees (the header picks it under TSan anyway;
+        // its fibers would show TSan one thread doing everything in order).
+        "-DRECIPE_EMU_OS_THREADS",
+    ];
+    build_cpp(
+        "tsan_driver.cpp",
+        kernels,
+        &flags,
+        &exe,
+        "a C++20 compiler with libtsan",
     );
     exe
 }
@@ -83,10 +73,7 @@ fn run(exe: &Path, groups: &[&str]) -> Run {
 
 /// A fresh directory for one test's files.
 fn scratch(name: &str) -> PathBuf {
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("tsan-{name}"));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("create a temp dir");
-    d
+    common::scratch(&format!("tsan-{name}"))
 }
 
 /// `text` without the first `__syncthreads();` after `anchor`, itself searched after `func`.

@@ -1,5 +1,9 @@
-//! Shared helpers of the emulation tests: random inputs and comparisons with the CPU backend.
+//! Shared helpers of the emulation tests: random inputs and comparisons with the CPU backend, and
+//! building the C++ test drivers of `cpp/`.
 #![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use recipe_kernel_emu::Emu;
 use recipe_runtime::backend::kernels::Kernels;
@@ -56,3 +60,45 @@ pub fn close(what: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32) {
 
 /// Odd sizes: not multiples of a warp or a block, one element, one block plus one.
 pub const SIZES: &[usize] = &[1, 7, 31, 33, 255, 257, 1000];
+
+/// runtime/emu.
+pub fn emu_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// runtime/kernels.
+pub fn kernels_dir() -> PathBuf {
+    emu_dir().join("../kernels")
+}
+
+/// Builds the C++20 program `cpp/<source>` into `exe` with `$CXX` (else `g++`) and `flags`, the
+/// kernel sources found first in `kernels`; `needs` says what the compiler must have, for the
+/// message when it fails.
+pub fn build_cpp(source: &str, kernels: &Path, flags: &[&str], exe: &Path, needs: &str) {
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+    let out = Command::new(&cxx)
+        .args(["-std=c++20", "-g", "-pthread"])
+        .args(flags)
+        .arg("-I")
+        .arg(kernels)
+        .arg("-I")
+        .arg(emu_dir().join("cpp"))
+        .arg(emu_dir().join("cpp").join(source))
+        .arg("-o")
+        .arg(exe)
+        .output()
+        .unwrap_or_else(|e| panic!("this test needs {needs}; running `{cxx}` failed: {e}"));
+    assert!(
+        out.status.success(),
+        "building {source} with `{cxx}` failed (this test needs {needs}):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A fresh directory `name` for one test's files.
+pub fn scratch(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("create a temp dir");
+    d
+}

@@ -1,0 +1,130 @@
+// Checks of the emulation's own scheduling in its fiber mode (tests/fibers.rs), on kernels written
+// for it: what cuda_emu.hpp promises about threads, barriers and exits, which the shipped kernels
+// alone do not exercise (none returns early before a barrier).
+//
+// Usage: fiber_check GROUP, GROUP one of
+//   early      threads that returned are not waited for at their block's later __syncthreads,
+//              over several blocks (each block's shared memory its own in turn);
+//   shapes     3-D blocks and grids, a 1024-thread block: thread and block indices, block_sum,
+//              block_sum_d and the shuffles give the exact values;
+//   lane-exit  a warp shuffle after a lane of its warp returned cannot complete: reported on
+//              stderr, and the process aborts.
+// Exits 0 when the group's results are right, 1 when not.
+#include "cuda_emu.hpp"
+
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "common.cuh"
+
+#ifdef RECIPE_EMU_OS_THREADS
+#error "fiber_check tests the fiber mode"
+#endif
+
+namespace {
+
+// Threads below `live` swap values through shared memory twice; the others return first.
+__global__ void early_exit(int* out, int live) {
+    __shared__ int s[128];
+    int t = threadIdx.x;
+    if (t >= live) return;
+    s[t] = t + 1000 * (int)blockIdx.x;
+    __syncthreads();
+    int a = s[live - 1 - t];
+    __syncthreads();
+    s[t] = 2 * a;
+    __syncthreads();
+    out[blockIdx.x * blockDim.x + t] = s[live - 1 - t];
+}
+
+bool early() {
+    const int blocks = 3, threads = 96, live = 40;
+    std::vector<int> out(blocks * threads, -1);
+    emu::launch(dim3(blocks), dim3(threads), 0, [&] { early_exit(out.data(), live); });
+    for (int b = 0; b < blocks; b++)
+        for (int t = 0; t < threads; t++) {
+            int want = t < live ? 2 * (t + 1000 * b) : -1;
+            if (out[b * threads + t] != want) {
+                std::fprintf(stderr, "early: block %d thread %d: %d, want %d\n", b, t,
+                             out[b * threads + t], want);
+                return false;
+            }
+        }
+    return true;
+}
+
+// Per thread: its linear index within the block and the block's, the block's sum of linear
+// indices (float and double reductions, on 1-D blocks: common.cuh's reductions take
+// threadIdx.x for the index; else -1), lane 3's value broadcast, and the value from one lane down.
+__global__ void indices(double* out) {
+    __shared__ float red[32];
+    __shared__ double redd[32];
+    unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    unsigned n = blockDim.x * blockDim.y * blockDim.z;
+    bool flat = blockDim.y * blockDim.z == 1;  // the same for every thread of the block
+    float sf = flat ? block_sum((float)t, red) : -1.0f;
+    double sd = flat ? block_sum_d((double)t, redd) : -1.0;
+    float bcast = __shfl_sync(0xffffffffu, (float)t, 3);
+    float down = __shfl_down_sync(0xffffffffu, (float)t, 1);
+    double* o = out + 6 * (b * n + t);
+    o[0] = t;
+    o[1] = b;
+    o[2] = sf;
+    o[3] = sd;
+    o[4] = bcast;
+    o[5] = down;
+}
+
+bool shapes() {
+    struct Shape {
+        dim3 grid, block;
+    };
+    const Shape cases[] = {
+        {dim3(2, 2, 2), dim3(8, 4, 2)}, {dim3(1), dim3(1024)}, {dim3(3), dim3(64)}};
+    for (const Shape& c : cases) {
+        unsigned n = c.block.x * c.block.y * c.block.z, blocks = c.grid.x * c.grid.y * c.grid.z;
+        std::vector<double> out(6 * n * blocks, -1.0);
+        emu::launch(c.grid, c.block, 0, [&] { indices(out.data()); });
+        double sum = c.block.y * c.block.z == 1 ? (double)n * (n - 1) / 2 : -1.0;
+        for (unsigned b = 0; b < blocks; b++)
+            for (unsigned t = 0; t < n; t++) {
+                const double* o = &out[6 * (b * n + t)];
+                unsigned lane = t & 31, warp0 = t - lane;
+                double want[6] = {(double)t, (double)b, sum, sum, (double)(warp0 + 3),
+                                  (double)(lane < 31 ? t + 1 : t)};
+                for (int k = 0; k < 6; k++)
+                    if (o[k] != want[k]) {
+                        std::fprintf(stderr, "shapes: %u threads, block %u thread %u value %d: %g, "
+                                     "want %g\n", n, b, t, k, o[k], want[k]);
+                        return false;
+                    }
+            }
+    }
+    return true;
+}
+
+__global__ void exit_then_shuffle(float* out) {
+    if (threadIdx.x == 5) return;
+    out[threadIdx.x] = warp_sum(1.0f);
+}
+
+bool lane_exit() {
+    std::vector<float> out(64);
+    emu::launch(dim3(1), dim3(64), 0, [&] { exit_then_shuffle(out.data()); });
+    std::fprintf(stderr, "lane-exit: the launch returned\n");
+    return false;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc != 2) return 2;
+    bool ok;
+    if (std::strcmp(argv[1], "early") == 0) ok = early();
+    else if (std::strcmp(argv[1], "shapes") == 0) ok = shapes();
+    else if (std::strcmp(argv[1], "lane-exit") == 0) ok = lane_exit();
+    else return 2;
+    return ok ? 0 : 1;
+}
