@@ -17,7 +17,7 @@ use recipe_kernel_emu::Emu;
 use recipe_runtime::backend::kernels::{
     adamw_step, grad_norm_sq, grad_norm_sq_blocks, DecayMask, Kernels, NORM_BLOCKS,
 };
-use recipe_runtime::backend::selftest::optim_layout;
+use recipe_runtime::backend::selftest::{optim_layout, scaled_step_inputs};
 use recipe_runtime::optim::{
     self, Adagrad, AdagradConfig, AdagradImpl, Adam, AdamConfig, GradScale, Lamb, LambConfig,
     Optimizer, Sgd, SgdConfig, WeightDecay,
@@ -637,22 +637,7 @@ fn the_other_optimizers_step_on_the_device_as_the_host_does() {
                 for (step, mult) in MULTS.into_iter().enumerate() {
                     let what = format!("{what} step {}", step + 1);
                     let lr = 1e-2 * (1.0 + step as f64) / 3.0;
-                    let (g, scale) = if module.is_half() {
-                        let combined = 48.0 / f64::from(mult);
-                        let mut g: Vec<f32> = grads(n, step).iter().map(|x| x * 48.0).collect();
-                        module.round_slice(&mut g);
-                        let scale = GradScale {
-                            unscale: (1.0 / combined) as f32,
-                            combined: Some(combined),
-                        };
-                        (g, scale)
-                    } else {
-                        let scale = GradScale {
-                            unscale: mult,
-                            combined: None,
-                        };
-                        (grads(n, step), scale)
-                    };
+                    let (g, scale) = scaled_step_inputs(&grads(n, step), module, 48.0, mult);
                     host.step_scaled(&mut hp, &mut g.clone(), lr, scale)
                         .unwrap();
                     dev.zero_grads(&k);

@@ -435,6 +435,34 @@ fn mixed_checks<D: Device>(k: &Kernels<D>, store: Dtype, host_lr_factor: f64) ->
     merge(checks)
 }
 
+/// True gradients `g` as the step of a run storing `store` receives them, and the scale they
+/// carry: under a half store at loss scale `loss_scale` (rounded to `store`), with DeepSpeed's
+/// combined scale `loss_scale / mult`; in fp32 unscaled, `mult` the multiplier (a clip
+/// coefficient). These checks' inputs and runtime/emu/tests/optim.rs's.
+#[doc(hidden)]
+pub fn scaled_step_inputs(
+    g: &[f32],
+    store: Dtype,
+    loss_scale: f32,
+    mult: f32,
+) -> (Vec<f32>, GradScale) {
+    if !store.is_half() {
+        let scale = GradScale {
+            unscale: mult,
+            combined: None,
+        };
+        return (g.to_vec(), scale);
+    }
+    let combined = f64::from(loss_scale) / f64::from(mult);
+    let mut g: Vec<f32> = g.iter().map(|x| x * loss_scale).collect();
+    store.round_slice(&mut g);
+    let scale = GradScale {
+        unscale: (1.0 / combined) as f32,
+        combined: Some(combined),
+    };
+    (g, scale)
+}
+
 /// SGD, Adagrad and LAMB through [`DeviceOptimizer`] (see [`compare_optim`]).
 fn resident_checks<D: Device>(k: &Kernels<D>, store: Dtype, host_lr_factor: f64) -> Vec<OpCheck> {
     let dev = k.device();
@@ -485,25 +513,8 @@ fn resident_checks<D: Device>(k: &Kernels<D>, store: Dtype, host_lr_factor: f64)
         let mut checks = Vec::new();
         for step in 0..2 {
             let lr = lr0 * (1 + step) as f64;
-            let (g, scale) = if store.is_half() {
-                let combined = 1024.0 / 0.37;
-                let mut g: Vec<f32> = optim_grads(n, step, Dtype::F32)
-                    .iter()
-                    .map(|x| x * 1024.0)
-                    .collect();
-                store.round_slice(&mut g);
-                let scale = GradScale {
-                    unscale: (1.0 / combined) as f32,
-                    combined: Some(combined),
-                };
-                (g, scale)
-            } else {
-                let scale = GradScale {
-                    unscale: 0.37,
-                    combined: None,
-                };
-                (optim_grads(n, step, Dtype::F32), scale)
-            };
+            let g = optim_grads(n, step, Dtype::F32);
+            let (g, scale) = scaled_step_inputs(&g, store, 1024.0, 0.37);
             host.step_scaled(&mut hp, &mut g.clone(), lr * host_lr_factor, scale)
                 .expect("a host step");
             dev.write(dev.view_mut(d.grads_mut()), &g);
