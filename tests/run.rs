@@ -257,8 +257,9 @@ struct Deviation {
 
 /// The training loop on the CUDA backend's launch code, run on the emulated GPU (runtime/emu),
 /// with the model states resident there: the parameters, the gradient accumulator over a
-/// window, Adam's moments (and the fp32 master weights under mixed precision) stay on the
-/// device and `adamw_step` runs the step, the host getting only the loss and `Σ g²` per step.
+/// window, the optimizer's state (and the fp32 master weights under mixed precision) stay on
+/// the device and its kernel runs the step (`adamw_step`, or `optimizer`'s when that replaces
+/// the recipe's AdamW line), the host getting only the loss and `Σ g²` per step.
 /// 16 rows, micro-batches of 2 accumulated 2 by 2 (4 steps), dropout 0.1 with the CPU's masks,
 /// `clip` 0.58 (steps 2 and 3 clip, 1 and 4 do not), a checkpoint at step 2 written from the
 /// device's states, the evaluation at the end on the device. Against the CPU alone: the same
@@ -266,7 +267,11 @@ struct Deviation {
 /// the kernels' float differences; and the device's checkpoint resumed on the CPU, and the CPU's
 /// resumed on the device, end where the CPU alone ends (the checkpoints are the same files).
 /// docs/cuda.md states the figures.
-fn device_run_against_the_cpu(precision: &str, sets: &[&str]) -> Deviation {
+fn device_run_against_the_cpu(
+    precision: &str,
+    optimizer: Option<&str>,
+    sets: &[&str],
+) -> Deviation {
     use recipe_kernel_emu::Emu;
     use recipe_runtime::backend::kernels::Kernels;
     use recipe_runtime::model::{Classifier, Executor, OnDevice};
@@ -284,7 +289,11 @@ fn device_run_against_the_cpu(precision: &str, sets: &[&str]) -> Deviation {
             "epochs = 2, precision = fp32,",
             &format!("epochs = 1, precision = {precision}, clip = 0.58, save_every = 2,"),
         );
-    let dir = workspace(&format!("device-optim-{precision}"), &recipe);
+    let adamw = "optimizer adamw { lr = 1e-3, weight_decay = 0.01 }";
+    assert!(recipe.contains(adamw));
+    let recipe = recipe.replace(adamw, optimizer.unwrap_or(adamw));
+    let kind = optimizer.map_or("adamw", |o| o.split_whitespace().nth(1).unwrap());
+    let dir = workspace(&format!("device-optim-{precision}-{kind}"), &recipe);
     // Fewer rows than the other tests: the emulation runs every CUDA thread in turn on one core.
     let rows = std::fs::read_to_string(dir.join("train.jsonl")).unwrap();
     let head = |n: usize| -> String { rows.lines().take(n).map(|l| format!("{l}\n")).collect() };
@@ -418,7 +427,7 @@ impl Deviation {
 
 #[test]
 fn the_device_optimizer_trains_the_cpu_curve_in_fp32_and_its_checkpoint_resumes_on_the_cpu() {
-    device_run_against_the_cpu("fp32", &[]).within(1e-5, 1e-6);
+    device_run_against_the_cpu("fp32", None, &[]).within(1e-5, 1e-6);
 }
 
 /// fp16 at ZeRO-1 (where DeepSpeed scales the loss): the default scale 2¹⁶ overflows the first
@@ -426,7 +435,7 @@ fn the_device_optimizer_trains_the_cpu_curve_in_fp32_and_its_checkpoint_resumes_
 /// host's scaler to skip them and halve the scale; the last two steps apply.
 #[test]
 fn the_device_optimizer_trains_the_cpu_curve_in_fp16_with_the_loss_scaler() {
-    let d = device_run_against_the_cpu("fp16", &["--set", "zero.stage=1"]);
+    let d = device_run_against_the_cpu("fp16", None, &["--set", "zero.stage=1"]);
     assert_eq!(d.skipped, 2, "{d:?}");
     d.within(1e-3, 1e-3);
 }
@@ -435,7 +444,18 @@ fn the_device_optimizer_trains_the_cpu_curve_in_fp16_with_the_loss_scaler() {
 /// masters).
 #[test]
 fn the_device_optimizer_trains_the_cpu_curve_in_bf16() {
-    device_run_against_the_cpu("bf16", &[]).within(1e-2, 1e-2);
+    device_run_against_the_cpu("bf16", None, &[]).within(1e-2, 1e-2);
+}
+
+/// LAMB resident on the device (the optimizer with the most device code: the moments, two f32
+/// norms per tensor in FusedLamb's fixed order, the trust ratio, the update) in fp32, resumed on
+/// the CPU from the device's checkpoint and back. SGD and Adagrad run the same loop with one
+/// elementwise kernel each, checked bit for bit in runtime/emu/tests/optim.rs, so the loop runs
+/// LAMB only.
+#[test]
+fn the_device_lamb_trains_the_cpu_curve_and_resumes_across_the_cpu_and_the_device() {
+    let lamb = "optimizer lamb { lr = 0.01, weight_decay = 0.01 }";
+    device_run_against_the_cpu("fp32", Some(lamb), &[]).within(1e-5, 1e-6);
 }
 
 #[test]

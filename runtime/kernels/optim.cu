@@ -1,7 +1,8 @@
 // The optimizer on the device: the gradient norm (Σ g², which also answers the fp16 overflow
-// check) and a fused Adam / AdamW step over a flat buffer. The host reference is
-// runtime/src/optim/ (mod.rs `sum_squares`, adam.rs `Adam::step`); the launch side is
-// runtime/src/backend/kernels/optim.rs.
+// check) and one step kernel per optimizer over a flat buffer — Adam / AdamW, SGD, Adagrad and
+// LAMB (three small kernels around its per-tensor norms). The host references are
+// runtime/src/optim/ (mod.rs `sum_squares`, adam.rs, sgd.rs, adagrad.rs, lamb.rs); the launch side
+// is runtime/src/backend/kernels/optim.rs.
 #include "common.cuh"
 
 // Most blocks the norm's first pass launches (kernels/optim.rs `NORM_BLOCKS`): a constant, not
@@ -18,6 +19,7 @@ __device__ __forceinline__ float op_add(float a, float b) { return a + b; }
 __device__ __forceinline__ float op_sub(float a, float b) { return a - b; }
 __device__ __forceinline__ float op_div(float a, float b) { return a / b; }
 __device__ __forceinline__ float op_sqrt(float a) { return std::sqrt(a); }
+__device__ __forceinline__ float op_fma(float a, float b, float c) { return std::fma(a, b, c); }
 __device__ __forceinline__ unsigned long long f64_bits(double x) {
     unsigned long long u;
     std::memcpy(&u, &x, 8);
@@ -29,6 +31,8 @@ __device__ __forceinline__ float op_add(float a, float b) { return __fadd_rn(a, 
 __device__ __forceinline__ float op_sub(float a, float b) { return __fsub_rn(a, b); }
 __device__ __forceinline__ float op_div(float a, float b) { return __fdiv_rn(a, b); }
 __device__ __forceinline__ float op_sqrt(float a) { return __fsqrt_rn(a); }
+// a·b + c rounded once: the host's `f32::mul_add` (sgd.rs, adagrad.rs), correctly rounded on both.
+__device__ __forceinline__ float op_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
 __device__ __forceinline__ unsigned long long f64_bits(double x) {
     return (unsigned long long)__double_as_longlong(x);
 }
@@ -90,17 +94,22 @@ extern "C" __global__ void grad_norm_final(float* out, const float* partial, int
 #define DECAY_DECOUPLED 1
 #define DECAY_L2 2
 
-// Whether element i decays: `bounds` (ascending) are the starts and ends of the decaying ranges,
-// [b0, b1), [b2, b3), …, so i decays iff an odd number of bounds are ≤ i. A binary search over the
-// few hundred tensor boundaries of a model instead of a mask as long as the parameters.
-__device__ __forceinline__ bool decays_at(const unsigned* bounds, int nbounds, unsigned i) {
+// How many of the ascending `bounds` are ≤ i (a binary search).
+__device__ __forceinline__ int count_le(const unsigned* bounds, int nbounds, unsigned i) {
     int lo = 0, hi = nbounds;
     while (lo < hi) {
         int mid = (lo + hi) >> 1;
         if (bounds[mid] <= i) lo = mid + 1;
         else hi = mid;
     }
-    return lo & 1;
+    return lo;
+}
+
+// Whether element i decays: `bounds` (ascending) are the starts and ends of the decaying ranges,
+// [b0, b1), [b2, b3), …, so i decays iff an odd number of bounds are ≤ i. A binary search over the
+// few hundred tensor boundaries of a model instead of a mask as long as the parameters.
+__device__ __forceinline__ bool decays_at(const unsigned* bounds, int nbounds, unsigned i) {
+    return count_le(bounds, nbounds, i) & 1;
 }
 
 // One Adam / AdamW step, one thread per element (1-D grid of BLOCK threads).
@@ -141,6 +150,166 @@ extern "C" __global__ void adamw_step(float* param, const float* grad, float* m,
     p = op_add(p, op_div(op_mul(step_size, mi), denom));
     m[i] = mi;
     v[i] = vi;
+    param[i] = p;
+    if (work) work[i] = st(p, store);
+}
+
+// One SGD step, one thread per element: sgd.rs `Sgd::step` (torch.optim.SGD), operation for
+// operation. torch's `add(…, alpha)` is a fused multiply-add on its vectorized CPU kernel, and
+// sgd.rs writes it as `mul_add`: op_fma here, the plain products and sums as op_*. The scalars
+// are sgd.rs `SgdScalars` (wd, μ, 1 − dampening, −lr, each rounded to f32 on the host).
+// `decay` is 0 when weight_decay is 0 (sgd.rs skips the term then); `momentum` says whether the
+// buffer exists (μ ≠ 0; `buf` is null otherwise); `first` is the first step ever, where torch
+// starts the buffer from the gradient. `mult`, `work`, `store`: as adamw_step.
+extern "C" __global__ void sgd_step(float* param, const float* grad, float* buf, float* work,
+                                    const unsigned* bounds, int nbounds, int n, float mult,
+                                    int decay, float wd, int momentum, float mu, float keep,
+                                    int first, int nesterov, float neg_lr, int store) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;  // no barrier below
+    float p = param[i];
+    float g = op_mul(grad[i], mult);
+    if (decay && decays_at(bounds, nbounds, (unsigned)i)) g = op_fma(p, wd, g);  // g + wd·p
+    if (momentum) {
+        // b ← g on the first step, else b ← μ·b + (1 − d)·g.
+        float b = first ? g : op_fma(g, keep, op_mul(buf[i], mu));
+        buf[i] = b;
+        g = nesterov ? op_fma(b, mu, g) : b;
+    }
+    p = op_fma(g, neg_lr, p);  // p − lr·g
+    param[i] = p;
+    if (work) work[i] = st(p, store);
+}
+
+// One Adagrad step, one thread per element: adagrad.rs `Adagrad::step`, either class:
+//   torch (ds == 0):              g ← fma(p, wd, g); s ← fma(g, g, s); p ← p + (g·(−clr)) / (√s + eps)
+//   DeepSpeedCPUAdagrad (ds == 1): the same s;                         p ← fma(g / (√s + eps), −lr, p)
+// `neg_lr` is −clr or −lr and `decay` whether the class adds the decay term at all, both from
+// adagrad.rs `AdagradScalars`. `mult`, `work`, `store`: as adamw_step.
+extern "C" __global__ void adagrad_step(float* param, const float* grad, float* sum, float* work,
+                                        const unsigned* bounds, int nbounds, int n, float mult,
+                                        int decay, float wd, float eps, float neg_lr, int ds,
+                                        int store) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;  // no barrier below
+    float p = param[i];
+    float g = op_mul(grad[i], mult);
+    if (decay && decays_at(bounds, nbounds, (unsigned)i)) g = op_fma(p, wd, g);
+    float s = op_fma(g, g, sum[i]);
+    sum[i] = s;
+    float denom = op_add(op_sqrt(s), eps);
+    if (ds) p = op_fma(op_div(g, denom), neg_lr, p);
+    else p = op_add(p, op_div(op_mul(g, neg_lr), denom));
+    param[i] = p;
+    if (work) work[i] = st(p, store);
+}
+
+// LAMB, as lamb.rs `Lamb::step_with_scale` (DeepSpeed's FusedLamb kernel, one trust ratio per
+// tensor), in three launches over the whole buffer:
+//   lamb_update  per element: the moments and the update u (kept in `upd`);
+//   lamb_norms   per (tensor, block): f32 partial sums of p² and u² in the host's order;
+//   lamb_coeff   per tensor: the blocks' sums by the host's tree, ‖w‖, ‖u‖ and the trust ratio;
+//   lamb_apply   per element: p ← p − (step_size·ratio)·u.
+// The sums are f32 in exactly the order lamb.rs `kernel_sum_sq` fixes (FusedLamb's own: 512
+// threads per block, min(⌈len/512⌉, 512) blocks per tensor, thread t of the tensor adding
+// x[t]², x[t + T]², … with T = blocks·512, then a halving tree within each block and one over
+// 512 block slots), so the norms, and everything after them, are bit-identical to the host's.
+// `tensors` (ntensors + 1 ascending bounds) are the tensors' starts and the buffer's end;
+// `blocks` (ntensors + 1) the first norm block of each tensor and the total.
+#define LAMB_THREADS 512
+
+// The halving tree of lamb.rs `tree` over the block's 512 slots of `s`: s[t] += s[t + h] for
+// h = 256, …, 1. Every thread of the (512-thread) block calls it; s[0] holds the total after.
+__device__ __forceinline__ void lamb_tree(float* s) {
+    for (int h = LAMB_THREADS / 2; h >= 1; h >>= 1) {
+        __syncthreads();
+        if ((int)threadIdx.x < h) s[threadIdx.x] = op_add(s[threadIdx.x], s[threadIdx.x + h]);
+    }
+    __syncthreads();
+}
+
+// Per element: s = (g·mult) / div; m ← β₁·m + w₁·s; v ← β₂·v + (w₂·s)·s;
+// u = m / (√v + eps) + decay·p, decay = wd on the decaying tensors, else 0 (lamb.rs computes the
+// product either way, so −0 and inf behave alike). `mult` is the clip coefficient or the unscale
+// factor the other optimizers' gradients are multiplied by, `div` FusedLamb's `grad_scale` (the
+// combined scale under mixed precision); one of them is 1, which changes no bits.
+extern "C" __global__ void lamb_update(float* upd, const float* param, const float* grad,
+                                       float* m, float* v, const unsigned* bounds, int nbounds,
+                                       int n, float mult, float div, float b1, float w1, float b2,
+                                       float w2, float eps, float wd) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;  // no barrier below
+    float s = op_div(op_mul(grad[i], mult), div);
+    float mi = op_add(op_mul(b1, m[i]), op_mul(w1, s));
+    float vi = op_add(op_mul(b2, v[i]), op_mul(op_mul(w2, s), s));
+    m[i] = mi;
+    v[i] = vi;
+    float decay = decays_at(bounds, nbounds, (unsigned)i) ? wd : 0.0f;
+    upd[i] = op_add(op_div(mi, op_add(op_sqrt(vi), eps)), op_mul(decay, param[i]));
+}
+
+// One block (LAMB_THREADS threads) per norm block of a tensor: block b belongs to the last tensor
+// whose first block is ≤ b (tensors with no elements have no blocks). Writes its Σp² and Σu² to
+// partial[2b], partial[2b + 1].
+extern "C" __global__ void lamb_norms(float* partial, const float* param, const float* upd,
+                                      const unsigned* tensors, const unsigned* blocks,
+                                      int ntensors) {
+    __shared__ float sp[LAMB_THREADS], su[LAMB_THREADS];
+    unsigned b = blockIdx.x;
+    int k = count_le(blocks, ntensors, b) - 1;
+    unsigned first = blocks[k], nblocks = blocks[k + 1] - first;
+    unsigned start = tensors[k], len = tensors[k + 1] - start;
+    unsigned stride = nblocks * LAMB_THREADS;
+    float ap = 0.0f, au = 0.0f;
+    for (unsigned j = (b - first) * LAMB_THREADS + threadIdx.x; j < len; j += stride) {
+        float p = param[start + j], u = upd[start + j];
+        ap = op_add(ap, op_mul(p, p));
+        au = op_add(au, op_mul(u, u));
+    }
+    sp[threadIdx.x] = ap;
+    su[threadIdx.x] = au;
+    lamb_tree(sp);
+    lamb_tree(su);
+    if (threadIdx.x == 0) {
+        partial[2 * b] = sp[0];
+        partial[2 * b + 1] = su[0];
+    }
+}
+
+// One block (LAMB_THREADS threads) per tensor: the tree over 512 slots holding its blocks' sums
+// (the unused slots 0), then lamb.rs's trust ratio: 1 when either norm is 0, else ‖w‖/‖u‖
+// clamped to [min_coeff, max_coeff] (a NaN passes through, as on the host).
+extern "C" __global__ void lamb_coeff(float* coeff, const float* partial, const unsigned* blocks,
+                                      float max_coeff, float min_coeff) {
+    __shared__ float sp[LAMB_THREADS], su[LAMB_THREADS];
+    int k = blockIdx.x;
+    unsigned first = blocks[k], nblocks = blocks[k + 1] - first;
+    unsigned t = threadIdx.x;
+    sp[t] = t < nblocks ? partial[2 * (first + t)] : 0.0f;
+    su[t] = t < nblocks ? partial[2 * (first + t) + 1] : 0.0f;
+    lamb_tree(sp);
+    lamb_tree(su);
+    if (t == 0) {
+        float w_norm = op_sqrt(sp[0]), u_norm = op_sqrt(su[0]);
+        float c = 1.0f;
+        if (w_norm != 0.0f && u_norm != 0.0f) {
+            c = op_div(w_norm, u_norm);
+            if (c > max_coeff) c = max_coeff;
+            if (c < min_coeff) c = min_coeff;
+        }
+        coeff[k] = c;
+    }
+}
+
+// Per element: p ← p − (step_size·ratio)·u with its tensor's ratio. `work`, `store`: as
+// adamw_step (the updated fp32 master rounded into the module's half copy).
+extern "C" __global__ void lamb_apply(float* param, const float* upd, float* work,
+                                      const float* coeff, const unsigned* tensors, int ntensors,
+                                      int n, float step_size, int store) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;  // no barrier below
+    int k = count_le(tensors, ntensors, (unsigned)i) - 1;
+    float p = op_sub(param[i], op_mul(op_mul(step_size, coeff[k]), upd[i]));
     param[i] = p;
     if (work) work[i] = st(p, store);
 }

@@ -625,7 +625,8 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
         let coll = group.pop().expect("a group of one");
         let adam = adams.pop().expect("one optimizer");
         let mut replica = Replica::new(model, stage, 1, 0, adam, offload, storage)?;
-        // One device: Adam's step and the model states stay there when it can (docs/cuda.md).
+        // One device: the optimizer's step and the model states stay there when it can
+        // (docs/cuda.md).
         replica.keep_on_device()?;
         return rank_loop(&shared, coll, replica);
     }

@@ -1,5 +1,6 @@
 // A ThreadSanitizer driver for the emulation (tests/tsan.rs): runs every kernel that uses shared
-// memory or a block reduction (attention, LayerNorm, cross-entropy, the gradient norm) once on
+// memory or a block reduction (attention, LayerNorm, cross-entropy, the gradient norm, LAMB's
+// per-tensor norms) once on
 // small shapes, built with -fsanitize=thread against one set of kernel sources. Under the
 // emulation's OS-thread mode (RECIPE_EMU_OS_THREADS, which tests/tsan.rs sets and the header picks
 // under TSan) every CUDA thread is an OS thread and `__shared__` is a static, so a missing
@@ -10,7 +11,7 @@
 // copy with a barrier removed on purpose (the tests that TSan catches it). Every block has at least
 // two warps, so the block reductions (common.cuh) cross warps through shared memory.
 //
-// Usage: tsan_driver [GROUP...], GROUP one of attention, layernorm, loss, norm (none: all). Each
+// Usage: tsan_driver [GROUP...], GROUP one of attention, layernorm, loss, norm, lamb (none: all). Each
 // group checks its results loosely against a host computation (a sanity check that the kernels
 // ran; the emulation tests compare them exactly), and a failed check exits 1.
 #include "cuda_emu.hpp"
@@ -199,6 +200,43 @@ bool norm() {
     return true;
 }
 
+bool lamb() {
+    // Two tensors, 1100 and 5 elements: the first takes 3 norm blocks of 512 threads (its threads
+    // stride over it), the second one; then one block per tensor adds the blocks' sums. The
+    // launches of kernels/optim.rs `lamb_step`.
+    const int n = 1105, ntensors = 2, nblocks = 4;
+    std::vector<unsigned> tensors = {0, 1100, 1105}, blocks = {0, 3, 4}, decays = {0, 1100};
+    std::vector<float> p(n), g(n), m(n, 0.0f), v(n, 0.0f), upd(n), partial(2 * nblocks);
+    std::vector<float> coeff(ntensors);
+    for (int i = 0; i < n; i++) {
+        p[i] = val(i, 7);
+        g[i] = val(i, 8);
+    }
+    const float wd = 0.01f, max_coeff = 10.0f, min_coeff = 0.01f;
+    emu::launch(dim3((n + BLOCK - 1) / BLOCK), dim3(BLOCK), 0, [&] {
+        lamb_update(upd.data(), p.data(), g.data(), m.data(), v.data(), decays.data(), 2, n,
+                    1.0f, 1.0f, 0.9f, 0.1f, 0.999f, 0.001f, 1e-8f, wd);
+    });
+    emu::launch(dim3(nblocks), dim3(LAMB_THREADS), 0, [&] {
+        lamb_norms(partial.data(), p.data(), upd.data(), tensors.data(), blocks.data(), ntensors);
+    });
+    emu::launch(dim3(ntensors), dim3(LAMB_THREADS), 0, [&] {
+        lamb_coeff(coeff.data(), partial.data(), blocks.data(), max_coeff, min_coeff);
+    });
+
+    // Each tensor's ratio ‖w‖/‖u‖ (clamped), from sums in double.
+    for (int k = 0; k < ntensors; k++) {
+        double sp = 0.0, su = 0.0;
+        for (unsigned i = tensors[k]; i < tensors[k + 1]; i++) {
+            sp += (double)p[i] * p[i];
+            su += (double)upd[i] * upd[i];
+        }
+        double want = std::fmin(std::fmax(std::sqrt(sp) / std::sqrt(su), min_coeff), max_coeff);
+        if (!close("LAMB trust ratio", k, coeff[k], want, 1e-5)) return false;
+    }
+    return true;
+}
+
 struct Group {
     const char* name;
     bool (*run)();
@@ -209,6 +247,7 @@ const Group GROUPS[] = {
     {"layernorm", layernorm},
     {"loss", loss},
     {"norm", norm},
+    {"lamb", lamb},
 };
 
 }  // namespace

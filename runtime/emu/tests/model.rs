@@ -128,11 +128,12 @@ fn eval_logits_match_the_cpu() {
 }
 
 /// Which runs keep the model states and the optimizer step on the device
-/// (`Replica::keep_on_device`): one rank at ZeRO 0–1 with Adam/AdamW and no optimizer offload;
-/// every other run keeps the host optimizer behind the device's passes. A device storing another
+/// (`Replica::keep_on_device`): one rank at ZeRO 0–1 and no optimizer offload, whatever the
+/// optimizer (Adam/AdamW, SGD here; Adagrad and LAMB alike); every other run keeps the host
+/// optimizer behind the device's passes. A device storing another
 /// dtype than the run trains in is refused, not trained on.
 #[test]
-fn only_one_rank_at_zero_0_or_1_with_adam_and_no_offload_steps_on_the_device() {
+fn only_one_rank_at_zero_0_or_1_without_offload_steps_on_the_device() {
     use recipe_runtime::model::OnDevice;
     use recipe_runtime::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
     use recipe_runtime::zero::{Replica, Shard, Storage};
@@ -172,7 +173,8 @@ fn only_one_rank_at_zero_0_or_1_with_adam_and_no_offload_steps_on_the_device() {
     assert!(!keeps(3, 1, false, false), "ZeRO-3");
     assert!(!keeps(1, 2, false, false), "two ranks");
     assert!(!keeps(1, 1, true, false), "optimizer offload");
-    assert!(!keeps(0, 1, false, true), "SGD");
+    assert!(keeps(0, 1, false, true), "SGD");
+    assert!(!keeps(1, 1, true, true), "SGD with optimizer offload");
     let mut r = replica(0, 1, false, false, Dtype::Bf16);
     let e = r.keep_on_device().unwrap_err().to_string();
     assert!(e.contains("stores F32") && e.contains("Bf16"), "{e}");

@@ -17,8 +17,11 @@ use recipe_kernel_emu::Emu;
 use recipe_runtime::backend::kernels::{
     adamw_step, grad_norm_sq, grad_norm_sq_blocks, DecayMask, Kernels, NORM_BLOCKS,
 };
-use recipe_runtime::backend::selftest::optim_layout;
-use recipe_runtime::optim::{self, Adam, AdamConfig, GradScale, Optimizer, WeightDecay};
+use recipe_runtime::backend::selftest::{optim_layout, scaled_step_inputs};
+use recipe_runtime::optim::{
+    self, Adagrad, AdagradConfig, AdagradImpl, Adam, AdamConfig, GradScale, Lamb, LambConfig,
+    Optimizer, Sgd, SgdConfig, WeightDecay,
+};
 use recipe_runtime::params::Entry;
 use recipe_runtime::precision::{self, Dtype, LossScaler, ScaleConfig, ScalerImpl};
 use recipe_runtime::zero::HostOptimizer;
@@ -476,7 +479,7 @@ fn adam_step_is_deterministic() {
     }
 }
 
-/// The training loop's resident optimizer (`optim::device::DeviceAdam`: state uploaded once,
+/// The training loop's resident optimizer (`optim::device::DeviceOptimizer`: state uploaded once,
 /// the accumulator, norm and step on the device, the state downloaded for a checkpoint) against
 /// `HostOptimizer` over several steps, from a state that already took a step (a resumed run):
 /// the weights (fp32, or master and half copy), the moments and the step count bit for bit;
@@ -485,7 +488,7 @@ fn adam_step_is_deterministic() {
 #[test]
 fn the_resident_optimizer_keeps_the_host_optimizers_state() {
     use recipe_runtime::backend::Backend;
-    use recipe_runtime::optim::device::DeviceAdam;
+    use recipe_runtime::optim::device::DeviceOptimizer;
 
     for module in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
         let k = Kernels::new(Emu).with_store(module);
@@ -507,7 +510,9 @@ fn the_resident_optimizer_keeps_the_host_optimizers_state() {
         let mut adam = Adam::new(cfg, &entries, &flags).unwrap();
         let master = state.master.clone();
         adam.load_state(state.try_into().unwrap()).unwrap();
-        let mut dev = DeviceAdam::new(&k, &adam, module.is_half().then_some(&master[..]));
+        let mut adam = Optimizer::from(adam);
+        let mut dev =
+            DeviceOptimizer::new(&k, &adam, module.is_half().then_some(&master[..])).unwrap();
         assert_eq!(dev.len(), n);
         let mut params = k.upload(&hp);
         for step in 0..4 {
@@ -529,25 +534,203 @@ fn the_resident_optimizer_keeps_the_host_optimizers_state() {
                 host.step(&mut hp, &mut hg, lr, 1.0).unwrap();
                 coef
             };
+            dev.step(&k, &mut params, &adam, lr, (mult, 1.0)).unwrap();
             adam.count_step();
-            let t = adam.state().step;
-            dev.step(&k, &mut params, adam.config(), t, lr, mult)
-                .unwrap();
             let state = host.state();
-            assert_eq!(t, state.step);
-            let (mut m, mut v, mut w) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
-            dev.download(&k, &mut m, &mut v, Some(&mut w));
+            assert_eq!(adam.steps(), state.step);
+            let mut w = vec![0.0; n];
+            dev.download(&k, &mut adam, Some(&mut w)).unwrap();
+            let got = adam.state();
+            let (m, v) = (got.buffer("exp_avg"), got.buffer("exp_avg_sq"));
             let what = format!("{module:?} step {step}");
             same_bits(&format!("{what} weights"), &params, &hp);
-            same_bits(&format!("{what} exp_avg"), &m, state.buffer("exp_avg"));
-            same_bits(
-                &format!("{what} exp_avg_sq"),
-                &v,
-                state.buffer("exp_avg_sq"),
-            );
+            same_bits(&format!("{what} exp_avg"), m, state.buffer("exp_avg"));
+            same_bits(&format!("{what} exp_avg_sq"), v, state.buffer("exp_avg_sq"));
             if module.is_half() {
                 same_bits(&format!("{what} master"), &w, &state.master);
             }
+        }
+    }
+}
+
+/// SGD, Adagrad and LAMB cases: every variant the host optimizers have, each a fresh optimizer
+/// for `entries` / `flags` and a name. LAMB's clamp cases pin the trust ratio at a bound on every
+/// tensor (asserted by [`the_other_optimizers_step_on_the_device_as_the_host_does`]).
+fn other_cases(entries: &[Entry], flags: &[bool]) -> Vec<(&'static str, Optimizer)> {
+    let sgd = |momentum: f64, dampening: f64, nesterov: bool, wd: f64| {
+        let mut c = SgdConfig::new(momentum, nesterov, wd);
+        c.dampening = dampening;
+        Optimizer::from(Sgd::new(c, entries, flags).unwrap())
+    };
+    let adagrad = |c: AdagradConfig| Optimizer::from(Adagrad::new(c, entries, flags).unwrap());
+    let lamb = |c: LambConfig| Optimizer::from(Lamb::new(c, entries, flags).unwrap());
+    let mut torch_decay = AdagradConfig::new(1e-10, 0.0, AdagradImpl::Torch);
+    torch_decay.lr_decay = 0.1;
+    torch_decay.initial_accumulator_value = 0.1;
+    let mut no_bc = LambConfig::fused_lamb(0.0);
+    (no_bc.bias_correction, no_bc.eps, no_bc.beta1) = (false, 1e-6, 0.8);
+    let (mut at_max, mut at_min) = (LambConfig::fused_lamb(0.05), LambConfig::fused_lamb(0.01));
+    at_max.max_coeff = 0.05;
+    at_min.min_coeff = 5.0;
+    vec![
+        ("sgd plain", sgd(0.0, 0.0, false, 0.0)),
+        ("sgd plain decay", sgd(0.0, 0.0, false, 0.1)),
+        ("sgd momentum", sgd(0.9, 0.0, false, 0.01)),
+        ("sgd nesterov", sgd(0.9, 0.0, true, 0.1)),
+        ("sgd dampening", sgd(0.5, 0.3, false, 0.05)),
+        (
+            "adagrad torch",
+            adagrad(AdagradConfig::new(1e-10, 0.01, AdagradImpl::Torch)),
+        ),
+        ("adagrad torch lr_decay init", adagrad(torch_decay)),
+        (
+            "adagrad deepspeed",
+            adagrad(AdagradConfig::new(1e-8, 0.05, AdagradImpl::DeepSpeedCpu)),
+        ),
+        ("lamb", lamb(LambConfig::fused_lamb(0.01))),
+        ("lamb no bias correction", lamb(no_bc)),
+        ("lamb clamped at max", lamb(at_max)),
+        ("lamb clamped at min", lamb(at_min)),
+    ]
+}
+
+fn lamb_coefficients(o: &Optimizer) -> Vec<f32> {
+    match o {
+        Optimizer::Lamb(l) => l.coefficients().to_vec(),
+        _ => Vec::new(),
+    }
+}
+
+/// The resident optimizer (`optim::device::DeviceOptimizer`, what the training loop runs) for SGD,
+/// Adagrad and LAMB against `HostOptimizer` (what `Replica` runs on the host), bit for bit: the
+/// weights (fp32, or the fp32 master and the half copy), every state buffer, the step count and
+/// LAMB's per-tensor trust ratios, over five steps with changing gradients, LRs and factors. In
+/// fp32 the factor is a multiplier (the clip coefficient: the host scales the gradients by it);
+/// under fp16/bf16 it is DeepSpeed's combined scale, which LAMB divides by in its kernel and the
+/// others multiply by the reciprocal of ([`Optimizer::grad_factors`]). After step 2 the state is
+/// downloaded into the host optimizer and uploaded again (a checkpoint and a resume), so the
+/// later steps start from a state the host wrote.
+#[test]
+fn the_other_optimizers_step_on_the_device_as_the_host_does() {
+    use recipe_runtime::backend::Backend;
+    use recipe_runtime::optim::device::DeviceOptimizer;
+
+    const MULTS: [f32; 5] = [1.0, 0.37, 1.0, 0.812_345_6, 0.5];
+    for module in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+        let k = Kernels::new(Emu).with_store(module);
+        // fp32 on every odd size; the half dtypes (the same kernels, plus the rounding into the
+        // working copy) on one.
+        let sizes: &[usize] = if module.is_half() { &[257] } else { &SIZES };
+        for &n in sizes {
+            let (entries, flags) = optim_layout(n);
+            for (name, opt) in other_cases(&entries, &flags) {
+                let what = format!("{name} {module:?} n={n}");
+                let mut p0 = rand(n, 1.0, 11);
+                module.round_slice(&mut p0);
+                let mut host = HostOptimizer::new(opt.clone(), false, module, &p0);
+                let master = module.is_half().then(|| p0.clone());
+                let mut dopt = opt;
+                let mut dev = DeviceOptimizer::new(&k, &dopt, master.as_deref()).unwrap();
+                let mut params = k.upload(&p0);
+                let mut hp = p0;
+                let mut w = vec![0.0f32; n];
+                for (step, mult) in MULTS.into_iter().enumerate() {
+                    let what = format!("{what} step {}", step + 1);
+                    let lr = 1e-2 * (1.0 + step as f64) / 3.0;
+                    let (g, scale) = scaled_step_inputs(&grads(n, step), module, 48.0, mult);
+                    host.step_scaled(&mut hp, &mut g.clone(), lr, scale)
+                        .unwrap();
+                    dev.zero_grads(&k);
+                    k.write(k.view_mut(dev.grads_mut()), &g);
+                    dev.step(&k, &mut params, &dopt, lr, dopt.grad_factors(scale))
+                        .unwrap();
+                    dopt.count_step();
+                    dev.download(&k, &mut dopt, Some(&mut w)).unwrap();
+                    if step == 2 {
+                        // Resume: a fresh device optimizer from the state just downloaded.
+                        let again = module.is_half().then_some(&w[..]);
+                        dev = DeviceOptimizer::new(&k, &dopt, again).unwrap();
+                    }
+                    let (want, got) = (host.state(), dopt.state());
+                    assert_eq!(got.step, want.step, "{what}");
+                    let mut dp = vec![0.0f32; n];
+                    k.download(k.view(&params), &mut dp);
+                    same_bits(&format!("{what} weights"), &dp, &hp);
+                    if module.is_half() {
+                        same_bits(&format!("{what} master"), &w, &want.master);
+                    }
+                    assert_eq!(
+                        got.buffers.keys().collect::<Vec<_>>(),
+                        want.buffers.keys().collect::<Vec<_>>()
+                    );
+                    for (b, x) in &want.buffers {
+                        same_bits(&format!("{what} {b}"), got.buffer(b), x);
+                    }
+                    let (hc, dc) = (
+                        lamb_coefficients(host.optimizer()),
+                        lamb_coefficients(&dopt),
+                    );
+                    same_bits(&format!("{what} trust ratios"), &dc, &hc);
+                    if name.ends_with("at max") {
+                        assert!(hc.iter().all(|&c| c == 0.05), "{what}: {hc:?}");
+                    }
+                    if name.ends_with("at min") {
+                        assert!(hc.iter().all(|&c| c == 5.0), "{what}: {hc:?}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// LAMB's norms on a tensor longer than 512 blocks of 512 (FusedLamb caps the blocks at 512, so
+/// threads take more than one element in turn) beside a 3-element one: the trust ratios and the
+/// step bit for bit, and the ratio not clamped (the norms decide it).
+#[test]
+fn lamb_norms_cap_the_blocks_as_the_host_does() {
+    use recipe_runtime::backend::Backend;
+    use recipe_runtime::optim::device::DeviceOptimizer;
+
+    let k = Kernels::new(Emu);
+    let long = 512 * 512 + 1;
+    let entries = vec![
+        Entry {
+            name: "big.weight".into(),
+            shape: vec![long],
+            offset: 0,
+        },
+        Entry {
+            name: "small.bias".into(),
+            shape: vec![3],
+            offset: long,
+        },
+    ];
+    let flags = [true, false];
+    let n = long + 3;
+    let mut cfg = LambConfig::fused_lamb(0.01);
+    (cfg.min_coeff, cfg.max_coeff) = (0.0, 1e9);
+    let opt = Optimizer::from(Lamb::new(cfg, &entries, &flags).unwrap());
+    let p0 = rand(n, 1.0, 12);
+    let mut host = opt.clone();
+    let mut dopt = opt;
+    let mut dev = DeviceOptimizer::new(&k, &dopt, None).unwrap();
+    let mut params = k.upload(&p0);
+    let mut hp = p0;
+    for step in 0..2 {
+        let g = grads(n, step);
+        host.step(&mut hp, &g, 1e-2).unwrap();
+        k.write(k.view_mut(dev.grads_mut()), &g);
+        dev.step(&k, &mut params, &dopt, 1e-2, (1.0, 1.0)).unwrap();
+        dopt.count_step();
+        dev.download(&k, &mut dopt, None).unwrap();
+        let mut dp = vec![0.0f32; n];
+        k.download(k.view(&params), &mut dp);
+        same_bits(&format!("step {step} weights"), &dp, &hp);
+        let hc = lamb_coefficients(&host);
+        same_bits("trust ratios", &lamb_coefficients(&dopt), &hc);
+        assert!(hc.iter().all(|&c| c != 1.0 && c > 0.0 && c < 1e9), "{hc:?}");
+        for (b, x) in &host.state().buffers {
+            same_bits(&format!("step {step} {b}"), dopt.state().buffer(b), x);
         }
     }
 }

@@ -42,12 +42,14 @@ fn the_device_optimizer_passes_the_gpu_self_test_on_the_emulated_device() {
         let k = Kernels::new(Emu).with_store(store);
         let checks = compare_optim(&k, store);
         print(&checks);
-        // 5 norm checks, 3 outputs of each of the two Adam variants, 4 of the mixed step.
-        let want = if store == Dtype::F32 { 11 } else { 15 };
+        // 5 norm checks, 3 outputs of each of the two Adam variants, 4 of the mixed step; the
+        // resident SGD, Adagrad and LAMB: 2 + 2 + 4 outputs in fp32 (weights, state buffers,
+        // trust ratios), one more each under a half store (the master beside the half copy).
+        let want = if store == Dtype::F32 { 11 + 8 } else { 15 + 11 };
         assert_eq!(checks.len(), want, "{checks:#?}");
         let bad: Vec<_> = checks.iter().filter(|c| !c.ok).collect();
         assert!(bad.is_empty(), "{bad:#?}");
-        // The Adam steps are bit-identical, so the emulation leaves no error at all.
+        // The optimizer steps are bit-identical, so the emulation leaves no error at all.
         for c in checks.iter().filter(|c| c.tolerance == 0.0) {
             assert_eq!(c.error, 0.0, "{c:?}");
         }
@@ -57,7 +59,8 @@ fn the_device_optimizer_passes_the_gpu_self_test_on_the_emulated_device() {
 #[test]
 fn the_optimizer_self_test_finds_a_wrong_step() {
     // The host stepping at a learning rate off by 2⁻²⁰ relative (about an ulp of each update):
-    // the fp32 parameters of every Adam check must fail, the norms (no learning rate) still pass.
+    // the fp32 parameters of every optimizer check must fail, the norms (no learning rate) still
+    // pass.
     // (The moments may go either way: Adam-L2's see the parameters; and the bf16 working copy
     // rounds an f32 ulp away.)
     for store in [Dtype::F32, Dtype::Bf16] {
@@ -73,7 +76,8 @@ fn the_optimizer_self_test_finds_a_wrong_step() {
                 params += 1;
             }
         }
-        assert_eq!(params, if store == Dtype::F32 { 2 } else { 3 });
+        // Adam's two (and the mixed step's master), and SGD's, Adagrad's and LAMB's.
+        assert_eq!(params, if store == Dtype::F32 { 2 + 3 } else { 3 + 3 });
     }
     // Kernels storing bf16 checked as if they stored fp16: the half working copy is rounded
     // differently from the host's, and only it fails.
@@ -84,7 +88,16 @@ fn the_optimizer_self_test_finds_a_wrong_step() {
         .filter(|c| !c.ok)
         .map(|c| c.op.as_str())
         .collect();
-    assert_eq!(bad, ["optim.mixed.work"], "{checks:#?}");
+    assert_eq!(
+        bad,
+        [
+            "optim.mixed.work",
+            "optim.sgd.work",
+            "optim.adagrad.work",
+            "optim.lamb.work"
+        ],
+        "{checks:#?}"
+    );
 }
 
 #[test]

@@ -1,12 +1,13 @@
 //! ThreadSanitizer over the emulation: every kernel with shared memory or a block reduction
 //! (attention_fwd/bwd_rows/bwd_cols, layernorm_fwd, layernorm_bwd_dinp, cross_entropy,
-//! grad_norm_partial, grad_norm_final, and common.cuh's block_sum / block_sum_d / block_max they
-//! call) built with `-fsanitize=thread` runs without a race report on blocks of two or more warps,
+//! grad_norm_partial, grad_norm_final, lamb_norms, lamb_coeff, and common.cuh's block_sum /
+//! block_sum_d / block_max and optim.cu's lamb_tree they call) built with `-fsanitize=thread` runs without a race report on blocks of two or more warps,
 //! each result sanity-checked against the host (cpp/tsan_driver.cpp); and a copy with one
 //! `__syncthreads()` removed on purpose is reported — so the emulation really turns a missing
 //! barrier into a detectable race (cpp/cuda_emu.hpp), and the shipped kernels have none on these
-//! shapes. The other kernels (elementwise, embedding, layernorm_bwd_dwdb, adamw_step) have no
-//! shared memory and no barrier: one thread per element or column.
+//! shapes. The other kernels (elementwise, embedding, layernorm_bwd_dwdb, adamw_step, sgd_step,
+//! adagrad_step, lamb_update, lamb_apply) have no shared memory and no barrier: one thread per
+//! element or column.
 //!
 //! One driver includes all those sources; it is built once per variant (the shipped sources, and
 //! each mutation), which is most of the time these tests take.
@@ -155,7 +156,7 @@ fn every_kernel_with_shared_memory_runs_clean_under_tsan() {
     );
     assert_eq!(r.code, Some(0), "the TSan driver failed:\n{}", r.err);
     // Every group ran and passed its sanity check (the driver stops at the first that fails).
-    for g in ["attention", "layernorm", "loss", "norm"] {
+    for g in ["attention", "layernorm", "loss", "norm", "lamb"] {
         assert!(
             r.out.contains(&format!("{g} ran")),
             "{g} did not run:\n{}{}",
@@ -197,4 +198,13 @@ fn a_missing_barrier_in_attention_fwd_is_caught() {
         drop_sync(t, "void attention_fwd(", "qi[c] = q[")
     });
     assert_race_caught(&exe, "attention_fwd", &["attention"], "attention_fwd");
+}
+
+#[test]
+fn a_missing_barrier_in_lamb_tree_is_caught() {
+    // Each level of LAMB's halving tree reads slots other threads wrote at the level before.
+    let exe = build_mutant("lamb-tree", "optim.cu", |t| {
+        drop_sync(t, "void lamb_tree(", "for (int h")
+    });
+    assert_race_caught(&exe, "lamb_tree", &["lamb"], "lamb_tree");
 }

@@ -8,8 +8,9 @@
 //!   accumulator instead of adding a downloaded micro-batch gradient keeps the CPU's order of
 //!   additions. Optimizer offload and the optimizers the device has no kernel for use this.
 //! - resident ([`Executor::resident`], [`crate::optim::device`]): the parameters, the gradient
-//!   accumulator and Adam's state stay on the device and the step runs there; the host gets
-//!   them back only when it reads them (checkpoints, evaluation, the final save).
+//!   accumulator and the optimizer's state (Adam/AdamW, SGD, Adagrad or LAMB) stay on the device
+//!   and the step runs there; the host gets them back only when it reads them (checkpoints,
+//!   evaluation, the final save).
 
 use std::sync::{Arc, Mutex};
 
@@ -17,8 +18,8 @@ use super::{Batch, Classifier, DropoutKey, ModelError, Workspace};
 use crate::backend::device::Device;
 use crate::backend::kernels::Kernels;
 use crate::backend::Backend;
-use crate::optim::device::{DeviceAdam, Resident};
-use crate::optim::{Adam, AdamConfig};
+use crate::optim::device::{DeviceOptimizer, Resident};
+use crate::optim::Optimizer;
 use crate::precision::Dtype;
 use crate::zero::ZeroError;
 
@@ -37,7 +38,8 @@ pub trait Executor: Send + Sync {
     ) -> Result<f32, ModelError>;
     /// [`Classifier::forward`] there.
     fn forward(&self, model: &Classifier, batch: &Batch) -> Result<Vec<f32>, ModelError>;
-    /// The model states kept on the device and Adam stepped there, when this executor can.
+    /// The model states kept on the device and the optimizer stepped there, when this executor
+    /// can.
     fn resident(&self) -> Option<&dyn Resident> {
         None
     }
@@ -50,7 +52,7 @@ struct State<D: Device> {
     params_stamp: u64,
     grads: Option<D::Buf>,
     /// The resident optimizer's buffers, once [`Resident::upload`] ran.
-    adam: Option<DeviceAdam<D>>,
+    opt: Option<DeviceOptimizer<D>>,
 }
 
 /// An [`Executor`] over a [`Device`]'s kernels; buffers are kept between passes (allocated once
@@ -72,7 +74,7 @@ impl<D: Device> OnDevice<D> {
                 params: None,
                 params_stamp: 0,
                 grads: None,
-                adam: None,
+                opt: None,
             }),
         })
     }
@@ -162,7 +164,7 @@ where
         &self,
         model: &Classifier,
         module: Dtype,
-        adam: &Adam,
+        opt: &Optimizer,
         master: Option<&[f32]>,
     ) -> Result<(), ModelError> {
         let k = &self.kernels;
@@ -173,7 +175,7 @@ where
             )));
         }
         let n = model.params().len();
-        let lens = [adam.state().m.len(), master.map_or(n, <[f32]>::len)];
+        let lens = [opt.len(), master.map_or(n, <[f32]>::len)];
         if lens.iter().any(|&l| l != n) {
             return Err(ModelError::Argument(format!(
                 "optimizer state of {lens:?} elements for a model of {n}"
@@ -183,14 +185,17 @@ where
         let st = &mut *st;
         put(k, &mut st.params, &model.params().data);
         st.params_stamp = model.params_stamp();
-        st.adam = Some(DeviceAdam::new(k, adam, master));
+        st.opt = Some(
+            DeviceOptimizer::new(k, opt, master)
+                .map_err(|e| ModelError::Argument(e.to_string()))?,
+        );
         k.device().sync().map_err(ModelError::Device)
     }
 
     fn zero_grads(&self) -> Result<(), ModelError> {
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.adam.as_mut().ok_or_else(not_uploaded)?.zero_grads(k);
+        st.opt.as_mut().ok_or_else(not_uploaded)?.zero_grads(k);
         Ok(())
     }
 
@@ -204,7 +209,7 @@ where
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
-        let (Some(params), Some(adam)) = (st.params.as_ref(), st.adam.as_mut()) else {
+        let (Some(params), Some(opt)) = (st.params.as_ref(), st.opt.as_mut()) else {
             return Err(not_uploaded());
         };
         let loss = model.forward_backward_on(
@@ -213,7 +218,7 @@ where
             batch,
             weight,
             params,
-            adam.grads_mut(),
+            opt.grads_mut(),
             dropout,
         )?;
         k.device().sync().map_err(ModelError::Device)?;
@@ -223,19 +228,19 @@ where
     fn grad_sq(&self) -> Result<f64, ModelError> {
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let sq = st.adam.as_mut().ok_or_else(not_uploaded)?.grad_sq(k);
+        let sq = st.opt.as_mut().ok_or_else(not_uploaded)?.grad_sq(k);
         k.device().sync().map_err(ModelError::Device)?;
         Ok(sq)
     }
 
-    fn step(&self, cfg: &AdamConfig, step: u64, lr: f64, mult: f32) -> Result<(), ZeroError> {
+    fn step(&self, opt: &Optimizer, lr: f64, factors: (f32, f32)) -> Result<(), ZeroError> {
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
-        let (Some(params), Some(adam)) = (st.params.as_mut(), st.adam.as_mut()) else {
+        let (Some(params), Some(dev)) = (st.params.as_mut(), st.opt.as_mut()) else {
             return Err(not_uploaded().into());
         };
-        adam.step(k, params, cfg, step, lr, mult)?;
+        dev.step(k, params, opt, lr, factors)?;
         // The passes read these parameters as they are: no upload until the host changes them.
         Ok(k.device().sync().map_err(ModelError::Device)?)
     }
@@ -243,20 +248,19 @@ where
     fn download(
         &self,
         model: &mut Classifier,
-        m: &mut [f32],
-        v: &mut [f32],
+        opt: &mut Optimizer,
         master: Option<&mut [f32]>,
-    ) -> Result<(), ModelError> {
+    ) -> Result<(), ZeroError> {
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
-        let (Some(params), Some(adam)) = (st.params.as_ref(), st.adam.as_ref()) else {
-            return Err(not_uploaded());
+        let (Some(params), Some(dev)) = (st.params.as_ref(), st.opt.as_ref()) else {
+            return Err(not_uploaded().into());
         };
         k.download(k.view(params), model.params_mut());
         // The host now holds what the device holds: an evaluation uploads nothing.
         st.params_stamp = model.params_stamp();
-        adam.download(k, m, v, master);
-        k.device().sync().map_err(ModelError::Device)
+        dev.download(k, opt, master)?;
+        Ok(k.device().sync().map_err(ModelError::Device)?)
     }
 }

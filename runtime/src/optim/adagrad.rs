@@ -32,7 +32,7 @@ use crate::params::Entry;
 /// The state family name.
 pub(crate) const FAMILY: &str = "adagrad";
 /// torch's name for the accumulated squares (DeepSpeedCPUAdagrad calls it `exp_avg_sq`).
-const BUFFER: &str = "sum";
+pub(crate) const BUFFER: &str = "sum";
 
 /// `torch.optim.Adagrad`'s default eps (torch 2.15 `optim/adagrad.py`; DeepSpeedCPUAdagrad's
 /// default too): what HF's `optim = "adagrad"` runs, as it passes no eps.
@@ -87,6 +87,42 @@ impl AdagradConfig {
             ));
         }
         Ok(())
+    }
+}
+
+/// One step's f32 scalars, as adagrad.rs's loop and the device's `adagrad_step`
+/// (kernels/optim.cu) both take them: formed in one place so the two cannot drift apart.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdagradScalars {
+    /// Whether decaying tensors get `wd·p`: torch tests the group's weight decay ≠ 0,
+    /// DeepSpeedCPUAdagrad its f32 value > 0.
+    pub decay: bool,
+    /// `wd`.
+    pub wd: f32,
+    /// `eps`.
+    pub eps: f32,
+    /// torch's `−clr = −lr / (1 + (t − 1)·lr_decay)` (a Python float rounded by `_foreach_mul`),
+    /// or DeepSpeedCPUAdagrad's `step_size = −1 · _alpha` (`_alpha` the lr as f32).
+    pub neg_lr: f32,
+}
+
+impl AdagradConfig {
+    /// The scalars of step `t` (1 first) at learning rate `lr`.
+    pub fn scalars(&self, t: u64, lr: f64) -> AdagradScalars {
+        let wd = self.weight_decay as f32;
+        let (decay, neg_lr) = match self.imp {
+            AdagradImpl::Torch => (
+                self.weight_decay != 0.0,
+                (-lr / (1.0 + (t as f64 - 1.0) * self.lr_decay)) as f32,
+            ),
+            AdagradImpl::DeepSpeedCpu => (wd > 0.0, -(lr as f32)),
+        };
+        AdagradScalars {
+            decay,
+            wd,
+            eps: self.eps as f32,
+            neg_lr,
+        }
     }
 }
 
@@ -149,48 +185,31 @@ impl Adagrad {
         check_step(self.state.len, params, grads, lr)?;
         let c = self.config;
         self.state.step += 1;
-        let t = self.state.step as f64;
-        let wd = c.weight_decay as f32;
-        let eps = c.eps as f32;
+        let AdagradScalars {
+            decay,
+            wd,
+            eps,
+            neg_lr,
+        } = c.scalars(self.state.step, lr);
         let sum = self
             .state
             .buffers
             .get_mut(BUFFER)
             .expect("Adagrad's state has its sum");
-        match c.imp {
-            AdagradImpl::Torch => {
-                // `minus_clr` is a Python float, rounded to f32 by `_foreach_mul`.
-                let neg_clr = (-lr / (1.0 + (t - 1.0) * c.lr_decay)) as f32;
-                for (r, decays) in &self.segments {
-                    let decays = *decays && c.weight_decay != 0.0;
-                    for i in r.clone() {
-                        let p = params[i];
-                        let mut g = grads[i];
-                        if decays {
-                            g = p.mul_add(wd, g);
-                        }
-                        let s = g.mul_add(g, sum[i]);
-                        sum[i] = s;
-                        params[i] = p + (g * neg_clr) / (s.sqrt() + eps);
-                    }
+        for (r, decays) in &self.segments {
+            let decays = *decays && decay;
+            for i in r.clone() {
+                let p = params[i];
+                let mut g = grads[i];
+                if decays {
+                    g = p.mul_add(wd, g);
                 }
-            }
-            AdagradImpl::DeepSpeedCpu => {
-                // The kernel's `float step_size = -1 * _alpha`, `_alpha` the group's lr as f32.
-                let step_size = -(lr as f32);
-                for (r, decays) in &self.segments {
-                    let decays = *decays && wd > 0.0;
-                    for i in r.clone() {
-                        let p = params[i];
-                        let mut g = grads[i];
-                        if decays {
-                            g = p.mul_add(wd, g);
-                        }
-                        let s = g.mul_add(g, sum[i]);
-                        sum[i] = s;
-                        params[i] = (g / (s.sqrt() + eps)).mul_add(step_size, p);
-                    }
-                }
+                let s = g.mul_add(g, sum[i]);
+                sum[i] = s;
+                params[i] = match c.imp {
+                    AdagradImpl::Torch => p + (g * neg_lr) / (s.sqrt() + eps),
+                    AdagradImpl::DeepSpeedCpu => (g / (s.sqrt() + eps)).mul_add(neg_lr, p),
+                };
             }
         }
         Ok(())

@@ -1,17 +1,21 @@
-//! Adam / AdamW on the device, for a run on one device (ZeRO 0–1, no optimizer offload).
+//! The optimizer on the device, for a run on one device (ZeRO 0–1, no optimizer offload): Adam /
+//! AdamW, SGD, Adagrad and LAMB, each stepped by its kernel in `runtime/kernels/optim.cu`.
 //!
-//! The gradient accumulator, the moments and, under mixed precision, the fp32 master weights
-//! stay on the device across micro-batches and optimizer steps, beside the parameters the passes
-//! read. Per step only scalars cross to the host: `Σ g²` (the norm, whose inf/NaN is the overflow
-//! check the host's loss scaler consumes) and the loss. The host keeps every decision — the
-//! scaler, the clip coefficient or unscale factor, with the formulas of `zero/replica.rs` — and
-//! `adamw_step` applies that one factor as the host optimizer does (bit-identical:
-//! runtime/emu/tests/optim.rs). [`Resident::download`] brings the states back when the host
-//! needs them (a checkpoint, an evaluation, the final save), so those stay the CPU's files.
+//! The gradient accumulator, the optimizer's state buffers and, under mixed precision, the fp32
+//! master weights stay on the device across micro-batches and optimizer steps, beside the
+//! parameters the passes read. Per step only scalars cross to the host: `Σ g²` (the norm, whose
+//! inf/NaN is the overflow check the host's loss scaler consumes) and the loss. The host keeps
+//! every decision — the scaler, the clip coefficient or unscale factor, with the formulas of
+//! `zero/replica.rs`, and how the optimizer applies them ([`Optimizer::grad_factors`]) — and the
+//! kernel applies those factors as the host optimizer does (bit-identical:
+//! runtime/emu/tests/optim.rs). Which kernel runs is data: the host [`Optimizer`] handed to
+//! [`Resident::step`] (its kind, hyper-parameters and step count), matched against the
+//! states uploaded from it. [`Resident::download`] brings the states back when the host needs
+//! them (a checkpoint, an evaluation, the final save), so those stay the CPU's files.
 
-use super::{Adam, AdamConfig, OptimError};
+use super::{adagrad, adam, lamb, sgd, OptimError, Optimizer};
 use crate::backend::device::Device;
-use crate::backend::kernels::{self, DecayMask, Kernels, NORM_BLOCKS};
+use crate::backend::kernels::{self, DecayMask, Kernels, LambTensors, NORM_BLOCKS};
 use crate::backend::Backend;
 use crate::model::{Batch, Classifier, DropoutKey, ModelError};
 use crate::precision::Dtype;
@@ -20,14 +24,14 @@ use crate::zero::ZeroError;
 /// What the training loop asks of a device that keeps the model states; `model::OnDevice`
 /// implements it over its kernels and the parameter buffer its passes read.
 pub trait Resident: Send + Sync {
-    /// Uploads `model`'s parameters, `adam`'s moments and the fp32 `master` weights (mixed
-    /// precision), and allocates the gradient accumulator and the norm's scratch: once per run.
+    /// Uploads `model`'s parameters, `opt`'s state and the fp32 `master` weights (mixed
+    /// precision), and allocates the gradient accumulator and the step's scratch: once per run.
     /// Refused when the device does not store `module`, the dtype the run trains in.
     fn upload(
         &self,
         model: &Classifier,
         module: Dtype,
-        adam: &Adam,
+        opt: &Optimizer,
         master: Option<&[f32]>,
     ) -> Result<(), ModelError>;
     /// Zeroes the gradient accumulator (a window starts).
@@ -43,43 +47,107 @@ pub trait Resident: Send + Sync {
     ) -> Result<f32, ModelError>;
     /// `Σ g²` of the accumulator, in f64 ([`kernels::grad_norm_sq`]).
     fn grad_sq(&self) -> Result<f64, ModelError>;
-    /// One Adam / AdamW step (`step` counts it, 1 first) at `lr` with the gradients × `mult`.
-    fn step(&self, cfg: &AdamConfig, step: u64, lr: f64, mult: f32) -> Result<(), ZeroError>;
-    /// Copies the parameters into `model`, the moments into `m` and `v`, and the master weights
-    /// into `master` (mixed precision).
+    /// One step of `opt` (the host's optimizer before it counts this step: the kind,
+    /// hyper-parameters and step count the kernel takes) at `lr`, each gradient taken as
+    /// `(g · mult) / div` with `factors = (mult, div)` from [`Optimizer::grad_factors`].
+    fn step(&self, opt: &Optimizer, lr: f64, factors: (f32, f32)) -> Result<(), ZeroError>;
+    /// Copies the parameters into `model`, the optimizer's state into `opt` (LAMB's trust ratios
+    /// too) and the master weights into `master` (mixed precision).
     fn download(
         &self,
         model: &mut Classifier,
-        m: &mut [f32],
-        v: &mut [f32],
+        opt: &mut Optimizer,
         master: Option<&mut [f32]>,
-    ) -> Result<(), ModelError>;
+    ) -> Result<(), ZeroError>;
+}
+
+/// The per-element state of each optimizer on the device, named as the host's [`super::OptimState`]
+/// names it.
+enum States<D: Device> {
+    /// Adam / AdamW: `exp_avg`, `exp_avg_sq`.
+    Adam { m: D::Buf, v: D::Buf },
+    /// SGD: `momentum_buffer`, when the momentum is not 0.
+    Sgd { momentum: Option<D::Buf> },
+    /// Adagrad: `sum`.
+    Adagrad { sum: D::Buf },
+    /// LAMB: `exp_avg`, `exp_avg_sq`, and its per-tensor layout and scratch.
+    Lamb {
+        m: D::Buf,
+        v: D::Buf,
+        tensors: LambTensors<D>,
+    },
+}
+
+impl<D: Device> States<D> {
+    /// The buffers by the host state's names.
+    fn named(&self) -> Vec<(&'static str, &D::Buf)> {
+        match self {
+            States::Adam { m, v } | States::Lamb { m, v, .. } => {
+                debug_assert_eq!(adam::BUFFERS, lamb::BUFFERS);
+                vec![(adam::BUFFERS[0], m), (adam::BUFFERS[1], v)]
+            }
+            States::Sgd { momentum } => momentum.iter().map(|b| (sgd::BUFFER, b)).collect(),
+            States::Adagrad { sum } => vec![(adagrad::BUFFER, sum)],
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            States::Adam { .. } => adam::FAMILY,
+            States::Sgd { .. } => sgd::FAMILY,
+            States::Adagrad { .. } => adagrad::FAMILY,
+            States::Lamb { .. } => lamb::FAMILY,
+        }
+    }
 }
 
 /// The device buffers of [`Resident`] besides the parameters (which the passes own).
-pub struct DeviceAdam<D: Device> {
+pub struct DeviceOptimizer<D: Device> {
     grads: D::Buf,
-    m: D::Buf,
-    v: D::Buf,
+    states: States<D>,
     master: Option<D::Buf>,
     mask: DecayMask<D>,
     /// The norm's partial sums.
     norm: D::Buf,
 }
 
-impl<D: Device> DeviceAdam<D> {
-    /// `adam`'s state and `master` on the device, a zero gradient accumulator of its length.
-    pub fn new(k: &Kernels<D>, adam: &Adam, master: Option<&[f32]>) -> DeviceAdam<D> {
-        let s = adam.state();
-        let n = s.m.len();
-        DeviceAdam {
+impl<D: Device> DeviceOptimizer<D> {
+    /// `opt`'s state and `master` on the device, a zero gradient accumulator of its length.
+    pub fn new(
+        k: &Kernels<D>,
+        opt: &Optimizer,
+        master: Option<&[f32]>,
+    ) -> Result<DeviceOptimizer<D>, OptimError> {
+        let n = opt.len();
+        let host = opt.state();
+        let up = |name: &str| -> D::Buf { k.upload(host.buffer(name)) };
+        let states = match opt {
+            Optimizer::Adam(_) => States::Adam {
+                m: up(adam::BUFFERS[0]),
+                v: up(adam::BUFFERS[1]),
+            },
+            Optimizer::Sgd(_) => States::Sgd {
+                momentum: host
+                    .buffers
+                    .contains_key(sgd::BUFFER)
+                    .then(|| up(sgd::BUFFER)),
+            },
+            Optimizer::Adagrad(_) => States::Adagrad {
+                sum: up(adagrad::BUFFER),
+            },
+            Optimizer::Lamb(_) => States::Lamb {
+                m: up(lamb::BUFFERS[0]),
+                v: up(lamb::BUFFERS[1]),
+                tensors: LambTensors::new(k, opt.segments(), n)?,
+            },
+        };
+        Ok(DeviceOptimizer {
             grads: k.alloc(n),
-            m: k.upload(&s.m),
-            v: k.upload(&s.v),
+            states,
             master: master.map(|w| k.upload(w)),
-            mask: DecayMask::from_segments(k, adam.segments(), n),
+            mask: DecayMask::from_segments(k, opt.segments(), n),
             norm: k.alloc(kernels::norm_scratch_len(n, NORM_BLOCKS)),
-        }
+        })
     }
 
     /// Elements it updates.
@@ -102,67 +170,119 @@ impl<D: Device> DeviceAdam<D> {
         k.zero(k.view_mut(&mut self.grads));
     }
 
-    /// `Σ g²` of the accumulator (its scratch allocated once, in [`DeviceAdam::new`]).
+    /// `Σ g²` of the accumulator (its scratch allocated once, in [`DeviceOptimizer::new`]).
     pub fn grad_sq(&mut self, k: &Kernels<D>) -> f64 {
         kernels::grad_norm_sq_in(k, k.view(&self.grads), &mut self.norm)
     }
 
-    /// One step of `params` (the module's parameters on the device). In fp32 they are the
-    /// weights the step updates; under mixed precision the fp32 master is, and `params` receives
-    /// it rounded to the module's dtype, as `zero::HostOptimizer` writes it back.
+    /// One step of `params` (the module's parameters on the device) by `opt`'s rule, as
+    /// [`Resident::step`]. In fp32 they are the weights the step updates; under mixed precision
+    /// the fp32 master is, and `params` receives it rounded to the module's dtype, as
+    /// `zero::HostOptimizer` writes it back.
     pub fn step(
         &mut self,
         k: &Kernels<D>,
         params: &mut D::Buf,
-        cfg: &AdamConfig,
-        step: u64,
+        opt: &Optimizer,
         lr: f64,
-        mult: f32,
+        (mult, div): (f32, f32),
     ) -> Result<(), OptimError> {
-        let (m, v) = (k.view_mut(&mut self.m), k.view_mut(&mut self.v));
+        let t = opt.steps() + 1;
+        let (weights, work) = match &mut self.master {
+            None => (k.view_mut(params), None),
+            Some(master) => (k.view_mut(master), Some(k.view_mut(params))),
+        };
         let grads = k.view(&self.grads);
-        match &mut self.master {
-            None => kernels::adamw_step(
+        let mask = &self.mask;
+        if !matches!(opt, Optimizer::Lamb(_)) && div != 1.0 {
+            return Err(OptimError::Config(format!(
+                "{} multiplies its gradients; a divisor {div} is LAMB's",
+                opt.family()
+            )));
+        }
+        match (&mut self.states, opt) {
+            (States::Adam { m, v }, Optimizer::Adam(o)) => kernels::adamw_step(
                 k,
-                cfg,
-                step,
+                o.config(),
+                t,
                 lr,
                 mult,
-                &self.mask,
-                k.view_mut(params),
+                mask,
+                weights,
                 grads,
-                m,
-                v,
-                None,
+                k.view_mut(m),
+                k.view_mut(v),
+                work,
             ),
-            Some(master) => kernels::adamw_step(
+            (States::Sgd { momentum }, Optimizer::Sgd(o)) => kernels::sgd_step(
                 k,
-                cfg,
-                step,
+                o.config(),
+                t,
                 lr,
                 mult,
-                &self.mask,
-                k.view_mut(master),
+                mask,
+                weights,
                 grads,
-                m,
-                v,
-                Some(k.view_mut(params)),
+                momentum.as_mut().map(|b| k.view_mut(b)),
+                work,
             ),
+            (States::Adagrad { sum }, Optimizer::Adagrad(o)) => kernels::adagrad_step(
+                k,
+                o.config(),
+                t,
+                lr,
+                mult,
+                mask,
+                weights,
+                grads,
+                k.view_mut(sum),
+                work,
+            ),
+            (States::Lamb { m, v, tensors }, Optimizer::Lamb(o)) => kernels::lamb_step(
+                k,
+                o.config(),
+                t,
+                lr,
+                (mult, div),
+                mask,
+                tensors,
+                weights,
+                grads,
+                k.view_mut(m),
+                k.view_mut(v),
+                work,
+            ),
+            (s, o) => Err(OptimError::Config(format!(
+                "the device holds {}'s state and the step is {}'s",
+                s.kind(),
+                o.family()
+            ))),
         }
     }
 
-    /// Copies the moments and the master weights (when kept) to the host.
+    /// Copies the optimizer's state into `opt` (which must be the optimizer it was built from,
+    /// or a copy: its step count is kept), LAMB's trust ratios included, and the master weights
+    /// (when kept) into `master`.
     pub fn download(
         &self,
         k: &Kernels<D>,
-        m: &mut [f32],
-        v: &mut [f32],
+        opt: &mut Optimizer,
         master: Option<&mut [f32]>,
-    ) {
-        k.download(k.view(&self.m), m);
-        k.download(k.view(&self.v), v);
+    ) -> Result<(), OptimError> {
+        let mut s = opt.state();
+        for (name, buf) in self.states.named() {
+            let host = s.buffers.get_mut(name).ok_or_else(|| {
+                OptimError::State(format!("{}'s state has no {name}", opt.family()))
+            })?;
+            k.download(k.view(buf), host);
+        }
+        opt.load_state(s)?;
+        if let (States::Lamb { tensors, .. }, Optimizer::Lamb(o)) = (&self.states, &mut *opt) {
+            o.set_coefficients(&tensors.coefficients(k))?;
+        }
         if let (Some(d), Some(h)) = (&self.master, master) {
             k.download(k.view(d), h);
         }
+        Ok(())
     }
 }

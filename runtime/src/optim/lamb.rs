@@ -35,7 +35,7 @@ use crate::params::Entry;
 /// The state family name.
 pub(crate) const FAMILY: &str = "lamb";
 /// FusedLamb's moments, as it names them.
-const BUFFERS: [&str; 2] = ["exp_avg", "exp_avg_sq"];
+pub(crate) const BUFFERS: [&str; 2] = ["exp_avg", "exp_avg_sq"];
 
 /// FusedLamb's default upper bound of the trust ratio (`fused_lamb.py`).
 pub const DEFAULT_MAX_COEFF: f64 = 10.0;
@@ -43,7 +43,7 @@ pub const DEFAULT_MAX_COEFF: f64 = 10.0;
 pub const DEFAULT_MIN_COEFF: f64 = 0.01;
 
 /// Threads per block of the kernel (`threadsPerBlock`), also its largest block count.
-const THREADS: usize = 512;
+pub(crate) const THREADS: usize = 512;
 
 /// LAMB hyper-parameters (the learning rate is passed per step).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -92,6 +92,58 @@ impl LambConfig {
             )));
         }
         Ok(())
+    }
+}
+
+/// One step's f32 scalars, as lamb.rs's loop and the device's `lamb_*` kernels (kernels/optim.cu)
+/// both take them: formed in one place so the two cannot drift apart.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LambScalars {
+    /// `β₁`, `β₂` (the kernel's C floats).
+    pub b1: f32,
+    /// `β₂`.
+    pub b2: f32,
+    /// `1 − β₁`, in f32.
+    pub w1: f32,
+    /// `1 − β₂`, in f32.
+    pub w2: f32,
+    /// `lr·√(1 − β₂ᵗ)/(1 − β₁ᵗ)`, or `lr` without bias correction.
+    pub step_size: f32,
+    /// `eps`.
+    pub eps: f32,
+    /// The group's weight decay (applied to the decaying tensors).
+    pub wd: f32,
+    /// Upper bound of the trust ratio.
+    pub max_coeff: f32,
+    /// Lower bound of the trust ratio.
+    pub min_coeff: f32,
+}
+
+impl LambConfig {
+    /// The scalars of step `t` (1 first) at learning rate `lr`.
+    pub fn scalars(&self, t: u64, lr: f64) -> LambScalars {
+        // The kernel's scalars are C floats; `std::pow(float, int)` is computed in double.
+        let (b1, b2) = (self.beta1 as f32, self.beta2 as f32);
+        let lr32 = lr as f32;
+        let step_size = if self.bias_correction {
+            let t = t as f64;
+            let bc1 = (1.0 - f64::from(b1).powf(t)) as f32;
+            let bc2 = (1.0 - f64::from(b2).powf(t)) as f32;
+            lr32 * bc2.sqrt() / bc1
+        } else {
+            lr32
+        };
+        LambScalars {
+            b1,
+            b2,
+            w1: 1.0 - b1,
+            w2: 1.0 - b2,
+            step_size,
+            eps: self.eps as f32,
+            wd: self.weight_decay as f32,
+            max_coeff: self.max_coeff as f32,
+            min_coeff: self.min_coeff as f32,
+        }
     }
 }
 
@@ -152,6 +204,19 @@ impl Lamb {
         &self.coeffs
     }
 
+    /// The trust ratios of a step taken elsewhere (the device's `lamb_coeff`), one per tensor.
+    pub fn set_coefficients(&mut self, coeffs: &[f32]) -> Result<(), OptimError> {
+        if coeffs.len() != self.coeffs.len() {
+            return Err(OptimError::Length {
+                what: "trust ratios",
+                found: coeffs.len(),
+                expected: self.coeffs.len(),
+            });
+        }
+        self.coeffs.copy_from_slice(coeffs);
+        Ok(())
+    }
+
     /// Replaces the state with a saved one (same family and length).
     pub fn load_state(&mut self, s: OptimState) -> Result<(), OptimError> {
         s.check_fits(FAMILY, &BUFFERS, self.state.len)?;
@@ -186,22 +251,18 @@ impl Lamb {
         if !(grad_scale > 0.0 && grad_scale.is_finite()) {
             return Err(OptimError::Config(format!("gradient scale {grad_scale}")));
         }
-        let c = self.config;
         self.state.step += 1;
-        // The kernel's scalars are C floats; `std::pow(float, int)` is computed in double.
-        let (b1, b2) = (c.beta1 as f32, c.beta2 as f32);
-        let lr32 = lr as f32;
-        let step_size = if c.bias_correction {
-            let t = self.state.step as f64;
-            let bc1 = (1.0 - f64::from(b1).powf(t)) as f32;
-            let bc2 = (1.0 - f64::from(b2).powf(t)) as f32;
-            lr32 * bc2.sqrt() / bc1
-        } else {
-            lr32
-        };
-        let (w1, w2) = (1.0 - b1, 1.0 - b2);
-        let eps = c.eps as f32;
-        let (max_coeff, min_coeff) = (c.max_coeff as f32, c.min_coeff as f32);
+        let LambScalars {
+            b1,
+            b2,
+            w1,
+            w2,
+            step_size,
+            eps,
+            wd,
+            max_coeff,
+            min_coeff,
+        } = self.config.scalars(self.state.step, lr);
         let [m, v] = BUFFERS.map(|n| {
             self.state
                 .buffers
@@ -211,7 +272,7 @@ impl Lamb {
         let (mut m, mut v) = (m, v);
         let mut update = Vec::new();
         for (k, (r, decays)) in self.segments.iter().enumerate() {
-            let decay = if *decays { c.weight_decay as f32 } else { 0.0 };
+            let decay = if *decays { wd } else { 0.0 };
             update.clear();
             for i in r.clone() {
                 let s = grads[i] / grad_scale;

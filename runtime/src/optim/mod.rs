@@ -36,6 +36,19 @@ macro_rules! state_access {
             pub fn take_master(&mut self) -> Vec<f32> {
                 std::mem::take(&mut self.state.master)
             }
+
+            /// The element ranges of the buffer it updates (one per tensor, or the part of it a
+            /// ZeRO partition holds), each with whether it decays.
+            pub fn segments(&self) -> &[(std::ops::Range<usize>, bool)] {
+                &self.segments
+            }
+
+            /// Counts a step applied to this optimizer's state elsewhere (the device's kernels,
+            /// [`crate::optim::device`]), which keeps the buffers until `load_state` brings them
+            /// back: the step count is the host's, so a checkpoint and the next step see it.
+            pub fn count_step(&mut self) {
+                self.state.step += 1;
+            }
         }
     };
 }
@@ -49,10 +62,10 @@ mod sgd;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 
-pub use adagrad::{Adagrad, AdagradConfig, AdagradImpl, TORCH_ADAGRAD_EPS};
+pub use adagrad::{Adagrad, AdagradConfig, AdagradImpl, AdagradScalars, TORCH_ADAGRAD_EPS};
 pub use adam::{Adam, AdamConfig, AdamState, WeightDecay};
-pub use lamb::{Lamb, LambConfig, DEFAULT_MAX_COEFF, DEFAULT_MIN_COEFF};
-pub use sgd::{Sgd, SgdConfig};
+pub use lamb::{Lamb, LambConfig, LambScalars, DEFAULT_MAX_COEFF, DEFAULT_MIN_COEFF};
+pub use sgd::{Sgd, SgdConfig, SgdScalars};
 
 use crate::checkpoint;
 use crate::params::Entry;
@@ -494,6 +507,49 @@ impl Optimizer {
         self.len() == 0
     }
 
+    /// Completed steps.
+    pub fn steps(&self) -> u64 {
+        match self {
+            Optimizer::Adam(o) => o.state().step,
+            Optimizer::Sgd(o) => o.state().step,
+            Optimizer::Adagrad(o) => o.state().step,
+            Optimizer::Lamb(o) => o.state().step,
+        }
+    }
+
+    /// Counts a step applied elsewhere (see [`Adam::count_step`]).
+    pub fn count_step(&mut self) {
+        match self {
+            Optimizer::Adam(o) => o.count_step(),
+            Optimizer::Sgd(o) => o.count_step(),
+            Optimizer::Adagrad(o) => o.count_step(),
+            Optimizer::Lamb(o) => o.count_step(),
+        }
+    }
+
+    /// The element ranges it updates, each with whether it decays.
+    pub fn segments(&self) -> &[(Range<usize>, bool)] {
+        match self {
+            Optimizer::Adam(o) => o.segments(),
+            Optimizer::Sgd(o) => o.segments(),
+            Optimizer::Adagrad(o) => o.segments(),
+            Optimizer::Lamb(o) => o.segments(),
+        }
+    }
+
+    /// How a step handed gradients carrying `scale` applies it: `(mult, div)`, the gradient
+    /// taken as `(g · mult) / div`. LAMB divides by the combined scale in its kernel when the
+    /// caller knows it (FusedLamb's `grad_scale`, which DeepSpeed's
+    /// `FP16_UnfusedOptimizer.step_fused_lamb` passes); every other case multiplies by
+    /// `unscale`, as DeepSpeed's wrappers multiply the fp32 gradients. One of the two is 1,
+    /// which changes no bits. [`Optimizer::step_scaled`] and the device's step both follow it.
+    pub fn grad_factors(&self, scale: GradScale) -> (f32, f32) {
+        match (self, scale.combined) {
+            (Optimizer::Lamb(_), Some(c)) => (1.0, c as f32),
+            _ => (scale.unscale, 1.0),
+        }
+    }
+
     /// One update of `params` with the true gradients `grads` at learning rate `lr`.
     pub fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f64) -> Result<(), OptimError> {
         match self {
@@ -515,13 +571,14 @@ impl Optimizer {
         lr: f64,
         scale: GradScale,
     ) -> Result<(), OptimError> {
-        if let (Optimizer::Lamb(o), Some(c)) = (&mut *self, scale.combined) {
-            return o.step_with_scale(params, grads, lr, c as f32);
+        let (mult, div) = self.grad_factors(scale);
+        if mult != 1.0 {
+            self::scale(grads, mult);
         }
-        if scale.unscale != 1.0 {
-            self::scale(grads, scale.unscale);
+        match self {
+            Optimizer::Lamb(o) => o.step_with_scale(params, grads, lr, div),
+            _ => self.step(params, grads, lr),
         }
-        self.step(params, grads, lr)
     }
 
     /// Sets (β₁, β₂) for the next steps, as DeepSpeed's `OneCycle` with `cycle_momentum` writes

@@ -26,7 +26,7 @@ use crate::params::Entry;
 /// The state family name.
 pub(crate) const FAMILY: &str = "sgd";
 /// torch's name for the momentum buffer.
-const BUFFER: &str = "momentum_buffer";
+pub(crate) const BUFFER: &str = "momentum_buffer";
 
 /// SGD hyper-parameters (the learning rate is passed per step).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -63,6 +63,38 @@ impl SgdConfig {
             ));
         }
         Ok(())
+    }
+}
+
+/// One step's f32 scalars, as sgd.rs's loop and the device's `sgd_step` (kernels/optim.cu) both
+/// take them: formed in one place so the two cannot drift apart.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SgdScalars {
+    /// Whether decaying tensors get `wd·p` (weight decay ≠ 0).
+    pub decay: bool,
+    /// `wd`.
+    pub wd: f32,
+    /// Whether there is a momentum buffer (μ ≠ 0).
+    pub momentum: bool,
+    /// `μ`.
+    pub mu: f32,
+    /// `1 − dampening`.
+    pub keep: f32,
+    /// `−lr`.
+    pub neg_lr: f32,
+}
+
+impl SgdConfig {
+    /// The scalars of a step at learning rate `lr`.
+    pub fn scalars(&self, lr: f64) -> SgdScalars {
+        SgdScalars {
+            decay: self.weight_decay != 0.0,
+            wd: self.weight_decay as f32,
+            momentum: self.momentum != 0.0,
+            mu: self.momentum as f32,
+            keep: (1.0 - self.dampening) as f32,
+            neg_lr: (-lr) as f32,
+        }
     }
 }
 
@@ -131,21 +163,25 @@ impl Sgd {
         // torch creates the buffer from the first step's gradient (`buf is None`).
         let first = self.state.step == 0;
         self.state.step += 1;
-        let wd = c.weight_decay as f32;
-        let mu = c.momentum as f32;
-        let keep = (1.0 - c.dampening) as f32;
-        let neg_lr = (-lr) as f32;
+        let SgdScalars {
+            decay,
+            wd,
+            momentum,
+            mu,
+            keep,
+            neg_lr,
+        } = c.scalars(lr);
         let mut empty = Vec::new();
         let buf = self.state.buffers.get_mut(BUFFER).unwrap_or(&mut empty);
         for (r, decays) in &self.segments {
-            let decays = *decays && c.weight_decay != 0.0;
+            let decays = *decays && decay;
             for i in r.clone() {
                 let p = params[i];
                 let mut g = grads[i];
                 if decays {
                     g = p.mul_add(wd, g);
                 }
-                if c.momentum != 0.0 {
+                if momentum {
                     let b = if first {
                         g
                     } else {

@@ -335,16 +335,14 @@ impl Replica {
         })
     }
 
-    /// Keeps the model states on the device of the model's executor and steps Adam there
-    /// ([`crate::optim::device`]), when this rank can: one rank at ZeRO 0–1, no optimizer
-    /// offload, Adam or AdamW, an executor that offers it. Otherwise the host path stays.
+    /// Keeps the model states on the device of the model's executor and steps the optimizer
+    /// there ([`crate::optim::device`]: Adam/AdamW, SGD, Adagrad, LAMB), when this rank can: one
+    /// rank at ZeRO 0–1, no optimizer offload, an executor that offers it. Otherwise the host
+    /// path stays.
     /// Returns whether it does. From now on the host's parameters and optimizer state are
     /// refreshed by [`Replica::gather_whole`] only.
     pub fn keep_on_device(&mut self) -> Result<bool, ZeroError> {
         let Some(x) = self.model.executor().cloned() else {
-            return Ok(false);
-        };
-        let Optimizer::Adam(adam) = &self.opt.opt else {
             return Ok(false);
         };
         let Some(r) = x.resident() else {
@@ -354,7 +352,7 @@ impl Replica {
             return Ok(false);
         }
         let master = self.opt.host.as_ref().map(|h| &h.master[..]);
-        r.upload(&self.model, self.storage.module, adam, master)?;
+        r.upload(&self.model, self.storage.module, &self.opt.opt, master)?;
         self.device = Some(x);
         Ok(true)
     }
@@ -574,7 +572,7 @@ impl Replica {
             .filter(|&c| (1.0 / c) as f32 == unscale);
         let scale = GradScale { unscale, combined };
         if let Some(x) = self.device.clone() {
-            return self.step_on_device(x.resident().expect("kept on the device"), lr, unscale);
+            return self.step_on_device(x.resident().expect("kept on the device"), lr, scale);
         }
         match self.shard.stage {
             0 => self
@@ -603,25 +601,29 @@ impl Replica {
         Ok(())
     }
 
-    /// [`Replica::step`] on the device: the one factor the host path multiplies the gradients
-    /// by — the clip coefficient in fp32, `unscale` under mixed precision (the loop never asks
-    /// for both) — applied by `adamw_step`, and the step counted on the host's Adam.
-    fn step_on_device(&mut self, r: &dyn Resident, lr: f64, unscale: f32) -> Result<(), ZeroError> {
-        let mult = match self.coef.take() {
-            Some(c) if unscale == 1.0 => c,
+    /// [`Replica::step`] on the device: the factors the host path applies to the gradients —
+    /// the clip coefficient in fp32, or under mixed precision `scale` as
+    /// [`Optimizer::grad_factors`] applies it (the loop never asks for both) — applied by the
+    /// optimizer's kernel, and the step counted on the host's optimizer.
+    fn step_on_device(
+        &mut self,
+        r: &dyn Resident,
+        lr: f64,
+        scale: GradScale,
+    ) -> Result<(), ZeroError> {
+        let opt = &mut self.opt.opt;
+        let factors = match self.coef.take() {
+            Some(c) if scale.unscale == 1.0 && scale.combined.is_none() => (c, 1.0),
             Some(_) => {
                 return Err(OptimError::Config(
                     "a clip coefficient and an unscale factor in one device step".into(),
                 )
                 .into())
             }
-            None => unscale,
+            None => opt.grad_factors(scale),
         };
-        let Optimizer::Adam(adam) = &mut self.opt.opt else {
-            unreachable!("keep_on_device keeps Adam only")
-        };
-        r.step(adam.config(), adam.state().step + 1, lr, mult)?;
-        adam.count_step();
+        r.step(opt, lr, factors)?;
+        opt.count_step();
         Ok(())
     }
 
@@ -631,13 +633,8 @@ impl Replica {
     pub fn gather_whole(&mut self, coll: &mut dyn Collective) -> Result<(), ZeroError> {
         if let Some(x) = self.device.clone() {
             let r = x.resident().expect("kept on the device");
-            let Optimizer::Adam(adam) = &mut self.opt.opt else {
-                unreachable!("keep_on_device keeps Adam only")
-            };
-            let mut s = adam.state().clone();
             let master = self.opt.host.as_mut().map(|h| &mut h.master[..]);
-            r.download(&mut self.model, &mut s.m, &mut s.v, master)?;
-            adam.load_state(s)?;
+            r.download(&mut self.model, &mut self.opt.opt, master)?;
             return Ok(());
         }
         let Some(map) = &self.map else {

@@ -16,8 +16,8 @@ mod loss;
 mod optim;
 
 pub use optim::{
-    adamw_step, grad_norm_sq, grad_norm_sq_blocks, grad_norm_sq_in, norm_scratch_len, AdamScalars,
-    DecayMask, NORM_BLOCKS,
+    adagrad_step, adamw_step, grad_norm_sq, grad_norm_sq_blocks, grad_norm_sq_in, lamb_step,
+    norm_scratch_len, sgd_step, AdamScalars, DecayMask, LambTensors, NORM_BLOCKS,
 };
 
 use std::ops::Range;

@@ -1,5 +1,6 @@
-//! Launches of `runtime/kernels/optim.cu`: the gradient norm and the fused Adam / AdamW step, the
-//! device side of [`crate::optim`] (the host optimizer the emulation tests compare them with).
+//! Launches of `runtime/kernels/optim.cu`: the gradient norm and one step per optimizer (Adam /
+//! AdamW, SGD, Adagrad, LAMB), the device side of [`crate::optim`] (the host optimizers the
+//! emulation tests compare them with, bit for bit).
 //!
 //! - [`grad_norm_sq`]: `Σ g²` in f64, as [`crate::optim::sum_squares`], in two fixed passes (at
 //!   most [`NORM_BLOCKS`] block partials, then one block adds them in order): the same bits on
@@ -10,6 +11,10 @@
 //!   [`crate::optim::Adam::step`]'s arithmetic, the gradient first multiplied by one host-computed
 //!   factor (clip coefficient, or `f32(1 / combined scale)`), weight decay on the ranges of a
 //!   [`DecayMask`], and optionally the result stored rounded into the module's half copy.
+//! - [`sgd_step`], [`adagrad_step`], [`lamb_step`]: the same for [`crate::optim::Sgd`],
+//!   [`crate::optim::Adagrad`] and [`crate::optim::Lamb`], their f32 scalars formed by the host
+//!   optimizers' own `scalars` (one formula for both sides). LAMB's per-tensor norms are f32 sums
+//!   in the order `lamb.rs` fixes (FusedLamb's), over the layout of a [`LambTensors`].
 
 #![allow(clippy::too_many_arguments)]
 
@@ -17,7 +22,9 @@ use std::ops::Range;
 
 use super::{grid1, int, Kernels, BLOCK};
 use crate::backend::device::{Arg, Device, Launch};
-use crate::optim::{self, AdamConfig, OptimError, WeightDecay};
+use crate::optim::{
+    self, AdagradConfig, AdagradImpl, AdamConfig, LambConfig, OptimError, SgdConfig, WeightDecay,
+};
 use crate::params::Entry;
 
 /// Most blocks of the norm's first pass (`NORM_BLOCKS` in optim.cu): fixed, so the partial sums
@@ -235,27 +242,19 @@ pub fn adamw_step<D: Device>(
     work: Option<D::ViewMut<'_>>,
 ) -> Result<(), OptimError> {
     let n = mask.len;
-    let lens = [
-        ("params", k.dev.len_mut(&params)),
-        ("grads", k.dev.len(grads)),
-        ("exp_avg", k.dev.len_mut(&m)),
-        ("exp_avg_sq", k.dev.len_mut(&v)),
-        ("work", work.as_ref().map_or(n, |w| k.dev.len_mut(w))),
-    ];
-    for (what, found) in lens {
-        if found != n {
-            return Err(OptimError::Length {
-                what,
-                found,
-                expected: n,
-            });
-        }
-    }
-    if !lr.is_finite() {
-        return Err(OptimError::Config(format!("learning rate {lr}")));
-    }
+    check_lens(
+        n,
+        lr,
+        &[
+            ("params", k.dev.len_mut(&params)),
+            ("grads", k.dev.len(grads)),
+            ("exp_avg", k.dev.len_mut(&m)),
+            ("exp_avg_sq", k.dev.len_mut(&v)),
+            ("work", work.as_ref().map_or(n, |w| k.dev.len_mut(w))),
+        ],
+    )?;
     let s = AdamScalars::new(cfg, step, lr);
-    let work = work.map_or(0, |mut w| k.dev.ptr_mut(&mut w));
+    let work = opt_ptr(k, work);
     k.dev.launch(
         "adamw_step",
         grid1(n),
@@ -278,6 +277,328 @@ pub fn adamw_step<D: Device>(
             Arg::I32(s.decay_mode),
             Arg::F32(s.decay_mul),
             Arg::F32(s.wd),
+            k.store_arg(),
+        ],
+    );
+    Ok(())
+}
+
+/// Refuses buffers that are not `n` long and a non-finite learning rate, as the host optimizers
+/// do (`optim::check_step`).
+fn check_lens(n: usize, lr: f64, lens: &[(&'static str, usize)]) -> Result<(), OptimError> {
+    for &(what, found) in lens {
+        if found != n {
+            return Err(OptimError::Length {
+                what,
+                found,
+                expected: n,
+            });
+        }
+    }
+    if !lr.is_finite() {
+        return Err(OptimError::Config(format!("learning rate {lr}")));
+    }
+    Ok(())
+}
+
+/// The device pointer of an optional buffer (null when absent), e.g. the half working copy.
+fn opt_ptr<D: Device>(k: &Kernels<D>, v: Option<D::ViewMut<'_>>) -> u64 {
+    v.map_or(0, |mut v| k.dev.ptr_mut(&mut v))
+}
+
+/// One SGD step on the device: `params` (and the momentum buffer, when μ ≠ 0) updated from
+/// `grads · mult` exactly as [`crate::optim::Sgd::step`] updates them. `step` counts this step
+/// (1 first: torch starts the buffer from the gradient then). `mult`, `work`: as
+/// [`adamw_step`].
+pub fn sgd_step<D: Device>(
+    k: &Kernels<D>,
+    cfg: &SgdConfig,
+    step: u64,
+    lr: f64,
+    mult: f32,
+    mask: &DecayMask<D>,
+    mut params: D::ViewMut<'_>,
+    grads: D::View<'_>,
+    momentum: Option<D::ViewMut<'_>>,
+    work: Option<D::ViewMut<'_>>,
+) -> Result<(), OptimError> {
+    let n = mask.len;
+    let s = cfg.scalars(lr);
+    let buf_len = momentum.as_ref().map(|b| k.dev.len_mut(b));
+    if buf_len.is_some() != s.momentum {
+        return Err(OptimError::Config(format!(
+            "momentum {} with{} a momentum buffer",
+            cfg.momentum,
+            if buf_len.is_some() { "" } else { "out" }
+        )));
+    }
+    check_lens(
+        n,
+        lr,
+        &[
+            ("params", k.dev.len_mut(&params)),
+            ("grads", k.dev.len(grads)),
+            ("momentum_buffer", buf_len.unwrap_or(n)),
+            ("work", work.as_ref().map_or(n, |w| k.dev.len_mut(w))),
+        ],
+    )?;
+    k.dev.launch(
+        "sgd_step",
+        grid1(n),
+        &[
+            Arg::Ptr(k.dev.ptr_mut(&mut params)),
+            Arg::Ptr(k.dev.ptr(grads)),
+            Arg::Ptr(opt_ptr(k, momentum)),
+            Arg::Ptr(opt_ptr(k, work)),
+            Arg::Ptr(k.dev.ids_ptr(&mask.bounds)),
+            int(mask.count),
+            int(n),
+            Arg::F32(mult),
+            Arg::I32(s.decay.into()),
+            Arg::F32(s.wd),
+            Arg::I32(s.momentum.into()),
+            Arg::F32(s.mu),
+            Arg::F32(s.keep),
+            Arg::I32((step == 1).into()),
+            Arg::I32(cfg.nesterov.into()),
+            Arg::F32(s.neg_lr),
+            k.store_arg(),
+        ],
+    );
+    Ok(())
+}
+
+/// One Adagrad step on the device (either class of [`crate::optim::AdagradImpl`]): `params` and
+/// `sum` updated from `grads · mult` exactly as [`crate::optim::Adagrad::step`] updates them.
+/// `step` counts this step (1 first); `mult`, `work`: as [`adamw_step`].
+pub fn adagrad_step<D: Device>(
+    k: &Kernels<D>,
+    cfg: &AdagradConfig,
+    step: u64,
+    lr: f64,
+    mult: f32,
+    mask: &DecayMask<D>,
+    mut params: D::ViewMut<'_>,
+    grads: D::View<'_>,
+    mut sum: D::ViewMut<'_>,
+    work: Option<D::ViewMut<'_>>,
+) -> Result<(), OptimError> {
+    let n = mask.len;
+    check_lens(
+        n,
+        lr,
+        &[
+            ("params", k.dev.len_mut(&params)),
+            ("grads", k.dev.len(grads)),
+            ("sum", k.dev.len_mut(&sum)),
+            ("work", work.as_ref().map_or(n, |w| k.dev.len_mut(w))),
+        ],
+    )?;
+    let s = cfg.scalars(step, lr);
+    k.dev.launch(
+        "adagrad_step",
+        grid1(n),
+        &[
+            Arg::Ptr(k.dev.ptr_mut(&mut params)),
+            Arg::Ptr(k.dev.ptr(grads)),
+            Arg::Ptr(k.dev.ptr_mut(&mut sum)),
+            Arg::Ptr(opt_ptr(k, work)),
+            Arg::Ptr(k.dev.ids_ptr(&mask.bounds)),
+            int(mask.count),
+            int(n),
+            Arg::F32(mult),
+            Arg::I32(s.decay.into()),
+            Arg::F32(s.wd),
+            Arg::F32(s.eps),
+            Arg::F32(s.neg_lr),
+            Arg::I32((cfg.imp == AdagradImpl::DeepSpeedCpu).into()),
+            k.store_arg(),
+        ],
+    );
+    Ok(())
+}
+
+/// Threads of LAMB's norm blocks (`LAMB_THREADS` in optim.cu; lamb.rs `THREADS`, FusedLamb's
+/// `threadsPerBlock`), also the most blocks one tensor's norm takes.
+const LAMB_THREADS: usize = 512;
+
+/// LAMB's per-tensor layout on the device and the scratch of its step, built once per optimizer:
+/// the tensors' bounds, the first norm block of each (`min(⌈len/512⌉, 512)` blocks per tensor,
+/// as lamb.rs sums), the update `u`, the blocks' partial sums and the trust ratios.
+pub struct LambTensors<D: Device> {
+    /// Each tensor's start, then the buffer's end.
+    tensors: D::Ids,
+    /// Each tensor's first norm block, then the total.
+    blocks: D::Ids,
+    count: usize,
+    total_blocks: usize,
+    update: D::Buf,
+    partial: D::Buf,
+    coeffs: D::Buf,
+}
+
+impl<D: Device> LambTensors<D> {
+    /// The layout of a buffer of `len` elements tiled by `segments` (LAMB's: one per tensor,
+    /// ascending, covering it all: [`crate::optim::Lamb`] refuses partitions).
+    pub fn new(
+        k: &Kernels<D>,
+        segments: &[(Range<usize>, bool)],
+        len: usize,
+    ) -> Result<LambTensors<D>, OptimError> {
+        let (mut tensors, mut blocks) = (Vec::new(), Vec::new());
+        let (mut end, mut total) = (0usize, 0usize);
+        for (r, _) in segments {
+            if r.start != end {
+                return Err(OptimError::Config(format!(
+                    "LAMB's tensors must tile the buffer: {r:?} after {end}"
+                )));
+            }
+            tensors.push(r.start);
+            blocks.push(total);
+            total += r.len().div_ceil(LAMB_THREADS).min(LAMB_THREADS);
+            end = r.end;
+        }
+        if end != len {
+            return Err(OptimError::Config(format!(
+                "LAMB's tensors cover {end} of {len} elements"
+            )));
+        }
+        tensors.push(len);
+        blocks.push(total);
+        let ids = |v: Vec<usize>| -> Result<Vec<u32>, OptimError> {
+            v.into_iter()
+                .map(|x| u32::try_from(x).map_err(|_| OptimError::Config(format!("{x} elements"))))
+                .collect()
+        };
+        Ok(LambTensors {
+            tensors: k.dev.upload_ids(&ids(tensors)?),
+            blocks: k.dev.upload_ids(&ids(blocks)?),
+            count: segments.len(),
+            total_blocks: total,
+            update: k.dev.alloc(len.max(1)),
+            partial: k.dev.alloc(2 * total.max(1)),
+            coeffs: k.dev.alloc(segments.len().max(1)),
+        })
+    }
+
+    /// The trust ratio each tensor got at the last step ([`crate::optim::Lamb::coefficients`]).
+    pub fn coefficients(&self, k: &Kernels<D>) -> Vec<f32> {
+        let mut c = vec![0.0f32; self.count.max(1)];
+        k.dev.download(k.dev.view(&self.coeffs), &mut c);
+        c.truncate(self.count);
+        c
+    }
+}
+
+/// One LAMB step on the device: `params`, `m` and `v` updated from `(grads · mult) / div`
+/// exactly as [`crate::optim::Lamb::step_with_scale`]`(…, div)` updates them from gradients
+/// already multiplied by `mult` ([`crate::optim::Optimizer::grad_factors`]), every tensor's trust
+/// ratio left in `tensors`. `step` counts this step (1 first); `work`: as [`adamw_step`].
+pub fn lamb_step<D: Device>(
+    k: &Kernels<D>,
+    cfg: &LambConfig,
+    step: u64,
+    lr: f64,
+    (mult, div): (f32, f32),
+    mask: &DecayMask<D>,
+    tensors: &mut LambTensors<D>,
+    mut params: D::ViewMut<'_>,
+    grads: D::View<'_>,
+    mut m: D::ViewMut<'_>,
+    mut v: D::ViewMut<'_>,
+    work: Option<D::ViewMut<'_>>,
+) -> Result<(), OptimError> {
+    let n = mask.len;
+    check_lens(
+        n,
+        lr,
+        &[
+            ("params", k.dev.len_mut(&params)),
+            ("grads", k.dev.len(grads)),
+            ("exp_avg", k.dev.len_mut(&m)),
+            ("exp_avg_sq", k.dev.len_mut(&v)),
+            ("work", work.as_ref().map_or(n, |w| k.dev.len_mut(w))),
+        ],
+    )?;
+    if !(div > 0.0 && div.is_finite()) {
+        return Err(OptimError::Config(format!("gradient scale {div}")));
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let s = cfg.scalars(step, lr);
+    let t = &mut *tensors;
+    let param = k.dev.ptr_mut(&mut params);
+    let update = k.dev.ptr_mut(&mut k.dev.range_mut(&mut t.update, 0..n));
+    let partial = k
+        .dev
+        .ptr_mut(&mut k.dev.range_mut(&mut t.partial, 0..2 * t.total_blocks));
+    let coeffs = k
+        .dev
+        .ptr_mut(&mut k.dev.range_mut(&mut t.coeffs, 0..t.count));
+    let (tensor_at, block_at) = (k.dev.ids_ptr(&t.tensors), k.dev.ids_ptr(&t.blocks));
+    k.dev.launch(
+        "lamb_update",
+        grid1(n),
+        &[
+            Arg::Ptr(update),
+            Arg::Ptr(param),
+            Arg::Ptr(k.dev.ptr(grads)),
+            Arg::Ptr(k.dev.ptr_mut(&mut m)),
+            Arg::Ptr(k.dev.ptr_mut(&mut v)),
+            Arg::Ptr(k.dev.ids_ptr(&mask.bounds)),
+            int(mask.count),
+            int(n),
+            Arg::F32(mult),
+            Arg::F32(div),
+            Arg::F32(s.b1),
+            Arg::F32(s.w1),
+            Arg::F32(s.b2),
+            Arg::F32(s.w2),
+            Arg::F32(s.eps),
+            Arg::F32(s.wd),
+        ],
+    );
+    let per_block = |grid: usize| Launch {
+        grid: (grid as u32, 1, 1),
+        block: (LAMB_THREADS as u32, 1, 1),
+        smem: 0,
+    };
+    k.dev.launch(
+        "lamb_norms",
+        per_block(t.total_blocks),
+        &[
+            Arg::Ptr(partial),
+            Arg::Ptr(param),
+            Arg::Ptr(update),
+            Arg::Ptr(tensor_at),
+            Arg::Ptr(block_at),
+            int(t.count),
+        ],
+    );
+    k.dev.launch(
+        "lamb_coeff",
+        per_block(t.count),
+        &[
+            Arg::Ptr(coeffs),
+            Arg::Ptr(partial),
+            Arg::Ptr(block_at),
+            Arg::F32(s.max_coeff),
+            Arg::F32(s.min_coeff),
+        ],
+    );
+    k.dev.launch(
+        "lamb_apply",
+        grid1(n),
+        &[
+            Arg::Ptr(param),
+            Arg::Ptr(update),
+            Arg::Ptr(opt_ptr(k, work)),
+            Arg::Ptr(coeffs),
+            Arg::Ptr(tensor_at),
+            int(t.count),
+            int(n),
+            Arg::F32(s.step_size),
             k.store_arg(),
         ],
     );

@@ -14,7 +14,7 @@
 
 mod optim;
 
-pub use optim::{compare_optim, compare_optim_against, optim_layout};
+pub use optim::{compare_optim, compare_optim_against, optim_layout, scaled_step_inputs};
 
 use serde::Serialize;
 

@@ -3,7 +3,11 @@
 use super::{rand, OpCheck};
 use crate::backend::device::Device;
 use crate::backend::kernels::{adamw_step, grad_norm_sq, grad_norm_sq_blocks, DecayMask, Kernels};
-use crate::optim::{self, Adam, AdamConfig, GradScale, Optimizer, WeightDecay};
+use crate::optim::device::DeviceOptimizer;
+use crate::optim::{
+    self, Adagrad, AdagradConfig, AdagradImpl, Adam, AdamConfig, GradScale, Lamb, LambConfig,
+    Optimizer, Sgd, SgdConfig, WeightDecay,
+};
 use crate::params::Entry;
 use crate::precision::{self, Dtype};
 use crate::zero::HostOptimizer;
@@ -154,6 +158,12 @@ fn merge(checks: Vec<OpCheck>) -> Vec<OpCheck> {
 /// - `optim.mixed.*` (half stores only): the mixed-precision step as `HostOptimizer` takes it —
 ///   gradients at a loss scale, `f32(1 / combined scale)` as the multiplier, fp32 master weights
 ///   and the half working copy rounded from them — the same bits too.
+/// - `optim.sgd.*` (momentum, Nesterov, decay), `optim.adagrad.*` (torch's) and `optim.lamb.*`
+///   (FusedLamb's, its per-tensor trust ratios included): two steps each through the resident
+///   optimizer the training loop runs ([`DeviceOptimizer`]) against `HostOptimizer`, a multiplier
+///   < 1 in fp32, DeepSpeed's combined scale under a half store (fp32 master and half working
+///   copy) — the same bits: sgd.rs's and adagrad.rs's `mul_add` are `__fmaf_rn` on the device,
+///   and LAMB's f32 norms add in lamb.rs's order.
 pub fn compare_optim<D: Device>(k: &Kernels<D>, store: Dtype) -> Vec<OpCheck> {
     compare_optim_against(k, store, 1.0)
 }
@@ -172,6 +182,7 @@ pub fn compare_optim_against<D: Device>(
     if store.is_half() {
         out.extend(mixed_checks(k, store, host_lr_factor));
     }
+    out.extend(resident_checks(k, store, host_lr_factor));
     out
 }
 
@@ -422,4 +433,126 @@ fn mixed_checks<D: Device>(k: &Kernels<D>, store: Dtype, host_lr_factor: f64) ->
         }
     }
     merge(checks)
+}
+
+/// True gradients `g` as the step of a run storing `store` receives them, and the scale they
+/// carry: under a half store at loss scale `loss_scale` (rounded to `store`), with DeepSpeed's
+/// combined scale `loss_scale / mult`; in fp32 unscaled, `mult` the multiplier (a clip
+/// coefficient). These checks' inputs and runtime/emu/tests/optim.rs's.
+#[doc(hidden)]
+pub fn scaled_step_inputs(
+    g: &[f32],
+    store: Dtype,
+    loss_scale: f32,
+    mult: f32,
+) -> (Vec<f32>, GradScale) {
+    if !store.is_half() {
+        let scale = GradScale {
+            unscale: mult,
+            combined: None,
+        };
+        return (g.to_vec(), scale);
+    }
+    let combined = f64::from(loss_scale) / f64::from(mult);
+    let mut g: Vec<f32> = g.iter().map(|x| x * loss_scale).collect();
+    store.round_slice(&mut g);
+    let scale = GradScale {
+        unscale: (1.0 / combined) as f32,
+        combined: Some(combined),
+    };
+    (g, scale)
+}
+
+/// SGD, Adagrad and LAMB through [`DeviceOptimizer`] (see [`compare_optim`]).
+fn resident_checks<D: Device>(k: &Kernels<D>, store: Dtype, host_lr_factor: f64) -> Vec<OpCheck> {
+    let dev = k.device();
+    let n = OPTIM_N;
+    let (entries, flags) = optim_layout(n);
+    let valid = "a valid layout";
+    let cases = [
+        (
+            "optim.sgd",
+            Optimizer::from(
+                Sgd::new(SgdConfig::new(0.9, true, 0.01), &entries, &flags).expect(valid),
+            ),
+            5e-2,
+        ),
+        (
+            "optim.adagrad",
+            Optimizer::from(
+                Adagrad::new(
+                    AdagradConfig::new(1e-10, 0.01, AdagradImpl::Torch),
+                    &entries,
+                    &flags,
+                )
+                .expect(valid),
+            ),
+            1e-2,
+        ),
+        (
+            "optim.lamb",
+            Optimizer::from(
+                Lamb::new(LambConfig::fused_lamb(0.01), &entries, &flags).expect(valid),
+            ),
+            1e-2,
+        ),
+    ];
+    let ratios = |o: &Optimizer| match o {
+        Optimizer::Lamb(l) => l.coefficients().to_vec(),
+        _ => Vec::new(),
+    };
+    let mut out = Vec::new();
+    for (name, opt, lr0) in cases {
+        let p0 = rand(n, 1.0, 55, store);
+        let mut host = HostOptimizer::new(opt.clone(), false, store, &p0);
+        let mut hp = p0.clone();
+        let master = store.is_half().then(|| p0.clone());
+        let mut dopt = opt;
+        let mut d = DeviceOptimizer::new(k, &dopt, master.as_deref()).expect("a device optimizer");
+        let mut params = dev.upload(&p0);
+        let mut checks = Vec::new();
+        for step in 0..2 {
+            let lr = lr0 * (1 + step) as f64;
+            let g = optim_grads(n, step, Dtype::F32);
+            let (g, scale) = scaled_step_inputs(&g, store, 1024.0, 0.37);
+            host.step_scaled(&mut hp, &mut g.clone(), lr * host_lr_factor, scale)
+                .expect("a host step");
+            dev.write(dev.view_mut(d.grads_mut()), &g);
+            d.step(k, &mut params, &dopt, lr, dopt.grad_factors(scale))
+                .expect("a device step");
+            dopt.count_step();
+            let mut w = vec![0.0f32; n];
+            d.download(k, &mut dopt, Some(&mut w))
+                .expect("the device state");
+            let mut got = vec![0.0f32; n];
+            dev.download(dev.view(&params), &mut got);
+            let want = host.state();
+            let mut rows = vec![(
+                if store.is_half() { "work" } else { "param" },
+                got,
+                hp.clone(),
+            )];
+            if store.is_half() {
+                rows.push(("master", w, want.master.clone()));
+            }
+            let have = dopt.state();
+            for (b, x) in &want.buffers {
+                rows.push((b.as_str(), have.buffer(b).to_vec(), x.clone()));
+            }
+            if matches!(dopt, Optimizer::Lamb(_)) {
+                rows.push(("trust_ratio", ratios(&dopt), ratios(host.optimizer())));
+            }
+            for (what, got, want) in rows {
+                checks.push(buffer_check(
+                    &format!("{name}.{what}"),
+                    store,
+                    &got,
+                    &want,
+                    0.0,
+                ));
+            }
+        }
+        out.extend(merge(checks));
+    }
+    out
 }
