@@ -20,7 +20,8 @@ every recipe loads with `model bert { from = "init" }`.
 
 The HF side runs on the venv's releases, or, for a recipe whose `target` names others, under the
 overlay of overlays.txt that pins them (PYTHONPATH=.overlays/<name>); `# run-under: <overlay>`
-runs artefacts built for one release under another, and `# expect: R0912` marks a recipe whose
+runs artefacts built for one release under another, `# init-file: NAME JSON` adds a file to the
+recipe's copy of `init/`, and `# expect: R0912` marks a recipe whose
 stack trains something else than the recipe means, by the amount that rule states
 (tests/agreement.rs checks the divergence instead of the agreement).
 
@@ -152,11 +153,26 @@ def expected(recipe: Path) -> list[str]:
             for c in re.findall(r"\bR\d{4}\b", line)]
 
 
+def init_files(recipe: Path) -> dict:
+    """Files a recipe adds to its copy of `init/` (`# init-file: NAME JSON`): `init/` is written
+    as `save_pretrained` writes a model (config.json, model.safetensors) plus tokenizer.json, and
+    a recipe that needs what a fuller model directory has says so, e.g.
+    `# init-file: tokenizer_config.json {"do_lower_case": true}` for transformers 5.0-5.2 (R0808)."""
+    out = {}
+    for line in recipe.read_text().splitlines():
+        if line.startswith("# init-file:"):
+            name, text = line.split(":", 1)[1].split(None, 1)
+            out[name] = json.loads(text)
+    return out
+
+
 def workspace(base: Path, recipe: Path, init: Path) -> Path:
     base.mkdir(parents=True)
     shutil.copy(recipe, base / recipe.name)
     shutil.copy(FIXTURES / "data" / "spam48.jsonl", base / "train.jsonl")
     shutil.copytree(init, base / "init")
+    for name, content in init_files(recipe).items():
+        (base / "init" / name).write_text(json.dumps(content))
     return base
 
 
@@ -450,6 +466,7 @@ def main() -> int:
             nat = native_side(workspace(scratch / r.stem / "native", r, init), a.recipe, r.name)
             hf = hf_side(workspace(scratch / r.stem / "hf", r, init), a.recipe, r.name, env_r)
             res = {"recipe": rel(r), "name": r.stem, "stack": stack, "expect": expected(r),
+                   "init_files": init_files(r),
                    "hf_build": {k: hf[k] for k in ("train_sampling_strategy", "train_py_shuffle", "micro",
                                                    "accumulate", "zero_stage",
                                                    "offload_optimizer", "optimizer")},
