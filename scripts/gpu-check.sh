@@ -6,12 +6,19 @@
 #   kernels.txt      NVRTC on this machine: every kernel for the GPU's architecture
 #   selftest.txt/.json  every operation on the GPU against the CPU backend (fp32, fp16, bf16)
 #   tiny/            the tiny BERT trained on the CPU and on the GPU; tiny.json compares them
-#   summary.json     pass/fail of each part
-# Exit 0 only if every part passes. Takes about a minute on one H200.
+#   spam/, spam.json the main job, recipes/spam.rcp, trained on the GPU (final accuracy >= 0.95),
+#                    from gpu-assets/minilm (scripts/gpu-assets.sh: MiniLM in fp16, carried with
+#                    the binary; the GPU machine has no network); "skipped" without it
+#   throughput.json  BERT-base seq 128 bf16 batch 32: samples/s of ours and of PyTorch eager
+#                    (autocast bf16, fused AdamW) in the same run, ratio and MFU
+#                    (scripts/gpu-throughput.sh; reported, the goals are not enforced)
+#   summary.json     pass/fail/skipped of each part
+# Exit 0 only if every part that ran passed. A few minutes on one H200.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-check}"
 mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
 BIN="$(pwd)/${RECIPE_BIN:-target/release/recipe}"
 PY="${PYTHON:-python3}"
 status=0
@@ -76,10 +83,47 @@ else
     parts[tiny]=fail; status=1
 fi
 
+# The main job on the GPU, from the carried fp16 MiniLM.
+if [ -f gpu-assets/minilm/model.safetensors ]; then
+    "$BIN" run --quiet --device cuda recipes/spam.rcp \
+        --set "model.from=\"$(pwd)/gpu-assets/minilm\"" --set "train.output_dir=\"$OUT/spam\"" \
+        > "$OUT/spam.log" 2>&1
+    "$PY" - "$OUT/spam" > "$OUT/spam.json" <<'PYTHON'
+import json, sys
+try:
+    rows = [json.loads(l) for l in open(f"{sys.argv[1]}/metrics.jsonl")]
+    start = next(r for r in rows if r.get("event") == "start")
+    evals = [r["eval"] for r in rows if "eval" in r]
+    acc = evals[-1]["accuracy"]
+    end = next(r for r in rows if r.get("event") == "end")
+    out = {"device": start.get("device"), "steps": end["steps"]["taken"],
+           "eval": evals[-1], "ok": start.get("device") != "cpu" and acc >= 0.95}
+except (OSError, StopIteration, IndexError, KeyError) as e:
+    out = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+print(json.dumps(out, indent=1))
+PYTHON
+    if "$PY" -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["ok"] else 1)' "$OUT/spam.json"; then
+        parts[spam]=pass
+    else
+        parts[spam]=fail; status=1
+    fi
+else
+    parts[spam]=skipped
+fi
+
+# Throughput next to PyTorch (needs torch on this machine; transformers if present).
+if OUT="$OUT" RECIPE_BIN="${RECIPE_BIN:-target/release/recipe}" PYTHON="$PY" \
+    scripts/gpu-throughput.sh > "$OUT/throughput.log" 2>&1 \
+    && "$PY" -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["ok"] else 1)' "$OUT/throughput.json"; then
+    parts[throughput]=pass
+else
+    parts[throughput]=fail; status=1
+fi
+
 {
     echo "{"
     first=1
-    for k in kernels selftest tiny; do
+    for k in kernels selftest tiny spam throughput; do
         [ $first = 1 ] || echo ","
         printf '  "%s": "%s"' "$k" "${parts[$k]}"
         first=0

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Training throughput of `recipe run` next to PyTorch eager in the same run (issue 15's goal):
+# BERT-base (random init), sequence 128, bf16, micro-batch 32, AdamW + clipping, dropout 0.1 —
+# ours through scripts/gpu/bert-base.rcp, PyTorch's through scripts/gpu/torch_bert_bench.py
+# (autocast bf16, fused AdamW). Writes $OUT/throughput.json: each side's median samples/s over
+# the steps after the first 10, their ratio, and each side's MFU with llm.c's FLOP count
+# (6·N + 6·L·C·T per token, N every parameter; train_gpt2.cu) against the GPU's dense bf16 peak
+# (PEAK_TFLOPS, default 989: H100/H200 SXM; ../shared/reference/cuda-testing.md).
+#
+#   scripts/gpu-throughput.sh                     # on a GPU (called by scripts/gpu-check.sh)
+#   DEVICE=cpu SHAPE=tiny scripts/gpu-throughput.sh   # a dry run of the script on any machine
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-gpu-check}"
+DEVICE="${DEVICE:-cuda}"
+SHAPE="${SHAPE:-base}"
+BIN="$(pwd)/${RECIPE_BIN:-target/release/recipe}"
+PY="${PYTHON:-python3}"
+W="$OUT/throughput"
+rm -rf "$W"; mkdir -p "$W"
+cp scripts/gpu/bert-base.rcp scripts/gpu/bert-base.json "$W/"
+cp runtime/tests/fixtures/tokenizer/tokenizer.json "$W/"
+
+if [ "$SHAPE" = tiny ]; then
+    # 2 layers of 64, 8 timed steps of 4: checks the plumbing, measures nothing.
+    L=2; C=64; HEADS=2; INTER=128; MICRO=4; SEQ=32; STEPS=12
+    "$PY" - "$W/bert-base.json" "$L" "$C" "$HEADS" "$INTER" <<'PY'
+import json, sys
+p, l, c, h, i = sys.argv[1], *map(int, sys.argv[2:])
+cfg = json.load(open(p))
+cfg.update(num_hidden_layers=l, hidden_size=c, num_attention_heads=h, intermediate_size=i)
+json.dump(cfg, open(p, "w"), indent=1)
+PY
+else
+    L=12; C=768; HEADS=12; INTER=3072; MICRO=32; SEQ=128; STEPS=40
+fi
+WARM=10
+
+# Rows long enough to fill SEQ tokens each (lower-case words of the tokenizer's vocabulary), so
+# every batch of ours is as long as PyTorch's fixed-length one.
+"$PY" - "$W/long.jsonl" "$MICRO" "$STEPS" <<'PY'
+import json, random, sys
+path, micro, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+words = ("the model trains on every token of this long message about free money offers meeting "
+         "notes project updates and weekly reports").split()
+rng = random.Random(0)
+with open(path, "w") as f:
+    for i in range(micro * steps):
+        text = " ".join(rng.choice(words) for _ in range(300))
+        f.write(json.dumps({"text": text, "label": "spam" if i % 2 else "ham"}) + "\n")
+PY
+
+( cd "$W" && "$BIN" run --quiet --device "$DEVICE" bert-base.rcp \
+    --set "batch.micro=$MICRO" --set "data.max_len=$SEQ" --set "train.max_steps=$STEPS" ) \
+    > "$W/recipe.log" 2>&1 || { echo "recipe run failed: $W/recipe.log" >&2; tail -5 "$W/recipe.log" >&2; }
+"$PY" scripts/gpu/torch_bert_bench.py --device "$DEVICE" --layers "$L" --hidden "$C" \
+    --heads "$HEADS" --intermediate "$INTER" --batch "$MICRO" --seq "$SEQ" \
+    --steps "$((STEPS - WARM))" --warmup "$WARM" > "$W/torch.json" 2> "$W/torch.log" \
+    || { echo "the PyTorch peer failed: $W/torch.log" >&2; tail -5 "$W/torch.log" >&2; }
+
+"$PY" - "$W" "$DEVICE" "$L" "$C" "$SEQ" "$WARM" "${PEAK_TFLOPS:-989}" > "$OUT/throughput.json" <<'PY'
+import json, statistics, sys
+w, device, L, C, T, warm, peak = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6]), int(sys.argv[6]), float(sys.argv[7])
+out = {"device": device, "shape": {"layers": L, "hidden": C, "seq": T}, "ok": False}
+try:
+    recs = [json.loads(l) for l in open(f"{w}/out/metrics.jsonl")]
+    start = next(r for r in recs if r.get("event") == "start")
+    rates = [r["samples_per_s"] for r in recs if "loss" in r and r["step"] > warm]
+    out["recipe"] = {"device": start.get("device"), "parameters": start["parameters"],
+                     "precision": start.get("precision"), "steps_timed": len(rates),
+                     "samples_per_s": statistics.median(rates)}
+except (OSError, StopIteration, KeyError, statistics.StatisticsError) as e:
+    out["recipe"] = {"error": f"{type(e).__name__}: {e}"}
+try:
+    out["torch"] = json.loads(open(f"{w}/torch.json").read().strip().splitlines()[-1])
+except (OSError, IndexError, json.JSONDecodeError) as e:
+    out["torch"] = {"error": f"{type(e).__name__}: {e}"}
+ours, theirs = out["recipe"].get("samples_per_s"), out["torch"].get("samples_per_s")
+if ours and theirs:
+    n = out["recipe"]["parameters"]
+    flops_per_sample = (6 * n + 6 * L * C * T) * T
+    out["ratio_recipe_over_torch"] = ours / theirs
+    if device == "cuda":
+        out["peak_tflops_bf16"] = peak
+        out["mfu_recipe"] = ours * flops_per_sample / (peak * 1e12)
+        out["mfu_torch"] = theirs * flops_per_sample / (peak * 1e12)
+    # Issue 15's goals: >= 1.3x PyTorch eager and >= 40 % MFU (reported, not enforced here).
+    out["ok"] = True
+print(json.dumps(out, indent=1))
+PY
+cat "$OUT/throughput.json"
