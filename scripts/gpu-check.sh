@@ -23,6 +23,8 @@ BIN="$(pwd)/${RECIPE_BIN:-target/release/recipe}"
 PY="${PYTHON:-python3}"
 status=0
 declare -A parts
+# Whether a part's JSON file says "ok": true.
+json_ok() { "$PY" -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["ok"] else 1)' "$1"; }
 
 nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv \
     > "$OUT/nvidia-smi.csv" 2>&1 || true
@@ -77,7 +79,7 @@ if cpu and gpu:
     out["ok"] = out["same_steps_and_lr"] and out["max_loss_rel_diff"] <= 1e-4 and len(cpu) == len(gpu)
 print(json.dumps(out, indent=1))
 PYTHON
-if "$PY" -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["ok"] else 1)' "$OUT/tiny.json"; then
+if json_ok "$OUT/tiny.json"; then
     parts[tiny]=pass
 else
     parts[tiny]=fail; status=1
@@ -102,7 +104,7 @@ except (OSError, StopIteration, IndexError, KeyError) as e:
     out = {"ok": False, "error": f"{type(e).__name__}: {e}"}
 print(json.dumps(out, indent=1))
 PYTHON
-    if "$PY" -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["ok"] else 1)' "$OUT/spam.json"; then
+    if json_ok "$OUT/spam.json"; then
         parts[spam]=pass
     else
         parts[spam]=fail; status=1
@@ -114,7 +116,7 @@ fi
 # Throughput next to PyTorch (needs torch on this machine; transformers if present).
 if OUT="$OUT" RECIPE_BIN="${RECIPE_BIN:-target/release/recipe}" PYTHON="$PY" \
     scripts/gpu-throughput.sh > "$OUT/throughput.log" 2>&1 \
-    && "$PY" -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["ok"] else 1)' "$OUT/throughput.json"; then
+    && json_ok "$OUT/throughput.json"; then
     parts[throughput]=pass
 else
     parts[throughput]=fail; status=1
