@@ -21,7 +21,9 @@ every recipe loads with `model bert { from = "init" }`.
 The HF side runs on the venv's releases, or, for a recipe whose `target` names others, under the
 overlay of overlays.txt that pins them (PYTHONPATH=.overlays/<name>); `# run-under: <overlay>`
 runs artefacts built for one release under another, `# init-file: NAME JSON` adds a file to the
-recipe's copy of `init/`, and `# expect: R0912` marks a recipe whose
+recipe's copy of `init/`, `# own-script: NAME` writes the recipe's own training script as the
+generated train.py without its loss-kwargs fix (a control run), and `# expect: R0912` marks a
+recipe whose
 stack trains something else than the recipe means, by the amount that rule states
 (tests/agreement.rs checks the divergence instead of the agreement).
 
@@ -166,6 +168,38 @@ def init_files(recipe: Path) -> dict:
     return out
 
 
+FIX_LINE = "    model.accepts_loss_kwargs = False\n"
+
+
+def own_script(recipe: Path) -> str | None:
+    """`# own-script: NAME`: the recipe names its own training script NAME (`train.script`), and
+    the harness writes it as the generated train.py without its `model.accepts_loss_kwargs =
+    False` line -- a user's script copied from HF's examples: the control run of R0912's G× on
+    transformers 5.x (issue 18)."""
+    for line in recipe.read_text().splitlines():
+        if line.startswith("# own-script:"):
+            return line.split(":", 1)[1].split()[0]
+    return None
+
+
+def write_own_script(ws: Path, recipe: Path, recipe_bin: str, name: str) -> None:
+    """Builds `recipe` without its `script` to get the generated train.py, and writes it as
+    `name` in `ws` with the fix line taken out (it must be there exactly once)."""
+    text = re.sub(r',\s*script\s*=\s*"[^"]*"', "", recipe.read_text())
+    (ws / "_generated.rcp").write_text(text)
+    run([recipe_bin, "build", "_generated.rcp", "-o", "_generated"], ws)
+    script = (ws / "_generated" / "train.py").read_text()
+    assert script.count(FIX_LINE) == 1, "the generated train.py no longer sets accepts_loss_kwargs"
+    script = script.replace(FIX_LINE, "    # (control run: accepts_loss_kwargs not set)\n")
+    # launch.sh passes an own script run_classification.py's flags too (--model_name_or_path,
+    # --train_file, ...); this one takes the same values from its constants (the same recipe).
+    parse = "(args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()"
+    assert script.count(parse) == 1, "the generated train.py parses its flags differently"
+    script = script.replace(parse, "args = HfArgumentParser(TrainingArguments)"
+                            ".parse_args_into_dataclasses(return_remaining_strings=True)[0]")
+    (ws / name).write_text(script)
+
+
 def workspace(base: Path, recipe: Path, init: Path) -> Path:
     base.mkdir(parents=True)
     shutil.copy(recipe, base / recipe.name)
@@ -280,6 +314,9 @@ def verdict_margin(seen: list, mode: str, threshold_mode: str, threshold: float)
 
 
 def hf_side(ws: Path, recipe_bin: str, name: str, env: dict) -> dict:
+    own = own_script(ws / name)
+    if own:
+        write_own_script(ws, ws / name, recipe_bin, own)
     run([recipe_bin, "build", name], ws)
     (build,) = [p.parent for p in (ws / "build").glob("*/launch.sh")]  # build/<recipe name>/
     args = json.loads((build / "training_args.json").read_text())
@@ -307,8 +344,10 @@ def hf_side(ws: Path, recipe_bin: str, name: str, env: dict) -> dict:
             "train_sampling_strategy": args.get("train_sampling_strategy"),
             # train.py's own switch: on a release without train_sampling_strategy it visits the
             # rows with a SequentialSampler when this is False (src/emit/train_template.py).
-            "train_py_shuffle": re.search(r"^SHUFFLE = (\w+)", (build / "train.py").read_text(),
+            "train_py_shuffle": re.search(r"^SHUFFLE = (\w+)",
+                                          (ws / own if own else build / "train.py").read_text(),
                                           re.M).group(1),
+            "own_script": own,
             "micro": args["per_device_train_batch_size"],
             "accumulate": args["gradient_accumulation_steps"],
             "short_batch_steps": short_batch_steps(args["per_device_train_batch_size"],
@@ -467,7 +506,8 @@ def main() -> int:
             hf = hf_side(workspace(scratch / r.stem / "hf", r, init), a.recipe, r.name, env_r)
             res = {"recipe": rel(r), "name": r.stem, "stack": stack, "expect": expected(r),
                    "init_files": init_files(r),
-                   "hf_build": {k: hf[k] for k in ("train_sampling_strategy", "train_py_shuffle", "micro",
+                   "hf_build": {k: hf[k] for k in ("train_sampling_strategy", "train_py_shuffle",
+                                                   "own_script", "micro",
                                                    "accumulate", "zero_stage",
                                                    "offload_optimizer", "optimizer")},
                    **compare(nat, hf, init_w),

@@ -76,6 +76,14 @@ fn on_its_stack(r: &Value) -> String {
 /// The codes `recipe check` reports for [`on_its_stack`], with the files the recipe added to its
 /// model directory (`# init-file:`, recorded as `init_files`) beside the model.
 fn codes_on_its_stack(r: &Value) -> Vec<String> {
+    diagnostics_on_its_stack(r)
+        .iter()
+        .filter_map(|d| d["code"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// The diagnostics (JSON) `recipe check` reports for [`on_its_stack`].
+fn diagnostics_on_its_stack(r: &Value) -> Vec<Value> {
     let name = r["name"].as_str().unwrap();
     let dir = workspace(&format!("agreement-check-{name}"), &on_its_stack(r));
     if let Some(files) = r["init_files"].as_object() {
@@ -87,7 +95,6 @@ fn codes_on_its_stack(r: &Value) -> Vec<String> {
     String::from_utf8_lossy(&o.stdout)
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter_map(|d| d["code"].as_str().map(str::to_string))
         .collect()
 }
 
@@ -312,7 +319,7 @@ fn agreeing_recipes_include_an_older_release_and_the_checker_finds_nothing_to_na
 /// the stack the HF side ran under.
 #[test]
 fn divergences_the_checker_names_show_in_the_fixture() {
-    let mut seen = Vec::new();
+    let (mut seen, mut seen_factors) = (Vec::new(), Vec::new());
     for r in fixture()["recipes"].as_array().unwrap() {
         let expect = expected(r);
         if expect.is_empty() {
@@ -347,18 +354,40 @@ fn divergences_the_checker_names_show_in_the_fixture() {
             assert_eq!(s["native"], steps["native"]["total"], "{name}");
         }
         if expect.contains(&"R0912") {
-            // From the same weights, HF's first gradient is the mean / accumulate: the norm it
-            // clips with is the native one's 1/accumulate, while the logged losses agree.
+            // From the same weights, HF's first gradient is the factor R0912's message states
+            // times the mean: 1/G (4.48: HF and DeepSpeed both divide; the logged loss is the
+            // mean) or G× (5.x with a script that does not set accepts_loss_kwargs; the logged
+            // loss G× too). The fixture's first step shows exactly that factor.
             let acc = r["hf_build"]["accumulate"].as_f64().unwrap();
+            let message = diagnostics_on_its_stack(r)
+                .into_iter()
+                .find(|d| d["code"] == "R0912")
+                .map(|d| d["message"].as_str().unwrap().to_string())
+                .unwrap();
+            let g = acc as u64;
+            let factor = if message.contains(&format!("is {g}× the mean")) {
+                acc
+            } else if message.contains(&format!("is 1/{g} the mean")) {
+                1.0 / acc
+            } else {
+                panic!("{name}: R0912 states no factor of {g}: {message}")
+            };
             let first = &rows[0];
-            let ratio = f(&first["native_grad_norm"]) / f(&first["hf_grad_norm"]);
+            let ratio = f(&first["hf_grad_norm"]) / f(&first["native_grad_norm"]);
             assert!(
-                (ratio - acc).abs() <= 1e-4 * acc,
-                "{name}: {ratio} vs {acc}"
+                (ratio - factor).abs() <= 1e-4 * factor,
+                "{name}: {ratio} vs {factor}"
             );
+            // The logged loss: the mean under 1/G (HF logs before DeepSpeed's second division),
+            // G× the mean under G×.
+            let logged = if factor > 1.0 { factor } else { 1.0 };
             let (a, b) = (f(&first["native_loss"]), f(&first["hf_loss"]));
-            assert!((a - b).abs() <= LOSS_REL * b + 0.5e-4, "{name}: {first}");
+            assert!(
+                (a * logged - b).abs() <= LOSS_REL * b + 0.5e-4,
+                "{name}: {first}"
+            );
             assert_eq!(s["hf_global_step"], s["native"], "{name}");
+            seen_factors.push(factor > 1.0);
         }
         if expect.contains(&"R0808") {
             // The HF side tokenizes capitalised words as [UNK]. Its twin on the same stack with
@@ -387,7 +416,12 @@ fn divergences_the_checker_names_show_in_the_fixture() {
             assert!(f(&r["lr"]["max_rel"]) <= LR_REL, "{name}");
         }
     }
+    // R0912 both ways: the 1/G of 4.48 and the G× of 5.x's own script (the control run of the
+    // generated train.py's `model.accepts_loss_kwargs = False`).
+    seen_factors.sort();
+    assert_eq!(seen_factors, [false, true], "R0912's 1/G and G× runs");
     seen.sort();
+    seen.dedup();
     assert_eq!(
         seen,
         ["R0201", "R0808", "R0912"],
