@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The two backends agree: `recipe run` and `recipe build` + `bash launch.sh` (HF Trainer +
-DeepSpeed, CPU accelerator, world 1) train the same recipes from the same initial weights, and
+DeepSpeed, CPU accelerator; world 1, or 2 where a recipe says `cluster { gpus = 2 }`) train the
+same recipes from the same initial weights, and
 this script records, per recipe, how far apart they end up.
 
     agreement.py [--recipe BIN] [--out FIXTURE] [--only SUBSTRING] [--keep DIR]
@@ -524,7 +525,8 @@ def main() -> int:
                "init": {"seed": INIT_SEED, "config": rel(FIXTURES / "tiny-bert" / "config.json"),
                         "tokenizer": rel(FIXTURES / "tokenizer" / "tokenizer.json"),
                         "data": rel(FIXTURES / "data" / "spam48.jsonl")},
-               "accelerator": "DeepSpeed CPU accelerator, world 1", "recipes": results}
+               "accelerator": "DeepSpeed CPU accelerator, world 1 (2 for cluster { gpus = 2 })",
+               "recipes": results}
     text = json.dumps(fixture, indent=1, sort_keys=True)
     assert str(scratch) not in text and str(ROOT) not in text, "a machine path in the fixture"
     if a.only and a.out.exists():  # merge into the committed fixture
