@@ -127,13 +127,13 @@ fn eval_logits_match_the_cpu() {
     close("bf16 logits", &gpu, &cpu, 2e-2, 2e-2);
 }
 
-/// Which runs keep the model states and the optimizer step on the device
-/// (`Replica::keep_on_device`): one rank at ZeRO 0–1 and no optimizer offload, whatever the
-/// optimizer (Adam/AdamW, SGD here; Adagrad and LAMB alike); every other run keeps the host
-/// optimizer behind the device's passes. A device storing another
-/// dtype than the run trains in is refused, not trained on.
+/// Which runs keep the model states on the device (`Replica::keep_on_device`) and step the
+/// optimizer there: one rank at every ZeRO stage, whatever the optimizer (Adam/AdamW, SGD here;
+/// Adagrad and LAMB alike); under optimizer offload the model stays on the device and the host
+/// steps; several ranks keep the host's path. A device storing another dtype than the run trains
+/// in is refused, not trained on.
 #[test]
-fn only_one_rank_at_zero_0_or_1_without_offload_steps_on_the_device() {
+fn one_rank_keeps_the_model_on_the_device_at_every_stage_and_the_optimizer_without_offload() {
     use recipe_runtime::model::OnDevice;
     use recipe_runtime::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
     use recipe_runtime::zero::{Replica, Shard, Storage};
@@ -161,20 +161,31 @@ fn only_one_rank_at_zero_0_or_1_without_offload_steps_on_the_device() {
         };
         Replica::new(m, stage, world, 0, opt, offload, storage).unwrap()
     };
+    // (model on the device, optimizer on the device)
     let keeps = |stage, world, offload, sgd| {
         let mut r = replica(stage, world, offload, sgd, Dtype::F32);
         let kept = r.keep_on_device().unwrap();
         assert_eq!(kept, r.on_device());
-        kept
+        (kept, r.optimizer_on_device())
     };
-    assert!(keeps(0, 1, false, false));
-    assert!(keeps(1, 1, false, false));
-    assert!(!keeps(2, 1, false, false), "ZeRO-2");
-    assert!(!keeps(3, 1, false, false), "ZeRO-3");
-    assert!(!keeps(1, 2, false, false), "two ranks");
-    assert!(!keeps(1, 1, true, false), "optimizer offload");
-    assert!(keeps(0, 1, false, true), "SGD");
-    assert!(!keeps(1, 1, true, true), "SGD with optimizer offload");
+    for stage in 0..=3 {
+        assert_eq!(keeps(stage, 1, false, false), (true, true), "ZeRO-{stage}");
+        if stage >= 1 {
+            let offloaded = keeps(stage, 1, true, false);
+            assert_eq!(
+                offloaded,
+                (true, false),
+                "ZeRO-{stage} with optimizer offload"
+            );
+        }
+    }
+    assert_eq!(keeps(1, 2, false, false), (false, false), "two ranks");
+    assert_eq!(keeps(0, 1, false, true), (true, true), "SGD");
+    assert_eq!(
+        keeps(1, 1, true, true),
+        (true, false),
+        "SGD with optimizer offload"
+    );
     let mut r = replica(0, 1, false, false, Dtype::Bf16);
     let e = r.keep_on_device().unwrap_err().to_string();
     assert!(e.contains("stores F32") && e.contains("Bf16"), "{e}");

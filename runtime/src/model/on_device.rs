@@ -18,10 +18,10 @@ use super::{Batch, Classifier, DropoutKey, ModelError, Workspace};
 use crate::backend::device::Device;
 use crate::backend::kernels::Kernels;
 use crate::backend::Backend;
-use crate::optim::device::{DeviceOptimizer, Resident};
+use crate::optim::device::{Accumulate, DeviceOptimizer, Keep, PinnedBuf, Resident};
 use crate::optim::Optimizer;
 use crate::precision::Dtype;
-use crate::zero::ZeroError;
+use crate::zero::{Storage, ZeroError};
 
 /// Runs a classifier's passes somewhere other than the CPU backend.
 pub trait Executor: Send + Sync {
@@ -51,8 +51,34 @@ struct State<D: Device> {
     /// The [`Classifier::params_stamp`] of what `params` holds.
     params_stamp: u64,
     grads: Option<D::Buf>,
-    /// The resident optimizer's buffers, once [`Resident::upload`] ran.
+    /// The resident optimizer's buffers, once [`Resident::upload`] ran with the optimizer kept.
     opt: Option<DeviceOptimizer<D>>,
+    /// Under optimizer offload: the gradient accumulator (the [`DeviceOptimizer`] holds it
+    /// otherwise).
+    acc: Option<D::Buf>,
+    /// ZeRO-2/3 ([`Accumulate::Reduced`]): one micro-batch's own gradient, and how it is rounded
+    /// into the accumulator.
+    own: Option<(D::Buf, Storage)>,
+}
+
+impl<D: Device> State<D> {
+    /// The gradient accumulator of [`Resident`], once uploaded.
+    fn accumulator(&mut self) -> Result<&mut D::Buf, ModelError> {
+        match (&mut self.opt, &mut self.acc) {
+            (Some(o), _) => Ok(o.grads_mut()),
+            (None, Some(acc)) => Ok(acc),
+            (None, None) => Err(not_uploaded()),
+        }
+    }
+
+    /// The resident optimizer, when the optimizer is kept on the device.
+    fn optimizer(&mut self) -> Result<&mut DeviceOptimizer<D>, ModelError> {
+        self.opt.as_mut().ok_or_else(|| {
+            ModelError::Argument(
+                "the device keeps no optimizer (offloaded, or Resident::upload not run)".into(),
+            )
+        })
+    }
 }
 
 /// An [`Executor`] over a [`Device`]'s kernels; buffers are kept between passes (allocated once
@@ -75,6 +101,8 @@ impl<D: Device> OnDevice<D> {
                 params_stamp: 0,
                 grads: None,
                 opt: None,
+                acc: None,
+                own: None,
             }),
         })
     }
@@ -160,13 +188,7 @@ where
     D::Buf: Send,
     D::Ids: Send,
 {
-    fn upload(
-        &self,
-        model: &Classifier,
-        module: Dtype,
-        opt: &Optimizer,
-        master: Option<&[f32]>,
-    ) -> Result<(), ModelError> {
+    fn upload(&self, model: &Classifier, module: Dtype, keep: Keep<'_>) -> Result<(), ModelError> {
         let k = &self.kernels;
         if k.store() != module {
             return Err(ModelError::Argument(format!(
@@ -175,27 +197,39 @@ where
             )));
         }
         let n = model.params().len();
-        let lens = [opt.len(), master.map_or(n, <[f32]>::len)];
-        if lens.iter().any(|&l| l != n) {
-            return Err(ModelError::Argument(format!(
-                "optimizer state of {lens:?} elements for a model of {n}"
-            )));
+        if let Some((opt, master)) = keep.optimizer {
+            let lens = [opt.len(), master.map_or(n, <[f32]>::len)];
+            if lens.iter().any(|&l| l != n) {
+                return Err(ModelError::Argument(format!(
+                    "optimizer state of {lens:?} elements for a model of {n}"
+                )));
+            }
         }
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
         put(k, &mut st.params, &model.params().data);
         st.params_stamp = model.params_stamp();
-        st.opt = Some(
-            DeviceOptimizer::new(k, opt, master)
-                .map_err(|e| ModelError::Argument(e.to_string()))?,
-        );
+        (st.opt, st.acc) = match keep.optimizer {
+            Some((opt, master)) => (
+                Some(
+                    DeviceOptimizer::new(k, opt, master)
+                        .map_err(|e| ModelError::Argument(e.to_string()))?,
+                ),
+                None,
+            ),
+            None => (None, Some(k.alloc(n))),
+        };
+        st.own = match keep.accumulate {
+            Accumulate::InPlace => None,
+            Accumulate::Reduced(storage) => Some((k.alloc(n), storage)),
+        };
         k.device().sync().map_err(ModelError::Device)
     }
 
     fn zero_grads(&self) -> Result<(), ModelError> {
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.opt.as_mut().ok_or_else(not_uploaded)?.zero_grads(k);
+        k.zero(k.view_mut(st.accumulator()?));
         Ok(())
     }
 
@@ -209,18 +243,28 @@ where
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
-        let (Some(params), Some(opt)) = (st.params.as_ref(), st.opt.as_mut()) else {
-            return Err(not_uploaded());
+        let mut own = st.own.take();
+        let (ws, params) = (&mut st.ws, st.params.as_ref().ok_or_else(not_uploaded)?);
+        let acc = match (&mut st.opt, &mut st.acc) {
+            (Some(o), _) => o.grads_mut(),
+            (None, Some(acc)) => acc,
+            (None, None) => return Err(not_uploaded()),
         };
-        let loss = model.forward_backward_on(
-            k,
-            &mut st.ws,
-            batch,
-            weight,
-            params,
-            opt.grads_mut(),
-            dropout,
-        )?;
+        let loss = match &mut own {
+            None => model.forward_backward_on(k, ws, batch, weight, params, acc, dropout),
+            Some((g, storage)) => {
+                // zero/sinks.rs `ReduceToOwners`/`Scattered`: the micro-batch's gradient on its
+                // own, `Storage::reduced`, then `accumulate` (acc += g, stored as the module).
+                k.zero(k.view_mut(g));
+                let loss = model.forward_backward_on(k, ws, batch, weight, params, g, dropout);
+                k.round_to(k.view_mut(g), storage.comm);
+                k.round_to(k.view_mut(g), storage.module);
+                k.add_assign(k.view_mut(acc), k.view(g));
+                loss
+            }
+        };
+        st.own = own;
+        let loss = loss?;
         k.device().sync().map_err(ModelError::Device)?;
         Ok(loss)
     }
@@ -228,7 +272,7 @@ where
     fn grad_sq(&self) -> Result<f64, ModelError> {
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let sq = st.opt.as_mut().ok_or_else(not_uploaded)?.grad_sq(k);
+        let sq = st.optimizer()?.grad_sq(k);
         k.device().sync().map_err(ModelError::Device)?;
         Ok(sq)
     }
@@ -248,19 +292,55 @@ where
     fn download(
         &self,
         model: &mut Classifier,
-        opt: &mut Optimizer,
+        opt: Option<&mut Optimizer>,
         master: Option<&mut [f32]>,
     ) -> Result<(), ZeroError> {
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
-        let (Some(params), Some(dev)) = (st.params.as_ref(), st.opt.as_ref()) else {
-            return Err(not_uploaded().into());
-        };
+        let params = st.params.as_ref().ok_or_else(not_uploaded)?;
         k.download(k.view(params), model.params_mut());
         // The host now holds what the device holds: an evaluation uploads nothing.
         st.params_stamp = model.params_stamp();
-        dev.download(k, opt, master)?;
+        if let (Some(dev), Some(opt)) = (st.opt.as_ref(), opt) {
+            dev.download(k, opt, master)?;
+        }
         Ok(k.device().sync().map_err(ModelError::Device)?)
+    }
+
+    fn pinned(&self, n: usize) -> PinnedBuf {
+        Box::new(self.kernels.device().alloc_pinned(n))
+    }
+
+    fn download_grads(&self, dst: &mut [f32]) -> Result<(), ModelError> {
+        let k = &self.kernels;
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let acc = st.accumulator()?;
+        if k.device().len(k.view(acc)) != dst.len() {
+            return Err(ModelError::Argument(format!(
+                "a host gradient buffer of {} elements for an accumulator of {}",
+                dst.len(),
+                k.device().len(k.view(acc))
+            )));
+        }
+        k.download(k.view(acc), dst);
+        k.device().sync().map_err(ModelError::Device)
+    }
+
+    fn upload_params(&self, src: &[f32]) -> Result<(), ModelError> {
+        let k = &self.kernels;
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let params = st.params.as_mut().ok_or_else(not_uploaded)?;
+        if k.device().len(k.view(params)) != src.len() {
+            return Err(ModelError::Argument(format!(
+                "{} parameters for a device buffer of {}",
+                src.len(),
+                k.device().len(k.view(params))
+            )));
+        }
+        k.write(k.view_mut(params), src);
+        // The source is pinned on a GPU: the copy is asynchronous, and the host writes it again
+        // at the next step, so it must be finished before this returns.
+        k.device().sync().map_err(ModelError::Device)
     }
 }
