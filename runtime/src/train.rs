@@ -43,7 +43,7 @@ pub struct RunOptions {
     pub progress: bool,
     /// Print nothing but errors (metrics still go to the metrics file).
     pub quiet: bool,
-    /// Run the model's passes here (a GPU) instead of the CPU backend; one rank, ZeRO 0–1.
+    /// Run the model's passes here (a GPU) instead of the CPU backend; one rank, any ZeRO stage.
     pub executor: Option<std::sync::Arc<dyn crate::model::Executor>>,
 }
 

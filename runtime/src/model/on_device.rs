@@ -6,11 +6,13 @@
 //!   changed (once per optimizer step) and the gradient accumulator, runs the forward/backward
 //!   with [`Kernels`] and downloads the accumulator; the host runs the optimizer. Uploading the
 //!   accumulator instead of adding a downloaded micro-batch gradient keeps the CPU's order of
-//!   additions. Optimizer offload and the optimizers the device has no kernel for use this.
+//!   additions. The training loop uses it when the device keeps no model states.
 //! - resident ([`Executor::resident`], [`crate::optim::device`]): the parameters, the gradient
 //!   accumulator and the optimizer's state (Adam/AdamW, SGD, Adagrad or LAMB) stay on the device
 //!   and the step runs there; the host gets them back only when it reads them (checkpoints,
-//!   evaluation, the final save).
+//!   evaluation, the final save). Under optimizer offload the optimizer's state stays on the
+//!   host: the accumulated gradients come down and the parameters go up once per step, through
+//!   pinned host memory ([`Resident::pinned`]).
 
 use std::sync::{Arc, Mutex};
 

@@ -405,6 +405,8 @@ impl Replica {
             });
         }
         self.release_whole();
+        // The accumulator is the device's now (and the staging copy's under offload).
+        self.grads = Vec::new();
         self.device = Some(x);
         Ok(true)
     }
@@ -771,7 +773,12 @@ impl Replica {
             } else {
                 half(self.shard.total)
             },
-            grads: half(self.grads.len()),
+            // Stages 0–1 accumulate the whole gradient, 2–3 their partition (`Replica::new`).
+            grads: half(if self.shard.stage <= 1 {
+                self.shard.total
+            } else {
+                self.shard.len()
+            }),
             optimizer: 4 * state_elems as u64,
             master: if offloaded { 0 } else { master },
             host_copies: if offloaded { master } else { 0 },
