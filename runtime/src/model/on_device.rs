@@ -63,16 +63,30 @@ struct State<D: Device> {
     own: Option<(D::Buf, Storage)>,
 }
 
-impl<D: Device> State<D> {
-    /// The gradient accumulator of [`Resident`], once uploaded.
-    fn accumulator(&mut self) -> Result<&mut D::Buf, ModelError> {
-        match (&mut self.opt, &mut self.acc) {
-            (Some(o), _) => Ok(o.grads_mut()),
-            (None, Some(acc)) => Ok(acc),
-            (None, None) => Err(not_uploaded()),
-        }
+/// The gradient accumulator of [`Resident`], once uploaded: the device optimizer's, else the
+/// offload path's own (`State::opt`, `State::acc`; fields, so that a pass can borrow the others).
+fn accumulator<'a, D: Device>(
+    opt: &'a mut Option<DeviceOptimizer<D>>,
+    acc: &'a mut Option<D::Buf>,
+) -> Result<&'a mut D::Buf, ModelError> {
+    match (opt, acc) {
+        (Some(o), _) => Ok(o.grads_mut()),
+        (None, Some(acc)) => Ok(acc),
+        (None, None) => Err(not_uploaded()),
     }
+}
 
+/// Refuses a host buffer of another length than the device buffer it is copied to or from.
+fn same_len(what: &str, host: usize, device: usize) -> Result<(), ModelError> {
+    if host == device {
+        return Ok(());
+    }
+    Err(ModelError::Argument(format!(
+        "a host {what} buffer of {host} elements for a device buffer of {device}"
+    )))
+}
+
+impl<D: Device> State<D> {
     /// The resident optimizer, when the optimizer is kept on the device.
     fn optimizer(&mut self) -> Result<&mut DeviceOptimizer<D>, ModelError> {
         self.opt.as_mut().ok_or_else(|| {
@@ -231,7 +245,8 @@ where
     fn zero_grads(&self) -> Result<(), ModelError> {
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        k.zero(k.view_mut(st.accumulator()?));
+        let st = &mut *st;
+        k.zero(k.view_mut(accumulator(&mut st.opt, &mut st.acc)?));
         Ok(())
     }
 
@@ -245,28 +260,21 @@ where
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
-        let mut own = st.own.take();
         let (ws, params) = (&mut st.ws, st.params.as_ref().ok_or_else(not_uploaded)?);
-        let acc = match (&mut st.opt, &mut st.acc) {
-            (Some(o), _) => o.grads_mut(),
-            (None, Some(acc)) => acc,
-            (None, None) => return Err(not_uploaded()),
-        };
-        let loss = match &mut own {
+        let acc = accumulator(&mut st.opt, &mut st.acc)?;
+        let loss = match &mut st.own {
             None => model.forward_backward_on(k, ws, batch, weight, params, acc, dropout),
             Some((g, storage)) => {
                 // zero/sinks.rs `ReduceToOwners`/`Scattered`: the micro-batch's gradient on its
                 // own, `Storage::reduced`, then `accumulate` (acc += g, stored as the module).
                 k.zero(k.view_mut(g));
-                let loss = model.forward_backward_on(k, ws, batch, weight, params, g, dropout);
+                let loss = model.forward_backward_on(k, ws, batch, weight, params, g, dropout)?;
                 k.round_to(k.view_mut(g), storage.comm);
                 k.round_to(k.view_mut(g), storage.module);
                 k.add_assign(k.view_mut(acc), k.view(g));
-                loss
+                Ok(loss)
             }
-        };
-        st.own = own;
-        let loss = loss?;
+        }?;
         k.device().sync().map_err(ModelError::Device)?;
         Ok(loss)
     }
@@ -317,14 +325,9 @@ where
     fn download_grads(&self, dst: &mut [f32]) -> Result<(), ModelError> {
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let acc = st.accumulator()?;
-        if k.device().len(k.view(acc)) != dst.len() {
-            return Err(ModelError::Argument(format!(
-                "a host gradient buffer of {} elements for an accumulator of {}",
-                dst.len(),
-                k.device().len(k.view(acc))
-            )));
-        }
+        let st = &mut *st;
+        let acc = accumulator(&mut st.opt, &mut st.acc)?;
+        same_len("gradient", dst.len(), k.device().len(k.view(acc)))?;
         k.download(k.view(acc), dst);
         k.device().sync().map_err(ModelError::Device)
     }
@@ -333,13 +336,7 @@ where
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let params = st.params.as_mut().ok_or_else(not_uploaded)?;
-        if k.device().len(k.view(params)) != src.len() {
-            return Err(ModelError::Argument(format!(
-                "{} parameters for a device buffer of {}",
-                src.len(),
-                k.device().len(k.view(params))
-            )));
-        }
+        same_len("parameter", src.len(), k.device().len(k.view(params)))?;
         k.write(k.view_mut(params), src);
         // The source is pinned on a GPU: the copy is asynchronous, and the host writes it again
         // at the next step, so it must be finished before this returns.
