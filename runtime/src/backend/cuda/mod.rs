@@ -124,29 +124,31 @@ pub struct DevIds(CudaSlice<u32>);
 
 /// Page-locked host memory ([`Device::Pinned`]), allocated by [`CudaContext::alloc_pinned_with_flags`].
 pub struct Pinned {
-    /// Owns the allocation (freed on drop).
-    slice: cudarc::driver::PinnedHostSlice<f32>,
+    /// Owns the allocation (freed on drop); read through `ptr`.
+    _slice: cudarc::driver::PinnedHostSlice<f32>,
     ptr: *mut f32,
+    /// The floats asked for (the allocation has at least one).
+    len: usize,
 }
 
-// SAFETY: `ptr` points into `slice`'s allocation, which `Pinned` owns (cudarc marks
+// SAFETY: `ptr` points into `_slice`'s allocation, which `Pinned` owns (cudarc marks
 // `PinnedHostSlice` Send and Sync); it is moved, never shared, between threads.
 unsafe impl Send for Pinned {}
 
 impl std::ops::Deref for Pinned {
     type Target = [f32];
     fn deref(&self) -> &[f32] {
-        // SAFETY: `ptr` and the length are `slice`'s, alive while `self` is. Copies into or out
-        // of it go through [`Device::download`]/[`Device::write`], which the caller synchronises
-        // before reading (the runtime's device calls sync at every step).
-        unsafe { std::slice::from_raw_parts(self.ptr, self.slice.len()) }
+        // SAFETY: `ptr` points at `_slice`'s `len` (or more) floats, alive while `self` is.
+        // Copies into or out of it go through [`Device::download`]/[`Device::write`], which the
+        // caller synchronises before reading (the runtime's device calls sync at every step).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }
 
 impl std::ops::DerefMut for Pinned {
     fn deref_mut(&mut self) -> &mut [f32] {
         // SAFETY: as `deref`, and `&mut self` makes it the only view.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.slice.len()) }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
 
@@ -284,7 +286,11 @@ impl Device for CudaDevice {
             Ok(p) => p,
             Err(e) => panic!("CUDA pinned allocation of {n} floats failed: {e:?}"),
         };
-        let mut p = Pinned { slice, ptr };
+        let mut p = Pinned {
+            _slice: slice,
+            ptr,
+            len: n,
+        };
         p.fill(0.0);
         p
     }
