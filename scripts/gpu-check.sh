@@ -5,7 +5,8 @@
 #   nvidia-smi.csv   the GPU and driver
 #   kernels.txt      NVRTC on this machine: every kernel for the GPU's architecture
 #   selftest.txt/.json  every operation on the GPU against the CPU backend (fp32, fp16, bf16)
-#   tiny/            the tiny BERT trained on the CPU and on the GPU; tiny.json compares them
+#   tiny/            the tiny BERT trained on the CPU and on the GPU, optimizer on the GPU
+#                    (tiny.json compares them) and offloaded at ZeRO-2 in fp16 (offload.json)
 #   spam/, spam.json the main job, recipes/spam.rcp, trained on the GPU (final accuracy >= 0.95),
 #                    from gpu-assets/minilm (scripts/gpu-assets.sh: MiniLM in fp16, carried with
 #                    the binary; the GPU machine has no network); "skipped" without it
@@ -50,40 +51,51 @@ cp "$OUT/kernels/selftest.json" "$OUT/selftest.json" 2>/dev/null || true
 # The tiny BERT of tests/run.rs (random init, the MiniLM tokenizer, 48 SpamAssassin rows), 8
 # optimizer steps with dropout, on the CPU and on the GPU: the same steps and LRs, and losses
 # within 1e-4 relative (the GPU's fused multiply-adds and cuBLAS's order differ from the CPU's).
+# Twice: the optimizer resident on the GPU (`tiny`), and recipes/cls.rcp's shape, ZeRO-2 with the
+# optimizer offloaded to the host in fp16 (`offload`: the pinned copies, once per step each).
 W="$OUT/tiny"
 rm -rf "$W"; mkdir -p "$W"
 cp runtime/tests/fixtures/tokenizer/tokenizer.json "$W/"
 cp runtime/tests/fixtures/data/spam48.jsonl "$W/train.jsonl"
 head -12 "$W/train.jsonl" > "$W/eval.jsonl"
 cp runtime/tests/fixtures/tiny-bert/config.json runtime/tests/fixtures/tiny-bert/tiny.rcp "$W/"
-( cd "$W" && "$BIN" run --quiet --device cpu --set 'train.output_dir="cpu"' tiny.rcp ) \
-    > "$W/cpu.log" 2>&1
-( cd "$W" && "$BIN" run --quiet --device cuda --set 'train.output_dir="gpu"' tiny.rcp ) \
-    > "$W/gpu.log" 2>&1
-"$PY" - "$W" > "$OUT/tiny.json" <<'PYTHON'
+{ cat "$W/tiny.rcp"; echo 'zero 2 { offload optimizer = cpu }'; } > "$W/offload.rcp"
+for part in tiny offload; do
+    sets=()
+    [ "$part" = offload ] && sets=(--set 'train.precision=fp16')
+    for dev in cpu cuda; do
+        ( cd "$W" && "$BIN" run --quiet --device "$dev" ${sets[@]+"${sets[@]}"} \
+            --set "train.output_dir=\"$part-$dev\"" "$part.rcp" ) > "$W/$part-$dev.log" 2>&1
+    done
+    "$PY" - "$W" "$part" > "$OUT/$part.json" <<'PYTHON'
 import json, sys
-w = sys.argv[1]
+w, part = sys.argv[1], sys.argv[2]
 def steps(d):
     try:
         rows = [json.loads(l) for l in open(f"{w}/{d}/metrics.jsonl")]
     except OSError as e:
-        return None, str(e)
+        return None, {"error": str(e)}
     start = next((r for r in rows if r.get("event") == "start"), {})
-    return [(r["step"], r["lr"], r["loss"]) for r in rows if "loss" in r], start.get("device")
-(cpu, cdev), (gpu, gdev) = steps("cpu"), steps("gpu")
-out = {"cpu_device": cdev, "gpu_device": gdev, "ok": False}
+    keys = ("step", "lr", "loss_scale", "skipped")
+    return [(tuple(r.get(k) for k in keys), r["loss"]) for r in rows if "loss" in r], start
+(cpu, cstart), (gpu, gstart) = steps(f"{part}-cpu"), steps(f"{part}-cuda")
+out = {"cpu_device": cstart.get("device"), "gpu_device": gstart.get("device"), "ok": False}
 if cpu and gpu:
+    out["model_on_device"] = gstart.get("model_on_device")
+    out["optimizer_on_device"] = gstart.get("optimizer_on_device")
     out["steps"] = len(cpu)
-    out["same_steps_and_lr"] = [(s, l) for s, l, _ in cpu] == [(s, l) for s, l, _ in gpu]
-    out["max_loss_rel_diff"] = max(abs(a[2] - b[2]) / abs(a[2]) for a, b in zip(cpu, gpu))
-    out["ok"] = out["same_steps_and_lr"] and out["max_loss_rel_diff"] <= 1e-4 and len(cpu) == len(gpu)
+    out["same_steps_lr_scales_skips"] = [s for s, _ in cpu] == [s for s, _ in gpu]
+    out["max_loss_rel_diff"] = max(abs(a[1] - b[1]) / abs(a[1]) for a, b in zip(cpu, gpu))
+    out["ok"] = (out["same_steps_lr_scales_skips"] and out["max_loss_rel_diff"] <= 1e-4
+                 and len(cpu) == len(gpu) and out["model_on_device"] is True)
 print(json.dumps(out, indent=1))
 PYTHON
-if json_ok "$OUT/tiny.json"; then
-    parts[tiny]=pass
-else
-    parts[tiny]=fail; status=1
-fi
+    if json_ok "$OUT/$part.json"; then
+        parts[$part]=pass
+    else
+        parts[$part]=fail; status=1
+    fi
+done
 
 # The main job on the GPU, from the carried fp16 MiniLM.
 if [ -f gpu-assets/minilm/model.safetensors ]; then
@@ -125,7 +137,7 @@ fi
 {
     echo "{"
     first=1
-    for k in kernels selftest tiny spam throughput; do
+    for k in kernels selftest tiny offload spam throughput; do
         [ $first = 1 ] || echo ","
         printf '  "%s": "%s"' "$k" "${parts[$k]}"
         first=0

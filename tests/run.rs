@@ -270,6 +270,7 @@ struct Deviation {
 fn device_run_against_the_cpu(
     precision: &str,
     optimizer: Option<&str>,
+    zero: Option<&str>,
     sets: &[&str],
 ) -> Deviation {
     use recipe_kernel_emu::Emu;
@@ -292,8 +293,13 @@ fn device_run_against_the_cpu(
     let adamw = "optimizer adamw { lr = 1e-3, weight_decay = 0.01 }";
     assert!(recipe.contains(adamw));
     let recipe = recipe.replace(adamw, optimizer.unwrap_or(adamw));
+    // A `zero` block (the stage, optimizer offload) appended to the recipe.
+    let recipe = format!("{recipe}{}\n", zero.unwrap_or(""));
     let kind = optimizer.map_or("adamw", |o| o.split_whitespace().nth(1).unwrap());
-    let dir = workspace(&format!("device-optim-{precision}-{kind}"), &recipe);
+    let stage: String = zero.map_or(String::new(), |z| {
+        z.chars().filter(char::is_ascii_alphanumeric).collect()
+    });
+    let dir = workspace(&format!("device-optim-{precision}-{kind}{stage}"), &recipe);
     // Fewer rows than the other tests: the emulation runs every CUDA thread in turn on one core.
     let rows = std::fs::read_to_string(dir.join("train.jsonl")).unwrap();
     let head = |n: usize| -> String { rows.lines().take(n).map(|l| format!("{l}\n")).collect() };
@@ -344,8 +350,11 @@ fn device_run_against_the_cpu(
     let (cpu, gpu) = (metrics(&dir.join("cpu")), metrics(&dir.join("gpu")));
     let start = gpu.iter().find(|r| r["event"] == "start").unwrap();
     assert_eq!(start["device"], "emulated GPU");
-    // Not the host optimizer behind the executor: the test would pass on it too.
-    assert_eq!(start["optimizer_on_device"], true, "{start}");
+    // The model states on the device, and the optimizer too unless it is offloaded: not the
+    // host's path behind the executor, which would pass the test too.
+    assert_eq!(start["model_on_device"], true, "{start}");
+    let offloaded = start["offload_optimizer"] == true;
+    assert_eq!(start["optimizer_on_device"], !offloaded, "{start}");
     let files = |run: &str| -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(dir.join(run).join("checkpoint-2"))
             .unwrap()
@@ -408,7 +417,11 @@ fn device_run_against_the_cpu(
         back: worst(&cpu_w, &weights("back")),
         skipped,
     };
-    eprintln!("{precision}, CPU vs the emulated GPU's resident optimizer: {d:?}");
+    let optimizer_at = if offloaded { "the host" } else { "the device" };
+    eprintln!(
+        "{precision} {}, CPU vs the emulated GPU, optimizer on {optimizer_at}: {d:?}",
+        zero.unwrap_or("")
+    );
     d
 }
 
@@ -427,7 +440,7 @@ impl Deviation {
 
 #[test]
 fn the_device_optimizer_trains_the_cpu_curve_in_fp32_and_its_checkpoint_resumes_on_the_cpu() {
-    device_run_against_the_cpu("fp32", None, &[]).within(1e-5, 1e-6);
+    device_run_against_the_cpu("fp32", None, None, &[]).within(1e-5, 1e-6);
 }
 
 /// fp16 at ZeRO-1 (where DeepSpeed scales the loss): the default scale 2¹⁶ overflows the first
@@ -435,7 +448,7 @@ fn the_device_optimizer_trains_the_cpu_curve_in_fp32_and_its_checkpoint_resumes_
 /// host's scaler to skip them and halve the scale; the last two steps apply.
 #[test]
 fn the_device_optimizer_trains_the_cpu_curve_in_fp16_with_the_loss_scaler() {
-    let d = device_run_against_the_cpu("fp16", None, &["--set", "zero.stage=1"]);
+    let d = device_run_against_the_cpu("fp16", None, None, &["--set", "zero.stage=1"]);
     assert_eq!(d.skipped, 2, "{d:?}");
     d.within(1e-3, 1e-3);
 }
@@ -444,7 +457,7 @@ fn the_device_optimizer_trains_the_cpu_curve_in_fp16_with_the_loss_scaler() {
 /// masters).
 #[test]
 fn the_device_optimizer_trains_the_cpu_curve_in_bf16() {
-    device_run_against_the_cpu("bf16", None, &[]).within(1e-2, 1e-2);
+    device_run_against_the_cpu("bf16", None, None, &[]).within(1e-2, 1e-2);
 }
 
 /// LAMB resident on the device (the optimizer with the most device code: the moments, two f32
@@ -455,7 +468,28 @@ fn the_device_optimizer_trains_the_cpu_curve_in_bf16() {
 #[test]
 fn the_device_lamb_trains_the_cpu_curve_and_resumes_across_the_cpu_and_the_device() {
     let lamb = "optimizer lamb { lr = 0.01, weight_decay = 0.01 }";
-    device_run_against_the_cpu("fp32", Some(lamb), &[]).within(1e-5, 1e-6);
+    device_run_against_the_cpu("fp32", Some(lamb), None, &[]).within(1e-5, 1e-6);
+}
+
+/// recipes/cls.rcp's shape on one GPU: ZeRO-2, the optimizer offloaded to the CPU, fp16.
+/// DeepSpeed's ZeRO-Offload: the passes and the window's gradient accumulation on the device
+/// (each micro-batch's gradient reduced into the accumulator as the stage's sink does), one copy
+/// of the gradients to the host per step, the host's overflow check, loss scaler, clipping and
+/// AdamW, one copy of the parameters back. The default scale overflows the first two steps as at
+/// ZeRO-1; the checkpoints are ZeRO-2's files on both, resumed across.
+#[test]
+fn the_device_trains_zero_2_with_the_optimizer_offloaded_in_fp16() {
+    let zero = "zero 2 { offload optimizer = cpu }";
+    let d = device_run_against_the_cpu("fp16", None, Some(zero), &[]);
+    assert_eq!(d.skipped, 2, "{d:?}");
+    d.within(1e-3, 1e-3);
+}
+
+/// ZeRO-3 on one GPU in fp32, the optimizer on the device: one rank's pieces are the whole
+/// model, so the resident path runs, with the stage's accumulation of each micro-batch.
+#[test]
+fn the_device_trains_zero_3_in_fp32_and_resumes_across_the_cpu() {
+    device_run_against_the_cpu("fp32", None, Some("zero 3"), &[]).within(1e-5, 1e-6);
 }
 
 #[test]

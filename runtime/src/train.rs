@@ -43,7 +43,7 @@ pub struct RunOptions {
     pub progress: bool,
     /// Print nothing but errors (metrics still go to the metrics file).
     pub quiet: bool,
-    /// Run the model's passes here (a GPU) instead of the CPU backend; one rank, ZeRO 0–1.
+    /// Run the model's passes here (a GPU) instead of the CPU backend; one rank, any ZeRO stage.
     pub executor: Option<std::sync::Arc<dyn crate::model::Executor>>,
 }
 
@@ -533,16 +533,11 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
     let world = plan.batch.world.max(1) as usize;
     let stage = plan.train.zero_stage.min(3);
     if let Some(x) = &options.executor {
-        // The device runs whole passes; several GPUs need NCCL, and ZeRO-2/3 reduce or gather
-        // each layer's segment inside the pass (docs/cuda.md, "What is built").
+        // Several GPUs need NCCL (docs/cuda.md, "Not built yet"). One GPU runs every ZeRO
+        // stage: with one rank a stage's partition is the whole model (`Replica::keep_on_device`).
         if world > 1 {
             return Err(RunError::NotBuilt(format!(
                 "training on {world} GPUs (one GPU runs: --gpus 1)"
-            )));
-        }
-        if stage >= 2 {
-            return Err(RunError::NotBuilt(format!(
-                "ZeRO-{stage} on a GPU (stages 0 and 1 run on one GPU)"
             )));
         }
         model.set_executor(x.clone());
@@ -743,7 +738,10 @@ fn rank_loop(
             "offload_optimizer": memory.offloaded,
             "threads": threads(),
             "device": rep.model_executor().unwrap_or_else(|| "cpu".into()),
-            "optimizer_on_device": rep.on_device(),
+            // What runs where: the passes (`device`), the model states and the optimizer step
+            // (on the host under `offload_optimizer`).
+            "model_on_device": rep.on_device(),
+            "optimizer_on_device": rep.optimizer_on_device(),
             "predicted": plan.steps,
             "memory_rank0": memory,
             "precision": plan.train.precision,

@@ -42,6 +42,12 @@ pub fn kernels() -> Vec<String> {
 
 impl Device for Emu {
     recipe_runtime::host_memory!();
+    /// Host memory is all there is: the pinned buffers are ordinary ones.
+    type Pinned = Vec<f32>;
+
+    fn alloc_pinned(&self, n: usize) -> Vec<f32> {
+        vec![0.0; n]
+    }
 
     fn len(&self, v: &[f32]) -> usize {
         v.len()

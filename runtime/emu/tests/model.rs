@@ -127,13 +127,13 @@ fn eval_logits_match_the_cpu() {
     close("bf16 logits", &gpu, &cpu, 2e-2, 2e-2);
 }
 
-/// Which runs keep the model states and the optimizer step on the device
-/// (`Replica::keep_on_device`): one rank at ZeRO 0–1 and no optimizer offload, whatever the
-/// optimizer (Adam/AdamW, SGD here; Adagrad and LAMB alike); every other run keeps the host
-/// optimizer behind the device's passes. A device storing another
-/// dtype than the run trains in is refused, not trained on.
+/// Which runs keep the model states on the device (`Replica::keep_on_device`) and step the
+/// optimizer there: one rank at every ZeRO stage, whatever the optimizer (Adam/AdamW, SGD here;
+/// Adagrad and LAMB alike); under optimizer offload the model stays on the device and the host
+/// steps; several ranks keep the host's path. A device storing another dtype than the run trains
+/// in is refused, not trained on.
 #[test]
-fn only_one_rank_at_zero_0_or_1_without_offload_steps_on_the_device() {
+fn one_rank_keeps_the_model_on_the_device_at_every_stage_and_the_optimizer_without_offload() {
     use recipe_runtime::model::OnDevice;
     use recipe_runtime::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
     use recipe_runtime::zero::{Replica, Shard, Storage};
@@ -161,21 +161,190 @@ fn only_one_rank_at_zero_0_or_1_without_offload_steps_on_the_device() {
         };
         Replica::new(m, stage, world, 0, opt, offload, storage).unwrap()
     };
+    // (model on the device, optimizer on the device)
     let keeps = |stage, world, offload, sgd| {
         let mut r = replica(stage, world, offload, sgd, Dtype::F32);
         let kept = r.keep_on_device().unwrap();
         assert_eq!(kept, r.on_device());
-        kept
+        (kept, r.optimizer_on_device())
     };
-    assert!(keeps(0, 1, false, false));
-    assert!(keeps(1, 1, false, false));
-    assert!(!keeps(2, 1, false, false), "ZeRO-2");
-    assert!(!keeps(3, 1, false, false), "ZeRO-3");
-    assert!(!keeps(1, 2, false, false), "two ranks");
-    assert!(!keeps(1, 1, true, false), "optimizer offload");
-    assert!(keeps(0, 1, false, true), "SGD");
-    assert!(!keeps(1, 1, true, true), "SGD with optimizer offload");
+    for stage in 0..=3 {
+        assert_eq!(keeps(stage, 1, false, false), (true, true), "ZeRO-{stage}");
+        if stage >= 1 {
+            let offloaded = keeps(stage, 1, true, false);
+            assert_eq!(
+                offloaded,
+                (true, false),
+                "ZeRO-{stage} with optimizer offload"
+            );
+        }
+    }
+    assert_eq!(keeps(1, 2, false, false), (false, false), "two ranks");
+    assert_eq!(keeps(0, 1, false, true), (true, true), "SGD");
+    assert_eq!(
+        keeps(1, 1, true, true),
+        (true, false),
+        "SGD with optimizer offload"
+    );
     let mut r = replica(0, 1, false, false, Dtype::Bf16);
     let e = r.keep_on_device().unwrap_err().to_string();
     assert!(e.contains("stores F32") && e.contains("Bf16"), "{e}");
+}
+
+/// An executor that counts what the training loop asks of the device it wraps.
+struct Counted {
+    inner: std::sync::Arc<recipe_runtime::model::OnDevice<Emu>>,
+    /// (micro-batches, gradient downloads, parameter uploads, passes-only passes)
+    calls: std::sync::Mutex<[usize; 4]>,
+}
+
+impl Counted {
+    fn count(&self, i: usize) {
+        self.calls.lock().unwrap()[i] += 1;
+    }
+}
+
+impl recipe_runtime::model::Executor for Counted {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+
+    fn forward_backward(
+        &self,
+        model: &Classifier,
+        batch: &Batch,
+        loss_weight: f32,
+        grads: &mut [f32],
+        dropout: Option<DropoutKey>,
+    ) -> Result<f32, recipe_runtime::model::ModelError> {
+        self.count(3);
+        self.inner
+            .forward_backward(model, batch, loss_weight, grads, dropout)
+    }
+
+    fn forward(
+        &self,
+        model: &Classifier,
+        batch: &Batch,
+    ) -> Result<Vec<f32>, recipe_runtime::model::ModelError> {
+        self.inner.forward(model, batch)
+    }
+
+    fn resident(&self) -> Option<&dyn recipe_runtime::optim::device::Resident> {
+        Some(self)
+    }
+}
+
+impl recipe_runtime::optim::device::Resident for Counted {
+    fn upload(
+        &self,
+        model: &Classifier,
+        module: Dtype,
+        keep: recipe_runtime::optim::device::Keep<'_>,
+    ) -> Result<(), recipe_runtime::model::ModelError> {
+        self.inner.upload(model, module, keep)
+    }
+
+    fn zero_grads(&self) -> Result<(), recipe_runtime::model::ModelError> {
+        self.inner.zero_grads()
+    }
+
+    fn micro(
+        &self,
+        model: &Classifier,
+        batch: &Batch,
+        weight: f32,
+        dropout: Option<DropoutKey>,
+    ) -> Result<f32, recipe_runtime::model::ModelError> {
+        self.count(0);
+        self.inner.micro(model, batch, weight, dropout)
+    }
+
+    fn grad_sq(&self) -> Result<f64, recipe_runtime::model::ModelError> {
+        self.inner.grad_sq()
+    }
+
+    fn step(
+        &self,
+        opt: &recipe_runtime::optim::Optimizer,
+        lr: f64,
+        factors: (f32, f32),
+    ) -> Result<(), recipe_runtime::zero::ZeroError> {
+        self.inner.step(opt, lr, factors)
+    }
+
+    fn download(
+        &self,
+        model: &mut Classifier,
+        opt: Option<&mut recipe_runtime::optim::Optimizer>,
+        master: Option<&mut [f32]>,
+    ) -> Result<(), recipe_runtime::zero::ZeroError> {
+        self.inner.download(model, opt, master)
+    }
+
+    fn pinned(&self, n: usize) -> recipe_runtime::optim::device::PinnedBuf {
+        self.inner.pinned(n)
+    }
+
+    fn download_grads(&self, dst: &mut [f32]) -> Result<(), recipe_runtime::model::ModelError> {
+        self.count(1);
+        self.inner.download_grads(dst)
+    }
+
+    fn upload_params(&self, src: &[f32]) -> Result<(), recipe_runtime::model::ModelError> {
+        self.count(2);
+        self.inner.upload_params(src)
+    }
+}
+
+/// Optimizer offload with the model on the device (ZeRO-2, one rank): the micro-batches
+/// accumulate on the device, and each optimizer step makes exactly one gradient copy down and
+/// one parameter copy up, never a passes-only pass (which copies the accumulator both ways per
+/// micro-batch); the weights are the host path's.
+#[test]
+fn optimizer_offload_copies_the_gradients_down_and_the_parameters_up_once_per_step() {
+    use recipe_runtime::collective::LocalCollective;
+    use recipe_runtime::model::OnDevice;
+    use recipe_runtime::optim::{Adam, AdamConfig};
+    use recipe_runtime::zero::{Replica, Shard, Storage};
+
+    let counted = std::sync::Arc::new(Counted {
+        inner: OnDevice::new(Kernels::new(Emu), "emulated GPU"),
+        calls: std::sync::Mutex::new([0; 4]),
+    });
+    let replica = |device: bool| {
+        let mut m = Classifier::random(tiny(0.0), 3, 7).unwrap();
+        if device {
+            m.set_executor(counted.clone());
+        }
+        let shard = Shard::new(2, 1, 0, m.segments());
+        let entries = &m.params().entries;
+        let decay = vec![true; entries.len()];
+        let opt = Adam::shard(AdamConfig::adamw(0.01), entries, &decay, &shard.ranges).unwrap();
+        let mut r = Replica::new(m, 2, 1, 0, opt, true, Storage::fp32()).unwrap();
+        assert_eq!(r.keep_on_device().unwrap(), device);
+        assert!(!r.optimizer_on_device());
+        r
+    };
+    let train = |r: &mut Replica| {
+        let mut coll = LocalCollective::group(1, std::time::Duration::from_secs(60))
+            .pop()
+            .unwrap();
+        let mut ws = Workspace::new();
+        for _ in 0..3 {
+            r.start_window().unwrap();
+            for _ in 0..2 {
+                r.micro(&mut coll, &mut ws, &batch(), 0.5, None).unwrap();
+            }
+            r.finish_window(&mut coll).unwrap();
+            r.clip(&mut coll, 1.0).unwrap();
+            r.step(&mut coll, 1e-2, 1.0).unwrap();
+        }
+        r.gather_whole(&mut coll).unwrap();
+        r.model().params().data.clone()
+    };
+    let gpu = train(&mut replica(true));
+    let cpu = train(&mut replica(false));
+    assert_eq!(*counted.calls.lock().unwrap(), [6, 3, 3, 0]);
+    close("weights", &gpu, &cpu, 1e-5, 1e-5);
 }

@@ -63,11 +63,18 @@ pub trait Device {
         Self: 'a;
     /// An owned `u32` buffer.
     type Ids;
+    /// Host memory the device copies to and from directly: page-locked on a GPU (a copy is one
+    /// DMA, not staged through the driver's bounce buffer), ordinary memory on the emulator.
+    /// Optimizer offload moves the gradients and the parameters through it once per step.
+    type Pinned: std::ops::DerefMut<Target = [f32]> + Send + 'static;
 
     /// A zero-filled buffer of `n` floats.
     fn alloc(&self, n: usize) -> Self::Buf;
     /// A copy of `src` on the device.
     fn upload(&self, src: &[f32]) -> Self::Buf;
+    /// `n` zeroed floats of [`Device::Pinned`] host memory (allocated once per run: pinning
+    /// is slow).
+    fn alloc_pinned(&self, n: usize) -> Self::Pinned;
     /// Copies `src` into `dst` (the same length).
     fn write(&self, dst: Self::ViewMut<'_>, src: &[f32]);
     /// Copies `src` into `dst` when the lengths agree, else replaces `dst`.

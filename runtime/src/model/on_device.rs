@@ -6,11 +6,13 @@
 //!   changed (once per optimizer step) and the gradient accumulator, runs the forward/backward
 //!   with [`Kernels`] and downloads the accumulator; the host runs the optimizer. Uploading the
 //!   accumulator instead of adding a downloaded micro-batch gradient keeps the CPU's order of
-//!   additions. Optimizer offload and the optimizers the device has no kernel for use this.
+//!   additions. The training loop uses it when the device keeps no model states.
 //! - resident ([`Executor::resident`], [`crate::optim::device`]): the parameters, the gradient
 //!   accumulator and the optimizer's state (Adam/AdamW, SGD, Adagrad or LAMB) stay on the device
 //!   and the step runs there; the host gets them back only when it reads them (checkpoints,
-//!   evaluation, the final save).
+//!   evaluation, the final save). Under optimizer offload the optimizer's state stays on the
+//!   host: the accumulated gradients come down and the parameters go up once per step, through
+//!   pinned host memory ([`Resident::pinned`]).
 
 use std::sync::{Arc, Mutex};
 
@@ -18,10 +20,10 @@ use super::{Batch, Classifier, DropoutKey, ModelError, Workspace};
 use crate::backend::device::Device;
 use crate::backend::kernels::Kernels;
 use crate::backend::Backend;
-use crate::optim::device::{DeviceOptimizer, Resident};
+use crate::optim::device::{Accumulate, DeviceOptimizer, Keep, PinnedBuf, Resident};
 use crate::optim::Optimizer;
 use crate::precision::Dtype;
-use crate::zero::ZeroError;
+use crate::zero::{Storage, ZeroError};
 
 /// Runs a classifier's passes somewhere other than the CPU backend.
 pub trait Executor: Send + Sync {
@@ -51,8 +53,48 @@ struct State<D: Device> {
     /// The [`Classifier::params_stamp`] of what `params` holds.
     params_stamp: u64,
     grads: Option<D::Buf>,
-    /// The resident optimizer's buffers, once [`Resident::upload`] ran.
+    /// The resident optimizer's buffers, once [`Resident::upload`] ran with the optimizer kept.
     opt: Option<DeviceOptimizer<D>>,
+    /// Under optimizer offload: the gradient accumulator (the [`DeviceOptimizer`] holds it
+    /// otherwise).
+    acc: Option<D::Buf>,
+    /// ZeRO-2/3 ([`Accumulate::Reduced`]): one micro-batch's own gradient, and how it is rounded
+    /// into the accumulator.
+    own: Option<(D::Buf, Storage)>,
+}
+
+/// The gradient accumulator of [`Resident`], once uploaded: the device optimizer's, else the
+/// offload path's own (`State::opt`, `State::acc`; fields, so that a pass can borrow the others).
+fn accumulator<'a, D: Device>(
+    opt: &'a mut Option<DeviceOptimizer<D>>,
+    acc: &'a mut Option<D::Buf>,
+) -> Result<&'a mut D::Buf, ModelError> {
+    match (opt, acc) {
+        (Some(o), _) => Ok(o.grads_mut()),
+        (None, Some(acc)) => Ok(acc),
+        (None, None) => Err(not_uploaded()),
+    }
+}
+
+/// Refuses a host buffer of another length than the device buffer it is copied to or from.
+fn same_len(what: &str, host: usize, device: usize) -> Result<(), ModelError> {
+    if host == device {
+        return Ok(());
+    }
+    Err(ModelError::Argument(format!(
+        "a host {what} buffer of {host} elements for a device buffer of {device}"
+    )))
+}
+
+impl<D: Device> State<D> {
+    /// The resident optimizer, when the optimizer is kept on the device.
+    fn optimizer(&mut self) -> Result<&mut DeviceOptimizer<D>, ModelError> {
+        self.opt.as_mut().ok_or_else(|| {
+            ModelError::Argument(
+                "the device keeps no optimizer (offloaded, or Resident::upload not run)".into(),
+            )
+        })
+    }
 }
 
 /// An [`Executor`] over a [`Device`]'s kernels; buffers are kept between passes (allocated once
@@ -75,6 +117,8 @@ impl<D: Device> OnDevice<D> {
                 params_stamp: 0,
                 grads: None,
                 opt: None,
+                acc: None,
+                own: None,
             }),
         })
     }
@@ -160,13 +204,7 @@ where
     D::Buf: Send,
     D::Ids: Send,
 {
-    fn upload(
-        &self,
-        model: &Classifier,
-        module: Dtype,
-        opt: &Optimizer,
-        master: Option<&[f32]>,
-    ) -> Result<(), ModelError> {
+    fn upload(&self, model: &Classifier, module: Dtype, keep: Keep<'_>) -> Result<(), ModelError> {
         let k = &self.kernels;
         if k.store() != module {
             return Err(ModelError::Argument(format!(
@@ -175,27 +213,40 @@ where
             )));
         }
         let n = model.params().len();
-        let lens = [opt.len(), master.map_or(n, <[f32]>::len)];
-        if lens.iter().any(|&l| l != n) {
-            return Err(ModelError::Argument(format!(
-                "optimizer state of {lens:?} elements for a model of {n}"
-            )));
+        if let Some((opt, master)) = keep.optimizer {
+            let lens = [opt.len(), master.map_or(n, <[f32]>::len)];
+            if lens.iter().any(|&l| l != n) {
+                return Err(ModelError::Argument(format!(
+                    "optimizer state of {lens:?} elements for a model of {n}"
+                )));
+            }
         }
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
         put(k, &mut st.params, &model.params().data);
         st.params_stamp = model.params_stamp();
-        st.opt = Some(
-            DeviceOptimizer::new(k, opt, master)
-                .map_err(|e| ModelError::Argument(e.to_string()))?,
-        );
+        (st.opt, st.acc) = match keep.optimizer {
+            Some((opt, master)) => (
+                Some(
+                    DeviceOptimizer::new(k, opt, master)
+                        .map_err(|e| ModelError::Argument(e.to_string()))?,
+                ),
+                None,
+            ),
+            None => (None, Some(k.alloc(n))),
+        };
+        st.own = match keep.accumulate {
+            Accumulate::InPlace => None,
+            Accumulate::Reduced(storage) => Some((k.alloc(n), storage)),
+        };
         k.device().sync().map_err(ModelError::Device)
     }
 
     fn zero_grads(&self) -> Result<(), ModelError> {
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.opt.as_mut().ok_or_else(not_uploaded)?.zero_grads(k);
+        let st = &mut *st;
+        k.zero(k.view_mut(accumulator(&mut st.opt, &mut st.acc)?));
         Ok(())
     }
 
@@ -209,18 +260,21 @@ where
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
-        let (Some(params), Some(opt)) = (st.params.as_ref(), st.opt.as_mut()) else {
-            return Err(not_uploaded());
-        };
-        let loss = model.forward_backward_on(
-            k,
-            &mut st.ws,
-            batch,
-            weight,
-            params,
-            opt.grads_mut(),
-            dropout,
-        )?;
+        let (ws, params) = (&mut st.ws, st.params.as_ref().ok_or_else(not_uploaded)?);
+        let acc = accumulator(&mut st.opt, &mut st.acc)?;
+        let loss = match &mut st.own {
+            None => model.forward_backward_on(k, ws, batch, weight, params, acc, dropout),
+            Some((g, storage)) => {
+                // zero/sinks.rs `ReduceToOwners`/`Scattered`: the micro-batch's gradient on its
+                // own, `Storage::reduced`, then `accumulate` (acc += g, stored as the module).
+                k.zero(k.view_mut(g));
+                let loss = model.forward_backward_on(k, ws, batch, weight, params, g, dropout)?;
+                k.round_to(k.view_mut(g), storage.comm);
+                k.round_to(k.view_mut(g), storage.module);
+                k.add_assign(k.view_mut(acc), k.view(g));
+                Ok(loss)
+            }
+        }?;
         k.device().sync().map_err(ModelError::Device)?;
         Ok(loss)
     }
@@ -228,7 +282,7 @@ where
     fn grad_sq(&self) -> Result<f64, ModelError> {
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let sq = st.opt.as_mut().ok_or_else(not_uploaded)?.grad_sq(k);
+        let sq = st.optimizer()?.grad_sq(k);
         k.device().sync().map_err(ModelError::Device)?;
         Ok(sq)
     }
@@ -248,19 +302,44 @@ where
     fn download(
         &self,
         model: &mut Classifier,
-        opt: &mut Optimizer,
+        opt: Option<&mut Optimizer>,
         master: Option<&mut [f32]>,
     ) -> Result<(), ZeroError> {
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
-        let (Some(params), Some(dev)) = (st.params.as_ref(), st.opt.as_ref()) else {
-            return Err(not_uploaded().into());
-        };
+        let params = st.params.as_ref().ok_or_else(not_uploaded)?;
         k.download(k.view(params), model.params_mut());
         // The host now holds what the device holds: an evaluation uploads nothing.
         st.params_stamp = model.params_stamp();
-        dev.download(k, opt, master)?;
+        if let (Some(dev), Some(opt)) = (st.opt.as_ref(), opt) {
+            dev.download(k, opt, master)?;
+        }
         Ok(k.device().sync().map_err(ModelError::Device)?)
+    }
+
+    fn pinned(&self, n: usize) -> PinnedBuf {
+        Box::new(self.kernels.device().alloc_pinned(n))
+    }
+
+    fn download_grads(&self, dst: &mut [f32]) -> Result<(), ModelError> {
+        let k = &self.kernels;
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let st = &mut *st;
+        let acc = accumulator(&mut st.opt, &mut st.acc)?;
+        same_len("gradient", dst.len(), k.device().len(k.view(acc)))?;
+        k.download(k.view(acc), dst);
+        k.device().sync().map_err(ModelError::Device)
+    }
+
+    fn upload_params(&self, src: &[f32]) -> Result<(), ModelError> {
+        let k = &self.kernels;
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let params = st.params.as_mut().ok_or_else(not_uploaded)?;
+        same_len("parameter", src.len(), k.device().len(k.view(params)))?;
+        k.write(k.view_mut(params), src);
+        // The source is pinned on a GPU: the copy is asynchronous, and the host writes it again
+        // at the next step, so it must be finished before this returns.
+        k.device().sync().map_err(ModelError::Device)
     }
 }

@@ -1,5 +1,7 @@
-//! The optimizer on the device, for a run on one device (ZeRO 0–1, no optimizer offload): Adam /
-//! AdamW, SGD, Adagrad and LAMB, each stepped by its kernel in `runtime/kernels/optim.cu`.
+//! The optimizer on the device, for a run on one device (any ZeRO stage, no optimizer offload):
+//! Adam / AdamW, SGD, Adagrad and LAMB, each stepped by its kernel in `runtime/kernels/optim.cu`.
+//! Under optimizer offload the same [`Resident`] keeps only the parameters and the gradient
+//! accumulator on the device, and the host steps (`zero::Replica`).
 //!
 //! The gradient accumulator, the optimizer's state buffers and, under mixed precision, the fp32
 //! master weights stay on the device across micro-batches and optimizer steps, beside the
@@ -19,21 +21,44 @@ use crate::backend::kernels::{self, DecayMask, Kernels, LambTensors, NORM_BLOCKS
 use crate::backend::Backend;
 use crate::model::{Batch, Classifier, DropoutKey, ModelError};
 use crate::precision::Dtype;
-use crate::zero::ZeroError;
+use crate::zero::{Storage, ZeroError};
+
+/// How each micro-batch's gradient reaches the device's accumulator, as the host's ZeRO stage
+/// accumulates it (`zero/replica.rs` `Replica::micro`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accumulate {
+    /// ZeRO 0–1: the backward adds into the accumulator in place
+    /// ([`Classifier::forward_backward`] into the whole gradient buffer).
+    InPlace,
+    /// ZeRO-2/3: the backward writes into a zeroed buffer of its own, which is rounded as a
+    /// reduced gradient and added to the accumulator (`zero/sinks.rs`: `Storage::reduced`, then
+    /// `accumulate`). With one rank the reduce-scatter is the identity, so this is all of it,
+    /// and it keeps the host's sums bit for bit.
+    Reduced(Storage),
+}
+
+/// What [`Resident::upload`] keeps on the device besides the parameters and the gradient
+/// accumulator.
+#[derive(Debug, Clone, Copy)]
+pub struct Keep<'a> {
+    /// The optimizer stepped on the device: its state, and the fp32 master weights under mixed
+    /// precision, are uploaded. `None` under optimizer offload: the host keeps and steps them.
+    pub optimizer: Option<(&'a Optimizer, Option<&'a [f32]>)>,
+    /// How micro-batch gradients are accumulated.
+    pub accumulate: Accumulate,
+}
+
+/// Host memory a device copies to and from directly ([`Device::Pinned`]), behind the object-safe
+/// [`Resident`].
+pub type PinnedBuf = Box<dyn std::ops::DerefMut<Target = [f32]> + Send>;
 
 /// What the training loop asks of a device that keeps the model states; `model::OnDevice`
 /// implements it over its kernels and the parameter buffer its passes read.
 pub trait Resident: Send + Sync {
-    /// Uploads `model`'s parameters, `opt`'s state and the fp32 `master` weights (mixed
-    /// precision), and allocates the gradient accumulator and the step's scratch: once per run.
-    /// Refused when the device does not store `module`, the dtype the run trains in.
-    fn upload(
-        &self,
-        model: &Classifier,
-        module: Dtype,
-        opt: &Optimizer,
-        master: Option<&[f32]>,
-    ) -> Result<(), ModelError>;
+    /// Uploads `model`'s parameters and what `keep` says, and allocates the gradient accumulator
+    /// and the step's scratch: once per run. Refused when the device does not store `module`,
+    /// the dtype the run trains in.
+    fn upload(&self, model: &Classifier, module: Dtype, keep: Keep<'_>) -> Result<(), ModelError>;
     /// Zeroes the gradient accumulator (a window starts).
     fn zero_grads(&self) -> Result<(), ModelError>;
     /// One micro-batch's forward and backward with the device's parameters, its gradient
@@ -45,20 +70,32 @@ pub trait Resident: Send + Sync {
         weight: f32,
         dropout: Option<DropoutKey>,
     ) -> Result<f32, ModelError>;
-    /// `Σ g²` of the accumulator, in f64 ([`kernels::grad_norm_sq`]).
+    /// `Σ g²` of the accumulator, in f64 ([`kernels::grad_norm_sq`]). The optimizer must be kept.
     fn grad_sq(&self) -> Result<f64, ModelError>;
     /// One step of `opt` (the host's optimizer before it counts this step: the kind,
     /// hyper-parameters and step count the kernel takes) at `lr`, each gradient taken as
-    /// `(g · mult) / div` with `factors = (mult, div)` from [`Optimizer::grad_factors`].
+    /// `(g · mult) / div` with `factors = (mult, div)` from [`Optimizer::grad_factors`]. The
+    /// optimizer must be kept.
     fn step(&self, opt: &Optimizer, lr: f64, factors: (f32, f32)) -> Result<(), ZeroError>;
-    /// Copies the parameters into `model`, the optimizer's state into `opt` (LAMB's trust ratios
-    /// too) and the master weights into `master` (mixed precision).
+    /// Copies the parameters into `model` and, when the optimizer is kept and `opt` is given,
+    /// the optimizer's state into `opt` (LAMB's trust ratios too) and the master weights into
+    /// `master` (mixed precision).
     fn download(
         &self,
         model: &mut Classifier,
-        opt: &mut Optimizer,
+        opt: Option<&mut Optimizer>,
         master: Option<&mut [f32]>,
     ) -> Result<(), ZeroError>;
+    /// `n` floats of host memory the device copies to and from directly (page-locked on a GPU),
+    /// for optimizer offload's two copies per step. Allocate once per run.
+    fn pinned(&self, n: usize) -> PinnedBuf;
+    /// Optimizer offload: copies the gradient accumulator into `dst` (one device → host copy per
+    /// optimizer step; `dst` from [`Resident::pinned`]).
+    fn download_grads(&self, dst: &mut [f32]) -> Result<(), ModelError>;
+    /// Optimizer offload: replaces the device's parameters with `src`, the host optimizer's
+    /// updated values (one host → device copy per optimizer step; `src` from
+    /// [`Resident::pinned`]).
+    fn upload_params(&self, src: &[f32]) -> Result<(), ModelError>;
 }
 
 /// The per-element state of each optimizer on the device, named as the host's [`super::OptimState`]

@@ -12,7 +12,7 @@ use super::{SegmentParts, Shard, ZeroError};
 use crate::backend::Cpu;
 use crate::collective::{Collective, Partition, ReduceOp};
 use crate::model::{Batch, Classifier, DropoutKey, Executor, ParamSource, Whole, Workspace};
-use crate::optim::device::Resident;
+use crate::optim::device::{Accumulate, Keep, PinnedBuf, Resident};
 use crate::optim::{self, GradScale, OptimError, OptimState, Optimizer};
 use crate::precision::{self, Dtype};
 
@@ -255,6 +255,28 @@ pub struct Replica {
     sq: Option<f64>,
     /// On the device: the clip coefficient [`Replica::clip`] found, applied by the step.
     coef: Option<f32>,
+    /// On the device under optimizer offload: the host's ends of the step's two copies.
+    staging: Option<Staging>,
+}
+
+/// Optimizer offload with the model on the device (DeepSpeed's ZeRO-Offload): the gradients
+/// accumulated over a window come to the host once per step, the host optimizer steps on them,
+/// and the updated parameters go back once. Both buffers are the device's pinned host memory
+/// (page-locked on a GPU), allocated once per run.
+struct Staging {
+    /// The window's gradients, copied from the device by [`Replica::finish_window`].
+    grads: PinnedBuf,
+    /// The parameters the host optimizer writes, copied to the device by [`Replica::step`].
+    params: PinnedBuf,
+}
+
+impl std::fmt::Debug for Staging {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Staging")
+            .field("grads", &self.grads.len())
+            .field("params", &self.params.len())
+            .finish()
+    }
 }
 
 impl Replica {
@@ -332,15 +354,22 @@ impl Replica {
             device: None,
             sq: None,
             coef: None,
+            staging: None,
         })
     }
 
-    /// Keeps the model states on the device of the model's executor and steps the optimizer
-    /// there ([`crate::optim::device`]: Adam/AdamW, SGD, Adagrad, LAMB), when this rank can: one
-    /// rank at ZeRO 0–1, no optimizer offload, an executor that offers it. Otherwise the host
-    /// path stays.
-    /// Returns whether it does. From now on the host's parameters and optimizer state are
-    /// refreshed by [`Replica::gather_whole`] only.
+    /// Keeps the model states on the device of the model's executor when this rank can: one
+    /// rank (several need NCCL), an executor that offers it. Returns whether it does.
+    ///
+    /// Every ZeRO stage: with one rank a stage's partition is the whole buffer (stage 3's
+    /// pieces are every segment in order), its reduce-scatter and all-gathers are identities, so
+    /// the device's whole-model path computes what the host's stage computes; stages 2–3
+    /// accumulate each micro-batch's gradient as their reduce sinks do ([`Accumulate`]).
+    /// Without optimizer offload the optimizer steps there too ([`crate::optim::device`]:
+    /// Adam/AdamW, SGD, Adagrad, LAMB); with it the host's optimizer steps between one copy of
+    /// the gradients down and one of the parameters up ([`Staging`]).
+    /// From now on the host's parameters (and a device optimizer's state) are refreshed by
+    /// [`Replica::gather_whole`] only.
     pub fn keep_on_device(&mut self) -> Result<bool, ZeroError> {
         let Some(x) = self.model.executor().cloned() else {
             return Ok(false);
@@ -348,11 +377,36 @@ impl Replica {
         let Some(r) = x.resident() else {
             return Ok(false);
         };
-        if self.shard.world > 1 || self.shard.stage > 1 || self.opt.offload {
+        if self.shard.world > 1 {
             return Ok(false);
         }
+        let accumulate = if self.shard.stage >= 2 {
+            Accumulate::Reduced(self.storage)
+        } else {
+            Accumulate::InPlace
+        };
+        // ZeRO-3 holds its pieces in `local` (one rank: the whole buffer in order), not in the
+        // model, whose buffer is what the device uploads.
+        if self.map.is_some() {
+            self.model.put_params(self.local.clone())?;
+        }
+        let offload = self.opt.offload;
         let master = self.opt.host.as_ref().map(|h| &h.master[..]);
-        r.upload(&self.model, self.storage.module, &self.opt.opt, master)?;
+        let keep = Keep {
+            optimizer: (!offload).then_some((&self.opt.opt, master)),
+            accumulate,
+        };
+        r.upload(&self.model, self.storage.module, keep)?;
+        if offload {
+            let n = self.shard.total;
+            self.staging = Some(Staging {
+                grads: r.pinned(n),
+                params: r.pinned(n),
+            });
+        }
+        self.release_whole();
+        // The accumulator is the device's now (and the staging copy's under offload).
+        self.grads = Vec::new();
         self.device = Some(x);
         Ok(true)
     }
@@ -362,18 +416,33 @@ impl Replica {
         self.device.is_some()
     }
 
+    /// Whether the optimizer steps on the device (the model is there and the optimizer is not
+    /// offloaded).
+    pub fn optimizer_on_device(&self) -> bool {
+        self.device.is_some() && self.staging.is_none()
+    }
+
     fn resident(&self) -> Option<&dyn Resident> {
         self.device.as_ref().and_then(|x| x.resident())
     }
 
+    /// The gradients the host's code reads: the window's copy from the device under optimizer
+    /// offload, else the host's accumulator.
+    fn host_grads(&mut self) -> &mut [f32] {
+        match &mut self.staging {
+            Some(s) => &mut s.grads,
+            None => &mut self.grads,
+        }
+    }
+
     /// `Σ g²` of the whole gradient (stages 0–1) or this rank's partition: on the device once a
-    /// window, else on the host.
+    /// window when the optimizer is there, else on the host.
     fn sum_squares(&mut self) -> Result<f64, ZeroError> {
         if let Some(sq) = self.sq {
             return Ok(sq);
         }
-        let Some(r) = self.resident() else {
-            return Ok(optim::sum_squares(&self.grads));
+        let Some(r) = self.resident().filter(|_| self.staging.is_none()) else {
+            return Ok(optim::sum_squares(self.host_grads()));
         };
         let sq = r.grad_sq()?;
         self.sq = Some(sq);
@@ -479,7 +548,14 @@ impl Replica {
 
     /// After a window's micro-batches: stages 0–1 average the whole gradient over the ranks
     /// (stages 2–3 already reduced each segment as it finished).
+    /// Under optimizer offload with the model on the device, the window's gradients come to the
+    /// host here: one copy per optimizer step.
     pub fn finish_window(&mut self, coll: &mut dyn Collective) -> Result<(), ZeroError> {
+        if let (Some(x), Some(s)) = (&self.device, &mut self.staging) {
+            let r = x.resident().expect("kept on the device");
+            r.download_grads(&mut s.grads)?;
+            return Ok(());
+        }
         if self.shard.stage <= 1 && coll.world() > 1 {
             coll.all_reduce(&mut self.grads, ReduceOp::Avg)?;
             self.storage.reduced(&mut self.grads);
@@ -491,10 +567,10 @@ impl Replica {
     /// overflow check, a local test reduced over the ranks.
     /// On the device, `Σ g²` answers it (inf or NaN exactly when some gradient is).
     pub fn overflow(&mut self, coll: &mut dyn Collective) -> Result<bool, ZeroError> {
-        let bad = if self.device.is_some() {
+        let bad = if self.optimizer_on_device() {
             !self.sum_squares()?.is_finite()
         } else {
-            precision::has_inf_or_nan(&self.grads)
+            precision::has_inf_or_nan(self.host_grads())
         };
         let local = f64::from(u8::from(bad));
         let any = if coll.world() > 1 {
@@ -545,10 +621,10 @@ impl Replica {
         let norm = sq.sqrt() as f32;
         if max_norm > 0.0 {
             if let Some(coef) = optim::clip_coef(norm, max_norm as f32) {
-                if self.device.is_some() {
+                if self.optimizer_on_device() {
                     self.coef = Some(coef);
                 } else {
-                    optim::scale(&mut self.grads, coef);
+                    optim::scale(self.host_grads(), coef);
                 }
             }
         }
@@ -572,7 +648,17 @@ impl Replica {
             .filter(|&c| (1.0 / c) as f32 == unscale);
         let scale = GradScale { unscale, combined };
         if let Some(x) = self.device.clone() {
-            return self.step_on_device(x.resident().expect("kept on the device"), lr, scale);
+            let r = x.resident().expect("kept on the device");
+            if let Some(s) = &mut self.staging {
+                // Optimizer offload: the host path's step below, with one rank every stage's
+                // (stage 1–2's all-gather and stage 3's gather are identities), on the
+                // gradients `finish_window` copied; the updated parameters go back in one copy.
+                self.opt
+                    .step_scaled(&mut s.params, &mut s.grads, lr, scale)?;
+                r.upload_params(&s.params)?;
+                return Ok(());
+            }
+            return self.step_on_device(r, lr, scale);
         }
         match self.shard.stage {
             0 => self
@@ -633,8 +719,19 @@ impl Replica {
     pub fn gather_whole(&mut self, coll: &mut dyn Collective) -> Result<(), ZeroError> {
         if let Some(x) = self.device.clone() {
             let r = x.resident().expect("kept on the device");
-            let master = self.opt.host.as_mut().map(|h| &mut h.master[..]);
-            r.download(&mut self.model, &mut self.opt.opt, master)?;
+            if self.map.is_some() {
+                // ZeRO-3: the whole buffer exists between this and `release_whole` only.
+                self.model.put_params(vec![0.0; self.shard.total])?;
+            }
+            // Under offload the host's optimizer state is current: the parameters only.
+            let (opt, master) = match self.staging {
+                Some(_) => (None, None),
+                None => (
+                    Some(&mut self.opt.opt),
+                    self.opt.host.as_mut().map(|h| &mut h.master[..]),
+                ),
+            };
+            r.download(&mut self.model, opt, master)?;
             return Ok(());
         }
         let Some(map) = &self.map else {
@@ -676,7 +773,12 @@ impl Replica {
             } else {
                 half(self.shard.total)
             },
-            grads: half(self.grads.len()),
+            // Stages 0–1 accumulate the whole gradient, 2–3 their partition (`Replica::new`).
+            grads: half(if self.shard.stage <= 1 {
+                self.shard.total
+            } else {
+                self.shard.len()
+            }),
             optimizer: 4 * state_elems as u64,
             master: if offloaded { 0 } else { master },
             host_copies: if offloaded { master } else { 0 },

@@ -122,6 +122,36 @@ pub struct DevViewMut<'a> {
 #[derive(Debug)]
 pub struct DevIds(CudaSlice<u32>);
 
+/// Page-locked host memory ([`Device::Pinned`]), allocated by [`CudaContext::alloc_pinned_with_flags`].
+pub struct Pinned {
+    /// Owns the allocation (freed on drop); read through `ptr`.
+    _slice: cudarc::driver::PinnedHostSlice<f32>,
+    ptr: *mut f32,
+    /// The floats asked for (the allocation has at least one).
+    len: usize,
+}
+
+// SAFETY: `ptr` points into `_slice`'s allocation, which `Pinned` owns (cudarc marks
+// `PinnedHostSlice` Send and Sync); it is moved, never shared, between threads.
+unsafe impl Send for Pinned {}
+
+impl std::ops::Deref for Pinned {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        // SAFETY: `ptr` points at `_slice`'s `len` (or more) floats, alive while `self` is.
+        // Copies into or out of it go through [`Device::download`]/[`Device::write`], which the
+        // caller synchronises before reading (the runtime's device calls sync at every step).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl std::ops::DerefMut for Pinned {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        // SAFETY: as `deref`, and `&mut self` makes it the only view.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
 /// One GPU (see the module docs).
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
@@ -233,6 +263,7 @@ impl Device for CudaDevice {
     type View<'a> = DevView<'a>;
     type ViewMut<'a> = DevViewMut<'a>;
     type Ids = DevIds;
+    type Pinned = Pinned;
 
     fn alloc(&self, n: usize) -> CudaSlice<f32> {
         // Allocation failure is out-of-memory: the plan's memory estimate said it fits, so this
@@ -241,6 +272,27 @@ impl Device for CudaDevice {
             Ok(s) => s,
             Err(e) => panic!("CUDA allocation of {n} floats failed: {e:?}"),
         }
+    }
+
+    fn alloc_pinned(&self, n: usize) -> Pinned {
+        // Flags 0, not cudarc's default `alloc_pinned` (write-combined): the host reads the
+        // gradients and writes the parameters, and reading write-combined memory is uncached.
+        // SAFETY: the memory is zero-filled below before anything reads it.
+        let mut slice = match unsafe { self.ctx.alloc_pinned_with_flags::<f32>(n.max(1), 0) } {
+            Ok(s) => s,
+            Err(e) => panic!("CUDA pinned allocation of {n} floats failed: {e:?}"),
+        };
+        let ptr = match slice.as_mut_ptr() {
+            Ok(p) => p,
+            Err(e) => panic!("CUDA pinned allocation of {n} floats failed: {e:?}"),
+        };
+        let mut p = Pinned {
+            _slice: slice,
+            ptr,
+            len: n,
+        };
+        p.fill(0.0);
+        p
     }
 
     fn upload(&self, src: &[f32]) -> CudaSlice<f32> {

@@ -120,12 +120,33 @@ impl<D: Device> Kernels<D> {
 
     /// The storage dtype as the kernels' `store` argument.
     fn store_arg(&self) -> Arg {
-        Arg::I32(match self.store {
-            Dtype::F32 => 0,
-            Dtype::F16 => 1,
-            Dtype::Bf16 => 2,
-        })
+        dtype_arg(self.store)
     }
+
+    /// Rounds `v` to `dtype` in place (`round_rows` over one row), as
+    /// [`Dtype::round_slice`] does on the host: for a value held in another dtype than the
+    /// stored one (ZeRO's communication dtype, `zero::Storage::reduced`).
+    pub fn round_to(&self, mut v: D::ViewMut<'_>, dtype: Dtype) {
+        let n = self.dev.len_mut(&v);
+        if dtype == Dtype::F32 || n == 0 {
+            return;
+        }
+        let p = self.dev.ptr_mut(&mut v);
+        self.dev.launch(
+            "round_rows",
+            grid1(n),
+            &[Arg::Ptr(p), int(1), int(n), int(n), dtype_arg(dtype)],
+        );
+    }
+}
+
+/// A dtype as the kernels' `store` argument.
+fn dtype_arg(d: Dtype) -> Arg {
+    Arg::I32(match d {
+        Dtype::F32 => 0,
+        Dtype::F16 => 1,
+        Dtype::Bf16 => 2,
+    })
 }
 
 /// `n` as a kernel's `int`: the runtime never builds a tensor of 2³¹ elements or more on a
