@@ -25,15 +25,26 @@ fn tiny(dropout: f64) -> BertConfig {
 
 /// Two sequences of 7 tokens (not a multiple of anything), the second padded after 4.
 fn batch() -> Batch {
-    let mut r = Rng::new(11, 1);
-    let (bsz, seq) = (2, 7);
+    batch_with(2, 7, 11, |i| if i == 0 { 7 } else { 4 }, |i| i as u32 * 2)
+}
+
+/// `bsz` sequences of `seq` tokens (random ids, the second half of each row's real tokens of
+/// type 1), row i holding `len(i)` real tokens and label `label(i)`.
+fn batch_with(
+    bsz: usize,
+    seq: usize,
+    seed: u64,
+    len: impl Fn(usize) -> usize,
+    label: impl Fn(usize) -> u32,
+) -> Batch {
+    let mut r = Rng::new(seed, 1);
     let mut b = Batch {
         batch: bsz,
         seq,
         ..Batch::default()
     };
     for i in 0..bsz {
-        let len = if i == 0 { seq } else { 4 };
+        let len = len(i);
         for t in 0..seq {
             let real = t < len;
             b.input_ids
@@ -41,7 +52,7 @@ fn batch() -> Batch {
             b.token_type_ids.push(u32::from(real && t >= len / 2));
             b.attention_mask.push(u32::from(real));
         }
-        b.labels.push(i as u32 * 2);
+        b.labels.push(label(i));
     }
     b
 }
@@ -347,4 +358,70 @@ fn optimizer_offload_copies_the_gradients_down_and_the_parameters_up_once_per_st
     let cpu = train(&mut replica(false));
     assert_eq!(*counted.calls.lock().unwrap(), [6, 3, 3, 0]);
     close("weights", &gpu, &cpu, 1e-5, 1e-5);
+}
+
+/// A batch of `bsz` sequences padded to `seq`, row i holding `seq - i` real tokens.
+fn batch_of(bsz: usize, seq: usize, seed: u64) -> Batch {
+    batch_with(
+        bsz,
+        seq,
+        seed,
+        |i| seq.saturating_sub(i).max(1),
+        |i| (i % 3) as u32,
+    )
+}
+
+/// No device allocation in the step loop: a run's micro-batches are padded to their longest row,
+/// so their lengths vary; the workspace sized by the longest one so far is resized in place for
+/// the others (`Acts::reshape`), training and evaluation alike. Each pass through the reused
+/// workspace gives the same bits as a fresh one, and a longer batch than any before does
+/// allocate (the count is not blind).
+#[test]
+fn a_reused_workspace_allocates_nothing_for_shorter_batches_and_gives_the_same_bits() {
+    let m = Classifier::random(tiny(0.1), 3, 7).unwrap();
+    let n = m.num_params();
+    let k = Kernels::new(Emu);
+    let params = k.upload(&m.params().data);
+    let mut grads = k.alloc(n);
+    let mut ws = Workspace::new();
+    let key = |i: u64| {
+        Some(DropoutKey {
+            seed: 5,
+            micro_batch: i,
+        })
+    };
+    // One pass on `ws` and one on a fresh workspace: loss, gradient and logits agree bit for bit.
+    let mut pass = |b: &Batch, i: u64, ws: &mut Workspace<Kernels<Emu>>| {
+        k.zero(k.view_mut(&mut grads));
+        let loss = m
+            .forward_backward_on(&k, ws, b, 1.0, &params, &mut grads, key(i))
+            .unwrap();
+        let mut g = vec![0.0; n];
+        k.download(k.view(&grads), &mut g);
+        let logits = m.forward_on(&k, ws, b, &params).unwrap();
+        (loss, g, logits)
+    };
+    let shapes = [(3, 11), (3, 6), (2, 11), (1, 3), (3, 9), (2, 11)];
+    for (i, &(bsz, seq)) in shapes.iter().enumerate() {
+        let b = batch_of(bsz, seq, 20 + i as u64);
+        let before = k.allocations();
+        let reused = pass(&b, i as u64, &mut ws);
+        let allocated = k.allocations() - before;
+        if i == 0 {
+            assert!(
+                allocated > 0,
+                "the first batch allocated nothing: the count is blind"
+            );
+        } else {
+            assert_eq!(allocated, 0, "batch {i} ({bsz}×{seq}) allocated");
+        }
+        let fresh = pass(&b, i as u64, &mut Workspace::new());
+        assert_eq!(reused.0.to_bits(), fresh.0.to_bits(), "loss, batch {i}");
+        assert!(reused.1 == fresh.1, "gradient, batch {i}");
+        assert!(reused.2 == fresh.2, "logits, batch {i}");
+    }
+    // A longer batch than any before grows the buffers: counted.
+    let before = k.allocations();
+    pass(&batch_of(3, 12, 9), 9, &mut ws);
+    assert!(k.allocations() > before, "a longer batch allocated nothing");
 }

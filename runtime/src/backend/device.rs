@@ -77,8 +77,12 @@ pub trait Device {
     fn alloc_pinned(&self, n: usize) -> Self::Pinned;
     /// Copies `src` into `dst` (the same length).
     fn write(&self, dst: Self::ViewMut<'_>, src: &[f32]);
-    /// Copies `src` into `dst` when the lengths agree, else replaces `dst`.
-    fn write_ids(&self, dst: &mut Self::Ids, src: &[u32]);
+    /// Copies `src` into `dst`, reusing its memory when `src` fits what `dst` has held; returns
+    /// whether it had to allocate.
+    fn write_ids(&self, dst: &mut Self::Ids, src: &[u32]) -> bool;
+    /// Makes `b` `n` floats long, reusing its memory when `n` fits (see
+    /// [`super::Backend::resize`]); returns whether it had to allocate.
+    fn resize(&self, b: &mut Self::Buf, n: usize) -> bool;
     /// A copy of `src` on the device.
     fn upload_ids(&self, src: &[u32]) -> Self::Ids;
     /// Copies `src` to the host.

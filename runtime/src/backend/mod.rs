@@ -51,9 +51,17 @@ macro_rules! host_memory {
             dst.copy_from_slice(src);
         }
 
-        fn write_ids(&self, dst: &mut Vec<u32>, src: &[u32]) {
+        fn write_ids(&self, dst: &mut Vec<u32>, src: &[u32]) -> bool {
+            let grows = src.len() > dst.capacity();
             dst.clear();
             dst.extend_from_slice(src);
+            grows
+        }
+
+        fn resize(&self, b: &mut Vec<f32>, n: usize) -> bool {
+            let grows = n > b.capacity();
+            b.resize(n, 0.0);
+            grows
         }
 
         fn download(&self, src: &[f32], dst: &mut [f32]) {
@@ -207,8 +215,14 @@ pub trait Backend {
     fn upload_ids(&self, src: &[u32]) -> Self::Ids;
     /// Copies `src` into `dst` (the same length), reusing the allocation.
     fn write(&self, dst: Self::ViewMut<'_>, src: &[f32]);
-    /// Copies `src` into `dst` when it has `src`'s length, else replaces it with a new buffer.
-    fn write_ids(&self, dst: &mut Self::Ids, src: &[u32]);
+    /// Copies `src` into `dst`, reusing its memory when `src` fits what `dst` has held; returns
+    /// whether it had to allocate.
+    fn write_ids(&self, dst: &mut Self::Ids, src: &[u32]) -> bool;
+    /// Makes `b` `n` floats long, reusing its memory when `n` fits what `b` has held (a
+    /// workspace sized for the longest batch so far allocates nothing for shorter ones); returns
+    /// whether it had to allocate. The values are unspecified (new elements are zero on the host):
+    /// a workspace's passes overwrite them.
+    fn resize(&self, b: &mut Self::Buf, n: usize) -> bool;
     /// Copies `src` out to the host.
     fn download(&self, src: Self::View<'_>, dst: &mut [f32]);
     /// The whole of `b`, read-only.

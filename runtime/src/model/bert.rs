@@ -272,58 +272,127 @@ pub(crate) struct Acts<B: Backend> {
 
 impl<B: Backend> Acts<B> {
     pub(crate) fn new(be: &B, c: &BertConfig, labels: usize, batch: usize, seq: usize) -> Self {
-        let n = batch * seq;
-        let (h, i) = (c.hidden_size, c.intermediate_size);
-        let pp = batch * c.num_attention_heads * seq * seq;
-        let a = |len: usize| be.alloc(len);
-        Acts {
-            batch,
-            seq,
+        let z = || be.alloc(0);
+        let mut a = Acts {
+            batch: 0,
+            seq: 0,
             ids: be.upload_ids(&[]),
             types: be.upload_ids(&[]),
             mask: be.upload_ids(&[]),
             labels: be.upload_ids(&[]),
-            emb_sum: a(n * h),
-            emb_mean: a(n),
-            emb_rstd: a(n),
-            hs: (0..=c.num_hidden_layers).map(|_| a(n * h)).collect(),
+            emb_sum: z(),
+            emb_mean: z(),
+            emb_rstd: z(),
+            hs: (0..=c.num_hidden_layers).map(|_| z()).collect(),
             layers: (0..c.num_hidden_layers)
                 .map(|_| LayerActs {
-                    q: a(n * h),
-                    k: a(n * h),
-                    v: a(n * h),
-                    probs: a(pp),
+                    q: z(),
+                    k: z(),
+                    v: z(),
+                    probs: z(),
                     probs_drop: None,
-                    ctx: a(n * h),
-                    res1: a(n * h),
-                    mean1: a(n),
-                    rstd1: a(n),
-                    x1: a(n * h),
-                    inter: a(n * i),
-                    act: a(n * i),
-                    res2: a(n * h),
-                    mean2: a(n),
-                    rstd2: a(n),
+                    ctx: z(),
+                    res1: z(),
+                    mean1: z(),
+                    rstd1: z(),
+                    x1: z(),
+                    inter: z(),
+                    act: z(),
+                    res2: z(),
+                    mean2: z(),
+                    rstd2: z(),
                 })
                 .collect(),
-            pool_pre: a(batch * h),
-            pool: a(batch * h),
-            pool_drop: a(batch * h),
-            logits: a(batch * labels),
-            dlogits: a(batch * labels),
-            dx: a(n * h),
-            dres: a(n * h),
-            dx1: a(n * h),
-            dctx: a(n * h),
-            dq: a(n * h),
-            dk: a(n * h),
-            dv: a(n * h),
-            dact: a(n * i),
-            dinter: a(n * i),
-            dscratch: a(pp),
-            dpool: a(batch * h),
-            dpool2: a(batch * h),
+            pool_pre: z(),
+            pool: z(),
+            pool_drop: z(),
+            logits: z(),
+            dlogits: z(),
+            dx: z(),
+            dres: z(),
+            dx1: z(),
+            dctx: z(),
+            dq: z(),
+            dk: z(),
+            dv: z(),
+            dact: z(),
+            dinter: z(),
+            dscratch: z(),
+            dpool: z(),
+            dpool2: z(),
+        };
+        a.reshape(be, c, labels, batch, seq);
+        a
+    }
+
+    /// Sizes every buffer for `(batch, seq)`, in the memory it already has when that is enough
+    /// (the batches of a run are padded to their longest row, so their lengths vary: sized once
+    /// for the longest, the workspace allocates nothing for the others — docs/cuda.md). The
+    /// passes overwrite every value they read.
+    pub(crate) fn reshape(
+        &mut self,
+        be: &B,
+        c: &BertConfig,
+        labels: usize,
+        batch: usize,
+        seq: usize,
+    ) {
+        let n = batch * seq;
+        let (h, i) = (c.hidden_size, c.intermediate_size);
+        let pp = batch * c.num_attention_heads * seq * seq;
+        let r = |b: &mut B::Buf, len: usize| {
+            be.resize(b, len);
+        };
+        r(&mut self.emb_sum, n * h);
+        r(&mut self.emb_mean, n);
+        r(&mut self.emb_rstd, n);
+        for x in &mut self.hs {
+            r(x, n * h);
         }
+        for la in &mut self.layers {
+            for x in [&mut la.q, &mut la.k, &mut la.v, &mut la.ctx, &mut la.res1] {
+                r(x, n * h);
+            }
+            for x in [&mut la.x1, &mut la.res2] {
+                r(x, n * h);
+            }
+            r(&mut la.probs, pp);
+            if let Some(pd) = la.probs_drop.as_mut() {
+                r(pd, pp);
+            }
+            for x in [&mut la.mean1, &mut la.rstd1, &mut la.mean2, &mut la.rstd2] {
+                r(x, n);
+            }
+            r(&mut la.inter, n * i);
+            r(&mut la.act, n * i);
+        }
+        for x in [
+            &mut self.pool_pre,
+            &mut self.pool,
+            &mut self.pool_drop,
+            &mut self.dpool,
+            &mut self.dpool2,
+        ] {
+            r(x, batch * h);
+        }
+        r(&mut self.logits, batch * labels);
+        r(&mut self.dlogits, batch * labels);
+        for x in [
+            &mut self.dx,
+            &mut self.dres,
+            &mut self.dx1,
+            &mut self.dctx,
+            &mut self.dq,
+            &mut self.dk,
+            &mut self.dv,
+        ] {
+            r(x, n * h);
+        }
+        r(&mut self.dact, n * i);
+        r(&mut self.dinter, n * i);
+        r(&mut self.dscratch, pp);
+        self.batch = batch;
+        self.seq = seq;
     }
 
     /// Uploads one batch's integer inputs (already validated).
@@ -380,35 +449,76 @@ struct EvalTail<B: Backend> {
 
 impl<B: Backend> EvalActs<B> {
     pub(crate) fn new(be: &B, c: &BertConfig, labels: usize, batch: usize, seq: usize) -> Self {
-        let n = batch * seq;
-        let (h, i) = (c.hidden_size, c.intermediate_size);
-        let a = |len: usize| be.alloc(len);
-        EvalActs {
-            batch,
-            seq,
+        let z = || be.alloc(0);
+        let mut a = EvalActs {
+            batch: 0,
+            seq: 0,
             ids: be.upload_ids(&[]),
             types: be.upload_ids(&[]),
             mask: be.upload_ids(&[]),
-            x: a(n * h),
-            y: a(n * h),
-            q: a(n * h),
-            k: a(n * h),
-            v: a(n * h),
-            ctx: a(n * h),
-            probs: a(batch * c.num_attention_heads * seq * seq),
+            x: z(),
+            y: z(),
+            q: z(),
+            k: z(),
+            v: z(),
+            ctx: z(),
+            probs: z(),
             tail: EvalTail {
-                res: a(n * h),
-                x1: a(n * h),
-                inter: a(n * i),
-                act: a(n * i),
-                mean: a(n),
-                rstd: a(n),
+                res: z(),
+                x1: z(),
+                inter: z(),
+                act: z(),
+                mean: z(),
+                rstd: z(),
             },
-            cls: a(batch * h),
-            pool_pre: a(batch * h),
-            pool: a(batch * h),
-            logits: a(batch * labels),
+            cls: z(),
+            pool_pre: z(),
+            pool: z(),
+            logits: z(),
+        };
+        a.reshape(be, c, labels, batch, seq);
+        a
+    }
+
+    /// Sizes every buffer for `(batch, seq)` in the memory it has when that is enough, as
+    /// [`Acts::reshape`].
+    pub(crate) fn reshape(
+        &mut self,
+        be: &B,
+        c: &BertConfig,
+        labels: usize,
+        batch: usize,
+        seq: usize,
+    ) {
+        let n = batch * seq;
+        let (h, i) = (c.hidden_size, c.intermediate_size);
+        let r = |b: &mut B::Buf, len: usize| {
+            be.resize(b, len);
+        };
+        let t = &mut self.tail;
+        for x in [
+            &mut self.x,
+            &mut self.y,
+            &mut self.q,
+            &mut self.k,
+            &mut self.v,
+            &mut self.ctx,
+            &mut t.res,
+            &mut t.x1,
+        ] {
+            r(x, n * h);
         }
+        r(&mut self.probs, batch * c.num_attention_heads * seq * seq);
+        r(&mut t.inter, n * i);
+        r(&mut t.act, n * i);
+        r(&mut t.mean, n);
+        r(&mut t.rstd, n);
+        for x in [&mut self.cls, &mut self.pool_pre, &mut self.pool] {
+            r(x, batch * h);
+        }
+        r(&mut self.logits, batch * labels);
+        self.batch = batch;
+        self.seq = seq;
     }
 
     /// Uploads one batch's integer inputs (already validated).

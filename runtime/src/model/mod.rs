@@ -153,6 +153,26 @@ impl<B: Backend> Workspace<B> {
     }
 }
 
+/// The workspace's training buffers for `b`'s shape: the ones it has, resized (in place when
+/// they are large enough, [`Acts::reshape`]), or new ones.
+fn acts_for<'w, B: Backend>(
+    be: &B,
+    slot: &'w mut Option<Acts<B>>,
+    c: &BertConfig,
+    labels: usize,
+    b: &Batch,
+) -> &'w mut Acts<B> {
+    match slot {
+        Some(a) => {
+            if (a.batch, a.seq) != (b.batch, b.seq) {
+                a.reshape(be, c, labels, b.batch, b.seq);
+            }
+            a
+        }
+        slot => slot.insert(Acts::new(be, c, labels, b.batch, b.seq)),
+    }
+}
+
 /// 64-bit FNV-1a: a stable per-tensor RNG stream from the tensor's name.
 fn name_stream(name: &str) -> u64 {
     name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
@@ -474,17 +494,13 @@ impl Classifier {
     }
 
     fn prepare<'w>(&self, ws: &'w mut Workspace, b: &Batch) -> &'w mut Acts<Cpu> {
-        let fits = matches!(&ws.acts, Some(a) if a.batch == b.batch && a.seq == b.seq);
-        if !fits {
-            ws.acts = Some(Acts::new(
-                &self.backend,
-                &self.config,
-                self.num_labels,
-                b.batch,
-                b.seq,
-            ));
-        }
-        let a = ws.acts.as_mut().expect("just set");
+        let a = acts_for(
+            &self.backend,
+            &mut ws.acts,
+            &self.config,
+            self.num_labels,
+            b,
+        );
         a.set_inputs(
             &self.backend,
             &b.input_ids,
@@ -502,17 +518,16 @@ impl Classifier {
         ws: &'w mut Workspace<B>,
         b: &Batch,
     ) -> &'w mut EvalActs<B> {
-        let fits = matches!(&ws.eval, Some(a) if a.batch == b.batch && a.seq == b.seq);
-        if !fits {
-            ws.eval = Some(EvalActs::new(
-                be,
-                &self.config,
-                self.num_labels,
-                b.batch,
-                b.seq,
-            ));
-        }
-        let a = ws.eval.as_mut().expect("just set");
+        let (c, labels) = (&self.config, self.num_labels);
+        let a = match &mut ws.eval {
+            Some(a) => {
+                if (a.batch, a.seq) != (b.batch, b.seq) {
+                    a.reshape(be, c, labels, b.batch, b.seq);
+                }
+                a
+            }
+            slot => slot.insert(EvalActs::new(be, c, labels, b.batch, b.seq)),
+        };
         a.set_inputs(be, &b.input_ids, &b.token_type_ids, &b.attention_mask);
         a
     }
@@ -623,11 +638,7 @@ impl Classifier {
         self.check_batch(batch)?;
         let c = &self.config;
         let drop = self.dropout_keys(dropout);
-        let fits = matches!(&ws.acts, Some(a) if a.batch == batch.batch && a.seq == batch.seq);
-        if !fits {
-            ws.acts = Some(Acts::new(be, c, self.num_labels, batch.batch, batch.seq));
-        }
-        let a = ws.acts.as_mut().expect("just set");
+        let a = acts_for(be, &mut ws.acts, c, self.num_labels, batch);
         a.set_inputs(
             be,
             &batch.input_ids,

@@ -118,9 +118,18 @@ pub struct DevViewMut<'a> {
     _borrow: PhantomData<&'a mut CudaSlice<f32>>,
 }
 
-/// Token ids, labels or masks on the device.
+/// Token ids, labels or masks on the device: an allocation, of which a batch uses a prefix
+/// (the kernels take their lengths as arguments).
 #[derive(Debug)]
 pub struct DevIds(CudaSlice<u32>);
+
+/// A device buffer of `len` floats: its allocation may be longer, from a longer batch, so that a
+/// workspace resized for a shorter one allocates nothing ([`Device::resize`]).
+#[derive(Debug)]
+pub struct DevBuf {
+    mem: CudaSlice<f32>,
+    len: usize,
+}
 
 /// Page-locked host memory ([`Device::Pinned`]), allocated by [`CudaContext::alloc_pinned_with_flags`].
 pub struct Pinned {
@@ -259,19 +268,28 @@ impl CudaDevice {
 }
 
 impl Device for CudaDevice {
-    type Buf = CudaSlice<f32>;
+    type Buf = DevBuf;
     type View<'a> = DevView<'a>;
     type ViewMut<'a> = DevViewMut<'a>;
     type Ids = DevIds;
     type Pinned = Pinned;
 
-    fn alloc(&self, n: usize) -> CudaSlice<f32> {
+    fn alloc(&self, n: usize) -> DevBuf {
         // Allocation failure is out-of-memory: the plan's memory estimate said it fits, so this
         // is a bug or another process's memory; stop with the driver's words.
         match self.stream.alloc_zeros::<f32>(n.max(1)) {
-            Ok(s) => s,
+            Ok(mem) => DevBuf { mem, len: n },
             Err(e) => panic!("CUDA allocation of {n} floats failed: {e:?}"),
         }
+    }
+
+    fn resize(&self, b: &mut DevBuf, n: usize) -> bool {
+        if n <= b.mem.len() {
+            b.len = n;
+            return false;
+        }
+        *b = self.alloc(n);
+        true
     }
 
     fn alloc_pinned(&self, n: usize) -> Pinned {
@@ -295,14 +313,17 @@ impl Device for CudaDevice {
         p
     }
 
-    fn upload(&self, src: &[f32]) -> CudaSlice<f32> {
+    fn upload(&self, src: &[f32]) -> DevBuf {
         if src.is_empty() {
-            return self.alloc(1);
+            return self.alloc(0);
         }
-        self.upload_plain(src)
+        DevBuf {
+            mem: self.upload_plain(src),
+            len: src.len(),
+        }
     }
 
-    fn range_mut<'a>(&self, b: &'a mut CudaSlice<f32>, r: Range<usize>) -> DevViewMut<'a> {
+    fn range_mut<'a>(&self, b: &'a mut DevBuf, r: Range<usize>) -> DevViewMut<'a> {
         let mut v = self.view_mut(b);
         let s = self.sub_mut(&mut v, r);
         DevViewMut {
@@ -316,17 +337,21 @@ impl Device for CudaDevice {
         self.upload_into(&mut dst, src);
     }
 
-    fn write_ids(&self, dst: &mut DevIds, src: &[u32]) {
-        if src.is_empty() || dst.0.len() != src.len() {
+    fn write_ids(&self, dst: &mut DevIds, src: &[u32]) -> bool {
+        if src.is_empty() {
+            return false; // nothing a kernel reads
+        }
+        if dst.0.len() < src.len() {
             *dst = self.upload_ids(src);
-            return;
+            return true;
         }
         let (ptr, _sync) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut dst.0, &self.stream);
-        // SAFETY: `dst` is a live allocation of `src.len()` ids.
+        // SAFETY: `dst` is a live allocation of at least `src.len()` ids.
         let r = unsafe { drv::memcpy_htod_async(ptr, src, self.stream.cu_stream()) };
         if let Err(e) = r {
             self.record("upload", e);
         }
+        false
     }
 
     fn upload_ids(&self, src: &[u32]) -> DevIds {
@@ -349,18 +374,18 @@ impl Device for CudaDevice {
         }
     }
 
-    fn view<'a>(&self, b: &'a CudaSlice<f32>) -> DevView<'a> {
-        let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(b, &self.stream);
+    fn view<'a>(&self, b: &'a DevBuf) -> DevView<'a> {
+        let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(&b.mem, &self.stream);
         DevView {
             ptr,
-            len: b.len(),
+            len: b.len,
             _borrow: PhantomData,
         }
     }
 
-    fn view_mut<'a>(&self, b: &'a mut CudaSlice<f32>) -> DevViewMut<'a> {
-        let len = b.len();
-        let (ptr, _sync) = cudarc::driver::DevicePtrMut::device_ptr_mut(b, &self.stream);
+    fn view_mut<'a>(&self, b: &'a mut DevBuf) -> DevViewMut<'a> {
+        let len = b.len;
+        let (ptr, _sync) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut b.mem, &self.stream);
         DevViewMut {
             ptr,
             len,

@@ -21,6 +21,8 @@ pub use optim::{
 };
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use super::device::{Arg, Device, Launch};
 use super::{AttnShape, Backend, Dropout, Gemm};
@@ -92,6 +94,8 @@ pub fn all_kernel_names() -> Vec<&'static str> {
 pub struct Kernels<D> {
     dev: D,
     store: Dtype,
+    /// Device allocations made through these kernels ([`Kernels::allocations`]).
+    allocations: Arc<AtomicU64>,
 }
 
 impl<D: Device> Kernels<D> {
@@ -100,6 +104,7 @@ impl<D: Device> Kernels<D> {
         Kernels {
             dev,
             store: Dtype::F32,
+            allocations: Arc::default(),
         }
     }
 
@@ -116,6 +121,19 @@ impl<D: Device> Kernels<D> {
     /// The device.
     pub fn device(&self) -> &D {
         &self.dev
+    }
+
+    /// How many device buffers these kernels (and their clones) have allocated: new buffers,
+    /// and resizes past what a buffer held. A run's step loop should add none once the longest
+    /// batch has been seen (docs/cuda.md; runtime/emu/tests/model.rs).
+    pub fn allocations(&self) -> u64 {
+        self.allocations.load(Ordering::Relaxed)
+    }
+
+    fn count(&self, allocated: bool) {
+        if allocated {
+            self.allocations.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// The storage dtype as the kernels' `store` argument.
@@ -187,15 +205,24 @@ impl<D: Device> Backend for Kernels<D> {
     type Ids = D::Ids;
 
     fn alloc(&self, n: usize) -> D::Buf {
+        self.count(true);
         self.dev.alloc(n)
     }
 
     fn upload(&self, src: &[f32]) -> D::Buf {
+        self.count(true);
         self.dev.upload(src)
     }
 
     fn upload_ids(&self, src: &[u32]) -> D::Ids {
+        self.count(true);
         self.dev.upload_ids(src)
+    }
+
+    fn resize(&self, b: &mut D::Buf, n: usize) -> bool {
+        let grew = self.dev.resize(b, n);
+        self.count(grew);
+        grew
     }
 
     fn range_mut<'a>(&self, b: &'a mut D::Buf, r: Range<usize>) -> D::ViewMut<'a> {
@@ -206,8 +233,10 @@ impl<D: Device> Backend for Kernels<D> {
         self.dev.write(dst, src)
     }
 
-    fn write_ids(&self, dst: &mut D::Ids, src: &[u32]) {
-        self.dev.write_ids(dst, src)
+    fn write_ids(&self, dst: &mut D::Ids, src: &[u32]) -> bool {
+        let grew = self.dev.write_ids(dst, src);
+        self.count(grew);
+        grew
     }
 
     fn download(&self, src: D::View<'_>, dst: &mut [f32]) {
