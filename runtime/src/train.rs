@@ -541,6 +541,13 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
             )));
         }
         model.set_executor(x.clone());
+        // Buffers for the longest batches once, before the first step (docs/cuda.md).
+        x.reserve(
+            &model,
+            plan.batch.micro as usize,
+            plan.batch.eval_micro as usize,
+            plan.data.max_len,
+        );
     }
     // DeepSpeed reads `offload_optimizer` only under a ZeRO optimizer (stages 1–3; R0601 warns).
     let offload = plan.train.offload_optimizer == Offload::Cpu && stage >= 1;

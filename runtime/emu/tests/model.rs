@@ -375,7 +375,8 @@ fn batch_of(bsz: usize, seq: usize, seed: u64) -> Batch {
 /// so their lengths vary; the workspace sized by the longest one so far is resized in place for
 /// the others (`Acts::reshape`), training and evaluation alike. Each pass through the reused
 /// workspace gives the same bits as a fresh one, and a longer batch than any before does
-/// allocate (the count is not blind).
+/// allocate (the count is not blind); a workspace reserved for the plan's longest shapes first
+/// (`Classifier::reserve_on`, as the run does) allocates in no pass at all.
 #[test]
 fn a_reused_workspace_allocates_nothing_for_shorter_batches_and_gives_the_same_bits() {
     let m = Classifier::random(tiny(0.1), 3, 7).unwrap();
@@ -424,4 +425,17 @@ fn a_reused_workspace_allocates_nothing_for_shorter_batches_and_gives_the_same_b
     let before = k.allocations();
     pass(&batch_of(3, 12, 9), 9, &mut ws);
     assert!(k.allocations() > before, "a longer batch allocated nothing");
+    // Reserved for the longest shapes first (what `recipe run` does before its first step):
+    // no pass allocates, the longest included.
+    let mut reserved = Workspace::new();
+    m.reserve_on(&k, &mut reserved, 3, 3, 12);
+    let before = k.allocations();
+    for (i, &(bsz, seq)) in shapes.iter().chain(&[(3, 12)]).enumerate() {
+        pass(&batch_of(bsz, seq, 30 + i as u64), i as u64, &mut reserved);
+    }
+    assert_eq!(
+        k.allocations(),
+        before,
+        "a pass on a reserved workspace allocated"
+    );
 }

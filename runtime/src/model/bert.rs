@@ -325,6 +325,17 @@ impl<B: Backend> Acts<B> {
         a
     }
 
+    /// Allocates the attention-dropout buffers now, at the current shape (the forward allocates
+    /// them at its first pass with attention dropout otherwise).
+    pub(crate) fn reserve_dropout(&mut self, be: &B, c: &BertConfig) {
+        let pp = self.batch * c.num_attention_heads * self.seq * self.seq;
+        for la in &mut self.layers {
+            if la.probs_drop.is_none() {
+                la.probs_drop = Some(be.alloc(pp));
+            }
+        }
+    }
+
     /// Sizes every buffer for `(batch, seq)`, in the memory it already has when that is enough
     /// (the batches of a run are padded to their longest row, so their lengths vary: sized once
     /// for the longest, the workspace allocates nothing for the others — docs/cuda.md). The

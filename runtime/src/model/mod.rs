@@ -160,16 +160,35 @@ fn acts_for<'w, B: Backend>(
     slot: &'w mut Option<Acts<B>>,
     c: &BertConfig,
     labels: usize,
-    b: &Batch,
+    (batch, seq): (usize, usize),
 ) -> &'w mut Acts<B> {
     match slot {
         Some(a) => {
-            if (a.batch, a.seq) != (b.batch, b.seq) {
-                a.reshape(be, c, labels, b.batch, b.seq);
+            if (a.batch, a.seq) != (batch, seq) {
+                a.reshape(be, c, labels, batch, seq);
             }
             a
         }
-        slot => slot.insert(Acts::new(be, c, labels, b.batch, b.seq)),
+        slot => slot.insert(Acts::new(be, c, labels, batch, seq)),
+    }
+}
+
+/// The workspace's evaluation buffers for a `(batch, seq)` shape, as [`acts_for`].
+fn eval_acts_for<'w, B: Backend>(
+    be: &B,
+    slot: &'w mut Option<EvalActs<B>>,
+    c: &BertConfig,
+    labels: usize,
+    (batch, seq): (usize, usize),
+) -> &'w mut EvalActs<B> {
+    match slot {
+        Some(a) => {
+            if (a.batch, a.seq) != (batch, seq) {
+                a.reshape(be, c, labels, batch, seq);
+            }
+            a
+        }
+        slot => slot.insert(EvalActs::new(be, c, labels, batch, seq)),
     }
 }
 
@@ -499,7 +518,7 @@ impl Classifier {
             &mut ws.acts,
             &self.config,
             self.num_labels,
-            b,
+            (b.batch, b.seq),
         );
         a.set_inputs(
             &self.backend,
@@ -511,6 +530,31 @@ impl Classifier {
         a
     }
 
+    /// Sizes `ws` for training micro-batches of up to `batch` rows and evaluation batches of up
+    /// to `eval_batch`, `seq` tokens each (the plan's `max_len`): called once before a run's
+    /// first step, so that no pass allocates afterwards — the shorter batches fit the same
+    /// memory ([`Backend::resize`]; docs/cuda.md).
+    pub fn reserve_on<B: Backend>(
+        &self,
+        be: &B,
+        ws: &mut Workspace<B>,
+        batch: usize,
+        eval_batch: usize,
+        seq: usize,
+    ) {
+        let (c, labels) = (&self.config, self.num_labels);
+        let zeros = vec![0u32; batch.max(eval_batch) * seq];
+        let n = batch * seq;
+        let a = acts_for(be, &mut ws.acts, c, labels, (batch, seq));
+        a.set_inputs(be, &zeros[..n], &zeros[..n], &zeros[..n], &zeros[..batch]);
+        if c.attention_probs_dropout_prob > 0.0 {
+            a.reserve_dropout(be, c);
+        }
+        let n = eval_batch * seq;
+        let e = eval_acts_for(be, &mut ws.eval, c, labels, (eval_batch, seq));
+        e.set_inputs(be, &zeros[..n], &zeros[..n], &zeros[..n]);
+    }
+
     /// The evaluation buffers of `ws` for `b`'s shape, holding `b`'s inputs.
     fn prepare_eval<'w, B: Backend>(
         &self,
@@ -519,15 +563,7 @@ impl Classifier {
         b: &Batch,
     ) -> &'w mut EvalActs<B> {
         let (c, labels) = (&self.config, self.num_labels);
-        let a = match &mut ws.eval {
-            Some(a) => {
-                if (a.batch, a.seq) != (b.batch, b.seq) {
-                    a.reshape(be, c, labels, b.batch, b.seq);
-                }
-                a
-            }
-            slot => slot.insert(EvalActs::new(be, c, labels, b.batch, b.seq)),
-        };
+        let a = eval_acts_for(be, &mut ws.eval, c, labels, (b.batch, b.seq));
         a.set_inputs(be, &b.input_ids, &b.token_type_ids, &b.attention_mask);
         a
     }
@@ -638,7 +674,13 @@ impl Classifier {
         self.check_batch(batch)?;
         let c = &self.config;
         let drop = self.dropout_keys(dropout);
-        let a = acts_for(be, &mut ws.acts, c, self.num_labels, batch);
+        let a = acts_for(
+            be,
+            &mut ws.acts,
+            c,
+            self.num_labels,
+            (batch.batch, batch.seq),
+        );
         a.set_inputs(
             be,
             &batch.input_ids,

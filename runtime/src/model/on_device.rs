@@ -40,6 +40,10 @@ pub trait Executor: Send + Sync {
     ) -> Result<f32, ModelError>;
     /// [`Classifier::forward`] there.
     fn forward(&self, model: &Classifier, batch: &Batch) -> Result<Vec<f32>, ModelError>;
+    /// Sizes the executor's buffers for micro-batches of up to `batch` rows, evaluation batches
+    /// of up to `eval_batch`, `seq` tokens each ([`Classifier::reserve_on`]), before a run's
+    /// first step.
+    fn reserve(&self, _model: &Classifier, _batch: usize, _eval_batch: usize, _seq: usize) {}
     /// The model states kept on the device and the optimizer stepped there, when this executor
     /// can.
     fn resident(&self) -> Option<&dyn Resident> {
@@ -106,6 +110,11 @@ pub struct OnDevice<D: Device> {
 }
 
 impl<D: Device> OnDevice<D> {
+    /// The device allocations its kernels made so far ([`Kernels::allocations`]).
+    pub fn allocations(&self) -> u64 {
+        self.kernels.allocations()
+    }
+
     /// Passes on `kernels`, described as `what`.
     pub fn new(kernels: Kernels<D>, what: impl Into<String>) -> Arc<OnDevice<D>> {
         Arc::new(OnDevice {
@@ -149,6 +158,11 @@ where
 {
     fn describe(&self) -> String {
         self.what.clone()
+    }
+
+    fn reserve(&self, model: &Classifier, batch: usize, eval_batch: usize, seq: usize) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        model.reserve_on(&self.kernels, &mut st.ws, batch, eval_batch, seq);
     }
 
     fn forward_backward(

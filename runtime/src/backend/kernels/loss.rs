@@ -3,6 +3,7 @@
 
 use super::{int, Kernels, BLOCK};
 use crate::backend::device::{Arg, Device, Launch};
+use crate::backend::Backend;
 
 pub(super) fn cross_entropy<D: Device>(
     k: &Kernels<D>,
@@ -21,9 +22,17 @@ pub(super) fn cross_entropy<D: Device>(
     assert!(k.dev.len(logits) >= rows * classes, "cross_entropy logits");
     let mut losses = vec![0.0f32; rows];
     if rows > 0 {
-        let mut buf = k.dev.alloc(rows);
+        // The per-row losses, in the kernels' one scratch buffer (no allocation per micro-batch).
+        let mut scratch = k.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let buf = match scratch.as_mut() {
+            Some(b) => {
+                k.resize(b, rows);
+                b
+            }
+            None => scratch.insert(k.alloc(rows)),
+        };
         let d = k.dev.ptr_mut(&mut dlogits);
-        let l = k.dev.ptr_mut(&mut k.dev.view_mut(&mut buf));
+        let l = k.dev.ptr_mut(&mut k.dev.view_mut(buf));
         k.dev.launch(
             "cross_entropy",
             Launch {
@@ -42,7 +51,7 @@ pub(super) fn cross_entropy<D: Device>(
                 k.store_arg(),
             ],
         );
-        k.dev.download(k.dev.view(&buf), &mut losses);
+        k.dev.download(k.dev.view(buf), &mut losses);
     }
     // The CPU's reduction: rows summed in f64 in order, the mean rounded to the storage dtype
     // (0 rows give NaN there too).

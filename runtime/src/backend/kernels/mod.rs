@@ -22,7 +22,7 @@ pub use optim::{
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::device::{Arg, Device, Launch};
 use super::{AttnShape, Backend, Dropout, Gemm};
@@ -91,11 +91,13 @@ pub fn all_kernel_names() -> Vec<&'static str> {
 
 /// The [`Backend`] of a [`Device`]: see the module docs.
 #[derive(Debug, Clone)]
-pub struct Kernels<D> {
+pub struct Kernels<D: Device> {
     dev: D,
     store: Dtype,
     /// Device allocations made through these kernels ([`Kernels::allocations`]).
     allocations: Arc<AtomicU64>,
+    /// A scratch buffer a kernel's launch code reuses (cross-entropy's per-row losses).
+    scratch: Arc<Mutex<Option<D::Buf>>>,
 }
 
 impl<D: Device> Kernels<D> {
@@ -105,6 +107,7 @@ impl<D: Device> Kernels<D> {
             dev,
             store: Dtype::F32,
             allocations: Arc::default(),
+            scratch: Arc::default(),
         }
     }
 
