@@ -361,10 +361,15 @@ impl<B: Backend> Acts<B> {
             r(x, n * h);
         }
         for la in &mut self.layers {
-            for x in [&mut la.q, &mut la.k, &mut la.v, &mut la.ctx, &mut la.res1] {
-                r(x, n * h);
-            }
-            for x in [&mut la.x1, &mut la.res2] {
+            for x in [
+                &mut la.q,
+                &mut la.k,
+                &mut la.v,
+                &mut la.ctx,
+                &mut la.res1,
+                &mut la.x1,
+                &mut la.res2,
+            ] {
                 r(x, n * h);
             }
             r(&mut la.probs, pp);
