@@ -6,7 +6,8 @@
 #   kernels.txt      NVRTC on this machine: every kernel for the GPU's architecture
 #   selftest.txt/.json  every operation on the GPU against the CPU backend (fp32, fp16, bf16)
 #   tiny/            the tiny BERT trained on the CPU and on the GPU, optimizer on the GPU
-#                    (tiny.json compares them) and offloaded at ZeRO-2 in fp16 (offload.json)
+#                    (tiny.json compares them), offloaded at ZeRO-2 in fp16 (offload.json), and
+#                    that on two ranks sharing the GPU against the CPU's two (ranks2.json)
 #   spam/, spam.json the main job, recipes/spam.rcp, trained on the GPU (final accuracy >= 0.95),
 #                    from gpu-assets/minilm (scripts/gpu-assets.sh: MiniLM in fp16, carried with
 #                    the binary; the GPU machine has no network); "skipped" without it
@@ -51,8 +52,10 @@ cp "$OUT/kernels/selftest.json" "$OUT/selftest.json" 2>/dev/null || true
 # The tiny BERT of tests/run.rs (random init, the MiniLM tokenizer, 48 SpamAssassin rows), 8
 # optimizer steps with dropout, on the CPU and on the GPU: the same steps and LRs, and losses
 # within 1e-4 relative (the GPU's fused multiply-adds and cuBLAS's order differ from the CPU's).
-# Twice: the optimizer resident on the GPU (`tiny`), and recipes/cls.rcp's shape, ZeRO-2 with the
-# optimizer offloaded to the host in fp16 (`offload`: the pinned copies, once per step each).
+# Three times: the optimizer resident on the GPU (`tiny`), recipes/cls.rcp's shape, ZeRO-2 with
+# the optimizer offloaded to the host in fp16 (`offload`: the pinned copies, once per step each),
+# and that shape on two ranks (`ranks2`: `--gpus 2`, both ranks' passes on this GPU when it is the
+# only one, the collectives and the optimizer on the host; against the CPU's two ranks).
 W="$OUT/tiny"
 rm -rf "$W"; mkdir -p "$W"
 cp runtime/tests/fixtures/tokenizer/tokenizer.json "$W/"
@@ -60,12 +63,14 @@ cp runtime/tests/fixtures/data/spam48.jsonl "$W/train.jsonl"
 head -12 "$W/train.jsonl" > "$W/eval.jsonl"
 cp runtime/tests/fixtures/tiny-bert/config.json runtime/tests/fixtures/tiny-bert/tiny.rcp "$W/"
 { cat "$W/tiny.rcp"; echo 'zero 2 { offload optimizer = cpu }'; } > "$W/offload.rcp"
-for part in tiny offload; do
+for part in tiny offload ranks2; do
     sets=()
+    rcp=$part.rcp
     [ "$part" = offload ] && sets=(--set 'train.precision=fp16')
+    [ "$part" = ranks2 ] && { sets=(--set 'train.precision=fp16' --gpus 2); rcp=offload.rcp; }
     for dev in cpu cuda; do
         ( cd "$W" && "$BIN" run --quiet --device "$dev" ${sets[@]+"${sets[@]}"} \
-            --set "train.output_dir=\"$part-$dev\"" "$part.rcp" ) > "$W/$part-$dev.log" 2>&1
+            --set "train.output_dir=\"$part-$dev\"" "$rcp" ) > "$W/$part-$dev.log" 2>&1
     done
     "$PY" - "$W" "$part" > "$OUT/$part.json" <<'PYTHON'
 import json, sys
@@ -86,8 +91,12 @@ if cpu and gpu:
     out["steps"] = len(cpu)
     out["same_steps_lr_scales_skips"] = [s for s, _ in cpu] == [s for s, _ in gpu]
     out["max_loss_rel_diff"] = max(abs(a[1] - b[1]) / abs(a[1]) for a, b in zip(cpu, gpu))
+    out["world"] = gstart.get("world")
+    # One rank keeps the model on the GPU; several keep the model states on the host.
+    on_device = out["world"] == 1
     out["ok"] = (out["same_steps_lr_scales_skips"] and out["max_loss_rel_diff"] <= 1e-4
-                 and len(cpu) == len(gpu) and out["model_on_device"] is True)
+                 and len(cpu) == len(gpu) and out["model_on_device"] is on_device
+                 and cstart.get("world") == out["world"])
 print(json.dumps(out, indent=1))
 PYTHON
     if json_ok "$OUT/$part.json"; then
@@ -137,7 +146,7 @@ fi
 {
     echo "{"
     first=1
-    for k in kernels selftest tiny offload spam throughput; do
+    for k in kernels selftest tiny offload ranks2 spam throughput; do
         [ $first = 1 ] || echo ","
         printf '  "%s": "%s"' "$k" "${parts[$k]}"
         first=0

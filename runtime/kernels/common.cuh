@@ -46,6 +46,30 @@ __device__ __forceinline__ float st(float x, int store) {
 #endif
 }
 
+// The 16 bits the half dtype `store` (STORE_F16 or STORE_BF16) keeps for `x`, rounded to nearest
+// even: an operand of a tensor-core GEMM. A value already stored rounded (`st`) packs exactly.
+__device__ __forceinline__ unsigned short half_bits(float x, int store) {
+#ifdef RECIPE_EMU
+    if (store == STORE_F16) {
+        _Float16 h = (_Float16)x;
+        unsigned short b;
+        __builtin_memcpy(&b, &h, 2);
+        return b;
+    }
+    unsigned u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);  // quiet NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+#else
+    unsigned short h;
+    if (store == STORE_F16)
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    else
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+#endif
+}
+
 // Sum over the 32 lanes of a warp (every lane gets the total). The butterfly order is fixed, so
 // the result does not depend on timing.
 __device__ __forceinline__ float warp_sum(float v) {

@@ -34,6 +34,13 @@ extern "C" __global__ void round_rows(float* x, int rows, int cols, int ld, int 
     }
 }
 
+// dst[i] = the half bits of src[i]: a GEMM operand for cuBLAS's fp16/bf16 inputs (the values
+// are the run's half values, so nothing is rounded), n elements from the operand's start.
+extern "C" __global__ void pack_half(unsigned short* dst, const float* src, int n, int store) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = half_bits(src[i], store);
+}
+
 // Exact (erf) GELU, HF's "gelu", written as PyTorch's CUDA kernel writes it:
 // x · ½(1 + erf(x/√2)).
 extern "C" __global__ void gelu_fwd(float* out, const float* inp, int n, int store) {

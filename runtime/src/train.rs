@@ -43,8 +43,11 @@ pub struct RunOptions {
     pub progress: bool,
     /// Print nothing but errors (metrics still go to the metrics file).
     pub quiet: bool,
-    /// Run the model's passes here (a GPU) instead of the CPU backend; one rank, any ZeRO stage.
-    pub executor: Option<std::sync::Arc<dyn crate::model::Executor>>,
+    /// Where each rank's passes run instead of the CPU backend: one executor (a GPU) per rank
+    /// of the plan, rank r on `executors[r]`; empty, every rank on the CPU. One rank keeps its
+    /// model states on its device; several keep theirs on the host and talk through host
+    /// memory (docs/cuda.md, "Several GPUs").
+    pub executors: Vec<std::sync::Arc<dyn crate::model::Executor>>,
 }
 
 /// Why a run stopped.
@@ -532,23 +535,26 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
     let mut model = load_model(plan, options.resume.as_deref())?;
     let world = plan.batch.world.max(1) as usize;
     let stage = plan.train.zero_stage.min(3);
-    if let Some(x) = &options.executor {
-        // Several GPUs need NCCL (docs/cuda.md, "Not built yet"). One GPU runs every ZeRO
-        // stage: with one rank a stage's partition is the whole model (`Replica::keep_on_device`).
-        if world > 1 {
-            return Err(RunError::NotBuilt(format!(
-                "training on {world} GPUs (one GPU runs: --gpus 1)"
-            )));
-        }
-        model.set_executor(x.clone());
-        // Buffers for the longest batches once, before the first step (docs/cuda.md).
-        x.reserve(
-            &model,
-            plan.batch.micro as usize,
-            plan.batch.eval_micro as usize,
-            plan.data.max_len,
-        );
+    let executors = &options.executors;
+    if !executors.is_empty() && executors.len() != world {
+        return Err(RunError::Mismatch(format!(
+            "{} device(s) for a plan of {world} rank(s): one per rank",
+            executors.len()
+        )));
     }
+    // Each rank's passes on its device (`Replica::attach_device`), its buffers sized for the
+    // longest batches once, before the first step (docs/cuda.md).
+    let attach = |model: &mut Classifier, rank: usize| {
+        if let Some(x) = executors.get(rank) {
+            model.set_executor(x.clone());
+            x.reserve(
+                model,
+                plan.batch.micro as usize,
+                plan.batch.eval_micro as usize,
+                plan.data.max_len,
+            );
+        }
+    };
     // DeepSpeed reads `offload_optimizer` only under a ZeRO optimizer (stages 1–3; R0601 warns).
     let offload = plan.train.offload_optimizer == Offload::Cpu && stage >= 1;
     let mut done = 0u64;
@@ -624,12 +630,13 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
     let storage = storage(plan);
     let mut group = LocalCollective::group(world, collective_timeout());
     if world == 1 {
-        let coll = group.pop().expect("a group of one");
+        let mut coll = group.pop().expect("a group of one");
         let adam = adams.pop().expect("one optimizer");
+        attach(&mut model, 0);
         let mut replica = Replica::new(model, stage, 1, 0, adam, offload, storage)?;
         // One device: the optimizer's step and the model states stay there when it can
         // (docs/cuda.md).
-        replica.keep_on_device()?;
+        replica.attach_device(&mut coll)?;
         return rank_loop(&shared, coll, replica);
     }
     let per_rank = (threads() / world).max(1);
@@ -639,12 +646,15 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
             .zip(adams)
             .enumerate()
             .map(|(rank, (coll, adam))| {
-                let model = &model;
-                let shared = &shared;
+                let (model, shared, attach) = (&model, &shared, &attach);
                 s.spawn(move || {
                     let mut model = model.clone();
                     model.set_backend(Cpu::new(per_rank).with_store(storage.module));
-                    let replica = Replica::new(model, stage, world, rank, adam, offload, storage)?;
+                    attach(&mut model, rank);
+                    let mut coll = coll;
+                    let mut replica =
+                        Replica::new(model, stage, world, rank, adam, offload, storage)?;
+                    replica.attach_device(&mut coll)?;
                     rank_loop(shared, coll, replica)
                 })
             })

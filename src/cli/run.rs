@@ -54,20 +54,20 @@ pub fn run(
         resolved_recipe = Some(resolved);
         plan
     };
-    let executor = if want_gpu {
-        match open_gpu(&plan, device) {
+    let executors = if want_gpu {
+        match open_gpus(&plan, device) {
             Ok(x) => x,
             Err(code) => return code,
         }
     } else {
-        None
+        Vec::new()
     };
     let options = RunOptions {
         resume: resume.map(Path::to_path_buf),
         stop_after,
         progress: !quiet && std::io::IsTerminal::is_terminal(&std::io::stderr()),
         quiet,
-        executor,
+        executors,
     };
     match train::run(&plan, &options) {
         Ok(summary) => {
@@ -152,32 +152,50 @@ fn choose_device(device: Device) -> Result<bool, i32> {
     }
 }
 
-/// GPU 0 with the kernels compiled for it, storing the plan's module dtype. Under `auto` a GPU
-/// that cannot be opened falls back to the CPU with a note.
-fn open_gpu(
+/// One device per rank of the plan (GPU r for rank r), each with the kernels compiled for it and
+/// storing the plan's module dtype. A plan of more ranks than the machine has GPUs shares them
+/// round-robin (rank r on GPU r mod N), with a note: the same numbers as one GPU per rank, for
+/// checking a multi-GPU recipe on a smaller machine, not for speed. Under `auto` a GPU that
+/// cannot be opened falls back to the CPU with a note.
+fn open_gpus(
     plan: &Plan,
     device: Device,
-) -> Result<Option<std::sync::Arc<dyn recipe_runtime::model::Executor>>, i32> {
-    use recipe_runtime::backend::cuda::CudaDevice;
+) -> Result<Vec<std::sync::Arc<dyn recipe_runtime::model::Executor>>, i32> {
+    use recipe_runtime::backend::cuda::{self, CudaDevice};
     use recipe_runtime::backend::kernels::Kernels;
-    use recipe_runtime::model::OnDevice;
-    match CudaDevice::open(0) {
-        Ok(dev) => {
-            let (name, arch) = dev.describe();
-            let what = format!("{name} ({arch})");
-            let store = plan.train.precision.module_dtype();
-            Ok(Some(OnDevice::new(
-                Kernels::new(dev).with_store(store),
-                what,
-            )))
-        }
-        Err(e) if device == Device::Auto => {
+    use recipe_runtime::model::{Executor, OnDevice};
+    let world = plan.batch.world.max(1) as usize;
+    let fail = |e: String| {
+        if device == Device::Auto {
             eprintln!("note: {e}; training on the CPU");
-            Ok(None)
-        }
-        Err(e) => {
+            Ok(Vec::new())
+        } else {
             eprintln!("error: {e}");
             Err(USAGE)
         }
+    };
+    let found = cuda::probe().devices.max(1);
+    if world > found {
+        eprintln!(
+            "note: {world} ranks on {found} GPU(s): rank r runs on GPU r mod {found}, so the GPUs are shared (the same numbers as one GPU per rank, not the speed)"
+        );
     }
+    let store = plan.train.precision.module_dtype();
+    let mut executors: Vec<std::sync::Arc<dyn Executor>> = Vec::with_capacity(world);
+    for rank in 0..world {
+        let ordinal = rank % found;
+        match CudaDevice::open(ordinal) {
+            Ok(dev) => {
+                let (name, arch) = dev.describe();
+                let what = if world == 1 {
+                    format!("{name} ({arch})")
+                } else {
+                    format!("{world} ranks on {}× {name} ({arch})", world.min(found))
+                };
+                executors.push(OnDevice::new(Kernels::new(dev).with_store(store), what));
+            }
+            Err(e) => return fail(format!("GPU {ordinal}: {e}")),
+        }
+    }
+    Ok(executors)
 }

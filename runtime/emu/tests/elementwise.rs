@@ -127,3 +127,68 @@ fn an_unknown_kernel_is_refused() {
         &[],
     );
 }
+
+/// `pack_half` (the operands of the tensor-core GEMMs) writes the bits the `half` crate gives:
+/// random values, fp16's and bf16's ties to even, fp16's largest value and overflow to inf,
+/// subnormals, signed zeros and infinities, odd lengths; a NaN stays a NaN.
+#[test]
+fn pack_half_writes_the_half_crates_bits() {
+    use recipe_runtime::backend::device::{Arg, Device, Launch};
+    let mut xs = rand(1000, 8.0, 5);
+    xs.extend([
+        0.0,
+        -0.0,
+        1.0 + 2f32.powi(-11),
+        1.0 + 3.0 * 2f32.powi(-11),
+        1.0 + 2f32.powi(-8),
+        1.0 + 3.0 * 2f32.powi(-8),
+        65504.0,
+        65519.0,
+        65520.0,
+        -1e6,
+        1e-7,
+        -3e-5,
+        1e-40,
+        3.0e38,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+    ]);
+    for (store, code) in [(Dtype::F16, 1), (Dtype::Bf16, 2)] {
+        for n in [1usize, 255, 257, xs.len()] {
+            let mut out = vec![0xdeadu16; n + 1];
+            let launch = Launch {
+                grid: (n.div_ceil(256) as u32, 1, 1),
+                block: (256, 1, 1),
+                smem: 0,
+            };
+            let args = [
+                Arg::Ptr(out.as_mut_ptr() as u64),
+                Arg::Ptr(xs.as_ptr() as u64),
+                Arg::I32(n as i32),
+                Arg::I32(code),
+            ];
+            recipe_kernel_emu::Emu.launch("pack_half", launch, &args);
+            assert_eq!(out[n], 0xdead, "{store:?}: wrote past n = {n}");
+            for (i, (&x, &got)) in xs.iter().zip(&out[..n]).enumerate() {
+                let (want, back) = match store {
+                    Dtype::F16 => (
+                        half::f16::from_f32(x).to_bits(),
+                        half::f16::from_bits(got).to_f32(),
+                    ),
+                    _ => (
+                        half::bf16::from_f32(x).to_bits(),
+                        half::bf16::from_bits(got).to_f32(),
+                    ),
+                };
+                if x.is_nan() {
+                    assert!(back.is_nan(), "{store:?} [{i}]: NaN packed as {got:#06x}");
+                } else {
+                    assert_eq!(got, want, "{store:?} [{i}] {x:e}");
+                    // A value the run already stores rounded packs exactly.
+                    assert_eq!(back.to_bits(), store.round(x).to_bits(), "{store:?} {x:e}");
+                }
+            }
+        }
+    }
+}

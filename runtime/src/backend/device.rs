@@ -128,6 +128,22 @@ pub trait Device {
     fn launch(&self, name: &'static str, l: Launch, args: &[Arg]);
     /// One fp32 GEMM (see [`Gemm`]), unrounded.
     fn gemm(&self, g: &Gemm, a: Self::View<'_>, b: Self::View<'_>, c: Self::ViewMut<'_>);
+    /// One GEMM whose operands hold values of the half dtype `half` (each exactly representable:
+    /// a half-precision run stores them rounded), with f32 accumulation and an unrounded f32
+    /// result. A GPU feeds the operands to its tensor cores as fp16/bf16 (the products of two
+    /// half values are exact in f32, so only the order of the f32 sums differs from
+    /// [`Device::gemm`]); by default, [`Device::gemm`] on the same values.
+    fn gemm_half(
+        &self,
+        g: &Gemm,
+        a: Self::View<'_>,
+        b: Self::View<'_>,
+        c: Self::ViewMut<'_>,
+        half: crate::precision::Dtype,
+    ) {
+        debug_assert!(half.is_half());
+        self.gemm(g, a, b, c)
+    }
     /// Waits for all launched work; `Ok` unless the device reported an error.
     fn sync(&self) -> Result<(), String>;
 }

@@ -10,8 +10,10 @@ use serde::Serialize;
 use super::sinks::{Gathered, ReduceToOwners, Scattered, SharedColl};
 use super::{SegmentParts, Shard, ZeroError};
 use crate::backend::Cpu;
-use crate::collective::{Collective, Partition, ReduceOp};
-use crate::model::{Batch, Classifier, DropoutKey, Executor, ParamSource, Whole, Workspace};
+use crate::collective::{Collective, CollectiveError, Partition, ReduceOp};
+use crate::model::{
+    Batch, Classifier, DropoutKey, Executor, GradSink, ParamSource, Whole, Workspace,
+};
 use crate::optim::device::{Accumulate, Keep, PinnedBuf, Resident};
 use crate::optim::{self, GradScale, OptimError, OptimState, Optimizer};
 use crate::precision::{self, Dtype};
@@ -257,6 +259,13 @@ pub struct Replica {
     coef: Option<f32>,
     /// On the device under optimizer offload: the host's ends of the step's two copies.
     staging: Option<Staging>,
+    /// Several ranks, each on its own GPU ([`Replica::attach_device`]): the executor running
+    /// this rank's passes (and, stages 0–1, accumulating its window); the collectives, the
+    /// optimizer and the model states stay on the host.
+    passes: Option<Arc<dyn Executor>>,
+    /// With `passes` at stages 2–3: one micro-batch's whole gradient, copied from the device for
+    /// the stage's sink; at stage 3 also the gathered parameters copied to the device.
+    staged: Vec<f32>,
 }
 
 /// Optimizer offload with the model on the device (DeepSpeed's ZeRO-Offload): the gradients
@@ -355,6 +364,8 @@ impl Replica {
             sq: None,
             coef: None,
             staging: None,
+            passes: None,
+            staged: Vec::new(),
         })
     }
 
@@ -409,6 +420,58 @@ impl Replica {
         self.grads = Vec::new();
         self.device = Some(x);
         Ok(true)
+    }
+
+    /// Puts the model's executor to work for this rank: with one rank,
+    /// [`Replica::keep_on_device`]; with several (one GPU each, threads of one process), the
+    /// device runs this rank's passes and the host keeps everything ZeRO does between them
+    /// (docs/cuda.md, "Several GPUs"):
+    /// - stages 0–1 accumulate the window's gradient on the device, copied to the host once per
+    ///   step ([`Replica::finish_window`]) for the all-reduce;
+    /// - stages 2–3 copy each micro-batch's gradient to the host, where the stage's sink reduces
+    ///   it segment by segment to the owners, as the CPU's backward hands it over (the reduction
+    ///   of an element does not depend on when its segment is reduced, so the sums are the
+    ///   CPU ranks' bit for bit);
+    /// - the overflow check, clipping, the optimizer and the all-gathers run on the host, and
+    ///   the updated parameters go to the device once per step (ZeRO-3's gathered from the
+    ///   ranks' pieces: until NCCL the device holds the whole parameters).
+    ///
+    /// Every rank calls it (ZeRO-3 gathers). Returns whether a device was attached.
+    pub fn attach_device(&mut self, coll: &mut dyn Collective) -> Result<bool, ZeroError> {
+        if self.shard.world <= 1 {
+            return self.keep_on_device();
+        }
+        let Some(x) = self.model.executor().cloned() else {
+            return Ok(false);
+        };
+        let Some(r) = x.resident() else {
+            return Ok(false);
+        };
+        // ZeRO-3 holds pieces: the device gets the whole buffer they make up.
+        self.gather_whole(coll)?;
+        let keep = Keep {
+            optimizer: None,
+            accumulate: Accumulate::InPlace,
+        };
+        let uploaded = r.upload(&self.model, self.storage.module, keep);
+        self.release_whole();
+        uploaded?;
+        if self.shard.stage >= 2 {
+            self.staged = vec![0.0; self.shard.total];
+        }
+        self.passes = Some(x);
+        Ok(true)
+    }
+
+    /// Whether this rank's passes run on a device of its own while the host keeps the model
+    /// states ([`Replica::attach_device`] with several ranks).
+    pub fn passes_on_device(&self) -> bool {
+        self.passes.is_some()
+    }
+
+    /// The executor of [`Replica::attach_device`]'s several-rank mode, its resident side.
+    fn passes(&self) -> Option<Arc<dyn Executor>> {
+        self.passes.clone().filter(|x| x.resident().is_some())
     }
 
     /// Whether the model states live on the device ([`Replica::keep_on_device`]).
@@ -488,6 +551,9 @@ impl Replica {
             Some(r) => r.zero_grads()?,
             None => self.grads.fill(0.0),
         }
+        if let (Some(x), true) = (self.passes(), self.shard.stage <= 1) {
+            x.resident().expect("resident").zero_grads()?;
+        }
         Ok(())
     }
 
@@ -505,6 +571,19 @@ impl Replica {
             return Ok(r.micro(&self.model, batch, weight, key)?);
         }
         let stage = self.shard.stage;
+        if let Some(x) = self.passes() {
+            let r = x.resident().expect("resident");
+            if stage <= 1 {
+                return Ok(r.micro(&self.model, batch, weight, key)?);
+            }
+            // The micro-batch's gradient alone (the accumulator zeroed, then added into: the
+            // CPU's sink buffer is zeroed and added into the same way), to the host's sink.
+            r.zero_grads()?;
+            let loss = r.micro(&self.model, batch, weight, key)?;
+            r.download_grads(&mut self.staged)?;
+            self.reduce_staged(coll)?;
+            return Ok(loss);
+        }
         if stage <= 1 {
             return Ok(self
                 .model
@@ -546,6 +625,41 @@ impl Replica {
             .forward_backward_with::<_, _, ZeroError>(ws, batch, weight, &mut src, &mut sink, key)
     }
 
+    /// Stages 2–3 with the passes on a device: feeds the micro-batch gradient in `staged` to the
+    /// stage's sink segment by segment, as the CPU's backward does when each segment finishes.
+    fn reduce_staged(&mut self, coll: &mut dyn Collective) -> Result<(), ZeroError> {
+        let shared: SharedColl<'_> = RefCell::new(coll);
+        let segs = self.model.segments().to_vec();
+        let staged = &self.staged;
+        let feed = |sink: &mut dyn GradSink<Cpu, Error = CollectiveError>| {
+            // The backward finishes the last segment first.
+            for (seg, s) in segs.iter().enumerate().rev() {
+                sink.fetch(seg)?.copy_from_slice(&staged[s.clone()]);
+                sink.done(seg)?;
+            }
+            Ok::<(), CollectiveError>(())
+        };
+        match &self.map {
+            None => feed(&mut ReduceToOwners {
+                coll: &shared,
+                part: self.flat,
+                segs: &segs,
+                scratch: &mut self.scratch,
+                acc: &mut self.grads,
+                storage: self.storage,
+            })?,
+            Some(map) => feed(&mut Scattered {
+                coll: &shared,
+                map,
+                scratch: &mut self.scratch,
+                piece: &mut self.piece,
+                acc: &mut self.grads,
+                storage: self.storage,
+            })?,
+        }
+        Ok(())
+    }
+
     /// After a window's micro-batches: stages 0–1 average the whole gradient over the ranks
     /// (stages 2–3 already reduced each segment as it finished).
     /// Under optimizer offload with the model on the device, the window's gradients come to the
@@ -555,6 +669,12 @@ impl Replica {
             let r = x.resident().expect("kept on the device");
             r.download_grads(&mut s.grads)?;
             return Ok(());
+        }
+        if let (Some(x), true) = (self.passes(), self.shard.stage <= 1) {
+            // The window's gradient, accumulated on the device: one copy per step.
+            x.resident()
+                .expect("resident")
+                .download_grads(&mut self.grads)?;
         }
         if self.shard.stage <= 1 && coll.world() > 1 {
             coll.all_reduce(&mut self.grads, ReduceOp::Avg)?;
@@ -684,6 +804,19 @@ impl Replica {
                 .opt
                 .step_scaled(&mut self.local, &mut self.grads, lr, scale)?,
         }
+        if let Some(x) = self.passes() {
+            // The updated parameters to this rank's device, once per step.
+            let r = x.resident().expect("resident");
+            if self.map.is_some() {
+                let mut whole = std::mem::take(&mut self.staged);
+                let gathered = self.gather_into(coll, &mut whole);
+                self.staged = whole;
+                gathered?;
+                r.upload_params(&self.staged)?;
+            } else {
+                r.upload_params(&self.model.params().data)?;
+            }
+        }
         Ok(())
     }
 
@@ -734,10 +867,24 @@ impl Replica {
             r.download(&mut self.model, opt, master)?;
             return Ok(());
         }
+        if self.map.is_none() {
+            return Ok(());
+        }
+        let mut whole = vec![0.0f32; self.shard.total];
+        self.gather_into(coll, &mut whole)?;
+        self.model.put_params(whole)?;
+        Ok(())
+    }
+
+    /// ZeRO-3: all-gathers every segment's pieces into `whole` (every rank takes part).
+    fn gather_into(
+        &mut self,
+        coll: &mut dyn Collective,
+        whole: &mut [f32],
+    ) -> Result<(), ZeroError> {
         let Some(map) = &self.map else {
             return Ok(());
         };
-        let mut whole = vec![0.0f32; self.shard.total];
         let shared: SharedColl<'_> = RefCell::new(coll);
         let mut src = Gathered {
             coll: &shared,
@@ -750,7 +897,6 @@ impl Replica {
             let p = ParamSource::<Cpu>::fetch(&mut src, seg)?;
             whole[s.clone()].copy_from_slice(p);
         }
-        self.model.put_params(whole)?;
         Ok(())
     }
 

@@ -97,6 +97,23 @@ pub fn compile(arch: &str) -> Result<Compiled, CudaError> {
     out
 }
 
+/// [`compile`] once per architecture per process: a run on several GPUs of one kind opens each
+/// with the same program, and NVRTC takes seconds for it.
+pub fn compile_cached(arch: &str) -> Result<std::sync::Arc<Compiled>, CudaError> {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, OnceLock};
+    static DONE: OnceLock<Mutex<HashMap<String, Arc<Compiled>>>> = OnceLock::new();
+    let done = DONE.get_or_init(Default::default);
+    // Held while compiling: a second device of the same kind waits for the first's program.
+    let mut done = done.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(c) = done.get(arch) {
+        return Ok(c.clone());
+    }
+    let c = Arc::new(compile(arch)?);
+    done.insert(arch.to_string(), c.clone());
+    Ok(c)
+}
+
 fn program_log(prog: sys::nvrtcProgram) -> String {
     // SAFETY: `prog` is live; the buffer has the size NVRTC reports.
     match unsafe { result::get_program_log(prog) } {

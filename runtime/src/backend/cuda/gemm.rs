@@ -4,7 +4,23 @@
 //! (`c × r`, leading dimension `ld`). So `C = op(A)·op(B)` in row-major is
 //! `Cᵀ = op(B)ᵀ·op(A)ᵀ` in column-major: swap the operands and keep each one's transpose flag.
 
+use cudarc::cublas::sys::cublasOperation_t;
+
 use crate::backend::Gemm;
+
+/// A transpose flag as cuBLAS's operation.
+pub fn op(transposed: bool) -> cublasOperation_t {
+    if transposed {
+        cublasOperation_t::CUBLAS_OP_T
+    } else {
+        cublasOperation_t::CUBLAS_OP_N
+    }
+}
+
+/// A dimension or leading dimension as cuBLAS's `int`.
+pub fn dim(x: usize) -> i32 {
+    i32::try_from(x).expect("GEMM dimension fits an int")
+}
 
 /// The arguments of one `cublasSgemm` (column-major), operand order already swapped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +55,21 @@ pub fn col_major(g: &Gemm) -> ColMajor {
         ld_second: g.lda,
         ldc: g.ldc,
     }
+}
+
+/// How many elements of each stored operand a GEMM reads, from the first: `(A, B)`. A stored
+/// `r × c` operand with row stride `ld` spans `(r − 1)·ld + c` elements (0 when it is empty).
+pub fn operand_spans(g: &Gemm) -> (usize, usize) {
+    let span = |rows: usize, cols: usize, ld: usize| {
+        if rows == 0 || cols == 0 {
+            0
+        } else {
+            (rows - 1) * ld + cols
+        }
+    };
+    let (ar, ac) = if g.trans_a { (g.k, g.m) } else { (g.m, g.k) };
+    let (br, bc) = if g.trans_b { (g.n, g.k) } else { (g.k, g.n) };
+    (span(ar, ac, g.lda), span(br, bc, g.ldb))
 }
 
 #[cfg(test)]
@@ -79,6 +110,39 @@ mod tests {
                 c[i + j * ldc] = alpha * acc as f32 + old;
             }
         }
+    }
+
+    /// The spans cover every element the CPU's GEMM reads, and no more: an operand truncated to
+    /// its span gives the same product, and the element past it is never read (a NaN there
+    /// changes nothing).
+    #[test]
+    fn operand_spans_are_what_the_product_reads() {
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            let mut g = Gemm::dense(3, 4, 5, ta, tb, 0.0);
+            g.lda += 2;
+            g.ldb += 1;
+            let (sa, sb) = operand_spans(&g);
+            let a: Vec<f32> = (0..sa).map(|i| i as f32 * 0.5).collect();
+            let b: Vec<f32> = (0..sb).map(|i| 1.0 - i as f32 * 0.25).collect();
+            let mut want = vec![0.0f32; g.ldc * g.m];
+            Cpu::new(1).gemm(&g, &a, &b, &mut want);
+            let (mut a2, mut b2) = (a.clone(), b.clone());
+            a2.push(f32::NAN);
+            b2.push(f32::NAN);
+            let mut got = vec![0.0f32; g.ldc * g.m];
+            Cpu::new(1).gemm(&g, &a2, &b2, &mut got);
+            assert_eq!(got, want, "ta{ta} tb{tb}");
+            // The last element of each span is read: a NaN there shows.
+            let (mut a3, mut b3) = (a.clone(), b.clone());
+            *a3.last_mut().unwrap() = f32::NAN;
+            *b3.last_mut().unwrap() = f32::NAN;
+            for (x, y) in [(&a3, &b), (&a, &b3)] {
+                let mut c = vec![0.0f32; g.ldc * g.m];
+                Cpu::new(1).gemm(&g, x, y, &mut c);
+                assert!(c.iter().any(|v| v.is_nan()), "ta{ta} tb{tb}");
+            }
+        }
+        assert_eq!(operand_spans(&Gemm::dense(0, 4, 5, false, false, 0.0)).0, 0);
     }
 
     #[test]

@@ -17,15 +17,15 @@ use std::marker::PhantomData;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::driver::{
     result as drv, sys as drv_sys, CudaContext, CudaFunction, CudaSlice, CudaStream,
 };
 use cudarc::nvrtc::Ptx;
 
 use super::device::{Arg, Device, Launch};
-use super::kernels::all_kernel_names;
+use super::kernels::{all_kernel_names, dtype_arg, grid1, int};
 use super::Gemm;
+use crate::precision::Dtype;
 
 /// Why the CUDA backend cannot run here.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -170,6 +170,9 @@ pub struct CudaDevice {
     name: String,
     arch: String,
     error: Mutex<Option<String>>,
+    /// The two operands of the last half-precision GEMM as fp16/bf16 bits
+    /// ([`Device::gemm_half`]), grown to the longest seen (the first step's shapes).
+    packed: Mutex<[Option<CudaSlice<u16>>; 2]>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -202,9 +205,9 @@ impl CudaDevice {
             .map_err(driver_err("compute capability"))?;
         let name = ctx.name().map_err(driver_err("device name"))?;
         let arch = format!("sm_{major}{minor}");
-        let compiled = compile::compile(&arch)?;
+        let compiled = compile::compile_cached(&arch)?;
         let module = ctx
-            .load_module(Ptx::from_binary(compiled.cubin))
+            .load_module(Ptx::from_binary(compiled.cubin.clone()))
             .map_err(driver_err("loading the kernels"))?;
         let mut functions = HashMap::new();
         for k in all_kernel_names() {
@@ -227,6 +230,7 @@ impl CudaDevice {
             name,
             arch,
             error: Mutex::new(None),
+            packed: Mutex::default(),
         })
     }
 
@@ -259,6 +263,27 @@ impl CudaDevice {
         if let Err(e) = r {
             self.record("upload", e);
         }
+    }
+
+    /// Writes the half bits of the `n` floats at `src` into `slot` (grown when shorter) and
+    /// returns its address.
+    fn pack(&self, slot: &mut Option<CudaSlice<u16>>, src: u64, n: usize, half: Dtype) -> u64 {
+        if slot.as_ref().is_none_or(|s| s.len() < n) {
+            match self.stream.alloc_zeros::<u16>(n.max(1)) {
+                Ok(s) => *slot = Some(s),
+                Err(e) => panic!("CUDA allocation of {n} halves failed: {e:?}"),
+            }
+        }
+        let dst = slot.as_mut().expect("allocated above");
+        let (ptr, _sync) = cudarc::driver::DevicePtrMut::device_ptr_mut(dst, &self.stream);
+        if n > 0 {
+            self.launch(
+                "pack_half",
+                grid1(n),
+                &[Arg::Ptr(ptr), Arg::Ptr(src), int(n), dtype_arg(half)],
+            );
+        }
+        ptr
     }
 
     /// The context (for collectives and pinned memory).
@@ -511,14 +536,7 @@ impl Device for CudaDevice {
 
     fn gemm(&self, g: &Gemm, a: DevView<'_>, b: DevView<'_>, c: DevViewMut<'_>) {
         let cm = gemm::col_major(g);
-        let op = |t: bool| {
-            if t {
-                cublasOperation_t::CUBLAS_OP_T
-            } else {
-                cublasOperation_t::CUBLAS_OP_N
-            }
-        };
-        let int = |x: usize| i32::try_from(x).expect("GEMM dimension fits an int");
+        let (op, int) = (gemm::op, gemm::dim);
         // SAFETY: the views are live allocations large enough for the shapes (the model checks
         // its shapes before calling); cuBLAS runs on this device's stream.
         let r = unsafe {
@@ -541,6 +559,57 @@ impl Device for CudaDevice {
         };
         if let Err(e) = r {
             self.record("cublasSgemm", e);
+        }
+    }
+
+    fn gemm_half(&self, g: &Gemm, a: DevView<'_>, b: DevView<'_>, c: DevViewMut<'_>, half: Dtype) {
+        use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
+        let dtype = match half {
+            Dtype::F16 => cudaDataType::CUDA_R_16F,
+            Dtype::Bf16 => cudaDataType::CUDA_R_16BF,
+            Dtype::F32 => return self.gemm(g, a, b, c),
+        };
+        let (span_a, span_b) = gemm::operand_spans(g);
+        assert!(
+            span_a <= a.len && span_b <= b.len,
+            "GEMM operands shorter than their shapes"
+        );
+        let mut packed = self.packed.lock().unwrap_or_else(|p| p.into_inner());
+        let [slot_a, slot_b] = &mut *packed;
+        // The same stream runs the packs and the GEMM in order, so the next GEMM's packs cannot
+        // overwrite operands this one still reads.
+        let pa = self.pack(slot_a, a.ptr, span_a, half);
+        let pb = self.pack(slot_b, b.ptr, span_b, half);
+        let cm = gemm::col_major(g);
+        let (op, int) = (gemm::op, gemm::dim);
+        // SAFETY: the packed operands hold the spans the shapes read (asserted above), `c` is a
+        // live allocation large enough for the shape; cuBLAS runs on this device's stream. fp16
+        // or bf16 inputs, f32 output, f32 compute: cuBLAS's tensor-core path.
+        let r = unsafe {
+            cudarc::cublas::result::gemm_ex(
+                *self.blas.handle(),
+                op(cm.trans_first),
+                op(cm.trans_second),
+                int(cm.m),
+                int(cm.n),
+                int(cm.k),
+                (&g.alpha as *const f32).cast(),
+                pb as *const c_void,
+                dtype,
+                int(cm.ld_first),
+                pa as *const c_void,
+                dtype,
+                int(cm.ld_second),
+                (&g.beta as *const f32).cast(),
+                c.ptr as *mut c_void,
+                cudaDataType::CUDA_R_32F,
+                int(cm.ldc),
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        };
+        if let Err(e) = r {
+            self.record("cublasGemmEx", e);
         }
     }
 

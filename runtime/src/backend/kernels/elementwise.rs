@@ -23,7 +23,11 @@ pub(super) fn gemm<D: Device>(
     mut c: D::ViewMut<'_>,
 ) {
     let p = k.dev.ptr_mut(&mut c);
-    k.dev.gemm(g, a, b, c);
+    if k.store.is_half() {
+        k.dev.gemm_half(g, a, b, c, k.store);
+    } else {
+        k.dev.gemm(g, a, b, c);
+    }
     if k.store.is_half() {
         k.dev.launch(
             "round_rows",

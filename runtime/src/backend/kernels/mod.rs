@@ -162,7 +162,7 @@ impl<D: Device> Kernels<D> {
 }
 
 /// A dtype as the kernels' `store` argument.
-fn dtype_arg(d: Dtype) -> Arg {
+pub(crate) fn dtype_arg(d: Dtype) -> Arg {
     Arg::I32(match d {
         Dtype::F32 => 0,
         Dtype::F16 => 1,
