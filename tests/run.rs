@@ -361,12 +361,14 @@ fn device_run_against_the_cpu(
     // One rank: the model states on the device, and the optimizer too unless it is offloaded
     // (not the host's path behind the executor, which would pass the test too). Several: each
     // rank's passes on its device, the model states on the host.
+    // Several at ZeRO-0: each rank's model and optimizer resident on its device.
+    let resident = world == 1 || plan.train.zero_stage == 0;
     assert_eq!(start["world"], world, "{start}");
-    assert_eq!(start["model_on_device"], world == 1, "{start}");
+    assert_eq!(start["model_on_device"], resident, "{start}");
     let offloaded = start["offload_optimizer"] == true;
     assert_eq!(
         start["optimizer_on_device"],
-        world == 1 && !offloaded,
+        resident && !offloaded,
         "{start}"
     );
     let files = |run: &str| -> Vec<String> {
@@ -431,7 +433,7 @@ fn device_run_against_the_cpu(
         back: worst(&cpu_w, &weights("back")),
         skipped,
     };
-    let optimizer_at = if offloaded || world > 1 {
+    let optimizer_at = if offloaded || !resident {
         "the host"
     } else {
         "the device"
@@ -508,6 +510,52 @@ fn the_device_trains_zero_2_with_the_optimizer_offloaded_in_fp16() {
 #[test]
 fn the_device_trains_zero_3_in_fp32_and_resumes_across_the_cpu() {
     device_run_against_the_cpu("fp32", None, Some("zero 3"), &[]).within(1e-5, 1e-6);
+}
+
+/// A library caller handing `train::run` fewer devices than the plan has ranks gets a plain
+/// error before anything trains, not a rank without a device.
+#[test]
+fn one_device_for_two_ranks_is_refused() {
+    use recipe_kernel_emu::Emu;
+    use recipe_runtime::backend::kernels::Kernels;
+    use recipe_runtime::model::{Executor, OnDevice};
+    use recipe_runtime::plan::Plan;
+    use recipe_runtime::train::{self, RunOptions};
+
+    let dir = workspace("one-device-two-ranks", TINY);
+    let o = recipe_in(
+        &dir,
+        &[
+            "build", "--target", "native", "-o", "built", "--gpus", "2", "tiny.rcp",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let mut plan = Plan::read(&dir.join("built/plan.json")).unwrap();
+    plan.train.output_dir = dir.join("out");
+    let one: std::sync::Arc<dyn Executor> = OnDevice::new(Kernels::new(Emu), "emulated GPU");
+    let options = RunOptions {
+        quiet: true,
+        executors: vec![one],
+        ..RunOptions::default()
+    };
+    let e = train::run(&plan, &options).unwrap_err().to_string();
+    assert!(e.contains("1 device(s) for a plan of 2 rank(s)"), "{e}");
+    assert!(!dir.join("out/metrics.jsonl").exists());
+}
+
+/// Two GPUs without ZeRO (plain data parallelism): each rank's model and AdamW resident on its
+/// device, the window's gradient down, averaged on the host, and back up for the device's step.
+#[test]
+fn two_gpus_keep_resident_replicas_at_zero_0() {
+    device_run_against_the_cpu("fp32", None, None, &["--gpus", "2"]).within(1e-5, 1e-6);
+}
+
+/// The same in fp16: the device's `Σ g²` of the averaged gradient is every rank's overflow
+/// check, and the host's scaler skips the same steps on both.
+#[test]
+fn two_gpus_keep_resident_replicas_at_zero_0_in_fp16() {
+    let sets = ["--gpus", "2", "--set", "train.clip=0.4"];
+    device_run_against_the_cpu("fp16", None, None, &sets).within(1e-3, 1e-3);
 }
 
 /// Two GPUs (two emulated devices, one per rank thread) against the CPU's two simulated ranks

@@ -306,6 +306,11 @@ impl recipe_runtime::optim::device::Resident for Counted {
         self.count(2);
         self.inner.upload_params(src)
     }
+
+    fn upload_grads(&self, src: &[f32]) -> Result<(), recipe_runtime::model::ModelError> {
+        self.count(2);
+        self.inner.upload_grads(src)
+    }
 }
 
 /// Optimizer offload with the model on the device (ZeRO-2, one rank): the micro-batches

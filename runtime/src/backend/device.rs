@@ -144,6 +144,8 @@ pub trait Device {
         debug_assert!(half.is_half());
         self.gemm(g, a, b, c)
     }
+    /// Sizes [`Device::gemm_half`]'s operand scratch for spans of up to `elems` elements.
+    fn reserve_gemm_half(&self, _elems: usize) {}
     /// Waits for all launched work; `Ok` unless the device reported an error.
     fn sync(&self) -> Result<(), String>;
 }

@@ -258,6 +258,10 @@ pub trait Backend {
 
     /// One GEMM, see [`Gemm`].
     fn gemm(&self, g: &Gemm, a: Self::View<'_>, b: Self::View<'_>, c: Self::ViewMut<'_>);
+    /// Sizes the scratch a GEMM needs for operands spanning up to `elems` elements, before a
+    /// run's first step (a GPU's half-precision operands: `device::Device::gemm_half`). The CPU
+    /// needs none.
+    fn reserve_gemm(&self, _elems: usize) {}
     /// `out[r, c] += bias[c]` for a `rows × cols` matrix.
     fn add_bias(&self, out: Self::ViewMut<'_>, bias: Self::View<'_>, rows: usize, cols: usize);
     /// Accumulates `db[c] += Σ_r dout[r, c]` (rows summed in order).

@@ -553,6 +553,11 @@ impl Classifier {
         let n = eval_batch * seq;
         let e = eval_acts_for(be, &mut ws.eval, c, labels, (eval_batch, seq));
         e.set_inputs(be, &zeros[..n], &zeros[..n], &zeros[..n]);
+        // The widest GEMM operand: a token-rows activation of the FFN's (or the fused QKV's)
+        // width, or the FFN's weight.
+        let (h, inter) = (c.hidden_size, c.intermediate_size);
+        let rows = batch.max(eval_batch) * seq;
+        be.reserve_gemm((rows * inter.max(3 * h)).max(inter * h).max(3 * h * h));
     }
 
     /// The evaluation buffers of `ws` for `b`'s shape, holding `b`'s inputs.

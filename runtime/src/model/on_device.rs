@@ -346,6 +346,17 @@ where
         k.device().sync().map_err(ModelError::Device)
     }
 
+    fn upload_grads(&self, src: &[f32]) -> Result<(), ModelError> {
+        let k = &self.kernels;
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let st = &mut *st;
+        let acc = accumulator(&mut st.opt, &mut st.acc)?;
+        same_len("gradient", src.len(), k.device().len(k.view(acc)))?;
+        k.write(k.view_mut(acc), src);
+        // `src` is the host's to reuse at the next step: the copy must be finished.
+        k.device().sync().map_err(ModelError::Device)
+    }
+
     fn upload_params(&self, src: &[f32]) -> Result<(), ModelError> {
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());

@@ -96,6 +96,9 @@ pub trait Resident: Send + Sync {
     /// updated values (one host → device copy per optimizer step; `src` from
     /// [`Resident::pinned`]).
     fn upload_params(&self, src: &[f32]) -> Result<(), ModelError>;
+    /// Several ranks at ZeRO-0: replaces the gradient accumulator with `src`, the window's
+    /// gradients averaged over the ranks on the host (one host → device copy per step).
+    fn upload_grads(&self, src: &[f32]) -> Result<(), ModelError>;
 }
 
 /// The per-element state of each optimizer on the device, named as the host's [`super::OptimState`]

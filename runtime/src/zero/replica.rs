@@ -370,7 +370,8 @@ impl Replica {
     }
 
     /// Keeps the model states on the device of the model's executor when this rank can: one
-    /// rank (several need NCCL), an executor that offers it. Returns whether it does.
+    /// rank ([`Replica::attach_device`] handles several), an executor that offers it. Returns
+    /// whether it does.
     ///
     /// Every ZeRO stage: with one rank a stage's partition is the whole buffer (stage 3's
     /// pieces are every segment in order), its reduce-scatter and all-gathers are identities, so
@@ -423,9 +424,10 @@ impl Replica {
     }
 
     /// Puts the model's executor to work for this rank: with one rank,
-    /// [`Replica::keep_on_device`]; with several (one GPU each, threads of one process), the
-    /// device runs this rank's passes and the host keeps everything ZeRO does between them
-    /// (docs/cuda.md, "Several GPUs"):
+    /// [`Replica::keep_on_device`]; with several (one GPU each, threads of one process) at
+    /// ZeRO-0, the same resident model and optimizer on every rank's device, the window's
+    /// gradient averaged on the host; at ZeRO 1–3 the device runs this rank's passes and the
+    /// host keeps everything ZeRO does between them (docs/cuda.md, "Several GPUs"):
     /// - stages 0–1 accumulate the window's gradient on the device, copied to the host once per
     ///   step ([`Replica::finish_window`]) for the all-reduce;
     /// - stages 2–3 copy each micro-batch's gradient to the host, where the stage's sink reduces
@@ -447,6 +449,19 @@ impl Replica {
         let Some(r) = x.resident() else {
             return Ok(false);
         };
+        if self.shard.stage == 0 {
+            // Data parallelism without ZeRO: every rank holds and steps the whole model, so each
+            // device keeps it resident as one rank does, and only the window's gradient makes
+            // the round trip for the host's all-reduce ([`Replica::finish_window`]).
+            let master = self.opt.host.as_ref().map(|h| &h.master[..]);
+            let keep = Keep {
+                optimizer: Some((&self.opt.opt, master)),
+                accumulate: Accumulate::InPlace,
+            };
+            r.upload(&self.model, self.storage.module, keep)?;
+            self.device = Some(x);
+            return Ok(true);
+        }
         // ZeRO-3 holds pieces: the device gets the whole buffer they make up.
         self.gather_whole(coll)?;
         let keep = Keep {
@@ -675,6 +690,23 @@ impl Replica {
             x.resident()
                 .expect("resident")
                 .download_grads(&mut self.grads)?;
+        }
+        if let (Some(x), true) = (self.device.clone(), coll.world() > 1) {
+            let r = x.resident().expect("kept on the device");
+            // ZeRO-0 resident on several devices: the window's gradient down, averaged over
+            // the ranks as the host's path averages it, and back up for the device's step.
+            let mut grads = std::mem::take(&mut self.grads);
+            grads.resize(self.shard.total, 0.0);
+            let averaged = r
+                .download_grads(&mut grads)
+                .map_err(ZeroError::from)
+                .and_then(|()| {
+                    coll.all_reduce(&mut grads, ReduceOp::Avg)?;
+                    self.storage.reduced(&mut grads);
+                    Ok(r.upload_grads(&grads)?)
+                });
+            self.grads = grads;
+            return averaged;
         }
         if self.shard.stage <= 1 && coll.world() > 1 {
             coll.all_reduce(&mut self.grads, ReduceOp::Avg)?;

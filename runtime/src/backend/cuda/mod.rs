@@ -188,6 +188,16 @@ fn driver_err(what: &str) -> impl Fn(drv::DriverError) -> CudaError + '_ {
     move |e| CudaError::Driver(format!("{what}: {e:?}"))
 }
 
+/// Makes `slot` hold at least `n` halves (a new allocation only when it is shorter).
+fn grow_halves(stream: &Arc<CudaStream>, slot: &mut Option<CudaSlice<u16>>, n: usize) {
+    if slot.as_ref().is_none_or(|s| s.len() < n) {
+        match stream.alloc_zeros::<u16>(n.max(1)) {
+            Ok(s) => *slot = Some(s),
+            Err(e) => panic!("CUDA allocation of {n} halves failed: {e:?}"),
+        }
+    }
+}
+
 impl CudaDevice {
     /// Opens GPU `ordinal`: checks the libraries, compiles the kernels for its architecture,
     /// loads them and creates the cuBLAS handle.
@@ -268,12 +278,7 @@ impl CudaDevice {
     /// Writes the half bits of the `n` floats at `src` into `slot` (grown when shorter) and
     /// returns its address.
     fn pack(&self, slot: &mut Option<CudaSlice<u16>>, src: u64, n: usize, half: Dtype) -> u64 {
-        if slot.as_ref().is_none_or(|s| s.len() < n) {
-            match self.stream.alloc_zeros::<u16>(n.max(1)) {
-                Ok(s) => *slot = Some(s),
-                Err(e) => panic!("CUDA allocation of {n} halves failed: {e:?}"),
-            }
-        }
+        grow_halves(&self.stream, slot, n);
         let dst = slot.as_mut().expect("allocated above");
         let (ptr, _sync) = cudarc::driver::DevicePtrMut::device_ptr_mut(dst, &self.stream);
         if n > 0 {
@@ -610,6 +615,13 @@ impl Device for CudaDevice {
         };
         if let Err(e) = r {
             self.record("cublasGemmEx", e);
+        }
+    }
+
+    fn reserve_gemm_half(&self, elems: usize) {
+        let mut packed = self.packed.lock().unwrap_or_else(|p| p.into_inner());
+        for slot in packed.iter_mut() {
+            grow_halves(&self.stream, slot, elems);
         }
     }
 

@@ -295,6 +295,12 @@ impl<D: Device> Backend for Kernels<D> {
         elementwise::gemm(self, g, a, b, c)
     }
 
+    fn reserve_gemm(&self, elems: usize) {
+        if self.store.is_half() {
+            self.dev.reserve_gemm_half(elems);
+        }
+    }
+
     fn add_bias(&self, out: D::ViewMut<'_>, bias: D::View<'_>, rows: usize, cols: usize) {
         elementwise::add_bias(self, out, bias, rows, cols)
     }
