@@ -7,7 +7,8 @@
 #   selftest.txt/.json  every operation on the GPU against the CPU backend (fp32, fp16, bf16)
 #   tiny/            the tiny BERT trained on the CPU and on the GPU, optimizer on the GPU
 #                    (tiny.json compares them), offloaded at ZeRO-2 in fp16 (offload.json), and
-#                    that on two ranks sharing the GPU against the CPU's two (ranks2.json)
+#                    two ranks sharing the GPU against the CPU's two: ZeRO-0 (dp2.json) and
+#                    that ZeRO-2 offload shape (ranks2.json)
 #   spam/, spam.json the main job, recipes/spam.rcp, trained on the GPU (final accuracy >= 0.95),
 #                    from gpu-assets/minilm (scripts/gpu-assets.sh: MiniLM in fp16, carried with
 #                    the binary; the GPU machine has no network); "skipped" without it
@@ -54,8 +55,9 @@ cp "$OUT/kernels/selftest.json" "$OUT/selftest.json" 2>/dev/null || true
 # within 1e-4 relative (the GPU's fused multiply-adds and cuBLAS's order differ from the CPU's).
 # Three times: the optimizer resident on the GPU (`tiny`), recipes/cls.rcp's shape, ZeRO-2 with
 # the optimizer offloaded to the host in fp16 (`offload`: the pinned copies, once per step each),
-# and that shape on two ranks (`ranks2`: `--gpus 2`, both ranks' passes on this GPU when it is the
-# only one, the collectives and the optimizer on the host; against the CPU's two ranks).
+# and two ranks against the CPU's two (both ranks on this GPU when it is the only one): `dp2`,
+# tiny.rcp at ZeRO-0 (each rank's model and optimizer resident, the gradient averaged on the
+# host), and `ranks2`, the ZeRO-2 offload shape (passes on the GPU, the rest on the host).
 W="$OUT/tiny"
 rm -rf "$W"; mkdir -p "$W"
 cp runtime/tests/fixtures/tokenizer/tokenizer.json "$W/"
@@ -63,10 +65,11 @@ cp runtime/tests/fixtures/data/spam48.jsonl "$W/train.jsonl"
 head -12 "$W/train.jsonl" > "$W/eval.jsonl"
 cp runtime/tests/fixtures/tiny-bert/config.json runtime/tests/fixtures/tiny-bert/tiny.rcp "$W/"
 { cat "$W/tiny.rcp"; echo 'zero 2 { offload optimizer = cpu }'; } > "$W/offload.rcp"
-for part in tiny offload ranks2; do
+for part in tiny offload dp2 ranks2; do
     sets=()
     rcp=$part.rcp
     [ "$part" = offload ] && sets=(--set 'train.precision=fp16')
+    [ "$part" = dp2 ] && { sets=(--gpus 2); rcp=tiny.rcp; }
     [ "$part" = ranks2 ] && { sets=(--set 'train.precision=fp16' --gpus 2); rcp=offload.rcp; }
     for dev in cpu cuda; do
         ( cd "$W" && "$BIN" run --quiet --device "$dev" ${sets[@]+"${sets[@]}"} \
@@ -92,8 +95,9 @@ if cpu and gpu:
     out["same_steps_lr_scales_skips"] = [s for s, _ in cpu] == [s for s, _ in gpu]
     out["max_loss_rel_diff"] = max(abs(a[1] - b[1]) / abs(a[1]) for a, b in zip(cpu, gpu))
     out["world"] = gstart.get("world")
-    # One rank keeps the model on the GPU; several keep the model states on the host.
-    on_device = out["world"] == 1
+    # One rank keeps the model on the GPU, and so does each of several at ZeRO-0; under ZeRO
+    # 1-3 several keep the model states on the host.
+    on_device = out["world"] == 1 or gstart.get("zero_stage") == 0
     out["ok"] = (out["same_steps_lr_scales_skips"] and out["max_loss_rel_diff"] <= 1e-4
                  and len(cpu) == len(gpu) and out["model_on_device"] is on_device
                  and cstart.get("world") == out["world"])
@@ -146,7 +150,7 @@ fi
 {
     echo "{"
     first=1
-    for k in kernels selftest tiny offload ranks2 spam throughput; do
+    for k in kernels selftest tiny offload dp2 ranks2 spam throughput; do
         [ $first = 1 ] || echo ","
         printf '  "%s": "%s"' "$k" "${parts[$k]}"
         first=0
