@@ -263,9 +263,19 @@ pub struct Replica {
     /// this rank's passes (and, stages 0–1, accumulating its window); the collectives, the
     /// optimizer and the model states stay on the host.
     passes: Option<Arc<dyn Executor>>,
-    /// With `passes` at stages 2–3: one micro-batch's whole gradient, copied from the device for
-    /// the stage's sink; at stage 3 also the gathered parameters copied to the device.
-    staged: Vec<f32>,
+    /// Several ranks on devices: the host's end of their copies, page-locked.
+    staged: Option<Exchange>,
+}
+
+/// Page-locked host memory of the whole model's size for several ranks' copies
+/// ([`Replica::attach_device`]): ZeRO-0's window gradient (down, averaged, up), ZeRO-2/3's
+/// micro-batch gradient for the stage's sink, ZeRO-3's gathered parameters for the upload.
+struct Exchange(PinnedBuf);
+
+impl std::fmt::Debug for Exchange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Exchange").field(&self.0.len()).finish()
+    }
 }
 
 /// Optimizer offload with the model on the device (DeepSpeed's ZeRO-Offload): the gradients
@@ -365,7 +375,7 @@ impl Replica {
             coef: None,
             staging: None,
             passes: None,
-            staged: Vec::new(),
+            staged: None,
         })
     }
 
@@ -459,6 +469,9 @@ impl Replica {
                 accumulate: Accumulate::InPlace,
             };
             r.upload(&self.model, self.storage.module, keep)?;
+            self.staged = Some(Exchange(r.pinned(self.shard.total)));
+            // The accumulator is the device's; the exchange buffer carries its copies.
+            self.grads = Vec::new();
             self.device = Some(x);
             return Ok(true);
         }
@@ -472,7 +485,7 @@ impl Replica {
         self.release_whole();
         uploaded?;
         if self.shard.stage >= 2 {
-            self.staged = vec![0.0; self.shard.total];
+            self.staged = Some(Exchange(r.pinned(self.shard.total)));
         }
         self.passes = Some(x);
         Ok(true)
@@ -595,7 +608,8 @@ impl Replica {
             // CPU's sink buffer is zeroed and added into the same way), to the host's sink.
             r.zero_grads()?;
             let loss = r.micro(&self.model, batch, weight, key)?;
-            r.download_grads(&mut self.staged)?;
+            let staged = self.staged.as_mut().expect("attached with its buffer");
+            r.download_grads(&mut staged.0)?;
             self.reduce_staged(coll)?;
             return Ok(loss);
         }
@@ -645,7 +659,7 @@ impl Replica {
     fn reduce_staged(&mut self, coll: &mut dyn Collective) -> Result<(), ZeroError> {
         let shared: SharedColl<'_> = RefCell::new(coll);
         let segs = self.model.segments().to_vec();
-        let staged = &self.staged;
+        let staged = &self.staged.as_ref().expect("attached with its buffer").0;
         let feed = |sink: &mut dyn GradSink<Cpu, Error = CollectiveError>| {
             // The backward finishes the last segment first.
             for (seg, s) in segs.iter().enumerate().rev() {
@@ -695,18 +709,13 @@ impl Replica {
             let r = x.resident().expect("kept on the device");
             // ZeRO-0 resident on several devices: the window's gradient down, averaged over
             // the ranks as the host's path averages it, and back up for the device's step.
-            let mut grads = std::mem::take(&mut self.grads);
-            grads.resize(self.shard.total, 0.0);
-            let averaged = r
-                .download_grads(&mut grads)
-                .map_err(ZeroError::from)
-                .and_then(|()| {
-                    coll.all_reduce(&mut grads, ReduceOp::Avg)?;
-                    self.storage.reduced(&mut grads);
-                    Ok(r.upload_grads(&grads)?)
-                });
-            self.grads = grads;
-            return averaged;
+            let storage = self.storage;
+            let grads = &mut self.staged.as_mut().expect("attached with its buffer").0;
+            r.download_grads(grads)?;
+            coll.all_reduce(grads, ReduceOp::Avg)?;
+            storage.reduced(grads);
+            r.upload_grads(grads)?;
+            return Ok(());
         }
         if self.shard.stage <= 1 && coll.world() > 1 {
             coll.all_reduce(&mut self.grads, ReduceOp::Avg)?;
@@ -840,11 +849,11 @@ impl Replica {
             // The updated parameters to this rank's device, once per step.
             let r = x.resident().expect("resident");
             if self.map.is_some() {
-                let mut whole = std::mem::take(&mut self.staged);
-                let gathered = self.gather_into(coll, &mut whole);
-                self.staged = whole;
-                gathered?;
-                r.upload_params(&self.staged)?;
+                let mut whole = self.staged.take().expect("attached with its buffer");
+                let gathered = self.gather_into(coll, &mut whole.0);
+                let uploaded = gathered.and_then(|()| Ok(r.upload_params(&whole.0)?));
+                self.staged = Some(whole);
+                uploaded?;
             } else {
                 r.upload_params(&self.model.params().data)?;
             }
