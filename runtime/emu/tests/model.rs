@@ -365,6 +365,78 @@ fn optimizer_offload_copies_the_gradients_down_and_the_parameters_up_once_per_st
     close("weights", &gpu, &cpu, 1e-5, 1e-5);
 }
 
+/// Two ranks, each on its own device (`Replica::attach_device`), at every ZeRO stage: what
+/// crosses between device and host per rank over 3 steps of 2 micro-batches — ZeRO-0 and 1 one
+/// gradient copy down and one copy up per step (the averaged gradient, or the parameters), ZeRO-2
+/// and 3 one gradient copy down per micro-batch and the parameters up once per step; never a
+/// passes-only pass — and rank 0's weights are the CPU ranks'.
+#[test]
+fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs() {
+    use recipe_runtime::collective::LocalCollective;
+    use recipe_runtime::model::OnDevice;
+    use recipe_runtime::optim::{Adam, AdamConfig};
+    use recipe_runtime::zero::{Replica, Shard, Storage};
+
+    let run = |stage: u8, device: bool| -> (Vec<f32>, Vec<[usize; 4]>) {
+        let group = LocalCollective::group(2, std::time::Duration::from_secs(60));
+        std::thread::scope(|s| {
+            let ranks: Vec<_> = group
+                .into_iter()
+                .enumerate()
+                .map(|(rank, mut coll)| {
+                    s.spawn(move || {
+                        let counted = std::sync::Arc::new(Counted {
+                            inner: OnDevice::new(Kernels::new(Emu), "emulated GPU"),
+                            calls: std::sync::Mutex::new([0; 4]),
+                        });
+                        let mut m = Classifier::random(tiny(0.0), 3, 7).unwrap();
+                        if device {
+                            m.set_executor(counted.clone());
+                        }
+                        let shard = Shard::new(stage, 2, rank, m.segments());
+                        let entries = &m.params().entries;
+                        let decay = vec![true; entries.len()];
+                        let c = AdamConfig::adamw(0.01);
+                        let opt = Adam::shard(c, entries, &decay, &shard.ranges).unwrap();
+                        let mut r =
+                            Replica::new(m, stage, 2, rank, opt, false, Storage::fp32()).unwrap();
+                        assert_eq!(r.attach_device(&mut coll).unwrap(), device);
+                        let mut ws = Workspace::new();
+                        for step in 0..3u64 {
+                            r.start_window().unwrap();
+                            for i in 0..2u64 {
+                                let b = batch_of(2, 6, 10 * step + 2 * i + rank as u64);
+                                r.micro(&mut coll, &mut ws, &b, 0.5, None).unwrap();
+                            }
+                            r.finish_window(&mut coll).unwrap();
+                            r.clip(&mut coll, 1.0).unwrap();
+                            r.step(&mut coll, 1e-2, 1.0).unwrap();
+                        }
+                        r.gather_whole(&mut coll).unwrap();
+                        let calls = *counted.calls.lock().unwrap();
+                        (r.model().params().data.clone(), calls)
+                    })
+                })
+                .collect();
+            let mut out: Vec<(Vec<f32>, [usize; 4])> =
+                ranks.into_iter().map(|h| h.join().unwrap()).collect();
+            let calls = out.iter().map(|o| o.1).collect();
+            (std::mem::take(&mut out[0].0), calls)
+        })
+    };
+    for stage in 0..=3u8 {
+        let (gpu, calls) = run(stage, true);
+        let (cpu, _) = run(stage, false);
+        let want = if stage <= 1 {
+            [6, 3, 3, 0]
+        } else {
+            [6, 6, 3, 0]
+        };
+        assert_eq!(calls, vec![want; 2], "ZeRO-{stage}");
+        close(&format!("ZeRO-{stage} weights"), &gpu, &cpu, 1e-5, 1e-5);
+    }
+}
+
 /// A batch of `bsz` sequences padded to `seq`, row i holding `seq - i` real tokens.
 fn batch_of(bsz: usize, seq: usize, seed: u64) -> Batch {
     batch_with(
