@@ -249,6 +249,16 @@ impl CudaDevice {
         (&self.name, &self.arch)
     }
 
+    /// Makes this GPU's context the calling thread's current one. The raw driver and cuBLAS
+    /// calls below act on the current context, and a run on several GPUs opens every device on
+    /// the main thread but drives each from its rank's thread; cudarc's own stream calls bind
+    /// themselves. Cheap when already bound (one `cuCtxGetCurrent`).
+    fn bind(&self) {
+        if let Err(e) = self.ctx.bind_to_thread() {
+            self.record("binding the GPU's context to this thread", e);
+        }
+    }
+
     /// Keeps the first error for [`Device::sync`].
     fn record(&self, what: &str, e: impl std::fmt::Debug) {
         let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
@@ -267,6 +277,7 @@ impl CudaDevice {
 
     /// Copies `host` into `dst` (same length).
     pub fn upload_into(&self, dst: &mut DevViewMut<'_>, host: &[f32]) {
+        self.bind();
         assert_eq!(dst.len, host.len(), "upload length");
         // SAFETY: `dst` is a live allocation of `host.len()` floats.
         let r = unsafe { drv::memcpy_htod_async(dst.ptr, host, self.stream.cu_stream()) };
@@ -368,6 +379,7 @@ impl Device for CudaDevice {
     }
 
     fn write_ids(&self, dst: &mut DevIds, src: &[u32]) -> bool {
+        self.bind();
         if src.is_empty() {
             return false; // nothing a kernel reads
         }
@@ -392,6 +404,7 @@ impl Device for CudaDevice {
     }
 
     fn download(&self, src: DevView<'_>, dst: &mut [f32]) {
+        self.bind();
         assert_eq!(src.len, dst.len(), "download length");
         // SAFETY: `src` is a live allocation of `dst.len()` floats; the stream is synchronised
         // before `dst` is read.
@@ -495,6 +508,7 @@ impl Device for CudaDevice {
     }
 
     fn zero(&self, dst: DevViewMut<'_>) {
+        self.bind();
         // SAFETY: `dst` is a live allocation of `len` floats.
         let r = unsafe { drv::memset_d8_async(dst.ptr, 0, 4 * dst.len, self.stream.cu_stream()) };
         if let Err(e) = r {
@@ -503,6 +517,7 @@ impl Device for CudaDevice {
     }
 
     fn copy(&self, dst: DevViewMut<'_>, src: DevView<'_>) {
+        self.bind();
         assert_eq!(dst.len, src.len, "copy lengths");
         // SAFETY: both are live allocations of `len` floats.
         let r = unsafe {
@@ -514,6 +529,7 @@ impl Device for CudaDevice {
     }
 
     fn launch(&self, name: &'static str, l: Launch, args: &[Arg]) {
+        self.bind();
         let Some(f) = self.functions.get(name) else {
             panic!("kernel `{name}` is not in runtime/kernels");
         };
@@ -540,6 +556,7 @@ impl Device for CudaDevice {
     }
 
     fn gemm(&self, g: &Gemm, a: DevView<'_>, b: DevView<'_>, c: DevViewMut<'_>) {
+        self.bind();
         let cm = gemm::col_major(g);
         let (op, int) = (gemm::op, gemm::dim);
         // SAFETY: the views are live allocations large enough for the shapes (the model checks
@@ -569,6 +586,7 @@ impl Device for CudaDevice {
 
     fn gemm_half(&self, g: &Gemm, a: DevView<'_>, b: DevView<'_>, c: DevViewMut<'_>, half: Dtype) {
         use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
+        self.bind();
         let dtype = match half {
             Dtype::F16 => cudaDataType::CUDA_R_16F,
             Dtype::Bf16 => cudaDataType::CUDA_R_16BF,
