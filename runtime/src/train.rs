@@ -45,8 +45,9 @@ pub struct RunOptions {
     pub quiet: bool,
     /// Where each rank's passes run instead of the CPU backend: one executor (a GPU) per rank
     /// of the plan, rank r on `executors[r]`; empty, every rank on the CPU. One rank keeps its
-    /// model states on its device; several keep theirs on the host and talk through host
-    /// memory (docs/cuda.md, "Several GPUs").
+    /// model states on its device, and so does each of several at ZeRO-0; under ZeRO 1–3
+    /// several keep theirs on the host. Several talk through host memory (docs/cuda.md,
+    /// "Several GPUs").
     pub executors: Vec<std::sync::Arc<dyn crate::model::Executor>>,
 }
 
