@@ -133,6 +133,24 @@ impl<D: Device> OnDevice<D> {
     }
 }
 
+impl<D: Device> OnDevice<D> {
+    /// One copy between the gradient accumulator and a host buffer of `host` elements (refused
+    /// at another length), finished before it returns: the host reuses its buffer next step.
+    fn copy_accumulator(
+        &self,
+        host: usize,
+        copy: impl FnOnce(&Kernels<D>, &mut D::Buf),
+    ) -> Result<(), ModelError> {
+        let k = &self.kernels;
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let st = &mut *st;
+        let acc = accumulator(&mut st.opt, &mut st.acc)?;
+        same_len("gradient", host, k.device().len(k.view(acc)))?;
+        copy(k, acc);
+        k.device().sync().map_err(ModelError::Device)
+    }
+}
+
 /// Copies `host` into `slot`, allocating only the first time (the model's size is fixed).
 fn put<D: Device>(k: &Kernels<D>, slot: &mut Option<D::Buf>, host: &[f32]) {
     match slot {
@@ -337,24 +355,11 @@ where
     }
 
     fn download_grads(&self, dst: &mut [f32]) -> Result<(), ModelError> {
-        let k = &self.kernels;
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let st = &mut *st;
-        let acc = accumulator(&mut st.opt, &mut st.acc)?;
-        same_len("gradient", dst.len(), k.device().len(k.view(acc)))?;
-        k.download(k.view(acc), dst);
-        k.device().sync().map_err(ModelError::Device)
+        self.copy_accumulator(dst.len(), |k, acc| k.download(k.view(acc), dst))
     }
 
     fn upload_grads(&self, src: &[f32]) -> Result<(), ModelError> {
-        let k = &self.kernels;
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let st = &mut *st;
-        let acc = accumulator(&mut st.opt, &mut st.acc)?;
-        same_len("gradient", src.len(), k.device().len(k.view(acc)))?;
-        k.write(k.view_mut(acc), src);
-        // `src` is the host's to reuse at the next step: the copy must be finished.
-        k.device().sync().map_err(ModelError::Device)
+        self.copy_accumulator(src.len(), |k, acc| k.write(k.view_mut(acc), src))
     }
 
     fn upload_params(&self, src: &[f32]) -> Result<(), ModelError> {
