@@ -273,7 +273,23 @@ fn device_run_against_the_cpu(
     zero: Option<&str>,
     sets: &[&str],
 ) -> Deviation {
-    use recipe_kernel_emu::Emu;
+    device_run(precision, optimizer, zero, sets, false)
+}
+
+/// [`device_run_against_the_cpu`] on several emulated GPUs that sum their gradients directly
+/// (`OnDevice::with_peers`: NCCL's place on real GPUs), not through host memory.
+fn peers_run_against_the_cpu(precision: &str, zero: Option<&str>, sets: &[&str]) -> Deviation {
+    device_run(precision, None, zero, sets, true)
+}
+
+fn device_run(
+    precision: &str,
+    optimizer: Option<&str>,
+    zero: Option<&str>,
+    sets: &[&str],
+    peers: bool,
+) -> Deviation {
+    use recipe_kernel_emu::{Emu, EmuPeers};
     use recipe_runtime::backend::kernels::Kernels;
     use recipe_runtime::model::{Classifier, Executor, OnDevice};
     use recipe_runtime::plan::Plan;
@@ -299,7 +315,11 @@ fn device_run_against_the_cpu(
     let stage: String = zero.map_or(String::new(), |z| {
         z.chars().filter(char::is_ascii_alphanumeric).collect()
     });
-    let dir = workspace(&format!("device-optim-{precision}-{kind}{stage}"), &recipe);
+    let tag = if peers { "-peers" } else { "" };
+    let dir = workspace(
+        &format!("device-optim-{precision}-{kind}{stage}{tag}"),
+        &recipe,
+    );
     // Fewer rows than the other tests: the emulation runs every CUDA thread in turn on one core.
     let rows = std::fs::read_to_string(dir.join("train.jsonl")).unwrap();
     let head = |n: usize| -> String { rows.lines().take(n).map(|l| format!("{l}\n")).collect() };
@@ -328,10 +348,17 @@ fn device_run_against_the_cpu(
     // One emulated GPU per rank.
     let world = plan.batch.world.max(1) as usize;
     let gpu = || -> Vec<Arc<dyn Executor>> {
+        let kernels = || Kernels::new(Emu).with_store(dtype);
+        if peers {
+            return EmuPeers::group(world)
+                .into_iter()
+                .map(|p| -> Arc<dyn Executor> {
+                    OnDevice::with_peers(kernels(), "emulated GPU", Box::new(p))
+                })
+                .collect();
+        }
         (0..world)
-            .map(|_| -> Arc<dyn Executor> {
-                OnDevice::new(Kernels::new(Emu).with_store(dtype), "emulated GPU")
-            })
+            .map(|_| -> Arc<dyn Executor> { OnDevice::new(kernels(), "emulated GPU") })
             .collect()
     };
     let options = RunOptions {
@@ -365,6 +392,7 @@ fn device_run_against_the_cpu(
     let resident = world == 1 || plan.train.zero_stage == 0;
     assert_eq!(start["world"], world, "{start}");
     assert_eq!(start["model_on_device"], resident, "{start}");
+    assert_eq!(start["exchange_on_device"], peers, "{start}");
     let offloaded = start["offload_optimizer"] == true;
     assert_eq!(
         start["optimizer_on_device"],
@@ -584,6 +612,33 @@ fn two_gpus_train_zero_2_with_the_optimizer_offloaded_in_fp16() {
 #[test]
 fn two_gpus_train_zero_3_in_fp32() {
     device_run_against_the_cpu("fp32", None, Some("zero 3"), &["--gpus", "2"]).within(1e-5, 1e-6);
+}
+
+/// Two GPUs summing their gradients directly (NCCL's place; here two emulated devices adding in
+/// rank order) at ZeRO-0 in fp16: nothing crosses to the host but the loss and `Σ g²`, and the
+/// run is the CPU ranks'.
+#[test]
+fn two_gpus_average_between_the_devices_at_zero_0_in_fp16() {
+    let sets = ["--gpus", "2", "--set", "train.clip=0.4"];
+    peers_run_against_the_cpu("fp16", None, &sets).within(1e-3, 1e-3);
+}
+
+/// recipes/cls.rcp's shape (ZeRO-2, optimizer offload, fp16) with the devices reducing each
+/// micro-batch's gradient to its owners: one copy of the rank's partition per micro-batch.
+#[test]
+fn two_gpus_reduce_to_the_owners_between_the_devices_at_zero_2_offloaded_in_fp16() {
+    let zero = "zero 2 { offload optimizer = cpu }";
+    let sets = ["--gpus", "2", "--set", "train.clip=0.4"];
+    peers_run_against_the_cpu("fp16", Some(zero), &sets).within(1e-3, 1e-3);
+}
+
+/// ZeRO-1 and ZeRO-3 in fp32 with the devices summing: the window's average, and each
+/// micro-batch's pieces reduced to their owners segment by segment.
+#[test]
+fn two_gpus_sum_between_the_devices_at_zero_1_and_3() {
+    for zero in ["zero 1", "zero 3"] {
+        peers_run_against_the_cpu("fp32", Some(zero), &["--gpus", "2"]).within(1e-5, 1e-6);
+    }
 }
 
 #[test]

@@ -34,6 +34,14 @@ extern "C" __global__ void round_rows(float* x, int rows, int cols, int ld, int 
     }
 }
 
+// x[i] = x[i] · factor rounded to the dtype `comm`, then to the stored one: a sum over the ranks
+// made the average the host's ReduceOp::Avg makes (one f32 multiply by the rounded 1/N; no add
+// follows it to contract into), stored as zero::Storage::reduced stores it.
+extern "C" __global__ void scale_round(float* x, int n, float factor, int comm, int store) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = st(st(x[i] * factor, comm), store);
+}
+
 // dst[i] = the half bits of src[i]: a GEMM operand for cuBLAS's fp16/bf16 inputs (the values
 // are the run's half values, so nothing is rounded), n elements from the operand's start.
 extern "C" __global__ void pack_half(unsigned short* dst, const float* src, int n, int store) {

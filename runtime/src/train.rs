@@ -760,6 +760,7 @@ fn rank_loop(
             // (on the host under `offload_optimizer`).
             "model_on_device": rep.on_device(),
             "optimizer_on_device": rep.optimizer_on_device(),
+            "exchange_on_device": rep.exchanges_on_device(),
             "predicted": plan.steps,
             "memory_rank0": memory,
             "precision": plan.train.precision,

@@ -7,8 +7,9 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 
-use recipe_runtime::backend::device::{Arg, Device, Launch};
+use recipe_runtime::backend::device::{Arg, Device, Launch, Peers};
 use recipe_runtime::backend::{Backend, Cpu, Gemm};
+use recipe_runtime::collective::{Collective, LocalCollective, ReduceOp};
 
 extern "C" {
     fn recipe_emu_launch(
@@ -102,5 +103,43 @@ impl Device for Emu {
 
     fn sync(&self) -> Result<(), String> {
         Ok(())
+    }
+}
+
+/// Emulated devices of one data-parallel group summing their buffers directly, as GPUs do through
+/// NCCL: the buffers are host memory, so the sums are [`LocalCollective`]'s (rank order), which
+/// makes a run with peers comparable bit for bit with the CPU's simulated ranks.
+#[derive(Debug)]
+pub struct EmuPeers(LocalCollective);
+
+impl EmuPeers {
+    /// One end per rank of a group of `world` emulated devices.
+    pub fn group(world: usize) -> Vec<EmuPeers> {
+        LocalCollective::group(world, std::time::Duration::from_secs(120))
+            .into_iter()
+            .map(EmuPeers)
+            .collect()
+    }
+}
+
+impl Peers<Emu> for EmuPeers {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+
+    fn world(&self) -> usize {
+        self.0.world()
+    }
+
+    fn all_reduce_sum(&mut self, _: &Emu, buf: &mut [f32]) -> Result<(), String> {
+        self.0
+            .all_reduce(buf, ReduceOp::Sum)
+            .map_err(|e| e.to_string())
+    }
+
+    fn reduce_sum(&mut self, _: &Emu, buf: &mut [f32], root: usize) -> Result<(), String> {
+        self.0
+            .reduce(buf, root, ReduceOp::Sum)
+            .map_err(|e| e.to_string())
     }
 }

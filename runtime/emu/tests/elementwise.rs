@@ -192,3 +192,30 @@ fn pack_half_writes_the_half_crates_bits() {
         }
     }
 }
+
+/// `scale_round`, the devices' average of a sum over the ranks: bit for bit the host's
+/// `ReduceOp::Avg` (× the f32 `1/N`) followed by `Storage::reduced` (the communication dtype,
+/// then the module's), for every pair of dtypes, on odd lengths and values past fp16's range.
+#[test]
+fn scale_round_is_the_hosts_average_and_rounding_bit_for_bit() {
+    use recipe_runtime::backend::kernels::Kernels;
+    use recipe_runtime::zero::Storage;
+    let k = Kernels::new(recipe_kernel_emu::Emu);
+    for world in [2usize, 3, 7] {
+        let inv = 1.0 / world as f32;
+        for &n in SIZES {
+            let mut xs = rand(n, 3e5, 9 + world as u64);
+            xs[0] = 65519.0 * world as f32;
+            for comm in STORES {
+                for module in STORES {
+                    let mut got = xs.clone();
+                    k.scale_round(&mut got[..], inv, comm, module);
+                    let mut want: Vec<f32> = xs.iter().map(|x| x * inv).collect();
+                    Storage { module, comm }.reduced(&mut want);
+                    let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "N = {world}, n = {n}, comm {comm:?}, module {module:?}");
+                }
+            }
+        }
+    }
+}

@@ -205,8 +205,8 @@ fn one_rank_keeps_the_model_on_the_device_at_every_stage_and_the_optimizer_witho
 /// An executor that counts what the training loop asks of the device it wraps.
 struct Counted {
     inner: std::sync::Arc<recipe_runtime::model::OnDevice<Emu>>,
-    /// (micro-batches, gradient downloads, parameter uploads, passes-only passes)
-    calls: std::sync::Mutex<[usize; 4]>,
+    /// (micro-batches, gradient downloads, uploads, passes-only passes, sums between devices)
+    calls: std::sync::Mutex<[usize; 5]>,
 }
 
 impl Counted {
@@ -311,6 +311,29 @@ impl recipe_runtime::optim::device::Resident for Counted {
         self.count(2);
         self.inner.upload_grads(src)
     }
+
+    fn peers(&self) -> Option<(usize, usize)> {
+        self.inner.peers()
+    }
+
+    fn average_grads(
+        &self,
+        storage: recipe_runtime::zero::Storage,
+    ) -> Result<(), recipe_runtime::model::ModelError> {
+        self.count(4);
+        self.inner.average_grads(storage)
+    }
+
+    fn reduce_to_owners(
+        &self,
+        owners: &[(std::ops::Range<usize>, usize)],
+        storage: recipe_runtime::zero::Storage,
+        dst: &mut [f32],
+    ) -> Result<(), recipe_runtime::model::ModelError> {
+        self.count(1);
+        self.count(4);
+        self.inner.reduce_to_owners(owners, storage, dst)
+    }
 }
 
 /// Optimizer offload with the model on the device (ZeRO-2, one rank): the micro-batches
@@ -326,7 +349,7 @@ fn optimizer_offload_copies_the_gradients_down_and_the_parameters_up_once_per_st
 
     let counted = std::sync::Arc::new(Counted {
         inner: OnDevice::new(Kernels::new(Emu), "emulated GPU"),
-        calls: std::sync::Mutex::new([0; 4]),
+        calls: std::sync::Mutex::new([0; 5]),
     });
     let replica = |device: bool| {
         let mut m = Classifier::random(tiny(0.0), 3, 7).unwrap();
@@ -361,36 +384,57 @@ fn optimizer_offload_copies_the_gradients_down_and_the_parameters_up_once_per_st
     };
     let gpu = train(&mut replica(true));
     let cpu = train(&mut replica(false));
-    assert_eq!(*counted.calls.lock().unwrap(), [6, 3, 3, 0]);
+    assert_eq!(*counted.calls.lock().unwrap(), [6, 3, 3, 0, 0]);
     close("weights", &gpu, &cpu, 1e-5, 1e-5);
 }
 
 /// Two ranks, each on its own device (`Replica::attach_device`), at every ZeRO stage: what
-/// crosses between device and host per rank over 3 steps of 2 micro-batches — ZeRO-0 and 1 one
-/// gradient copy down and one copy up per step (the averaged gradient, or the parameters), ZeRO-2
-/// and 3 one gradient copy down per micro-batch and the parameters up once per step; never a
-/// passes-only pass — and rank 0's weights are the CPU ranks'.
+/// crosses between device and host per rank over 3 steps of 2 micro-batches, and rank 0's
+/// weights against the CPU ranks'.
+/// - Exchanging through the host: ZeRO-0 and 1 one gradient copy down and one copy up per step
+///   (the averaged gradient, or the parameters), ZeRO-2 and 3 one gradient copy down per
+///   micro-batch and the parameters up once per step; never a passes-only pass.
+/// - With peers (the devices sum directly, NCCL on GPUs): ZeRO-0 nothing at all, one sum per
+///   step; ZeRO-1 the averaged gradient down and the parameters up per step; ZeRO-2 and 3 one sum
+///   and one copy of this rank's partition down per micro-batch. The weights are the host
+///   exchange's bit for bit (the emulated sums are the host's, in rank order).
 #[test]
 fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs() {
+    use recipe_kernel_emu::EmuPeers;
     use recipe_runtime::collective::LocalCollective;
     use recipe_runtime::model::OnDevice;
     use recipe_runtime::optim::{Adam, AdamConfig};
     use recipe_runtime::zero::{Replica, Shard, Storage};
 
-    let run = |stage: u8, device: bool| -> (Vec<f32>, Vec<[usize; 4]>) {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mode {
+        Cpu,
+        Host,
+        Peers,
+    }
+    let run = |stage: u8, mode: Mode| -> (Vec<f32>, Vec<[usize; 5]>) {
         let group = LocalCollective::group(2, std::time::Duration::from_secs(60));
+        let mut peers: Vec<Option<EmuPeers>> = EmuPeers::group(2).into_iter().map(Some).collect();
         std::thread::scope(|s| {
             let ranks: Vec<_> = group
                 .into_iter()
+                .zip(peers.iter_mut())
                 .enumerate()
-                .map(|(rank, mut coll)| {
+                .map(|(rank, (mut coll, p))| {
+                    let p = p.take().unwrap();
                     s.spawn(move || {
+                        let inner = match mode {
+                            Mode::Peers => {
+                                OnDevice::with_peers(Kernels::new(Emu), "emulated GPU", Box::new(p))
+                            }
+                            _ => OnDevice::new(Kernels::new(Emu), "emulated GPU"),
+                        };
                         let counted = std::sync::Arc::new(Counted {
-                            inner: OnDevice::new(Kernels::new(Emu), "emulated GPU"),
-                            calls: std::sync::Mutex::new([0; 4]),
+                            inner,
+                            calls: std::sync::Mutex::new([0; 5]),
                         });
                         let mut m = Classifier::random(tiny(0.0), 3, 7).unwrap();
-                        if device {
+                        if mode != Mode::Cpu {
                             m.set_executor(counted.clone());
                         }
                         let shard = Shard::new(stage, 2, rank, m.segments());
@@ -400,7 +444,7 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
                         let opt = Adam::shard(c, entries, &decay, &shard.ranges).unwrap();
                         let mut r =
                             Replica::new(m, stage, 2, rank, opt, false, Storage::fp32()).unwrap();
-                        assert_eq!(r.attach_device(&mut coll).unwrap(), device);
+                        assert_eq!(r.attach_device(&mut coll).unwrap(), mode != Mode::Cpu);
                         let mut ws = Workspace::new();
                         for step in 0..3u64 {
                             r.start_window().unwrap();
@@ -418,22 +462,37 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
                     })
                 })
                 .collect();
-            let mut out: Vec<(Vec<f32>, [usize; 4])> =
+            let mut out: Vec<(Vec<f32>, [usize; 5])> =
                 ranks.into_iter().map(|h| h.join().unwrap()).collect();
             let calls = out.iter().map(|o| o.1).collect();
             (std::mem::take(&mut out[0].0), calls)
         })
     };
     for stage in 0..=3u8 {
-        let (gpu, calls) = run(stage, true);
-        let (cpu, _) = run(stage, false);
+        let (host, calls) = run(stage, Mode::Host);
+        let (cpu, _) = run(stage, Mode::Cpu);
         let want = if stage <= 1 {
-            [6, 3, 3, 0]
+            [6, 3, 3, 0, 0]
         } else {
-            [6, 6, 3, 0]
+            [6, 6, 3, 0, 0]
         };
-        assert_eq!(calls, vec![want; 2], "ZeRO-{stage}");
-        close(&format!("ZeRO-{stage} weights"), &gpu, &cpu, 1e-5, 1e-5);
+        assert_eq!(calls, vec![want; 2], "ZeRO-{stage} through the host");
+        close(&format!("ZeRO-{stage} weights"), &host, &cpu, 1e-5, 1e-5);
+        let (peers, calls) = run(stage, Mode::Peers);
+        let want = match stage {
+            0 => [6, 0, 0, 0, 3],
+            1 => [6, 3, 3, 0, 3],
+            _ => [6, 6, 3, 0, 6],
+        };
+        assert_eq!(calls, vec![want; 2], "ZeRO-{stage} with peers");
+        let same = peers
+            .iter()
+            .zip(&host)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(
+            same,
+            "ZeRO-{stage}: the peers' weights are not the host exchange's"
+        );
     }
 }
 

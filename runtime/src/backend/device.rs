@@ -149,3 +149,24 @@ pub trait Device {
     /// Waits for all launched work; `Ok` unless the device reported an error.
     fn sync(&self) -> Result<(), String>;
 }
+
+/// The devices of a data-parallel group summing their buffers directly, one device per rank
+/// (NCCL between GPUs, [`super::cuda::nccl`]; the emulator's sum in host memory). Every rank
+/// calls the same sums in the same order with views of the same lengths, as with
+/// [`crate::collective::Collective`]; a sum is queued on the device's stream, ordered with its
+/// launches, and finished by the next [`Device::download`] or [`Device::sync`].
+///
+/// The sums are element-wise f32 additions over the ranks. The emulator adds in rank order 0,
+/// 1, …, N−1, as [`crate::collective::LocalCollective`]; NCCL in its ring's order, the same bits
+/// for two ranks (one addition, commutative), a different rounding order for more.
+pub trait Peers<D: Device>: Send {
+    /// This device's rank, `0..world()`.
+    fn rank(&self) -> usize;
+    /// The devices in the group.
+    fn world(&self) -> usize;
+    /// `buf` ← the element-wise sum of every rank's `buf`, on every rank.
+    fn all_reduce_sum(&mut self, dev: &D, buf: D::ViewMut<'_>) -> Result<(), String>;
+    /// Rank `root`'s `buf` ← the element-wise sum of every rank's `buf`; the other ranks' `buf`
+    /// is left as it was.
+    fn reduce_sum(&mut self, dev: &D, buf: D::ViewMut<'_>, root: usize) -> Result<(), String>;
+}

@@ -14,10 +14,11 @@
 //!   host: the accumulated gradients come down and the parameters go up once per step, through
 //!   pinned host memory ([`Resident::pinned`]).
 
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use super::{Batch, Classifier, DropoutKey, ModelError, Workspace};
-use crate::backend::device::Device;
+use crate::backend::device::{Device, Peers};
 use crate::backend::kernels::Kernels;
 use crate::backend::Backend;
 use crate::optim::device::{Accumulate, DeviceOptimizer, Keep, PinnedBuf, Resident};
@@ -65,6 +66,11 @@ struct State<D: Device> {
     /// ZeRO-2/3 ([`Accumulate::Reduced`]): one micro-batch's own gradient, and how it is rounded
     /// into the accumulator.
     own: Option<(D::Buf, Storage)>,
+    /// The other ranks' devices, when this one sums with them directly.
+    peers: Option<Box<dyn Peers<D>>>,
+    /// ZeRO-2/3 with peers: this rank's reduced ranges packed for their one copy to the host
+    /// (allocated at the first micro-batch, then reused).
+    part: Option<D::Buf>,
 }
 
 /// The gradient accumulator of [`Resident`], once uploaded: the device optimizer's, else the
@@ -117,9 +123,27 @@ impl<D: Device> OnDevice<D> {
 
     /// Passes on `kernels`, described as `what`.
     pub fn new(kernels: Kernels<D>, what: impl Into<String>) -> Arc<OnDevice<D>> {
+        Self::build(kernels, what.into(), None)
+    }
+
+    /// Passes on `kernels` of one rank whose device sums gradients with the other ranks'
+    /// devices through `peers` ([`Resident::average_grads`], [`Resident::reduce_to_owners`]).
+    pub fn with_peers(
+        kernels: Kernels<D>,
+        what: impl Into<String>,
+        peers: Box<dyn Peers<D>>,
+    ) -> Arc<OnDevice<D>> {
+        Self::build(kernels, what.into(), Some(peers))
+    }
+
+    fn build(
+        kernels: Kernels<D>,
+        what: String,
+        peers: Option<Box<dyn Peers<D>>>,
+    ) -> Arc<OnDevice<D>> {
         Arc::new(OnDevice {
             kernels,
-            what: what.into(),
+            what,
             state: Mutex::new(State {
                 ws: Workspace::new(),
                 params: None,
@@ -128,6 +152,8 @@ impl<D: Device> OnDevice<D> {
                 opt: None,
                 acc: None,
                 own: None,
+                peers,
+                part: None,
             }),
         })
     }
@@ -224,6 +250,12 @@ where
         k.device().sync().map_err(ModelError::Device)?;
         Ok(logits)
     }
+}
+
+fn no_peers() -> ModelError {
+    ModelError::Argument(
+        "this device sums with no other ranks' devices (OnDevice::with_peers)".into(),
+    )
 }
 
 fn not_uploaded() -> ModelError {
@@ -360,6 +392,83 @@ where
 
     fn upload_grads(&self, src: &[f32]) -> Result<(), ModelError> {
         self.copy_accumulator(src.len(), |k, acc| k.write(k.view_mut(acc), src))
+    }
+
+    fn peers(&self) -> Option<(usize, usize)> {
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.peers.as_ref().map(|p| (p.rank(), p.world()))
+    }
+
+    fn average_grads(&self, storage: Storage) -> Result<(), ModelError> {
+        let (k, dev) = (&self.kernels, self.kernels.device());
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let st = &mut *st;
+        let peers = st.peers.as_mut().ok_or_else(no_peers)?;
+        let acc = accumulator(&mut st.opt, &mut st.acc)?;
+        peers
+            .all_reduce_sum(dev, dev.view_mut(acc))
+            .map_err(ModelError::Device)?;
+        let inv = 1.0 / peers.world() as f32;
+        k.scale_round(dev.view_mut(acc), inv, storage.comm, storage.module);
+        dev.sync().map_err(ModelError::Device)
+    }
+
+    fn reduce_to_owners(
+        &self,
+        owners: &[(Range<usize>, usize)],
+        storage: Storage,
+        dst: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let (k, dev) = (&self.kernels, self.kernels.device());
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let st = &mut *st;
+        let peers = st.peers.as_mut().ok_or_else(no_peers)?;
+        let (me, inv) = (peers.rank(), 1.0 / peers.world() as f32);
+        let acc = accumulator(&mut st.opt, &mut st.acc)?;
+        let n = dev.len(dev.view(acc));
+        if let Some((r, _)) = owners.iter().find(|(r, _)| r.end > n || r.start > r.end) {
+            return Err(ModelError::Argument(format!(
+                "gradient range {r:?} of a device accumulator of {n}"
+            )));
+        }
+        for (r, owner) in owners {
+            peers
+                .reduce_sum(dev, dev.range_mut(acc, r.clone()), *owner)
+                .map_err(ModelError::Device)?;
+        }
+        let mine: Vec<Range<usize>> = owners
+            .iter()
+            .filter(|(_, o)| *o == me)
+            .map(|(r, _)| r.clone())
+            .collect();
+        same_len(
+            "gradient partition",
+            dst.len(),
+            mine.iter().map(Range::len).sum(),
+        )?;
+        for r in &mine {
+            k.scale_round(
+                dev.range_mut(acc, r.clone()),
+                inv,
+                storage.comm,
+                storage.module,
+            );
+        }
+        if let [r] = &mine[..] {
+            // One range (ZeRO-2's flat partition): straight to the host.
+            dev.download(dev.sub(dev.view(acc), r.clone()), dst);
+        } else {
+            // ZeRO-3's pieces, one per segment: packed on the device, then one copy.
+            let part = st.part.get_or_insert_with(|| k.alloc(dst.len()));
+            let mut at = 0;
+            for r in &mine {
+                let src = dev.sub(dev.view(acc), r.clone());
+                dev.copy(dev.range_mut(part, at..at + r.len()), src);
+                at += r.len();
+            }
+            dev.download(dev.sub(dev.view(part), 0..at), dst);
+        }
+        dev.sync().map_err(ModelError::Device)
     }
 
     fn upload_params(&self, src: &[f32]) -> Result<(), ModelError> {

@@ -15,6 +15,8 @@
 //! states uploaded from it. [`Resident::download`] brings the states back when the host needs
 //! them (a checkpoint, an evaluation, the final save), so those stay the CPU's files.
 
+use std::ops::Range;
+
 use super::{adagrad, adam, lamb, sgd, OptimError, Optimizer};
 use crate::backend::device::Device;
 use crate::backend::kernels::{self, DecayMask, Kernels, LambTensors, NORM_BLOCKS};
@@ -99,6 +101,25 @@ pub trait Resident: Send + Sync {
     /// Several ranks at ZeRO-0: replaces the gradient accumulator with `src`, the window's
     /// gradients averaged over the ranks on the host (one host → device copy per step).
     fn upload_grads(&self, src: &[f32]) -> Result<(), ModelError>;
+    /// Several ranks whose devices sum their buffers directly ([`crate::backend::device::Peers`]): this device's
+    /// `(rank, world)` in that group, or `None` when it has no peers (the ranks then exchange
+    /// through the host).
+    fn peers(&self) -> Option<(usize, usize)>;
+    /// ZeRO 0–1 with peers: the gradient accumulator summed over the ranks' devices, made the
+    /// average and rounded as the host's all-reduce makes it (`ReduceOp::Avg`, then
+    /// `Storage::reduced`), in place on every rank. Every rank calls it.
+    fn average_grads(&self, storage: Storage) -> Result<(), ModelError>;
+    /// ZeRO 2–3 with peers: each `(range, owner)` of the gradient accumulator summed to rank
+    /// `owner` (DeepSpeed's reduce of each partition's slice to its owner), this rank's own
+    /// ranges made the average and rounded as [`Resident::average_grads`] does, and copied in
+    /// order into `dst`, their total length (one device → host copy). Every rank calls it with
+    /// the same list.
+    fn reduce_to_owners(
+        &self,
+        owners: &[(Range<usize>, usize)],
+        storage: Storage,
+        dst: &mut [f32],
+    ) -> Result<(), ModelError>;
 }
 
 /// The per-element state of each optimizer on the device, named as the host's [`super::OptimState`]

@@ -7,12 +7,12 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::sinks::{Gathered, ReduceToOwners, Scattered, SharedColl};
+use super::sinks::{accumulate, Gathered, ReduceToOwners, Scattered, SharedColl};
 use super::{SegmentParts, Shard, ZeroError};
 use crate::backend::Cpu;
 use crate::collective::{Collective, CollectiveError, Partition, ReduceOp};
 use crate::model::{
-    Batch, Classifier, DropoutKey, Executor, GradSink, ParamSource, Whole, Workspace,
+    Batch, Classifier, DropoutKey, Executor, GradSink, ModelError, ParamSource, Whole, Workspace,
 };
 use crate::optim::device::{Accumulate, Keep, PinnedBuf, Resident};
 use crate::optim::{self, GradScale, OptimError, OptimState, Optimizer};
@@ -41,7 +41,7 @@ impl Storage {
     }
 
     /// Rounds a reduced gradient as it arrives (communication dtype) and is stored (module).
-    pub(crate) fn reduced(&self, xs: &mut [f32]) {
+    pub fn reduced(&self, xs: &mut [f32]) {
         self.comm.round_slice(xs);
         self.module.round_slice(xs);
     }
@@ -265,6 +265,12 @@ pub struct Replica {
     passes: Option<Arc<dyn Executor>>,
     /// Several ranks on devices: the host's end of their copies, page-locked.
     staged: Option<Exchange>,
+    /// Several ranks whose devices sum the gradients directly (NCCL; `Resident::peers`): at
+    /// ZeRO 2–3, every rank's ranges of the gradient with their owner, in the order each rank
+    /// reduces them (this rank's own, in order, are its partition's layout). Empty otherwise.
+    owners: Vec<(Range<usize>, usize)>,
+    /// Whether the gradients are averaged on the devices rather than on the host.
+    peers: bool,
 }
 
 /// Page-locked host memory of the whole model's size for several ranks' copies
@@ -376,6 +382,8 @@ impl Replica {
             staging: None,
             passes: None,
             staged: None,
+            owners: Vec::new(),
+            peers: false,
         })
     }
 
@@ -459,6 +467,17 @@ impl Replica {
         let Some(r) = x.resident() else {
             return Ok(false);
         };
+        if let Some(group) = r.peers() {
+            let ours = (coll.rank(), coll.world());
+            if group != ours {
+                return Err(ModelError::Argument(format!(
+                    "the device is rank {} of {} in its group, for the run's rank {} of {}",
+                    group.0, group.1, ours.0, ours.1
+                ))
+                .into());
+            }
+            self.peers = true;
+        }
         if self.shard.stage == 0 {
             // Data parallelism without ZeRO: every rank holds and steps the whole model, so each
             // device keeps it resident as one rank does, and only the window's gradient makes
@@ -469,7 +488,9 @@ impl Replica {
                 accumulate: Accumulate::InPlace,
             };
             r.upload(&self.model, self.storage.module, keep)?;
-            self.staged = Some(Exchange(r.pinned(self.shard.total)));
+            if !self.peers {
+                self.staged = Some(Exchange(r.pinned(self.shard.total)));
+            }
             // The accumulator is the device's; the exchange buffer carries its copies.
             self.grads = Vec::new();
             self.device = Some(x);
@@ -485,7 +506,23 @@ impl Replica {
         self.release_whole();
         uploaded?;
         if self.shard.stage >= 2 {
-            self.staged = Some(Exchange(r.pinned(self.shard.total)));
+            // ZeRO-3 gathers the whole parameters here for their upload; with peers each
+            // micro-batch's reduced partition comes down here.
+            let n = match (self.map.is_some(), self.peers) {
+                (false, true) => self.shard.len(),
+                _ => self.shard.total,
+            };
+            self.staged = Some(Exchange(r.pinned(n)));
+            if self.peers {
+                let (stage, world) = (self.shard.stage, self.shard.world);
+                let segs = self.model.segments().to_vec();
+                self.owners = (0..world)
+                    .flat_map(|o| {
+                        let ranges = Shard::new(stage, world, o, &segs).ranges;
+                        ranges.into_iter().map(move |r| (r, o))
+                    })
+                    .collect();
+            }
         }
         self.passes = Some(x);
         Ok(true)
@@ -495,6 +532,12 @@ impl Replica {
     /// states ([`Replica::attach_device`] with several ranks).
     pub fn passes_on_device(&self) -> bool {
         self.passes.is_some()
+    }
+
+    /// Whether this rank's gradients are summed with the other ranks' on the devices
+    /// (`Resident::peers`) rather than through the host.
+    pub fn exchanges_on_device(&self) -> bool {
+        self.peers
     }
 
     /// The executor of [`Replica::attach_device`]'s several-rank mode, its resident side.
@@ -609,6 +652,15 @@ impl Replica {
             r.zero_grads()?;
             let loss = r.micro(&self.model, batch, weight, key)?;
             let staged = self.staged.as_mut().expect("attached with its buffer");
+            if self.peers {
+                // Reduced to the owners on the devices; this rank's partition comes down and
+                // is accumulated as the sinks accumulate it (`sinks::accumulate`).
+                let part = &mut staged.0[..self.grads.len()];
+                coll.barrier()?;
+                r.reduce_to_owners(&self.owners, self.storage, part)?;
+                accumulate(&mut self.grads, part, self.storage);
+                return Ok(loss);
+            }
             r.download_grads(&mut staged.0)?;
             self.reduce_staged(coll)?;
             return Ok(loss);
@@ -700,13 +752,27 @@ impl Replica {
             return Ok(());
         }
         if let (Some(x), true) = (self.passes(), self.shard.stage <= 1) {
-            // The window's gradient, accumulated on the device: one copy per step.
-            x.resident()
-                .expect("resident")
-                .download_grads(&mut self.grads)?;
+            // The window's gradient, accumulated on the device: one copy per step, averaged
+            // there first when the devices sum directly.
+            let r = x.resident().expect("resident");
+            if self.peers {
+                coll.barrier()?;
+                r.average_grads(self.storage)?;
+                r.download_grads(&mut self.grads)?;
+                return Ok(());
+            }
+            r.download_grads(&mut self.grads)?;
         }
         if let (Some(x), true) = (self.device.clone(), coll.world() > 1) {
             let r = x.resident().expect("kept on the device");
+            if self.peers {
+                // ZeRO-0 with peers: averaged where it lies, nothing crosses to the host. The
+                // host barrier first: a rank that failed ends the run here, not in a device
+                // sum that would wait for it forever.
+                coll.barrier()?;
+                r.average_grads(self.storage)?;
+                return Ok(());
+            }
             // ZeRO-0 resident on several devices: the window's gradient down, averaged over
             // the ranks as the host's path averages it, and back up for the device's step.
             let storage = self.storage;

@@ -16,7 +16,7 @@ pub(crate) type SharedColl<'c> = RefCell<&'c mut dyn Collective>;
 
 /// Adds `src` into `acc` elementwise (the gradient accumulation of a partition), stored in the
 /// module's dtype.
-fn accumulate(acc: &mut [f32], src: &[f32], storage: Storage) {
+pub(crate) fn accumulate(acc: &mut [f32], src: &[f32], storage: Storage) {
     for (a, g) in acc.iter_mut().zip(src) {
         *a += *g;
     }

@@ -159,6 +159,28 @@ impl<D: Device> Kernels<D> {
             &[Arg::Ptr(p), int(1), int(n), int(n), dtype_arg(dtype)],
         );
     }
+
+    /// `v[i] = v[i] · factor` rounded to `comm`, then to `store` (`scale_round`): a sum over
+    /// the ranks turned into [`crate::collective::ReduceOp::Avg`]'s average (`factor` = the f32
+    /// `1 / N`) and rounded as `zero::Storage::reduced` rounds it.
+    pub fn scale_round(&self, mut v: D::ViewMut<'_>, factor: f32, comm: Dtype, store: Dtype) {
+        let n = self.dev.len_mut(&v);
+        if n == 0 {
+            return;
+        }
+        let p = self.dev.ptr_mut(&mut v);
+        self.dev.launch(
+            "scale_round",
+            grid1(n),
+            &[
+                Arg::Ptr(p),
+                int(n),
+                Arg::F32(factor),
+                dtype_arg(comm),
+                dtype_arg(store),
+            ],
+        );
+    }
 }
 
 /// A dtype as the kernels' `store` argument.
