@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA kernels' compile gate, on any machine (no GPU, no driver, no CUDA install):
 # installs the pinned NVRTC + ptxas wheels into a cache, compiles every kernel of runtime/kernels/
-# through the runtime's own NVRTC path for sm_80 and sm_90, assembles the PTX with ptxas and
+# through the runtime's own NVRTC path for sm_75 (T4), sm_80 and sm_90, assembles the PTX with ptxas and
 # fails on a compile error or a register spill (docs/cuda.md, "How the kernels are proven").
 #
 #   scripts/check-kernels.sh            # uses target/release/recipe, building it if missing
@@ -32,4 +32,4 @@ if [ ! -x "$BIN" ]; then
 fi
 # libnvrtc loads libnvrtc-builtins by bare name, so the folder goes on the library path.
 LD_LIBRARY_PATH="$CU13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    "$BIN" kernels --arch sm_80 --arch sm_90 --ptxas "$CU13/bin/ptxas"
+    "$BIN" kernels --arch sm_75 --arch sm_80 --arch sm_90 --ptxas "$CU13/bin/ptxas"

@@ -24,6 +24,8 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 BIN="$(pwd)/${RECIPE_BIN:-target/release/recipe}"
 PY="${PYTHON:-python3}"
+# Each part's commands are bounded, so a hang fails that part instead of the whole lease.
+LIMIT="${PART_LIMIT:-240}"
 status=0
 declare -A parts
 # Whether a part's JSON file says "ok": true.
@@ -32,18 +34,25 @@ json_ok() { "$PY" -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1])
 nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv \
     > "$OUT/nvidia-smi.csv" 2>&1 || true
 
-# NVRTC and cuBLAS from PyTorch's wheels (nvidia/cu13/lib).
+# NVRTC and cuBLAS from PyTorch's wheels (nvidia/cu13/lib), NCCL from its nvidia-nccl wheel.
 SP="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-export LD_LIBRARY_PATH="$SP/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# cudarc loads NCCL as libnccl.so, and the wheel ships libnccl.so.2 only: a link (docs/cuda.md).
+LINKS="$(mktemp -d)"
+if [ -f "$SP/nvidia/nccl/lib/libnccl.so.2" ]; then
+    ln -s "$SP/nvidia/nccl/lib/libnccl.so.2" "$LINKS/libnccl.so"
+fi
+export LD_LIBRARY_PATH="$SP/nvidia/cu13/lib:$LINKS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+GPUS="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)"
+export GPUS
 CAP="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')"
 ARCH="sm_${CAP:-90}"
 
-if "$BIN" kernels --arch "$ARCH" --out "$OUT/kernels" > "$OUT/kernels.txt" 2>&1; then
+if timeout "$LIMIT" "$BIN" kernels --arch "$ARCH" --out "$OUT/kernels" > "$OUT/kernels.txt" 2>&1; then
     parts[kernels]=pass
 else
     parts[kernels]=fail; status=1
 fi
-if "$BIN" kernels --arch "$ARCH" --selftest --out "$OUT/kernels" > "$OUT/selftest.txt" 2>&1; then
+if timeout "$LIMIT" "$BIN" kernels --arch "$ARCH" --selftest --out "$OUT/kernels" > "$OUT/selftest.txt" 2>&1; then
     parts[selftest]=pass
 else
     parts[selftest]=fail; status=1
@@ -57,7 +66,8 @@ cp "$OUT/kernels/selftest.json" "$OUT/selftest.json" 2>/dev/null || true
 # the optimizer offloaded to the host in fp16 (`offload`: the pinned copies, once per step each),
 # and two ranks against the CPU's two (both ranks on this GPU when it is the only one): `dp2`,
 # tiny.rcp at ZeRO-0 (each rank's model and optimizer resident, the gradient averaged on the
-# host), and `ranks2`, the ZeRO-2 offload shape (passes on the GPU, the rest on the host).
+# host), and `ranks2`, the ZeRO-2 offload shape (passes on the GPU, the rest on the host). On a
+# machine with two GPUs or more, both must sum their gradients GPU to GPU (NCCL).
 W="$OUT/tiny"
 rm -rf "$W"; mkdir -p "$W"
 cp runtime/tests/fixtures/tokenizer/tokenizer.json "$W/"
@@ -72,11 +82,11 @@ for part in tiny offload dp2 ranks2; do
     [ "$part" = dp2 ] && { sets=(--gpus 2); rcp=tiny.rcp; }
     [ "$part" = ranks2 ] && { sets=(--set 'train.precision=fp16' --gpus 2); rcp=offload.rcp; }
     for dev in cpu cuda; do
-        ( cd "$W" && "$BIN" run --quiet --device "$dev" ${sets[@]+"${sets[@]}"} \
+        ( cd "$W" && timeout "$LIMIT" "$BIN" run --quiet --device "$dev" ${sets[@]+"${sets[@]}"} \
             --set "train.output_dir=\"$part-$dev\"" "$rcp" ) > "$W/$part-$dev.log" 2>&1
     done
     "$PY" - "$W" "$part" > "$OUT/$part.json" <<'PYTHON'
-import json, sys
+import json, os, sys
 w, part = sys.argv[1], sys.argv[2]
 def steps(d):
     try:
@@ -95,12 +105,16 @@ if cpu and gpu:
     out["same_steps_lr_scales_skips"] = [s for s, _ in cpu] == [s for s, _ in gpu]
     out["max_loss_rel_diff"] = max(abs(a[1] - b[1]) / abs(a[1]) for a, b in zip(cpu, gpu))
     out["world"] = gstart.get("world")
+    out["exchange_on_device"] = gstart.get("exchange_on_device")
+    # One GPU per rank: NCCL; ranks sharing a GPU exchange through the host.
+    nccl = out["world"] > 1 and int(os.environ.get("GPUS", "1")) >= out["world"]
     # One rank keeps the model on the GPU, and so does each of several at ZeRO-0; under ZeRO
     # 1-3 several keep the model states on the host.
     on_device = out["world"] == 1 or gstart.get("zero_stage") == 0
     out["ok"] = (out["same_steps_lr_scales_skips"] and out["max_loss_rel_diff"] <= 1e-4
                  and len(cpu) == len(gpu) and out["model_on_device"] is on_device
-                 and cstart.get("world") == out["world"])
+                 and cstart.get("world") == out["world"]
+                 and out["exchange_on_device"] is nccl)
 print(json.dumps(out, indent=1))
 PYTHON
     if json_ok "$OUT/$part.json"; then
@@ -112,7 +126,7 @@ done
 
 # The main job on the GPU, from the carried fp16 MiniLM.
 if [ -f gpu-assets/minilm/model.safetensors ]; then
-    "$BIN" run --quiet --device cuda recipes/spam.rcp \
+    timeout "$LIMIT" "$BIN" run --quiet --device cuda recipes/spam.rcp \
         --set "model.from=\"$(pwd)/gpu-assets/minilm\"" --set "train.output_dir=\"$OUT/spam\"" \
         > "$OUT/spam.log" 2>&1
     "$PY" - "$OUT/spam" > "$OUT/spam.json" <<'PYTHON'
@@ -140,7 +154,7 @@ fi
 
 # Throughput next to PyTorch (needs torch on this machine; transformers if present).
 if OUT="$OUT" RECIPE_BIN="${RECIPE_BIN:-target/release/recipe}" PYTHON="$PY" \
-    scripts/gpu-throughput.sh > "$OUT/throughput.log" 2>&1 \
+    timeout "$LIMIT" scripts/gpu-throughput.sh > "$OUT/throughput.log" 2>&1 \
     && json_ok "$OUT/throughput.json"; then
     parts[throughput]=pass
 else

@@ -24,14 +24,30 @@ __device__ __forceinline__ float f32_lowest() { return __int_as_float(0xff7fffff
 
 // `x` rounded to the storage dtype (to nearest, ties to even) and widened back, as a device that
 // stores fp16/bf16 keeps it. The CPU backend does the same through the `half` crate.
+// bf16's 16 bits of `x` by integer arithmetic, rounded to nearest even (a NaN stays a quiet NaN):
+// the emulation's, and the GPU's before sm_80, whose PTX has no cvt.rn.bf16.f32.
+__device__ __forceinline__ unsigned short bf16_bits_int(float x) {
+    unsigned u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+
+// bf16's 16 bits of `x`, rounded to nearest even.
+__device__ __forceinline__ unsigned short bf16_bits(float x) {
+#if defined(RECIPE_EMU) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800)
+    return bf16_bits_int(x);
+#else
+    unsigned short b;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(x));
+    return b;
+#endif
+}
+
 __device__ __forceinline__ float st(float x, int store) {
     if (store == STORE_F32) return x;
 #ifdef RECIPE_EMU
     if (store == STORE_F16) return (float)(_Float16)x;
-    unsigned u = __float_as_uint(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return x;  // NaN stays NaN
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return __uint_as_float(u & 0xffff0000u);
 #else
     if (store == STORE_F16) {
         unsigned short h;
@@ -40,32 +56,22 @@ __device__ __forceinline__ float st(float x, int store) {
         asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(h));
         return r;
     }
-    unsigned short b;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(x));
-    return __uint_as_float(((unsigned)b) << 16);
 #endif
+    return __uint_as_float(((unsigned)bf16_bits(x)) << 16);
 }
 
 // The 16 bits the half dtype `store` (STORE_F16 or STORE_BF16) keeps for `x`, rounded to nearest
 // even: an operand of a tensor-core GEMM. A value already stored rounded (`st`) packs exactly.
 __device__ __forceinline__ unsigned short half_bits(float x, int store) {
+    if (store != STORE_F16) return bf16_bits(x);
 #ifdef RECIPE_EMU
-    if (store == STORE_F16) {
-        _Float16 h = (_Float16)x;
-        unsigned short b;
-        __builtin_memcpy(&b, &h, 2);
-        return b;
-    }
-    unsigned u = __float_as_uint(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);  // quiet NaN
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (unsigned short)(u >> 16);
+    _Float16 h = (_Float16)x;
+    unsigned short b;
+    __builtin_memcpy(&b, &h, 2);
+    return b;
 #else
     unsigned short h;
-    if (store == STORE_F16)
-        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
-    else
-        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
     return h;
 #endif
 }

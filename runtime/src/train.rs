@@ -664,9 +664,15 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
             .into_iter()
             .enumerate()
             .map(|(rank, h)| {
-                h.join().unwrap_or_else(|_| {
+                h.join().unwrap_or_else(|payload| {
+                    // The panic's own words (a device out of memory says so), then the plea.
+                    let what = payload
+                        .downcast_ref::<String>()
+                        .map(String::as_str)
+                        .or_else(|| payload.downcast_ref::<&str>().copied())
+                        .unwrap_or("no message");
                     Err(RunError::Mismatch(format!(
-                        "rank {rank} panicked (a bug; please report it)"
+                        "rank {rank} panicked: {what} (a bug unless the message says otherwise; please report it)"
                     )))
                 })
             })

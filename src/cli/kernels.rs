@@ -140,6 +140,7 @@ fn self_test(out: Option<&Path>) -> Result<bool, i32> {
         }
         all.extend(checks);
     }
+    all.extend(peers_test()?);
     println!(
         "  {:<28} {:>5} {:>10} {:>10}",
         "operation", "store", "error", "tolerance"
@@ -168,6 +169,43 @@ fn self_test(out: Option<&Path>) -> Result<bool, i32> {
         );
     }
     Ok(ok)
+}
+
+/// The sums between GPUs (NCCL, one rank per GPU, every GPU of the machine) against the host's
+/// collective, when there are two GPUs or more and NCCL loads; says why not otherwise.
+fn peers_test() -> Result<Vec<recipe_runtime::backend::selftest::OpCheck>, i32> {
+    use recipe_runtime::backend::cuda::{self, nccl, CudaDevice};
+    use recipe_runtime::backend::device::Peers;
+    use recipe_runtime::backend::selftest::compare_peers;
+    let gpus = cuda::probe().devices;
+    if gpus < 2 || !nccl::present() {
+        let why = if gpus < 2 {
+            format!("{gpus} GPU")
+        } else {
+            "libnccl.so not found (docs/cuda.md)".to_string()
+        };
+        println!("  sums between GPUs (NCCL): not checked ({why})");
+        return Ok(Vec::new());
+    }
+    let fail = |e: String| {
+        eprintln!("error: {e}");
+        FAILED
+    };
+    let devices = (0..gpus)
+        .map(|i| CudaDevice::open(i).map_err(|e| fail(format!("GPU {i}: {e}"))))
+        .collect::<Result<Vec<_>, i32>>()?;
+    let peers =
+        nccl::group(&devices.iter().collect::<Vec<_>>()).map_err(|e| fail(e.to_string()))?;
+    println!(
+        "  sums between {gpus} GPUs through NCCL {}",
+        nccl::version().unwrap_or_default()
+    );
+    let ranks = devices
+        .into_iter()
+        .zip(peers)
+        .map(|(d, p)| (d, Box::new(p) as Box<dyn Peers<CudaDevice>>))
+        .collect();
+    Ok(compare_peers(ranks))
 }
 
 /// Prints one architecture's table; true when a kernel spills or is missing from the report.

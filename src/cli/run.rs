@@ -181,21 +181,52 @@ fn open_gpus(
         );
     }
     let store = plan.train.precision.module_dtype();
-    let mut executors: Vec<std::sync::Arc<dyn Executor>> = Vec::with_capacity(world);
+    let mut devices = Vec::with_capacity(world);
     for rank in 0..world {
         let ordinal = rank % found;
         match CudaDevice::open(ordinal) {
-            Ok(dev) => {
-                let (name, arch) = dev.describe();
-                let what = if world == 1 {
-                    format!("{name} ({arch})")
-                } else {
-                    format!("{world} ranks on {}× {name} ({arch})", world.min(found))
-                };
-                executors.push(OnDevice::new(Kernels::new(dev).with_store(store), what));
-            }
+            Ok(dev) => devices.push(dev),
             Err(e) => return fail(format!("GPU {ordinal}: {e}")),
         }
     }
+    let (name, arch) = match devices.first() {
+        Some(d) => (d.describe().0.to_string(), d.describe().1.to_string()),
+        None => return fail("no GPU opened".into()),
+    };
+    let what = if world == 1 {
+        format!("{name} ({arch})")
+    } else {
+        format!("{world} ranks on {}× {name} ({arch})", world.min(found))
+    };
+    // One GPU per rank: the ranks sum their gradients GPU to GPU through NCCL when it loads
+    // (RECIPE_NCCL=0 turns it off); otherwise through host memory, the same numbers.
+    let mut peers = Vec::new();
+    if world > 1 && world <= found {
+        if std::env::var("RECIPE_NCCL").is_ok_and(|v| v == "0") {
+            eprintln!("note: RECIPE_NCCL=0: the ranks exchange gradients through host memory");
+        } else {
+            match cuda::nccl::group(&devices.iter().collect::<Vec<_>>()) {
+                Ok(p) => {
+                    let v = cuda::nccl::version().unwrap_or_else(|| "?".into());
+                    eprintln!("note: the ranks sum their gradients GPU to GPU through NCCL {v}");
+                    peers = p;
+                }
+                Err(e) => {
+                    eprintln!("note: {e}; the ranks exchange gradients through host memory instead")
+                }
+            }
+        }
+    }
+    let mut peers = peers.into_iter();
+    let executors = devices
+        .into_iter()
+        .map(|dev| -> std::sync::Arc<dyn Executor> {
+            let kernels = Kernels::new(dev).with_store(store);
+            match peers.next() {
+                Some(p) => OnDevice::with_peers(kernels, what.clone(), Box::new(p)),
+                None => OnDevice::new(kernels, what.clone()),
+            }
+        })
+        .collect();
     Ok(executors)
 }

@@ -212,8 +212,14 @@ fn scale_round_is_the_hosts_average_and_rounding_bit_for_bit() {
                     k.scale_round(&mut got[..], inv, comm, module);
                     let mut want: Vec<f32> = xs.iter().map(|x| x * inv).collect();
                     Storage { module, comm }.reduced(&mut want);
-                    let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "N = {world}, n = {n}, comm {comm:?}, module {module:?}");
+                    let same = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "N = {world}, n = {n}, comm {comm:?}, module {module:?}"
+                    );
                 }
             }
         }

@@ -60,7 +60,9 @@ macro_rules! host_memory {
 
         fn resize(&self, b: &mut Vec<f32>, n: usize) -> bool {
             let grows = n > b.capacity();
-            b.resize(n, 0.0);
+            // New elements are NaN, not zero: a GPU's regrown buffer holds stale values, so a
+            // pass that read one before writing it would differ there; here it shows as NaN.
+            b.resize(n, f32::NAN);
             grows
         }
 
@@ -220,8 +222,8 @@ pub trait Backend {
     fn write_ids(&self, dst: &mut Self::Ids, src: &[u32]) -> bool;
     /// Makes `b` `n` floats long, reusing its memory when `n` fits what `b` has held (a
     /// workspace sized for the longest batch so far allocates nothing for shorter ones); returns
-    /// whether it had to allocate. The values are unspecified (new elements are zero on the host):
-    /// a workspace's passes overwrite them.
+    /// whether it had to allocate. The values are unspecified (new elements are NaN on the host,
+    /// stale on a GPU): a workspace's passes overwrite them.
     fn resize(&self, b: &mut Self::Buf, n: usize) -> bool;
     /// Copies `src` out to the host.
     fn download(&self, src: Self::View<'_>, dst: &mut [f32]);

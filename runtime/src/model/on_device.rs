@@ -159,6 +159,15 @@ impl<D: Device> OnDevice<D> {
     }
 }
 
+impl<D: Device> Drop for OnDevice<D> {
+    fn drop(&mut self) {
+        // The group's communicator goes first, while the device and every buffer a sum may
+        // have touched are still there (NCCL's teardown then finds them as it left them).
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        drop(st.peers.take());
+    }
+}
+
 impl<D: Device> OnDevice<D> {
     /// One copy between the gradient accumulator and a host buffer of `host` elements (refused
     /// at another length), finished before it returns: the host reuses its buffer next step.

@@ -9,6 +9,7 @@
 
 pub mod compile;
 pub mod gemm;
+pub mod nccl;
 pub mod ptxas;
 
 use std::collections::HashMap;
@@ -36,6 +37,11 @@ pub enum CudaError {
     /// The driver loads but reports no device.
     #[error("the CUDA driver reports no GPU; use --device cpu")]
     NoDevice,
+    /// The driver is older than the CUDA 13 the kernels and cuBLAS are built for.
+    #[error(
+        "the CUDA driver supports CUDA {0}.{1}; the kernels (NVRTC 13.0) and cuBLAS 13 need CUDA 13.0 or newer (driver 580 or newer): update the driver, or use --device cpu"
+    )]
+    OldDriver(i32, i32),
     /// libnvrtc cannot be loaded.
     #[error(
         "NVRTC (libnvrtc.so.13) not found: install the pinned wheel (`pip install nvidia-cuda-nvrtc==13.0.88`) and put its nvidia/cu13/lib folder on LD_LIBRARY_PATH (docs/cuda.md)"
@@ -61,6 +67,9 @@ pub struct Probe {
     pub driver: bool,
     /// GPUs the driver reports (0 without a driver).
     pub devices: usize,
+    /// The CUDA version the driver supports, as `cuDriverGetVersion` gives it (13000 for 13.0;
+    /// 0 without a driver).
+    pub driver_version: i32,
     /// libnvrtc loads.
     pub nvrtc: bool,
     /// libcublas loads.
@@ -71,14 +80,24 @@ pub struct Probe {
 pub fn probe() -> Probe {
     // SAFETY: each check only tries to dlopen a library by its candidate names.
     let driver = unsafe { drv_sys::is_culib_present() };
-    let devices = if driver && drv::init().is_ok() {
+    let init = driver && drv::init().is_ok();
+    let devices = if init {
         drv::device::get_count().map_or(0, |n| n.max(0) as usize)
     } else {
         0
     };
+    let mut driver_version = 0;
+    if init {
+        // SAFETY: the driver is loaded and initialised; the call writes one int.
+        let r = unsafe { drv_sys::cuDriverGetVersion(&mut driver_version) };
+        if r != drv_sys::CUresult::CUDA_SUCCESS {
+            driver_version = 0;
+        }
+    }
     Probe {
         driver,
         devices,
+        driver_version,
         nvrtc: compile::nvrtc_present(),
         cublas: unsafe { cudarc::cublas::sys::is_culib_present() },
     }
@@ -92,6 +111,10 @@ pub fn require() -> Result<Probe, CudaError> {
     }
     if p.devices == 0 {
         return Err(CudaError::NoDevice);
+    }
+    if p.driver_version < 13000 {
+        let v = p.driver_version;
+        return Err(CudaError::OldDriver(v / 1000, v % 1000 / 10));
     }
     if !p.nvrtc {
         return Err(CudaError::NoNvrtc);
@@ -123,12 +146,42 @@ pub struct DevViewMut<'a> {
 #[derive(Debug)]
 pub struct DevIds(CudaSlice<u32>);
 
+/// Makes `ctx` the calling thread's current context. cudarc's `bind_to_thread` first returns
+/// (and clears) an error an earlier asynchronous call left in the context, without binding, so
+/// after such an error it is called a second time to bind; the first error is returned.
+fn bind_ctx(ctx: &CudaContext) -> Result<(), drv::DriverError> {
+    match ctx.bind_to_thread() {
+        Ok(()) => Ok(()),
+        Err(first) => {
+            let _ = ctx.bind_to_thread();
+            Err(first)
+        }
+    }
+}
+
+// Device memory is freed stream-ordered on the current context (cudarc's `CudaSlice::drop`,
+// `cuMemFreeAsync` on the NULL stream), and a run on several GPUs drops every rank's buffers on
+// the main thread, whose current context is the last GPU opened: each buffer binds its own
+// context first.
+impl Drop for DevIds {
+    fn drop(&mut self) {
+        let _ = bind_ctx(self.0.context());
+    }
+}
+
 /// A device buffer of `len` floats: its allocation may be longer, from a longer batch, so that a
 /// workspace resized for a shorter one allocates nothing ([`Device::resize`]).
 #[derive(Debug)]
 pub struct DevBuf {
     mem: CudaSlice<f32>,
     len: usize,
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        // As `DevIds`: freed on its own GPU's context.
+        let _ = bind_ctx(self.mem.context());
+    }
 }
 
 /// Page-locked host memory ([`Device::Pinned`]), allocated by [`CudaContext::alloc_pinned_with_flags`].
@@ -166,9 +219,12 @@ pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     functions: HashMap<&'static str, CudaFunction>,
-    blas: cudarc::cublas::CudaBlas,
+    /// Never dropped as such: [`CudaDevice`]'s `Drop` destroys its handle (see there).
+    blas: std::mem::ManuallyDrop<cudarc::cublas::CudaBlas>,
     name: String,
     arch: String,
+    /// The compute capability's major version (8 for sm_80).
+    major: i32,
     error: Mutex<Option<String>>,
     /// The two operands of the last half-precision GEMM as fp16/bf16 bits
     /// ([`Device::gemm_half`]), grown to the longest seen (the first step's shapes).
@@ -236,9 +292,10 @@ impl CudaDevice {
             ctx,
             stream,
             functions,
-            blas,
+            blas: std::mem::ManuallyDrop::new(blas),
             name,
             arch,
+            major,
             error: Mutex::new(None),
             packed: Mutex::default(),
         })
@@ -254,8 +311,20 @@ impl CudaDevice {
     /// the main thread but drives each from its rank's thread; cudarc's own stream calls bind
     /// themselves. Cheap when already bound (one `cuCtxGetCurrent`).
     fn bind(&self) {
-        if let Err(e) = self.ctx.bind_to_thread() {
-            self.record("binding the GPU's context to this thread", e);
+        if let Err(e) = bind_ctx(&self.ctx) {
+            self.record("the GPU's context (an earlier asynchronous error)", e);
+        }
+    }
+
+    /// Waits for the stream's work. cudarc's `synchronize` returns an error an earlier
+    /// asynchronous call left in the context without waiting, so after one it waits a second
+    /// time: the host must not read a buffer a copy is still writing.
+    fn drain(&self, what: &str) {
+        if let Err(e) = self.stream.synchronize() {
+            self.record(what, e);
+            if let Err(e) = self.stream.synchronize() {
+                self.record(what, e);
+            }
         }
     }
 
@@ -305,6 +374,19 @@ impl CudaDevice {
     /// The context (for collectives and pinned memory).
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
+    }
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        // cuBLAS's handle is destroyed on its own GPU's context (the main thread drops every
+        // rank's device), and its error ignored: cudarc's own drop unwraps it, which would end
+        // a finished run with a panic after a sticky GPU error. The `CudaBlas` shell (a stream
+        // reference) is left undropped, so the handle is not destroyed twice.
+        let _ = bind_ctx(&self.ctx);
+        // SAFETY: the handle came from `CudaBlas::new`, every GEMM using it was synchronised by
+        // the step that queued it, and it is not used after this.
+        let _ = unsafe { cudarc::cublas::result::destroy_handle(*self.blas.handle()) };
     }
 }
 
@@ -412,9 +494,7 @@ impl Device for CudaDevice {
         if let Err(e) = r {
             self.record("download", e);
         }
-        if let Err(e) = self.stream.synchronize() {
-            self.record("download", e);
-        }
+        self.drain("download");
     }
 
     fn view<'a>(&self, b: &'a DevBuf) -> DevView<'a> {
@@ -589,8 +669,10 @@ impl Device for CudaDevice {
         self.bind();
         let dtype = match half {
             Dtype::F16 => cudaDataType::CUDA_R_16F,
-            Dtype::Bf16 => cudaDataType::CUDA_R_16BF,
-            Dtype::F32 => return self.gemm(g, a, b, c),
+            // Tensor cores take bf16 from sm_80 (Ampere) on; before, the fp32 GEMM on the same
+            // values gives what the f32 accumulation would.
+            Dtype::Bf16 if self.major >= 8 => cudaDataType::CUDA_R_16BF,
+            Dtype::Bf16 | Dtype::F32 => return self.gemm(g, a, b, c),
         };
         let (span_a, span_b) = gemm::operand_spans(g);
         assert!(
@@ -644,9 +726,7 @@ impl Device for CudaDevice {
     }
 
     fn sync(&self) -> Result<(), String> {
-        if let Err(e) = self.stream.synchronize() {
-            self.record("synchronize", e);
-        }
+        self.drain("synchronize");
         match self.error.lock().unwrap_or_else(|p| p.into_inner()).take() {
             Some(e) => Err(e),
             None => Ok(()),

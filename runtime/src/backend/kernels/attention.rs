@@ -10,8 +10,10 @@ use crate::backend::{AttnShape, Dropout};
 /// fit an SM.
 const MAX_THREADS: usize = 128;
 
-/// Dynamic shared memory a block may use without opting in.
-const MAX_SMEM: usize = 48 * 1024;
+/// Dynamic shared memory a block may use without opting in: 48 KiB for static and dynamic
+/// together (CUDA C++ Programming Guide, "Shared Memory"), less the kernels' static `red[32]`
+/// floats (attention.cu).
+const MAX_SMEM: usize = 48 * 1024 - 32 * 4;
 
 /// `n` threads rounded up to whole warps, 32 to [`MAX_THREADS`].
 fn threads(n: usize) -> u32 {

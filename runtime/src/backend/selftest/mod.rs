@@ -10,11 +10,14 @@
 //! [`compare_optim`] (in `optim.rs`) does the same for the device optimizer
 //! (`runtime/kernels/optim.cu`), which is no [`Backend`] operation: the gradient norm and the
 //! Adam / AdamW step against the host optimizer (`runtime/src/optim`), with tolerances of their
-//! own.
+//! own. [`compare_peers`] (in `peers.rs`) checks the sums between the devices of several ranks
+//! (NCCL) against the host's collective.
 
 mod optim;
+mod peers;
 
 pub use optim::{compare_optim, compare_optim_against, optim_layout, scaled_step_inputs};
+pub use peers::compare_peers;
 
 use serde::Serialize;
 

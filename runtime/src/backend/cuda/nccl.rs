@@ -1,0 +1,191 @@
+//! NCCL between the GPUs of one process: [`NcclPeers`] is the [`Peers`] of each rank's
+//! [`CudaDevice`], so that several GPUs sum their gradients device to device
+//! (`zero::Replica::attach_device`; docs/cuda.md, "Several GPUs").
+//!
+//! The communicators are made together by `ncclCommInitAll` (one per GPU, ranks in the order
+//! of the devices) on the thread that opened the devices, then each is driven by its rank's
+//! thread: NCCL allows a communicator on any thread as long as its calls do not overlap, which
+//! `model::OnDevice`'s lock ensures. A sum is queued on the device's one stream, after the
+//! backward's kernels and before the next launch, as NCCL orders it (`ncclAllReduce(...,
+//! stream)`); nothing waits for it until the next copy to the host or sync.
+//!
+//! Like the rest of the CUDA backend, libnccl is loaded at run time (cudarc's dynamic loading):
+//! without it [`group`] says so and the run exchanges through host memory instead.
+
+use std::ffi::{c_void, CStr};
+use std::sync::Arc;
+
+use cudarc::driver::CudaContext;
+
+use cudarc::nccl::{result, sys};
+
+use super::{bind_ctx, CudaDevice, CudaError, DevViewMut};
+use crate::backend::device::Peers;
+
+/// Whether libnccl can be loaded by one of cudarc's names for it: `libnccl.so`, `libnccl.so.13`
+/// and older majors, but not `libnccl.so.2`, the only name NCCL's wheel and runtime package
+/// install (cudarc 0.19.10 `get_lib_name_candidates`): a `libnccl.so` link is needed.
+pub fn present() -> bool {
+    // SAFETY: only tries to dlopen the library by its candidate names.
+    unsafe { sys::is_culib_present() }
+}
+
+/// NCCL's version as `major.minor.patch`, when the library loads.
+pub fn version() -> Option<String> {
+    if !present() {
+        return None;
+    }
+    let v = result::get_nccl_version().ok()?;
+    // NCCL ≥ 2.9 encodes it as major·10000 + minor·100 + patch (`NCCL_VERSION_CODE`).
+    Some(format!("{}.{}.{}", v / 10000, v / 100 % 100, v % 100))
+}
+
+/// One rank's communicator of a group made by [`group`].
+#[derive(Debug)]
+pub struct NcclPeers {
+    comm: sys::ncclComm_t,
+    /// The rank's GPU, bound when the communicator is released.
+    ctx: Arc<CudaContext>,
+    rank: usize,
+    world: usize,
+}
+
+// SAFETY: an NCCL communicator may be used from any thread provided calls on it do not run
+// concurrently (NCCL user guide, "Thread safety"); `NcclPeers` is moved to its rank's thread
+// and used behind `OnDevice`'s mutex, and `Drop` runs once, after the last call.
+unsafe impl Send for NcclPeers {}
+
+impl Drop for NcclPeers {
+    fn drop(&mut self) {
+        // Abort rather than destroy: `ncclCommDestroy` may wait for the other ranks (it
+        // finalises, which is collective), and the ranks drop theirs one after another on one
+        // thread. Every sum was waited for by the step that queued it.
+        let _ = bind_ctx(&self.ctx);
+        // SAFETY: `comm` came from `ncclCommInitAll` and is released only here.
+        unsafe {
+            let _ = result::comm_abort(self.comm);
+        }
+    }
+}
+
+/// NCCL's words for a failed call.
+fn nccl_err(what: &str, e: result::NcclError) -> String {
+    // SAFETY: NCCL returns a static NUL-terminated string for every result code.
+    let text = unsafe {
+        let p = sys::ncclGetErrorString(e.0);
+        if p.is_null() {
+            format!("{:?}", e.0)
+        } else {
+            CStr::from_ptr(p).to_string_lossy().into_owned()
+        }
+    };
+    format!("NCCL {what}: {text}")
+}
+
+/// One communicator per device of `devices`, rank r on `devices[r]`: each a different GPU
+/// (NCCL refuses two ranks on one), at least two.
+pub fn group(devices: &[&CudaDevice]) -> Result<Vec<NcclPeers>, CudaError> {
+    if !present() {
+        return Err(CudaError::Driver(
+            "NCCL not found as libnccl.so: cudarc looks for libnccl.so (or .so.13), and the nvidia-nccl-cu13 wheel and the libnccl2 package ship libnccl.so.2 only; link it as libnccl.so in a folder on LD_LIBRARY_PATH (docs/cuda.md)".into(),
+        ));
+    }
+    let ordinals: Vec<i32> = devices.iter().map(|d| d.ctx.ordinal() as i32).collect();
+    let mut distinct = ordinals.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    if ordinals.len() < 2 || distinct.len() != ordinals.len() {
+        return Err(CudaError::Driver(format!(
+            "NCCL needs two or more different GPUs, one per rank; got ordinals {ordinals:?}"
+        )));
+    }
+    let n = ordinals.len();
+    let mut comms: Vec<sys::ncclComm_t> = vec![std::ptr::null_mut(); n];
+    // SAFETY: `comms` has room for `n` communicators, `ordinals` holds `n` device ordinals.
+    unsafe { result::comm_init_all(comms.as_mut_ptr(), n as i32, ordinals.as_ptr()) }
+        .map_err(|e| CudaError::Driver(nccl_err("creating the communicators", e)))?;
+    Ok(comms
+        .into_iter()
+        .zip(devices)
+        .enumerate()
+        .map(|(rank, (comm, dev))| NcclPeers {
+            comm,
+            ctx: dev.ctx.clone(),
+            rank,
+            world: n,
+        })
+        .collect())
+}
+
+impl NcclPeers {
+    /// Queues one in-place f32 sum of `buf` on `dev`'s stream: to every rank (`root` `None`,
+    /// `ncclAllReduce`) or to rank `root` (`ncclReduce`).
+    fn sum(
+        &mut self,
+        dev: &CudaDevice,
+        buf: DevViewMut<'_>,
+        root: Option<usize>,
+    ) -> Result<(), String> {
+        if buf.len == 0 {
+            // Every rank has the same lengths, so every rank skips it.
+            return Ok(());
+        }
+        dev.bind();
+        let (ptr, stream) = (
+            buf.ptr as *mut c_void,
+            dev.stream.cu_stream() as sys::cudaStream_t,
+        );
+        let (f32_, sum) = (sys::ncclDataType_t::ncclFloat32, sys::ncclRedOp_t::ncclSum);
+        // SAFETY: `buf` is a live device allocation of `len` floats on `dev`, whose stream
+        // orders the sum with the kernels that wrote it and those that read it; send and receive
+        // are the same buffer (in place, which NCCL allows).
+        let r = unsafe {
+            match root {
+                None => result::all_reduce(ptr, ptr, buf.len, f32_, sum, self.comm, stream),
+                Some(root) => {
+                    result::reduce(ptr, ptr, buf.len, f32_, sum, root as i32, self.comm, stream)
+                }
+            }
+        };
+        r.map(|_| ()).map_err(|e| nccl_err("sum", e))
+    }
+}
+
+impl Peers<CudaDevice> for NcclPeers {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world(&self) -> usize {
+        self.world
+    }
+
+    fn all_reduce_sum(&mut self, dev: &CudaDevice, buf: DevViewMut<'_>) -> Result<(), String> {
+        self.sum(dev, buf, None)
+    }
+
+    fn reduce_sum(
+        &mut self,
+        dev: &CudaDevice,
+        buf: DevViewMut<'_>,
+        root: usize,
+    ) -> Result<(), String> {
+        self.sum(dev, buf, Some(root))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without libnccl the group says how to provide it; with it, a group needs two GPUs.
+    #[test]
+    fn no_group_without_nccl_or_without_two_gpus() {
+        let e = group(&[]).unwrap_err().to_string();
+        if present() {
+            assert!(e.contains("two or more different GPUs"), "{e}");
+        } else {
+            assert!(e.contains("link it as libnccl.so"), "{e}");
+        }
+    }
+}
