@@ -388,12 +388,14 @@ fn device_run(
     // One rank: the model states on the device, and the optimizer too unless it is offloaded
     // (not the host's path behind the executor, which would pass the test too). Several: each
     // rank's passes on its device, the model states on the host.
-    // Several at ZeRO-0: each rank's model and optimizer resident on its device.
-    let resident = world == 1 || plan.train.zero_stage == 0;
+    // Several at ZeRO-0, or at ZeRO 1–2 with peers and no offload: each rank's model and
+    // optimizer (its partition) resident on its device.
+    let offloaded = start["offload_optimizer"] == true;
+    let stage = plan.train.zero_stage;
+    let resident = world == 1 || stage == 0 || peers && !offloaded && stage <= 2;
     assert_eq!(start["world"], world, "{start}");
     assert_eq!(start["model_on_device"], resident, "{start}");
     assert_eq!(start["exchange_on_device"], peers, "{start}");
-    let offloaded = start["offload_optimizer"] == true;
     assert_eq!(
         start["optimizer_on_device"],
         resident && !offloaded,
@@ -632,8 +634,18 @@ fn two_gpus_reduce_to_the_owners_between_the_devices_at_zero_2_offloaded_in_fp16
     peers_run_against_the_cpu("fp16", Some(zero), &sets).within(1e-3, 1e-3);
 }
 
-/// ZeRO-1 and ZeRO-3 in fp32 with the devices summing: the window's average, and each
-/// micro-batch's pieces reduced to their owners segment by segment.
+/// ZeRO-2 without offload in fp16 with the devices summing: each device steps its partition
+/// (AdamW, fp32 master weights) after reducing every micro-batch to the owners, and broadcasts
+/// it; the overflow check and the norm sum the ranks' partitions.
+#[test]
+fn two_gpus_step_their_partitions_on_the_devices_at_zero_2_in_fp16() {
+    let sets = ["--gpus", "2", "--set", "train.clip=0.4"];
+    peers_run_against_the_cpu("fp16", Some("zero 2"), &sets).within(1e-3, 1e-3);
+}
+
+/// ZeRO-1 and ZeRO-3 in fp32 with the devices summing: the window's average and each device
+/// stepping its partition (ZeRO-1), and each micro-batch's pieces reduced to their owners
+/// segment by segment (ZeRO-3, stepped on the host).
 #[test]
 fn two_gpus_sum_between_the_devices_at_zero_1_and_3() {
     for zero in ["zero 1", "zero 3"] {

@@ -142,4 +142,8 @@ impl Peers<Emu> for EmuPeers {
             .reduce(buf, root, ReduceOp::Sum)
             .map_err(|e| e.to_string())
     }
+
+    fn broadcast(&mut self, _: &Emu, buf: &mut [f32], root: usize) -> Result<(), String> {
+        self.0.broadcast(buf, root).map_err(|e| e.to_string())
+    }
 }

@@ -394,10 +394,12 @@ fn optimizer_offload_copies_the_gradients_down_and_the_parameters_up_once_per_st
 /// - Exchanging through the host: ZeRO-0 and 1 one gradient copy down and one copy up per step
 ///   (the averaged gradient, or the parameters), ZeRO-2 and 3 one gradient copy down per
 ///   micro-batch and the parameters up once per step; never a passes-only pass.
-/// - With peers (the devices sum directly, NCCL on GPUs): ZeRO-0 nothing at all, one sum per
-///   step; ZeRO-1 the averaged gradient down and the parameters up per step; ZeRO-2 and 3 one sum
-///   and one copy of this rank's partition down per micro-batch. The weights are the host
-///   exchange's bit for bit (the emulated sums are the host's, in rank order).
+/// - With peers (the devices sum directly, NCCL on GPUs): ZeRO 0–2 nothing at all, the
+///   optimizer on the device (ZeRO 1–2 over the rank's partition): ZeRO 0–1 one all-reduce per
+///   step, ZeRO-2 one reduce per owner per micro-batch, ZeRO 1–2 one broadcast per owner per
+///   step; ZeRO-3 one sum and one copy of this rank's partition down per micro-batch. The
+///   weights are the host exchange's bit for bit (the emulated sums are the host's, in rank
+///   order, and the device optimizer's arithmetic is the host's).
 #[test]
 fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs() {
     use recipe_kernel_emu::EmuPeers;
@@ -412,7 +414,8 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
         Host,
         Peers,
     }
-    let run = |stage: u8, mode: Mode| -> (Vec<f32>, Vec<[usize; 5]>) {
+    type Calls = (Vec<[usize; 5]>, Vec<[usize; 3]>);
+    let run = |stage: u8, mode: Mode| -> (Vec<f32>, Calls) {
         let group = LocalCollective::group(2, std::time::Duration::from_secs(60));
         let mut peers: Vec<Option<EmuPeers>> = EmuPeers::group(2).into_iter().map(Some).collect();
         std::thread::scope(|s| {
@@ -423,6 +426,11 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
                 .map(|(rank, (mut coll, p))| {
                     let p = p.take().unwrap();
                     s.spawn(move || {
+                        let sums = std::sync::Arc::new(std::sync::Mutex::new([0; 3]));
+                        let p = CountedPeers {
+                            inner: p,
+                            calls: sums.clone(),
+                        };
                         let inner = match mode {
                             Mode::Peers => {
                                 OnDevice::with_peers(Kernels::new(Emu), "emulated GPU", Box::new(p))
@@ -456,20 +464,26 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
                             r.clip(&mut coll, 1.0).unwrap();
                             r.step(&mut coll, 1e-2, 1.0).unwrap();
                         }
+                        assert_eq!(
+                            r.optimizer_on_device(),
+                            mode == Mode::Peers && stage <= 2 || mode == Mode::Host && stage == 0
+                        );
                         r.gather_whole(&mut coll).unwrap();
                         let calls = *counted.calls.lock().unwrap();
-                        (r.model().params().data.clone(), calls)
+                        let sums = *sums.lock().unwrap();
+                        (r.model().params().data.clone(), calls, sums)
                     })
                 })
                 .collect();
-            let mut out: Vec<(Vec<f32>, [usize; 5])> =
+            let mut out: Vec<(Vec<f32>, [usize; 5], [usize; 3])> =
                 ranks.into_iter().map(|h| h.join().unwrap()).collect();
             let calls = out.iter().map(|o| o.1).collect();
-            (std::mem::take(&mut out[0].0), calls)
+            let sums = out.iter().map(|o| o.2).collect();
+            (std::mem::take(&mut out[0].0), (calls, sums))
         })
     };
     for stage in 0..=3u8 {
-        let (host, calls) = run(stage, Mode::Host);
+        let (host, (calls, _)) = run(stage, Mode::Host);
         let (cpu, _) = run(stage, Mode::Cpu);
         let want = if stage <= 1 {
             [6, 3, 3, 0, 0]
@@ -478,13 +492,24 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
         };
         assert_eq!(calls, vec![want; 2], "ZeRO-{stage} through the host");
         close(&format!("ZeRO-{stage} weights"), &host, &cpu, 1e-5, 1e-5);
-        let (peers, calls) = run(stage, Mode::Peers);
+        let (peers, (calls, sums)) = run(stage, Mode::Peers);
         let want = match stage {
-            0 => [6, 0, 0, 0, 3],
-            1 => [6, 3, 3, 0, 3],
+            0 | 1 => [6, 0, 0, 0, 3],
+            2 => [6, 0, 0, 0, 0],
             _ => [6, 6, 3, 0, 6],
         };
         assert_eq!(calls, vec![want; 2], "ZeRO-{stage} with peers");
+        // (all-reduces, reduces, broadcasts) between the devices, per rank.
+        match stage {
+            0 => assert_eq!(sums, vec![[3, 0, 0]; 2]),
+            1 => assert_eq!(sums, vec![[3, 0, 6]; 2]),
+            2 => assert_eq!(sums, vec![[0, 12, 6]; 2]),
+            _ => assert!(
+                sums.iter()
+                    .all(|s| s[0] == 0 && s[2] == 0 && s[1] >= 12 && s[1] % 6 == 0),
+                "ZeRO-3 sums {sums:?}"
+            ),
+        }
         let same = peers
             .iter()
             .zip(&host)
@@ -493,6 +518,37 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
             same,
             "ZeRO-{stage}: the peers' weights are not the host exchange's"
         );
+    }
+}
+
+/// Emulated peers that count their (all-reduces, reduces, broadcasts).
+struct CountedPeers {
+    inner: recipe_kernel_emu::EmuPeers,
+    calls: std::sync::Arc<std::sync::Mutex<[usize; 3]>>,
+}
+
+impl recipe_runtime::backend::device::Peers<Emu> for CountedPeers {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+
+    fn world(&self) -> usize {
+        self.inner.world()
+    }
+
+    fn all_reduce_sum(&mut self, dev: &Emu, buf: &mut [f32]) -> Result<(), String> {
+        self.calls.lock().unwrap()[0] += 1;
+        self.inner.all_reduce_sum(dev, buf)
+    }
+
+    fn reduce_sum(&mut self, dev: &Emu, buf: &mut [f32], root: usize) -> Result<(), String> {
+        self.calls.lock().unwrap()[1] += 1;
+        self.inner.reduce_sum(dev, buf, root)
+    }
+
+    fn broadcast(&mut self, dev: &Emu, buf: &mut [f32], root: usize) -> Result<(), String> {
+        self.calls.lock().unwrap()[2] += 1;
+        self.inner.broadcast(dev, buf, root)
     }
 }
 

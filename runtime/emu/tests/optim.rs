@@ -512,7 +512,8 @@ fn the_resident_optimizer_keeps_the_host_optimizers_state() {
         adam.load_state(state.try_into().unwrap()).unwrap();
         let mut adam = Optimizer::from(adam);
         let mut dev =
-            DeviceOptimizer::new(&k, &adam, module.is_half().then_some(&master[..])).unwrap();
+            DeviceOptimizer::new(&k, &adam, module.is_half().then_some(&master[..]), n, 0..n)
+                .unwrap();
         assert_eq!(dev.len(), n);
         let mut params = k.upload(&hp);
         for step in 0..4 {
@@ -534,7 +535,8 @@ fn the_resident_optimizer_keeps_the_host_optimizers_state() {
                 host.step(&mut hp, &mut hg, lr, 1.0).unwrap();
                 coef
             };
-            dev.step(&k, &mut params, &adam, lr, (mult, 1.0)).unwrap();
+            dev.step(&k, k.view_mut(&mut params), &adam, lr, (mult, 1.0))
+                .unwrap();
             adam.count_step();
             let state = host.state();
             assert_eq!(adam.steps(), state.step);
@@ -630,7 +632,9 @@ fn the_other_optimizers_step_on_the_device_as_the_host_does() {
                 let mut host = HostOptimizer::new(opt.clone(), false, module, &p0);
                 let master = module.is_half().then(|| p0.clone());
                 let mut dopt = opt;
-                let mut dev = DeviceOptimizer::new(&k, &dopt, master.as_deref()).unwrap();
+                let mut dev =
+                    DeviceOptimizer::new(&k, &dopt, master.as_deref(), dopt.len(), 0..dopt.len())
+                        .unwrap();
                 let mut params = k.upload(&p0);
                 let mut hp = p0;
                 let mut w = vec![0.0f32; n];
@@ -642,14 +646,21 @@ fn the_other_optimizers_step_on_the_device_as_the_host_does() {
                         .unwrap();
                     dev.zero_grads(&k);
                     k.write(k.view_mut(dev.grads_mut()), &g);
-                    dev.step(&k, &mut params, &dopt, lr, dopt.grad_factors(scale))
-                        .unwrap();
+                    dev.step(
+                        &k,
+                        k.view_mut(&mut params),
+                        &dopt,
+                        lr,
+                        dopt.grad_factors(scale),
+                    )
+                    .unwrap();
                     dopt.count_step();
                     dev.download(&k, &mut dopt, Some(&mut w)).unwrap();
                     if step == 2 {
                         // Resume: a fresh device optimizer from the state just downloaded.
                         let again = module.is_half().then_some(&w[..]);
-                        dev = DeviceOptimizer::new(&k, &dopt, again).unwrap();
+                        dev = DeviceOptimizer::new(&k, &dopt, again, dopt.len(), 0..dopt.len())
+                            .unwrap();
                     }
                     let (want, got) = (host.state(), dopt.state());
                     assert_eq!(got.step, want.step, "{what}");
@@ -713,14 +724,15 @@ fn lamb_norms_cap_the_blocks_as_the_host_does() {
     let p0 = rand(n, 1.0, 12);
     let mut host = opt.clone();
     let mut dopt = opt;
-    let mut dev = DeviceOptimizer::new(&k, &dopt, None).unwrap();
+    let mut dev = DeviceOptimizer::new(&k, &dopt, None, dopt.len(), 0..dopt.len()).unwrap();
     let mut params = k.upload(&p0);
     let mut hp = p0;
     for step in 0..2 {
         let g = grads(n, step);
         host.step(&mut hp, &g, 1e-2).unwrap();
         k.write(k.view_mut(dev.grads_mut()), &g);
-        dev.step(&k, &mut params, &dopt, 1e-2, (1.0, 1.0)).unwrap();
+        dev.step(&k, k.view_mut(&mut params), &dopt, 1e-2, (1.0, 1.0))
+            .unwrap();
         dopt.count_step();
         dev.download(&k, &mut dopt, None).unwrap();
         let mut dp = vec![0.0f32; n];

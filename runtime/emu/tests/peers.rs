@@ -1,6 +1,7 @@
 //! The check of the sums between devices (`selftest::compare_peers`, which `recipe kernels
 //! --selftest` runs over NCCL on a machine with several GPUs) on emulated devices: it passes for
-//! the emulator's sums, and fails for a group that does not sum, or sums into the wrong rank.
+//! the emulator's sums, and fails for a group that does not sum, sums into the wrong rank or
+//! broadcasts from the wrong one.
 
 use recipe_kernel_emu::{Emu, EmuPeers};
 use recipe_runtime::backend::device::Peers;
@@ -17,8 +18,8 @@ fn group(world: usize) -> Vec<(Emu, Box<dyn Peers<Emu>>)> {
 fn the_emulated_devices_sums_pass_for_two_and_three_ranks() {
     for world in [2, 3] {
         let checks = compare_peers(group(world));
-        // Two checks (to every rank, to one root) per length per rank.
-        assert_eq!(checks.len(), 2 * 4 * world);
+        // Three checks (to every rank, to one root, from one root) per length per rank.
+        assert_eq!(checks.len(), 3 * 4 * world);
         let bad: Vec<_> = checks.iter().filter(|c| !c.ok).collect();
         assert!(bad.is_empty(), "world {world}: {bad:?}");
     }
@@ -28,7 +29,7 @@ fn the_emulated_devices_sums_pass_for_two_and_three_ranks() {
 struct Broken {
     inner: EmuPeers,
     /// 0: all-reduce does nothing; 1: reduce leaves its result on every rank; 2: all-reduce
-    /// adds the rank's own input twice.
+    /// adds the rank's own input twice; 3: broadcast from rank 0 whatever the root.
     how: u8,
 }
 
@@ -57,11 +58,15 @@ impl Peers<Emu> for Broken {
         }
         self.inner.reduce_sum(dev, buf, root)
     }
+    fn broadcast(&mut self, dev: &Emu, buf: &mut [f32], root: usize) -> Result<(), String> {
+        let root = if self.how == 3 { 0 } else { root };
+        self.inner.broadcast(dev, buf, root)
+    }
 }
 
 #[test]
 fn a_group_that_sums_wrong_fails_the_check() {
-    for how in 0..3u8 {
+    for how in 0..4u8 {
         let ranks = EmuPeers::group(2)
             .into_iter()
             .map(|inner| (Emu, Box::new(Broken { inner, how }) as Box<dyn Peers<Emu>>))

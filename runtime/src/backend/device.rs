@@ -156,7 +156,7 @@ pub trait Device {
 /// [`crate::collective::Collective`]; a sum is queued on the device's stream, ordered with its
 /// launches, and finished by the next [`Device::download`] or [`Device::sync`].
 ///
-/// The sums are element-wise f32 additions over the ranks. The emulator adds in rank order 0,
+/// The sums are element-wise f32 additions over the ranks; a broadcast copies bits. The emulator adds in rank order 0,
 /// 1, …, N−1, as [`crate::collective::LocalCollective`]; NCCL in its ring's order, the same bits
 /// for two ranks (one addition, commutative), a different rounding order for more.
 pub trait Peers<D: Device>: Send {
@@ -169,4 +169,7 @@ pub trait Peers<D: Device>: Send {
     /// Rank `root`'s `buf` ← the element-wise sum of every rank's `buf`; the other ranks' `buf`
     /// is left as it was.
     fn reduce_sum(&mut self, dev: &D, buf: D::ViewMut<'_>, root: usize) -> Result<(), String>;
+    /// Every rank's `buf` ← rank `root`'s `buf` (ZeRO 1–2 gather the parameters this way after
+    /// each rank stepped its partition: one broadcast per owner).
+    fn broadcast(&mut self, dev: &D, buf: D::ViewMut<'_>, root: usize) -> Result<(), String>;
 }

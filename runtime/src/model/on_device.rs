@@ -63,14 +63,26 @@ struct State<D: Device> {
     /// Under optimizer offload: the gradient accumulator (the [`DeviceOptimizer`] holds it
     /// otherwise).
     acc: Option<D::Buf>,
-    /// ZeRO-2/3 ([`Accumulate::Reduced`]): one micro-batch's own gradient, and how it is rounded
-    /// into the accumulator.
-    own: Option<(D::Buf, Storage)>,
+    /// ZeRO-2/3 ([`Accumulate::Reduced`], [`Accumulate::ToOwners`]): one micro-batch's own
+    /// gradient, and how it reaches the accumulator.
+    own: Option<Own<D>>,
+    /// ZeRO 1–2 with peers ([`Keep::partition`]): every rank's range of the parameters, and
+    /// this rank.
+    partition: Option<(Vec<Range<usize>>, usize)>,
     /// The other ranks' devices, when this one sums with them directly.
     peers: Option<Box<dyn Peers<D>>>,
     /// ZeRO-2/3 with peers: this rank's reduced ranges packed for their one copy to the host
     /// (allocated at the first micro-batch, then reused).
     part: Option<D::Buf>,
+}
+
+/// One micro-batch's gradient on its own, before it is added to the accumulator.
+struct Own<D: Device> {
+    buf: D::Buf,
+    /// The dtypes of the reduction and of the accumulator.
+    storage: Storage,
+    /// Reduced to each range's owner on the devices first ([`Accumulate::ToOwners`]).
+    to_owners: bool,
 }
 
 /// The gradient accumulator of [`Resident`], once uploaded: the device optimizer's, else the
@@ -152,6 +164,7 @@ impl<D: Device> OnDevice<D> {
                 opt: None,
                 acc: None,
                 own: None,
+                partition: None,
                 peers,
                 part: None,
             }),
@@ -267,6 +280,29 @@ fn no_peers() -> ModelError {
     )
 }
 
+/// Checks [`Keep::partition`] against the group and the model: one range per rank, inside the
+/// `n` parameters, with the optimizer kept (the partition is what it steps).
+fn partition<D: Device>(
+    peers: Option<&dyn Peers<D>>,
+    ranges: &[Range<usize>],
+    n: usize,
+    keep: &Keep<'_>,
+) -> Result<(Vec<Range<usize>>, usize), ModelError> {
+    let peers = peers.ok_or_else(no_peers)?;
+    if ranges.len() != peers.world() || ranges.iter().any(|r| r.start > r.end || r.end > n) {
+        return Err(ModelError::Argument(format!(
+            "a partition {ranges:?} for {} ranks and {n} parameters",
+            peers.world()
+        )));
+    }
+    if keep.optimizer.is_none() {
+        return Err(ModelError::Argument(
+            "a partition of the parameters without the optimizer kept on the device".into(),
+        ));
+    }
+    Ok((ranges.to_vec(), peers.rank()))
+}
+
 fn not_uploaded() -> ModelError {
     ModelError::Argument("the device holds no model states yet (Resident::upload)".into())
 }
@@ -286,32 +322,59 @@ where
             )));
         }
         let n = model.params().len();
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let st = &mut *st;
+        let partition = match keep.partition {
+            None => None,
+            Some(ranges) => Some(partition(st.peers.as_deref(), ranges, n, &keep)?),
+        };
+        if matches!(keep.accumulate, Accumulate::ToOwners(_)) && partition.is_none() {
+            return Err(ModelError::Argument(
+                "a gradient reduced to its owners needs the ranks' partition".into(),
+            ));
+        }
+        // The elements this rank's optimizer steps.
+        let mine = partition.as_ref().map_or(0..n, |(r, me)| r[*me].clone());
         if let Some((opt, master)) = keep.optimizer {
-            let lens = [opt.len(), master.map_or(n, <[f32]>::len)];
-            if lens.iter().any(|&l| l != n) {
+            let lens = [opt.len(), master.map_or(mine.len(), <[f32]>::len)];
+            if lens.iter().any(|&l| l != mine.len()) {
                 return Err(ModelError::Argument(format!(
-                    "optimizer state of {lens:?} elements for a model of {n}"
+                    "optimizer state of {lens:?} elements for {} parameters",
+                    mine.len()
                 )));
             }
         }
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let st = &mut *st;
         put(k, &mut st.params, &model.params().data);
         st.params_stamp = model.params_stamp();
+        // ZeRO-2 with peers accumulates its partition only; the others the whole gradient.
+        let (acc, grads_at) = match keep.accumulate {
+            Accumulate::ToOwners(_) => (mine.len(), 0..mine.len()),
+            _ => (n, mine),
+        };
         (st.opt, st.acc) = match keep.optimizer {
             Some((opt, master)) => (
                 Some(
-                    DeviceOptimizer::new(k, opt, master)
+                    DeviceOptimizer::new(k, opt, master, acc, grads_at)
                         .map_err(|e| ModelError::Argument(e.to_string()))?,
                 ),
                 None,
             ),
-            None => (None, Some(k.alloc(n))),
+            None => (None, Some(k.alloc(acc))),
         };
         st.own = match keep.accumulate {
             Accumulate::InPlace => None,
-            Accumulate::Reduced(storage) => Some((k.alloc(n), storage)),
+            Accumulate::Reduced(storage) => Some(Own {
+                buf: k.alloc(n),
+                storage,
+                to_owners: false,
+            }),
+            Accumulate::ToOwners(storage) => Some(Own {
+                buf: k.alloc(n),
+                storage,
+                to_owners: true,
+            }),
         };
+        st.partition = partition;
         k.device().sync().map_err(ModelError::Device)
     }
 
@@ -330,21 +393,44 @@ where
         weight: f32,
         dropout: Option<DropoutKey>,
     ) -> Result<f32, ModelError> {
-        let k = &self.kernels;
+        let (k, dev) = (&self.kernels, self.kernels.device());
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
         let (ws, params) = (&mut st.ws, st.params.as_ref().ok_or_else(not_uploaded)?);
         let acc = accumulator(&mut st.opt, &mut st.acc)?;
         let loss = match &mut st.own {
             None => model.forward_backward_on(k, ws, batch, weight, params, acc, dropout),
-            Some((g, storage)) => {
+            Some(own) => {
                 // zero/sinks.rs `ReduceToOwners`/`Scattered`: the micro-batch's gradient on its
                 // own, `Storage::reduced`, then `accumulate` (acc += g, stored as the module).
+                let (g, storage) = (&mut own.buf, own.storage);
                 k.zero(k.view_mut(g));
                 let loss = model.forward_backward_on(k, ws, batch, weight, params, g, dropout)?;
-                k.round_to(k.view_mut(g), storage.comm);
-                k.round_to(k.view_mut(g), storage.module);
-                k.add_assign(k.view_mut(acc), k.view(g));
+                match (&st.partition, own.to_owners) {
+                    (Some((ranges, me)), true) => {
+                        // Each range summed to its owner, in rank order as every rank calls
+                        // them; this rank's made the average as `reduce_to_owners` makes it.
+                        let peers = st.peers.as_mut().ok_or_else(no_peers)?;
+                        for (owner, r) in ranges.iter().enumerate() {
+                            peers
+                                .reduce_sum(dev, dev.range_mut(g, r.clone()), owner)
+                                .map_err(ModelError::Device)?;
+                        }
+                        let (r, inv) = (ranges[*me].clone(), 1.0 / peers.world() as f32);
+                        k.scale_round(
+                            dev.range_mut(g, r.clone()),
+                            inv,
+                            storage.comm,
+                            storage.module,
+                        );
+                        k.add_assign(k.view_mut(acc), dev.sub(dev.view(g), r));
+                    }
+                    _ => {
+                        k.round_to(k.view_mut(g), storage.comm);
+                        k.round_to(k.view_mut(g), storage.module);
+                        k.add_assign(k.view_mut(acc), k.view(g));
+                    }
+                }
                 Ok(loss)
             }
         }?;
@@ -364,10 +450,30 @@ where
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
-        let (Some(params), Some(dev)) = (st.params.as_mut(), st.opt.as_mut()) else {
+        let dev = k.device();
+        let (Some(params), Some(o)) = (st.params.as_mut(), st.opt.as_mut()) else {
             return Err(not_uploaded().into());
         };
-        dev.step(k, params, opt, lr, factors)?;
+        let Some((ranges, me)) = &st.partition else {
+            o.step(k, k.view_mut(params), opt, lr, factors)?;
+            // The passes read these parameters as they are: no upload until the host changes
+            // them.
+            return Ok(dev.sync().map_err(ModelError::Device)?);
+        };
+        o.step(
+            k,
+            dev.range_mut(params, ranges[*me].clone()),
+            opt,
+            lr,
+            factors,
+        )?;
+        // Every rank's updated partition from its owner: the whole parameters on every device.
+        let peers = st.peers.as_mut().ok_or_else(no_peers)?;
+        for (owner, r) in ranges.iter().enumerate() {
+            peers
+                .broadcast(dev, dev.range_mut(params, r.clone()), owner)
+                .map_err(ModelError::Device)?;
+        }
         // The passes read these parameters as they are: no upload until the host changes them.
         Ok(k.device().sync().map_err(ModelError::Device)?)
     }

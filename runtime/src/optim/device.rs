@@ -1,5 +1,7 @@
-//! The optimizer on the device, for a run on one device (any ZeRO stage, no optimizer offload):
-//! Adam / AdamW, SGD, Adagrad and LAMB, each stepped by its kernel in `runtime/kernels/optim.cu`.
+//! The optimizer on the device, for a run on one device (any ZeRO stage, no optimizer offload)
+//! or on several that sum directly (ZeRO 0–2: each rank steps the whole model or its
+//! partition, [`Keep::partition`]): Adam / AdamW, SGD, Adagrad and LAMB, each stepped by its
+//! kernel in `runtime/kernels/optim.cu`.
 //! Under optimizer offload the same [`Resident`] keeps only the parameters and the gradient
 //! accumulator on the device, and the host steps (`zero::Replica`).
 //!
@@ -37,6 +39,12 @@ pub enum Accumulate {
     /// `accumulate`). With one rank the reduce-scatter is the identity, so this is all of it,
     /// and it keeps the host's sums bit for bit.
     Reduced(Storage),
+    /// ZeRO-2 on several devices that sum directly ([`Keep::partition`]): the backward writes
+    /// into a zeroed buffer of its own, each rank's range of which is summed to that rank on
+    /// the devices (DeepSpeed's reduce of each partition to its owner); this rank's range is
+    /// made the average, rounded as a reduced gradient and added to the accumulator, which is
+    /// the partition's length (`zero/sinks.rs` `ReduceToOwners`, on the devices).
+    ToOwners(Storage),
 }
 
 /// What [`Resident::upload`] keeps on the device besides the parameters and the gradient
@@ -48,6 +56,12 @@ pub struct Keep<'a> {
     pub optimizer: Option<(&'a Optimizer, Option<&'a [f32]>)>,
     /// How micro-batch gradients are accumulated.
     pub accumulate: Accumulate,
+    /// ZeRO 1–2 on several devices that sum directly (`zero::Replica::attach_device`): every
+    /// rank's range of the parameters, by rank (the flat partition). The optimizer, its state
+    /// and master weights this rank's range's length, steps that range only, and each range is
+    /// broadcast from its owner after the step (DeepSpeed's all-gather of the updated
+    /// partitions). `None`: the optimizer steps the whole buffer.
+    pub partition: Option<&'a [Range<usize>]>,
 }
 
 /// Host memory a device copies to and from directly ([`Device::Pinned`]), behind the object-safe
@@ -165,6 +179,9 @@ impl<D: Device> States<D> {
 /// The device buffers of [`Resident`] besides the parameters (which the passes own).
 pub struct DeviceOptimizer<D: Device> {
     grads: D::Buf,
+    /// The accumulator's elements the step reads: all of it, or at ZeRO-1 on several devices
+    /// this rank's partition of the whole gradient.
+    grads_at: Range<usize>,
     states: States<D>,
     master: Option<D::Buf>,
     mask: DecayMask<D>,
@@ -173,13 +190,24 @@ pub struct DeviceOptimizer<D: Device> {
 }
 
 impl<D: Device> DeviceOptimizer<D> {
-    /// `opt`'s state and `master` on the device, a zero gradient accumulator of its length.
+    /// `opt`'s state and `master` on the device, and a zero gradient accumulator of `acc`
+    /// elements whose `grads_at` the step reads (`opt`'s length; `0..opt.len()` unless ZeRO-1
+    /// partitions the optimizer over a whole accumulator).
     pub fn new(
         k: &Kernels<D>,
         opt: &Optimizer,
         master: Option<&[f32]>,
+        acc: usize,
+        grads_at: Range<usize>,
     ) -> Result<DeviceOptimizer<D>, OptimError> {
         let n = opt.len();
+        if grads_at.len() != n || grads_at.end > acc {
+            return Err(OptimError::Length {
+                what: "device optimizer's gradient range",
+                found: grads_at.len(),
+                expected: n,
+            });
+        }
         let host = opt.state();
         let up = |name: &str| -> D::Buf { k.upload(host.buffer(name)) };
         let states = match opt {
@@ -203,11 +231,12 @@ impl<D: Device> DeviceOptimizer<D> {
             },
         };
         Ok(DeviceOptimizer {
-            grads: k.alloc(n),
+            grads: k.alloc(acc),
+            grads_at,
             states,
             master: master.map(|w| k.upload(w)),
             mask: DecayMask::from_segments(k, opt.segments(), n),
-            norm: k.alloc(kernels::norm_scratch_len(n, NORM_BLOCKS)),
+            norm: k.alloc(kernels::norm_scratch_len(acc, NORM_BLOCKS)),
         })
     }
 
@@ -236,24 +265,38 @@ impl<D: Device> DeviceOptimizer<D> {
         kernels::grad_norm_sq_in(k, k.view(&self.grads), &mut self.norm)
     }
 
-    /// One step of `params` (the module's parameters on the device) by `opt`'s rule, as
-    /// [`Resident::step`]. In fp32 they are the weights the step updates; under mixed precision
-    /// the fp32 master is, and `params` receives it rounded to the module's dtype, as
-    /// `zero::HostOptimizer` writes it back.
-    pub fn step(
-        &mut self,
+    /// One step of `params` (the module's parameters on the device, the optimizer's length:
+    /// all of them, or this rank's partition) by `opt`'s rule, as [`Resident::step`]. In fp32
+    /// they are the weights the step updates; under mixed precision the fp32 master is, and
+    /// `params` receives it rounded to the module's dtype, as `zero::HostOptimizer` writes it
+    /// back.
+    pub fn step<'a>(
+        &'a mut self,
         k: &Kernels<D>,
-        params: &mut D::Buf,
+        params: D::ViewMut<'a>,
         opt: &Optimizer,
         lr: f64,
         (mult, div): (f32, f32),
     ) -> Result<(), OptimError> {
+        let dev = k.device();
+        let n = self.len();
+        if dev.len_mut(&params) != n || opt.len() != n {
+            return Err(OptimError::Length {
+                what: "device optimizer's parameters",
+                found: dev.len_mut(&params),
+                expected: n,
+            });
+        }
+        if n == 0 {
+            // A rank that owns nothing (more ranks than elements) steps nothing.
+            return Ok(());
+        }
         let t = opt.steps() + 1;
         let (weights, work) = match &mut self.master {
-            None => (k.view_mut(params), None),
-            Some(master) => (k.view_mut(master), Some(k.view_mut(params))),
+            None => (params, None),
+            Some(master) => (k.view_mut(master), Some(params)),
         };
-        let grads = k.view(&self.grads);
+        let grads = dev.sub(k.view(&self.grads), self.grads_at.clone());
         let mask = &self.mask;
         if !matches!(opt, Optimizer::Lamb(_)) && div != 1.0 {
             return Err(OptimError::Config(format!(

@@ -425,6 +425,7 @@ impl Replica {
         let keep = Keep {
             optimizer: (!offload).then_some((&self.opt.opt, master)),
             accumulate,
+            partition: None,
         };
         r.upload(&self.model, self.storage.module, keep)?;
         if offload {
@@ -444,8 +445,11 @@ impl Replica {
     /// Puts the model's executor to work for this rank: with one rank,
     /// [`Replica::keep_on_device`]; with several (one GPU each, threads of one process) at
     /// ZeRO-0, the same resident model and optimizer on every rank's device, the window's
-    /// gradient averaged on the host; at ZeRO 1–3 the device runs this rank's passes and the
-    /// host keeps everything ZeRO does between them (docs/cuda.md, "Several GPUs"):
+    /// gradient averaged on the host (on the devices with peers); at ZeRO 1–2 with peers and no
+    /// optimizer offload, the whole parameters and this rank's partition of the optimizer on
+    /// the device, which steps it and broadcasts it; otherwise at ZeRO 1–3 the device runs this
+    /// rank's passes and the host keeps everything ZeRO does between them (docs/cuda.md,
+    /// "Several GPUs"):
     /// - stages 0–1 accumulate the window's gradient on the device, copied to the host once per
     ///   step ([`Replica::finish_window`]) for the all-reduce;
     /// - stages 2–3 copy each micro-batch's gradient to the host, where the stage's sink reduces
@@ -486,6 +490,7 @@ impl Replica {
             let keep = Keep {
                 optimizer: Some((&self.opt.opt, master)),
                 accumulate: Accumulate::InPlace,
+                partition: None,
             };
             r.upload(&self.model, self.storage.module, keep)?;
             if !self.peers {
@@ -496,11 +501,34 @@ impl Replica {
             self.device = Some(x);
             return Ok(true);
         }
+        if self.peers && !self.opt.offload && self.map.is_none() {
+            // ZeRO 1–2 as DeepSpeed runs them on GPUs: each device keeps the whole parameters
+            // and steps its partition with its optimizer state (and master weights) there; the
+            // gradients are averaged (ZeRO-1, once per step) or reduced to their owners (ZeRO-2,
+            // every micro-batch) between the devices, and each updated partition is broadcast
+            // from its owner. Nothing crosses to the host in a step but the norm.
+            let world = self.shard.world;
+            let ranges: Vec<Range<usize>> = (0..world).map(|o| self.flat.range(o)).collect();
+            let master = self.opt.host.as_ref().map(|h| &h.master[..]);
+            let keep = Keep {
+                optimizer: Some((&self.opt.opt, master)),
+                accumulate: match self.shard.stage {
+                    1 => Accumulate::InPlace,
+                    _ => Accumulate::ToOwners(self.storage),
+                },
+                partition: Some(&ranges),
+            };
+            r.upload(&self.model, self.storage.module, keep)?;
+            self.grads = Vec::new();
+            self.device = Some(x);
+            return Ok(true);
+        }
         // ZeRO-3 holds pieces: the device gets the whole buffer they make up.
         self.gather_whole(coll)?;
         let keep = Keep {
             optimizer: None,
             accumulate: Accumulate::InPlace,
+            partition: None,
         };
         let uploaded = r.upload(&self.model, self.storage.module, keep);
         self.release_whole();
@@ -638,10 +666,15 @@ impl Replica {
         weight: f32,
         key: Option<DropoutKey>,
     ) -> Result<f32, ZeroError> {
+        let stage = self.shard.stage;
         if let Some(r) = self.resident() {
+            if self.peers && stage == 2 {
+                // The micro-batch ends in sums between the devices: the host barrier first, so
+                // that a rank that failed ends the run here, not in a sum that waits forever.
+                coll.barrier()?;
+            }
             return Ok(r.micro(&self.model, batch, weight, key)?);
         }
-        let stage = self.shard.stage;
         if let Some(x) = self.passes() {
             let r = x.resident().expect("resident");
             if stage <= 1 {
@@ -766,11 +799,13 @@ impl Replica {
         if let (Some(x), true) = (self.device.clone(), coll.world() > 1) {
             let r = x.resident().expect("kept on the device");
             if self.peers {
-                // ZeRO-0 with peers: averaged where it lies, nothing crosses to the host. The
-                // host barrier first: a rank that failed ends the run here, not in a device
-                // sum that would wait for it forever.
-                coll.barrier()?;
-                r.average_grads(self.storage)?;
+                // ZeRO 0–1 with peers: averaged where it lies, nothing crosses to the host (ZeRO-2
+                // reduced each micro-batch already). The host barrier first: a rank that failed
+                // ends the run here, not in a device sum that would wait for it forever.
+                if self.shard.stage <= 1 {
+                    coll.barrier()?;
+                    r.average_grads(self.storage)?;
+                }
                 return Ok(());
             }
             // ZeRO-0 resident on several devices: the window's gradient down, averaged over
@@ -884,6 +919,10 @@ impl Replica {
                     .step_scaled(&mut s.params, &mut s.grads, lr, scale)?;
                 r.upload_params(&s.params)?;
                 return Ok(());
+            }
+            if self.peers && self.shard.stage >= 1 {
+                // The step ends in broadcasts between the devices (see `micro`).
+                coll.barrier()?;
             }
             return self.step_on_device(r, lr, scale);
         }

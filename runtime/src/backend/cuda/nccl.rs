@@ -117,37 +117,47 @@ pub fn group(devices: &[&CudaDevice]) -> Result<Vec<NcclPeers>, CudaError> {
         .collect())
 }
 
+/// One in-place collective of [`NcclPeers::queue`].
+#[derive(Clone, Copy)]
+enum Op {
+    /// `ncclAllReduce` (sum).
+    AllReduce,
+    /// `ncclReduce` (sum) to the root.
+    Reduce(usize),
+    /// `ncclBroadcast` from the root.
+    Broadcast(usize),
+}
+
 impl NcclPeers {
-    /// Queues one in-place f32 sum of `buf` on `dev`'s stream: to every rank (`root` `None`,
-    /// `ncclAllReduce`) or to rank `root` (`ncclReduce`).
-    fn sum(
-        &mut self,
-        dev: &CudaDevice,
-        buf: DevViewMut<'_>,
-        root: Option<usize>,
-    ) -> Result<(), String> {
+    /// Queues `op` on `buf` (f32, in place) on `dev`'s stream.
+    fn queue(&mut self, dev: &CudaDevice, buf: DevViewMut<'_>, op: Op) -> Result<(), String> {
         if buf.len == 0 {
             // Every rank has the same lengths, so every rank skips it.
             return Ok(());
         }
         dev.bind();
-        let (ptr, stream) = (
-            buf.ptr as *mut c_void,
-            dev.stream.cu_stream() as sys::cudaStream_t,
-        );
+        let (ptr, n, comm) = (buf.ptr as *mut c_void, buf.len, self.comm);
+        let stream = dev.stream.cu_stream() as sys::cudaStream_t;
         let (f32_, sum) = (sys::ncclDataType_t::ncclFloat32, sys::ncclRedOp_t::ncclSum);
-        // SAFETY: `buf` is a live device allocation of `len` floats on `dev`, whose stream
-        // orders the sum with the kernels that wrote it and those that read it; send and receive
-        // are the same buffer (in place, which NCCL allows).
+        // SAFETY: `buf` is a live device allocation of `n` floats on `dev`, whose stream orders
+        // the collective with the kernels that wrote it and those that read it; send and receive
+        // are the same buffer (in place, which NCCL allows for all three).
         let r = unsafe {
-            match root {
-                None => result::all_reduce(ptr, ptr, buf.len, f32_, sum, self.comm, stream),
-                Some(root) => {
-                    result::reduce(ptr, ptr, buf.len, f32_, sum, root as i32, self.comm, stream)
+            match op {
+                Op::AllReduce => result::all_reduce(ptr, ptr, n, f32_, sum, comm, stream),
+                Op::Reduce(root) => {
+                    result::reduce(ptr, ptr, n, f32_, sum, root as i32, comm, stream)
+                }
+                Op::Broadcast(root) => {
+                    result::broadcast(ptr, ptr, n, f32_, root as i32, comm, stream)
                 }
             }
         };
-        r.map(|_| ()).map_err(|e| nccl_err("sum", e))
+        let what = match op {
+            Op::Broadcast(_) => "broadcast",
+            _ => "sum",
+        };
+        r.map(|_| ()).map_err(|e| nccl_err(what, e))
     }
 }
 
@@ -161,7 +171,7 @@ impl Peers<CudaDevice> for NcclPeers {
     }
 
     fn all_reduce_sum(&mut self, dev: &CudaDevice, buf: DevViewMut<'_>) -> Result<(), String> {
-        self.sum(dev, buf, None)
+        self.queue(dev, buf, Op::AllReduce)
     }
 
     fn reduce_sum(
@@ -170,7 +180,16 @@ impl Peers<CudaDevice> for NcclPeers {
         buf: DevViewMut<'_>,
         root: usize,
     ) -> Result<(), String> {
-        self.sum(dev, buf, Some(root))
+        self.queue(dev, buf, Op::Reduce(root))
+    }
+
+    fn broadcast(
+        &mut self,
+        dev: &CudaDevice,
+        buf: DevViewMut<'_>,
+        root: usize,
+    ) -> Result<(), String> {
+        self.queue(dev, buf, Op::Broadcast(root))
     }
 }
 

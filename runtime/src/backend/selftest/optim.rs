@@ -508,7 +508,8 @@ fn resident_checks<D: Device>(k: &Kernels<D>, store: Dtype, host_lr_factor: f64)
         let mut hp = p0.clone();
         let master = store.is_half().then(|| p0.clone());
         let mut dopt = opt;
-        let mut d = DeviceOptimizer::new(k, &dopt, master.as_deref()).expect("a device optimizer");
+        let mut d =
+            DeviceOptimizer::new(k, &dopt, master.as_deref(), n, 0..n).expect("a device optimizer");
         let mut params = dev.upload(&p0);
         let mut checks = Vec::new();
         for step in 0..2 {
@@ -518,8 +519,14 @@ fn resident_checks<D: Device>(k: &Kernels<D>, store: Dtype, host_lr_factor: f64)
             host.step_scaled(&mut hp, &mut g.clone(), lr * host_lr_factor, scale)
                 .expect("a host step");
             dev.write(dev.view_mut(d.grads_mut()), &g);
-            d.step(k, &mut params, &dopt, lr, dopt.grad_factors(scale))
-                .expect("a device step");
+            d.step(
+                k,
+                dev.view_mut(&mut params),
+                &dopt,
+                lr,
+                dopt.grad_factors(scale),
+            )
+            .expect("a device step");
             dopt.count_step();
             let mut w = vec![0.0f32; n];
             d.download(k, &mut dopt, Some(&mut w))

@@ -99,11 +99,27 @@ fn rank_checks<D: Device>(dev: &D, peers: &mut dyn Peers<D>) -> Vec<OpCheck> {
         let (op, want, tolerance) = if rank == root {
             (format!("peers.reduce[{n}]@{rank}"), want, tolerance)
         } else {
-            (format!("peers.reduce[{n}]@{rank} (not the root)"), x, 0.0)
+            (
+                format!("peers.reduce[{n}]@{rank} (not the root)"),
+                x.clone(),
+                0.0,
+            )
         };
         out.push(match done.and_then(|()| dev.sync()) {
             Ok(()) => check(op, &got, &want, tolerance),
             Err(e) => check(format!("{op}: {e}"), &[], &want, tolerance),
+        });
+
+        // A broadcast copies the root's bits to every rank (ZeRO 1–2's parameter gather).
+        let root = (case + 1) % world;
+        let mut buf = dev.upload(&x);
+        let done = peers.broadcast(dev, dev.view_mut(&mut buf), root);
+        dev.download(dev.view(&buf), &mut got);
+        let want = input(case, root, n);
+        let op = format!("peers.broadcast[{n}]@{rank} from {root}");
+        out.push(match done.and_then(|()| dev.sync()) {
+            Ok(()) => check(op, &got, &want, 0.0),
+            Err(e) => check(format!("{op}: {e}"), &[], &want, 0.0),
         });
     }
     out
