@@ -8,8 +8,8 @@
 #   tiny/            the tiny BERT trained on the CPU and on the GPU, optimizer on the GPU
 #                    (tiny.json compares them), offloaded at ZeRO-2 in fp16 (offload.json), and
 #                    two ranks (one GPU each, or sharing the only one) against the CPU's two:
-#                    ZeRO-0 (dp2.json), that ZeRO-2 offload shape (ranks2.json) and ZeRO-2
-#                    without offload in fp16 (zero2.json)
+#                    ZeRO-0 (dp2.json), that ZeRO-2 offload shape (ranks2.json), ZeRO-2
+#                    without offload in fp16 (zero2.json) and ZeRO-3 in fp32 (zero3.json)
 #   spam/, spam.json the main job, recipes/spam.rcp, trained on the GPU (final accuracy >= 0.95),
 #                    from gpu-assets/minilm (scripts/gpu-assets.sh: MiniLM in fp16, carried with
 #                    the binary; the GPU machine has no network); "skipped" without it
@@ -67,9 +67,10 @@ cp "$OUT/kernels/selftest.json" "$OUT/selftest.json" 2>/dev/null || true
 # the optimizer offloaded to the host in fp16 (`offload`: the pinned copies, once per step each),
 # and two ranks against the CPU's two (both ranks on this GPU when it is the only one): `dp2`,
 # tiny.rcp at ZeRO-0 (each rank's model and optimizer resident, the gradient averaged on the
-# host), `ranks2`, the ZeRO-2 offload shape (passes on the GPU, the rest on the host), and
-# `zero2`, ZeRO-2 in fp16 without offload. On a machine with two GPUs or more, all three must sum
-# their gradients GPU to GPU (NCCL), and `zero2` must step each rank's partition on its GPU.
+# host), `ranks2`, the ZeRO-2 offload shape (passes on the GPU, the rest on the host), `zero2`,
+# ZeRO-2 in fp16 without offload, and `zero3`, ZeRO-3 in fp32. On a machine with two GPUs or
+# more, all four must sum their gradients GPU to GPU (NCCL), and `zero2`/`zero3` must step each
+# rank's partition on its GPU (ZeRO-3 gathering its segments there).
 W="$OUT/tiny"
 rm -rf "$W"; mkdir -p "$W"
 cp runtime/tests/fixtures/tokenizer/tokenizer.json "$W/"
@@ -78,13 +79,15 @@ head -12 "$W/train.jsonl" > "$W/eval.jsonl"
 cp runtime/tests/fixtures/tiny-bert/config.json runtime/tests/fixtures/tiny-bert/tiny.rcp "$W/"
 { cat "$W/tiny.rcp"; echo 'zero 2 { offload optimizer = cpu }'; } > "$W/offload.rcp"
 { cat "$W/tiny.rcp"; echo 'zero 2'; } > "$W/zero2.rcp"
-for part in tiny offload dp2 ranks2 zero2; do
+{ cat "$W/tiny.rcp"; echo 'zero 3'; } > "$W/zero3.rcp"
+for part in tiny offload dp2 ranks2 zero2 zero3; do
     sets=()
     rcp=$part.rcp
     [ "$part" = offload ] && sets=(--set 'train.precision=fp16')
     [ "$part" = dp2 ] && { sets=(--gpus 2); rcp=tiny.rcp; }
     [ "$part" = ranks2 ] && { sets=(--set 'train.precision=fp16' --gpus 2); rcp=offload.rcp; }
     [ "$part" = zero2 ] && sets=(--set 'train.precision=fp16' --gpus 2)
+    [ "$part" = zero3 ] && sets=(--gpus 2)
     for dev in cpu cuda; do
         ( cd "$W" && timeout "$LIMIT" "$BIN" run --quiet --device "$dev" ${sets[@]+"${sets[@]}"} \
             --set "train.output_dir=\"$part-$dev\"" "$rcp" ) > "$W/$part-$dev.log" 2>&1
@@ -112,11 +115,11 @@ if cpu and gpu:
     out["exchange_on_device"] = gstart.get("exchange_on_device")
     # One GPU per rank: NCCL; ranks sharing a GPU exchange through the host.
     nccl = out["world"] > 1 and int(os.environ.get("GPUS", "1")) >= out["world"]
-    # One rank keeps the model on the GPU, and so does each of several at ZeRO-0, or at ZeRO
-    # 1-2 without offload over NCCL; otherwise several keep the model states on the host.
+    # One rank keeps the model on the GPU, and so does each of several at ZeRO-0, or at any
+    # stage without offload over NCCL; otherwise several keep the model states on the host.
     stage = gstart.get("zero_stage")
     on_device = (out["world"] == 1 or stage == 0
-                 or nccl and stage in (1, 2) and not gstart.get("offload_optimizer")))
+                 or nccl and not gstart.get("offload_optimizer"))
     out["ok"] = (out["same_steps_lr_scales_skips"] and out["max_loss_rel_diff"] <= 1e-4
                  and len(cpu) == len(gpu) and out["model_on_device"] is on_device
                  and cstart.get("world") == out["world"]
@@ -170,7 +173,7 @@ fi
 {
     echo "{"
     first=1
-    for k in kernels selftest tiny offload dp2 ranks2 zero2 spam throughput; do
+    for k in kernels selftest tiny offload dp2 ranks2 zero2 zero3 spam throughput; do
         [ $first = 1 ] || echo ","
         printf '  "%s": "%s"' "$k" "${parts[$k]}"
         first=0

@@ -388,11 +388,11 @@ fn device_run(
     // One rank: the model states on the device, and the optimizer too unless it is offloaded
     // (not the host's path behind the executor, which would pass the test too). Several: each
     // rank's passes on its device, the model states on the host.
-    // Several at ZeRO-0, or at ZeRO 1–2 with peers and no offload: each rank's model and
-    // optimizer (its partition) resident on its device.
+    // Several at ZeRO-0, or at any stage with peers and no offload: each rank's model (ZeRO-3:
+    // its pieces) and optimizer (its partition) resident on its device.
     let offloaded = start["offload_optimizer"] == true;
     let stage = plan.train.zero_stage;
-    let resident = world == 1 || stage == 0 || peers && !offloaded && stage <= 2;
+    let resident = world == 1 || stage == 0 || peers && !offloaded;
     assert_eq!(start["world"], world, "{start}");
     assert_eq!(start["model_on_device"], resident, "{start}");
     assert_eq!(start["exchange_on_device"], peers, "{start}");
@@ -643,9 +643,19 @@ fn two_gpus_step_their_partitions_on_the_devices_at_zero_2_in_fp16() {
     peers_run_against_the_cpu("fp16", Some("zero 2"), &sets).within(1e-3, 1e-3);
 }
 
-/// ZeRO-1 and ZeRO-3 in fp32 with the devices summing: the window's average and each device
-/// stepping its partition (ZeRO-1), and each micro-batch's pieces reduced to their owners
-/// segment by segment (ZeRO-3, stepped on the host).
+/// ZeRO-3 on three GPUs in bf16 with the devices summing: pieces of unequal lengths (the
+/// segments do not divide by three), gathered and reduced between the devices, the master
+/// weights of each rank's pieces on its device; the evaluations and checkpoints gather the
+/// whole model.
+#[test]
+fn three_gpus_gather_and_reduce_their_pieces_at_zero_3_in_bf16() {
+    let sets = ["--gpus", "3", "--set", "train.clip=0.4"];
+    peers_run_against_the_cpu("bf16", Some("zero 3"), &sets).within(1e-3, 1e-3);
+}
+
+/// ZeRO-1 and ZeRO-3 in fp32 with the devices summing, each device stepping its partition:
+/// the window's average (ZeRO-1), and each segment gathered from the ranks' pieces inside the
+/// pass and its gradient reduced to the owners as the backward finishes it (ZeRO-3).
 #[test]
 fn two_gpus_sum_between_the_devices_at_zero_1_and_3() {
     for zero in ["zero 1", "zero 3"] {

@@ -18,6 +18,7 @@
 mod bert;
 mod config;
 mod on_device;
+mod pieces;
 mod segments;
 
 use std::collections::HashMap;
@@ -676,6 +677,33 @@ impl Classifier {
         grads: &mut B::Buf,
         dropout: Option<DropoutKey>,
     ) -> Result<f32, ModelError> {
+        let segs = &self.layout.segs;
+        let mut src = BufParams::new(be, params, segs);
+        let mut sink = BufGrads::new(be, grads, segs);
+        self.forward_backward_on_with(be, ws, batch, loss_weight, &mut src, &mut sink, dropout)
+    }
+
+    /// [`Classifier::forward_backward_on`] with the parameters read from `src` and the
+    /// gradients left in `sink` segment by segment, on `be`: how ZeRO-3 gathers each segment
+    /// and reduces its gradient between GPUs inside the pass ([`Classifier::forward_backward_with`]
+    /// on the CPU).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_backward_on_with<B, P, G, E>(
+        &self,
+        be: &B,
+        ws: &mut Workspace<B>,
+        batch: &Batch,
+        loss_weight: f32,
+        src: &mut P,
+        sink: &mut G,
+        dropout: Option<DropoutKey>,
+    ) -> Result<f32, E>
+    where
+        B: Backend,
+        P: ParamSource<B>,
+        G: GradSink<B>,
+        E: From<P::Error> + From<G::Error> + From<ModelError>,
+    {
         self.check_batch(batch)?;
         let c = &self.config;
         let drop = self.dropout_keys(dropout);
@@ -693,20 +721,8 @@ impl Classifier {
             &batch.attention_mask,
             &batch.labels,
         );
-        let segs = &self.layout.segs;
-        let mut src = BufParams::new(be, params, segs);
-        let mut sink = BufGrads::new(be, grads, segs);
-        let Ok(()) = bert::forward(be, c, &self.layout, &mut src, a, drop);
-        bert::backward::<B, _, _, ModelError>(
-            be,
-            c,
-            &self.layout,
-            &mut src,
-            a,
-            drop,
-            loss_weight,
-            &mut sink,
-        )
+        bert::forward(be, c, &self.layout, src, a, drop)?;
+        bert::backward::<B, _, _, E>(be, c, &self.layout, src, a, drop, loss_weight, sink)
     }
 
     /// Eval-mode logits `[batch × num_labels]` on any backend, the parameters in `be`'s buffer.
@@ -717,6 +733,23 @@ impl Classifier {
         batch: &Batch,
         params: &B::Buf,
     ) -> Result<Vec<f32>, ModelError> {
+        let mut src = BufParams::new(be, params, &self.layout.segs);
+        self.forward_on_with(be, ws, batch, &mut src)
+    }
+
+    /// [`Classifier::forward_on`] with the parameters read from `src` segment by segment.
+    pub fn forward_on_with<B, P>(
+        &self,
+        be: &B,
+        ws: &mut Workspace<B>,
+        batch: &Batch,
+        src: &mut P,
+    ) -> Result<Vec<f32>, ModelError>
+    where
+        B: Backend,
+        P: ParamSource<B>,
+        ModelError: From<P::Error>,
+    {
         let mut probe = batch.clone();
         if probe.labels.is_empty() {
             probe.labels = vec![0; batch.batch];
@@ -725,8 +758,7 @@ impl Classifier {
         // The evaluation forward, as on the CPU (one layer's buffers, the last layer on the
         // `[CLS]` rows only); runtime/emu/tests/model.rs checks it against the CPU's logits.
         let a = self.prepare_eval(be, ws, &probe);
-        let mut src = BufParams::new(be, params, &self.layout.segs);
-        let Ok(()) = bert::forward_eval(be, &self.config, &self.layout, &mut src, a);
+        bert::forward_eval(be, &self.config, &self.layout, src, a)?;
         let mut out = vec![0.0; batch.batch * self.num_labels];
         be.download(be.view(&a.logits), &mut out);
         Ok(out)

@@ -14,14 +14,16 @@
 //!   host: the accumulated gradients come down and the parameters go up once per step, through
 //!   pinned host memory ([`Resident::pinned`]).
 
+use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
+use super::pieces::{self, Gather, Pieces, Rank, Scatter, SharedPeers, Upload};
 use super::{Batch, Classifier, DropoutKey, ModelError, Workspace};
 use crate::backend::device::{Device, Peers};
 use crate::backend::kernels::Kernels;
 use crate::backend::Backend;
-use crate::optim::device::{Accumulate, DeviceOptimizer, Keep, PinnedBuf, Resident};
+use crate::optim::device::{Accumulate, DeviceOptimizer, Keep, Partitioned, PinnedBuf, Resident};
 use crate::optim::Optimizer;
 use crate::precision::Dtype;
 use crate::zero::{Storage, ZeroError};
@@ -66,14 +68,22 @@ struct State<D: Device> {
     /// ZeRO-2/3 ([`Accumulate::Reduced`], [`Accumulate::ToOwners`]): one micro-batch's own
     /// gradient, and how it reaches the accumulator.
     own: Option<Own<D>>,
-    /// ZeRO 1–2 with peers ([`Keep::partition`]): every rank's range of the parameters, and
-    /// this rank.
-    partition: Option<(Vec<Range<usize>>, usize)>,
+    /// With peers ([`Keep::partition`]): what this rank owns.
+    split: Option<Split<D>>,
     /// The other ranks' devices, when this one sums with them directly.
     peers: Option<Box<dyn Peers<D>>>,
     /// ZeRO-2/3 with peers: this rank's reduced ranges packed for their one copy to the host
     /// (allocated at the first micro-batch, then reused).
     part: Option<D::Buf>,
+}
+
+/// What a rank of a group owns ([`Partitioned`]).
+enum Split<D: Device> {
+    /// ZeRO 1–2: every rank's range of the whole parameters (which `State::params` holds), and
+    /// this rank.
+    Flat(Vec<Range<usize>>, usize),
+    /// ZeRO-3: `State::params` holds this rank's pieces only.
+    Pieces(Pieces<D>),
 }
 
 /// One micro-batch's gradient on its own, before it is added to the accumulator.
@@ -164,7 +174,7 @@ impl<D: Device> OnDevice<D> {
                 opt: None,
                 acc: None,
                 own: None,
-                partition: None,
+                split: None,
                 peers,
                 part: None,
             }),
@@ -242,6 +252,11 @@ where
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
+        if matches!(st.split, Some(Split::Pieces(_))) {
+            return Err(ModelError::Argument(
+                "the device holds ZeRO-3 pieces: its passes run through Resident::micro".into(),
+            ));
+        }
         put_params(k, st, model);
         put(k, &mut st.grads, grads);
         let (params, dgrads) = (st.params.as_ref().unwrap(), st.grads.as_mut().unwrap());
@@ -267,6 +282,19 @@ where
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
+        if let Some(Split::Pieces(pc)) = &mut st.split {
+            // ZeRO-3: the host gathered the whole parameters for this evaluation; each segment
+            // goes up as the forward reads it (rank 0 evaluates alone: no collective).
+            let mut src = Upload {
+                k,
+                host: &model.params().data,
+                segs: model.segments(),
+                out: &mut pc.seg,
+            };
+            let logits = model.forward_on_with(k, &mut st.ws, batch, &mut src)?;
+            k.device().sync().map_err(ModelError::Device)?;
+            return Ok(logits);
+        }
         put_params(k, st, model);
         let logits = model.forward_on(k, &mut st.ws, batch, st.params.as_ref().unwrap())?;
         k.device().sync().map_err(ModelError::Device)?;
@@ -280,27 +308,53 @@ fn no_peers() -> ModelError {
     )
 }
 
-/// Checks [`Keep::partition`] against the group and the model: one range per rank, inside the
-/// `n` parameters, with the optimizer kept (the partition is what it steps).
-fn partition<D: Device>(
+/// Checks [`Keep::partition`] against the group and the model (one range per rank inside the
+/// parameters, or ZeRO-3's map of the model's segments over the group), with the optimizer
+/// kept (the partition is what it steps), and makes this rank's [`Split`].
+fn split<D: Device>(
+    k: &Kernels<D>,
     peers: Option<&dyn Peers<D>>,
-    ranges: &[Range<usize>],
-    n: usize,
+    p: Partitioned<'_>,
+    model: &Classifier,
     keep: &Keep<'_>,
-) -> Result<(Vec<Range<usize>>, usize), ModelError> {
+) -> Result<Split<D>, ModelError> {
     let peers = peers.ok_or_else(no_peers)?;
-    if ranges.len() != peers.world() || ranges.iter().any(|r| r.start > r.end || r.end > n) {
-        return Err(ModelError::Argument(format!(
-            "a partition {ranges:?} for {} ranks and {n} parameters",
-            peers.world()
-        )));
-    }
+    let (me, world, n) = (peers.rank(), peers.world(), model.num_params());
+    let bad = |what: String| Err(ModelError::Argument(what));
     if keep.optimizer.is_none() {
-        return Err(ModelError::Argument(
+        return bad(
             "a partition of the parameters without the optimizer kept on the device".into(),
-        ));
+        );
     }
-    Ok((ranges.to_vec(), peers.rank()))
+    match p {
+        Partitioned::Flat(ranges) => {
+            if ranges.len() != world || ranges.iter().any(|r| r.start > r.end || r.end > n) {
+                return bad(format!(
+                    "a partition {ranges:?} for {world} ranks and {n} parameters"
+                ));
+            }
+            Ok(Split::Flat(ranges.to_vec(), me))
+        }
+        Partitioned::Pieces(map) => {
+            let Accumulate::ToOwners(storage) = keep.accumulate else {
+                return bad("ZeRO-3's pieces reduce their gradients to the owners".into());
+            };
+            if map.segs != model.segments() || map.parts.iter().any(|p| p.world != world) {
+                return bad(format!(
+                    "a ZeRO-3 map of {} segments over {:?} ranks for a model of {} segments and a group of {world}",
+                    map.segs.len(),
+                    map.parts.first().map(|p| p.world),
+                    model.segments().len()
+                ));
+            }
+            if model.params().len() != n {
+                return bad(
+                    "ZeRO-3's pieces are taken from the whole parameters: gather them first".into(),
+                );
+            }
+            Ok(Split::Pieces(Pieces::new(k, map.clone(), me, storage)))
+        }
+    }
 }
 
 fn not_uploaded() -> ModelError {
@@ -324,32 +378,40 @@ where
         let n = model.params().len();
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
-        let partition = match keep.partition {
+        let split = match keep.partition {
             None => None,
-            Some(ranges) => Some(partition(st.peers.as_deref(), ranges, n, &keep)?),
+            Some(p) => Some(split(k, st.peers.as_deref(), p, model, &keep)?),
         };
-        if matches!(keep.accumulate, Accumulate::ToOwners(_)) && partition.is_none() {
+        if matches!(keep.accumulate, Accumulate::ToOwners(_)) && split.is_none() {
             return Err(ModelError::Argument(
                 "a gradient reduced to its owners needs the ranks' partition".into(),
             ));
         }
-        // The elements this rank's optimizer steps.
-        let mine = partition.as_ref().map_or(0..n, |(r, me)| r[*me].clone());
+        // The elements this rank's optimizer steps (ZeRO-3: its pieces, all the device holds).
+        let mine = match &split {
+            None => n,
+            Some(Split::Flat(r, me)) => r[*me].len(),
+            Some(Split::Pieces(pc)) => pc.local_len(),
+        };
         if let Some((opt, master)) = keep.optimizer {
-            let lens = [opt.len(), master.map_or(mine.len(), <[f32]>::len)];
-            if lens.iter().any(|&l| l != mine.len()) {
+            let lens = [opt.len(), master.map_or(mine, <[f32]>::len)];
+            if lens.iter().any(|&l| l != mine) {
                 return Err(ModelError::Argument(format!(
-                    "optimizer state of {lens:?} elements for {} parameters",
-                    mine.len()
+                    "optimizer state of {lens:?} elements for {mine} parameters"
                 )));
             }
         }
-        put(k, &mut st.params, &model.params().data);
+        match &split {
+            Some(Split::Pieces(pc)) => st.params = Some(k.upload(&pc.take(&model.params().data))),
+            _ => put(k, &mut st.params, &model.params().data),
+        }
         st.params_stamp = model.params_stamp();
-        // ZeRO-2 with peers accumulates its partition only; the others the whole gradient.
-        let (acc, grads_at) = match keep.accumulate {
-            Accumulate::ToOwners(_) => (mine.len(), 0..mine.len()),
-            _ => (n, mine),
+        // ZeRO 2–3 with peers accumulate their partition only; the others the whole gradient
+        // (ZeRO-1's optimizer reading its range of it).
+        let (acc, grads_at) = match (&split, keep.accumulate) {
+            (_, Accumulate::ToOwners(_)) => (mine, 0..mine),
+            (Some(Split::Flat(r, me)), _) => (n, r[*me].clone()),
+            _ => (n, 0..n),
         };
         (st.opt, st.acc) = match keep.optimizer {
             Some((opt, master)) => (
@@ -363,6 +425,8 @@ where
         };
         st.own = match keep.accumulate {
             Accumulate::InPlace => None,
+            // ZeRO-3's pieces take each segment's gradient as the backward finishes it.
+            _ if matches!(split, Some(Split::Pieces(_))) => None,
             Accumulate::Reduced(storage) => Some(Own {
                 buf: k.alloc(n),
                 storage,
@@ -374,7 +438,7 @@ where
                 to_owners: true,
             }),
         };
-        st.partition = partition;
+        st.split = split;
         k.device().sync().map_err(ModelError::Device)
     }
 
@@ -398,6 +462,41 @@ where
         let st = &mut *st;
         let (ws, params) = (&mut st.ws, st.params.as_ref().ok_or_else(not_uploaded)?);
         let acc = accumulator(&mut st.opt, &mut st.acc)?;
+        if let Some(Split::Pieces(pc)) = &mut st.split {
+            // ZeRO-3: each segment gathered as the pass reads it, each gradient reduced to the
+            // owners as the backward finishes it.
+            let peers = st.peers.as_deref_mut().ok_or_else(no_peers)?;
+            let peers: SharedPeers<'_, D> = RefCell::new(peers);
+            let Pieces {
+                map,
+                me,
+                seg,
+                grad,
+                storage,
+            } = pc;
+            let rank = Rank {
+                k,
+                peers: &peers,
+                map,
+                me: *me,
+            };
+            let mut src = Gather {
+                rank,
+                local: params,
+                out: seg,
+            };
+            let mut sink = Scatter {
+                rank,
+                grad,
+                acc,
+                storage: *storage,
+            };
+            let loss = model.forward_backward_on_with::<_, _, _, ModelError>(
+                k, ws, batch, weight, &mut src, &mut sink, dropout,
+            )?;
+            dev.sync().map_err(ModelError::Device)?;
+            return Ok(loss);
+        }
         let loss = match &mut st.own {
             None => model.forward_backward_on(k, ws, batch, weight, params, acc, dropout),
             Some(own) => {
@@ -406,8 +505,8 @@ where
                 let (g, storage) = (&mut own.buf, own.storage);
                 k.zero(k.view_mut(g));
                 let loss = model.forward_backward_on(k, ws, batch, weight, params, g, dropout)?;
-                match (&st.partition, own.to_owners) {
-                    (Some((ranges, me)), true) => {
+                match (&st.split, own.to_owners) {
+                    (Some(Split::Flat(ranges, me)), true) => {
                         // Each range summed to its owner, in rank order as every rank calls
                         // them; this rank's made the average as `reduce_to_owners` makes it.
                         let peers = st.peers.as_mut().ok_or_else(no_peers)?;
@@ -454,7 +553,8 @@ where
         let (Some(params), Some(o)) = (st.params.as_mut(), st.opt.as_mut()) else {
             return Err(not_uploaded().into());
         };
-        let Some((ranges, me)) = &st.partition else {
+        let Some(Split::Flat(ranges, me)) = &st.split else {
+            // The whole parameters, or ZeRO-3's pieces (gathered when the next pass reads them).
             o.step(k, k.view_mut(params), opt, lr, factors)?;
             // The passes read these parameters as they are: no upload until the host changes
             // them.
@@ -488,7 +588,16 @@ where
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
         let params = st.params.as_ref().ok_or_else(not_uploaded)?;
-        k.download(k.view(params), model.params_mut());
+        match &mut st.split {
+            Some(Split::Pieces(pc)) => {
+                // Every rank takes part (`Replica::gather_whole`).
+                let n = model.num_params();
+                same_len("parameter", model.params().len(), n)?;
+                let peers = st.peers.as_deref_mut().ok_or_else(no_peers)?;
+                pieces::download_whole(k, peers, pc, params, model.params_mut())?;
+            }
+            _ => k.download(k.view(params), model.params_mut()),
+        }
         // The host now holds what the device holds: an evaluation uploads nothing.
         st.params_stamp = model.params_stamp();
         if let (Some(dev), Some(opt)) = (st.opt.as_ref(), opt) {

@@ -1,5 +1,5 @@
 //! The optimizer on the device, for a run on one device (any ZeRO stage, no optimizer offload)
-//! or on several that sum directly (ZeRO 0–2: each rank steps the whole model or its
+//! or on several that sum directly (ZeRO 0–3: each rank steps the whole model or its
 //! partition, [`Keep::partition`]): Adam / AdamW, SGD, Adagrad and LAMB, each stepped by its
 //! kernel in `runtime/kernels/optim.cu`.
 //! Under optimizer offload the same [`Resident`] keeps only the parameters and the gradient
@@ -25,7 +25,7 @@ use crate::backend::kernels::{self, DecayMask, Kernels, LambTensors, NORM_BLOCKS
 use crate::backend::Backend;
 use crate::model::{Batch, Classifier, DropoutKey, ModelError};
 use crate::precision::Dtype;
-use crate::zero::{Storage, ZeroError};
+use crate::zero::{SegmentParts, Storage, ZeroError};
 
 /// How each micro-batch's gradient reaches the device's accumulator, as the host's ZeRO stage
 /// accumulates it (`zero/replica.rs` `Replica::micro`).
@@ -56,12 +56,24 @@ pub struct Keep<'a> {
     pub optimizer: Option<(&'a Optimizer, Option<&'a [f32]>)>,
     /// How micro-batch gradients are accumulated.
     pub accumulate: Accumulate,
-    /// ZeRO 1–2 on several devices that sum directly (`zero::Replica::attach_device`): every
-    /// rank's range of the parameters, by rank (the flat partition). The optimizer, its state
-    /// and master weights this rank's range's length, steps that range only, and each range is
-    /// broadcast from its owner after the step (DeepSpeed's all-gather of the updated
-    /// partitions). `None`: the optimizer steps the whole buffer.
-    pub partition: Option<&'a [Range<usize>]>,
+    /// Several devices that sum directly (`zero::Replica::attach_device`): what this rank
+    /// owns, which its optimizer (state and master weights of that length) steps. `None`: the
+    /// optimizer steps the whole buffer.
+    pub partition: Option<Partitioned<'a>>,
+}
+
+/// How the ranks of [`Keep::partition`] share the parameters.
+#[derive(Debug, Clone, Copy)]
+pub enum Partitioned<'a> {
+    /// ZeRO 1–2: every rank's range of the flat buffer, by rank. Each device holds the whole
+    /// parameters; each range is broadcast from its owner after the step (DeepSpeed's
+    /// all-gather of the updated partitions).
+    Flat(&'a [Range<usize>]),
+    /// ZeRO-3: every segment split over the ranks. Each device holds its rank's pieces only,
+    /// gathers a segment when a pass reads it and reduces its gradient to the owners when the
+    /// backward finishes it (`model::pieces`); the accumulation must be
+    /// [`Accumulate::ToOwners`].
+    Pieces(&'a SegmentParts),
 }
 
 /// Host memory a device copies to and from directly ([`Device::Pinned`]), behind the object-safe

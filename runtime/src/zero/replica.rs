@@ -14,7 +14,7 @@ use crate::collective::{Collective, CollectiveError, Partition, ReduceOp};
 use crate::model::{
     Batch, Classifier, DropoutKey, Executor, GradSink, ModelError, ParamSource, Whole, Workspace,
 };
-use crate::optim::device::{Accumulate, Keep, PinnedBuf, Resident};
+use crate::optim::device::{Accumulate, Keep, Partitioned, PinnedBuf, Resident};
 use crate::optim::{self, GradScale, OptimError, OptimState, Optimizer};
 use crate::precision::{self, Dtype};
 
@@ -445,9 +445,9 @@ impl Replica {
     /// Puts the model's executor to work for this rank: with one rank,
     /// [`Replica::keep_on_device`]; with several (one GPU each, threads of one process) at
     /// ZeRO-0, the same resident model and optimizer on every rank's device, the window's
-    /// gradient averaged on the host (on the devices with peers); at ZeRO 1–2 with peers and no
-    /// optimizer offload, the whole parameters and this rank's partition of the optimizer on
-    /// the device, which steps it and broadcasts it; otherwise at ZeRO 1–3 the device runs this
+    /// gradient averaged on the host (on the devices with peers); at ZeRO 1–3 with peers and no
+    /// optimizer offload, the parameters (ZeRO-3: this rank's pieces) and this rank's partition
+    /// of the optimizer on the device, which steps it; otherwise at ZeRO 1–3 the device runs this
     /// rank's passes and the host keeps everything ZeRO does between them (docs/cuda.md,
     /// "Several GPUs"):
     /// - stages 0–1 accumulate the window's gradient on the device, copied to the host once per
@@ -501,14 +501,17 @@ impl Replica {
             self.device = Some(x);
             return Ok(true);
         }
-        if self.peers && !self.opt.offload && self.map.is_none() {
-            // ZeRO 1–2 as DeepSpeed runs them on GPUs: each device keeps the whole parameters
-            // and steps its partition with its optimizer state (and master weights) there; the
-            // gradients are averaged (ZeRO-1, once per step) or reduced to their owners (ZeRO-2,
-            // every micro-batch) between the devices, and each updated partition is broadcast
-            // from its owner. Nothing crosses to the host in a step but the norm.
+        if self.peers && !self.opt.offload {
+            // ZeRO 1–3 as DeepSpeed runs them on GPUs: each device steps its partition with its
+            // optimizer state (and master weights) there; the gradients are averaged (ZeRO-1,
+            // once per step) or reduced to their owners (ZeRO 2–3, every micro-batch) between
+            // the devices. ZeRO 1–2 keep the whole parameters on each device and broadcast each
+            // updated partition from its owner; ZeRO-3 keeps the rank's pieces and gathers each
+            // segment inside the pass. Nothing crosses to the host in a step but the norm.
             let world = self.shard.world;
             let ranges: Vec<Range<usize>> = (0..world).map(|o| self.flat.range(o)).collect();
+            // ZeRO-3's device takes its pieces from the whole parameters, gathered here.
+            self.gather_whole(coll)?;
             let master = self.opt.host.as_ref().map(|h| &h.master[..]);
             let keep = Keep {
                 optimizer: Some((&self.opt.opt, master)),
@@ -516,9 +519,14 @@ impl Replica {
                     1 => Accumulate::InPlace,
                     _ => Accumulate::ToOwners(self.storage),
                 },
-                partition: Some(&ranges),
+                partition: Some(match &self.map {
+                    None => Partitioned::Flat(&ranges),
+                    Some(map) => Partitioned::Pieces(map),
+                }),
             };
-            r.upload(&self.model, self.storage.module, keep)?;
+            let uploaded = r.upload(&self.model, self.storage.module, keep);
+            self.release_whole();
+            uploaded?;
             self.grads = Vec::new();
             self.device = Some(x);
             return Ok(true);
@@ -668,7 +676,7 @@ impl Replica {
     ) -> Result<f32, ZeroError> {
         let stage = self.shard.stage;
         if let Some(r) = self.resident() {
-            if self.peers && stage == 2 {
+            if self.peers && stage >= 2 {
                 // The micro-batch ends in sums between the devices: the host barrier first, so
                 // that a rank that failed ends the run here, not in a sum that waits forever.
                 coll.barrier()?;
@@ -998,6 +1006,10 @@ impl Replica {
     pub fn gather_whole(&mut self, coll: &mut dyn Collective) -> Result<(), ZeroError> {
         if let Some(x) = self.device.clone() {
             let r = x.resident().expect("kept on the device");
+            if self.peers && self.map.is_some() {
+                // ZeRO-3's pieces are gathered between the devices (see `micro`).
+                coll.barrier()?;
+            }
             if self.map.is_some() {
                 // ZeRO-3: the whole buffer exists between this and `release_whole` only.
                 self.model.put_params(vec![0.0; self.shard.total])?;
