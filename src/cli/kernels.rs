@@ -141,6 +141,7 @@ fn self_test(out: Option<&Path>) -> Result<bool, i32> {
         all.extend(checks);
     }
     all.extend(peers_test()?);
+    all.push(out_of_memory_test()?);
     println!(
         "  {:<28} {:>5} {:>10} {:>10}",
         "operation", "store", "error", "tolerance"
@@ -169,6 +170,38 @@ fn self_test(out: Option<&Path>) -> Result<bool, i32> {
         );
     }
     Ok(ok)
+}
+
+/// An allocation larger than GPU 0's memory on a device of its own: the run's error (what
+/// failed, what was free, what to change) at the next sync, and again at the one after (the
+/// missing buffer stays missing), never a panic.
+fn out_of_memory_test() -> Result<recipe_runtime::backend::selftest::OpCheck, i32> {
+    use recipe_runtime::backend::cuda::CudaDevice;
+    use recipe_runtime::backend::device::Device;
+    use recipe_runtime::precision::Dtype;
+    let dev = CudaDevice::open(0).map_err(|e| {
+        eprintln!("error: {e}");
+        FAILED
+    })?;
+    let total = dev.memory().map_or(1 << 40, |(_, total)| total);
+    let buf = dev.alloc(total / 4 + (1 << 28));
+    let first = dev.sync();
+    let mut small = dev.alloc(16);
+    dev.zero(dev.view_mut(&mut small));
+    let second = dev.sync();
+    drop(buf);
+    let ok = matches!((&first, &second), (Err(a), Err(b)) if a.contains("out of memory") && a == b);
+    let what = match &first {
+        Err(e) => e.split(';').next().unwrap_or(e).to_string(),
+        Ok(()) => "no error".into(),
+    };
+    Ok(recipe_runtime::backend::selftest::OpCheck {
+        op: format!("alloc beyond memory: {what}"),
+        store: Dtype::F32,
+        error: if ok { 0.0 } else { 1.0 },
+        tolerance: 0.0,
+        ok,
+    })
 }
 
 /// The sums between GPUs (NCCL, one rank per GPU, every GPU of the machine) against the host's

@@ -144,7 +144,7 @@ pub struct DevViewMut<'a> {
 /// Token ids, labels or masks on the device: an allocation, of which a batch uses a prefix
 /// (the kernels take their lengths as arguments).
 #[derive(Debug)]
-pub struct DevIds(CudaSlice<u32>);
+pub struct DevIds(Option<CudaSlice<u32>>);
 
 /// Makes `ctx` the calling thread's current context. cudarc's `bind_to_thread` first returns
 /// (and clears) an error an earlier asynchronous call left in the context, without binding, so
@@ -165,29 +165,45 @@ fn bind_ctx(ctx: &CudaContext) -> Result<(), drv::DriverError> {
 // context first.
 impl Drop for DevIds {
     fn drop(&mut self) {
-        let _ = bind_ctx(self.0.context());
+        if let Some(m) = &self.0 {
+            let _ = bind_ctx(m.context());
+        }
     }
 }
 
 /// A device buffer of `len` floats: its allocation may be longer, from a longer batch, so that a
 /// workspace resized for a shorter one allocates nothing ([`Device::resize`]).
+/// `None` when the allocation failed ([`CudaDevice::out_of_memory`]: nothing runs on the
+/// device after that, so nothing reads it).
 #[derive(Debug)]
 pub struct DevBuf {
-    mem: CudaSlice<f32>,
+    mem: Option<CudaSlice<f32>>,
     len: usize,
 }
 
 impl Drop for DevBuf {
     fn drop(&mut self) {
         // As `DevIds`: freed on its own GPU's context.
-        let _ = bind_ctx(self.mem.context());
+        if let Some(m) = &self.mem {
+            let _ = bind_ctx(m.context());
+        }
     }
 }
 
-/// Page-locked host memory ([`Device::Pinned`]), allocated by [`CudaContext::alloc_pinned_with_flags`].
+/// A buffer's device address, 0 for a failed allocation.
+fn address<T>(mem: &Option<CudaSlice<T>>, stream: &Arc<CudaStream>) -> u64 {
+    mem.as_ref()
+        .map_or(0, |m| cudarc::driver::DevicePtr::device_ptr(m, stream).0)
+}
+
+/// Page-locked host memory ([`Device::Pinned`]), allocated by
+/// [`CudaContext::alloc_pinned_with_flags`]; ordinary memory when the system refuses to lock
+/// more (the copies are then staged by the driver: slower, the same bytes).
 pub struct Pinned {
     /// Owns the allocation (freed on drop); read through `ptr`.
-    _slice: cudarc::driver::PinnedHostSlice<f32>,
+    _slice: Option<cudarc::driver::PinnedHostSlice<f32>>,
+    /// The fallback's memory, when not page-locked.
+    _pageable: Vec<f32>,
     ptr: *mut f32,
     /// The floats asked for (the allocation has at least one).
     len: usize,
@@ -200,7 +216,8 @@ unsafe impl Send for Pinned {}
 impl std::ops::Deref for Pinned {
     type Target = [f32];
     fn deref(&self) -> &[f32] {
-        // SAFETY: `ptr` points at `_slice`'s `len` (or more) floats, alive while `self` is.
+        // SAFETY: `ptr` points at `_slice`'s (or `_pageable`'s) `len` or more floats, alive
+        // while `self` is (a Vec's heap buffer does not move with it).
         // Copies into or out of it go through [`Device::download`]/[`Device::write`], which the
         // caller synchronises before reading (the runtime's device calls sync at every step).
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
@@ -226,6 +243,9 @@ pub struct CudaDevice {
     /// The compute capability's major version (8 for sm_80).
     major: i32,
     error: Mutex<Option<String>>,
+    /// Set by the first failed allocation: from then on nothing is queued (a buffer that was
+    /// not allocated must not be written), and every [`Device::sync`] returns it.
+    out_of_memory: Mutex<Option<String>>,
     /// The two operands of the last half-precision GEMM as fp16/bf16 bits
     /// ([`Device::gemm_half`]), grown to the longest seen (the first step's shapes).
     packed: Mutex<[Option<CudaSlice<u16>>; 2]>,
@@ -244,13 +264,13 @@ fn driver_err(what: &str) -> impl Fn(drv::DriverError) -> CudaError + '_ {
     move |e| CudaError::Driver(format!("{what}: {e:?}"))
 }
 
-/// Makes `slot` hold at least `n` halves (a new allocation only when it is shorter).
-fn grow_halves(stream: &Arc<CudaStream>, slot: &mut Option<CudaSlice<u16>>, n: usize) {
-    if slot.as_ref().is_none_or(|s| s.len() < n) {
-        match stream.alloc_zeros::<u16>(n.max(1)) {
-            Ok(s) => *slot = Some(s),
-            Err(e) => panic!("CUDA allocation of {n} halves failed: {e:?}"),
-        }
+/// `bytes` as people read them.
+fn human(bytes: usize) -> String {
+    let b = bytes as f64;
+    if b >= (1u64 << 30) as f64 {
+        format!("{:.2} GiB", b / (1u64 << 30) as f64)
+    } else {
+        format!("{:.1} MiB", b / (1u64 << 20) as f64)
     }
 }
 
@@ -297,6 +317,7 @@ impl CudaDevice {
             arch,
             major,
             error: Mutex::new(None),
+            out_of_memory: Mutex::new(None),
             packed: Mutex::default(),
         })
     }
@@ -328,6 +349,55 @@ impl CudaDevice {
         }
     }
 
+    /// Whether an allocation failed ([`CudaDevice::out_of_memory`]).
+    fn failed(&self) -> bool {
+        self.out_of_memory
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
+    /// Records a failed allocation of `bytes` (the first one's words are kept): the run stops
+    /// at the next [`Device::sync`] with what the GPU had free and what to change, rather than
+    /// panicking or queueing work on a buffer that does not exist.
+    fn out_of_memory(&self, what: &str, bytes: usize, e: drv::DriverError) {
+        let mut slot = self.out_of_memory.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_some() {
+            return;
+        }
+        self.bind();
+        let free = match drv::mem_get_info() {
+            Ok((free, total)) => format!("{} of {} free", human(free), human(total)),
+            Err(_) => "its free memory unknown".into(),
+        };
+        *slot = Some(format!(
+            "GPU {} ({}) is out of memory: {what} of {} failed ({e:?}) with {free}; lower \
+             batch.micro or data.max_len, partition the model states over several GPUs \
+             (zero 1–3), or offload the optimizer (offload optimizer = cpu)",
+            self.ctx.ordinal(),
+            self.name,
+            human(bytes)
+        ));
+    }
+
+    /// Makes `slot` hold at least `n` halves (a new allocation only when it is shorter);
+    /// false when it could not.
+    fn grow_halves(&self, slot: &mut Option<CudaSlice<u16>>, n: usize) -> bool {
+        if self.failed() {
+            return false;
+        }
+        if slot.as_ref().is_none_or(|s| s.len() < n) {
+            match self.stream.alloc_zeros::<u16>(n.max(1)) {
+                Ok(s) => *slot = Some(s),
+                Err(e) => {
+                    self.out_of_memory("an allocation of half operands", 2 * n, e);
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
     /// Keeps the first error for [`Device::sync`].
     fn record(&self, what: &str, e: impl std::fmt::Debug) {
         let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
@@ -336,16 +406,25 @@ impl CudaDevice {
         }
     }
 
-    /// Host → device copy of any plain type.
-    fn upload_plain<T: cudarc::driver::DeviceRepr>(&self, src: &[T]) -> CudaSlice<T> {
+    /// Host → device copy of any plain type into a new allocation; `None` when it failed.
+    fn upload_plain<T: cudarc::driver::DeviceRepr>(&self, src: &[T]) -> Option<CudaSlice<T>> {
+        if self.failed() {
+            return None;
+        }
         match self.stream.clone_htod(src) {
-            Ok(s) => s,
-            Err(e) => panic!("CUDA upload of {} elements failed: {e:?}", src.len()),
+            Ok(s) => Some(s),
+            Err(e) => {
+                self.out_of_memory("an upload", std::mem::size_of_val(src), e);
+                None
+            }
         }
     }
 
     /// Copies `host` into `dst` (same length).
     pub fn upload_into(&self, dst: &mut DevViewMut<'_>, host: &[f32]) {
+        if self.failed() {
+            return;
+        }
         self.bind();
         assert_eq!(dst.len, host.len(), "upload length");
         // SAFETY: `dst` is a live allocation of `host.len()` floats.
@@ -358,8 +437,12 @@ impl CudaDevice {
     /// Writes the half bits of the `n` floats at `src` into `slot` (grown when shorter) and
     /// returns its address.
     fn pack(&self, slot: &mut Option<CudaSlice<u16>>, src: u64, n: usize, half: Dtype) -> u64 {
-        grow_halves(&self.stream, slot, n);
-        let dst = slot.as_mut().expect("allocated above");
+        if !self.grow_halves(slot, n) {
+            return 0;
+        }
+        let Some(dst) = slot.as_mut() else {
+            return 0;
+        };
         let (ptr, _sync) = cudarc::driver::DevicePtrMut::device_ptr_mut(dst, &self.stream);
         if n > 0 {
             self.launch(
@@ -369,6 +452,12 @@ impl CudaDevice {
             );
         }
         ptr
+    }
+
+    /// `(free, total)` bytes of this GPU's memory, as the driver reports them.
+    pub fn memory(&self) -> Option<(usize, usize)> {
+        self.bind();
+        drv::mem_get_info().ok()
     }
 
     /// The context (for collectives and pinned memory).
@@ -398,16 +487,23 @@ impl Device for CudaDevice {
     type Pinned = Pinned;
 
     fn alloc(&self, n: usize) -> DevBuf {
-        // Allocation failure is out-of-memory: the plan's memory estimate said it fits, so this
-        // is a bug or another process's memory; stop with the driver's words.
+        if self.failed() {
+            return DevBuf { mem: None, len: n };
+        }
         match self.stream.alloc_zeros::<f32>(n.max(1)) {
-            Ok(mem) => DevBuf { mem, len: n },
-            Err(e) => panic!("CUDA allocation of {n} floats failed: {e:?}"),
+            Ok(mem) => DevBuf {
+                mem: Some(mem),
+                len: n,
+            },
+            Err(e) => {
+                self.out_of_memory("an allocation", 4 * n, e);
+                DevBuf { mem: None, len: n }
+            }
         }
     }
 
     fn resize(&self, b: &mut DevBuf, n: usize) -> bool {
-        if n <= b.mem.len() {
+        if n <= b.mem.as_ref().map_or(0, |m| m.len()) {
             b.len = n;
             return false;
         }
@@ -419,26 +515,35 @@ impl Device for CudaDevice {
         // Flags 0, not cudarc's default `alloc_pinned` (write-combined): the host reads the
         // gradients and writes the parameters, and reading write-combined memory is uncached.
         // SAFETY: the memory is zero-filled below before anything reads it.
-        let mut slice = match unsafe { self.ctx.alloc_pinned_with_flags::<f32>(n.max(1), 0) } {
-            Ok(s) => s,
-            Err(e) => panic!("CUDA pinned allocation of {n} floats failed: {e:?}"),
-        };
-        let ptr = match slice.as_mut_ptr() {
-            Ok(p) => p,
-            Err(e) => panic!("CUDA pinned allocation of {n} floats failed: {e:?}"),
-        };
-        let mut p = Pinned {
-            _slice: slice,
-            ptr,
-            len: n,
+        let locked = unsafe { self.ctx.alloc_pinned_with_flags::<f32>(n.max(1), 0) }
+            .ok()
+            .and_then(|mut s| s.as_mut_ptr().ok().map(|p| (s, p)));
+        let mut p = match locked {
+            Some((slice, ptr)) => Pinned {
+                _slice: Some(slice),
+                _pageable: Vec::new(),
+                ptr,
+                len: n,
+            },
+            // The system would not lock more memory: ordinary memory, copied through the
+            // driver's staging buffer.
+            None => {
+                let mut v = vec![0.0f32; n.max(1)];
+                Pinned {
+                    _slice: None,
+                    ptr: v.as_mut_ptr(),
+                    _pageable: v,
+                    len: n,
+                }
+            }
         };
         p.fill(0.0);
         p
     }
 
     fn upload(&self, src: &[f32]) -> DevBuf {
-        if src.is_empty() {
-            return self.alloc(0);
+        if src.is_empty() || self.failed() {
+            return self.alloc(src.len());
         }
         DevBuf {
             mem: self.upload_plain(src),
@@ -462,14 +567,14 @@ impl Device for CudaDevice {
 
     fn write_ids(&self, dst: &mut DevIds, src: &[u32]) -> bool {
         self.bind();
-        if src.is_empty() {
-            return false; // nothing a kernel reads
+        if src.is_empty() || self.failed() {
+            return false; // nothing a kernel reads (or runs)
         }
-        if dst.0.len() < src.len() {
+        let Some(mem) = dst.0.as_mut().filter(|m| m.len() >= src.len()) else {
             *dst = self.upload_ids(src);
             return true;
-        }
-        let (ptr, _sync) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut dst.0, &self.stream);
+        };
+        let (ptr, _sync) = cudarc::driver::DevicePtrMut::device_ptr_mut(mem, &self.stream);
         // SAFETY: `dst` is a live allocation of at least `src.len()` ids.
         let r = unsafe { drv::memcpy_htod_async(ptr, src, self.stream.cu_stream()) };
         if let Err(e) = r {
@@ -486,6 +591,9 @@ impl Device for CudaDevice {
     }
 
     fn download(&self, src: DevView<'_>, dst: &mut [f32]) {
+        if self.failed() {
+            return;
+        }
         self.bind();
         assert_eq!(src.len, dst.len(), "download length");
         // SAFETY: `src` is a live allocation of `dst.len()` floats; the stream is synchronised
@@ -498,20 +606,20 @@ impl Device for CudaDevice {
     }
 
     fn view<'a>(&self, b: &'a DevBuf) -> DevView<'a> {
-        let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(&b.mem, &self.stream);
         DevView {
-            ptr,
+            ptr: address(&b.mem, &self.stream),
             len: b.len,
             _borrow: PhantomData,
         }
     }
 
     fn view_mut<'a>(&self, b: &'a mut DevBuf) -> DevViewMut<'a> {
-        let len = b.len;
-        let (ptr, _sync) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut b.mem, &self.stream);
+        let ptr = b.mem.as_mut().map_or(0, |m| {
+            cudarc::driver::DevicePtrMut::device_ptr_mut(m, &self.stream).0
+        });
         DevViewMut {
             ptr,
-            len,
+            len: b.len,
             _borrow: PhantomData,
         }
     }
@@ -584,10 +692,13 @@ impl Device for CudaDevice {
     }
 
     fn ids_ptr(&self, ids: &DevIds) -> u64 {
-        cudarc::driver::DevicePtr::device_ptr(&ids.0, &self.stream).0
+        address(&ids.0, &self.stream)
     }
 
     fn zero(&self, dst: DevViewMut<'_>) {
+        if self.failed() {
+            return;
+        }
         self.bind();
         // SAFETY: `dst` is a live allocation of `len` floats.
         let r = unsafe { drv::memset_d8_async(dst.ptr, 0, 4 * dst.len, self.stream.cu_stream()) };
@@ -597,6 +708,9 @@ impl Device for CudaDevice {
     }
 
     fn copy(&self, dst: DevViewMut<'_>, src: DevView<'_>) {
+        if self.failed() {
+            return;
+        }
         self.bind();
         assert_eq!(dst.len, src.len, "copy lengths");
         // SAFETY: both are live allocations of `len` floats.
@@ -609,10 +723,13 @@ impl Device for CudaDevice {
     }
 
     fn launch(&self, name: &'static str, l: Launch, args: &[Arg]) {
-        self.bind();
         let Some(f) = self.functions.get(name) else {
             panic!("kernel `{name}` is not in runtime/kernels");
         };
+        if self.failed() {
+            return;
+        }
+        self.bind();
         let mut slots: Vec<u64> = args.iter().map(|a| a.to_slot()).collect();
         let mut params: Vec<*mut c_void> = slots
             .iter_mut()
@@ -636,6 +753,9 @@ impl Device for CudaDevice {
     }
 
     fn gemm(&self, g: &Gemm, a: DevView<'_>, b: DevView<'_>, c: DevViewMut<'_>) {
+        if self.failed() {
+            return;
+        }
         self.bind();
         let cm = gemm::col_major(g);
         let (op, int) = (gemm::op, gemm::dim);
@@ -666,6 +786,9 @@ impl Device for CudaDevice {
 
     fn gemm_half(&self, g: &Gemm, a: DevView<'_>, b: DevView<'_>, c: DevViewMut<'_>, half: Dtype) {
         use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
+        if self.failed() {
+            return;
+        }
         self.bind();
         let dtype = match half {
             Dtype::F16 => cudaDataType::CUDA_R_16F,
@@ -685,6 +808,9 @@ impl Device for CudaDevice {
         // overwrite operands this one still reads.
         let pa = self.pack(slot_a, a.ptr, span_a, half);
         let pb = self.pack(slot_b, b.ptr, span_b, half);
+        if pa == 0 || pb == 0 {
+            return; // out of memory for the packed operands: recorded
+        }
         let cm = gemm::col_major(g);
         let (op, int) = (gemm::op, gemm::dim);
         // SAFETY: the packed operands hold the spans the shapes read (asserted above), `c` is a
@@ -721,12 +847,18 @@ impl Device for CudaDevice {
     fn reserve_gemm_half(&self, elems: usize) {
         let mut packed = self.packed.lock().unwrap_or_else(|p| p.into_inner());
         for slot in packed.iter_mut() {
-            grow_halves(&self.stream, slot, elems);
+            self.grow_halves(slot, elems);
         }
     }
 
     fn sync(&self) -> Result<(), String> {
         self.drain("synchronize");
+        let oom = self.out_of_memory.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = &*oom {
+            // For good: the buffers it did not allocate stay missing.
+            return Err(e.clone());
+        }
+        drop(oom);
         match self.error.lock().unwrap_or_else(|p| p.into_inner()).take() {
             Some(e) => Err(e),
             None => Ok(()),

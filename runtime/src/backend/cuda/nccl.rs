@@ -135,6 +135,11 @@ impl NcclPeers {
             // Every rank has the same lengths, so every rank skips it.
             return Ok(());
         }
+        if dev.failed() {
+            // A buffer is missing: the rank stops here, and the host barrier before the next
+            // collective stops the others (zero/replica.rs).
+            return crate::backend::device::Device::sync(dev);
+        }
         dev.bind();
         let (ptr, n, comm) = (buf.ptr as *mut c_void, buf.len, self.comm);
         let stream = dev.stream.cu_stream() as sys::cudaStream_t;
