@@ -10,6 +10,14 @@
 #define DYN_SHARED(T, name) extern __shared__ T name[]
 #endif
 
+// Unrolls the loop it precedes on the GPU (a loop over a fixed count of per-thread
+// accumulators, kept in registers); the CPU emulation's compiler has no such pragma.
+#ifdef RECIPE_EMU
+#define UNROLL
+#else
+#define UNROLL _Pragma("unroll")
+#endif
+
 // Storage dtypes, the values of the `store` argument (runtime/src/backend/kernels/mod.rs).
 #define STORE_F32 0
 #define STORE_F16 1
@@ -88,28 +96,11 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Sum of `v` over the whole block, returned to every thread. `scratch` holds 32 floats of shared
-// memory. Every thread of the block must call it (it synchronises). Deterministic: warps reduce by
-// butterfly, then warp 0 adds the warp totals in warp order.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int warps = (blockDim.x + 31) >> 5;
-    v = warp_sum(v);
-    __syncthreads();  // scratch may still be read by a previous call
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    float t = 0.0f;
-    if (warp == 0) {
-        t = lane < warps ? scratch[lane] : 0.0f;
-        t = warp_sum(t);
-        if (lane == 0) scratch[0] = t;
-    }
-    __syncthreads();
-    return scratch[0];
-}
-
-// block_sum for doubles, the same fixed tree; `scratch` holds 32 doubles. The kernels that must
-// match the CPU backend's f64 statistics (LayerNorm, cross-entropy, the gradient norm) use it.
+// Sum of `v` (a double) over the whole block, returned to every thread. `scratch` holds 32
+// doubles of shared memory. Every thread of the block must call it (it synchronises).
+// Deterministic: warps reduce by butterfly, then warp 0 adds the warp totals in warp order. The
+// kernels that match the CPU backend's f64 statistics (LayerNorm, cross-entropy, the gradient
+// norm) use it.
 __device__ __forceinline__ double block_sum_d(double v, double* scratch) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int warps = (blockDim.x + 31) >> 5;

@@ -5,7 +5,7 @@
 // Usage: fiber_check GROUP, GROUP one of
 //   early      threads that returned are not waited for at their block's later __syncthreads,
 //              over several blocks (each block's shared memory its own in turn);
-//   shapes     3-D blocks and grids, a 1024-thread block: thread and block indices, block_sum,
+//   shapes     3-D blocks and grids, a 1024-thread block: thread and block indices, block_max,
 //              block_sum_d and the shuffles give the exact values;
 //   lane-exit  a warp shuffle after a lane of its warp returned cannot complete: reported on
 //              stderr, and the process aborts.
@@ -54,8 +54,8 @@ bool early() {
     return true;
 }
 
-// Per thread: its linear index within the block and the block's, the block's sum of linear
-// indices (float and double reductions, on 1-D blocks: common.cuh's reductions take
+// Per thread: its linear index within the block and the block's, the block's largest and summed
+// linear index (common.cuh's float max and double sum reductions, on 1-D blocks: they take
 // threadIdx.x for the index; else -1), lane 3's value broadcast, and the value from one lane down.
 __global__ void indices(double* out) {
     __shared__ float red[32];
@@ -64,14 +64,14 @@ __global__ void indices(double* out) {
     unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
     unsigned n = blockDim.x * blockDim.y * blockDim.z;
     bool flat = blockDim.y * blockDim.z == 1;  // the same for every thread of the block
-    float sf = flat ? block_sum((float)t, red) : -1.0f;
+    float mf = flat ? block_max((float)t, red) : -1.0f;
     double sd = flat ? block_sum_d((double)t, redd) : -1.0;
     float bcast = __shfl_sync(0xffffffffu, (float)t, 3);
     float down = __shfl_down_sync(0xffffffffu, (float)t, 1);
     double* o = out + 6 * (b * n + t);
     o[0] = t;
     o[1] = b;
-    o[2] = sf;
+    o[2] = mf;
     o[3] = sd;
     o[4] = bcast;
     o[5] = down;
@@ -87,12 +87,13 @@ bool shapes() {
         unsigned n = c.block.x * c.block.y * c.block.z, blocks = c.grid.x * c.grid.y * c.grid.z;
         std::vector<double> out(6 * n * blocks, -1.0);
         emu::launch(c.grid, c.block, 0, [&] { indices(out.data()); });
-        double sum = c.block.y * c.block.z == 1 ? (double)n * (n - 1) / 2 : -1.0;
+        bool flat = c.block.y * c.block.z == 1;
+        double sum = flat ? (double)n * (n - 1) / 2 : -1.0, max = flat ? n - 1.0 : -1.0;
         for (unsigned b = 0; b < blocks; b++)
             for (unsigned t = 0; t < n; t++) {
                 const double* o = &out[6 * (b * n + t)];
                 unsigned lane = t & 31, warp0 = t - lane;
-                double want[6] = {(double)t, (double)b, sum, sum, (double)(warp0 + 3),
+                double want[6] = {(double)t, (double)b, max, sum, (double)(warp0 + 3),
                                   (double)(lane < 31 ? t + 1 : t)};
                 for (int k = 0; k < 6; k++)
                     if (o[k] != want[k]) {

@@ -42,8 +42,9 @@ bool close(const char* what, int at, double got, double want, double tol) {
 }
 
 bool attention() {
-    // Two heads over 36 keys: blocks of 64 threads (two warps, so block_sum crosses warps).
-    const int batch = 2, seq = 36, heads = 2, dim = 4;
+    // Two heads over 36 keys: blocks of 64 threads (two warps, each taking softmax rows in
+    // turn), 4 rows per block and tiles of 8 keys (several tiles, the last one partial).
+    const int batch = 2, seq = 36, heads = 2, dim = 4, rows = 4, kt = 8;
     const int tok = batch * seq * heads * dim, pp = batch * heads * seq * seq;
     std::vector<float> q(tok), k(tok), v(tok), dctx(tok), ctx(tok), dq(tok), dk(tok), dv(tok);
     std::vector<float> probs(pp), pdrop(pp), ds(pp);
@@ -58,20 +59,21 @@ bool attention() {
     for (int j = seq; j < 2 * seq; j++) mask[j] = 0;             // a fully masked sequence
     const float scale = 0.5f, dscale = 1.0f / 0.9f;
     const unsigned threshold = 429496730u;                       // p = 0.1
-    dim3 grid(seq, heads, batch), block(64);
-    size_t smem = (dim + seq) * sizeof(float);
+    dim3 grid((seq + rows - 1) / rows, heads, batch), block(64);
+    size_t smem = (rows * dim + kt * (dim + 1) + rows * seq) * sizeof(float);
 
     emu::launch(grid, block, smem, [&] {
         attention_fwd(ctx.data(), probs.data(), pdrop.data(), q.data(), k.data(), v.data(),
-                      mask.data(), seq, heads, dim, scale, 1, 42ull, 7ull, threshold, dscale, 0);
+                      mask.data(), seq, heads, dim, scale, 1, 42ull, 7ull, threshold, dscale, 0,
+                      rows, kt);
     });
     emu::launch(grid, block, smem, [&] {
         attention_bwd_rows(dq.data(), ds.data(), dctx.data(), k.data(), v.data(), probs.data(),
-                           pdrop.data(), seq, heads, dim, scale, 1, dscale, 0);
+                           pdrop.data(), seq, heads, dim, scale, 1, dscale, 0, rows, kt);
     });
-    emu::launch(grid, dim3(32), 2 * seq * sizeof(float), [&] {
+    emu::launch(grid, block, 2 * kt * (dim + rows) * sizeof(float), [&] {
         attention_bwd_cols(dk.data(), dv.data(), ds.data(), dctx.data(), q.data(), pdrop.data(),
-                           seq, heads, dim, scale, 0);
+                           seq, heads, dim, scale, 0, rows, kt);
     });
 
     // Every probability row sums to 1.

@@ -1,7 +1,7 @@
 //! ThreadSanitizer over the emulation: every kernel with shared memory or a block reduction
 //! (attention_fwd/bwd_rows/bwd_cols, layernorm_fwd, layernorm_bwd_dinp, cross_entropy,
-//! grad_norm_partial, grad_norm_final, lamb_norms, lamb_coeff, and common.cuh's block_sum /
-//! block_sum_d / block_max and optim.cu's lamb_tree they call) built with `-fsanitize=thread` runs without a race report on blocks of two or more warps,
+//! grad_norm_partial, grad_norm_final, lamb_norms, lamb_coeff, and common.cuh's block_sum_d /
+//! block_max and optim.cu's lamb_tree they call) built with `-fsanitize=thread` runs without a race report on blocks of two or more warps,
 //! each result sanity-checked against the host (cpp/tsan_driver.cpp); and a copy with one
 //! `__syncthreads()` removed on purpose is reported — so the emulation really turns a missing
 //! barrier into a detectable race (cpp/cuda_emu.hpp), and the shipped kernels have none on these
@@ -167,15 +167,6 @@ fn every_kernel_with_shared_memory_runs_clean_under_tsan() {
 }
 
 #[test]
-fn a_missing_barrier_in_block_sum_is_caught() {
-    // Warp 0 reads the other warps' totals: without the barrier, before or while they write them.
-    let exe = build_mutant("block-sum", "common.cuh", |t| {
-        drop_sync(t, "float block_sum(", "scratch[warp] = v;")
-    });
-    assert_race_caught(&exe, "block_sum", &["attention"], "block_sum");
-}
-
-#[test]
 fn a_missing_barrier_in_block_sum_d_is_caught() {
     // The double reduction (LayerNorm's statistics, cross-entropy's Σexp, the gradient norm's
     // passes): the same missing barrier, caught through each kernel family that calls it.
@@ -185,19 +176,19 @@ fn a_missing_barrier_in_block_sum_d_is_caught() {
     for group in ["layernorm", "loss", "norm"] {
         assert_race_caught(&exe, "block_sum_d", &[group], "block_sum_d");
     }
-    // Attention calls only the float reductions: the mutant runs clean there, so the reports
-    // above come from block_sum_d, not from the driver.
+    // Attention reduces within warps only: the mutant runs clean there, so the reports above
+    // come from block_sum_d, not from the driver.
     let r = run(&exe, &["attention"]);
     assert!(!r.err.contains("ThreadSanitizer"), "{}", r.err);
 }
 
 #[test]
-fn a_missing_barrier_in_attention_fwd_is_caught() {
-    // Every thread reads the whole q row that threads 0..head_dim load into shared memory.
-    let exe = build_mutant("attention-fwd", "attention.cu", |t| {
-        drop_sync(t, "void attention_fwd(", "qi[c] = q[")
+fn a_missing_barrier_in_attention_is_caught() {
+    // Every thread reads the whole tile of keys the block's threads load into shared memory.
+    let exe = build_mutant("attention-tile", "attention.cu", |t| {
+        drop_sync(t, "void rows_dot_keys(", "load_rows(tile, tile_ld(d), src")
     });
-    assert_race_caught(&exe, "attention_fwd", &["attention"], "attention_fwd");
+    assert_race_caught(&exe, "rows_dot_keys", &["attention"], "attention_fwd");
 }
 
 #[test]

@@ -1,35 +1,73 @@
-//! Launches of `runtime/kernels/attention.cu`: one block per query row (forward, backward rows)
-//! or key row (backward columns), grid `(seq, heads, batch)`, the row in dynamic shared memory.
+//! Launches of `runtime/kernels/attention.cu`: a block per `rows` query rows (forward, backward
+//! rows) or key rows (backward columns) of one head, grid `(ceil(seq / rows), heads, batch)`, the
+//! keys streamed through shared memory `kt` rows at a time (see the kernel file).
 #![allow(clippy::too_many_arguments)]
 
 use super::{dropout_args, int, Kernels};
 use crate::backend::device::{Arg, Device, Launch};
 use crate::backend::{AttnShape, Dropout};
 
-/// Most threads per block: enough to cover seq 512 in four strides, few enough that many blocks
-/// fit an SM.
-const MAX_THREADS: usize = 128;
+/// Threads per block: four warps, each taking one softmax row at a time.
+const THREADS: u32 = 128;
 
-/// Dynamic shared memory a block may use without opting in: 48 KiB for static and dynamic
-/// together (CUDA C++ Programming Guide, "Shared Memory"), less the kernels' static `red[32]`
-/// floats (attention.cu).
-const MAX_SMEM: usize = 48 * 1024 - 32 * 4;
+/// Output elements a thread accumulates per pass (`ATTN_OUT` in attention.cu): a block's rows
+/// should have at most `THREADS × ATTN_OUT` outputs, so that one pass over the keys serves them.
+const OUTPUTS: usize = 8 * THREADS as usize;
 
-/// `n` threads rounded up to whole warps, 32 to [`MAX_THREADS`].
-fn threads(n: usize) -> u32 {
-    (n.div_ceil(32) * 32).clamp(32, MAX_THREADS) as u32
+/// Query (key) rows per block at most, and keys per shared-memory tile at most.
+const ROWS: usize = 16;
+const TILE: usize = 32;
+
+/// Dynamic shared memory a block may use without opting in: 48 KiB (CUDA C++ Programming
+/// Guide, "Shared Memory"; the kernels declare no static shared memory).
+const MAX_SMEM: usize = 48 * 1024;
+
+/// `(rows, kt)` for a block of `shape`'s kernel whose dynamic shared memory is `floats(rows,
+/// kt)`: as many rows as one pass of outputs covers (up to [`ROWS`]) and [`TILE`] keys, halved
+/// (rows first) until it fits.
+fn tiles(s: AttnShape, floats: impl Fn(usize, usize) -> usize) -> (usize, usize) {
+    let mut rows = (OUTPUTS / s.head_dim.max(1))
+        .clamp(1, ROWS)
+        .min(s.seq.max(1));
+    let mut kt = TILE.min(s.seq.max(1));
+    while 4 * floats(rows, kt) > MAX_SMEM {
+        if rows > 1 {
+            rows = rows.div_ceil(2);
+        } else if kt > 1 {
+            kt = kt.div_ceil(2);
+        } else {
+            panic!("attention: seq {} too long for shared memory", s.seq);
+        }
+    }
+    (rows, kt)
 }
 
-/// Grid `(seq, heads, batch)` of `block` threads with `floats` of dynamic shared memory.
-fn launch(s: AttnShape, block: u32, floats: usize) -> Launch {
-    let smem = floats * 4;
-    assert!(smem <= MAX_SMEM, "attention: seq {} too long", s.seq);
+/// Shared memory of the forward and of the backward's rows kernel.
+fn row_tiles(s: AttnShape) -> (usize, usize) {
+    tiles(s, |rows, kt| row_floats(s, rows, kt))
+}
+
+/// Dynamic shared memory of the forward and of the backward's rows kernel, in floats: the
+/// block's rows, the key tile (rows padded by one float, `tile_ld` in attention.cu) and the
+/// score rows.
+fn row_floats(s: AttnShape, rows: usize, kt: usize) -> usize {
+    rows * s.head_dim + kt * (s.head_dim + 1) + rows * s.seq
+}
+
+/// Shared memory of the backward's columns kernel.
+fn col_tiles(s: AttnShape) -> (usize, usize) {
+    tiles(s, |rows, kt| 2 * kt * (s.head_dim + rows))
+}
+
+/// Grid `(ceil(seq / rows), heads, batch)` of [`THREADS`] threads with `floats` of dynamic
+/// shared memory.
+fn launch(s: AttnShape, rows: usize, floats: usize) -> Launch {
     let dim = |n: usize| u32::try_from(n).expect("attention grid");
     assert!(s.heads <= 65535 && s.batch <= 65535, "attention grid {s:?}");
     Launch {
-        grid: (dim(s.seq), dim(s.heads), dim(s.batch)),
-        block: (block, 1, 1),
-        smem: smem as u32,
+        grid: (dim(s.seq.div_ceil(rows)), dim(s.heads), dim(s.batch)),
+        block: (THREADS, 1, 1),
+        smem: dim(4 * floats),
     }
 }
 
@@ -86,7 +124,8 @@ pub(super) fn fwd<D: Device>(
         Some(d) => dropout_args(d),
         None => (Arg::U64(0), Arg::U64(0), Arg::U32(0), Arg::F32(1.0)),
     };
-    let l = launch(s, threads(s.seq.max(s.head_dim)), s.head_dim + s.seq);
+    let (rows, kt) = row_tiles(s);
+    let l = launch(s, rows, row_floats(s, rows, kt));
     dev.launch(
         "attention_fwd",
         l,
@@ -108,6 +147,8 @@ pub(super) fn fwd<D: Device>(
             threshold,
             dscale,
             k.store_arg(),
+            int(rows),
+            int(kt),
         ],
     );
 }
@@ -154,9 +195,10 @@ pub(super) fn bwd<D: Device>(
         None => Arg::F32(1.0),
     };
     let ds = dev.ptr_mut(&mut scratch);
+    let (rows, kt) = row_tiles(s);
     dev.launch(
         "attention_bwd_rows",
-        launch(s, threads(s.seq.max(s.head_dim)), s.head_dim + s.seq),
+        launch(s, rows, row_floats(s, rows, kt)),
         &[
             Arg::Ptr(dev.ptr_mut(&mut dq)),
             Arg::Ptr(ds),
@@ -172,11 +214,14 @@ pub(super) fn bwd<D: Device>(
             int(usize::from(dropout.is_some())),
             dscale,
             k.store_arg(),
+            int(rows),
+            int(kt),
         ],
     );
+    let (rows, kt) = col_tiles(s);
     dev.launch(
         "attention_bwd_cols",
-        launch(s, threads(s.head_dim), 2 * s.seq),
+        launch(s, rows, 2 * kt * (s.head_dim + rows)),
         &[
             Arg::Ptr(dev.ptr_mut(&mut dk)),
             Arg::Ptr(dev.ptr_mut(&mut dv)),
@@ -189,6 +234,8 @@ pub(super) fn bwd<D: Device>(
             int(s.head_dim),
             score_scale(s),
             k.store_arg(),
+            int(rows),
+            int(kt),
         ],
     );
 }
