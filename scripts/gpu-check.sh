@@ -115,11 +115,11 @@ if cpu and gpu:
     out["exchange_on_device"] = gstart.get("exchange_on_device")
     # One GPU per rank: NCCL; ranks sharing a GPU exchange through the host.
     nccl = out["world"] > 1 and int(os.environ.get("GPUS", "1")) >= out["world"]
-    # One rank keeps the model on the GPU, and so does each of several at ZeRO-0, or at any
-    # stage without offload over NCCL; otherwise several keep the model states on the host.
+    # One rank keeps the model on the GPU, and so does each of several at ZeRO-0, or over NCCL
+    # at any stage without offload and at ZeRO 2-3 with it; otherwise the host keeps them.
     stage = gstart.get("zero_stage")
     on_device = (out["world"] == 1 or stage == 0
-                 or nccl and not gstart.get("offload_optimizer"))
+                 or nccl and (not gstart.get("offload_optimizer") or stage >= 2))
     out["ok"] = (out["same_steps_lr_scales_skips"] and out["max_loss_rel_diff"] <= 1e-4
                  and len(cpu) == len(gpu) and out["model_on_device"] is on_device
                  and cstart.get("world") == out["world"]

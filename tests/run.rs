@@ -388,11 +388,12 @@ fn device_run(
     // One rank: the model states on the device, and the optimizer too unless it is offloaded
     // (not the host's path behind the executor, which would pass the test too). Several: each
     // rank's passes on its device, the model states on the host.
-    // Several at ZeRO-0, or at any stage with peers and no offload: each rank's model (ZeRO-3:
-    // its pieces) and optimizer (its partition) resident on its device.
+    // Several at ZeRO-0, or with peers at any stage without offload and at ZeRO 2–3 with it:
+    // each rank's model (ZeRO-3: its pieces) resident on its device, and its optimizer (its
+    // partition) unless offloaded.
     let offloaded = start["offload_optimizer"] == true;
     let stage = plan.train.zero_stage;
-    let resident = world == 1 || stage == 0 || peers && !offloaded;
+    let resident = world == 1 || stage == 0 || peers && (!offloaded || stage >= 2);
     assert_eq!(start["world"], world, "{start}");
     assert_eq!(start["model_on_device"], resident, "{start}");
     assert_eq!(start["exchange_on_device"], peers, "{start}");
@@ -626,7 +627,9 @@ fn two_gpus_average_between_the_devices_at_zero_0_in_fp16() {
 }
 
 /// recipes/cls.rcp's shape (ZeRO-2, optimizer offload, fp16) with the devices reducing each
-/// micro-batch's gradient to its owners: one copy of the rank's partition per micro-batch.
+/// micro-batch's gradient to its owners into a partition-sized accumulator: one copy of the
+/// rank's partition down and one up per step, the host's CPU step between them, the partitions
+/// broadcast between the devices.
 #[test]
 fn two_gpus_reduce_to_the_owners_between_the_devices_at_zero_2_offloaded_in_fp16() {
     let zero = "zero 2 { offload optimizer = cpu }";
@@ -651,6 +654,16 @@ fn two_gpus_step_their_partitions_on_the_devices_at_zero_2_in_fp16() {
 fn three_gpus_gather_and_reduce_their_pieces_at_zero_3_in_bf16() {
     let sets = ["--gpus", "3", "--set", "train.clip=0.4"];
     peers_run_against_the_cpu("bf16", Some("zero 3"), &sets).within(1e-3, 1e-3);
+}
+
+/// ZeRO-3 with optimizer offload in fp16 with the devices summing: each device holds its pieces
+/// and accumulates their gradient, the host steps them (one copy down and one up per step), and
+/// the checkpoints and the evaluation gather the whole model between the devices.
+#[test]
+fn two_gpus_offload_their_pieces_at_zero_3_in_fp16() {
+    let zero = "zero 3 { offload optimizer = cpu }";
+    let sets = ["--gpus", "2", "--set", "train.clip=0.4"];
+    peers_run_against_the_cpu("fp16", Some(zero), &sets).within(1e-3, 1e-3);
 }
 
 /// ZeRO-1 and ZeRO-3 in fp32 with the devices summing, each device stepping its partition:

@@ -403,6 +403,7 @@ fn optimizer_offload_copies_the_gradients_down_and_the_parameters_up_once_per_st
 /// - ZeRO-3 with peers: nothing crosses either; each device holds its pieces, gathers each
 ///   segment from the owners when a pass reads it and reduces its gradient to them as the
 ///   backward finishes it.
+/// - ZeRO 2–3 with peers and optimizer offload: the rank's partition down and up once per step.
 #[test]
 fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs() {
     use recipe_kernel_emu::EmuPeers;
@@ -418,7 +419,7 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
         Peers,
     }
     type Calls = (Vec<[usize; 5]>, Vec<[usize; 3]>);
-    let run = |stage: u8, mode: Mode| -> (Vec<f32>, Calls) {
+    let run = |stage: u8, mode: Mode, offload: bool| -> (Vec<f32>, Calls) {
         let group = LocalCollective::group(2, std::time::Duration::from_secs(60));
         let mut peers: Vec<Option<EmuPeers>> = EmuPeers::group(2).into_iter().map(Some).collect();
         std::thread::scope(|s| {
@@ -454,7 +455,7 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
                         let c = AdamConfig::adamw(0.01);
                         let opt = Adam::shard(c, entries, &decay, &shard.ranges).unwrap();
                         let mut r =
-                            Replica::new(m, stage, 2, rank, opt, false, Storage::fp32()).unwrap();
+                            Replica::new(m, stage, 2, rank, opt, offload, Storage::fp32()).unwrap();
                         assert_eq!(r.attach_device(&mut coll).unwrap(), mode != Mode::Cpu);
                         let mut ws = Workspace::new();
                         for step in 0..3u64 {
@@ -469,7 +470,7 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
                         }
                         assert_eq!(
                             r.optimizer_on_device(),
-                            mode == Mode::Peers || mode == Mode::Host && stage == 0
+                            !offload && (mode == Mode::Peers || mode == Mode::Host && stage == 0)
                         );
                         r.gather_whole(&mut coll).unwrap();
                         let calls = *counted.calls.lock().unwrap();
@@ -486,8 +487,8 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
         })
     };
     for stage in 0..=3u8 {
-        let (host, (calls, _)) = run(stage, Mode::Host);
-        let (cpu, _) = run(stage, Mode::Cpu);
+        let (host, (calls, _)) = run(stage, Mode::Host, false);
+        let (cpu, _) = run(stage, Mode::Cpu, false);
         let want = if stage <= 1 {
             [6, 3, 3, 0, 0]
         } else {
@@ -495,7 +496,7 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
         };
         assert_eq!(calls, vec![want; 2], "ZeRO-{stage} through the host");
         close(&format!("ZeRO-{stage} weights"), &host, &cpu, 1e-5, 1e-5);
-        let (peers, (calls, sums)) = run(stage, Mode::Peers);
+        let (peers, (calls, sums)) = run(stage, Mode::Peers, false);
         let want = match stage {
             0 | 1 => [6, 0, 0, 0, 3],
             _ => [6, 0, 0, 0, 0],
@@ -529,6 +530,33 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
         assert!(
             same,
             "ZeRO-{stage}: the peers' weights are not the host exchange's"
+        );
+        if stage < 2 {
+            continue;
+        }
+        // Optimizer offload (recipes/cls.rcp's shape) at ZeRO 2–3: the partition accumulated on
+        // the device, one copy of it down and one up per step, the host stepping it; the same
+        // sums between the devices plus ZeRO-2's broadcasts of the parameters after each step.
+        let (host, _) = run(stage, Mode::Host, true);
+        let (peers, (calls, sums)) = run(stage, Mode::Peers, true);
+        assert_eq!(calls, vec![[6, 3, 3, 0, 0]; 2], "ZeRO-{stage} offloaded");
+        let gathers = if stage == 2 {
+            6
+        } else {
+            (6 * 2 * segs + segs) * 2
+        };
+        assert_eq!(
+            sums,
+            vec![[0, 6 * 2 * if stage == 2 { 1 } else { segs }, gathers]; 2],
+            "ZeRO-{stage} offloaded"
+        );
+        let same = peers
+            .iter()
+            .zip(&host)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(
+            same,
+            "ZeRO-{stage} offloaded: not the host exchange's weights"
         );
     }
 }

@@ -310,7 +310,8 @@ fn no_peers() -> ModelError {
 
 /// Checks [`Keep::partition`] against the group and the model (one range per rank inside the
 /// parameters, or ZeRO-3's map of the model's segments over the group), with the optimizer
-/// kept (the partition is what it steps), and makes this rank's [`Split`].
+/// kept (the partition is what it steps) or the partition's gradient accumulated for the host
+/// to step (offload), and makes this rank's [`Split`].
 fn split<D: Device>(
     k: &Kernels<D>,
     peers: Option<&dyn Peers<D>>,
@@ -321,10 +322,10 @@ fn split<D: Device>(
     let peers = peers.ok_or_else(no_peers)?;
     let (me, world, n) = (peers.rank(), peers.world(), model.num_params());
     let bad = |what: String| Err(ModelError::Argument(what));
-    if keep.optimizer.is_none() {
-        return bad(
-            "a partition of the parameters without the optimizer kept on the device".into(),
-        );
+    if keep.optimizer.is_none() && !matches!(keep.accumulate, Accumulate::ToOwners(_)) {
+        // Under offload the host steps what the device accumulated: a partition's gradient
+        // (ZeRO 2–3), not ZeRO-1's whole one.
+        return bad("a partition of the parameters with the optimizer offloaded needs the partition's gradient (ZeRO 2–3)".into());
     }
     match p {
         Partitioned::Flat(ranges) => {
@@ -696,10 +697,26 @@ where
     }
 
     fn upload_params(&self, src: &[f32]) -> Result<(), ModelError> {
-        let k = &self.kernels;
+        let (k, dev) = (&self.kernels, self.kernels.device());
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let st = &mut *st;
         let params = st.params.as_mut().ok_or_else(not_uploaded)?;
-        same_len("parameter", src.len(), k.device().len(k.view(params)))?;
+        if let Some(Split::Flat(ranges, me)) = &st.split {
+            // ZeRO-2 offloaded with peers: this rank's partition up, then every partition from
+            // its owner (DeepSpeed's all-gather after the CPU step).
+            let mine = ranges[*me].clone();
+            same_len("parameter partition", src.len(), mine.len())?;
+            k.write(dev.range_mut(params, mine), src);
+            let peers = st.peers.as_mut().ok_or_else(no_peers)?;
+            for (owner, r) in ranges.iter().enumerate() {
+                peers
+                    .broadcast(dev, dev.range_mut(params, r.clone()), owner)
+                    .map_err(ModelError::Device)?;
+            }
+            return dev.sync().map_err(ModelError::Device);
+        }
+        // The whole parameters, or ZeRO-3's pieces (which are all the device holds).
+        same_len("parameter", src.len(), dev.len(k.view(params)))?;
         k.write(k.view_mut(params), src);
         // The source is pinned on a GPU: the copy is asynchronous, and the host writes it again
         // at the next step, so it must be finished before this returns.

@@ -501,20 +501,24 @@ impl Replica {
             self.device = Some(x);
             return Ok(true);
         }
-        if self.peers && !self.opt.offload {
+        let offload = self.opt.offload;
+        if self.peers && (!offload || self.shard.stage >= 2) {
             // ZeRO 1–3 as DeepSpeed runs them on GPUs: each device steps its partition with its
             // optimizer state (and master weights) there; the gradients are averaged (ZeRO-1,
             // once per step) or reduced to their owners (ZeRO 2–3, every micro-batch) between
             // the devices. ZeRO 1–2 keep the whole parameters on each device and broadcast each
             // updated partition from its owner; ZeRO-3 keeps the rank's pieces and gathers each
             // segment inside the pass. Nothing crosses to the host in a step but the norm.
+            // Under optimizer offload (ZeRO 2–3) the device accumulates the rank's partition of
+            // the gradient and the host steps it: one copy of the partition down and one up per
+            // step (`Staging`), then the broadcasts.
             let world = self.shard.world;
             let ranges: Vec<Range<usize>> = (0..world).map(|o| self.flat.range(o)).collect();
             // ZeRO-3's device takes its pieces from the whole parameters, gathered here.
             self.gather_whole(coll)?;
             let master = self.opt.host.as_ref().map(|h| &h.master[..]);
             let keep = Keep {
-                optimizer: Some((&self.opt.opt, master)),
+                optimizer: (!offload).then_some((&self.opt.opt, master)),
                 accumulate: match self.shard.stage {
                     1 => Accumulate::InPlace,
                     _ => Accumulate::ToOwners(self.storage),
@@ -527,6 +531,13 @@ impl Replica {
             let uploaded = r.upload(&self.model, self.storage.module, keep);
             self.release_whole();
             uploaded?;
+            if offload {
+                let n = self.shard.len();
+                self.staging = Some(Staging {
+                    grads: r.pinned(n),
+                    params: r.pinned(n),
+                });
+            }
             self.grads = Vec::new();
             self.device = Some(x);
             return Ok(true);
@@ -925,6 +936,10 @@ impl Replica {
                 // gradients `finish_window` copied; the updated parameters go back in one copy.
                 self.opt
                     .step_scaled(&mut s.params, &mut s.grads, lr, scale)?;
+                if self.peers {
+                    // The upload ends in broadcasts between the devices (see `micro`).
+                    coll.barrier()?;
+                }
                 r.upload_params(&s.params)?;
                 return Ok(());
             }
