@@ -523,12 +523,8 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
                 );
             }
         }
-        let same = peers
-            .iter()
-            .zip(&host)
-            .all(|(a, b)| a.to_bits() == b.to_bits());
         assert!(
-            same,
+            same_bits(&peers, &host),
             "ZeRO-{stage}: the peers' weights are not the host exchange's"
         );
         if stage < 2 {
@@ -550,15 +546,16 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
             vec![[0, 6 * 2 * if stage == 2 { 1 } else { segs }, gathers]; 2],
             "ZeRO-{stage} offloaded"
         );
-        let same = peers
-            .iter()
-            .zip(&host)
-            .all(|(a, b)| a.to_bits() == b.to_bits());
         assert!(
-            same,
+            same_bits(&peers, &host),
             "ZeRO-{stage} offloaded: not the host exchange's weights"
         );
     }
+}
+
+/// Whether two buffers hold the same bits.
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 /// Emulated peers that count their (all-reduces, reduces, broadcasts).
