@@ -387,4 +387,40 @@ pub trait Backend {
         classes: usize,
         grad_scale: f32,
     ) -> f32;
+
+    /// [`Backend::cross_entropy`] whose mean loss is read later, by [`Backend::loss`]: a device
+    /// queues the kernel and goes on to the backward rather than waiting for the forward to
+    /// finish to copy one number back. By default, computed at once.
+    fn cross_entropy_queued(
+        &self,
+        dlogits: Self::ViewMut<'_>,
+        logits: Self::View<'_>,
+        labels: &Self::Ids,
+        rows: usize,
+        classes: usize,
+        grad_scale: f32,
+    ) -> Loss {
+        Loss::Ready(self.cross_entropy(dlogits, logits, labels, rows, classes, grad_scale))
+    }
+
+    /// The mean loss of a [`Backend::cross_entropy_queued`], the same value
+    /// [`Backend::cross_entropy`] returns; the last queued one's for [`Loss::Queued`].
+    fn loss(&self, l: Loss) -> f32 {
+        match l {
+            Loss::Ready(x) => x,
+            Loss::Queued { .. } => f32::NAN,
+        }
+    }
+}
+
+/// A mean cross-entropy, computed or still on the device ([`Backend::cross_entropy_queued`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Loss {
+    /// The value.
+    Ready(f32),
+    /// `rows` per-row losses in the device's scratch, read by [`Backend::loss`].
+    Queued {
+        /// Rows of the batch.
+        rows: usize,
+    },
 }

@@ -1035,7 +1035,8 @@ where
     };
     let site = |p: fn(&Drop) -> f32, s: u64| drop.and_then(|d| d.site(p(&d), s));
 
-    let loss = be.cross_entropy(
+    // Read back after the backward is queued: a device waits for the pass once, at its end.
+    let loss = be.cross_entropy_queued(
         be.view_mut(&mut a.dlogits),
         be.view(&a.logits),
         &a.labels,
@@ -1257,5 +1258,5 @@ where
     }
     src.release(0)?;
     sink.done(0)?;
-    Ok(loss)
+    Ok(be.loss(loss))
 }

@@ -1,11 +1,14 @@
-//! Launches of `runtime/kernels/loss.cu`: one block per row; the rows' losses come back through a
-//! small device buffer and are averaged on the host in the CPU backend's order.
+//! Launches of `runtime/kernels/loss.cu`: one block per row; the rows' losses stay in a small
+//! device buffer until [`mean`] copies them back and averages them on the host in the CPU
+//! backend's order — after the backward, so that a pass waits for the device once, at its end.
 
 use super::{int, Kernels, BLOCK};
 use crate::backend::device::{Arg, Device, Launch};
-use crate::backend::Backend;
+use crate::backend::{Backend, Loss};
 
-pub(super) fn cross_entropy<D: Device>(
+/// Queues the cross-entropy kernel: `dlogits` written, each row's loss in the kernels' scratch
+/// buffer (one buffer, reused: no allocation per micro-batch).
+pub(super) fn queue<D: Device>(
     k: &Kernels<D>,
     mut dlogits: D::ViewMut<'_>,
     logits: D::View<'_>,
@@ -13,16 +16,14 @@ pub(super) fn cross_entropy<D: Device>(
     rows: usize,
     classes: usize,
     grad_scale: f32,
-) -> f32 {
+) -> Loss {
     assert!(classes > 0, "cross_entropy: no classes");
     assert!(
         k.dev.len_mut(&dlogits) >= rows * classes,
         "cross_entropy dlogits"
     );
     assert!(k.dev.len(logits) >= rows * classes, "cross_entropy logits");
-    let mut losses = vec![0.0f32; rows];
     if rows > 0 {
-        // The per-row losses, in the kernels' one scratch buffer (no allocation per micro-batch).
         let mut scratch = k.scratch.lock().unwrap_or_else(|p| p.into_inner());
         let buf = match scratch.as_mut() {
             Some(b) => {
@@ -51,10 +52,29 @@ pub(super) fn cross_entropy<D: Device>(
                 k.store_arg(),
             ],
         );
-        k.dev.download(k.dev.view(buf), &mut losses);
     }
-    // The CPU's reduction: rows summed in f64 in order, the mean rounded to the storage dtype
-    // (0 rows give NaN there too).
+    Loss::Queued { rows }
+}
+
+/// The mean loss of the last [`queue`]: the rows' losses copied back (waiting for the device),
+/// then the CPU's reduction — summed in f64 in order, the mean rounded to the storage dtype (0
+/// rows give NaN there too).
+pub(super) fn mean<D: Device>(k: &Kernels<D>, l: Loss) -> f32 {
+    let rows = match l {
+        Loss::Ready(x) => return x,
+        Loss::Queued { rows } => rows,
+    };
+    let mut losses = vec![0.0f32; rows];
+    if rows > 0 {
+        let scratch = k.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        match scratch.as_ref() {
+            Some(buf) if k.dev.len(k.dev.view(buf)) >= rows => {
+                k.dev
+                    .download(k.dev.sub(k.dev.view(buf), 0..rows), &mut losses);
+            }
+            _ => return f32::NAN,
+        }
+    }
     let total: f64 = losses.iter().map(|&x| f64::from(x)).sum();
     k.store.round((total / rows as f64) as f32)
 }

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::device::{Arg, Device, Launch};
-use super::{AttnShape, Backend, Dropout, Gemm};
+use super::{AttnShape, Backend, Dropout, Gemm, Loss};
 use crate::precision::Dtype;
 
 /// Threads per block of the 1-D kernels (`BLOCK` in common.cuh).
@@ -458,6 +458,23 @@ impl<D: Device> Backend for Kernels<D> {
         classes: usize,
         grad_scale: f32,
     ) -> f32 {
-        loss::cross_entropy(self, dlogits, logits, labels, rows, classes, grad_scale)
+        let queued = loss::queue(self, dlogits, logits, labels, rows, classes, grad_scale);
+        loss::mean(self, queued)
+    }
+
+    fn cross_entropy_queued(
+        &self,
+        dlogits: D::ViewMut<'_>,
+        logits: D::View<'_>,
+        labels: &D::Ids,
+        rows: usize,
+        classes: usize,
+        grad_scale: f32,
+    ) -> Loss {
+        loss::queue(self, dlogits, logits, labels, rows, classes, grad_scale)
+    }
+
+    fn loss(&self, l: Loss) -> f32 {
+        loss::mean(self, l)
     }
 }
