@@ -820,15 +820,28 @@ fn rank_loop(
         let applied = w.step - skipped_before;
         // A short last window is averaged over its real size.
         let grad_weight = backward_seed(rep.storage().module, scale, w.batches.len());
-        let mut loss = 0.0f32;
+        let mut losses = Vec::with_capacity(w.batches.len());
         for (i, idx) in w.batches.iter().enumerate() {
             let batch = model_batch(train.batch(idx));
             let key = DropoutKey {
                 seed: plan.train.seed,
                 micro_batch: ((w.step - 1) * g + i as u64) * world as u64 + rank as u64,
             };
-            loss += rep.micro(&mut coll, &mut ws, &batch, grad_weight, Some(key))?;
+            losses.push(rep.micro(&mut coll, &mut ws, &batch, grad_weight, Some(key))?);
             trained_samples += (batch.batch * world) as u64;
+        }
+        // A device keeps its micro-batches' losses until the window ends: one copy for all.
+        let mut kept = rep.window_losses()?.into_iter();
+        let mut loss = 0.0f32;
+        for l in losses {
+            loss +=
+                match l.or_else(|| kept.next()) {
+                    Some(l) => l,
+                    None => return Err(RunError::Mismatch(
+                        "a micro-batch's loss did not come back from the device (please report it)"
+                            .into(),
+                    )),
+                };
         }
         loss /= w.batches.len() as f32;
         // Every rank ends with the same averaged gradient (or its partition of it).

@@ -266,9 +266,13 @@ impl recipe_runtime::optim::device::Resident for Counted {
         batch: &Batch,
         weight: f32,
         dropout: Option<DropoutKey>,
-    ) -> Result<f32, recipe_runtime::model::ModelError> {
+    ) -> Result<Option<f32>, recipe_runtime::model::ModelError> {
         self.count(0);
         self.inner.micro(model, batch, weight, dropout)
+    }
+
+    fn window_losses(&self) -> Result<Vec<f32>, recipe_runtime::model::ModelError> {
+        self.inner.window_losses()
     }
 
     fn grad_sq(&self) -> Result<f64, recipe_runtime::model::ModelError> {
@@ -386,6 +390,57 @@ fn optimizer_offload_copies_the_gradients_down_and_the_parameters_up_once_per_st
     let cpu = train(&mut replica(false));
     assert_eq!(*counted.calls.lock().unwrap(), [6, 3, 3, 0, 0]);
     close("weights", &gpu, &cpu, 1e-5, 1e-5);
+}
+
+/// A device keeps each micro-batch's loss until the window ends (`Replica::micro` gives `None`)
+/// and `window_losses` reads them in one copy, in order: the values `forward_backward_on` reads
+/// at once, bit for bit, over windows of different lengths and batch shapes (the loss buffer
+/// grows in the first window, then is reused).
+#[test]
+fn a_window_reads_its_micro_batch_losses_back_once_in_order() {
+    use recipe_runtime::collective::LocalCollective;
+    use recipe_runtime::model::OnDevice;
+    use recipe_runtime::optim::{Adam, AdamConfig};
+    use recipe_runtime::zero::{Replica, Shard, Storage};
+
+    let m = Classifier::random(tiny(0.0), 3, 7).unwrap();
+    let k = Kernels::new(Emu);
+    let params = k.upload(&m.params().data);
+    let mut model = m.clone();
+    model.set_executor(OnDevice::new(Kernels::new(Emu), "emulated GPU"));
+    let shard = Shard::new(0, 1, 0, model.segments());
+    let entries = &model.params().entries;
+    let decay = vec![true; entries.len()];
+    let opt = Adam::shard(AdamConfig::adamw(0.01), entries, &decay, &shard.ranges).unwrap();
+    let mut r = Replica::new(model, 0, 1, 0, opt, false, Storage::fp32()).unwrap();
+    assert!(r.keep_on_device().unwrap());
+    let mut coll = LocalCollective::group(1, std::time::Duration::from_secs(60))
+        .pop()
+        .unwrap();
+    let mut ws = Workspace::new();
+    let mut at_once = Workspace::<Kernels<Emu>>::new();
+    for (window, sizes) in [vec![(2, 6), (3, 5)], vec![(1, 4), (2, 6), (3, 3)], vec![(2, 2)]]
+        .into_iter()
+        .enumerate()
+    {
+        r.start_window().unwrap();
+        let mut want = Vec::new();
+        for (i, &(bsz, seq)) in sizes.iter().enumerate() {
+            let b = batch_of(bsz, seq, 100 * window as u64 + i as u64);
+            assert_eq!(r.micro(&mut coll, &mut ws, &b, 0.5, None).unwrap(), None);
+            let mut g = k.alloc(m.params().len());
+            let l = m
+                .forward_backward_on(&k, &mut at_once, &b, 0.5, &params, &mut g, None)
+                .unwrap();
+            want.push(l);
+        }
+        let got = r.window_losses().unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want), "window {window}");
+        assert!(r.window_losses().unwrap().is_empty(), "read twice");
+        r.finish_window(&mut coll).unwrap();
+        // No step: every window sees the same parameters as the at-once passes.
+    }
 }
 
 /// Two ranks, each on its own device (`Replica::attach_device`), at every ZeRO stage: what

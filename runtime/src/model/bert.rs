@@ -5,7 +5,7 @@
 use std::ops::Range;
 
 use super::{BertConfig, GradSink, ParamSource};
-use crate::backend::{AttnShape, Backend, Dropout, Gemm};
+use crate::backend::{AttnShape, Backend, Dropout, Gemm, Loss};
 use crate::params::Params;
 
 /// A Linear layer's place in the flat buffer: weight `[out, in]` immediately followed by bias.
@@ -1004,8 +1004,9 @@ pub(crate) fn forward_eval<B: Backend, W: ParamSource<B>>(
     src.release(tail)
 }
 
-/// The backward pass after [`forward`] with the same `drop`: returns the mean cross-entropy and
-/// accumulates `loss_weight · d(mean loss)/dθ` into `grads`.
+/// The backward pass after [`forward`] with the same `drop`: returns the mean cross-entropy (on a
+/// device still queued: [`Backend::loss`] reads it) and accumulates
+/// `loss_weight · d(mean loss)/dθ` into `grads`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward<B, W, G, E>(
     be: &B,
@@ -1016,7 +1017,7 @@ pub(crate) fn backward<B, W, G, E>(
     drop: Option<Drop>,
     loss_weight: f32,
     sink: &mut G,
-) -> Result<f32, E>
+) -> Result<Loss, E>
 where
     B: Backend,
     W: ParamSource<B>,
@@ -1258,5 +1259,5 @@ where
     }
     src.release(0)?;
     sink.done(0)?;
-    Ok(be.loss(loss))
+    Ok(loss)
 }

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
-use crate::backend::{Backend, Cpu};
+use crate::backend::{Backend, Cpu, Loss};
 use crate::checkpoint;
 use crate::params::Params;
 use crate::rng::Rng;
@@ -660,7 +660,17 @@ impl Classifier {
         let a = self.prepare(ws, batch);
         let be = self.backend;
         bert::forward(&be, c, &self.layout, params, a, drop)?;
-        bert::backward(&be, c, &self.layout, params, a, drop, loss_weight, grads)
+        let loss = bert::backward::<_, _, _, E>(
+            &be,
+            c,
+            &self.layout,
+            params,
+            a,
+            drop,
+            loss_weight,
+            grads,
+        )?;
+        Ok(be.loss(loss))
     }
 
     /// [`Classifier::forward_backward`] on any backend `be` (a GPU's, or the emulated one the
@@ -680,13 +690,23 @@ impl Classifier {
         let segs = &self.layout.segs;
         let mut src = BufParams::new(be, params, segs);
         let mut sink = BufGrads::new(be, grads, segs);
-        self.forward_backward_on_with(be, ws, batch, loss_weight, &mut src, &mut sink, dropout)
+        let loss = self.forward_backward_on_with::<_, _, _, ModelError>(
+            be,
+            ws,
+            batch,
+            loss_weight,
+            &mut src,
+            &mut sink,
+            dropout,
+        )?;
+        Ok(be.loss(loss))
     }
 
     /// [`Classifier::forward_backward_on`] with the parameters read from `src` and the
     /// gradients left in `sink` segment by segment, on `be`: how ZeRO-3 gathers each segment
     /// and reduces its gradient between GPUs inside the pass ([`Classifier::forward_backward_with`]
-    /// on the CPU).
+    /// on the CPU). The loss is returned as the backend left it (on a device, still queued:
+    /// [`Backend::loss`] reads it), so that the caller decides when to wait for the device.
     #[allow(clippy::too_many_arguments)]
     pub fn forward_backward_on_with<B, P, G, E>(
         &self,
@@ -697,7 +717,7 @@ impl Classifier {
         src: &mut P,
         sink: &mut G,
         dropout: Option<DropoutKey>,
-    ) -> Result<f32, E>
+    ) -> Result<Loss, E>
     where
         B: Backend,
         P: ParamSource<B>,

@@ -19,10 +19,10 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use super::pieces::{self, Gather, Pieces, Rank, Scatter, SharedPeers, Upload};
-use super::{Batch, Classifier, DropoutKey, ModelError, Workspace};
+use super::{Batch, BufGrads, BufParams, Classifier, DropoutKey, ModelError, Workspace};
 use crate::backend::device::{Device, Peers};
 use crate::backend::kernels::Kernels;
-use crate::backend::Backend;
+use crate::backend::{Backend, Loss};
 use crate::optim::device::{Accumulate, DeviceOptimizer, Keep, Partitioned, PinnedBuf, Resident};
 use crate::optim::Optimizer;
 use crate::precision::Dtype;
@@ -75,6 +75,11 @@ struct State<D: Device> {
     /// ZeRO-2/3 with peers: this rank's reduced ranges packed for their one copy to the host
     /// (allocated at the first micro-batch, then reused).
     part: Option<D::Buf>,
+    /// The per-row losses of a window's micro-batches ([`Resident::micro`]), read back once by
+    /// [`Resident::window_losses`]; grown in the first window, then reused.
+    losses: Option<D::Buf>,
+    /// Where each of the window's micro-batches left its rows in `losses`: (offset, rows).
+    pending: Vec<(usize, usize)>,
 }
 
 /// What a rank of a group owns ([`Partitioned`]).
@@ -177,6 +182,8 @@ impl<D: Device> OnDevice<D> {
                 split: None,
                 peers,
                 part: None,
+                losses: None,
+                pending: Vec::new(),
             }),
         })
     }
@@ -207,6 +214,29 @@ impl<D: Device> OnDevice<D> {
         copy(k, acc);
         k.device().sync().map_err(ModelError::Device)
     }
+}
+
+/// `slot` with room for `need` floats, its first `keep` kept (a larger buffer copies them over):
+/// the window's loss buffer, which grows only while the first window finds its size.
+fn grow_keeping<'s, D: Device>(
+    k: &Kernels<D>,
+    slot: &'s mut Option<D::Buf>,
+    keep: usize,
+    need: usize,
+) -> &'s mut D::Buf {
+    let dev = k.device();
+    let have = slot.as_ref().map_or(0, |b| dev.len(dev.view(b)));
+    if have < need {
+        let mut bigger = k.alloc(need.max(2 * have));
+        if let Some(old) = slot.as_ref() {
+            dev.copy(
+                dev.range_mut(&mut bigger, 0..keep),
+                dev.sub(dev.view(old), 0..keep),
+            );
+        }
+        *slot = Some(bigger);
+    }
+    slot.as_mut().expect("allocated above")
 }
 
 /// Copies `host` into `slot`, allocating only the first time (the model's size is fixed).
@@ -457,13 +487,22 @@ where
         batch: &Batch,
         weight: f32,
         dropout: Option<DropoutKey>,
-    ) -> Result<f32, ModelError> {
+    ) -> Result<Option<f32>, ModelError> {
         let (k, dev) = (&self.kernels, self.kernels.device());
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
         let (ws, params) = (&mut st.ws, st.params.as_ref().ok_or_else(not_uploaded)?);
         let acc = accumulator(&mut st.opt, &mut st.acc)?;
-        if let Some(Split::Pieces(pc)) = &mut st.split {
+        // The whole parameters and a whole gradient buffer, segment by segment.
+        let segs = model.segments();
+        let whole = |ws: &mut Workspace<Kernels<D>>, grads: &mut D::Buf| {
+            let mut src = BufParams::new(k, params, segs);
+            let mut sink = BufGrads::new(k, grads, segs);
+            model.forward_backward_on_with::<_, _, _, ModelError>(
+                k, ws, batch, weight, &mut src, &mut sink, dropout,
+            )
+        };
+        let loss = if let Some(Split::Pieces(pc)) = &mut st.split {
             // ZeRO-3: each segment gathered as the pass reads it, each gradient reduced to the
             // owners as the backward finishes it.
             let peers = st.peers.as_deref_mut().ok_or_else(no_peers)?;
@@ -492,50 +531,76 @@ where
                 acc,
                 storage: *storage,
             };
-            let loss = model.forward_backward_on_with::<_, _, _, ModelError>(
+            model.forward_backward_on_with::<_, _, _, ModelError>(
                 k, ws, batch, weight, &mut src, &mut sink, dropout,
-            )?;
-            dev.sync().map_err(ModelError::Device)?;
-            return Ok(loss);
-        }
-        let loss = match &mut st.own {
-            None => model.forward_backward_on(k, ws, batch, weight, params, acc, dropout),
-            Some(own) => {
-                // zero/sinks.rs `ReduceToOwners`/`Scattered`: the micro-batch's gradient on its
-                // own, `Storage::reduced`, then `accumulate` (acc += g, stored as the module).
-                let (g, storage) = (&mut own.buf, own.storage);
-                k.zero(k.view_mut(g));
-                let loss = model.forward_backward_on(k, ws, batch, weight, params, g, dropout)?;
-                match (&st.split, own.to_owners) {
-                    (Some(Split::Flat(ranges, me)), true) => {
-                        // Each range summed to its owner, in rank order as every rank calls
-                        // them; this rank's made the average as `reduce_to_owners` makes it.
-                        let peers = st.peers.as_mut().ok_or_else(no_peers)?;
-                        for (owner, r) in ranges.iter().enumerate() {
-                            peers
-                                .reduce_sum(dev, dev.range_mut(g, r.clone()), owner)
-                                .map_err(ModelError::Device)?;
+            )?
+        } else {
+            match &mut st.own {
+                None => whole(ws, acc)?,
+                Some(own) => {
+                    // zero/sinks.rs `ReduceToOwners`/`Scattered`: the micro-batch's gradient on
+                    // its own, `Storage::reduced`, then `accumulate` (acc += g, stored as the
+                    // module).
+                    let (g, storage) = (&mut own.buf, own.storage);
+                    k.zero(k.view_mut(g));
+                    let loss = whole(ws, g)?;
+                    match (&st.split, own.to_owners) {
+                        (Some(Split::Flat(ranges, me)), true) => {
+                            // Each range summed to its owner, in rank order as every rank calls
+                            // them; this rank's made the average as `reduce_to_owners` makes it.
+                            let peers = st.peers.as_mut().ok_or_else(no_peers)?;
+                            for (owner, r) in ranges.iter().enumerate() {
+                                peers
+                                    .reduce_sum(dev, dev.range_mut(g, r.clone()), owner)
+                                    .map_err(ModelError::Device)?;
+                            }
+                            let (r, inv) = (ranges[*me].clone(), 1.0 / peers.world() as f32);
+                            k.scale_round(
+                                dev.range_mut(g, r.clone()),
+                                inv,
+                                storage.comm,
+                                storage.module,
+                            );
+                            k.add_assign(k.view_mut(acc), dev.sub(dev.view(g), r));
                         }
-                        let (r, inv) = (ranges[*me].clone(), 1.0 / peers.world() as f32);
-                        k.scale_round(
-                            dev.range_mut(g, r.clone()),
-                            inv,
-                            storage.comm,
-                            storage.module,
-                        );
-                        k.add_assign(k.view_mut(acc), dev.sub(dev.view(g), r));
+                        _ => {
+                            k.round_to(k.view_mut(g), storage.comm);
+                            k.round_to(k.view_mut(g), storage.module);
+                            k.add_assign(k.view_mut(acc), k.view(g));
+                        }
                     }
-                    _ => {
-                        k.round_to(k.view_mut(g), storage.comm);
-                        k.round_to(k.view_mut(g), storage.module);
-                        k.add_assign(k.view_mut(acc), k.view(g));
-                    }
+                    loss
                 }
-                Ok(loss)
             }
-        }?;
-        k.device().sync().map_err(ModelError::Device)?;
-        Ok(loss)
+        };
+        let Loss::Queued { rows } = loss else {
+            return Ok(Some(k.loss(loss)));
+        };
+        // The rows' losses join the window's on the device; nothing waits for the device here.
+        let at = st.pending.last().map_or(0, |&(at, n)| at + n);
+        let window = grow_keeping(k, &mut st.losses, at, at + rows);
+        k.keep_loss(dev.range_mut(window, at..at + rows));
+        st.pending.push((at, rows));
+        Ok(None)
+    }
+
+    fn window_losses(&self) -> Result<Vec<f32>, ModelError> {
+        let (k, dev) = (&self.kernels, self.kernels.device());
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let st = &mut *st;
+        let pending = std::mem::take(&mut st.pending);
+        let Some(&(at, n)) = pending.last() else {
+            return Ok(Vec::new());
+        };
+        let mut rows = vec![0.0f32; at + n];
+        if let Some(window) = &st.losses {
+            dev.download(dev.sub(dev.view(window), 0..at + n), &mut rows);
+        }
+        dev.sync().map_err(ModelError::Device)?;
+        Ok(pending
+            .iter()
+            .map(|&(at, n)| k.mean_loss(&rows[at..at + n]))
+            .collect())
     }
 
     fn grad_sq(&self) -> Result<f64, ModelError> {

@@ -90,14 +90,20 @@ pub trait Resident: Send + Sync {
     /// Zeroes the gradient accumulator (a window starts).
     fn zero_grads(&self) -> Result<(), ModelError>;
     /// One micro-batch's forward and backward with the device's parameters, its gradient
-    /// (× `weight`) added to the device's accumulator; returns its mean loss.
+    /// (× `weight`) added to the device's accumulator. Its mean loss: `Some` when read at once,
+    /// `None` when it stays on the device until [`Resident::window_losses`] — the host then
+    /// goes on to prepare and queue the next micro-batch while the device runs this one.
     fn micro(
         &self,
         model: &Classifier,
         batch: &Batch,
         weight: f32,
         dropout: Option<DropoutKey>,
-    ) -> Result<f32, ModelError>;
+    ) -> Result<Option<f32>, ModelError>;
+    /// The mean losses of the micro-batches [`Resident::micro`] left on the device since the
+    /// last call, in order, read in one copy (which waits for the device, and reports its
+    /// errors).
+    fn window_losses(&self) -> Result<Vec<f32>, ModelError>;
     /// `Σ g²` of the accumulator, in f64 ([`kernels::grad_norm_sq`]). The optimizer must be kept.
     fn grad_sq(&self) -> Result<f64, ModelError>;
     /// One step of `opt` (the host's optimizer before it counts this step: the kind,

@@ -677,6 +677,8 @@ impl Replica {
 
     /// One micro-batch's forward and backward, its gradient (× `weight`) accumulated: locally
     /// (stages 0–1) or reduced into the owners' partitions segment by segment (stages 2–3).
+    /// Returns its mean loss, or `None` when a device keeps it until
+    /// [`Replica::window_losses`] (so that the host queues the next micro-batch meanwhile).
     pub fn micro(
         &mut self,
         coll: &mut dyn Collective,
@@ -684,7 +686,27 @@ impl Replica {
         batch: &Batch,
         weight: f32,
         key: Option<DropoutKey>,
-    ) -> Result<f32, ZeroError> {
+    ) -> Result<Option<f32>, ZeroError> {
+        self.micro_pass(coll, ws, batch, weight, key)
+    }
+
+    /// The mean losses of the micro-batches whose [`Replica::micro`] left them on the device
+    /// (`None`), in order, read in one copy: once per window, after its last micro-batch.
+    pub fn window_losses(&self) -> Result<Vec<f32>, ZeroError> {
+        match self.device.clone().or_else(|| self.passes()) {
+            Some(x) => Ok(x.resident().expect("resident").window_losses()?),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn micro_pass(
+        &mut self,
+        coll: &mut dyn Collective,
+        ws: &mut Workspace,
+        batch: &Batch,
+        weight: f32,
+        key: Option<DropoutKey>,
+    ) -> Result<Option<f32>, ZeroError> {
         let stage = self.shard.stage;
         if let Some(r) = self.resident() {
             if self.peers && stage >= 2 {
@@ -718,9 +740,13 @@ impl Replica {
             return Ok(loss);
         }
         if stage <= 1 {
-            return Ok(self
-                .model
-                .forward_backward(ws, batch, weight, &mut self.grads, key)?);
+            return Ok(Some(self.model.forward_backward(
+                ws,
+                batch,
+                weight,
+                &mut self.grads,
+                key,
+            )?));
         }
         let shared: SharedColl<'_> = RefCell::new(coll);
         let segs = self.model.segments().to_vec();
@@ -734,9 +760,12 @@ impl Replica {
                 storage: self.storage,
             };
             let mut src = Whole::new(&self.model.params().data, &segs);
-            return self.model.forward_backward_with::<_, _, ZeroError>(
-                ws, batch, weight, &mut src, &mut sink, key,
-            );
+            return self
+                .model
+                .forward_backward_with::<_, _, ZeroError>(
+                    ws, batch, weight, &mut src, &mut sink, key,
+                )
+                .map(Some);
         }
         let map = self.map.as_ref().expect("stage 3 has its map");
         let mut src = Gathered {
@@ -756,6 +785,7 @@ impl Replica {
         };
         self.model
             .forward_backward_with::<_, _, ZeroError>(ws, batch, weight, &mut src, &mut sink, key)
+            .map(Some)
     }
 
     /// Stages 2–3 with the passes on a device: feeds the micro-batch gradient in `staged` to the

@@ -56,9 +56,26 @@ pub(super) fn queue<D: Device>(
     Loss::Queued { rows }
 }
 
+/// Copies the rows' losses of the last [`queue`] into `dst` (its length), on the device.
+pub(super) fn keep<D: Device>(k: &Kernels<D>, dst: D::ViewMut<'_>) {
+    let rows = k.dev.len_mut(&dst);
+    if rows == 0 {
+        return;
+    }
+    let scratch = k.scratch.lock().unwrap_or_else(|p| p.into_inner());
+    let buf = scratch.as_ref().expect("a queued cross-entropy");
+    k.dev.copy(dst, k.dev.sub(k.dev.view(buf), 0..rows));
+}
+
+/// The CPU's reduction of per-row losses: summed in f64 in order, the mean rounded to the
+/// storage dtype (0 rows give NaN there too).
+pub(super) fn mean_of<D: Device>(k: &Kernels<D>, losses: &[f32]) -> f32 {
+    let total: f64 = losses.iter().map(|&x| f64::from(x)).sum();
+    k.store.round((total / losses.len() as f64) as f32)
+}
+
 /// The mean loss of the last [`queue`]: the rows' losses copied back (waiting for the device),
-/// then the CPU's reduction — summed in f64 in order, the mean rounded to the storage dtype (0
-/// rows give NaN there too).
+/// then [`mean_of`].
 pub(super) fn mean<D: Device>(k: &Kernels<D>, l: Loss) -> f32 {
     let rows = match l {
         Loss::Ready(x) => return x,
@@ -75,6 +92,5 @@ pub(super) fn mean<D: Device>(k: &Kernels<D>, l: Loss) -> f32 {
             _ => return f32::NAN,
         }
     }
-    let total: f64 = losses.iter().map(|&x| f64::from(x)).sum();
-    k.store.round((total / rows as f64) as f32)
+    mean_of(k, &losses)
 }

@@ -160,6 +160,19 @@ impl<D: Device> Kernels<D> {
         );
     }
 
+    /// Copies the per-row losses of the last [`Backend::cross_entropy_queued`] (`dst`'s length
+    /// of them) into `dst`, on the device: a window keeps its micro-batches' losses there and
+    /// reads them once ([`Kernels::mean_loss`] on each).
+    pub fn keep_loss(&self, dst: D::ViewMut<'_>) {
+        loss::keep(self, dst)
+    }
+
+    /// One micro-batch's mean loss from its per-row losses, as [`Backend::cross_entropy`]
+    /// reduces them.
+    pub fn mean_loss(&self, rows: &[f32]) -> f32 {
+        loss::mean_of(self, rows)
+    }
+
     /// `v[i] = v[i] · factor` rounded to `comm`, then to `store` (`scale_round`): a sum over
     /// the ranks turned into [`crate::collective::ReduceOp::Avg`]'s average (`factor` = the f32
     /// `1 / N`) and rounded as `zero::Storage::reduced` rounds it.
