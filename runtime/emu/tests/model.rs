@@ -419,9 +419,13 @@ fn a_window_reads_its_micro_batch_losses_back_once_in_order() {
         .unwrap();
     let mut ws = Workspace::new();
     let mut at_once = Workspace::<Kernels<Emu>>::new();
-    for (window, sizes) in [vec![(2, 6), (3, 5)], vec![(1, 4), (2, 6), (3, 3)], vec![(2, 2)]]
-        .into_iter()
-        .enumerate()
+    for (window, sizes) in [
+        vec![(2, 6), (3, 5)],
+        vec![(1, 4), (2, 6), (3, 3)],
+        vec![(2, 2)],
+    ]
+    .into_iter()
+    .enumerate()
     {
         r.start_window().unwrap();
         let mut want = Vec::new();

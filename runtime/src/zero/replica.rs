@@ -687,26 +687,6 @@ impl Replica {
         weight: f32,
         key: Option<DropoutKey>,
     ) -> Result<Option<f32>, ZeroError> {
-        self.micro_pass(coll, ws, batch, weight, key)
-    }
-
-    /// The mean losses of the micro-batches whose [`Replica::micro`] left them on the device
-    /// (`None`), in order, read in one copy: once per window, after its last micro-batch.
-    pub fn window_losses(&self) -> Result<Vec<f32>, ZeroError> {
-        match self.device.clone().or_else(|| self.passes()) {
-            Some(x) => Ok(x.resident().expect("resident").window_losses()?),
-            None => Ok(Vec::new()),
-        }
-    }
-
-    fn micro_pass(
-        &mut self,
-        coll: &mut dyn Collective,
-        ws: &mut Workspace,
-        batch: &Batch,
-        weight: f32,
-        key: Option<DropoutKey>,
-    ) -> Result<Option<f32>, ZeroError> {
         let stage = self.shard.stage;
         if let Some(r) = self.resident() {
             if self.peers && stage >= 2 {
@@ -786,6 +766,15 @@ impl Replica {
         self.model
             .forward_backward_with::<_, _, ZeroError>(ws, batch, weight, &mut src, &mut sink, key)
             .map(Some)
+    }
+
+    /// The mean losses of the micro-batches whose [`Replica::micro`] left them on the device
+    /// (`None`), in order, read in one copy: once per window, after its last micro-batch.
+    pub fn window_losses(&self) -> Result<Vec<f32>, ZeroError> {
+        match self.device.clone().or_else(|| self.passes()) {
+            Some(x) => Ok(x.resident().expect("resident").window_losses()?),
+            None => Ok(Vec::new()),
+        }
     }
 
     /// Stages 2–3 with the passes on a device: feeds the micro-batch gradient in `staged` to the
