@@ -18,8 +18,9 @@ fn group(world: usize) -> Vec<(Emu, Box<dyn Peers<Emu>>)> {
 fn the_emulated_devices_sums_pass_for_two_and_three_ranks() {
     for world in [2, 3] {
         let checks = compare_peers(group(world));
-        // Three checks (to every rank, to one root, from one root) per length per rank.
-        assert_eq!(checks.len(), 3 * 4 * world);
+        // Four checks (to every rank, to one root, from one root, a group from every rank) per
+        // length per rank.
+        assert_eq!(checks.len(), 4 * 4 * world);
         let bad: Vec<_> = checks.iter().filter(|c| !c.ok).collect();
         assert!(bad.is_empty(), "world {world}: {bad:?}");
     }

@@ -172,4 +172,26 @@ pub trait Peers<D: Device>: Send {
     /// Every rank's `buf` ← rank `root`'s `buf` (ZeRO 1–2 gather the parameters this way after
     /// each rank stepped its partition: one broadcast per owner).
     fn broadcast(&mut self, dev: &D, buf: D::ViewMut<'_>, root: usize) -> Result<(), String>;
+    /// Opens a group: the calls until [`Peers::group_end`] are issued together (NCCL launches
+    /// them as one; `ncclGroupStart`), on buffers that stay alive until then. By default,
+    /// nothing: each call runs as it is made.
+    fn group_start(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+    /// Closes the group [`Peers::group_start`] opened, issuing its calls.
+    fn group_end(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// `calls` (one per owner, say) in one group of `peers`, which is closed even when a call
+/// fails (NCCL keeps a thread's group open otherwise).
+pub fn grouped<D: Device, P: Peers<D> + ?Sized>(
+    peers: &mut P,
+    calls: impl FnOnce(&mut P) -> Result<(), String>,
+) -> Result<(), String> {
+    peers.group_start()?;
+    let done = calls(peers);
+    let ended = peers.group_end();
+    done.and(ended)
 }

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use super::pieces::{self, Gather, Pieces, Rank, Scatter, SharedPeers, Upload};
 use super::{Batch, BufGrads, BufParams, Classifier, DropoutKey, ModelError, Workspace};
-use crate::backend::device::{Device, Peers};
+use crate::backend::device::{grouped, Device, Peers};
 use crate::backend::kernels::Kernels;
 use crate::backend::{Backend, Loss};
 use crate::optim::device::{Accumulate, DeviceOptimizer, Keep, Partitioned, PinnedBuf, Resident};
@@ -388,6 +388,40 @@ fn split<D: Device>(
     }
 }
 
+/// Every rank's range of `buf` (`ranges[r]` for rank r) broadcast from its owner, in one group:
+/// each rank's updated partition on every device.
+fn broadcast_ranges<D: Device>(
+    dev: &D,
+    peers: &mut dyn Peers<D>,
+    buf: &mut D::Buf,
+    ranges: &[Range<usize>],
+) -> Result<(), ModelError> {
+    grouped(peers, |p| {
+        for (owner, r) in ranges.iter().enumerate() {
+            p.broadcast(dev, dev.range_mut(buf, r.clone()), owner)?;
+        }
+        Ok(())
+    })
+    .map_err(ModelError::Device)
+}
+
+/// Each `(range, owner)` of `buf` summed to its owner, in one group, in the order given (every
+/// rank gives the same).
+fn reduce_ranges<D: Device>(
+    dev: &D,
+    peers: &mut dyn Peers<D>,
+    buf: &mut D::Buf,
+    owners: impl Iterator<Item = (Range<usize>, usize)>,
+) -> Result<(), ModelError> {
+    grouped(peers, |p| {
+        for (r, owner) in owners {
+            p.reduce_sum(dev, dev.range_mut(buf, r), owner)?;
+        }
+        Ok(())
+    })
+    .map_err(ModelError::Device)
+}
+
 fn not_uploaded() -> ModelError {
     ModelError::Argument("the device holds no model states yet (Resident::upload)".into())
 }
@@ -548,12 +582,9 @@ where
                         (Some(Split::Flat(ranges, me)), true) => {
                             // Each range summed to its owner, in rank order as every rank calls
                             // them; this rank's made the average as `reduce_to_owners` makes it.
-                            let peers = st.peers.as_mut().ok_or_else(no_peers)?;
-                            for (owner, r) in ranges.iter().enumerate() {
-                                peers
-                                    .reduce_sum(dev, dev.range_mut(g, r.clone()), owner)
-                                    .map_err(ModelError::Device)?;
-                            }
+                            let peers = st.peers.as_deref_mut().ok_or_else(no_peers)?;
+                            let owners = ranges.iter().cloned().zip(0..);
+                            reduce_ranges(dev, peers, g, owners)?;
                             let (r, inv) = (ranges[*me].clone(), 1.0 / peers.world() as f32);
                             k.scale_round(
                                 dev.range_mut(g, r.clone()),
@@ -634,12 +665,8 @@ where
             factors,
         )?;
         // Every rank's updated partition from its owner: the whole parameters on every device.
-        let peers = st.peers.as_mut().ok_or_else(no_peers)?;
-        for (owner, r) in ranges.iter().enumerate() {
-            peers
-                .broadcast(dev, dev.range_mut(params, r.clone()), owner)
-                .map_err(ModelError::Device)?;
-        }
+        let peers = st.peers.as_deref_mut().ok_or_else(no_peers)?;
+        broadcast_ranges(dev, peers, params, ranges)?;
         // The passes read these parameters as they are: no upload until the host changes them.
         Ok(k.device().sync().map_err(ModelError::Device)?)
     }
@@ -721,11 +748,7 @@ where
                 "gradient range {r:?} of a device accumulator of {n}"
             )));
         }
-        for (r, owner) in owners {
-            peers
-                .reduce_sum(dev, dev.range_mut(acc, r.clone()), *owner)
-                .map_err(ModelError::Device)?;
-        }
+        reduce_ranges(dev, &mut **peers, acc, owners.iter().cloned())?;
         let mine: Vec<Range<usize>> = owners
             .iter()
             .filter(|(_, o)| *o == me)
@@ -772,12 +795,8 @@ where
             let mine = ranges[*me].clone();
             same_len("parameter partition", src.len(), mine.len())?;
             k.write(dev.range_mut(params, mine), src);
-            let peers = st.peers.as_mut().ok_or_else(no_peers)?;
-            for (owner, r) in ranges.iter().enumerate() {
-                peers
-                    .broadcast(dev, dev.range_mut(params, r.clone()), owner)
-                    .map_err(ModelError::Device)?;
-            }
+            let peers = st.peers.as_deref_mut().ok_or_else(no_peers)?;
+            broadcast_ranges(dev, peers, params, ranges)?;
             return dev.sync().map_err(ModelError::Device);
         }
         // The whole parameters, or ZeRO-3's pieces (which are all the device holds).

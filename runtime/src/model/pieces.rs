@@ -14,7 +14,7 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 use super::{GradSink, ModelError, ParamSource};
-use crate::backend::device::{Device, Peers};
+use crate::backend::device::{grouped, Device, Peers};
 use crate::backend::kernels::Kernels;
 use crate::backend::Backend;
 use crate::zero::{SegmentParts, Storage};
@@ -95,12 +95,13 @@ fn gather<D: Device>(
     let piece = dev.sub(local, off..off + mine.len());
     dev.copy(dev.range_mut(out, mine), piece);
     let mut peers = r.peers.borrow_mut();
-    for owner in 0..peers.world() {
-        peers
-            .broadcast(dev, dev.range_mut(out, p.range(owner)), owner)
-            .map_err(ModelError::Device)?;
-    }
-    Ok(())
+    grouped(&mut **peers, |peers| {
+        for owner in 0..peers.world() {
+            peers.broadcast(dev, dev.range_mut(out, p.range(owner)), owner)?;
+        }
+        Ok(())
+    })
+    .map_err(ModelError::Device)
 }
 
 /// The parameters of a pass, each segment gathered from the ranks' pieces when it is read.
@@ -159,11 +160,14 @@ impl<D: Device> GradSink<Kernels<D>> for Scatter<'_, '_, D> {
         let dev = k.device();
         let p = map.parts[seg];
         let mut peers = peers.borrow_mut();
-        for owner in 0..peers.world() {
-            peers
-                .reduce_sum(dev, dev.range_mut(self.grad, p.range(owner)), owner)
-                .map_err(ModelError::Device)?;
-        }
+        let grad = &mut *self.grad;
+        grouped(&mut **peers, |peers| {
+            for owner in 0..peers.world() {
+                peers.reduce_sum(dev, dev.range_mut(grad, p.range(owner)), owner)?;
+            }
+            Ok(())
+        })
+        .map_err(ModelError::Device)?;
         let inv = 1.0 / peers.world() as f32;
         let (off, mine) = (map.local_offset(me, seg), p.range(me));
         let s = self.storage;

@@ -196,6 +196,20 @@ impl Peers<CudaDevice> for NcclPeers {
     ) -> Result<(), String> {
         self.queue(dev, buf, Op::Broadcast(root))
     }
+
+    fn group_start(&mut self) -> Result<(), String> {
+        result::group_start()
+            .map(|_| ())
+            .map_err(|e| nccl_err("opening a group", e))
+    }
+
+    fn group_end(&mut self) -> Result<(), String> {
+        // The calling thread's group (each rank has its own thread).
+        let _ = bind_ctx(&self.ctx);
+        result::group_end()
+            .map(|_| ())
+            .map_err(|e| nccl_err("a group of calls", e))
+    }
 }
 
 #[cfg(test)]

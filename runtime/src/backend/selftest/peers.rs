@@ -8,7 +8,7 @@
 //! another order (NCCL's ring), within 1e-6 of the largest sum.
 
 use super::{rand, OpCheck};
-use crate::backend::device::{Device, Peers};
+use crate::backend::device::{grouped, Device, Peers};
 use crate::collective::{Collective, LocalCollective, ReduceOp};
 use crate::precision::Dtype;
 
@@ -117,6 +117,27 @@ fn rank_checks<D: Device>(dev: &D, peers: &mut dyn Peers<D>) -> Vec<OpCheck> {
         dev.download(dev.view(&buf), &mut got);
         let want = input(case, root, n);
         let op = format!("peers.broadcast[{n}]@{rank} from {root}");
+        out.push(match done.and_then(|()| dev.sync()) {
+            Ok(()) => check(op, &got, &want, 0.0),
+            Err(e) => check(format!("{op}: {e}"), &[], &want, 0.0),
+        });
+
+        // One group (ZeRO's per-owner calls): each rank's share of the buffer broadcast from
+        // that rank, issued together.
+        let share = |r: usize| n * r / world..n * (r + 1) / world;
+        let mut buf = dev.upload(&x);
+        let done = grouped(peers, |p| {
+            for owner in 0..world {
+                p.broadcast(dev, dev.range_mut(&mut buf, share(owner)), owner)?;
+            }
+            Ok(())
+        });
+        dev.download(dev.view(&buf), &mut got);
+        let mut want = vec![0.0; n];
+        for owner in 0..world {
+            want[share(owner)].copy_from_slice(&input(case, owner, n)[share(owner)]);
+        }
+        let op = format!("peers.grouped broadcasts[{n}]@{rank}");
         out.push(match done.and_then(|()| dev.sync()) {
             Ok(()) => check(op, &got, &want, 0.0),
             Err(e) => check(format!("{op}: {e}"), &[], &want, 0.0),
