@@ -668,10 +668,12 @@ fn two_gpus_offload_their_pieces_at_zero_3_in_fp16() {
 
 /// ZeRO-1 and ZeRO-3 in fp32 with the devices summing, each device stepping its partition:
 /// the window's average (ZeRO-1), and each segment gathered from the ranks' pieces inside the
-/// pass and its gradient reduced to the owners as the backward finishes it (ZeRO-3).
+/// pass and its gradient reduced to the owners as the backward finishes it (ZeRO-3); and ZeRO-1
+/// with the optimizer offloaded, whose average comes down whole for the host's step.
 #[test]
 fn two_gpus_sum_between_the_devices_at_zero_1_and_3() {
-    for zero in ["zero 1", "zero 3"] {
+    // ZeRO-1 offloaded as well: the average on the devices, the host's shard step.
+    for zero in ["zero 1", "zero 1 { offload optimizer = cpu }", "zero 3"] {
         peers_run_against_the_cpu("fp32", Some(zero), &["--gpus", "2"]).within(1e-5, 1e-6);
     }
 }
