@@ -169,8 +169,8 @@ pub trait Peers<D: Device>: Send {
     /// Rank `root`'s `buf` ← the element-wise sum of every rank's `buf`; the other ranks' `buf`
     /// is left as it was.
     fn reduce_sum(&mut self, dev: &D, buf: D::ViewMut<'_>, root: usize) -> Result<(), String>;
-    /// Every rank's `buf` ← rank `root`'s `buf` (ZeRO 1–2 gather the parameters this way after
-    /// each rank stepped its partition: one broadcast per owner).
+    /// Every rank's `buf` ← rank `root`'s `buf`: one per owner, ZeRO 1–2 gather the parameters
+    /// after each rank stepped its partition, and ZeRO-3 each segment's pieces.
     fn broadcast(&mut self, dev: &D, buf: D::ViewMut<'_>, root: usize) -> Result<(), String>;
     /// Opens a group: the calls until [`Peers::group_end`] are issued together (NCCL launches
     /// them as one; `ncclGroupStart`), on buffers that stay alive until then. By default,

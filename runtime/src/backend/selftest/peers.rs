@@ -110,7 +110,7 @@ fn rank_checks<D: Device>(dev: &D, peers: &mut dyn Peers<D>) -> Vec<OpCheck> {
             Err(e) => check(format!("{op}: {e}"), &[], &want, tolerance),
         });
 
-        // A broadcast copies the root's bits to every rank (ZeRO 1–2's parameter gather).
+        // A broadcast copies the root's bits to every rank (ZeRO's parameter gathers).
         let root = (case + 1) % world;
         let mut buf = dev.upload(&x);
         let done = peers.broadcast(dev, dev.view_mut(&mut buf), root);
