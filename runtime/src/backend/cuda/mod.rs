@@ -173,10 +173,10 @@ impl Drop for DevIds {
 
 /// A device buffer of `len` floats: its allocation may be longer, from a longer batch, so that a
 /// workspace resized for a shorter one allocates nothing ([`Device::resize`]).
-/// `None` when the allocation failed ([`CudaDevice::out_of_memory`]: nothing runs on the
-/// device after that, so nothing reads it).
 #[derive(Debug)]
 pub struct DevBuf {
+    /// `None` when the allocation failed (`CudaDevice::out_of_memory`: nothing runs on the
+    /// device after that, so nothing reads it).
     mem: Option<CudaSlice<f32>>,
     len: usize,
 }
