@@ -1,7 +1,9 @@
-//! The `Collective` contract, tested on `LocalCollective` (ranks as threads). An NCCL
-//! implementation is meant to pass the same properties: every op equals a sequential reference
-//! computed here in rank order (bit-exact), consecutive ops never interfere, and every misuse
-//! ends with an error on every rank instead of a hang.
+//! The `Collective` contract, tested on `LocalCollective` (ranks as threads) and on
+//! `NetCollective` (ranks that talk through a hub over TCP, here on the loopback interface):
+//! every test runs on both (`local_*`, `net_*`). An NCCL implementation is meant to pass the
+//! same properties: every op equals a sequential reference computed here in rank order
+//! (bit-exact), consecutive ops never interfere, and every misuse ends with an error on every
+//! rank instead of a hang.
 //!
 //! No test can hang: ranks run on threads and report over a channel that the test reads with a
 //! deadline, so a deadlock fails the test instead of blocking it.
@@ -11,9 +13,30 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use recipe_runtime::collective::net::loopback_group;
 use recipe_runtime::collective::{
-    Collective, CollectiveError, LocalCollective, Op, Partition, ReduceOp,
+    Collective, CollectiveError, LocalCollective, NetCollective, Op, Partition, ReduceOp,
 };
+
+/// An implementation under test: how to make a group, and what a rank that leaves says.
+trait Group: Collective + Sized + 'static {
+    fn group(world: usize, timeout: Duration) -> Vec<Self>;
+    const LEFT: &'static str;
+}
+
+impl Group for LocalCollective {
+    fn group(world: usize, timeout: Duration) -> Vec<Self> {
+        LocalCollective::group(world, timeout)
+    }
+    const LEFT: &'static str = "its LocalCollective was dropped (the rank returned)";
+}
+
+impl Group for NetCollective {
+    fn group(world: usize, timeout: Duration) -> Vec<Self> {
+        loopback_group(world, timeout).expect("a loopback group")
+    }
+    const LEFT: &'static str = "its NetCollective was dropped (the rank returned)";
+}
 
 /// How long a whole multi-rank test may take before it counts as hung.
 const HUNG: Duration = Duration::from_secs(60);
@@ -21,14 +44,14 @@ const HUNG: Duration = Duration::from_secs(60);
 /// Runs `f` on every rank of a fresh group, one thread each, and returns what each rank
 /// returned (`None` for a rank whose thread panicked). Fails the test if the ranks have not all
 /// finished within [`HUNG`].
-fn run_ranks<T, F>(world: usize, timeout: Duration, f: F) -> Vec<Option<T>>
+fn run_ranks<G: Group, T, F>(world: usize, timeout: Duration, f: F) -> Vec<Option<T>>
 where
     T: Send + 'static,
-    F: Fn(LocalCollective) -> T + Send + Sync + 'static,
+    F: Fn(G) -> T + Send + Sync + 'static,
 {
     let f = Arc::new(f);
     let (tx, rx) = mpsc::channel();
-    for c in LocalCollective::group(world, timeout) {
+    for c in G::group(world, timeout) {
         let (f, tx) = (Arc::clone(&f), tx.clone());
         thread::spawn(move || {
             let rank = c.rank();
@@ -51,12 +74,12 @@ where
 }
 
 /// [`run_ranks`] where no rank may panic.
-fn run_all<T, F>(world: usize, timeout: Duration, f: F) -> Vec<T>
+fn run_all<G: Group, T, F>(world: usize, timeout: Duration, f: F) -> Vec<T>
 where
     T: Send + 'static,
-    F: Fn(LocalCollective) -> T + Send + Sync + 'static,
+    F: Fn(G) -> T + Send + Sync + 'static,
 {
-    run_ranks(world, timeout, f)
+    run_ranks::<G, T, F>(world, timeout, f)
         .into_iter()
         .enumerate()
         .map(|(r, v)| v.unwrap_or_else(|| panic!("rank {r} panicked")))
@@ -120,12 +143,11 @@ struct Outputs {
     sum_f64: f64,
 }
 
-#[test]
-fn every_op_equals_the_sequential_reference_bit_for_bit() {
+fn every_op_equals_the_sequential_reference_bit_for_bit<G: Group>() {
     for world in 1..=4 {
         for len in LENS {
             let seed = 7;
-            let outs = run_all(world, Duration::from_secs(10), move |mut c| {
+            let outs = run_all::<G, _, _>(world, Duration::from_secs(10), move |mut c| {
                 let r = c.rank();
                 let mine = data(seed, r, len);
                 let part = Partition::new(len, world).unwrap();
@@ -227,9 +249,8 @@ fn every_op_equals_the_sequential_reference_bit_for_bit() {
     }
 }
 
-#[test]
-fn max_propagates_nan_and_handles_infinities() {
-    let outs = run_all(3, Duration::from_secs(10), |mut c| {
+fn max_propagates_nan_and_handles_infinities<G: Group>() {
+    let outs = run_all::<G, _, _>(3, Duration::from_secs(10), |mut c| {
         let r = c.rank();
         let a = c.all_reduce_max([0.0, f32::INFINITY, 1.0][r]).unwrap();
         let b = c.all_reduce_max([0.0, f32::NAN, 1.0][r]).unwrap();
@@ -276,8 +297,8 @@ fn draw(s: &mut u64, world: usize) -> Step {
 
 /// Runs `iters` random ops on every rank; each rank checks every result against the reference
 /// (it can regenerate every rank's input) and returns a digest of the replicated results.
-fn mixed(world: usize, iters: usize, seed: u64) -> Vec<u64> {
-    run_all(world, Duration::from_secs(10), move |mut c| {
+fn mixed<G: Group>(world: usize, iters: usize, seed: u64) -> Vec<u64> {
+    run_all::<G, _, _>(world, Duration::from_secs(10), move |mut c| {
         let r = c.rank();
         let mut s = seed;
         let mut digest = 0xcbf2_9ce4_8422_2325_u64;
@@ -339,10 +360,9 @@ fn mixed(world: usize, iters: usize, seed: u64) -> Vec<u64> {
     })
 }
 
-#[test]
-fn a_thousand_random_consecutive_ops_agree_on_every_rank() {
+fn a_thousand_random_consecutive_ops_agree_on_every_rank<G: Group>() {
     for world in 1..=4 {
-        let digests = mixed(world, 1000, 42 + world as u64);
+        let digests = mixed::<G>(world, 1000, 42 + world as u64);
         assert!(
             digests.iter().all(|d| *d == digests[0]),
             "world {world}: {digests:?}"
@@ -350,32 +370,30 @@ fn a_thousand_random_consecutive_ops_agree_on_every_rank() {
     }
 }
 
-#[test]
-fn repeated_runs_are_bit_identical() {
-    let first = mixed(3, 200, 99);
+fn repeated_runs_are_bit_identical<G: Group>() {
+    let first = mixed::<G>(3, 200, 99);
     for _ in 0..3 {
-        assert_eq!(mixed(3, 200, 99), first);
+        assert_eq!(mixed::<G>(3, 200, 99), first);
     }
 }
 
 /// Runs `f` with a long timeout and checks it fails fast: the error must not come from a
 /// timeout.
-fn fails_fast<T, F>(world: usize, f: F) -> Vec<T>
+fn fails_fast<G: Group, T, F>(world: usize, f: F) -> Vec<T>
 where
     T: Send + 'static,
-    F: Fn(LocalCollective) -> T + Send + Sync + 'static,
+    F: Fn(G) -> T + Send + Sync + 'static,
 {
     let start = Instant::now();
-    let out = run_all(world, Duration::from_secs(30), f);
+    let out = run_all::<G, T, F>(world, Duration::from_secs(30), f);
     let took = start.elapsed();
     assert!(took < Duration::from_secs(1), "took {took:?}");
     out
 }
 
-#[test]
-fn mismatched_calls_fail_every_rank_with_mismatch() {
-    type Case = fn(&mut LocalCollective, usize) -> Result<(), CollectiveError>;
-    let cases: [(&str, Case); 6] = [
+fn mismatched_calls_fail_every_rank_with_mismatch<G: Group>() {
+    type Case<G> = fn(&mut G, usize) -> Result<(), CollectiveError>;
+    let cases: [(&str, Case<G>); 6] = [
         ("length", |c, w| {
             let mut b = vec![1.0; if c.rank() == w - 1 { 9 } else { 8 }];
             c.all_reduce(&mut b, ReduceOp::Sum)
@@ -413,7 +431,7 @@ fn mismatched_calls_fail_every_rank_with_mismatch() {
     ];
     for world in 2..=4 {
         for (name, case) in cases {
-            let errs = fails_fast(world, move |mut c| {
+            let errs = fails_fast::<G, _, _>(world, move |mut c| {
                 let first = case(&mut c, world);
                 // The group stays failed: the next op reports the same error.
                 let next = c.barrier();
@@ -431,9 +449,8 @@ fn mismatched_calls_fail_every_rank_with_mismatch() {
     }
 }
 
-#[test]
-fn errors_say_what_each_rank_did() {
-    let errs = fails_fast(3, |mut c| {
+fn errors_say_what_each_rank_did<G: Group>() {
+    let errs = fails_fast::<G, _, _>(3, |mut c| {
         let mut b = vec![1.0; if c.rank() == 1 { 9 } else { 8 }];
         c.all_reduce(&mut b, ReduceOp::Avg)
     });
@@ -448,7 +465,7 @@ fn errors_say_what_each_rank_did() {
     assert!(msg.contains("all_reduce(avg) of 8 elements"), "{msg}");
 
     let timeout = Duration::from_millis(100);
-    let errs = run_all(2, timeout, move |mut c| {
+    let errs = run_all::<G, _, _>(2, timeout, move |mut c| {
         if c.rank() == 1 {
             thread::sleep(timeout * 3);
         }
@@ -459,7 +476,7 @@ fn errors_say_what_each_rank_did() {
     assert!(msg.starts_with("rank 0 waited "), "{msg}");
     assert!(msg.contains("in barrier (collective #0)"), "{msg}");
 
-    let errs = fails_fast(2, |mut c| {
+    let errs = fails_fast::<G, _, _>(2, |mut c| {
         if c.rank() == 0 {
             return Ok(());
         }
@@ -469,14 +486,15 @@ fn errors_say_what_each_rank_did() {
     eprintln!("{msg}");
     assert_eq!(
         msg,
-        "rank 0 aborted the collective group: it left the group: its LocalCollective was dropped \
-         (the rank returned)"
+        format!(
+            "rank 0 aborted the collective group: it left the group: {}",
+            G::LEFT
+        )
     );
 }
 
-#[test]
-fn a_bad_argument_on_one_rank_fails_every_rank() {
-    let errs = fails_fast(3, |mut c| {
+fn a_bad_argument_on_one_rank_fails_every_rank<G: Group>() {
+    let errs = fails_fast::<G, _, _>(3, |mut c| {
         let input = vec![1.0; 6];
         let mut out = vec![0.0; if c.rank() == 1 { 3 } else { 2 }];
         c.reduce_scatter(&input, &mut out, ReduceOp::Sum)
@@ -491,7 +509,7 @@ fn a_bad_argument_on_one_rank_fails_every_rank() {
             other => panic!("{other:?}"),
         }
     }
-    let errs = fails_fast(2, |mut c| {
+    let errs = fails_fast::<G, _, _>(2, |mut c| {
         let mut b = vec![1.0; 2];
         c.broadcast(&mut b, if c.rank() == 0 { 0 } else { 5 })
     });
@@ -503,10 +521,9 @@ fn a_bad_argument_on_one_rank_fails_every_rank() {
     }
 }
 
-#[test]
-fn a_rank_that_returns_early_fails_the_others_promptly() {
+fn a_rank_that_returns_early_fails_the_others_promptly<G: Group>() {
     let start = Instant::now();
-    let outs = run_all(3, Duration::from_millis(200), |mut c| {
+    let outs = run_all::<G, _, _>(3, Duration::from_millis(200), |mut c| {
         let mut b = vec![c.rank() as f32; 5];
         let first = c.all_reduce(&mut b, ReduceOp::Sum);
         if c.rank() == 2 {
@@ -530,9 +547,8 @@ fn a_rank_that_returns_early_fails_the_others_promptly() {
     }
 }
 
-#[test]
-fn a_rank_that_panics_fails_the_others() {
-    let outs = run_ranks(3, Duration::from_secs(30), |mut c| {
+fn a_rank_that_panics_fails_the_others<G: Group>() {
+    let outs = run_ranks::<G, _, _>(3, Duration::from_secs(30), |mut c| {
         c.barrier().unwrap();
         if c.rank() == 1 {
             panic!("rank 1 fails on purpose (this panic is expected by the test)");
@@ -554,9 +570,8 @@ fn a_rank_that_panics_fails_the_others() {
     }
 }
 
-#[test]
-fn abort_reaches_every_rank() {
-    let errs = fails_fast(3, |mut c| {
+fn abort_reaches_every_rank<G: Group>() {
+    let errs = fails_fast::<G, _, _>(3, |mut c| {
         let mut b = vec![1.0; 3];
         if c.rank() == 1 {
             thread::sleep(Duration::from_millis(20));
@@ -574,11 +589,10 @@ fn abort_reaches_every_rank() {
     }
 }
 
-#[test]
-fn a_rank_that_never_calls_times_the_others_out() {
+fn a_rank_that_never_calls_times_the_others_out<G: Group>() {
     let timeout = Duration::from_millis(200);
     let start = Instant::now();
-    let errs = run_all(3, timeout, move |mut c| {
+    let errs = run_all::<G, _, _>(3, timeout, move |mut c| {
         if c.rank() == 2 {
             thread::sleep(timeout * 3);
         }
@@ -604,12 +618,11 @@ fn a_rank_that_never_calls_times_the_others_out() {
     }
 }
 
-#[test]
-fn ranks_that_finish_together_see_no_error() {
+fn ranks_that_finish_together_see_no_error<G: Group>() {
     // The fastest rank drops its handle while slower ones are still taking the last op's
     // result; a completed op must stand.
     for _ in 0..20 {
-        let outs = run_all(4, Duration::from_secs(10), |mut c| {
+        let outs = run_all::<G, _, _>(4, Duration::from_secs(10), |mut c| {
             let mut last = 0.0;
             for i in 0..50 {
                 last = c.all_reduce_max((i * 4 + c.rank()) as f32)?;
@@ -620,10 +633,9 @@ fn ranks_that_finish_together_see_no_error() {
     }
 }
 
-#[test]
-fn empty_group_and_trait_objects() {
-    assert!(LocalCollective::group(0, Duration::from_secs(1)).is_empty());
-    let mut boxed: Vec<Box<dyn Collective>> = LocalCollective::group(1, Duration::from_secs(1))
+fn empty_group_and_trait_objects<G: Group>() {
+    assert!(G::group(0, Duration::from_secs(1)).is_empty());
+    let mut boxed: Vec<Box<dyn Collective>> = G::group(1, Duration::from_secs(1))
         .into_iter()
         .map(|c| Box::new(c) as Box<dyn Collective>)
         .collect();
@@ -638,10 +650,9 @@ fn empty_group_and_trait_objects() {
     );
 }
 
-#[test]
-fn a_timeout_names_the_collective_it_happened_in() {
+fn a_timeout_names_the_collective_it_happened_in<G: Group>() {
     let timeout = Duration::from_millis(100);
-    let errs = run_all(2, timeout, move |mut c| {
+    let errs = run_all::<G, _, _>(2, timeout, move |mut c| {
         for _ in 0..3 {
             c.barrier()?;
         }
@@ -664,5 +675,205 @@ fn a_timeout_names_the_collective_it_happened_in() {
             ),
             "{e:?}"
         );
+    }
+}
+
+/// Every test above, on both implementations.
+macro_rules! both {
+    ($($name:ident),* $(,)?) => {
+        mod local {
+            $(#[test] fn $name() { super::$name::<super::LocalCollective>() })*
+        }
+        mod net {
+            $(#[test] fn $name() { super::$name::<super::NetCollective>() })*
+        }
+    };
+}
+
+both!(
+    every_op_equals_the_sequential_reference_bit_for_bit,
+    max_propagates_nan_and_handles_infinities,
+    a_thousand_random_consecutive_ops_agree_on_every_rank,
+    repeated_runs_are_bit_identical,
+    mismatched_calls_fail_every_rank_with_mismatch,
+    errors_say_what_each_rank_did,
+    a_bad_argument_on_one_rank_fails_every_rank,
+    a_rank_that_returns_early_fails_the_others_promptly,
+    a_rank_that_panics_fails_the_others,
+    abort_reaches_every_rank,
+    a_rank_that_never_calls_times_the_others_out,
+    ranks_that_finish_together_see_no_error,
+    empty_group_and_trait_objects,
+    a_timeout_names_the_collective_it_happened_in,
+);
+
+/// Gathering a run over the network: who is admitted, and what the others are told.
+mod gathering {
+    use std::time::Duration;
+
+    use recipe_runtime::collective::net::{join, Expect, Hub, Join, NetError};
+    use recipe_runtime::collective::{Collective, ReduceOp};
+
+    fn expect(world: usize, join: Duration) -> Expect {
+        Expect {
+            world,
+            digest: "plan a".into(),
+            mode: "cpu".into(),
+            blob: b"an nccl id".to_vec(),
+            join,
+            op: Duration::from_secs(10),
+        }
+    }
+
+    fn joining(addr: &str, ranks: std::ops::Range<usize>, world: usize, digest: &str) -> Join {
+        Join {
+            addr: addr.into(),
+            ranks,
+            world,
+            digest: digest.into(),
+            mode: "cpu".into(),
+            join: Duration::from_secs(10),
+            op: Duration::from_secs(10),
+        }
+    }
+
+    #[test]
+    fn two_processes_worth_of_ranks_gather_and_get_the_blob() {
+        let hub = Hub::start("127.0.0.1:0", expect(4, Duration::from_secs(10))).unwrap();
+        let addr = hub.addr().to_string();
+        // Two "nodes" of two ranks each, joining in the wrong order.
+        let second = {
+            let addr = addr.clone();
+            std::thread::spawn(move || join(&joining(&addr, 2..4, 4, "plan a")))
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        let (mut first, blob) = join(&joining(&addr, 0..2, 4, "plan a")).unwrap();
+        let (mut second, blob2) = second.join().unwrap().unwrap();
+        assert_eq!(blob, b"an nccl id");
+        assert_eq!(blob2, blob);
+        let ranks: Vec<usize> = first.iter().chain(&second).map(|c| c.rank()).collect();
+        assert_eq!(ranks, [0, 1, 2, 3]);
+        let sums: Vec<f32> = std::thread::scope(|s| {
+            let hs: Vec<_> = first
+                .iter_mut()
+                .chain(second.iter_mut())
+                .map(|c| {
+                    s.spawn(move || {
+                        let mut b = [c.rank() as f32 + 0.5];
+                        c.all_reduce(&mut b, ReduceOp::Sum).unwrap();
+                        b[0]
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(sums, [8.0; 4]);
+        drop((first, second));
+        hub.finish().unwrap();
+    }
+
+    #[test]
+    fn a_process_with_another_plan_is_refused_and_told_why() {
+        let hub = Hub::start("127.0.0.1:0", expect(2, Duration::from_millis(800))).unwrap();
+        let addr = hub.addr().to_string();
+        let e = join(&joining(&addr, 1..2, 2, "plan b")).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, NetError::Refused { rank: 1, .. }), "{msg}");
+        assert!(
+            msg.contains("`plan b`") && msg.contains("`plan a`"),
+            "{msg}"
+        );
+        assert!(msg.contains("the same plan"), "{msg}");
+        // Another world size, then a rank outside it.
+        let e = join(&joining(&addr, 0..1, 3, "plan a")).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("it runs 3 rank(s) and this run has 2"),
+            "{e}"
+        );
+        // The hub gives up at its join timeout and says who came and who was turned away.
+        let e = hub.finish().unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("0 of 2 rank(s) had joined"), "{msg}");
+        assert!(msg.contains("missing: rank(s) 0, 1"), "{msg}");
+        assert!(msg.contains("rank 1: it runs `plan b`"), "{msg}");
+    }
+
+    #[test]
+    fn the_same_rank_twice_is_refused_and_the_first_hears_the_run_did_not_gather() {
+        let hub = Hub::start("127.0.0.1:0", expect(2, Duration::from_millis(800))).unwrap();
+        let addr = hub.addr().to_string();
+        let first = {
+            let addr = addr.clone();
+            std::thread::spawn(move || join(&joining(&addr, 0..1, 2, "plan a")))
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        let e = join(&joining(&addr, 0..1, 2, "plan a")).unwrap_err();
+        assert!(
+            e.to_string().contains("rank 0 has already joined from"),
+            "{e}"
+        );
+        let e = first.join().unwrap().unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, NetError::Refused { rank: 0, .. }), "{msg}");
+        assert!(
+            msg.contains("1 of 2 rank(s) had joined; missing: rank(s) 1"),
+            "{msg}"
+        );
+        assert!(hub.finish().is_err());
+    }
+
+    #[test]
+    fn a_rank_with_no_node_0_gives_up_at_its_join_timeout() {
+        // A port nothing listens on: bind one, note it, close it.
+        let addr = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().to_string()
+        };
+        let mut j = joining(&addr, 1..2, 2, "plan a");
+        j.join = Duration::from_millis(600);
+        let e = join(&j).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, NetError::Connect { .. }), "{msg}");
+        assert!(msg.contains("is node 0 started"), "{msg}");
+    }
+
+    #[test]
+    fn a_stranger_on_the_port_does_not_disturb_the_run() {
+        use std::io::Write;
+        let hub = Hub::start("127.0.0.1:0", expect(1, Duration::from_secs(10))).unwrap();
+        let addr = hub.addr().to_string();
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        drop(s);
+        let (mut c, _) = join(&joining(&addr, 0..1, 1, "plan a")).unwrap();
+        c[0].barrier().unwrap();
+        drop(c);
+        hub.finish().unwrap();
+    }
+
+    #[test]
+    fn a_rank_whose_hub_dies_gets_an_error_not_a_hang() {
+        // A fake hub that welcomes one rank and then hangs up.
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let fake = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut hello = [0u8; 64];
+            let _ = s.read(&mut hello).unwrap();
+            s.write_all(&[1]).unwrap(); // WELCOME
+            s.write_all(&0u64.to_le_bytes()).unwrap(); // an empty blob
+        });
+        let (mut c, blob) = join(&joining(&addr, 0..1, 1, "plan a")).unwrap();
+        let c = &mut c[0];
+        assert!(blob.is_empty());
+        fake.join().unwrap();
+        let e = c.barrier().unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.starts_with("rank 0 lost the collective group"), "{msg}");
+        assert!(msg.contains("in barrier"), "{msg}");
+        // The loss is for good, without another trip to the wire.
+        assert_eq!(c.all_reduce_max(1.0).unwrap_err(), e);
     }
 }

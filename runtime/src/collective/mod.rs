@@ -4,8 +4,9 @@
 //! ([`crate::params`]), so every collective here works on a contiguous `&[f32]` and an explicit
 //! rank, never on tensors or threads. [`Collective`] is the interface ZeRO and plain data
 //! parallelism use; [`LocalCollective`] implements it with ranks as threads of one process
-//! (CPU, deterministic; docs/runtime.md, "Data parallelism and ZeRO"); an NCCL implementation
-//! is meant to pass the same tests (`tests/collective.rs`). [`Partition`] is the shard map of a flat
+//! (CPU, deterministic; docs/runtime.md, "Data parallelism and ZeRO"), and [`NetCollective`]
+//! with ranks in several processes (nodes) that reach node 0's hub over TCP ([`net`]), with
+//! the same bits and errors; both pass the same tests (`tests/collective.rs`). [`Partition`] is the shard map of a flat
 //! buffer padded to a multiple of the world size.
 //!
 //! Failure model: a collective is all-or-nothing. Any error (a rank that times out, ranks that
@@ -14,16 +15,18 @@
 //! misuse ends the run with the same clear message on every rank instead of a hang.
 
 mod local;
+pub mod net;
 mod partition;
 
 use std::fmt;
 use std::time::Duration;
 
 pub use local::LocalCollective;
+pub use net::NetCollective;
 pub use partition::{Partition, PartitionError};
 
 /// The reduction of [`Collective::all_reduce`] and [`Collective::reduce_scatter`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum ReduceOp {
     /// Element-wise sum, accumulated in rank order 0, 1, …, N−1.
     Sum,
@@ -42,7 +45,7 @@ impl fmt::Display for ReduceOp {
 }
 
 /// Which collective an error is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Op {
     /// [`Collective::all_reduce`].
     AllReduce,
@@ -79,7 +82,8 @@ impl fmt::Display for Op {
 
 /// Why a collective failed. Every variant is group-wide: the first error that fails the group is
 /// returned, unchanged, by every pending and later op on every rank.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+// Serialized: a [`NetCollective`] receives the group's error from the hub with its words intact.
+#[derive(Debug, Clone, PartialEq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum CollectiveError {
     /// A rank waited longer than the group's timeout inside an op: some rank never reached it
     /// (missing, stuck, or calling collectives in a different order).
@@ -112,6 +116,15 @@ pub enum CollectiveError {
         rank: usize,
         /// Its reason.
         reason: String,
+    },
+    /// A rank in another process lost its connection to the group ([`NetCollective`]): node 0's
+    /// process ended, or the network failed.
+    #[error("rank {rank} lost the collective group: {detail}")]
+    Disconnected {
+        /// The rank that lost it.
+        rank: usize,
+        /// What failed, and where.
+        detail: String,
     },
     /// One rank's arguments cannot form the op (e.g. a reduce-scatter output that is not
     /// 1/N of the input, a broadcast root outside the group).
