@@ -570,7 +570,10 @@ fn one_device_for_two_ranks_is_refused() {
         ..RunOptions::default()
     };
     let e = train::run(&plan, &options).unwrap_err().to_string();
-    assert!(e.contains("1 device(s) for a plan of 2 rank(s)"), "{e}");
+    assert!(
+        e.contains("1 device(s) for 2 rank(s) in this process"),
+        "{e}"
+    );
     assert!(!dir.join("out/metrics.jsonl").exists());
 }
 

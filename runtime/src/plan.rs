@@ -109,10 +109,18 @@ pub struct BatchPlan {
     pub micro: u64,
     /// Micro-batches per optimizer step.
     pub accumulate: u64,
-    /// Data-parallel ranks.
+    /// Data-parallel ranks, over every node.
     pub world: u64,
+    /// The nodes (processes) the ranks are spread over, `world / nodes` each
+    /// (docs/runtime.md, "Several nodes"). Plans written before it existed mean one.
+    #[serde(default = "one")]
+    pub nodes: u64,
     /// Examples per evaluation pass.
     pub eval_micro: u64,
+}
+
+fn one() -> u64 {
+    1
 }
 
 /// The optimizer kinds the runtime trains.

@@ -177,13 +177,15 @@ pub struct Progress {
     pub scaler: Option<ScalerState>,
 }
 
-/// The temporary directory a checkpoint `dir` is assembled in before [`finish`] renames it.
-pub fn staging(dir: &Path) -> PathBuf {
+/// The temporary directory a checkpoint `dir` is assembled in before [`finish`] renames it,
+/// named for rank 0's process `pid` (every rank writes into the same one, whichever process or
+/// node it runs in).
+pub fn staging(dir: &Path, pid: u32) -> PathBuf {
     let parent = dir.parent().unwrap_or(Path::new("."));
     let name = dir
         .file_name()
         .map_or_else(|| "checkpoint".into(), |n| n.to_string_lossy().into_owned());
-    parent.join(format!(".{name}.tmp-{}", std::process::id()))
+    parent.join(format!(".{name}.tmp-{pid}"))
 }
 
 /// Starts assembling a checkpoint (rank 0, before the other ranks write): the model in HF

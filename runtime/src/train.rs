@@ -2,17 +2,20 @@
 //! optimizer step at the plan's learning rate, evaluation, metrics, checkpoints and resume.
 //!
 //! The loop is written for `world` data-parallel ranks (each rank's batches come from the
-//! accelerate-style sharding in [`crate::data`]); running more than one rank needs the
-//! collectives of the next stage and is refused plainly until then.
+//! accelerate-style sharding in [`crate::data`]). The ranks are threads of this process that
+//! talk through a [`LocalCollective`], or, for a run over several nodes, this node's share of
+//! them, talking through node 0's hub ([`crate::collective::net`]).
 
 use std::fmt;
 use std::io::Write as _;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use crate::backend::Cpu;
+use crate::collective::net::{self, Expect, Hub, Join, NetError};
 use crate::collective::{Collective, CollectiveError, LocalCollective};
 use crate::data::{self, Dataset, LabelSet, TextTokenizer, TokenBatch};
 use crate::greedy::Greedy;
@@ -49,6 +52,19 @@ pub struct RunOptions {
     /// several keep theirs on the host. Several talk through host memory (docs/cuda.md,
     /// "Several GPUs").
     pub executors: Vec<std::sync::Arc<dyn crate::model::Executor>>,
+    /// This process's place in a run over several nodes (the plan's `batch.nodes`); `None`
+    /// runs every rank of the plan in this process.
+    pub node: Option<NodeOptions>,
+}
+
+/// One node of a run over several: which one, and where node 0 listens.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// This node, `0..nodes`; it runs ranks `rank·g .. (rank+1)·g` of the plan's `world`, with
+    /// `g = world / nodes`. Node 0 runs rank 0, which logs, evaluates and saves.
+    pub rank: usize,
+    /// Node 0's `host:port`, as every node reaches it; node 0 listens on that port.
+    pub master: String,
 }
 
 /// Why a run stopped.
@@ -69,6 +85,9 @@ pub enum RunError {
     /// A collective between ranks failed (another rank's error, a mismatch, a timeout).
     #[error(transparent)]
     Collective(#[from] CollectiveError),
+    /// The nodes of a run could not gather.
+    #[error(transparent)]
+    Net(#[from] NetError),
     /// A checkpoint cannot be read or written.
     #[error(transparent)]
     Checkpoint(#[from] resume::ResumeError),
@@ -149,10 +168,41 @@ pub struct Summary {
     pub picture_error: Option<String>,
     /// The training loss of every logged step as a one-line sparkline.
     pub loss_line: String,
+    /// A run over several nodes: this one's place (rank 0's node reports the run).
+    pub node: Option<NodeSummary>,
+}
+
+/// What one node of several ran.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeSummary {
+    /// This node.
+    pub node: usize,
+    /// Nodes in the run.
+    pub nodes: usize,
+    /// Its ranks.
+    pub ranks: Range<usize>,
+    /// Ranks in the run.
+    pub world: usize,
 }
 
 impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(n) = self.node.as_ref().filter(|n| n.node > 0) {
+            // Rank 0's node has the metrics, the evaluations and the saved model.
+            return write!(
+                f,
+                "node {} of {}: ranks {}–{} of {} {} {} optimizer steps (predicted {}), {:.1} samples/s; node 0 logs, evaluates and saves",
+                n.node,
+                n.nodes,
+                n.ranks.start,
+                n.ranks.end.saturating_sub(1),
+                n.world,
+                if self.stopped { "stopped after" } else { "trained" },
+                self.steps,
+                self.predicted_steps,
+                self.samples_per_s
+            );
+        }
         if self.stopped {
             write!(f, "stopped after optimizer step {}", self.steps)?;
         } else {
@@ -180,7 +230,7 @@ impl fmt::Display for Summary {
             write!(
                 f,
                 "model states per rank (rank 0 of {}): params {:.1} MiB, grads {:.1} MiB, optimizer {:.1} MiB",
-                self.memory.len(),
+                self.node.as_ref().map_or(self.memory.len(), |n| n.world),
                 mib(m.params),
                 mib(m.grads),
                 mib(m.optimizer),
@@ -210,7 +260,16 @@ impl fmt::Display for Summary {
                     .iter()
                     .map(|m| format!("{:.1}", mib(m.total())))
                     .collect();
-                writeln!(f, "model states by rank: {} MiB", totals.join(", "))?;
+                match &self.node {
+                    Some(n) => writeln!(
+                        f,
+                        "model states by rank on this node ({}–{}): {} MiB",
+                        n.ranks.start,
+                        n.ranks.end.saturating_sub(1),
+                        totals.join(", ")
+                    )?,
+                    None => writeln!(f, "model states by rank: {} MiB", totals.join(", "))?,
+                }
             }
         }
         if let Some(p) = &self.saved {
@@ -487,6 +546,10 @@ struct Shared<'a> {
 /// process is a group of one); rank 0 logs, evaluates and saves.
 pub fn run(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
     let mut summary = train(plan, options)?;
+    if summary.node.as_ref().is_some_and(|n| n.node > 0) {
+        // Node 0 draws them, from the metrics rank 0 wrote.
+        return Ok(summary);
+    }
     // The pictures of the run, from everything its metrics file holds (a resumed run's too).
     // Drawing them cannot undo the training: a failure is reported, not returned.
     let text = std::fs::read_to_string(&summary.metrics).unwrap_or_default();
@@ -536,17 +599,19 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
     let mut model = load_model(plan, options.resume.as_deref())?;
     let world = plan.batch.world.max(1) as usize;
     let stage = plan.train.zero_stage.min(3);
+    let local = local_ranks(plan, options.node.as_ref())?;
     let executors = &options.executors;
-    if !executors.is_empty() && executors.len() != world {
+    if !executors.is_empty() && executors.len() != local.len() {
         return Err(RunError::Mismatch(format!(
-            "{} device(s) for a plan of {world} rank(s): one per rank",
-            executors.len()
+            "{} device(s) for {} rank(s) in this process: one per rank",
+            executors.len(),
+            local.len()
         )));
     }
     // Each rank's passes on its device (`Replica::attach_device`), its buffers sized for the
     // longest batches once, before the first step (docs/cuda.md).
     let attach = |model: &mut Classifier, rank: usize| {
-        if let Some(x) = executors.get(rank) {
+        if let Some(x) = executors.get(rank - local.start) {
             model.set_executor(x.clone());
             x.reserve(
                 model,
@@ -596,8 +661,8 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
     // Each rank's optimizer over its partition, its state read from the checkpoint: its own
     // file when the layout is unchanged, else assembled from the saved partitions.
     let mut repartitioned = false;
-    let mut adams = Vec::with_capacity(world);
-    for rank in 0..world {
+    let mut adams = Vec::with_capacity(local.len());
+    for rank in local.clone() {
         let shard = Shard::new(stage, world, rank, model.segments());
         let mut adam = optimizer(plan, &model, &shard)?;
         if let Some(dir) = &options.resume {
@@ -629,8 +694,8 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
         scaler,
     };
     let storage = storage(plan);
-    let mut group = LocalCollective::group(world, collective_timeout());
     if world == 1 {
+        let mut group = LocalCollective::group(1, collective_timeout());
         let mut coll = group.pop().expect("a group of one");
         let adam = adams.pop().expect("one optimizer");
         attach(&mut model, 0);
@@ -638,57 +703,115 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
         // One device: the optimizer's step and the model states stay there when it can
         // (docs/cuda.md).
         replica.attach_device(&mut coll)?;
-        return rank_loop(&shared, coll, replica);
+        return rank_loop(&shared, &mut coll, replica);
     }
-    let per_rank = (threads() / world).max(1);
-    let results: Vec<Result<Summary, RunError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = group
-            .into_iter()
-            .zip(adams)
-            .enumerate()
-            .map(|(rank, (coll, adam))| {
-                let (model, shared, attach) = (&model, &shared, &attach);
-                s.spawn(move || {
-                    let mut model = model.clone();
-                    model.set_backend(Cpu::new(per_rank).with_store(storage.module));
-                    attach(&mut model, rank);
-                    let mut coll = coll;
-                    let mut replica =
-                        Replica::new(model, stage, world, rank, adam, offload, storage)?;
-                    replica.attach_device(&mut coll)?;
-                    rank_loop(shared, coll, replica)
+    let per_rank = (threads() / local.len()).max(1);
+    // Every rank of this process on a thread of its own, with its end of the group.
+    let ranks = |colls: Vec<Box<dyn Collective>>| -> Vec<Result<Summary, RunError>> {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = colls
+                .into_iter()
+                .zip(adams)
+                .map(|(coll, adam)| {
+                    let (model, shared, attach) = (&model, &shared, &attach);
+                    let rank = coll.rank();
+                    let h = s.spawn(move || {
+                        let mut model = model.clone();
+                        model.set_backend(Cpu::new(per_rank).with_store(storage.module));
+                        attach(&mut model, rank);
+                        let mut coll = coll;
+                        let mut replica =
+                            Replica::new(model, stage, world, rank, adam, offload, storage)?;
+                        replica.attach_device(&mut *coll)?;
+                        rank_loop(shared, &mut *coll, replica)
+                    });
+                    (rank, h)
                 })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .enumerate()
-            .map(|(rank, h)| {
-                h.join().unwrap_or_else(|payload| {
-                    // The panic's own words (a device out of memory says so), then the plea.
-                    let what = payload
-                        .downcast_ref::<String>()
-                        .map(String::as_str)
-                        .or_else(|| payload.downcast_ref::<&str>().copied())
-                        .unwrap_or("no message");
-                    Err(RunError::Mismatch(format!(
-                        "rank {rank} panicked: {what} (a bug unless the message says otherwise; please report it)"
-                    )))
+                .collect();
+            handles
+                .into_iter()
+                .map(|(rank, h)| {
+                    h.join().unwrap_or_else(|payload| {
+                        // The panic's own words (a device out of memory says so), then the plea.
+                        let what = payload
+                            .downcast_ref::<String>()
+                            .map(String::as_str)
+                            .or_else(|| payload.downcast_ref::<&str>().copied())
+                            .unwrap_or("no message");
+                        Err(RunError::Mismatch(format!(
+                            "rank {rank} panicked: {what} (a bug unless the message says otherwise; please report it)"
+                        )))
+                    })
                 })
-            })
-            .collect()
-    });
+                .collect()
+        })
+    };
+    let (results, node) = match &options.node {
+        Some(node) if local.len() < world => {
+            let nodes = plan.batch.nodes as usize;
+            let mode = if executors.is_empty() { "cpu" } else { "gpu" };
+            let digest = digest(plan, options, done);
+            // Node 0 listens before its own ranks join; the others retry until it does.
+            let hub = if node.rank == 0 {
+                Some(Hub::start(
+                    &listen_on(&node.master),
+                    Expect {
+                        world,
+                        digest: digest.clone(),
+                        mode: mode.into(),
+                        blob: Vec::new(),
+                        join: join_timeout(),
+                        op: collective_timeout(),
+                    },
+                )?)
+            } else {
+                None
+            };
+            let (colls, _) = net::join(&Join {
+                addr: node.master.clone(),
+                ranks: local.clone(),
+                world,
+                digest,
+                mode: mode.into(),
+                join: join_timeout(),
+                op: collective_timeout(),
+            })?;
+            let results = ranks(
+                colls
+                    .into_iter()
+                    .map(|c| Box::new(c) as Box<dyn Collective>)
+                    .collect(),
+            );
+            // Node 0's hub serves until every rank of every node has left.
+            if let Some(hub) = hub {
+                let _ = hub.finish();
+            }
+            let summary = NodeSummary {
+                node: node.rank,
+                nodes,
+                ranks: local.clone(),
+                world,
+            };
+            (results, Some(summary))
+        }
+        _ => {
+            let colls = LocalCollective::group(world, collective_timeout())
+                .into_iter()
+                .map(|c| Box::new(c) as Box<dyn Collective>)
+                .collect();
+            (ranks(colls), None)
+        }
+    };
     // The cause, not its echo: another rank's failure shows up on the rest as a collective error.
     let mut first_collective = None;
     let mut summary: Option<Summary> = None;
     let mut memory = Vec::new();
-    for (rank, r) in results.into_iter().enumerate() {
+    for r in results {
         match r {
             Ok(s) => {
                 memory.extend(s.memory.iter().copied());
-                if rank == 0 {
-                    summary = Some(s);
-                }
+                // This process's first rank reports: rank 0 on node 0.
+                summary.get_or_insert(s);
             }
             Err(RunError::Collective(e)) => {
                 first_collective.get_or_insert(RunError::Collective(e));
@@ -700,16 +823,86 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
         (Some(e), _) => Err(e),
         (None, Some(mut s)) => {
             s.memory = memory;
+            s.node = node;
             Ok(s)
         }
-        (None, None) => Err(RunError::Mismatch("rank 0 returned no summary".into())),
+        (None, None) => Err(RunError::Mismatch("no rank returned a summary".into())),
     }
+}
+
+/// The ranks this process runs: all of them, or its node's share (docs/runtime.md, "Several
+/// nodes"); an error for a node the plan does not have.
+pub fn local_ranks(plan: &Plan, node: Option<&NodeOptions>) -> Result<Range<usize>, RunError> {
+    let world = plan.batch.world.max(1) as usize;
+    let nodes = plan.batch.nodes.max(1) as usize;
+    let Some(node) = node else {
+        return Ok(0..world);
+    };
+    if nodes == 1 {
+        return Err(RunError::Mismatch(
+            "--node-rank for a plan of one node: build it with --nodes N (or cluster.nodes) to spread its ranks over N nodes".into(),
+        ));
+    }
+    if world % nodes != 0 {
+        return Err(RunError::Mismatch(format!(
+            "{world} rank(s) do not split evenly over {nodes} nodes"
+        )));
+    }
+    if node.rank >= nodes {
+        return Err(RunError::Mismatch(format!(
+            "--node-rank {} for a plan of {nodes} nodes (0..{nodes})",
+            node.rank
+        )));
+    }
+    let g = world / nodes;
+    Ok(node.rank * g..(node.rank + 1) * g)
+}
+
+/// What every node of a run must agree on, so that a node started with another plan (another
+/// recipe build, other `--set` flags), from another checkpoint or to stop elsewhere is refused
+/// when it joins rather than training something else. FNV-1a over the plan's JSON: stable
+/// across builds and machines, unlike std's hasher.
+fn digest(plan: &Plan, options: &RunOptions, done: u64) -> String {
+    let json = serde_json::to_string(plan).unwrap_or_default();
+    let mut h = 0xcbf2_9ce4_8422_2325_u64;
+    for b in json.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+    }
+    let stop = options
+        .stop_after
+        .map_or_else(|| "the end".to_string(), |s| format!("step {s}"));
+    format!(
+        "recipe-runtime {}, plan {} {h:016x}, from step {done} to {stop}",
+        env!("CARGO_PKG_VERSION"),
+        plan.name
+    )
+}
+
+/// Where node 0 listens for a master address `host:port`: that port on every interface (the
+/// host name may resolve to a loopback address on node 0 itself, as `/etc/hosts` often has it).
+fn listen_on(master: &str) -> String {
+    let port = master.rsplit(':').next().unwrap_or("0");
+    if master.starts_with('[') {
+        format!("[::]:{port}")
+    } else {
+        format!("0.0.0.0:{port}")
+    }
+}
+
+/// How long the nodes of a run may take to all join: `RECIPE_JOIN_TIMEOUT` seconds, else 300.
+pub fn join_timeout() -> Duration {
+    let secs = std::env::var("RECIPE_JOIN_TIMEOUT")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .filter(|&t: &u64| t > 0)
+        .unwrap_or(300);
+    Duration::from_secs(secs)
 }
 
 /// One rank's loop.
 fn rank_loop(
     shared: &Shared<'_>,
-    mut coll: LocalCollective,
+    coll: &mut dyn Collective,
     mut rep: Replica,
 ) -> Result<Summary, RunError> {
     let Shared {
@@ -827,7 +1020,7 @@ fn rank_loop(
                 seed: plan.train.seed,
                 micro_batch: ((w.step - 1) * g + i as u64) * world as u64 + rank as u64,
             };
-            losses.push(rep.micro(&mut coll, &mut ws, &batch, grad_weight, Some(key))?);
+            losses.push(rep.micro(&mut *coll, &mut ws, &batch, grad_weight, Some(key))?);
             trained_samples += (batch.batch * world) as u64;
         }
         // A device keeps its micro-batches' losses until the window ends: one copy for all.
@@ -845,7 +1038,7 @@ fn rank_loop(
         }
         loss /= w.batches.len() as f32;
         // Every rank ends with the same averaged gradient (or its partition of it).
-        rep.finish_window(&mut coll)?;
+        rep.finish_window(&mut *coll)?;
         if world > 1 {
             loss = (coll.all_reduce_sum_f64(f64::from(loss))? / world as f64) as f32;
         }
@@ -853,7 +1046,7 @@ fn rank_loop(
         // optimizer state and LR schedule held) and, in fp16, lowers the scale (DeepSpeed's
         // `has_overflow` reduced over the ranks, then `_take_model_step` skipping
         // `lr_scheduler.step()`).
-        let overflow = scaler.is_some() && rep.overflow(&mut coll)?;
+        let overflow = scaler.is_some() && rep.overflow(&mut *coll)?;
         if !overflow && !loss.is_finite() {
             return Err(RunError::Diverged { step: w.step, loss });
         }
@@ -873,14 +1066,14 @@ fn rank_loop(
         } else {
             let (norm, unscale) = if mixed {
                 let now = scaler.map_or(1.0, |s| s.scale());
-                rep.unscale(&mut coll, plan.train.clip, scale, now)?
+                rep.unscale(&mut *coll, plan.train.clip, scale, now)?
             } else {
-                (rep.clip(&mut coll, plan.train.clip)?, 1.0)
+                (rep.clip(&mut *coll, plan.train.clip)?, 1.0)
             };
             if let Some((b1, b2)) = plan.schedule.betas(applied) {
                 rep.set_betas(b1, b2)?;
             }
-            rep.step(&mut coll, lr, unscale)?;
+            rep.step(&mut *coll, lr, unscale)?;
             norm
         };
         step = w.step;
@@ -930,7 +1123,7 @@ fn rank_loop(
         let save = (due(plan.train.save_every) && step < total) || stop_here;
         if eval_now || save {
             // ZeRO-3: every rank takes part in gathering the whole model.
-            rep.gather_whole(&mut coll)?;
+            rep.gather_whole(&mut *coll)?;
         }
         // Every rank evaluates under a metric-driven schedule (the replicas are identical, so
         // each reaches the same LR without a broadcast); otherwise rank 0 alone.
@@ -964,7 +1157,7 @@ fn rank_loop(
                 precision: plan.train.precision,
                 scaler: scaler.map(|s| s.state),
             };
-            save_checkpoint(&mut coll, &rep, plan, &dir, progress)?;
+            save_checkpoint(coll, &rep, plan, &dir, progress)?;
             record(serde_json::json!({ "step": step, "checkpoint": dir }))?;
         }
         rep.release_whole();
@@ -993,6 +1186,7 @@ fn rank_loop(
         pictures: Vec::new(),
         picture_error: None,
         loss_line: String::new(),
+        node: None,
     };
     if stopped {
         summary.saved = Some(out.join(format!("checkpoint-{step}")));
@@ -1003,7 +1197,7 @@ fn rank_loop(
             "the run took {step} optimizer steps, but the plan predicted {total}"
         )));
     }
-    rep.gather_whole(&mut coll)?;
+    rep.gather_whole(&mut *coll)?;
     if !lead {
         return Ok(summary);
     }
@@ -1029,14 +1223,21 @@ fn rank_loop(
 /// and the position and renames it into place. A failure on any rank fails every rank (the
 /// barriers) and leaves no partial checkpoint.
 fn save_checkpoint(
-    coll: &mut LocalCollective,
+    coll: &mut dyn Collective,
     rep: &Replica,
     plan: &Plan,
     dir: &Path,
     progress: resume::Progress,
 ) -> Result<(), RunError> {
     let lead = coll.rank() == 0;
-    let tmp = resume::staging(dir);
+    // Rank 0's process names the staging directory; the sum carries its pid to every rank
+    // (exact: any u32 is an f64).
+    let pid = coll.all_reduce_sum_f64(if lead {
+        f64::from(std::process::id())
+    } else {
+        0.0
+    })?;
+    let tmp = resume::staging(dir, pid as u32);
     let stage = rep.shard().stage;
     let write = || -> Result<(), RunError> {
         if lead {
@@ -1044,6 +1245,15 @@ fn save_checkpoint(
             resume::begin(&tmp, m, &plan.model.labels, &plan.model.tokenizer)?;
         }
         coll.barrier()?;
+        if !lead && !tmp.is_dir() {
+            // Rank 0 made it before the barrier: this rank is on another node and does not
+            // see rank 0's files.
+            return Err(RunError::Mismatch(format!(
+                "rank {} cannot see `{}`, which rank 0 created for the checkpoint: a run over several nodes needs train.output_dir on a filesystem every node shares",
+                coll.rank(),
+                tmp.display()
+            )));
+        }
         if stage >= 1 {
             resume::write_shard(&tmp, rep.shard(), &rep.optimizer_state())?;
         }

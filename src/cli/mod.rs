@@ -41,6 +41,22 @@ pub fn positive(s: &str) -> Result<u64, String> {
     }
 }
 
+/// `--master`: `HOST:PORT` (an IPv6 host in brackets), a port from 1 to 65535.
+pub fn master_addr(s: &str) -> Result<String, String> {
+    let (host, port) = s
+        .rsplit_once(':')
+        .ok_or("must be HOST:PORT, e.g. node0.cluster:29500")?;
+    if host.is_empty() {
+        return Err("the host is missing: HOST:PORT, e.g. node0.cluster:29500".into());
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(s.to_string()),
+        _ => Err(format!(
+            "`{port}` is not a port (1 to 65535): HOST:PORT, e.g. node0.cluster:29500"
+        )),
+    }
+}
+
 /// A whole number, 0 or more (`--debounce`).
 pub fn whole(s: &str) -> Result<u64, String> {
     let t = s.trim();
@@ -255,6 +271,14 @@ enum Command {
         /// No progress bar (metrics still go to the metrics file).
         #[arg(long)]
         quiet: bool,
+        /// In a run over several nodes (--nodes N, or cluster.nodes): this node, 0..N. Start the
+        /// same recipe or plan on every node with its own --node-rank and the same --master
+        /// (docs/runtime.md, "Several nodes").
+        #[arg(long, value_name = "K", requires = "master")]
+        node_rank: Option<usize>,
+        /// With --node-rank: node 0's address as every node reaches it; node 0 listens on PORT.
+        #[arg(long, value_name = "HOST:PORT", requires = "node_rank", value_parser = master_addr)]
+        master: Option<String>,
         #[command(flatten)]
         flags: RecipeFlags,
     },
@@ -540,8 +564,23 @@ pub fn main() -> i32 {
             resume,
             stop_after,
             quiet,
+            node_rank,
+            master,
             flags,
-        } => run::run(&file, device, resume.as_deref(), stop_after, quiet, &flags),
+        } => {
+            let node = node_rank
+                .zip(master)
+                .map(|(rank, master)| recipe_runtime::train::NodeOptions { rank, master });
+            run::run(
+                &file,
+                device,
+                resume.as_deref(),
+                stop_after,
+                quiet,
+                node,
+                &flags,
+            )
+        }
         Command::Kernels {
             arch,
             out,

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use recipe_runtime::plan::{ModelSource, Plan};
-use recipe_runtime::train::{self, RunOptions};
+use recipe_runtime::train::{self, NodeOptions, RunOptions};
 
 use super::{load, Device, RecipeFlags, FAILED, OK, USAGE};
 
@@ -14,6 +14,7 @@ pub fn run(
     resume: Option<&Path>,
     stop_after: Option<u64>,
     quiet: bool,
+    node: Option<NodeOptions>,
     flags: &RecipeFlags,
 ) -> i32 {
     let want_gpu = match choose_device(device) {
@@ -54,8 +55,19 @@ pub fn run(
         resolved_recipe = Some(resolved);
         plan
     };
+    if let Err(e) = train::local_ranks(&plan, node.as_ref()) {
+        eprintln!("error: {e}");
+        return USAGE;
+    }
+    let nodes = plan.batch.nodes.max(1);
+    if nodes > 1 && node.is_none() && !quiet {
+        eprintln!(
+            "note: the plan's {} ranks over {nodes} nodes all run in this process; start it on each node with --node-rank K --master HOST:PORT to spread them (docs/runtime.md, \"Several nodes\")",
+            plan.batch.world
+        );
+    }
     let executors = if want_gpu {
-        match open_gpus(&plan, device) {
+        match open_gpus(&plan, device, node.is_some()) {
             Ok(x) => x,
             Err(code) => return code,
         }
@@ -68,14 +80,18 @@ pub fn run(
         progress: !quiet && std::io::IsTerminal::is_terminal(&std::io::stderr()),
         quiet,
         executors,
+        node,
     };
     match train::run(&plan, &options) {
         Ok(summary) => {
             if !quiet {
                 eprintln!("{summary}");
+                // Node 0's process reports the run; the others their share.
+                let lead = summary.node.as_ref().is_none_or(|n| n.node == 0);
                 if let Some(line) = resolved_recipe
                     .as_ref()
-                    .and_then(|r| estimate_line(r, &plan, summary.memory.len()))
+                    .filter(|_| lead)
+                    .and_then(|r| estimate_line(r, &plan, plan.batch.world as usize))
                 {
                     eprintln!("{line}");
                 }
@@ -160,11 +176,17 @@ fn choose_device(device: Device) -> Result<bool, i32> {
 fn open_gpus(
     plan: &Plan,
     device: Device,
+    one_node: bool,
 ) -> Result<Vec<std::sync::Arc<dyn recipe_runtime::model::Executor>>, i32> {
     use recipe_runtime::backend::cuda::{self, CudaDevice};
     use recipe_runtime::backend::kernels::Kernels;
     use recipe_runtime::model::{Executor, OnDevice};
-    let world = plan.batch.world.max(1) as usize;
+    // One node of several opens the GPUs of its own ranks.
+    let world = if one_node {
+        (plan.batch.world.max(1) / plan.batch.nodes.max(1)).max(1) as usize
+    } else {
+        plan.batch.world.max(1) as usize
+    };
     let fail = |e: String| {
         if device == Device::Auto {
             eprintln!("note: {e}; training on the CPU");
@@ -201,7 +223,9 @@ fn open_gpus(
     // One GPU per rank: the ranks sum their gradients GPU to GPU through NCCL when it loads
     // (RECIPE_NCCL=0 turns it off); otherwise through host memory, the same numbers.
     let mut peers = Vec::new();
-    if world > 1 && world <= found {
+    if one_node {
+        eprintln!("note: between nodes the ranks exchange gradients through host memory and node 0's hub (NCCL across nodes is not built yet)");
+    } else if world > 1 && world <= found {
         if std::env::var("RECIPE_NCCL").is_ok_and(|v| v == "0") {
             eprintln!("note: RECIPE_NCCL=0: the ranks exchange gradients through host memory");
         } else {

@@ -209,6 +209,7 @@ pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
             micro,
             accumulate,
             world,
+            nodes: r.uint("cluster.nodes").unwrap_or(1),
             eval_micro: r.uint("batch.eval_micro").unwrap_or(micro),
         },
         optimizer,

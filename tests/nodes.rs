@@ -1,0 +1,231 @@
+//! `recipe run --node-rank K --master HOST:PORT`: one recipe spread over several processes
+//! (nodes), here on the loopback interface. Two nodes of two ranks train the same bits as the
+//! four ranks in one process, at ZeRO-0 and at ZeRO-3 with the optimizer offloaded; a run they
+//! stop resumes in one process; a node started with another plan is refused, and both sides
+//! say why.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use common::*;
+use serde_json::Value;
+
+/// A port nothing listens on now: bound, noted, released.
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+fn args(out: &str, extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "run",
+        "--quiet",
+        "tiny.rcp",
+        "--gpus",
+        "2",
+        "--nodes",
+        "2",
+        "--set",
+        "batch.micro=3",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    a.extend(["--set".into(), format!("train.output_dir=\"{out}\"")]);
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+/// Starts every node of `per_node` (node k gets `per_node[k]` plus `--node-rank k`), all
+/// meeting at one port, and waits for all of them.
+fn nodes(dir: &Path, per_node: &[Vec<String>], env: &[(&str, &str)]) -> Vec<Output> {
+    let master = format!("127.0.0.1:{}", free_port());
+    let children: Vec<_> = per_node
+        .iter()
+        .enumerate()
+        .map(|(k, a)| {
+            Command::new(env!("CARGO_BIN_EXE_recipe"))
+                .args(a)
+                .args(["--node-rank", &k.to_string(), "--master", &master])
+                .current_dir(dir)
+                .env("NO_COLOR", "1")
+                .env("RECIPE_CACHE", dir.join("cache"))
+                .envs(env.iter().copied())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect()
+}
+
+fn all_ok(outs: &[Output]) {
+    for (k, o) in outs.iter().enumerate() {
+        assert_eq!(o.status.code(), Some(0), "node {k}: {}", stderr(o));
+    }
+}
+
+/// Each logged step's loss, LR and gradient norm, exactly as written.
+fn curve(dir: &Path) -> Vec<(Value, Value, Value, Value)> {
+    metrics(dir)
+        .into_iter()
+        .filter(|r| r["loss"].is_number())
+        .map(|r| {
+            (
+                r["step"].clone(),
+                r["loss"].clone(),
+                r["lr"].clone(),
+                r["grad_norm"].clone(),
+            )
+        })
+        .collect()
+}
+
+fn same_model(dir: &Path, a: &str, b: &str) {
+    let read = |d: &str| std::fs::read(dir.join(d).join("model/model.safetensors")).unwrap();
+    assert!(read(a) == read(b), "{a} and {b} saved different weights");
+}
+
+fn two_nodes_match_one_process(name: &str, zero: &[&str]) {
+    let dir = workspace(name, &dp_recipe());
+    let one = recipe_in(&dir, &refs(&args("one", zero)));
+    assert_eq!(one.status.code(), Some(0), "{}", stderr(&one));
+
+    let two = nodes(&dir, &[args("two", zero), args("two", zero)], &[]);
+    all_ok(&two);
+    let c = curve(&dir.join("two"));
+    assert_eq!(
+        c.len(),
+        4,
+        "48 rows / 12 = 4 batches, windows of 2, 2 epochs"
+    );
+    assert_eq!(c, curve(&dir.join("one")));
+    same_model(&dir, "one", "two");
+    // Node 0 (rank 0) logged the run for all four ranks and drew its pictures, alone.
+    let start = start_record(&dir.join("two"));
+    assert_eq!(start["world"], 4);
+    assert!(dir.join("two/loss.svg").is_file());
+    let stray: Vec<_> = std::fs::read_dir(dir.join("two"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("tmp"))
+        .collect();
+    assert!(stray.is_empty(), "{stray:?}");
+
+    // Stopped on two nodes, resumed in one process: the uninterrupted run's end.
+    let mut stop = zero.to_vec();
+    stop.extend(["--stop-after", "2"]);
+    all_ok(&nodes(&dir, &[args("r", &stop), args("r", &stop)], &[]));
+    let mut rest = zero.to_vec();
+    rest.extend(["--resume", "r/checkpoint-2"]);
+    let o = recipe_in(&dir, &refs(&args("r", &rest)));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    same_model(&dir, "one", "r");
+}
+
+fn refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn two_nodes_train_the_bits_of_one_process_at_zero_0() {
+    two_nodes_match_one_process("nodes0", &["--set", "zero.stage=0"]);
+}
+
+#[test]
+fn two_nodes_train_the_bits_of_one_process_at_zero_3_offloaded() {
+    two_nodes_match_one_process(
+        "nodes3",
+        &[
+            "--set",
+            "zero.stage=3",
+            "--set",
+            "zero.offload optimizer=cpu",
+        ],
+    );
+}
+
+#[test]
+fn a_node_with_another_plan_is_refused_and_both_nodes_say_why() {
+    let dir = workspace("nodes-refused", &dp_recipe());
+    let outs = nodes(
+        &dir,
+        &[args("x", &[]), args("x", &["--set", "optimizer.lr=2e-3"])],
+        &[("RECIPE_JOIN_TIMEOUT", "3")],
+    );
+    let (n0, n1) = (stderr(&outs[0]), stderr(&outs[1]));
+    assert_eq!(outs[1].status.code(), Some(1), "{n1}");
+    assert!(n1.contains("node 0 at 127.0.0.1:"), "{n1}");
+    assert!(n1.contains("refused rank 2"), "{n1}");
+    assert!(n1.contains("every node must run the same plan"), "{n1}");
+    // Node 0 waited for the join timeout, then named who never came and who was turned away.
+    assert_eq!(outs[0].status.code(), Some(1), "{n0}");
+    assert!(
+        n0.contains("2 of 4 rank(s) had joined; missing: rank(s) 2, 3"),
+        "{n0}"
+    );
+    assert!(n0.contains("refused: 127.0.0.1:"), "{n0}");
+    assert!(!dir.join("x/model").exists());
+}
+
+#[test]
+fn node_flags_that_cannot_work_are_usage_errors() {
+    let dir = workspace("nodes-usage", &dp_recipe());
+    let run = |extra: &[&str]| {
+        let mut a = vec!["run", "--quiet", "tiny.rcp"];
+        a.extend(extra);
+        recipe_in(&dir, &a)
+    };
+    let o = run(&[
+        "--nodes",
+        "2",
+        "--node-rank",
+        "2",
+        "--master",
+        "127.0.0.1:9",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--node-rank 2 for a plan of 2 nodes (0..2)"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&["--node-rank", "0", "--master", "127.0.0.1:9"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--node-rank for a plan of one node"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&["--nodes", "2", "--node-rank", "0"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--master"), "{}", stderr(&o));
+    let o = run(&["--nodes", "2", "--node-rank", "0", "--master", "node0"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("HOST:PORT"), "{}", stderr(&o));
+    // Without --node-rank every rank runs here, and the run says how to spread them.
+    let o = recipe_in(
+        &dir,
+        &[
+            "run",
+            "tiny.rcp",
+            "--nodes",
+            "2",
+            "--set",
+            "train.max_steps=1",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("all run in this process; start it on each node with --node-rank"),
+        "{}",
+        stderr(&o)
+    );
+}
