@@ -229,3 +229,119 @@ fn node_flags_that_cannot_work_are_usage_errors() {
         stderr(&o)
     );
 }
+
+/// GPUs that sum across nodes (NCCL's place), emulated: node 0's process draws the blob (an
+/// NCCL unique id), the hub hands it to every rank, and each node makes its devices' peers from
+/// it once the run has gathered (`NodeOptions::connect`). Two nodes of two emulated GPUs at
+/// ZeRO-2 in fp16, each GPU stepping its partition, train the bits of the four GPUs in one
+/// process.
+#[test]
+fn two_nodes_of_gpus_sum_across_the_nodes_from_the_id_node_0_drew() {
+    use recipe_kernel_emu::{Emu, EmuPeers};
+    use recipe_runtime::backend::kernels::Kernels;
+    use recipe_runtime::model::{Executor, OnDevice};
+    use recipe_runtime::plan::Plan;
+    use recipe_runtime::train::{self, NodeOptions, RunOptions};
+    use std::sync::{Arc, Mutex};
+
+    let recipe = dp_recipe()
+        .replace(
+            "batch { micro = 12, accumulate = 2 }",
+            "batch { micro = 2, accumulate = 2 }",
+        )
+        .replace("max_len = 24", "max_len = 16")
+        .replace("precision = fp32,", "precision = fp16,");
+    let dir = workspace("nodes-gpus", &format!("{recipe}zero 2\n"));
+    let o = recipe_in(
+        &dir,
+        &[
+            "build", "--target", "native", "-o", "built", "--gpus", "2", "--nodes", "2", "tiny.rcp",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let mut plan = Plan::read(&dir.join("built/plan.json")).unwrap();
+    assert_eq!((plan.batch.world, plan.batch.nodes), (4, 2));
+    let dtype = plan.train.precision.module_dtype();
+    let gpus = move |peers: Vec<EmuPeers>| -> Vec<Arc<dyn Executor>> {
+        peers
+            .into_iter()
+            .map(|p| -> Arc<dyn Executor> {
+                OnDevice::with_peers(
+                    Kernels::new(Emu).with_store(dtype),
+                    "emulated GPU",
+                    Box::new(p),
+                )
+            })
+            .collect()
+    };
+    let quiet = RunOptions {
+        quiet: true,
+        ..RunOptions::default()
+    };
+
+    plan.train.output_dir = dir.join("one");
+    let one = RunOptions {
+        executors: gpus(EmuPeers::group(4)),
+        ..quiet.clone()
+    };
+    train::run(&plan, &one).unwrap();
+
+    plan.train.output_dir = dir.join("two");
+    // One group of four devices' ends, ranks 0–1 for node 0 and 2–3 for node 1.
+    let mut ends = EmuPeers::group(4);
+    let node1 = Mutex::new(Some(ends.split_off(2)));
+    let node0 = Mutex::new(Some(ends));
+    let parts = Arc::new([node0, node1]);
+    let master = format!("127.0.0.1:{}", free_port());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let summaries: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|k| {
+                let (parts, seen, plan, quiet) = (parts.clone(), seen.clone(), &plan, &quiet);
+                let master = master.clone();
+                s.spawn(move || {
+                    let connect: train::Connect = Arc::new(move |blob: &[u8]| {
+                        seen.lock().unwrap().push((k, blob.to_vec()));
+                        let ends = parts[k].lock().unwrap().take().ok_or("twice")?;
+                        Ok(gpus(ends))
+                    });
+                    let options = RunOptions {
+                        node: Some(NodeOptions {
+                            rank: k,
+                            master,
+                            mode: "emulated+peers".into(),
+                            blob: if k == 0 {
+                                b"drawn by node 0".to_vec()
+                            } else {
+                                Vec::new()
+                            },
+                            connect: Some(connect),
+                        }),
+                        ..quiet.clone()
+                    };
+                    train::run(plan, &options)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (k, s) in summaries.iter().enumerate() {
+        let s = s.as_ref().unwrap_or_else(|e| panic!("node {k}: {e}"));
+        assert_eq!(s.node.as_ref().unwrap().node, k);
+    }
+    // Each node made its devices once, from the id node 0 drew.
+    let mut seen = seen.lock().unwrap().clone();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            (0, b"drawn by node 0".to_vec()),
+            (1, b"drawn by node 0".to_vec())
+        ]
+    );
+    let start = start_record(&dir.join("two"));
+    assert_eq!(start["exchange_on_device"], true, "{start}");
+    assert_eq!(start["optimizer_on_device"], true, "{start}");
+    assert_eq!(curve(&dir.join("two")), curve(&dir.join("one")));
+    same_model(&dir, "one", "two");
+}

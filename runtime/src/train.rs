@@ -57,14 +57,40 @@ pub struct RunOptions {
     pub node: Option<NodeOptions>,
 }
 
-/// One node of a run over several: which one, and where node 0 listens.
-#[derive(Debug, Clone)]
+/// One node of a run over several: which one, where node 0 listens, and how its ranks
+/// exchange.
+#[derive(Clone, Default)]
 pub struct NodeOptions {
     /// This node, `0..nodes`; it runs ranks `rank·g .. (rank+1)·g` of the plan's `world`, with
     /// `g = world / nodes`. Node 0 runs rank 0, which logs, evaluates and saves.
     pub rank: usize,
     /// Node 0's `host:port`, as every node reaches it; node 0 listens on that port.
     pub master: String,
+    /// How the ranks exchange (`cpu`, `gpu`, `gpu+nccl`); every node must say the same. Empty:
+    /// `cpu` without executors, else `gpu`.
+    pub mode: String,
+    /// Node 0: what every rank receives once the run has gathered (an NCCL unique id).
+    pub blob: Vec<u8>,
+    /// Once gathered, this node's executors made from node 0's blob (GPUs whose NCCL
+    /// communicators span the nodes), replacing [`RunOptions::executors`].
+    pub connect: Option<Connect>,
+}
+
+/// See [`NodeOptions::connect`].
+pub type Connect = std::sync::Arc<
+    dyn Fn(&[u8]) -> Result<Vec<std::sync::Arc<dyn crate::model::Executor>>, String> + Send + Sync,
+>;
+
+impl fmt::Debug for NodeOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NodeOptions")
+            .field("rank", &self.rank)
+            .field("master", &self.master)
+            .field("mode", &self.mode)
+            .field("blob", &self.blob.len())
+            .field("connect", &self.connect.is_some())
+            .finish()
+    }
 }
 
 /// Why a run stopped.
@@ -600,27 +626,6 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
     let world = plan.batch.world.max(1) as usize;
     let stage = plan.train.zero_stage.min(3);
     let local = local_ranks(plan, options.node.as_ref())?;
-    let executors = &options.executors;
-    if !executors.is_empty() && executors.len() != local.len() {
-        return Err(RunError::Mismatch(format!(
-            "{} device(s) for {} rank(s) in this process: one per rank",
-            executors.len(),
-            local.len()
-        )));
-    }
-    // Each rank's passes on its device (`Replica::attach_device`), its buffers sized for the
-    // longest batches once, before the first step (docs/cuda.md).
-    let attach = |model: &mut Classifier, rank: usize| {
-        if let Some(x) = executors.get(rank - local.start) {
-            model.set_executor(x.clone());
-            x.reserve(
-                model,
-                plan.batch.micro as usize,
-                plan.batch.eval_micro as usize,
-                plan.data.max_len,
-            );
-        }
-    };
     // DeepSpeed reads `offload_optimizer` only under a ZeRO optimizer (stages 1–3; R0601 warns).
     let offload = plan.train.offload_optimizer == Offload::Cpu && stage >= 1;
     let mut done = 0u64;
@@ -658,6 +663,71 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
             s.state = saved;
         }
     }
+    // A run over several nodes gathers here, before any rank is built: every node has loaded
+    // its data and model, and node 0's blob may make this node's devices (NCCL).
+    let mut gathered = None;
+    let mut connected = None;
+    if let Some(node) = options.node.as_ref().filter(|_| local.len() < world) {
+        let mode = match node.mode.as_str() {
+            "" if options.executors.is_empty() => "cpu",
+            "" => "gpu",
+            m => m,
+        };
+        let digest = digest(plan, options, done);
+        // Node 0 listens before its own ranks join; the others retry until it does.
+        let hub = if node.rank == 0 {
+            Some(Hub::start(
+                &listen_on(&node.master),
+                Expect {
+                    world,
+                    digest: digest.clone(),
+                    mode: mode.into(),
+                    blob: node.blob.clone(),
+                    join: join_timeout(),
+                    op: collective_timeout(),
+                },
+            )?)
+        } else {
+            None
+        };
+        let (colls, blob) = net::join(&Join {
+            addr: node.master.clone(),
+            ranks: local.clone(),
+            world,
+            digest,
+            mode: mode.into(),
+            join: join_timeout(),
+            op: collective_timeout(),
+        })?;
+        if let Some(connect) = &node.connect {
+            connected =
+                Some(connect(&blob).map_err(|e| {
+                    RunError::Mismatch(format!("node {}'s devices: {e}", node.rank))
+                })?);
+        }
+        gathered = Some((colls, hub, node.rank));
+    }
+    let executors = connected.as_ref().unwrap_or(&options.executors);
+    if !executors.is_empty() && executors.len() != local.len() {
+        return Err(RunError::Mismatch(format!(
+            "{} device(s) for {} rank(s) in this process: one per rank",
+            executors.len(),
+            local.len()
+        )));
+    }
+    // Each rank's passes on its device (`Replica::attach_device`), its buffers sized for the
+    // longest batches once, before the first step (docs/cuda.md).
+    let attach = |model: &mut Classifier, rank: usize| {
+        if let Some(x) = executors.get(rank - local.start) {
+            model.set_executor(x.clone());
+            x.reserve(
+                model,
+                plan.batch.micro as usize,
+                plan.batch.eval_micro as usize,
+                plan.data.max_len,
+            );
+        }
+    };
     // Each rank's optimizer over its partition, its state read from the checkpoint: its own
     // file when the layout is unchanged, else assembled from the saved partitions.
     let mut repartitioned = false;
@@ -746,36 +816,8 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
                 .collect()
         })
     };
-    let (results, node) = match &options.node {
-        Some(node) if local.len() < world => {
-            let nodes = plan.batch.nodes as usize;
-            let mode = if executors.is_empty() { "cpu" } else { "gpu" };
-            let digest = digest(plan, options, done);
-            // Node 0 listens before its own ranks join; the others retry until it does.
-            let hub = if node.rank == 0 {
-                Some(Hub::start(
-                    &listen_on(&node.master),
-                    Expect {
-                        world,
-                        digest: digest.clone(),
-                        mode: mode.into(),
-                        blob: Vec::new(),
-                        join: join_timeout(),
-                        op: collective_timeout(),
-                    },
-                )?)
-            } else {
-                None
-            };
-            let (colls, _) = net::join(&Join {
-                addr: node.master.clone(),
-                ranks: local.clone(),
-                world,
-                digest,
-                mode: mode.into(),
-                join: join_timeout(),
-                op: collective_timeout(),
-            })?;
+    let (results, node) = match gathered {
+        Some((colls, hub, node)) => {
             let results = ranks(
                 colls
                     .into_iter()
@@ -787,14 +829,14 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
                 let _ = hub.finish();
             }
             let summary = NodeSummary {
-                node: node.rank,
-                nodes,
+                node,
+                nodes: plan.batch.nodes as usize,
                 ranks: local.clone(),
                 world,
             };
             (results, Some(summary))
         }
-        _ => {
+        None => {
             let colls = LocalCollective::group(world, collective_timeout())
                 .into_iter()
                 .map(|c| Box::new(c) as Box<dyn Collective>)

@@ -9,6 +9,7 @@ mod check;
 mod diff;
 mod explain;
 mod fmt;
+mod gpus;
 mod import;
 mod kernels;
 mod lsp;
@@ -568,9 +569,14 @@ pub fn main() -> i32 {
             master,
             flags,
         } => {
-            let node = node_rank
-                .zip(master)
-                .map(|(rank, master)| recipe_runtime::train::NodeOptions { rank, master });
+            let node =
+                node_rank
+                    .zip(master)
+                    .map(|(rank, master)| recipe_runtime::train::NodeOptions {
+                        rank,
+                        master,
+                        ..Default::default()
+                    });
             run::run(
                 &file,
                 device,

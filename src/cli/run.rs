@@ -66,8 +66,9 @@ pub fn run(
             plan.batch.world
         );
     }
+    let mut node = node;
     let executors = if want_gpu {
-        match open_gpus(&plan, device, node.is_some()) {
+        match super::gpus::open(&plan, device, node.as_mut()) {
             Ok(x) => x,
             Err(code) => return code,
         }
@@ -166,91 +167,4 @@ fn choose_device(device: Device) -> Result<bool, i32> {
         },
         Device::Auto => Ok(cuda::require().is_ok()),
     }
-}
-
-/// One device per rank of the plan (GPU r for rank r), each with the kernels compiled for it and
-/// storing the plan's module dtype. A plan of more ranks than the machine has GPUs shares them
-/// round-robin (rank r on GPU r mod N), with a note: the same numbers as one GPU per rank, for
-/// checking a multi-GPU recipe on a smaller machine, not for speed. Under `auto` a GPU that
-/// cannot be opened falls back to the CPU with a note.
-fn open_gpus(
-    plan: &Plan,
-    device: Device,
-    one_node: bool,
-) -> Result<Vec<std::sync::Arc<dyn recipe_runtime::model::Executor>>, i32> {
-    use recipe_runtime::backend::cuda::{self, CudaDevice};
-    use recipe_runtime::backend::kernels::Kernels;
-    use recipe_runtime::model::{Executor, OnDevice};
-    // One node of several opens the GPUs of its own ranks.
-    let world = if one_node {
-        (plan.batch.world.max(1) / plan.batch.nodes.max(1)).max(1) as usize
-    } else {
-        plan.batch.world.max(1) as usize
-    };
-    let fail = |e: String| {
-        if device == Device::Auto {
-            eprintln!("note: {e}; training on the CPU");
-            Ok(Vec::new())
-        } else {
-            eprintln!("error: {e}");
-            Err(USAGE)
-        }
-    };
-    let found = cuda::probe().devices.max(1);
-    if world > found {
-        eprintln!(
-            "note: {world} ranks on {found} GPU(s): rank r runs on GPU r mod {found}, so the GPUs are shared (the same numbers as one GPU per rank, not the speed)"
-        );
-    }
-    let store = plan.train.precision.module_dtype();
-    let mut devices = Vec::with_capacity(world);
-    for rank in 0..world {
-        let ordinal = rank % found;
-        match CudaDevice::open(ordinal) {
-            Ok(dev) => devices.push(dev),
-            Err(e) => return fail(format!("GPU {ordinal}: {e}")),
-        }
-    }
-    let (name, arch) = match devices.first() {
-        Some(d) => (d.describe().0.to_string(), d.describe().1.to_string()),
-        None => return fail("no GPU opened".into()),
-    };
-    let what = if world == 1 {
-        format!("{name} ({arch})")
-    } else {
-        format!("{world} ranks on {}× {name} ({arch})", world.min(found))
-    };
-    // One GPU per rank: the ranks sum their gradients GPU to GPU through NCCL when it loads
-    // (RECIPE_NCCL=0 turns it off); otherwise through host memory, the same numbers.
-    let mut peers = Vec::new();
-    if one_node {
-        eprintln!("note: between nodes the ranks exchange gradients through host memory and node 0's hub (NCCL across nodes is not built yet)");
-    } else if world > 1 && world <= found {
-        if std::env::var("RECIPE_NCCL").is_ok_and(|v| v == "0") {
-            eprintln!("note: RECIPE_NCCL=0: the ranks exchange gradients through host memory");
-        } else {
-            match cuda::nccl::group(&devices.iter().collect::<Vec<_>>()) {
-                Ok(p) => {
-                    let v = cuda::nccl::version().unwrap_or_else(|| "?".into());
-                    eprintln!("note: the ranks sum their gradients GPU to GPU through NCCL {v}");
-                    peers = p;
-                }
-                Err(e) => {
-                    eprintln!("note: {e}; the ranks exchange gradients through host memory instead")
-                }
-            }
-        }
-    }
-    let mut peers = peers.into_iter();
-    let executors = devices
-        .into_iter()
-        .map(|dev| -> std::sync::Arc<dyn Executor> {
-            let kernels = Kernels::new(dev).with_store(store);
-            match peers.next() {
-                Some(p) => OnDevice::with_peers(kernels, what.clone(), Box::new(p)),
-                None => OnDevice::new(kernels, what.clone()),
-            }
-        })
-        .collect();
-    Ok(executors)
 }

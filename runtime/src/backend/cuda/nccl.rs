@@ -1,9 +1,12 @@
-//! NCCL between the GPUs of one process: [`NcclPeers`] is the [`Peers`] of each rank's
-//! [`CudaDevice`], so that several GPUs sum their gradients device to device
-//! (`zero::Replica::attach_device`; docs/cuda.md, "Several GPUs").
+//! NCCL between GPUs: [`NcclPeers`] is the [`Peers`] of each rank's [`CudaDevice`], so that
+//! several GPUs sum their gradients device to device (`zero::Replica::attach_device`;
+//! docs/cuda.md, "Several GPUs").
 //!
-//! The communicators are made together by `ncclCommInitAll` (one per GPU, ranks in the order
-//! of the devices) on the thread that opened the devices, then each is driven by its rank's
+//! In one process the communicators are made together by `ncclCommInitAll` ([`group`]: one per
+//! GPU, ranks in the order of the devices); over several processes (nodes) each process makes
+//! its own ranks' with `ncclCommInitRank` from the unique id node 0 drew and handed every rank
+//! when the run gathered ([`unique_id`], [`group_across`]; docs/runtime.md, "Several nodes").
+//! Either way on the thread that opened the devices, then each is driven by its rank's
 //! thread: NCCL allows a communicator on any thread as long as its calls do not overlap, which
 //! `model::OnDevice`'s lock ensures. A sum is queued on the device's one stream, after the
 //! backward's kernels and before the next launch, as NCCL orders it (`ncclAllReduce(...,
@@ -61,7 +64,8 @@ impl Drop for NcclPeers {
         // finalises, which is collective), and the ranks drop theirs one after another on one
         // thread. Every sum was waited for by the step that queued it.
         let _ = bind_ctx(&self.ctx);
-        // SAFETY: `comm` came from `ncclCommInitAll` and is released only here.
+        // SAFETY: `comm` came from `ncclCommInitAll` or `ncclCommInitRank` and is released only
+        // here.
         unsafe {
             let _ = result::comm_abort(self.comm);
         }
@@ -86,19 +90,9 @@ fn nccl_err(what: &str, e: result::NcclError) -> String {
 /// (NCCL refuses two ranks on one), at least two.
 pub fn group(devices: &[&CudaDevice]) -> Result<Vec<NcclPeers>, CudaError> {
     if !present() {
-        return Err(CudaError::Driver(
-            "NCCL not found as libnccl.so: cudarc looks for libnccl.so (or .so.13), and the nvidia-nccl-cu13 wheel and the libnccl2 package ship libnccl.so.2 only; link it as libnccl.so in a folder on LD_LIBRARY_PATH (docs/cuda.md)".into(),
-        ));
+        return Err(not_found());
     }
-    let ordinals: Vec<i32> = devices.iter().map(|d| d.ctx.ordinal() as i32).collect();
-    let mut distinct = ordinals.clone();
-    distinct.sort_unstable();
-    distinct.dedup();
-    if ordinals.len() < 2 || distinct.len() != ordinals.len() {
-        return Err(CudaError::Driver(format!(
-            "NCCL needs two or more different GPUs, one per rank; got ordinals {ordinals:?}"
-        )));
-    }
+    let ordinals = distinct(devices, 2)?;
     let n = ordinals.len();
     let mut comms: Vec<sys::ncclComm_t> = vec![std::ptr::null_mut(); n];
     // SAFETY: `comms` has room for `n` communicators, `ordinals` holds `n` device ordinals.
@@ -115,6 +109,128 @@ pub fn group(devices: &[&CudaDevice]) -> Result<Vec<NcclPeers>, CudaError> {
             world: n,
         })
         .collect())
+}
+
+/// The bytes of an `ncclUniqueId`.
+pub const ID_BYTES: usize = 128;
+
+/// A fresh `ncclUniqueId` (node 0 draws it; every rank of every process then joins with it),
+/// as its bytes.
+pub fn unique_id() -> Result<Vec<u8>, CudaError> {
+    if !present() {
+        return Err(not_found());
+    }
+    let id = result::get_uniqueid()
+        .map_err(|e| CudaError::Driver(nccl_err("drawing a unique id", e)))?;
+    // `c_char` is i8 or u8 by platform: the bytes as they are.
+    Ok(id.internal.iter().map(|&c| c as u8).collect())
+}
+
+/// This process's communicators in a group of `world` ranks spread over several processes:
+/// `devices[i]` is rank `first + i`, each a different GPU, and `id` is node 0's
+/// [`unique_id`]. NCCL's initialisation is collective: it returns once every rank of every
+/// process has made its communicator (the processes get here together, after the run has
+/// gathered, so a missing node is reported before this point rather than waited for here).
+pub fn group_across(
+    devices: &[&CudaDevice],
+    first: usize,
+    world: usize,
+    id: &[u8],
+) -> Result<Vec<NcclPeers>, CudaError> {
+    if !present() {
+        return Err(not_found());
+    }
+    if id.len() != ID_BYTES {
+        return Err(CudaError::Driver(format!(
+            "an NCCL unique id of {} bytes, where NCCL's has {ID_BYTES}: node 0 runs another build of recipe?",
+            id.len()
+        )));
+    }
+    distinct(devices, 1)?;
+    if first + devices.len() > world {
+        return Err(CudaError::Driver(format!(
+            "ranks {first}..{} of a group of {world}",
+            first + devices.len()
+        )));
+    }
+    let mut uid = sys::ncclUniqueId {
+        internal: [0; ID_BYTES],
+    };
+    for (c, b) in uid.internal.iter_mut().zip(id) {
+        *c = *b as std::ffi::c_char;
+    }
+    let mut comms: Vec<sys::ncclComm_t> = vec![std::ptr::null_mut(); devices.len()];
+    // Several devices from one thread: NCCL needs their inits inside one group, each with its
+    // device current (NCCL user guide, "Creating a communicator with options" / "Group calls").
+    result::group_start().map_err(|e| CudaError::Driver(nccl_err("opening a group", e)))?;
+    let mut failed = None;
+    for (i, (dev, comm)) in devices.iter().zip(comms.iter_mut()).enumerate() {
+        if let Err(e) = bind_ctx(&dev.ctx) {
+            failed = Some(CudaError::Driver(format!(
+                "binding GPU {}: {e}",
+                dev.ctx.ordinal()
+            )));
+            break;
+        }
+        // SAFETY: `comm` is a slot for one communicator; `uid` is node 0's id, the same in
+        // every process; the rank is in range (checked above).
+        if let Err(e) =
+            unsafe { result::comm_init_rank(comm, world as i32, uid, (first + i) as i32) }
+        {
+            failed = Some(CudaError::Driver(nccl_err("creating a communicator", e)));
+            break;
+        }
+    }
+    let ended = result::group_end()
+        .map_err(|e| CudaError::Driver(nccl_err("creating the communicators", e)));
+    if let Some(e) = failed.or(ended.err()) {
+        for (dev, comm) in devices.iter().zip(&comms) {
+            if !comm.is_null() {
+                let _ = bind_ctx(&dev.ctx);
+                // SAFETY: a communicator NCCL made above, released once, here.
+                unsafe {
+                    let _ = result::comm_abort(*comm);
+                }
+            }
+        }
+        return Err(e);
+    }
+    Ok(comms
+        .into_iter()
+        .zip(devices)
+        .enumerate()
+        .map(|(i, (comm, dev))| NcclPeers {
+            comm,
+            ctx: dev.ctx.clone(),
+            rank: first + i,
+            world,
+        })
+        .collect())
+}
+
+fn not_found() -> CudaError {
+    CudaError::Driver(
+        "NCCL not found as libnccl.so: cudarc looks for libnccl.so (or .so.13), and the nvidia-nccl-cu13 wheel and the libnccl2 package ship libnccl.so.2 only; link it as libnccl.so in a folder on LD_LIBRARY_PATH (docs/cuda.md)".into(),
+    )
+}
+
+/// Refuses two ranks on one GPU (NCCL does) or fewer than `min` devices.
+fn distinct(devices: &[&CudaDevice], min: usize) -> Result<Vec<i32>, CudaError> {
+    let ordinals: Vec<i32> = devices.iter().map(|d| d.ctx.ordinal() as i32).collect();
+    let mut unique = ordinals.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    if ordinals.len() < min || unique.len() != ordinals.len() {
+        return Err(CudaError::Driver(format!(
+            "NCCL needs {} different GPUs, one per rank; got ordinals {ordinals:?}",
+            if min > 1 {
+                "two or more"
+            } else {
+                "one or more"
+            }
+        )));
+    }
+    Ok(ordinals)
 }
 
 /// One in-place collective of [`NcclPeers::queue`].
