@@ -428,6 +428,7 @@ const NOT_RUN: &[(&str, &str)] = &[
     ("recipe verify recipes/", "Python"),
     ("recipe run recipes/spam.rcp", "training"),
     ("recipe run recipes/cls.rcp --gpus 4", "training"),
+    ("recipe run recipes/cls.rcp --gpus 2 --nodes 2 --node-rank K --master node0:29500", "one process per node: tests/nodes.rs runs two on one machine"),
     ("recipe run docs/examples/own-csv.rcp", "training (docs/own-model-and-data.md shows a real run)"),
     ("recipe run build/spam/plan.json", "training"),
     ("recipe run recipes/spam.rcp --stop-after 20", "training"),

@@ -540,15 +540,9 @@ fn labels(plan: &Plan) -> Result<LabelSet, RunError> {
     })
 }
 
-/// How long a rank waits for the others at a collective: `RECIPE_COLLECTIVE_TIMEOUT` seconds,
-/// else 600 (rank 0 evaluates and writes checkpoints while the others wait at the next step).
-pub fn collective_timeout() -> std::time::Duration {
-    let secs = std::env::var("RECIPE_COLLECTIVE_TIMEOUT")
-        .ok()
-        .and_then(|t| t.parse().ok())
-        .filter(|&t: &u64| t > 0)
-        .unwrap_or(600);
-    std::time::Duration::from_secs(secs)
+/// How long a rank waits for the others at a collective ([`crate::collective::timeout`]).
+pub fn collective_timeout() -> Duration {
+    crate::collective::timeout()
 }
 
 /// What every rank reads.

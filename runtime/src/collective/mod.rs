@@ -25,6 +25,18 @@ pub use local::LocalCollective;
 pub use net::NetCollective;
 pub use partition::{Partition, PartitionError};
 
+/// How long a rank waits for the others at a collective: `RECIPE_COLLECTIVE_TIMEOUT` seconds,
+/// else 600 (rank 0 evaluates and writes checkpoints while the others wait at the next step).
+/// GPUs that sum through NCCL wait as long for their queued work (`backend::cuda`).
+pub fn timeout() -> Duration {
+    let secs = std::env::var("RECIPE_COLLECTIVE_TIMEOUT")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .filter(|&t: &u64| t > 0)
+        .unwrap_or(600);
+    Duration::from_secs(secs)
+}
+
 /// The reduction of [`Collective::all_reduce`] and [`Collective::reduce_scatter`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum ReduceOp {

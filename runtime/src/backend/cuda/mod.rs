@@ -249,6 +249,21 @@ pub struct CudaDevice {
     /// The two operands of the last half-precision GEMM as fp16/bf16 bits
     /// ([`Device::gemm_half`]), grown to the longest seen (the first step's shapes).
     packed: Mutex<[Option<CudaSlice<u16>>; 2]>,
+    /// With NCCL peers: how a wait keeps an eye on the group ([`CudaDevice::drain`]).
+    watch: Mutex<Option<Arc<Watch>>>,
+}
+
+/// How a GPU that sums with others through NCCL waits for its stream: it polls the stream and
+/// the communicator instead of blocking, so that a rank or node that fails mid-pass (whose
+/// peers would otherwise wait inside an NCCL kernel forever) ends the wait with an error.
+pub(crate) struct Watch {
+    /// The communicator's asynchronous error, if it has one (`ncclCommGetAsyncError`).
+    pub check: Box<dyn Fn() -> Option<String> + Send + Sync>,
+    /// Aborts the communicator, which ends its pending kernels (`ncclCommAbort`).
+    pub abort: Box<dyn Fn() + Send + Sync>,
+    /// How long one wait may take before the group counts as failed (the collectives'
+    /// timeout, `RECIPE_COLLECTIVE_TIMEOUT`).
+    pub timeout: std::time::Duration,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -319,6 +334,7 @@ impl CudaDevice {
             error: Mutex::new(None),
             out_of_memory: Mutex::new(None),
             packed: Mutex::default(),
+            watch: Mutex::new(None),
         })
     }
 
@@ -339,8 +355,60 @@ impl CudaDevice {
 
     /// Waits for the stream's work. cudarc's `synchronize` returns an error an earlier
     /// asynchronous call left in the context without waiting, so after one it waits a second
-    /// time: the host must not read a buffer a copy is still writing.
+    /// time: the host must not read a buffer a copy is still writing. With NCCL peers
+    /// ([`Watch`]) it polls instead, and a communicator that reports an error, or a wait longer
+    /// than the collectives' timeout, aborts the communicator (which ends its kernels), records
+    /// why, and then waits.
     fn drain(&self, what: &str) {
+        let watch = self.watch.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(w) = watch {
+            self.watched(what, &w);
+        }
+        self.blocking(what);
+    }
+
+    /// Polls the stream until it is idle, the group reports an error, or the timeout passes.
+    fn watched(&self, what: &str, w: &Watch) {
+        use drv_sys::{cuStreamQuery, CUresult};
+        self.bind();
+        let start = std::time::Instant::now();
+        let mut pause = std::time::Duration::from_micros(10);
+        loop {
+            // SAFETY: the stream is this device's, alive while `self` is.
+            match unsafe { cuStreamQuery(self.stream.cu_stream()) } {
+                CUresult::CUDA_SUCCESS => return,
+                CUresult::CUDA_ERROR_NOT_READY => {}
+                // An error of the work itself: the blocking wait records it.
+                _ => return,
+            }
+            if let Some(e) = (w.check)() {
+                self.record_text(format!(
+                    "{what}: NCCL reported an error while GPU {} waited for its work: {e}; another rank or node failed (its own output says why)",
+                    self.ctx.ordinal()
+                ));
+                (w.abort)();
+                return;
+            }
+            if start.elapsed() >= w.timeout {
+                self.record_text(format!(
+                    "{what}: GPU {} waited {:?} for its work, which includes NCCL sums with the other ranks: a rank or node stopped (its own output says why), so the communicator was aborted (RECIPE_COLLECTIVE_TIMEOUT sets the wait)",
+                    self.ctx.ordinal(),
+                    w.timeout
+                ));
+                (w.abort)();
+                return;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_millis(1));
+        }
+    }
+
+    /// Installs the watch of the communicator this device sums through ([`nccl`]).
+    pub(crate) fn set_watch(&self, w: Watch) {
+        *self.watch.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(w));
+    }
+
+    fn blocking(&self, what: &str) {
         if let Err(e) = self.stream.synchronize() {
             self.record(what, e);
             if let Err(e) = self.stream.synchronize() {
@@ -400,9 +468,14 @@ impl CudaDevice {
 
     /// Keeps the first error for [`Device::sync`].
     fn record(&self, what: &str, e: impl std::fmt::Debug) {
+        self.record_text(format!("{what}: {e:?}"));
+    }
+
+    /// Keeps the first error, in these words, for [`Device::sync`].
+    fn record_text(&self, text: String) {
         let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_none() {
-            *slot = Some(format!("{what}: {e:?}"));
+            *slot = Some(text);
         }
     }
 

@@ -16,13 +16,13 @@
 //! without it [`group`] says so and the run exchanges through host memory instead.
 
 use std::ffi::{c_void, CStr};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaContext;
 
 use cudarc::nccl::{result, sys};
 
-use super::{bind_ctx, CudaDevice, CudaError, DevViewMut};
+use super::{bind_ctx, CudaDevice, CudaError, DevViewMut, Watch};
 use crate::backend::device::Peers;
 
 /// Whether libnccl can be loaded by one of cudarc's names for it: `libnccl.so`, `libnccl.so.13`
@@ -43,32 +43,100 @@ pub fn version() -> Option<String> {
     Some(format!("{}.{}.{}", v / 10000, v / 100 % 100, v % 100))
 }
 
-/// One rank's communicator of a group made by [`group`].
+/// One rank's communicator of a group made by [`group`] or [`group_across`].
 #[derive(Debug)]
 pub struct NcclPeers {
-    comm: sys::ncclComm_t,
-    /// The rank's GPU, bound when the communicator is released.
-    ctx: Arc<CudaContext>,
+    comm: Arc<Comm>,
     rank: usize,
     world: usize,
 }
 
+/// A communicator, shared by its rank's [`NcclPeers`] and its device's [`Watch`]: whichever
+/// aborts it first releases it, and NCCL calls after that are refused.
+#[derive(Debug)]
+struct Comm {
+    /// Null once aborted.
+    raw: Mutex<sys::ncclComm_t>,
+    /// The rank's GPU, bound when the communicator is released.
+    ctx: Arc<CudaContext>,
+}
+
 // SAFETY: an NCCL communicator may be used from any thread provided calls on it do not run
-// concurrently (NCCL user guide, "Thread safety"); `NcclPeers` is moved to its rank's thread
-// and used behind `OnDevice`'s mutex, and `Drop` runs once, after the last call.
-unsafe impl Send for NcclPeers {}
+// concurrently (NCCL user guide, "Thread safety"): the rank's calls come from its thread
+// behind `OnDevice`'s mutex, and the watch's (`ncclCommGetAsyncError`, which NCCL allows
+// alongside, and `ncclCommAbort`, which takes it) from the same thread, inside a wait.
+unsafe impl Send for Comm {}
+unsafe impl Sync for Comm {}
+
+impl Comm {
+    fn new(raw: sys::ncclComm_t, ctx: Arc<CudaContext>) -> Arc<Comm> {
+        Arc::new(Comm {
+            raw: Mutex::new(raw),
+            ctx,
+        })
+    }
+
+    /// The communicator, unless aborted.
+    fn get(&self) -> Result<sys::ncclComm_t, String> {
+        let raw = *self.raw.lock().unwrap_or_else(|p| p.into_inner());
+        if raw.is_null() {
+            return Err("the NCCL communicator was aborted after an earlier failure".into());
+        }
+        Ok(raw)
+    }
+
+    /// Its asynchronous error, if any.
+    fn async_error(&self) -> Option<String> {
+        let raw = self.get().ok()?;
+        let mut state = sys::ncclResult_t::ncclSuccess;
+        // SAFETY: `raw` is a live communicator; `state` receives one result code.
+        let r = unsafe { sys::ncclCommGetAsyncError(raw, &mut state) };
+        match (r, state) {
+            (sys::ncclResult_t::ncclSuccess, sys::ncclResult_t::ncclSuccess)
+            | (sys::ncclResult_t::ncclSuccess, sys::ncclResult_t::ncclInProgress) => None,
+            (sys::ncclResult_t::ncclSuccess, e) => {
+                Some(nccl_err("the group", result::NcclError(e)))
+            }
+            (e, _) => Some(nccl_err("checking the group", result::NcclError(e))),
+        }
+    }
+
+    /// Releases it (abort rather than destroy: `ncclCommDestroy` may wait for the other ranks,
+    /// it finalises, which is collective; abort also ends its pending kernels). Once.
+    fn abort(&self) {
+        let mut raw = self.raw.lock().unwrap_or_else(|p| p.into_inner());
+        if raw.is_null() {
+            return;
+        }
+        let _ = bind_ctx(&self.ctx);
+        // SAFETY: a communicator from `ncclCommInitAll` or `ncclCommInitRank`, released once
+        // (the pointer is nulled under the lock).
+        unsafe {
+            let _ = result::comm_abort(*raw);
+        }
+        *raw = std::ptr::null_mut();
+    }
+}
+
+impl NcclPeers {
+    /// Rank `rank` of `world` on `dev`, through `raw`; `dev`'s waits watch the communicator
+    /// from now on.
+    fn new(raw: sys::ncclComm_t, dev: &CudaDevice, rank: usize, world: usize) -> NcclPeers {
+        let comm = Comm::new(raw, dev.ctx.clone());
+        let (check, abort) = (Arc::clone(&comm), Arc::clone(&comm));
+        dev.set_watch(Watch {
+            check: Box::new(move || check.async_error()),
+            abort: Box::new(move || abort.abort()),
+            timeout: crate::collective::timeout(),
+        });
+        NcclPeers { comm, rank, world }
+    }
+}
 
 impl Drop for NcclPeers {
     fn drop(&mut self) {
-        // Abort rather than destroy: `ncclCommDestroy` may wait for the other ranks (it
-        // finalises, which is collective), and the ranks drop theirs one after another on one
-        // thread. Every sum was waited for by the step that queued it.
-        let _ = bind_ctx(&self.ctx);
-        // SAFETY: `comm` came from `ncclCommInitAll` or `ncclCommInitRank` and is released only
-        // here.
-        unsafe {
-            let _ = result::comm_abort(self.comm);
-        }
+        // Every sum was waited for by the step that queued it.
+        self.comm.abort();
     }
 }
 
@@ -102,12 +170,7 @@ pub fn group(devices: &[&CudaDevice]) -> Result<Vec<NcclPeers>, CudaError> {
         .into_iter()
         .zip(devices)
         .enumerate()
-        .map(|(rank, (comm, dev))| NcclPeers {
-            comm,
-            ctx: dev.ctx.clone(),
-            rank,
-            world: n,
-        })
+        .map(|(rank, (comm, dev))| NcclPeers::new(comm, dev, rank, n))
         .collect())
 }
 
@@ -199,12 +262,7 @@ pub fn group_across(
         .into_iter()
         .zip(devices)
         .enumerate()
-        .map(|(i, (comm, dev))| NcclPeers {
-            comm,
-            ctx: dev.ctx.clone(),
-            rank: first + i,
-            world,
-        })
+        .map(|(i, (comm, dev))| NcclPeers::new(comm, dev, first + i, world))
         .collect())
 }
 
@@ -257,7 +315,8 @@ impl NcclPeers {
             return crate::backend::device::Device::sync(dev);
         }
         dev.bind();
-        let (ptr, n, comm) = (buf.ptr as *mut c_void, buf.len, self.comm);
+        let comm = self.comm.get()?;
+        let (ptr, n) = (buf.ptr as *mut c_void, buf.len);
         let stream = dev.stream.cu_stream() as sys::cudaStream_t;
         let (f32_, sum) = (sys::ncclDataType_t::ncclFloat32, sys::ncclRedOp_t::ncclSum);
         // SAFETY: `buf` is a live device allocation of `n` floats on `dev`, whose stream orders
@@ -321,7 +380,7 @@ impl Peers<CudaDevice> for NcclPeers {
 
     fn group_end(&mut self) -> Result<(), String> {
         // The calling thread's group (each rank has its own thread).
-        let _ = bind_ctx(&self.ctx);
+        let _ = bind_ctx(&self.comm.ctx);
         result::group_end()
             .map(|_| ())
             .map_err(|e| nccl_err("a group of calls", e))
