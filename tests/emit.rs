@@ -290,6 +290,11 @@ fn native_plans_match_golden_files() {
             Err(recipe::emit::plan::Unsupported::Bug(b)) => panic!("{stem}: {b}"),
         };
         insta::assert_snapshot!(format!("{stem}__plan.json"), text);
+        if let Some(script) =
+            recipe::emit::launch_native::script(&r, "../../recipes", &format!("recipes/{stem}.rcp"))
+        {
+            insta::assert_snapshot!(format!("{stem}__launch-native.sh"), script);
+        }
     }
 }
 

@@ -345,3 +345,145 @@ fn two_nodes_of_gpus_sum_across_the_nodes_from_the_id_node_0_drew() {
     assert_eq!(curve(&dir.join("two")), curve(&dir.join("one")));
     same_model(&dir, "one", "two");
 }
+
+/// `recipe build --target native` writes `launch-native.sh` for a plan of several nodes; run
+/// with an `ssh` that runs its command here (the test's two "hosts" are this machine), it
+/// starts both nodes, which train the bits of one process.
+#[test]
+fn launch_native_sh_starts_every_node_of_the_hostfile() {
+    use std::os::unix::fs::PermissionsExt;
+    let recipe = format!(
+        "{}cluster {{ gpus = 2, nodes = 2, hostfile = \"hosts\" }}\n",
+        dp_recipe()
+    );
+    let dir = workspace("nodes-launch", &recipe);
+    std::fs::write(
+        dir.join("hosts"),
+        "# two hosts, one machine\nlocalhost slots=2\n\n127.0.0.1 slots=2\n",
+    )
+    .unwrap();
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    // `ssh [-o OPTION]… HOST COMMAND`, run on this machine.
+    std::fs::write(
+        bin.join("ssh"),
+        "#!/usr/bin/env bash\nwhile [[ $1 == -* ]]; do shift 2; done\nshift\nexec bash -c \"$*\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(bin.join("ssh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let o = recipe_in(
+        &dir,
+        &[
+            "build",
+            "--target",
+            "native",
+            "-o",
+            "built",
+            "--set",
+            "batch.micro=3",
+            "tiny.rcp",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("launch-native.sh"), "{}", stderr(&o));
+
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let o = Command::new(dir.join("built/launch-native.sh"))
+        .arg("--quiet")
+        .current_dir(&dir.0)
+        .env("PATH", path)
+        .env("RECIPE", env!("CARGO_BIN_EXE_recipe"))
+        .env("MASTER_PORT", free_port().to_string())
+        .env("RECIPE_CACHE", dir.join("cache"))
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+
+    let one = recipe_in(
+        &dir,
+        &[
+            "run",
+            "--quiet",
+            "tiny.rcp",
+            "--set",
+            "batch.micro=3",
+            "--set",
+            "train.output_dir=\"one\"",
+        ],
+    );
+    assert_eq!(one.status.code(), Some(0), "{}", stderr(&one));
+    assert_eq!(curve(&dir.join("out")), curve(&dir.join("one")));
+    assert_eq!(curve(&dir.join("one")).len(), 4);
+    same_model(&dir, "one", "out");
+
+    // A hostfile of fewer hosts than nodes is refused before anything starts.
+    std::fs::write(dir.join("hosts"), "localhost slots=2\n").unwrap();
+    let o = Command::new(dir.join("built/launch-native.sh"))
+        .current_dir(&dir.0)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("lists 1 host(s), and the plan runs on 2 nodes"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// A recipe that names node 0 (`cluster.master_addr`, `master_port`) puts it in the plan, and
+/// `recipe run plan.json --node-rank K` needs no `--master`.
+#[test]
+fn the_plan_carries_the_recipes_master_address() {
+    let port = free_port();
+    let recipe = format!(
+        "{}cluster {{ gpus = 2, nodes = 2, master_addr = \"127.0.0.1\", master_port = {port} }}\n",
+        dp_recipe()
+    );
+    let dir = workspace("nodes-master", &recipe);
+    let o = recipe_in(
+        &dir,
+        &[
+            "build",
+            "--target",
+            "native",
+            "-o",
+            "built",
+            "--set",
+            "batch.micro=3",
+            "tiny.rcp",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let plan: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("built/plan.json")).unwrap())
+            .unwrap();
+    assert_eq!(plan["batch"]["master"], format!("127.0.0.1:{port}"));
+    let children: Vec<_> = (0..2)
+        .map(|k| {
+            Command::new(env!("CARGO_BIN_EXE_recipe"))
+                .args([
+                    "run",
+                    "--quiet",
+                    "built/plan.json",
+                    "--node-rank",
+                    &k.to_string(),
+                ])
+                .current_dir(&dir.0)
+                .env("RECIPE_CACHE", dir.join("cache"))
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<Output> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    all_ok(&outs);
+    assert_eq!(curve(&dir.join("out")).len(), 4);
+}

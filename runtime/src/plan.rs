@@ -103,7 +103,7 @@ pub struct DataPlan {
 }
 
 /// Batch shape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BatchPlan {
     /// Examples per rank per forward/backward.
     pub micro: u64,
@@ -115,6 +115,10 @@ pub struct BatchPlan {
     /// (docs/runtime.md, "Several nodes"). Plans written before it existed mean one.
     #[serde(default = "one")]
     pub nodes: u64,
+    /// Node 0's `host:port` when the recipe names it (`cluster.master_addr`, `master_port`):
+    /// `recipe run --node-rank K` then needs no `--master`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub master: Option<String>,
     /// Examples per evaluation pass.
     pub eval_micro: u64,
 }

@@ -101,7 +101,18 @@ pub fn run(file: &Path, out: Option<&PathBuf>, auto: bool, flags: &RecipeFlags) 
             return USAGE;
         }
         match native_plan(&resolved, &source) {
-            Ok(plan) => vec![("plan.json".to_string(), plan.to_json().into_bytes())],
+            Ok(plan) => {
+                let mut files = vec![("plan.json".to_string(), plan.to_json().into_bytes())];
+                // Several nodes: the script that starts every node's `recipe run`.
+                if let Some(s) = emit::launch_native::script(
+                    &resolved,
+                    &layout.recipe_dir_from_out,
+                    &source.name,
+                ) {
+                    files.push(("launch-native.sh".to_string(), s.into_bytes()));
+                }
+                files
+            }
             Err(code) => return code,
         }
     } else {

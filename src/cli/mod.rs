@@ -275,9 +275,10 @@ enum Command {
         /// In a run over several nodes (--nodes N, or cluster.nodes): this node, 0..N. Start the
         /// same recipe or plan on every node with its own --node-rank and the same --master
         /// (docs/runtime.md, "Several nodes").
-        #[arg(long, value_name = "K", requires = "master")]
+        #[arg(long, value_name = "K")]
         node_rank: Option<usize>,
-        /// With --node-rank: node 0's address as every node reaches it; node 0 listens on PORT.
+        /// With --node-rank: node 0's address as every node reaches it; node 0 listens on PORT
+        /// (default: the recipe's cluster.master_addr and master_port).
         #[arg(long, value_name = "HOST:PORT", requires = "node_rank", value_parser = master_addr)]
         master: Option<String>,
         #[command(flatten)]
@@ -569,14 +570,7 @@ pub fn main() -> i32 {
             master,
             flags,
         } => {
-            let node =
-                node_rank
-                    .zip(master)
-                    .map(|(rank, master)| recipe_runtime::train::NodeOptions {
-                        rank,
-                        master,
-                        ..Default::default()
-                    });
+            let node = node_rank.map(|rank| run::Node { rank, master });
             run::run(
                 &file,
                 device,

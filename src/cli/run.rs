@@ -8,13 +8,19 @@ use recipe_runtime::train::{self, NodeOptions, RunOptions};
 
 use super::{load, Device, RecipeFlags, FAILED, OK, USAGE};
 
+/// `--node-rank K` and `--master HOST:PORT` as given.
+pub struct Node {
+    pub rank: usize,
+    pub master: Option<String>,
+}
+
 pub fn run(
     file: &Path,
     device: Device,
     resume: Option<&Path>,
     stop_after: Option<u64>,
     quiet: bool,
-    node: Option<NodeOptions>,
+    node: Option<Node>,
     flags: &RecipeFlags,
 ) -> i32 {
     let want_gpu = match choose_device(device) {
@@ -54,6 +60,21 @@ pub fn run(
         };
         resolved_recipe = Some(resolved);
         plan
+    };
+    // `--master`, else the recipe's.
+    let node = match node {
+        None => None,
+        Some(n) => match n.master.or_else(|| plan.batch.master.clone()) {
+            Some(master) => Some(NodeOptions {
+                rank: n.rank,
+                master,
+                ..Default::default()
+            }),
+            None => {
+                eprintln!("error: --node-rank needs node 0's address: --master HOST:PORT, or cluster.master_addr in the recipe");
+                return USAGE;
+            }
+        },
     };
     if let Err(e) = train::local_ranks(&plan, node.as_ref()) {
         eprintln!("error: {e}");

@@ -3,6 +3,7 @@
 
 pub mod deepspeed;
 pub mod launch;
+pub mod launch_native;
 pub mod lock;
 pub mod plan;
 pub mod train_py;

@@ -210,6 +210,15 @@ pub fn plan(r: &Resolved, model: ModelFiles) -> Result<Plan, Unsupported> {
             accumulate,
             world,
             nodes: r.uint("cluster.nodes").unwrap_or(1),
+            master: r.str("cluster.master_addr").map(|a| {
+                let port = r.int("cluster.master_port").unwrap_or(29500);
+                // An IPv6 address in brackets, as `host:port` needs it.
+                if a.contains(':') && !a.starts_with('[') {
+                    format!("[{a}]:{port}")
+                } else {
+                    format!("{a}:{port}")
+                }
+            }),
             eval_micro: r.uint("batch.eval_micro").unwrap_or(micro),
         },
         optimizer,
