@@ -130,6 +130,25 @@ fn two_nodes_match_one_process(name: &str, zero: &[&str]) {
     same_model(&dir, "one", "r");
 }
 
+/// `recipe build --target native -o built` of `dir`'s tiny.rcp with four ranks' micro-batch.
+fn build_four_ranks(dir: &Path) -> Output {
+    let o = recipe_in(
+        dir,
+        &[
+            "build",
+            "--target",
+            "native",
+            "-o",
+            "built",
+            "--set",
+            "batch.micro=3",
+            "tiny.rcp",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    o
+}
+
 fn refs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
@@ -371,20 +390,7 @@ fn launch_native_sh_starts_every_node_of_the_hostfile() {
     )
     .unwrap();
     std::fs::set_permissions(bin.join("ssh"), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let o = recipe_in(
-        &dir,
-        &[
-            "build",
-            "--target",
-            "native",
-            "-o",
-            "built",
-            "--set",
-            "batch.micro=3",
-            "tiny.rcp",
-        ],
-    );
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = build_four_ranks(&dir);
     assert!(stderr(&o).contains("launch-native.sh"), "{}", stderr(&o));
 
     let path = format!(
@@ -445,20 +451,7 @@ fn the_plan_carries_the_recipes_master_address() {
         dp_recipe()
     );
     let dir = workspace("nodes-master", &recipe);
-    let o = recipe_in(
-        &dir,
-        &[
-            "build",
-            "--target",
-            "native",
-            "-o",
-            "built",
-            "--set",
-            "batch.micro=3",
-            "tiny.rcp",
-        ],
-    );
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    build_four_ranks(&dir);
     let plan: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("built/plan.json")).unwrap())
             .unwrap();
