@@ -84,6 +84,36 @@ __device__ __forceinline__ unsigned short half_bits(float x, int store) {
 #endif
 }
 
+// IEEE f32 operations, rounded to nearest and never fused into an FMA. NVRTC compiles with
+// --fmad=true (backend/cuda/compile.rs), which would contract `a * b + c`; the host (Rust)
+// rounds every product and sum, and these keep the device on the same bits (optim.cu, and the
+// fused elementwise kernels). g++ has no FMA to contract into on baseline x86-64, so the
+// emulation uses the plain operators.
+#ifdef RECIPE_EMU
+__device__ __forceinline__ float op_mul(float a, float b) { return a * b; }
+__device__ __forceinline__ float op_add(float a, float b) { return a + b; }
+__device__ __forceinline__ float op_sub(float a, float b) { return a - b; }
+__device__ __forceinline__ float op_div(float a, float b) { return a / b; }
+__device__ __forceinline__ float op_sqrt(float a) { return std::sqrt(a); }
+__device__ __forceinline__ float op_fma(float a, float b, float c) { return std::fma(a, b, c); }
+__device__ __forceinline__ unsigned long long f64_bits(double x) {
+    unsigned long long u;
+    std::memcpy(&u, &x, 8);
+    return u;
+}
+#else
+__device__ __forceinline__ float op_mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float op_add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float op_sub(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ float op_div(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __forceinline__ float op_sqrt(float a) { return __fsqrt_rn(a); }
+// a·b + c rounded once: the host's `f32::mul_add` (sgd.rs, adagrad.rs), correctly rounded on both.
+__device__ __forceinline__ float op_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+__device__ __forceinline__ unsigned long long f64_bits(double x) {
+    return (unsigned long long)__double_as_longlong(x);
+}
+#endif
+
 // Sum over the 32 lanes of a warp (every lane gets the total). The butterfly order is fixed, so
 // the result does not depend on timing.
 __device__ __forceinline__ float warp_sum(float v) {
@@ -153,5 +183,8 @@ __device__ __forceinline__ float dropout_mult(unsigned long long idx, unsigned l
     unsigned c[4] = {(unsigned)blk, (unsigned)(blk >> 32), (unsigned)stream,
                      (unsigned)(stream >> 32)};
     philox4x32(c, (unsigned)seed, (unsigned)(seed >> 32));
-    return c[idx & 3] >= threshold ? scale : 0.0f;
+    // Selected by branches, not `c[idx & 3]`: an array indexed at run time lives in local
+    // memory (a stack frame ptxas reports), where registers suffice.
+    unsigned w = (idx & 2) ? ((idx & 1) ? c[3] : c[2]) : ((idx & 1) ? c[1] : c[0]);
+    return w >= threshold ? scale : 0.0f;
 }

@@ -51,11 +51,43 @@ extern "C" __global__ void pack_half(unsigned short* dst, const float* src, int 
 
 // Exact (erf) GELU, HF's "gelu", written as PyTorch's CUDA kernel writes it:
 // x · ½(1 + erf(x/√2)).
+__device__ __forceinline__ float gelu(float x) {
+    return x * 0.5f * (1.0f + erff(x * 0.70710678118654752f));
+}
+
 extern "C" __global__ void gelu_fwd(float* out, const float* inp, int n, int store) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        float x = inp[i];
-        out[i] = st(x * 0.5f * (1.0f + erff(x * 0.70710678118654752f)), store);
+    if (i < n) out[i] = st(gelu(inp[i]), store);
+}
+
+// add_bias then gelu_fwd in one pass: inter[r, c] += bias[c] (the backward reads it), and
+// act = gelu(inter), each rounded as those two kernels round it.
+extern "C" __global__ void bias_gelu(float* inter, float* act, const float* bias, int rows,
+                                     int cols, int store) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (long long)rows * cols) {
+        float x = st(inter[i] + bias[i % cols], store);
+        inter[i] = x;
+        act[i] = st(gelu(x), store);
+    }
+}
+
+// add_bias, dropout (when `drop`) and add_assign in one pass, each rounded as those kernels
+// round it: out = ((out + bias) · mask·scale) + residual. The multiply is op_mul (common.cuh)
+// so that, in fp32 where nothing rounds between, it is not contracted with the add into an FMA
+// the three kernels never make.
+extern "C" __global__ void bias_dropout_add(float* out, const float* bias, const float* residual,
+                                            int rows, int cols, int drop,
+                                            unsigned long long seed, unsigned long long stream,
+                                            unsigned threshold, float scale, int store) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (long long)rows * cols) {
+        float v = st(out[i] + bias[i % cols], store);
+        if (drop) {
+            v = st(op_mul(v, dropout_mult((unsigned long long)i, seed, stream, threshold, scale)),
+                   store);
+        }
+        out[i] = st(v + residual[i], store);
     }
 }
 

@@ -9,34 +9,7 @@
 // the device's SM count, so the partial sums, and the result's bits, depend on n alone.
 #define NORM_BLOCKS 1024
 
-// IEEE f32 operations, rounded to nearest and never fused into an FMA. NVRTC compiles with
-// --fmad=true (backend/cuda/compile.rs), which would contract `a * b + c`; the host optimizer
-// (Rust) rounds every product and sum, and these keep the device on the same bits. g++ has no
-// FMA to contract into on baseline x86-64, so the emulation uses the plain operators.
-#ifdef RECIPE_EMU
-__device__ __forceinline__ float op_mul(float a, float b) { return a * b; }
-__device__ __forceinline__ float op_add(float a, float b) { return a + b; }
-__device__ __forceinline__ float op_sub(float a, float b) { return a - b; }
-__device__ __forceinline__ float op_div(float a, float b) { return a / b; }
-__device__ __forceinline__ float op_sqrt(float a) { return std::sqrt(a); }
-__device__ __forceinline__ float op_fma(float a, float b, float c) { return std::fma(a, b, c); }
-__device__ __forceinline__ unsigned long long f64_bits(double x) {
-    unsigned long long u;
-    std::memcpy(&u, &x, 8);
-    return u;
-}
-#else
-__device__ __forceinline__ float op_mul(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ float op_add(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ float op_sub(float a, float b) { return __fsub_rn(a, b); }
-__device__ __forceinline__ float op_div(float a, float b) { return __fdiv_rn(a, b); }
-__device__ __forceinline__ float op_sqrt(float a) { return __fsqrt_rn(a); }
-// a·b + c rounded once: the host's `f32::mul_add` (sgd.rs, adagrad.rs), correctly rounded on both.
-__device__ __forceinline__ float op_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
-__device__ __forceinline__ unsigned long long f64_bits(double x) {
-    return (unsigned long long)__double_as_longlong(x);
-}
-#endif
+// op_mul, op_add, … (IEEE f32 operations never fused into an FMA): common.cuh.
 
 // Stores a double as two floats' bits (low word first): the device buffers are f32, and a view
 // may start at any 4-byte offset, so no 8-byte store. The host reassembles the bits

@@ -225,3 +225,77 @@ fn scale_round_is_the_hosts_average_and_rounding_bit_for_bit() {
         }
     }
 }
+
+/// The fused epilogues of a linear layer (`bias_dropout_add`, `bias_gelu`) are the separate
+/// kernels' bits in one pass: with and without dropout, in every storage dtype, on shapes that
+/// are not multiples of the block; and a buffer longer than the matrix takes the separate
+/// kernels (as the default does). The CPU backend runs the composition, so this also keeps the
+/// device equal to the CPU wherever the separate kernels are.
+#[test]
+fn fused_epilogues_are_the_separate_kernels_bit_for_bit() {
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for store in STORES {
+        let (g, _) = pair(store);
+        for (rows, cols) in [(1, 1), (3, 7), (5, 33), (17, 256), (2, 300)] {
+            let n = rows * cols;
+            let mut out = rand(n, 3.0, 11);
+            let mut bias = rand(cols, 1.0, 12);
+            let mut res = rand(n, 2.0, 13);
+            store.round_slice(&mut out);
+            store.round_slice(&mut bias);
+            store.round_slice(&mut res);
+            for d in [
+                None,
+                Some(Dropout {
+                    p: 0.3,
+                    seed: 0x1234_5678_9abc,
+                    stream: 9,
+                }),
+            ] {
+                let ctx = format!("{store:?} {rows}×{cols} dropout {}", d.is_some());
+                let mut fused = out.clone();
+                g.bias_dropout_add(&mut fused, &bias, rows, cols, d.as_ref(), &res);
+                let mut apart = out.clone();
+                g.add_bias(&mut apart, &bias, rows, cols);
+                if let Some(d) = &d {
+                    g.dropout(&mut apart, d);
+                }
+                g.add_assign(&mut apart, &res);
+                assert_eq!(bits(&fused), bits(&apart), "bias_dropout_add {ctx}");
+                if d.is_some() && n >= 32 {
+                    // A dropped element leaves the residual alone.
+                    assert!(
+                        fused.iter().zip(&res).any(|(f, r)| f == r),
+                        "{ctx}: nothing dropped"
+                    );
+                }
+            }
+            let mut inter = out.clone();
+            let mut act = vec![0.0; n];
+            g.bias_gelu(&mut inter, &mut act, &bias, rows, cols);
+            let mut inter2 = out.clone();
+            let mut act2 = vec![0.0; n];
+            g.add_bias(&mut inter2, &bias, rows, cols);
+            g.gelu_fwd(&mut act2, &inter2);
+            assert_eq!(
+                bits(&inter),
+                bits(&inter2),
+                "bias_gelu pre-activation {store:?}"
+            );
+            assert_eq!(bits(&act), bits(&act2), "bias_gelu {store:?} {rows}×{cols}");
+        }
+        // A buffer longer than the matrix (a workspace sized for longer batches): the separate
+        // kernels over the whole buffer, as the default runs them.
+        let (rows, cols) = (3, 5);
+        let mut long = rand(20, 1.0, 14);
+        store.round_slice(&mut long);
+        let res = vec![0.25; 20];
+        let bias = vec![0.5; cols];
+        let mut fused = long.clone();
+        g.bias_dropout_add(&mut fused, &bias, rows, cols, None, &res);
+        let mut apart = long.clone();
+        g.add_bias(&mut apart, &bias, rows, cols);
+        g.add_assign(&mut apart, &res);
+        assert_eq!(bits(&fused), bits(&apart), "{store:?}: a longer buffer");
+    }
+}

@@ -340,6 +340,44 @@ pub trait Backend {
     /// Dropout in place (see [`Dropout`]); the same call with the same key is its own backward.
     fn dropout(&self, x: Self::ViewMut<'_>, d: &Dropout);
 
+    /// A linear layer's bias, then dropout and the residual, on the `rows × cols` GEMM output
+    /// `out`: `out += bias`, then [`Backend::dropout`] when `dropout` is given, then
+    /// `out += residual`, each step rounded as [`Backend::add_bias`], `dropout` and
+    /// [`Backend::add_assign`] round it. By default those three calls; a GPU makes them one
+    /// pass over `out` (the same arithmetic, so the same bits), where three would read and
+    /// write it three times.
+    fn bias_dropout_add(
+        &self,
+        out: &mut Self::Buf,
+        bias: Self::View<'_>,
+        rows: usize,
+        cols: usize,
+        dropout: Option<&Dropout>,
+        residual: Self::View<'_>,
+    ) {
+        self.add_bias(self.view_mut(out), bias, rows, cols);
+        if let Some(d) = dropout {
+            self.dropout(self.view_mut(out), d);
+        }
+        self.add_assign(self.view_mut(out), residual);
+    }
+
+    /// A linear layer's bias, then GELU, on the `rows × cols` GEMM output `inter`: `inter +=
+    /// bias` (kept: the backward reads the pre-activation), then `act = gelu(inter)`, each
+    /// rounded as [`Backend::add_bias`] and [`Backend::gelu_fwd`] round it. By default those two
+    /// calls; a GPU makes them one pass (the same bits).
+    fn bias_gelu(
+        &self,
+        inter: &mut Self::Buf,
+        act: &mut Self::Buf,
+        bias: Self::View<'_>,
+        rows: usize,
+        cols: usize,
+    ) {
+        self.add_bias(self.view_mut(inter), bias, rows, cols);
+        self.gelu_fwd(self.view_mut(act), self.view(inter));
+    }
+
     /// Multi-head self-attention core with HF's additive padding mask (`finfo(f32).min` added to
     /// the scores of keys whose `mask` is 0). `q`, `k`, `v`, `ctx` are `[batch, seq, heads·dim]`;
     /// saves the softmax `probs` `[batch, heads, seq, seq]` and, with dropout, the dropped

@@ -582,17 +582,27 @@ fn linear_fwd<B: Backend>(
     n: usize,
     lda: usize,
 ) {
+    linear_gemm(be, &mut out, inp, p, l, n, lda);
+    be.add_bias(out, be.sub(p, l.b()), n, l.out);
+}
+
+/// `out[n × oc] = inp[n × ic] · wᵀ`, the bias left to a fused epilogue
+/// ([`Backend::bias_dropout_add`], [`Backend::bias_gelu`]).
+#[allow(clippy::too_many_arguments)]
+fn linear_gemm<B: Backend>(
+    be: &B,
+    out: &mut B::ViewMut<'_>,
+    inp: B::View<'_>,
+    p: B::View<'_>,
+    l: Lin,
+    n: usize,
+    lda: usize,
+) {
     let g = Gemm {
         lda,
         ..Gemm::dense(n, l.out, l.inp, false, true, 0.0)
     };
-    be.gemm(
-        &g,
-        inp,
-        be.sub(p, l.w()),
-        be.sub_mut(&mut out, 0..n * l.out),
-    );
-    be.add_bias(out, be.sub(p, l.b()), n, l.out);
+    be.gemm(&g, inp, be.sub(p, l.w()), be.sub_mut(out, 0..n * l.out));
 }
 
 /// Linear backward: accumulates `dW += doutᵀ·inp` and, when `with_db`, `db += Σ dout`; with
@@ -705,19 +715,24 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
             shape,
             ad.as_ref(),
         );
-        linear_fwd(
+        // res1 = dropout(ctx · Woᵀ + b) + x: the GEMM, then one fused pass.
+        linear_gemm(
             be,
-            be.view_mut(&mut la.res1),
+            &mut be.view_mut(&mut la.res1),
             be.view(&la.ctx),
             p,
             ll.o,
             n,
             h,
         );
-        if let Some(d) = site(|d| d.hidden, site_layer(l, 1)) {
-            be.dropout(be.view_mut(&mut la.res1), &d);
-        }
-        be.add_assign(be.view_mut(&mut la.res1), x);
+        be.bias_dropout_add(
+            &mut la.res1,
+            be.sub(p, ll.o.b()),
+            n,
+            h,
+            site(|d| d.hidden, site_layer(l, 1)).as_ref(),
+            x,
+        );
         be.layernorm_fwd(
             be.view_mut(&mut la.x1),
             be.view_mut(&mut la.mean1),
@@ -729,29 +744,34 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
             h,
             eps,
         );
-        linear_fwd(
+        let im = c.intermediate_size;
+        linear_gemm(
             be,
-            be.view_mut(&mut la.inter),
+            &mut be.view_mut(&mut la.inter),
             be.view(&la.x1),
             p,
             ll.inter,
             n,
             h,
         );
-        be.gelu_fwd(be.view_mut(&mut la.act), be.view(&la.inter));
-        linear_fwd(
+        be.bias_gelu(&mut la.inter, &mut la.act, be.sub(p, ll.inter.b()), n, im);
+        linear_gemm(
             be,
-            be.view_mut(&mut la.res2),
+            &mut be.view_mut(&mut la.res2),
             be.view(&la.act),
             p,
             ll.out,
             n,
-            c.intermediate_size,
+            im,
         );
-        if let Some(d) = site(|d| d.hidden, site_layer(l, 2)) {
-            be.dropout(be.view_mut(&mut la.res2), &d);
-        }
-        be.add_assign(be.view_mut(&mut la.res2), be.view(&la.x1));
+        be.bias_dropout_add(
+            &mut la.res2,
+            be.sub(p, ll.out.b()),
+            n,
+            h,
+            site(|d| d.hidden, site_layer(l, 2)).as_ref(),
+            be.view(&la.x1),
+        );
         be.layernorm_fwd(
             be.view_mut(y),
             be.view_mut(&mut la.mean2),

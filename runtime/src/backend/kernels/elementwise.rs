@@ -145,3 +145,80 @@ pub(crate) fn dropout<D: Device>(k: &Kernels<D>, mut x: D::ViewMut<'_>, d: &Drop
         ],
     );
 }
+
+/// [`Backend::bias_dropout_add`] in one pass (`bias_dropout_add` of elementwise.cu), when `out`
+/// and `residual` are exactly `rows × cols`; otherwise the three kernels.
+pub(super) fn bias_dropout_add<D: Device>(
+    k: &Kernels<D>,
+    out: &mut D::Buf,
+    bias: D::View<'_>,
+    rows: usize,
+    cols: usize,
+    dropout: Option<&Dropout>,
+    residual: D::View<'_>,
+) {
+    let n = rows * cols;
+    if k.dev.len(k.dev.view(out)) != n || k.dev.len(residual) != n || k.dev.len(bias) != cols {
+        add_bias(k, k.dev.view_mut(out), bias, rows, cols);
+        if let Some(d) = dropout {
+            self::dropout(k, k.dev.view_mut(out), d, 0);
+        }
+        add_assign(k, k.dev.view_mut(out), residual);
+        return;
+    }
+    let (seed, stream, threshold, scale) = match dropout {
+        Some(d) => dropout_args(d),
+        None => (Arg::U64(0), Arg::U64(0), Arg::U32(0), Arg::F32(1.0)),
+    };
+    let p = k.dev.ptr_mut(&mut k.dev.view_mut(out));
+    k.dev.launch(
+        "bias_dropout_add",
+        grid1(n),
+        &[
+            Arg::Ptr(p),
+            Arg::Ptr(k.dev.ptr(bias)),
+            Arg::Ptr(k.dev.ptr(residual)),
+            int(rows),
+            int(cols),
+            int(usize::from(dropout.is_some())),
+            seed,
+            stream,
+            threshold,
+            scale,
+            k.store_arg(),
+        ],
+    );
+}
+
+/// [`Backend::bias_gelu`] in one pass (`bias_gelu` of elementwise.cu), when both buffers are
+/// exactly `rows × cols`; otherwise the two kernels.
+pub(super) fn bias_gelu<D: Device>(
+    k: &Kernels<D>,
+    inter: &mut D::Buf,
+    act: &mut D::Buf,
+    bias: D::View<'_>,
+    rows: usize,
+    cols: usize,
+) {
+    let n = rows * cols;
+    let fits = k.dev.len(k.dev.view(inter)) == n && k.dev.len(k.dev.view(act)) == n;
+    if !fits || k.dev.len(bias) != cols {
+        add_bias(k, k.dev.view_mut(inter), bias, rows, cols);
+        unary(k, "gelu_fwd", k.dev.view_mut(act), k.dev.view(inter));
+        return;
+    }
+    let pi = k.dev.ptr_mut(&mut k.dev.view_mut(inter));
+    let pa = k.dev.ptr_mut(&mut k.dev.view_mut(act));
+    k.dev.launch(
+        "bias_gelu",
+        grid1(n),
+        &[
+            Arg::Ptr(pi),
+            Arg::Ptr(pa),
+            Arg::Ptr(k.dev.ptr(bias)),
+            int(rows),
+            int(cols),
+            k.store_arg(),
+        ],
+    );
+}

@@ -427,6 +427,29 @@ impl<D: Device> Backend for Kernels<D> {
         elementwise::dropout(self, x, d, 0)
     }
 
+    fn bias_dropout_add(
+        &self,
+        out: &mut D::Buf,
+        bias: D::View<'_>,
+        rows: usize,
+        cols: usize,
+        dropout: Option<&Dropout>,
+        residual: D::View<'_>,
+    ) {
+        elementwise::bias_dropout_add(self, out, bias, rows, cols, dropout, residual)
+    }
+
+    fn bias_gelu(
+        &self,
+        inter: &mut D::Buf,
+        act: &mut D::Buf,
+        bias: D::View<'_>,
+        rows: usize,
+        cols: usize,
+    ) {
+        elementwise::bias_gelu(self, inter, act, bias, rows, cols)
+    }
+
     fn attention_fwd(
         &self,
         ctx: D::ViewMut<'_>,
