@@ -14,8 +14,23 @@ extern "C" __global__ void add_bias(float* out, const float* bias, int rows, int
     if (i < (long long)rows * cols) out[i] = st(out[i] + bias[i % cols], store);
 }
 
-// db[c] += Σ_r dout[r, c], one thread per column summing its rows in order: the same additions in
-// the same order as the CPU backend, so the same bits, and no atomics.
+// Backend::bias_grad's order (backend/mod.rs), in two passes and no atomics. The first:
+// part[k, c] = Σ dout[r, c] over chunk k's rows (`chunk` of them, the last one shorter), in row
+// order from zero; a grid of (columns, chunks), so every chunk of every column runs at once.
+extern "C" __global__ void bias_grad_part(float* part, const float* dout, int rows, int cols,
+                                          int chunk) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    int r0 = blockIdx.y * chunk;
+    int r1 = min(rows, r0 + chunk);
+    float acc = 0.0f;
+    for (int r = r0; r < r1; r++) acc += dout[(long long)r * cols + c];
+    part[(long long)blockIdx.y * cols + c] = acc;
+}
+
+// The second: db[c] += Σ_r part[r, c] (the chunks' sums, `rows` of them), one thread per column
+// adding them in order, then rounded: the same additions in the same order as the CPU backend,
+// so the same bits.
 extern "C" __global__ void bias_grad(float* db, const float* dout, int rows, int cols, int store) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;

@@ -79,7 +79,19 @@ fn dropout_draws_the_cpu_mask_exactly() {
 fn bias_kernels_match_the_cpu_bit_for_bit() {
     for store in STORES {
         let (g, c) = pair(store);
-        for (rows, cols) in [(1, 1), (1, 37), (13, 1), (9, 33), (40, 257)] {
+        // Rows around the bias gradient's chunk (64): one chunk, exactly one, one and a row,
+        // several and a short one.
+        for (rows, cols) in [
+            (1, 1),
+            (1, 37),
+            (13, 1),
+            (9, 33),
+            (40, 257),
+            (64, 3),
+            (65, 5),
+            (200, 33),
+            (300, 1),
+        ] {
             let out0 = rand(rows * cols, 2.0, 4);
             let bias = rand(cols, 1.0, 5);
             let (mut a, mut b) = (out0.clone(), out0.clone());
@@ -90,7 +102,27 @@ fn bias_kernels_match_the_cpu_bit_for_bit() {
             let (mut a, mut b) = (db0.clone(), db0.clone());
             g.bias_grad(&mut a, &out0, rows, cols);
             c.bias_grad(&mut b, &out0, rows, cols);
-            close("bias_grad", &a, &b, 0.0, 0.0);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a), bits(&b), "bias_grad {store:?} {rows}×{cols}");
+            // The order is the documented one: chunks of 64 rows from zero, then added to db.
+            let mut want = db0.clone();
+            for chunk in out0.chunks(64 * cols) {
+                let mut part = vec![0.0f32; cols];
+                for row in chunk.chunks(cols) {
+                    for (p, d) in part.iter_mut().zip(row) {
+                        *p += d;
+                    }
+                }
+                for (w, p) in want.iter_mut().zip(&part) {
+                    *w += p;
+                }
+            }
+            store.round_slice(&mut want);
+            assert_eq!(
+                bits(&b),
+                bits(&want),
+                "bias_grad order {store:?} {rows}×{cols}"
+            );
         }
     }
 }

@@ -716,9 +716,16 @@ impl Backend for Cpu {
 
     fn bias_grad(&self, db: &mut [f32], dout: &[f32], rows: usize, cols: usize) {
         assert_eq!(db.len(), cols);
-        for row in dout[..rows * cols].chunks(cols) {
-            for (g, d) in db.iter_mut().zip(row) {
-                *g += d;
+        let mut part = vec![0.0f32; cols];
+        for chunk in dout[..rows * cols].chunks(super::BIAS_ROWS * cols.max(1)) {
+            part.fill(0.0);
+            for row in chunk.chunks(cols) {
+                for (p, d) in part.iter_mut().zip(row) {
+                    *p += d;
+                }
+            }
+            for (g, p) in db.iter_mut().zip(&part) {
+                *g += p;
             }
         }
         self.st(db);

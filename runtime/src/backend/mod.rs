@@ -194,6 +194,9 @@ pub struct AttnShape {
     pub head_dim: usize,
 }
 
+/// Rows per chunk of [`Backend::bias_grad`]'s summation order.
+pub const BIAS_ROWS: usize = 64;
+
 /// The kernel set of a training executor. See the module docs for the conventions.
 pub trait Backend {
     /// An owned `f32` buffer.
@@ -266,7 +269,11 @@ pub trait Backend {
     fn reserve_gemm(&self, _elems: usize) {}
     /// `out[r, c] += bias[c]` for a `rows × cols` matrix.
     fn add_bias(&self, out: Self::ViewMut<'_>, bias: Self::View<'_>, rows: usize, cols: usize);
-    /// Accumulates `db[c] += Σ_r dout[r, c]` (rows summed in order).
+    /// Accumulates `db[c] += Σ_r dout[r, c]` in a fixed two-level order: the rows of each chunk
+    /// of [`BIAS_ROWS`] summed in order from zero, then the chunks' sums added to `db[c]` in
+    /// order, and the result rounded to the storage dtype. Every backend adds in this order, so
+    /// they agree bit for bit; a GPU sums the chunks in parallel (one thread per column over
+    /// every row would leave it nearly idle).
     fn bias_grad(&self, db: Self::ViewMut<'_>, dout: Self::View<'_>, rows: usize, cols: usize);
 
     /// BERT embeddings: `out[b, t] = word[ids[b, t]] + pos[t] + typ[types[b, t]]`, `hidden` wide.

@@ -98,6 +98,8 @@ pub struct Kernels<D: Device> {
     allocations: Arc<AtomicU64>,
     /// A scratch buffer a kernel's launch code reuses (cross-entropy's per-row losses).
     scratch: Arc<Mutex<Option<D::Buf>>>,
+    /// [`Backend::bias_grad`]'s per-chunk sums, grown to the largest seen.
+    bias_part: Arc<Mutex<Option<D::Buf>>>,
 }
 
 impl<D: Device> Kernels<D> {
@@ -108,6 +110,7 @@ impl<D: Device> Kernels<D> {
             store: Dtype::F32,
             allocations: Arc::default(),
             scratch: Arc::default(),
+            bias_part: Arc::default(),
         }
     }
 
