@@ -75,20 +75,22 @@ extern "C" __global__ void gelu_fwd(float* out, const float* inp, int n, int sto
     if (i < n) out[i] = st(gelu(inp[i]), store);
 }
 
-// add_bias then gelu_fwd in one pass: inter[r, c] += bias[c] (the backward reads it), and
-// act = gelu(inter), each rounded as those two kernels round it.
+// round_rows, add_bias and gelu_fwd in one pass: inter[r, c] = st(inter) + bias[c] (the
+// backward reads it), and act = gelu(inter), each rounded as those kernels round it. `inter` is
+// a GEMM's fp32 output (Backend::gemm_to_epilogue), or already rounded (rounding is idempotent).
 extern "C" __global__ void bias_gelu(float* inter, float* act, const float* bias, int rows,
                                      int cols, int store) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < (long long)rows * cols) {
-        float x = st(inter[i] + bias[i % cols], store);
+        float x = st(st(inter[i], store) + bias[i % cols], store);
         inter[i] = x;
         act[i] = st(gelu(x), store);
     }
 }
 
-// add_bias, dropout (when `drop`) and add_assign in one pass, each rounded as those kernels
-// round it: out = ((out + bias) · mask·scale) + residual. The multiply is op_mul (common.cuh)
+// round_rows, add_bias, dropout (when `drop`) and add_assign in one pass, each rounded as those
+// kernels round it: out = ((st(out) + bias) · mask·scale) + residual, `out` as bias_gelu's
+// `inter`. The multiply is op_mul (common.cuh)
 // so that, in fp32 where nothing rounds between, it is not contracted with the add into an FMA
 // the three kernels never make.
 extern "C" __global__ void bias_dropout_add(float* out, const float* bias, const float* residual,
@@ -97,7 +99,7 @@ extern "C" __global__ void bias_dropout_add(float* out, const float* bias, const
                                             unsigned threshold, float scale, int store) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < (long long)rows * cols) {
-        float v = st(out[i] + bias[i % cols], store);
+        float v = st(st(out[i], store) + bias[i % cols], store);
         if (drop) {
             v = st(op_mul(v, dropout_mult((unsigned long long)i, seed, stream, threshold, scale)),
                    store);

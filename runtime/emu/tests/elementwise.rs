@@ -331,3 +331,85 @@ fn fused_epilogues_are_the_separate_kernels_bit_for_bit() {
         assert_eq!(bits(&fused), bits(&apart), "{store:?}: a longer buffer");
     }
 }
+
+/// A GEMM into a fused epilogue (`gemm_to_epilogue`, whose half-precision output is rounded by
+/// the epilogue instead of a pass of its own) gives the bits of the GEMM, its rounding pass and
+/// the separate kernels, and the CPU's, in every storage dtype; so does the fallback for a
+/// buffer longer than the matrix.
+#[test]
+fn a_gemm_into_a_fused_epilogue_is_the_separate_passes_bit_for_bit() {
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for store in STORES {
+        let (g, c) = pair(store);
+        for (rows, cols, k) in [(1, 1, 1), (5, 33, 7), (17, 40, 64)] {
+            let mut a = rand(rows * k, 1.0, 21);
+            let mut w = rand(cols * k, 1.0, 22);
+            let mut bias = rand(cols, 0.5, 23);
+            let mut res = rand(rows * cols, 1.0, 24);
+            for v in [&mut a, &mut w, &mut bias, &mut res] {
+                store.round_slice(v);
+            }
+            let gm = Gemm::dense(rows, cols, k, false, true, 0.0);
+            let d = Dropout {
+                p: 0.2,
+                seed: 99,
+                stream: 3,
+            };
+            for extra in [0, 6] {
+                let n = rows * cols + extra;
+                let ctx = format!("{store:?} {rows}×{cols}×{k} +{extra}");
+                let res = {
+                    let mut r = res.clone();
+                    r.resize(n, 0.5);
+                    r
+                };
+                // The separate passes on the device, and on the CPU.
+                let mut want = vec![0.0; n];
+                let mut cpu = vec![0.0; n];
+                for (be_out, gemm) in [(&mut want, true), (&mut cpu, false)] {
+                    if gemm {
+                        g.gemm(&gm, &a, &w, &mut be_out[..rows * cols]);
+                        g.add_bias(be_out, &bias, rows, cols);
+                        g.dropout(be_out, &d);
+                        g.add_assign(be_out, &res);
+                    } else {
+                        c.gemm(&gm, &a, &w, &mut be_out[..rows * cols]);
+                        c.add_bias(be_out, &bias, rows, cols);
+                        c.dropout(be_out, &d);
+                        c.add_assign(be_out, &res);
+                    }
+                }
+                let mut got = vec![0.0; n];
+                g.gemm_to_epilogue(&gm, &a, &w, &mut got[..rows * cols]);
+                if store.is_half() && k > 1 {
+                    // The rounding pass was left to the epilogue: the GEMM's fp32 output is
+                    // still there.
+                    let mut rounded = got.clone();
+                    store.round_slice(&mut rounded);
+                    assert_ne!(
+                        bits(&rounded),
+                        bits(&got),
+                        "{ctx}: the GEMM rounded its output"
+                    );
+                }
+                g.bias_dropout_add(&mut got, &bias, rows, cols, Some(&d), &res);
+                assert_eq!(bits(&got), bits(&want), "bias_dropout_add {ctx}");
+                assert_eq!(bits(&got), bits(&cpu), "bias_dropout_add vs the CPU {ctx}");
+
+                let (mut inter, mut act) = (vec![0.0; n], vec![0.0; n]);
+                g.gemm_to_epilogue(&gm, &a, &w, &mut inter[..rows * cols]);
+                g.bias_gelu(&mut inter, &mut act, &bias, rows, cols);
+                let (mut inter2, mut act2) = (vec![0.0; n], vec![0.0; n]);
+                g.gemm(&gm, &a, &w, &mut inter2[..rows * cols]);
+                g.add_bias(&mut inter2, &bias, rows, cols);
+                g.gelu_fwd(&mut act2, &inter2);
+                assert_eq!(
+                    bits(&inter),
+                    bits(&inter2),
+                    "bias_gelu pre-activation {ctx}"
+                );
+                assert_eq!(bits(&act), bits(&act2), "bias_gelu {ctx}");
+            }
+        }
+    }
+}

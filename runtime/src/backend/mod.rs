@@ -263,6 +263,20 @@ pub trait Backend {
 
     /// One GEMM, see [`Gemm`].
     fn gemm(&self, g: &Gemm, a: Self::View<'_>, b: Self::View<'_>, c: Self::ViewMut<'_>);
+    /// A GEMM whose `c` (`m × n`, dense) goes straight into [`Backend::bias_dropout_add`] or
+    /// [`Backend::bias_gelu`], which round their input to the storage dtype first: a device
+    /// may leave to them the rounding a half-precision GEMM's output otherwise gets in a pass
+    /// of its own. By default [`Backend::gemm`] (the CPU rounds in the GEMM, and rounding twice
+    /// changes nothing).
+    fn gemm_to_epilogue(
+        &self,
+        g: &Gemm,
+        a: Self::View<'_>,
+        b: Self::View<'_>,
+        c: Self::ViewMut<'_>,
+    ) {
+        self.gemm(g, a, b, c);
+    }
     /// Sizes the scratch a GEMM needs for operands spanning up to `elems` elements, before a
     /// run's first step (a GPU's half-precision operands: `device::Device::gemm_half`). The CPU
     /// needs none.
@@ -348,7 +362,8 @@ pub trait Backend {
     fn dropout(&self, x: Self::ViewMut<'_>, d: &Dropout);
 
     /// A linear layer's bias, then dropout and the residual, on the `rows × cols` GEMM output
-    /// `out`: `out += bias`, then [`Backend::dropout`] when `dropout` is given, then
+    /// `out` (from [`Backend::gemm_to_epilogue`]; rounded to the storage dtype first): `out +=
+    /// bias`, then [`Backend::dropout`] when `dropout` is given, then
     /// `out += residual`, each step rounded as [`Backend::add_bias`], `dropout` and
     /// [`Backend::add_assign`] round it. By default those three calls; a GPU makes them one
     /// pass over `out` (the same arithmetic, so the same bits), where three would read and
@@ -369,8 +384,9 @@ pub trait Backend {
         self.add_assign(self.view_mut(out), residual);
     }
 
-    /// A linear layer's bias, then GELU, on the `rows × cols` GEMM output `inter`: `inter +=
-    /// bias` (kept: the backward reads the pre-activation), then `act = gelu(inter)`, each
+    /// A linear layer's bias, then GELU, on the `rows × cols` GEMM output `inter` (from
+    /// [`Backend::gemm_to_epilogue`]; rounded first): `inter += bias` (kept: the backward
+    /// reads the pre-activation), then `act = gelu(inter)`, each
     /// rounded as [`Backend::add_bias`] and [`Backend::gelu_fwd`] round it. By default those two
     /// calls; a GPU makes them one pass (the same bits).
     fn bias_gelu(

@@ -582,12 +582,13 @@ fn linear_fwd<B: Backend>(
     n: usize,
     lda: usize,
 ) {
-    linear_gemm(be, &mut out, inp, p, l, n, lda);
+    linear_gemm(be, &mut out, inp, p, l, n, lda, false);
     be.add_bias(out, be.sub(p, l.b()), n, l.out);
 }
 
-/// `out[n × oc] = inp[n × ic] · wᵀ`, the bias left to a fused epilogue
-/// ([`Backend::bias_dropout_add`], [`Backend::bias_gelu`]).
+/// `out[n × oc] = inp[n × ic] · wᵀ`, the bias left to the caller: [`Backend::add_bias`], or a
+/// fused epilogue ([`Backend::bias_dropout_add`], [`Backend::bias_gelu`]) when `to_epilogue`
+/// ([`Backend::gemm_to_epilogue`]).
 #[allow(clippy::too_many_arguments)]
 fn linear_gemm<B: Backend>(
     be: &B,
@@ -597,12 +598,18 @@ fn linear_gemm<B: Backend>(
     l: Lin,
     n: usize,
     lda: usize,
+    to_epilogue: bool,
 ) {
     let g = Gemm {
         lda,
         ..Gemm::dense(n, l.out, l.inp, false, true, 0.0)
     };
-    be.gemm(&g, inp, be.sub(p, l.w()), be.sub_mut(out, 0..n * l.out));
+    let (w, c) = (be.sub(p, l.w()), be.sub_mut(out, 0..n * l.out));
+    if to_epilogue {
+        be.gemm_to_epilogue(&g, inp, w, c);
+    } else {
+        be.gemm(&g, inp, w, c);
+    }
 }
 
 /// Linear backward: accumulates `dW += doutᵀ·inp` and, when `with_db`, `db += Σ dout`; with
@@ -724,6 +731,7 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
             ll.o,
             n,
             h,
+            true,
         );
         be.bias_dropout_add(
             &mut la.res1,
@@ -753,6 +761,7 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
             ll.inter,
             n,
             h,
+            true,
         );
         be.bias_gelu(&mut la.inter, &mut la.act, be.sub(p, ll.inter.b()), n, im);
         linear_gemm(
@@ -763,6 +772,7 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
             ll.out,
             n,
             im,
+            true,
         );
         be.bias_dropout_add(
             &mut la.res2,

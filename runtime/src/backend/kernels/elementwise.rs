@@ -15,12 +15,15 @@ pub(super) fn add_assign<D: Device>(k: &Kernels<D>, mut acc: D::ViewMut<'_>, x: 
     );
 }
 
+/// The device's GEMM; in fp16/bf16 storage its fp32 output is then rounded (`round_rows`)
+/// unless `round` is false ([`Backend::gemm_to_epilogue`]: the fused epilogue rounds it).
 pub(super) fn gemm<D: Device>(
     k: &Kernels<D>,
     g: &Gemm,
     a: D::View<'_>,
     b: D::View<'_>,
     mut c: D::ViewMut<'_>,
+    round: bool,
 ) {
     let p = k.dev.ptr_mut(&mut c);
     if k.store.is_half() {
@@ -28,13 +31,18 @@ pub(super) fn gemm<D: Device>(
     } else {
         k.dev.gemm(g, a, b, c);
     }
-    if k.store.is_half() {
-        k.dev.launch(
-            "round_rows",
-            grid1(g.m * g.n),
-            &[Arg::Ptr(p), int(g.m), int(g.n), int(g.ldc), k.store_arg()],
-        );
+    if k.store.is_half() && round {
+        round_rows(k, p, g.m, g.n, g.ldc);
     }
+}
+
+/// Rounds `rows × cols` at `p` (rows `ld` apart) to the storage dtype.
+fn round_rows<D: Device>(k: &Kernels<D>, p: u64, rows: usize, cols: usize, ld: usize) {
+    k.dev.launch(
+        "round_rows",
+        grid1(rows * cols),
+        &[Arg::Ptr(p), int(rows), int(cols), int(ld), k.store_arg()],
+    );
 }
 
 pub(super) fn add_bias<D: Device>(
@@ -176,7 +184,8 @@ pub(crate) fn dropout<D: Device>(k: &Kernels<D>, mut x: D::ViewMut<'_>, d: &Drop
 }
 
 /// [`Backend::bias_dropout_add`] in one pass (`bias_dropout_add` of elementwise.cu), when `out`
-/// and `residual` are exactly `rows × cols`; otherwise the three kernels.
+/// and `residual` are exactly `rows × cols`; otherwise the rounding the GEMM left
+/// ([`Backend::gemm_to_epilogue`]) and the three kernels.
 pub(super) fn bias_dropout_add<D: Device>(
     k: &Kernels<D>,
     out: &mut D::Buf,
@@ -188,6 +197,9 @@ pub(super) fn bias_dropout_add<D: Device>(
 ) {
     let n = rows * cols;
     if k.dev.len(k.dev.view(out)) != n || k.dev.len(residual) != n || k.dev.len(bias) != cols {
+        if k.store.is_half() {
+            round_rows(k, k.dev.ptr_mut(&mut k.dev.view_mut(out)), rows, cols, cols);
+        }
         add_bias(k, k.dev.view_mut(out), bias, rows, cols);
         if let Some(d) = dropout {
             self::dropout(k, k.dev.view_mut(out), d, 0);
@@ -220,7 +232,7 @@ pub(super) fn bias_dropout_add<D: Device>(
 }
 
 /// [`Backend::bias_gelu`] in one pass (`bias_gelu` of elementwise.cu), when both buffers are
-/// exactly `rows × cols`; otherwise the two kernels.
+/// exactly `rows × cols`; otherwise the rounding the GEMM left and the two kernels.
 pub(super) fn bias_gelu<D: Device>(
     k: &Kernels<D>,
     inter: &mut D::Buf,
@@ -232,6 +244,15 @@ pub(super) fn bias_gelu<D: Device>(
     let n = rows * cols;
     let fits = k.dev.len(k.dev.view(inter)) == n && k.dev.len(k.dev.view(act)) == n;
     if !fits || k.dev.len(bias) != cols {
+        if k.store.is_half() {
+            round_rows(
+                k,
+                k.dev.ptr_mut(&mut k.dev.view_mut(inter)),
+                rows,
+                cols,
+                cols,
+            );
+        }
         add_bias(k, k.dev.view_mut(inter), bias, rows, cols);
         unary(k, "gelu_fwd", k.dev.view_mut(act), k.dev.view(inter));
         return;

@@ -330,7 +330,11 @@ impl<D: Device> Backend for Kernels<D> {
     }
 
     fn gemm(&self, g: &Gemm, a: D::View<'_>, b: D::View<'_>, c: D::ViewMut<'_>) {
-        elementwise::gemm(self, g, a, b, c)
+        elementwise::gemm(self, g, a, b, c, true)
+    }
+
+    fn gemm_to_epilogue(&self, g: &Gemm, a: D::View<'_>, b: D::View<'_>, c: D::ViewMut<'_>) {
+        elementwise::gemm(self, g, a, b, c, false)
     }
 
     fn reserve_gemm(&self, elems: usize) {
