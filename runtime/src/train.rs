@@ -820,7 +820,9 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
             );
             // Node 0's hub serves until every rank of every node has left.
             if let Some(hub) = hub {
-                let _ = hub.finish();
+                if !hub.finish_within(collective_timeout()) && !options.quiet {
+                    eprintln!("note: a node's ranks did not leave node 0's hub within the collective timeout; not waiting for them");
+                }
             }
             let summary = NodeSummary {
                 node,

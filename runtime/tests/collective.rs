@@ -824,6 +824,28 @@ mod gathering {
     }
 
     #[test]
+    fn node_0_waits_for_the_others_to_leave_but_not_forever() {
+        let start = |world| {
+            let hub = Hub::start("127.0.0.1:0", expect(world, Duration::from_secs(10))).unwrap();
+            let addr = hub.addr().to_string();
+            let (colls, _) = join(&joining(&addr, 0..world, world, "plan a")).unwrap();
+            (hub, colls)
+        };
+        // A rank still connected: node 0 stops waiting at the bound, and says so.
+        let (hub, colls) = start(1);
+        let t = std::time::Instant::now();
+        assert!(!hub.finish_within(Duration::from_millis(300)));
+        assert!(t.elapsed() >= Duration::from_millis(300));
+        drop(colls);
+        // Every rank gone: it returns as soon as they have left.
+        let (hub, colls) = start(2);
+        drop(colls);
+        let t = std::time::Instant::now();
+        assert!(hub.finish_within(Duration::from_secs(30)));
+        assert!(t.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
     fn a_rank_with_no_node_0_gives_up_at_its_join_timeout() {
         // A port nothing listens on: bind one, note it, close it.
         let addr = {

@@ -66,6 +66,22 @@ impl Hub {
         self.addr
     }
 
+    /// Waits up to `within` for every rank of the other nodes to leave, so that node 0's
+    /// process does not end (and close their connections) while their last collectives are in
+    /// flight; a node that never says goodbye (a network gone silent) is not waited for past
+    /// that. Whether they all left.
+    pub fn finish_within(self, within: Duration) -> bool {
+        let start = Instant::now();
+        while !self.thread.is_finished() {
+            if start.elapsed() >= within {
+                return false;
+            }
+            thread::sleep(POLL);
+        }
+        let _ = self.thread.join();
+        true
+    }
+
     /// Waits until every rank has joined and left: the gathering's error if the run never
     /// gathered (the ranks see theirs too).
     pub fn finish(self) -> Result<(), NetError> {
