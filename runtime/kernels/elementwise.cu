@@ -108,7 +108,8 @@ extern "C" __global__ void bias_dropout_add(float* out, const float* bias, const
     }
 }
 
-// dinp = dout · (Φ(x) + x φ(x)).
+// dinp = dout · (Φ(x) + x φ(x)). `dout` is rounded first: it may be a GEMM's fp32 output
+// (Backend::gemm_to_epilogue), and rounding a rounded value changes nothing.
 extern "C" __global__ void gelu_bwd(float* dinp, const float* inp, const float* dout, int n,
                                     int store) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -116,7 +117,7 @@ extern "C" __global__ void gelu_bwd(float* dinp, const float* inp, const float* 
         float x = inp[i];
         float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
         float pdf = expf(-0.5f * x * x) * 0.39894228040143268f;
-        dinp[i] = st(dout[i] * (cdf + x * pdf), store);
+        dinp[i] = st(st(dout[i], store) * (cdf + x * pdf), store);
     }
 }
 

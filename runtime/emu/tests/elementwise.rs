@@ -335,7 +335,7 @@ fn fused_epilogues_are_the_separate_kernels_bit_for_bit() {
 /// A GEMM into a fused epilogue (`gemm_to_epilogue`, whose half-precision output is rounded by
 /// the epilogue instead of a pass of its own) gives the bits of the GEMM, its rounding pass and
 /// the separate kernels, and the CPU's, in every storage dtype; so does the fallback for a
-/// buffer longer than the matrix.
+/// buffer longer than the matrix, and the backward's GEMM into `gelu_bwd`.
 #[test]
 fn a_gemm_into_a_fused_epilogue_is_the_separate_passes_bit_for_bit() {
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -409,6 +409,16 @@ fn a_gemm_into_a_fused_epilogue_is_the_separate_passes_bit_for_bit() {
                     "bias_gelu pre-activation {ctx}"
                 );
                 assert_eq!(bits(&act), bits(&act2), "bias_gelu {ctx}");
+
+                // The backward's d(act) straight into gelu_bwd.
+                let m = rows * cols;
+                let (mut dact, mut dinter) = (vec![0.0; m], vec![0.0; m]);
+                g.gemm_to_epilogue(&gm, &a, &w, &mut dact);
+                g.gelu_bwd(&mut dinter, &inter2[..m], &dact);
+                let (mut dact2, mut dinter2) = (vec![0.0; m], vec![0.0; m]);
+                g.gemm(&gm, &a, &w, &mut dact2);
+                g.gelu_bwd(&mut dinter2, &inter2[..m], &dact2);
+                assert_eq!(bits(&dinter), bits(&dinter2), "gelu_bwd after a GEMM {ctx}");
             }
         }
     }

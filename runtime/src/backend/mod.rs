@@ -263,8 +263,9 @@ pub trait Backend {
 
     /// One GEMM, see [`Gemm`].
     fn gemm(&self, g: &Gemm, a: Self::View<'_>, b: Self::View<'_>, c: Self::ViewMut<'_>);
-    /// A GEMM whose `c` (`m × n`, dense) goes straight into [`Backend::bias_dropout_add`] or
-    /// [`Backend::bias_gelu`], which round their input to the storage dtype first: a device
+    /// A GEMM whose `c` (`m × n`, dense) goes straight into [`Backend::bias_dropout_add`],
+    /// [`Backend::bias_gelu`] or (as `dout`) [`Backend::gelu_bwd`], which round that input to
+    /// the storage dtype first: a device
     /// may leave to them the rounding a half-precision GEMM's output otherwise gets in a pass
     /// of its own. By default [`Backend::gemm`] (the CPU rounds in the GEMM, and rounding twice
     /// changes nothing).
@@ -352,7 +353,8 @@ pub trait Backend {
 
     /// Exact (erf) GELU, HF's `"gelu"`: `out = x · Φ(x)`.
     fn gelu_fwd(&self, out: Self::ViewMut<'_>, inp: Self::View<'_>);
-    /// GELU backward: `dinp = dout · (Φ(x) + x φ(x))` (overwrites).
+    /// GELU backward: `dinp = dout · (Φ(x) + x φ(x))` (overwrites). `dout` may come from
+    /// [`Backend::gemm_to_epilogue`]: a device rounds it first.
     fn gelu_bwd(&self, dinp: Self::ViewMut<'_>, inp: Self::View<'_>, dout: Self::View<'_>);
     /// `out = tanh(inp)`.
     fn tanh_fwd(&self, out: Self::ViewMut<'_>, inp: Self::View<'_>);

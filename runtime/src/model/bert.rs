@@ -613,11 +613,13 @@ fn linear_gemm<B: Backend>(
 }
 
 /// Linear backward: accumulates `dW += doutᵀ·inp` and, when `with_db`, `db += Σ dout`; with
-/// `dinp = Some((buf, beta, ldc))` also `dinp = dout·W + beta·dinp` (rows `ldc` apart).
+/// `dinp = Some((buf, beta, ldc, to_epilogue))` also `dinp = dout·W + beta·dinp` (rows `ldc`
+/// apart), left for a kernel that rounds it when `to_epilogue` ([`Backend::gemm_to_epilogue`]:
+/// `beta` 0, rows dense).
 #[allow(clippy::too_many_arguments)]
 fn linear_bwd<B: Backend>(
     be: &B,
-    dinp: Option<(B::ViewMut<'_>, f32, usize)>,
+    dinp: Option<(B::ViewMut<'_>, f32, usize, bool)>,
     grads: &mut B::ViewMut<'_>,
     dout: B::View<'_>,
     inp: B::View<'_>,
@@ -639,12 +641,16 @@ fn linear_bwd<B: Backend>(
             be.bias_grad(db, dout, n, l.out);
         }
     }
-    if let Some((d, beta, ldc)) = dinp {
+    if let Some((d, beta, ldc, to_epilogue)) = dinp {
         let g = Gemm {
             ldc,
             ..Gemm::dense(n, l.inp, l.out, false, false, beta)
         };
-        be.gemm(&g, dout, be.sub(p, l.w()), d);
+        if to_epilogue && beta == 0.0 && ldc == l.inp {
+            be.gemm_to_epilogue(&g, dout, be.sub(p, l.w()), d);
+        } else {
+            be.gemm(&g, dout, be.sub(p, l.w()), d);
+        }
     }
 }
 
@@ -1081,7 +1087,7 @@ where
         let mut g = sink.fetch(tail)?;
         linear_bwd(
             be,
-            Some((be.view_mut(&mut a.dpool), 0.0, h)),
+            Some((be.view_mut(&mut a.dpool), 0.0, h, false)),
             &mut g,
             be.view(&a.dlogits),
             be.view(&a.pool_drop),
@@ -1103,7 +1109,7 @@ where
         be.zero(be.view_mut(&mut a.dx));
         linear_bwd(
             be,
-            Some((be.view_mut(&mut a.dx), 0.0, t * h)),
+            Some((be.view_mut(&mut a.dx), 0.0, t * h, false)),
             &mut g,
             be.view(&a.dpool2),
             be.view(&a.hs[layers]),
@@ -1145,7 +1151,7 @@ where
             }
             linear_bwd(
                 be,
-                Some((be.view_mut(&mut a.dact), 0.0, im)),
+                Some((be.view_mut(&mut a.dact), 0.0, im, true)),
                 &mut g,
                 be.view(&a.dres),
                 be.view(&la.act),
@@ -1155,6 +1161,7 @@ where
                 im,
                 true,
             );
+            // d(act) straight from its GEMM: gelu_bwd rounds it.
             be.gelu_bwd(
                 be.view_mut(&mut a.dinter),
                 be.view(&la.inter),
@@ -1162,7 +1169,7 @@ where
             );
             linear_bwd(
                 be,
-                Some((be.view_mut(&mut a.dx1), 1.0, h)),
+                Some((be.view_mut(&mut a.dx1), 1.0, h, false)),
                 &mut g,
                 be.view(&a.dinter),
                 be.view(&la.x1),
@@ -1195,7 +1202,7 @@ where
             }
             linear_bwd(
                 be,
-                Some((be.view_mut(&mut a.dctx), 0.0, h)),
+                Some((be.view_mut(&mut a.dctx), 0.0, h, false)),
                 &mut g,
                 be.view(&a.dres),
                 be.view(&la.ctx),
@@ -1234,7 +1241,7 @@ where
             ] {
                 linear_bwd(
                     be,
-                    Some((be.view_mut(&mut a.dx), 1.0, h)),
+                    Some((be.view_mut(&mut a.dx), 1.0, h, false)),
                     &mut g,
                     be.view(dqkv),
                     x,
