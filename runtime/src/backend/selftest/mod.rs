@@ -162,7 +162,8 @@ impl<B: Backend> Checker<'_, B> {
         let mut want = x.clone();
         cpu.dropout(&mut want, &d);
         self.compare("dropout", &got, &want);
-        let (rows, cols) = (37, 27);
+        // More rows than one chunk of the bias gradient (BIAS_ROWS).
+        let (rows, cols) = (137, 27);
         let bias = rand(cols, 1.0, 3, st);
         let bb = be.upload(&bias);
         let m = rand(rows * cols, 2.0, 4, st);
@@ -179,6 +180,65 @@ impl<B: Backend> Checker<'_, B> {
         let mut want = bias.clone();
         cpu.bias_grad(&mut want, &m, rows, cols);
         self.compare("bias_grad", &got, &want);
+        self.epilogues(rows, cols, &bias, &d);
+    }
+
+    /// A linear layer's GEMM into the fused epilogues of the forward (and `gelu_bwd` of the
+    /// backward), which round its output themselves ([`Backend::gemm_to_epilogue`]), against
+    /// the CPU's GEMM and separate operations.
+    fn epilogues(&mut self, rows: usize, cols: usize, bias: &[f32], d: &Dropout) {
+        let (st, be, cpu) = (self.store, self.be, self.cpu);
+        let k = 70;
+        let g = Gemm::dense(rows, cols, k, false, true, 0.0);
+        let a = rand(rows * k, 1.0, 20, st);
+        let w = rand(cols * k, 1.0, 21, st);
+        let res = rand(rows * cols, 1.0, 22, st);
+        let (ab, wb, bb, rb) = (
+            be.upload(&a),
+            be.upload(&w),
+            be.upload(bias),
+            be.upload(&res),
+        );
+        let gemm = |b: &B, out: &mut B::Buf| {
+            b.gemm_to_epilogue(&g, b.view(&ab), b.view(&wb), b.view_mut(out));
+        };
+        let cpu_gemm = || {
+            let mut c = vec![0.0; rows * cols];
+            cpu.gemm(&g, &a, &w, &mut c);
+            c
+        };
+        let zeros = vec![0.0; rows * cols];
+        let got = self.on_backend(&zeros, |b, o| {
+            gemm(b, o);
+            b.bias_dropout_add(o, b.view(&bb), rows, cols, Some(d), b.view(&rb));
+        });
+        let mut want = cpu_gemm();
+        cpu.add_bias(&mut want, bias, rows, cols);
+        cpu.dropout(&mut want, d);
+        cpu.add_assign(&mut want, &res);
+        self.compare("gemm+bias_dropout_add", &got, &want);
+
+        let mut inter = be.upload(&zeros);
+        let mut act = be.upload(&zeros);
+        gemm(be, &mut inter);
+        be.bias_gelu(&mut inter, &mut act, be.view(&bb), rows, cols);
+        let mut want_inter = cpu_gemm();
+        cpu.add_bias(&mut want_inter, bias, rows, cols);
+        let mut want_act = vec![0.0; rows * cols];
+        cpu.gelu_fwd(&mut want_act, &want_inter);
+        self.compare_bufs(&[
+            ("gemm+bias_gelu.inter", &inter, &want_inter),
+            ("gemm+bias_gelu.act", &act, &want_act),
+        ]);
+
+        let got = self.on_backend(&zeros, |b, o| {
+            let mut dact = b.upload(&zeros);
+            gemm(b, &mut dact);
+            b.gelu_bwd(b.view_mut(o), b.view(&inter), b.view(&dact));
+        });
+        let mut want = vec![0.0; rows * cols];
+        cpu.gelu_bwd(&mut want, &want_inter, &cpu_gemm());
+        self.compare("gemm+gelu_bwd", &got, &want);
     }
 
     fn gemm(&mut self) {
