@@ -1283,9 +1283,20 @@ fn save_checkpoint(
             resume::begin(&tmp, m, &plan.model.labels, &plan.model.tokenizer)?;
         }
         coll.barrier()?;
-        if !lead && !tmp.is_dir() {
-            // Rank 0 made it before the barrier: this rank is on another node and does not
-            // see rank 0's files.
+        // Rank 0 made it before the barrier. On another node a shared filesystem may show it a
+        // little later (NFS caches directory attributes for seconds): wait a while for it.
+        let seen = |t: &Path| {
+            let start = Instant::now();
+            while !t.is_dir() {
+                if start.elapsed() >= Duration::from_secs(30) {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            true
+        };
+        if !lead && !seen(&tmp) {
+            // This rank is on another node and does not see rank 0's files.
             return Err(RunError::Mismatch(format!(
                 "rank {} cannot see `{}`, which rank 0 created for the checkpoint: a run over several nodes needs train.output_dir on a filesystem every node shares",
                 coll.rank(),
