@@ -78,20 +78,26 @@ extern "C" __global__ void layernorm_bwd_dinp(float* dinp, const float* dout, co
     }
 }
 
-// Backward, dw += Σ_r dout · xhat and db += Σ_r dout: one thread per column summing its rows in
-// order (1-D grid of BLOCK threads), the CPU's additions in the CPU's order, no atomics.
-extern "C" __global__ void layernorm_bwd_dwdb(float* dw, float* db, const float* dout,
+// Backward, dw += Σ_r dout · xhat and db += Σ_r dout, in Backend::bias_grad's order (chunks of
+// `chunk` rows each summed from zero, then the chunks' sums added in order, no atomics). This is
+// the first pass, a grid of (columns, chunks) writing each chunk's sums to pw and pb; the second
+// is bias_grad (elementwise.cu) over them. op_add/op_mul keep NVRTC from fusing the product into
+// an FMA the CPU does not make.
+extern "C" __global__ void layernorm_bwd_dwdb(float* pw, float* pb, const float* dout,
                                               const float* inp, const float* mean,
-                                              const float* rstd, int rows, int cols, int store) {
+                                              const float* rstd, int rows, int cols, int chunk) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
-    float aw = dw[c], ab = db[c];
-    for (int r = 0; r < rows; r++) {
+    int r0 = blockIdx.y * chunk;
+    int r1 = min(rows, r0 + chunk);
+    float aw = 0.0f, ab = 0.0f;
+    for (int r = r0; r < r1; r++) {
         long long at = (long long)r * cols + c;
         float xhat = (inp[at] - mean[r]) * rstd[r];
-        aw += dout[at] * xhat;
+        aw = op_add(aw, op_mul(dout[at], xhat));
         ab += dout[at];
     }
-    dw[c] = st(aw, store);
-    db[c] = st(ab, store);
+    long long out = (long long)blockIdx.y * cols + c;
+    pw[out] = aw;
+    pb[out] = ab;
 }

@@ -16,8 +16,18 @@ use recipe_runtime::precision::Dtype;
 
 const STORES: [Dtype; 3] = [Dtype::F32, Dtype::F16, Dtype::Bf16];
 
-/// (rows, cols): one column (zero variance), widths off the warp and the block, BERT's 768.
-const SHAPES: &[(usize, usize)] = &[(1, 1), (3, 7), (17, 33), (3, 257), (2, 768), (1, 1000)];
+/// (rows, cols): one column (zero variance), widths off the warp and the block, BERT's 768,
+/// and rows past one and two chunks of the backward's dw/db sums (64 rows).
+const SHAPES: &[(usize, usize)] = &[
+    (1, 1),
+    (3, 7),
+    (17, 33),
+    (3, 257),
+    (2, 768),
+    (1, 1000),
+    (65, 9),
+    (150, 40),
+];
 
 /// One f32 ulp, relative.
 const F32_ULP: f32 = 1.0 / (1 << 23) as f32;

@@ -845,7 +845,7 @@ impl Backend for Cpu {
         cols: usize,
     ) {
         // Rows are independent for dinp; dw and db sum over rows, so they are split by columns
-        // instead, each column summing its rows in order.
+        // instead.
         par_chunks(self.threads, &mut dinp[..rows * cols], cols, |r0, di| {
             for (r, di) in (r0..).zip(di.chunks_mut(cols)) {
                 let x = &inp[r * cols..(r + 1) * cols];
@@ -874,17 +874,28 @@ impl Backend for Cpu {
             .zip(db[..cols].chunks_mut(per))
             .enumerate()
             .collect();
+        // dw and db in `Backend::bias_grad`'s order: each chunk of rows summed from zero, then
+        // the chunks' sums added in order (the GPU sums the chunks in parallel).
         par_each(threads, items, |(i, (dw, db))| {
             let c0 = i * per;
             let cs = c0..c0 + dw.len();
-            for r in 0..rows {
-                let x = &inp[r * cols..(r + 1) * cols][cs.clone()];
-                let g = &dout[r * cols..(r + 1) * cols][cs.clone()];
-                let (m, rs) = (mean[r], rstd[r]);
+            let (mut pw, mut pb) = (vec![0.0f32; dw.len()], vec![0.0f32; dw.len()]);
+            for r0 in (0..rows).step_by(super::BIAS_ROWS) {
+                pw.fill(0.0);
+                pb.fill(0.0);
+                for r in r0..(r0 + super::BIAS_ROWS).min(rows) {
+                    let x = &inp[r * cols..(r + 1) * cols][cs.clone()];
+                    let g = &dout[r * cols..(r + 1) * cols][cs.clone()];
+                    let (m, rs) = (mean[r], rstd[r]);
+                    for c in 0..dw.len() {
+                        let xhat = (x[c] - m) * rs;
+                        pw[c] += g[c] * xhat;
+                        pb[c] += g[c];
+                    }
+                }
                 for c in 0..dw.len() {
-                    let xhat = (x[c] - m) * rs;
-                    dw[c] += g[c] * xhat;
-                    db[c] += g[c];
+                    dw[c] += pw[c];
+                    db[c] += pb[c];
                 }
             }
         });

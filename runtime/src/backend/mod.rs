@@ -335,7 +335,8 @@ pub trait Backend {
         cols: usize,
         eps: f32,
     );
-    /// LayerNorm backward: overwrites `dinp`, accumulates `dw` and `db`.
+    /// LayerNorm backward: overwrites `dinp`, accumulates `dw` and `db` (summed over the rows
+    /// in [`Backend::bias_grad`]'s order).
     #[allow(clippy::too_many_arguments)]
     fn layernorm_bwd(
         &self,

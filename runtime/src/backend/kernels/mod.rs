@@ -98,7 +98,8 @@ pub struct Kernels<D: Device> {
     allocations: Arc<AtomicU64>,
     /// A scratch buffer a kernel's launch code reuses (cross-entropy's per-row losses).
     scratch: Arc<Mutex<Option<D::Buf>>>,
-    /// [`Backend::bias_grad`]'s per-chunk sums, grown to the largest seen.
+    /// The per-chunk sums of [`Backend::bias_grad`] and of LayerNorm's `dw`/`db`, grown to the
+    /// largest seen (the kernels that use it run in stream order, one after another).
     bias_part: Arc<Mutex<Option<D::Buf>>>,
 }
 
