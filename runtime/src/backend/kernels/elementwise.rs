@@ -1,8 +1,8 @@
 //! Launches of `runtime/kernels/elementwise.cu`, and the GEMM (the device's BLAS, then rounding).
 
-use super::{dropout_args, grid1, int, Kernels, BLOCK};
-use crate::backend::device::{Arg, Device, Launch};
-use crate::backend::{Backend, Dropout, Gemm, BIAS_ROWS};
+use super::{chunk_grid, dropout_args, grid1, int, Kernels};
+use crate::backend::device::{Arg, Device};
+use crate::backend::{Dropout, Gemm, BIAS_ROWS};
 
 pub(super) fn add_assign<D: Device>(k: &Kernels<D>, mut acc: D::ViewMut<'_>, x: D::View<'_>) {
     let n = k.dev.len_mut(&acc);
@@ -78,46 +78,34 @@ pub(super) fn bias_grad<D: Device>(
     assert_eq!(k.dev.len_mut(&db), cols, "bias_grad width");
     assert!(k.dev.len(dout) >= rows * cols, "bias_grad rows");
     let chunks = rows.div_ceil(BIAS_ROWS);
-    // The chunks' sums, in a buffer kept for the next call (sized by the first step's shapes).
-    let mut part = k.bias_part.lock().unwrap_or_else(|p| p.into_inner());
-    let buf = match part.as_mut() {
-        Some(b) if k.dev.len(k.dev.view(b)) >= chunks * cols => b,
-        _ => part.insert(k.alloc((chunks * cols).max(1))),
-    };
-    let pp = k.dev.ptr_mut(&mut k.dev.view_mut(buf));
-    if chunks > 0 && cols > 0 {
+    let d = k.dev.ptr_mut(&mut db);
+    k.with_chunk_sums(chunks * cols, |part| {
+        let pp = k.dev.ptr(part);
+        if chunks > 0 && cols > 0 {
+            k.dev.launch(
+                "bias_grad_part",
+                chunk_grid(cols, chunks),
+                &[
+                    Arg::Ptr(pp),
+                    Arg::Ptr(k.dev.ptr(dout)),
+                    int(rows),
+                    int(cols),
+                    int(BIAS_ROWS),
+                ],
+            );
+        }
         k.dev.launch(
-            "bias_grad_part",
-            Launch {
-                grid: (
-                    cols.div_ceil(BLOCK as usize) as u32,
-                    u32::try_from(chunks).expect("bias_grad chunks"),
-                    1,
-                ),
-                block: (BLOCK, 1, 1),
-                smem: 0,
-            },
+            "bias_grad",
+            grid1(cols),
             &[
+                Arg::Ptr(d),
                 Arg::Ptr(pp),
-                Arg::Ptr(k.dev.ptr(dout)),
-                int(rows),
+                int(chunks),
                 int(cols),
-                int(BIAS_ROWS),
+                k.store_arg(),
             ],
         );
-    }
-    let d = k.dev.ptr_mut(&mut db);
-    k.dev.launch(
-        "bias_grad",
-        grid1(cols),
-        &[
-            Arg::Ptr(d),
-            Arg::Ptr(pp),
-            int(chunks),
-            int(cols),
-            k.store_arg(),
-        ],
-    );
+    });
 }
 
 /// `out = f(inp)` with kernel `name(out, inp, n, store)`.

@@ -3,9 +3,9 @@
 //! chunks of rows, then `bias_grad` over the chunks' sums).
 #![allow(clippy::too_many_arguments)]
 
-use super::{grid1, int, Kernels, BLOCK};
+use super::{chunk_grid, grid1, int, Kernels, BLOCK};
 use crate::backend::device::{Arg, Device, Launch};
-use crate::backend::{Backend, BIAS_ROWS};
+use crate::backend::BIAS_ROWS;
 
 /// One block per row, whole warps: enough threads to cover `cols` once, at most [`BLOCK`].
 fn per_row(rows: usize, cols: usize) -> Launch {
@@ -105,50 +105,39 @@ pub(super) fn bwd<D: Device>(
     // dw and db in Backend::bias_grad's order: each chunk's sums, then bias_grad over them.
     let chunks = rows.div_ceil(BIAS_ROWS);
     let part_len = chunks * cols;
-    let mut part = k.bias_part.lock().unwrap_or_else(|p| p.into_inner());
-    let buf = match part.as_mut() {
-        Some(b) if k.dev.len(k.dev.view(b)) >= 2 * part_len => b,
-        _ => part.insert(k.alloc(2 * part_len)),
-    };
-    let whole = k.dev.view(buf);
-    let (ppw, ppb) = (
-        k.dev.ptr(k.dev.sub(whole, 0..part_len)),
-        k.dev.ptr(k.dev.sub(whole, part_len..2 * part_len)),
-    );
-    k.dev.launch(
-        "layernorm_bwd_dwdb",
-        Launch {
-            grid: (
-                cols.div_ceil(BLOCK as usize) as u32,
-                u32::try_from(chunks).expect("layernorm_bwd chunks"),
-                1,
-            ),
-            block: (BLOCK, 1, 1),
-            smem: 0,
-        },
-        &[
-            Arg::Ptr(ppw),
-            Arg::Ptr(ppb),
-            Arg::Ptr(k.dev.ptr(dout)),
-            Arg::Ptr(k.dev.ptr(inp)),
-            Arg::Ptr(k.dev.ptr(mean)),
-            Arg::Ptr(k.dev.ptr(rstd)),
-            int(rows),
-            int(cols),
-            int(BIAS_ROWS),
-        ],
-    );
-    for (target, part) in [(k.dev.ptr_mut(&mut dw), ppw), (k.dev.ptr_mut(&mut db), ppb)] {
+    let (tw, tb) = (k.dev.ptr_mut(&mut dw), k.dev.ptr_mut(&mut db));
+    k.with_chunk_sums(2 * part_len, |whole| {
+        let (ppw, ppb) = (
+            k.dev.ptr(k.dev.sub(whole, 0..part_len)),
+            k.dev.ptr(k.dev.sub(whole, part_len..2 * part_len)),
+        );
         k.dev.launch(
-            "bias_grad",
-            grid1(cols),
+            "layernorm_bwd_dwdb",
+            chunk_grid(cols, chunks),
             &[
-                Arg::Ptr(target),
-                Arg::Ptr(part),
-                int(chunks),
+                Arg::Ptr(ppw),
+                Arg::Ptr(ppb),
+                Arg::Ptr(k.dev.ptr(dout)),
+                Arg::Ptr(k.dev.ptr(inp)),
+                Arg::Ptr(k.dev.ptr(mean)),
+                Arg::Ptr(k.dev.ptr(rstd)),
+                int(rows),
                 int(cols),
-                k.store_arg(),
+                int(BIAS_ROWS),
             ],
         );
-    }
+        for (target, part) in [(tw, ppw), (tb, ppb)] {
+            k.dev.launch(
+                "bias_grad",
+                grid1(cols),
+                &[
+                    Arg::Ptr(target),
+                    Arg::Ptr(part),
+                    int(chunks),
+                    int(cols),
+                    k.store_arg(),
+                ],
+            );
+        }
+    });
 }

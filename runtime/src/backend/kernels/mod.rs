@@ -137,6 +137,17 @@ impl<D: Device> Kernels<D> {
         self.allocations.load(Ordering::Relaxed)
     }
 
+    /// Runs `f` on the chunk sums' scratch ([`Kernels::bias_part`]), grown to at least `n`
+    /// floats (kept for the next call: sized by the first step's shapes).
+    fn with_chunk_sums(&self, n: usize, f: impl FnOnce(D::View<'_>)) {
+        let mut part = self.bias_part.lock().unwrap_or_else(|p| p.into_inner());
+        let buf = match part.as_mut() {
+            Some(b) if self.dev.len(self.dev.view(b)) >= n => b,
+            _ => part.insert(Backend::alloc(self, n.max(1))),
+        };
+        f(self.dev.view(buf));
+    }
+
     fn count(&self, allocated: bool) {
         if allocated {
             self.allocations.fetch_add(1, Ordering::Relaxed);
@@ -216,6 +227,20 @@ pub(crate) fn int(n: usize) -> Arg {
 }
 
 /// One thread per element, [`BLOCK`] per block.
+/// A (columns × chunks) grid of [`BLOCK`]-thread blocks: the first pass of a sum over rows in
+/// [`crate::backend::Backend::bias_grad`]'s order.
+pub(crate) fn chunk_grid(cols: usize, chunks: usize) -> Launch {
+    Launch {
+        grid: (
+            cols.div_ceil(BLOCK as usize) as u32,
+            u32::try_from(chunks).expect("row chunks"),
+            1,
+        ),
+        block: (BLOCK, 1, 1),
+        smem: 0,
+    }
+}
+
 pub(crate) fn grid1(n: usize) -> Launch {
     Launch {
         grid: (n.div_ceil(BLOCK as usize).max(1) as u32, 1, 1),
