@@ -64,6 +64,24 @@ extern "C" __global__ void pack_half(unsigned short* dst, const float* src, int 
     if (i < n) dst[i] = half_bits(src[i], store);
 }
 
+// The operand addresses of a batch of GEMMs for cublasGemmBatchedEx (Batch in
+// runtime/src/backend/mod.rs): item j = (j / inner, j % inner) of operand X starts at
+// x + (j / inner) * x_outer + (j % inner) * x_inner bytes. out holds the count addresses of A,
+// then of B, then of C.
+extern "C" __global__ void gemm_pointers(unsigned long long* out, unsigned long long a,
+                                         unsigned long long b, unsigned long long c, int count,
+                                         int inner, unsigned long long a_outer,
+                                         unsigned long long a_inner, unsigned long long b_outer,
+                                         unsigned long long b_inner, unsigned long long c_outer,
+                                         unsigned long long c_inner) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= count) return;
+    unsigned long long o = j / inner, i = j % inner;
+    out[j] = a + o * a_outer + i * a_inner;
+    out[count + j] = b + o * b_outer + i * b_inner;
+    out[2 * (long long)count + j] = c + o * c_outer + i * c_inner;
+}
+
 // Exact (erf) GELU, HF's "gelu", written as PyTorch's CUDA kernel writes it:
 // x · ½(1 + erf(x/√2)).
 __device__ __forceinline__ float gelu(float x) {

@@ -5,8 +5,8 @@
 //
 // for the tokens i = b*seq + t of a [batch, seq] id matrix, every row `hidden` wide.
 //
-// The backward is a scatter-add into the tables. It uses no atomics: each thread owns whole
-// columns of a table and adds the tokens' gradients in token order, which is the CPU loop's order,
+// The backward is a scatter-add into the tables. It uses no atomics: each (row, column) of a
+// table is one thread's, which adds the tokens' gradients in token order, the CPU loop's order,
 // so the sums are the same bits as the CPU's and the same on every run.
 #include "common.cuh"
 
@@ -21,29 +21,57 @@ extern "C" __global__ void embedding_fwd(float* out, const unsigned* ids, const 
     out[i] = st((word[w * hidden + c] + typ[ty * hidden + c]) + pos[p * hidden + c], store);
 }
 
-// Backward into the word table (blockIdx.y == 0, indexed by ids) and the token-type table
-// (blockIdx.y == 1, indexed by types): dtable[row(i), c] += dout[i, c] for i = 0, 1, … in order.
-// One thread per column c, grid (⌈hidden / BLOCK⌉, 2): a column of a table is only ever touched
-// by its own thread, so repeated ids need no atomics and keep the CPU's order.
+// The backward into the word table (indexed by ids) and the token-type table (by types) runs in
+// two kernels. Its sums must be the CPU's, dtable[row, c] += dout[i, c] for the tokens i of that
+// row in token order, without atomics; a thread per column looping over every token (the first
+// version) kept 2·hidden threads busy for the whole batch. So the tokens are first put in order
+// of their row, ties in token order (a stable sort), and then every (row, column) pair sums its
+// own tokens.
 //
-// Then the touched rows are rounded to the storage dtype, as the CPU does (it rounds only those:
-// an untouched row keeps its bits). A row hit twice is rounded twice, which changes nothing, and
-// only this thread wrote its column, so no barrier is needed between the two loops.
+// Order: order[rank(i)] = i, rank(i) = #{j : key[j] < key[i]} + #{j < i : key[j] == key[i]},
+// and run[rank(i)] = #{j : key[j] == key[i]} for the first token of a row (0 for the others),
+// for the ids (blockIdx.y == 0) and the types (blockIdx.y == 1): `order` holds, per table,
+// `tokens` positions then `tokens` run lengths. One thread per token counts over all of them:
+// tokens² compares, 17 M for BERT's 32 × 128, microseconds on a GPU; ranks are distinct, so
+// each slot is written once.
+extern "C" __global__ void embedding_order(unsigned* order, const unsigned* ids,
+                                           const unsigned* types, int tokens) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= tokens) return;
+    const unsigned* key = blockIdx.y == 0 ? ids : types;
+    unsigned* ord = order + 2 * (long long)blockIdx.y * tokens;
+    unsigned k = key[i];
+    int less = 0, before = 0, same = 0;
+    for (int j = 0; j < tokens; j++) {
+        unsigned kj = key[j];
+        less += kj < k;
+        same += kj == k;
+        before += kj == k && j < i;
+    }
+    ord[less + before] = i;
+    ord[tokens + less + before] = before == 0 ? same : 0;
+}
+
+// Sums: one thread per (position p of the order, column c), grid (tokens, ⌈hidden / BLOCK⌉, 2),
+// blockIdx.z the table as above. The thread at the first position of a row's run adds that
+// run's tokens to the row in order, then rounds the row to the storage dtype, as the CPU does
+// (it rounds only the rows a token touched: an untouched row keeps its bits); the others have
+// nothing to do. The same additions in the same order as the CPU's loop: the same bits.
 extern "C" __global__ void embedding_bwd_tables(float* dword, float* dtyp, const float* dout,
                                                 const unsigned* ids, const unsigned* types,
-                                                int tokens, int hidden, int store) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
+                                                const unsigned* order, int tokens, int hidden,
+                                                int store) {
+    int p = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= hidden) return;
-    float* dt = blockIdx.y == 0 ? dword : dtyp;
-    const unsigned* row = blockIdx.y == 0 ? ids : types;
-    for (int i = 0; i < tokens; i++)
-        dt[(long long)row[i] * hidden + c] += dout[(long long)i * hidden + c];
-    if (store != STORE_F32) {
-        for (int i = 0; i < tokens; i++) {
-            long long at = (long long)row[i] * hidden + c;
-            dt[at] = st(dt[at], store);
-        }
-    }
+    const unsigned* ord = order + 2 * (long long)blockIdx.z * tokens;
+    int n = ord[tokens + p];
+    if (n == 0) return;  // not the first of its row's run
+    float* dt = blockIdx.z == 0 ? dword : dtyp;
+    const unsigned* key = blockIdx.z == 0 ? ids : types;
+    long long at = (long long)key[ord[p]] * hidden + c;
+    float acc = dt[at];
+    for (int q = p; q < p + n; q++) acc += dout[(long long)ord[q] * hidden + c];
+    dt[at] = st(acc, store);
 }
 
 // Backward into the position table: dpos[p, c] += Σ_b dout[b*seq + p, c], b in order (the tokens

@@ -1,6 +1,6 @@
 // A ThreadSanitizer driver for the emulation (tests/tsan.rs): runs every kernel that uses shared
-// memory or a block reduction (attention, LayerNorm, cross-entropy, the gradient norm, LAMB's
-// per-tensor norms) once on
+// memory or a reduction across threads (attention's softmax, LayerNorm, cross-entropy, the
+// gradient norm, LAMB's per-tensor norms) once on
 // small shapes, built with -fsanitize=thread against one set of kernel sources. Under the
 // emulation's OS-thread mode (RECIPE_EMU_OS_THREADS, which tests/tsan.rs sets and the header picks
 // under TSan) every CUDA thread is an OS thread and `__shared__` is a static, so a missing
@@ -42,45 +42,40 @@ bool close(const char* what, int at, double got, double want, double tol) {
 }
 
 bool attention() {
-    // Two heads over 36 keys: blocks of 64 threads (two warps, each taking softmax rows in
-    // turn), 4 rows per block and tiles of 8 keys (several tiles, the last one partial).
-    const int batch = 2, seq = 36, heads = 2, dim = 4, rows = 4, kt = 8;
-    const int tok = batch * seq * heads * dim, pp = batch * heads * seq * seq;
-    std::vector<float> q(tok), k(tok), v(tok), dctx(tok), ctx(tok), dq(tok), dk(tok), dv(tok);
+    // The softmax kernels (the products around them are GEMMs): two heads over 36 keys, blocks of
+    // 64 threads (two warps, a row each, their shuffles crossing lanes), the last block half
+    // idle (2·2·36 = 144 rows).
+    const int batch = 2, seq = 36, heads = 2;
+    const int rows = batch * heads * seq, pp = rows * seq;
     std::vector<float> probs(pp), pdrop(pp), ds(pp);
     std::vector<unsigned> mask(batch * seq, 1);
-    for (int i = 0; i < tok; i++) {
-        q[i] = (float)((i * 37) % 17) / 17.0f - 0.5f;
-        k[i] = (float)((i * 11) % 13) / 13.0f - 0.5f;
-        v[i] = (float)((i * 7) % 19) / 19.0f - 0.5f;
-        dctx[i] = (float)((i * 5) % 23) / 23.0f - 0.5f;
+    for (int i = 0; i < pp; i++) {
+        probs[i] = 4.0f * val(i, 4);
+        ds[i] = val(i, 5);
     }
     for (int j = seq - 5; j < seq; j++) mask[j] = 0;             // padding
     for (int j = seq; j < 2 * seq; j++) mask[j] = 0;             // a fully masked sequence
-    const float scale = 0.5f, dscale = 1.0f / 0.9f;
+    const float dscale = 1.0f / 0.9f;
     const unsigned threshold = 429496730u;                       // p = 0.1
-    dim3 grid((seq + rows - 1) / rows, heads, batch), block(64);
-    size_t smem = (rows * dim + kt * (dim + 1) + rows * seq) * sizeof(float);
+    dim3 grid((rows + 1) / 2), block(64);
 
-    emu::launch(grid, block, smem, [&] {
-        attention_fwd(ctx.data(), probs.data(), pdrop.data(), q.data(), k.data(), v.data(),
-                      mask.data(), seq, heads, dim, scale, 1, 42ull, 7ull, threshold, dscale, 0,
-                      rows, kt);
+    emu::launch(grid, block, 0, [&] {
+        attention_softmax(probs.data(), pdrop.data(), mask.data(), rows, seq, heads, 1, 42ull, 7ull,
+                          threshold, dscale, 0);
     });
-    emu::launch(grid, block, smem, [&] {
-        attention_bwd_rows(dq.data(), ds.data(), dctx.data(), k.data(), v.data(), probs.data(),
-                           pdrop.data(), seq, heads, dim, scale, 1, dscale, 0, rows, kt);
-    });
-    emu::launch(grid, block, 2 * kt * (dim + rows) * sizeof(float), [&] {
-        attention_bwd_cols(dk.data(), dv.data(), ds.data(), dctx.data(), q.data(), pdrop.data(),
-                           seq, heads, dim, scale, 0, rows, kt);
+    emu::launch(grid, block, 0, [&] {
+        attention_softmax_bwd(ds.data(), probs.data(), pdrop.data(), rows, seq, 1, dscale);
     });
 
-    // Every probability row sums to 1.
-    for (int r = 0; r < pp / seq; r++) {
-        double s = 0.0;
-        for (int j = 0; j < seq; j++) s += probs[r * seq + j];
+    for (int r = 0; r < rows; r++) {
+        // Every probability row sums to 1, and (the softmax backward's) every ds row to 0.
+        double s = 0.0, d = 0.0;
+        for (int j = 0; j < seq; j++) {
+            s += probs[r * seq + j];
+            d += ds[r * seq + j];
+        }
         if (!close("attention probability row sum", r, s, 1.0, 1e-3)) return false;
+        if (!close("attention ds row sum", r, d, 0.0, 1e-3)) return false;
     }
     return true;
 }

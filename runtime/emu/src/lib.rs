@@ -50,6 +50,13 @@ impl Device for Emu {
         vec![0.0; n]
     }
 
+    fn as_view<'a, 'b>(&self, v: &'b &'a mut [f32]) -> &'b [f32]
+    where
+        'a: 'b,
+    {
+        v
+    }
+
     fn len(&self, v: &[f32]) -> usize {
         v.len()
     }

@@ -225,6 +225,66 @@ fn pack_half_writes_the_half_crates_bits() {
     }
 }
 
+/// `gemm_pointers` as the GPU launches it, the addresses its batched GEMM reads
+/// (`cublasGemmBatchedEx`): item `j`
+/// of each operand at its base plus `Batch::offset` elements of its size (2 for packed half
+/// operands, 4 for f32), `A`'s, then `B`'s, then `C`'s; nothing past them. Attention's batches
+/// (an item per sequence and head) and batches of one outer index or one item per index.
+#[test]
+fn gemm_pointers_are_the_batchs_offsets() {
+    use recipe_runtime::backend::device::Device;
+    use recipe_runtime::backend::kernels::gemm_pointers;
+    use recipe_runtime::backend::{Batch, Stride};
+    let st = |outer, inner| Stride { outer, inner };
+    let batches = [
+        // (sequence, head) over [2, 7, 3·5] tokens and [2, 3, 7, 7] probabilities.
+        Batch {
+            count: 6,
+            inner: 3,
+            a: st(7 * 15, 5),
+            b: st(3 * 49, 49),
+            c: st(7 * 15, 5),
+        },
+        Batch {
+            count: 4,
+            inner: 4,
+            a: st(0, 9),
+            b: st(0, 0),
+            c: st(0, 11),
+        },
+        Batch {
+            count: 300,
+            inner: 1,
+            a: st(13, 0),
+            b: st(0, 0),
+            c: st(17, 0),
+        },
+    ];
+    for b in batches {
+        for elem in [2u64, 4] {
+            let n = b.count;
+            let mut out = vec![0xdead_beef_u64; 3 * n + 1];
+            let (pa, pb, pc) = (0x1000_0000_u64, 0x2000_0000_u64, 0x3000_0000_u64);
+            let (launch, args) = gemm_pointers(out.as_mut_ptr() as u64, (pa, pb, pc), &b, elem);
+            recipe_kernel_emu::Emu.launch("gemm_pointers", launch, &args);
+            assert_eq!(out[3 * n], 0xdead_beef, "{b:?}: wrote past the lists");
+            for j in 0..n {
+                assert_eq!(out[j], pa + elem * b.offset(b.a, j) as u64, "{b:?} A {j}");
+                assert_eq!(
+                    out[n + j],
+                    pb + elem * b.offset(b.b, j) as u64,
+                    "{b:?} B {j}"
+                );
+                assert_eq!(
+                    out[2 * n + j],
+                    pc + 4 * b.offset(b.c, j) as u64,
+                    "{b:?} C {j}"
+                );
+            }
+        }
+    }
+}
+
 /// `scale_round`, the devices' average of a sum over the ranks: bit for bit the host's
 /// `ReduceOp::Avg` (× the f32 `1/N`) followed by `Storage::reduced` (the communication dtype,
 /// then the module's), for every pair of dtypes, on odd lengths and values past fp16's range.

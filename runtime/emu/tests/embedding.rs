@@ -12,9 +12,11 @@ use recipe_runtime::precision::Dtype;
 
 const STORES: [Dtype; 3] = [Dtype::F32, Dtype::F16, Dtype::Bf16];
 
-/// (batch, seq, hidden): one token, one column, widths off the warp and the block.
+/// (batch, seq, hidden): one token, one column, widths off the warp and the block, more tokens
+/// than a block orders (300, in runs of about 60 per id).
 const SHAPES: &[(usize, usize, usize)] = &[
     (1, 1, 1),
+    (3, 100, 5),
     (1, 3, 7),
     (3, 1, 33),
     (2, 5, 257),

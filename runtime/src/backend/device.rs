@@ -7,7 +7,7 @@
 
 use std::ops::Range;
 
-use super::Gemm;
+use super::{Batch, Gemm};
 
 /// One kernel argument, passed by value as `cuLaunchKernel` takes them: a device address or a
 /// scalar of the kernel's parameter type.
@@ -109,6 +109,10 @@ pub trait Device {
     ) -> (Self::ViewMut<'b>, Self::ViewMut<'b>)
     where
         'a: 'b;
+    /// A writable view, read-only for its borrow (a GEMM reading what a kernel wrote).
+    fn as_view<'a, 'b>(&self, v: &'b Self::ViewMut<'a>) -> Self::View<'b>
+    where
+        'a: 'b;
     /// Elements in a view.
     fn len(&self, v: Self::View<'_>) -> usize;
     /// Elements in a writable view.
@@ -144,8 +148,45 @@ pub trait Device {
         debug_assert!(half.is_half());
         self.gemm(g, a, b, c)
     }
+    /// A [`Batch`] of GEMMs of shape `g`, item `j` on the operands at the batch's offsets in `a`,
+    /// `b` and `c`: with `operands` fp16/bf16 as [`Device::gemm_half`] (values of that dtype),
+    /// with f32 as [`Device::gemm`]. Unrounded f32 results, as those. By default, one call per
+    /// item; a GPU issues the batch as one call.
+    fn gemm_batched(
+        &self,
+        g: &Gemm,
+        batch: &Batch,
+        a: Self::View<'_>,
+        b: Self::View<'_>,
+        mut c: Self::ViewMut<'_>,
+        operands: crate::precision::Dtype,
+    ) {
+        let (sa, sb, sc) = g.spans();
+        assert!(
+            batch.extent(batch.a, sa) <= self.len(a)
+                && batch.extent(batch.b, sb) <= self.len(b)
+                && batch.extent(batch.c, sc) <= self.len_mut(&c),
+            "batched GEMM operands shorter than their batch"
+        );
+        for j in 0..batch.count {
+            let (oa, ob, oc) = (
+                batch.offset(batch.a, j),
+                batch.offset(batch.b, j),
+                batch.offset(batch.c, j),
+            );
+            let (ai, bi) = (self.sub(a, oa..oa + sa), self.sub(b, ob..ob + sb));
+            let ci = self.sub_mut(&mut c, oc..oc + sc);
+            if operands.is_half() {
+                self.gemm_half(g, ai, bi, ci, operands);
+            } else {
+                self.gemm(g, ai, bi, ci);
+            }
+        }
+    }
     /// Sizes [`Device::gemm_half`]'s operand scratch for spans of up to `elems` elements.
     fn reserve_gemm_half(&self, _elems: usize) {}
+    /// Sizes [`Device::gemm_batched`]'s scratch for batches of up to `count` GEMMs.
+    fn reserve_gemm_batched(&self, _count: usize) {}
     /// Waits for all launched work; `Ok` unless the device reported an error.
     fn sync(&self) -> Result<(), String>;
 }

@@ -164,6 +164,34 @@ impl Gemm {
             beta,
         }
     }
+
+    /// How many elements of each stored operand the GEMM reads (`A`, `B`) or writes (`C`), from
+    /// the first. A stored `r × c` operand with row stride `ld` spans `(r − 1)·ld + c` elements
+    /// (0 when it is empty).
+    pub fn spans(&self) -> (usize, usize, usize) {
+        let span = |rows: usize, cols: usize, ld: usize| {
+            if rows == 0 || cols == 0 {
+                0
+            } else {
+                (rows - 1) * ld + cols
+            }
+        };
+        let (ar, ac) = if self.trans_a {
+            (self.k, self.m)
+        } else {
+            (self.m, self.k)
+        };
+        let (br, bc) = if self.trans_b {
+            (self.n, self.k)
+        } else {
+            (self.k, self.n)
+        };
+        (
+            span(ar, ac, self.lda),
+            span(br, bc, self.ldb),
+            span(self.m, self.n, self.ldc),
+        )
+    }
 }
 
 /// Which dropout mask to apply: element `i` of the buffer is kept iff the Philox draw
@@ -179,6 +207,58 @@ pub struct Dropout {
     pub seed: u64,
     /// Philox stream (one per dropout site and micro-batch).
     pub stream: u64,
+}
+
+/// Where each GEMM of a [`Batch`] finds one operand: item `(o, i)` starts `o · outer + i · inner`
+/// elements into the operand's view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stride {
+    /// Elements between items of consecutive outer indices.
+    pub outer: usize,
+    /// Elements between items of consecutive inner indices.
+    pub inner: usize,
+}
+
+/// A batch of GEMMs of one [`Gemm`] shape over a two-level index: item `j` of `count` is
+/// `(o, i) = (j / inner, j % inner)`, each operand's at its [`Stride`]. Attention's items are
+/// (sequence, head): a head's `q` starts `b·seq·hidden + h·head_dim` into `[batch, seq, hidden]`,
+/// its scores `(b·heads + h)·seq²` into `[batch, heads, seq, seq]`; no one stride reaches both,
+/// so a GPU passes every item's address (`cublasGemmBatchedEx`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Batch {
+    /// GEMMs in the batch.
+    pub count: usize,
+    /// Items per outer index (at least 1).
+    pub inner: usize,
+    /// `A`'s items.
+    pub a: Stride,
+    /// `B`'s items.
+    pub b: Stride,
+    /// `C`'s items.
+    pub c: Stride,
+}
+
+impl Batch {
+    /// Item `j`'s offset in an operand of stride `s`.
+    pub fn offset(&self, s: Stride, j: usize) -> usize {
+        (j / self.inner) * s.outer + (j % self.inner) * s.inner
+    }
+
+    /// Elements of an operand of stride `s` that the batch reads or writes, from the view's
+    /// start, when one item spans `span` elements (0 for an empty batch or item).
+    pub fn extent(&self, s: Stride, span: usize) -> usize {
+        if self.count == 0 || span == 0 {
+            return 0;
+        }
+        let last = self.count - 1;
+        // The largest offset: the last item's, or (strides being non-negative) the last inner
+        // item of the outer index before it.
+        let full_row = match last / self.inner {
+            0 => 0,
+            o => (o - 1) * s.outer + (self.inner - 1) * s.inner,
+        };
+        self.offset(s, last).max(full_row) + span
+    }
 }
 
 /// Shape of a multi-head attention call: `batch × seq` tokens, `heads × head_dim` = hidden.
@@ -282,6 +362,10 @@ pub trait Backend {
     /// run's first step (a GPU's half-precision operands: `device::Device::gemm_half`). The CPU
     /// needs none.
     fn reserve_gemm(&self, _elems: usize) {}
+    /// Sizes the scratch a batch of shape `s` needs, before a run's first step (a GPU's:
+    /// attention's batched GEMMs, their operands' addresses and half operands; the embedding
+    /// backward's order of the tokens). The CPU needs none.
+    fn reserve_batch(&self, _s: AttnShape) {}
     /// `out[r, c] += bias[c]` for a `rows × cols` matrix.
     fn add_bias(&self, out: Self::ViewMut<'_>, bias: Self::View<'_>, rows: usize, cols: usize);
     /// Accumulates `db[c] += Σ_r dout[r, c]` in a fixed two-level order: the rows of each chunk

@@ -559,6 +559,14 @@ impl Classifier {
         let (h, inter) = (c.hidden_size, c.intermediate_size);
         let rows = batch.max(eval_batch) * seq;
         be.reserve_gemm((rows * inter.max(3 * h)).max(inter * h).max(3 * h * h));
+        for b in [batch, eval_batch] {
+            be.reserve_batch(crate::backend::AttnShape {
+                batch: b,
+                seq,
+                heads: c.num_attention_heads,
+                head_dim: c.head_dim(),
+            });
+        }
     }
 
     /// The evaluation buffers of `ws` for `b`'s shape, holding `b`'s inputs.

@@ -57,21 +57,6 @@ pub fn col_major(g: &Gemm) -> ColMajor {
     }
 }
 
-/// How many elements of each stored operand a GEMM reads, from the first: `(A, B)`. A stored
-/// `r × c` operand with row stride `ld` spans `(r − 1)·ld + c` elements (0 when it is empty).
-pub fn operand_spans(g: &Gemm) -> (usize, usize) {
-    let span = |rows: usize, cols: usize, ld: usize| {
-        if rows == 0 || cols == 0 {
-            0
-        } else {
-            (rows - 1) * ld + cols
-        }
-    };
-    let (ar, ac) = if g.trans_a { (g.k, g.m) } else { (g.m, g.k) };
-    let (br, bc) = if g.trans_b { (g.n, g.k) } else { (g.k, g.n) };
-    (span(ar, ac, g.lda), span(br, bc, g.ldb))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,7 +106,7 @@ mod tests {
             let mut g = Gemm::dense(3, 4, 5, ta, tb, 0.0);
             g.lda += 2;
             g.ldb += 1;
-            let (sa, sb) = operand_spans(&g);
+            let (sa, sb, _) = g.spans();
             let a: Vec<f32> = (0..sa).map(|i| i as f32 * 0.5).collect();
             let b: Vec<f32> = (0..sb).map(|i| 1.0 - i as f32 * 0.25).collect();
             let mut want = vec![0.0f32; g.ldc * g.m];
@@ -142,7 +127,35 @@ mod tests {
                 assert!(c.iter().any(|v| v.is_nan()), "ta{ta} tb{tb}");
             }
         }
-        assert_eq!(operand_spans(&Gemm::dense(0, 4, 5, false, false, 0.0)).0, 0);
+        assert_eq!(Gemm::dense(0, 4, 5, false, false, 0.0).spans().0, 0);
+    }
+
+    /// A batch's extent is the largest item offset plus an item's span, for batches whose count
+    /// is or is not a multiple of the inner count, with either stride the larger, and 0 for an
+    /// empty batch or item.
+    #[test]
+    fn a_batchs_extent_is_its_last_elements_end() {
+        use crate::backend::{Batch, Stride};
+        for (count, inner) in [(1, 1), (6, 3), (7, 3), (4, 4), (5, 1), (2, 5), (13, 4)] {
+            for (outer_s, inner_s) in [(100, 7), (3, 50), (0, 9), (11, 0)] {
+                let st = Stride {
+                    outer: outer_s,
+                    inner: inner_s,
+                };
+                let b = Batch {
+                    count,
+                    inner,
+                    a: st,
+                    b: st,
+                    c: st,
+                };
+                let brute = (0..count).map(|j| b.offset(st, j)).max().unwrap() + 5;
+                assert_eq!(b.extent(st, 5), brute, "{b:?}");
+                assert_eq!(b.extent(st, 0), 0);
+                let none = Batch { count: 0, ..b };
+                assert_eq!(none.extent(st, 5), 0);
+            }
+        }
     }
 
     #[test]

@@ -24,8 +24,8 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::device::{Arg, Device, Launch};
-use super::kernels::{all_kernel_names, dtype_arg, grid1, int};
-use super::Gemm;
+use super::kernels::{all_kernel_names, dtype_arg, gemm_pointers, grid1, int};
+use super::{Batch, Gemm};
 use crate::precision::Dtype;
 
 /// Why the CUDA backend cannot run here.
@@ -249,6 +249,9 @@ pub struct CudaDevice {
     /// The two operands of the last half-precision GEMM as fp16/bf16 bits
     /// ([`Device::gemm_half`]), grown to the longest seen (the first step's shapes).
     packed: Mutex<[Option<CudaSlice<u16>>; 2]>,
+    /// The operand addresses of the last batched GEMM ([`Device::gemm_batched`]: `A`'s, `B`'s,
+    /// then `C`'s), grown to the largest batch seen.
+    pointers: Mutex<Option<CudaSlice<u64>>>,
     /// With NCCL peers: how a wait keeps an eye on the group ([`CudaDevice::drain`]).
     watch: Mutex<Option<Arc<Watch>>>,
 }
@@ -334,6 +337,7 @@ impl CudaDevice {
             error: Mutex::new(None),
             out_of_memory: Mutex::new(None),
             packed: Mutex::default(),
+            pointers: Mutex::default(),
             watch: Mutex::new(None),
         })
     }
@@ -464,6 +468,25 @@ impl CudaDevice {
             }
         }
         true
+    }
+
+    /// The address of `slot`, grown to hold three addresses per GEMM of a batch of `count`;
+    /// `None` when that allocation failed (recorded).
+    fn grow_pointers(&self, slot: &mut Option<CudaSlice<u64>>, count: usize) -> Option<u64> {
+        if self.failed() {
+            return None;
+        }
+        if slot.as_ref().is_none_or(|s| s.len() < 3 * count) {
+            match self.stream.alloc_zeros::<u64>((3 * count).max(1)) {
+                Ok(s) => *slot = Some(s),
+                Err(e) => {
+                    self.out_of_memory("an allocation of GEMM addresses", 24 * count, e);
+                    return None;
+                }
+            }
+        }
+        let s = slot.as_mut()?;
+        Some(cudarc::driver::DevicePtrMut::device_ptr_mut(s, &self.stream).0)
     }
 
     /// Keeps the first error for [`Device::sync`].
@@ -709,6 +732,17 @@ impl Device for CudaDevice {
         }
     }
 
+    fn as_view<'a, 'b>(&self, v: &'b DevViewMut<'a>) -> DevView<'b>
+    where
+        'a: 'b,
+    {
+        DevView {
+            ptr: v.ptr,
+            len: v.len,
+            _borrow: PhantomData,
+        }
+    }
+
     fn sub_mut<'a, 'b>(&self, v: &'b mut DevViewMut<'a>, r: Range<usize>) -> DevViewMut<'b>
     where
         'a: 'b,
@@ -870,7 +904,7 @@ impl Device for CudaDevice {
             Dtype::Bf16 if self.major >= 8 => cudaDataType::CUDA_R_16BF,
             Dtype::Bf16 | Dtype::F32 => return self.gemm(g, a, b, c),
         };
-        let (span_a, span_b) = gemm::operand_spans(g);
+        let (span_a, span_b, _) = g.spans();
         assert!(
             span_a <= a.len && span_b <= b.len,
             "GEMM operands shorter than their shapes"
@@ -915,6 +949,100 @@ impl Device for CudaDevice {
         if let Err(e) = r {
             self.record("cublasGemmEx", e);
         }
+    }
+
+    fn gemm_batched(
+        &self,
+        g: &Gemm,
+        batch: &Batch,
+        a: DevView<'_>,
+        b: DevView<'_>,
+        c: DevViewMut<'_>,
+        operands: Dtype,
+    ) {
+        use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
+        if self.failed() || batch.count == 0 {
+            return;
+        }
+        self.bind();
+        let (span_a, span_b, span_c) = g.spans();
+        let (ext_a, ext_b) = (batch.extent(batch.a, span_a), batch.extent(batch.b, span_b));
+        assert!(
+            ext_a <= a.len && ext_b <= b.len && batch.extent(batch.c, span_c) <= c.len,
+            "batched GEMM operands shorter than their batch"
+        );
+        let half = match operands {
+            Dtype::F16 => Some(cudaDataType::CUDA_R_16F),
+            // As in `gemm_half`: bf16 tensor cores from sm_80 on, else the f32 GEMM.
+            Dtype::Bf16 if self.major >= 8 => Some(cudaDataType::CUDA_R_16BF),
+            Dtype::Bf16 | Dtype::F32 => None,
+        };
+        let mut packed = self.packed.lock().unwrap_or_else(|p| p.into_inner());
+        let [slot_a, slot_b] = &mut *packed;
+        // The operands as the GEMM reads them: the half bits of their extents (the layout kept,
+        // so the items' offsets stay the same), or the f32 views themselves.
+        let ((pa, pb), elem, dtype) = match half {
+            Some(t) => (
+                (
+                    self.pack(slot_a, a.ptr, ext_a, operands),
+                    self.pack(slot_b, b.ptr, ext_b, operands),
+                ),
+                2,
+                t,
+            ),
+            None => ((a.ptr, b.ptr), 4, cudaDataType::CUDA_R_32F),
+        };
+        if pa == 0 || pb == 0 {
+            return; // out of memory for the packed operands: recorded
+        }
+        let mut pointers = self.pointers.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(list) = self.grow_pointers(&mut pointers, batch.count) else {
+            return;
+        };
+        let (l, args) = gemm_pointers(list, (pa, pb, c.ptr), batch, elem);
+        self.launch("gemm_pointers", l, &args);
+        let n = batch.count as u64;
+        let (list_a, list_b, list_c) = (list, list + 8 * n, list + 16 * n);
+        let cm = gemm::col_major(g);
+        let (op, dim) = (gemm::op, gemm::dim);
+        // SAFETY: `gemm_pointers` (queued before, on this stream) wrote every item's addresses
+        // into `list`, each inside the operands' extents (asserted above) or their packed
+        // copies; cuBLAS runs on this device's stream, and the next batch's addresses are
+        // written after this call has read them (stream order). f32 output and compute; with
+        // half operands, cuBLAS's tensor-core path.
+        let r = unsafe {
+            cudarc::cublas::sys::cublasGemmBatchedEx(
+                *self.blas.handle(),
+                op(cm.trans_first),
+                op(cm.trans_second),
+                dim(cm.m),
+                dim(cm.n),
+                dim(cm.k),
+                (&g.alpha as *const f32).cast(),
+                list_b as *const *const c_void,
+                dtype,
+                dim(cm.ld_first),
+                list_a as *const *const c_void,
+                dtype,
+                dim(cm.ld_second),
+                (&g.beta as *const f32).cast(),
+                list_c as *const *mut c_void,
+                cudaDataType::CUDA_R_32F,
+                dim(cm.ldc),
+                dim(batch.count),
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .result();
+        if let Err(e) = r {
+            self.record("cublasGemmBatchedEx", e);
+        }
+    }
+
+    fn reserve_gemm_batched(&self, count: usize) {
+        let mut pointers = self.pointers.lock().unwrap_or_else(|p| p.into_inner());
+        self.grow_pointers(&mut pointers, count);
     }
 
     fn reserve_gemm_half(&self, elems: usize) {

@@ -1,84 +1,29 @@
-//! Launches of `runtime/kernels/attention.cu`: a block per `rows` query rows (forward, backward
-//! rows) or key rows (backward columns) of one head, grid `(ceil(seq / rows), heads, batch)`, the
-//! keys streamed through shared memory `kt` rows at a time (see the kernel file).
+//! Attention as batched GEMMs around the softmax kernels of `runtime/kernels/attention.cu`.
+//!
+//! Each product is one [`Device::gemm_batched`] over the (sequence, head) items, reading and
+//! writing a head's columns of the `[batch, seq, heads·head_dim]` tensors in place (row stride
+//! `hidden`), and a head's `[seq, seq]` block of the probabilities: on a GPU, one
+//! `cublasGemmBatchedEx` on the tensor cores, rather than dot products on the CUDA cores. The
+//! order of operations and the rounding are the CPU backend's (`attn_fwd_one`,
+//! `attn_bwd_one`): the scores and the softmax backward's `ds` stay f32; the probabilities and
+//! every `[batch, seq, hidden]` output are rounded to the storage dtype. So the products whose
+//! operands are stored values (`q·kᵀ`, `p·v`, `dctx·vᵀ`, `pᵀ·dctx`) take half operands in a
+//! half-precision run, and the two that read `ds` (`dq`, `dk`) run in f32.
 #![allow(clippy::too_many_arguments)]
 
-use super::{dropout_args, int, Kernels};
+use super::{dropout_args, int, Kernels, BLOCK};
 use crate::backend::device::{Arg, Device, Launch};
-use crate::backend::{AttnShape, Dropout};
-
-/// Threads per block: four warps, each taking one softmax row at a time.
-const THREADS: u32 = 128;
-
-/// Output elements a thread accumulates per pass (`ATTN_OUT` in attention.cu): a block's rows
-/// should have at most `THREADS × ATTN_OUT` outputs, so that one pass over the keys serves them.
-const OUTPUTS: usize = 8 * THREADS as usize;
-
-/// Query (key) rows per block at most, and keys per shared-memory tile at most.
-const ROWS: usize = 16;
-const TILE: usize = 32;
-
-/// Dynamic shared memory a block may use without opting in: 48 KiB (CUDA C++ Programming
-/// Guide, "Shared Memory"; the kernels declare no static shared memory).
-const MAX_SMEM: usize = 48 * 1024;
-
-/// `(rows, kt)` for a block of `shape`'s kernel whose dynamic shared memory is `floats(rows,
-/// kt)`: as many rows as one pass of outputs covers (up to [`ROWS`]) and [`TILE`] keys, halved
-/// (rows first) until it fits.
-fn tiles(s: AttnShape, floats: impl Fn(usize, usize) -> usize) -> (usize, usize) {
-    let mut rows = (OUTPUTS / s.head_dim.max(1))
-        .clamp(1, ROWS)
-        .min(s.seq.max(1));
-    let mut kt = TILE.min(s.seq.max(1));
-    while 4 * floats(rows, kt) > MAX_SMEM {
-        if rows > 1 {
-            rows = rows.div_ceil(2);
-        } else if kt > 1 {
-            kt = kt.div_ceil(2);
-        } else {
-            panic!("attention: seq {} too long for shared memory", s.seq);
-        }
-    }
-    (rows, kt)
-}
-
-/// Shared memory of the forward and of the backward's rows kernel.
-fn row_tiles(s: AttnShape) -> (usize, usize) {
-    tiles(s, |rows, kt| row_floats(s, rows, kt))
-}
-
-/// Dynamic shared memory of the forward and of the backward's rows kernel, in floats: the
-/// block's rows, the key tile (rows padded by one float, `tile_ld` in attention.cu) and the
-/// score rows.
-fn row_floats(s: AttnShape, rows: usize, kt: usize) -> usize {
-    rows * s.head_dim + kt * (s.head_dim + 1) + rows * s.seq
-}
-
-/// Shared memory of the backward's columns kernel.
-fn col_tiles(s: AttnShape) -> (usize, usize) {
-    tiles(s, |rows, kt| 2 * kt * (s.head_dim + rows))
-}
-
-/// Grid `(ceil(seq / rows), heads, batch)` of [`THREADS`] threads with `floats` of dynamic
-/// shared memory.
-fn launch(s: AttnShape, rows: usize, floats: usize) -> Launch {
-    let dim = |n: usize| u32::try_from(n).expect("attention grid");
-    assert!(s.heads <= 65535 && s.batch <= 65535, "attention grid {s:?}");
-    Launch {
-        grid: (dim(s.seq.div_ceil(rows)), dim(s.heads), dim(s.batch)),
-        block: (THREADS, 1, 1),
-        smem: dim(4 * floats),
-    }
-}
+use crate::backend::{AttnShape, Batch, Dropout, Gemm, Stride};
+use crate::precision::Dtype;
 
 /// `(1 / √head_dim)` as the CPU backend computes it.
-fn score_scale(s: AttnShape) -> Arg {
-    Arg::F32((1.0 / (s.head_dim as f64).sqrt()) as f32)
+fn score_scale(s: AttnShape) -> f32 {
+    (1.0 / (s.head_dim as f64).sqrt()) as f32
 }
 
 /// Floats of a token tensor (`[batch, seq, heads·head_dim]`) and of a probability tensor
 /// (`[batch, heads, seq, seq]`).
-fn sizes(s: AttnShape) -> (usize, usize) {
+pub(super) fn sizes(s: AttnShape) -> (usize, usize) {
     (
         s.batch * s.seq * s.heads * s.head_dim,
         s.batch * s.heads * s.seq * s.seq,
@@ -88,6 +33,81 @@ fn sizes(s: AttnShape) -> (usize, usize) {
 /// Nothing to compute (and a grid of zero blocks is not a launch).
 fn empty(s: AttnShape) -> bool {
     s.batch == 0 || s.seq == 0 || s.heads == 0 || s.head_dim == 0
+}
+
+/// A head's rows in a token tensor, and its block of a probability tensor.
+fn strides(s: AttnShape) -> (Stride, Stride) {
+    let hid = s.heads * s.head_dim;
+    (
+        Stride {
+            outer: s.seq * hid,
+            inner: s.head_dim,
+        },
+        Stride {
+            outer: s.heads * s.seq * s.seq,
+            inner: s.seq * s.seq,
+        },
+    )
+}
+
+/// The batch of one product: an item per (sequence, head), `a`, `b` and `c` each a token
+/// tensor (`false`) or a probability tensor (`true`).
+fn batch(s: AttnShape, a: bool, b: bool, c: bool) -> Batch {
+    let (tok, prob) = strides(s);
+    let pick = |p: bool| if p { prob } else { tok };
+    Batch {
+        count: s.batch * s.heads,
+        inner: s.heads,
+        a: pick(a),
+        b: pick(b),
+        c: pick(c),
+    }
+}
+
+/// One item's `C[m×n] = alpha · op(A)·op(B)`, each operand a head's `seq` rows of a token tensor
+/// (row stride `hidden`) or its `[seq, seq]` block (row stride `seq`).
+fn product(
+    s: AttnShape,
+    (m, n, k): (usize, usize, usize),
+    (trans_a, trans_b): (bool, bool),
+    (a, b, c): (bool, bool, bool),
+    alpha: f32,
+) -> Gemm {
+    let ld = |p: bool| if p { s.seq } else { s.heads * s.head_dim };
+    Gemm {
+        m,
+        n,
+        k,
+        trans_a,
+        trans_b,
+        lda: ld(a),
+        ldb: ld(b),
+        ldc: ld(c),
+        alpha,
+        beta: 0.0,
+    }
+}
+
+/// One warp per row of `[batch, heads, seq, seq]`, [`BLOCK`] threads per block.
+fn softmax_launch(s: AttnShape) -> (Launch, Arg) {
+    let rows = s.batch * s.heads * s.seq;
+    let per_block = BLOCK as usize / 32;
+    let l = Launch {
+        grid: (
+            u32::try_from(rows.div_ceil(per_block)).expect("attention rows"),
+            1,
+            1,
+        ),
+        block: (BLOCK, 1, 1),
+        smem: 0,
+    };
+    (l, int(rows))
+}
+
+/// Rounds the first `n` floats of `v` to the storage dtype.
+fn round<D: Device>(k: &Kernels<D>, mut v: D::ViewMut<'_>, n: usize) {
+    let first = k.dev.sub_mut(&mut v, 0..n);
+    k.round_to(first, k.store);
 }
 
 pub(super) fn fwd<D: Device>(
@@ -112,45 +132,60 @@ pub(super) fn fwd<D: Device>(
     if empty(s) {
         return;
     }
+    let (t, d) = (s.seq, s.head_dim);
+    // scores = scale · q·kᵀ, into probs (the softmax overwrites them).
+    dev.gemm_batched(
+        &product(
+            s,
+            (t, t, d),
+            (false, true),
+            (false, false, true),
+            score_scale(s),
+        ),
+        &batch(s, false, false, true),
+        q,
+        kk,
+        dev.sub_mut(&mut probs, 0..pp),
+        k.store,
+    );
     // The CPU backend applies dropout only when both the buffer and the key are given.
-    let (pd, d) = match (probs_drop, dropout) {
-        (Some(mut pd), Some(d)) => {
+    let mut pd = match (probs_drop, dropout) {
+        (Some(pd), Some(d)) => {
             assert!(dev.len_mut(&pd) >= pp, "attention_fwd probs_drop");
-            (dev.ptr_mut(&mut pd), Some(d))
+            Some((pd, d))
         }
-        _ => (0, None),
+        _ => None,
     };
-    let (seed, stream, threshold, dscale) = match d {
-        Some(d) => dropout_args(d),
+    let (seed, stream, threshold, dscale) = match &pd {
+        Some((_, d)) => dropout_args(d),
         None => (Arg::U64(0), Arg::U64(0), Arg::U32(0), Arg::F32(1.0)),
     };
-    let (rows, kt) = row_tiles(s);
-    let l = launch(s, rows, row_floats(s, rows, kt));
+    let pd_ptr = pd.as_mut().map_or(0, |(b, _)| dev.ptr_mut(b));
+    let (l, rows) = softmax_launch(s);
     dev.launch(
-        "attention_fwd",
+        "attention_softmax",
         l,
         &[
-            Arg::Ptr(dev.ptr_mut(&mut ctx)),
             Arg::Ptr(dev.ptr_mut(&mut probs)),
-            Arg::Ptr(pd),
-            Arg::Ptr(dev.ptr(q)),
-            Arg::Ptr(dev.ptr(kk)),
-            Arg::Ptr(dev.ptr(v)),
+            Arg::Ptr(pd_ptr),
             Arg::Ptr(dev.ids_ptr(mask)),
+            rows,
             int(s.seq),
             int(s.heads),
-            int(s.head_dim),
-            score_scale(s),
-            int(usize::from(d.is_some())),
+            int(usize::from(pd.is_some())),
             seed,
             stream,
             threshold,
             dscale,
             k.store_arg(),
-            int(rows),
-            int(kt),
         ],
     );
+    // ctx = used probabilities · v, then rounded.
+    match &pd {
+        Some((b, _)) => probs_times(k, s, dev.as_view(b), false, v, &mut ctx),
+        None => probs_times(k, s, dev.as_view(&probs), false, v, &mut ctx),
+    }
+    round(k, ctx, tok);
 }
 
 pub(super) fn bwd<D: Device>(
@@ -183,59 +218,88 @@ pub(super) fn bwd<D: Device>(
     }
     // As the CPU backend: dv uses probs_drop when given, and the dropout key (only its scale)
     // masks dp by the zeros of that same buffer.
-    let pd = match probs_drop {
-        Some(pd) => {
-            assert!(dev.len(pd) >= pp, "attention_bwd probs_drop");
-            dev.ptr(pd)
-        }
-        None => dev.ptr(probs),
-    };
+    if let Some(pd) = probs_drop {
+        assert!(dev.len(pd) >= pp, "attention_bwd probs_drop");
+    }
+    let pd_ptr = probs_drop.map_or(dev.ptr(probs), |pd| dev.ptr(pd));
     let dscale = match dropout {
         Some(d) => dropout_args(d).3,
         None => Arg::F32(1.0),
     };
+    let (t, d) = (s.seq, s.head_dim);
+    let scale = score_scale(s);
+    // dp = dctx · vᵀ, into the scratch.
+    dev.gemm_batched(
+        &product(s, (t, t, d), (false, true), (false, false, true), 1.0),
+        &batch(s, false, false, true),
+        dctx,
+        v,
+        dev.sub_mut(&mut scratch, 0..pp),
+        k.store,
+    );
+    // dv = probs_dropᵀ · dctx
+    match probs_drop {
+        Some(pd) => probs_times(k, s, pd, true, dctx, &mut dv),
+        None => probs_times(k, s, probs, true, dctx, &mut dv),
+    }
+    round(k, dv, tok);
+    // ds = p ⊙ (dp − Σ_j dp·p), in place.
+    let (l, rows) = softmax_launch(s);
     let ds = dev.ptr_mut(&mut scratch);
-    let (rows, kt) = row_tiles(s);
     dev.launch(
-        "attention_bwd_rows",
-        launch(s, rows, row_floats(s, rows, kt)),
+        "attention_softmax_bwd",
+        l,
         &[
-            Arg::Ptr(dev.ptr_mut(&mut dq)),
             Arg::Ptr(ds),
-            Arg::Ptr(dev.ptr(dctx)),
-            Arg::Ptr(dev.ptr(kk)),
-            Arg::Ptr(dev.ptr(v)),
             Arg::Ptr(dev.ptr(probs)),
-            Arg::Ptr(pd),
+            Arg::Ptr(pd_ptr),
+            rows,
             int(s.seq),
-            int(s.heads),
-            int(s.head_dim),
-            score_scale(s),
             int(usize::from(dropout.is_some())),
             dscale,
-            k.store_arg(),
-            int(rows),
-            int(kt),
         ],
     );
-    let (rows, kt) = col_tiles(s);
-    dev.launch(
-        "attention_bwd_cols",
-        launch(s, rows, 2 * kt * (s.head_dim + rows)),
-        &[
-            Arg::Ptr(dev.ptr_mut(&mut dk)),
-            Arg::Ptr(dev.ptr_mut(&mut dv)),
-            Arg::Ptr(ds),
-            Arg::Ptr(dev.ptr(dctx)),
-            Arg::Ptr(dev.ptr(q)),
-            Arg::Ptr(pd),
-            int(s.seq),
-            int(s.heads),
-            int(s.head_dim),
-            score_scale(s),
-            k.store_arg(),
-            int(rows),
-            int(kt),
-        ],
+    // dq = scale · ds · k ;  dk = scale · dsᵀ · q, with ds in f32.
+    let ds = dev.sub(dev.as_view(&scratch), 0..pp);
+    dev.gemm_batched(
+        &product(s, (t, d, t), (false, false), (true, false, false), scale),
+        &batch(s, true, false, false),
+        ds,
+        kk,
+        dev.sub_mut(&mut dq, 0..tok),
+        Dtype::F32,
+    );
+    round(k, dq, tok);
+    dev.gemm_batched(
+        &product(s, (t, d, t), (true, false), (true, false, false), scale),
+        &batch(s, true, false, false),
+        ds,
+        q,
+        dev.sub_mut(&mut dk, 0..tok),
+        Dtype::F32,
+    );
+    round(k, dk, tok);
+}
+
+/// `out = p · x` (the forward's `ctx = p·v`), or `pᵀ · x` (`transposed`: the backward's
+/// `dv = pᵀ·dctx`), `p` the used probabilities (dropped, or not), `x` and `out` token tensors;
+/// unrounded.
+fn probs_times<D: Device>(
+    k: &Kernels<D>,
+    s: AttnShape,
+    p: D::View<'_>,
+    transposed: bool,
+    x: D::View<'_>,
+    out: &mut D::ViewMut<'_>,
+) {
+    let (t, d) = (s.seq, s.head_dim);
+    let (tok, pp) = sizes(s);
+    k.dev.gemm_batched(
+        &product(s, (t, d, t), (transposed, false), (true, false, false), 1.0),
+        &batch(s, true, false, false),
+        k.dev.sub(p, 0..pp),
+        x,
+        k.dev.sub_mut(out, 0..tok),
+        k.store,
     );
 }

@@ -1,6 +1,7 @@
 //! Launches of `runtime/kernels/embedding.cu`: the forward one thread per output element, the
-//! backward one thread per table column (word and token-type tables) or per position-table
-//! element, each summing its tokens in order (no atomics, the CPU backend's bits).
+//! backward one thread per (row, column) of the word and token-type tables (after ordering the
+//! tokens by row) or per position-table element, each summing its tokens in order (no atomics,
+//! the CPU backend's bits).
 #![allow(clippy::too_many_arguments)]
 
 use super::{grid1, int, Kernels, BLOCK};
@@ -90,25 +91,47 @@ pub(super) fn bwd<D: Device>(
         k.dev.ptr_mut(&mut dtyp),
         k.dev.ptr_mut(&mut dpos),
     );
-    // Word table (blockIdx.y 0) and token-type table (blockIdx.y 1), one thread per column.
-    k.dev.launch(
-        "embedding_bwd_tables",
-        Launch {
-            grid: (hidden.div_ceil(BLOCK as usize) as u32, 2, 1),
-            block: (BLOCK, 1, 1),
-            smem: 0,
-        },
-        &[
-            Arg::Ptr(w),
-            Arg::Ptr(t),
-            Arg::Ptr(k.dev.ptr(dout)),
-            Arg::Ptr(k.dev.ids_ptr(ids)),
-            Arg::Ptr(k.dev.ids_ptr(types)),
-            int(tokens),
-            int(hidden),
-            k.store_arg(),
-        ],
-    );
+    // Word table and token-type table: the tokens in order of their rows, then a thread per
+    // (row, column) sums its row's tokens (embedding.cu).
+    k.with_order(4 * tokens, |ord| {
+        k.dev.launch(
+            "embedding_order",
+            Launch {
+                grid: (tokens.div_ceil(BLOCK as usize) as u32, 2, 1),
+                block: (BLOCK, 1, 1),
+                smem: 0,
+            },
+            &[
+                Arg::Ptr(ord),
+                Arg::Ptr(k.dev.ids_ptr(ids)),
+                Arg::Ptr(k.dev.ids_ptr(types)),
+                int(tokens),
+            ],
+        );
+        k.dev.launch(
+            "embedding_bwd_tables",
+            Launch {
+                grid: (
+                    u32::try_from(tokens).expect("embedding tokens"),
+                    hidden.div_ceil(BLOCK as usize) as u32,
+                    2,
+                ),
+                block: (BLOCK, 1, 1),
+                smem: 0,
+            },
+            &[
+                Arg::Ptr(w),
+                Arg::Ptr(t),
+                Arg::Ptr(k.dev.ptr(dout)),
+                Arg::Ptr(k.dev.ids_ptr(ids)),
+                Arg::Ptr(k.dev.ids_ptr(types)),
+                Arg::Ptr(ord),
+                int(tokens),
+                int(hidden),
+                k.store_arg(),
+            ],
+        );
+    });
     k.dev.launch(
         "embedding_bwd_pos",
         grid1(seq * hidden),

@@ -101,7 +101,13 @@ pub struct Kernels<D: Device> {
     /// The per-chunk sums of [`Backend::bias_grad`] and of LayerNorm's `dw`/`db`, grown to the
     /// largest seen (the kernels that use it run in stream order, one after another).
     bias_part: Arc<Mutex<Option<D::Buf>>>,
+    /// The embedding backward's tokens in order of their rows (`embedding_order`), and its
+    /// length in `u32`s, grown to the largest batch seen.
+    order: Arc<Mutex<Option<Grown<D::Ids>>>>,
 }
+
+/// A scratch buffer and how many elements it holds.
+type Grown<T> = (T, usize);
 
 impl<D: Device> Kernels<D> {
     /// Kernels on `dev`, storing fp32.
@@ -112,6 +118,7 @@ impl<D: Device> Kernels<D> {
             allocations: Arc::default(),
             scratch: Arc::default(),
             bias_part: Arc::default(),
+            order: Arc::default(),
         }
     }
 
@@ -135,6 +142,20 @@ impl<D: Device> Kernels<D> {
     /// batch has been seen (docs/cuda.md; runtime/emu/tests/model.rs).
     pub fn allocations(&self) -> u64 {
         self.allocations.load(Ordering::Relaxed)
+    }
+
+    /// Runs `f` with the address of the token-order scratch ([`Kernels::order`]), grown to at
+    /// least `n` `u32`s (kept for the next call).
+    fn with_order(&self, n: usize, f: impl FnOnce(u64)) {
+        let mut order = self.order.lock().unwrap_or_else(|p| p.into_inner());
+        let ids = match order.as_mut() {
+            Some((ids, len)) if *len >= n => ids,
+            _ => {
+                self.count(true);
+                &mut order.insert((self.dev.upload_ids(&vec![0; n.max(1)]), n)).0
+            }
+        };
+        f(self.dev.ids_ptr(ids));
     }
 
     /// Runs `f` on the chunk sums' scratch ([`Kernels::bias_part`]), grown to at least `n`
@@ -247,6 +268,33 @@ pub(crate) fn grid1(n: usize) -> Launch {
         block: (BLOCK, 1, 1),
         smem: 0,
     }
+}
+
+/// The launch of `gemm_pointers` (elementwise.cu): `batch`'s item addresses into `list` (`A`'s,
+/// `B`'s, then `C`'s), the operands at `a`, `b` (elements of `elem` bytes: 2 when packed to half,
+/// else 4) and `c` (f32). A GPU's [`Device::gemm_batched`] runs it before `cublasGemmBatchedEx`.
+pub fn gemm_pointers(
+    list: u64,
+    (a, b, c): (u64, u64, u64),
+    batch: &crate::backend::Batch,
+    elem: u64,
+) -> (Launch, Vec<Arg>) {
+    let bytes = |x: usize, size: u64| Arg::U64(x as u64 * size);
+    let args = vec![
+        Arg::Ptr(list),
+        Arg::Ptr(a),
+        Arg::Ptr(b),
+        Arg::Ptr(c),
+        int(batch.count),
+        int(batch.inner),
+        bytes(batch.a.outer, elem),
+        bytes(batch.a.inner, elem),
+        bytes(batch.b.outer, elem),
+        bytes(batch.b.inner, elem),
+        bytes(batch.c.outer, 4),
+        bytes(batch.c.inner, 4),
+    ];
+    (grid1(batch.count), args)
 }
 
 /// `⌈p · 2³²⌉` and `1 / (1 − p)` of a dropout (the CPU backend's `MaskKey`).
@@ -367,6 +415,15 @@ impl<D: Device> Backend for Kernels<D> {
         if self.store.is_half() {
             self.dev.reserve_gemm_half(elems);
         }
+    }
+
+    fn reserve_batch(&self, s: AttnShape) {
+        let (tok, pp) = attention::sizes(s);
+        if self.store.is_half() {
+            self.dev.reserve_gemm_half(tok.max(pp));
+        }
+        self.dev.reserve_gemm_batched(s.batch * s.heads);
+        self.with_order(4 * s.batch * s.seq, |_| {});
     }
 
     fn add_bias(&self, out: D::ViewMut<'_>, bias: D::View<'_>, rows: usize, cols: usize) {
