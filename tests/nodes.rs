@@ -99,6 +99,13 @@ fn two_nodes_match_one_process(name: &str, zero: &[&str]) {
 
     let two = nodes(&dir, &[args("two", zero), args("two", zero)], &[]);
     all_ok(&two);
+    // No launcher reads a hostfile here: R1001, which `recipe check` gives this recipe on two
+    // nodes, is not printed.
+    let check = recipe_in(&dir, &["check", "tiny.rcp", "--gpus", "2", "--nodes", "2"]);
+    assert!(stderr(&check).contains("R1001"), "{}", stderr(&check));
+    for o in two.iter().chain([&one]) {
+        assert!(!stderr(o).contains("R1001"), "{}", stderr(o));
+    }
     let c = curve(&dir.join("two"));
     assert_eq!(
         c.len(),

@@ -640,13 +640,34 @@ pub fn load(
     ),
     i32,
 > {
+    load_except(path, flags, &[])
+}
+
+/// [`load`], leaving out the diagnostics whose codes are in `moot`: rules about something the
+/// command does not do (`recipe run` starts its ranks itself: no launcher reads a hostfile).
+pub fn load_except(
+    path: &Path,
+    flags: &RecipeFlags,
+    moot: &[&str],
+) -> Result<
+    (
+        SourceFile,
+        recipe::resolve::Resolved,
+        recipe::resolve::Options,
+    ),
+    i32,
+> {
     let file = read(path).ok_or(USAGE)?;
     let options = flags.options(path).map_err(|e| {
         eprintln!("error: {e}");
         USAGE
     })?;
     let checked = recipe::check::check_source_with(&file.text, &options);
-    for d in &checked.diagnostics {
+    for d in checked
+        .diagnostics
+        .iter()
+        .filter(|d| !moot.contains(&d.code))
+    {
         eprint!("{}", recipe::diagnostics::render_human(d, &file, style()));
     }
     let blocking = checked

@@ -6,7 +6,7 @@ use std::path::Path;
 use recipe_runtime::plan::{ModelSource, Plan};
 use recipe_runtime::train::{self, NodeOptions, RunOptions};
 
-use super::{load, Device, RecipeFlags, FAILED, OK, USAGE};
+use super::{load_except, Device, RecipeFlags, FAILED, OK, USAGE};
 
 /// `--node-rank K` and `--master HOST:PORT` as given.
 pub struct Node {
@@ -45,7 +45,10 @@ pub fn run(
         // Checked for the native target: its refusals (R11xx) are reported with the rest.
         let mut flags = flags.clone();
         flags.target.push("native".into());
-        let (source, resolved, options) = match load(file, &flags) {
+        // R1001 is about DeepSpeed's launcher (and launch-native.sh) reading /job/hostfile;
+        // `recipe run` starts its own node's ranks and reads no hostfile.
+        let moot = [recipe::rules::launch::HOSTFILE_DEFAULT];
+        let (source, resolved, options) = match load_except(file, &flags, &moot) {
             Ok(loaded) => loaded,
             Err(code) => return code,
         };
