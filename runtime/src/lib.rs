@@ -34,5 +34,6 @@ pub mod progress;
 pub mod resume;
 pub mod rng;
 pub mod train;
+pub mod watchdog;
 pub mod windows;
 pub mod zero;

@@ -10,7 +10,7 @@ use recipe_runtime::model::{Executor, OnDevice};
 use recipe_runtime::plan::Plan;
 use recipe_runtime::train::{self, NodeOptions};
 
-use super::{Device, USAGE};
+use super::{Device, FAILED, USAGE};
 
 /// The executors of this process's ranks (GPU r for its r-th rank). A plan of more ranks than
 /// the machine has GPUs shares them round-robin (rank r on GPU r mod N), with a note: the same
@@ -101,9 +101,10 @@ pub fn open(
                 .map_err(|_| "a previous attempt panicked".to_string())?
                 .take()
                 .ok_or("the devices are already connected")?;
-            let peers =
+            let peers = nccl_init(|| {
                 cuda::nccl::group_across(&devices.iter().collect::<Vec<_>>(), first, world, blob)
-                    .map_err(|e| e.to_string())?;
+            })
+            .map_err(|e| e.to_string())?;
             let v = cuda::nccl::version().unwrap_or_else(|| "?".into());
             eprintln!(
                 "note: the ranks of every node sum their gradients GPU to GPU through NCCL {v}"
@@ -119,7 +120,7 @@ pub fn open(
         if nccl_off {
             eprintln!("note: RECIPE_NCCL=0: the ranks exchange gradients through host memory");
         } else {
-            match cuda::nccl::group(&devices.iter().collect::<Vec<_>>()) {
+            match nccl_init(|| cuda::nccl::group(&devices.iter().collect::<Vec<_>>())) {
                 Ok(p) => {
                     let v = cuda::nccl::version().unwrap_or_else(|| "?".into());
                     eprintln!("note: the ranks sum their gradients GPU to GPU through NCCL {v}");
@@ -132,6 +133,25 @@ pub fn open(
         }
     }
     Ok(executors(devices, peers, &what, store))
+}
+
+/// NCCL's initialisation, which blocks until every rank has connected and cannot be
+/// interrupted, watched: past the collectives' timeout (`RECIPE_COLLECTIVE_TIMEOUT`) the
+/// process says so and ends, rather than wait forever for a rank NCCL cannot reach.
+fn nccl_init<T>(f: impl FnOnce() -> T) -> T {
+    recipe_runtime::watchdog::watched(
+        recipe_runtime::collective::timeout(),
+        |waited| {
+            eprintln!(
+                "error: NCCL's initialisation did not finish in {waited:.0?} (RECIPE_COLLECTIVE_TIMEOUT): \
+                 some rank cannot reach the others. Across nodes, NCCL must pick an interface every \
+                 node reaches (NCCL_SOCKET_IFNAME=eth0, say; NCCL_DEBUG=INFO shows its choice); \
+                 RECIPE_NCCL=0 on every node exchanges through host memory instead"
+            );
+            std::process::exit(FAILED);
+        },
+        f,
+    )
 }
 
 /// One executor per device, with its rank's communicator when there are peers.
