@@ -25,6 +25,7 @@ pub mod lr;
 pub mod metrics;
 pub mod model;
 pub mod optim;
+pub mod par;
 pub mod params;
 pub mod plan;
 pub mod plateau;

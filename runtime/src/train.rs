@@ -764,6 +764,7 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
         let adam = adams.pop().expect("one optimizer");
         attach(&mut model, 0);
         let mut replica = Replica::new(model, stage, 1, 0, adam, offload, storage)?;
+        replica.set_host_threads(threads());
         // One device: the optimizer's step and the model states stay there when it can
         // (docs/cuda.md).
         replica.attach_device(&mut coll)?;
@@ -786,6 +787,7 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
                         let mut coll = coll;
                         let mut replica =
                             Replica::new(model, stage, world, rank, adam, offload, storage)?;
+                        replica.set_host_threads(per_rank);
                         replica.attach_device(&mut *coll)?;
                         rank_loop(shared, &mut *coll, replica)
                     });

@@ -246,44 +246,123 @@ impl Adam {
 
     /// One update of `params` with gradients `grads` at learning rate `lr`.
     pub fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f64) -> Result<(), OptimError> {
+        self.step_on(params, grads, lr, 1)
+    }
+
+    /// [`Adam::step`] on up to `threads` threads ([`crate::par`]): each element's arithmetic is
+    /// the same, so are the bits.
+    pub fn step_on(
+        &mut self,
+        params: &mut [f32],
+        grads: &[f32],
+        lr: f64,
+        threads: usize,
+    ) -> Result<(), OptimError> {
         check_step(self.state.m.len(), params, grads, lr)?;
         let c = self.config;
         self.state.step += 1;
-        let t = self.state.step as f64;
+        let k = AdamScalars::new(&c, self.state.step, lr);
+        let segments = &self.segments;
+        let (m, v) = (&mut self.state.m, &mut self.state.v);
+        crate::par::chunks3((params, m, v), threads, |start, p, m, v| {
+            let end = start + p.len();
+            for (r, decays) in segments {
+                let (lo, hi) = (r.start.max(start), r.end.min(end));
+                if lo >= hi {
+                    continue;
+                }
+                let decay = match (*decays, k.decay_mode) {
+                    (false, _) | (_, 0) => None,
+                    (true, _) => Some(c.mode),
+                };
+                let at = lo - start..hi - start;
+                update(
+                    &k,
+                    decay,
+                    &mut p[at.clone()],
+                    &grads[lo..hi],
+                    &mut m[at.clone()],
+                    &mut v[at],
+                );
+            }
+        });
+        Ok(())
+    }
+}
+
+/// The f32 scalars of one Adam step, formed from f64 as PyTorch forms them (Python floats),
+/// then rounded to f32: what [`Adam::step`] and the device's `adamw_step` kernel use.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamScalars {
+    /// `−lr / (1 − β₁ᵗ)`.
+    pub step_size: f32,
+    /// `√(1 − β₂ᵗ)`.
+    pub bc2_sqrt: f32,
+    /// `1 − β₁`.
+    pub w1: f32,
+    /// `β₂`.
+    pub b2: f32,
+    /// `1 − β₂`.
+    pub w2: f32,
+    /// `eps`.
+    pub eps: f32,
+    /// 0: no decay (or `weight_decay == 0`), 1: decoupled (AdamW), 2: L2 (Adam).
+    pub decay_mode: i32,
+    /// `1 − lr·wd`.
+    pub decay_mul: f32,
+    /// `wd`.
+    pub wd: f32,
+}
+
+impl AdamScalars {
+    /// The scalars of step `step` (the count *after* this step, as adam.rs increments it first:
+    /// 1 for the first step) at learning rate `lr`.
+    pub fn new(c: &AdamConfig, step: u64, lr: f64) -> AdamScalars {
+        let t = step as f64;
         let (bc1, bc2) = if c.bias_correction {
             (1.0 - c.beta1.powf(t), 1.0 - c.beta2.powf(t))
         } else {
             (1.0, 1.0)
         };
-        // Scalars as PyTorch forms them (Python floats), then rounded to f32 for the kernels.
-        let step_size = -(lr / bc1) as f32;
-        let bc2_sqrt = bc2.sqrt() as f32;
-        let w1 = (1.0 - c.beta1) as f32;
-        let b2 = c.beta2 as f32;
-        let w2 = (1.0 - c.beta2) as f32;
-        let eps = c.eps as f32;
-        let decay_mul = (1.0 - lr * c.weight_decay) as f32;
-        let wd = c.weight_decay as f32;
-        let (m, v) = (&mut self.state.m, &mut self.state.v);
-        for (r, decays) in &self.segments {
-            let decays = *decays && c.weight_decay != 0.0;
-            for i in r.clone() {
-                let mut g = grads[i];
-                let mut p = params[i];
-                if decays {
-                    match c.mode {
-                        WeightDecay::Decoupled => p *= decay_mul,
-                        WeightDecay::L2 => g += wd * p,
-                    }
-                }
-                // torch.lerp with weight < 0.5: m + w·(g − m).
-                m[i] += w1 * (g - m[i]);
-                v[i] = v[i] * b2 + w2 * g * g;
-                let denom = v[i].sqrt() / bc2_sqrt + eps;
-                params[i] = p + step_size * m[i] / denom;
-            }
+        AdamScalars {
+            step_size: -(lr / bc1) as f32,
+            bc2_sqrt: bc2.sqrt() as f32,
+            w1: (1.0 - c.beta1) as f32,
+            b2: c.beta2 as f32,
+            w2: (1.0 - c.beta2) as f32,
+            eps: c.eps as f32,
+            decay_mode: match (c.weight_decay != 0.0, c.mode) {
+                (false, _) => 0,
+                (true, WeightDecay::Decoupled) => 1,
+                (true, WeightDecay::L2) => 2,
+            },
+            decay_mul: (1.0 - lr * c.weight_decay) as f32,
+            wd: c.weight_decay as f32,
         }
-        Ok(())
+    }
+}
+
+/// The update of one run of elements of a tensor, `decay` its weight-decay mode (if it decays).
+fn update(
+    k: &AdamScalars,
+    decay: Option<WeightDecay>,
+    params: &mut [f32],
+    grads: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+) {
+    for (((p, &g), m), v) in params.iter_mut().zip(grads).zip(m).zip(v) {
+        let (mut g, mut x) = (g, *p);
+        match decay {
+            None => {}
+            Some(WeightDecay::Decoupled) => x *= k.decay_mul,
+            Some(WeightDecay::L2) => g += k.wd * x,
+        }
+        // torch.lerp with weight < 0.5: m + w·(g − m).
+        *m += k.w1 * (g - *m);
+        *v = *v * k.b2 + k.w2 * g * g;
+        let denom = v.sqrt() / k.bc2_sqrt + k.eps;
+        *p = x + k.step_size * *m / denom;
     }
 }
 
@@ -291,6 +370,40 @@ impl Adam {
 mod tests {
     use super::*;
     use crate::params::Params;
+
+    /// The threaded step is the one-thread step bit for bit, over tensors whose boundaries fall
+    /// inside the threads' chunks, some decaying and some not, in both decay modes and across
+    /// several steps.
+    #[test]
+    fn threads_change_no_bit() {
+        let sizes = [70_001usize, 3, 150_000, 1, 40_000];
+        let entries: Vec<(String, Vec<usize>)> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (format!("t{i}"), vec![n]))
+            .collect();
+        let p0 = Params::zeros(entries);
+        let n: usize = sizes.iter().sum();
+        let decay = [true, false, true, false, true];
+        for mode in [WeightDecay::Decoupled, WeightDecay::L2] {
+            let mut cfg = AdamConfig::adamw(0.1);
+            cfg.mode = mode;
+            let mut runs = Vec::new();
+            for threads in [1, 3, 8] {
+                let mut opt = Adam::new(cfg, &p0.entries, &decay).unwrap();
+                let mut p: Vec<f32> = (0..n).map(|i| ((i % 97) as f32 - 48.0) * 0.01).collect();
+                for step in 0..3 {
+                    let g: Vec<f32> = (0..n)
+                        .map(|i| ((i * 7 + step) % 89) as f32 * 1e-3 - 0.04)
+                        .collect();
+                    opt.step_on(&mut p, &g, 1e-3, threads).unwrap();
+                }
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                runs.push((bits(&p), bits(&opt.state().m), bits(&opt.state().v)));
+            }
+            assert!(runs.iter().all(|r| *r == runs[0]), "{mode:?}");
+        }
+    }
 
     fn two_tensors() -> Params {
         Params::zeros(vec![("w".into(), vec![3]), ("b".into(), vec![2])])

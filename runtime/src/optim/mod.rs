@@ -63,7 +63,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 
 pub use adagrad::{Adagrad, AdagradConfig, AdagradImpl, AdagradScalars, TORCH_ADAGRAD_EPS};
-pub use adam::{Adam, AdamConfig, AdamState, WeightDecay};
+pub use adam::{Adam, AdamConfig, AdamScalars, AdamState, WeightDecay};
 pub use lamb::{Lamb, LambConfig, LambScalars, DEFAULT_MAX_COEFF, DEFAULT_MIN_COEFF};
 pub use sgd::{Sgd, SgdConfig, SgdScalars};
 
@@ -571,12 +571,27 @@ impl Optimizer {
         lr: f64,
         scale: GradScale,
     ) -> Result<(), OptimError> {
+        self.step_scaled_on(params, grads, lr, scale, 1)
+    }
+
+    /// [`Optimizer::step_scaled`] on up to `threads` threads ([`crate::par`]; the same bits):
+    /// the gradients' scaling and Adam's update, which are element-wise. SGD, Adagrad and LAMB
+    /// (whose trust ratios are per-tensor sums in FusedLamb's order) step on this thread.
+    pub fn step_scaled_on(
+        &mut self,
+        params: &mut [f32],
+        grads: &mut [f32],
+        lr: f64,
+        scale: GradScale,
+        threads: usize,
+    ) -> Result<(), OptimError> {
         let (mult, div) = self.grad_factors(scale);
         if mult != 1.0 {
-            self::scale(grads, mult);
+            crate::par::chunks(grads, threads, |_, g| self::scale(g, mult));
         }
         match self {
             Optimizer::Lamb(o) => o.step_with_scale(params, grads, lr, div),
+            Optimizer::Adam(o) => o.step_on(params, grads, lr, threads),
             _ => self.step(params, grads, lr),
         }
     }

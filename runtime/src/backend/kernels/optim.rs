@@ -22,8 +22,9 @@ use std::ops::Range;
 
 use super::{grid1, int, Kernels, BLOCK};
 use crate::backend::device::{Arg, Device, Launch};
+pub use crate::optim::AdamScalars;
 use crate::optim::{
-    self, AdagradConfig, AdagradImpl, AdamConfig, LambConfig, OptimError, SgdConfig, WeightDecay,
+    self, AdagradConfig, AdagradImpl, AdamConfig, LambConfig, OptimError, SgdConfig,
 };
 use crate::params::Entry;
 
@@ -166,58 +167,6 @@ impl<D: Device> DecayMask<D> {
     /// True when it covers nothing.
     pub fn is_empty(&self) -> bool {
         self.len == 0
-    }
-}
-
-/// The f32 scalars of one Adam step, formed from f64 exactly as [`crate::optim::Adam::step`]
-/// forms them (adam.rs: PyTorch's Python-float arithmetic, then rounded for the kernel).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AdamScalars {
-    /// `−lr / (1 − β₁ᵗ)`.
-    pub step_size: f32,
-    /// `√(1 − β₂ᵗ)`.
-    pub bc2_sqrt: f32,
-    /// `1 − β₁`.
-    pub w1: f32,
-    /// `β₂`.
-    pub b2: f32,
-    /// `1 − β₂`.
-    pub w2: f32,
-    /// `eps`.
-    pub eps: f32,
-    /// 0: no decay (or `weight_decay == 0`), 1: decoupled (AdamW), 2: L2 (Adam).
-    pub decay_mode: i32,
-    /// `1 − lr·wd`.
-    pub decay_mul: f32,
-    /// `wd`.
-    pub wd: f32,
-}
-
-impl AdamScalars {
-    /// The scalars of step `step` (the count *after* this step, as adam.rs increments it first:
-    /// 1 for the first step) at learning rate `lr`.
-    pub fn new(c: &AdamConfig, step: u64, lr: f64) -> AdamScalars {
-        let t = step as f64;
-        let (bc1, bc2) = if c.bias_correction {
-            (1.0 - c.beta1.powf(t), 1.0 - c.beta2.powf(t))
-        } else {
-            (1.0, 1.0)
-        };
-        AdamScalars {
-            step_size: -(lr / bc1) as f32,
-            bc2_sqrt: bc2.sqrt() as f32,
-            w1: (1.0 - c.beta1) as f32,
-            b2: c.beta2 as f32,
-            w2: (1.0 - c.beta2) as f32,
-            eps: c.eps as f32,
-            decay_mode: match (c.weight_decay != 0.0, c.mode) {
-                (false, _) => 0,
-                (true, WeightDecay::Decoupled) => 1,
-                (true, WeightDecay::L2) => 2,
-            },
-            decay_mul: (1.0 - lr * c.weight_decay) as f32,
-            wd: c.weight_decay as f32,
-        }
     }
 }
 
