@@ -1056,6 +1056,9 @@ fn rank_loop(
         let mut losses = Vec::with_capacity(w.batches.len());
         for (i, idx) in w.batches.iter().enumerate() {
             let batch = model_batch(train.batch(idx));
+            if i + 1 == w.batches.len() {
+                rep.last_micro();
+            }
             let key = DropoutKey {
                 seed: plan.train.seed,
                 micro_batch: ((w.step - 1) * g + i as u64) * world as u64 + rank as u64,

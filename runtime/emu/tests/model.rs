@@ -205,8 +205,9 @@ fn one_rank_keeps_the_model_on_the_device_at_every_stage_and_the_optimizer_witho
 /// An executor that counts what the training loop asks of the device it wraps.
 struct Counted {
     inner: std::sync::Arc<recipe_runtime::model::OnDevice<Emu>>,
-    /// (micro-batches, gradient downloads, uploads, passes-only passes, sums between devices)
-    calls: std::sync::Mutex<[usize; 5]>,
+    /// (micro-batches, gradient downloads, uploads, passes-only passes, sums between devices,
+    /// windows landed during their last backward)
+    calls: std::sync::Mutex<[usize; 6]>,
 }
 
 impl Counted {
@@ -306,6 +307,15 @@ impl recipe_runtime::optim::device::Resident for Counted {
         self.inner.download_grads(dst)
     }
 
+    fn land_next(&self, dst: recipe_runtime::optim::device::Landing) -> bool {
+        self.inner.land_next(dst)
+    }
+
+    fn landed(&self) -> Result<(), recipe_runtime::model::ModelError> {
+        self.count(5);
+        self.inner.landed()
+    }
+
     fn upload_params(&self, src: &[f32]) -> Result<(), recipe_runtime::model::ModelError> {
         self.count(2);
         self.inner.upload_params(src)
@@ -343,7 +353,10 @@ impl recipe_runtime::optim::device::Resident for Counted {
 /// Optimizer offload with the model on the device (ZeRO-2, one rank): the micro-batches
 /// accumulate on the device, and each optimizer step makes exactly one gradient copy down and
 /// one parameter copy up, never a passes-only pass (which copies the accumulator both ways per
-/// micro-batch); the weights are the host path's.
+/// micro-batch); the weights are the host path's. Told which micro-batch is a window's last
+/// (`Replica::last_micro`, as `recipe run` does), the device copies the gradient down during
+/// that backward instead (`Resident::land_next`, segment by segment; one wait per step), with
+/// the same weights bit for bit.
 #[test]
 fn optimizer_offload_copies_the_gradients_down_and_the_parameters_up_once_per_step() {
     use recipe_runtime::collective::LocalCollective;
@@ -351,32 +364,37 @@ fn optimizer_offload_copies_the_gradients_down_and_the_parameters_up_once_per_st
     use recipe_runtime::optim::{Adam, AdamConfig};
     use recipe_runtime::zero::{Replica, Shard, Storage};
 
-    let counted = std::sync::Arc::new(Counted {
-        inner: OnDevice::new(Kernels::new(Emu), "emulated GPU"),
-        calls: std::sync::Mutex::new([0; 5]),
-    });
-    let replica = |device: bool| {
+    let counted = || {
+        std::sync::Arc::new(Counted {
+            inner: OnDevice::new(Kernels::new(Emu), "emulated GPU"),
+            calls: std::sync::Mutex::new([0; 6]),
+        })
+    };
+    let replica = |device: Option<&std::sync::Arc<Counted>>| {
         let mut m = Classifier::random(tiny(0.0), 3, 7).unwrap();
-        if device {
-            m.set_executor(counted.clone());
+        if let Some(c) = device {
+            m.set_executor(c.clone());
         }
         let shard = Shard::new(2, 1, 0, m.segments());
         let entries = &m.params().entries;
         let decay = vec![true; entries.len()];
         let opt = Adam::shard(AdamConfig::adamw(0.01), entries, &decay, &shard.ranges).unwrap();
         let mut r = Replica::new(m, 2, 1, 0, opt, true, Storage::fp32()).unwrap();
-        assert_eq!(r.keep_on_device().unwrap(), device);
+        assert_eq!(r.keep_on_device().unwrap(), device.is_some());
         assert!(!r.optimizer_on_device());
         r
     };
-    let train = |r: &mut Replica| {
+    let train = |r: &mut Replica, land: bool| {
         let mut coll = LocalCollective::group(1, std::time::Duration::from_secs(60))
             .pop()
             .unwrap();
         let mut ws = Workspace::new();
         for _ in 0..3 {
             r.start_window().unwrap();
-            for _ in 0..2 {
+            for i in 0..2 {
+                if land && i == 1 {
+                    r.last_micro();
+                }
                 r.micro(&mut coll, &mut ws, &batch(), 0.5, None).unwrap();
             }
             r.finish_window(&mut coll).unwrap();
@@ -386,10 +404,16 @@ fn optimizer_offload_copies_the_gradients_down_and_the_parameters_up_once_per_st
         r.gather_whole(&mut coll).unwrap();
         r.model().params().data.clone()
     };
-    let gpu = train(&mut replica(true));
-    let cpu = train(&mut replica(false));
-    assert_eq!(*counted.calls.lock().unwrap(), [6, 3, 3, 0, 0]);
+    let (after, during) = (counted(), counted());
+    let gpu = train(&mut replica(Some(&after)), false);
+    let landed = train(&mut replica(Some(&during)), true);
+    let cpu = train(&mut replica(None), false);
+    // micro-batches, gradient downloads, parameter uploads, …, landed windows.
+    assert_eq!(*after.calls.lock().unwrap(), [6, 3, 3, 0, 0, 0]);
+    assert_eq!(*during.calls.lock().unwrap(), [6, 0, 3, 0, 0, 3]);
     close("weights", &gpu, &cpu, 1e-5, 1e-5);
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&landed), bits(&gpu), "landed during the backward");
 }
 
 /// A device keeps each micro-batch's loss until the window ends (`Replica::micro` gives `None`)
@@ -477,7 +501,7 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
         Host,
         Peers,
     }
-    type Calls = (Vec<[usize; 5]>, Vec<[usize; 3]>);
+    type Calls = (Vec<[usize; 6]>, Vec<[usize; 3]>);
     let run = |stage: u8, mode: Mode, offload: bool| -> (Vec<f32>, Calls) {
         let group = LocalCollective::group(2, std::time::Duration::from_secs(60));
         let mut peers: Vec<Option<EmuPeers>> = EmuPeers::group(2).into_iter().map(Some).collect();
@@ -502,7 +526,7 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
                         };
                         let counted = std::sync::Arc::new(Counted {
                             inner,
-                            calls: std::sync::Mutex::new([0; 5]),
+                            calls: std::sync::Mutex::new([0; 6]),
                         });
                         let mut m = Classifier::random(tiny(0.0), 3, 7).unwrap();
                         if mode != Mode::Cpu {
@@ -538,7 +562,7 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
                     })
                 })
                 .collect();
-            let mut out: Vec<(Vec<f32>, [usize; 5], [usize; 3])> =
+            let mut out: Vec<(Vec<f32>, [usize; 6], [usize; 3])> =
                 ranks.into_iter().map(|h| h.join().unwrap()).collect();
             let calls = out.iter().map(|o| o.1).collect();
             let sums = out.iter().map(|o| o.2).collect();
@@ -549,16 +573,16 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
         let (host, (calls, _)) = run(stage, Mode::Host, false);
         let (cpu, _) = run(stage, Mode::Cpu, false);
         let want = if stage <= 1 {
-            [6, 3, 3, 0, 0]
+            [6, 3, 3, 0, 0, 0]
         } else {
-            [6, 6, 3, 0, 0]
+            [6, 6, 3, 0, 0, 0]
         };
         assert_eq!(calls, vec![want; 2], "ZeRO-{stage} through the host");
         close(&format!("ZeRO-{stage} weights"), &host, &cpu, 1e-5, 1e-5);
         let (peers, (calls, sums)) = run(stage, Mode::Peers, false);
         let want = match stage {
-            0 | 1 => [6, 0, 0, 0, 3],
-            _ => [6, 0, 0, 0, 0],
+            0 | 1 => [6, 0, 0, 0, 3, 0],
+            _ => [6, 0, 0, 0, 0, 0],
         };
         assert_eq!(calls, vec![want; 2], "ZeRO-{stage} with peers");
         // (all-reduces, reduces, broadcasts) between the devices, per rank.
@@ -594,7 +618,7 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
         // sums between the devices plus ZeRO-2's broadcasts of the parameters after each step.
         let (host, _) = run(stage, Mode::Host, true);
         let (peers, (calls, sums)) = run(stage, Mode::Peers, true);
-        assert_eq!(calls, vec![[6, 3, 3, 0, 0]; 2], "ZeRO-{stage} offloaded");
+        assert_eq!(calls, vec![[6, 3, 3, 0, 0, 0]; 2], "ZeRO-{stage} offloaded");
         let gathers = if stage == 2 {
             6
         } else {

@@ -187,6 +187,24 @@ pub trait Device {
     fn reserve_gemm_half(&self, _elems: usize) {}
     /// Sizes [`Device::gemm_batched`]'s scratch for batches of up to `count` GEMMs.
     fn reserve_gemm_batched(&self, _count: usize) {}
+    /// Queues a copy of `src` into host memory at `dst` that starts once the work queued so far
+    /// is done, on a stream of its own, so that the device goes on computing meanwhile (a
+    /// window's gradient segments, each copied down as the backward finishes it); finished by
+    /// [`Device::wait_copies`]. By default, copied at once.
+    ///
+    /// # Safety
+    /// `dst` points at `len(src)` floats of [`Device::Pinned`] memory that stay allocated, and
+    /// that nothing reads or writes, until [`Device::wait_copies`] has returned; the device
+    /// memory of `src` is not written until then either.
+    unsafe fn download_queued(&self, src: Self::View<'_>, dst: *mut f32) {
+        let n = self.len(src);
+        // SAFETY: the caller's contract.
+        self.download(src, unsafe { std::slice::from_raw_parts_mut(dst, n) });
+    }
+    /// Waits for every [`Device::download_queued`] copy; `Ok` unless one failed.
+    fn wait_copies(&self) -> Result<(), String> {
+        Ok(())
+    }
     /// Waits for all launched work; `Ok` unless the device reported an error.
     fn sync(&self) -> Result<(), String>;
 }

@@ -80,6 +80,49 @@ pub enum Partitioned<'a> {
 /// [`Resident`].
 pub type PinnedBuf = Box<dyn std::ops::DerefMut<Target = [f32]> + Send>;
 
+/// Host memory a device writes into after the call that was handed it has returned
+/// ([`Resident::land_next`]): the address and length of a [`PinnedBuf`].
+#[derive(Debug)]
+pub struct Landing {
+    ptr: *mut f32,
+    len: usize,
+}
+
+// SAFETY: an address into pinned host memory, which `Landing::new`'s contract keeps alive and
+// untouched while the device writes it; moving it between threads changes nothing.
+unsafe impl Send for Landing {}
+
+impl Landing {
+    /// Where `buf` is.
+    ///
+    /// # Safety
+    /// `buf` is [`Resident::pinned`] memory that stays allocated, and that nothing else reads or
+    /// writes, until the [`Resident::landed`] that follows has returned.
+    pub unsafe fn new(buf: &mut [f32]) -> Landing {
+        Landing {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+        }
+    }
+
+    /// Floats it holds.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The address of element `at` (at most [`Landing::len`]).
+    pub fn at(&self, at: usize) -> *mut f32 {
+        assert!(at <= self.len, "landing offset {at} past {}", self.len);
+        // SAFETY: inside (or one past) the buffer `new` was given.
+        unsafe { self.ptr.add(at) }
+    }
+}
+
 /// What the training loop asks of a device that keeps the model states; `model::OnDevice`
 /// implements it over its kernels and the parameter buffer its passes read.
 pub trait Resident: Send + Sync {
@@ -126,6 +169,19 @@ pub trait Resident: Send + Sync {
     /// Optimizer offload: copies the gradient accumulator into `dst` (one device → host copy per
     /// optimizer step; `dst` from [`Resident::pinned`]).
     fn download_grads(&self, dst: &mut [f32]) -> Result<(), ModelError>;
+    /// Optimizer offload: the next [`Resident::micro`], a window's last, copies each segment of
+    /// the gradient accumulator into `dst` as its backward finishes the segment, on a copy
+    /// stream, while the device goes on with the rest of the backward (DeepSpeed copies its
+    /// gradient buckets down during the backward the same way); [`Resident::landed`] waits for
+    /// the copies, in place of [`Resident::download_grads`]. Returns whether it will: by
+    /// default it does not, and the window is downloaded after its last micro-batch.
+    fn land_next(&self, _dst: Landing) -> bool {
+        false
+    }
+    /// Waits for the copies of the last [`Resident::land_next`]; the device's errors.
+    fn landed(&self) -> Result<(), ModelError> {
+        Ok(())
+    }
     /// Optimizer offload: replaces the device's parameters with `src`, the host optimizer's
     /// updated values (one host → device copy per optimizer step; `src` from
     /// [`Resident::pinned`]).

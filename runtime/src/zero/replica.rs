@@ -14,7 +14,7 @@ use crate::collective::{Collective, CollectiveError, Partition, ReduceOp};
 use crate::model::{
     Batch, Classifier, DropoutKey, Executor, GradSink, ModelError, ParamSource, Whole, Workspace,
 };
-use crate::optim::device::{Accumulate, Keep, Partitioned, PinnedBuf, Resident};
+use crate::optim::device::{Accumulate, Keep, Landing, Partitioned, PinnedBuf, Resident};
 use crate::optim::{self, GradScale, OptimError, OptimState, Optimizer};
 use crate::precision::{self, Dtype};
 
@@ -292,6 +292,11 @@ pub struct Replica {
     owners: Vec<(Range<usize>, usize)>,
     /// Whether the gradients are averaged on the devices rather than on the host.
     peers: bool,
+    /// The next [`Replica::micro`] is its window's last ([`Replica::last_micro`]).
+    last_next: bool,
+    /// Under optimizer offload: the window's gradients are coming down into the staging buffer
+    /// as its last backward finishes each segment ([`Resident::land_next`]).
+    landing: bool,
 }
 
 /// Page-locked host memory of the whole model's size for several ranks' copies
@@ -405,6 +410,8 @@ impl Replica {
             staged: None,
             owners: Vec::new(),
             peers: false,
+            last_next: false,
+            landing: false,
         })
     }
 
@@ -696,6 +703,14 @@ impl Replica {
         Ok(())
     }
 
+    /// The next [`Replica::micro`] is its window's last. Under optimizer offload with the model
+    /// on one device, that micro-batch's backward then copies each finished segment of the
+    /// window's gradient down while it computes the rest ([`Resident::land_next`]), rather than
+    /// [`Replica::finish_window`] copying the whole after it.
+    pub fn last_micro(&mut self) {
+        self.last_next = true;
+    }
+
     /// One micro-batch's forward and backward, its gradient (× `weight`) accumulated: locally
     /// (stages 0–1) or reduced into the owners' partitions segment by segment (stages 2–3).
     /// Returns its mean loss, or `None` when a device keeps it until
@@ -709,6 +724,14 @@ impl Replica {
         key: Option<DropoutKey>,
     ) -> Result<Option<f32>, ZeroError> {
         let stage = self.shard.stage;
+        let last = std::mem::take(&mut self.last_next);
+        if let (true, Some(x), Some(s)) = (last, self.device.clone(), self.staging.as_mut()) {
+            let r = x.resident().expect("kept on the device");
+            // SAFETY: the staging buffer is pinned memory of the run, which nothing touches
+            // until `finish_window` has called `landed` (the window's overflow check, clip and
+            // step read it after that).
+            self.landing = r.land_next(unsafe { Landing::new(&mut s.grads) });
+        }
         if let Some(r) = self.resident() {
             if self.peers && stage >= 2 {
                 // The micro-batch ends in sums between the devices: the host barrier first, so
@@ -840,7 +863,12 @@ impl Replica {
     pub fn finish_window(&mut self, coll: &mut dyn Collective) -> Result<(), ZeroError> {
         if let (Some(x), Some(s)) = (&self.device, &mut self.staging) {
             let r = x.resident().expect("kept on the device");
-            r.download_grads(&mut s.grads)?;
+            if std::mem::take(&mut self.landing) {
+                // Copied down during the last backward: only the wait.
+                r.landed()?;
+            } else {
+                r.download_grads(&mut s.grads)?;
+            }
             return Ok(());
         }
         if let (Some(x), true) = (self.passes(), self.shard.stage <= 1) {

@@ -254,6 +254,9 @@ pub struct CudaDevice {
     pointers: Mutex<Option<CudaSlice<u64>>>,
     /// With NCCL peers: how a wait keeps an eye on the group ([`CudaDevice::drain`]).
     watch: Mutex<Option<Arc<Watch>>>,
+    /// The stream of [`Device::download_queued`]'s copies (non-blocking: it does not wait for
+    /// the compute stream's later work), made at the first.
+    copies: std::sync::OnceLock<Arc<CudaStream>>,
 }
 
 /// How a GPU that sums with others through NCCL waits for its stream: it polls the stream and
@@ -320,8 +323,9 @@ impl CudaDevice {
                 .map_err(|e| CudaError::Driver(format!("kernel {k}: {e:?}")))?;
             functions.insert(k, f);
         }
-        // One stream, kernels in order: cudarc's per-buffer event tracking is not needed.
-        // SAFETY: no other stream of this context is used while it is off.
+        // One stream for the work, kernels in order: cudarc's per-buffer event tracking is not
+        // needed. The copy stream (`download_queued`) is ordered after the work by an event.
+        // SAFETY: the other stream of this context waits on explicit events.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
         let blas = cudarc::cublas::CudaBlas::new(stream.clone())
@@ -339,6 +343,7 @@ impl CudaDevice {
             packed: Mutex::default(),
             pointers: Mutex::default(),
             watch: Mutex::new(None),
+            copies: std::sync::OnceLock::new(),
         })
     }
 
@@ -1050,6 +1055,49 @@ impl Device for CudaDevice {
         for slot in packed.iter_mut() {
             self.grow_halves(slot, elems);
         }
+    }
+
+    unsafe fn download_queued(&self, src: DevView<'_>, dst: *mut f32) {
+        if self.failed() || src.len == 0 {
+            return;
+        }
+        self.bind();
+        let copies = match self.copies.get() {
+            Some(c) => c,
+            None => match self.ctx.new_stream() {
+                Ok(c) => self.copies.get_or_init(|| c),
+                Err(e) => {
+                    self.record("creating the copy stream", e);
+                    return;
+                }
+            },
+        };
+        // After the work queued so far (an event on the compute stream the copy stream waits
+        // for); the compute stream goes on with the next kernels meanwhile.
+        if let Err(e) = copies.join(&self.stream) {
+            self.record("ordering a copy after the work", e);
+            return;
+        }
+        // SAFETY: `src` is a live allocation of `src.len` floats that the caller's contract
+        // keeps unwritten, and `dst` pinned host memory of as many floats that it keeps
+        // untouched, until `wait_copies`.
+        let r = unsafe {
+            let dst = std::slice::from_raw_parts_mut(dst, src.len);
+            drv::memcpy_dtoh_async(dst, src.ptr, copies.cu_stream())
+        };
+        if let Err(e) = r {
+            self.record("a queued download", e);
+        }
+    }
+
+    fn wait_copies(&self) -> Result<(), String> {
+        if let Some(c) = self.copies.get() {
+            self.bind();
+            if let Err(e) = c.synchronize() {
+                self.record("the queued downloads", e);
+            }
+        }
+        self.sync()
     }
 
     fn sync(&self) -> Result<(), String> {

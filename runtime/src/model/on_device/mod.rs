@@ -22,7 +22,7 @@ use super::{Batch, Classifier, DropoutKey, ModelError, Workspace};
 use crate::backend::device::{Device, Peers};
 use crate::backend::kernels::Kernels;
 use crate::backend::Backend;
-use crate::optim::device::{DeviceOptimizer, Resident};
+use crate::optim::device::{DeviceOptimizer, Landing, Resident};
 use crate::zero::Storage;
 
 mod resident;
@@ -79,6 +79,9 @@ struct State<D: Device> {
     losses: Option<D::Buf>,
     /// Where each of the window's micro-batches left its rows in `losses`: (offset, rows).
     pending: Vec<(usize, usize)>,
+    /// Where the next micro-batch copies the accumulator's segments as it finishes them
+    /// ([`Resident::land_next`]).
+    landing: Option<Landing>,
 }
 
 /// What a rank of a group owns ([`Partitioned`]).
@@ -183,6 +186,7 @@ impl<D: Device> OnDevice<D> {
                 part: None,
                 losses: None,
                 pending: Vec::new(),
+                landing: None,
             }),
         })
     }

@@ -11,7 +11,9 @@ use crate::backend::kernels::Kernels;
 use crate::backend::{Backend, Loss};
 use crate::model::pieces::{self, Gather, Pieces, Rank, Scatter, SharedPeers};
 use crate::model::{Batch, BufGrads, BufParams, Classifier, DropoutKey, ModelError, Workspace};
-use crate::optim::device::{Accumulate, DeviceOptimizer, Keep, Partitioned, PinnedBuf, Resident};
+use crate::optim::device::{
+    Accumulate, DeviceOptimizer, Keep, Landing, Partitioned, PinnedBuf, Resident,
+};
 use crate::optim::Optimizer;
 use crate::precision::Dtype;
 use crate::zero::{Storage, ZeroError};
@@ -216,7 +218,42 @@ where
                 k, ws, batch, weight, &mut src, &mut sink, dropout,
             )
         };
-        let loss = if let Some(Split::Pieces(pc)) = &mut st.split {
+        let landing = st.landing.take();
+        let loss = if let Some(dst) = &landing {
+            // A window's last micro-batch under optimizer offload, one device (`land_next`):
+            // each segment of the accumulator goes down as the backward finishes it.
+            let mut src = BufParams::new(k, params, segs);
+            let mut pass = |ws: &mut Workspace<Kernels<D>>, sink: &mut LandGrads<'_, D>| {
+                model.forward_backward_on_with::<_, _, _, ModelError>(
+                    k, ws, batch, weight, &mut src, sink, dropout,
+                )
+            };
+            match &mut st.own {
+                None => pass(
+                    ws,
+                    &mut LandGrads {
+                        k,
+                        grads: acc,
+                        acc: None,
+                        segs,
+                        dst,
+                    },
+                )?,
+                Some(own) => {
+                    k.zero(k.view_mut(&mut own.buf));
+                    pass(
+                        ws,
+                        &mut LandGrads {
+                            k,
+                            grads: &mut own.buf,
+                            acc: Some((acc, own.storage)),
+                            segs,
+                            dst,
+                        },
+                    )?
+                }
+            }
+        } else if let Some(Split::Pieces(pc)) = &mut st.split {
             // ZeRO-3: each segment gathered as the pass reads it, each gradient reduced to the
             // owners as the backward finishes it.
             let peers = st.peers.as_deref_mut().ok_or_else(no_peers)?;
@@ -485,5 +522,68 @@ where
         // The source is pinned on a GPU: the copy is asynchronous, and the host writes it again
         // at the next step, so it must be finished before this returns.
         k.device().sync().map_err(ModelError::Device)
+    }
+
+    fn land_next(&self, dst: Landing) -> bool {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        // One device's whole accumulator (with peers the ranks reduce first: not landed).
+        let dev = self.kernels.device();
+        let whole = st.acc.as_ref().map(|a| dev.len(dev.view(a)));
+        if st.split.is_some() || st.peers.is_some() || whole != Some(dst.len()) {
+            return false;
+        }
+        st.landing = Some(dst);
+        true
+    }
+
+    fn landed(&self) -> Result<(), ModelError> {
+        self.kernels
+            .device()
+            .wait_copies()
+            .map_err(ModelError::Device)
+    }
+}
+
+/// The sink of a window's last micro-batch under optimizer offload ([`Resident::land_next`]):
+/// the backward accumulates into `grads` (the accumulator, or with `acc` the micro-batch's own
+/// gradient, which is then rounded and added as the whole-buffer path does after the pass:
+/// `Storage::reduced`, `acc += g`), and each finished segment of the accumulator is queued
+/// for its copy to `dst`.
+struct LandGrads<'a, D: Device> {
+    k: &'a Kernels<D>,
+    grads: &'a mut D::Buf,
+    acc: Option<(&'a mut D::Buf, Storage)>,
+    segs: &'a [Range<usize>],
+    dst: &'a Landing,
+}
+
+impl<D: Device> crate::model::GradSink<Kernels<D>> for LandGrads<'_, D> {
+    type Error = ModelError;
+
+    fn fetch<'s>(&'s mut self, seg: usize) -> Result<D::ViewMut<'s>, ModelError>
+    where
+        Kernels<D>: 's,
+    {
+        Ok(self.k.range_mut(self.grads, self.segs[seg].clone()))
+    }
+
+    fn done(&mut self, seg: usize) -> Result<(), ModelError> {
+        let (k, r) = (self.k, self.segs[seg].clone());
+        let dev = k.device();
+        let done: &D::Buf = match &mut self.acc {
+            None => self.grads,
+            Some((acc, storage)) => {
+                let g = &mut *self.grads;
+                k.round_to(k.range_mut(g, r.clone()), storage.comm);
+                k.round_to(k.range_mut(g, r.clone()), storage.module);
+                k.add_assign(k.range_mut(acc, r.clone()), dev.sub(k.view(g), r.clone()));
+                acc
+            }
+        };
+        // SAFETY: `dst` is pinned memory of the accumulator's length (`land_next` checked),
+        // which the replica leaves alone until `landed`; the accumulator is next written by
+        // the next window's `zero_grads`, after `landed`.
+        unsafe { dev.download_queued(dev.sub(k.view(done), r.clone()), self.dst.at(r.start)) };
+        Ok(())
     }
 }
