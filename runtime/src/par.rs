@@ -8,6 +8,16 @@
 /// microseconds; 64 Ki elements take about as long on one core).
 pub const MIN_PER_THREAD: usize = 1 << 16;
 
+/// How a step over a buffer is cut: into `parts` consecutive ranges, one after another, each
+/// on up to `threads` threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cut {
+    /// Threads per range.
+    pub threads: usize,
+    /// Ranges.
+    pub parts: usize,
+}
+
 /// How many threads a pass over `n` elements uses, at most `threads`.
 pub fn split(n: usize, threads: usize) -> usize {
     threads.clamp(1, (n / MIN_PER_THREAD).max(1))

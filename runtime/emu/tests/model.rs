@@ -307,6 +307,16 @@ impl recipe_runtime::optim::device::Resident for Counted {
         self.inner.download_grads(dst)
     }
 
+    unsafe fn upload_params_part(&self, at: usize, src: &[f32]) -> bool {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.inner.upload_params_part(at, src) }
+    }
+
+    fn params_uploaded(&self) -> Result<(), recipe_runtime::model::ModelError> {
+        self.count(2);
+        self.inner.params_uploaded()
+    }
+
     fn land_next(&self, dst: recipe_runtime::optim::device::Landing) -> bool {
         self.inner.land_next(dst)
     }
@@ -750,4 +760,35 @@ fn a_reused_workspace_allocates_nothing_for_shorter_batches_and_gives_the_same_b
         before,
         "a pass on a reserved workspace allocated"
     );
+}
+
+/// Optimizer offload's pipelined upload (`Resident::upload_params_part`): ranges of the
+/// parameters queued one after another, of any length and offset, land where they belong; the
+/// device refuses a range past its parameters (the caller then uploads the whole).
+#[test]
+fn parameter_ranges_queued_up_land_where_they_belong() {
+    use recipe_runtime::model::OnDevice;
+    use recipe_runtime::optim::device::{Accumulate, Keep, Resident};
+    let dev = OnDevice::new(Kernels::new(Emu), "emulated GPU");
+    let mut m = Classifier::random(tiny(0.0), 3, 7).unwrap();
+    let keep = Keep {
+        optimizer: None,
+        accumulate: Accumulate::InPlace,
+        partition: None,
+    };
+    dev.upload(&m, Dtype::F32, keep).unwrap();
+    let n = m.num_params();
+    let mut pinned = dev.pinned(n);
+    for (i, x) in pinned.iter_mut().enumerate() {
+        *x = i as f32 * 0.5 - 3.0;
+    }
+    for r in [0..n / 3, n / 3..n / 3 + 1, n / 3 + 1..n] {
+        // SAFETY: `pinned` outlives the wait below and is not written before it.
+        assert!(unsafe { dev.upload_params_part(r.start, &pinned[r]) });
+    }
+    // SAFETY: as above (refused, so nothing is queued).
+    assert!(!unsafe { dev.upload_params_part(n - 1, &pinned[..2]) });
+    dev.params_uploaded().unwrap();
+    dev.download(&mut m, None, None).unwrap();
+    assert!(m.params().data == pinned[..], "the parameters differ");
 }

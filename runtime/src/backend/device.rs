@@ -201,7 +201,20 @@ pub trait Device {
         // SAFETY: the caller's contract.
         self.download(src, unsafe { std::slice::from_raw_parts_mut(dst, n) });
     }
-    /// Waits for every [`Device::download_queued`] copy; `Ok` unless one failed.
+    /// Queues a copy of the host memory at `src` into `dst` on the stream of
+    /// [`Device::download_queued`], after the work queued so far; finished by
+    /// [`Device::wait_copies`]. By default, copied at once.
+    ///
+    /// # Safety
+    /// `src` points at `len(dst)` floats of [`Device::Pinned`] memory that stay allocated and
+    /// unwritten, and nothing reads or writes `dst`, until [`Device::wait_copies`] has returned.
+    unsafe fn upload_queued(&self, dst: Self::ViewMut<'_>, src: *const f32) {
+        let n = self.len_mut(&dst);
+        // SAFETY: the caller's contract.
+        self.write(dst, unsafe { std::slice::from_raw_parts(src, n) });
+    }
+    /// Waits for every queued copy ([`Device::download_queued`], [`Device::upload_queued`]);
+    /// `Ok` unless one failed.
     fn wait_copies(&self) -> Result<(), String> {
         Ok(())
     }

@@ -258,34 +258,59 @@ impl Adam {
         lr: f64,
         threads: usize,
     ) -> Result<(), OptimError> {
+        self.step_parts(params, grads, lr, threads, 1, |_, _| {})
+    }
+
+    /// [`Adam::step_on`] over `parts` consecutive ranges of the buffer, one after another,
+    /// calling `after(range, &params[range])` as soon as a range is updated: optimizer offload
+    /// copies each range to the device while the next is stepped. The same bits.
+    pub fn step_parts(
+        &mut self,
+        params: &mut [f32],
+        grads: &[f32],
+        lr: f64,
+        threads: usize,
+        parts: usize,
+        mut after: impl FnMut(std::ops::Range<usize>, &[f32]),
+    ) -> Result<(), OptimError> {
         check_step(self.state.m.len(), params, grads, lr)?;
         let c = self.config;
         self.state.step += 1;
         let k = AdamScalars::new(&c, self.state.step, lr);
         let segments = &self.segments;
-        let (m, v) = (&mut self.state.m, &mut self.state.v);
-        crate::par::chunks3((params, m, v), threads, |start, p, m, v| {
-            let end = start + p.len();
-            for (r, decays) in segments {
-                let (lo, hi) = (r.start.max(start), r.end.min(end));
-                if lo >= hi {
-                    continue;
+        let n = params.len();
+        let per = n.div_ceil(parts.max(1)).max(1);
+        for base in (0..n).step_by(per) {
+            let part = base..(base + per).min(n);
+            let (m, v) = (
+                &mut self.state.m[part.clone()],
+                &mut self.state.v[part.clone()],
+            );
+            let p = &mut params[part.clone()];
+            crate::par::chunks3((p, m, v), threads, |at, p, m, v| {
+                let (start, end) = (base + at, base + at + p.len());
+                for (r, decays) in segments {
+                    let (lo, hi) = (r.start.max(start), r.end.min(end));
+                    if lo >= hi {
+                        continue;
+                    }
+                    let decay = match (*decays, k.decay_mode) {
+                        (false, _) | (_, 0) => None,
+                        (true, _) => Some(c.mode),
+                    };
+                    let at = lo - start..hi - start;
+                    update(
+                        &k,
+                        decay,
+                        &mut p[at.clone()],
+                        &grads[lo..hi],
+                        &mut m[at.clone()],
+                        &mut v[at],
+                    );
                 }
-                let decay = match (*decays, k.decay_mode) {
-                    (false, _) | (_, 0) => None,
-                    (true, _) => Some(c.mode),
-                };
-                let at = lo - start..hi - start;
-                update(
-                    &k,
-                    decay,
-                    &mut p[at.clone()],
-                    &grads[lo..hi],
-                    &mut m[at.clone()],
-                    &mut v[at],
-                );
-            }
-        });
+            });
+            after(part.clone(), &params[part]);
+        }
         Ok(())
     }
 }
@@ -371,9 +396,9 @@ mod tests {
     use super::*;
     use crate::params::Params;
 
-    /// The threaded step is the one-thread step bit for bit, over tensors whose boundaries fall
-    /// inside the threads' chunks, some decaying and some not, in both decay modes and across
-    /// several steps.
+    /// The threaded step, whole or in parts, is the one-thread step bit for bit, over tensors
+    /// whose boundaries fall inside the threads' chunks and the parts, some decaying and some
+    /// not, in both decay modes and across several steps.
     #[test]
     fn threads_change_no_bit() {
         let sizes = [70_001usize, 3, 150_000, 1, 40_000];
@@ -389,14 +414,21 @@ mod tests {
             let mut cfg = AdamConfig::adamw(0.1);
             cfg.mode = mode;
             let mut runs = Vec::new();
-            for threads in [1, 3, 8] {
+            for (threads, parts) in [(1, 1), (3, 1), (8, 1), (2, 5), (1, 7)] {
                 let mut opt = Adam::new(cfg, &p0.entries, &decay).unwrap();
                 let mut p: Vec<f32> = (0..n).map(|i| ((i % 97) as f32 - 48.0) * 0.01).collect();
                 for step in 0..3 {
                     let g: Vec<f32> = (0..n)
                         .map(|i| ((i * 7 + step) % 89) as f32 * 1e-3 - 0.04)
                         .collect();
-                    opt.step_on(&mut p, &g, 1e-3, threads).unwrap();
+                    // The parts come in order, cover the buffer, and carry their values.
+                    let mut seen = 0;
+                    opt.step_parts(&mut p, &g, 1e-3, threads, parts, |r, done| {
+                        assert_eq!((r.start, done.len()), (seen, r.len()));
+                        seen = r.end;
+                    })
+                    .unwrap();
+                    assert_eq!(seen, n);
                 }
                 let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                 runs.push((bits(&p), bits(&opt.state().m), bits(&opt.state().v)));

@@ -182,6 +182,22 @@ pub trait Resident: Send + Sync {
     fn landed(&self) -> Result<(), ModelError> {
         Ok(())
     }
+    /// Optimizer offload: queues the copy of `src`, the host optimizer's updated values of the
+    /// parameters `at .. at + src.len()`, to the device on its copy stream, while the host steps
+    /// the next range; [`Resident::params_uploaded`] waits for the copies. Returns whether it
+    /// did: by default not, and the caller uploads the whole with
+    /// [`Resident::upload_params`] after the step.
+    ///
+    /// # Safety
+    /// `src` is [`Resident::pinned`] memory that stays allocated and unwritten until
+    /// [`Resident::params_uploaded`] has returned.
+    unsafe fn upload_params_part(&self, _at: usize, _src: &[f32]) -> bool {
+        false
+    }
+    /// Waits for the copies [`Resident::upload_params_part`] queued; the device's errors.
+    fn params_uploaded(&self) -> Result<(), ModelError> {
+        Ok(())
+    }
     /// Optimizer offload: replaces the device's parameters with `src`, the host optimizer's
     /// updated values (one host → device copy per optimizer step; `src` from
     /// [`Resident::pinned`]).

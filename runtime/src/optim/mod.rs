@@ -585,15 +585,35 @@ impl Optimizer {
         scale: GradScale,
         threads: usize,
     ) -> Result<(), OptimError> {
+        let cut = crate::par::Cut { threads, parts: 1 };
+        self.step_scaled_parts(params, grads, lr, scale, cut, |_, _| {})
+    }
+
+    /// [`Optimizer::step_scaled_on`] cut as `cut` says, calling `after(range, &params[range])`
+    /// as each range is final (Adam steps them one after another; the others step the
+    /// whole buffer, then call it once).
+    pub fn step_scaled_parts(
+        &mut self,
+        params: &mut [f32],
+        grads: &mut [f32],
+        lr: f64,
+        scale: GradScale,
+        cut: crate::par::Cut,
+        mut after: impl FnMut(Range<usize>, &[f32]),
+    ) -> Result<(), OptimError> {
         let (mult, div) = self.grad_factors(scale);
         if mult != 1.0 {
-            crate::par::chunks(grads, threads, |_, g| self::scale(g, mult));
+            crate::par::chunks(grads, cut.threads, |_, g| self::scale(g, mult));
         }
         match self {
-            Optimizer::Lamb(o) => o.step_with_scale(params, grads, lr, div),
-            Optimizer::Adam(o) => o.step_on(params, grads, lr, threads),
-            _ => self.step(params, grads, lr),
+            Optimizer::Adam(o) => {
+                return o.step_parts(params, grads, lr, cut.threads, cut.parts, after)
+            }
+            Optimizer::Lamb(o) => o.step_with_scale(params, grads, lr, div)?,
+            _ => self.step(params, grads, lr)?,
         }
+        after(0..params.len(), params);
+        Ok(())
     }
 
     /// Sets (β₁, β₂) for the next steps, as DeepSpeed's `OneCycle` with `cycle_momentum` writes

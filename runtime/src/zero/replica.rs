@@ -138,10 +138,27 @@ impl HostOptimizer {
         lr: f64,
         scale: GradScale,
     ) -> Result<(), OptimError> {
+        self.step_parts(params, grads, lr, scale, 1, |_, _| {})
+    }
+
+    /// [`HostOptimizer::step_scaled`] calling `after(range, &params[range])` as each of `parts`
+    /// consecutive ranges of the parameters is final ([`Optimizer::step_scaled_parts`]), so
+    /// that optimizer offload copies a range to the device while the next is stepped.
+    pub fn step_parts(
+        &mut self,
+        params: &mut [f32],
+        grads: &mut [f32],
+        lr: f64,
+        scale: GradScale,
+        parts: usize,
+        mut after: impl FnMut(Range<usize>, &[f32]),
+    ) -> Result<(), OptimError> {
+        let threads = self.threads;
+        let cut = crate::par::Cut { threads, parts };
         let Some(h) = &mut self.host else {
             return self
                 .opt
-                .step_scaled_on(params, grads, lr, scale, self.threads);
+                .step_scaled_parts(params, grads, lr, scale, cut, after);
         };
         if params.len() != h.master.len() || grads.len() != h.master.len() {
             return Err(OptimError::Length {
@@ -152,7 +169,6 @@ impl HostOptimizer {
         }
         // Half values live in f32 containers, so unscaling in place gives the fp32 values
         // DeepSpeed's upcast partition holds; with offload they travel to the host copy.
-        let threads = self.threads;
         let g: &mut [f32] = if self.offload {
             let src = &*grads;
             crate::par::chunks(&mut h.grads, threads, |at, g| {
@@ -162,15 +178,17 @@ impl HostOptimizer {
         } else {
             grads
         };
+        // Master → parameters, stored in the module's dtype, range by range.
+        let module = self.module;
         self.opt
-            .step_scaled_on(&mut h.master, g, lr, scale, threads)?;
-        // Master → parameters, stored in the module's dtype.
-        let (master, module) = (&h.master, self.module);
-        crate::par::chunks(params, threads, |at, p| {
-            p.copy_from_slice(&master[at..at + p.len()]);
-            module.round_slice(p);
-        });
-        Ok(())
+            .step_scaled_parts(&mut h.master, g, lr, scale, cut, |r, master| {
+                let p = &mut params[r.clone()];
+                crate::par::chunks(p, threads, |at, p| {
+                    p.copy_from_slice(&master[at..at + p.len()]);
+                    module.round_slice(p);
+                });
+                after(r, p);
+            })
     }
 
     /// The optimizer's state for the partition, with the fp32 master weights under mixed
@@ -297,6 +315,12 @@ pub struct Replica {
     /// Under optimizer offload: the window's gradients are coming down into the staging buffer
     /// as its last backward finishes each segment ([`Resident::land_next`]).
     landing: bool,
+}
+
+/// Ranges optimizer offload's step and upload are pipelined in ([`HostOptimizer::step_parts`]):
+/// one per 4 Mi parameters, 1 to 8 (each range starts the step's threads anew).
+fn upload_parts(n: usize) -> usize {
+    (n / (4 << 20)).clamp(1, 8)
 }
 
 /// Page-locked host memory of the whole model's size for several ranks' copies
@@ -1007,8 +1031,29 @@ impl Replica {
                 // Optimizer offload: the host path's step below, with one rank every stage's
                 // (stage 1–2's all-gather and stage 3's gather are identities), on the
                 // gradients `finish_window` copied; the updated parameters go back in one copy.
-                self.opt
-                    .step_scaled(&mut s.params, &mut s.grads, lr, scale)?;
+                // Range by range, each copied up while the host steps the next (one device;
+                // with peers, or where the device does not queue copies, the whole after).
+                let mut queued = None;
+                let parts = upload_parts(s.params.len());
+                self.opt.step_parts(
+                    &mut s.params,
+                    &mut s.grads,
+                    lr,
+                    scale,
+                    parts,
+                    |r0, done| {
+                        if queued != Some(false) {
+                            // SAFETY: `done` is the pinned staging buffer's range, which the
+                            // step does not write again, and nothing else touches the buffer
+                            // before `params_uploaded` below.
+                            queued = Some(unsafe { r.upload_params_part(r0.start, done) });
+                        }
+                    },
+                )?;
+                if queued == Some(true) {
+                    r.params_uploaded()?;
+                    return Ok(());
+                }
                 if self.peers {
                     // The upload ends in broadcasts between the devices (see `micro`).
                     coll.barrier()?;
@@ -1186,9 +1231,9 @@ mod tests {
     use crate::optim::{Adam, AdamConfig};
     use crate::params::Params;
 
-    /// The host step on several threads is the one-thread step bit for bit: offloaded in fp16
-    /// (gradients copied, unscaled, the master rounded into the parameters), and in fp32 with no
-    /// host copy.
+    /// The host step on several threads, whole or in parts, is the one-thread step bit for bit:
+    /// offloaded in fp16 (gradients copied, unscaled, the master rounded into the parameters),
+    /// and in fp32 with no host copy; each part handed on holds its final values.
     #[test]
     fn threads_change_no_bit() {
         let sizes = [100_003usize, 5, 120_000];
@@ -1202,7 +1247,7 @@ mod tests {
         let n: usize = sizes.iter().sum();
         for (offload, module) in [(true, Dtype::F16), (false, Dtype::F32), (true, Dtype::Bf16)] {
             let mut runs = Vec::new();
-            for threads in [1, 4] {
+            for (threads, parts) in [(1, 1), (4, 1), (2, 3)] {
                 let adam =
                     Adam::new(AdamConfig::adamw(0.01), &p0.entries, &[true, false, true]).unwrap();
                 let mut params: Vec<f32> = (0..n).map(|i| (i % 31) as f32 * 0.03 - 0.4).collect();
@@ -1213,11 +1258,24 @@ mod tests {
                     let mut g: Vec<f32> = (0..n)
                         .map(|i| ((i * 3 + step) % 53) as f32 * 64.0 - 1500.0)
                         .collect();
-                    opt.step(&mut params, &mut g, 1e-3, 1.0 / 1024.0).unwrap();
+                    let scale = GradScale {
+                        unscale: 1.0 / 1024.0,
+                        combined: None,
+                    };
+                    // Each range handed on holds the parameters' final values.
+                    let mut handed = vec![0.0f32; n];
+                    opt.step_parts(&mut params, &mut g, 1e-3, scale, parts, |r, done| {
+                        handed[r].copy_from_slice(done);
+                    })
+                    .unwrap();
+                    assert!(handed == params, "parts {parts}");
                 }
                 runs.push(params.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
             }
-            assert!(runs[0] == runs[1], "offload {offload} {module:?}");
+            assert!(
+                runs.iter().all(|r| *r == runs[0]),
+                "offload {offload} {module:?}"
+            );
         }
     }
 }

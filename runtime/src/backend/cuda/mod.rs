@@ -494,6 +494,28 @@ impl CudaDevice {
         Some(cudarc::driver::DevicePtrMut::device_ptr_mut(s, &self.stream).0)
     }
 
+    /// The stream of the queued copies (made at the first), ordered after the work queued so
+    /// far on the compute stream (an event it waits for; the compute stream goes on with the
+    /// next kernels meanwhile); `None` when that failed (recorded).
+    fn copy_stream(&self) -> Option<&Arc<CudaStream>> {
+        self.bind();
+        let copies = match self.copies.get() {
+            Some(c) => c,
+            None => match self.ctx.new_stream() {
+                Ok(c) => self.copies.get_or_init(|| c),
+                Err(e) => {
+                    self.record("creating the copy stream", e);
+                    return None;
+                }
+            },
+        };
+        if let Err(e) = copies.join(&self.stream) {
+            self.record("ordering a copy after the work", e);
+            return None;
+        }
+        Some(copies)
+    }
+
     /// Keeps the first error for [`Device::sync`].
     fn record(&self, what: &str, e: impl std::fmt::Debug) {
         self.record_text(format!("{what}: {e:?}"));
@@ -1061,23 +1083,9 @@ impl Device for CudaDevice {
         if self.failed() || src.len == 0 {
             return;
         }
-        self.bind();
-        let copies = match self.copies.get() {
-            Some(c) => c,
-            None => match self.ctx.new_stream() {
-                Ok(c) => self.copies.get_or_init(|| c),
-                Err(e) => {
-                    self.record("creating the copy stream", e);
-                    return;
-                }
-            },
-        };
-        // After the work queued so far (an event on the compute stream the copy stream waits
-        // for); the compute stream goes on with the next kernels meanwhile.
-        if let Err(e) = copies.join(&self.stream) {
-            self.record("ordering a copy after the work", e);
+        let Some(copies) = self.copy_stream() else {
             return;
-        }
+        };
         // SAFETY: `src` is a live allocation of `src.len` floats that the caller's contract
         // keeps unwritten, and `dst` pinned host memory of as many floats that it keeps
         // untouched, until `wait_copies`.
@@ -1087,6 +1095,24 @@ impl Device for CudaDevice {
         };
         if let Err(e) = r {
             self.record("a queued download", e);
+        }
+    }
+
+    unsafe fn upload_queued(&self, dst: DevViewMut<'_>, src: *const f32) {
+        if self.failed() || dst.len == 0 {
+            return;
+        }
+        let Some(copies) = self.copy_stream() else {
+            return;
+        };
+        // SAFETY: `dst` is a live allocation of `dst.len` floats, and `src` pinned host memory
+        // of as many, both left alone until `wait_copies` (the caller's contract).
+        let r = unsafe {
+            let src = std::slice::from_raw_parts(src, dst.len);
+            drv::memcpy_htod_async(dst.ptr, src, copies.cu_stream())
+        };
+        if let Err(e) = r {
+            self.record("a queued upload", e);
         }
     }
 

@@ -524,6 +524,34 @@ where
         k.device().sync().map_err(ModelError::Device)
     }
 
+    unsafe fn upload_params_part(&self, at: usize, src: &[f32]) -> bool {
+        let k = &self.kernels;
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let st = &mut *st;
+        // One device's whole parameters (with peers the owners broadcast after: not queued).
+        if st.split.is_some() || st.peers.is_some() {
+            return false;
+        }
+        let Some(params) = st.params.as_mut() else {
+            return false;
+        };
+        let dev = k.device();
+        if at + src.len() > dev.len(dev.view(params)) {
+            return false;
+        }
+        // SAFETY: the caller's contract keeps `src` (pinned) alive and unwritten until
+        // `params_uploaded`; the device's passes do not read the parameters before then.
+        unsafe { dev.upload_queued(dev.range_mut(params, at..at + src.len()), src.as_ptr()) };
+        true
+    }
+
+    fn params_uploaded(&self) -> Result<(), ModelError> {
+        self.kernels
+            .device()
+            .wait_copies()
+            .map_err(ModelError::Device)
+    }
+
     fn land_next(&self, dst: Landing) -> bool {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         // One device's whole accumulator (with peers the ranks reduce first: not landed).
@@ -537,10 +565,8 @@ where
     }
 
     fn landed(&self) -> Result<(), ModelError> {
-        self.kernels
-            .device()
-            .wait_copies()
-            .map_err(ModelError::Device)
+        // The same wait: for every copy queued.
+        self.params_uploaded()
     }
 }
 
