@@ -9,9 +9,13 @@ extern "C" __global__ void add_assign(float* acc, const float* x, int n, int sto
 }
 
 // out[r, c] += bias[c] for a rows × cols matrix.
-extern "C" __global__ void add_bias(float* out, const float* bias, int rows, int cols, int store) {
+// out[r, c] = st(out[r, c] + bias[c]); with `first` a half dtype, out is a GEMM's unrounded
+// output (Backend::bias_epilogue) and is rounded to it first, as round_rows would have: one pass
+// instead of two.
+extern "C" __global__ void add_bias(float* out, const float* bias, int rows, int cols, int first,
+                                    int store) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < (long long)rows * cols) out[i] = st(out[i] + bias[i % cols], store);
+    if (i < (long long)rows * cols) out[i] = st(st(out[i], first) + bias[i % cols], store);
 }
 
 // Backend::bias_grad's order (backend/mod.rs), in two passes and no atomics. The first:

@@ -98,6 +98,13 @@ fn bias_kernels_match_the_cpu_bit_for_bit() {
             g.add_bias(&mut a, &bias, rows, cols);
             c.add_bias(&mut b, &bias, rows, cols);
             close("add_bias", &a, &b, 0.0, 0.0);
+            // After a GEMM left unrounded (`gemm_to_epilogue`): the CPU's GEMM rounds, then
+            // adds the bias.
+            let (mut a, mut b) = (out0.clone(), out0.clone());
+            store.round_slice(&mut b);
+            g.bias_epilogue(&mut a, &bias, rows, cols);
+            c.add_bias(&mut b, &bias, rows, cols);
+            close("bias_epilogue", &a, &b, 0.0, 0.0);
             let db0 = rand(cols, 1.0, 6);
             let (mut a, mut b) = (db0.clone(), db0.clone());
             g.bias_grad(&mut a, &out0, rows, cols);

@@ -344,7 +344,8 @@ pub trait Backend {
     /// One GEMM, see [`Gemm`].
     fn gemm(&self, g: &Gemm, a: Self::View<'_>, b: Self::View<'_>, c: Self::ViewMut<'_>);
     /// A GEMM whose `c` (`m × n`, dense) goes straight into [`Backend::bias_dropout_add`],
-    /// [`Backend::bias_gelu`] or (as `dout`) [`Backend::gelu_bwd`], which round that input to
+    /// [`Backend::bias_gelu`], [`Backend::bias_epilogue`] or (as `dout`) [`Backend::gelu_bwd`],
+    /// which round that input to
     /// the storage dtype first: a device
     /// may leave to them the rounding a half-precision GEMM's output otherwise gets in a pass
     /// of its own. By default [`Backend::gemm`] (the CPU rounds in the GEMM, and rounding twice
@@ -368,6 +369,18 @@ pub trait Backend {
     fn reserve_batch(&self, _s: AttnShape) {}
     /// `out[r, c] += bias[c]` for a `rows × cols` matrix.
     fn add_bias(&self, out: Self::ViewMut<'_>, bias: Self::View<'_>, rows: usize, cols: usize);
+    /// [`Backend::add_bias`] on the output of a [`Backend::gemm_to_epilogue`], which it rounds
+    /// to the storage dtype first: a linear layer's bias (a GPU's one pass where the GEMM's
+    /// rounding would be another). By default [`Backend::add_bias`].
+    fn bias_epilogue(
+        &self,
+        out: Self::ViewMut<'_>,
+        bias: Self::View<'_>,
+        rows: usize,
+        cols: usize,
+    ) {
+        self.add_bias(out, bias, rows, cols);
+    }
     /// Accumulates `db[c] += Σ_r dout[r, c]` in a fixed two-level order: the rows of each chunk
     /// of [`BIAS_ROWS`] summed in order from zero, then the chunks' sums added to `db[c]` in
     /// order, and the result rounded to the storage dtype. Every backend adds in this order, so

@@ -582,8 +582,8 @@ fn linear_fwd<B: Backend>(
     n: usize,
     lda: usize,
 ) {
-    linear_gemm(be, &mut out, inp, p, l, n, lda, false);
-    be.add_bias(out, be.sub(p, l.b()), n, l.out);
+    linear_gemm(be, &mut out, inp, p, l, n, lda, true);
+    be.bias_epilogue(out, be.sub(p, l.b()), n, l.out);
 }
 
 /// `out[n × oc] = inp[n × ic] · wᵀ`, the bias left to the caller: [`Backend::add_bias`], or a

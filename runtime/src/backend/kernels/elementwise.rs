@@ -1,8 +1,9 @@
 //! Launches of `runtime/kernels/elementwise.cu`, and the GEMM (the device's BLAS, then rounding).
 
-use super::{chunk_grid, dropout_args, grid1, int, Kernels};
+use super::{chunk_grid, dropout_args, dtype_arg, grid1, int, Kernels};
 use crate::backend::device::{Arg, Device};
 use crate::backend::{Dropout, Gemm, BIAS_ROWS};
+use crate::precision::Dtype;
 
 pub(super) fn add_assign<D: Device>(k: &Kernels<D>, mut acc: D::ViewMut<'_>, x: D::View<'_>) {
     let n = k.dev.len_mut(&acc);
@@ -45,12 +46,16 @@ fn round_rows<D: Device>(k: &Kernels<D>, p: u64, rows: usize, cols: usize, ld: u
     );
 }
 
+/// `out += bias` per row, rounded; `first`: the dtype `out` is rounded to before (the storage
+/// dtype for a GEMM's output left unrounded, [`crate::backend::Backend::bias_epilogue`]; f32:
+/// nothing).
 pub(super) fn add_bias<D: Device>(
     k: &Kernels<D>,
     mut out: D::ViewMut<'_>,
     bias: D::View<'_>,
     rows: usize,
     cols: usize,
+    first: Dtype,
 ) {
     assert_eq!(k.dev.len(bias), cols, "add_bias width");
     assert!(k.dev.len_mut(&out) >= rows * cols, "add_bias rows");
@@ -63,6 +68,7 @@ pub(super) fn add_bias<D: Device>(
             Arg::Ptr(k.dev.ptr(bias)),
             int(rows),
             int(cols),
+            dtype_arg(first),
             k.store_arg(),
         ],
     );
@@ -185,10 +191,7 @@ pub(super) fn bias_dropout_add<D: Device>(
 ) {
     let n = rows * cols;
     if k.dev.len(k.dev.view(out)) != n || k.dev.len(residual) != n || k.dev.len(bias) != cols {
-        if k.store.is_half() {
-            round_rows(k, k.dev.ptr_mut(&mut k.dev.view_mut(out)), rows, cols, cols);
-        }
-        add_bias(k, k.dev.view_mut(out), bias, rows, cols);
+        add_bias(k, k.dev.view_mut(out), bias, rows, cols, k.store);
         if let Some(d) = dropout {
             self::dropout(k, k.dev.view_mut(out), d, 0);
         }
@@ -232,16 +235,7 @@ pub(super) fn bias_gelu<D: Device>(
     let n = rows * cols;
     let fits = k.dev.len(k.dev.view(inter)) == n && k.dev.len(k.dev.view(act)) == n;
     if !fits || k.dev.len(bias) != cols {
-        if k.store.is_half() {
-            round_rows(
-                k,
-                k.dev.ptr_mut(&mut k.dev.view_mut(inter)),
-                rows,
-                cols,
-                cols,
-            );
-        }
-        add_bias(k, k.dev.view_mut(inter), bias, rows, cols);
+        add_bias(k, k.dev.view_mut(inter), bias, rows, cols, k.store);
         unary(k, "gelu_fwd", k.dev.view_mut(act), k.dev.view(inter));
         return;
     }

@@ -427,7 +427,11 @@ impl<D: Device> Backend for Kernels<D> {
     }
 
     fn add_bias(&self, out: D::ViewMut<'_>, bias: D::View<'_>, rows: usize, cols: usize) {
-        elementwise::add_bias(self, out, bias, rows, cols)
+        elementwise::add_bias(self, out, bias, rows, cols, Dtype::F32)
+    }
+
+    fn bias_epilogue(&self, out: D::ViewMut<'_>, bias: D::View<'_>, rows: usize, cols: usize) {
+        elementwise::add_bias(self, out, bias, rows, cols, self.store)
     }
 
     fn bias_grad(&self, db: D::ViewMut<'_>, dout: D::View<'_>, rows: usize, cols: usize) {

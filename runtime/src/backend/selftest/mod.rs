@@ -183,7 +183,8 @@ impl<B: Backend> Checker<'_, B> {
         self.epilogues(rows, cols, &bias, &d);
     }
 
-    /// A linear layer's GEMM into the fused epilogues of the forward (and `gelu_bwd` of the
+    /// A linear layer's GEMM into the fused epilogues of the forward (its bias alone, with
+    /// dropout and the residual, with GELU; and `gelu_bwd` of the
     /// backward), which round its output themselves ([`Backend::gemm_to_epilogue`]), against
     /// the CPU's GEMM and separate operations.
     fn epilogues(&mut self, rows: usize, cols: usize, bias: &[f32], d: &Dropout) {
@@ -217,6 +218,14 @@ impl<B: Backend> Checker<'_, B> {
         cpu.dropout(&mut want, d);
         cpu.add_assign(&mut want, &res);
         self.compare("gemm+bias_dropout_add", &got, &want);
+
+        let got = self.on_backend(&zeros, |b, o| {
+            gemm(b, o);
+            b.bias_epilogue(b.view_mut(o), b.view(&bb), rows, cols);
+        });
+        let mut want = cpu_gemm();
+        cpu.add_bias(&mut want, bias, rows, cols);
+        self.compare("gemm+bias_epilogue", &got, &want);
 
         let mut inter = be.upload(&zeros);
         let mut act = be.upload(&zeros);
