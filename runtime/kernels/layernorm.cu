@@ -52,9 +52,16 @@ extern "C" __global__ void layernorm_fwd(float* out, float* mean, float* rstd, c
 // dxhat = dout · w, both in f32 from the saved statistics,
 //   dinp = rstd · (dxhat − mean(dxhat) − xhat · mean(dxhat · xhat)),
 // the two row means summed in double (as the CPU) and rounded to f32.
+//
+// With `keep` (not null) the residual branch's split in the same pass (Backend::
+// layernorm_bwd_split): keep = dinp, and dinp = dinp dropped when `dropout` (the dropout kernel's
+// mask of element r * cols + c, rounded), where a copy and a dropout pass would follow.
 extern "C" __global__ void layernorm_bwd_dinp(float* dinp, const float* dout, const float* inp,
                                               const float* w, const float* mean,
-                                              const float* rstd, int cols, int store) {
+                                              const float* rstd, int cols, int store,
+                                              float* keep, int dropout, unsigned long long seed,
+                                              unsigned long long stream, unsigned threshold,
+                                              float dscale) {
     __shared__ double red[32];
     long long r = blockIdx.x;
     const float* x = inp + r * cols;
@@ -74,7 +81,13 @@ extern "C" __global__ void layernorm_bwd_dinp(float* dinp, const float* dout, co
 
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         float xhat = (x[c] - m) * rs;
-        di[c] = st(rs * (g[c] * w[c] - mean_d - xhat * mean_dx), store);
+        float d = st(rs * (g[c] * w[c] - mean_d - xhat * mean_dx), store);
+        if (keep) {
+            keep[r * cols + c] = d;
+            if (dropout)
+                d = st(d * dropout_mult(r * cols + c, seed, stream, threshold, dscale), store);
+        }
+        di[c] = d;
     }
 }
 

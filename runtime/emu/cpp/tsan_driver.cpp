@@ -86,7 +86,7 @@ bool layernorm() {
     const int rows = 3, cols = 70;
     const float eps = 1e-5f;
     std::vector<float> x(rows * cols), w(cols), b(cols), out(rows * cols), mean(rows), rstd(rows);
-    std::vector<float> dout(rows * cols), dinp(rows * cols);
+    std::vector<float> dout(rows * cols), dinp(rows * cols), keep(rows * cols);
     for (int i = 0; i < rows * cols; i++) {
         x[i] = i / cols == 2 ? 1.25f : 3.0f * val(i, 1) + 0.75f;
         dout[i] = val(i, 2);
@@ -101,8 +101,9 @@ bool layernorm() {
                       eps, STORE_F32);
     });
     emu::launch(grid, block, 0, [&] {
+        // With the residual split's copy (keep), which the check below compares too.
         layernorm_bwd_dinp(dinp.data(), dout.data(), x.data(), w.data(), mean.data(), rstd.data(),
-                           cols, STORE_F32);
+                           cols, STORE_F32, keep.data(), 0, 0ull, 0ull, 0u, 1.0f);
     });
 
     for (int r = 0; r < rows; r++) {
@@ -140,6 +141,8 @@ bool layernorm() {
             double want = rstd[r] * ((double)dout[r * cols + c] * w[c] - md - xh * mdx);
             if (!close("layernorm dinp", r * cols + c, dinp[r * cols + c], want, 1e-4))
                 return false;
+            if (keep[r * cols + c] != dinp[r * cols + c])
+                return fail("layernorm keep", r * cols + c, keep[r * cols + c], dinp[r * cols + c]);
         }
     }
     return true;

@@ -192,3 +192,61 @@ fn forward_then_backward_stays_on_the_cpu_bits() {
         assert_eq!(outs[0], outs[1], "{store:?}");
     }
 }
+
+/// `layernorm_bwd_split` (the residual branch's backward in one pass: `dinp` kept, then dropped)
+/// is the backward, a copy and a dropout on the same device bit for bit, with and without
+/// dropout, for every storage dtype; a buffer longer than the matrix takes the separate passes.
+#[test]
+fn the_residual_split_is_the_backward_copy_and_dropout_bit_for_bit() {
+    use recipe_runtime::backend::Dropout;
+    let drop = Dropout {
+        p: 0.3,
+        seed: 0x5eed,
+        stream: 9,
+    };
+    for store in STORES {
+        let (g, c) = pair(store);
+        for &(rows, cols) in SHAPES {
+            for (d, extra) in [(None, 0), (Some(&drop), 0), (Some(&drop), 3)] {
+                let n = rows * cols;
+                let x = input(rows, cols, store);
+                let mut w = rand(cols, 1.0, 4);
+                let mut dout = rand(n, 1.0, 6);
+                store.round_slice(&mut w);
+                store.round_slice(&mut dout);
+                let (mut o, mut m, mut r) = (vec![0.0; n], vec![0.0; rows], vec![0.0; rows]);
+                let b = vec![0.0; cols];
+                c.layernorm_fwd(&mut o, &mut m, &mut r, &x, &w, &b, rows, cols, 1e-5);
+                let run = |fused: bool| {
+                    let (mut di, mut keep) = (vec![0.0; n + extra], vec![0.0; n + extra]);
+                    let (mut dw, mut db) = (vec![0.5; cols], vec![-0.25; cols]);
+                    if fused {
+                        g.layernorm_bwd_split(
+                            (&mut di, &mut keep, d),
+                            &mut dw,
+                            &mut db,
+                            &dout,
+                            &x,
+                            &w,
+                            &m,
+                            &r,
+                            rows,
+                            cols,
+                        );
+                    } else {
+                        g.layernorm_bwd(
+                            &mut di, &mut dw, &mut db, &dout, &x, &w, &m, &r, rows, cols,
+                        );
+                        g.copy(&mut keep, &di);
+                        if let Some(d) = d {
+                            g.dropout(&mut di, d);
+                        }
+                    }
+                    [di, keep, dw, db].map(|v| bits(&v))
+                };
+                let what = format!("{store:?} {rows}x{cols} dropout {} +{extra}", d.is_some());
+                assert_eq!(run(true), run(false), "{what}");
+            }
+        }
+    }
+}

@@ -448,6 +448,32 @@ pub trait Backend {
         rows: usize,
         cols: usize,
     );
+    /// [`Backend::layernorm_bwd`] at the top of a residual branch `LN(x + dropout(f(x)))`: its
+    /// `dinp` (the gradient of that sum, `rows × cols`, the whole buffer) is copied into `keep`
+    /// (as long) for the residual path, and `dinp` is then dropped with `dropout`'s mask for the
+    /// branch, when there is one. By default the backward, a copy and a [`Backend::dropout`];
+    /// a GPU does all three in one pass (the same bits).
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_bwd_split(
+        &self,
+        (dinp, keep, dropout): (&mut Self::Buf, &mut Self::Buf, Option<&Dropout>),
+        dw: Self::ViewMut<'_>,
+        db: Self::ViewMut<'_>,
+        dout: Self::View<'_>,
+        inp: Self::View<'_>,
+        w: Self::View<'_>,
+        mean: Self::View<'_>,
+        rstd: Self::View<'_>,
+        rows: usize,
+        cols: usize,
+    ) {
+        let d = self.view_mut(dinp);
+        self.layernorm_bwd(d, dw, db, dout, inp, w, mean, rstd, rows, cols);
+        self.copy(self.view_mut(keep), self.view(dinp));
+        if let Some(d) = dropout {
+            self.dropout(self.view_mut(dinp), d);
+        }
+    }
 
     /// Exact (erf) GELU, HF's `"gelu"`: `out = x · Φ(x)`.
     fn gelu_fwd(&self, out: Self::ViewMut<'_>, inp: Self::View<'_>);

@@ -1130,10 +1130,12 @@ where
             let mut g = sink.fetch(1 + l)?;
             // a.dx holds d(output of layer l).
             {
+                // d(res2): kept for the residual (a.dx1), dropped for the feed-forward.
                 let mut gl = be.sub_mut(&mut g, ll.ln2.wb());
                 let (dw, db) = be.split_at_mut(&mut gl, h);
-                be.layernorm_bwd(
-                    be.view_mut(&mut a.dres),
+                let d = site(|d| d.hidden, site_layer(l, 2));
+                be.layernorm_bwd_split(
+                    (&mut a.dres, &mut a.dx1, d.as_ref()),
                     dw,
                     db,
                     be.view(&a.dx),
@@ -1144,10 +1146,6 @@ where
                     n,
                     h,
                 );
-            }
-            be.copy(be.view_mut(&mut a.dx1), be.view(&a.dres));
-            if let Some(d) = site(|d| d.hidden, site_layer(l, 2)) {
-                be.dropout(be.view_mut(&mut a.dres), &d);
             }
             linear_bwd(
                 be,
@@ -1180,10 +1178,13 @@ where
                 true,
             );
             {
+                // Residual: d(layer input) starts as d(res1) (a.dx; the q/k/v paths add to it
+                // below), dropped for the attention output.
                 let mut gl = be.sub_mut(&mut g, ll.ln1.wb());
                 let (dw, db) = be.split_at_mut(&mut gl, h);
-                be.layernorm_bwd(
-                    be.view_mut(&mut a.dres),
+                let d = site(|d| d.hidden, site_layer(l, 1));
+                be.layernorm_bwd_split(
+                    (&mut a.dres, &mut a.dx, d.as_ref()),
                     dw,
                     db,
                     be.view(&a.dx1),
@@ -1194,11 +1195,6 @@ where
                     n,
                     h,
                 );
-            }
-            // Residual: d(layer input) starts as d(res1); the q/k/v paths add to it below.
-            be.copy(be.view_mut(&mut a.dx), be.view(&a.dres));
-            if let Some(d) = site(|d| d.hidden, site_layer(l, 1)) {
-                be.dropout(be.view_mut(&mut a.dres), &d);
             }
             linear_bwd(
                 be,

@@ -3,9 +3,9 @@
 //! chunks of rows, then `bias_grad` over the chunks' sums).
 #![allow(clippy::too_many_arguments)]
 
-use super::{chunk_grid, grid1, int, Kernels, BLOCK};
+use super::{chunk_grid, dropout_args, grid1, int, Kernels, BLOCK};
 use crate::backend::device::{Arg, Device, Launch};
-use crate::backend::BIAS_ROWS;
+use crate::backend::{Dropout, BIAS_ROWS};
 
 /// One block per row, whole warps: enough threads to cover `cols` once, at most [`BLOCK`].
 fn per_row(rows: usize, cols: usize) -> Launch {
@@ -63,9 +63,15 @@ pub(super) fn fwd<D: Device>(
     );
 }
 
+/// The residual branch's split of [`crate::backend::Backend::layernorm_bwd_split`]: where
+/// `dinp` is kept, and the dropout applied to it after.
+pub(super) type Split<'a, 'd, D> = Option<(<D as Device>::ViewMut<'a>, Option<&'d Dropout>)>;
+
+/// LayerNorm's backward; with `split = Some((keep, dropout))` also the residual branch's split
+/// in the same pass ([`crate::backend::Backend::layernorm_bwd_split`]).
 pub(super) fn bwd<D: Device>(
     k: &Kernels<D>,
-    mut dinp: D::ViewMut<'_>,
+    (mut dinp, split): (D::ViewMut<'_>, Split<'_, '_, D>),
     mut dw: D::ViewMut<'_>,
     mut db: D::ViewMut<'_>,
     dout: D::View<'_>,
@@ -88,6 +94,17 @@ pub(super) fn bwd<D: Device>(
         return;
     }
     let di = k.dev.ptr_mut(&mut dinp);
+    let (keep, d) = match split {
+        Some((mut keep, d)) => {
+            assert!(k.dev.len_mut(&keep) >= rows * cols, "layernorm_bwd keep");
+            (k.dev.ptr_mut(&mut keep), d)
+        }
+        None => (0, None),
+    };
+    let (seed, stream, threshold, dscale) = match d {
+        Some(d) => dropout_args(d),
+        None => (Arg::U64(0), Arg::U64(0), Arg::U32(0), Arg::F32(1.0)),
+    };
     k.dev.launch(
         "layernorm_bwd_dinp",
         per_row(rows, cols),
@@ -100,6 +117,12 @@ pub(super) fn bwd<D: Device>(
             Arg::Ptr(k.dev.ptr(rstd)),
             int(cols),
             k.store_arg(),
+            Arg::Ptr(keep),
+            int(usize::from(d.is_some())),
+            seed,
+            stream,
+            threshold,
+            dscale,
         ],
     );
     // dw and db in Backend::bias_grad's order: each chunk's sums, then bias_grad over them.

@@ -498,7 +498,72 @@ impl<D: Device> Backend for Kernels<D> {
         rows: usize,
         cols: usize,
     ) {
-        layernorm::bwd(self, dinp, dw, db, dout, inp, w, mean, rstd, rows, cols)
+        layernorm::bwd(
+            self,
+            (dinp, None),
+            dw,
+            db,
+            dout,
+            inp,
+            w,
+            mean,
+            rstd,
+            rows,
+            cols,
+        )
+    }
+
+    fn layernorm_bwd_split(
+        &self,
+        (dinp, keep, dropout): (&mut D::Buf, &mut D::Buf, Option<&Dropout>),
+        dw: D::ViewMut<'_>,
+        db: D::ViewMut<'_>,
+        dout: D::View<'_>,
+        inp: D::View<'_>,
+        w: D::View<'_>,
+        mean: D::View<'_>,
+        rstd: D::View<'_>,
+        rows: usize,
+        cols: usize,
+    ) {
+        let n = rows * cols;
+        let dev = &self.dev;
+        if dev.len(dev.view(dinp)) != n || dev.len(dev.view(keep)) != n {
+            // The separate passes cover the whole buffers; one pass covers the matrix.
+            let d = dev.view_mut(dinp);
+            layernorm::bwd(
+                self,
+                (d, None),
+                dw,
+                db,
+                dout,
+                inp,
+                w,
+                mean,
+                rstd,
+                rows,
+                cols,
+            );
+            self.copy(dev.view_mut(keep), dev.view(dinp));
+            if let Some(d) = dropout {
+                self.dropout(dev.view_mut(dinp), d);
+            }
+            return;
+        }
+        let split = Some((dev.view_mut(keep), dropout));
+        layernorm::bwd(
+            self,
+            (dev.view_mut(dinp), split),
+            dw,
+            db,
+            dout,
+            inp,
+            w,
+            mean,
+            rstd,
+            rows,
+            cols,
+        )
     }
 
     fn gelu_fwd(&self, out: D::ViewMut<'_>, inp: D::View<'_>) {

@@ -391,6 +391,45 @@ impl<B: Backend> Checker<'_, B> {
             ("layernorm_bwd.dw", &dw, &wdw),
             ("layernorm_bwd.db", &dbb, &wdb),
         ]);
+        // The residual branch's split in one pass: kept, then dropped.
+        let d = Dropout {
+            p: 0.2,
+            seed: 11,
+            stream: 4,
+        };
+        let (mut di, mut keep) = (be.alloc(rows * cols), be.alloc(rows * cols));
+        let (mut dw, mut dbb) = (be.upload(&w), be.upload(&b));
+        be.layernorm_bwd_split(
+            (&mut di, &mut keep, Some(&d)),
+            be.view_mut(&mut dw),
+            be.view_mut(&mut dbb),
+            be.view(&d2),
+            be.view(&xb),
+            be.view(&wb2),
+            be.view(&mb),
+            be.view(&rb),
+            rows,
+            cols,
+        );
+        let (mut wdi, mut wkeep) = (vec![0.0; rows * cols], vec![0.0; rows * cols]);
+        let (mut wdw, mut wdb) = (w.clone(), b.clone());
+        cpu.layernorm_bwd_split(
+            (&mut wdi, &mut wkeep, Some(&d)),
+            &mut wdw,
+            &mut wdb,
+            &dout2,
+            &x,
+            &w,
+            &wm,
+            &wr,
+            rows,
+            cols,
+        );
+        self.compare_bufs(&[
+            ("layernorm_bwd_split.dinp", &di, &wdi),
+            ("layernorm_bwd_split.keep", &keep, &wkeep),
+            ("layernorm_bwd_split.dw", &dw, &wdw),
+        ]);
     }
 
     fn attention(&mut self) {
