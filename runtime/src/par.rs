@@ -39,6 +39,40 @@ pub fn chunks<T: Send>(xs: &mut [T], threads: usize, f: impl Fn(usize, &mut [T])
     });
 }
 
+/// [`chunks`] over two buffers of one length, split at the same indices.
+pub fn chunks2<T: Send>(
+    (a, b): (&mut [T], &mut [T]),
+    threads: usize,
+    f: impl Fn(usize, &mut [T], &mut [T]) + Sync,
+) {
+    assert!(a.len() == b.len(), "par::chunks2 lengths");
+    let t = split(a.len(), threads);
+    if t == 1 {
+        return f(0, a, b);
+    }
+    let per = a.len().div_ceil(t);
+    std::thread::scope(|s| {
+        for (i, (x, y)) in a.chunks_mut(per).zip(b.chunks_mut(per)).enumerate() {
+            let f = &f;
+            s.spawn(move || f(i * per, x, y));
+        }
+    });
+}
+
+/// The part of each `(range, flag)` of `segments` inside `start .. start + len`, as a range
+/// relative to `start`: the tensors an optimizer's chunk covers.
+pub fn within<'s>(
+    segments: &'s [(std::ops::Range<usize>, bool)],
+    start: usize,
+    len: usize,
+) -> impl Iterator<Item = (std::ops::Range<usize>, bool)> + 's {
+    let end = start + len;
+    segments.iter().filter_map(move |(r, flag)| {
+        let (lo, hi) = (r.start.max(start), r.end.min(end));
+        (lo < hi).then(|| (lo - start..hi - start, *flag))
+    })
+}
+
 /// [`chunks`] over three buffers of one length, split at the same indices.
 pub fn chunks3<T: Send>(
     (a, b, c): (&mut [T], &mut [T], &mut [T]),

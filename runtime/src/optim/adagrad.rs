@@ -182,6 +182,17 @@ impl Adagrad {
 
     /// One update of `params` with gradients `grads` at learning rate `lr`.
     pub fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f64) -> Result<(), OptimError> {
+        self.step_on(params, grads, lr, 1)
+    }
+
+    /// [`Adagrad::step`] on up to `threads` threads ([`crate::par`]; the same bits).
+    pub fn step_on(
+        &mut self,
+        params: &mut [f32],
+        grads: &[f32],
+        lr: f64,
+        threads: usize,
+    ) -> Result<(), OptimError> {
         check_step(self.state.len, params, grads, lr)?;
         let c = self.config;
         self.state.step += 1;
@@ -196,22 +207,25 @@ impl Adagrad {
             .buffers
             .get_mut(BUFFER)
             .expect("Adagrad's state has its sum");
-        for (r, decays) in &self.segments {
-            let decays = *decays && decay;
-            for i in r.clone() {
-                let p = params[i];
-                let mut g = grads[i];
-                if decays {
-                    g = p.mul_add(wd, g);
+        let segments = &self.segments;
+        crate::par::chunks2((params, sum), threads, |start, params, sum| {
+            for (r, decays) in crate::par::within(segments, start, params.len()) {
+                let decays = decays && decay;
+                let g0 = &grads[start + r.start..start + r.end];
+                let (p, s) = (&mut params[r.clone()], &mut sum[r]);
+                for ((p, s), &g) in p.iter_mut().zip(s).zip(g0) {
+                    let mut g = g;
+                    if decays {
+                        g = p.mul_add(wd, g);
+                    }
+                    *s = g.mul_add(g, *s);
+                    *p = match c.imp {
+                        AdagradImpl::Torch => *p + (g * neg_lr) / (s.sqrt() + eps),
+                        AdagradImpl::DeepSpeedCpu => (g / (s.sqrt() + eps)).mul_add(neg_lr, *p),
+                    };
                 }
-                let s = g.mul_add(g, sum[i]);
-                sum[i] = s;
-                params[i] = match c.imp {
-                    AdagradImpl::Torch => p + (g * neg_lr) / (s.sqrt() + eps),
-                    AdagradImpl::DeepSpeedCpu => (g / (s.sqrt() + eps)).mul_add(neg_lr, p),
-                };
             }
-        }
+        });
         Ok(())
     }
 }
@@ -220,6 +234,24 @@ impl Adagrad {
 mod tests {
     use super::*;
     use crate::params::Params;
+
+    use crate::optim::testing::{big, same_bits_on_threads};
+
+    /// The threaded step is the one-thread step bit for bit, in torch's and DeepSpeedCPUAdagrad's
+    /// order, over three steps.
+    #[test]
+    fn threads_change_no_bit() {
+        let (p0, decay, n) = big();
+        for imp in [AdagradImpl::Torch, AdagradImpl::DeepSpeedCpu] {
+            let cfg = AdagradConfig::new(1e-10, 0.01, imp);
+            let same = same_bits_on_threads(
+                n,
+                || Adagrad::new(cfg, &p0.entries, &decay).unwrap(),
+                |o, p, g, t| o.step_on(p, g, 0.1, t).unwrap(),
+            );
+            assert!(same, "{imp:?}");
+        }
+    }
 
     fn two_tensors() -> Params {
         Params::zeros(vec![("w".into(), vec![3]), ("b".into(), vec![2])])

@@ -575,8 +575,8 @@ impl Optimizer {
     }
 
     /// [`Optimizer::step_scaled`] on up to `threads` threads ([`crate::par`]; the same bits):
-    /// the gradients' scaling and Adam's update, which are element-wise. SGD, Adagrad and LAMB
-    /// (whose trust ratios are per-tensor sums in FusedLamb's order) step on this thread.
+    /// the gradients' scaling and the element-wise updates of Adam, SGD and Adagrad. LAMB (whose
+    /// trust ratios are per-tensor sums in FusedLamb's order) steps on this thread.
     pub fn step_scaled_on(
         &mut self,
         params: &mut [f32],
@@ -610,7 +610,8 @@ impl Optimizer {
                 return o.step_parts(params, grads, lr, cut.threads, cut.parts, after)
             }
             Optimizer::Lamb(o) => o.step_with_scale(params, grads, lr, div)?,
-            _ => self.step(params, grads, lr)?,
+            Optimizer::Sgd(o) => o.step_on(params, grads, lr, cut.threads)?,
+            Optimizer::Adagrad(o) => o.step_on(params, grads, lr, cut.threads)?,
         }
         after(0..params.len(), params);
         Ok(())
@@ -748,5 +749,52 @@ mod tests {
         assert!(bad.validate().is_err());
         assert!(bad.to_safetensors().is_err());
         assert!(OptimState::from_safetensors(b"not safetensors").is_err());
+    }
+}
+
+/// What the optimizers' tests share.
+#[cfg(test)]
+pub(crate) mod testing {
+    use crate::params::Params;
+
+    /// Tensors whose boundaries fall inside the threads' chunks of a threaded step, some
+    /// decaying and some not: the parameters, the decay flags and the elements.
+    pub fn big() -> (Params, Vec<bool>, usize) {
+        let sizes = [70_001usize, 3, 150_000, 1, 40_000];
+        let p = Params::zeros(
+            sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| (format!("t{i}"), vec![n]))
+                .collect(),
+        );
+        (p, vec![true, false, true, false, true], sizes.iter().sum())
+    }
+
+    /// The values' bit patterns.
+    pub fn bits(x: &[f32]) -> Vec<u32> {
+        x.iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// Three steps of a fresh optimizer (`make`) over `n` parameters with `step(opt, params,
+    /// grads, threads)`, on 1, 3 and 8 threads: whether every run ends with the same bits.
+    pub fn same_bits_on_threads<O>(
+        n: usize,
+        make: impl Fn() -> O,
+        step: impl Fn(&mut O, &mut [f32], &[f32], usize),
+    ) -> bool {
+        let runs: Vec<_> = [1, 3, 8]
+            .into_iter()
+            .map(|threads| {
+                let mut opt = make();
+                let mut p: Vec<f32> = (0..n).map(|i| ((i % 97) as f32 - 48.0) * 0.01).collect();
+                for k in 0..3 {
+                    let g: Vec<f32> = (0..n).map(|i| ((i * 7 + k) % 89) as f32 * 1e-3).collect();
+                    step(&mut opt, &mut p, &g, threads);
+                }
+                bits(&p)
+            })
+            .collect();
+        runs.iter().all(|r| *r == runs[0])
     }
 }

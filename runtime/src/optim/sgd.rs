@@ -158,6 +158,17 @@ impl Sgd {
 
     /// One update of `params` with gradients `grads` at learning rate `lr`.
     pub fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f64) -> Result<(), OptimError> {
+        self.step_on(params, grads, lr, 1)
+    }
+
+    /// [`Sgd::step`] on up to `threads` threads ([`crate::par`]; the same bits).
+    pub fn step_on(
+        &mut self,
+        params: &mut [f32],
+        grads: &[f32],
+        lr: f64,
+        threads: usize,
+    ) -> Result<(), OptimError> {
         check_step(self.state.len, params, grads, lr)?;
         let c = self.config;
         // torch creates the buffer from the first step's gradient (`buf is None`).
@@ -171,27 +182,32 @@ impl Sgd {
             keep,
             neg_lr,
         } = c.scalars(lr);
-        let mut empty = Vec::new();
-        let buf = self.state.buffers.get_mut(BUFFER).unwrap_or(&mut empty);
-        for (r, decays) in &self.segments {
-            let decays = *decays && decay;
-            for i in r.clone() {
-                let p = params[i];
-                let mut g = grads[i];
-                if decays {
-                    g = p.mul_add(wd, g);
+        let segments = &self.segments;
+        let update = |start: usize, params: &mut [f32], buf: &mut [f32]| {
+            for (r, decays) in crate::par::within(segments, start, params.len()) {
+                let decays = decays && decay;
+                for i in r {
+                    let p = params[i];
+                    let mut g = grads[start + i];
+                    if decays {
+                        g = p.mul_add(wd, g);
+                    }
+                    if momentum {
+                        let b = if first {
+                            g
+                        } else {
+                            g.mul_add(keep, buf[i] * mu)
+                        };
+                        buf[i] = b;
+                        g = if c.nesterov { b.mul_add(mu, g) } else { b };
+                    }
+                    params[i] = g.mul_add(neg_lr, p);
                 }
-                if momentum {
-                    let b = if first {
-                        g
-                    } else {
-                        g.mul_add(keep, buf[i] * mu)
-                    };
-                    buf[i] = b;
-                    g = if c.nesterov { b.mul_add(mu, g) } else { b };
-                }
-                params[i] = g.mul_add(neg_lr, p);
             }
+        };
+        match self.state.buffers.get_mut(BUFFER) {
+            Some(buf) if momentum => crate::par::chunks2((params, buf), threads, update),
+            _ => crate::par::chunks(params, threads, |start, p| update(start, p, &mut [])),
         }
         Ok(())
     }
@@ -201,6 +217,27 @@ impl Sgd {
 mod tests {
     use super::*;
     use crate::params::Params;
+
+    use crate::optim::testing::{big, same_bits_on_threads};
+
+    /// The threaded step is the one-thread step bit for bit: plain, with momentum (its first
+    /// step included) and with Nesterov momentum, over three steps.
+    #[test]
+    fn threads_change_no_bit() {
+        let (p0, decay, n) = big();
+        for cfg in [
+            SgdConfig::new(0.0, false, 0.01),
+            SgdConfig::new(0.9, false, 0.01),
+            SgdConfig::new(0.9, true, 0.0),
+        ] {
+            let same = same_bits_on_threads(
+                n,
+                || Sgd::new(cfg, &p0.entries, &decay).unwrap(),
+                |o, p, g, t| o.step_on(p, g, 0.1, t).unwrap(),
+            );
+            assert!(same, "{cfg:?}");
+        }
+    }
 
     fn two_tensors() -> Params {
         Params::zeros(vec![("w".into(), vec![3]), ("b".into(), vec![2])])
