@@ -467,12 +467,8 @@ pub trait Backend {
         rows: usize,
         cols: usize,
     ) {
-        let d = self.view_mut(dinp);
-        self.layernorm_bwd(d, dw, db, dout, inp, w, mean, rstd, rows, cols);
-        self.copy(self.view_mut(keep), self.view(dinp));
-        if let Some(d) = dropout {
-            self.dropout(self.view_mut(dinp), d);
-        }
+        let split = (dinp, keep, dropout);
+        layernorm_bwd_apart(self, split, dw, db, dout, inp, w, mean, rstd, rows, cols);
     }
 
     /// Exact (erf) GELU, HF's `"gelu"`: `out = x · Φ(x)`.
@@ -597,6 +593,30 @@ pub trait Backend {
             Loss::Ready(x) => x,
             Loss::Queued { .. } => f32::NAN,
         }
+    }
+}
+
+/// [`Backend::layernorm_bwd_split`] as three calls: the backward, a copy and a dropout (the
+/// default, and a device's way with buffers longer than the matrix).
+#[allow(clippy::too_many_arguments)]
+pub fn layernorm_bwd_apart<B: Backend + ?Sized>(
+    be: &B,
+    (dinp, keep, dropout): (&mut B::Buf, &mut B::Buf, Option<&Dropout>),
+    dw: B::ViewMut<'_>,
+    db: B::ViewMut<'_>,
+    dout: B::View<'_>,
+    inp: B::View<'_>,
+    w: B::View<'_>,
+    mean: B::View<'_>,
+    rstd: B::View<'_>,
+    rows: usize,
+    cols: usize,
+) {
+    let d = be.view_mut(dinp);
+    be.layernorm_bwd(d, dw, db, dout, inp, w, mean, rstd, rows, cols);
+    be.copy(be.view_mut(keep), be.view(dinp));
+    if let Some(d) = dropout {
+        be.dropout(be.view_mut(dinp), d);
     }
 }
 

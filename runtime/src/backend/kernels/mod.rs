@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::device::{Arg, Device, Launch};
-use super::{AttnShape, Backend, Dropout, Gemm, Loss};
+use super::{layernorm_bwd_apart, AttnShape, Backend, Dropout, Gemm, Loss};
 use crate::precision::Dtype;
 
 /// Threads per block of the 1-D kernels (`BLOCK` in common.cuh).
@@ -530,25 +530,8 @@ impl<D: Device> Backend for Kernels<D> {
         let dev = &self.dev;
         if dev.len(dev.view(dinp)) != n || dev.len(dev.view(keep)) != n {
             // The separate passes cover the whole buffers; one pass covers the matrix.
-            let d = dev.view_mut(dinp);
-            layernorm::bwd(
-                self,
-                (d, None),
-                dw,
-                db,
-                dout,
-                inp,
-                w,
-                mean,
-                rstd,
-                rows,
-                cols,
-            );
-            self.copy(dev.view_mut(keep), dev.view(dinp));
-            if let Some(d) = dropout {
-                self.dropout(dev.view_mut(dinp), d);
-            }
-            return;
+            let split = (dinp, keep, dropout);
+            return layernorm_bwd_apart(self, split, dw, db, dout, inp, w, mean, rstd, rows, cols);
         }
         let split = Some((dev.view_mut(keep), dropout));
         layernorm::bwd(
