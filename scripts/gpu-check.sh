@@ -5,6 +5,8 @@
 #   nvidia-smi.csv   the GPU and driver
 #   kernels.txt      NVRTC on this machine: every kernel for the GPU's architecture
 #   selftest.txt/.json  every operation on the GPU against the CPU backend (fp32, fp16, bf16)
+#   selftest-convert.txt  the same with cuBLAS converting the half GEMMs' operands
+#                    (RECIPE_HALF_GEMM=convert, docs/cuda.md "Half-precision GEMMs")
 #   tiny/            the tiny BERT trained on the CPU and on the GPU, optimizer on the GPU
 #                    (tiny.json compares them), offloaded at ZeRO-2 in fp16 (offload.json), and
 #                    two ranks (one GPU each, or sharing the only one) against the CPU's two:
@@ -14,8 +16,10 @@
 #                    from gpu-assets/minilm (scripts/gpu-assets.sh: MiniLM in fp16, carried with
 #                    the binary; the GPU machine has no network); "skipped" without it
 #   throughput.json  BERT-base seq 128 bf16 batch 32: samples/s of ours and of PyTorch eager
-#                    (autocast bf16, fused AdamW) in the same run, ratio and MFU
-#                    (scripts/gpu-throughput.sh; reported, the goals are not enforced)
+#                    (autocast bf16, fused AdamW) in the same run, ratio and MFU, ours also
+#                    with RECIPE_HALF_GEMM=convert; profile.json, profile-convert.json: where
+#                    the GPU's time goes (`recipe run --profile`; scripts/gpu-throughput.sh;
+#                    reported, the goals are not enforced)
 #   summary.json     pass/fail/skipped of each part
 # Exit 0 only if every part that ran passed. A few minutes on one H200.
 set -uo pipefail
@@ -59,6 +63,12 @@ else
     parts[selftest]=fail; status=1
 fi
 cp "$OUT/kernels/selftest.json" "$OUT/selftest.json" 2>/dev/null || true
+if RECIPE_HALF_GEMM=convert timeout "$LIMIT" "$BIN" kernels --arch "$ARCH" --selftest \
+    --out "$OUT/kernels-convert" > "$OUT/selftest-convert.txt" 2>&1; then
+    parts[selftest_convert]=pass
+else
+    parts[selftest_convert]=fail; status=1
+fi
 
 # The tiny BERT of tests/run.rs (random init, the MiniLM tokenizer, 48 SpamAssassin rows), 8
 # optimizer steps with dropout, on the CPU and on the GPU: the same steps and LRs, and losses
@@ -163,7 +173,7 @@ fi
 
 # Throughput next to PyTorch (needs torch on this machine; transformers if present).
 if OUT="$OUT" RECIPE_BIN="${RECIPE_BIN:-target/release/recipe}" PYTHON="$PY" \
-    timeout "$LIMIT" scripts/gpu-throughput.sh > "$OUT/throughput.log" 2>&1 \
+    timeout "$((2 * LIMIT))" scripts/gpu-throughput.sh > "$OUT/throughput.log" 2>&1 \
     && json_ok "$OUT/throughput.json"; then
     parts[throughput]=pass
 else
@@ -173,7 +183,7 @@ fi
 {
     echo "{"
     first=1
-    for k in kernels selftest tiny offload dp2 ranks2 zero2 zero3 spam throughput; do
+    for k in kernels selftest selftest_convert tiny offload dp2 ranks2 zero2 zero3 spam throughput; do
         [ $first = 1 ] || echo ","
         printf '  "%s": "%s"' "$k" "${parts[$k]}"
         first=0

@@ -6,6 +6,9 @@
 # the steps after the first 10, their ratio, and each side's MFU with llm.c's FLOP count
 # (6·N + 6·L·C·T per token, N every parameter; train_gpt2.cu) against the GPU's dense bf16 peak
 # (PEAK_TFLOPS, default 989: H100/H200 SXM; ../shared/reference/cuda-testing.md).
+# Ours runs twice more, with cuBLAS converting the GEMMs' operands (RECIPE_HALF_GEMM=convert,
+# docs/cuda.md "Half-precision GEMMs"), and profiled (`recipe run --profile`) in both modes:
+# $OUT/profile.json and $OUT/profile-convert.json say where the GPU's time goes.
 #
 #   scripts/gpu-throughput.sh                     # on a GPU (called by scripts/gpu-check.sh)
 #   DEVICE=cpu SHAPE=tiny scripts/gpu-throughput.sh   # a dry run of the script on any machine
@@ -50,9 +53,23 @@ with open(path, "w") as f:
         f.write(json.dumps({"text": text, "label": "spam" if i % 2 else "ham"}) + "\n")
 PY
 
-( cd "$W" && "$BIN" run --quiet --device "$DEVICE" bert-base.rcp \
-    --set "batch.micro=$MICRO" --set "data.max_len=$SEQ" --set "train.max_steps=$STEPS" ) \
-    > "$W/recipe.log" 2>&1 || { echo "recipe run failed: $W/recipe.log" >&2; tail -5 "$W/recipe.log" >&2; }
+# ours NAME MODE STEPS [--profile]: one run of ours into $W/NAME, RECIPE_HALF_GEMM=MODE.
+ours() {
+    local name=$1 mode=$2 steps=$3
+    shift 3
+    ( cd "$W" && RECIPE_HALF_GEMM="$mode" "$BIN" run --quiet --device "$DEVICE" "$@" bert-base.rcp \
+        --set "batch.micro=$MICRO" --set "data.max_len=$SEQ" --set "train.max_steps=$steps" \
+        --set "train.output_dir=\"$name\"" ) > "$W/$name.log" 2>&1 \
+        || { echo "recipe run ($name) failed: $W/$name.log" >&2; tail -5 "$W/$name.log" >&2; }
+}
+ours out pack "$STEPS"
+ours convert convert "$STEPS"
+if [ "$DEVICE" = cuda ]; then
+    ours profiled pack "$((WARM + 10))" --profile
+    ours profiled-convert convert "$((WARM + 10))" --profile
+    cp "$W/profiled/profile.json" "$OUT/profile.json" 2>/dev/null || true
+    cp "$W/profiled-convert/profile.json" "$OUT/profile-convert.json" 2>/dev/null || true
+fi
 "$PY" scripts/gpu/torch_bert_bench.py --device "$DEVICE" --layers "$L" --hidden "$C" \
     --heads "$HEADS" --intermediate "$INTER" --batch "$MICRO" --seq "$SEQ" \
     --steps "$((STEPS - WARM))" --warmup "$WARM" > "$W/torch.json" 2> "$W/torch.log" \
@@ -62,15 +79,27 @@ PY
 import json, statistics, sys
 w, device, L, C, T, warm, peak = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6]), int(sys.argv[6]), float(sys.argv[7])
 out = {"device": device, "shape": {"layers": L, "hidden": C, "seq": T}, "ok": False}
-try:
-    recs = [json.loads(l) for l in open(f"{w}/out/metrics.jsonl")]
-    start = next(r for r in recs if r.get("event") == "start")
-    rates = [r["samples_per_s"] for r in recs if "loss" in r and r["step"] > warm]
-    out["recipe"] = {"device": start.get("device"), "parameters": start["parameters"],
-                     "precision": start.get("precision"), "steps_timed": len(rates),
-                     "samples_per_s": statistics.median(rates)}
-except (OSError, StopIteration, KeyError, statistics.StatisticsError) as e:
-    out["recipe"] = {"error": f"{type(e).__name__}: {e}"}
+def rate(run):
+    try:
+        recs = [json.loads(l) for l in open(f"{w}/{run}/metrics.jsonl")]
+        start = next(r for r in recs if r.get("event") == "start")
+        rates = [r["samples_per_s"] for r in recs if "loss" in r and r["step"] > warm]
+        return {"device": start.get("device"), "parameters": start["parameters"],
+                "precision": start.get("precision"), "steps_timed": len(rates),
+                "samples_per_s": statistics.median(rates)}
+    except (OSError, StopIteration, KeyError, statistics.StatisticsError) as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+out["recipe"] = rate("out")
+# The same run with cuBLAS converting the half GEMMs' operands (RECIPE_HALF_GEMM=convert).
+out["recipe_convert"] = rate("convert")
+for run, key in (("profiled", "profile"), ("profiled-convert", "profile_convert")):
+    try:
+        p = json.load(open(f"{w}/{run}/profile.json"))
+        out[key] = {"busy_share": p["busy_s"] / p["wall_s"] if p["wall_s"] else None,
+                    "top": [{k: r[k] for k in ("name", "calls", "share", "mean_us")}
+                            for r in p["rows"][:12]]}
+    except (OSError, KeyError, json.JSONDecodeError) as e:
+        out[key] = {"error": f"{type(e).__name__}: {e}"}
 try:
     out["torch"] = json.loads(open(f"{w}/torch.json").read().strip().splitlines()[-1])
 except (OSError, IndexError, json.JSONDecodeError) as e:
@@ -80,6 +109,9 @@ if ours and theirs:
     n = out["recipe"]["parameters"]
     flops_per_sample = (6 * n + 6 * L * C * T) * T
     out["ratio_recipe_over_torch"] = ours / theirs
+    converted = out["recipe_convert"].get("samples_per_s")
+    if converted:
+        out["ratio_convert_over_torch"] = converted / theirs
     if device == "cuda":
         out["peak_tflops_bf16"] = peak
         out["mfu_recipe"] = ours * flops_per_sample / (peak * 1e12)

@@ -436,6 +436,10 @@ const NOT_RUN: &[(&str, &str)] = &[
     ("recipe fmt recipes/cls.rcp", "rewrites a file of the tree"),
     ("recipe lsp", "a server on stdin"),
     ("recipe run recipes/spam.rcp --device cuda", "a GPU"),
+    (
+        "recipe run recipes/spam.rcp --device cuda --profile",
+        "a GPU",
+    ),
     ("recipe run recipes/spam.rcp --device auto", "training"),
     ("recipe kernels", "NVRTC: scripts/check-kernels.sh runs it in .ci/run"),
     ("recipe check spam.rcp", "docs/language.md's complete example saved by the reader (checked as an rcp block)"),

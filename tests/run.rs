@@ -236,6 +236,44 @@ fn without_a_cuda_driver_the_gpu_is_refused_plainly() {
     let m = metrics(&dir.join("out"));
     let start = m.iter().find(|r| r["event"] == "start").unwrap();
     assert_eq!(start["device"], "cpu");
+    // auto with --profile says there is nothing to time, and trains; no profile is written.
+    let o = recipe_in(
+        &dir,
+        &[
+            "run",
+            "--quiet",
+            "--profile",
+            "--device",
+            "auto",
+            "--set",
+            "train.epochs=1",
+            "--set",
+            "train.output_dir=\"auto-profiled\"",
+            "tiny.rcp",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no GPU here, so --profile has nothing to time"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(dir.join("auto-profiled/metrics.jsonl").exists());
+    assert!(!dir.join("auto-profiled/profile.json").exists());
+}
+
+/// `--profile` times a GPU's operations: asked of a CPU run, it is refused before any work.
+#[test]
+fn a_profile_of_a_cpu_run_is_refused() {
+    let dir = workspace("profile-cpu", TINY);
+    let o = recipe_in(&dir, &["run", "--profile", "--device", "cpu", "tiny.rcp"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("error: --profile times the GPU's operations (CUDA events); this run trains on the CPU: pass --device cuda"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!dir.join("out").exists(), "{}", stderr(&o));
 }
 
 /// What [`device_run_against_the_cpu`] measured, each the largest over the run.

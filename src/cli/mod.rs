@@ -15,6 +15,7 @@ mod kernels;
 mod lsp;
 mod model_files;
 mod pair;
+mod profile;
 mod run;
 mod steps;
 mod verify;
@@ -272,6 +273,11 @@ enum Command {
         /// No progress bar (metrics still go to the metrics file).
         #[arg(long)]
         quiet: bool,
+        /// Time every operation on the GPU (CUDA events around each kernel, GEMM, copy and
+        /// NCCL call) and write the totals to profile.json in the output directory, with a
+        /// table on stderr; slows the run a little (docs/cuda.md, "Profiling").
+        #[arg(long)]
+        profile: bool,
         /// In a run over several nodes (--nodes N, or cluster.nodes): this node, 0..N. Start the
         /// same recipe or plan on every node with its own --node-rank and the same --master
         /// (docs/runtime.md, "Several nodes").
@@ -566,20 +572,20 @@ pub fn main() -> i32 {
             resume,
             stop_after,
             quiet,
+            profile,
             node_rank,
             master,
             flags,
         } => {
             let node = node_rank.map(|rank| run::Node { rank, master });
-            run::run(
-                &file,
-                device,
-                resume.as_deref(),
+            let opts = run::Options {
+                resume: resume.as_deref(),
                 stop_after,
                 quiet,
+                profile,
                 node,
-                &flags,
-            )
+            };
+            run::run(&file, device, opts, &flags)
         }
         Command::Kernels {
             arch,

@@ -6,7 +6,7 @@ use std::path::Path;
 use recipe_runtime::plan::{ModelSource, Plan};
 use recipe_runtime::train::{self, NodeOptions, RunOptions};
 
-use super::{load_except, Device, RecipeFlags, FAILED, OK, USAGE};
+use super::{load_except, profile, Device, RecipeFlags, FAILED, OK, USAGE};
 
 /// `--node-rank K` and `--master HOST:PORT` as given.
 pub struct Node {
@@ -14,19 +14,35 @@ pub struct Node {
     pub master: Option<String>,
 }
 
-pub fn run(
-    file: &Path,
-    device: Device,
-    resume: Option<&Path>,
-    stop_after: Option<u64>,
-    quiet: bool,
-    node: Option<Node>,
-    flags: &RecipeFlags,
-) -> i32 {
+/// `recipe run`'s options besides the file, the device and the recipe flags.
+pub struct Options<'a> {
+    pub resume: Option<&'a Path>,
+    pub stop_after: Option<u64>,
+    pub quiet: bool,
+    /// Time every GPU operation and write `profile.json` (docs/cuda.md, "Profiling").
+    pub profile: bool,
+    pub node: Option<Node>,
+}
+
+pub fn run(file: &Path, device: Device, opts: Options<'_>, flags: &RecipeFlags) -> i32 {
+    let Options {
+        resume,
+        stop_after,
+        quiet,
+        profile,
+        node,
+    } = opts;
     let want_gpu = match choose_device(device) {
         Ok(g) => g,
         Err(code) => return code,
     };
+    if profile && !want_gpu {
+        if device == Device::Cpu {
+            eprintln!("error: --profile times the GPU's operations (CUDA events); this run trains on the CPU: pass --device cuda");
+            return USAGE;
+        }
+        eprintln!("note: no GPU here, so --profile has nothing to time; training on the CPU");
+    }
     let is_plan = file.extension().is_some_and(|e| e == "json");
     let mut resolved_recipe = None;
     let plan = if is_plan {
@@ -99,6 +115,8 @@ pub fn run(
     } else {
         Vec::new()
     };
+    let profiled = profile::start(profile && want_gpu, &executors);
+    let node_rank = node.as_ref().map_or(0, |n| n.rank);
     let options = RunOptions {
         resume: resume.map(Path::to_path_buf),
         stop_after,
@@ -109,6 +127,10 @@ pub fn run(
     };
     match train::run(&plan, &options) {
         Ok(summary) => {
+            if let Err(e) = profile::report(&profiled, &plan.train.output_dir, node_rank, quiet) {
+                eprintln!("error: {e}");
+                return FAILED;
+            }
             if !quiet {
                 eprintln!("{summary}");
                 // Node 0's process reports the run; the others their share.

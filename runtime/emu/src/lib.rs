@@ -5,9 +5,12 @@
 //! the CUDA backend's launch code with only the memory and cuBLAS swapped, and the tests compare
 //! it with the CPU backend (docs/cuda.md, "How the kernels are proven").
 
+use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::time::Instant;
 
 use recipe_runtime::backend::device::{Arg, Device, Launch, Peers};
+use recipe_runtime::backend::profile::Profile;
 use recipe_runtime::backend::{Backend, Cpu, Gemm};
 use recipe_runtime::collective::{Collective, LocalCollective, ReduceOp};
 
@@ -21,6 +24,28 @@ extern "C" {
     ) -> c_int;
     fn recipe_emu_kernel_count() -> c_uint;
     fn recipe_emu_kernel_name(i: c_uint) -> *const c_char;
+}
+
+thread_local! {
+    /// [`Device::start_profile`]'s totals: per thread, since the emulator runs each launch on
+    /// the calling thread (a rank's, in a run of several).
+    static PROFILE: RefCell<Option<(Profile, Instant)>> = const { RefCell::new(None) };
+}
+
+/// Runs `f`, timed by the host's clock as `name` when this thread profiles.
+fn timed<T>(name: &'static str, f: impl FnOnce() -> T) -> T {
+    if PROFILE.with(|p| p.borrow().is_none()) {
+        return f();
+    }
+    let t = Instant::now();
+    let r = f();
+    let s = t.elapsed().as_secs_f64();
+    PROFILE.with(|p| {
+        if let Some((prof, _)) = p.borrow_mut().as_mut() {
+            prof.add(name, s);
+        }
+    });
+    r
 }
 
 /// The emulated device (host memory; see the crate docs).
@@ -88,7 +113,7 @@ impl Device for Emu {
         let block = [l.block.0, l.block.1, l.block.2];
         // SAFETY: the pointers in `args` come from live views the caller holds for this call;
         // `ptrs` points at `slots`, which outlive the call.
-        let rc = unsafe {
+        let rc = timed(name, || unsafe {
             recipe_emu_launch(
                 cname.as_ptr(),
                 grid.as_ptr(),
@@ -96,7 +121,7 @@ impl Device for Emu {
                 l.smem,
                 ptrs.as_mut_ptr(),
             )
-        };
+        });
         match rc {
             0 => {}
             -1 => panic!("kernel `{name}` is not in runtime/kernels"),
@@ -105,11 +130,28 @@ impl Device for Emu {
     }
 
     fn gemm(&self, g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
-        Cpu::new(1).gemm(g, a, b, c);
+        timed("gemm", || Cpu::new(1).gemm(g, a, b, c));
     }
 
     fn sync(&self) -> Result<(), String> {
         Ok(())
+    }
+
+    /// Timed by the host's clock, per thread (kernels and GEMMs; the host memory's copies are
+    /// not operations here).
+    fn start_profile(&self) -> bool {
+        PROFILE.with(|p| *p.borrow_mut() = Some((Profile::default(), Instant::now())));
+        true
+    }
+
+    fn profile(&self) -> Option<Profile> {
+        PROFILE.with(|p| {
+            p.borrow().as_ref().map(|(prof, since)| {
+                let mut prof = prof.clone();
+                prof.wall = since.elapsed().as_secs_f64();
+                prof
+            })
+        })
     }
 }
 

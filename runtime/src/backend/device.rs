@@ -7,6 +7,7 @@
 
 use std::ops::Range;
 
+use super::profile::Profile;
 use super::{Batch, Gemm};
 
 /// One kernel argument, passed by value as `cuLaunchKernel` takes them: a device address or a
@@ -220,6 +221,15 @@ pub trait Device {
     }
     /// Waits for all launched work; `Ok` unless the device reported an error.
     fn sync(&self) -> Result<(), String>;
+    /// Starts timing every operation ([`Device::profile`]); false when this device cannot.
+    fn start_profile(&self) -> bool {
+        false
+    }
+    /// What [`Device::start_profile`] measured so far (waits for the work queued); `None` when
+    /// it was not started.
+    fn profile(&self) -> Option<Profile> {
+        None
+    }
 }
 
 /// The devices of a data-parallel group summing their buffers directly, one device per rank

@@ -15,6 +15,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod device;
 pub mod kernels;
+pub mod profile;
 pub mod selftest;
 
 pub use cpu::Cpu;

@@ -19,12 +19,13 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
-    result as drv, sys as drv_sys, CudaContext, CudaFunction, CudaSlice, CudaStream,
+    result as drv, sys as drv_sys, CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream,
 };
 use cudarc::nvrtc::Ptx;
 
 use super::device::{Arg, Device, Launch};
 use super::kernels::{all_kernel_names, dtype_arg, gemm_pointers, grid1, int};
+use super::profile::Profile;
 use super::{Batch, Gemm};
 use crate::precision::Dtype;
 
@@ -58,6 +59,9 @@ pub enum CudaError {
     /// A driver or cuBLAS call failed.
     #[error("CUDA: {0}")]
     Driver(String),
+    /// An environment setting of the CUDA backend has a value it does not know.
+    #[error("{0}")]
+    Setting(String),
 }
 
 /// What this machine offers, without touching anything that could panic.
@@ -257,6 +261,79 @@ pub struct CudaDevice {
     /// The stream of [`Device::download_queued`]'s copies (non-blocking: it does not wait for
     /// the compute stream's later work), made at the first.
     copies: std::sync::OnceLock<Arc<CudaStream>>,
+    /// Once [`Device::start_profile`] ran: each operation's events.
+    timer: Mutex<Option<Timer>>,
+    /// How a half-precision GEMM gets its fp16/bf16 operands ([`HalfOperands`]).
+    operands: HalfOperands,
+}
+
+/// How [`Device::gemm_half`] and [`Device::gemm_batched`] hand their operands, f32 buffers
+/// holding fp16/bf16 values, to the tensor cores. Both give the same products (the values
+/// convert exactly) with f32 accumulation; which is faster is the GPU's and cuBLAS's to say, so
+/// `RECIPE_HALF_GEMM` picks it and `scripts/gpu-throughput.sh` measures both (docs/cuda.md,
+/// "Half-precision GEMMs").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HalfOperands {
+    /// `pack_half` writes each operand's 16-bit copy (a pass over it: 4 bytes read, 2 written)
+    /// and cuBLAS runs its fp16/bf16 GEMM on the copies (`RECIPE_HALF_GEMM=pack`, the default).
+    Pack,
+    /// cuBLAS reads the f32 operands and converts them itself (`CUBLAS_COMPUTE_32F_FAST_16F` /
+    /// `_16BF`: "automatic down-conversion" to fp16/bf16, or to TF32, which holds fp16 and bf16
+    /// values exactly too), no pass of ours (`RECIPE_HALF_GEMM=convert`).
+    Convert,
+}
+
+impl HalfOperands {
+    /// `RECIPE_HALF_GEMM`'s choice; `Err` names a value it does not know.
+    pub fn from_env() -> Result<HalfOperands, CudaError> {
+        Self::parse(std::env::var("RECIPE_HALF_GEMM").ok().as_deref())
+    }
+
+    /// The choice a value of `RECIPE_HALF_GEMM` (`None`: unset) makes.
+    pub fn parse(v: Option<&str>) -> Result<HalfOperands, CudaError> {
+        match v {
+            None | Some("" | "pack") => Ok(HalfOperands::Pack),
+            Some("convert") => Ok(HalfOperands::Convert),
+            Some(other) => Err(CudaError::Setting(format!(
+                "RECIPE_HALF_GEMM={other}: expected `pack` (the default) or `convert` (docs/cuda.md, \"Half-precision GEMMs\")"
+            ))),
+        }
+    }
+}
+
+/// [`Device::profile`] on a GPU: every operation on the stream between two events, whose
+/// elapsed time is read once the GPU has passed them (at a synchronisation, or after
+/// [`Timer::LIMIT`] operations), then the events are reused.
+struct Timer {
+    pending: Vec<(&'static str, CudaEvent, CudaEvent)>,
+    free: Vec<CudaEvent>,
+    profile: Profile,
+    since: std::time::Instant,
+}
+
+impl Timer {
+    /// Operations kept pending before the oldest are read (a wait for the GPU to reach them).
+    const LIMIT: usize = 8192;
+
+    /// A timing event (a new one when none is free); `None` when the driver would not make one.
+    fn event(&mut self, ctx: &Arc<CudaContext>) -> Option<CudaEvent> {
+        self.free.pop().or_else(|| {
+            ctx.new_event(Some(drv_sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .ok()
+        })
+    }
+
+    /// Adds every pending operation's time to the profile (waiting for the GPU to finish
+    /// them); an event the driver cannot time is skipped.
+    fn resolve(&mut self) {
+        for (name, start, end) in self.pending.drain(..) {
+            if let Ok(ms) = start.elapsed_ms(&end) {
+                self.profile.add(name, f64::from(ms) / 1e3);
+            }
+            self.free.push(start);
+            self.free.push(end);
+        }
+    }
 }
 
 /// How a GPU that sums with others through NCCL waits for its stream: it polls the stream and
@@ -281,6 +358,17 @@ impl std::fmt::Debug for CudaDevice {
     }
 }
 
+/// The compute type with which cuBLAS converts f32 operands to `half` itself
+/// ([`HalfOperands::Convert`]).
+fn fast_compute(half: Dtype) -> cudarc::cublas::sys::cublasComputeType_t {
+    use cudarc::cublas::sys::cublasComputeType_t as C;
+    if half == Dtype::F16 {
+        C::CUBLAS_COMPUTE_32F_FAST_16F
+    } else {
+        C::CUBLAS_COMPUTE_32F_FAST_16BF
+    }
+}
+
 fn driver_err(what: &str) -> impl Fn(drv::DriverError) -> CudaError + '_ {
     move |e| CudaError::Driver(format!("{what}: {e:?}"))
 }
@@ -299,6 +387,7 @@ impl CudaDevice {
     /// Opens GPU `ordinal`: checks the libraries, compiles the kernels for its architecture,
     /// loads them and creates the cuBLAS handle.
     pub fn open(ordinal: usize) -> Result<CudaDevice, CudaError> {
+        let operands = HalfOperands::from_env()?;
         let p = require()?;
         if ordinal >= p.devices {
             return Err(CudaError::Driver(format!(
@@ -344,6 +433,8 @@ impl CudaDevice {
             pointers: Mutex::default(),
             watch: Mutex::new(None),
             copies: std::sync::OnceLock::new(),
+            timer: Mutex::new(None),
+            operands,
         })
     }
 
@@ -410,6 +501,35 @@ impl CudaDevice {
             std::thread::sleep(pause);
             pause = (pause * 2).min(std::time::Duration::from_millis(1));
         }
+    }
+
+    /// Queues `f`'s one operation on the stream between two timing events when profiling
+    /// ([`Device::start_profile`]); just `f` otherwise. The lock is not held while `f` runs,
+    /// which may queue operations of its own (timed apart).
+    pub(crate) fn timed<T>(&self, name: &'static str, f: impl FnOnce() -> T) -> T {
+        let events = {
+            let mut t = self.timer.lock().unwrap_or_else(|p| p.into_inner());
+            t.as_mut()
+                .and_then(|t| Some((t.event(&self.ctx)?, t.event(&self.ctx)?)))
+        };
+        let Some((start, end)) = events else {
+            return f();
+        };
+        let recorded = start.record(&self.stream).is_ok();
+        let r = f();
+        let recorded = recorded && end.record(&self.stream).is_ok();
+        let mut t = self.timer.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = t.as_mut() {
+            if recorded {
+                t.pending.push((name, start, end));
+                if t.pending.len() >= Timer::LIMIT {
+                    t.resolve();
+                }
+            } else {
+                t.free.extend([start, end]);
+            }
+        }
+        r
     }
 
     /// Installs the watch of the communicator this device sums through ([`nccl`]).
@@ -551,7 +671,9 @@ impl CudaDevice {
         self.bind();
         assert_eq!(dst.len, host.len(), "upload length");
         // SAFETY: `dst` is a live allocation of `host.len()` floats.
-        let r = unsafe { drv::memcpy_htod_async(dst.ptr, host, self.stream.cu_stream()) };
+        let r = self.timed("memcpy host→device", || unsafe {
+            drv::memcpy_htod_async(dst.ptr, host, self.stream.cu_stream())
+        });
         if let Err(e) = r {
             self.record("upload", e);
         }
@@ -699,7 +821,9 @@ impl Device for CudaDevice {
         };
         let (ptr, _sync) = cudarc::driver::DevicePtrMut::device_ptr_mut(mem, &self.stream);
         // SAFETY: `dst` is a live allocation of at least `src.len()` ids.
-        let r = unsafe { drv::memcpy_htod_async(ptr, src, self.stream.cu_stream()) };
+        let r = self.timed("memcpy host→device", || unsafe {
+            drv::memcpy_htod_async(ptr, src, self.stream.cu_stream())
+        });
         if let Err(e) = r {
             self.record("upload", e);
         }
@@ -721,7 +845,9 @@ impl Device for CudaDevice {
         assert_eq!(src.len, dst.len(), "download length");
         // SAFETY: `src` is a live allocation of `dst.len()` floats; the stream is synchronised
         // before `dst` is read.
-        let r = unsafe { drv::memcpy_dtoh_async(dst, src.ptr, self.stream.cu_stream()) };
+        let r = self.timed("memcpy device→host", || unsafe {
+            drv::memcpy_dtoh_async(dst, src.ptr, self.stream.cu_stream())
+        });
         if let Err(e) = r {
             self.record("download", e);
         }
@@ -835,7 +961,9 @@ impl Device for CudaDevice {
         }
         self.bind();
         // SAFETY: `dst` is a live allocation of `len` floats.
-        let r = unsafe { drv::memset_d8_async(dst.ptr, 0, 4 * dst.len, self.stream.cu_stream()) };
+        let r = self.timed("memset", || unsafe {
+            drv::memset_d8_async(dst.ptr, 0, 4 * dst.len, self.stream.cu_stream())
+        });
         if let Err(e) = r {
             self.record("zero", e);
         }
@@ -848,9 +976,9 @@ impl Device for CudaDevice {
         self.bind();
         assert_eq!(dst.len, src.len, "copy lengths");
         // SAFETY: both are live allocations of `len` floats.
-        let r = unsafe {
+        let r = self.timed("memcpy device→device", || unsafe {
             drv::memcpy_dtod_async(dst.ptr, src.ptr, 4 * src.len, self.stream.cu_stream())
-        };
+        });
         if let Err(e) = r {
             self.record("copy", e);
         }
@@ -871,7 +999,7 @@ impl Device for CudaDevice {
             .collect();
         // SAFETY: the parameters match the kernel's signature (the emulation tests run the same
         // launch code against the same source); device pointers come from live views.
-        let r = unsafe {
+        let r = self.timed(name, || unsafe {
             drv::launch_kernel(
                 f.cu_function(),
                 l.grid,
@@ -880,7 +1008,7 @@ impl Device for CudaDevice {
                 self.stream.cu_stream(),
                 &mut params,
             )
-        };
+        });
         if let Err(e) = r {
             self.record(name, e);
         }
@@ -895,7 +1023,7 @@ impl Device for CudaDevice {
         let (op, int) = (gemm::op, gemm::dim);
         // SAFETY: the views are live allocations large enough for the shapes (the model checks
         // its shapes before calling); cuBLAS runs on this device's stream.
-        let r = unsafe {
+        let r = self.timed("cublas gemm f32", || unsafe {
             cudarc::cublas::result::sgemm(
                 *self.blas.handle(),
                 op(cm.trans_first),
@@ -912,7 +1040,7 @@ impl Device for CudaDevice {
                 c.ptr as *mut f32,
                 int(cm.ldc),
             )
-        };
+        });
         if let Err(e) = r {
             self.record("cublasSgemm", e);
         }
@@ -938,19 +1066,43 @@ impl Device for CudaDevice {
         );
         let mut packed = self.packed.lock().unwrap_or_else(|p| p.into_inner());
         let [slot_a, slot_b] = &mut *packed;
-        // The same stream runs the packs and the GEMM in order, so the next GEMM's packs cannot
-        // overwrite operands this one still reads.
-        let pa = self.pack(slot_a, a.ptr, span_a, half);
-        let pb = self.pack(slot_b, b.ptr, span_b, half);
+        // The operands as cuBLAS reads them, their type, the compute type and the profile's name.
+        let ((pa, pb), operand, compute, name) = match self.operands {
+            // The same stream runs the packs and the GEMM in order, so the next GEMM's packs
+            // cannot overwrite operands this one still reads.
+            HalfOperands::Pack => (
+                (
+                    self.pack(slot_a, a.ptr, span_a, half),
+                    self.pack(slot_b, b.ptr, span_b, half),
+                ),
+                dtype,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                if half == Dtype::F16 {
+                    "cublas gemm fp16"
+                } else {
+                    "cublas gemm bf16"
+                },
+            ),
+            HalfOperands::Convert => (
+                (a.ptr, b.ptr),
+                cudaDataType::CUDA_R_32F,
+                fast_compute(half),
+                if half == Dtype::F16 {
+                    "cublas gemm fp16←f32"
+                } else {
+                    "cublas gemm bf16←f32"
+                },
+            ),
+        };
         if pa == 0 || pb == 0 {
             return; // out of memory for the packed operands: recorded
         }
         let cm = gemm::col_major(g);
         let (op, int) = (gemm::op, gemm::dim);
-        // SAFETY: the packed operands hold the spans the shapes read (asserted above), `c` is a
-        // live allocation large enough for the shape; cuBLAS runs on this device's stream. fp16
-        // or bf16 inputs, f32 output, f32 compute: cuBLAS's tensor-core path.
-        let r = unsafe {
+        // SAFETY: the operands (packed, or the views themselves) hold the spans the shapes read
+        // (asserted above), `c` is a live allocation large enough for the shape; cuBLAS runs on
+        // this device's stream. f32 output and accumulation on the tensor cores.
+        let r = self.timed(name, || unsafe {
             cudarc::cublas::result::gemm_ex(
                 *self.blas.handle(),
                 op(cm.trans_first),
@@ -960,19 +1112,19 @@ impl Device for CudaDevice {
                 int(cm.k),
                 (&g.alpha as *const f32).cast(),
                 pb as *const c_void,
-                dtype,
+                operand,
                 int(cm.ld_first),
                 pa as *const c_void,
-                dtype,
+                operand,
                 int(cm.ld_second),
                 (&g.beta as *const f32).cast(),
                 c.ptr as *mut c_void,
                 cudaDataType::CUDA_R_32F,
                 int(cm.ldc),
-                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                compute,
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
-        };
+        });
         if let Err(e) = r {
             self.record("cublasGemmEx", e);
         }
@@ -1003,6 +1155,11 @@ impl Device for CudaDevice {
             // As in `gemm_half`: bf16 tensor cores from sm_80 on, else the f32 GEMM.
             Dtype::Bf16 if self.major >= 8 => Some(cudaDataType::CUDA_R_16BF),
             Dtype::Bf16 | Dtype::F32 => None,
+        };
+        // Converted by cuBLAS: the f32 operands as they are, a compute type that converts.
+        let (half, compute) = match (half, self.operands) {
+            (Some(_), HalfOperands::Convert) => (None, fast_compute(operands)),
+            _ => (half, cublasComputeType_t::CUBLAS_COMPUTE_32F),
         };
         let mut packed = self.packed.lock().unwrap_or_else(|p| p.into_inner());
         let [slot_a, slot_b] = &mut *packed;
@@ -1037,7 +1194,14 @@ impl Device for CudaDevice {
         // copies; cuBLAS runs on this device's stream, and the next batch's addresses are
         // written after this call has read them (stream order). f32 output and compute; with
         // half operands, cuBLAS's tensor-core path.
-        let r = unsafe {
+        let name = match (dtype, compute) {
+            (cudaDataType::CUDA_R_16F, _) => "cublas batched fp16",
+            (cudaDataType::CUDA_R_16BF, _) => "cublas batched bf16",
+            (_, cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16F) => "cublas batched fp16←f32",
+            (_, cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF) => "cublas batched bf16←f32",
+            _ => "cublas batched f32",
+        };
+        let r = self.timed(name, || unsafe {
             cudarc::cublas::sys::cublasGemmBatchedEx(
                 *self.blas.handle(),
                 op(cm.trans_first),
@@ -1057,11 +1221,11 @@ impl Device for CudaDevice {
                 cudaDataType::CUDA_R_32F,
                 dim(cm.ldc),
                 dim(batch.count),
-                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                compute,
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
-        }
-        .result();
+            .result()
+        });
         if let Err(e) = r {
             self.record("cublasGemmBatchedEx", e);
         }
@@ -1073,6 +1237,9 @@ impl Device for CudaDevice {
     }
 
     fn reserve_gemm_half(&self, elems: usize) {
+        if self.operands == HalfOperands::Convert {
+            return; // nothing packed
+        }
         let mut packed = self.packed.lock().unwrap_or_else(|p| p.into_inner());
         for slot in packed.iter_mut() {
             self.grow_halves(slot, elems);
@@ -1126,6 +1293,27 @@ impl Device for CudaDevice {
         self.sync()
     }
 
+    fn start_profile(&self) -> bool {
+        let mut t = self.timer.lock().unwrap_or_else(|p| p.into_inner());
+        *t = Some(Timer {
+            pending: Vec::new(),
+            free: Vec::new(),
+            profile: Profile::default(),
+            since: std::time::Instant::now(),
+        });
+        true
+    }
+
+    fn profile(&self) -> Option<Profile> {
+        self.bind();
+        let mut t = self.timer.lock().unwrap_or_else(|p| p.into_inner());
+        let t = t.as_mut()?;
+        t.resolve();
+        let mut p = t.profile.clone();
+        p.wall = t.since.elapsed().as_secs_f64();
+        Some(p)
+    }
+
     fn sync(&self) -> Result<(), String> {
         self.drain("synchronize");
         let oom = self.out_of_memory.lock().unwrap_or_else(|p| p.into_inner());
@@ -1138,5 +1326,27 @@ impl Device for CudaDevice {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Unset or empty packs; `convert` converts in cuBLAS; anything else is refused by name.
+    #[test]
+    fn half_gemm_setting_parses_its_two_values_and_names_a_third() {
+        assert_eq!(HalfOperands::parse(None), Ok(HalfOperands::Pack));
+        assert_eq!(HalfOperands::parse(Some("")), Ok(HalfOperands::Pack));
+        assert_eq!(HalfOperands::parse(Some("pack")), Ok(HalfOperands::Pack));
+        assert_eq!(
+            HalfOperands::parse(Some("convert")),
+            Ok(HalfOperands::Convert)
+        );
+        let e = HalfOperands::parse(Some("tf32")).unwrap_err().to_string();
+        assert!(
+            e.starts_with("RECIPE_HALF_GEMM=tf32: expected `pack` (the default) or `convert`"),
+            "{e}"
+        );
     }
 }

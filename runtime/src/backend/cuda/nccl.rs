@@ -49,6 +49,9 @@ pub struct NcclPeers {
     comm: Arc<Comm>,
     rank: usize,
     world: usize,
+    /// Open groups (`group_start` without its `group_end`): their calls are queued at the end,
+    /// so only a call outside a group is timed on its own (`recipe run --profile`).
+    groups: usize,
 }
 
 /// A communicator, shared by its rank's [`NcclPeers`] and its device's [`Watch`]: whichever
@@ -129,7 +132,12 @@ impl NcclPeers {
             abort: Box::new(move || abort.abort()),
             timeout: crate::collective::timeout(),
         });
-        NcclPeers { comm, rank, world }
+        NcclPeers {
+            comm,
+            rank,
+            world,
+            groups: 0,
+        }
     }
 }
 
@@ -322,7 +330,7 @@ impl NcclPeers {
         // SAFETY: `buf` is a live device allocation of `n` floats on `dev`, whose stream orders
         // the collective with the kernels that wrote it and those that read it; send and receive
         // are the same buffer (in place, which NCCL allows for all three).
-        let r = unsafe {
+        let call = || unsafe {
             match op {
                 Op::AllReduce => result::all_reduce(ptr, ptr, n, f32_, sum, comm, stream),
                 Op::Reduce(root) => {
@@ -332,6 +340,16 @@ impl NcclPeers {
                     result::broadcast(ptr, ptr, n, f32_, root as i32, comm, stream)
                 }
             }
+        };
+        let r = if self.groups > 0 {
+            call()
+        } else {
+            let name = match op {
+                Op::AllReduce => "nccl all_reduce",
+                Op::Reduce(_) => "nccl reduce",
+                Op::Broadcast(_) => "nccl broadcast",
+            };
+            dev.timed(name, call)
         };
         let what = match op {
             Op::Broadcast(_) => "broadcast",
@@ -374,11 +392,12 @@ impl Peers<CudaDevice> for NcclPeers {
 
     fn group_start(&mut self) -> Result<(), String> {
         result::group_start()
-            .map(|_| ())
+            .map(|_| self.groups += 1)
             .map_err(|e| nccl_err("opening a group", e))
     }
 
     fn group_end(&mut self) -> Result<(), String> {
+        self.groups = self.groups.saturating_sub(1);
         // The calling thread's group (each rank has its own thread).
         let _ = bind_ctx(&self.comm.ctx);
         result::group_end()

@@ -21,6 +21,7 @@ use super::pieces::{Pieces, Upload};
 use super::{Batch, Classifier, DropoutKey, ModelError, Workspace};
 use crate::backend::device::{Device, Peers};
 use crate::backend::kernels::Kernels;
+use crate::backend::profile::Profile;
 use crate::backend::Backend;
 use crate::optim::device::{DeviceOptimizer, Landing, Resident};
 use crate::zero::Storage;
@@ -49,6 +50,14 @@ pub trait Executor: Send + Sync {
     /// The model states kept on the device and the optimizer stepped there, when this executor
     /// can.
     fn resident(&self) -> Option<&dyn Resident> {
+        None
+    }
+    /// Starts timing the device's operations (`recipe run --profile`); false when it cannot.
+    fn start_profile(&self) -> bool {
+        false
+    }
+    /// What the device's operations took since [`Executor::start_profile`].
+    fn profile(&self) -> Option<Profile> {
         None
     }
 }
@@ -267,6 +276,14 @@ where
 {
     fn describe(&self) -> String {
         self.what.clone()
+    }
+
+    fn start_profile(&self) -> bool {
+        self.kernels.device().start_profile()
+    }
+
+    fn profile(&self) -> Option<Profile> {
+        self.kernels.device().profile()
     }
 
     fn reserve(&self, model: &Classifier, batch: usize, eval_batch: usize, seq: usize) {
