@@ -6,12 +6,13 @@
 //! gradients copied from the pinned buffer, unscaled, the master updated and rounded into the
 //! parameters (`HostOptimizer::step`). This is what the GPU waits for once per window. Threads:
 //! `RECIPE_THREADS`, else every core; `BENCH_PARAMS` and `BENCH_ROUNDS` change the shape and
-//! the rounds. Prints each side's median milliseconds and the ratio per round (median, lowest,
-//! highest).
+//! the rounds, `BENCH_OPTIMIZER=lamb` steps LAMB (one tensor: its two norms split over the
+//! threads too) instead of AdamW. Prints each side's median milliseconds and the ratio per round
+//! (median, lowest, highest).
 
 use std::time::Instant;
 
-use recipe_runtime::optim::{Adam, AdamConfig};
+use recipe_runtime::optim::{Adam, AdamConfig, Lamb, LambConfig, Optimizer};
 use recipe_runtime::params::Params;
 use recipe_runtime::precision::Dtype;
 use recipe_runtime::zero::HostOptimizer;
@@ -33,11 +34,20 @@ fn main() {
     let rounds = env("BENCH_ROUNDS", 7);
     let threads = recipe_runtime::train::threads();
     let p0 = Params::zeros(vec![("w".into(), vec![n])]);
+    let lamb = std::env::var("BENCH_OPTIMIZER").is_ok_and(|v| v == "lamb");
     let side = |t: usize| {
-        let adam = Adam::new(AdamConfig::adamw(0.01), &p0.entries, &[true]).expect("adam");
+        let opt: Optimizer = if lamb {
+            Lamb::new(LambConfig::fused_lamb(0.01), &p0.entries, &[true])
+                .expect("lamb")
+                .into()
+        } else {
+            Adam::new(AdamConfig::adamw(0.01), &p0.entries, &[true])
+                .expect("adam")
+                .into()
+        };
         let mut params: Vec<f32> = (0..n).map(|i| (i % 31) as f32 * 0.01).collect();
         Dtype::F16.round_slice(&mut params);
-        let mut opt = HostOptimizer::new(adam, true, Dtype::F16, &params);
+        let mut opt = HostOptimizer::new(opt, true, Dtype::F16, &params);
         opt.set_threads(t);
         let grads: Vec<f32> = (0..n).map(|i| (i % 89) as f32 * 0.5 - 20.0).collect();
         (opt, params, grads)
@@ -70,8 +80,9 @@ fn main() {
         .iter()
         .fold((f64::MAX, 0.0f64), |(l, h), &r| (l.min(r), h.max(r)));
     println!(
-        "host AdamW step (offload, fp16) on {n} parameters: {:.1} ms on 1 thread, {:.1} ms on {threads}: \
+        "host {} step (offload, fp16) on {n} parameters: {:.1} ms on 1 thread, {:.1} ms on {threads}: \
          {:.2}x (rounds {lo:.2}x..{hi:.2}x, {rounds} rounds)",
+        if lamb { "LAMB" } else { "AdamW" },
         median(&mut a),
         median(&mut b),
         median(&mut ratios)

@@ -30,6 +30,7 @@ use super::{
     check_betas, check_step, layout, non_negative, partition, whole, OptimError, OptimState,
     Segments,
 };
+use crate::par;
 use crate::params::Entry;
 
 /// The state family name.
@@ -247,6 +248,21 @@ impl Lamb {
         lr: f64,
         grad_scale: f32,
     ) -> Result<(), OptimError> {
+        self.step_with_scale_on(params, grads, lr, grad_scale, 1)
+    }
+
+    /// [`Lamb::step_with_scale`] on up to `threads` threads ([`crate::par`]), the same bits:
+    /// each tensor's moments and update, its two norms (each of FusedLamb's partial sums is
+    /// still one thread's, over its elements in order) and its parameters' update are split
+    /// over the threads; the tensors go one after another.
+    pub fn step_with_scale_on(
+        &mut self,
+        params: &mut [f32],
+        grads: &[f32],
+        lr: f64,
+        grad_scale: f32,
+        threads: usize,
+    ) -> Result<(), OptimError> {
         check_step(self.state.len, params, grads, lr)?;
         if !(grad_scale > 0.0 && grad_scale.is_finite()) {
             return Err(OptimError::Config(format!("gradient scale {grad_scale}")));
@@ -274,14 +290,19 @@ impl Lamb {
         for (k, (r, decays)) in self.segments.iter().enumerate() {
             let decay = if *decays { wd } else { 0.0 };
             update.clear();
-            for i in r.clone() {
-                let s = grads[i] / grad_scale;
-                m[i] = b1 * m[i] + w1 * s;
-                v[i] = b2 * v[i] + w2 * s * s;
-                update.push(m[i] / (v[i].sqrt() + eps) + decay * params[i]);
-            }
-            let w_norm = kernel_sum_sq(&params[r.clone()]).sqrt();
-            let u_norm = kernel_sum_sq(&update).sqrt();
+            update.resize(r.len(), 0.0);
+            let (p, g) = (&params[r.clone()], &grads[r.clone()]);
+            let moments = (&mut m[r.clone()], &mut v[r.clone()], &mut update[..]);
+            par::chunks3(moments, threads, |start, m, v, u| {
+                for i in 0..m.len() {
+                    let s = g[start + i] / grad_scale;
+                    m[i] = b1 * m[i] + w1 * s;
+                    v[i] = b2 * v[i] + w2 * s * s;
+                    u[i] = m[i] / (v[i].sqrt() + eps) + decay * p[start + i];
+                }
+            });
+            let w_norm = kernel_sum_sq(p, threads).sqrt();
+            let u_norm = kernel_sum_sq(&update, threads).sqrt();
             let mut coeff = 1.0f32;
             if w_norm != 0.0 && u_norm != 0.0 {
                 coeff = w_norm / u_norm;
@@ -294,9 +315,11 @@ impl Lamb {
             }
             self.coeffs[k] = coeff;
             let scaled = step_size * coeff;
-            for (p, u) in params[r.clone()].iter_mut().zip(&update) {
-                *p -= scaled * u;
-            }
+            par::chunks(&mut params[r.clone()], threads, |start, p| {
+                for (p, u) in p.iter_mut().zip(&update[start..]) {
+                    *p -= scaled * u;
+                }
+            });
         }
         self.state.buffers.insert(BUFFERS[0].to_string(), m);
         self.state.buffers.insert(BUFFERS[1].to_string(), v);
@@ -307,22 +330,33 @@ impl Lamb {
 /// `Σ x²` in f32 as `fused_lamb_cuda` reduces it: `min(⌈n/512⌉, 512)` blocks of 512 threads,
 /// thread `t` adding `x[t]², x[t + T]², …` in order, each block's partials then summed by a
 /// halving tree (`reduce_block_in_shared_memory`), and the blocks' sums by one more tree over 512
-/// slots (part 2, unused slots 0).
-fn kernel_sum_sq(xs: &[f32]) -> f32 {
+/// slots (part 2, unused slots 0). The partial sums are split over up to `threads` host
+/// threads, each adding its sums' elements row after row of `slots`: every sum in its order.
+fn kernel_sum_sq(xs: &[f32], threads: usize) -> f32 {
     if xs.is_empty() {
         return 0.0;
     }
-    let blocks = xs.len().div_ceil(THREADS).min(THREADS);
-    let threads = blocks * THREADS;
-    let mut partial = vec![0.0f32; threads];
-    for (j, &x) in xs.iter().enumerate() {
-        partial[j % threads] += x * x;
-    }
+    let mut partial = partial_sums(xs, threads);
     let mut sums = [0.0f32; THREADS];
     for (b, block) in partial.chunks_exact_mut(THREADS).enumerate() {
         sums[b] = tree(block);
     }
     tree(&mut sums)
+}
+
+/// The first step of [`kernel_sum_sq`]: the `min(⌈n/512⌉, 512)·512` threads' sums.
+fn partial_sums(xs: &[f32], threads: usize) -> Vec<f32> {
+    let slots = xs.len().div_ceil(THREADS).min(THREADS) * THREADS;
+    let mut partial = vec![0.0f32; slots];
+    par::chunks(&mut partial, threads, |first, sums| {
+        for row in xs.chunks(slots) {
+            let row = row.get(first..).unwrap_or(&[]);
+            for (s, &x) in sums.iter_mut().zip(row) {
+                *s += x * x;
+            }
+        }
+    });
+    partial
 }
 
 /// The halving tree of a 512-wide block: `s[t] += s[t + h]` for `h` = 256, 128, …, 1.
@@ -342,6 +376,39 @@ mod tests {
     use super::*;
     use crate::params::Params;
 
+    /// The threaded step is the one-thread step bit for bit, norms and trust ratios included,
+    /// with and without decay and a gradient scale, over three steps; the norm's partial sums
+    /// are the one-thread sums on any count of threads.
+    #[test]
+    fn threads_change_no_bit() {
+        use crate::optim::testing::{big, bits, same_bits_on_threads};
+        let (p0, decay, n) = big();
+        for (wd, scale) in [(0.0, 1.0), (0.01, 1.0), (0.01, 1024.0)] {
+            let same = same_bits_on_threads(
+                n,
+                || Lamb::new(LambConfig::fused_lamb(wd), &p0.entries, &decay).unwrap(),
+                |o, p, g, t| o.step_with_scale_on(p, g, 0.1, scale, t).unwrap(),
+            );
+            assert!(same, "wd {wd} scale {scale}");
+        }
+        // Against the definition, slot `j mod slots` adding `x[j]²` in `j`'s order (sizes under
+        // one block, of a few blocks, and of the full 512 blocks with a ragged last row). The
+        // first row's squares are 1e8 and the later ones 2.25, under half an ulp of 1e8: added
+        // in order they vanish, added first they would not.
+        for n in [1usize, 700, 5 * 512 + 3, 1_000_003] {
+            let slots = n.div_ceil(THREADS).min(THREADS) * THREADS;
+            let xs: Vec<f32> = (0..n).map(|i| if i < slots { 1e4 } else { 1.5 }).collect();
+            let mut want = vec![0.0f32; slots];
+            for (j, &x) in xs.iter().enumerate() {
+                want[j % slots] += x * x;
+            }
+            for t in [1, 2, 3, 4, 8] {
+                let got = partial_sums(&xs, t);
+                assert!(bits(&got) == bits(&want), "{n} elements, {t} threads");
+            }
+        }
+    }
+
     fn two_tensors() -> Params {
         Params::zeros(vec![("w".into(), vec![3]), ("b".into(), vec![2])])
     }
@@ -351,7 +418,7 @@ mod tests {
         for n in [0usize, 1, 511, 512, 513, 262_144, 262_145, 600_000] {
             let xs: Vec<f32> = (0..n).map(|i| (i % 3) as f32).collect();
             let want: f64 = xs.iter().map(|&x| f64::from(x * x)).sum();
-            assert_eq!(f64::from(kernel_sum_sq(&xs)), want, "n = {n}");
+            assert_eq!(f64::from(kernel_sum_sq(&xs, 1)), want, "n = {n}");
         }
     }
 

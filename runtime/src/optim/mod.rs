@@ -575,8 +575,8 @@ impl Optimizer {
     }
 
     /// [`Optimizer::step_scaled`] on up to `threads` threads ([`crate::par`]; the same bits):
-    /// the gradients' scaling and the element-wise updates of Adam, SGD and Adagrad. LAMB (whose
-    /// trust ratios are per-tensor sums in FusedLamb's order) steps on this thread.
+    /// the gradients' scaling and the updates, LAMB's per-tensor norms included (each of
+    /// FusedLamb's partial sums stays one thread's, in its order).
     pub fn step_scaled_on(
         &mut self,
         params: &mut [f32],
@@ -609,7 +609,7 @@ impl Optimizer {
             Optimizer::Adam(o) => {
                 return o.step_parts(params, grads, lr, cut.threads, cut.parts, after)
             }
-            Optimizer::Lamb(o) => o.step_with_scale(params, grads, lr, div)?,
+            Optimizer::Lamb(o) => o.step_with_scale_on(params, grads, lr, div, cut.threads)?,
             Optimizer::Sgd(o) => o.step_on(params, grads, lr, cut.threads)?,
             Optimizer::Adagrad(o) => o.step_on(params, grads, lr, cut.threads)?,
         }
