@@ -24,10 +24,6 @@ impl Lin {
         let s = self.w + self.out * self.inp;
         s..s + self.out
     }
-    /// Weight and bias together (adjacent in HF order), for their gradients.
-    fn wb(&self) -> Range<usize> {
-        self.w..self.w + self.out * self.inp + self.out
-    }
 }
 
 /// A LayerNorm's weight (then bias) offset.
@@ -615,7 +611,9 @@ fn linear_gemm<B: Backend>(
 /// Linear backward: accumulates `dW += doutᵀ·inp` and, when `with_db`, `db += Σ dout`; with
 /// `dinp = Some((buf, beta, ldc, to_epilogue))` also `dinp = dout·W + beta·dinp` (rows `ldc`
 /// apart), left for a kernel that rounds it when `to_epilogue` ([`Backend::gemm_to_epilogue`]:
-/// `beta` 0, rows dense).
+/// `beta` 0, rows dense). The two GEMMs run back to back, the bias's sum after them: a GPU
+/// that packs its operands to fp16/bf16 reads `dout`'s packed copy twice
+/// (`backend/cuda/memo.rs`).
 #[allow(clippy::too_many_arguments)]
 fn linear_bwd<B: Backend>(
     be: &B,
@@ -630,16 +628,12 @@ fn linear_bwd<B: Backend>(
     with_db: bool,
 ) {
     {
-        let mut gwb = be.sub_mut(grads, l.wb());
-        let (dw, db) = be.split_at_mut(&mut gwb, l.out * l.inp);
+        let mut gw = be.sub_mut(grads, l.w());
         let g = Gemm {
             ldb: lda,
             ..Gemm::dense(l.out, l.inp, n, true, false, 1.0)
         };
-        be.gemm(&g, dout, inp, dw);
-        if with_db {
-            be.bias_grad(db, dout, n, l.out);
-        }
+        be.gemm(&g, dout, inp, be.sub_mut(&mut gw, 0..l.out * l.inp));
     }
     if let Some((d, beta, ldc, to_epilogue)) = dinp {
         let g = Gemm {
@@ -651,6 +645,9 @@ fn linear_bwd<B: Backend>(
         } else {
             be.gemm(&g, dout, be.sub(p, l.w()), d);
         }
+    }
+    if with_db {
+        be.bias_grad(be.sub_mut(grads, l.b()), dout, n, l.out);
     }
 }
 
@@ -707,9 +704,15 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
         let (before, after) = a.hs.split_at_mut(l + 1);
         let x = be.view(&before[l]);
         let y = &mut after[0];
-        linear_fwd(be, be.view_mut(&mut la.q), x, p, ll.q, n, h);
-        linear_fwd(be, be.view_mut(&mut la.k), x, p, ll.k, n, h);
-        linear_fwd(be, be.view_mut(&mut la.v), x, p, ll.v, n, h);
+        // Q, K and V: the three GEMMs on `x` back to back, then their biases (`linear_fwd` in
+        // two halves), so that a GPU packing its operands packs `x` once.
+        let qkv = [(&mut la.q, ll.q), (&mut la.k, ll.k), (&mut la.v, ll.v)];
+        for (out, lin) in qkv {
+            linear_gemm(be, &mut be.view_mut(out), x, p, lin, n, h, true);
+        }
+        for (out, lin) in [(&mut la.q, ll.q), (&mut la.k, ll.k), (&mut la.v, ll.v)] {
+            be.bias_epilogue(be.view_mut(out), be.sub(p, lin.b()), n, lin.out);
+        }
         let ad = site(|d| d.attn, site_layer(l, 0));
         if ad.is_some() && la.probs_drop.is_none() {
             la.probs_drop = Some(be.alloc(bsz * shape.heads * t * t));
@@ -1230,23 +1233,14 @@ where
             // The key bias has an exactly zero gradient (adding a constant to every score of a query
             // row leaves its softmax unchanged); summing dk would only produce rounding noise, which
             // Adam's normalisation would turn into a random walk. So it is not accumulated.
-            for (dqkv, lin, lin_db) in [
-                (&a.dq, ll.q, true),
-                (&a.dk, ll.k, false),
-                (&a.dv, ll.v, true),
-            ] {
-                linear_bwd(
-                    be,
-                    Some((be.view_mut(&mut a.dx), 1.0, h, false)),
-                    &mut g,
-                    be.view(dqkv),
-                    x,
-                    p,
-                    lin,
-                    n,
-                    h,
-                    lin_db,
-                );
+            // The biases' sums after the six GEMMs, which all read `x` (packed once on a GPU
+            // that packs its operands).
+            for (dqkv, lin) in [(&a.dq, ll.q), (&a.dk, ll.k), (&a.dv, ll.v)] {
+                let dinp = Some((be.view_mut(&mut a.dx), 1.0, h, false));
+                linear_bwd(be, dinp, &mut g, be.view(dqkv), x, p, lin, n, h, false);
+            }
+            for (dqkv, lin) in [(&a.dq, ll.q), (&a.dv, ll.v)] {
+                be.bias_grad(be.sub_mut(&mut g, lin.b()), be.view(dqkv), n, lin.out);
             }
         }
         src.release(1 + l)?;

@@ -9,6 +9,7 @@
 
 pub mod compile;
 pub mod gemm;
+pub mod memo;
 pub mod nccl;
 pub mod ptxas;
 
@@ -28,6 +29,7 @@ use super::kernels::{all_kernel_names, dtype_arg, gemm_pointers, grid1, int};
 use super::profile::Profile;
 use super::{Batch, Gemm};
 use crate::precision::Dtype;
+use memo::Memo;
 
 /// Why the CUDA backend cannot run here.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -250,9 +252,9 @@ pub struct CudaDevice {
     /// Set by the first failed allocation: from then on nothing is queued (a buffer that was
     /// not allocated must not be written), and every [`Device::sync`] returns it.
     out_of_memory: Mutex<Option<String>>,
-    /// The two operands of the last half-precision GEMM as fp16/bf16 bits
-    /// ([`Device::gemm_half`]), grown to the longest seen (the first step's shapes).
-    packed: Mutex<[Option<CudaSlice<u16>>; 2]>,
+    /// Half-precision GEMMs' operands as fp16/bf16 bits ([`Device::gemm_half`]), each slot
+    /// grown to the longest seen (the first step's shapes), and what each still holds.
+    packed: Mutex<Packs>,
     /// The operand addresses of the last batched GEMM ([`Device::gemm_batched`]: `A`'s, `B`'s,
     /// then `C`'s), grown to the largest batch seen.
     pointers: Mutex<Option<CudaSlice<u64>>>,
@@ -299,6 +301,17 @@ impl HalfOperands {
             ))),
         }
     }
+}
+
+/// Packed operand slots: a GEMM's two, and two more so that the operands a following GEMM
+/// reads again (the output gradient of a linear, the input of Q, K and V) are still there
+/// ([`memo`]).
+const PACK_SLOTS: usize = 4;
+
+/// [`Device::gemm_half`]'s packed operands.
+struct Packs {
+    memo: Memo,
+    bufs: Vec<Option<CudaSlice<u16>>>,
 }
 
 /// [`Device::profile`] on a GPU: every operation on the stream between two events, whose
@@ -429,7 +442,10 @@ impl CudaDevice {
             major,
             error: Mutex::new(None),
             out_of_memory: Mutex::new(None),
-            packed: Mutex::default(),
+            packed: Mutex::new(Packs {
+                memo: Memo::new(PACK_SLOTS),
+                bufs: (0..PACK_SLOTS).map(|_| None).collect(),
+            }),
             pointers: Mutex::default(),
             watch: Mutex::new(None),
             copies: std::sync::OnceLock::new(),
@@ -654,6 +670,7 @@ impl CudaDevice {
         if self.failed() {
             return None;
         }
+        self.wrote(); // new memory, perhaps where a packed source was
         match self.stream.clone_htod(src) {
             Ok(s) => Some(s),
             Err(e) => {
@@ -670,6 +687,7 @@ impl CudaDevice {
         }
         self.bind();
         assert_eq!(dst.len, host.len(), "upload length");
+        self.wrote();
         // SAFETY: `dst` is a live allocation of `host.len()` floats.
         let r = self.timed("memcpy host→device", || unsafe {
             drv::memcpy_htod_async(dst.ptr, host, self.stream.cu_stream())
@@ -679,24 +697,88 @@ impl CudaDevice {
         }
     }
 
-    /// Writes the half bits of the `n` floats at `src` into `slot` (grown when shorter) and
-    /// returns its address.
-    fn pack(&self, slot: &mut Option<CudaSlice<u16>>, src: u64, n: usize, half: Dtype) -> u64 {
-        if !self.grow_halves(slot, n) {
-            return 0;
+    /// The address of the half bits of the `n` floats at `src`, and its slot: a slot that
+    /// still holds them ([`Memo`]), else the least recently used one but `keep` (grown when
+    /// shorter), packed now. Address 0 when that allocation failed (recorded).
+    fn pack(
+        &self,
+        packs: &mut Packs,
+        src: u64,
+        n: usize,
+        half: Dtype,
+        keep: &[usize],
+    ) -> (u64, usize) {
+        let found = packs.memo.find(src, n, half, keep);
+        let slot = &mut packs.bufs[found.slot];
+        if !found.hit && !self.grow_halves(slot, n) {
+            packs.memo.forget(found.slot);
+            return (0, found.slot);
         }
         let Some(dst) = slot.as_mut() else {
-            return 0;
+            packs.memo.forget(found.slot);
+            return (0, found.slot);
         };
         let (ptr, _sync) = cudarc::driver::DevicePtrMut::device_ptr_mut(dst, &self.stream);
-        if n > 0 {
-            self.launch(
+        if !found.hit && n > 0 {
+            // Writes only the slot: not a write the memo must hear of.
+            self.launch_raw(
                 "pack_half",
                 grid1(n),
                 &[Arg::Ptr(ptr), Arg::Ptr(src), int(n), dtype_arg(half)],
             );
         }
-        ptr
+        (ptr, found.slot)
+    }
+
+    /// Device memory may have been written: no packed operand is current any more.
+    pub(crate) fn wrote(&self) {
+        self.packed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .memo
+            .bump();
+    }
+
+    /// A GEMM wrote `elems` floats at `c`: packed copies of what it overlaps are stale.
+    fn gemm_wrote(&self, c: u64, elems: usize) {
+        self.packed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .memo
+            .written(c, 4 * elems as u64);
+    }
+
+    /// Launches kernel `name` (see [`Device::launch`], which also tells the memo of packed
+    /// operands that memory may have changed; this does not, for the GEMMs' own packs and
+    /// address lists).
+    fn launch_raw(&self, name: &'static str, l: Launch, args: &[Arg]) {
+        let Some(f) = self.functions.get(name) else {
+            panic!("kernel `{name}` is not in runtime/kernels");
+        };
+        if self.failed() {
+            return;
+        }
+        self.bind();
+        let mut slots: Vec<u64> = args.iter().map(|a| a.to_slot()).collect();
+        let mut params: Vec<*mut c_void> = slots
+            .iter_mut()
+            .map(|s| s as *mut u64 as *mut c_void)
+            .collect();
+        // SAFETY: the parameters match the kernel's signature (the emulation tests run the same
+        // launch code against the same source); device pointers come from live views.
+        let r = self.timed(name, || unsafe {
+            drv::launch_kernel(
+                f.cu_function(),
+                l.grid,
+                l.block,
+                l.smem,
+                self.stream.cu_stream(),
+                &mut params,
+            )
+        });
+        if let Err(e) = r {
+            self.record(name, e);
+        }
     }
 
     /// `(free, total)` bytes of this GPU's memory, as the driver reports them.
@@ -735,6 +817,7 @@ impl Device for CudaDevice {
         if self.failed() {
             return DevBuf { mem: None, len: n };
         }
+        self.wrote(); // new memory, perhaps where a packed source was
         match self.stream.alloc_zeros::<f32>(n.max(1)) {
             Ok(mem) => DevBuf {
                 mem: Some(mem),
@@ -820,6 +903,7 @@ impl Device for CudaDevice {
             return true;
         };
         let (ptr, _sync) = cudarc::driver::DevicePtrMut::device_ptr_mut(mem, &self.stream);
+        self.wrote();
         // SAFETY: `dst` is a live allocation of at least `src.len()` ids.
         let r = self.timed("memcpy host→device", || unsafe {
             drv::memcpy_htod_async(ptr, src, self.stream.cu_stream())
@@ -960,6 +1044,7 @@ impl Device for CudaDevice {
             return;
         }
         self.bind();
+        self.wrote();
         // SAFETY: `dst` is a live allocation of `len` floats.
         let r = self.timed("memset", || unsafe {
             drv::memset_d8_async(dst.ptr, 0, 4 * dst.len, self.stream.cu_stream())
@@ -975,6 +1060,7 @@ impl Device for CudaDevice {
         }
         self.bind();
         assert_eq!(dst.len, src.len, "copy lengths");
+        self.wrote();
         // SAFETY: both are live allocations of `len` floats.
         let r = self.timed("memcpy device→device", || unsafe {
             drv::memcpy_dtod_async(dst.ptr, src.ptr, 4 * src.len, self.stream.cu_stream())
@@ -985,33 +1071,8 @@ impl Device for CudaDevice {
     }
 
     fn launch(&self, name: &'static str, l: Launch, args: &[Arg]) {
-        let Some(f) = self.functions.get(name) else {
-            panic!("kernel `{name}` is not in runtime/kernels");
-        };
-        if self.failed() {
-            return;
-        }
-        self.bind();
-        let mut slots: Vec<u64> = args.iter().map(|a| a.to_slot()).collect();
-        let mut params: Vec<*mut c_void> = slots
-            .iter_mut()
-            .map(|s| s as *mut u64 as *mut c_void)
-            .collect();
-        // SAFETY: the parameters match the kernel's signature (the emulation tests run the same
-        // launch code against the same source); device pointers come from live views.
-        let r = self.timed(name, || unsafe {
-            drv::launch_kernel(
-                f.cu_function(),
-                l.grid,
-                l.block,
-                l.smem,
-                self.stream.cu_stream(),
-                &mut params,
-            )
-        });
-        if let Err(e) = r {
-            self.record(name, e);
-        }
+        self.wrote();
+        self.launch_raw(name, l, args);
     }
 
     fn gemm(&self, g: &Gemm, a: DevView<'_>, b: DevView<'_>, c: DevViewMut<'_>) {
@@ -1041,6 +1102,7 @@ impl Device for CudaDevice {
                 int(cm.ldc),
             )
         });
+        self.gemm_wrote(c.ptr, g.spans().2);
         if let Err(e) = r {
             self.record("cublasSgemm", e);
         }
@@ -1064,17 +1126,16 @@ impl Device for CudaDevice {
             span_a <= a.len && span_b <= b.len,
             "GEMM operands shorter than their shapes"
         );
-        let mut packed = self.packed.lock().unwrap_or_else(|p| p.into_inner());
-        let [slot_a, slot_b] = &mut *packed;
+        let mut packs = self.packed.lock().unwrap_or_else(|p| p.into_inner());
         // The operands as cuBLAS reads them, their type, the compute type and the profile's name.
         let ((pa, pb), operand, compute, name) = match self.operands {
             // The same stream runs the packs and the GEMM in order, so the next GEMM's packs
             // cannot overwrite operands this one still reads.
             HalfOperands::Pack => (
-                (
-                    self.pack(slot_a, a.ptr, span_a, half),
-                    self.pack(slot_b, b.ptr, span_b, half),
-                ),
+                {
+                    let (pa, slot) = self.pack(&mut packs, a.ptr, span_a, half, &[]);
+                    (pa, self.pack(&mut packs, b.ptr, span_b, half, &[slot]).0)
+                },
                 dtype,
                 cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 if half == Dtype::F16 {
@@ -1125,6 +1186,7 @@ impl Device for CudaDevice {
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         });
+        packs.memo.written(c.ptr, 4 * g.spans().2 as u64);
         if let Err(e) = r {
             self.record("cublasGemmEx", e);
         }
@@ -1161,16 +1223,15 @@ impl Device for CudaDevice {
             (Some(_), HalfOperands::Convert) => (None, fast_compute(operands)),
             _ => (half, cublasComputeType_t::CUBLAS_COMPUTE_32F),
         };
-        let mut packed = self.packed.lock().unwrap_or_else(|p| p.into_inner());
-        let [slot_a, slot_b] = &mut *packed;
+        let mut packs = self.packed.lock().unwrap_or_else(|p| p.into_inner());
         // The operands as the GEMM reads them: the half bits of their extents (the layout kept,
         // so the items' offsets stay the same), or the f32 views themselves.
         let ((pa, pb), elem, dtype) = match half {
             Some(t) => (
-                (
-                    self.pack(slot_a, a.ptr, ext_a, operands),
-                    self.pack(slot_b, b.ptr, ext_b, operands),
-                ),
+                {
+                    let (pa, slot) = self.pack(&mut packs, a.ptr, ext_a, operands, &[]);
+                    (pa, self.pack(&mut packs, b.ptr, ext_b, operands, &[slot]).0)
+                },
                 2,
                 t,
             ),
@@ -1184,7 +1245,8 @@ impl Device for CudaDevice {
             return;
         };
         let (l, args) = gemm_pointers(list, (pa, pb, c.ptr), batch, elem);
-        self.launch("gemm_pointers", l, &args);
+        // Writes only the address list.
+        self.launch_raw("gemm_pointers", l, &args);
         let n = batch.count as u64;
         let (list_a, list_b, list_c) = (list, list + 8 * n, list + 16 * n);
         let cm = gemm::col_major(g);
@@ -1226,6 +1288,9 @@ impl Device for CudaDevice {
             )
             .result()
         });
+        packs
+            .memo
+            .written(c.ptr, 4 * batch.extent(batch.c, g.spans().2) as u64);
         if let Err(e) = r {
             self.record("cublasGemmBatchedEx", e);
         }
@@ -1240,9 +1305,13 @@ impl Device for CudaDevice {
         if self.operands == HalfOperands::Convert {
             return; // nothing packed
         }
-        let mut packed = self.packed.lock().unwrap_or_else(|p| p.into_inner());
-        for slot in packed.iter_mut() {
-            self.grow_halves(slot, elems);
+        let mut packs = self.packed.lock().unwrap_or_else(|p| p.into_inner());
+        for s in 0..packs.bufs.len() {
+            let before = packs.bufs[s].as_ref().map(|b| b.len());
+            self.grow_halves(&mut packs.bufs[s], elems);
+            if packs.bufs[s].as_ref().map(|b| b.len()) != before {
+                packs.memo.forget(s); // a new buffer: its old contents are gone
+            }
         }
     }
 
@@ -1269,6 +1338,7 @@ impl Device for CudaDevice {
         if self.failed() || dst.len == 0 {
             return;
         }
+        self.wrote();
         let Some(copies) = self.copy_stream() else {
             return;
         };

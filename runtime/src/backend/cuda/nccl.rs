@@ -323,6 +323,7 @@ impl NcclPeers {
             return crate::backend::device::Device::sync(dev);
         }
         dev.bind();
+        dev.wrote(); // a sum or a broadcast writes `buf`
         let comm = self.comm.get()?;
         let (ptr, n) = (buf.ptr as *mut c_void, buf.len);
         let stream = dev.stream.cu_stream() as sys::cudaStream_t;
