@@ -95,7 +95,7 @@ out["recipe_convert"] = rate("convert")
 for run, key in (("profiled", "profile"), ("profiled-convert", "profile_convert")):
     try:
         p = json.load(open(f"{w}/{run}/profile.json"))
-        out[key] = {"busy_share": p["busy_s"] / p["wall_s"] if p["wall_s"] else None,
+        out[key] = {"busy_share": p["busy_s"] / p["span_s"] if p["span_s"] else None,
                     "top": [{k: r[k] for k in ("name", "calls", "share", "mean_us")}
                             for r in p["rows"][:12]]}
     except (OSError, KeyError, json.JSONDecodeError) as e:

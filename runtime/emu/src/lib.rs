@@ -29,7 +29,8 @@ extern "C" {
 thread_local! {
     /// [`Device::start_profile`]'s totals: per thread, since the emulator runs each launch on
     /// the calling thread (a rank's, in a run of several).
-    static PROFILE: RefCell<Option<(Profile, Instant)>> = const { RefCell::new(None) };
+    /// And the first timed operation's start, which the span runs from.
+    static PROFILE: RefCell<Option<(Profile, Option<Instant>)>> = const { RefCell::new(None) };
 }
 
 /// Runs `f`, timed by the host's clock as `name` when this thread profiles.
@@ -41,8 +42,9 @@ fn timed<T>(name: &'static str, f: impl FnOnce() -> T) -> T {
     let r = f();
     let s = t.elapsed().as_secs_f64();
     PROFILE.with(|p| {
-        if let Some((prof, _)) = p.borrow_mut().as_mut() {
+        if let Some((prof, first)) = p.borrow_mut().as_mut() {
             prof.add(name, s);
+            prof.span = first.get_or_insert(t).elapsed().as_secs_f64();
         }
     });
     r
@@ -140,18 +142,12 @@ impl Device for Emu {
     /// Timed by the host's clock, per thread (kernels and GEMMs; the host memory's copies are
     /// not operations here).
     fn start_profile(&self) -> bool {
-        PROFILE.with(|p| *p.borrow_mut() = Some((Profile::default(), Instant::now())));
+        PROFILE.with(|p| *p.borrow_mut() = Some((Profile::default(), None)));
         true
     }
 
     fn profile(&self) -> Option<Profile> {
-        PROFILE.with(|p| {
-            p.borrow().as_ref().map(|(prof, since)| {
-                let mut prof = prof.clone();
-                prof.wall = since.elapsed().as_secs_f64();
-                prof
-            })
-        })
+        PROFILE.with(|p| p.borrow().as_ref().map(|(prof, _)| prof.clone()))
     }
 }
 

@@ -66,7 +66,7 @@ fn the_profile_counts_every_kernel_the_passes_launch() {
             // batches them); the pooler and the classifier three each.
             let heads = (b.batch * 2) as u64;
             assert_eq!(calls("gemm"), pass * (l * (6 + 12 + 6 * heads) + 6));
-            assert!(p.busy() <= p.wall, "{} busy of {} s", p.busy(), p.wall);
+            assert!(p.busy() <= p.span, "{} busy of {} s", p.busy(), p.span);
         }
     }
 }

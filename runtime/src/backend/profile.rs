@@ -21,8 +21,9 @@ pub struct Row {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Profile {
     rows: BTreeMap<&'static str, Row>,
-    /// Seconds from the start of profiling to the report (the host's clock).
-    pub wall: f64,
+    /// Seconds from the first operation's start to the last one's end, on the device's clock:
+    /// the window in which the device had work, whatever the host did before and after.
+    pub span: f64,
 }
 
 impl Profile {
@@ -34,14 +35,14 @@ impl Profile {
     }
 
     /// Adds another device's totals (the ranks of a run): calls and seconds summed, the longer
-    /// wall time kept.
+    /// span kept.
     pub fn merge(&mut self, other: &Profile) {
         for (name, r) in &other.rows {
             let mine = self.rows.entry(name).or_default();
             mine.calls += r.calls;
             mine.seconds += r.seconds;
         }
-        self.wall = self.wall.max(other.wall);
+        self.span = self.span.max(other.span);
     }
 
     /// Seconds the device spent in any operation.
@@ -62,7 +63,7 @@ impl Profile {
         v
     }
 
-    /// The profile as JSON: `busy_s`, `wall_s`, `calls` and the rows (name, calls, seconds,
+    /// The profile as JSON: `busy_s`, `span_s`, `calls` and the rows (name, calls, seconds,
     /// share of the busy time, mean microseconds per call).
     pub fn to_json(&self) -> serde_json::Value {
         let busy = self.busy();
@@ -81,13 +82,13 @@ impl Profile {
             .collect();
         serde_json::json!({
             "busy_s": busy,
-            "wall_s": self.wall,
+            "span_s": self.span,
             "calls": self.calls(),
             "rows": rows,
         })
     }
 
-    /// The `top` rows as a table, then the rest in one line and the busy/wall summary.
+    /// The `top` rows as a table, then the rest in one line and the busy/span summary.
     pub fn table(&self, top: usize) -> String {
         let busy = self.busy();
         let share = |s: f64| if busy > 0.0 { 100.0 * s / busy } else { 0.0 };
@@ -119,8 +120,12 @@ impl Profile {
                 share(secs)
             ));
         }
-        let busy_share = if self.wall > 0.0 {
-            format!(" ({:.0}% of {:.3} s)", 100.0 * busy / self.wall, self.wall)
+        let busy_share = if self.span > 0.0 {
+            format!(
+                " ({:.0}% of the {:.3} s from the first operation to the last)",
+                100.0 * busy / self.span,
+                self.span
+            )
         } else {
             String::new()
         };
@@ -142,7 +147,7 @@ mod tests {
         p.add("cublas gemm bf16", 1.0);
         p.add("pack_half", 0.25);
         p.add("layernorm_fwd", 0.25);
-        p.wall = 4.0;
+        p.span = 4.0;
         p
     }
 
@@ -166,12 +171,12 @@ mod tests {
     }
 
     #[test]
-    fn ranks_merge_into_sums_and_the_longest_wall() {
+    fn ranks_merge_into_sums_and_the_longest_span() {
         let mut a = sample();
         let mut b = Profile::default();
         b.add("pack_half", 1.0);
         b.add("memset", 0.5);
-        b.wall = 5.0;
+        b.span = 5.0;
         a.merge(&b);
         assert_eq!(
             a.rows()[0],
@@ -184,7 +189,7 @@ mod tests {
             )
         );
         assert_eq!(a.busy(), 3.5);
-        assert_eq!(a.wall, 5.0);
+        assert_eq!(a.span, 5.0);
     }
 
     #[test]
@@ -192,7 +197,7 @@ mod tests {
         let p = sample();
         let j = p.to_json();
         assert_eq!(j["busy_s"], 2.0);
-        assert_eq!(j["wall_s"], 4.0);
+        assert_eq!(j["span_s"], 4.0);
         assert_eq!(j["rows"][0]["name"], "cublas gemm bf16");
         assert_eq!(j["rows"][0]["share"], 0.5);
         assert_eq!(j["rows"][1]["mean_us"], 375_000.0);
@@ -201,7 +206,7 @@ mod tests {
         assert!(t.contains("(1 others)"), "{t}");
         assert!(!t.contains("layernorm_fwd"), "{t}");
         assert!(
-            t.contains("device busy 2.000 s (50% of 4.000 s) over 4 operations"),
+            t.contains("device busy 2.000 s (50% of the 4.000 s from the first operation to the last) over 4 operations"),
             "{t}"
         );
         assert!(Profile::default()

@@ -321,7 +321,8 @@ struct Timer {
     pending: Vec<(&'static str, CudaEvent, CudaEvent)>,
     free: Vec<CudaEvent>,
     profile: Profile,
-    since: std::time::Instant,
+    /// The first operation's start: the profile's span runs from it to the latest end.
+    first: Option<CudaEvent>,
 }
 
 impl Timer {
@@ -339,11 +340,24 @@ impl Timer {
     /// Adds every pending operation's time to the profile (waiting for the GPU to finish
     /// them); an event the driver cannot time is skipped.
     fn resolve(&mut self) {
+        let mut last = None;
         for (name, start, end) in self.pending.drain(..) {
             if let Ok(ms) = start.elapsed_ms(&end) {
                 self.profile.add(name, f64::from(ms) / 1e3);
             }
-            self.free.push(start);
+            match self.first {
+                None => self.first = Some(start),
+                Some(_) => self.free.push(start),
+            }
+            // The stream runs them in order: the last end is the latest.
+            if let Some(before) = last.replace(end) {
+                self.free.push(before);
+            }
+        }
+        if let Some(end) = last {
+            if let Some(Ok(ms)) = self.first.as_ref().map(|f| f.elapsed_ms(&end)) {
+                self.profile.span = self.profile.span.max(f64::from(ms) / 1e3);
+            }
             self.free.push(end);
         }
     }
@@ -1369,7 +1383,7 @@ impl Device for CudaDevice {
             pending: Vec::new(),
             free: Vec::new(),
             profile: Profile::default(),
-            since: std::time::Instant::now(),
+            first: None,
         });
         true
     }
@@ -1379,9 +1393,7 @@ impl Device for CudaDevice {
         let mut t = self.timer.lock().unwrap_or_else(|p| p.into_inner());
         let t = t.as_mut()?;
         t.resolve();
-        let mut p = t.profile.clone();
-        p.wall = t.since.elapsed().as_secs_f64();
-        Some(p)
+        Some(t.profile.clone())
     }
 
     fn sync(&self) -> Result<(), String> {
