@@ -84,6 +84,38 @@ __device__ __forceinline__ unsigned short half_bits(float x, int store) {
 #endif
 }
 
+// fp16 bits widened to f32 (exact).
+__device__ __forceinline__ float f16_value(unsigned short b) {
+#ifdef RECIPE_EMU
+    _Float16 h;
+    __builtin_memcpy(&h, &b, 2);
+    return (float)h;
+#else
+    float r;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(b));
+    return r;
+#endif
+}
+
+// Element i of a buffer whose elements are of type t (STORE_F32: floats; STORE_F16/STORE_BF16:
+// the 16 bits a device keeps a stored fp16/bf16 activation in, runtime/src/backend/device.rs
+// `Arg::Typed`), as f32. The kernels that take such a buffer take its type after it.
+__device__ __forceinline__ float ld(const void* p, long long i, int t) {
+    if (t == STORE_F32) return ((const float*)p)[i];
+    unsigned short b = ((const unsigned short*)p)[i];
+    return t == STORE_BF16 ? __uint_as_float(((unsigned)b) << 16) : f16_value(b);
+}
+
+// Stores v as element i of a buffer of type t (ld's): a value already rounded to that dtype
+// (st) keeps its bits exactly.
+__device__ __forceinline__ void sto(void* p, long long i, float v, int t) {
+    if (t == STORE_F32) {
+        ((float*)p)[i] = v;
+    } else {
+        ((unsigned short*)p)[i] = half_bits(v, t);
+    }
+}
+
 // IEEE f32 operations, rounded to nearest and never fused into an FMA. NVRTC compiles with
 // --fmad=true (backend/cuda/compile.rs), which would contract `a * b + c`; the host (Rust)
 // rounds every product and sum, and these keep the device on the same bits (optim.cu, and the

@@ -21,25 +21,26 @@ extern "C" __global__ void add_bias(float* out, const float* bias, int rows, int
 // Backend::bias_grad's order (backend/mod.rs), in two passes and no atomics. The first:
 // part[k, c] = Σ dout[r, c] over chunk k's rows (`chunk` of them, the last one shorter), in row
 // order from zero; a grid of (columns, chunks), so every chunk of every column runs at once.
-extern "C" __global__ void bias_grad_part(float* part, const float* dout, int rows, int cols,
-                                          int chunk) {
+extern "C" __global__ void bias_grad_part(float* part, const void* dout, int dout_t, int rows,
+                                          int cols, int chunk) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
     int r0 = blockIdx.y * chunk;
     int r1 = min(rows, r0 + chunk);
     float acc = 0.0f;
-    for (int r = r0; r < r1; r++) acc += dout[(long long)r * cols + c];
+    for (int r = r0; r < r1; r++) acc += ld(dout, (long long)r * cols + c, dout_t);
     part[(long long)blockIdx.y * cols + c] = acc;
 }
 
 // The second: db[c] += Σ_r part[r, c] (the chunks' sums, `rows` of them), one thread per column
 // adding them in order, then rounded: the same additions in the same order as the CPU backend,
 // so the same bits.
-extern "C" __global__ void bias_grad(float* db, const float* dout, int rows, int cols, int store) {
+extern "C" __global__ void bias_grad(float* db, const void* dout, int dout_t, int rows, int cols,
+                                     int store) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
     float acc = db[c];
-    for (int r = 0; r < rows; r++) acc += dout[(long long)r * cols + c];
+    for (int r = 0; r < rows; r++) acc += ld(dout, (long long)r * cols + c, dout_t);
     db[c] = st(acc, store);
 }
 
@@ -100,13 +101,13 @@ extern "C" __global__ void gelu_fwd(float* out, const float* inp, int n, int sto
 // round_rows, add_bias and gelu_fwd in one pass: inter[r, c] = st(inter) + bias[c] (the
 // backward reads it), and act = gelu(inter), each rounded as those kernels round it. `inter` is
 // a GEMM's fp32 output (Backend::gemm_to_epilogue), or already rounded (rounding is idempotent).
-extern "C" __global__ void bias_gelu(float* inter, float* act, const float* bias, int rows,
-                                     int cols, int store) {
+extern "C" __global__ void bias_gelu(float* inter, void* act, int act_t, const float* bias,
+                                     int rows, int cols, int store) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < (long long)rows * cols) {
         float x = st(st(inter[i], store) + bias[i % cols], store);
         inter[i] = x;
-        act[i] = st(gelu(x), store);
+        sto(act, i, st(gelu(x), store), act_t);
     }
 }
 
@@ -132,14 +133,14 @@ extern "C" __global__ void bias_dropout_add(float* out, const float* bias, const
 
 // dinp = dout · (Φ(x) + x φ(x)). `dout` is rounded first: it may be a GEMM's fp32 output
 // (Backend::gemm_to_epilogue), and rounding a rounded value changes nothing.
-extern "C" __global__ void gelu_bwd(float* dinp, const float* inp, const float* dout, int n,
-                                    int store) {
+extern "C" __global__ void gelu_bwd(void* dinp, int dinp_t, const float* inp, const float* dout,
+                                    int n, int store) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         float x = inp[i];
         float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
         float pdf = expf(-0.5f * x * x) * 0.39894228040143268f;
-        dinp[i] = st(st(dout[i], store) * (cdf + x * pdf), store);
+        sto(dinp, i, st(st(dout[i], store) * (cdf + x * pdf), store), dinp_t);
     }
 }
 

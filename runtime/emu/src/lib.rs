@@ -14,6 +14,9 @@ use recipe_runtime::backend::profile::Profile;
 use recipe_runtime::backend::{Backend, Cpu, Gemm};
 use recipe_runtime::collective::{Collective, LocalCollective, ReduceOp};
 
+mod typed;
+pub use typed::{EmuTyped, TypedBuf, TypedView, TypedViewMut};
+
 extern "C" {
     fn recipe_emu_launch(
         name: *const c_char,
@@ -105,7 +108,7 @@ impl Device for Emu {
     }
 
     fn launch(&self, name: &'static str, l: Launch, args: &[Arg]) {
-        let mut slots: Vec<u64> = args.iter().map(|a| a.to_slot()).collect();
+        let mut slots = Arg::slots(args);
         let mut ptrs: Vec<*mut c_void> = slots
             .iter_mut()
             .map(|s| s as *mut u64 as *mut c_void)

@@ -792,3 +792,53 @@ fn parameter_ranges_queued_up_land_where_they_belong() {
     dev.download(&mut m, None, None).unwrap();
     assert!(m.params().data == pinned[..], "the parameters differ");
 }
+
+/// (loss, gradient) of one micro-batch and the evaluation logits through the CUDA backend's
+/// launch code on `dev`.
+fn on_device<D>(dev: D, store: Dtype, dropout: Option<DropoutKey>) -> (f32, Vec<f32>, Vec<f32>)
+where
+    D: recipe_runtime::backend::device::Device,
+{
+    let p = if dropout.is_some() { 0.2 } else { 0.0 };
+    let mut m = Classifier::random(tiny(p), 3, 7).unwrap();
+    store.round_slice(m.params_mut());
+    let b = batch();
+    let n = m.num_params();
+    let k = Kernels::new(dev).with_store(store);
+    let params = k.upload(&m.params().data);
+    let mut grads = k.alloc(n);
+    let mut ws = Workspace::new();
+    let loss = m
+        .forward_backward_on(&k, &mut ws, &b, 0.5, &params, &mut grads, dropout)
+        .unwrap();
+    let mut g = vec![0.0; n];
+    k.download(k.view(&grads), &mut g);
+    let logits = m.forward_on(&k, &mut ws, &b, &params).unwrap();
+    (loss, g, logits)
+}
+
+/// The buffers the model keeps in 16 bits on a device that can ([`Backend::alloc_stored`]:
+/// the GELU's output and the gradient at its input) change no bit: the passes on the emulated
+/// device with 16-bit buffers give the loss, gradient and logits of the one with f32 buffers,
+/// in fp16 and bf16, with dropout.
+#[test]
+fn sixteen_bit_buffers_change_no_bit() {
+    use recipe_kernel_emu::EmuTyped;
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for store in [Dtype::F16, Dtype::Bf16] {
+        for dropout in [
+            None,
+            Some(DropoutKey {
+                seed: 42,
+                micro_batch: 3,
+            }),
+        ] {
+            let (l32, g32, e32) = on_device(Emu, store, dropout);
+            let (l16, g16, e16) = on_device(EmuTyped, store, dropout);
+            let what = format!("{store:?}, dropout {}", dropout.is_some());
+            assert_eq!(l16.to_bits(), l32.to_bits(), "loss, {what}");
+            assert!(bits(&g16) == bits(&g32), "gradient, {what}");
+            assert!(bits(&e16) == bits(&e32), "logits, {what}");
+        }
+    }
+}

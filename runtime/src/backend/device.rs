@@ -9,6 +9,7 @@ use std::ops::Range;
 
 use super::profile::Profile;
 use super::{Batch, Gemm};
+use crate::precision::Dtype;
 
 /// One kernel argument, passed by value as `cuLaunchKernel` takes them: a device address or a
 /// scalar of the kernel's parameter type.
@@ -24,18 +25,41 @@ pub enum Arg {
     U64(u64),
     /// `float`.
     F32(f32),
+    /// A buffer's address and its element type ([`Device::elem`]): two parameters, `void*`
+    /// then `int` (`STORE_F32`, `STORE_F16` or `STORE_BF16`, runtime/kernels/common.cuh), which
+    /// the kernel reads and writes it through (`ld`, `sto`).
+    Typed(u64, Dtype),
+}
+
+/// A dtype as the kernels' `int` (`STORE_*` in runtime/kernels/common.cuh).
+pub fn dtype_code(d: Dtype) -> i32 {
+    match d {
+        Dtype::F32 => 0,
+        Dtype::F16 => 1,
+        Dtype::Bf16 => 2,
+    }
 }
 
 impl Arg {
-    /// The argument's bytes, little-endian, padded to 8: a kernel reads the first
-    /// `sizeof(parameter)` of them.
-    pub fn to_slot(self) -> u64 {
+    /// The argument's kernel parameters' bytes, each little-endian and padded to 8 (a kernel
+    /// reads the first `sizeof(parameter)` of them), appended to `out`.
+    pub fn push_slots(self, out: &mut Vec<u64>) {
         match self {
-            Arg::Ptr(p) | Arg::U64(p) => p,
-            Arg::I32(x) => u64::from(x as u32),
-            Arg::U32(x) => u64::from(x),
-            Arg::F32(x) => u64::from(x.to_bits()),
+            Arg::Ptr(p) | Arg::U64(p) => out.push(p),
+            Arg::I32(x) => out.push(u64::from(x as u32)),
+            Arg::U32(x) => out.push(u64::from(x)),
+            Arg::F32(x) => out.push(u64::from(x.to_bits())),
+            Arg::Typed(p, d) => out.extend([p, u64::from(dtype_code(d) as u32)]),
         }
+    }
+
+    /// Every argument's parameters, in order.
+    pub fn slots(args: &[Arg]) -> Vec<u64> {
+        let mut out = Vec::with_capacity(args.len() + 2);
+        for a in args {
+            a.push_slots(&mut out);
+        }
+        out
     }
 }
 
@@ -71,6 +95,18 @@ pub trait Device {
 
     /// A zero-filled buffer of `n` floats.
     fn alloc(&self, n: usize) -> Self::Buf;
+    /// A zero-filled buffer of `n` values of the half dtype `half`, kept in 16 bits each when
+    /// this device can (its views then say so, [`Device::elem`], and the kernels read and write
+    /// it through [`Arg::Typed`]); by default an f32 buffer, which holds the same values.
+    fn alloc_half(&self, n: usize, half: Dtype) -> Self::Buf {
+        debug_assert!(half.is_half());
+        self.alloc(n)
+    }
+    /// What a view's elements are: [`Dtype::F32`], or the half dtype of an
+    /// [`Device::alloc_half`] buffer kept in 16 bits. Copies to and from the host convert.
+    fn elem(&self, _v: Self::View<'_>) -> Dtype {
+        Dtype::F32
+    }
     /// A copy of `src` on the device.
     fn upload(&self, src: &[f32]) -> Self::Buf;
     /// `n` zeroed floats of [`Device::Pinned`] host memory (allocated once per run: pinning

@@ -295,6 +295,13 @@ pub trait Backend {
 
     /// A zero-filled buffer of `n` floats.
     fn alloc(&self, n: usize) -> Self::Buf;
+    /// A zero-filled buffer of `n` values that every kernel writing them rounds to the storage
+    /// dtype (an activation, or its gradient, that nothing reads unrounded): a device storing
+    /// fp16/bf16 may keep it in 16 bits each (docs/cuda.md, "16-bit buffers"). By default
+    /// [`Backend::alloc`].
+    fn alloc_stored(&self, n: usize) -> Self::Buf {
+        self.alloc(n)
+    }
     /// A buffer holding a copy of `src` (host to backend).
     fn upload(&self, src: &[f32]) -> Self::Buf;
     /// A buffer holding a copy of `src` (host to backend).

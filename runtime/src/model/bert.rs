@@ -234,7 +234,9 @@ pub(crate) struct LayerActs<B: Backend> {
     rstd2: B::Buf,
 }
 
-/// Every buffer of one forward + backward at a fixed `(batch, seq)`.
+/// Every buffer of one forward + backward at a fixed `(batch, seq)`. The GELU's output and the
+/// gradient at its input are [`Backend::alloc_stored`]: only rounded values reach them, so a
+/// device storing fp16/bf16 keeps them in 16 bits (docs/cuda.md, "16-bit buffers").
 pub(crate) struct Acts<B: Backend> {
     pub batch: usize,
     pub seq: usize,
@@ -293,7 +295,7 @@ impl<B: Backend> Acts<B> {
                     rstd1: z(),
                     x1: z(),
                     inter: z(),
-                    act: z(),
+                    act: be.alloc_stored(0),
                     res2: z(),
                     mean2: z(),
                     rstd2: z(),
@@ -312,7 +314,7 @@ impl<B: Backend> Acts<B> {
             dk: z(),
             dv: z(),
             dact: z(),
-            dinter: z(),
+            dinter: be.alloc_stored(0),
             dscratch: z(),
             dpool: z(),
             dpool2: z(),

@@ -773,7 +773,7 @@ impl CudaDevice {
             return;
         }
         self.bind();
-        let mut slots: Vec<u64> = args.iter().map(|a| a.to_slot()).collect();
+        let mut slots = Arg::slots(args);
         let mut params: Vec<*mut c_void> = slots
             .iter_mut()
             .map(|s| s as *mut u64 as *mut c_void)

@@ -93,7 +93,7 @@ pub(super) fn bias_grad<D: Device>(
                 chunk_grid(cols, chunks),
                 &[
                     Arg::Ptr(pp),
-                    Arg::Ptr(k.dev.ptr(dout)),
+                    k.typed(dout),
                     int(rows),
                     int(cols),
                     int(BIAS_ROWS),
@@ -105,13 +105,37 @@ pub(super) fn bias_grad<D: Device>(
             grid1(cols),
             &[
                 Arg::Ptr(d),
-                Arg::Ptr(pp),
+                Arg::Typed(pp, Dtype::F32),
                 int(chunks),
                 int(cols),
                 k.store_arg(),
             ],
         );
     });
+}
+
+/// `dinp = dout · GELU'(inp)` (`gelu_bwd` of elementwise.cu), `dinp` typed.
+pub(super) fn gelu_bwd<D: Device>(
+    k: &Kernels<D>,
+    mut dinp: D::ViewMut<'_>,
+    inp: D::View<'_>,
+    dout: D::View<'_>,
+) {
+    let n = k.dev.len_mut(&dinp);
+    assert_eq!(n, k.dev.len(inp), "gelu_bwd lengths");
+    assert_eq!(n, k.dev.len(dout), "gelu_bwd lengths");
+    let d = k.typed_mut(&mut dinp);
+    k.dev.launch(
+        "gelu_bwd",
+        grid1(n),
+        &[
+            d,
+            Arg::Ptr(k.dev.ptr(inp)),
+            Arg::Ptr(k.dev.ptr(dout)),
+            int(n),
+            k.store_arg(),
+        ],
+    );
 }
 
 /// `out = f(inp)` with kernel `name(out, inp, n, store)`.
@@ -235,18 +259,20 @@ pub(super) fn bias_gelu<D: Device>(
     let n = rows * cols;
     let fits = k.dev.len(k.dev.view(inter)) == n && k.dev.len(k.dev.view(act)) == n;
     if !fits || k.dev.len(bias) != cols {
+        // gelu_fwd writes floats (not a 16-bit `act`, which the model sizes to fit).
+        assert_eq!(k.dev.elem(k.dev.view(act)), Dtype::F32, "bias_gelu's act");
         add_bias(k, k.dev.view_mut(inter), bias, rows, cols, k.store);
         unary(k, "gelu_fwd", k.dev.view_mut(act), k.dev.view(inter));
         return;
     }
     let pi = k.dev.ptr_mut(&mut k.dev.view_mut(inter));
-    let pa = k.dev.ptr_mut(&mut k.dev.view_mut(act));
+    let act = k.typed_mut(&mut k.dev.view_mut(act));
     k.dev.launch(
         "bias_gelu",
         grid1(n),
         &[
             Arg::Ptr(pi),
-            Arg::Ptr(pa),
+            act,
             Arg::Ptr(k.dev.ptr(bias)),
             int(rows),
             int(cols),

@@ -6,6 +6,7 @@
 use super::{chunk_grid, dropout_args, grid1, int, Kernels, BLOCK};
 use crate::backend::device::{Arg, Device, Launch};
 use crate::backend::{Dropout, BIAS_ROWS};
+use crate::precision::Dtype;
 
 /// One block per row, whole warps: enough threads to cover `cols` once, at most [`BLOCK`].
 fn per_row(rows: usize, cols: usize) -> Launch {
@@ -155,7 +156,7 @@ pub(super) fn bwd<D: Device>(
                 grid1(cols),
                 &[
                     Arg::Ptr(target),
-                    Arg::Ptr(part),
+                    Arg::Typed(part, Dtype::F32),
                     int(chunks),
                     int(cols),
                     k.store_arg(),

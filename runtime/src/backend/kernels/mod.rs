@@ -180,6 +180,17 @@ impl<D: Device> Kernels<D> {
         dtype_arg(self.store)
     }
 
+    /// A view as a kernel's typed buffer argument (`void*`, then its element type).
+    pub(crate) fn typed(&self, v: D::View<'_>) -> Arg {
+        Arg::Typed(self.dev.ptr(v), self.dev.elem(v))
+    }
+
+    /// A writable view as a kernel's typed buffer argument.
+    pub(crate) fn typed_mut(&self, v: &mut D::ViewMut<'_>) -> Arg {
+        let elem = self.dev.elem(self.dev.as_view(v));
+        Arg::Typed(self.dev.ptr_mut(v), elem)
+    }
+
     /// Rounds `v` to `dtype` in place (`round_rows` over one row), as
     /// [`Dtype::round_slice`] does on the host: for a value held in another dtype than the
     /// stored one (ZeRO's communication dtype, `zero::Storage::reduced`).
@@ -234,11 +245,7 @@ impl<D: Device> Kernels<D> {
 
 /// A dtype as the kernels' `store` argument.
 pub(crate) fn dtype_arg(d: Dtype) -> Arg {
-    Arg::I32(match d {
-        Dtype::F32 => 0,
-        Dtype::F16 => 1,
-        Dtype::Bf16 => 2,
-    })
+    Arg::I32(crate::backend::device::dtype_code(d))
 }
 
 /// `n` as a kernel's `int`: the runtime never builds a tensor of 2³¹ elements or more on a
@@ -322,6 +329,15 @@ impl<D: Device> Backend for Kernels<D> {
     fn alloc(&self, n: usize) -> D::Buf {
         self.count(true);
         self.dev.alloc(n)
+    }
+
+    fn alloc_stored(&self, n: usize) -> D::Buf {
+        self.count(true);
+        if self.store.is_half() {
+            self.dev.alloc_half(n, self.store)
+        } else {
+            self.dev.alloc(n)
+        }
     }
 
     fn upload(&self, src: &[f32]) -> D::Buf {
@@ -554,7 +570,7 @@ impl<D: Device> Backend for Kernels<D> {
     }
 
     fn gelu_bwd(&self, dinp: D::ViewMut<'_>, inp: D::View<'_>, dout: D::View<'_>) {
-        elementwise::binary(self, "gelu_bwd", dinp, inp, dout)
+        elementwise::gelu_bwd(self, dinp, inp, dout)
     }
 
     fn tanh_fwd(&self, out: D::ViewMut<'_>, inp: D::View<'_>) {

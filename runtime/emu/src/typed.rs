@@ -1,0 +1,340 @@
+//! [`EmuTyped`]: the emulated device with 16-bit buffers ([`Device::alloc_half`]), so that the
+//! kernels' typed buffers (`Arg::Typed`, `ld`/`sto` in runtime/kernels/common.cuh) run on their
+//! 16-bit path, as on a GPU that keeps stored fp16/bf16 activations in two bytes. [`crate::Emu`]
+//! keeps every buffer in f32 (its views are plain slices, which the kernel tests use directly);
+//! this one's views carry their element type, and copies to and from the host convert. The
+//! launches and the GEMM are [`crate::Emu`]'s (the GEMM on the operands widened to f32: a
+//! 16-bit operand holds a half value exactly).
+
+use std::marker::PhantomData;
+use std::ops::Range;
+
+use recipe_runtime::backend::device::{Arg, Device, Launch};
+use recipe_runtime::backend::Gemm;
+use recipe_runtime::precision::Dtype;
+
+use crate::Emu;
+
+/// The emulated device with 16-bit buffers (see the module docs).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EmuTyped;
+
+/// A buffer: `len` elements of `elem` in 4-byte words (two 16-bit elements per word).
+#[derive(Debug)]
+pub struct TypedBuf {
+    words: Vec<u32>,
+    len: usize,
+    elem: Dtype,
+}
+
+/// A read-only view of part of a [`TypedBuf`].
+#[derive(Debug, Clone, Copy)]
+pub struct TypedView<'a> {
+    ptr: *const u8,
+    len: usize,
+    elem: Dtype,
+    _borrow: PhantomData<&'a [u8]>,
+}
+
+/// A writable view of part of a [`TypedBuf`].
+#[derive(Debug)]
+pub struct TypedViewMut<'a> {
+    ptr: *mut u8,
+    len: usize,
+    elem: Dtype,
+    _borrow: PhantomData<&'a mut [u8]>,
+}
+
+/// Bytes per element.
+fn size(elem: Dtype) -> usize {
+    if elem.is_half() {
+        2
+    } else {
+        4
+    }
+}
+
+/// `x`'s 16 bits in `half`, rounded to nearest even (exact for a value already rounded to it).
+fn narrow(x: f32, half: Dtype) -> u16 {
+    match half {
+        Dtype::F16 => half::f16::from_f32(x).to_bits(),
+        _ => half::bf16::from_f32(x).to_bits(),
+    }
+}
+
+fn widen(b: u16, half: Dtype) -> f32 {
+    match half {
+        Dtype::F16 => half::f16::from_bits(b).to_f32(),
+        _ => half::bf16::from_bits(b).to_f32(),
+    }
+}
+
+/// The `len` elements of `elem` at `p` as floats.
+///
+/// # Safety
+/// `p` points at `len` live elements of `elem`.
+unsafe fn read(p: *const u8, len: usize, elem: Dtype) -> Vec<f32> {
+    if elem.is_half() {
+        // SAFETY: the caller's contract; 16-bit elements are 2-aligned (words hold two).
+        let s = unsafe { std::slice::from_raw_parts(p as *const u16, len) };
+        s.iter().map(|&b| widen(b, elem)).collect()
+    } else {
+        // SAFETY: the caller's contract; f32 elements start at a word.
+        unsafe { std::slice::from_raw_parts(p as *const f32, len) }.to_vec()
+    }
+}
+
+/// Writes `src` as elements of `elem` at `p`.
+///
+/// # Safety
+/// `p` points at `src.len()` live, writable elements of `elem` that nothing else borrows.
+unsafe fn write_at(p: *mut u8, src: &[f32], elem: Dtype) {
+    if elem.is_half() {
+        // SAFETY: the caller's contract.
+        let d = unsafe { std::slice::from_raw_parts_mut(p as *mut u16, src.len()) };
+        for (d, &x) in d.iter_mut().zip(src) {
+            *d = narrow(x, elem);
+        }
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(p as *mut f32, src.len()) }.copy_from_slice(src);
+    }
+}
+
+impl EmuTyped {
+    fn buf(n: usize, elem: Dtype) -> TypedBuf {
+        TypedBuf {
+            words: vec![0; (n * size(elem)).div_ceil(4).max(1)],
+            len: n,
+            elem,
+        }
+    }
+}
+
+impl Device for EmuTyped {
+    type Buf = TypedBuf;
+    type View<'a> = TypedView<'a>;
+    type ViewMut<'a> = TypedViewMut<'a>;
+    type Ids = Vec<u32>;
+    type Pinned = Vec<f32>;
+
+    fn alloc(&self, n: usize) -> TypedBuf {
+        Self::buf(n, Dtype::F32)
+    }
+
+    fn alloc_half(&self, n: usize, half: Dtype) -> TypedBuf {
+        assert!(half.is_half(), "alloc_half of {half:?}");
+        Self::buf(n, half)
+    }
+
+    fn elem(&self, v: TypedView<'_>) -> Dtype {
+        v.elem
+    }
+
+    fn upload(&self, src: &[f32]) -> TypedBuf {
+        let mut b = self.alloc(src.len());
+        self.write(self.view_mut(&mut b), src);
+        b
+    }
+
+    fn alloc_pinned(&self, n: usize) -> Vec<f32> {
+        vec![0.0; n]
+    }
+
+    fn write(&self, dst: TypedViewMut<'_>, src: &[f32]) {
+        assert_eq!(dst.len, src.len(), "write length");
+        // SAFETY: `dst` is a live, exclusively borrowed view of `len` elements.
+        unsafe { write_at(dst.ptr, src, dst.elem) }
+    }
+
+    fn write_ids(&self, dst: &mut Vec<u32>, src: &[u32]) -> bool {
+        let grows = src.len() > dst.capacity();
+        dst.clear();
+        dst.extend_from_slice(src);
+        grows
+    }
+
+    fn resize(&self, b: &mut TypedBuf, n: usize) -> bool {
+        let grows = n * size(b.elem) > b.words.len() * 4;
+        if grows {
+            // New elements are NaN, as `host_memory!`'s: a pass that read one before writing it
+            // would show.
+            let mut new = Self::buf(n, b.elem);
+            let nan = vec![f32::NAN; n];
+            // SAFETY: `new` holds `n` elements of its type.
+            unsafe { write_at(new.words.as_mut_ptr() as *mut u8, &nan, b.elem) };
+            let keep = b.len.min(n) * size(b.elem);
+            // SAFETY: both hold at least `keep` bytes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    b.words.as_ptr() as *const u8,
+                    new.words.as_mut_ptr() as *mut u8,
+                    keep,
+                )
+            };
+            *b = new;
+        }
+        b.len = n;
+        grows
+    }
+
+    fn upload_ids(&self, src: &[u32]) -> Vec<u32> {
+        src.to_vec()
+    }
+
+    fn download(&self, src: TypedView<'_>, dst: &mut [f32]) {
+        assert_eq!(src.len, dst.len(), "download length");
+        // SAFETY: `src` is a live view of `len` elements.
+        dst.copy_from_slice(&unsafe { read(src.ptr, src.len, src.elem) });
+    }
+
+    fn view<'a>(&self, b: &'a TypedBuf) -> TypedView<'a> {
+        TypedView {
+            ptr: b.words.as_ptr() as *const u8,
+            len: b.len,
+            elem: b.elem,
+            _borrow: PhantomData,
+        }
+    }
+
+    fn view_mut<'a>(&self, b: &'a mut TypedBuf) -> TypedViewMut<'a> {
+        TypedViewMut {
+            ptr: b.words.as_mut_ptr() as *mut u8,
+            len: b.len,
+            elem: b.elem,
+            _borrow: PhantomData,
+        }
+    }
+
+    fn range_mut<'a>(&self, b: &'a mut TypedBuf, r: Range<usize>) -> TypedViewMut<'a> {
+        let mut v = self.view_mut(b);
+        let s = self.sub_mut(&mut v, r);
+        TypedViewMut {
+            ptr: s.ptr,
+            len: s.len,
+            elem: s.elem,
+            _borrow: PhantomData,
+        }
+    }
+
+    fn sub<'a>(&self, v: TypedView<'a>, r: Range<usize>) -> TypedView<'a>
+    where
+        Self: 'a,
+    {
+        assert!(r.start <= r.end && r.end <= v.len, "sub {r:?} of {}", v.len);
+        TypedView {
+            // SAFETY: inside the view (asserted).
+            ptr: unsafe { v.ptr.add(r.start * size(v.elem)) },
+            len: r.len(),
+            elem: v.elem,
+            _borrow: PhantomData,
+        }
+    }
+
+    fn sub_mut<'a, 'b>(&self, v: &'b mut TypedViewMut<'a>, r: Range<usize>) -> TypedViewMut<'b>
+    where
+        'a: 'b,
+    {
+        assert!(
+            r.start <= r.end && r.end <= v.len,
+            "sub_mut {r:?} of {}",
+            v.len
+        );
+        TypedViewMut {
+            // SAFETY: inside the view (asserted).
+            ptr: unsafe { v.ptr.add(r.start * size(v.elem)) },
+            len: r.len(),
+            elem: v.elem,
+            _borrow: PhantomData,
+        }
+    }
+
+    fn split_at_mut<'a, 'b>(
+        &self,
+        v: &'b mut TypedViewMut<'a>,
+        mid: usize,
+    ) -> (TypedViewMut<'b>, TypedViewMut<'b>)
+    where
+        'a: 'b,
+    {
+        assert!(mid <= v.len, "split_at_mut {mid} of {}", v.len);
+        let at = |start: usize, len: usize| TypedViewMut {
+            // SAFETY: inside the view (asserted).
+            ptr: unsafe { v.ptr.add(start * size(v.elem)) },
+            len,
+            elem: v.elem,
+            _borrow: PhantomData,
+        };
+        (at(0, mid), at(mid, v.len - mid))
+    }
+
+    fn as_view<'a, 'b>(&self, v: &'b TypedViewMut<'a>) -> TypedView<'b>
+    where
+        'a: 'b,
+    {
+        TypedView {
+            ptr: v.ptr,
+            len: v.len,
+            elem: v.elem,
+            _borrow: PhantomData,
+        }
+    }
+
+    fn len(&self, v: TypedView<'_>) -> usize {
+        v.len
+    }
+
+    fn len_mut(&self, v: &TypedViewMut<'_>) -> usize {
+        v.len
+    }
+
+    fn ptr(&self, v: TypedView<'_>) -> u64 {
+        v.ptr as u64
+    }
+
+    fn ptr_mut(&self, v: &mut TypedViewMut<'_>) -> u64 {
+        v.ptr as u64
+    }
+
+    fn ids_ptr(&self, ids: &Vec<u32>) -> u64 {
+        ids.as_ptr() as u64
+    }
+
+    fn zero(&self, dst: TypedViewMut<'_>) {
+        // SAFETY: a live, exclusively borrowed view of `len` elements.
+        unsafe { std::ptr::write_bytes(dst.ptr, 0, dst.len * size(dst.elem)) };
+    }
+
+    fn copy(&self, dst: TypedViewMut<'_>, src: TypedView<'_>) {
+        assert_eq!((dst.len, dst.elem), (src.len, src.elem), "copy");
+        // SAFETY: both live views of `len` elements of one type; `dst` is exclusively
+        // borrowed, so they do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src.ptr, dst.ptr, src.len * size(src.elem)) };
+    }
+
+    fn launch(&self, name: &'static str, l: Launch, args: &[Arg]) {
+        Emu.launch(name, l, args);
+    }
+
+    /// The CPU backend's GEMM on the operands' spans widened to f32 (exact); the output must be
+    /// f32 (no GEMM writes a 16-bit buffer yet).
+    fn gemm(&self, g: &Gemm, a: TypedView<'_>, b: TypedView<'_>, c: TypedViewMut<'_>) {
+        assert_eq!(c.elem, Dtype::F32, "a GEMM into a 16-bit buffer");
+        let (span_a, span_b, span_c) = g.spans();
+        assert!(
+            span_a <= a.len && span_b <= b.len && span_c <= c.len,
+            "GEMM spans"
+        );
+        // SAFETY: the spans lie inside the live views (asserted); `c` is exclusively borrowed
+        // and f32.
+        unsafe {
+            let (wa, wb) = (read(a.ptr, span_a, a.elem), read(b.ptr, span_b, b.elem));
+            let c = std::slice::from_raw_parts_mut(c.ptr as *mut f32, span_c);
+            Emu.gemm(g, &wa, &wb, c);
+        }
+    }
+
+    fn sync(&self) -> Result<(), String> {
+        Ok(())
+    }
+}
