@@ -150,10 +150,10 @@ extern "C" __global__ void tanh_fwd(float* out, const float* inp, int n, int sto
 }
 
 // From the forward's output y: dinp = dout · (1 − y²).
-extern "C" __global__ void tanh_bwd(float* dinp, const float* y, const float* dout, int n,
-                                    int store) {
+extern "C" __global__ void tanh_bwd(void* dinp, int dinp_t, const float* y, const float* dout,
+                                    int n, int store) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dinp[i] = st(dout[i] * (1.0f - y[i] * y[i]), store);
+    if (i < n) sto(dinp, i, st(dout[i] * (1.0f - y[i] * y[i]), store), dinp_t);
 }
 
 // Dropout in place: element i keeps x · scale iff the Philox draw of index first + i is at least

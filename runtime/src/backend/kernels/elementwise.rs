@@ -114,30 +114,6 @@ pub(super) fn bias_grad<D: Device>(
     });
 }
 
-/// `dinp = dout · GELU'(inp)` (`gelu_bwd` of elementwise.cu), `dinp` typed.
-pub(super) fn gelu_bwd<D: Device>(
-    k: &Kernels<D>,
-    mut dinp: D::ViewMut<'_>,
-    inp: D::View<'_>,
-    dout: D::View<'_>,
-) {
-    let n = k.dev.len_mut(&dinp);
-    assert_eq!(n, k.dev.len(inp), "gelu_bwd lengths");
-    assert_eq!(n, k.dev.len(dout), "gelu_bwd lengths");
-    let d = k.typed_mut(&mut dinp);
-    k.dev.launch(
-        "gelu_bwd",
-        grid1(n),
-        &[
-            d,
-            Arg::Ptr(k.dev.ptr(inp)),
-            Arg::Ptr(k.dev.ptr(dout)),
-            int(n),
-            k.store_arg(),
-        ],
-    );
-}
-
 /// `out = f(inp)` with kernel `name(out, inp, n, store)`.
 pub(super) fn unary<D: Device>(
     k: &Kernels<D>,
@@ -155,7 +131,7 @@ pub(super) fn unary<D: Device>(
     );
 }
 
-/// `out = f(a, b)` with kernel `name(out, a, b, n, store)`.
+/// `out = f(a, b)` with kernel `name(out, out_t, a, b, n, store)`: `out` typed (`Arg::Typed`).
 pub(super) fn binary<D: Device>(
     k: &Kernels<D>,
     name: &'static str,
@@ -166,12 +142,12 @@ pub(super) fn binary<D: Device>(
     let n = k.dev.len_mut(&out);
     assert_eq!(n, k.dev.len(a), "{name} lengths");
     assert_eq!(n, k.dev.len(b), "{name} lengths");
-    let o = k.dev.ptr_mut(&mut out);
+    let o = k.typed_mut(&mut out);
     k.dev.launch(
         name,
         grid1(n),
         &[
-            Arg::Ptr(o),
+            o,
             Arg::Ptr(k.dev.ptr(a)),
             Arg::Ptr(k.dev.ptr(b)),
             int(n),

@@ -570,7 +570,7 @@ impl<D: Device> Backend for Kernels<D> {
     }
 
     fn gelu_bwd(&self, dinp: D::ViewMut<'_>, inp: D::View<'_>, dout: D::View<'_>) {
-        elementwise::gelu_bwd(self, dinp, inp, dout)
+        elementwise::binary(self, "gelu_bwd", dinp, inp, dout)
     }
 
     fn tanh_fwd(&self, out: D::ViewMut<'_>, inp: D::View<'_>) {
