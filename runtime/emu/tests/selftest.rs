@@ -23,6 +23,27 @@ fn every_operation_passes_the_gpu_self_test_on_the_emulated_device() {
     }
 }
 
+/// The same with 16-bit buffers (`EmuTyped`): the stored buffers' checks run their 16-bit
+/// path, and every other operation is unchanged.
+#[test]
+fn the_self_test_passes_with_sixteen_bit_buffers() {
+    use recipe_kernel_emu::EmuTyped;
+    for store in [Dtype::F16, Dtype::Bf16] {
+        let k = Kernels::new(EmuTyped).with_store(store);
+        let checks = compare(&k, store);
+        print(&checks);
+        assert!(
+            checks
+                .iter()
+                .filter(|c| c.op.starts_with("stored."))
+                .count()
+                == 5
+        );
+        let bad: Vec<_> = checks.iter().filter(|c| !c.ok).collect();
+        assert!(bad.is_empty(), "{bad:#?}");
+    }
+}
+
 fn print(checks: &[OpCheck]) {
     for c in checks {
         eprintln!(

@@ -136,6 +136,8 @@ pub fn require() -> Result<Probe, CudaError> {
 pub struct DevView<'a> {
     ptr: u64,
     len: usize,
+    /// F32, or the half dtype of a 16-bit buffer ([`Device::alloc_half`]).
+    elem: Dtype,
     _borrow: PhantomData<&'a CudaSlice<f32>>,
 }
 
@@ -144,7 +146,41 @@ pub struct DevView<'a> {
 pub struct DevViewMut<'a> {
     ptr: u64,
     len: usize,
+    elem: Dtype,
     _borrow: PhantomData<&'a mut CudaSlice<f32>>,
+}
+
+/// Bytes per element of a buffer of `elem`.
+fn size(elem: Dtype) -> u64 {
+    if elem.is_half() {
+        2
+    } else {
+        4
+    }
+}
+
+/// `src` as the 16 bits of `half`, rounded to nearest even (exact for values stored rounded).
+fn narrow(src: &[f32], half: Dtype) -> Vec<u16> {
+    match half {
+        Dtype::F16 => src
+            .iter()
+            .map(|&x| half::f16::from_f32(x).to_bits())
+            .collect(),
+        _ => src
+            .iter()
+            .map(|&x| half::bf16::from_f32(x).to_bits())
+            .collect(),
+    }
+}
+
+/// 16-bit values of `half` as floats (exact).
+fn widen(src: &[u16], dst: &mut [f32], half: Dtype) {
+    for (d, &b) in dst.iter_mut().zip(src) {
+        *d = match half {
+            Dtype::F16 => half::f16::from_bits(b).to_f32(),
+            _ => half::bf16::from_bits(b).to_f32(),
+        };
+    }
 }
 
 /// Token ids, labels or masks on the device: an allocation, of which a batch uses a prefix
@@ -185,6 +221,8 @@ pub struct DevBuf {
     /// device after that, so nothing reads it).
     mem: Option<CudaSlice<f32>>,
     len: usize,
+    /// F32, or the half dtype of a 16-bit buffer (two elements per float of `mem`).
+    elem: Dtype,
 }
 
 impl Drop for DevBuf {
@@ -702,10 +740,19 @@ impl CudaDevice {
         self.bind();
         assert_eq!(dst.len, host.len(), "upload length");
         self.wrote();
-        // SAFETY: `dst` is a live allocation of `host.len()` floats.
-        let r = self.timed("memcpy host→device", || unsafe {
-            drv::memcpy_htod_async(dst.ptr, host, self.stream.cu_stream())
-        });
+        let r = if dst.elem.is_half() {
+            let bits = narrow(host, dst.elem);
+            // SAFETY: `dst` is a live allocation of `len` 16-bit values; the copy is staged
+            // from pageable memory before this returns, so `bits` may go.
+            self.timed("memcpy host→device", || unsafe {
+                drv::memcpy_htod_async(dst.ptr, &bits[..], self.stream.cu_stream())
+            })
+        } else {
+            // SAFETY: `dst` is a live allocation of `host.len()` floats.
+            self.timed("memcpy host→device", || unsafe {
+                drv::memcpy_htod_async(dst.ptr, host, self.stream.cu_stream())
+            })
+        };
         if let Err(e) = r {
             self.record("upload", e);
         }
@@ -742,6 +789,34 @@ impl CudaDevice {
             );
         }
         (ptr, found.slot)
+    }
+
+    /// A zero-filled buffer of `n` elements of `elem` (F32, or a half dtype: 16 bits each).
+    fn alloc_as(&self, n: usize, elem: Dtype) -> DevBuf {
+        if self.failed() {
+            return DevBuf {
+                mem: None,
+                len: n,
+                elem,
+            };
+        }
+        self.wrote(); // new memory, perhaps where a packed source was
+        let floats = (n as u64 * size(elem)).div_ceil(4) as usize;
+        match self.stream.alloc_zeros::<f32>(floats.max(1)) {
+            Ok(mem) => DevBuf {
+                mem: Some(mem),
+                len: n,
+                elem,
+            },
+            Err(e) => {
+                self.out_of_memory("an allocation", 4 * floats, e);
+                DevBuf {
+                    mem: None,
+                    len: n,
+                    elem,
+                }
+            }
+        }
     }
 
     /// Device memory may have been written: no packed operand is current any more.
@@ -828,28 +903,30 @@ impl Device for CudaDevice {
     type Pinned = Pinned;
 
     fn alloc(&self, n: usize) -> DevBuf {
-        if self.failed() {
-            return DevBuf { mem: None, len: n };
-        }
-        self.wrote(); // new memory, perhaps where a packed source was
-        match self.stream.alloc_zeros::<f32>(n.max(1)) {
-            Ok(mem) => DevBuf {
-                mem: Some(mem),
-                len: n,
-            },
-            Err(e) => {
-                self.out_of_memory("an allocation", 4 * n, e);
-                DevBuf { mem: None, len: n }
-            }
-        }
+        self.alloc_as(n, Dtype::F32)
+    }
+
+    /// 16 bits per value where the GEMMs read them as they are: fp16 anywhere, bf16 from sm_80
+    /// on (before, `gemm_half` runs the f32 GEMM, which needs f32 operands).
+    fn alloc_half(&self, n: usize, half: Dtype) -> DevBuf {
+        let sixteen = half == Dtype::F16 || (half == Dtype::Bf16 && self.major >= 8);
+        self.alloc_as(n, if sixteen { half } else { Dtype::F32 })
+    }
+
+    fn elem(&self, v: DevView<'_>) -> Dtype {
+        v.elem
     }
 
     fn resize(&self, b: &mut DevBuf, n: usize) -> bool {
-        if n <= b.mem.as_ref().map_or(0, |m| m.len()) {
+        let capacity = b
+            .mem
+            .as_ref()
+            .map_or(0, |m| 4 * m.len() as u64 / size(b.elem));
+        if n as u64 <= capacity {
             b.len = n;
             return false;
         }
-        *b = self.alloc(n);
+        *b = self.alloc_as(n, b.elem);
         true
     }
 
@@ -890,6 +967,7 @@ impl Device for CudaDevice {
         DevBuf {
             mem: self.upload_plain(src),
             len: src.len(),
+            elem: Dtype::F32,
         }
     }
 
@@ -899,6 +977,7 @@ impl Device for CudaDevice {
         DevViewMut {
             ptr: s.ptr,
             len: s.len,
+            elem: s.elem,
             _borrow: PhantomData,
         }
     }
@@ -941,6 +1020,20 @@ impl Device for CudaDevice {
         }
         self.bind();
         assert_eq!(src.len, dst.len(), "download length");
+        if src.elem.is_half() {
+            let mut bits = vec![0u16; src.len];
+            // SAFETY: `src` is a live allocation of `len` 16-bit values; the stream is
+            // synchronised before `bits` is read.
+            let r = self.timed("memcpy device→host", || unsafe {
+                drv::memcpy_dtoh_async(&mut bits[..], src.ptr, self.stream.cu_stream())
+            });
+            if let Err(e) = r {
+                self.record("download", e);
+            }
+            self.drain("download");
+            widen(&bits, dst, src.elem);
+            return;
+        }
         // SAFETY: `src` is a live allocation of `dst.len()` floats; the stream is synchronised
         // before `dst` is read.
         let r = self.timed("memcpy device→host", || unsafe {
@@ -956,6 +1049,7 @@ impl Device for CudaDevice {
         DevView {
             ptr: address(&b.mem, &self.stream),
             len: b.len,
+            elem: b.elem,
             _borrow: PhantomData,
         }
     }
@@ -967,6 +1061,7 @@ impl Device for CudaDevice {
         DevViewMut {
             ptr,
             len: b.len,
+            elem: b.elem,
             _borrow: PhantomData,
         }
     }
@@ -977,8 +1072,9 @@ impl Device for CudaDevice {
     {
         assert!(r.start <= r.end && r.end <= v.len, "sub {r:?} of {}", v.len);
         DevView {
-            ptr: v.ptr + 4 * r.start as u64,
+            ptr: v.ptr + size(v.elem) * r.start as u64,
             len: r.len(),
+            elem: v.elem,
             _borrow: PhantomData,
         }
     }
@@ -990,6 +1086,7 @@ impl Device for CudaDevice {
         DevView {
             ptr: v.ptr,
             len: v.len,
+            elem: v.elem,
             _borrow: PhantomData,
         }
     }
@@ -1004,8 +1101,9 @@ impl Device for CudaDevice {
             v.len
         );
         DevViewMut {
-            ptr: v.ptr + 4 * r.start as u64,
+            ptr: v.ptr + size(v.elem) * r.start as u64,
             len: r.len(),
+            elem: v.elem,
             _borrow: PhantomData,
         }
     }
@@ -1023,11 +1121,13 @@ impl Device for CudaDevice {
             DevViewMut {
                 ptr: v.ptr,
                 len: mid,
+                elem: v.elem,
                 _borrow: PhantomData,
             },
             DevViewMut {
-                ptr: v.ptr + 4 * mid as u64,
+                ptr: v.ptr + size(v.elem) * mid as u64,
                 len: v.len - mid,
+                elem: v.elem,
                 _borrow: PhantomData,
             },
         )
@@ -1060,8 +1160,9 @@ impl Device for CudaDevice {
         self.bind();
         self.wrote();
         // SAFETY: `dst` is a live allocation of `len` floats.
+        let bytes = size(dst.elem) as usize * dst.len;
         let r = self.timed("memset", || unsafe {
-            drv::memset_d8_async(dst.ptr, 0, 4 * dst.len, self.stream.cu_stream())
+            drv::memset_d8_async(dst.ptr, 0, bytes, self.stream.cu_stream())
         });
         if let Err(e) = r {
             self.record("zero", e);
@@ -1074,10 +1175,12 @@ impl Device for CudaDevice {
         }
         self.bind();
         assert_eq!(dst.len, src.len, "copy lengths");
+        assert_eq!(dst.elem, src.elem, "copy between element types");
+        let bytes = size(src.elem) as usize * src.len;
         self.wrote();
         // SAFETY: both are live allocations of `len` floats.
         let r = self.timed("memcpy device→device", || unsafe {
-            drv::memcpy_dtod_async(dst.ptr, src.ptr, 4 * src.len, self.stream.cu_stream())
+            drv::memcpy_dtod_async(dst.ptr, src.ptr, bytes, self.stream.cu_stream())
         });
         if let Err(e) = r {
             self.record("copy", e);
@@ -1090,6 +1193,8 @@ impl Device for CudaDevice {
     }
 
     fn gemm(&self, g: &Gemm, a: DevView<'_>, b: DevView<'_>, c: DevViewMut<'_>) {
+        let f32s = [a.elem, b.elem, c.elem] == [Dtype::F32; 3];
+        assert!(f32s, "an f32 GEMM on a 16-bit buffer");
         if self.failed() {
             return;
         }
@@ -1140,25 +1245,23 @@ impl Device for CudaDevice {
             span_a <= a.len && span_b <= b.len,
             "GEMM operands shorter than their shapes"
         );
+        assert_eq!(c.elem, Dtype::F32, "a GEMM into a 16-bit buffer");
+        let sixteen = |v: &DevView<'_>| {
+            assert!(
+                v.elem == Dtype::F32 || v.elem == half,
+                "a {:?} operand",
+                v.elem
+            );
+            v.elem == half
+        };
+        let (a16, b16) = (sixteen(&a), sixteen(&b));
         let mut packs = self.packed.lock().unwrap_or_else(|p| p.into_inner());
         // The operands as cuBLAS reads them, their type, the compute type and the profile's name.
-        let ((pa, pb), operand, compute, name) = match self.operands {
-            // The same stream runs the packs and the GEMM in order, so the next GEMM's packs
-            // cannot overwrite operands this one still reads.
-            HalfOperands::Pack => (
-                {
-                    let (pa, slot) = self.pack(&mut packs, a.ptr, span_a, half, &[]);
-                    (pa, self.pack(&mut packs, b.ptr, span_b, half, &[slot]).0)
-                },
-                dtype,
-                cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                if half == Dtype::F16 {
-                    "cublas gemm fp16"
-                } else {
-                    "cublas gemm bf16"
-                },
-            ),
-            HalfOperands::Convert => (
+        // cuBLAS converts the f32 operands itself (HalfOperands::Convert) only when both are
+        // f32: a GEMM reads both in one type.
+        let convert = self.operands == HalfOperands::Convert && !a16 && !b16;
+        let ((pa, pb), operand, compute, name) = if convert {
+            (
                 (a.ptr, b.ptr),
                 cudaDataType::CUDA_R_32F,
                 fast_compute(half),
@@ -1167,7 +1270,33 @@ impl Device for CudaDevice {
                 } else {
                     "cublas gemm bf16←f32"
                 },
-            ),
+            )
+        } else {
+            // A 16-bit buffer is read as it is, an f32 one packed. The same stream runs the
+            // packs and the GEMM in order, so the next GEMM's packs cannot overwrite operands
+            // this one still reads.
+            let (pa, kept) = if a16 {
+                (a.ptr, None)
+            } else {
+                let (p, slot) = self.pack(&mut packs, a.ptr, span_a, half, &[]);
+                (p, Some(slot))
+            };
+            let pb = if b16 {
+                b.ptr
+            } else {
+                let keep: Vec<usize> = kept.into_iter().collect();
+                self.pack(&mut packs, b.ptr, span_b, half, &keep).0
+            };
+            (
+                (pa, pb),
+                dtype,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                if half == Dtype::F16 {
+                    "cublas gemm fp16"
+                } else {
+                    "cublas gemm bf16"
+                },
+            )
         };
         if pa == 0 || pb == 0 {
             return; // out of memory for the packed operands: recorded
@@ -1216,6 +1345,9 @@ impl Device for CudaDevice {
         operands: Dtype,
     ) {
         use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
+        // Attention's buffers are f32 (not alloc_stored) so far.
+        let f32s = [a.elem, b.elem, c.elem] == [Dtype::F32; 3];
+        assert!(f32s, "a batched GEMM on a 16-bit buffer");
         if self.failed() || batch.count == 0 {
             return;
         }
@@ -1330,6 +1462,7 @@ impl Device for CudaDevice {
     }
 
     unsafe fn download_queued(&self, src: DevView<'_>, dst: *mut f32) {
+        assert_eq!(src.elem, Dtype::F32, "a queued download of a 16-bit buffer");
         if self.failed() || src.len == 0 {
             return;
         }
@@ -1349,6 +1482,7 @@ impl Device for CudaDevice {
     }
 
     unsafe fn upload_queued(&self, dst: DevViewMut<'_>, src: *const f32) {
+        assert_eq!(dst.elem, Dtype::F32, "a queued upload into a 16-bit buffer");
         if self.failed() || dst.len == 0 {
             return;
         }

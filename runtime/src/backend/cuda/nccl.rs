@@ -24,6 +24,7 @@ use cudarc::nccl::{result, sys};
 
 use super::{bind_ctx, CudaDevice, CudaError, DevViewMut, Watch};
 use crate::backend::device::Peers;
+use crate::precision::Dtype;
 
 /// Whether libnccl can be loaded by one of cudarc's names for it: `libnccl.so`, `libnccl.so.13`
 /// and older majors, but not `libnccl.so.2`, the only name NCCL's wheel and runtime package
@@ -313,6 +314,7 @@ enum Op {
 impl NcclPeers {
     /// Queues `op` on `buf` (f32, in place) on `dev`'s stream.
     fn queue(&mut self, dev: &CudaDevice, buf: DevViewMut<'_>, op: Op) -> Result<(), String> {
+        assert_eq!(buf.elem, Dtype::F32, "an NCCL call on a 16-bit buffer");
         if buf.len == 0 {
             // Every rank has the same lengths, so every rank skips it.
             return Ok(());

@@ -553,6 +553,56 @@ impl<B: Backend> Checker<'_, B> {
     }
 }
 
+impl<B: Backend> Checker<'_, B> {
+    /// A buffer the backend may keep in 16 bits ([`Backend::alloc_stored`]) through its life:
+    /// written from the host into a part of it, written by a kernel (`gelu_bwd`), read by
+    /// kernels (`bias_grad`) and by GEMMs as either operand, and read back.
+    fn stored(&mut self) {
+        let (be, cpu, st) = (self.be, self.cpu, self.store);
+        let (rows, cols, outs) = (37, 29, 11);
+        let n = rows * cols;
+        let x = rand(n, 2.0, 21, st);
+        let dy = rand(n, 1.0, 22, st);
+        let (xb, dyb) = (be.upload(&x), be.upload(&dy));
+        // Host values into the middle of a stored buffer, then the whole read back.
+        let mut s = be.alloc_stored(n);
+        be.write(be.range_mut(&mut s, 5..5 + cols), &x[..cols]);
+        let mut got = vec![0.0; cols];
+        be.download(be.sub(be.view(&s), 5..5 + cols), &mut got);
+        self.compare("stored.write", &got, &x[..cols]);
+        be.gelu_bwd(be.view_mut(&mut s), be.view(&xb), be.view(&dyb));
+        let mut d = vec![0.0; n];
+        cpu.gelu_bwd(&mut d, &x, &dy);
+        let mut got = vec![0.0; n];
+        be.download(be.view(&s), &mut got);
+        self.compare("stored.gelu_bwd", &got, &d);
+        let bias = rand(cols, 1.0, 23, st);
+        let got = self.on_backend(&bias, |b, o| {
+            b.bias_grad(b.view_mut(o), b.view(&s), rows, cols)
+        });
+        let mut want = bias.clone();
+        cpu.bias_grad(&mut want, &d, rows, cols);
+        self.compare("stored.bias_grad", &got, &want);
+        // As A: [rows × cols]·Wᵀ, W [outs × cols]; as B (transposed): dᵀ·x, [cols × cols].
+        let w = rand(outs * cols, 1.0, 24, st);
+        let wb = be.upload(&w);
+        let g = Gemm::dense(rows, outs, cols, false, true, 0.0);
+        let got = self.on_backend(&vec![0.0; rows * outs], |b, o| {
+            b.gemm(&g, b.view(&s), b.view(&wb), b.view_mut(o))
+        });
+        let mut want = vec![0.0; rows * outs];
+        cpu.gemm(&g, &d, &w, &mut want);
+        self.compare("stored.gemm_a", &got, &want);
+        let g = Gemm::dense(cols, cols, rows, true, false, 0.0);
+        let got = self.on_backend(&vec![0.0; cols * cols], |b, o| {
+            b.gemm(&g, b.view(&xb), b.view(&s), b.view_mut(o))
+        });
+        let mut want = vec![0.0; cols * cols];
+        cpu.gemm(&g, &x, &d, &mut want);
+        self.compare("stored.gemm_b", &got, &want);
+    }
+}
+
 /// Runs every operation on `be` (which stores `store`) and on the CPU backend storing the same,
 /// and compares each output.
 pub fn compare<B: Backend>(be: &B, store: Dtype) -> Vec<OpCheck> {
@@ -567,5 +617,6 @@ pub fn compare<B: Backend>(be: &B, store: Dtype) -> Vec<OpCheck> {
     c.embedding_and_layernorm();
     c.attention();
     c.cross_entropy();
+    c.stored();
     c.out
 }
