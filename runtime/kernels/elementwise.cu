@@ -116,8 +116,8 @@ extern "C" __global__ void bias_gelu(float* inter, void* act, int act_t, const f
 // `inter`. The multiply is op_mul (common.cuh)
 // so that, in fp32 where nothing rounds between, it is not contracted with the add into an FMA
 // the three kernels never make.
-extern "C" __global__ void bias_dropout_add(float* out, const float* bias, const float* residual,
-                                            int rows, int cols, int drop,
+extern "C" __global__ void bias_dropout_add(float* out, const float* bias, const void* residual,
+                                            int residual_t, int rows, int cols, int drop,
                                             unsigned long long seed, unsigned long long stream,
                                             unsigned threshold, float scale, int store) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -127,7 +127,7 @@ extern "C" __global__ void bias_dropout_add(float* out, const float* bias, const
             v = st(op_mul(v, dropout_mult((unsigned long long)i, seed, stream, threshold, scale)),
                    store);
         }
-        out[i] = st(v + residual[i], store);
+        out[i] = st(v + ld(residual, i, residual_t), store);
     }
 }
 
@@ -159,9 +159,12 @@ extern "C" __global__ void tanh_bwd(void* dinp, int dinp_t, const float* y, cons
 // Dropout in place: element i keeps x · scale iff the Philox draw of index first + i is at least
 // threshold (= ⌈p · 2³²⌉), else 0. The mask is a pure function of (seed, stream, index), so the
 // backward is the same call, and the CPU backend draws the same mask.
-extern "C" __global__ void dropout(float* x, int n, unsigned long long seed,
+extern "C" __global__ void dropout(void* x, int x_t, int n, unsigned long long seed,
                                    unsigned long long stream, unsigned threshold, float scale,
                                    unsigned long long first, int store) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] = st(x[i] * dropout_mult(first + i, seed, stream, threshold, scale), store);
+    if (i < n) {
+        float v = ld(x, i, x_t) * dropout_mult(first + i, seed, stream, threshold, scale);
+        sto(x, i, st(v, store), x_t);
+    }
 }

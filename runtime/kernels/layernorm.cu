@@ -16,13 +16,12 @@
 // Forward: one block per row (grid rows), whole warps striding over the columns.
 // out = xhat · w + b rounded to `store`, xhat = (x − mean) · rstd computed in double and then
 // rounded to f32, as the CPU computes it.
-extern "C" __global__ void layernorm_fwd(float* out, float* mean, float* rstd, const float* inp,
-                                         const float* w, const float* b, int cols, float eps,
-                                         int store) {
+extern "C" __global__ void layernorm_fwd(void* out, int out_t, float* mean, float* rstd,
+                                         const float* inp, const float* w, const float* b,
+                                         int cols, float eps, int store) {
     __shared__ double red[32];
     long long r = blockIdx.x;
     const float* x = inp + r * cols;
-    float* o = out + r * cols;
 
     double s = 0.0;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) s += (double)x[c];
@@ -40,7 +39,7 @@ extern "C" __global__ void layernorm_fwd(float* out, float* mean, float* rstd, c
 
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         float xhat = (float)(((double)x[c] - m) * rs);
-        o[c] = st(xhat * w[c] + b[c], store);
+        sto(out, r * cols + c, st(xhat * w[c] + b[c], store), out_t);
     }
     if (threadIdx.x == 0) {
         mean[r] = (float)m;

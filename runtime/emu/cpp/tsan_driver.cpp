@@ -97,7 +97,7 @@ bool layernorm() {
     }
     dim3 grid(rows), block(96);
     emu::launch(grid, block, 0, [&] {
-        layernorm_fwd(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), cols,
+        layernorm_fwd(out.data(), STORE_F32, mean.data(), rstd.data(), x.data(), w.data(), b.data(), cols,
                       eps, STORE_F32);
     });
     emu::launch(grid, block, 0, [&] {

@@ -234,9 +234,10 @@ pub(crate) struct LayerActs<B: Backend> {
     rstd2: B::Buf,
 }
 
-/// Every buffer of one forward + backward at a fixed `(batch, seq)`. The GELU's output and the
-/// gradient at its input are [`Backend::alloc_stored`]: only rounded values reach them, so a
-/// device storing fp16/bf16 keeps them in 16 bits (docs/cuda.md, "16-bit buffers").
+/// Every buffer of one forward + backward at a fixed `(batch, seq)`. The layers' outputs (`hs`),
+/// the attention block's LayerNorm output (`x1`), the GELU's output and the gradient at its
+/// input are [`Backend::alloc_stored`]: only rounded values reach them, so a device storing
+/// fp16/bf16 keeps them in 16 bits (docs/cuda.md, "16-bit buffers").
 pub(crate) struct Acts<B: Backend> {
     pub batch: usize,
     pub seq: usize,
@@ -281,7 +282,9 @@ impl<B: Backend> Acts<B> {
             emb_sum: z(),
             emb_mean: z(),
             emb_rstd: z(),
-            hs: (0..=c.num_hidden_layers).map(|_| z()).collect(),
+            hs: (0..=c.num_hidden_layers)
+                .map(|_| be.alloc_stored(0))
+                .collect(),
             layers: (0..c.num_hidden_layers)
                 .map(|_| LayerActs {
                     q: z(),
@@ -293,7 +296,7 @@ impl<B: Backend> Acts<B> {
                     res1: z(),
                     mean1: z(),
                     rstd1: z(),
-                    x1: z(),
+                    x1: be.alloc_stored(0),
                     inter: z(),
                     act: be.alloc_stored(0),
                     res2: z(),

@@ -160,12 +160,12 @@ pub(super) fn binary<D: Device>(
 pub(crate) fn dropout<D: Device>(k: &Kernels<D>, mut x: D::ViewMut<'_>, d: &Dropout, first: u64) {
     let n = k.dev.len_mut(&x);
     let (seed, stream, threshold, scale) = dropout_args(d);
-    let p = k.dev.ptr_mut(&mut x);
+    let p = k.typed_mut(&mut x);
     k.dev.launch(
         "dropout",
         grid1(n),
         &[
-            Arg::Ptr(p),
+            p,
             int(n),
             seed,
             stream,
@@ -191,6 +191,12 @@ pub(super) fn bias_dropout_add<D: Device>(
 ) {
     let n = rows * cols;
     if k.dev.len(k.dev.view(out)) != n || k.dev.len(residual) != n || k.dev.len(bias) != cols {
+        // add_assign reads floats (not a 16-bit residual, which the model sizes to fit).
+        assert_eq!(
+            k.dev.elem(residual),
+            Dtype::F32,
+            "bias_dropout_add's residual"
+        );
         add_bias(k, k.dev.view_mut(out), bias, rows, cols, k.store);
         if let Some(d) = dropout {
             self::dropout(k, k.dev.view_mut(out), d, 0);
@@ -209,7 +215,7 @@ pub(super) fn bias_dropout_add<D: Device>(
         &[
             Arg::Ptr(p),
             Arg::Ptr(k.dev.ptr(bias)),
-            Arg::Ptr(k.dev.ptr(residual)),
+            k.typed(residual),
             int(rows),
             int(cols),
             int(usize::from(dropout.is_some())),

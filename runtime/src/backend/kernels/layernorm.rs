@@ -43,7 +43,7 @@ pub(super) fn fwd<D: Device>(
         return;
     }
     let (o, m, r) = (
-        k.dev.ptr_mut(&mut out),
+        k.typed_mut(&mut out),
         k.dev.ptr_mut(&mut mean),
         k.dev.ptr_mut(&mut rstd),
     );
@@ -51,7 +51,7 @@ pub(super) fn fwd<D: Device>(
         "layernorm_fwd",
         per_row(rows, cols),
         &[
-            Arg::Ptr(o),
+            o,
             Arg::Ptr(m),
             Arg::Ptr(r),
             Arg::Ptr(k.dev.ptr(inp)),

@@ -600,6 +600,43 @@ impl<B: Backend> Checker<'_, B> {
         let mut want = vec![0.0; cols * cols];
         cpu.gemm(&g, &x, &d, &mut want);
         self.compare("stored.gemm_b", &got, &want);
+        // LayerNorm's output into it, dropout in place, and it as a residual.
+        let (w, bb) = (rand(cols, 1.0, 25, st), rand(cols, 0.5, 26, st));
+        let (wd, bd) = (be.upload(&w), be.upload(&bb));
+        let (mut mean, mut rstd) = (be.alloc(rows), be.alloc(rows));
+        be.layernorm_fwd(
+            be.view_mut(&mut s),
+            be.view_mut(&mut mean),
+            be.view_mut(&mut rstd),
+            be.view(&xb),
+            be.view(&wd),
+            be.view(&bd),
+            rows,
+            cols,
+            1e-12,
+        );
+        let (mut ln, mut cm, mut cr) = (vec![0.0; n], vec![0.0; rows], vec![0.0; rows]);
+        cpu.layernorm_fwd(&mut ln, &mut cm, &mut cr, &x, &w, &bb, rows, cols, 1e-12);
+        let mut got = vec![0.0; n];
+        be.download(be.view(&s), &mut got);
+        self.compare("stored.layernorm_fwd", &got, &ln);
+        let d = Dropout {
+            p: 0.25,
+            seed: 91,
+            stream: 4,
+        };
+        be.dropout(be.view_mut(&mut s), &d);
+        cpu.dropout(&mut ln, &d);
+        be.download(be.view(&s), &mut got);
+        self.compare("stored.dropout", &got, &ln);
+        let bias = rand(cols, 1.0, 27, st);
+        let biasd = be.upload(&bias);
+        let mut out = be.upload(&dy);
+        be.bias_dropout_add(&mut out, be.view(&biasd), rows, cols, Some(&d), be.view(&s));
+        let mut want = dy.clone();
+        cpu.bias_dropout_add(&mut want, &bias, rows, cols, Some(&d), &ln);
+        be.download(be.view(&out), &mut got);
+        self.compare("stored.bias_dropout_add", &got, &want);
     }
 }
 
