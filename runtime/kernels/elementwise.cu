@@ -101,12 +101,12 @@ extern "C" __global__ void gelu_fwd(float* out, const float* inp, int n, int sto
 // round_rows, add_bias and gelu_fwd in one pass: inter[r, c] = st(inter) + bias[c] (the
 // backward reads it), and act = gelu(inter), each rounded as those kernels round it. `inter` is
 // a GEMM's fp32 output (Backend::gemm_to_epilogue), or already rounded (rounding is idempotent).
-extern "C" __global__ void bias_gelu(float* inter, void* act, int act_t, const float* bias,
-                                     int rows, int cols, int store) {
+extern "C" __global__ void bias_gelu(void* inter, int inter_t, void* act, int act_t,
+                                     const float* bias, int rows, int cols, int store) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < (long long)rows * cols) {
-        float x = st(st(inter[i], store) + bias[i % cols], store);
-        inter[i] = x;
+        float x = st(st(ld(inter, i, inter_t), store) + bias[i % cols], store);
+        sto(inter, i, x, inter_t);
         sto(act, i, st(gelu(x), store), act_t);
     }
 }
@@ -133,14 +133,14 @@ extern "C" __global__ void bias_dropout_add(float* out, const float* bias, const
 
 // dinp = dout · (Φ(x) + x φ(x)). `dout` is rounded first: it may be a GEMM's fp32 output
 // (Backend::gemm_to_epilogue), and rounding a rounded value changes nothing.
-extern "C" __global__ void gelu_bwd(void* dinp, int dinp_t, const float* inp, const float* dout,
-                                    int n, int store) {
+extern "C" __global__ void gelu_bwd(void* dinp, int dinp_t, const void* inp, int inp_t,
+                                    const void* dout, int dout_t, int n, int store) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
-        float x = inp[i];
+        float x = ld(inp, i, inp_t);
         float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
         float pdf = expf(-0.5f * x * x) * 0.39894228040143268f;
-        sto(dinp, i, st(st(dout[i], store) * (cdf + x * pdf), store), dinp_t);
+        sto(dinp, i, st(st(ld(dout, i, dout_t), store) * (cdf + x * pdf), store), dinp_t);
     }
 }
 
@@ -150,10 +150,13 @@ extern "C" __global__ void tanh_fwd(float* out, const float* inp, int n, int sto
 }
 
 // From the forward's output y: dinp = dout · (1 − y²).
-extern "C" __global__ void tanh_bwd(void* dinp, int dinp_t, const float* y, const float* dout,
-                                    int n, int store) {
+extern "C" __global__ void tanh_bwd(void* dinp, int dinp_t, const void* y, int y_t,
+                                    const void* dout, int dout_t, int n, int store) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) sto(dinp, i, st(dout[i] * (1.0f - y[i] * y[i]), store), dinp_t);
+    if (i < n) {
+        float v = ld(y, i, y_t);
+        sto(dinp, i, st(ld(dout, i, dout_t) * (1.0f - v * v), store), dinp_t);
+    }
 }
 
 // Dropout in place: element i keeps x · scale iff the Philox draw of index first + i is at least

@@ -316,21 +316,21 @@ impl Device for EmuTyped {
         Emu.launch(name, l, args);
     }
 
-    /// The CPU backend's GEMM on the operands' spans widened to f32 (exact); the output must be
-    /// f32 (no GEMM writes a 16-bit buffer yet).
+    /// The CPU backend's GEMM on the operands' spans widened to f32 (exact); a 16-bit output
+    /// gets the f32 result rounded to nearest even, as a GPU's GEMM writes it (and as `st`
+    /// rounds).
     fn gemm(&self, g: &Gemm, a: TypedView<'_>, b: TypedView<'_>, c: TypedViewMut<'_>) {
-        assert_eq!(c.elem, Dtype::F32, "a GEMM into a 16-bit buffer");
         let (span_a, span_b, span_c) = g.spans();
         assert!(
             span_a <= a.len && span_b <= b.len && span_c <= c.len,
             "GEMM spans"
         );
-        // SAFETY: the spans lie inside the live views (asserted); `c` is exclusively borrowed
-        // and f32.
+        // SAFETY: the spans lie inside the live views (asserted); `c` is exclusively borrowed.
         unsafe {
             let (wa, wb) = (read(a.ptr, span_a, a.elem), read(b.ptr, span_b, b.elem));
-            let c = std::slice::from_raw_parts_mut(c.ptr as *mut f32, span_c);
-            Emu.gemm(g, &wa, &wb, c);
+            let mut wc = read(c.ptr, span_c, c.elem);
+            Emu.gemm(g, &wa, &wb, &mut wc);
+            write_at(c.ptr, &wc, c.elem);
         }
     }
 

@@ -235,9 +235,10 @@ pub(crate) struct LayerActs<B: Backend> {
 }
 
 /// Every buffer of one forward + backward at a fixed `(batch, seq)`. The layers' outputs (`hs`),
-/// the attention block's LayerNorm output (`x1`), the GELU's output and the gradient at its
-/// input are [`Backend::alloc_stored`]: only rounded values reach them, so a device storing
-/// fp16/bf16 keeps them in 16 bits (docs/cuda.md, "16-bit buffers").
+/// the attention block's LayerNorm output (`x1`), the FFN's activations (`inter`, `act`) and
+/// their gradients (`dact`, `dinter`) are [`Backend::alloc_stored`]: only rounded values reach
+/// them (a GEMM writing one rounds as its epilogue would), so a device storing fp16/bf16 keeps
+/// them in 16 bits (docs/cuda.md, "16-bit buffers").
 pub(crate) struct Acts<B: Backend> {
     pub batch: usize,
     pub seq: usize,
@@ -297,7 +298,7 @@ impl<B: Backend> Acts<B> {
                     mean1: z(),
                     rstd1: z(),
                     x1: be.alloc_stored(0),
-                    inter: z(),
+                    inter: be.alloc_stored(0),
                     act: be.alloc_stored(0),
                     res2: z(),
                     mean2: z(),
@@ -316,7 +317,7 @@ impl<B: Backend> Acts<B> {
             dq: z(),
             dk: z(),
             dv: z(),
-            dact: z(),
+            dact: be.alloc_stored(0),
             dinter: be.alloc_stored(0),
             dscratch: z(),
             dpool: z(),

@@ -1245,21 +1245,17 @@ impl Device for CudaDevice {
             span_a <= a.len && span_b <= b.len,
             "GEMM operands shorter than their shapes"
         );
-        assert_eq!(c.elem, Dtype::F32, "a GEMM into a 16-bit buffer");
-        let sixteen = |v: &DevView<'_>| {
-            assert!(
-                v.elem == Dtype::F32 || v.elem == half,
-                "a {:?} operand",
-                v.elem
-            );
-            v.elem == half
+        let sixteen = |elem: Dtype| {
+            assert!(elem == Dtype::F32 || elem == half, "a {elem:?} operand");
+            elem == half
         };
-        let (a16, b16) = (sixteen(&a), sixteen(&b));
+        let (a16, b16, c16) = (sixteen(a.elem), sixteen(b.elem), sixteen(c.elem));
         let mut packs = self.packed.lock().unwrap_or_else(|p| p.into_inner());
         // The operands as cuBLAS reads them, their type, the compute type and the profile's name.
         // cuBLAS converts the f32 operands itself (HalfOperands::Convert) only when both are
-        // f32: a GEMM reads both in one type.
-        let convert = self.operands == HalfOperands::Convert && !a16 && !b16;
+        // f32 and so is the output: it reads both in one type, and writes 16 bits only from
+        // 16-bit operands.
+        let convert = self.operands == HalfOperands::Convert && !a16 && !b16 && !c16;
         let ((pa, pb), operand, compute, name) = if convert {
             (
                 (a.ptr, b.ptr),
@@ -1323,13 +1319,14 @@ impl Device for CudaDevice {
                 int(cm.ld_second),
                 (&g.beta as *const f32).cast(),
                 c.ptr as *mut c_void,
-                cudaDataType::CUDA_R_32F,
+                // A 16-bit output: the f32 result rounded to nearest even (`st`'s rounding).
+                if c16 { dtype } else { cudaDataType::CUDA_R_32F },
                 int(cm.ldc),
                 compute,
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         });
-        packs.memo.written(c.ptr, 4 * g.spans().2 as u64);
+        packs.memo.written(c.ptr, size(c.elem) * g.spans().2 as u64);
         if let Err(e) = r {
             self.record("cublasGemmEx", e);
         }

@@ -27,12 +27,14 @@ pub(super) fn gemm<D: Device>(
     round: bool,
 ) {
     let p = k.dev.ptr_mut(&mut c);
+    // A 16-bit output is rounded by the GEMM itself (to nearest even, as `st`).
+    let sixteen = k.dev.elem(k.dev.as_view(&c)).is_half();
     if k.store.is_half() {
         k.dev.gemm_half(g, a, b, c, k.store);
     } else {
         k.dev.gemm(g, a, b, c);
     }
-    if k.store.is_half() && round {
+    if k.store.is_half() && round && !sixteen {
         round_rows(k, p, g.m, g.n, g.ldc);
     }
 }
@@ -131,7 +133,8 @@ pub(super) fn unary<D: Device>(
     );
 }
 
-/// `out = f(a, b)` with kernel `name(out, out_t, a, b, n, store)`: `out` typed (`Arg::Typed`).
+/// `out = f(a, b)` with kernel `name(out, out_t, a, a_t, b, b_t, n, store)`: every buffer typed
+/// (`Arg::Typed`).
 pub(super) fn binary<D: Device>(
     k: &Kernels<D>,
     name: &'static str,
@@ -146,13 +149,7 @@ pub(super) fn binary<D: Device>(
     k.dev.launch(
         name,
         grid1(n),
-        &[
-            o,
-            Arg::Ptr(k.dev.ptr(a)),
-            Arg::Ptr(k.dev.ptr(b)),
-            int(n),
-            k.store_arg(),
-        ],
+        &[o, k.typed(a), k.typed(b), int(n), k.store_arg()],
     );
 }
 
@@ -241,19 +238,24 @@ pub(super) fn bias_gelu<D: Device>(
     let n = rows * cols;
     let fits = k.dev.len(k.dev.view(inter)) == n && k.dev.len(k.dev.view(act)) == n;
     if !fits || k.dev.len(bias) != cols {
-        // gelu_fwd writes floats (not a 16-bit `act`, which the model sizes to fit).
+        // add_bias and gelu_fwd take floats (not 16-bit buffers, which the model sizes to fit).
         assert_eq!(k.dev.elem(k.dev.view(act)), Dtype::F32, "bias_gelu's act");
+        assert_eq!(
+            k.dev.elem(k.dev.view(inter)),
+            Dtype::F32,
+            "bias_gelu's inter"
+        );
         add_bias(k, k.dev.view_mut(inter), bias, rows, cols, k.store);
         unary(k, "gelu_fwd", k.dev.view_mut(act), k.dev.view(inter));
         return;
     }
-    let pi = k.dev.ptr_mut(&mut k.dev.view_mut(inter));
+    let pi = k.typed_mut(&mut k.dev.view_mut(inter));
     let act = k.typed_mut(&mut k.dev.view_mut(act));
     k.dev.launch(
         "bias_gelu",
         grid1(n),
         &[
-            Arg::Ptr(pi),
+            pi,
             act,
             Arg::Ptr(k.dev.ptr(bias)),
             int(rows),

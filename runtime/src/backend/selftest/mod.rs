@@ -601,8 +601,8 @@ impl<B: Backend> Checker<'_, B> {
         cpu.gemm(&g, &x, &d, &mut want);
         self.compare("stored.gemm_b", &got, &want);
         // LayerNorm's output into it, dropout in place, and it as a residual.
-        let (w, bb) = (rand(cols, 1.0, 25, st), rand(cols, 0.5, 26, st));
-        let (wd, bd) = (be.upload(&w), be.upload(&bb));
+        let (lw, lb) = (rand(cols, 1.0, 25, st), rand(cols, 0.5, 26, st));
+        let (wd, bd) = (be.upload(&lw), be.upload(&lb));
         let (mut mean, mut rstd) = (be.alloc(rows), be.alloc(rows));
         be.layernorm_fwd(
             be.view_mut(&mut s),
@@ -616,7 +616,7 @@ impl<B: Backend> Checker<'_, B> {
             1e-12,
         );
         let (mut ln, mut cm, mut cr) = (vec![0.0; n], vec![0.0; rows], vec![0.0; rows]);
-        cpu.layernorm_fwd(&mut ln, &mut cm, &mut cr, &x, &w, &bb, rows, cols, 1e-12);
+        cpu.layernorm_fwd(&mut ln, &mut cm, &mut cr, &x, &lw, &lb, rows, cols, 1e-12);
         let mut got = vec![0.0; n];
         be.download(be.view(&s), &mut got);
         self.compare("stored.layernorm_fwd", &got, &ln);
@@ -637,6 +637,20 @@ impl<B: Backend> Checker<'_, B> {
         cpu.bias_dropout_add(&mut want, &bias, rows, cols, Some(&d), &ln);
         be.download(be.view(&out), &mut got);
         self.compare("stored.bias_dropout_add", &got, &want);
+        // A GEMM writing a stored buffer (which rounds as its epilogue would), then the FFN's
+        // bias and GELU from it into another.
+        let g = Gemm::dense(rows, outs, cols, false, true, 0.0);
+        let (mut inter, mut act) = (be.alloc_stored(rows * outs), be.alloc_stored(rows * outs));
+        be.gemm_to_epilogue(&g, be.view(&xb), be.view(&wb), be.view_mut(&mut inter));
+        let ob = rand(outs, 1.0, 28, st);
+        be.bias_gelu(&mut inter, &mut act, be.view(&be.upload(&ob)), rows, outs);
+        let (mut wi, mut wa) = (vec![0.0; rows * outs], vec![0.0; rows * outs]);
+        cpu.gemm(&g, &x, &w, &mut wi);
+        cpu.bias_gelu(&mut wi, &mut wa, &ob, rows, outs);
+        self.compare_bufs(&[
+            ("stored.gemm+bias_gelu.inter", &inter, &wi),
+            ("stored.gemm+bias_gelu.act", &act, &wa),
+        ]);
     }
 }
 
