@@ -116,18 +116,19 @@ extern "C" __global__ void bias_gelu(void* inter, int inter_t, void* act, int ac
 // `inter`. The multiply is op_mul (common.cuh)
 // so that, in fp32 where nothing rounds between, it is not contracted with the add into an FMA
 // the three kernels never make.
-extern "C" __global__ void bias_dropout_add(float* out, const float* bias, const void* residual,
-                                            int residual_t, int rows, int cols, int drop,
+extern "C" __global__ void bias_dropout_add(void* out, int out_t, const float* bias,
+                                            const void* residual, int residual_t, int rows,
+                                            int cols, int drop,
                                             unsigned long long seed, unsigned long long stream,
                                             unsigned threshold, float scale, int store) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < (long long)rows * cols) {
-        float v = st(st(out[i], store) + bias[i % cols], store);
+        float v = st(st(ld(out, i, out_t), store) + bias[i % cols], store);
         if (drop) {
             v = st(op_mul(v, dropout_mult((unsigned long long)i, seed, stream, threshold, scale)),
                    store);
         }
-        out[i] = st(v + ld(residual, i, residual_t), store);
+        sto(out, i, st(v + ld(residual, i, residual_t), store), out_t);
     }
 }
 

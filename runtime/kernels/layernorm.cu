@@ -17,34 +17,35 @@
 // out = xhat · w + b rounded to `store`, xhat = (x − mean) · rstd computed in double and then
 // rounded to f32, as the CPU computes it.
 extern "C" __global__ void layernorm_fwd(void* out, int out_t, float* mean, float* rstd,
-                                         const float* inp, const float* w, const float* b,
-                                         int cols, float eps, int store) {
+                                         const void* inp, int inp_t, const float* w,
+                                         const float* b, int cols, float eps, int store) {
     __shared__ double red[32];
     long long r = blockIdx.x;
-    const float* x = inp + r * cols;
+#define x(c) ld(inp, r * cols + (c), inp_t)
 
     double s = 0.0;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) s += (double)x[c];
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) s += (double)x(c);
     double m = block_sum_d(s, red) / cols;
 
     // Second pass (the row is re-read, from cache): squared deviations from the mean, which do not
     // cancel as E[x²] − mean² would.
     double v = 0.0;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        double d = (double)x[c] - m;
+        double d = (double)x(c) - m;
         v += d * d;
     }
     double var = block_sum_d(v, red) / cols;
     double rs = 1.0 / sqrt(var + (double)eps);
 
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        float xhat = (float)(((double)x[c] - m) * rs);
+        float xhat = (float)(((double)x(c) - m) * rs);
         sto(out, r * cols + c, st(xhat * w[c] + b[c], store), out_t);
     }
     if (threadIdx.x == 0) {
         mean[r] = (float)m;
         rstd[r] = (float)rs;
     }
+#undef x
 }
 
 // Backward, dinp (overwritten): one block per row. With xhat = (x − mean) · rstd and
@@ -55,22 +56,22 @@ extern "C" __global__ void layernorm_fwd(void* out, int out_t, float* mean, floa
 // With `keep` (not null) the residual branch's split in the same pass (Backend::
 // layernorm_bwd_split): keep = dinp, and dinp = dinp dropped when `dropout` (the dropout kernel's
 // mask of element r * cols + c, rounded), where a copy and a dropout pass would follow.
-extern "C" __global__ void layernorm_bwd_dinp(float* dinp, const float* dout, const float* inp,
-                                              const float* w, const float* mean,
+extern "C" __global__ void layernorm_bwd_dinp(float* dinp, const float* dout, const void* inp,
+                                              int inp_t, const float* w, const float* mean,
                                               const float* rstd, int cols, int store,
                                               float* keep, int dropout, unsigned long long seed,
                                               unsigned long long stream, unsigned threshold,
                                               float dscale) {
     __shared__ double red[32];
     long long r = blockIdx.x;
-    const float* x = inp + r * cols;
+#define x(c) ld(inp, r * cols + (c), inp_t)
     const float* g = dout + r * cols;
     float* di = dinp + r * cols;
     float m = mean[r], rs = rstd[r];
 
     double sd = 0.0, sdx = 0.0;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        float xhat = (x[c] - m) * rs;
+        float xhat = (x(c) - m) * rs;
         float dxhat = g[c] * w[c];
         sd += (double)dxhat;
         sdx += (double)(dxhat * xhat);
@@ -79,7 +80,7 @@ extern "C" __global__ void layernorm_bwd_dinp(float* dinp, const float* dout, co
     float mean_dx = (float)(block_sum_d(sdx, red) / cols);
 
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        float xhat = (x[c] - m) * rs;
+        float xhat = (x(c) - m) * rs;
         float d = st(rs * (g[c] * w[c] - mean_d - xhat * mean_dx), store);
         if (keep) {
             keep[r * cols + c] = d;
@@ -88,6 +89,7 @@ extern "C" __global__ void layernorm_bwd_dinp(float* dinp, const float* dout, co
         }
         di[c] = d;
     }
+#undef x
 }
 
 // Backward, dw += Σ_r dout · xhat and db += Σ_r dout, in Backend::bias_grad's order (chunks of
@@ -96,7 +98,7 @@ extern "C" __global__ void layernorm_bwd_dinp(float* dinp, const float* dout, co
 // is bias_grad (elementwise.cu) over them. op_add/op_mul keep NVRTC from fusing the product into
 // an FMA the CPU does not make.
 extern "C" __global__ void layernorm_bwd_dwdb(float* pw, float* pb, const float* dout,
-                                              const float* inp, const float* mean,
+                                              const void* inp, int inp_t, const float* mean,
                                               const float* rstd, int rows, int cols, int chunk) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
@@ -105,7 +107,7 @@ extern "C" __global__ void layernorm_bwd_dwdb(float* pw, float* pb, const float*
     float aw = 0.0f, ab = 0.0f;
     for (int r = r0; r < r1; r++) {
         long long at = (long long)r * cols + c;
-        float xhat = (inp[at] - mean[r]) * rstd[r];
+        float xhat = (ld(inp, at, inp_t) - mean[r]) * rstd[r];
         aw = op_add(aw, op_mul(dout[at], xhat));
         ab += dout[at];
     }

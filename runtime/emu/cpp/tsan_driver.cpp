@@ -97,12 +97,12 @@ bool layernorm() {
     }
     dim3 grid(rows), block(96);
     emu::launch(grid, block, 0, [&] {
-        layernorm_fwd(out.data(), STORE_F32, mean.data(), rstd.data(), x.data(), w.data(), b.data(), cols,
+        layernorm_fwd(out.data(), STORE_F32, mean.data(), rstd.data(), x.data(), STORE_F32, w.data(), b.data(), cols,
                       eps, STORE_F32);
     });
     emu::launch(grid, block, 0, [&] {
         // With the residual split's copy (keep), which the check below compares too.
-        layernorm_bwd_dinp(dinp.data(), dout.data(), x.data(), w.data(), mean.data(), rstd.data(),
+        layernorm_bwd_dinp(dinp.data(), dout.data(), x.data(), STORE_F32, w.data(), mean.data(), rstd.data(),
                            cols, STORE_F32, keep.data(), 0, 0ull, 0ull, 0u, 1.0f);
     });
 

@@ -235,10 +235,11 @@ pub(crate) struct LayerActs<B: Backend> {
 }
 
 /// Every buffer of one forward + backward at a fixed `(batch, seq)`. The layers' outputs (`hs`),
-/// the attention block's LayerNorm output (`x1`), the FFN's activations (`inter`, `act`) and
-/// their gradients (`dact`, `dinter`) are [`Backend::alloc_stored`]: only rounded values reach
-/// them (a GEMM writing one rounds as its epilogue would), so a device storing fp16/bf16 keeps
-/// them in 16 bits (docs/cuda.md, "16-bit buffers").
+/// the sublayer sums LayerNorm reads (`res1`, `res2`), the attention block's LayerNorm output
+/// (`x1`), the FFN's activations (`inter`, `act`) and their gradients (`dact`, `dinter`) are
+/// [`Backend::alloc_stored`]: only rounded values reach them (a GEMM writing one rounds as its
+/// epilogue would), so a device storing fp16/bf16 keeps them in 16 bits (docs/cuda.md, "16-bit
+/// buffers").
 pub(crate) struct Acts<B: Backend> {
     pub batch: usize,
     pub seq: usize,
@@ -294,13 +295,13 @@ impl<B: Backend> Acts<B> {
                     probs: z(),
                     probs_drop: None,
                     ctx: z(),
-                    res1: z(),
+                    res1: be.alloc_stored(0),
                     mean1: z(),
                     rstd1: z(),
                     x1: be.alloc_stored(0),
                     inter: be.alloc_stored(0),
                     act: be.alloc_stored(0),
-                    res2: z(),
+                    res2: be.alloc_stored(0),
                     mean2: z(),
                     rstd2: z(),
                 })

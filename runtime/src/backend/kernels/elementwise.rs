@@ -188,11 +188,17 @@ pub(super) fn bias_dropout_add<D: Device>(
 ) {
     let n = rows * cols;
     if k.dev.len(k.dev.view(out)) != n || k.dev.len(residual) != n || k.dev.len(bias) != cols {
-        // add_assign reads floats (not a 16-bit residual, which the model sizes to fit).
+        // add_bias and add_assign take floats (not 16-bit buffers, which the model sizes to
+        // fit).
         assert_eq!(
             k.dev.elem(residual),
             Dtype::F32,
             "bias_dropout_add's residual"
+        );
+        assert_eq!(
+            k.dev.elem(k.dev.view(out)),
+            Dtype::F32,
+            "bias_dropout_add's out"
         );
         add_bias(k, k.dev.view_mut(out), bias, rows, cols, k.store);
         if let Some(d) = dropout {
@@ -205,12 +211,12 @@ pub(super) fn bias_dropout_add<D: Device>(
         Some(d) => dropout_args(d),
         None => (Arg::U64(0), Arg::U64(0), Arg::U32(0), Arg::F32(1.0)),
     };
-    let p = k.dev.ptr_mut(&mut k.dev.view_mut(out));
+    let p = k.typed_mut(&mut k.dev.view_mut(out));
     k.dev.launch(
         "bias_dropout_add",
         grid1(n),
         &[
-            Arg::Ptr(p),
+            p,
             Arg::Ptr(k.dev.ptr(bias)),
             k.typed(residual),
             int(rows),

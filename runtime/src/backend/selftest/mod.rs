@@ -651,6 +651,58 @@ impl<B: Backend> Checker<'_, B> {
             ("stored.gemm+bias_gelu.inter", &inter, &wi),
             ("stored.gemm+bias_gelu.act", &act, &wa),
         ]);
+        // A stored sublayer sum: bias_dropout_add into it, LayerNorm forward and backward
+        // reading it.
+        let mut sum = be.alloc_stored(n);
+        be.write(be.view_mut(&mut sum), &dy);
+        be.bias_dropout_add(
+            &mut sum,
+            be.view(&biasd),
+            rows,
+            cols,
+            Some(&d),
+            be.view(&xb),
+        );
+        let mut ws = dy.clone();
+        cpu.bias_dropout_add(&mut ws, &bias, rows, cols, Some(&d), &x);
+        self.compare_bufs(&[("stored.bias_dropout_add.out", &sum, &ws)]);
+        let mut y = be.alloc(n);
+        be.layernorm_fwd(
+            be.view_mut(&mut y),
+            be.view_mut(&mut mean),
+            be.view_mut(&mut rstd),
+            be.view(&sum),
+            be.view(&wd),
+            be.view(&bd),
+            rows,
+            cols,
+            1e-12,
+        );
+        let mut wy = vec![0.0; n];
+        cpu.layernorm_fwd(&mut wy, &mut cm, &mut cr, &ws, &lw, &lb, rows, cols, 1e-12);
+        self.compare_bufs(&[("stored.layernorm_fwd.inp", &y, &wy)]);
+        let (mut dinp, mut dw, mut db) = (be.alloc(n), be.alloc(cols), be.alloc(cols));
+        be.layernorm_bwd(
+            be.view_mut(&mut dinp),
+            be.view_mut(&mut dw),
+            be.view_mut(&mut db),
+            be.view(&dyb),
+            be.view(&sum),
+            be.view(&wd),
+            be.view(&mean),
+            be.view(&rstd),
+            rows,
+            cols,
+        );
+        let (mut wdi, mut wdw, mut wdb) = (vec![0.0; n], vec![0.0; cols], vec![0.0; cols]);
+        cpu.layernorm_bwd(
+            &mut wdi, &mut wdw, &mut wdb, &dy, &ws, &lw, &cm, &cr, rows, cols,
+        );
+        self.compare_bufs(&[
+            ("stored.layernorm_bwd.dinp", &dinp, &wdi),
+            ("stored.layernorm_bwd.dw", &dw, &wdw),
+            ("stored.layernorm_bwd.db", &db, &wdb),
+        ]);
     }
 }
 
