@@ -11,14 +11,16 @@
 #include "common.cuh"
 
 // Forward: one thread per element of out (tokens × hidden), 1-D grid of BLOCK threads.
-extern "C" __global__ void embedding_fwd(float* out, const unsigned* ids, const unsigned* types,
-                                         const float* word, const float* pos, const float* typ,
-                                         int tokens, int seq, int hidden, int store) {
+extern "C" __global__ void embedding_fwd(void* out, int out_t, const unsigned* ids,
+                                         const unsigned* types, const float* word,
+                                         const float* pos, const float* typ, int tokens, int seq,
+                                         int hidden, int store) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)tokens * hidden) return;
     int tok = (int)(i / hidden), c = (int)(i % hidden);
     long long w = ids[tok], ty = types[tok], p = tok % seq;
-    out[i] = st((word[w * hidden + c] + typ[ty * hidden + c]) + pos[p * hidden + c], store);
+    sto(out, i, st((word[w * hidden + c] + typ[ty * hidden + c]) + pos[p * hidden + c], store),
+        out_t);
 }
 
 // The backward into the word table (indexed by ids) and the token-type table (by types) runs in

@@ -235,7 +235,7 @@ pub(crate) struct LayerActs<B: Backend> {
 }
 
 /// Every buffer of one forward + backward at a fixed `(batch, seq)`. The layers' outputs (`hs`),
-/// the sublayer sums LayerNorm reads (`res1`, `res2`), the attention block's LayerNorm output
+/// the sums LayerNorm reads (`emb_sum`, `res1`, `res2`), the attention block's LayerNorm output
 /// (`x1`), the FFN's activations (`inter`, `act`) and their gradients (`dact`, `dinter`) are
 /// [`Backend::alloc_stored`]: only rounded values reach them (a GEMM writing one rounds as its
 /// epilogue would), so a device storing fp16/bf16 keeps them in 16 bits (docs/cuda.md, "16-bit
@@ -281,7 +281,7 @@ impl<B: Backend> Acts<B> {
             types: be.upload_ids(&[]),
             mask: be.upload_ids(&[]),
             labels: be.upload_ids(&[]),
-            emb_sum: z(),
+            emb_sum: be.alloc_stored(0),
             emb_mean: z(),
             emb_rstd: z(),
             hs: (0..=c.num_hidden_layers)

@@ -35,12 +35,12 @@ pub(super) fn fwd<D: Device>(
     if n == 0 {
         return;
     }
-    let o = k.dev.ptr_mut(&mut out);
+    let o = k.typed_mut(&mut out);
     k.dev.launch(
         "embedding_fwd",
         grid1(n),
         &[
-            Arg::Ptr(o),
+            o,
             Arg::Ptr(k.dev.ids_ptr(ids)),
             Arg::Ptr(k.dev.ids_ptr(types)),
             Arg::Ptr(k.dev.ptr(word)),

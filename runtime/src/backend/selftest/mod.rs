@@ -316,6 +316,11 @@ impl<B: Backend> Checker<'_, B> {
             hidden,
         );
         self.compare("embedding_fwd", &got, &want);
+        // Into a stored buffer (the embeddings' sum LayerNorm reads).
+        let mut sum = be.alloc_stored(n * hidden);
+        let (w, p, t) = (be.view(&wb), be.view(&pb), be.view(&tb));
+        be.embedding_fwd(be.view_mut(&mut sum), &ib, &yb, w, p, t, batch, seq, hidden);
+        self.compare_bufs(&[("stored.embedding_fwd", &sum, &want)]);
 
         let dout = rand(n * hidden, 1.0, 25, st);
         let db = be.upload(&dout);
