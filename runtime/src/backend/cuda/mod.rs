@@ -303,6 +303,9 @@ pub struct CudaDevice {
     copies: std::sync::OnceLock<Arc<CudaStream>>,
     /// Once [`Device::start_profile`] ran: each operation's events.
     timer: Mutex<Option<Timer>>,
+    /// Whether `timer` is set: read before every operation, so that a run without a profile
+    /// takes no lock for it.
+    profiling: std::sync::atomic::AtomicBool,
     /// How a half-precision GEMM gets its fp16/bf16 operands ([`HalfOperands`]).
     operands: HalfOperands,
 }
@@ -502,6 +505,7 @@ impl CudaDevice {
             watch: Mutex::new(None),
             copies: std::sync::OnceLock::new(),
             timer: Mutex::new(None),
+            profiling: std::sync::atomic::AtomicBool::new(false),
             operands,
         })
     }
@@ -575,6 +579,9 @@ impl CudaDevice {
     /// ([`Device::start_profile`]); just `f` otherwise. The lock is not held while `f` runs,
     /// which may queue operations of its own (timed apart).
     pub(crate) fn timed<T>(&self, name: &'static str, f: impl FnOnce() -> T) -> T {
+        if !self.profiling.load(std::sync::atomic::Ordering::Relaxed) {
+            return f();
+        }
         let events = {
             let mut t = self.timer.lock().unwrap_or_else(|p| p.into_inner());
             t.as_mut()
@@ -1516,6 +1523,8 @@ impl Device for CudaDevice {
             profile: Profile::default(),
             first: None,
         });
+        self.profiling
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         true
     }
 
