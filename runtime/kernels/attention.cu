@@ -13,21 +13,24 @@
 // warp's fixed butterfly, so the same inputs give the same bits.
 #include "common.cuh"
 
-// Forward, in place on the scores (`probs` holds scale · q·kᵀ from the GEMM, unrounded):
-// + f32_lowest() for a masked key (added, not replaced: a fully masked row then softmaxes to a
-// finite uniform row, as in PyTorch), the softmax rounded to `store` into probs; with dropout
-// (`dropout` != 0) probs_drop is probs times the mask multiplier of its element index, rounded.
-extern "C" __global__ void attention_softmax(float* probs, float* probs_drop,
-                                             const unsigned* mask, int rows, int seq,
-                                             int heads, int dropout, unsigned long long seed,
-                                             unsigned long long stream, unsigned threshold,
-                                             float dscale, int store) {
+// Forward: `scores` holds scale · q·kᵀ from the GEMM, unrounded, and is the kernel's f32
+// workspace; + f32_lowest() for a masked key (added, not replaced: a fully masked row then
+// softmaxes to a finite uniform row, as in PyTorch), the softmax rounded to `store` into probs;
+// with dropout (`dropout` != 0) probs_drop is probs times the mask multiplier of its element
+// index, rounded. probs and probs_drop are typed buffers (common.cuh's ld, sto: 16-bit ones on a
+// device keeping the stored probabilities in two bytes); probs may be the scores themselves (an
+// f32 buffer, in place).
+extern "C" __global__ void attention_softmax(float* scores, void* probs, int probs_t,
+                                             void* probs_drop, int pd_t, const unsigned* mask,
+                                             int rows, int seq, int heads, int dropout,
+                                             unsigned long long seed, unsigned long long stream,
+                                             unsigned threshold, float dscale, int store) {
     int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= rows) return;  // a whole warp leaves together: the shuffles below stay full
     int lane = threadIdx.x & 31;
     long long at = (long long)r * seq;  // the element index of key 0
     const unsigned* m = mask + (long long)(r / (heads * seq)) * seq;  // this sequence's keys
-    float* row = probs + at;
+    float* row = scores + at;
     float mx = -f32_inf();
     for (int j = lane; j < seq; j += 32) {
         float x = row[j];
@@ -45,10 +48,10 @@ extern "C" __global__ void attention_softmax(float* probs, float* probs_drop,
     sum = warp_sum(sum);
     for (int j = lane; j < seq; j += 32) {
         float p = st(row[j] / sum, store);
-        row[j] = p;
+        sto(probs, at + j, p, probs_t);
         if (dropout) {
-            probs_drop[at + j] =
-                st(p * dropout_mult(at + j, seed, stream, threshold, dscale), store);
+            float kept = p * dropout_mult(at + j, seed, stream, threshold, dscale);
+            sto(probs_drop, at + j, st(kept, store), pd_t);
         }
     }
 }
@@ -58,23 +61,21 @@ extern "C" __global__ void attention_softmax(float* probs, float* probs_drop,
 // dp · dscale; a zero probability that was kept gives the same result, as the softmax backward
 // multiplies by it); then ds_ij = p_ij (dp_ij − Σ_j dp_ij p_ij). Unrounded: the GEMMs for dq and
 // dk read it in f32.
-extern "C" __global__ void attention_softmax_bwd(float* ds, const float* probs, const float* pd,
-                                                 int rows, int seq, int dropout,
-                                                 float dscale) {
+extern "C" __global__ void attention_softmax_bwd(float* ds, const void* probs, int probs_t,
+                                                 const void* pd, int pd_t, int rows, int seq,
+                                                 int dropout, float dscale) {
     int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= rows) return;
     int lane = threadIdx.x & 31;
     long long at = (long long)r * seq;
     float* row = ds + at;
-    const float* p = probs + at;
-    const float* keep = pd + at;
     float dot = 0.0f;
     for (int j = lane; j < seq; j += 32) {
         float x = row[j];
-        if (dropout) x = keep[j] != 0.0f ? x * dscale : 0.0f;
+        if (dropout) x = ld(pd, at + j, pd_t) != 0.0f ? x * dscale : 0.0f;
         row[j] = x;
-        dot += x * p[j];
+        dot += x * ld(probs, at + j, probs_t);
     }
     dot = warp_sum(dot);
-    for (int j = lane; j < seq; j += 32) row[j] = p[j] * (row[j] - dot);
+    for (int j = lane; j < seq; j += 32) row[j] = ld(probs, at + j, probs_t) * (row[j] - dot);
 }

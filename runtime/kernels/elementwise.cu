@@ -11,11 +11,20 @@ extern "C" __global__ void add_assign(float* acc, const float* x, int n, int sto
 // out[r, c] += bias[c] for a rows × cols matrix.
 // out[r, c] = st(out[r, c] + bias[c]); with `first` a half dtype, out is a GEMM's unrounded
 // output (Backend::bias_epilogue) and is rounded to it first, as round_rows would have: one pass
-// instead of two.
-extern "C" __global__ void add_bias(float* out, const float* bias, int rows, int cols, int first,
-                                    int store) {
+// instead of two. `out` may be a 16-bit buffer (a GEMM writing one rounded it already).
+extern "C" __global__ void add_bias(void* out, int out_t, const float* bias, int rows, int cols,
+                                    int first, int store) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < (long long)rows * cols) out[i] = st(st(out[i], first) + bias[i % cols], store);
+    if (i < (long long)rows * cols)
+        sto(out, i, st(st(ld(out, i, out_t), first) + bias[i % cols], store), out_t);
+}
+
+// dst[i] = src[i], each of its own type (common.cuh's ld, sto): a 16-bit buffer widened to f32
+// (exact) for an f32 GEMM, or a GEMM's f32 result rounded into a 16-bit buffer (to nearest even,
+// as `st`). Device::gemm_batched's conversions on a GPU.
+extern "C" __global__ void convert(void* dst, int dst_t, const void* src, int src_t, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) sto(dst, i, ld(src, i, src_t), dst_t);
 }
 
 // Backend::bias_grad's order (backend/mod.rs), in two passes and no atomics. The first:

@@ -59,10 +59,11 @@ extern "C" __global__ void embedding_order(unsigned* order, const unsigned* ids,
 // run's tokens to the row in order, then rounds the row to the storage dtype, as the CPU does
 // (it rounds only the rows a token touched: an untouched row keeps its bits); the others have
 // nothing to do. The same additions in the same order as the CPU's loop: the same bits.
-extern "C" __global__ void embedding_bwd_tables(float* dword, float* dtyp, const float* dout,
-                                                const unsigned* ids, const unsigned* types,
-                                                const unsigned* order, int tokens, int hidden,
-                                                int store) {
+// dout is a typed buffer (common.cuh's ld).
+extern "C" __global__ void embedding_bwd_tables(float* dword, float* dtyp, const void* dout,
+                                                int dout_t, const unsigned* ids,
+                                                const unsigned* types, const unsigned* order,
+                                                int tokens, int hidden, int store) {
     int p = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= hidden) return;
     const unsigned* ord = order + 2 * (long long)blockIdx.z * tokens;
@@ -72,19 +73,19 @@ extern "C" __global__ void embedding_bwd_tables(float* dword, float* dtyp, const
     const unsigned* key = blockIdx.z == 0 ? ids : types;
     long long at = (long long)key[ord[p]] * hidden + c;
     float acc = dt[at];
-    for (int q = p; q < p + n; q++) acc += dout[(long long)ord[q] * hidden + c];
+    for (int q = p; q < p + n; q++) acc += ld(dout, (long long)ord[q] * hidden + c, dout_t);
     dt[at] = st(acc, store);
 }
 
 // Backward into the position table: dpos[p, c] += Σ_b dout[b*seq + p, c], b in order (the tokens
 // at position p, in token order). One thread per (p, c) of the first seq rows, 1-D grid of
 // BLOCK threads; those are exactly the rows the CPU rounds.
-extern "C" __global__ void embedding_bwd_pos(float* dpos, const float* dout, int batch, int seq,
-                                             int hidden, int store) {
+extern "C" __global__ void embedding_bwd_pos(float* dpos, const void* dout, int dout_t,
+                                             int batch, int seq, int hidden, int store) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)seq * hidden) return;
     float acc = dpos[i];
     long long stride = (long long)seq * hidden;  // one sequence of dout
-    for (int b = 0; b < batch; b++) acc += dout[b * stride + i];
+    for (int b = 0; b < batch; b++) acc += ld(dout, b * stride + i, dout_t);
     dpos[i] = st(acc, store);
 }

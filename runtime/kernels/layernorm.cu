@@ -56,23 +56,25 @@ extern "C" __global__ void layernorm_fwd(void* out, int out_t, float* mean, floa
 // With `keep` (not null) the residual branch's split in the same pass (Backend::
 // layernorm_bwd_split): keep = dinp, and dinp = dinp dropped when `dropout` (the dropout kernel's
 // mask of element r * cols + c, rounded), where a copy and a dropout pass would follow.
-extern "C" __global__ void layernorm_bwd_dinp(float* dinp, const float* dout, const void* inp,
-                                              int inp_t, const float* w, const float* mean,
-                                              const float* rstd, int cols, int store,
-                                              float* keep, int dropout, unsigned long long seed,
+//
+// dinp, dout, inp and keep are typed buffers (common.cuh's ld, sto).
+extern "C" __global__ void layernorm_bwd_dinp(void* dinp, int dinp_t, const void* dout,
+                                              int dout_t, const void* inp, int inp_t,
+                                              const float* w, const float* mean,
+                                              const float* rstd, int cols, int store, void* keep,
+                                              int keep_t, int dropout, unsigned long long seed,
                                               unsigned long long stream, unsigned threshold,
                                               float dscale) {
     __shared__ double red[32];
     long long r = blockIdx.x;
 #define x(c) ld(inp, r * cols + (c), inp_t)
-    const float* g = dout + r * cols;
-    float* di = dinp + r * cols;
+#define g(c) ld(dout, r * cols + (c), dout_t)
     float m = mean[r], rs = rstd[r];
 
     double sd = 0.0, sdx = 0.0;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         float xhat = (x(c) - m) * rs;
-        float dxhat = g[c] * w[c];
+        float dxhat = g(c) * w[c];
         sd += (double)dxhat;
         sdx += (double)(dxhat * xhat);
     }
@@ -81,14 +83,15 @@ extern "C" __global__ void layernorm_bwd_dinp(float* dinp, const float* dout, co
 
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         float xhat = (x(c) - m) * rs;
-        float d = st(rs * (g[c] * w[c] - mean_d - xhat * mean_dx), store);
+        float d = st(rs * (g(c) * w[c] - mean_d - xhat * mean_dx), store);
         if (keep) {
-            keep[r * cols + c] = d;
+            sto(keep, r * cols + c, d, keep_t);
             if (dropout)
                 d = st(d * dropout_mult(r * cols + c, seed, stream, threshold, dscale), store);
         }
-        di[c] = d;
+        sto(dinp, r * cols + c, d, dinp_t);
     }
+#undef g
 #undef x
 }
 
@@ -97,9 +100,10 @@ extern "C" __global__ void layernorm_bwd_dinp(float* dinp, const float* dout, co
 // the first pass, a grid of (columns, chunks) writing each chunk's sums to pw and pb; the second
 // is bias_grad (elementwise.cu) over them. op_add/op_mul keep NVRTC from fusing the product into
 // an FMA the CPU does not make.
-extern "C" __global__ void layernorm_bwd_dwdb(float* pw, float* pb, const float* dout,
-                                              const void* inp, int inp_t, const float* mean,
-                                              const float* rstd, int rows, int cols, int chunk) {
+extern "C" __global__ void layernorm_bwd_dwdb(float* pw, float* pb, const void* dout,
+                                              int dout_t, const void* inp, int inp_t,
+                                              const float* mean, const float* rstd, int rows,
+                                              int cols, int chunk) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
     int r0 = blockIdx.y * chunk;
@@ -108,8 +112,9 @@ extern "C" __global__ void layernorm_bwd_dwdb(float* pw, float* pb, const float*
     for (int r = r0; r < r1; r++) {
         long long at = (long long)r * cols + c;
         float xhat = (ld(inp, at, inp_t) - mean[r]) * rstd[r];
-        aw = op_add(aw, op_mul(dout[at], xhat));
-        ab += dout[at];
+        float g = ld(dout, at, dout_t);
+        aw = op_add(aw, op_mul(g, xhat));
+        ab += g;
     }
     long long out = (long long)blockIdx.y * cols + c;
     pw[out] = aw;

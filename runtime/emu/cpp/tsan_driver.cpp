@@ -60,11 +60,12 @@ bool attention() {
     dim3 grid((rows + 1) / 2), block(64);
 
     emu::launch(grid, block, 0, [&] {
-        attention_softmax(probs.data(), pdrop.data(), mask.data(), rows, seq, heads, 1, 42ull, 7ull,
-                          threshold, dscale, 0);
+        // In place: the scores are the probabilities' f32 buffer.
+        attention_softmax(probs.data(), probs.data(), 0, pdrop.data(), 0, mask.data(), rows, seq,
+                          heads, 1, 42ull, 7ull, threshold, dscale, 0);
     });
     emu::launch(grid, block, 0, [&] {
-        attention_softmax_bwd(ds.data(), probs.data(), pdrop.data(), rows, seq, 1, dscale);
+        attention_softmax_bwd(ds.data(), probs.data(), 0, pdrop.data(), 0, rows, seq, 1, dscale);
     });
 
     for (int r = 0; r < rows; r++) {
@@ -102,8 +103,9 @@ bool layernorm() {
     });
     emu::launch(grid, block, 0, [&] {
         // With the residual split's copy (keep), which the check below compares too.
-        layernorm_bwd_dinp(dinp.data(), dout.data(), x.data(), STORE_F32, w.data(), mean.data(), rstd.data(),
-                           cols, STORE_F32, keep.data(), 0, 0ull, 0ull, 0u, 1.0f);
+        layernorm_bwd_dinp(dinp.data(), STORE_F32, dout.data(), STORE_F32, x.data(), STORE_F32,
+                           w.data(), mean.data(), rstd.data(), cols, STORE_F32, keep.data(),
+                           STORE_F32, 0, 0ull, 0ull, 0u, 1.0f);
     });
 
     for (int r = 0; r < rows; r++) {

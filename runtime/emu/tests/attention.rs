@@ -163,10 +163,23 @@ fn compare(
         b(&mut ctx, &mut p, drop.then_some(&mut pd[..]));
         (ctx, p, pd)
     };
-    let (gctx, gp, gpd) =
-        fwd(&|ctx, p, pd| g.attention_fwd(ctx, p, pd, &x.q, &x.k, &x.v, &mask, s, dropout));
+    // The emulated device computes the scores in room of their own (as the training forward
+    // does), and in place in `probs` (as the evaluation's): the same bits either way.
+    let (gctx, gp, gpd) = fwd(&|ctx, p, pd| {
+        let mut room = vec![7.0; pp];
+        let room = Some(&mut room[..]);
+        g.attention_fwd(ctx, p, pd, room, &x.q, &x.k, &x.v, &mask, s, dropout)
+    });
+    let in_place =
+        fwd(&|ctx, p, pd| g.attention_fwd(ctx, p, pd, None, &x.q, &x.k, &x.v, &mask, s, dropout));
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&in_place.0), bits(&gctx), "ctx in place {tag}");
+    assert_eq!(bits(&in_place.1), bits(&gp), "probs in place {tag}");
+    if drop {
+        assert_eq!(bits(&in_place.2), bits(&gpd), "probs_drop in place {tag}");
+    }
     let (cctx, cp, cpd) =
-        fwd(&|ctx, p, pd| c.attention_fwd(ctx, p, pd, &x.q, &x.k, &x.v, &mask, s, dropout));
+        fwd(&|ctx, p, pd| c.attention_fwd(ctx, p, pd, None, &x.q, &x.k, &x.v, &mask, s, dropout));
     let st = format!("{store:?}");
     worst.note(
         format!("{st} probs"),

@@ -167,13 +167,9 @@ fn an_unknown_kernel_is_refused() {
     );
 }
 
-/// `pack_half` (the operands of the tensor-core GEMMs) writes the bits the `half` crate gives:
-/// random values, fp16's and bf16's ties to even, fp16's largest value and overflow to inf,
-/// subnormals, signed zeros and infinities, odd lengths; a NaN stays a NaN.
-#[test]
-fn pack_half_writes_the_half_crates_bits() {
-    use recipe_runtime::backend::device::{Arg, Device, Launch};
-    let mut xs = rand(1000, 8.0, 5);
+/// `xs` and the values where rounding to fp16/bf16 shows: fp16's and bf16's ties to even,
+/// fp16's largest value and overflow to inf, subnormals, signed zeros and infinities.
+fn half_edges(mut xs: Vec<f32>) -> Vec<f32> {
     xs.extend([
         0.0,
         -0.0,
@@ -191,8 +187,18 @@ fn pack_half_writes_the_half_crates_bits() {
         3.0e38,
         f32::INFINITY,
         f32::NEG_INFINITY,
-        f32::NAN,
     ]);
+    xs
+}
+
+/// `pack_half` (the operands of the tensor-core GEMMs) writes the bits the `half` crate gives:
+/// random values, fp16's and bf16's ties to even, fp16's largest value and overflow to inf,
+/// subnormals, signed zeros and infinities, odd lengths; a NaN stays a NaN.
+#[test]
+fn pack_half_writes_the_half_crates_bits() {
+    use recipe_runtime::backend::device::{Arg, Device, Launch};
+    let mut xs = half_edges(rand(1000, 8.0, 5));
+    xs.push(f32::NAN);
     for (store, code) in [(Dtype::F16, 1), (Dtype::Bf16, 2)] {
         for n in [1usize, 255, 257, xs.len()] {
             let mut out = vec![0xdeadu16; n + 1];
@@ -232,10 +238,76 @@ fn pack_half_writes_the_half_crates_bits() {
     }
 }
 
+/// `convert` (a GPU's f32 batched GEMM on 16-bit buffers, `Device::gemm_batched`): f32 → fp16/bf16
+/// writes `pack_half`'s bits (the `half` crate's, rounded to nearest even), fp16/bf16 → f32 the
+/// exact value, f32 → f32 and a 16-bit buffer into another of its type copy; nothing past `n`.
+#[test]
+fn convert_rounds_as_the_half_crate_and_widens_exactly() {
+    use recipe_runtime::backend::device::{Arg, Device, Launch};
+    let xs = half_edges(rand(700, 8.0, 6));
+    let n = xs.len();
+    let launch = Launch {
+        grid: (n.div_ceil(256) as u32, 1, 1),
+        block: (256, 1, 1),
+        smem: 0,
+    };
+    let run = |dst: u64, to: Dtype, src: u64, from: Dtype| {
+        let args = [
+            Arg::Typed(dst, to),
+            Arg::Typed(src, from),
+            Arg::I32(n as i32),
+        ];
+        recipe_kernel_emu::Emu.launch("convert", launch, &args);
+    };
+    for half in [Dtype::F16, Dtype::Bf16] {
+        let bits = |x: f32| match half {
+            Dtype::F16 => half::f16::from_f32(x).to_bits(),
+            _ => half::bf16::from_f32(x).to_bits(),
+        };
+        let mut narrow = vec![0xdeadu16; n + 1];
+        run(
+            narrow.as_mut_ptr() as u64,
+            half,
+            xs.as_ptr() as u64,
+            Dtype::F32,
+        );
+        assert_eq!(narrow[n], 0xdead, "{half:?}: wrote past n");
+        for (i, (&x, &got)) in xs.iter().zip(&narrow).enumerate() {
+            assert_eq!(got, bits(x), "{half:?} [{i}] {x:e}");
+        }
+        let mut wide = vec![f32::NAN; n + 1];
+        run(
+            wide.as_mut_ptr() as u64,
+            Dtype::F32,
+            narrow.as_ptr() as u64,
+            half,
+        );
+        assert!(wide[n].is_nan(), "{half:?}: widened past n");
+        for (i, (&x, &got)) in xs.iter().zip(&wide).enumerate() {
+            assert_eq!(
+                got.to_bits(),
+                half.round(x).to_bits(),
+                "{half:?} [{i}] {x:e}"
+            );
+        }
+        let mut same = vec![0u16; n];
+        run(same.as_mut_ptr() as u64, half, narrow.as_ptr() as u64, half);
+        assert_eq!(same[..], narrow[..n], "{half:?} into {half:?}");
+    }
+    let mut copy = vec![0.0f32; n];
+    run(
+        copy.as_mut_ptr() as u64,
+        Dtype::F32,
+        xs.as_ptr() as u64,
+        Dtype::F32,
+    );
+    assert_eq!(copy, xs);
+}
+
 /// `gemm_pointers` as the GPU launches it, the addresses its batched GEMM reads
 /// (`cublasGemmBatchedEx`): item `j`
-/// of each operand at its base plus `Batch::offset` elements of its size (2 for packed half
-/// operands, 4 for f32), `A`'s, then `B`'s, then `C`'s; nothing past them. Attention's batches
+/// of each operand at its base plus `Batch::offset` elements of its own size (2 for fp16/bf16,
+/// 4 for f32), `A`'s, then `B`'s, then `C`'s; nothing past them. Attention's batches
 /// (an item per sequence and head) and batches of one outer index or one item per index.
 #[test]
 fn gemm_pointers_are_the_batchs_offsets() {
@@ -268,23 +340,28 @@ fn gemm_pointers_are_the_batchs_offsets() {
         },
     ];
     for b in batches {
-        for elem in [2u64, 4] {
+        // Each operand's element size on its own (a 16-bit operand next to an f32 one).
+        for sizes in [(2u64, 2, 4), (4, 4, 4), (2, 4, 2), (4, 2, 2)] {
             let n = b.count;
             let mut out = vec![0xdead_beef_u64; 3 * n + 1];
             let (pa, pb, pc) = (0x1000_0000_u64, 0x2000_0000_u64, 0x3000_0000_u64);
-            let (launch, args) = gemm_pointers(out.as_mut_ptr() as u64, (pa, pb, pc), &b, elem);
+            let (launch, args) = gemm_pointers(out.as_mut_ptr() as u64, (pa, pb, pc), &b, sizes);
             recipe_kernel_emu::Emu.launch("gemm_pointers", launch, &args);
             assert_eq!(out[3 * n], 0xdead_beef, "{b:?}: wrote past the lists");
             for j in 0..n {
-                assert_eq!(out[j], pa + elem * b.offset(b.a, j) as u64, "{b:?} A {j}");
+                assert_eq!(
+                    out[j],
+                    pa + sizes.0 * b.offset(b.a, j) as u64,
+                    "{b:?} A {j}"
+                );
                 assert_eq!(
                     out[n + j],
-                    pb + elem * b.offset(b.b, j) as u64,
+                    pb + sizes.1 * b.offset(b.b, j) as u64,
                     "{b:?} B {j}"
                 );
                 assert_eq!(
                     out[2 * n + j],
-                    pc + 4 * b.offset(b.c, j) as u64,
+                    pc + sizes.2 * b.offset(b.c, j) as u64,
                     "{b:?} C {j}"
                 );
             }

@@ -949,6 +949,7 @@ impl Backend for Cpu {
         ctx: &mut [f32],
         probs: &mut [f32],
         probs_drop: Option<&mut [f32]>,
+        _scores: Option<&mut [f32]>,
         q: &[f32],
         k: &[f32],
         v: &[f32],
@@ -1250,6 +1251,7 @@ mod tests {
         Cpu::default().attention_fwd(
             &mut ctx,
             &mut probs,
+            None,
             None,
             &q,
             &q,

@@ -187,8 +187,10 @@ pub trait Device {
     }
     /// A [`Batch`] of GEMMs of shape `g`, item `j` on the operands at the batch's offsets in `a`,
     /// `b` and `c`: with `operands` fp16/bf16 as [`Device::gemm_half`] (values of that dtype),
-    /// with f32 as [`Device::gemm`]. Unrounded f32 results, as those. By default, one call per
-    /// item; a GPU issues the batch as one call.
+    /// with f32 as [`Device::gemm`] on the operands' values (a 16-bit buffer's widened, which is
+    /// exact). Unrounded f32 results, as those, but in a 16-bit `c` ([`Device::alloc_half`]),
+    /// which gets them rounded to nearest even. By default, one call per item; a GPU issues the
+    /// batch as one call.
     fn gemm_batched(
         &self,
         g: &Gemm,
@@ -222,8 +224,10 @@ pub trait Device {
     }
     /// Sizes [`Device::gemm_half`]'s operand scratch for spans of up to `elems` elements.
     fn reserve_gemm_half(&self, _elems: usize) {}
-    /// Sizes [`Device::gemm_batched`]'s scratch for batches of up to `count` GEMMs.
-    fn reserve_gemm_batched(&self, _count: usize) {}
+    /// Sizes [`Device::gemm_batched`]'s scratch for batches of up to `count` GEMMs, and, when
+    /// `wide` > 0, its f32 room for the 16-bit operands and output of an f32 batch whose
+    /// extents reach `wide` elements.
+    fn reserve_gemm_batched(&self, _count: usize, _wide: usize) {}
     /// Queues a copy of `src` into host memory at `dst` that starts once the work queued so far
     /// is done, on a stream of its own, so that the device goes on computing meanwhile (a
     /// window's gradient segments, each copied down as the backward finishes it); finished by

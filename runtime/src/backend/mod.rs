@@ -534,13 +534,17 @@ pub trait Backend {
     /// Multi-head self-attention core with HF's additive padding mask (`finfo(f32).min` added to
     /// the scores of keys whose `mask` is 0). `q`, `k`, `v`, `ctx` are `[batch, seq, heads·dim]`;
     /// saves the softmax `probs` `[batch, heads, seq, seq]` and, with dropout, the dropped
-    /// `probs_drop` used for `ctx = probs_drop · v`.
+    /// `probs_drop` used for `ctx = probs_drop · v`. The unrounded scores are computed in
+    /// `scores` (an f32 buffer of `probs`' size, overwritten) when given, else in `probs`; a
+    /// `probs` kept in 16 bits ([`Backend::alloc_stored`]) needs it. The CPU backend computes
+    /// them in `probs`, head by head.
     #[allow(clippy::too_many_arguments)]
     fn attention_fwd(
         &self,
         ctx: Self::ViewMut<'_>,
         probs: Self::ViewMut<'_>,
         probs_drop: Option<Self::ViewMut<'_>>,
+        scores: Option<Self::ViewMut<'_>>,
         q: Self::View<'_>,
         k: Self::View<'_>,
         v: Self::View<'_>,

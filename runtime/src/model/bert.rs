@@ -236,7 +236,10 @@ pub(crate) struct LayerActs<B: Backend> {
 
 /// Every buffer of one forward + backward at a fixed `(batch, seq)`. The layers' outputs (`hs`),
 /// the sums LayerNorm reads (`emb_sum`, `res1`, `res2`), the attention block's LayerNorm output
-/// (`x1`), the FFN's activations (`inter`, `act`) and their gradients (`dact`, `dinter`) are
+/// (`x1`), the FFN's activations (`inter`, `act`) and their gradients (`dact`, `dinter`),
+/// attention's token tensors (`q`, `k`, `v`, `ctx`), their gradients (`dctx`, `dq`, `dk`, `dv`),
+/// its probabilities (`probs`, `probs_drop`; the scores go to `dscratch` first) and the residual
+/// stream's gradients (`dx`, `dx1`, `dres`) are
 /// [`Backend::alloc_stored`]: only rounded values reach them (a GEMM writing one rounds as its
 /// epilogue would), so a device storing fp16/bf16 keeps them in 16 bits (docs/cuda.md, "16-bit
 /// buffers").
@@ -289,12 +292,12 @@ impl<B: Backend> Acts<B> {
                 .collect(),
             layers: (0..c.num_hidden_layers)
                 .map(|_| LayerActs {
-                    q: z(),
-                    k: z(),
-                    v: z(),
-                    probs: z(),
+                    q: be.alloc_stored(0),
+                    k: be.alloc_stored(0),
+                    v: be.alloc_stored(0),
+                    probs: be.alloc_stored(0),
                     probs_drop: None,
-                    ctx: z(),
+                    ctx: be.alloc_stored(0),
                     res1: be.alloc_stored(0),
                     mean1: z(),
                     rstd1: z(),
@@ -311,13 +314,13 @@ impl<B: Backend> Acts<B> {
             pool_drop: z(),
             logits: z(),
             dlogits: z(),
-            dx: z(),
-            dres: z(),
-            dx1: z(),
-            dctx: z(),
-            dq: z(),
-            dk: z(),
-            dv: z(),
+            dx: be.alloc_stored(0),
+            dres: be.alloc_stored(0),
+            dx1: be.alloc_stored(0),
+            dctx: be.alloc_stored(0),
+            dq: be.alloc_stored(0),
+            dk: be.alloc_stored(0),
+            dv: be.alloc_stored(0),
             dact: be.alloc_stored(0),
             dinter: be.alloc_stored(0),
             dscratch: z(),
@@ -334,7 +337,7 @@ impl<B: Backend> Acts<B> {
         let pp = self.batch * c.num_attention_heads * self.seq * self.seq;
         for la in &mut self.layers {
             if la.probs_drop.is_none() {
-                la.probs_drop = Some(be.alloc(pp));
+                la.probs_drop = Some(be.alloc_stored(pp));
             }
         }
     }
@@ -722,7 +725,7 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
         }
         let ad = site(|d| d.attn, site_layer(l, 0));
         if ad.is_some() && la.probs_drop.is_none() {
-            la.probs_drop = Some(be.alloc(bsz * shape.heads * t * t));
+            la.probs_drop = Some(be.alloc_stored(bsz * shape.heads * t * t));
         }
         be.attention_fwd(
             be.view_mut(&mut la.ctx),
@@ -731,6 +734,8 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
                 (Some(_), Some(pd)) => Some(be.view_mut(pd)),
                 _ => None,
             },
+            // The backward's scratch, idle until then: f32 room for the scores.
+            Some(be.view_mut(&mut a.dscratch)),
             be.view(&la.q),
             be.view(&la.k),
             be.view(&la.v),
@@ -977,6 +982,7 @@ pub(crate) fn forward_eval<B: Backend, W: ParamSource<B>>(
         be.attention_fwd(
             be.view_mut(&mut a.ctx),
             be.view_mut(&mut a.probs),
+            None,
             None,
             be.view(&a.q),
             be.view(&a.k),

@@ -293,9 +293,8 @@ pub struct CudaDevice {
     /// Half-precision GEMMs' operands as fp16/bf16 bits ([`Device::gemm_half`]), each slot
     /// grown to the longest seen (the first step's shapes), and what each still holds.
     packed: Mutex<Packs>,
-    /// The operand addresses of the last batched GEMM ([`Device::gemm_batched`]: `A`'s, `B`'s,
-    /// then `C`'s), grown to the largest batch seen.
-    pointers: Mutex<Option<CudaSlice<u64>>>,
+    /// [`Device::gemm_batched`]'s scratch.
+    batched: Mutex<Batched>,
     /// With NCCL peers: how a wait keeps an eye on the group ([`CudaDevice::drain`]).
     watch: Mutex<Option<Arc<Watch>>>,
     /// The stream of [`Device::download_queued`]'s copies (non-blocking: it does not wait for
@@ -353,6 +352,16 @@ const PACK_SLOTS: usize = 4;
 struct Packs {
     memo: Memo,
     bufs: Vec<Option<CudaSlice<u16>>>,
+}
+
+/// [`Device::gemm_batched`]'s scratch, each grown to the largest seen.
+#[derive(Default)]
+struct Batched {
+    /// The operand addresses of the last batch: `A`'s, `B`'s, then `C`'s.
+    list: Option<CudaSlice<u64>>,
+    /// An f32 batch's 16-bit `A`, `B` and `C` widened to f32 (each operand's extent, its
+    /// layout kept, so the items' offsets stay the same).
+    wide: [Option<CudaSlice<f32>>; 3],
 }
 
 /// [`Device::profile`] on a GPU: every operation on the stream between two events, whose
@@ -501,7 +510,7 @@ impl CudaDevice {
                 memo: Memo::new(PACK_SLOTS),
                 bufs: (0..PACK_SLOTS).map(|_| None).collect(),
             }),
-            pointers: Mutex::default(),
+            batched: Mutex::default(),
             watch: Mutex::new(None),
             copies: std::sync::OnceLock::new(),
             timer: Mutex::new(None),
@@ -652,41 +661,41 @@ impl CudaDevice {
         ));
     }
 
-    /// Makes `slot` hold at least `n` halves (a new allocation only when it is shorter);
-    /// false when it could not.
-    fn grow_halves(&self, slot: &mut Option<CudaSlice<u16>>, n: usize) -> bool {
-        if self.failed() {
-            return false;
-        }
-        if slot.as_ref().is_none_or(|s| s.len() < n) {
-            match self.stream.alloc_zeros::<u16>(n.max(1)) {
-                Ok(s) => *slot = Some(s),
-                Err(e) => {
-                    self.out_of_memory("an allocation of half operands", 2 * n, e);
-                    return false;
-                }
-            }
-        }
-        true
-    }
-
-    /// The address of `slot`, grown to hold three addresses per GEMM of a batch of `count`;
-    /// `None` when that allocation failed (recorded).
-    fn grow_pointers(&self, slot: &mut Option<CudaSlice<u64>>, count: usize) -> Option<u64> {
+    /// The address of `slot`, grown to hold `n` elements of `T`; `None` when that allocation
+    /// failed (recorded as an allocation of `what`).
+    fn grow_scratch<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        slot: &mut Option<CudaSlice<T>>,
+        n: usize,
+        what: &str,
+    ) -> Option<u64> {
         if self.failed() {
             return None;
         }
-        if slot.as_ref().is_none_or(|s| s.len() < 3 * count) {
-            match self.stream.alloc_zeros::<u64>((3 * count).max(1)) {
+        if slot.as_ref().is_none_or(|s| s.len() < n) {
+            match self.stream.alloc_zeros::<T>(n.max(1)) {
                 Ok(s) => *slot = Some(s),
                 Err(e) => {
-                    self.out_of_memory("an allocation of GEMM addresses", 24 * count, e);
+                    self.out_of_memory(what, n * std::mem::size_of::<T>(), e);
                     return None;
                 }
             }
         }
         let s = slot.as_mut()?;
         Some(cudarc::driver::DevicePtrMut::device_ptr_mut(s, &self.stream).0)
+    }
+
+    /// `n` elements of `src` (of type `from`) converted into `dst` (of type `to`) by the
+    /// `convert` kernel: a scratch copy inside a GEMM, which the memo of packed operands need
+    /// not hear of (its caller reports what the GEMM writes).
+    fn convert_raw(&self, (dst, to): (u64, Dtype), (src, from): (u64, Dtype), n: usize) {
+        if n > 0 {
+            self.launch_raw(
+                "convert",
+                grid1(n),
+                &[Arg::Typed(dst, to), Arg::Typed(src, from), int(n)],
+            );
+        }
     }
 
     /// The stream of the queued copies (made at the first), ordered after the work queued so
@@ -778,7 +787,11 @@ impl CudaDevice {
     ) -> (u64, usize) {
         let found = packs.memo.find(src, n, half, keep);
         let slot = &mut packs.bufs[found.slot];
-        if !found.hit && !self.grow_halves(slot, n) {
+        if !found.hit
+            && self
+                .grow_scratch(slot, n, "an allocation of half operands")
+                .is_none()
+        {
             packs.memo.forget(found.slot);
             return (0, found.slot);
         }
@@ -1349,70 +1362,142 @@ impl Device for CudaDevice {
         operands: Dtype,
     ) {
         use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
-        // Attention's buffers are f32 (not alloc_stored) so far.
-        let f32s = [a.elem, b.elem, c.elem] == [Dtype::F32; 3];
-        assert!(f32s, "a batched GEMM on a 16-bit buffer");
         if self.failed() || batch.count == 0 {
             return;
         }
         self.bind();
         let (span_a, span_b, span_c) = g.spans();
-        let (ext_a, ext_b) = (batch.extent(batch.a, span_a), batch.extent(batch.b, span_b));
+        let ext = (
+            batch.extent(batch.a, span_a),
+            batch.extent(batch.b, span_b),
+            batch.extent(batch.c, span_c),
+        );
         assert!(
-            ext_a <= a.len && ext_b <= b.len && batch.extent(batch.c, span_c) <= c.len,
+            ext.0 <= a.len && ext.1 <= b.len && ext.2 <= c.len,
             "batched GEMM operands shorter than their batch"
         );
+        // A 16-bit buffer holds the run's half dtype: the operands' in a half batch.
+        let sixteen = |elem: Dtype| {
+            assert!(
+                !elem.is_half() || operands == Dtype::F32 || elem == operands,
+                "a {elem:?} operand of a {operands:?} batch"
+            );
+            elem.is_half()
+        };
+        let (a16, b16, c16) = (sixteen(a.elem), sixteen(b.elem), sixteen(c.elem));
         let half = match operands {
             Dtype::F16 => Some(cudaDataType::CUDA_R_16F),
-            // As in `gemm_half`: bf16 tensor cores from sm_80 on, else the f32 GEMM.
+            // As in `gemm_half`: bf16 tensor cores from sm_80 on, else the f32 GEMM (whose
+            // buffers are all f32 there: 16-bit bf16 buffers need sm_80 too).
             Dtype::Bf16 if self.major >= 8 => Some(cudaDataType::CUDA_R_16BF),
             Dtype::Bf16 | Dtype::F32 => None,
         };
-        // Converted by cuBLAS: the f32 operands as they are, a compute type that converts.
-        let (half, compute) = match (half, self.operands) {
-            (Some(_), HalfOperands::Convert) => (None, fast_compute(operands)),
-            _ => (half, cublasComputeType_t::CUBLAS_COMPUTE_32F),
-        };
+        let f32t = cudaDataType::CUDA_R_32F;
         let mut packs = self.packed.lock().unwrap_or_else(|p| p.into_inner());
-        // The operands as the GEMM reads them: the half bits of their extents (the layout kept,
-        // so the items' offsets stay the same), or the f32 views themselves.
-        let ((pa, pb), elem, dtype) = match half {
-            Some(t) => (
-                {
-                    let (pa, slot) = self.pack(&mut packs, a.ptr, ext_a, operands, &[]);
-                    (pa, self.pack(&mut packs, b.ptr, ext_b, operands, &[slot]).0)
-                },
-                2,
-                t,
+        let mut scratch = self.batched.lock().unwrap_or_else(|p| p.into_inner());
+        // What cuBLAS reads and writes: addresses, types and element sizes of A, B and C, the
+        // compute type, and the f32 room C's results go through to a 16-bit `c`.
+        let (ptrs, types, compute, through) = match half {
+            // cuBLAS converts f32 operands itself (HalfOperands::Convert) only when nothing is
+            // 16-bit: it reads both operands in one type, and writes 16 bits only from 16-bit
+            // operands.
+            Some(_) if self.operands == HalfOperands::Convert && !(a16 || b16 || c16) => (
+                (a.ptr, b.ptr, c.ptr),
+                [f32t; 3],
+                fast_compute(operands),
+                None,
             ),
-            None => ((a.ptr, b.ptr), 4, cudaDataType::CUDA_R_32F),
+            // A 16-bit buffer is read as it is, an f32 one packed (the half bits of its extent,
+            // the layout kept); a 16-bit `c` gets the results rounded by cuBLAS.
+            Some(t) => {
+                let (pa, kept) = if a16 {
+                    (a.ptr, None)
+                } else {
+                    let (p, slot) = self.pack(&mut packs, a.ptr, ext.0, operands, &[]);
+                    (p, Some(slot))
+                };
+                let pb = if b16 {
+                    b.ptr
+                } else {
+                    let keep: Vec<usize> = kept.into_iter().collect();
+                    self.pack(&mut packs, b.ptr, ext.1, operands, &keep).0
+                };
+                (
+                    (pa, pb, c.ptr),
+                    [t, t, if c16 { t } else { f32t }],
+                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    None,
+                )
+            }
+            // f32 products (attention's dq, dk: `ds` is f32) of 16-bit buffers: each through an
+            // f32 copy of its extent (widening is exact); a 16-bit `c` gets the f32 results
+            // rounded into it afterwards, as the kernels would round an f32 output. Its room
+            // starts as `c`'s values unless the items write every element of the extent and
+            // nothing is added to them (items overlapping in C would race anyway).
+            None => {
+                let mut wide = |i: usize, v: (u64, Dtype), n: usize, fill: bool| -> u64 {
+                    let what = "an allocation of f32 GEMM operands";
+                    let Some(room) = self.grow_scratch(&mut scratch.wide[i], n, what) else {
+                        return 0;
+                    };
+                    if fill {
+                        self.convert_raw((room, Dtype::F32), v, n);
+                    }
+                    room
+                };
+                let pa = if a16 {
+                    wide(0, (a.ptr, a.elem), ext.0, true)
+                } else {
+                    a.ptr
+                };
+                let pb = if b16 {
+                    wide(1, (b.ptr, b.elem), ext.1, true)
+                } else {
+                    b.ptr
+                };
+                let (pc, through) = if c16 {
+                    let tiles = g.beta == 0.0 && batch.count * g.m * g.n == ext.2;
+                    let room = wide(2, (c.ptr, c.elem), ext.2, !tiles);
+                    (room, Some(room))
+                } else {
+                    (c.ptr, None)
+                };
+                (
+                    (pa, pb, pc),
+                    [f32t; 3],
+                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    through,
+                )
+            }
         };
-        if pa == 0 || pb == 0 {
-            return; // out of memory for the packed operands: recorded
+        if ptrs.0 == 0 || ptrs.1 == 0 || ptrs.2 == 0 {
+            return; // out of memory for the packed or widened operands: recorded
         }
-        let mut pointers = self.pointers.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(list) = self.grow_pointers(&mut pointers, batch.count) else {
+        let bytes = |t: cudaDataType| if t == f32t { 4 } else { 2 };
+        let sizes = (bytes(types[0]), bytes(types[1]), bytes(types[2]));
+        let what = "an allocation of GEMM addresses";
+        let Some(list) = self.grow_scratch(&mut scratch.list, 3 * batch.count, what) else {
             return;
         };
-        let (l, args) = gemm_pointers(list, (pa, pb, c.ptr), batch, elem);
+        let (l, args) = gemm_pointers(list, ptrs, batch, sizes);
         // Writes only the address list.
         self.launch_raw("gemm_pointers", l, &args);
         let n = batch.count as u64;
         let (list_a, list_b, list_c) = (list, list + 8 * n, list + 16 * n);
         let cm = gemm::col_major(g);
         let (op, dim) = (gemm::op, gemm::dim);
-        // SAFETY: `gemm_pointers` (queued before, on this stream) wrote every item's addresses
-        // into `list`, each inside the operands' extents (asserted above) or their packed
-        // copies; cuBLAS runs on this device's stream, and the next batch's addresses are
-        // written after this call has read them (stream order). f32 output and compute; with
-        // half operands, cuBLAS's tensor-core path.
-        let name = match (dtype, compute) {
+        let name = match (types[0], compute) {
             (cudaDataType::CUDA_R_16F, _) => "cublas batched fp16",
             (cudaDataType::CUDA_R_16BF, _) => "cublas batched bf16",
             (_, cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16F) => "cublas batched fp16←f32",
             (_, cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF) => "cublas batched bf16←f32",
             _ => "cublas batched f32",
         };
+        // SAFETY: `gemm_pointers` (queued before, on this stream) wrote every item's addresses
+        // into `list`, each inside the operands' extents (asserted above) or their packed or
+        // widened copies; cuBLAS runs on this device's stream, and the next batch's addresses
+        // are written after this call has read them (stream order). f32 accumulation; with
+        // half operands, cuBLAS's tensor-core path.
         let r = self.timed(name, || unsafe {
             cudarc::cublas::sys::cublasGemmBatchedEx(
                 *self.blas.handle(),
@@ -1423,14 +1508,14 @@ impl Device for CudaDevice {
                 dim(cm.k),
                 (&g.alpha as *const f32).cast(),
                 list_b as *const *const c_void,
-                dtype,
+                types[1],
                 dim(cm.ld_first),
                 list_a as *const *const c_void,
-                dtype,
+                types[0],
                 dim(cm.ld_second),
                 (&g.beta as *const f32).cast(),
                 list_c as *const *mut c_void,
-                cudaDataType::CUDA_R_32F,
+                types[2],
                 dim(cm.ldc),
                 dim(batch.count),
                 compute,
@@ -1438,17 +1523,27 @@ impl Device for CudaDevice {
             )
             .result()
         });
-        packs
-            .memo
-            .written(c.ptr, 4 * batch.extent(batch.c, g.spans().2) as u64);
+        if let Some(room) = through {
+            self.convert_raw((c.ptr, c.elem), (room, Dtype::F32), ext.2);
+        }
+        packs.memo.written(c.ptr, size(c.elem) * ext.2 as u64);
         if let Err(e) = r {
             self.record("cublasGemmBatchedEx", e);
         }
     }
 
-    fn reserve_gemm_batched(&self, count: usize) {
-        let mut pointers = self.pointers.lock().unwrap_or_else(|p| p.into_inner());
-        self.grow_pointers(&mut pointers, count);
+    fn reserve_gemm_batched(&self, count: usize, wide: usize) {
+        let mut scratch = self.batched.lock().unwrap_or_else(|p| p.into_inner());
+        self.grow_scratch(
+            &mut scratch.list,
+            3 * count,
+            "an allocation of GEMM addresses",
+        );
+        if wide > 0 {
+            for slot in &mut scratch.wide {
+                self.grow_scratch(slot, wide, "an allocation of f32 GEMM operands");
+            }
+        }
     }
 
     fn reserve_gemm_half(&self, elems: usize) {
@@ -1458,7 +1553,7 @@ impl Device for CudaDevice {
         let mut packs = self.packed.lock().unwrap_or_else(|p| p.into_inner());
         for s in 0..packs.bufs.len() {
             let before = packs.bufs[s].as_ref().map(|b| b.len());
-            self.grow_halves(&mut packs.bufs[s], elems);
+            self.grow_scratch(&mut packs.bufs[s], elems, "an allocation of half operands");
             if packs.bufs[s].as_ref().map(|b| b.len()) != before {
                 packs.memo.forget(s); // a new buffer: its old contents are gone
             }

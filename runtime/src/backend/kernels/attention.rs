@@ -8,7 +8,9 @@
 //! `attn_bwd_one`): the scores and the softmax backward's `ds` stay f32; the probabilities and
 //! every `[batch, seq, hidden]` output are rounded to the storage dtype. So the products whose
 //! operands are stored values (`q·kᵀ`, `p·v`, `dctx·vᵀ`, `pᵀ·dctx`) take half operands in a
-//! half-precision run, and the two that read `ds` (`dq`, `dk`) run in f32.
+//! half-precision run, and the two that read `ds` (`dq`, `dk`) run in f32. The token tensors
+//! may be 16-bit buffers ([`crate::backend::Backend::alloc_stored`]): the half products read
+//! them as they are and write them rounded, the f32 ones read them widened.
 #![allow(clippy::too_many_arguments)]
 
 use super::{dropout_args, int, Kernels, BLOCK};
@@ -104,8 +106,12 @@ fn softmax_launch(s: AttnShape) -> (Launch, Arg) {
     (l, int(rows))
 }
 
-/// Rounds the first `n` floats of `v` to the storage dtype.
+/// Rounds the first `n` elements of a product's output `v` to the storage dtype: an f32 buffer's
+/// (a 16-bit one got its values rounded by the GEMM, [`Device::gemm_batched`]).
 fn round<D: Device>(k: &Kernels<D>, mut v: D::ViewMut<'_>, n: usize) {
+    if k.dev.elem(k.dev.as_view(&v)).is_half() {
+        return;
+    }
     let first = k.dev.sub_mut(&mut v, 0..n);
     k.round_to(first, k.store);
 }
@@ -115,6 +121,7 @@ pub(super) fn fwd<D: Device>(
     mut ctx: D::ViewMut<'_>,
     mut probs: D::ViewMut<'_>,
     probs_drop: Option<D::ViewMut<'_>>,
+    mut scores: Option<D::ViewMut<'_>>,
     q: D::View<'_>,
     kk: D::View<'_>,
     v: D::View<'_>,
@@ -129,11 +136,26 @@ pub(super) fn fwd<D: Device>(
     for n in [dev.len(q), dev.len(kk), dev.len(v)] {
         assert!(n >= tok, "attention_fwd q/k/v");
     }
+    match &scores {
+        Some(sc) => assert!(
+            dev.len_mut(sc) >= pp && dev.elem(dev.as_view(sc)) == Dtype::F32,
+            "attention_fwd scores: f32, the probabilities' size"
+        ),
+        None => assert!(
+            !dev.elem(dev.as_view(&probs)).is_half(),
+            "attention_fwd: 16-bit probabilities need f32 room for the scores"
+        ),
+    }
     if empty(s) {
         return;
     }
     let (t, d) = (s.seq, s.head_dim);
-    // scores = scale · q·kᵀ, into probs (the softmax overwrites them).
+    // scores = scale · q·kᵀ, into their room or probs (which the softmax then overwrites).
+    let room = match scores.as_mut() {
+        Some(sc) => dev.sub_mut(sc, 0..pp),
+        None => dev.sub_mut(&mut probs, 0..pp),
+    };
+    let scores_ptr = dev.ptr(dev.as_view(&room));
     dev.gemm_batched(
         &product(
             s,
@@ -145,7 +167,7 @@ pub(super) fn fwd<D: Device>(
         &batch(s, false, false, true),
         q,
         kk,
-        dev.sub_mut(&mut probs, 0..pp),
+        room,
         k.store,
     );
     // The CPU backend applies dropout only when both the buffer and the key are given.
@@ -160,14 +182,17 @@ pub(super) fn fwd<D: Device>(
         Some((_, d)) => dropout_args(d),
         None => (Arg::U64(0), Arg::U64(0), Arg::U32(0), Arg::F32(1.0)),
     };
-    let pd_ptr = pd.as_mut().map_or(0, |(b, _)| dev.ptr_mut(b));
+    let pd_arg = pd
+        .as_mut()
+        .map_or(Arg::Typed(0, Dtype::F32), |(b, _)| k.typed_mut(b));
     let (l, rows) = softmax_launch(s);
     dev.launch(
         "attention_softmax",
         l,
         &[
-            Arg::Ptr(dev.ptr_mut(&mut probs)),
-            Arg::Ptr(pd_ptr),
+            Arg::Ptr(scores_ptr),
+            k.typed_mut(&mut probs),
+            pd_arg,
             Arg::Ptr(dev.ids_ptr(mask)),
             rows,
             int(s.seq),
@@ -221,7 +246,10 @@ pub(super) fn bwd<D: Device>(
     if let Some(pd) = probs_drop {
         assert!(dev.len(pd) >= pp, "attention_bwd probs_drop");
     }
-    let pd_ptr = probs_drop.map_or(dev.ptr(probs), |pd| dev.ptr(pd));
+    let pd_arg = match probs_drop {
+        Some(pd) => k.typed(pd),
+        None => k.typed(probs),
+    };
     let dscale = match dropout {
         Some(d) => dropout_args(d).3,
         None => Arg::F32(1.0),
@@ -251,8 +279,8 @@ pub(super) fn bwd<D: Device>(
         l,
         &[
             Arg::Ptr(ds),
-            Arg::Ptr(dev.ptr(probs)),
-            Arg::Ptr(pd_ptr),
+            k.typed(probs),
+            pd_arg,
             rows,
             int(s.seq),
             int(usize::from(dropout.is_some())),

@@ -61,12 +61,12 @@ pub(super) fn add_bias<D: Device>(
 ) {
     assert_eq!(k.dev.len(bias), cols, "add_bias width");
     assert!(k.dev.len_mut(&out) >= rows * cols, "add_bias rows");
-    let o = k.dev.ptr_mut(&mut out);
+    let o = k.typed_mut(&mut out);
     k.dev.launch(
         "add_bias",
         grid1(rows * cols),
         &[
-            Arg::Ptr(o),
+            o,
             Arg::Ptr(k.dev.ptr(bias)),
             int(rows),
             int(cols),
@@ -188,8 +188,7 @@ pub(super) fn bias_dropout_add<D: Device>(
 ) {
     let n = rows * cols;
     if k.dev.len(k.dev.view(out)) != n || k.dev.len(residual) != n || k.dev.len(bias) != cols {
-        // add_bias and add_assign take floats (not 16-bit buffers, which the model sizes to
-        // fit).
+        // add_assign takes floats (not 16-bit buffers, which the model sizes to fit).
         assert_eq!(
             k.dev.elem(residual),
             Dtype::F32,
@@ -244,7 +243,7 @@ pub(super) fn bias_gelu<D: Device>(
     let n = rows * cols;
     let fits = k.dev.len(k.dev.view(inter)) == n && k.dev.len(k.dev.view(act)) == n;
     if !fits || k.dev.len(bias) != cols {
-        // add_bias and gelu_fwd take floats (not 16-bit buffers, which the model sizes to fit).
+        // gelu_fwd takes floats (not 16-bit buffers, which the model sizes to fit).
         assert_eq!(k.dev.elem(k.dev.view(act)), Dtype::F32, "bias_gelu's act");
         assert_eq!(
             k.dev.elem(k.dev.view(inter)),

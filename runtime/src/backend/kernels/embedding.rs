@@ -122,7 +122,7 @@ pub(super) fn bwd<D: Device>(
             &[
                 Arg::Ptr(w),
                 Arg::Ptr(t),
-                Arg::Ptr(k.dev.ptr(dout)),
+                k.typed(dout),
                 Arg::Ptr(k.dev.ids_ptr(ids)),
                 Arg::Ptr(k.dev.ids_ptr(types)),
                 Arg::Ptr(ord),
@@ -137,7 +137,7 @@ pub(super) fn bwd<D: Device>(
         grid1(seq * hidden),
         &[
             Arg::Ptr(p),
-            Arg::Ptr(k.dev.ptr(dout)),
+            k.typed(dout),
             int(batch),
             int(seq),
             int(hidden),

@@ -94,13 +94,13 @@ pub(super) fn bwd<D: Device>(
     if rows == 0 || cols == 0 {
         return;
     }
-    let di = k.dev.ptr_mut(&mut dinp);
+    let di = k.typed_mut(&mut dinp);
     let (keep, d) = match split {
         Some((mut keep, d)) => {
             assert!(k.dev.len_mut(&keep) >= rows * cols, "layernorm_bwd keep");
-            (k.dev.ptr_mut(&mut keep), d)
+            (k.typed_mut(&mut keep), d)
         }
-        None => (0, None),
+        None => (Arg::Typed(0, Dtype::F32), None),
     };
     let (seed, stream, threshold, dscale) = match d {
         Some(d) => dropout_args(d),
@@ -110,15 +110,15 @@ pub(super) fn bwd<D: Device>(
         "layernorm_bwd_dinp",
         per_row(rows, cols),
         &[
-            Arg::Ptr(di),
-            Arg::Ptr(k.dev.ptr(dout)),
+            di,
+            k.typed(dout),
             k.typed(inp),
             Arg::Ptr(k.dev.ptr(w)),
             Arg::Ptr(k.dev.ptr(mean)),
             Arg::Ptr(k.dev.ptr(rstd)),
             int(cols),
             k.store_arg(),
-            Arg::Ptr(keep),
+            keep,
             int(usize::from(d.is_some())),
             seed,
             stream,
@@ -141,7 +141,7 @@ pub(super) fn bwd<D: Device>(
             &[
                 Arg::Ptr(ppw),
                 Arg::Ptr(ppb),
-                Arg::Ptr(k.dev.ptr(dout)),
+                k.typed(dout),
                 k.typed(inp),
                 Arg::Ptr(k.dev.ptr(mean)),
                 Arg::Ptr(k.dev.ptr(rstd)),

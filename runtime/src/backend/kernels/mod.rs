@@ -278,13 +278,14 @@ pub(crate) fn grid1(n: usize) -> Launch {
 }
 
 /// The launch of `gemm_pointers` (elementwise.cu): `batch`'s item addresses into `list` (`A`'s,
-/// `B`'s, then `C`'s), the operands at `a`, `b` (elements of `elem` bytes: 2 when packed to half,
-/// else 4) and `c` (f32). A GPU's [`Device::gemm_batched`] runs it before `cublasGemmBatchedEx`.
+/// `B`'s, then `C`'s), the operands at `a`, `b` and `c`, whose elements are `sizes` bytes each (2
+/// for fp16/bf16, 4 for f32). A GPU's [`Device::gemm_batched`] runs it before
+/// `cublasGemmBatchedEx`.
 pub fn gemm_pointers(
     list: u64,
     (a, b, c): (u64, u64, u64),
     batch: &crate::backend::Batch,
-    elem: u64,
+    sizes: (u64, u64, u64),
 ) -> (Launch, Vec<Arg>) {
     let bytes = |x: usize, size: u64| Arg::U64(x as u64 * size);
     let args = vec![
@@ -294,12 +295,12 @@ pub fn gemm_pointers(
         Arg::Ptr(c),
         int(batch.count),
         int(batch.inner),
-        bytes(batch.a.outer, elem),
-        bytes(batch.a.inner, elem),
-        bytes(batch.b.outer, elem),
-        bytes(batch.b.inner, elem),
-        bytes(batch.c.outer, 4),
-        bytes(batch.c.inner, 4),
+        bytes(batch.a.outer, sizes.0),
+        bytes(batch.a.inner, sizes.0),
+        bytes(batch.b.outer, sizes.1),
+        bytes(batch.b.inner, sizes.1),
+        bytes(batch.c.outer, sizes.2),
+        bytes(batch.c.inner, sizes.2),
     ];
     (grid1(batch.count), args)
 }
@@ -438,7 +439,9 @@ impl<D: Device> Backend for Kernels<D> {
         if self.store.is_half() {
             self.dev.reserve_gemm_half(tok.max(pp));
         }
-        self.dev.reserve_gemm_batched(s.batch * s.heads);
+        // dq and dk: f32 products of 16-bit operands into 16-bit outputs (attention.rs).
+        let wide = if self.store.is_half() { tok } else { 0 };
+        self.dev.reserve_gemm_batched(s.batch * s.heads, wide);
         self.with_order(4 * s.batch * s.seq, |_| {});
     }
 
@@ -613,6 +616,7 @@ impl<D: Device> Backend for Kernels<D> {
         ctx: D::ViewMut<'_>,
         probs: D::ViewMut<'_>,
         probs_drop: Option<D::ViewMut<'_>>,
+        scores: Option<D::ViewMut<'_>>,
         q: D::View<'_>,
         k: D::View<'_>,
         v: D::View<'_>,
@@ -620,7 +624,9 @@ impl<D: Device> Backend for Kernels<D> {
         s: AttnShape,
         dropout: Option<&Dropout>,
     ) {
-        attention::fwd(self, ctx, probs, probs_drop, q, k, v, mask, s, dropout)
+        attention::fwd(
+            self, ctx, probs, probs_drop, scores, q, k, v, mask, s, dropout,
+        )
     }
 
     fn attention_bwd(

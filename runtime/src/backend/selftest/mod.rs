@@ -323,28 +323,39 @@ impl<B: Backend> Checker<'_, B> {
         self.compare_bufs(&[("stored.embedding_fwd", &sum, &want)]);
 
         let dout = rand(n * hidden, 1.0, 25, st);
-        let db = be.upload(&dout);
-        let (mut gw, mut gp, mut gt) = (be.upload(&word), be.upload(&pos), be.upload(&typ));
-        be.embedding_bwd(
-            be.view_mut(&mut gw),
-            be.view_mut(&mut gp),
-            be.view_mut(&mut gt),
-            be.view(&db),
-            &ib,
-            &yb,
-            batch,
-            seq,
-            hidden,
-        );
         let (mut ww, mut wp, mut wt) = (word.clone(), pos.clone(), typ.clone());
         cpu.embedding_bwd(
             &mut ww, &mut wp, &mut wt, &dout, &tok, &types, batch, seq, hidden,
         );
-        self.compare_bufs(&[
-            ("embedding_bwd.word", &gw, &ww),
-            ("embedding_bwd.pos", &gp, &wp),
-            ("embedding_bwd.type", &gt, &wt),
-        ]);
+        // From an f32 gradient, and from a stored one (the embeddings' LayerNorm backward
+        // writes one).
+        for stored in [false, true] {
+            let db = if stored {
+                let mut b = be.alloc_stored(n * hidden);
+                be.write(be.view_mut(&mut b), &dout);
+                b
+            } else {
+                be.upload(&dout)
+            };
+            let (mut gw, mut gp, mut gt) = (be.upload(&word), be.upload(&pos), be.upload(&typ));
+            be.embedding_bwd(
+                be.view_mut(&mut gw),
+                be.view_mut(&mut gp),
+                be.view_mut(&mut gt),
+                be.view(&db),
+                &ib,
+                &yb,
+                batch,
+                seq,
+                hidden,
+            );
+            let prefix = if stored { "stored." } else { "" };
+            self.compare_bufs(&[
+                (&format!("{prefix}embedding_bwd.word"), &gw, &ww),
+                (&format!("{prefix}embedding_bwd.pos"), &gp, &wp),
+                (&format!("{prefix}embedding_bwd.type"), &gt, &wt),
+            ]);
+        }
 
         let (rows, cols) = (n, hidden);
         let x = rand(rows * cols, 3.0, 26, st);
@@ -396,26 +407,14 @@ impl<B: Backend> Checker<'_, B> {
             ("layernorm_bwd.dw", &dw, &wdw),
             ("layernorm_bwd.db", &dbb, &wdb),
         ]);
-        // The residual branch's split in one pass: kept, then dropped.
+        // The residual branch's split in one pass: kept, then dropped; in f32 buffers, and in
+        // stored ones as the model keeps the residual stream's gradients (the output gradient,
+        // the branch's and the kept one).
         let d = Dropout {
             p: 0.2,
             seed: 11,
             stream: 4,
         };
-        let (mut di, mut keep) = (be.alloc(rows * cols), be.alloc(rows * cols));
-        let (mut dw, mut dbb) = (be.upload(&w), be.upload(&b));
-        be.layernorm_bwd_split(
-            (&mut di, &mut keep, Some(&d)),
-            be.view_mut(&mut dw),
-            be.view_mut(&mut dbb),
-            be.view(&d2),
-            be.view(&xb),
-            be.view(&wb2),
-            be.view(&mb),
-            be.view(&rb),
-            rows,
-            cols,
-        );
         let (mut wdi, mut wkeep) = (vec![0.0; rows * cols], vec![0.0; rows * cols]);
         let (mut wdw, mut wdb) = (w.clone(), b.clone());
         cpu.layernorm_bwd_split(
@@ -430,16 +429,70 @@ impl<B: Backend> Checker<'_, B> {
             rows,
             cols,
         );
-        self.compare_bufs(&[
-            ("layernorm_bwd_split.dinp", &di, &wdi),
-            ("layernorm_bwd_split.keep", &keep, &wkeep),
-            ("layernorm_bwd_split.dw", &dw, &wdw),
-        ]);
+        for stored in [false, true] {
+            let fresh = |n: usize| {
+                if stored {
+                    be.alloc_stored(n)
+                } else {
+                    be.alloc(n)
+                }
+            };
+            let mut dout = fresh(rows * cols);
+            be.write(be.view_mut(&mut dout), &dout2);
+            let (mut di, mut keep) = (fresh(rows * cols), fresh(rows * cols));
+            let (mut dw, mut dbb) = (be.upload(&w), be.upload(&b));
+            be.layernorm_bwd_split(
+                (&mut di, &mut keep, Some(&d)),
+                be.view_mut(&mut dw),
+                be.view_mut(&mut dbb),
+                be.view(&dout),
+                be.view(&xb),
+                be.view(&wb2),
+                be.view(&mb),
+                be.view(&rb),
+                rows,
+                cols,
+            );
+            let prefix = if stored { "stored." } else { "" };
+            self.compare_bufs(&[
+                (&format!("{prefix}layernorm_bwd_split.dinp"), &di, &wdi),
+                (&format!("{prefix}layernorm_bwd_split.keep"), &keep, &wkeep),
+                (&format!("{prefix}layernorm_bwd_split.dw"), &dw, &wdw),
+            ]);
+        }
     }
 
-    fn attention(&mut self) {
+    /// Attention forward and backward; with `stored`, attention's token tensors, their
+    /// gradients and the probabilities are [`Backend::alloc_stored`] buffers, as the model keeps
+    /// them (16-bit on a GPU storing fp16/bf16: the half products read and write them as they
+    /// are, the f32 ones through widened copies, the softmax kernels through `ld`/`sto`), checked
+    /// as `stored.attention_*`.
+    fn attention(&mut self, stored: bool) {
         let st = self.store;
         let (be, cpu) = (self.be, self.cpu);
+        let put = |host: &[f32]| {
+            if stored {
+                let mut b = be.alloc_stored(host.len());
+                be.write(be.view_mut(&mut b), host);
+                b
+            } else {
+                be.upload(host)
+            }
+        };
+        let fresh = |n: usize| {
+            if stored {
+                be.alloc_stored(n)
+            } else {
+                be.alloc(n)
+            }
+        };
+        let name = |n: &str| {
+            if stored {
+                format!("stored.{n}")
+            } else {
+                n.to_string()
+            }
+        };
         let s = AttnShape {
             batch: 2,
             seq: 33,
@@ -462,13 +515,16 @@ impl<B: Backend> Checker<'_, B> {
             seed: 9,
             stream: 3,
         };
-        let (qb, kb, vb) = (be.upload(&q), be.upload(&k), be.upload(&v));
+        let (qb, kb, vb) = (put(&q), put(&k), put(&v));
         let mb = be.upload_ids(&mask);
-        let (mut ctx, mut probs, mut pd) = (be.alloc(tok), be.alloc(pp), be.alloc(pp));
+        // Stored probabilities get f32 room for the scores; the others hold them in place.
+        let (mut ctx, mut probs, mut pd) = (fresh(tok), fresh(pp), fresh(pp));
+        let mut room = stored.then(|| be.alloc(pp));
         be.attention_fwd(
             be.view_mut(&mut ctx),
             be.view_mut(&mut probs),
             Some(be.view_mut(&mut pd)),
+            room.as_mut().map(|r| be.view_mut(r)),
             be.view(&qb),
             be.view(&kb),
             be.view(&vb),
@@ -481,6 +537,7 @@ impl<B: Backend> Checker<'_, B> {
             &mut wc,
             &mut wp,
             Some(&mut wpd),
+            None,
             &q,
             &k,
             &v,
@@ -489,16 +546,16 @@ impl<B: Backend> Checker<'_, B> {
             Some(&d),
         );
         self.compare_bufs(&[
-            ("attention_fwd.ctx", &ctx, &wc),
-            ("attention_fwd.probs", &probs, &wp),
-            ("attention_fwd.probs_drop", &pd, &wpd),
+            (&name("attention_fwd.ctx"), &ctx, &wc),
+            (&name("attention_fwd.probs"), &probs, &wp),
+            (&name("attention_fwd.probs_drop"), &pd, &wpd),
         ]);
         // The backward from the CPU's forward, so only the backward is compared.
-        let (pb, pdb) = (be.upload(&wp), be.upload(&wpd));
+        let (pb, pdb) = (put(&wp), put(&wpd));
         let dctx = rand(tok, 1.0, 33, st);
-        let dcb = be.upload(&dctx);
+        let dcb = put(&dctx);
         let (mut dq, mut dk, mut dv, mut scratch) =
-            (be.alloc(tok), be.alloc(tok), be.alloc(tok), be.alloc(pp));
+            (fresh(tok), fresh(tok), fresh(tok), be.alloc(pp));
         be.attention_bwd(
             be.view_mut(&mut dq),
             be.view_mut(&mut dk),
@@ -534,9 +591,9 @@ impl<B: Backend> Checker<'_, B> {
             Some(&d),
         );
         self.compare_bufs(&[
-            ("attention_bwd.dq", &dq, &wq),
-            ("attention_bwd.dk", &dk, &wk),
-            ("attention_bwd.dv", &dv, &wv),
+            (&name("attention_bwd.dq"), &dq, &wq),
+            (&name("attention_bwd.dk"), &dk, &wk),
+            (&name("attention_bwd.dv"), &dv, &wv),
         ]);
     }
 
@@ -598,6 +655,16 @@ impl<B: Backend> Checker<'_, B> {
         let mut want = vec![0.0; rows * outs];
         cpu.gemm(&g, &d, &w, &mut want);
         self.compare("stored.gemm_a", &got, &want);
+        // Added into a stored output (beta 1: the residual stream's gradient, which the Q, K
+        // and V linears' input gradients add to), rounded once.
+        let g1 = Gemm::dense(rows, outs, cols, false, true, 1.0);
+        let c0 = rand(rows * outs, 1.0, 29, st);
+        let mut acc = be.alloc_stored(rows * outs);
+        be.write(be.view_mut(&mut acc), &c0);
+        be.gemm(&g1, be.view(&s), be.view(&wb), be.view_mut(&mut acc));
+        let mut want = c0.clone();
+        cpu.gemm(&g1, &d, &w, &mut want);
+        self.compare_bufs(&[("stored.gemm_accumulate", &acc, &want)]);
         let g = Gemm::dense(cols, cols, rows, true, false, 0.0);
         let got = self.on_backend(&vec![0.0; cols * cols], |b, o| {
             b.gemm(&g, b.view(&xb), b.view(&s), b.view_mut(o))
@@ -656,6 +723,14 @@ impl<B: Backend> Checker<'_, B> {
             ("stored.gemm+bias_gelu.inter", &inter, &wi),
             ("stored.gemm+bias_gelu.act", &act, &wa),
         ]);
+        // The same GEMM, then its bias alone (the Q, K and V linears).
+        let mut lin = be.alloc_stored(rows * outs);
+        be.gemm_to_epilogue(&g, be.view(&xb), be.view(&wb), be.view_mut(&mut lin));
+        be.bias_epilogue(be.view_mut(&mut lin), be.view(&be.upload(&ob)), rows, outs);
+        let mut wl = vec![0.0; rows * outs];
+        cpu.gemm(&g, &x, &w, &mut wl);
+        cpu.add_bias(&mut wl, &ob, rows, outs);
+        self.compare_bufs(&[("stored.gemm+bias_epilogue", &lin, &wl)]);
         // A stored sublayer sum: bias_dropout_add into it, LayerNorm forward and backward
         // reading it.
         let mut sum = be.alloc_stored(n);
@@ -723,7 +798,8 @@ pub fn compare<B: Backend>(be: &B, store: Dtype) -> Vec<OpCheck> {
     c.elementwise();
     c.gemm();
     c.embedding_and_layernorm();
-    c.attention();
+    c.attention(false);
+    c.attention(true);
     c.cross_entropy();
     c.stored();
     c.out
