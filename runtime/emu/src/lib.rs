@@ -15,7 +15,7 @@ use recipe_runtime::backend::{Backend, Cpu, Gemm};
 use recipe_runtime::collective::{Collective, LocalCollective, ReduceOp};
 
 mod typed;
-pub use typed::{EmuTyped, TypedBuf, TypedView, TypedViewMut};
+pub use typed::{EmuTyped, EmuTypedPeers, TypedBuf, TypedView, TypedViewMut};
 
 extern "C" {
     fn recipe_emu_launch(

@@ -9,7 +9,7 @@
 use std::marker::PhantomData;
 use std::ops::Range;
 
-use recipe_runtime::backend::device::{Arg, Device, Launch};
+use recipe_runtime::backend::device::{Arg, Device, Launch, Peers};
 use recipe_runtime::backend::Gemm;
 use recipe_runtime::precision::Dtype;
 
@@ -336,5 +336,63 @@ impl Device for EmuTyped {
 
     fn sync(&self) -> Result<(), String> {
         Ok(())
+    }
+}
+
+/// The f32 elements of a writable view (what the group sums: gradients and parameters, as
+/// NCCL's are on a GPU).
+fn floats<'a>(v: TypedViewMut<'a>) -> &'a mut [f32] {
+    assert_eq!(
+        v.elem,
+        Dtype::F32,
+        "a sum between devices of a 16-bit buffer"
+    );
+    // SAFETY: a live, exclusively borrowed view of `len` f32 elements for `'a`.
+    unsafe { std::slice::from_raw_parts_mut(v.ptr as *mut f32, v.len) }
+}
+
+/// [`crate::EmuPeers`] for devices with 16-bit buffers (their sums are of f32 buffers).
+#[derive(Debug)]
+pub struct EmuTypedPeers(crate::EmuPeers);
+
+impl EmuTypedPeers {
+    /// One end per rank of a group of `world` emulated devices.
+    pub fn group(world: usize) -> Vec<EmuTypedPeers> {
+        crate::EmuPeers::group(world)
+            .into_iter()
+            .map(EmuTypedPeers)
+            .collect()
+    }
+}
+
+impl Peers<EmuTyped> for EmuTypedPeers {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+
+    fn world(&self) -> usize {
+        self.0.world()
+    }
+
+    fn all_reduce_sum(&mut self, _: &EmuTyped, buf: TypedViewMut<'_>) -> Result<(), String> {
+        self.0.all_reduce_sum(&crate::Emu, floats(buf))
+    }
+
+    fn reduce_sum(
+        &mut self,
+        _: &EmuTyped,
+        buf: TypedViewMut<'_>,
+        root: usize,
+    ) -> Result<(), String> {
+        self.0.reduce_sum(&crate::Emu, floats(buf), root)
+    }
+
+    fn broadcast(
+        &mut self,
+        _: &EmuTyped,
+        buf: TypedViewMut<'_>,
+        root: usize,
+    ) -> Result<(), String> {
+        self.0.broadcast(&crate::Emu, floats(buf), root)
     }
 }
