@@ -12,11 +12,13 @@ extern "C" __global__ void add_assign(float* acc, const float* x, int n, int sto
 // out[r, c] = st(out[r, c] + bias[c]); with `first` a half dtype, out is a GEMM's unrounded
 // output (Backend::bias_epilogue) and is rounded to it first, as round_rows would have: one pass
 // instead of two. `out` may be a 16-bit buffer (a GEMM writing one rounded it already).
-extern "C" __global__ void add_bias(void* out, int out_t, const float* bias, int rows, int cols,
-                                    int first, int store) {
+extern "C" __global__ void add_bias(void* out, int out_t, const void* bias, int bias_t, int rows,
+                                    int cols, int first, int store) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < (long long)rows * cols)
-        sto(out, i, st(st(ld(out, i, out_t), first) + bias[i % cols], store), out_t);
+    if (i < (long long)rows * cols) {
+        float b = ld(bias, i % cols, bias_t);
+        sto(out, i, st(st(ld(out, i, out_t), first) + b, store), out_t);
+    }
 }
 
 // dst[i] = src[i], each of its own type (common.cuh's ld, sto): a 16-bit buffer widened to f32
@@ -111,10 +113,11 @@ extern "C" __global__ void gelu_fwd(float* out, const float* inp, int n, int sto
 // backward reads it), and act = gelu(inter), each rounded as those kernels round it. `inter` is
 // a GEMM's fp32 output (Backend::gemm_to_epilogue), or already rounded (rounding is idempotent).
 extern "C" __global__ void bias_gelu(void* inter, int inter_t, void* act, int act_t,
-                                     const float* bias, int rows, int cols, int store) {
+                                     const void* bias, int bias_t, int rows, int cols,
+                                     int store) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < (long long)rows * cols) {
-        float x = st(st(ld(inter, i, inter_t), store) + bias[i % cols], store);
+        float x = st(st(ld(inter, i, inter_t), store) + ld(bias, i % cols, bias_t), store);
         sto(inter, i, x, inter_t);
         sto(act, i, st(gelu(x), store), act_t);
     }
@@ -125,14 +128,14 @@ extern "C" __global__ void bias_gelu(void* inter, int inter_t, void* act, int ac
 // `inter`. The multiply is op_mul (common.cuh)
 // so that, in fp32 where nothing rounds between, it is not contracted with the add into an FMA
 // the three kernels never make.
-extern "C" __global__ void bias_dropout_add(void* out, int out_t, const float* bias,
+extern "C" __global__ void bias_dropout_add(void* out, int out_t, const void* bias, int bias_t,
                                             const void* residual, int residual_t, int rows,
                                             int cols, int drop,
                                             unsigned long long seed, unsigned long long stream,
                                             unsigned threshold, float scale, int store) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < (long long)rows * cols) {
-        float v = st(st(ld(out, i, out_t), store) + bias[i % cols], store);
+        float v = st(st(ld(out, i, out_t), store) + ld(bias, i % cols, bias_t), store);
         if (drop) {
             v = st(op_mul(v, dropout_mult((unsigned long long)i, seed, stream, threshold, scale)),
                    store);

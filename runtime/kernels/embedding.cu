@@ -11,16 +11,17 @@
 #include "common.cuh"
 
 // Forward: one thread per element of out (tokens × hidden), 1-D grid of BLOCK threads.
+// The tables are typed buffers (the model's parameters, 16 bits on a device keeping them so).
 extern "C" __global__ void embedding_fwd(void* out, int out_t, const unsigned* ids,
-                                         const unsigned* types, const float* word,
-                                         const float* pos, const float* typ, int tokens, int seq,
-                                         int hidden, int store) {
+                                         const unsigned* types, const void* word,
+                                         const void* pos, const void* typ, int tables_t,
+                                         int tokens, int seq, int hidden, int store) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)tokens * hidden) return;
     int tok = (int)(i / hidden), c = (int)(i % hidden);
     long long w = ids[tok], ty = types[tok], p = tok % seq;
-    sto(out, i, st((word[w * hidden + c] + typ[ty * hidden + c]) + pos[p * hidden + c], store),
-        out_t);
+    float wv = ld(word, w * hidden + c, tables_t), tv = ld(typ, ty * hidden + c, tables_t);
+    sto(out, i, st((wv + tv) + ld(pos, p * hidden + c, tables_t), store), out_t);
 }
 
 // The backward into the word table (indexed by ids) and the token-type table (by types) runs in

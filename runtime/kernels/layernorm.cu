@@ -16,9 +16,11 @@
 // Forward: one block per row (grid rows), whole warps striding over the columns.
 // out = xhat · w + b rounded to `store`, xhat = (x − mean) · rstd computed in double and then
 // rounded to f32, as the CPU computes it.
+// w and b are typed buffers (the model's parameters), as inp and out.
 extern "C" __global__ void layernorm_fwd(void* out, int out_t, float* mean, float* rstd,
-                                         const void* inp, int inp_t, const float* w,
-                                         const float* b, int cols, float eps, int store) {
+                                         const void* inp, int inp_t, const void* w,
+                                         const void* b, int wb_t, int cols, float eps,
+                                         int store) {
     __shared__ double red[32];
     long long r = blockIdx.x;
 #define x(c) ld(inp, r * cols + (c), inp_t)
@@ -39,7 +41,7 @@ extern "C" __global__ void layernorm_fwd(void* out, int out_t, float* mean, floa
 
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         float xhat = (float)(((double)x(c) - m) * rs);
-        sto(out, r * cols + c, st(xhat * w[c] + b[c], store), out_t);
+        sto(out, r * cols + c, st(xhat * ld(w, c, wb_t) + ld(b, c, wb_t), store), out_t);
     }
     if (threadIdx.x == 0) {
         mean[r] = (float)m;
@@ -57,10 +59,10 @@ extern "C" __global__ void layernorm_fwd(void* out, int out_t, float* mean, floa
 // layernorm_bwd_split): keep = dinp, and dinp = dinp dropped when `dropout` (the dropout kernel's
 // mask of element r * cols + c, rounded), where a copy and a dropout pass would follow.
 //
-// dinp, dout, inp and keep are typed buffers (common.cuh's ld, sto).
+// dinp, dout, inp, w and keep are typed buffers (common.cuh's ld, sto).
 extern "C" __global__ void layernorm_bwd_dinp(void* dinp, int dinp_t, const void* dout,
                                               int dout_t, const void* inp, int inp_t,
-                                              const float* w, const float* mean,
+                                              const void* w, int w_t, const float* mean,
                                               const float* rstd, int cols, int store, void* keep,
                                               int keep_t, int dropout, unsigned long long seed,
                                               unsigned long long stream, unsigned threshold,
@@ -74,7 +76,7 @@ extern "C" __global__ void layernorm_bwd_dinp(void* dinp, int dinp_t, const void
     double sd = 0.0, sdx = 0.0;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         float xhat = (x(c) - m) * rs;
-        float dxhat = g(c) * w[c];
+        float dxhat = g(c) * ld(w, c, w_t);
         sd += (double)dxhat;
         sdx += (double)(dxhat * xhat);
     }
@@ -83,7 +85,7 @@ extern "C" __global__ void layernorm_bwd_dinp(void* dinp, int dinp_t, const void
 
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         float xhat = (x(c) - m) * rs;
-        float d = st(rs * (g(c) * w[c] - mean_d - xhat * mean_dx), store);
+        float d = st(rs * (g(c) * ld(w, c, w_t) - mean_d - xhat * mean_dx), store);
         if (keep) {
             sto(keep, r * cols + c, d, keep_t);
             if (dropout)

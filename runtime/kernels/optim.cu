@@ -98,9 +98,10 @@ __device__ __forceinline__ bool decays_at(const unsigned* bounds, int nbounds, u
 //
 // param is the fp32 master (or the fp32 weights); when `work` is not null the updated value is
 // also stored there rounded to `store`, the module's half copy (zero/replica.rs
-// `HostOptimizer::step_scaled`: master → parameters, rounded).
+// `HostOptimizer::step_scaled`: master → parameters, rounded), a typed buffer (common.cuh's sto:
+// 16 bits on a device keeping the half parameters in two bytes).
 extern "C" __global__ void adamw_step(float* param, const float* grad, float* m, float* v,
-                                      float* work, const unsigned* bounds, int nbounds, int n,
+                                      void* work, int work_t, const unsigned* bounds, int nbounds, int n,
                                       float mult, float step_size, float w1, float b2, float w2,
                                       float bc2_sqrt, float eps, int decay_mode, float decay_mul,
                                       float wd, int store) {
@@ -124,7 +125,7 @@ extern "C" __global__ void adamw_step(float* param, const float* grad, float* m,
     m[i] = mi;
     v[i] = vi;
     param[i] = p;
-    if (work) work[i] = st(p, store);
+    if (work) sto(work, i, st(p, store), work_t);
 }
 
 // One SGD step, one thread per element: sgd.rs `Sgd::step` (torch.optim.SGD), operation for
@@ -134,7 +135,7 @@ extern "C" __global__ void adamw_step(float* param, const float* grad, float* m,
 // `decay` is 0 when weight_decay is 0 (sgd.rs skips the term then); `momentum` says whether the
 // buffer exists (μ ≠ 0; `buf` is null otherwise); `first` is the first step ever, where torch
 // starts the buffer from the gradient. `mult`, `work`, `store`: as adamw_step.
-extern "C" __global__ void sgd_step(float* param, const float* grad, float* buf, float* work,
+extern "C" __global__ void sgd_step(float* param, const float* grad, float* buf, void* work, int work_t,
                                     const unsigned* bounds, int nbounds, int n, float mult,
                                     int decay, float wd, int momentum, float mu, float keep,
                                     int first, int nesterov, float neg_lr, int store) {
@@ -151,7 +152,7 @@ extern "C" __global__ void sgd_step(float* param, const float* grad, float* buf,
     }
     p = op_fma(g, neg_lr, p);  // p − lr·g
     param[i] = p;
-    if (work) work[i] = st(p, store);
+    if (work) sto(work, i, st(p, store), work_t);
 }
 
 // One Adagrad step, one thread per element: adagrad.rs `Adagrad::step`, either class:
@@ -159,7 +160,7 @@ extern "C" __global__ void sgd_step(float* param, const float* grad, float* buf,
 //   DeepSpeedCPUAdagrad (ds == 1): the same s;                         p ← fma(g / (√s + eps), −lr, p)
 // `neg_lr` is −clr or −lr and `decay` whether the class adds the decay term at all, both from
 // adagrad.rs `AdagradScalars`. `mult`, `work`, `store`: as adamw_step.
-extern "C" __global__ void adagrad_step(float* param, const float* grad, float* sum, float* work,
+extern "C" __global__ void adagrad_step(float* param, const float* grad, float* sum, void* work, int work_t,
                                         const unsigned* bounds, int nbounds, int n, float mult,
                                         int decay, float wd, float eps, float neg_lr, int ds,
                                         int store) {
@@ -174,7 +175,7 @@ extern "C" __global__ void adagrad_step(float* param, const float* grad, float* 
     if (ds) p = op_fma(op_div(g, denom), neg_lr, p);
     else p = op_add(p, op_div(op_mul(g, neg_lr), denom));
     param[i] = p;
-    if (work) work[i] = st(p, store);
+    if (work) sto(work, i, st(p, store), work_t);
 }
 
 // LAMB, as lamb.rs `Lamb::step_with_scale` (DeepSpeed's FusedLamb kernel, one trust ratio per
@@ -276,7 +277,7 @@ extern "C" __global__ void lamb_coeff(float* coeff, const float* partial, const 
 
 // Per element: p ← p − (step_size·ratio)·u with its tensor's ratio. `work`, `store`: as
 // adamw_step (the updated fp32 master rounded into the module's half copy).
-extern "C" __global__ void lamb_apply(float* param, const float* upd, float* work,
+extern "C" __global__ void lamb_apply(float* param, const float* upd, void* work, int work_t,
                                       const float* coeff, const unsigned* tensors, int ntensors,
                                       int n, float step_size, int store) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -284,5 +285,5 @@ extern "C" __global__ void lamb_apply(float* param, const float* upd, float* wor
     int k = count_le(tensors, ntensors, (unsigned)i) - 1;
     float p = op_sub(param[i], op_mul(op_mul(step_size, coeff[k]), upd[i]));
     param[i] = p;
-    if (work) work[i] = st(p, store);
+    if (work) sto(work, i, st(p, store), work_t);
 }

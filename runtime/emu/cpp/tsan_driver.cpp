@@ -98,14 +98,14 @@ bool layernorm() {
     }
     dim3 grid(rows), block(96);
     emu::launch(grid, block, 0, [&] {
-        layernorm_fwd(out.data(), STORE_F32, mean.data(), rstd.data(), x.data(), STORE_F32, w.data(), b.data(), cols,
-                      eps, STORE_F32);
+        layernorm_fwd(out.data(), STORE_F32, mean.data(), rstd.data(), x.data(), STORE_F32, w.data(),
+                      b.data(), STORE_F32, cols, eps, STORE_F32);
     });
     emu::launch(grid, block, 0, [&] {
         // With the residual split's copy (keep), which the check below compares too.
         layernorm_bwd_dinp(dinp.data(), STORE_F32, dout.data(), STORE_F32, x.data(), STORE_F32,
-                           w.data(), mean.data(), rstd.data(), cols, STORE_F32, keep.data(),
-                           STORE_F32, 0, 0ull, 0ull, 0u, 1.0f);
+                           w.data(), STORE_F32, mean.data(), rstd.data(), cols, STORE_F32,
+                           keep.data(), STORE_F32, 0, 0ull, 0ull, 0u, 1.0f);
     });
 
     for (int r = 0; r < rows; r++) {

@@ -127,6 +127,10 @@ impl Device for EmuTyped {
         Self::buf(n, half)
     }
 
+    fn half_elem(&self, half: Dtype) -> Dtype {
+        half
+    }
+
     fn elem(&self, v: TypedView<'_>) -> Dtype {
         v.elem
     }
@@ -339,8 +343,7 @@ impl Device for EmuTyped {
     }
 }
 
-/// The f32 elements of a writable view (what the group sums: gradients and parameters, as
-/// NCCL's are on a GPU).
+/// The f32 elements of a writable view (what the group sums: gradients, f32 on a GPU too).
 fn floats<'a>(v: TypedViewMut<'a>) -> &'a mut [f32] {
     assert_eq!(
         v.elem,
@@ -387,12 +390,22 @@ impl Peers<EmuTyped> for EmuTypedPeers {
         self.0.reduce_sum(&crate::Emu, floats(buf), root)
     }
 
+    /// A 16-bit buffer (the half parameters) through its values widened to f32 and back,
+    /// which copies its bits.
     fn broadcast(
         &mut self,
         _: &EmuTyped,
         buf: TypedViewMut<'_>,
         root: usize,
     ) -> Result<(), String> {
-        self.0.broadcast(&crate::Emu, floats(buf), root)
+        if !buf.elem.is_half() {
+            return self.0.broadcast(&crate::Emu, floats(buf), root);
+        }
+        // SAFETY: a live, exclusively borrowed view of `len` elements of its type.
+        let mut wide = unsafe { read(buf.ptr, buf.len, buf.elem) };
+        self.0.broadcast(&crate::Emu, &mut wide, root)?;
+        // SAFETY: as above.
+        unsafe { write_at(buf.ptr, &wide, buf.elem) };
+        Ok(())
     }
 }

@@ -33,7 +33,7 @@ fn the_self_test_passes_with_sixteen_bit_buffers() {
         let checks = compare(&k, store);
         print(&checks);
         let stored = checks.iter().filter(|c| c.op.starts_with("stored."));
-        assert_eq!(stored.count(), 30);
+        assert_eq!(stored.count(), 36);
         let bad: Vec<_> = checks.iter().filter(|c| !c.ok).collect();
         assert!(bad.is_empty(), "{bad:#?}");
     }

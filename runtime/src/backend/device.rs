@@ -102,6 +102,11 @@ pub trait Device {
         debug_assert!(half.is_half());
         self.alloc(n)
     }
+    /// The element type of the buffers [`Device::alloc_half`] makes for `half`: `half` when
+    /// this device keeps them in 16 bits, else [`Dtype::F32`] (the default).
+    fn half_elem(&self, _half: Dtype) -> Dtype {
+        Dtype::F32
+    }
     /// What a view's elements are: [`Dtype::F32`], or the half dtype of an
     /// [`Device::alloc_half`] buffer kept in 16 bits. Copies to and from the host convert.
     fn elem(&self, _v: Self::View<'_>) -> Dtype {

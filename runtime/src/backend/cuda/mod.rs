@@ -929,8 +929,18 @@ impl Device for CudaDevice {
     /// 16 bits per value where the GEMMs read them as they are: fp16 anywhere, bf16 from sm_80
     /// on (before, `gemm_half` runs the f32 GEMM, which needs f32 operands).
     fn alloc_half(&self, n: usize, half: Dtype) -> DevBuf {
+        self.alloc_as(n, self.half_elem(half))
+    }
+
+    /// fp16 on every GPU; bf16 from sm_80 on, where the tensor cores take it (before, the
+    /// GEMMs run in f32 and read f32 buffers).
+    fn half_elem(&self, half: Dtype) -> Dtype {
         let sixteen = half == Dtype::F16 || (half == Dtype::Bf16 && self.major >= 8);
-        self.alloc_as(n, if sixteen { half } else { Dtype::F32 })
+        if sixteen {
+            half
+        } else {
+            Dtype::F32
+        }
     }
 
     fn elem(&self, v: DevView<'_>) -> Dtype {

@@ -312,9 +312,14 @@ enum Op {
 }
 
 impl NcclPeers {
-    /// Queues `op` on `buf` (f32, in place) on `dev`'s stream.
+    /// Queues `op` on `buf` (in place) on `dev`'s stream: a sum of f32 values, or a broadcast of
+    /// f32 or 16-bit ones (the half parameters a device keeps in 16 bits).
     fn queue(&mut self, dev: &CudaDevice, buf: DevViewMut<'_>, op: Op) -> Result<(), String> {
-        assert_eq!(buf.elem, Dtype::F32, "an NCCL call on a 16-bit buffer");
+        let broadcast = matches!(op, Op::Broadcast(_));
+        assert!(
+            buf.elem == Dtype::F32 || broadcast,
+            "an NCCL sum of a 16-bit buffer"
+        );
         if buf.len == 0 {
             // Every rank has the same lengths, so every rank skips it.
             return Ok(());
@@ -329,8 +334,15 @@ impl NcclPeers {
         let comm = self.comm.get()?;
         let (ptr, n) = (buf.ptr as *mut c_void, buf.len);
         let stream = dev.stream.cu_stream() as sys::cudaStream_t;
-        let (f32_, sum) = (sys::ncclDataType_t::ncclFloat32, sys::ncclRedOp_t::ncclSum);
-        // SAFETY: `buf` is a live device allocation of `n` floats on `dev`, whose stream orders
+        let sum = sys::ncclRedOp_t::ncclSum;
+        // A broadcast copies bits: a 16-bit buffer goes as fp16 elements whatever its half
+        // dtype (ncclBfloat16 needs NCCL 2.10; nothing is added).
+        let f32_ = if buf.elem.is_half() {
+            sys::ncclDataType_t::ncclFloat16
+        } else {
+            sys::ncclDataType_t::ncclFloat32
+        };
+        // SAFETY: `buf` is a live device allocation of `n` elements on `dev`, whose stream orders
         // the collective with the kernels that wrote it and those that read it; send and receive
         // are the same buffer (in place, which NCCL allows for all three).
         let call = || unsafe {

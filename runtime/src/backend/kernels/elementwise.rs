@@ -67,7 +67,7 @@ pub(super) fn add_bias<D: Device>(
         grid1(rows * cols),
         &[
             o,
-            Arg::Ptr(k.dev.ptr(bias)),
+            k.typed(bias),
             int(rows),
             int(cols),
             dtype_arg(first),
@@ -216,7 +216,7 @@ pub(super) fn bias_dropout_add<D: Device>(
         grid1(n),
         &[
             p,
-            Arg::Ptr(k.dev.ptr(bias)),
+            k.typed(bias),
             k.typed(residual),
             int(rows),
             int(cols),
@@ -259,13 +259,6 @@ pub(super) fn bias_gelu<D: Device>(
     k.dev.launch(
         "bias_gelu",
         grid1(n),
-        &[
-            pi,
-            act,
-            Arg::Ptr(k.dev.ptr(bias)),
-            int(rows),
-            int(cols),
-            k.store_arg(),
-        ],
+        &[pi, act, k.typed(bias), int(rows), int(cols), k.store_arg()],
     );
 }

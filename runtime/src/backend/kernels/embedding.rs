@@ -4,7 +4,7 @@
 //! the CPU backend's bits).
 #![allow(clippy::too_many_arguments)]
 
-use super::{grid1, int, Kernels, BLOCK};
+use super::{dtype_arg, grid1, int, Kernels, BLOCK};
 use crate::backend::device::{Arg, Device, Launch};
 
 pub(super) fn fwd<D: Device>(
@@ -32,6 +32,12 @@ pub(super) fn fwd<D: Device>(
         0,
         "embedding_fwd type width"
     );
+    // The tables are parts of one parameter buffer: one type.
+    let tables = k.dev.elem(word);
+    assert!(
+        k.dev.elem(pos) == tables && k.dev.elem(typ) == tables,
+        "embedding_fwd tables' types"
+    );
     if n == 0 {
         return;
     }
@@ -46,6 +52,7 @@ pub(super) fn fwd<D: Device>(
             Arg::Ptr(k.dev.ptr(word)),
             Arg::Ptr(k.dev.ptr(pos)),
             Arg::Ptr(k.dev.ptr(typ)),
+            dtype_arg(tables),
             int(batch * seq),
             int(seq),
             int(hidden),

@@ -3,7 +3,7 @@
 //! chunks of rows, then `bias_grad` over the chunks' sums).
 #![allow(clippy::too_many_arguments)]
 
-use super::{chunk_grid, dropout_args, grid1, int, Kernels, BLOCK};
+use super::{chunk_grid, dropout_args, dtype_arg, grid1, int, Kernels, BLOCK};
 use crate::backend::device::{Arg, Device, Launch};
 use crate::backend::{Dropout, BIAS_ROWS};
 use crate::precision::Dtype;
@@ -39,6 +39,11 @@ pub(super) fn fwd<D: Device>(
     assert!(k.dev.len_mut(&rstd) >= rows, "layernorm_fwd rstd");
     assert_eq!(k.dev.len(w), cols, "layernorm_fwd weight");
     assert_eq!(k.dev.len(b), cols, "layernorm_fwd bias");
+    assert_eq!(
+        k.dev.elem(w),
+        k.dev.elem(b),
+        "layernorm_fwd weight and bias types"
+    );
     if rows == 0 {
         return;
     }
@@ -57,6 +62,7 @@ pub(super) fn fwd<D: Device>(
             k.typed(inp),
             Arg::Ptr(k.dev.ptr(w)),
             Arg::Ptr(k.dev.ptr(b)),
+            dtype_arg(k.dev.elem(w)),
             int(cols),
             Arg::F32(eps),
             k.store_arg(),
@@ -113,7 +119,7 @@ pub(super) fn bwd<D: Device>(
             di,
             k.typed(dout),
             k.typed(inp),
-            Arg::Ptr(k.dev.ptr(w)),
+            k.typed(w),
             Arg::Ptr(k.dev.ptr(mean)),
             Arg::Ptr(k.dev.ptr(rstd)),
             int(cols),

@@ -185,6 +185,16 @@ impl<D: Device> Kernels<D> {
         Arg::Typed(self.dev.ptr(v), self.dev.elem(v))
     }
 
+    /// The element type of [`Backend::alloc_stored`]'s buffers: the storage dtype when the device
+    /// keeps it in 16 bits, else f32.
+    pub fn stored_elem(&self) -> Dtype {
+        if self.store.is_half() {
+            self.dev.half_elem(self.store)
+        } else {
+            Dtype::F32
+        }
+    }
+
     /// A writable view as a kernel's typed buffer argument.
     pub(crate) fn typed_mut(&self, v: &mut D::ViewMut<'_>) -> Arg {
         let elem = self.dev.elem(self.dev.as_view(v));

@@ -27,6 +27,7 @@ use crate::optim::{
     self, AdagradConfig, AdagradImpl, AdamConfig, LambConfig, OptimError, SgdConfig,
 };
 use crate::params::Entry;
+use crate::precision::Dtype;
 
 /// Most blocks of the norm's first pass (`NORM_BLOCKS` in optim.cu): fixed, so the partial sums
 /// (and the result's bits) depend only on the gradient's length.
@@ -203,7 +204,7 @@ pub fn adamw_step<D: Device>(
         ],
     )?;
     let s = AdamScalars::new(cfg, step, lr);
-    let work = opt_ptr(k, work);
+    let work = opt_typed(k, work);
     k.dev.launch(
         "adamw_step",
         grid1(n),
@@ -212,7 +213,7 @@ pub fn adamw_step<D: Device>(
             Arg::Ptr(k.dev.ptr(grads)),
             Arg::Ptr(k.dev.ptr_mut(&mut m)),
             Arg::Ptr(k.dev.ptr_mut(&mut v)),
-            Arg::Ptr(work),
+            work,
             Arg::Ptr(k.dev.ids_ptr(&mask.bounds)),
             int(mask.count),
             int(n),
@@ -250,9 +251,14 @@ fn check_lens(n: usize, lr: f64, lens: &[(&'static str, usize)]) -> Result<(), O
     Ok(())
 }
 
-/// The device pointer of an optional buffer (null when absent), e.g. the half working copy.
+/// The device pointer of an optional buffer (null when absent), e.g. SGD's momentum buffer.
 fn opt_ptr<D: Device>(k: &Kernels<D>, v: Option<D::ViewMut<'_>>) -> u64 {
     v.map_or(0, |mut v| k.dev.ptr_mut(&mut v))
+}
+
+/// An optional typed buffer (null when absent): the half parameters a step writes.
+fn opt_typed<D: Device>(k: &Kernels<D>, v: Option<D::ViewMut<'_>>) -> Arg {
+    v.map_or(Arg::Typed(0, Dtype::F32), |mut v| k.typed_mut(&mut v))
 }
 
 /// One SGD step on the device: `params` (and the momentum buffer, when μ ≠ 0) updated from
@@ -298,7 +304,7 @@ pub fn sgd_step<D: Device>(
             Arg::Ptr(k.dev.ptr_mut(&mut params)),
             Arg::Ptr(k.dev.ptr(grads)),
             Arg::Ptr(opt_ptr(k, momentum)),
-            Arg::Ptr(opt_ptr(k, work)),
+            opt_typed(k, work),
             Arg::Ptr(k.dev.ids_ptr(&mask.bounds)),
             int(mask.count),
             int(n),
@@ -351,7 +357,7 @@ pub fn adagrad_step<D: Device>(
             Arg::Ptr(k.dev.ptr_mut(&mut params)),
             Arg::Ptr(k.dev.ptr(grads)),
             Arg::Ptr(k.dev.ptr_mut(&mut sum)),
-            Arg::Ptr(opt_ptr(k, work)),
+            opt_typed(k, work),
             Arg::Ptr(k.dev.ids_ptr(&mask.bounds)),
             int(mask.count),
             int(n),
@@ -542,7 +548,7 @@ pub fn lamb_step<D: Device>(
         &[
             Arg::Ptr(param),
             Arg::Ptr(update),
-            Arg::Ptr(opt_ptr(k, work)),
+            opt_typed(k, work),
             Arg::Ptr(coeffs),
             Arg::Ptr(tensor_at),
             int(t.count),

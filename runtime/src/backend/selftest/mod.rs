@@ -321,6 +321,21 @@ impl<B: Backend> Checker<'_, B> {
         let (w, p, t) = (be.view(&wb), be.view(&pb), be.view(&tb));
         be.embedding_fwd(be.view_mut(&mut sum), &ib, &yb, w, p, t, batch, seq, hidden);
         self.compare_bufs(&[("stored.embedding_fwd", &sum, &want)]);
+        // From tables kept in one stored buffer (the parameters, when the device steps them).
+        let mut tables = be.alloc_stored(word.len() + pos.len() + typ.len());
+        let (wl, pl) = (word.len(), word.len() + pos.len());
+        be.write(be.range_mut(&mut tables, 0..wl), &word);
+        be.write(be.range_mut(&mut tables, wl..pl), &pos);
+        be.write(be.range_mut(&mut tables, pl..pl + typ.len()), &typ);
+        let t = be.view(&tables);
+        let (w, p, t) = (
+            be.sub(t, 0..wl),
+            be.sub(t, wl..pl),
+            be.sub(t, pl..pl + typ.len()),
+        );
+        let mut out = be.alloc(n * hidden);
+        be.embedding_fwd(be.view_mut(&mut out), &ib, &yb, w, p, t, batch, seq, hidden);
+        self.compare_bufs(&[("stored.params.embedding_fwd", &out, &want)]);
 
         let dout = rand(n * hidden, 1.0, 25, st);
         let (mut ww, mut wp, mut wt) = (word.clone(), pos.clone(), typ.clone());
@@ -746,29 +761,78 @@ impl<B: Backend> Checker<'_, B> {
         let mut ws = dy.clone();
         cpu.bias_dropout_add(&mut ws, &bias, rows, cols, Some(&d), &x);
         self.compare_bufs(&[("stored.bias_dropout_add.out", &sum, &ws)]);
-        let mut y = be.alloc(n);
+        // LayerNorm reading a stored input.
+        self.layernorm_round_trip(
+            "inp",
+            (&sum, &ws),
+            (&wd, &lw),
+            (&bd, &lb),
+            (&dyb, &dy),
+            rows,
+        );
+        // Parameters kept in stored buffers (when the device steps them): a bias, and
+        // LayerNorm's weight and bias, forward and backward.
+        let param = |host: &[f32]| {
+            let mut b = be.alloc_stored(host.len());
+            be.write(be.view_mut(&mut b), host);
+            b
+        };
+        let (bs, lws, lbs) = (param(&bias), param(&lw), param(&lb));
+        let got = self.on_backend(&dy, |b, o| {
+            b.add_bias(b.view_mut(o), b.view(&bs), rows, cols)
+        });
+        let mut want = dy.clone();
+        cpu.add_bias(&mut want, &bias, rows, cols);
+        self.compare("stored.params.add_bias", &got, &want);
+        self.layernorm_round_trip(
+            "params",
+            (&xb, &x),
+            (&lws, &lw),
+            (&lbs, &lb),
+            (&dyb, &dy),
+            rows,
+        );
+    }
+
+    /// LayerNorm's forward and backward (from its own saved statistics) on the backend and on
+    /// the CPU, each input a backend buffer and its host values, compared as
+    /// `stored.layernorm.{what}.*`.
+    fn layernorm_round_trip(
+        &mut self,
+        what: &str,
+        inp: (&B::Buf, &[f32]),
+        w: (&B::Buf, &[f32]),
+        b: (&B::Buf, &[f32]),
+        dout: (&B::Buf, &[f32]),
+        rows: usize,
+    ) {
+        let (be, cpu) = (self.be, self.cpu);
+        let cols = w.1.len();
+        let n = rows * cols;
+        let (mut y, mut mean, mut rstd) = (be.alloc(n), be.alloc(rows), be.alloc(rows));
         be.layernorm_fwd(
             be.view_mut(&mut y),
             be.view_mut(&mut mean),
             be.view_mut(&mut rstd),
-            be.view(&sum),
-            be.view(&wd),
-            be.view(&bd),
+            be.view(inp.0),
+            be.view(w.0),
+            be.view(b.0),
             rows,
             cols,
             1e-12,
         );
-        let mut wy = vec![0.0; n];
-        cpu.layernorm_fwd(&mut wy, &mut cm, &mut cr, &ws, &lw, &lb, rows, cols, 1e-12);
-        self.compare_bufs(&[("stored.layernorm_fwd.inp", &y, &wy)]);
+        let (mut wy, mut cm, mut cr) = (vec![0.0; n], vec![0.0; rows], vec![0.0; rows]);
+        cpu.layernorm_fwd(
+            &mut wy, &mut cm, &mut cr, inp.1, w.1, b.1, rows, cols, 1e-12,
+        );
         let (mut dinp, mut dw, mut db) = (be.alloc(n), be.alloc(cols), be.alloc(cols));
         be.layernorm_bwd(
             be.view_mut(&mut dinp),
             be.view_mut(&mut dw),
             be.view_mut(&mut db),
-            be.view(&dyb),
-            be.view(&sum),
-            be.view(&wd),
+            be.view(dout.0),
+            be.view(inp.0),
+            be.view(w.0),
             be.view(&mean),
             be.view(&rstd),
             rows,
@@ -776,12 +840,13 @@ impl<B: Backend> Checker<'_, B> {
         );
         let (mut wdi, mut wdw, mut wdb) = (vec![0.0; n], vec![0.0; cols], vec![0.0; cols]);
         cpu.layernorm_bwd(
-            &mut wdi, &mut wdw, &mut wdb, &dy, &ws, &lw, &cm, &cr, rows, cols,
+            &mut wdi, &mut wdw, &mut wdb, dout.1, inp.1, w.1, &cm, &cr, rows, cols,
         );
         self.compare_bufs(&[
-            ("stored.layernorm_bwd.dinp", &dinp, &wdi),
-            ("stored.layernorm_bwd.dw", &dw, &wdw),
-            ("stored.layernorm_bwd.db", &db, &wdb),
+            (&format!("stored.layernorm.{what}.fwd"), &y, &wy),
+            (&format!("stored.layernorm.{what}.dinp"), &dinp, &wdi),
+            (&format!("stored.layernorm.{what}.dw"), &dw, &wdw),
+            (&format!("stored.layernorm.{what}.db"), &db, &wdb),
         ]);
     }
 }

@@ -3,6 +3,7 @@
 use super::{rand, OpCheck};
 use crate::backend::device::Device;
 use crate::backend::kernels::{adamw_step, grad_norm_sq, grad_norm_sq_blocks, DecayMask, Kernels};
+use crate::backend::Backend;
 use crate::optim::device::DeviceOptimizer;
 use crate::optim::{
     self, Adagrad, AdagradConfig, AdagradImpl, Adam, AdamConfig, GradScale, Lamb, LambConfig,
@@ -378,7 +379,7 @@ fn adam_checks<D: Device>(k: &Kernels<D>, store: Dtype, host_lr_factor: f64) -> 
 }
 
 /// The mixed-precision step: half gradients at a loss scale, the fp32 master and the half working
-/// copy (rounded to `store` by the kernel), against `HostOptimizer`.
+/// copy (rounded to `store` by the kernel, into a stored buffer), against `HostOptimizer`.
 fn mixed_checks<D: Device>(k: &Kernels<D>, store: Dtype, host_lr_factor: f64) -> Vec<OpCheck> {
     let dev = k.device();
     let n = OPTIM_N;
@@ -391,7 +392,10 @@ fn mixed_checks<D: Device>(k: &Kernels<D>, store: Dtype, host_lr_factor: f64) ->
     let mut host = HostOptimizer::new(adam, false, store, &p0);
     let mut hp = p0.clone();
     let mut d = DeviceAdam::<D>::new(dev, &p0);
-    let mut work = dev.upload(&p0);
+    // The half parameters as the model keeps them when the device steps them (16 bits on a GPU
+    // storing fp16/bf16).
+    let mut work = k.alloc_stored(n);
+    k.write(k.view_mut(&mut work), &p0);
     let loss_scale = 1024.0f64;
     let mut checks = Vec::new();
     for step in 0..2 {

@@ -252,10 +252,28 @@ fn grow_keeping<'s, D: Device>(
 }
 
 /// Copies `host` into `slot`, allocating only the first time (the model's size is fixed).
-fn put<D: Device>(k: &Kernels<D>, slot: &mut Option<D::Buf>, host: &[f32]) {
+/// `host` into `slot`: into the buffer it holds when that has the length and the kind asked
+/// (`stored`: [`Backend::alloc_stored`], else f32), else into a new one.
+fn put<D: Device>(k: &Kernels<D>, slot: &mut Option<D::Buf>, host: &[f32], stored: bool) {
+    let dev = k.device();
+    let elem = if stored {
+        k.stored_elem()
+    } else {
+        crate::precision::Dtype::F32
+    };
     match slot {
-        Some(buf) => k.write(k.view_mut(buf), host),
-        None => *slot = Some(k.upload(host)),
+        Some(buf) if dev.len(k.view(buf)) == host.len() && dev.elem(k.view(buf)) == elem => {
+            k.write(k.view_mut(buf), host)
+        }
+        _ => {
+            let mut buf = if stored {
+                k.alloc_stored(host.len())
+            } else {
+                k.alloc(host.len())
+            };
+            k.write(k.view_mut(&mut buf), host);
+            *slot = Some(buf);
+        }
     }
 }
 
@@ -263,7 +281,7 @@ fn put<D: Device>(k: &Kernels<D>, slot: &mut Option<D::Buf>, host: &[f32]) {
 /// stamp): a window's micro-batches and an evaluation's batches upload them once.
 fn put_params<D: Device>(k: &Kernels<D>, st: &mut State<D>, model: &Classifier) {
     if st.params.is_none() || st.params_stamp != model.params_stamp() {
-        put(k, &mut st.params, &model.params().data);
+        put(k, &mut st.params, &model.params().data, true);
         st.params_stamp = model.params_stamp();
     }
 }
@@ -308,7 +326,7 @@ where
             ));
         }
         put_params(k, st, model);
-        put(k, &mut st.grads, grads);
+        put(k, &mut st.grads, grads, false);
         let (params, dgrads) = (st.params.as_ref().unwrap(), st.grads.as_mut().unwrap());
         let loss = model.forward_backward_on(
             k,

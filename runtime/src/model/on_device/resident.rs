@@ -69,9 +69,24 @@ fn split<D: Device>(
                     "ZeRO-3's pieces are taken from the whole parameters: gather them first".into(),
                 );
             }
-            Ok(Split::Pieces(Pieces::new(k, map.clone(), me, storage)))
+            let stored = params_stored(keep);
+            Ok(Split::Pieces(Pieces::new(
+                k,
+                map.clone(),
+                me,
+                storage,
+                stored,
+            )))
         }
     }
+}
+
+/// Whether the parameters are kept as [`Backend::alloc_stored`] (16 bits on a device storing
+/// fp16/bf16, so that the GEMMs read the weights as they are, docs/cuda.md "16-bit buffers"):
+/// when the device steps them. Under optimizer offload they stay f32, the type of the pinned
+/// host memory their updated values are queued up from ([`Resident::upload_params_part`]).
+fn params_stored(keep: &Keep<'_>) -> bool {
+    keep.optimizer.is_some()
 }
 
 /// Every rank's range of `buf` (`ranges[r]` for rank r) broadcast from its owner, in one group:
@@ -148,9 +163,13 @@ where
                 )));
             }
         }
+        let stored = params_stored(&keep);
         match &split {
-            Some(Split::Pieces(pc)) => st.params = Some(k.upload(&pc.take(&model.params().data))),
-            _ => put(k, &mut st.params, &model.params().data),
+            Some(Split::Pieces(pc)) => {
+                st.params = None;
+                put(k, &mut st.params, &pc.take(&model.params().data), stored);
+            }
+            _ => put(k, &mut st.params, &model.params().data, stored),
         }
         st.params_stamp = model.params_stamp();
         // ZeRO 2–3 with peers accumulate their partition only; the others the whole gradient
