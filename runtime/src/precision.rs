@@ -56,6 +56,25 @@ impl Dtype {
         }
     }
 
+    /// `x`'s 16 bits in this half dtype, rounded to nearest even (exact for a value already
+    /// rounded to it): an element of a 16-bit buffer. Panics for `F32`.
+    pub fn bits(self, x: f32) -> u16 {
+        match self {
+            Dtype::F16 => half::f16::from_f32(x).to_bits(),
+            Dtype::Bf16 => half::bf16::from_f32(x).to_bits(),
+            Dtype::F32 => panic!("f32 has no 16-bit form"),
+        }
+    }
+
+    /// The value of [`Dtype::bits`]' 16 bits (exact). Panics for `F32`.
+    pub fn from_bits(self, b: u16) -> f32 {
+        match self {
+            Dtype::F16 => half::f16::from_bits(b).to_f32(),
+            Dtype::Bf16 => half::bf16::from_bits(b).to_f32(),
+            Dtype::F32 => panic!("f32 has no 16-bit form"),
+        }
+    }
+
     /// Rounds every element of `xs` in place (a no-op for `F32`).
     pub fn round_slice(self, xs: &mut [f32]) {
         match self {

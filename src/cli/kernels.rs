@@ -109,7 +109,7 @@ pub fn run(archs: &[String], out: Option<&Path>, ptxas_bin: Option<&Path>, selft
 fn self_test(out: Option<&Path>) -> Result<bool, i32> {
     use recipe_runtime::backend::cuda::CudaDevice;
     use recipe_runtime::backend::kernels::Kernels;
-    use recipe_runtime::backend::selftest::{compare, compare_optim};
+    use recipe_runtime::backend::selftest::{compare, compare_optim, compare_queued_upload};
     use recipe_runtime::precision::Dtype;
     let dev = CudaDevice::open(0).map_err(|e| {
         eprintln!("error: {e}");
@@ -133,7 +133,8 @@ fn self_test(out: Option<&Path>) -> Result<bool, i32> {
     // is rounded by each half type's own PTX conversion.
     for store in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
         kernels = kernels.with_store(store);
-        let checks = compare_optim(&kernels, store);
+        let mut checks = compare_optim(&kernels, store);
+        checks.push(compare_queued_upload(&kernels, store));
         if let Err(e) = recipe_runtime::backend::device::Device::sync(kernels.device()) {
             eprintln!("error: the GPU reported: {e}");
             return Err(FAILED);

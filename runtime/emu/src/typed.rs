@@ -56,17 +56,11 @@ fn size(elem: Dtype) -> usize {
 
 /// `x`'s 16 bits in `half`, rounded to nearest even (exact for a value already rounded to it).
 fn narrow(x: f32, half: Dtype) -> u16 {
-    match half {
-        Dtype::F16 => half::f16::from_f32(x).to_bits(),
-        _ => half::bf16::from_f32(x).to_bits(),
-    }
+    half.bits(x)
 }
 
 fn widen(b: u16, half: Dtype) -> f32 {
-    match half {
-        Dtype::F16 => half::f16::from_bits(b).to_f32(),
-        _ => half::bf16::from_bits(b).to_f32(),
-    }
+    half.from_bits(b)
 }
 
 /// The `len` elements of `elem` at `p` as floats.

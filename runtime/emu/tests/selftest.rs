@@ -127,3 +127,19 @@ fn the_self_test_finds_a_wrong_kernel() {
         "{checks:#?}"
     );
 }
+
+/// The queued upload of an offloaded step's parameters into a stored buffer: floats on the f32
+/// emulated device, 16 bits on the one keeping half buffers (`Device::upload_queued_bits`).
+#[test]
+fn the_queued_parameter_upload_lands_its_range_exactly() {
+    use recipe_kernel_emu::{Emu, EmuTyped};
+    use recipe_runtime::backend::selftest::compare_queued_upload;
+    for store in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+        let c = compare_queued_upload(&Kernels::new(Emu).with_store(store), store);
+        assert!(c.ok, "{c:?}");
+    }
+    for store in [Dtype::F16, Dtype::Bf16] {
+        let c = compare_queued_upload(&Kernels::new(EmuTyped).with_store(store), store);
+        assert!(c.ok, "{c:?}");
+    }
+}

@@ -259,6 +259,21 @@ pub trait Device {
         // SAFETY: the caller's contract.
         self.write(dst, unsafe { std::slice::from_raw_parts(src, n) });
     }
+    /// [`Device::upload_queued`] into a 16-bit `dst` ([`Device::alloc_half`]) from the 16-bit
+    /// patterns of its dtype at `src` ([`Dtype::bits`]): half the bytes of floats. By default,
+    /// widened and written at once.
+    ///
+    /// # Safety
+    /// As [`Device::upload_queued`], `src` pointing at `len(dst)` `u16`s of [`Device::Pinned`]
+    /// memory.
+    unsafe fn upload_queued_bits(&self, dst: Self::ViewMut<'_>, src: *const u16) {
+        let n = self.len_mut(&dst);
+        let elem = self.elem(self.as_view(&dst));
+        // SAFETY: the caller's contract.
+        let bits = unsafe { std::slice::from_raw_parts(src, n) };
+        let wide: Vec<f32> = bits.iter().map(|&b| elem.from_bits(b)).collect();
+        self.write(dst, &wide);
+    }
     /// Waits for every queued copy ([`Device::download_queued`], [`Device::upload_queued`]);
     /// `Ok` unless one failed.
     fn wait_copies(&self) -> Result<(), String> {

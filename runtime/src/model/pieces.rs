@@ -34,22 +34,11 @@ pub(super) struct Pieces<D: Device> {
 
 impl<D: Device> Pieces<D> {
     /// Buffers for `map`'s segments on `k`, for rank `me`; the gathered segment of the type of
-    /// the rank's pieces (`stored`: [`Backend::alloc_stored`], as the parameters are when the
-    /// device steps them, `model/on_device`).
-    pub fn new(
-        k: &Kernels<D>,
-        map: SegmentParts,
-        me: usize,
-        storage: Storage,
-        stored: bool,
-    ) -> Pieces<D> {
+    /// the rank's pieces ([`Backend::alloc_stored`], as the parameters, `model/on_device`).
+    pub fn new(k: &Kernels<D>, map: SegmentParts, me: usize, storage: Storage) -> Pieces<D> {
         let largest = map.segs.iter().map(Range::len).max().unwrap_or(0);
         Pieces {
-            seg: if stored {
-                k.alloc_stored(largest)
-            } else {
-                k.alloc(largest)
-            },
+            seg: k.alloc_stored(largest),
             grad: k.alloc(largest),
             map,
             me,

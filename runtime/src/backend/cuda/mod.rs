@@ -161,25 +161,13 @@ fn size(elem: Dtype) -> u64 {
 
 /// `src` as the 16 bits of `half`, rounded to nearest even (exact for values stored rounded).
 fn narrow(src: &[f32], half: Dtype) -> Vec<u16> {
-    match half {
-        Dtype::F16 => src
-            .iter()
-            .map(|&x| half::f16::from_f32(x).to_bits())
-            .collect(),
-        _ => src
-            .iter()
-            .map(|&x| half::bf16::from_f32(x).to_bits())
-            .collect(),
-    }
+    src.iter().map(|&x| half.bits(x)).collect()
 }
 
 /// 16-bit values of `half` as floats (exact).
 fn widen(src: &[u16], dst: &mut [f32], half: Dtype) {
     for (d, &b) in dst.iter_mut().zip(src) {
-        *d = match half {
-            Dtype::F16 => half::f16::from_bits(b).to_f32(),
-            _ => half::bf16::from_bits(b).to_f32(),
-        };
+        *d = half.from_bits(b);
     }
 }
 
@@ -659,6 +647,36 @@ impl CudaDevice {
             self.name,
             human(bytes)
         ));
+    }
+
+    /// Queues the copy of `dst.len` elements of `T` (the view's element type) at `src` into
+    /// `dst` on the copy stream ([`Device::upload_queued`], [`Device::upload_queued_bits`]).
+    ///
+    /// # Safety
+    /// `src` points at `dst.len` `T`s of pinned host memory that stay allocated and unwritten,
+    /// and nothing reads or writes `dst`, until [`Device::wait_copies`] has returned.
+    unsafe fn queue_upload<T: cudarc::driver::DeviceRepr>(
+        &self,
+        dst: DevViewMut<'_>,
+        src: *const T,
+    ) {
+        if self.failed() || dst.len == 0 {
+            return;
+        }
+        self.wrote();
+        let Some(copies) = self.copy_stream() else {
+            return;
+        };
+        // SAFETY: `dst` is a live allocation of `dst.len` elements of `T`'s size, and `src`
+        // pinned host memory of as many, both left alone until `wait_copies` (the caller's
+        // contract).
+        let r = unsafe {
+            let src = std::slice::from_raw_parts(src, dst.len);
+            drv::memcpy_htod_async(dst.ptr, src, copies.cu_stream())
+        };
+        if let Err(e) = r {
+            self.record("a queued upload", e);
+        }
     }
 
     /// The address of `slot`, grown to hold `n` elements of `T`; `None` when that allocation
@@ -1592,22 +1610,17 @@ impl Device for CudaDevice {
 
     unsafe fn upload_queued(&self, dst: DevViewMut<'_>, src: *const f32) {
         assert_eq!(dst.elem, Dtype::F32, "a queued upload into a 16-bit buffer");
-        if self.failed() || dst.len == 0 {
-            return;
-        }
-        self.wrote();
-        let Some(copies) = self.copy_stream() else {
-            return;
-        };
-        // SAFETY: `dst` is a live allocation of `dst.len` floats, and `src` pinned host memory
-        // of as many, both left alone until `wait_copies` (the caller's contract).
-        let r = unsafe {
-            let src = std::slice::from_raw_parts(src, dst.len);
-            drv::memcpy_htod_async(dst.ptr, src, copies.cu_stream())
-        };
-        if let Err(e) = r {
-            self.record("a queued upload", e);
-        }
+        // SAFETY: the caller's contract.
+        unsafe { self.queue_upload(dst, src) }
+    }
+
+    unsafe fn upload_queued_bits(&self, dst: DevViewMut<'_>, src: *const u16) {
+        assert!(
+            dst.elem.is_half(),
+            "a queued upload of 16 bits into an f32 buffer"
+        );
+        // SAFETY: the caller's contract.
+        unsafe { self.queue_upload(dst, src) }
     }
 
     fn wait_copies(&self) -> Result<(), String> {

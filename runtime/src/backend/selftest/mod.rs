@@ -21,6 +21,8 @@ pub use peers::compare_peers;
 
 use serde::Serialize;
 
+use super::device::Device;
+use super::kernels::Kernels;
 use super::{AttnShape, Backend, Cpu, Dropout, Gemm};
 use crate::precision::Dtype;
 use crate::rng::Rng;
@@ -848,6 +850,50 @@ impl<B: Backend> Checker<'_, B> {
             (&format!("stored.layernorm.{what}.dw"), &dw, &wdw),
             (&format!("stored.layernorm.{what}.db"), &db, &wdb),
         ]);
+    }
+}
+
+/// The queued copy of an offloaded step's updated parameters into a stored buffer: in a half
+/// store, their 16 bits from pinned memory (`Device::upload_queued_bits`) into part of it, the
+/// rest left as it was; in fp32, the floats (`Device::upload_queued`). Exact: `copy.upload_queued`.
+pub fn compare_queued_upload<D: Device>(k: &Kernels<D>, store: Dtype) -> OpCheck {
+    let dev = k.device();
+    let (n, at, m) = (1001, 3, 997);
+    let before = rand(n, 2.0, 60, store);
+    let up = rand(m, 2.0, 61, store);
+    let mut buf = k.alloc_stored(n);
+    k.write(k.view_mut(&mut buf), &before);
+    let elem = dev.elem(k.view(&buf));
+    let mut pinned = dev.alloc_pinned(m);
+    let dst = dev.range_mut(&mut buf, at..at + m);
+    if elem.is_half() {
+        // SAFETY: `pinned` holds m floats, room for m `u16`s (alignment 4 ≥ 2).
+        let bits = unsafe { std::slice::from_raw_parts_mut(pinned.as_mut_ptr().cast::<u16>(), m) };
+        for (b, &x) in bits.iter_mut().zip(&up) {
+            *b = elem.bits(x);
+        }
+        // SAFETY: `pinned` outlives the wait below, and nothing touches it or `buf` until then.
+        unsafe { dev.upload_queued_bits(dst, bits.as_ptr()) };
+    } else {
+        pinned.copy_from_slice(&up);
+        // SAFETY: as above.
+        unsafe { dev.upload_queued(dst, pinned.as_ptr()) };
+    }
+    let waited = dev.wait_copies();
+    let mut got = vec![0.0; n];
+    k.download(k.view(&buf), &mut got);
+    let mut want = before;
+    want[at..at + m].copy_from_slice(&up);
+    let same = got
+        .iter()
+        .zip(&want)
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    OpCheck {
+        op: "copy.upload_queued".into(),
+        store,
+        error: if same { 0.0 } else { 1.0 },
+        tolerance: 0.0,
+        ok: same && waited.is_ok(),
     }
 }
 

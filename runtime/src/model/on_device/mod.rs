@@ -91,6 +91,10 @@ struct State<D: Device> {
     /// Where the next micro-batch copies the accumulator's segments as it finishes them
     /// ([`Resident::land_next`]).
     landing: Option<Landing>,
+    /// Under optimizer offload with 16-bit parameters: the host's updated values as their 16
+    /// bits, in pinned memory (floats holding two each), which [`Resident::upload_params_part`]
+    /// queues up (allocated at the first step, then reused).
+    param_bits: Option<D::Pinned>,
 }
 
 /// What a rank of a group owns ([`Partitioned`]).
@@ -196,6 +200,7 @@ impl<D: Device> OnDevice<D> {
                 losses: None,
                 pending: Vec::new(),
                 landing: None,
+                param_bits: None,
             }),
         })
     }

@@ -69,24 +69,9 @@ fn split<D: Device>(
                     "ZeRO-3's pieces are taken from the whole parameters: gather them first".into(),
                 );
             }
-            let stored = params_stored(keep);
-            Ok(Split::Pieces(Pieces::new(
-                k,
-                map.clone(),
-                me,
-                storage,
-                stored,
-            )))
+            Ok(Split::Pieces(Pieces::new(k, map.clone(), me, storage)))
         }
     }
-}
-
-/// Whether the parameters are kept as [`Backend::alloc_stored`] (16 bits on a device storing
-/// fp16/bf16, so that the GEMMs read the weights as they are, docs/cuda.md "16-bit buffers"):
-/// when the device steps them. Under optimizer offload they stay f32, the type of the pinned
-/// host memory their updated values are queued up from ([`Resident::upload_params_part`]).
-fn params_stored(keep: &Keep<'_>) -> bool {
-    keep.optimizer.is_some()
 }
 
 /// Every rank's range of `buf` (`ranges[r]` for rank r) broadcast from its owner, in one group:
@@ -163,13 +148,27 @@ where
                 )));
             }
         }
-        let stored = params_stored(&keep);
+        // The parameters as [`Backend::alloc_stored`]: 16 bits on a device storing fp16/bf16, so
+        // that the GEMMs read the weights as they are (docs/cuda.md, "16-bit buffers").
         match &split {
             Some(Split::Pieces(pc)) => {
                 st.params = None;
-                put(k, &mut st.params, &pc.take(&model.params().data), stored);
+                put(k, &mut st.params, &pc.take(&model.params().data), true);
             }
-            _ => put(k, &mut st.params, &model.params().data, stored),
+            _ => put(k, &mut st.params, &model.params().data, true),
+        }
+        // Under offload one device's 16-bit parameters come up through pinned bits
+        // (`upload_params_part`): pinned once, before the first step.
+        let dev = k.device();
+        let params = st
+            .params
+            .as_ref()
+            .map_or(Dtype::F32, |p| dev.elem(k.view(p)));
+        if keep.optimizer.is_none() && split.is_none() && params.is_half() {
+            let n = model.params().len();
+            if st.param_bits.as_ref().is_none_or(|b| 2 * b.len() < n) {
+                st.param_bits = Some(dev.alloc_pinned(n.div_ceil(2)));
+            }
         }
         st.params_stamp = model.params_stamp();
         // ZeRO 2–3 with peers accumulate their partition only; the others the whole gradient
@@ -555,12 +554,35 @@ where
             return false;
         };
         let dev = k.device();
-        if at + src.len() > dev.len(dev.view(params)) {
+        let n = dev.len(dev.view(params));
+        if at + src.len() > n {
             return false;
         }
-        // SAFETY: the caller's contract keeps `src` (pinned) alive and unwritten until
-        // `params_uploaded`; the device's passes do not read the parameters before then.
-        unsafe { dev.upload_queued(dev.range_mut(params, at..at + src.len()), src.as_ptr()) };
+        let elem = dev.elem(dev.view(params));
+        let dst = dev.range_mut(params, at..at + src.len());
+        if !elem.is_half() {
+            // SAFETY: the caller's contract keeps `src` (pinned) alive and unwritten until
+            // `params_uploaded`; the device's passes do not read the parameters before then.
+            unsafe { dev.upload_queued(dst, src.as_ptr()) };
+            return true;
+        }
+        // 16-bit parameters: the range's bits into pinned memory of the state's (exact: the
+        // host's values are rounded to the module's dtype), then up, half the bytes.
+        let pinned = match st.param_bits.as_mut() {
+            Some(b) if 2 * b.len() >= n => b,
+            _ => st.param_bits.insert(dev.alloc_pinned(n.div_ceil(2))),
+        };
+        // SAFETY: `pinned` holds at least ⌈n/2⌉ floats, room for n `u16`s (alignment 4 ≥ 2),
+        // and nothing else borrows it.
+        let bits = unsafe { std::slice::from_raw_parts_mut(pinned.as_mut_ptr().cast::<u16>(), n) };
+        let part = &mut bits[at..at + src.len()];
+        for (b, &x) in part.iter_mut().zip(src) {
+            *b = elem.bits(x);
+        }
+        // SAFETY: the state keeps `pinned` for the run, and this range of it is written again
+        // only by the next step's call, after `params_uploaded`; the device's passes do not
+        // read the parameters before then.
+        unsafe { dev.upload_queued_bits(dst, part.as_ptr()) };
         true
     }
 
