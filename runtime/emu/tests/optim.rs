@@ -746,3 +746,22 @@ fn lamb_norms_cap_the_blocks_as_the_host_does() {
         }
     }
 }
+
+/// 16-bit parameters hold only the rounded copy of the weights: stepping them without fp32
+/// master weights is refused with the reason (no kernel reads two-byte values as floats).
+#[test]
+fn sixteen_bit_parameters_without_master_weights_are_refused() {
+    use recipe_kernel_emu::EmuTyped;
+    use recipe_runtime::backend::Backend;
+    let k = Kernels::new(EmuTyped).with_store(Dtype::F16);
+    let n = 33;
+    let (entries, flags) = optim_layout(n);
+    let adam = Optimizer::from(Adam::new(AdamConfig::adamw(0.01), &entries, &flags).unwrap());
+    let mut dev =
+        recipe_runtime::optim::device::DeviceOptimizer::new(&k, &adam, None, n, 0..n).unwrap();
+    let mut params = k.alloc_stored(n);
+    let e = dev
+        .step(&k, k.view_mut(&mut params), &adam, 1e-3, (1.0, 1.0))
+        .unwrap_err();
+    assert!(e.to_string().contains("fp32 master weights"), "{e}");
+}

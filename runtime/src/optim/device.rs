@@ -381,6 +381,13 @@ impl<D: Device> DeviceOptimizer<D> {
             // A rank that owns nothing (more ranks than elements) steps nothing.
             return Ok(());
         }
+        if self.master.is_none() && dev.elem(dev.as_view(&params)).is_half() {
+            // The kernels update f32 weights: 16-bit parameters are only their rounded copy.
+            return Err(OptimError::Config(
+                "16-bit parameters are stepped through fp32 master weights, and none were uploaded"
+                    .into(),
+            ));
+        }
         let t = opt.steps() + 1;
         let (weights, work) = match &mut self.master {
             None => (params, None),
