@@ -260,6 +260,16 @@ impl Batch {
         };
         self.offset(s, last).max(full_row) + span
     }
+
+    /// Whether the batch of GEMMs `g` overwrites every element of its output's extent: none is
+    /// added to (`beta` 0) and none is skipped (`m·n` per item over all the items fill the
+    /// extent; items' outputs never overlap, which would race). Attention's `dq` and `dk` batches
+    /// do, their heads side by side in each row. A GPU then need not start a scratch copy of the
+    /// output from the output's values ([`device::Device::gemm_batched`] into a 16-bit buffer).
+    pub fn overwrites_all(&self, g: &Gemm) -> bool {
+        let (_, _, span_c) = g.spans();
+        g.beta == 0.0 && self.count * g.m * g.n == self.extent(self.c, span_c)
+    }
 }
 
 /// Shape of a multi-head attention call: `batch × seq` tokens, `heads × head_dim` = hidden.
@@ -642,4 +652,49 @@ pub enum Loss {
         /// Rows of the batch.
         rows: usize,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Attention's `dq` batch (an item per sequence and head, `[seq × head_dim]` blocks of the
+    /// `[batch, seq, hidden]` output side by side) overwrites its whole extent; one head fewer,
+    /// or a `beta` that adds, or rows with columns left between them, does not.
+    #[test]
+    fn attentions_output_batches_overwrite_their_extent() {
+        let s = AttnShape {
+            batch: 3,
+            seq: 5,
+            heads: 4,
+            head_dim: 2,
+        };
+        let hid = s.heads * s.head_dim;
+        let tok = Stride {
+            outer: s.seq * hid,
+            inner: s.head_dim,
+        };
+        let batch = |heads: usize| Batch {
+            count: s.batch * heads,
+            inner: heads,
+            a: tok,
+            b: tok,
+            c: tok,
+        };
+        let g = Gemm {
+            ldc: hid,
+            ..Gemm::dense(s.seq, s.head_dim, s.seq, false, false, 0.0)
+        };
+        assert_eq!(
+            batch(s.heads).extent(tok, g.spans().2),
+            s.batch * s.seq * hid
+        );
+        assert!(batch(s.heads).overwrites_all(&g));
+        // The last sequence's last head is the extent's end: with 3 of 4 heads the extent
+        // still has each row's fourth head between the items.
+        assert!(!batch(3).overwrites_all(&g));
+        assert!(!batch(s.heads).overwrites_all(&Gemm { beta: 1.0, ..g }));
+        let wide = Gemm { ldc: hid + 1, ..g };
+        assert!(!batch(s.heads).overwrites_all(&wide));
+    }
 }

@@ -1460,8 +1460,8 @@ impl Device for CudaDevice {
             // f32 products (attention's dq, dk: `ds` is f32) of 16-bit buffers: each through an
             // f32 copy of its extent (widening is exact); a 16-bit `c` gets the f32 results
             // rounded into it afterwards, as the kernels would round an f32 output. Its room
-            // starts as `c`'s values unless the items write every element of the extent and
-            // nothing is added to them (items overlapping in C would race anyway).
+            // starts as `c`'s values unless the batch overwrites them all
+            // (`Batch::overwrites_all`).
             None => {
                 let mut wide = |i: usize, v: (u64, Dtype), n: usize, fill: bool| -> u64 {
                     let what = "an allocation of f32 GEMM operands";
@@ -1484,8 +1484,7 @@ impl Device for CudaDevice {
                     b.ptr
                 };
                 let (pc, through) = if c16 {
-                    let tiles = g.beta == 0.0 && batch.count * g.m * g.n == ext.2;
-                    let room = wide(2, (c.ptr, c.elem), ext.2, !tiles);
+                    let room = wide(2, (c.ptr, c.elem), ext.2, !batch.overwrites_all(g));
                     (room, Some(room))
                 } else {
                     (c.ptr, None)
