@@ -326,6 +326,19 @@ pub trait Peers<D: Device>: Send {
     }
 }
 
+/// The first `n` `u16`s of `floats`' memory (which holds two per float): 16-bit patterns in
+/// [`Device::Pinned`] memory for [`Device::upload_queued_bits`].
+pub fn as_bits(floats: &mut [f32], n: usize) -> &mut [u16] {
+    assert!(
+        n <= 2 * floats.len(),
+        "{n} 16-bit values in {} floats",
+        floats.len()
+    );
+    // SAFETY: the floats' memory holds 2·len `u16`s (u16's alignment 2 divides f32's 4), and the
+    // exclusive borrow passes to the result.
+    unsafe { std::slice::from_raw_parts_mut(floats.as_mut_ptr().cast::<u16>(), n) }
+}
+
 /// `calls` (one per owner, say) in one group of `peers`, which is closed even when a call
 /// fails (NCCL keeps a thread's group open otherwise).
 pub fn grouped<D: Device, P: Peers<D> + ?Sized>(

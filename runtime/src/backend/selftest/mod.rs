@@ -867,8 +867,7 @@ pub fn compare_queued_upload<D: Device>(k: &Kernels<D>, store: Dtype) -> OpCheck
     let mut pinned = dev.alloc_pinned(m);
     let dst = dev.range_mut(&mut buf, at..at + m);
     if elem.is_half() {
-        // SAFETY: `pinned` holds m floats, room for m `u16`s (alignment 4 ≥ 2).
-        let bits = unsafe { std::slice::from_raw_parts_mut(pinned.as_mut_ptr().cast::<u16>(), m) };
+        let bits = super::device::as_bits(&mut pinned, m);
         for (b, &x) in bits.iter_mut().zip(&up) {
             *b = elem.bits(x);
         }

@@ -93,7 +93,7 @@ struct State<D: Device> {
     landing: Option<Landing>,
     /// Under optimizer offload with 16-bit parameters: the host's updated values as their 16
     /// bits, in pinned memory (floats holding two each), which [`Resident::upload_params_part`]
-    /// queues up (allocated at the first step, then reused).
+    /// queues up (allocated by [`Resident::upload`], before the first step).
     param_bits: Option<D::Pinned>,
 }
 
@@ -256,9 +256,9 @@ fn grow_keeping<'s, D: Device>(
     slot.as_mut().expect("allocated above")
 }
 
-/// Copies `host` into `slot`, allocating only the first time (the model's size is fixed).
-/// `host` into `slot`: into the buffer it holds when that has the length and the kind asked
-/// (`stored`: [`Backend::alloc_stored`], else f32), else into a new one.
+/// Copies `host` into `slot`: into the buffer it holds when that has the length and the kind
+/// asked (`stored`: [`Backend::alloc_stored`], else f32), else into a new one (the model's size
+/// is fixed, so only the first time).
 fn put<D: Device>(k: &Kernels<D>, slot: &mut Option<D::Buf>, host: &[f32], stored: bool) {
     let dev = k.device();
     let elem = if stored {

@@ -568,14 +568,12 @@ where
         }
         // 16-bit parameters: the range's bits into pinned memory of the state's (exact: the
         // host's values are rounded to the module's dtype), then up, half the bytes.
-        let pinned = match st.param_bits.as_mut() {
-            Some(b) if 2 * b.len() >= n => b,
-            _ => st.param_bits.insert(dev.alloc_pinned(n.div_ceil(2))),
+        // (Pinned by `upload`; without it the caller uploads the whole parameters after the
+        // step.)
+        let Some(pinned) = st.param_bits.as_mut().filter(|b| 2 * b.len() >= n) else {
+            return false;
         };
-        // SAFETY: `pinned` holds at least ⌈n/2⌉ floats, room for n `u16`s (alignment 4 ≥ 2),
-        // and nothing else borrows it.
-        let bits = unsafe { std::slice::from_raw_parts_mut(pinned.as_mut_ptr().cast::<u16>(), n) };
-        let part = &mut bits[at..at + src.len()];
+        let part = &mut crate::backend::device::as_bits(pinned, n)[at..at + src.len()];
         for (b, &x) in part.iter_mut().zip(src) {
             *b = elem.bits(x);
         }
