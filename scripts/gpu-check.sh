@@ -7,8 +7,9 @@
 #   selftest.txt/.json  every operation on the GPU against the CPU backend (fp32, fp16, bf16)
 #   selftest-convert.txt  the same with cuBLAS converting the half GEMMs' operands
 #                    (RECIPE_HALF_GEMM=convert, docs/cuda.md "Half-precision GEMMs")
-#   tiny/            the tiny BERT trained on the CPU and on the GPU, optimizer on the GPU
-#                    (tiny.json compares them), offloaded at ZeRO-2 in fp16 (offload.json), and
+#   tiny/            the tiny BERT trained on the CPU and on the GPU, optimizer on the GPU,
+#                    20 steps in fp32 (tiny.json compares them; summary's fp32_curve_goal: the
+#                    issue's goal, losses within 1e-5 relative, reported), offloaded at ZeRO-2 in fp16 (offload.json), and
 #                    two ranks (one GPU each, or sharing the only one) against the CPU's two:
 #                    ZeRO-0 (dp2.json), that ZeRO-2 offload shape (ranks2.json), ZeRO-2
 #                    without offload in fp16 (zero2.json) and ZeRO-3 in fp32 (zero3.json)
@@ -73,7 +74,8 @@ fi
 # The tiny BERT of tests/run.rs (random init, the MiniLM tokenizer, 48 SpamAssassin rows), 8
 # optimizer steps with dropout, on the CPU and on the GPU: the same steps and LRs, and losses
 # within 1e-4 relative (the GPU's fused multiply-adds and cuBLAS's order differ from the CPU's).
-# Three times: the optimizer resident on the GPU (`tiny`), recipes/cls.rcp's shape, ZeRO-2 with
+# Several times: the optimizer resident on the GPU (`tiny`, 20 steps: the issue's fp32 goal is
+# the CPU's curve within 1e-5 relative, reported as `fp32_curve_goal`), recipes/cls.rcp's shape, ZeRO-2 with
 # the optimizer offloaded to the host in fp16 (`offload`: the pinned copies, once per step each),
 # and two ranks against the CPU's two (both ranks on this GPU when it is the only one): `dp2`,
 # tiny.rcp at ZeRO-0 (each rank's model and optimizer resident, the gradient averaged on the
@@ -93,6 +95,8 @@ cp runtime/tests/fixtures/tiny-bert/config.json runtime/tests/fixtures/tiny-bert
 for part in tiny offload dp2 ranks2 zero2 zero3; do
     sets=()
     rcp=$part.rcp
+    # The fp32 goal's length: 20 optimizer steps (4 per epoch).
+    [ "$part" = tiny ] && sets=(--set 'train.epochs=5')
     [ "$part" = offload ] && sets=(--set 'train.precision=fp16')
     [ "$part" = dp2 ] && { sets=(--gpus 2); rcp=tiny.rcp; }
     [ "$part" = ranks2 ] && { sets=(--set 'train.precision=fp16' --gpus 2); rcp=offload.rcp; }
@@ -121,6 +125,10 @@ if cpu and gpu:
     out["steps"] = len(cpu)
     out["same_steps_lr_scales_skips"] = [s for s, _ in cpu] == [s for s, _ in gpu]
     out["max_loss_rel_diff"] = max(abs(a[1] - b[1]) / abs(a[1]) for a, b in zip(cpu, gpu))
+    if part == "tiny":
+        # The issue's goal, reported (not enforced, like throughput's): fp32, 20 steps, 1e-5.
+        out["fp32_curve_goal_1e-5"] = (len(cpu) >= 20 and out["same_steps_lr_scales_skips"]
+                                       and out["max_loss_rel_diff"] <= 1e-5)
     out["world"] = gstart.get("world")
     out["exchange_on_device"] = gstart.get("exchange_on_device")
     # One GPU per rank: NCCL; ranks sharing a GPU exchange through the host.
@@ -136,6 +144,10 @@ if cpu and gpu:
                  and out["exchange_on_device"] is nccl)
 print(json.dumps(out, indent=1))
 PYTHON
+    if [ "$part" = tiny ]; then
+        "$PY" -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1])).get("fp32_curve_goal_1e-5") else 1)' \
+            "$OUT/tiny.json" && parts[fp32_curve_goal]=met || parts[fp32_curve_goal]=missed
+    fi
     if json_ok "$OUT/$part.json"; then
         parts[$part]=pass
     else
@@ -183,7 +195,7 @@ fi
 {
     echo "{"
     first=1
-    for k in kernels selftest selftest_convert tiny offload dp2 ranks2 zero2 zero3 spam throughput; do
+    for k in kernels selftest selftest_convert tiny fp32_curve_goal offload dp2 ranks2 zero2 zero3 spam throughput; do
         [ $first = 1 ] || echo ","
         printf '  "%s": "%s"' "$k" "${parts[$k]}"
         first=0
