@@ -305,7 +305,8 @@ struct Deviation {
 /// steps, LRs, loss scales and skipped steps exactly; losses, gradient norms and final weights to
 /// the kernels' float differences; and the device's checkpoint resumed on the CPU, and the CPU's
 /// resumed on the device, end where the CPU alone ends (the checkpoints are the same files).
-/// In fp16/bf16, the device run again with 16-bit buffers (`EmuTyped`) gives the same bits. docs/cuda.md states the figures.
+/// In fp16/bf16, and under optimizer offload, the device run again with 16-bit buffers and late
+/// queued copies (`EmuTyped`) gives the same bits. docs/cuda.md states the figures.
 fn device_run_against_the_cpu(
     precision: &str,
     optimizer: Option<&str>,
@@ -405,10 +406,13 @@ fn device_run(
         ..quiet.clone()
     };
     train::run(&plan, &options).unwrap();
-    if dtype.is_half() {
+    let offload = plan.train.offload_optimizer != recipe_runtime::plan::Offload::None;
+    if dtype.is_half() || offload {
         // The same run keeping the stored activations and gradients in 16 bits (a GPU's
         // buffers, docs/cuda.md "16-bit buffers"): the same bits as the f32 buffers holding
-        // the same values, through every step, the checkpoint and the evaluation.
+        // the same values, through every step, the checkpoint and the evaluation. `EmuTyped`
+        // also runs the offload's queued copies as late as their contract allows (at
+        // `wait_copies`) where `Emu` copies at once: a missing wait would differ.
         plan.train.output_dir = dir.join("gpu16");
         let kernels = || Kernels::new(recipe_kernel_emu::EmuTyped).with_store(dtype);
         let executors = if peers {
@@ -632,6 +636,15 @@ fn the_device_trains_zero_2_with_the_optimizer_offloaded_in_fp16() {
     let d = device_run_against_the_cpu("fp16", None, Some(zero), &[]);
     assert_eq!(d.skipped, 2, "{d:?}");
     d.within(1e-3, 1e-3);
+}
+
+/// The same offload in fp32: the parameters go up as floats (`Device::upload_queued`), range by
+/// range while the host steps the next, and the window's gradient comes down segment by segment
+/// during the last backward; the late copies of `EmuTyped` give the same bits.
+#[test]
+fn the_device_trains_zero_2_with_the_optimizer_offloaded_in_fp32() {
+    let zero = "zero 2 { offload optimizer = cpu }";
+    device_run_against_the_cpu("fp32", None, Some(zero), &[]).within(1e-5, 1e-6);
 }
 
 /// ZeRO-3 on one GPU in fp32, the optimizer on the device: one rank's pieces are the whole

@@ -5,7 +5,16 @@
 //! this one's views carry their element type, and copies to and from the host convert. The
 //! launches and the GEMM are [`crate::Emu`]'s (the GEMM on the operands widened to f32: a
 //! 16-bit operand holds a half value exactly).
+//!
+//! Its queued copies ([`Device::download_queued`], [`Device::upload_queued`],
+//! [`Device::upload_queued_bits`]) run as late as their contract allows: at
+//! [`Device::wait_copies`], not when queued. A GPU runs them on a second stream at some moment
+//! between the two; [`crate::Emu`] copies at once, the earliest. A caller that reads a download's
+//! host memory, or lets the device read an upload's buffer, before `wait_copies` (a missing
+//! wait, which on a GPU races) gets different values on the two emulators, and the runs that
+//! compare them bit for bit (tests/run.rs) fail.
 
+use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::ops::Range;
 
@@ -14,6 +23,18 @@ use recipe_runtime::backend::Gemm;
 use recipe_runtime::precision::Dtype;
 
 use crate::Emu;
+
+thread_local! {
+    /// The copies queued on this thread and not yet waited for, in order (the emulated copy
+    /// stream; see the module docs). A rank's device is driven by its rank's thread, which
+    /// queues and waits; a queue left by a thread that ends is dropped unrun.
+    static QUEUED: RefCell<Vec<Box<dyn FnOnce()>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Queues `copy` on the emulated copy stream.
+fn queue(copy: impl FnOnce() + 'static) {
+    QUEUED.with(|q| q.borrow_mut().push(Box::new(copy)));
+}
 
 /// The emulated device with 16-bit buffers (see the module docs).
 #[derive(Debug, Clone, Copy, Default)]
@@ -333,6 +354,43 @@ impl Device for EmuTyped {
     }
 
     fn sync(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Run at [`Device::wait_copies`] (see the module docs).
+    unsafe fn download_queued(&self, src: TypedView<'_>, dst: *mut f32) {
+        let (p, n, elem) = (src.ptr, src.len, src.elem);
+        queue(move || {
+            // SAFETY: the caller's contract: `src`'s memory and `dst`'s `n` floats stay
+            // allocated and untouched until `wait_copies`, which runs this.
+            unsafe {
+                let v = read(p, n, elem);
+                std::ptr::copy_nonoverlapping(v.as_ptr(), dst, n);
+            }
+        });
+    }
+
+    /// Run at [`Device::wait_copies`] (see the module docs).
+    unsafe fn upload_queued(&self, dst: TypedViewMut<'_>, src: *const f32) {
+        let (p, n, elem) = (dst.ptr, dst.len, dst.elem);
+        // SAFETY (of the copy): the caller's contract, as `download_queued`'s.
+        queue(move || unsafe { write_at(p, std::slice::from_raw_parts(src, n), elem) });
+    }
+
+    /// Run at [`Device::wait_copies`]: the bits as they are (see the module docs).
+    unsafe fn upload_queued_bits(&self, dst: TypedViewMut<'_>, src: *const u16) {
+        assert!(dst.elem.is_half(), "16-bit upload into {:?}", dst.elem);
+        let (p, n) = (dst.ptr, dst.len);
+        // SAFETY (of the copy): the caller's contract, as `download_queued`'s; `dst` holds `n`
+        // 16-bit elements.
+        queue(move || unsafe { std::ptr::copy_nonoverlapping(src, p as *mut u16, n) });
+    }
+
+    /// Runs this thread's queued copies, in the order queued.
+    fn wait_copies(&self) -> Result<(), String> {
+        for copy in QUEUED.with(|q| std::mem::take(&mut *q.borrow_mut())) {
+            copy();
+        }
         Ok(())
     }
 }

@@ -567,3 +567,39 @@ fn a_gemm_into_a_fused_epilogue_is_the_separate_passes_bit_for_bit() {
         }
     }
 }
+
+/// `EmuTyped`'s queued copies run at `wait_copies`, not when queued (the latest a GPU's copy
+/// stream may run them; `Emu` copies at once), so that a missing wait shows (tests/run.rs).
+#[test]
+fn the_typed_emulators_queued_copies_land_at_wait_copies() {
+    use recipe_kernel_emu::EmuTyped;
+    use recipe_runtime::backend::device::Device;
+    let dev = EmuTyped;
+    let mut buf = dev.upload(&[1.0, 2.0, 3.0]);
+    let mut half = dev.alloc_half(2, Dtype::Bf16);
+    let up = [7.0f32, 8.0, 9.0];
+    let bits = [Dtype::Bf16.bits(0.5), Dtype::Bf16.bits(-4.0)];
+    let mut down = vec![0.0f32; 3];
+    let now = |b: &_| {
+        let mut v = vec![0.0; 3];
+        dev.download(dev.view(b), &mut v);
+        v
+    };
+    // SAFETY: every buffer outlives the wait below and none is touched before it.
+    unsafe {
+        dev.download_queued(dev.view(&buf), down.as_mut_ptr());
+        dev.upload_queued(dev.view_mut(&mut buf), up.as_ptr());
+        dev.upload_queued_bits(dev.view_mut(&mut half), bits.as_ptr());
+    }
+    assert_eq!(now(&buf), [1.0, 2.0, 3.0], "the upload ran before the wait");
+    let mut h = vec![0.0; 2];
+    dev.download(dev.view(&half), &mut h);
+    assert_eq!(h, [0.0, 0.0]);
+    assert_eq!(down, [0.0; 3], "the download ran before the wait");
+    dev.wait_copies().unwrap();
+    // In the order queued: the download read the buffer before the upload wrote it.
+    assert_eq!(down, [1.0, 2.0, 3.0]);
+    assert_eq!(now(&buf), up);
+    dev.download(dev.view(&half), &mut h);
+    assert_eq!(h, [0.5, -4.0]);
+}
