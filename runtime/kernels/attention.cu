@@ -23,7 +23,7 @@
 extern "C" __global__ void attention_softmax(float* scores, void* probs, int probs_t,
                                              void* probs_drop, int pd_t, const unsigned* mask,
                                              int rows, int seq, int heads, int dropout,
-                                             unsigned long long seed, unsigned long long stream,
+                                             const unsigned* key, unsigned long long site,
                                              unsigned threshold, float dscale, int store) {
     int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= rows) return;  // a whole warp leaves together: the shuffles below stay full
@@ -46,11 +46,13 @@ extern "C" __global__ void attention_softmax(float* scores, void* probs, int pro
         sum += e;
     }
     sum = warp_sum(sum);
+    DropKey k = {0, 0};
+    if (dropout) k = drop_key(key, site);
     for (int j = lane; j < seq; j += 32) {
         float p = st(row[j] / sum, store);
         sto(probs, at + j, p, probs_t);
         if (dropout) {
-            float kept = p * dropout_mult(at + j, seed, stream, threshold, dscale);
+            float kept = p * dropout_mult(at + j, k.seed, k.stream, threshold, dscale);
             sto(probs_drop, at + j, st(kept, store), pd_t);
         }
     }

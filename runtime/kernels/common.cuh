@@ -220,3 +220,18 @@ __device__ __forceinline__ float dropout_mult(unsigned long long idx, unsigned l
     unsigned w = (idx & 2) ? ((idx & 1) ? c[3] : c[2]) : ((idx & 1) ? c[1] : c[0]);
     return w >= threshold ? scale : 0.0f;
 }
+
+// A dropout site's Philox key and stream. The micro-batch's (seed, first stream) live in device
+// memory as four 32-bit words, `key` (written once per micro-batch), and the site's offset from
+// that stream is the launch's argument, so that a pass launches the same arguments for every
+// micro-batch of a shape: a captured CUDA graph replays it (runtime/src/backend/mod.rs,
+// `Dropout::site`). Read only where dropout applies (`key` may be null otherwise).
+struct DropKey {
+    unsigned long long seed, stream;
+};
+__device__ __forceinline__ DropKey drop_key(const unsigned* key, unsigned long long site) {
+    DropKey k;
+    k.seed = (unsigned long long)key[0] | ((unsigned long long)key[1] << 32);
+    k.stream = ((unsigned long long)key[2] | ((unsigned long long)key[3] << 32)) + site;
+    return k;
+}

@@ -130,14 +130,16 @@ extern "C" __global__ void bias_gelu(void* inter, int inter_t, void* act, int ac
 // the three kernels never make.
 extern "C" __global__ void bias_dropout_add(void* out, int out_t, const void* bias, int bias_t,
                                             const void* residual, int residual_t, int rows,
-                                            int cols, int drop,
-                                            unsigned long long seed, unsigned long long stream,
-                                            unsigned threshold, float scale, int store) {
+                                            int cols, int drop, const unsigned* key,
+                                            unsigned long long site, unsigned threshold,
+                                            float scale, int store) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < (long long)rows * cols) {
         float v = st(st(ld(out, i, out_t), store) + ld(bias, i % cols, bias_t), store);
         if (drop) {
-            v = st(op_mul(v, dropout_mult((unsigned long long)i, seed, stream, threshold, scale)),
+            DropKey k = drop_key(key, site);
+            v = st(op_mul(v, dropout_mult((unsigned long long)i, k.seed, k.stream, threshold,
+                                          scale)),
                    store);
         }
         sto(out, i, st(v + ld(residual, i, residual_t), store), out_t);
@@ -174,13 +176,15 @@ extern "C" __global__ void tanh_bwd(void* dinp, int dinp_t, const void* y, int y
 
 // Dropout in place: element i keeps x · scale iff the Philox draw of index first + i is at least
 // threshold (= ⌈p · 2³²⌉), else 0. The mask is a pure function of (seed, stream, index), so the
-// backward is the same call, and the CPU backend draws the same mask.
-extern "C" __global__ void dropout(void* x, int x_t, int n, unsigned long long seed,
-                                   unsigned long long stream, unsigned threshold, float scale,
+// backward is the same call, and the CPU backend draws the same mask. (seed, stream): `key` and
+// `site` (common.cuh, drop_key).
+extern "C" __global__ void dropout(void* x, int x_t, int n, const unsigned* key,
+                                   unsigned long long site, unsigned threshold, float scale,
                                    unsigned long long first, int store) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
-        float v = ld(x, i, x_t) * dropout_mult(first + i, seed, stream, threshold, scale);
+        DropKey k = drop_key(key, site);
+        float v = ld(x, i, x_t) * dropout_mult(first + i, k.seed, k.stream, threshold, scale);
         sto(x, i, st(v, store), x_t);
     }
 }

@@ -64,8 +64,8 @@ extern "C" __global__ void layernorm_bwd_dinp(void* dinp, int dinp_t, const void
                                               int dout_t, const void* inp, int inp_t,
                                               const void* w, int w_t, const float* mean,
                                               const float* rstd, int cols, int store, void* keep,
-                                              int keep_t, int dropout, unsigned long long seed,
-                                              unsigned long long stream, unsigned threshold,
+                                              int keep_t, int dropout, const unsigned* key,
+                                              unsigned long long site, unsigned threshold,
                                               float dscale) {
     __shared__ double red[32];
     long long r = blockIdx.x;
@@ -83,13 +83,15 @@ extern "C" __global__ void layernorm_bwd_dinp(void* dinp, int dinp_t, const void
     float mean_d = (float)(block_sum_d(sd, red) / cols);
     float mean_dx = (float)(block_sum_d(sdx, red) / cols);
 
+    DropKey k = {0, 0};
+    if (keep && dropout) k = drop_key(key, site);
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         float xhat = (x(c) - m) * rs;
         float d = st(rs * (g(c) * ld(w, c, w_t) - mean_d - xhat * mean_dx), store);
         if (keep) {
             sto(keep, r * cols + c, d, keep_t);
             if (dropout)
-                d = st(d * dropout_mult(r * cols + c, seed, stream, threshold, dscale), store);
+                d = st(d * dropout_mult(r * cols + c, k.seed, k.stream, threshold, dscale), store);
         }
         sto(dinp, r * cols + c, d, dinp_t);
     }

@@ -357,6 +357,15 @@ impl Device for EmuTyped {
         Ok(())
     }
 
+    /// [`crate::Emu`]'s: its launches and GEMMs are timed.
+    fn start_profile(&self) -> bool {
+        Emu.start_profile()
+    }
+
+    fn profile(&self) -> Option<recipe_runtime::backend::profile::Profile> {
+        Emu.profile()
+    }
+
     /// Run at [`Device::wait_copies`] (see the module docs).
     unsafe fn download_queued(&self, src: TypedView<'_>, dst: *mut f32) {
         let (p, n, elem) = (src.ptr, src.len, src.elem);

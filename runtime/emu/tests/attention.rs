@@ -264,6 +264,7 @@ fn attention_matches_the_cpu_with_padding_and_dropout() {
                 p: [0.1, 0.5][n % 2],
                 seed: 0x0123_4567_89ab_cdef,
                 stream: 5 + n as u64,
+                site: 2,
             };
             compare(store, s, &mask, Some(&d), &mut worst);
         }
@@ -306,6 +307,7 @@ fn more_keys_than_threads() {
         p: 0.2,
         seed: 99,
         stream: 3,
+        site: 2,
     };
     let mut worst = Worst::default();
     compare(Dtype::F32, s, &mask, Some(&d), &mut worst);
@@ -320,6 +322,7 @@ fn attention_is_deterministic() {
         p: 0.3,
         seed: 7,
         stream: 11,
+        site: 2,
     };
     let mut w = Worst::default();
     let a = compare(Dtype::F32, s, &mask, Some(&d), &mut w);
@@ -355,6 +358,7 @@ fn long_rows_and_wide_heads_match_the_cpu() {
             p: 0.25,
             seed: 17,
             stream: 2,
+            site: 2,
         };
         compare(Dtype::F32, s, &mask, Some(&d), &mut worst);
     }

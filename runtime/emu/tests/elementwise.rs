@@ -65,6 +65,7 @@ fn dropout_draws_the_cpu_mask_exactly() {
                     p,
                     seed: 0xdead_beef_1234,
                     stream: 77 + n as u64,
+                    site: 3,
                 };
                 let (mut a, mut b) = (x.clone(), x.clone());
                 g.dropout(&mut a, &d);
@@ -426,6 +427,7 @@ fn fused_epilogues_are_the_separate_kernels_bit_for_bit() {
                     p: 0.3,
                     seed: 0x1234_5678_9abc,
                     stream: 9,
+                    site: 3,
                 }),
             ] {
                 let ctx = format!("{store:?} {rows}×{cols} dropout {}", d.is_some());
@@ -498,6 +500,7 @@ fn a_gemm_into_a_fused_epilogue_is_the_separate_passes_bit_for_bit() {
                 p: 0.2,
                 seed: 99,
                 stream: 3,
+                site: 3,
             };
             for extra in [0, 6] {
                 let n = rows * cols + extra;

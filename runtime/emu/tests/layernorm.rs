@@ -203,6 +203,7 @@ fn the_residual_split_is_the_backward_copy_and_dropout_bit_for_bit() {
         p: 0.3,
         seed: 0x5eed,
         stream: 9,
+        site: 2,
     };
     for store in STORES {
         let (g, c) = pair(store);

@@ -1109,6 +1109,7 @@ mod tests {
             p: 0.1,
             seed: 3,
             stream: 17,
+            site: 0,
         };
         let run = |cpu: Cpu| {
             let mut out = vec![0.0; rows * cols];
@@ -1226,6 +1227,7 @@ mod tests {
             p: 0.25,
             seed: 9,
             stream: 4,
+            site: 0,
         };
         let mut x = vec![1.0f32; 40_000];
         Cpu::default().dropout(&mut x, &d);

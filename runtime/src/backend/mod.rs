@@ -208,6 +208,11 @@ pub struct Dropout {
     pub seed: u64,
     /// Philox stream (one per dropout site and micro-batch).
     pub stream: u64,
+    /// The site's offset from the micro-batch's first stream (`stream − site`): a device keeps
+    /// `(seed, stream − site)` in its memory, once per micro-batch, and passes the kernels only
+    /// the site, so that the launches of a pass are the same for every micro-batch of a shape
+    /// (what a CUDA graph replays; docs/cuda.md "CUDA graphs").
+    pub site: u64,
 }
 
 /// Where each GEMM of a [`Batch`] finds one operand: item `(o, i)` starts `o · outer + i · inner`

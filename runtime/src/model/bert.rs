@@ -567,6 +567,7 @@ impl Drop {
             p,
             seed: self.seed,
             stream: self.base + s,
+            site: s,
         })
     }
 }

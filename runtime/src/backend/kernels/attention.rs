@@ -13,7 +13,7 @@
 //! them as they are and write them rounded, the f32 ones read them widened.
 #![allow(clippy::too_many_arguments)]
 
-use super::{dropout_args, int, Kernels, BLOCK};
+use super::{int, Kernels, BLOCK};
 use crate::backend::device::{Arg, Device, Launch};
 use crate::backend::{AttnShape, Batch, Dropout, Gemm, Stride};
 use crate::precision::Dtype;
@@ -178,10 +178,7 @@ pub(super) fn fwd<D: Device>(
         }
         _ => None,
     };
-    let (seed, stream, threshold, dscale) = match &pd {
-        Some((_, d)) => dropout_args(d),
-        None => (Arg::U64(0), Arg::U64(0), Arg::U32(0), Arg::F32(1.0)),
-    };
+    let (key, site, threshold, dscale) = k.dropout_args(pd.as_ref().map(|(_, d)| *d));
     let pd_arg = pd
         .as_mut()
         .map_or(Arg::Typed(0, Dtype::F32), |(b, _)| k.typed_mut(b));
@@ -198,8 +195,8 @@ pub(super) fn fwd<D: Device>(
             int(s.seq),
             int(s.heads),
             int(usize::from(pd.is_some())),
-            seed,
-            stream,
+            key,
+            site,
             threshold,
             dscale,
             k.store_arg(),
@@ -250,8 +247,9 @@ pub(super) fn bwd<D: Device>(
         Some(pd) => k.typed(pd),
         None => k.typed(probs),
     };
+    // The scale only (no key: the mask is read back from `probs_drop`).
     let dscale = match dropout {
-        Some(d) => dropout_args(d).3,
+        Some(d) => Arg::F32(1.0 / (1.0 - d.p)),
         None => Arg::F32(1.0),
     };
     let (t, d) = (s.seq, s.head_dim);

@@ -1,6 +1,6 @@
 //! Launches of `runtime/kernels/elementwise.cu`, and the GEMM (the device's BLAS, then rounding).
 
-use super::{chunk_grid, dropout_args, dtype_arg, grid1, int, Kernels};
+use super::{chunk_grid, dtype_arg, grid1, int, Kernels};
 use crate::backend::device::{Arg, Device};
 use crate::backend::{Dropout, Gemm, BIAS_ROWS};
 use crate::precision::Dtype;
@@ -156,7 +156,7 @@ pub(super) fn binary<D: Device>(
 /// Dropout of a buffer whose first element has mask index `first`.
 pub(crate) fn dropout<D: Device>(k: &Kernels<D>, mut x: D::ViewMut<'_>, d: &Dropout, first: u64) {
     let n = k.dev.len_mut(&x);
-    let (seed, stream, threshold, scale) = dropout_args(d);
+    let (key, site, threshold, scale) = k.dropout_args(Some(d));
     let p = k.typed_mut(&mut x);
     k.dev.launch(
         "dropout",
@@ -164,8 +164,8 @@ pub(crate) fn dropout<D: Device>(k: &Kernels<D>, mut x: D::ViewMut<'_>, d: &Drop
         &[
             p,
             int(n),
-            seed,
-            stream,
+            key,
+            site,
             threshold,
             scale,
             Arg::U64(first),
@@ -206,10 +206,7 @@ pub(super) fn bias_dropout_add<D: Device>(
         add_assign(k, k.dev.view_mut(out), residual);
         return;
     }
-    let (seed, stream, threshold, scale) = match dropout {
-        Some(d) => dropout_args(d),
-        None => (Arg::U64(0), Arg::U64(0), Arg::U32(0), Arg::F32(1.0)),
-    };
+    let (key, site, threshold, scale) = k.dropout_args(dropout);
     let p = k.typed_mut(&mut k.dev.view_mut(out));
     k.dev.launch(
         "bias_dropout_add",
@@ -221,8 +218,8 @@ pub(super) fn bias_dropout_add<D: Device>(
             int(rows),
             int(cols),
             int(usize::from(dropout.is_some())),
-            seed,
-            stream,
+            key,
+            site,
             threshold,
             scale,
             k.store_arg(),

@@ -3,7 +3,7 @@
 //! chunks of rows, then `bias_grad` over the chunks' sums).
 #![allow(clippy::too_many_arguments)]
 
-use super::{chunk_grid, dropout_args, dtype_arg, grid1, int, Kernels, BLOCK};
+use super::{chunk_grid, dtype_arg, grid1, int, Kernels, BLOCK};
 use crate::backend::device::{Arg, Device, Launch};
 use crate::backend::{Dropout, BIAS_ROWS};
 use crate::precision::Dtype;
@@ -108,10 +108,7 @@ pub(super) fn bwd<D: Device>(
         }
         None => (Arg::Typed(0, Dtype::F32), None),
     };
-    let (seed, stream, threshold, dscale) = match d {
-        Some(d) => dropout_args(d),
-        None => (Arg::U64(0), Arg::U64(0), Arg::U32(0), Arg::F32(1.0)),
-    };
+    let (key, site, threshold, dscale) = k.dropout_args(d);
     k.dev.launch(
         "layernorm_bwd_dinp",
         per_row(rows, cols),
@@ -126,8 +123,8 @@ pub(super) fn bwd<D: Device>(
             k.store_arg(),
             keep,
             int(usize::from(d.is_some())),
-            seed,
-            stream,
+            key,
+            site,
             threshold,
             dscale,
         ],

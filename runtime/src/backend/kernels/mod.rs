@@ -104,10 +104,16 @@ pub struct Kernels<D: Device> {
     /// The embedding backward's tokens in order of their rows (`embedding_order`), and its
     /// length in `u32`s, grown to the largest batch seen.
     order: Arc<Mutex<Option<Grown<D::Ids>>>>,
+    /// The dropout key in device memory (`drop_key` in common.cuh): the last micro-batch's
+    /// `(seed, first stream)` as four 32-bit words, and a copy of them on the host.
+    key: Arc<Mutex<Option<Key<D::Ids>>>>,
 }
 
 /// A scratch buffer and how many elements it holds.
 type Grown<T> = (T, usize);
+
+/// The dropout key's device buffer and its words.
+type Key<T> = (T, [u32; 4]);
 
 impl<D: Device> Kernels<D> {
     /// Kernels on `dev`, storing fp32.
@@ -119,6 +125,7 @@ impl<D: Device> Kernels<D> {
             scratch: Arc::default(),
             bias_part: Arc::default(),
             order: Arc::default(),
+            key: Arc::default(),
         }
     }
 
@@ -316,13 +323,48 @@ pub fn gemm_pointers(
 }
 
 /// `⌈p · 2³²⌉` and `1 / (1 − p)` of a dropout (the CPU backend's `MaskKey`).
-pub(crate) fn dropout_args(d: &Dropout) -> (Arg, Arg, Arg, Arg) {
-    (
-        Arg::U64(d.seed),
-        Arg::U64(d.stream),
-        Arg::U32((f64::from(d.p) * 4_294_967_296.0).ceil() as u32),
-        Arg::F32(1.0 / (1.0 - d.p)),
-    )
+impl<D: Device> Kernels<D> {
+    /// A dropout kernel's `key, site, threshold, scale` (no dropout: a null key). The key's
+    /// words are written to the device only when they change, once per micro-batch; inside a
+    /// pass every launch's arguments are then the same for every micro-batch of its shape.
+    pub(crate) fn dropout_args(&self, d: Option<&Dropout>) -> (Arg, Arg, Arg, Arg) {
+        let Some(d) = d else {
+            return (Arg::Ptr(0), Arg::U64(0), Arg::U32(0), Arg::F32(1.0));
+        };
+        (
+            Arg::Ptr(self.dropout_key(d.seed, d.stream.wrapping_sub(d.site))),
+            Arg::U64(d.site),
+            Arg::U32((f64::from(d.p) * 4_294_967_296.0).ceil() as u32),
+            Arg::F32(1.0 / (1.0 - d.p)),
+        )
+    }
+
+    /// Makes `(seed, stream)` the device's dropout key (written only when it differs from the
+    /// last), and returns its address. A pass's first dropout site writes it, unless it was
+    /// set before the pass (as a captured pass's replay needs: nothing inside a graph may copy
+    /// from the host).
+    pub fn dropout_key(&self, seed: u64, stream: u64) -> u64 {
+        let words = [
+            seed as u32,
+            (seed >> 32) as u32,
+            stream as u32,
+            (stream >> 32) as u32,
+        ];
+        let mut key = self.key.lock().unwrap_or_else(|p| p.into_inner());
+        match key.as_mut() {
+            Some((ids, w)) => {
+                if *w != words {
+                    self.dev.write_ids(ids, &words);
+                    *w = words;
+                }
+            }
+            None => {
+                self.count(true);
+                *key = Some((self.dev.upload_ids(&words), words));
+            }
+        }
+        self.dev.ids_ptr(&key.as_ref().expect("set above").0)
+    }
 }
 
 impl<D: Device> Backend for Kernels<D> {

@@ -159,6 +159,7 @@ impl<B: Backend> Checker<'_, B> {
             p: 0.3,
             seed: 77,
             stream: 5,
+            site: 1,
         };
         let got = self.on_backend(&x, |b, o| b.dropout(b.view_mut(o), &d));
         let mut want = x.clone();
@@ -431,6 +432,7 @@ impl<B: Backend> Checker<'_, B> {
             p: 0.2,
             seed: 11,
             stream: 4,
+            site: 1,
         };
         let (mut wdi, mut wkeep) = (vec![0.0; rows * cols], vec![0.0; rows * cols]);
         let (mut wdw, mut wdb) = (w.clone(), b.clone());
@@ -531,6 +533,7 @@ impl<B: Backend> Checker<'_, B> {
             p: 0.1,
             seed: 9,
             stream: 3,
+            site: 1,
         };
         let (qb, kb, vb) = (put(&q), put(&k), put(&v));
         let mb = be.upload_ids(&mask);
@@ -713,6 +716,7 @@ impl<B: Backend> Checker<'_, B> {
             p: 0.25,
             seed: 91,
             stream: 4,
+            site: 1,
         };
         be.dropout(be.view_mut(&mut s), &d);
         cpu.dropout(&mut ln, &d);
