@@ -305,8 +305,9 @@ struct Deviation {
 /// steps, LRs, loss scales and skipped steps exactly; losses, gradient norms and final weights to
 /// the kernels' float differences; and the device's checkpoint resumed on the CPU, and the CPU's
 /// resumed on the device, end where the CPU alone ends (the checkpoints are the same files).
-/// In fp16/bf16, and under optimizer offload, the device run again with 16-bit buffers and late
-/// queued copies (`EmuTyped`) gives the same bits. docs/cuda.md states the figures.
+/// In fp16/bf16, and under optimizer offload, the device run again with 16-bit buffers, late
+/// queued copies and captured passes (`EmuTyped`) gives the same bits. docs/cuda.md states the
+/// figures.
 fn device_run_against_the_cpu(
     precision: &str,
     optimizer: Option<&str>,
@@ -412,7 +413,9 @@ fn device_run(
         // buffers, docs/cuda.md "16-bit buffers"): the same bits as the f32 buffers holding
         // the same values, through every step, the checkpoint and the evaluation. `EmuTyped`
         // also runs the offload's queued copies as late as their contract allows (at
-        // `wait_copies`) where `Emu` copies at once: a missing wait would differ.
+        // `wait_copies`) where `Emu` copies at once: a missing wait would differ; and it
+        // replays one device's passes from captured graphs (model/on_device/graphs.rs): a
+        // value passed per micro-batch by argument would differ.
         plan.train.output_dir = dir.join("gpu16");
         let kernels = || Kernels::new(recipe_kernel_emu::EmuTyped).with_store(dtype);
         let executors = if peers {
@@ -431,7 +434,15 @@ fn device_run(
             executors,
             ..quiet.clone()
         };
+        let replayed = recipe_kernel_emu::graphs_replayed();
         train::run(&plan, &options).unwrap();
+        // One GPU's whole model (no offload): its passes were captured and replayed as CUDA
+        // graphs (`EmuTyped` captures, `Emu` does not; counted on this thread, which drives
+        // one rank's device).
+        let replayed = recipe_kernel_emu::graphs_replayed() - replayed;
+        if world == 1 && !offload {
+            assert!(replayed > 0, "no pass replayed from a graph");
+        }
         same_run(&dir.join("gpu"), &dir.join("gpu16"));
     }
     // The device's mid-run checkpoint, finished on the CPU.

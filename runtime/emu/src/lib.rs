@@ -14,7 +14,9 @@ use recipe_runtime::backend::profile::Profile;
 use recipe_runtime::backend::{Backend, Cpu, Gemm};
 use recipe_runtime::collective::{Collective, LocalCollective, ReduceOp};
 
+mod graph;
 mod typed;
+pub use graph::graphs_replayed;
 pub use typed::{EmuTyped, EmuTypedPeers, TypedBuf, TypedView, TypedViewMut};
 
 extern "C" {
@@ -51,6 +53,34 @@ fn timed<T>(name: &'static str, f: impl FnOnce() -> T) -> T {
         }
     });
     r
+}
+
+/// Runs kernel `name` on its parameters' slots ([`Arg::slots`]).
+fn launch_slots(name: &'static str, l: Launch, mut slots: Vec<u64>) {
+    let mut ptrs: Vec<*mut c_void> = slots
+        .iter_mut()
+        .map(|s| s as *mut u64 as *mut c_void)
+        .collect();
+    let cname = CString::new(name).expect("kernel name");
+    let grid = [l.grid.0, l.grid.1, l.grid.2];
+    let block = [l.block.0, l.block.1, l.block.2];
+    // SAFETY: the pointers in the slots come from live views the caller holds for this call
+    // (or, replayed from a graph, that its capturer keeps alive); `ptrs` points at `slots`,
+    // which outlive the call.
+    let rc = timed(name, || unsafe {
+        recipe_emu_launch(
+            cname.as_ptr(),
+            grid.as_ptr(),
+            block.as_ptr(),
+            l.smem,
+            ptrs.as_mut_ptr(),
+        )
+    });
+    match rc {
+        0 => {}
+        -1 => panic!("kernel `{name}` is not in runtime/kernels"),
+        _ => panic!("kernel `{name}`: launch shape {l:?} would be refused by a GPU"),
+    }
 }
 
 /// The emulated device (host memory; see the crate docs).
@@ -108,30 +138,7 @@ impl Device for Emu {
     }
 
     fn launch(&self, name: &'static str, l: Launch, args: &[Arg]) {
-        let mut slots = Arg::slots(args);
-        let mut ptrs: Vec<*mut c_void> = slots
-            .iter_mut()
-            .map(|s| s as *mut u64 as *mut c_void)
-            .collect();
-        let cname = CString::new(name).expect("kernel name");
-        let grid = [l.grid.0, l.grid.1, l.grid.2];
-        let block = [l.block.0, l.block.1, l.block.2];
-        // SAFETY: the pointers in `args` come from live views the caller holds for this call;
-        // `ptrs` points at `slots`, which outlive the call.
-        let rc = timed(name, || unsafe {
-            recipe_emu_launch(
-                cname.as_ptr(),
-                grid.as_ptr(),
-                block.as_ptr(),
-                l.smem,
-                ptrs.as_mut_ptr(),
-            )
-        });
-        match rc {
-            0 => {}
-            -1 => panic!("kernel `{name}` is not in runtime/kernels"),
-            _ => panic!("kernel `{name}`: launch shape {l:?} would be refused by a GPU"),
-        }
+        launch_slots(name, l, Arg::slots(args));
     }
 
     fn gemm(&self, g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {

@@ -22,7 +22,7 @@ use recipe_runtime::backend::device::{Arg, Device, Launch, Peers};
 use recipe_runtime::backend::Gemm;
 use recipe_runtime::precision::Dtype;
 
-use crate::Emu;
+use crate::{graph, Emu};
 
 thread_local! {
     /// The copies queued on this thread and not yet waited for, in order (the emulated copy
@@ -134,10 +134,12 @@ impl Device for EmuTyped {
     type Pinned = Vec<f32>;
 
     fn alloc(&self, n: usize) -> TypedBuf {
+        graph::host_op();
         Self::buf(n, Dtype::F32)
     }
 
     fn alloc_half(&self, n: usize, half: Dtype) -> TypedBuf {
+        graph::host_op();
         assert!(half.is_half(), "alloc_half of {half:?}");
         Self::buf(n, half)
     }
@@ -161,12 +163,14 @@ impl Device for EmuTyped {
     }
 
     fn write(&self, dst: TypedViewMut<'_>, src: &[f32]) {
+        graph::host_op();
         assert_eq!(dst.len, src.len(), "write length");
         // SAFETY: `dst` is a live, exclusively borrowed view of `len` elements.
         unsafe { write_at(dst.ptr, src, dst.elem) }
     }
 
     fn write_ids(&self, dst: &mut Vec<u32>, src: &[u32]) -> bool {
+        graph::host_op();
         let grows = src.len() > dst.capacity();
         dst.clear();
         dst.extend_from_slice(src);
@@ -176,6 +180,7 @@ impl Device for EmuTyped {
     fn resize(&self, b: &mut TypedBuf, n: usize) -> bool {
         let grows = n * size(b.elem) > b.words.len() * 4;
         if grows {
+            graph::host_op();
             // New elements are NaN, as `host_memory!`'s: a pass that read one before writing it
             // would show.
             let mut new = Self::buf(n, b.elem);
@@ -198,10 +203,12 @@ impl Device for EmuTyped {
     }
 
     fn upload_ids(&self, src: &[u32]) -> Vec<u32> {
+        graph::host_op();
         src.to_vec()
     }
 
     fn download(&self, src: TypedView<'_>, dst: &mut [f32]) {
+        graph::host_op();
         assert_eq!(src.len, dst.len(), "download length");
         // SAFETY: `src` is a live view of `len` elements.
         dst.copy_from_slice(&unsafe { read(src.ptr, src.len, src.elem) });
@@ -320,19 +327,23 @@ impl Device for EmuTyped {
     }
 
     fn zero(&self, dst: TypedViewMut<'_>) {
-        // SAFETY: a live, exclusively borrowed view of `len` elements.
-        unsafe { std::ptr::write_bytes(dst.ptr, 0, dst.len * size(dst.elem)) };
+        let (p, bytes) = (dst.ptr, dst.len * size(dst.elem));
+        // SAFETY: a live, exclusively borrowed view of `len` elements (replayed: kept alive by
+        // the graph's capturer, as a GPU's graph needs its buffers).
+        graph::device_op(move || unsafe { std::ptr::write_bytes(p, 0, bytes) });
     }
 
     fn copy(&self, dst: TypedViewMut<'_>, src: TypedView<'_>) {
         assert_eq!((dst.len, dst.elem), (src.len, src.elem), "copy");
+        let (d, s, bytes) = (dst.ptr, src.ptr, src.len * size(src.elem));
         // SAFETY: both live views of `len` elements of one type; `dst` is exclusively
-        // borrowed, so they do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(src.ptr, dst.ptr, src.len * size(src.elem)) };
+        // borrowed, so they do not overlap (replayed: as `zero`).
+        graph::device_op(move || unsafe { std::ptr::copy_nonoverlapping(s, d, bytes) });
     }
 
     fn launch(&self, name: &'static str, l: Launch, args: &[Arg]) {
-        Emu.launch(name, l, args);
+        let slots = Arg::slots(args);
+        graph::device_op(move || crate::launch_slots(name, l, slots.clone()));
     }
 
     /// The CPU backend's GEMM on the operands' spans widened to f32 (exact); a 16-bit output
@@ -344,17 +355,37 @@ impl Device for EmuTyped {
             span_a <= a.len && span_b <= b.len && span_c <= c.len,
             "GEMM spans"
         );
-        // SAFETY: the spans lie inside the live views (asserted); `c` is exclusively borrowed.
-        unsafe {
-            let (wa, wb) = (read(a.ptr, span_a, a.elem), read(b.ptr, span_b, b.elem));
-            let mut wc = read(c.ptr, span_c, c.elem);
-            Emu.gemm(g, &wa, &wb, &mut wc);
-            write_at(c.ptr, &wc, c.elem);
-        }
+        let (g, a, b, c) = (*g, (a.ptr, a.elem), (b.ptr, b.elem), (c.ptr, c.elem));
+        // SAFETY: the spans lie inside the live views (asserted); `c` is exclusively borrowed
+        // (replayed: as `zero`).
+        graph::device_op(move || unsafe {
+            let (wa, wb) = (read(a.0, span_a, a.1), read(b.0, span_b, b.1));
+            let mut wc = read(c.0, span_c, c.1);
+            Emu.gemm(&g, &wa, &wb, &mut wc);
+            write_at(c.0, &wc, c.1);
+        });
     }
 
     fn sync(&self) -> Result<(), String> {
+        graph::host_op();
         Ok(())
+    }
+
+    /// Recorded per thread (see `graph.rs`).
+    fn begin_capture(&self) -> bool {
+        graph::begin()
+    }
+
+    fn end_capture(&self) -> Option<u64> {
+        graph::end()
+    }
+
+    fn launch_graph(&self, id: u64) -> bool {
+        graph::launch(id)
+    }
+
+    fn drop_graph(&self, id: u64) {
+        graph::drop_graph(id)
     }
 
     /// [`crate::Emu`]'s: its launches and GEMMs are timed.
@@ -368,6 +399,7 @@ impl Device for EmuTyped {
 
     /// Run at [`Device::wait_copies`] (see the module docs).
     unsafe fn download_queued(&self, src: TypedView<'_>, dst: *mut f32) {
+        graph::host_op();
         let (p, n, elem) = (src.ptr, src.len, src.elem);
         queue(move || {
             // SAFETY: the caller's contract: `src`'s memory and `dst`'s `n` floats stay
@@ -381,6 +413,7 @@ impl Device for EmuTyped {
 
     /// Run at [`Device::wait_copies`] (see the module docs).
     unsafe fn upload_queued(&self, dst: TypedViewMut<'_>, src: *const f32) {
+        graph::host_op();
         let (p, n, elem) = (dst.ptr, dst.len, dst.elem);
         // SAFETY (of the copy): the caller's contract, as `download_queued`'s.
         queue(move || unsafe { write_at(p, std::slice::from_raw_parts(src, n), elem) });
@@ -388,6 +421,7 @@ impl Device for EmuTyped {
 
     /// Run at [`Device::wait_copies`]: the bits as they are (see the module docs).
     unsafe fn upload_queued_bits(&self, dst: TypedViewMut<'_>, src: *const u16) {
+        graph::host_op();
         assert!(dst.elem.is_half(), "16-bit upload into {:?}", dst.elem);
         let (p, n) = (dst.ptr, dst.len);
         // SAFETY (of the copy): the caller's contract, as `download_queued`'s; `dst` holds `n`
@@ -397,6 +431,7 @@ impl Device for EmuTyped {
 
     /// Runs this thread's queued copies, in the order queued.
     fn wait_copies(&self) -> Result<(), String> {
+        graph::host_op();
         for copy in QUEUED.with(|q| std::mem::take(&mut *q.borrow_mut())) {
             copy();
         }

@@ -606,3 +606,41 @@ fn the_typed_emulators_queued_copies_land_at_wait_copies() {
     dev.download(dev.view(&half), &mut h);
     assert_eq!(h, [0.5, -4.0]);
 }
+
+/// `EmuTyped`'s graphs: a capture records device work without running it, a replay runs it on
+/// the memory as it is then (new inputs, the same addresses and arguments), and host work
+/// during a capture fails it.
+#[test]
+fn the_typed_emulator_captures_and_replays_device_work() {
+    use recipe_kernel_emu::{graphs_replayed, EmuTyped};
+    use recipe_runtime::backend::device::Device;
+    use recipe_runtime::backend::kernels::Kernels;
+    let k = Kernels::new(EmuTyped);
+    let dev = k.device();
+    let (mut x, mut y) = (dev.upload(&[1.0, -2.0]), dev.upload(&[0.0; 2]));
+    let read = |b: &_| {
+        let mut v = vec![0.0; 2];
+        dev.download(dev.view(b), &mut v);
+        v
+    };
+    assert!(dev.begin_capture());
+    assert!(!dev.begin_capture(), "one capture at a time");
+    k.copy(k.view_mut(&mut y), k.view(&x));
+    k.add_assign(k.view_mut(&mut y), k.view(&x));
+    let id = dev.end_capture().expect("device work only");
+    assert_eq!(read(&y), [0.0, 0.0], "captured work ran");
+    let replayed = graphs_replayed();
+    assert!(dev.launch_graph(id));
+    assert_eq!(read(&y), [2.0, -4.0]);
+    // New inputs in the same buffer: the replay reads them.
+    dev.write(dev.view_mut(&mut x), &[3.0, 0.5]);
+    assert!(dev.launch_graph(id));
+    assert_eq!(read(&y), [6.0, 1.0]);
+    assert_eq!(graphs_replayed(), replayed + 2);
+    dev.drop_graph(id);
+    assert!(!dev.launch_graph(id));
+    // A copy from the host inside a capture fails it.
+    assert!(dev.begin_capture());
+    dev.write(dev.view_mut(&mut x), &[1.0, 1.0]);
+    assert_eq!(dev.end_capture(), None);
+}

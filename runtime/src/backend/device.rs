@@ -281,6 +281,25 @@ pub trait Device {
     }
     /// Waits for all launched work; `Ok` unless the device reported an error.
     fn sync(&self) -> Result<(), String>;
+    /// Starts capturing the device work this thread queues into a graph (a CUDA graph), rather
+    /// than running it; false when this device does not capture (the default), or a capture is
+    /// under way. Until [`Device::end_capture`] only device work may be queued (launches,
+    /// GEMMs, device copies and memsets): a copy to or from the host, a synchronisation or an
+    /// allocation fails the capture (docs/cuda.md, "CUDA graphs").
+    fn begin_capture(&self) -> bool {
+        false
+    }
+    /// Ends the capture: the graph's id, or `None` when it failed. Nothing captured has run.
+    fn end_capture(&self) -> Option<u64> {
+        None
+    }
+    /// Queues graph `id`'s work, as it was captured (the same kernels, addresses and arguments);
+    /// false when there is no such graph (nothing queued).
+    fn launch_graph(&self, _id: u64) -> bool {
+        false
+    }
+    /// Releases graph `id`.
+    fn drop_graph(&self, _id: u64) {}
     /// Starts timing every operation ([`Device::profile`]); false when this device cannot.
     fn start_profile(&self) -> bool {
         false

@@ -732,13 +732,23 @@ impl Classifier {
         G: GradSink<B>,
         E: From<P::Error> + From<G::Error> + From<ModelError>,
     {
+        self.set_inputs_on(be, ws, batch)?;
+        self.pass_on_with(be, ws, batch, loss_weight, src, sink, dropout)
+    }
+
+    /// The first half of [`Classifier::forward_backward_on_with`]: checks `batch` and copies its
+    /// token ids, segments, mask and labels into the workspace (sized for its shape).
+    pub fn set_inputs_on<B: Backend>(
+        &self,
+        be: &B,
+        ws: &mut Workspace<B>,
+        batch: &Batch,
+    ) -> Result<(), ModelError> {
         self.check_batch(batch)?;
-        let c = &self.config;
-        let drop = self.dropout_keys(dropout);
         let a = acts_for(
             be,
             &mut ws.acts,
-            c,
+            &self.config,
             self.num_labels,
             (batch.batch, batch.seq),
         );
@@ -749,8 +759,49 @@ impl Classifier {
             &batch.attention_mask,
             &batch.labels,
         );
+        Ok(())
+    }
+
+    /// The second half of [`Classifier::forward_backward_on_with`]: the forward and backward on
+    /// the inputs [`Classifier::set_inputs_on`] left for `batch`. With the workspace sized for
+    /// the shape and the dropout key set ([`Classifier::dropout_key`]), nothing here but the
+    /// backend's device work and the sources' and sinks' own: what a CUDA graph captures
+    /// (`model::on_device`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn pass_on_with<B, P, G, E>(
+        &self,
+        be: &B,
+        ws: &mut Workspace<B>,
+        batch: &Batch,
+        loss_weight: f32,
+        src: &mut P,
+        sink: &mut G,
+        dropout: Option<DropoutKey>,
+    ) -> Result<Loss, E>
+    where
+        B: Backend,
+        P: ParamSource<B>,
+        G: GradSink<B>,
+        E: From<P::Error> + From<G::Error> + From<ModelError>,
+    {
+        let c = &self.config;
+        let drop = self.dropout_keys(dropout);
+        // Sized by `set_inputs_on` for this shape: nothing to do.
+        let a = acts_for(
+            be,
+            &mut ws.acts,
+            c,
+            self.num_labels,
+            (batch.batch, batch.seq),
+        );
         bert::forward(be, c, &self.layout, src, a, drop)?;
         bert::backward::<B, _, _, E>(be, c, &self.layout, src, a, drop, loss_weight, sink)
+    }
+
+    /// A micro-batch's dropout key as a device keeps it: `(seed, first stream)`, each site's
+    /// stream that plus its site (`Dropout::site`); `None` without dropout.
+    pub fn dropout_key(&self, dropout: Option<DropoutKey>) -> Option<(u64, u64)> {
+        self.dropout_keys(dropout).map(|d| (d.seed, d.base))
     }
 
     /// Eval-mode logits `[batch × num_labels]` on any backend, the parameters in `be`'s buffer.

@@ -26,6 +26,7 @@ use crate::backend::Backend;
 use crate::optim::device::{DeviceOptimizer, Landing, Resident};
 use crate::zero::Storage;
 
+mod graphs;
 mod resident;
 
 /// Runs a classifier's passes somewhere other than the CPU backend.
@@ -95,6 +96,8 @@ struct State<D: Device> {
     /// bits, in pinned memory (floats holding two each), which [`Resident::upload_params_part`]
     /// queues up (allocated by [`Resident::upload`], before the first step).
     param_bits: Option<D::Pinned>,
+    /// The captured passes of the plain resident path ([`graphs`]).
+    graphs: graphs::Graphs,
 }
 
 /// What a rank of a group owns ([`Partitioned`]).
@@ -201,6 +204,7 @@ impl<D: Device> OnDevice<D> {
                 pending: Vec::new(),
                 landing: None,
                 param_bits: None,
+                graphs: graphs::Graphs::default(),
             }),
         })
     }
@@ -212,6 +216,8 @@ impl<D: Device> Drop for OnDevice<D> {
         // have touched are still there (NCCL's teardown then finds them as it left them).
         let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
         drop(st.peers.take());
+        let dev = self.kernels.device();
+        st.graphs.release(|id| dev.drop_graph(id));
     }
 }
 

@@ -5,6 +5,7 @@
 use std::cell::RefCell;
 use std::ops::Range;
 
+use super::graphs::{Graphs, Plan, Shape};
 use super::{accumulator, grow_keeping, not_uploaded, put, same_len, OnDevice, Own, Split};
 use crate::backend::device::{grouped, Device, Peers};
 use crate::backend::kernels::Kernels;
@@ -17,6 +18,86 @@ use crate::optim::device::{
 use crate::optim::Optimizer;
 use crate::precision::Dtype;
 use crate::zero::{Storage, ZeroError};
+
+/// The pass of one device's whole model into `grads`: captured as a graph at its shape's second
+/// micro-batch, replayed from the third (where the device captures; graphs.rs), the inputs and
+/// the dropout key written to the device first, outside any graph.
+#[allow(clippy::too_many_arguments)]
+fn graphed<D: Device>(
+    k: &Kernels<D>,
+    graphs: &mut Graphs,
+    ws: &mut Workspace<Kernels<D>>,
+    params: &D::Buf,
+    grads: &mut D::Buf,
+    model: &Classifier,
+    batch: &Batch,
+    weight: f32,
+    dropout: Option<DropoutKey>,
+) -> Result<Loss, ModelError> {
+    let dev = k.device();
+    model.set_inputs_on(k, ws, batch)?;
+    if let Some((seed, stream)) = model.dropout_key(dropout) {
+        k.dropout_key(seed, stream);
+    }
+    let segs = model.segments();
+    let pass = |ws: &mut Workspace<Kernels<D>>, grads: &mut D::Buf| {
+        let mut src = BufParams::new(k, params, segs);
+        let mut sink = BufGrads::new(k, grads, segs);
+        model
+            .pass_on_with::<_, _, _, ModelError>(k, ws, batch, weight, &mut src, &mut sink, dropout)
+    };
+    let shape = Shape {
+        batch: batch.batch,
+        seq: batch.seq,
+        loss_weight: weight.to_bits(),
+        dropout: dropout.is_some(),
+        params: dev.ptr(dev.view(params)),
+        grads: dev.ptr(dev.view(grads)),
+    };
+    let id = match graphs.plan(shape, k.allocations(), |id| dev.drop_graph(id)) {
+        Plan::Direct => return pass(ws, grads),
+        Plan::Replay(id, loss) => {
+            if dev.launch_graph(id) {
+                return Ok(loss);
+            }
+            graphs.lost(shape);
+            return pass(ws, grads);
+        }
+        Plan::Capture => {
+            let before = k.allocations();
+            if !dev.begin_capture() {
+                graphs.captured(shape, None);
+                return pass(ws, grads);
+            }
+            let loss = pass(ws, grads);
+            let id = dev.end_capture();
+            // Only a loss left on the device may be replayed (a value would be the captured
+            // micro-batch's), and only on buffers that did not move.
+            match (loss, id) {
+                (Ok(loss @ Loss::Queued { .. }), Some(id)) if k.allocations() == before => {
+                    graphs.captured(shape, Some((id, loss)));
+                    Some((id, loss))
+                }
+                (loss, id) => {
+                    if let Some(id) = id {
+                        dev.drop_graph(id);
+                    }
+                    graphs.captured(shape, None);
+                    // Nothing captured ran: the pass again, directly (or its error).
+                    loss?;
+                    None
+                }
+            }
+        }
+    };
+    match id {
+        Some((id, loss)) if dev.launch_graph(id) => Ok(loss),
+        _ => {
+            graphs.lost(shape);
+            pass(ws, grads)
+        }
+    }
+}
 
 fn no_peers() -> ModelError {
     ModelError::Argument(
@@ -305,6 +386,11 @@ where
             )?
         } else {
             match &mut st.own {
+                // One device's whole model: captured and replayed where the device can.
+                None if st.split.is_none() && st.peers.is_none() => {
+                    let graphs = &mut st.graphs;
+                    graphed(k, graphs, ws, params, acc, model, batch, weight, dropout)?
+                }
                 None => whole(ws, acc)?,
                 Some(own) => {
                     // zero/sinks.rs `ReduceToOwners`/`Scattered`: the micro-batch's gradient on

@@ -1,0 +1,175 @@
+//! Captured passes: a micro-batch's forward and backward recorded once as a graph (a CUDA graph
+//! on a GPU, `Device::begin_capture`) and replayed for the next micro-batches of the same shape,
+//! so that the host queues one launch where it queued a few hundred (docs/cuda.md, "CUDA
+//! graphs").
+//!
+//! A graph replays its kernels on the addresses and with the arguments they were captured
+//! with, so a pass may be replayed only for what makes those the same: the batch's shape, the
+//! loss weight, whether dropout applies, the parameters' and gradients' buffers, and no device
+//! allocation since the capture (`Kernels::allocations`: the workspace and the kernels' scratch
+//! grown for a longer batch move). Everything else that differs per micro-batch lives in device
+//! memory, written before the replay: the inputs (`Classifier::set_inputs_on`) and the dropout
+//! key (`Kernels::dropout_key`). A shape is run directly the first time (sizing every buffer),
+//! captured the second, replayed after that.
+
+use std::collections::HashMap;
+
+use crate::backend::Loss;
+
+/// Graphs kept at most: a run with many batch shapes (dynamic padding gives one per length)
+/// runs the rest directly.
+const MOST: usize = 64;
+
+/// What a replay must match (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct Shape {
+    pub batch: usize,
+    pub seq: usize,
+    pub loss_weight: u32,
+    pub dropout: bool,
+    pub params: u64,
+    pub grads: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Slot {
+    /// Run directly once.
+    Seen,
+    /// Captured: the graph, and what the pass returned.
+    Graph(u64, Loss),
+    /// The capture failed: run directly from now on (until the next allocation).
+    Direct,
+}
+
+/// How to run a micro-batch's pass.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Plan {
+    /// Directly.
+    Direct,
+    /// Capture it, then replay the graph.
+    Capture,
+    /// Replay this graph; the pass returns this.
+    Replay(u64, Loss),
+}
+
+/// A device's captured passes (see the module docs).
+#[derive(Debug, Default)]
+pub(super) struct Graphs {
+    /// `Kernels::allocations` when the graphs were captured.
+    epoch: u64,
+    slots: HashMap<Shape, Slot>,
+    graphs: usize,
+}
+
+impl Graphs {
+    /// How to run a pass of `shape` with the device's allocation count at `epoch`. An
+    /// allocation since the last call releases every graph (`drop` each): their buffers may
+    /// have moved.
+    pub fn plan(&mut self, shape: Shape, epoch: u64, drop: impl FnMut(u64)) -> Plan {
+        if epoch != self.epoch {
+            self.release(drop);
+            self.epoch = epoch;
+        }
+        match self.slots.get(&shape) {
+            None => {
+                self.slots.insert(shape, Slot::Seen);
+                Plan::Direct
+            }
+            Some(Slot::Seen) if self.graphs < MOST => Plan::Capture,
+            Some(Slot::Seen | Slot::Direct) => Plan::Direct,
+            Some(&Slot::Graph(id, loss)) => Plan::Replay(id, loss),
+        }
+    }
+
+    /// The capture of `shape` gave graph `id` (`None`: it failed).
+    pub fn captured(&mut self, shape: Shape, graph: Option<(u64, Loss)>) {
+        let slot = match graph {
+            Some((id, loss)) => {
+                self.graphs += 1;
+                Slot::Graph(id, loss)
+            }
+            None => Slot::Direct,
+        };
+        self.slots.insert(shape, slot);
+    }
+
+    /// A replay of `shape` failed (the device no longer has the graph): run it directly.
+    pub fn lost(&mut self, shape: Shape) {
+        if let Some(Slot::Graph(..)) = self.slots.insert(shape, Slot::Direct) {
+            self.graphs -= 1;
+        }
+    }
+
+    /// Releases every graph (`drop` each).
+    pub fn release(&mut self, mut drop: impl FnMut(u64)) {
+        for slot in self.slots.values() {
+            if let Slot::Graph(id, _) = slot {
+                drop(*id);
+            }
+        }
+        self.slots.clear();
+        self.graphs = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(seq: usize) -> Shape {
+        Shape {
+            batch: 2,
+            seq,
+            loss_weight: 1.0f32.to_bits(),
+            dropout: true,
+            params: 64,
+            grads: 128,
+        }
+    }
+
+    /// A shape runs directly, is captured, then replays; an allocation releases the graphs and
+    /// starts over; a failed capture or a lost graph runs directly until the next allocation.
+    #[test]
+    fn a_shape_is_run_then_captured_then_replayed_until_an_allocation() {
+        let mut dropped = Vec::new();
+        let mut g = Graphs::default();
+        let loss = Loss::Queued { rows: 2 };
+        let mut plan =
+            |g: &mut Graphs, seq, epoch| g.plan(shape(seq), epoch, |id| dropped.push(id));
+        assert_eq!(plan(&mut g, 5, 0), Plan::Direct);
+        assert_eq!(plan(&mut g, 5, 0), Plan::Capture);
+        g.captured(shape(5), Some((7, loss)));
+        assert_eq!(plan(&mut g, 5, 0), Plan::Replay(7, loss));
+        // Another shape has its own.
+        assert_eq!(plan(&mut g, 6, 0), Plan::Direct);
+        assert_eq!(plan(&mut g, 6, 0), Plan::Capture);
+        g.captured(shape(6), None);
+        assert_eq!(plan(&mut g, 6, 0), Plan::Direct);
+        assert_eq!(plan(&mut g, 5, 0), Plan::Replay(7, loss));
+        // Buffers may have moved: graph 7 released.
+        assert_eq!(plan(&mut g, 5, 1), Plan::Direct);
+        assert_eq!(plan(&mut g, 6, 1), Plan::Direct);
+        assert_eq!(plan(&mut g, 6, 1), Plan::Capture);
+        g.captured(shape(6), Some((8, loss)));
+        g.lost(shape(6));
+        assert_eq!(plan(&mut g, 6, 1), Plan::Direct);
+        assert_eq!(g.graphs, 0);
+        assert_eq!(dropped, [7]);
+    }
+
+    /// Past the most graphs kept, new shapes run directly.
+    #[test]
+    fn graphs_are_bounded() {
+        let mut g = Graphs::default();
+        for seq in 0..MOST + 2 {
+            assert_eq!(g.plan(shape(seq), 0, |_| {}), Plan::Direct);
+            let p = g.plan(shape(seq), 0, |_| {});
+            if seq < MOST {
+                assert_eq!(p, Plan::Capture);
+                g.captured(shape(seq), Some((seq as u64, Loss::Ready(0.0))));
+            } else {
+                assert_eq!(p, Plan::Direct, "{seq}");
+            }
+        }
+    }
+}
