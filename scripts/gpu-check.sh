@@ -13,7 +13,9 @@
 #                    two ranks (one GPU each, or sharing the only one) against the CPU's two:
 #                    ZeRO-0 (dp2.json), that ZeRO-2 offload shape (ranks2.json), ZeRO-2
 #                    without offload in fp16 (zero2.json) and ZeRO-3 in fp32 (zero3.json)
-#   spam/, spam.json the main job, recipes/spam.rcp, trained on the GPU (final accuracy >= 0.95),
+#   spam-graphs0/1/, spam.json  the main job, recipes/spam.rcp, trained on the GPU (final
+#                    accuracy >= 0.95), directly and with its passes replayed as CUDA graphs
+#                    (RECIPE_CUDA_GRAPHS=1: samples/s of each, the speedup),
 #                    from gpu-assets/minilm (scripts/gpu-assets.sh: MiniLM in fp16, carried with
 #                    the binary; the GPU machine has no network); "skipped" without it
 #   throughput.json  BERT-base seq 128 bf16 batch 32: samples/s of ours and of PyTorch eager
@@ -155,22 +157,35 @@ PYTHON
     fi
 done
 
-# The main job on the GPU, from the carried fp16 MiniLM.
+# The main job on the GPU, from the carried fp16 MiniLM; again with its passes replayed as CUDA
+# graphs (RECIPE_CUDA_GRAPHS=1; a small model's step is mostly launches): both must reach the
+# accuracy; spam.json reports each one's median samples/s and the largest loss difference.
 if [ -f gpu-assets/minilm/model.safetensors ]; then
-    timeout "$LIMIT" "$BIN" run --quiet --device cuda recipes/spam.rcp \
-        --set "model.from=\"$(pwd)/gpu-assets/minilm\"" --set "train.output_dir=\"$OUT/spam\"" \
-        > "$OUT/spam.log" 2>&1
-    "$PY" - "$OUT/spam" > "$OUT/spam.json" <<'PYTHON'
-import json, sys
-try:
-    rows = [json.loads(l) for l in open(f"{sys.argv[1]}/metrics.jsonl")]
+    for g in 0 1; do
+        RECIPE_CUDA_GRAPHS=$g timeout "$LIMIT" "$BIN" run --quiet --device cuda recipes/spam.rcp \
+            --set "model.from=\"$(pwd)/gpu-assets/minilm\"" \
+            --set "train.output_dir=\"$OUT/spam-graphs$g\"" > "$OUT/spam-graphs$g.log" 2>&1
+    done
+    "$PY" - "$OUT/spam-graphs0" "$OUT/spam-graphs1" > "$OUT/spam.json" <<'PYTHON'
+import json, statistics, sys
+def run(d):
+    rows = [json.loads(l) for l in open(f"{d}/metrics.jsonl")]
     start = next(r for r in rows if r.get("event") == "start")
     evals = [r["eval"] for r in rows if "eval" in r]
-    acc = evals[-1]["accuracy"]
     end = next(r for r in rows if r.get("event") == "end")
-    out = {"device": start.get("device"), "steps": end["steps"]["taken"],
-           "eval": evals[-1], "ok": start.get("device") != "cpu" and acc >= 0.95}
-except (OSError, StopIteration, IndexError, KeyError) as e:
+    steps = [r for r in rows if "loss" in r]
+    return {"device": start.get("device"), "steps": end["steps"]["taken"], "eval": evals[-1],
+            "samples_per_s": statistics.median(r["samples_per_s"] for r in steps[5:] or steps),
+            "losses": [r["loss"] for r in steps]}
+try:
+    plain, graphs = run(sys.argv[1]), run(sys.argv[2])
+    lp, lg = plain.pop("losses"), graphs.pop("losses")
+    out = {**plain, "graphs": graphs,
+           "graphs_speedup": graphs["samples_per_s"] / plain["samples_per_s"],
+           "graphs_max_loss_rel_diff": max(abs(a - b) / abs(a) for a, b in zip(lp, lg)),
+           "ok": all(r["device"] != "cpu" and r["eval"]["accuracy"] >= 0.95
+                     for r in (plain, graphs)) and len(lp) == len(lg)}
+except (OSError, StopIteration, IndexError, KeyError, ValueError, ZeroDivisionError) as e:
     out = {"ok": False, "error": f"{type(e).__name__}: {e}"}
 print(json.dumps(out, indent=1))
 PYTHON

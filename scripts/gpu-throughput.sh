@@ -8,7 +8,9 @@
 # (PEAK_TFLOPS, default 989: H100/H200 SXM; ../shared/reference/cuda-testing.md).
 # Ours runs twice more, with cuBLAS converting the GEMMs' operands (RECIPE_HALF_GEMM=convert,
 # docs/cuda.md "Half-precision GEMMs"), and profiled (`recipe run --profile`) in both modes:
-# $OUT/profile.json and $OUT/profile-convert.json say where the GPU's time goes.
+# $OUT/profile.json and $OUT/profile-convert.json say where the GPU's time goes; and once with
+# its passes captured and replayed as CUDA graphs (RECIPE_CUDA_GRAPHS=1, docs/cuda.md "CUDA
+# graphs").
 #
 #   scripts/gpu-throughput.sh                     # on a GPU (called by scripts/gpu-check.sh)
 #   DEVICE=cpu SHAPE=tiny scripts/gpu-throughput.sh   # a dry run of the script on any machine
@@ -53,17 +55,19 @@ with open(path, "w") as f:
         f.write(json.dumps({"text": text, "label": "spam" if i % 2 else "ham"}) + "\n")
 PY
 
-# ours NAME MODE STEPS [--profile]: one run of ours into $W/NAME, RECIPE_HALF_GEMM=MODE.
+# ours NAME MODE STEPS [--profile]: one run of ours into $W/NAME, RECIPE_HALF_GEMM=MODE
+# (RECIPE_CUDA_GRAPHS=$GRAPHS, default 0).
 ours() {
     local name=$1 mode=$2 steps=$3
     shift 3
-    ( cd "$W" && RECIPE_HALF_GEMM="$mode" "$BIN" run --quiet --device "$DEVICE" "$@" bert-base.rcp \
+    ( cd "$W" && RECIPE_HALF_GEMM="$mode" RECIPE_CUDA_GRAPHS="${GRAPHS:-0}" "$BIN" run --quiet --device "$DEVICE" "$@" bert-base.rcp \
         --set "batch.micro=$MICRO" --set "data.max_len=$SEQ" --set "train.max_steps=$steps" \
         --set "train.output_dir=\"$name\"" ) > "$W/$name.log" 2>&1 \
         || { echo "recipe run ($name) failed: $W/$name.log" >&2; tail -5 "$W/$name.log" >&2; }
 }
 ours out pack "$STEPS"
 ours convert convert "$STEPS"
+GRAPHS=1 ours graphs pack "$STEPS"
 if [ "$DEVICE" = cuda ]; then
     ours profiled pack "$((WARM + 10))" --profile
     ours profiled-convert convert "$((WARM + 10))" --profile
@@ -92,6 +96,8 @@ def rate(run):
 out["recipe"] = rate("out")
 # The same run with cuBLAS converting the half GEMMs' operands (RECIPE_HALF_GEMM=convert).
 out["recipe_convert"] = rate("convert")
+# And with its passes replayed as CUDA graphs (RECIPE_CUDA_GRAPHS=1).
+out["recipe_graphs"] = rate("graphs")
 for run, key in (("profiled", "profile"), ("profiled-convert", "profile_convert")):
     try:
         p = json.load(open(f"{w}/{run}/profile.json"))
@@ -112,6 +118,9 @@ if ours and theirs:
     converted = out["recipe_convert"].get("samples_per_s")
     if converted:
         out["ratio_convert_over_torch"] = converted / theirs
+    graphed = out["recipe_graphs"].get("samples_per_s")
+    if graphed:
+        out["ratio_graphs_over_torch"] = graphed / theirs
     if device == "cuda":
         out["peak_tflops_bf16"] = peak
         out["mfu_recipe"] = ours * flops_per_sample / (peak * 1e12)

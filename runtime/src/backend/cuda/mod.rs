@@ -295,6 +295,10 @@ pub struct CudaDevice {
     profiling: std::sync::atomic::AtomicBool,
     /// How a half-precision GEMM gets its fp16/bf16 operands ([`HalfOperands`]).
     operands: HalfOperands,
+    /// Whether passes may be captured ([`graphs_from_env`]); then `stream` is a stream of its
+    /// own, as the legacy default stream cannot be captured.
+    graphs_on: bool,
+    captures: Mutex<Captures>,
 }
 
 /// How [`Device::gemm_half`] and [`Device::gemm_batched`] hand their operands, f32 buffers
@@ -329,6 +333,41 @@ impl HalfOperands {
             ))),
         }
     }
+}
+
+/// Whether the device captures passes as CUDA graphs ([`Device::begin_capture`]):
+/// `RECIPE_CUDA_GRAPHS=1`; off by default until a GPU's profile shows they pay (docs/cuda.md,
+/// "CUDA graphs"). `Err` names a value it does not know.
+pub fn graphs_from_env() -> Result<bool, CudaError> {
+    graphs_parse(std::env::var("RECIPE_CUDA_GRAPHS").ok().as_deref())
+}
+
+/// The choice a value of `RECIPE_CUDA_GRAPHS` (`None`: unset) makes.
+fn graphs_parse(v: Option<&str>) -> Result<bool, CudaError> {
+    match v {
+        None | Some("" | "0") => Ok(false),
+        Some("1") => Ok(true),
+        Some(other) => Err(CudaError::Setting(format!(
+            "RECIPE_CUDA_GRAPHS={other}: expected `1` (capture) or `0` (the default) (docs/cuda.md, \"CUDA graphs\")"
+        ))),
+    }
+}
+
+/// A captured graph. cudarc's `CudaGraph` holds raw driver handles, which CUDA lets any thread
+/// use as long as the calls on one graph are serialised (driver API, "Graph object thread
+/// safety"): it is only used under [`Captures`]' lock.
+struct Graph(cudarc::driver::CudaGraph);
+
+// SAFETY: see above; every use is under the `captures` mutex.
+unsafe impl Send for Graph {}
+
+/// The device's CUDA graphs ([`Device::begin_capture`]).
+#[derive(Default)]
+struct Captures {
+    /// A capture under way, and the first error in it (which fails it instead of the run).
+    capturing: Option<Option<String>>,
+    graphs: HashMap<u64, Graph>,
+    next: u64,
 }
 
 /// Packed operand slots: a GEMM's two, and two more so that the operands a following GEMM
@@ -453,6 +492,7 @@ impl CudaDevice {
     /// loads them and creates the cuBLAS handle.
     pub fn open(ordinal: usize) -> Result<CudaDevice, CudaError> {
         let operands = HalfOperands::from_env()?;
+        let graphs_on = graphs_from_env()?;
         let p = require()?;
         if ordinal >= p.devices {
             return Err(CudaError::Driver(format!(
@@ -481,7 +521,13 @@ impl CudaDevice {
         // needed. The copy stream (`download_queued`) is ordered after the work by an event.
         // SAFETY: the other stream of this context waits on explicit events.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        // The legacy default stream cannot be captured: with graphs, a stream of its own (every
+        // operation here names its stream; none relies on the default one's implicit order).
+        let stream = if graphs_on {
+            ctx.new_stream().map_err(driver_err("creating a stream"))?
+        } else {
+            ctx.default_stream()
+        };
         let blas = cudarc::cublas::CudaBlas::new(stream.clone())
             .map_err(|e| CudaError::Driver(format!("cuBLAS: {e:?}")))?;
         Ok(CudaDevice {
@@ -504,6 +550,8 @@ impl CudaDevice {
             timer: Mutex::new(None),
             profiling: std::sync::atomic::AtomicBool::new(false),
             operands,
+            graphs_on,
+            captures: Mutex::default(),
         })
     }
 
@@ -743,8 +791,20 @@ impl CudaDevice {
         self.record_text(format!("{what}: {e:?}"));
     }
 
-    /// Keeps the first error, in these words, for [`Device::sync`].
+    /// Keeps the first error, in these words, for [`Device::sync`]; during a capture, for the
+    /// capture (which then fails, and the pass runs directly: an operation a graph cannot hold
+    /// is refused by the driver without running).
     fn record_text(&self, text: String) {
+        if let Some(first) = self
+            .captures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .capturing
+            .as_mut()
+        {
+            first.get_or_insert(text);
+            return;
+        }
         let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_none() {
             *slot = Some(text);
@@ -1666,11 +1726,92 @@ impl Device for CudaDevice {
             None => Ok(()),
         }
     }
+
+    /// With `RECIPE_CUDA_GRAPHS=1`, and not while profiling (the events around each operation
+    /// would be captured too). Thread-local mode: other ranks' threads, driving other GPUs,
+    /// may allocate and synchronise meanwhile.
+    fn begin_capture(&self) -> bool {
+        if !self.graphs_on
+            || self.failed()
+            || self.profiling.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return false;
+        }
+        let mut c = self.captures.lock().unwrap_or_else(|p| p.into_inner());
+        if c.capturing.is_some() {
+            return false;
+        }
+        let mode = cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        if self.stream.begin_capture(mode).is_err() {
+            return false;
+        }
+        c.capturing = Some(None);
+        true
+    }
+
+    fn end_capture(&self) -> Option<u64> {
+        let failed = self
+            .captures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .capturing
+            .take()?;
+        let flags = cudarc::driver::sys::CUgraphInstantiate_flags(0);
+        // An invalidated capture ends in an error, which fails it rather than the run.
+        let graph = self.stream.end_capture(flags).ok().flatten();
+        let (None, Some(graph)) = (failed, graph) else {
+            return None;
+        };
+        let mut c = self.captures.lock().unwrap_or_else(|p| p.into_inner());
+        let id = c.next;
+        c.next += 1;
+        c.graphs.insert(id, Graph(graph));
+        Some(id)
+    }
+
+    fn launch_graph(&self, id: u64) -> bool {
+        if self.failed() {
+            return true; // nothing is queued after a failed allocation; `sync` reports it
+        }
+        let c = self.captures.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(g) = c.graphs.get(&id) else {
+            return false;
+        };
+        self.wrote();
+        if let Err(e) = self.timed("cuda graph", || g.0.launch()) {
+            drop(c);
+            self.record("launching a CUDA graph", e);
+        }
+        true
+    }
+
+    fn drop_graph(&self, id: u64) {
+        let g = self
+            .captures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .graphs
+            .remove(&id);
+        if g.is_some() {
+            self.bind();
+        }
+        drop(g);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Graphs are off unless `RECIPE_CUDA_GRAPHS=1`; another value is refused by name.
+    #[test]
+    fn graphs_are_opt_in() {
+        assert!(!graphs_parse(None).unwrap());
+        assert!(!graphs_parse(Some("0")).unwrap());
+        assert!(graphs_parse(Some("1")).unwrap());
+        let e = graphs_parse(Some("yes")).unwrap_err().to_string();
+        assert!(e.contains("RECIPE_CUDA_GRAPHS=yes: expected `1`"), "{e}");
+    }
 
     /// Unset or empty packs; `convert` converts in cuBLAS; anything else is refused by name.
     #[test]
