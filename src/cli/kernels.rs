@@ -109,7 +109,9 @@ pub fn run(archs: &[String], out: Option<&Path>, ptxas_bin: Option<&Path>, selft
 fn self_test(out: Option<&Path>) -> Result<bool, i32> {
     use recipe_runtime::backend::cuda::CudaDevice;
     use recipe_runtime::backend::kernels::Kernels;
-    use recipe_runtime::backend::selftest::{compare, compare_optim, compare_queued_upload};
+    use recipe_runtime::backend::selftest::{
+        compare, compare_graph_replay, compare_optim, compare_queued_upload,
+    };
     use recipe_runtime::precision::Dtype;
     let dev = CudaDevice::open(0).map_err(|e| {
         eprintln!("error: {e}");
@@ -135,6 +137,8 @@ fn self_test(out: Option<&Path>) -> Result<bool, i32> {
         kernels = kernels.with_store(store);
         let mut checks = compare_optim(&kernels, store);
         checks.push(compare_queued_upload(&kernels, store));
+        // With RECIPE_CUDA_GRAPHS=1 only.
+        checks.extend(compare_graph_replay(&kernels, store));
         if let Err(e) = recipe_runtime::backend::device::Device::sync(kernels.device()) {
             eprintln!("error: the GPU reported: {e}");
             return Err(FAILED);

@@ -128,6 +128,19 @@ fn the_self_test_finds_a_wrong_kernel() {
     );
 }
 
+/// A captured copy and dropout replayed for two micro-batches with their own inputs and keys:
+/// on the emulated device that captures; none on the one that does not.
+#[test]
+fn a_captured_graph_replays_new_inputs_and_dropout_keys_exactly() {
+    use recipe_kernel_emu::{Emu, EmuTyped};
+    use recipe_runtime::backend::selftest::compare_graph_replay;
+    for store in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+        let c = compare_graph_replay(&Kernels::new(EmuTyped).with_store(store), store);
+        assert!(c.as_ref().is_some_and(|c| c.ok), "{c:?}");
+        assert!(compare_graph_replay(&Kernels::new(Emu).with_store(store), store).is_none());
+    }
+}
+
 /// The queued upload of an offloaded step's parameters into a stored buffer: floats on the f32
 /// emulated device, 16 bits on the one keeping half buffers (`Device::upload_queued_bits`).
 #[test]

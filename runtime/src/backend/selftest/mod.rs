@@ -900,6 +900,57 @@ pub fn compare_queued_upload<D: Device>(k: &Kernels<D>, store: Dtype) -> OpCheck
     }
 }
 
+/// A captured graph replayed on new inputs (`Device::begin_capture`; docs/cuda.md "CUDA
+/// graphs"): a copy and a dropout captured once, then replayed for two micro-batches, each with
+/// inputs written into the same buffer and its own dropout key (`Kernels::dropout_key`), against
+/// the CPU's copy and dropout with that key. Exact: `graph.replay`. `None` when the device does
+/// not capture (a GPU without `RECIPE_CUDA_GRAPHS=1`).
+pub fn compare_graph_replay<D: Device>(k: &Kernels<D>, store: Dtype) -> Option<OpCheck> {
+    let dev = k.device();
+    let (n, seed, site) = (1001, 0x5eed_0000_0001, 3);
+    let dropout = |base: u64| Dropout {
+        p: 0.25,
+        seed,
+        stream: base + site,
+        site,
+    };
+    let (mut x, mut y) = (k.alloc_stored(n), k.alloc_stored(n));
+    k.write(k.view_mut(&mut x), &rand(n, 2.0, 70, store));
+    k.dropout_key(seed, 1 << 40);
+    if !dev.begin_capture() {
+        return None;
+    }
+    k.copy(k.view_mut(&mut y), k.view(&x));
+    k.dropout(k.view_mut(&mut y), &dropout(1 << 40));
+    let id = dev.end_capture();
+    let cpu = Cpu::new(1).with_store(store);
+    let mut same = id.is_some();
+    for (i, base) in [7u64, (1 << 33) + 5].into_iter().enumerate() {
+        let xi = rand(n, 2.0, 71 + i as u64, store);
+        k.write(k.view_mut(&mut x), &xi);
+        k.dropout_key(seed, base);
+        same &= id.is_some_and(|id| dev.launch_graph(id));
+        let mut got = vec![0.0; n];
+        k.download(k.view(&y), &mut got);
+        let mut want = xi;
+        cpu.dropout(&mut want, &dropout(base));
+        same &= got
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+    }
+    if let Some(id) = id {
+        dev.drop_graph(id);
+    }
+    Some(OpCheck {
+        op: "graph.replay".into(),
+        store,
+        error: if same { 0.0 } else { 1.0 },
+        tolerance: 0.0,
+        ok: same,
+    })
+}
+
 /// Runs every operation on `be` (which stores `store`) and on the CPU backend storing the same,
 /// and compares each output.
 pub fn compare<B: Backend>(be: &B, store: Dtype) -> Vec<OpCheck> {
