@@ -739,6 +739,21 @@ impl CudaDevice {
             return None;
         }
         if slot.as_ref().is_none_or(|s| s.len() < n) {
+            // A graph may hold the old address: outside a capture every graph goes (a replay
+            // then finds none and the pass runs directly); inside one, the capture fails
+            // without allocating (a captured allocation would be the graph's memory), and the
+            // operation is skipped, as nothing captured runs.
+            {
+                let mut c = self.captures.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(first) = c.capturing.as_mut() {
+                    first.get_or_insert_with(|| format!("{what} during a capture"));
+                    return None;
+                }
+                if !c.graphs.is_empty() {
+                    self.bind();
+                    c.graphs.clear();
+                }
+            }
             match self.stream.alloc_zeros::<T>(n.max(1)) {
                 Ok(s) => *slot = Some(s),
                 Err(e) => {

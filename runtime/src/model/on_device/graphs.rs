@@ -10,7 +10,10 @@
 //! grown for a longer batch move). Everything else that differs per micro-batch lives in device
 //! memory, written before the replay: the inputs (`Classifier::set_inputs_on`) and the dropout
 //! key (`Kernels::dropout_key`). A shape is run directly the first time (sizing every buffer),
-//! captured the second, replayed after that.
+//! captured the second, replayed after that. A capture follows a direct run of its shape with no
+//! allocation since (the epoch did not move), so it allocates nothing: memory allocated inside a
+//! capture would be the graph's own (a GPU's device scratch refuses to grow during one, which
+//! fails the capture instead).
 
 use std::collections::HashMap;
 
