@@ -5,7 +5,7 @@
 //!
 //! A graph replays its kernels on the addresses and with the arguments they were captured
 //! with, so a pass may be replayed only for what makes those the same: the batch's shape, the
-//! loss weight, whether dropout applies, the parameters' and gradients' buffers, and no device
+//! loss weight, whether dropout applies, the parameters' and gradient buffers, and no device
 //! allocation since the capture (`Kernels::allocations`: the workspace and the kernels' scratch
 //! grown for a longer batch move). Everything else that differs per micro-batch lives in device
 //! memory, written before the replay: the inputs (`Classifier::set_inputs_on`) and the dropout
@@ -30,8 +30,8 @@ pub(super) struct Shape {
     pub seq: usize,
     pub loss_weight: u32,
     pub dropout: bool,
-    pub params: u64,
-    pub grads: u64,
+    /// The parameters' and the gradient buffers' addresses.
+    pub buffers: [u64; 3],
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -125,8 +125,7 @@ mod tests {
             seq,
             loss_weight: 1.0f32.to_bits(),
             dropout: true,
-            params: 64,
-            grads: 128,
+            buffers: [64, 128, 0],
         }
     }
 

@@ -19,57 +19,46 @@ use crate::optim::Optimizer;
 use crate::precision::Dtype;
 use crate::zero::{Storage, ZeroError};
 
-/// The pass of one device's whole model into `grads`: captured as a graph at its shape's second
-/// micro-batch, replayed from the third (where the device captures; graphs.rs), the inputs and
-/// the dropout key written to the device first, outside any graph.
-#[allow(clippy::too_many_arguments)]
+/// One device's micro-batch `pass` (device work only, on the inputs `set_inputs_on` leaves):
+/// captured as a graph at its shape's second micro-batch, replayed from the third (where the
+/// device captures; graphs.rs), the inputs and the dropout key written to the device first,
+/// outside any graph. `buffers`: the addresses of the parameters and gradient buffers it uses.
 fn graphed<D: Device>(
     k: &Kernels<D>,
     graphs: &mut Graphs,
     ws: &mut Workspace<Kernels<D>>,
-    params: &D::Buf,
-    grads: &mut D::Buf,
-    model: &Classifier,
-    batch: &Batch,
-    weight: f32,
-    dropout: Option<DropoutKey>,
+    (model, batch, weight, dropout): (&Classifier, &Batch, f32, Option<DropoutKey>),
+    buffers: [u64; 3],
+    mut pass: impl FnMut(&mut Workspace<Kernels<D>>) -> Result<Loss, ModelError>,
 ) -> Result<Loss, ModelError> {
     let dev = k.device();
     model.set_inputs_on(k, ws, batch)?;
     if let Some((seed, stream)) = model.dropout_key(dropout) {
         k.dropout_key(seed, stream);
     }
-    let segs = model.segments();
-    let pass = |ws: &mut Workspace<Kernels<D>>, grads: &mut D::Buf| {
-        let mut src = BufParams::new(k, params, segs);
-        let mut sink = BufGrads::new(k, grads, segs);
-        model
-            .pass_on_with::<_, _, _, ModelError>(k, ws, batch, weight, &mut src, &mut sink, dropout)
-    };
     let shape = Shape {
         batch: batch.batch,
         seq: batch.seq,
         loss_weight: weight.to_bits(),
         dropout: dropout.is_some(),
-        params: dev.ptr(dev.view(params)),
-        grads: dev.ptr(dev.view(grads)),
+        buffers,
     };
     let id = match graphs.plan(shape, k.allocations(), |id| dev.drop_graph(id)) {
-        Plan::Direct => return pass(ws, grads),
+        Plan::Direct => return pass(ws),
         Plan::Replay(id, loss) => {
             if dev.launch_graph(id) {
                 return Ok(loss);
             }
             graphs.lost(shape);
-            return pass(ws, grads);
+            return pass(ws);
         }
         Plan::Capture => {
             let before = k.allocations();
             if !dev.begin_capture() {
                 graphs.captured(shape, None);
-                return pass(ws, grads);
+                return pass(ws);
             }
-            let loss = pass(ws, grads);
+            let loss = pass(ws);
             let id = dev.end_capture();
             // Only a loss left on the device may be replayed (a value would be the captured
             // micro-batch's), and only on buffers that did not move.
@@ -94,7 +83,7 @@ fn graphed<D: Device>(
         Some((id, loss)) if dev.launch_graph(id) => Ok(loss),
         _ => {
             graphs.lost(shape);
-            pass(ws, grads)
+            pass(ws)
         }
     }
 }
@@ -385,11 +374,52 @@ where
                 k, ws, batch, weight, &mut src, &mut sink, dropout,
             )?
         } else {
+            // One device's whole model: captured and replayed where the device can.
+            let alone = st.split.is_none() && st.peers.is_none();
+            let graphs = &mut st.graphs;
+            let p = dev.ptr(dev.view(params));
             match &mut st.own {
-                // One device's whole model: captured and replayed where the device can.
-                None if st.split.is_none() && st.peers.is_none() => {
-                    let graphs = &mut st.graphs;
-                    graphed(k, graphs, ws, params, acc, model, batch, weight, dropout)?
+                None if alone => {
+                    let buffers = [p, dev.ptr(dev.view(acc)), 0];
+                    graphed(
+                        k,
+                        graphs,
+                        ws,
+                        (model, batch, weight, dropout),
+                        buffers,
+                        |ws| {
+                            let mut src = BufParams::new(k, params, segs);
+                            let mut sink = BufGrads::new(k, acc, segs);
+                            model.pass_on_with::<_, _, _, ModelError>(
+                                k, ws, batch, weight, &mut src, &mut sink, dropout,
+                            )
+                        },
+                    )?
+                }
+                // ZeRO 2–3 on one device: the micro-batch's own gradient, rounded and added
+                // (below), all in the graph.
+                Some(own) if alone && !own.to_owners => {
+                    let (g, storage) = (&mut own.buf, own.storage);
+                    let buffers = [p, dev.ptr(dev.view(g)), dev.ptr(dev.view(acc))];
+                    graphed(
+                        k,
+                        graphs,
+                        ws,
+                        (model, batch, weight, dropout),
+                        buffers,
+                        |ws| {
+                            k.zero(k.view_mut(g));
+                            let mut src = BufParams::new(k, params, segs);
+                            let mut sink = BufGrads::new(k, g, segs);
+                            let loss = model.pass_on_with::<_, _, _, ModelError>(
+                                k, ws, batch, weight, &mut src, &mut sink, dropout,
+                            )?;
+                            k.round_to(k.view_mut(g), storage.comm);
+                            k.round_to(k.view_mut(g), storage.module);
+                            k.add_assign(k.view_mut(acc), k.view(g));
+                            Ok(loss)
+                        },
+                    )?
                 }
                 None => whole(ws, acc)?,
                 Some(own) => {
