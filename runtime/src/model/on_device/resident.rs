@@ -378,22 +378,25 @@ where
             let alone = st.split.is_none() && st.peers.is_none();
             let graphs = &mut st.graphs;
             let p = dev.ptr(dev.view(params));
+            // The pass on the inputs already set, its gradient into `grads`.
+            let into = |ws: &mut Workspace<Kernels<D>>, grads: &mut D::Buf| {
+                let mut src = BufParams::new(k, params, segs);
+                let mut sink = BufGrads::new(k, grads, segs);
+                model.pass_on_with::<_, _, _, ModelError>(
+                    k, ws, batch, weight, &mut src, &mut sink, dropout,
+                )
+            };
             match &mut st.own {
                 None if alone => {
                     let buffers = [p, dev.ptr(dev.view(acc)), 0];
+                    let pass = |ws: &mut _| into(ws, acc);
                     graphed(
                         k,
                         graphs,
                         ws,
                         (model, batch, weight, dropout),
                         buffers,
-                        |ws| {
-                            let mut src = BufParams::new(k, params, segs);
-                            let mut sink = BufGrads::new(k, acc, segs);
-                            model.pass_on_with::<_, _, _, ModelError>(
-                                k, ws, batch, weight, &mut src, &mut sink, dropout,
-                            )
-                        },
+                        pass,
                     )?
                 }
                 // ZeRO 2–3 on one device: the micro-batch's own gradient, rounded and added
@@ -409,11 +412,7 @@ where
                         buffers,
                         |ws| {
                             k.zero(k.view_mut(g));
-                            let mut src = BufParams::new(k, params, segs);
-                            let mut sink = BufGrads::new(k, g, segs);
-                            let loss = model.pass_on_with::<_, _, _, ModelError>(
-                                k, ws, batch, weight, &mut src, &mut sink, dropout,
-                            )?;
+                            let loss = into(ws, g)?;
                             k.round_to(k.view_mut(g), storage.comm);
                             k.round_to(k.view_mut(g), storage.module);
                             k.add_assign(k.view_mut(acc), k.view(g));
