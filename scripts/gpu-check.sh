@@ -10,7 +10,8 @@
 #                    (RECIPE_HALF_GEMM=convert, docs/cuda.md "Half-precision GEMMs")
 #   tiny/            the tiny BERT trained on the CPU and on the GPU, optimizer on the GPU,
 #                    20 steps in fp32 (tiny.json compares them; summary's fp32_curve_goal: the
-#                    issue's goal, losses within 1e-5 relative, reported), offloaded at ZeRO-2 in fp16 (offload.json), and
+#                    issue's goal, losses within 1e-5 relative, reported), the same with its
+#                    passes replayed as CUDA graphs (graphs.json; same_losses_as_direct), offloaded at ZeRO-2 in fp16 (offload.json), and
 #                    two ranks (one GPU each, or sharing the only one) against the CPU's two:
 #                    ZeRO-0 (dp2.json), that ZeRO-2 offload shape (ranks2.json), ZeRO-2
 #                    without offload in fp16 (zero2.json) and ZeRO-3 in fp32 (zero3.json)
@@ -98,18 +99,22 @@ cp runtime/tests/fixtures/tiny-bert/config.json runtime/tests/fixtures/tiny-bert
 { cat "$W/tiny.rcp"; echo 'zero 2 { offload optimizer = cpu }'; } > "$W/offload.rcp"
 { cat "$W/tiny.rcp"; echo 'zero 2'; } > "$W/zero2.rcp"
 { cat "$W/tiny.rcp"; echo 'zero 3'; } > "$W/zero3.rcp"
-for part in tiny offload dp2 ranks2 zero2 zero3; do
+for part in tiny graphs offload dp2 ranks2 zero2 zero3; do
     sets=()
     rcp=$part.rcp
+    graphs=0
     # The fp32 goal's length: 20 optimizer steps (4 per epoch).
     [ "$part" = tiny ] && sets=(--set 'train.epochs=5')
+    # The same with the GPU's passes replayed as CUDA graphs (RECIPE_CUDA_GRAPHS=1).
+    [ "$part" = graphs ] && { sets=(--set 'train.epochs=5'); rcp=tiny.rcp; graphs=1; }
     [ "$part" = offload ] && sets=(--set 'train.precision=fp16')
     [ "$part" = dp2 ] && { sets=(--gpus 2); rcp=tiny.rcp; }
     [ "$part" = ranks2 ] && { sets=(--set 'train.precision=fp16' --gpus 2); rcp=offload.rcp; }
     [ "$part" = zero2 ] && sets=(--set 'train.precision=fp16' --gpus 2)
     [ "$part" = zero3 ] && sets=(--gpus 2)
     for dev in cpu cuda; do
-        ( cd "$W" && timeout "$LIMIT" "$BIN" run --quiet --device "$dev" ${sets[@]+"${sets[@]}"} \
+        ( cd "$W" && RECIPE_CUDA_GRAPHS=$graphs timeout "$LIMIT" "$BIN" run --quiet \
+            --device "$dev" ${sets[@]+"${sets[@]}"} \
             --set "train.output_dir=\"$part-$dev\"" "$rcp" ) > "$W/$part-$dev.log" 2>&1
     done
     "$PY" - "$W" "$part" > "$OUT/$part.json" <<'PYTHON'
@@ -131,6 +136,11 @@ if cpu and gpu:
     out["steps"] = len(cpu)
     out["same_steps_lr_scales_skips"] = [s for s, _ in cpu] == [s for s, _ in gpu]
     out["max_loss_rel_diff"] = max(abs(a[1] - b[1]) / abs(a[1]) for a, b in zip(cpu, gpu))
+    if part == "graphs":
+        # Against the same run launched directly (`tiny`): the same kernels, so the same
+        # losses, reported (cuBLAS may pick another algorithm inside a capture).
+        direct, _ = steps("tiny-cuda")
+        out["same_losses_as_direct"] = direct == gpu
     if part == "tiny":
         # The issue's goal, reported (not enforced, like throughput's): fp32, 20 steps, 1e-5.
         out["fp32_curve_goal_1e-5"] = (len(cpu) >= 20 and out["same_steps_lr_scales_skips"]
@@ -214,7 +224,7 @@ fi
 {
     echo "{"
     first=1
-    for k in kernels selftest selftest_convert tiny fp32_curve_goal offload dp2 ranks2 zero2 zero3 spam throughput; do
+    for k in kernels selftest selftest_convert tiny fp32_curve_goal graphs offload dp2 ranks2 zero2 zero3 spam throughput; do
         [ $first = 1 ] || echo ","
         printf '  "%s": "%s"' "$k" "${parts[$k]}"
         first=0
