@@ -23,10 +23,13 @@ use crate::zero::{Storage, ZeroError};
 /// captured as a graph at its shape's second micro-batch, replayed from the third (where the
 /// device captures; graphs.rs), the inputs and the dropout key written to the device first,
 /// outside any graph. `buffers`: the addresses of the parameters and gradient buffers it uses.
+/// Not `alone` (a rank with peers or a ZeRO split): always directly.
+#[allow(clippy::too_many_arguments)]
 fn graphed<D: Device>(
     k: &Kernels<D>,
     graphs: &mut Graphs,
     ws: &mut Workspace<Kernels<D>>,
+    alone: bool,
     (model, batch, weight, dropout): (&Classifier, &Batch, f32, Option<DropoutKey>),
     buffers: [u64; 3],
     mut pass: impl FnMut(&mut Workspace<Kernels<D>>) -> Result<Loss, ModelError>,
@@ -35,6 +38,9 @@ fn graphed<D: Device>(
     model.set_inputs_on(k, ws, batch)?;
     if let Some((seed, stream)) = model.dropout_key(dropout) {
         k.dropout_key(seed, stream);
+    }
+    if !alone {
+        return pass(ws);
     }
     let shape = Shape {
         batch: batch.batch,
@@ -45,13 +51,7 @@ fn graphed<D: Device>(
     };
     let id = match graphs.plan(shape, k.allocations(), |id| dev.drop_graph(id)) {
         Plan::Direct => return pass(ws),
-        Plan::Replay(id, loss) => {
-            if dev.launch_graph(id) {
-                return Ok(loss);
-            }
-            graphs.lost(shape);
-            return pass(ws);
-        }
+        Plan::Replay(id, loss) => Some((id, loss)),
         Plan::Capture => {
             let before = k.allocations();
             if !dev.begin_capture() {
@@ -299,13 +299,6 @@ where
         let acc = accumulator(&mut st.opt, &mut st.acc)?;
         // The whole parameters and a whole gradient buffer, segment by segment.
         let segs = model.segments();
-        let whole = |ws: &mut Workspace<Kernels<D>>, grads: &mut D::Buf| {
-            let mut src = BufParams::new(k, params, segs);
-            let mut sink = BufGrads::new(k, grads, segs);
-            model.forward_backward_on_with::<_, _, _, ModelError>(
-                k, ws, batch, weight, &mut src, &mut sink, dropout,
-            )
-        };
         let landing = st.landing.take();
         let loss = if let Some(dst) = &landing {
             // A window's last micro-batch under optimizer offload, one device (`land_next`):
@@ -374,10 +367,11 @@ where
                 k, ws, batch, weight, &mut src, &mut sink, dropout,
             )?
         } else {
-            // One device's whole model: captured and replayed where the device can.
+            // One device's whole model: captured and replayed where the device can (`graphed`).
             let alone = st.split.is_none() && st.peers.is_none();
             let graphs = &mut st.graphs;
             let p = dev.ptr(dev.view(params));
+            let on = (model, batch, weight, dropout);
             // The pass on the inputs already set, its gradient into `grads`.
             let into = |ws: &mut Workspace<Kernels<D>>, grads: &mut D::Buf| {
                 let mut src = BufParams::new(k, params, segs);
@@ -386,71 +380,45 @@ where
                     k, ws, batch, weight, &mut src, &mut sink, dropout,
                 )
             };
-            match &mut st.own {
-                None if alone => {
+            match (&mut st.own, &st.split) {
+                (None, _) => {
                     let buffers = [p, dev.ptr(dev.view(acc)), 0];
-                    let pass = |ws: &mut _| into(ws, acc);
-                    graphed(
-                        k,
-                        graphs,
-                        ws,
-                        (model, batch, weight, dropout),
-                        buffers,
-                        pass,
-                    )?
+                    graphed(k, graphs, ws, alone, on, buffers, |ws| into(ws, acc))?
                 }
-                // ZeRO 2–3 on one device: the micro-batch's own gradient, rounded and added
-                // (below), all in the graph.
-                Some(own) if alone && !own.to_owners => {
+                // zero/sinks.rs `ReduceToOwners`: the micro-batch's gradient on its own, each
+                // range summed to its owner, in rank order as every rank calls them; this
+                // rank's made the average as `reduce_to_owners` makes it, then added.
+                (Some(own), Some(Split::Flat(ranges, me))) if own.to_owners => {
+                    let (g, storage) = (&mut own.buf, own.storage);
+                    model.set_inputs_on(k, ws, batch)?;
+                    k.zero(k.view_mut(g));
+                    let loss = into(ws, g)?;
+                    let peers = st.peers.as_deref_mut().ok_or_else(no_peers)?;
+                    let owners = ranges.iter().cloned().zip(0..);
+                    reduce_ranges(dev, peers, g, owners)?;
+                    let (r, inv) = (ranges[*me].clone(), 1.0 / peers.world() as f32);
+                    k.scale_round(
+                        dev.range_mut(g, r.clone()),
+                        inv,
+                        storage.comm,
+                        storage.module,
+                    );
+                    k.add_assign(k.view_mut(acc), dev.sub(dev.view(g), r));
+                    loss
+                }
+                // `Scattered`: the micro-batch's gradient on its own, `Storage::reduced`, then
+                // `accumulate` (acc += g, stored as the module); in the graph on one device.
+                (Some(own), _) => {
                     let (g, storage) = (&mut own.buf, own.storage);
                     let buffers = [p, dev.ptr(dev.view(g)), dev.ptr(dev.view(acc))];
-                    graphed(
-                        k,
-                        graphs,
-                        ws,
-                        (model, batch, weight, dropout),
-                        buffers,
-                        |ws| {
-                            k.zero(k.view_mut(g));
-                            let loss = into(ws, g)?;
-                            k.round_to(k.view_mut(g), storage.comm);
-                            k.round_to(k.view_mut(g), storage.module);
-                            k.add_assign(k.view_mut(acc), k.view(g));
-                            Ok(loss)
-                        },
-                    )?
-                }
-                None => whole(ws, acc)?,
-                Some(own) => {
-                    // zero/sinks.rs `ReduceToOwners`/`Scattered`: the micro-batch's gradient on
-                    // its own, `Storage::reduced`, then `accumulate` (acc += g, stored as the
-                    // module).
-                    let (g, storage) = (&mut own.buf, own.storage);
-                    k.zero(k.view_mut(g));
-                    let loss = whole(ws, g)?;
-                    match (&st.split, own.to_owners) {
-                        (Some(Split::Flat(ranges, me)), true) => {
-                            // Each range summed to its owner, in rank order as every rank calls
-                            // them; this rank's made the average as `reduce_to_owners` makes it.
-                            let peers = st.peers.as_deref_mut().ok_or_else(no_peers)?;
-                            let owners = ranges.iter().cloned().zip(0..);
-                            reduce_ranges(dev, peers, g, owners)?;
-                            let (r, inv) = (ranges[*me].clone(), 1.0 / peers.world() as f32);
-                            k.scale_round(
-                                dev.range_mut(g, r.clone()),
-                                inv,
-                                storage.comm,
-                                storage.module,
-                            );
-                            k.add_assign(k.view_mut(acc), dev.sub(dev.view(g), r));
-                        }
-                        _ => {
-                            k.round_to(k.view_mut(g), storage.comm);
-                            k.round_to(k.view_mut(g), storage.module);
-                            k.add_assign(k.view_mut(acc), k.view(g));
-                        }
-                    }
-                    loss
+                    graphed(k, graphs, ws, alone, on, buffers, |ws| {
+                        k.zero(k.view_mut(g));
+                        let loss = into(ws, g)?;
+                        k.round_to(k.view_mut(g), storage.comm);
+                        k.round_to(k.view_mut(g), storage.module);
+                        k.add_assign(k.view_mut(acc), k.view(g));
+                        Ok(loss)
+                    })?
                 }
             }
         };
