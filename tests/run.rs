@@ -305,8 +305,9 @@ struct Deviation {
 /// steps, LRs, loss scales and skipped steps exactly; losses, gradient norms and final weights to
 /// the kernels' float differences; and the device's checkpoint resumed on the CPU, and the CPU's
 /// resumed on the device, end where the CPU alone ends (the checkpoints are the same files).
-/// In fp16/bf16, and under optimizer offload, the device run again with 16-bit buffers, late
-/// queued copies and captured passes (`EmuTyped`) gives the same bits. docs/cuda.md states the
+/// In fp16/bf16, under optimizer offload, and with the devices summing directly, the device run
+/// again with 16-bit buffers, late queued copies and sums, and captured passes (`EmuTyped`)
+/// gives the same bits. docs/cuda.md states the
 /// figures.
 fn device_run_against_the_cpu(
     precision: &str,
@@ -408,12 +409,14 @@ fn device_run(
     };
     train::run(&plan, &options).unwrap();
     let offload = plan.train.offload_optimizer != recipe_runtime::plan::Offload::None;
-    if dtype.is_half() || offload {
+    if dtype.is_half() || offload || peers {
         // The same run keeping the stored activations and gradients in 16 bits (a GPU's
         // buffers, docs/cuda.md "16-bit buffers"): the same bits as the f32 buffers holding
         // the same values, through every step, the checkpoint and the evaluation. `EmuTyped`
         // also runs the offload's queued copies as late as their contract allows (at
-        // `wait_copies`) where `Emu` copies at once: a missing wait would differ; and it
+        // `wait_copies`) where `Emu` copies at once, and the devices' queued sums (the
+        // gradient summed segment by segment during the backward) at the join where `Emu` sums
+        // at once: a missing wait or join would differ; and it
         // replays one device's passes from captured graphs (model/on_device/graphs.rs): a
         // value passed per micro-batch by argument would differ.
         plan.train.output_dir = dir.join("gpu16");

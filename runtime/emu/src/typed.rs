@@ -7,16 +7,20 @@
 //! 16-bit operand holds a half value exactly).
 //!
 //! Its queued copies ([`Device::download_queued`], [`Device::upload_queued`],
-//! [`Device::upload_queued_bits`]) run as late as their contract allows: at
-//! [`Device::wait_copies`], not when queued. A GPU runs them on a second stream at some moment
-//! between the two; [`crate::Emu`] copies at once, the earliest. A caller that reads a download's
-//! host memory, or lets the device read an upload's buffer, before `wait_copies` (a missing
-//! wait, which on a GPU races) gets different values on the two emulators, and the runs that
-//! compare them bit for bit (tests/run.rs) fail.
+//! [`Device::upload_queued_bits`]) and its peers' queued sums ([`Peers::all_reduce_sum_queued`],
+//! [`Peers::reduce_sum_queued`]) run as late as their contract allows: at
+//! [`Device::wait_copies`] or [`Device::join_copies`], not when queued. A GPU runs them on a
+//! second stream at some moment between the two; [`crate::Emu`] copies and sums at once, the
+//! earliest. A caller that reads a download's host memory, lets the device read an upload's
+//! buffer or a sum's, or writes a buffer being summed, before the wait or the join (which on a
+//! GPU races) gets different values on the two emulators, and the runs that compare them bit
+//! for bit (tests/run.rs) fail. A direct sum while queued ones are pending is refused (on a GPU
+//! it would run unordered with them).
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::ops::Range;
+use std::sync::{Arc, Mutex};
 
 use recipe_runtime::backend::device::{Arg, Device, Launch, Peers};
 use recipe_runtime::backend::Gemm;
@@ -28,12 +32,43 @@ thread_local! {
     /// The copies queued on this thread and not yet waited for, in order (the emulated copy
     /// stream; see the module docs). A rank's device is driven by its rank's thread, which
     /// queues and waits; a queue left by a thread that ends is dropped unrun.
-    static QUEUED: RefCell<Vec<Box<dyn FnOnce()>>> = const { RefCell::new(Vec::new()) };
+    static QUEUED: RefCell<Vec<Queued>> = const { RefCell::new(Vec::new()) };
 }
+
+/// A queued copy or sum, and whether it is a sum between the devices.
+type Queued = (Box<dyn FnOnce() -> Result<(), String>>, bool);
 
 /// Queues `copy` on the emulated copy stream.
 fn queue(copy: impl FnOnce() + 'static) {
-    QUEUED.with(|q| q.borrow_mut().push(Box::new(copy)));
+    let op = move || {
+        copy();
+        Ok(())
+    };
+    QUEUED.with(|q| q.borrow_mut().push((Box::new(op), false)));
+}
+
+/// Queues a sum between the devices on the emulated copy stream.
+fn queue_sum(sum: impl FnOnce() -> Result<(), String> + 'static) {
+    QUEUED.with(|q| q.borrow_mut().push((Box::new(sum), true)));
+}
+
+/// Runs this thread's queued copies and sums, in the order queued; the first error (the
+/// operations after a failed sum are dropped: the group is broken).
+fn run_queued() -> Result<(), String> {
+    for (op, _) in QUEUED.with(|q| std::mem::take(&mut *q.borrow_mut())) {
+        op()?;
+    }
+    Ok(())
+}
+
+/// Refuses a direct sum while queued ones are pending ([`Peers::all_reduce_sum_queued`]).
+fn no_queued_sums(what: &str) -> Result<(), String> {
+    if QUEUED.with(|q| q.borrow().iter().any(|(_, sum)| *sum)) {
+        return Err(format!(
+            "a direct {what} between the devices while queued sums are pending (join_copies first)"
+        ));
+    }
+    Ok(())
 }
 
 /// The emulated device with 16-bit buffers (see the module docs).
@@ -429,13 +464,17 @@ impl Device for EmuTyped {
         queue(move || unsafe { std::ptr::copy_nonoverlapping(src, p as *mut u16, n) });
     }
 
-    /// Runs this thread's queued copies, in the order queued.
+    /// Runs this thread's queued copies and sums, in the order queued.
     fn wait_copies(&self) -> Result<(), String> {
         graph::host_op();
-        for copy in QUEUED.with(|q| std::mem::take(&mut *q.borrow_mut())) {
-            copy();
-        }
-        Ok(())
+        run_queued()
+    }
+
+    /// The same: the emulated device's later work runs after them. (Not inside a graph: a
+    /// queued operation cannot be captured.)
+    fn join_copies(&self) -> Result<(), String> {
+        graph::host_op();
+        run_queued()
     }
 }
 
@@ -450,31 +489,58 @@ fn floats<'a>(v: TypedViewMut<'a>) -> &'a mut [f32] {
     unsafe { std::slice::from_raw_parts_mut(v.ptr as *mut f32, v.len) }
 }
 
-/// [`crate::EmuPeers`] for devices with 16-bit buffers (their sums are of f32 buffers).
+/// [`crate::EmuPeers`] for devices with 16-bit buffers (their sums are of f32 buffers), whose
+/// queued sums run at the join (see the module docs): shared with the queue.
 #[derive(Debug)]
-pub struct EmuTypedPeers(crate::EmuPeers);
+pub struct EmuTypedPeers(Arc<Mutex<crate::EmuPeers>>);
 
 impl EmuTypedPeers {
     /// One end per rank of a group of `world` emulated devices.
     pub fn group(world: usize) -> Vec<EmuTypedPeers> {
         crate::EmuPeers::group(world)
             .into_iter()
-            .map(EmuTypedPeers)
+            .map(|p| EmuTypedPeers(Arc::new(Mutex::new(p))))
             .collect()
+    }
+
+    fn peers(&self) -> std::sync::MutexGuard<'_, crate::EmuPeers> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues `sum` of the f32 elements of `buf` (see the module docs).
+    ///
+    /// # Safety
+    /// [`Peers::all_reduce_sum_queued`]'s contract.
+    unsafe fn queued(
+        &self,
+        buf: TypedViewMut<'_>,
+        sum: impl FnOnce(&mut crate::EmuPeers, &mut [f32]) -> Result<(), String> + 'static,
+    ) {
+        graph::host_op();
+        let floats = floats(buf);
+        let (p, n) = (floats.as_mut_ptr(), floats.len());
+        let peers = self.0.clone();
+        queue_sum(move || {
+            // SAFETY: the caller's contract keeps the `n` floats at `p` allocated and untouched
+            // until the join or wait that runs this.
+            let buf = unsafe { std::slice::from_raw_parts_mut(p, n) };
+            sum(&mut peers.lock().unwrap_or_else(|p| p.into_inner()), buf)
+        });
     }
 }
 
 impl Peers<EmuTyped> for EmuTypedPeers {
     fn rank(&self) -> usize {
-        self.0.rank()
+        self.peers().rank()
     }
 
     fn world(&self) -> usize {
-        self.0.world()
+        self.peers().world()
     }
 
     fn all_reduce_sum(&mut self, _: &EmuTyped, buf: TypedViewMut<'_>) -> Result<(), String> {
-        self.0.all_reduce_sum(&crate::Emu, floats(buf))
+        no_queued_sums("sum")?;
+        self.peers().all_reduce_sum(&crate::Emu, floats(buf))
     }
 
     fn reduce_sum(
@@ -483,7 +549,8 @@ impl Peers<EmuTyped> for EmuTypedPeers {
         buf: TypedViewMut<'_>,
         root: usize,
     ) -> Result<(), String> {
-        self.0.reduce_sum(&crate::Emu, floats(buf), root)
+        no_queued_sums("sum")?;
+        self.peers().reduce_sum(&crate::Emu, floats(buf), root)
     }
 
     /// A 16-bit buffer (the half parameters) through its values widened to f32 and back,
@@ -494,14 +561,38 @@ impl Peers<EmuTyped> for EmuTypedPeers {
         buf: TypedViewMut<'_>,
         root: usize,
     ) -> Result<(), String> {
+        no_queued_sums("broadcast")?;
         if !buf.elem.is_half() {
-            return self.0.broadcast(&crate::Emu, floats(buf), root);
+            return self.peers().broadcast(&crate::Emu, floats(buf), root);
         }
         // SAFETY: a live, exclusively borrowed view of `len` elements of its type.
         let mut wide = unsafe { read(buf.ptr, buf.len, buf.elem) };
-        self.0.broadcast(&crate::Emu, &mut wide, root)?;
+        self.peers().broadcast(&crate::Emu, &mut wide, root)?;
         // SAFETY: as above.
         unsafe { write_at(buf.ptr, &wide, buf.elem) };
+        Ok(())
+    }
+
+    /// Run at the join or wait (see the module docs).
+    unsafe fn all_reduce_sum_queued(
+        &mut self,
+        _: &EmuTyped,
+        buf: TypedViewMut<'_>,
+    ) -> Result<(), String> {
+        // SAFETY: the caller's contract.
+        unsafe { self.queued(buf, |p, b| p.all_reduce_sum(&crate::Emu, b)) };
+        Ok(())
+    }
+
+    /// Run at the join or wait (see the module docs).
+    unsafe fn reduce_sum_queued(
+        &mut self,
+        _: &EmuTyped,
+        buf: TypedViewMut<'_>,
+        root: usize,
+    ) -> Result<(), String> {
+        // SAFETY: the caller's contract.
+        unsafe { self.queued(buf, move |p, b| p.reduce_sum(&crate::Emu, b, root)) };
         Ok(())
     }
 }

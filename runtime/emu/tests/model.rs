@@ -321,6 +321,10 @@ impl recipe_runtime::optim::device::Resident for Counted {
         self.inner.land_next(dst)
     }
 
+    fn sum_next(&self) -> bool {
+        self.inner.sum_next()
+    }
+
     fn landed(&self) -> Result<(), recipe_runtime::model::ModelError> {
         self.count(5);
         self.inner.landed()
@@ -489,8 +493,9 @@ fn a_window_reads_its_micro_batch_losses_back_once_in_order() {
 ///   micro-batch and the parameters up once per step; never a passes-only pass.
 /// - With peers (the devices sum directly, NCCL on GPUs): ZeRO 0–2 nothing at all, the
 ///   optimizer on the device (ZeRO 1–2 over the rank's partition): ZeRO 0–1 one all-reduce per
-///   step, ZeRO-2 one reduce per owner per micro-batch, ZeRO 1–2 one broadcast per owner per
-///   step. The
+///   segment per step (during the window's last backward), ZeRO-2 one reduce per segment's part
+///   in an owner's range per micro-batch (as the backward finishes the segment), ZeRO 1–2 one
+///   broadcast per owner per step. The
 ///   weights are the host exchange's bit for bit (the emulated sums are the host's, in rank
 ///   order, and the device optimizer's arithmetic is the host's).
 /// - ZeRO-3 with peers: nothing crosses either; each device holds its pieces, gathers each
@@ -555,6 +560,9 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
                             r.start_window().unwrap();
                             for i in 0..2u64 {
                                 let b = batch_of(2, 6, 10 * step + 2 * i + rank as u64);
+                                if i == 1 {
+                                    r.last_micro();
+                                }
                                 r.micro(&mut coll, &mut ws, &b, 0.5, None).unwrap();
                             }
                             r.finish_window(&mut coll).unwrap();
@@ -596,14 +604,30 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
         };
         assert_eq!(calls, vec![want; 2], "ZeRO-{stage} with peers");
         // (all-reduces, reduces, broadcasts) between the devices, per rank.
-        let segs = Classifier::random(tiny(0.0), 3, 7)
+        let segments = Classifier::random(tiny(0.0), 3, 7)
             .unwrap()
             .segments()
-            .len();
+            .to_vec();
+        let segs = segments.len();
+        // ZeRO-2: each segment's part in each owner's range, summed to it as the backward
+        // finishes the segment.
+        let owners: Vec<Vec<std::ops::Range<usize>>> = (0..2)
+            .map(|r| Shard::new(2, 2, r, &segments).ranges)
+            .collect();
+        let parts = segments
+            .iter()
+            .flat_map(|s| {
+                owners
+                    .iter()
+                    .flatten()
+                    .filter(|r| r.start < s.end && s.start < r.end)
+            })
+            .count();
         match stage {
-            0 => assert_eq!(sums, vec![[3, 0, 0]; 2]),
-            1 => assert_eq!(sums, vec![[3, 0, 6]; 2]),
-            2 => assert_eq!(sums, vec![[0, 12, 6]; 2]),
+            // The window's sums during its last backward, one per segment.
+            0 => assert_eq!(sums, vec![[3 * segs, 0, 0]; 2]),
+            1 => assert_eq!(sums, vec![[3 * segs, 0, 6]; 2]),
+            2 => assert_eq!(sums, vec![[0, 6 * parts, 6]; 2], "{parts} parts"),
             // Per micro-batch each segment's gradient to its 2 owners, and each segment
             // gathered (2 broadcasts) for the forward, again for the backward, and once more
             // for the final `gather_whole`.
@@ -636,7 +660,7 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
         };
         assert_eq!(
             sums,
-            vec![[0, 6 * 2 * if stage == 2 { 1 } else { segs }, gathers]; 2],
+            vec![[0, 6 * if stage == 2 { parts } else { 2 * segs }, gathers]; 2],
             "ZeRO-{stage} offloaded"
         );
         assert!(

@@ -279,6 +279,13 @@ pub trait Device {
     fn wait_copies(&self) -> Result<(), String> {
         Ok(())
     }
+    /// Orders the device's later work after every queued copy and queued collective
+    /// ([`Peers::all_reduce_sum_queued`]) without the host waiting: what the compute stream
+    /// queues next starts once they are done. `Ok` unless one failed (a GPU reports its errors
+    /// at the next [`Device::sync`]). By default, [`Device::wait_copies`].
+    fn join_copies(&self) -> Result<(), String> {
+        self.wait_copies()
+    }
     /// Waits for all launched work; `Ok` unless the device reported an error.
     fn sync(&self) -> Result<(), String>;
     /// Starts capturing the device work this thread queues into a graph (a CUDA graph), rather
@@ -342,6 +349,33 @@ pub trait Peers<D: Device>: Send {
     /// Closes the group [`Peers::group_start`] opened, issuing its calls.
     fn group_end(&mut self) -> Result<(), String> {
         Ok(())
+    }
+    /// [`Peers::all_reduce_sum`] queued with the device's copies ([`Device::download_queued`]):
+    /// it starts once the work queued so far is done, and the device goes on computing
+    /// meanwhile (a segment's gradient summed while the backward computes the next; DeepSpeed's
+    /// `overlap_comm`). Finished by [`Device::join_copies`] or [`Device::wait_copies`]. By
+    /// default, summed at once.
+    ///
+    /// # Safety
+    /// Nothing reads or writes `buf`, and its memory stays allocated, until
+    /// [`Device::join_copies`] or [`Device::wait_copies`] has returned; and no direct
+    /// collective ([`Peers::all_reduce_sum`], …) is called before then: a GPU would run it on
+    /// the compute stream, unordered with the queued ones, and NCCL needs every rank's calls in
+    /// one order.
+    unsafe fn all_reduce_sum_queued(&mut self, dev: &D, buf: D::ViewMut<'_>) -> Result<(), String> {
+        self.all_reduce_sum(dev, buf)
+    }
+    /// [`Peers::reduce_sum`] queued as [`Peers::all_reduce_sum_queued`].
+    ///
+    /// # Safety
+    /// As [`Peers::all_reduce_sum_queued`].
+    unsafe fn reduce_sum_queued(
+        &mut self,
+        dev: &D,
+        buf: D::ViewMut<'_>,
+        root: usize,
+    ) -> Result<(), String> {
+        self.reduce_sum(dev, buf, root)
     }
 }
 

@@ -213,6 +213,15 @@ pub trait Resident: Send + Sync {
     /// average and rounded as the host's all-reduce makes it (`ReduceOp::Avg`, then
     /// `Storage::reduced`), in place on every rank. Every rank calls it.
     fn average_grads(&self, storage: Storage) -> Result<(), ModelError>;
+    /// ZeRO 0–1 with peers: the next [`Resident::micro`], a window's last, sums each segment of
+    /// the gradient accumulator over the ranks' devices as its backward finishes the segment,
+    /// while the device goes on with the rest of the backward (DeepSpeed's `overlap_comm`);
+    /// the [`Resident::average_grads`] that follows only waits for the sums and makes the
+    /// average. Returns whether it will (every rank of a group gives the same answer); by
+    /// default it does not, and `average_grads` sums the whole accumulator.
+    fn sum_next(&self) -> bool {
+        false
+    }
     /// ZeRO 2–3 with peers: each `(range, owner)` of the gradient accumulator summed to rank
     /// `owner` (DeepSpeed's reduce of each partition's slice to its owner), this rank's own
     /// ranges made the average and rounded as [`Resident::average_grads`] does, and copied in

@@ -756,6 +756,17 @@ impl Replica {
             // step read it after that).
             self.landing = r.land_next(unsafe { Landing::new(&mut s.grads) });
         }
+        if last && self.peers && stage <= 1 {
+            // ZeRO 0–1 with the devices summing: the window's sums start during its last
+            // backward, segment by segment (`Resident::sum_next`), and `finish_window` waits
+            // for them. The host barrier first, as before any sum between the devices: a rank
+            // that failed ends the run here.
+            if let Some(x) = self.device.clone().or_else(|| self.passes()) {
+                coll.barrier()?;
+                // Whether it will (every rank alike): `average_grads` does the rest either way.
+                let _overlapped = x.resident().expect("resident").sum_next();
+            }
+        }
         if let Some(r) = self.resident() {
             if self.peers && stage >= 2 {
                 // The micro-batch ends in sums between the devices: the host barrier first, so

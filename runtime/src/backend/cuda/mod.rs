@@ -586,13 +586,19 @@ impl CudaDevice {
 
     /// Polls the stream until it is idle, the group reports an error, or the timeout passes.
     fn watched(&self, what: &str, w: &Watch) {
+        self.watched_stream(what, w, &self.stream)
+    }
+
+    /// [`CudaDevice::watched`] for `stream` (the compute stream, or the copy stream, which may
+    /// hold queued NCCL sums).
+    fn watched_stream(&self, what: &str, w: &Watch, stream: &CudaStream) {
         use drv_sys::{cuStreamQuery, CUresult};
         self.bind();
         let start = std::time::Instant::now();
         let mut pause = std::time::Duration::from_micros(10);
         loop {
             // SAFETY: the stream is this device's, alive while `self` is.
-            match unsafe { cuStreamQuery(self.stream.cu_stream()) } {
+            match unsafe { cuStreamQuery(stream.cu_stream()) } {
                 CUresult::CUDA_SUCCESS => return,
                 CUresult::CUDA_ERROR_NOT_READY => {}
                 // An error of the work itself: the blocking wait records it.
@@ -1700,11 +1706,30 @@ impl Device for CudaDevice {
     fn wait_copies(&self) -> Result<(), String> {
         if let Some(c) = self.copies.get() {
             self.bind();
+            // The copy stream may hold NCCL sums (`Peers::all_reduce_sum_queued`): watched as
+            // the compute stream's waits are.
+            let watch = self.watch.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            if let Some(w) = watch {
+                self.watched_stream("the queued copies and sums", &w, c);
+            }
             if let Err(e) = c.synchronize() {
-                self.record("the queued downloads", e);
+                self.record("the queued copies and sums", e);
             }
         }
         self.sync()
+    }
+
+    /// The compute stream waits for an event recorded on the copy stream after what is queued
+    /// there; the host does not wait.
+    fn join_copies(&self) -> Result<(), String> {
+        if let Some(c) = self.copies.get() {
+            self.bind();
+            if let Err(e) = self.stream.join(c) {
+                self.record("ordering the work after the queued copies and sums", e);
+            }
+        }
+        // Errors surface at the next sync, as every queued operation's.
+        Ok(())
     }
 
     fn start_profile(&self) -> bool {

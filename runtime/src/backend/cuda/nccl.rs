@@ -8,9 +8,13 @@
 //! when the run gathered ([`unique_id`], [`group_across`]; docs/runtime.md, "Several nodes").
 //! Either way on the thread that opened the devices, then each is driven by its rank's
 //! thread: NCCL allows a communicator on any thread as long as its calls do not overlap, which
-//! `model::OnDevice`'s lock ensures. A sum is queued on the device's one stream, after the
+//! `model::OnDevice`'s lock ensures. A sum is queued on the device's compute stream, after the
 //! backward's kernels and before the next launch, as NCCL orders it (`ncclAllReduce(...,
-//! stream)`); nothing waits for it until the next copy to the host or sync.
+//! stream)`); nothing waits for it until the next copy to the host or sync. A queued sum
+//! (`Peers::all_reduce_sum_queued`: a gradient segment summed while the backward computes the
+//! next) goes on the device's copy stream after an event of the compute stream, which joins it
+//! back by another (`Device::join_copies`); no direct call is made while queued ones are
+//! pending, so a rank's calls reach NCCL in one order on one stream at a time.
 //!
 //! Like the rest of the CUDA backend, libnccl is loaded at run time (cudarc's dynamic loading):
 //! without it [`group`] says so and the run exchanges through host memory instead.
@@ -312,9 +316,16 @@ enum Op {
 }
 
 impl NcclPeers {
-    /// Queues `op` on `buf` (in place) on `dev`'s stream: a sum of f32 values, or a broadcast of
-    /// f32 or 16-bit ones (the half parameters a device keeps in 16 bits).
-    fn queue(&mut self, dev: &CudaDevice, buf: DevViewMut<'_>, op: Op) -> Result<(), String> {
+    /// Queues `op` on `buf` (in place) on `dev`'s stream, or with `side` on its copy stream
+    /// after the work queued so far ([`Peers::all_reduce_sum_queued`]): a sum of f32 values, or
+    /// a broadcast of f32 or 16-bit ones (the half parameters a device keeps in 16 bits).
+    fn queue(
+        &mut self,
+        dev: &CudaDevice,
+        buf: DevViewMut<'_>,
+        op: Op,
+        side: bool,
+    ) -> Result<(), String> {
         let broadcast = matches!(op, Op::Broadcast(_));
         assert!(
             buf.elem == Dtype::F32 || broadcast,
@@ -333,7 +344,15 @@ impl NcclPeers {
         dev.wrote(); // a sum or a broadcast writes `buf`
         let comm = self.comm.get()?;
         let (ptr, n) = (buf.ptr as *mut c_void, buf.len);
-        let stream = dev.stream.cu_stream() as sys::cudaStream_t;
+        let stream = if side {
+            match dev.copy_stream() {
+                Some(copies) => copies.cu_stream() as sys::cudaStream_t,
+                // Recorded: the rank stops here, as above.
+                None => return crate::backend::device::Device::sync(dev),
+            }
+        } else {
+            dev.stream.cu_stream() as sys::cudaStream_t
+        };
         let sum = sys::ncclRedOp_t::ncclSum;
         // A broadcast copies bits: a 16-bit buffer goes as fp16 elements whatever its half
         // dtype (ncclBfloat16 needs NCCL 2.10; nothing is added).
@@ -356,7 +375,9 @@ impl NcclPeers {
                 }
             }
         };
-        let r = if self.groups > 0 {
+        // A queued call is not timed: its events would be on the compute stream, which goes on
+        // meanwhile (the profile is the compute stream's).
+        let r = if self.groups > 0 || side {
             call()
         } else {
             let name = match op {
@@ -384,7 +405,7 @@ impl Peers<CudaDevice> for NcclPeers {
     }
 
     fn all_reduce_sum(&mut self, dev: &CudaDevice, buf: DevViewMut<'_>) -> Result<(), String> {
-        self.queue(dev, buf, Op::AllReduce)
+        self.queue(dev, buf, Op::AllReduce, false)
     }
 
     fn reduce_sum(
@@ -393,7 +414,7 @@ impl Peers<CudaDevice> for NcclPeers {
         buf: DevViewMut<'_>,
         root: usize,
     ) -> Result<(), String> {
-        self.queue(dev, buf, Op::Reduce(root))
+        self.queue(dev, buf, Op::Reduce(root), false)
     }
 
     fn broadcast(
@@ -402,7 +423,7 @@ impl Peers<CudaDevice> for NcclPeers {
         buf: DevViewMut<'_>,
         root: usize,
     ) -> Result<(), String> {
-        self.queue(dev, buf, Op::Broadcast(root))
+        self.queue(dev, buf, Op::Broadcast(root), false)
     }
 
     fn group_start(&mut self) -> Result<(), String> {
@@ -418,6 +439,25 @@ impl Peers<CudaDevice> for NcclPeers {
         result::group_end()
             .map(|_| ())
             .map_err(|e| nccl_err("a group of calls", e))
+    }
+
+    /// On the copy stream, ordered after the compute stream's work by an event, as the queued
+    /// copies are; joined by [`Device::join_copies`](crate::backend::device::Device::join_copies).
+    unsafe fn all_reduce_sum_queued(
+        &mut self,
+        dev: &CudaDevice,
+        buf: DevViewMut<'_>,
+    ) -> Result<(), String> {
+        self.queue(dev, buf, Op::AllReduce, true)
+    }
+
+    unsafe fn reduce_sum_queued(
+        &mut self,
+        dev: &CudaDevice,
+        buf: DevViewMut<'_>,
+        root: usize,
+    ) -> Result<(), String> {
+        self.queue(dev, buf, Op::Reduce(root), true)
     }
 }
 

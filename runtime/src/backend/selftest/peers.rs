@@ -4,7 +4,8 @@
 //!
 //! Each rank is a thread with its own device and inputs. Every length is summed to every rank
 //! (`all_reduce_sum`) and to one root (`reduce_sum`, whose other ranks must keep their input bit
-//! for bit). Two ranks must give the host's bits (one addition, commutative); more may add in
+//! for bit), broadcast, and summed by queued calls joined back (`all_reduce_sum_queued`,
+//! `reduce_sum_queued`, `Device::join_copies`: on GPUs, NCCL on the copy stream). Two ranks must give the host's bits (one addition, commutative); more may add in
 //! another order (NCCL's ring), within 1e-6 of the largest sum.
 
 use super::{rand, OpCheck};
@@ -80,7 +81,8 @@ fn rank_checks<D: Device>(dev: &D, peers: &mut dyn Peers<D>) -> Vec<OpCheck> {
     let tolerance = if world == 2 { 0.0 } else { 1e-6 };
     let mut out = Vec::new();
     for (case, &n) in LENGTHS.iter().enumerate() {
-        let want = host_sum(case, world, n);
+        let sum = host_sum(case, world, n);
+        let want = sum.clone();
         let x = input(case, rank, n);
         let mut got = vec![0.0; n];
         let mut buf = dev.upload(&x);
@@ -141,6 +143,35 @@ fn rank_checks<D: Device>(dev: &D, peers: &mut dyn Peers<D>) -> Vec<OpCheck> {
         out.push(match done.and_then(|()| dev.sync()) {
             Ok(()) => check(op, &got, &want, 0.0),
             Err(e) => check(format!("{op}: {e}"), &[], &want, 0.0),
+        });
+
+        // Queued sums (the backward's overlapped ones: on a GPU, NCCL on the copy stream): the
+        // first half to every rank, the second to one root, while the device works on another
+        // buffer; joined, then read by the device's own work (a copy on the compute stream).
+        let half = n / 2;
+        let root = (case + 1) % world;
+        let mut buf = dev.upload(&x);
+        let mut busy = dev.upload(&x);
+        let mut copy = dev.upload(&x);
+        // SAFETY: `buf` is alive and untouched until the join below, and no direct sum is
+        // called before it.
+        let done = grouped(peers, |p| unsafe {
+            p.all_reduce_sum_queued(dev, dev.range_mut(&mut buf, 0..half))?;
+            p.reduce_sum_queued(dev, dev.range_mut(&mut buf, half..n), root)
+        });
+        dev.zero(dev.view_mut(&mut busy));
+        let done = done.and_then(|()| dev.join_copies());
+        dev.copy(dev.view_mut(&mut copy), dev.view(&buf));
+        dev.download(dev.view(&copy), &mut got);
+        let mut want = sum;
+        if rank != root {
+            want[half..].copy_from_slice(&x[half..]);
+        }
+        let op = format!("peers.queued sums[{n}]@{rank} (reduced to {root})");
+        // The halves are summed apart: more than two ranks may round otherwise.
+        out.push(match done.and_then(|()| dev.sync()) {
+            Ok(()) => check(op, &got, &want, tolerance),
+            Err(e) => check(format!("{op}: {e}"), &[], &want, tolerance),
         });
     }
     out

@@ -98,6 +98,12 @@ struct State<D: Device> {
     param_bits: Option<D::Pinned>,
     /// The captured passes of the plain resident path ([`graphs`]).
     graphs: graphs::Graphs,
+    /// The next micro-batch sums the accumulator's segments over the peers as it finishes them
+    /// ([`Resident::sum_next`]).
+    sum_next: bool,
+    /// The accumulator's sums are queued (by the last micro-batch): [`Resident::average_grads`]
+    /// joins them instead of summing.
+    summed: bool,
 }
 
 /// What a rank of a group owns ([`Partitioned`]).
@@ -205,6 +211,8 @@ impl<D: Device> OnDevice<D> {
                 landing: None,
                 param_bits: None,
                 graphs: graphs::Graphs::default(),
+                sum_next: false,
+                summed: false,
             }),
         })
     }

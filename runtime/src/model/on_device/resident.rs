@@ -295,6 +295,7 @@ where
         let (k, dev) = (&self.kernels, self.kernels.device());
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
+        let sum = std::mem::take(&mut st.sum_next);
         let (ws, params) = (&mut st.ws, st.params.as_ref().ok_or_else(not_uploaded)?);
         let acc = accumulator(&mut st.opt, &mut st.acc)?;
         // The whole parameters and a whole gradient buffer, segment by segment.
@@ -381,21 +382,59 @@ where
                 )
             };
             match (&mut st.own, &st.split) {
+                (None, _) if sum => {
+                    // ZeRO 0–1, a window's last micro-batch (`Resident::sum_next`): each
+                    // finished segment of the accumulator summed over the devices on the copy
+                    // stream while the backward goes on; `average_grads` joins them.
+                    let peers = st.peers.as_deref_mut().ok_or_else(no_peers)?;
+                    let loss = graphed(k, graphs, ws, false, on, [0; 3], |ws| {
+                        let mut src = BufParams::new(k, params, segs);
+                        let mut sink = Summed {
+                            k,
+                            peers: &mut *peers,
+                            grads: &mut *acc,
+                            segs,
+                            owners: None,
+                        };
+                        model.pass_on_with::<_, _, _, ModelError>(
+                            k, ws, batch, weight, &mut src, &mut sink, dropout,
+                        )
+                    });
+                    // Queued or not, the sums so far are pending: joined by `average_grads`.
+                    st.summed = true;
+                    loss?
+                }
                 (None, _) => {
                     let buffers = [p, dev.ptr(dev.view(acc)), 0];
                     graphed(k, graphs, ws, alone, on, buffers, |ws| into(ws, acc))?
                 }
                 // zero/sinks.rs `ReduceToOwners`: the micro-batch's gradient on its own, each
-                // range summed to its owner, in rank order as every rank calls them; this
-                // rank's made the average as `reduce_to_owners` makes it, then added.
+                // segment's ranges summed to their owners as the backward finishes it (on the
+                // copy stream, while the backward goes on), in the order every rank calls
+                // them; then this rank's range made the average as `reduce_to_owners` makes
+                // it, and added.
                 (Some(own), Some(Split::Flat(ranges, me))) if own.to_owners => {
                     let (g, storage) = (&mut own.buf, own.storage);
-                    model.set_inputs_on(k, ws, batch)?;
-                    k.zero(k.view_mut(g));
-                    let loss = into(ws, g)?;
                     let peers = st.peers.as_deref_mut().ok_or_else(no_peers)?;
-                    let owners = ranges.iter().cloned().zip(0..);
-                    reduce_ranges(dev, peers, g, owners)?;
+                    let loss = graphed(k, graphs, ws, false, on, [0; 3], |ws| {
+                        k.zero(k.view_mut(g));
+                        let mut src = BufParams::new(k, params, segs);
+                        let mut sink = Summed {
+                            k,
+                            peers: &mut *peers,
+                            grads: &mut *g,
+                            segs,
+                            owners: Some(ranges),
+                        };
+                        model.pass_on_with::<_, _, _, ModelError>(
+                            k, ws, batch, weight, &mut src, &mut sink, dropout,
+                        )
+                    });
+                    // The sums queued so far, joined even after an error (their buffers are
+                    // the state's; no direct sum may follow them unjoined).
+                    let joined = dev.join_copies().map_err(ModelError::Device);
+                    let loss = loss?;
+                    joined?;
                     let (r, inv) = (ranges[*me].clone(), 1.0 / peers.world() as f32);
                     k.scale_round(
                         dev.range_mut(g, r.clone()),
@@ -540,9 +579,14 @@ where
         let st = &mut *st;
         let peers = st.peers.as_mut().ok_or_else(no_peers)?;
         let acc = accumulator(&mut st.opt, &mut st.acc)?;
-        peers
-            .all_reduce_sum(dev, dev.view_mut(acc))
-            .map_err(ModelError::Device)?;
+        if std::mem::take(&mut st.summed) {
+            // Summed segment by segment during the last backward (`sum_next`).
+            dev.join_copies().map_err(ModelError::Device)?;
+        } else {
+            peers
+                .all_reduce_sum(dev, dev.view_mut(acc))
+                .map_err(ModelError::Device)?;
+        }
         let inv = 1.0 / peers.world() as f32;
         k.scale_round(dev.view_mut(acc), inv, storage.comm, storage.module);
         dev.sync().map_err(ModelError::Device)
@@ -674,6 +718,15 @@ where
             .map_err(ModelError::Device)
     }
 
+    fn sum_next(&self) -> bool {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        // ZeRO 0–1 with peers: the whole accumulator, added into in place (ZeRO-3's pieces and
+        // ZeRO-2's own gradient sum every micro-batch already).
+        let flat = matches!(st.split, None | Some(Split::Flat(..)));
+        st.sum_next = st.peers.is_some() && st.own.is_none() && flat && st.landing.is_none();
+        st.sum_next
+    }
+
     fn land_next(&self, dst: Landing) -> bool {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         // One device's whole accumulator (with peers the ranks reduce first: not landed).
@@ -689,6 +742,57 @@ where
     fn landed(&self) -> Result<(), ModelError> {
         // The same wait: for every copy queued.
         self.params_uploaded()
+    }
+}
+
+/// The sink of a pass whose gradient is summed over the devices segment by segment as the
+/// backward finishes it, each sum queued on the copy stream ([`Peers::all_reduce_sum_queued`])
+/// while the backward computes the next segments: the whole segment summed on every rank
+/// (ZeRO 0–1's window, `owners: None`), or each part of it in a rank's range summed to that
+/// rank (ZeRO-2's micro-batch; `Some(ranges)`, rank r owning `ranges[r]`). The caller joins
+/// the sums ([`Device::join_copies`]) before it reads `grads` or calls a direct sum.
+struct Summed<'a, D: Device> {
+    k: &'a Kernels<D>,
+    peers: &'a mut dyn Peers<D>,
+    grads: &'a mut D::Buf,
+    segs: &'a [Range<usize>],
+    owners: Option<&'a [Range<usize>]>,
+}
+
+impl<D: Device> crate::model::GradSink<Kernels<D>> for Summed<'_, D> {
+    type Error = ModelError;
+
+    fn fetch<'s>(&'s mut self, seg: usize) -> Result<D::ViewMut<'s>, ModelError>
+    where
+        Kernels<D>: 's,
+    {
+        Ok(self.k.range_mut(self.grads, self.segs[seg].clone()))
+    }
+
+    fn done(&mut self, seg: usize) -> Result<(), ModelError> {
+        let (dev, s) = (self.k.device(), self.segs[seg].clone());
+        let grads = &mut *self.grads;
+        // SAFETY (of each queued sum): the buffer is the state's, alive for the run; the
+        // backward writes only the segments it has not finished, and the caller joins the sums
+        // before it reads or writes this one again or calls a direct sum.
+        let Some(ranges) = self.owners else {
+            return unsafe {
+                self.peers
+                    .all_reduce_sum_queued(dev, dev.range_mut(grads, s))
+            }
+            .map_err(ModelError::Device);
+        };
+        grouped(self.peers, |p| {
+            for (owner, r) in ranges.iter().enumerate() {
+                let part = s.start.max(r.start)..s.end.min(r.end);
+                if !part.is_empty() {
+                    // SAFETY: as above.
+                    unsafe { p.reduce_sum_queued(dev, dev.range_mut(grads, part), owner)? };
+                }
+            }
+            Ok(())
+        })
+        .map_err(ModelError::Device)
     }
 }
 
