@@ -595,4 +595,27 @@ impl Peers<EmuTyped> for EmuTypedPeers {
         unsafe { self.queued(buf, move |p, b| p.reduce_sum(&crate::Emu, b, root)) };
         Ok(())
     }
+
+    /// Run at the join or wait (see the module docs); a 16-bit buffer as `broadcast` sends it.
+    unsafe fn broadcast_queued(
+        &mut self,
+        _: &EmuTyped,
+        buf: TypedViewMut<'_>,
+        root: usize,
+    ) -> Result<(), String> {
+        graph::host_op();
+        let (p, n, elem) = (buf.ptr, buf.len, buf.elem);
+        let peers = self.0.clone();
+        queue_sum(move || {
+            let mut peers = peers.lock().unwrap_or_else(|p| p.into_inner());
+            // SAFETY: the caller's contract keeps the `n` elements at `p` allocated and
+            // untouched until the join or wait that runs this.
+            let mut wide = unsafe { read(p, n, elem) };
+            peers.broadcast(&crate::Emu, &mut wide, root)?;
+            // SAFETY: as above.
+            unsafe { write_at(p, &wide, elem) };
+            Ok(())
+        });
+        Ok(())
+    }
 }

@@ -499,8 +499,9 @@ fn a_window_reads_its_micro_batch_losses_back_once_in_order() {
 ///   weights are the host exchange's bit for bit (the emulated sums are the host's, in rank
 ///   order, and the device optimizer's arithmetic is the host's).
 /// - ZeRO-3 with peers: nothing crosses either; each device holds its pieces, gathers each
-///   segment from the owners when a pass reads it and reduces its gradient to them as the
-///   backward finishes it.
+///   segment from the owners when a pass reads it (but the backward's first two, which the
+///   forward left in the two segment buffers) and reduces its gradient to them as the backward
+///   finishes it.
 /// - ZeRO 2–3 with peers and optimizer offload: the rank's partition down and up once per step.
 #[test]
 fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs() {
@@ -629,10 +630,11 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
             1 => assert_eq!(sums, vec![[3 * segs, 0, 6]; 2]),
             2 => assert_eq!(sums, vec![[0, 6 * parts, 6]; 2], "{parts} parts"),
             // Per micro-batch each segment's gradient to its 2 owners, and each segment
-            // gathered (2 broadcasts) for the forward, again for the backward, and once more
-            // for the final `gather_whole`.
+            // gathered (2 broadcasts) for the forward, again for the backward but the last two
+            // (still held in the two segment buffers), and once more for the final
+            // `gather_whole`.
             _ => {
-                let (reduces, gathers) = (6 * segs * 2, (6 * 2 * segs + segs) * 2);
+                let (reduces, gathers) = (6 * segs * 2, (6 * (2 * segs - 2) + segs) * 2);
                 assert_eq!(
                     sums,
                     vec![[0, reduces, gathers]; 2],
@@ -656,7 +658,7 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
         let gathers = if stage == 2 {
             6
         } else {
-            (6 * 2 * segs + segs) * 2
+            (6 * (2 * segs - 2) + segs) * 2
         };
         assert_eq!(
             sums,

@@ -377,6 +377,19 @@ pub trait Peers<D: Device>: Send {
     ) -> Result<(), String> {
         self.reduce_sum(dev, buf, root)
     }
+    /// [`Peers::broadcast`] queued as [`Peers::all_reduce_sum_queued`] (ZeRO-3's gather of the
+    /// next segment while the pass computes with this one).
+    ///
+    /// # Safety
+    /// As [`Peers::all_reduce_sum_queued`].
+    unsafe fn broadcast_queued(
+        &mut self,
+        dev: &D,
+        buf: D::ViewMut<'_>,
+        root: usize,
+    ) -> Result<(), String> {
+        self.broadcast(dev, buf, root)
+    }
 }
 
 /// The first `n` `u16`s of `floats`' memory (which holds two per float): 16-bit patterns in

@@ -9,8 +9,17 @@
 //! segment may differ in length by one element), the reduction one sum per owner to the owner,
 //! averaged and rounded there as the host's reduce-scatter makes it (`Storage::reduced`, then
 //! `accumulate`): the same bits as the CPU's ranks (runtime/emu/tests/model.rs).
+//!
+//! Both overlap the pass's compute (DeepSpeed's stage-3 prefetch and `overlap_comm`): they are
+//! queued ([`Peers::reduce_sum_queued`], [`Peers::broadcast_queued`]: on a GPU, NCCL on the copy
+//! stream) and joined back ([`Device::join_copies`]) where their results are read. Two segment
+//! buffers: while the pass computes with one segment, the next one of the pass's order (the
+//! forward's segments up, then the backward's down) is gathered into the other; the last two
+//! segments of the forward are still held when the backward starts, and are not gathered again.
+//! Two gradient buffers: while the backward computes one segment's gradient, the previous
+//! segment's is reduced from the other, and added to the accumulator after the next join.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ops::Range;
 
 use super::{GradSink, ModelError, ParamSource};
@@ -24,10 +33,10 @@ pub(super) struct Pieces<D: Device> {
     pub map: SegmentParts,
     /// This rank.
     pub me: usize,
-    /// One gathered segment (the largest segment's length).
-    pub seg: D::Buf,
-    /// One segment's gradient.
-    pub grad: D::Buf,
+    /// Two gathered segments (each the largest segment's length).
+    pub seg: [D::Buf; 2],
+    /// Two segments' gradients.
+    pub grad: [D::Buf; 2],
     /// The dtypes of the reduction and of the accumulator.
     pub storage: Storage,
 }
@@ -38,8 +47,8 @@ impl<D: Device> Pieces<D> {
     pub fn new(k: &Kernels<D>, map: SegmentParts, me: usize, storage: Storage) -> Pieces<D> {
         let largest = map.segs.iter().map(Range::len).max().unwrap_or(0);
         Pieces {
-            seg: k.alloc_stored(largest),
-            grad: k.alloc(largest),
+            seg: [k.alloc_stored(largest), k.alloc_stored(largest)],
+            grad: [k.alloc(largest), k.alloc(largest)],
             map,
             me,
             storage,
@@ -65,12 +74,48 @@ impl<D: Device> Pieces<D> {
 /// a fetch or a `done` runs its collectives and returns).
 pub(super) type SharedPeers<'p, D> = RefCell<&'p mut dyn Peers<D>>;
 
-/// One rank of a pass: its kernels, its group, ZeRO-3's map and its rank.
+/// The gathers and reductions a pass queued (on a GPU, NCCL on the copy stream), numbered in
+/// the order queued, and how many of them the device's later work has joined
+/// ([`Device::join_copies`] joins every one queued so far).
+#[derive(Debug, Default)]
+pub(super) struct Queue {
+    queued: Cell<u64>,
+    joined: Cell<u64>,
+}
+
+impl Queue {
+    /// The number of the next queued call (a group of them counts as one).
+    fn next(&self) -> u64 {
+        self.queued.set(self.queued.get() + 1);
+        self.queued.get()
+    }
+
+    /// Joins every queued call, unless none is pending.
+    pub fn join<D: Device>(&self, dev: &D) -> Result<(), ModelError> {
+        if self.joined.get() < self.queued.get() {
+            // Counted joined even when it failed: the error ends the pass.
+            self.joined.set(self.queued.get());
+            dev.join_copies().map_err(ModelError::Device)?;
+        }
+        Ok(())
+    }
+
+    /// Joins call `seq`, unless an earlier join did.
+    fn wait_for<D: Device>(&self, dev: &D, seq: u64) -> Result<(), ModelError> {
+        if self.joined.get() < seq {
+            self.join(dev)?;
+        }
+        Ok(())
+    }
+}
+
+/// One rank of a pass: its kernels, its group, ZeRO-3's map, its rank and its queued calls.
 pub(super) struct Rank<'a, 'p, D: Device> {
     pub k: &'a Kernels<D>,
     pub peers: &'a SharedPeers<'p, D>,
     pub map: &'a SegmentParts,
     pub me: usize,
+    pub queue: &'a Queue,
 }
 
 // By hand: a derive would ask `D: Copy`, and every field is a reference or an index.
@@ -83,14 +128,20 @@ impl<D: Device> Clone for Rank<'_, '_, D> {
 impl<D: Device> Copy for Rank<'_, '_, D> {}
 
 /// Gathers segment `seg`'s pieces from `local` (this rank's pieces) into `out` (every rank's
-/// buffer of the segment): the rank's own piece copied in, then each owner's broadcast.
+/// buffer of the segment): the rank's own piece copied in, then each owner's broadcast, at once
+/// (what was queued is joined first) or queued (returns the number of the queued group, which
+/// the caller joins before anything reads `out` or writes it again).
 fn gather<D: Device>(
     r: Rank<'_, '_, D>,
     local: D::View<'_>,
     out: &mut D::Buf,
     seg: usize,
-) -> Result<(), ModelError> {
+    queued: bool,
+) -> Result<u64, ModelError> {
     let dev = r.k.device();
+    if !queued {
+        r.queue.join(dev)?;
+    }
     let p = r.map.parts[seg];
     let (off, mine) = (r.map.local_offset(r.me, seg), p.range(r.me));
     let piece = dev.sub(local, off..off + mine.len());
@@ -98,21 +149,68 @@ fn gather<D: Device>(
     let mut peers = r.peers.borrow_mut();
     grouped(&mut **peers, |peers| {
         for owner in 0..peers.world() {
-            peers.broadcast(dev, dev.range_mut(out, p.range(owner)), owner)?;
+            let part = dev.range_mut(out, p.range(owner));
+            if queued {
+                // SAFETY: `out` is a buffer of the rank's `Pieces`, alive for the run, which
+                // nothing reads or writes until the caller joins this group (`Gather`).
+                unsafe { peers.broadcast_queued(dev, part, owner)? };
+            } else {
+                peers.broadcast(dev, part, owner)?;
+            }
         }
         Ok(())
     })
-    .map_err(ModelError::Device)
+    .map_err(ModelError::Device)?;
+    Ok(if queued { r.queue.next() } else { 0 })
 }
 
-/// The parameters of a pass, each segment gathered from the ranks' pieces when it is read.
+/// The `i`-th segment a training pass over `n` segments reads: the forward's up, then the
+/// backward's down.
+fn pass_order(i: usize, n: usize) -> Option<usize> {
+    if i < n {
+        Some(i)
+    } else {
+        (i < 2 * n).then(|| 2 * n - 1 - i)
+    }
+}
+
+/// The parameters of one training pass, each segment gathered from the ranks' pieces: the next
+/// segment of the pass's order ([`pass_order`]) gathered on the copy stream into the buffer
+/// not being read while the pass computes with the other (see the module docs). Made afresh
+/// for each pass: the buffers' contents are trusted within a pass only (the step changes the
+/// pieces between passes).
 pub(super) struct Gather<'a, 'p, D: Device> {
-    pub rank: Rank<'a, 'p, D>,
+    rank: Rank<'a, 'p, D>,
     /// This rank's pieces.
-    pub local: &'a D::Buf,
-    /// The gathered segment (the next fetch overwrites it: one segment is held at a time, as
-    /// the host's `Gathered` holds one).
-    pub out: &'a mut D::Buf,
+    local: &'a D::Buf,
+    /// The two segment buffers.
+    out: &'a mut [D::Buf; 2],
+    /// What each buffer holds: the segment, and the number of its queued gather (0: gathered
+    /// at once).
+    held: [Option<(usize, u64)>; 2],
+    /// The buffer the last fetch returned.
+    last: usize,
+    /// Fetches so far.
+    at: usize,
+}
+
+impl<'a, 'p, D: Device> Gather<'a, 'p, D> {
+    pub fn new(rank: Rank<'a, 'p, D>, local: &'a D::Buf, out: &'a mut [D::Buf; 2]) -> Self {
+        Gather {
+            rank,
+            local,
+            out,
+            held: [None, None],
+            last: 1,
+            at: 0,
+        }
+    }
+
+    fn holding(&self, seg: usize) -> Option<usize> {
+        self.held
+            .iter()
+            .position(|h| h.is_some_and(|(s, _)| s == seg))
+    }
 }
 
 impl<D: Device> ParamSource<Kernels<D>> for Gather<'_, '_, D> {
@@ -122,10 +220,38 @@ impl<D: Device> ParamSource<Kernels<D>> for Gather<'_, '_, D> {
     where
         Kernels<D>: 's,
     {
-        let k = self.rank.k;
-        gather(self.rank, k.view(self.local), self.out, seg)?;
-        let len = self.rank.map.segs[seg].len();
-        Ok(k.device().sub(k.view(self.out), 0..len))
+        let (k, r) = (self.rank.k, self.rank);
+        let dev = k.device();
+        let n = r.map.segs.len();
+        let slot = match self.holding(seg) {
+            Some(slot) => {
+                if let Some((_, seq)) = self.held[slot] {
+                    r.queue.wait_for(dev, seq)?;
+                }
+                slot
+            }
+            None => {
+                // Not gathered ahead (a pass's first segment, or another order): at once, into
+                // the buffer the last fetch did not return.
+                let slot = 1 - self.last;
+                self.held[slot] = None;
+                gather(r, k.view(self.local), &mut self.out[slot], seg, false)?;
+                self.held[slot] = Some((seg, 0));
+                slot
+            }
+        };
+        self.last = slot;
+        self.at += 1;
+        // The next segment the pass reads, queued into the other buffer: the work queued so far
+        // (what read that buffer) comes first, and the pass computes with this one meanwhile.
+        if let Some(next) = pass_order(self.at, n).filter(|&x| self.holding(x).is_none()) {
+            let other = 1 - slot;
+            self.held[other] = None;
+            let seq = gather(r, k.view(self.local), &mut self.out[other], next, true)?;
+            self.held[other] = Some((next, seq));
+        }
+        let len = r.map.segs[seg].len();
+        Ok(dev.sub(k.view(&self.out[slot]), 0..len))
     }
 
     fn release(&mut self, _: usize) -> Result<(), ModelError> {
@@ -134,14 +260,62 @@ impl<D: Device> ParamSource<Kernels<D>> for Gather<'_, '_, D> {
 }
 
 /// The gradients of a pass, each segment's reduced to its owners when the backward finishes it
-/// and this rank's piece added to its accumulator.
+/// (queued, while the backward computes the next segment into the other buffer) and this
+/// rank's piece added to its accumulator after the join that follows; [`Scatter::finish`]
+/// adds the last one.
 pub(super) struct Scatter<'a, 'p, D: Device> {
-    pub rank: Rank<'a, 'p, D>,
-    /// One segment's gradient.
-    pub grad: &'a mut D::Buf,
+    rank: Rank<'a, 'p, D>,
+    /// Two segments' gradients (segment s in buffer s mod 2).
+    grad: &'a mut [D::Buf; 2],
     /// This rank's gradient pieces, concatenated (the accumulator).
-    pub acc: &'a mut D::Buf,
-    pub storage: Storage,
+    acc: &'a mut D::Buf,
+    storage: Storage,
+    /// The segment whose reduction is queued and not yet added, and the number of its group.
+    pending: Option<(usize, u64)>,
+}
+
+impl<'a, 'p, D: Device> Scatter<'a, 'p, D> {
+    pub fn new(
+        rank: Rank<'a, 'p, D>,
+        grad: &'a mut [D::Buf; 2],
+        acc: &'a mut D::Buf,
+        storage: Storage,
+    ) -> Self {
+        Scatter {
+            rank,
+            grad,
+            acc,
+            storage,
+            pending: None,
+        }
+    }
+
+    /// The pending segment's reduced piece made the average, rounded and added to the
+    /// accumulator, once its reduction is joined.
+    fn add_pending(&mut self) -> Result<(), ModelError> {
+        let Some((seg, seq)) = self.pending.take() else {
+            return Ok(());
+        };
+        let Rank { k, map, me, .. } = self.rank;
+        let dev = k.device();
+        self.rank.queue.wait_for(dev, seq)?;
+        let p = map.parts[seg];
+        let inv = 1.0 / p.world as f32;
+        let (off, mine) = (map.local_offset(me, seg), p.range(me));
+        let (s, grad) = (self.storage, &mut self.grad[seg % 2]);
+        k.scale_round(dev.range_mut(grad, mine.clone()), inv, s.comm, s.module);
+        let piece = dev.sub(k.view(grad), mine.clone());
+        k.add_assign(dev.range_mut(self.acc, off..off + mine.len()), piece);
+        Ok(())
+    }
+
+    /// After the pass: the last reduction joined and added (and every queued call joined, also
+    /// after a pass that failed: no direct call may follow them unjoined).
+    pub fn finish(mut self) -> Result<(), ModelError> {
+        let added = self.add_pending();
+        let joined = self.rank.queue.join(self.rank.k.device());
+        added.and(joined)
+    }
 }
 
 impl<D: Device> GradSink<Kernels<D>> for Scatter<'_, '_, D> {
@@ -151,35 +325,33 @@ impl<D: Device> GradSink<Kernels<D>> for Scatter<'_, '_, D> {
     where
         Kernels<D>: 's,
     {
+        // The previous segment's piece first (its reduction was joined by the gather of this
+        // segment's parameters, in the pass's order): its buffer is free after that.
+        self.add_pending()?;
         let (k, len) = (self.rank.k, self.rank.map.segs[seg].len());
-        k.zero(k.device().range_mut(self.grad, 0..len));
-        Ok(k.device().range_mut(self.grad, 0..len))
+        let grad = &mut self.grad[seg % 2];
+        k.zero(k.device().range_mut(grad, 0..len));
+        Ok(k.device().range_mut(grad, 0..len))
     }
 
     fn done(&mut self, seg: usize) -> Result<(), ModelError> {
-        let Rank { k, peers, map, me } = self.rank;
+        let Rank { k, peers, map, .. } = self.rank;
         let dev = k.device();
         let p = map.parts[seg];
         let mut peers = peers.borrow_mut();
-        let grad = &mut *self.grad;
+        let grad = &mut self.grad[seg % 2];
         grouped(&mut **peers, |peers| {
             for owner in 0..peers.world() {
-                peers.reduce_sum(dev, dev.range_mut(grad, p.range(owner)), owner)?;
+                let part = dev.range_mut(grad, p.range(owner));
+                // SAFETY: the buffer is the rank's `Pieces`', alive for the run; nothing reads
+                // or writes it until `add_pending` has joined this group (the next fetch, or
+                // `finish`).
+                unsafe { peers.reduce_sum_queued(dev, part, owner)? };
             }
             Ok(())
         })
         .map_err(ModelError::Device)?;
-        let inv = 1.0 / peers.world() as f32;
-        let (off, mine) = (map.local_offset(me, seg), p.range(me));
-        let s = self.storage;
-        k.scale_round(
-            dev.range_mut(self.grad, mine.clone()),
-            inv,
-            s.comm,
-            s.module,
-        );
-        let piece = dev.sub(k.view(self.grad), mine.clone());
-        k.add_assign(dev.range_mut(self.acc, off..off + mine.len()), piece);
+        self.pending = Some((seg, self.rank.queue.next()));
         Ok(())
     }
 }
@@ -227,16 +399,36 @@ pub(super) fn download_whole<D: Device>(
     whole: &mut [f32],
 ) -> Result<(), ModelError> {
     let peers: SharedPeers<'_, D> = RefCell::new(peers);
+    let queue = Queue::default();
     let rank = Rank {
         k,
         peers: &peers,
         map: &pc.map,
         me: pc.me,
+        queue: &queue,
     };
     for (seg, s) in pc.map.segs.iter().enumerate() {
-        gather(rank, k.view(local), &mut pc.seg, seg)?;
+        gather(rank, k.view(local), &mut pc.seg[0], seg, false)?;
         let dev = k.device();
-        dev.download(dev.sub(k.view(&pc.seg), 0..s.len()), &mut whole[s.clone()]);
+        dev.download(
+            dev.sub(k.view(&pc.seg[0]), 0..s.len()),
+            &mut whole[s.clone()],
+        );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pass_order;
+
+    /// A pass reads the forward's segments up, then the backward's down, and nothing after.
+    #[test]
+    fn a_pass_reads_the_segments_up_then_down() {
+        let order: Vec<_> = (0..9).map(|i| pass_order(i, 4)).collect();
+        let want = [0, 1, 2, 3, 3, 2, 1, 0].map(Some);
+        assert_eq!(order[..8], want);
+        assert_eq!(order[8], None);
+        assert_eq!(pass_order(0, 0), None);
+    }
 }

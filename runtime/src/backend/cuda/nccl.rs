@@ -459,6 +459,15 @@ impl Peers<CudaDevice> for NcclPeers {
     ) -> Result<(), String> {
         self.queue(dev, buf, Op::Reduce(root), true)
     }
+
+    unsafe fn broadcast_queued(
+        &mut self,
+        dev: &CudaDevice,
+        buf: DevViewMut<'_>,
+        root: usize,
+    ) -> Result<(), String> {
+        self.queue(dev, buf, Op::Broadcast(root), true)
+    }
 }
 
 #[cfg(test)]

@@ -4,8 +4,9 @@
 //!
 //! Each rank is a thread with its own device and inputs. Every length is summed to every rank
 //! (`all_reduce_sum`) and to one root (`reduce_sum`, whose other ranks must keep their input bit
-//! for bit), broadcast, and summed by queued calls joined back (`all_reduce_sum_queued`,
-//! `reduce_sum_queued`, `Device::join_copies`: on GPUs, NCCL on the copy stream). Two ranks must give the host's bits (one addition, commutative); more may add in
+//! for bit), broadcast, and summed and broadcast by queued calls joined back
+//! (`all_reduce_sum_queued`, `reduce_sum_queued`, `broadcast_queued`, `Device::join_copies`: on
+//! GPUs, NCCL on the copy stream). Two ranks must give the host's bits (one addition, commutative); more may add in
 //! another order (NCCL's ring), within 1e-6 of the largest sum.
 
 use super::{rand, OpCheck};
@@ -145,19 +146,22 @@ fn rank_checks<D: Device>(dev: &D, peers: &mut dyn Peers<D>) -> Vec<OpCheck> {
             Err(e) => check(format!("{op}: {e}"), &[], &want, 0.0),
         });
 
-        // Queued sums (the backward's overlapped ones: on a GPU, NCCL on the copy stream): the
-        // first half to every rank, the second to one root, while the device works on another
-        // buffer; joined, then read by the device's own work (a copy on the compute stream).
-        let half = n / 2;
+        // Queued calls (the pass's overlapped ones: on a GPU, NCCL on the copy stream): the
+        // first third summed to every rank, the second to one root, the last broadcast from
+        // another, while the device works on another buffer; joined, then read by the device's
+        // own work (a copy on the compute stream).
+        let (a, b) = (n / 3, 2 * n / 3);
         let root = (case + 1) % world;
+        let from = (case + 2) % world;
         let mut buf = dev.upload(&x);
         let mut busy = dev.upload(&x);
         let mut copy = dev.upload(&x);
         // SAFETY: `buf` is alive and untouched until the join below, and no direct sum is
         // called before it.
         let done = grouped(peers, |p| unsafe {
-            p.all_reduce_sum_queued(dev, dev.range_mut(&mut buf, 0..half))?;
-            p.reduce_sum_queued(dev, dev.range_mut(&mut buf, half..n), root)
+            p.all_reduce_sum_queued(dev, dev.range_mut(&mut buf, 0..a))?;
+            p.reduce_sum_queued(dev, dev.range_mut(&mut buf, a..b), root)?;
+            p.broadcast_queued(dev, dev.range_mut(&mut buf, b..n), from)
         });
         dev.zero(dev.view_mut(&mut busy));
         let done = done.and_then(|()| dev.join_copies());
@@ -165,10 +169,10 @@ fn rank_checks<D: Device>(dev: &D, peers: &mut dyn Peers<D>) -> Vec<OpCheck> {
         dev.download(dev.view(&copy), &mut got);
         let mut want = sum;
         if rank != root {
-            want[half..].copy_from_slice(&x[half..]);
+            want[a..b].copy_from_slice(&x[a..b]);
         }
-        let op = format!("peers.queued sums[{n}]@{rank} (reduced to {root})");
-        // The halves are summed apart: more than two ranks may round otherwise.
+        want[b..].copy_from_slice(&input(case, from, n)[b..]);
+        let op = format!("peers.queued calls[{n}]@{rank} (reduced to {root}, from {from})");
         out.push(match done.and_then(|()| dev.sync()) {
             Ok(()) => check(op, &got, &want, tolerance),
             Err(e) => check(format!("{op}: {e}"), &[], &want, tolerance),

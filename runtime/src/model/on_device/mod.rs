@@ -376,7 +376,7 @@ where
                 k,
                 host: &model.params().data,
                 segs: model.segments(),
-                out: &mut pc.seg,
+                out: &mut pc.seg[0],
             };
             let logits = model.forward_on_with(k, &mut st.ws, batch, &mut src)?;
             k.device().sync().map_err(ModelError::Device)?;

@@ -10,7 +10,7 @@ use super::{accumulator, grow_keeping, not_uploaded, put, same_len, OnDevice, Ow
 use crate::backend::device::{grouped, Device, Peers};
 use crate::backend::kernels::Kernels;
 use crate::backend::{Backend, Loss};
-use crate::model::pieces::{self, Gather, Pieces, Rank, Scatter, SharedPeers};
+use crate::model::pieces::{self, Gather, Pieces, Queue, Rank, Scatter, SharedPeers};
 use crate::model::{Batch, BufGrads, BufParams, Classifier, DropoutKey, ModelError, Workspace};
 use crate::optim::device::{
     Accumulate, DeviceOptimizer, Keep, Landing, Partitioned, PinnedBuf, Resident,
@@ -336,8 +336,9 @@ where
                 }
             }
         } else if let Some(Split::Pieces(pc)) = &mut st.split {
-            // ZeRO-3: each segment gathered as the pass reads it, each gradient reduced to the
-            // owners as the backward finishes it.
+            // ZeRO-3: each segment gathered as the pass reads it (the next one ahead), each
+            // gradient reduced to the owners as the backward finishes it, both queued to
+            // overlap the pass (model/pieces.rs).
             let peers = st.peers.as_deref_mut().ok_or_else(no_peers)?;
             let peers: SharedPeers<'_, D> = RefCell::new(peers);
             let Pieces {
@@ -347,26 +348,23 @@ where
                 grad,
                 storage,
             } = pc;
+            let queue = Queue::default();
             let rank = Rank {
                 k,
                 peers: &peers,
                 map,
                 me: *me,
+                queue: &queue,
             };
-            let mut src = Gather {
-                rank,
-                local: params,
-                out: seg,
-            };
-            let mut sink = Scatter {
-                rank,
-                grad,
-                acc,
-                storage: *storage,
-            };
-            model.forward_backward_on_with::<_, _, _, ModelError>(
+            let mut src = Gather::new(rank, params, seg);
+            let mut sink = Scatter::new(rank, grad, acc, *storage);
+            let loss = model.forward_backward_on_with::<_, _, _, ModelError>(
                 k, ws, batch, weight, &mut src, &mut sink, dropout,
-            )?
+            );
+            let finished = sink.finish();
+            let loss = loss?;
+            finished?;
+            loss
         } else {
             // One device's whole model: captured and replayed where the device can (`graphed`).
             let alone = st.split.is_none() && st.peers.is_none();
