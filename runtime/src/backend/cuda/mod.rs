@@ -270,6 +270,8 @@ pub struct CudaDevice {
     functions: HashMap<&'static str, CudaFunction>,
     /// Never dropped as such: [`CudaDevice`]'s `Drop` destroys its handle (see there).
     blas: std::mem::ManuallyDrop<cudarc::cublas::CudaBlas>,
+    /// cuBLAS's workspace ([`set_workspace`]), freed after the handle.
+    _blas_workspace: CudaSlice<u8>,
     name: String,
     arch: String,
     /// The compute capability's major version (8 for sm_80).
@@ -487,6 +489,37 @@ fn human(bytes: usize) -> String {
     }
 }
 
+/// Gives cuBLAS a workspace of its own, allocated once: the size cuBLAS's documentation
+/// recommends (`cublasSetWorkspace`: 32 MiB on Hopper, 4 MiB before). Without one cuBLAS
+/// allocates its own when it needs it, in the step loop, and inside a CUDA graph's capture
+/// once per graph (PyTorch sets one for that reason, pytorch/pytorch#83461).
+fn set_workspace(
+    blas: &cudarc::cublas::CudaBlas,
+    stream: &Arc<CudaStream>,
+    major: i32,
+) -> Result<CudaSlice<u8>, CudaError> {
+    let bytes: usize = if major >= 9 { 32 << 20 } else { 4 << 20 };
+    let workspace = stream
+        .alloc_zeros::<u8>(bytes)
+        .map_err(driver_err("cuBLAS's workspace"))?;
+    let ptr = cudarc::driver::DevicePtr::device_ptr(&workspace, stream).0;
+    // SAFETY: the handle is live, and the workspace a device allocation of `bytes` on its
+    // context that outlives it (`CudaDevice` frees it after destroying the handle).
+    let status = unsafe {
+        cudarc::cublas::sys::cublasSetWorkspace_v2(
+            *blas.handle(),
+            ptr as *mut std::ffi::c_void,
+            bytes,
+        )
+    };
+    if status != cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        return Err(CudaError::Driver(format!(
+            "cuBLAS's workspace (cublasSetWorkspace): {status:?}"
+        )));
+    }
+    Ok(workspace)
+}
+
 impl CudaDevice {
     /// Opens GPU `ordinal`: checks the libraries, compiles the kernels for its architecture,
     /// loads them and creates the cuBLAS handle.
@@ -530,11 +563,13 @@ impl CudaDevice {
         };
         let blas = cudarc::cublas::CudaBlas::new(stream.clone())
             .map_err(|e| CudaError::Driver(format!("cuBLAS: {e:?}")))?;
+        let blas_workspace = set_workspace(&blas, &stream, major)?;
         Ok(CudaDevice {
             ctx,
             stream,
             functions,
             blas: std::mem::ManuallyDrop::new(blas),
+            _blas_workspace: blas_workspace,
             name,
             arch,
             major,
