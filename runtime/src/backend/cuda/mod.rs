@@ -1812,6 +1812,9 @@ impl Device for CudaDevice {
         {
             return false;
         }
+        // Every operand a captured GEMM reads is packed inside the graph: a pack made before
+        // the capture and found current in it would be missing from the graph's replays.
+        self.wrote();
         let mut c = self.captures.lock().unwrap_or_else(|p| p.into_inner());
         if c.capturing.is_some() {
             return false;
