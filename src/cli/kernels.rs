@@ -210,14 +210,16 @@ fn out_of_memory_test() -> Result<recipe_runtime::backend::selftest::OpCheck, i3
 }
 
 /// The sums between GPUs (NCCL, one rank per GPU, every GPU of the machine) against the host's
-/// collective, when there are two GPUs or more and NCCL loads; says why not otherwise.
+/// collective, when NCCL loads; says why not otherwise. With one GPU the group has one rank:
+/// its sums are identities, but NCCL's calls, the copy stream's queued ones and their joins
+/// run on the GPU.
 fn peers_test() -> Result<Vec<recipe_runtime::backend::selftest::OpCheck>, i32> {
     use recipe_runtime::backend::cuda::{self, nccl, CudaDevice};
     use recipe_runtime::backend::device::Peers;
     use recipe_runtime::backend::selftest::compare_peers;
     let gpus = cuda::probe().devices;
-    if gpus < 2 || !nccl::present() {
-        let why = if gpus < 2 {
+    if gpus < 1 || !nccl::present() {
+        let why = if gpus < 1 {
             format!("{gpus} GPU")
         } else {
             "libnccl.so not found (docs/cuda.md)".to_string()
@@ -234,10 +236,12 @@ fn peers_test() -> Result<Vec<recipe_runtime::backend::selftest::OpCheck>, i32> 
         .collect::<Result<Vec<_>, i32>>()?;
     let peers =
         nccl::group(&devices.iter().collect::<Vec<_>>()).map_err(|e| fail(e.to_string()))?;
-    println!(
-        "  sums between {gpus} GPUs through NCCL {}",
-        nccl::version().unwrap_or_default()
-    );
+    let v = nccl::version().unwrap_or_default();
+    if gpus == 1 {
+        println!("  NCCL {v} on one GPU: a one-rank group (its sums are the rank's own values)");
+    } else {
+        println!("  sums between {gpus} GPUs through NCCL {v}");
+    }
     let ranks = devices
         .into_iter()
         .zip(peers)

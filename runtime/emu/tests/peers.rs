@@ -15,8 +15,8 @@ fn group(world: usize) -> Vec<(Emu, Box<dyn Peers<Emu>>)> {
 }
 
 #[test]
-fn the_emulated_devices_sums_pass_for_two_and_three_ranks() {
-    for world in [2, 3] {
+fn the_emulated_devices_sums_pass_for_one_two_and_three_ranks() {
+    for world in [1, 2, 3] {
         let checks = compare_peers(group(world));
         // Five checks (to every rank, to one root, from one root, a group from every rank,
         // queued sums) per length per rank.
