@@ -775,6 +775,15 @@ fn two_gpus_step_their_partitions_on_the_devices_at_zero_2_in_fp16() {
     peers_run_against_the_cpu("fp16", Some("zero 2"), &sets).within(1e-3, 1e-3);
 }
 
+/// ZeRO-2 on three GPUs in bf16 with the devices summing: each segment's gradient reduced to
+/// the owners of its parts of the flat partition as the backward finishes it (a segment may
+/// lie in one owner's range, or across two), from two segment-sized buffers.
+#[test]
+fn three_gpus_reduce_each_segment_to_its_owners_at_zero_2_in_bf16() {
+    let sets = ["--gpus", "3", "--set", "train.clip=0.4"];
+    peers_run_against_the_cpu("bf16", Some("zero 2"), &sets).within(1e-3, 1e-3);
+}
+
 /// ZeRO-3 on three GPUs in bf16 with the devices summing: pieces of unequal lengths (the
 /// segments do not divide by three), gathered and reduced between the devices, the master
 /// weights of each rank's pieces on its device; the evaluations and checkpoints gather the

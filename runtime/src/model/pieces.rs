@@ -18,6 +18,10 @@
 //! segments of the forward are still held when the backward starts, and are not gathered again.
 //! Two gradient buffers: while the backward computes one segment's gradient, the previous
 //! segment's is reduced from the other, and added to the accumulator after the next join.
+//!
+//! ZeRO-2's reduction on such devices is the same [`Scatter`] over its flat partition
+//! ([`Parts::Flat`]: each segment's part in each owner's range, to that owner): two segments'
+//! gradient buffers rather than the micro-batch's whole gradient.
 
 use std::cell::{Cell, RefCell};
 use std::ops::Range;
@@ -109,11 +113,72 @@ impl Queue {
     }
 }
 
-/// One rank of a pass: its kernels, its group, ZeRO-3's map, its rank and its queued calls.
+/// Which part of each segment each rank owns.
+#[derive(Clone, Copy)]
+pub(super) enum Parts<'a> {
+    /// ZeRO-3's pieces: each segment partitioned on its own.
+    Pieces(&'a SegmentParts),
+    /// ZeRO-2's flat partition: rank r owns `ranges[r]` of the buffer the segments tile, so a
+    /// segment's part of it may be empty.
+    Flat {
+        segs: &'a [Range<usize>],
+        ranges: &'a [Range<usize>],
+    },
+}
+
+impl Parts<'_> {
+    fn segments(&self) -> usize {
+        match self {
+            Parts::Pieces(m) => m.segs.len(),
+            Parts::Flat { segs, .. } => segs.len(),
+        }
+    }
+
+    fn seg_len(&self, seg: usize) -> usize {
+        match self {
+            Parts::Pieces(m) => m.segs[seg].len(),
+            Parts::Flat { segs, .. } => segs[seg].len(),
+        }
+    }
+
+    fn world(&self, seg: usize) -> usize {
+        match self {
+            Parts::Pieces(m) => m.parts[seg].world,
+            Parts::Flat { ranges, .. } => ranges.len(),
+        }
+    }
+
+    /// Rank `owner`'s part of segment `seg`, relative to the segment.
+    fn part(&self, seg: usize, owner: usize) -> Range<usize> {
+        match self {
+            Parts::Pieces(m) => m.parts[seg].range(owner),
+            Parts::Flat { segs, ranges } => {
+                let (s, r) = (&segs[seg], &ranges[owner]);
+                let start = s.start.max(r.start).min(s.end);
+                let end = s.end.min(r.end).max(start);
+                start - s.start..end - s.start
+            }
+        }
+    }
+
+    /// Where rank `me`'s part of segment `seg` lies in its own buffer (its pieces, or its
+    /// partition).
+    fn local_offset(&self, me: usize, seg: usize) -> usize {
+        match self {
+            Parts::Pieces(m) => m.local_offset(me, seg),
+            Parts::Flat { segs, ranges } => {
+                (segs[seg].start + self.part(seg, me).start).saturating_sub(ranges[me].start)
+            }
+        }
+    }
+}
+
+/// One rank of a pass: its kernels, its group, the parts it owns, its rank and its queued
+/// calls.
 pub(super) struct Rank<'a, 'p, D: Device> {
     pub k: &'a Kernels<D>,
     pub peers: &'a SharedPeers<'p, D>,
-    pub map: &'a SegmentParts,
+    pub parts: Parts<'a>,
     pub me: usize,
     pub queue: &'a Queue,
 }
@@ -142,14 +207,14 @@ fn gather<D: Device>(
     if !queued {
         r.queue.join(dev)?;
     }
-    let p = r.map.parts[seg];
-    let (off, mine) = (r.map.local_offset(r.me, seg), p.range(r.me));
+    let p = r.parts;
+    let (off, mine) = (p.local_offset(r.me, seg), p.part(seg, r.me));
     let piece = dev.sub(local, off..off + mine.len());
     dev.copy(dev.range_mut(out, mine), piece);
     let mut peers = r.peers.borrow_mut();
     grouped(&mut **peers, |peers| {
         for owner in 0..peers.world() {
-            let part = dev.range_mut(out, p.range(owner));
+            let part = dev.range_mut(out, p.part(seg, owner));
             if queued {
                 // SAFETY: `out` is a buffer of the rank's `Pieces`, alive for the run, which
                 // nothing reads or writes until the caller joins this group (`Gather`).
@@ -222,7 +287,7 @@ impl<D: Device> ParamSource<Kernels<D>> for Gather<'_, '_, D> {
     {
         let (k, r) = (self.rank.k, self.rank);
         let dev = k.device();
-        let n = r.map.segs.len();
+        let n = r.parts.segments();
         let slot = match self.holding(seg) {
             Some(slot) => {
                 if let Some((_, seq)) = self.held[slot] {
@@ -250,7 +315,7 @@ impl<D: Device> ParamSource<Kernels<D>> for Gather<'_, '_, D> {
             let seq = gather(r, k.view(self.local), &mut self.out[other], next, true)?;
             self.held[other] = Some((next, seq));
         }
-        let len = r.map.segs[seg].len();
+        let len = r.parts.seg_len(seg);
         Ok(dev.sub(k.view(&self.out[slot]), 0..len))
     }
 
@@ -296,12 +361,15 @@ impl<'a, 'p, D: Device> Scatter<'a, 'p, D> {
         let Some((seg, seq)) = self.pending.take() else {
             return Ok(());
         };
-        let Rank { k, map, me, .. } = self.rank;
+        let Rank { k, parts, me, .. } = self.rank;
         let dev = k.device();
         self.rank.queue.wait_for(dev, seq)?;
-        let p = map.parts[seg];
-        let inv = 1.0 / p.world as f32;
-        let (off, mine) = (map.local_offset(me, seg), p.range(me));
+        let mine = parts.part(seg, me);
+        if mine.is_empty() {
+            return Ok(());
+        }
+        let inv = 1.0 / parts.world(seg) as f32;
+        let off = parts.local_offset(me, seg);
         let (s, grad) = (self.storage, &mut self.grad[seg % 2]);
         k.scale_round(dev.range_mut(grad, mine.clone()), inv, s.comm, s.module);
         let piece = dev.sub(k.view(grad), mine.clone());
@@ -328,21 +396,27 @@ impl<D: Device> GradSink<Kernels<D>> for Scatter<'_, '_, D> {
         // The previous segment's piece first (its reduction was joined by the gather of this
         // segment's parameters, in the pass's order): its buffer is free after that.
         self.add_pending()?;
-        let (k, len) = (self.rank.k, self.rank.map.segs[seg].len());
+        let (k, len) = (self.rank.k, self.rank.parts.seg_len(seg));
         let grad = &mut self.grad[seg % 2];
         k.zero(k.device().range_mut(grad, 0..len));
         Ok(k.device().range_mut(grad, 0..len))
     }
 
     fn done(&mut self, seg: usize) -> Result<(), ModelError> {
-        let Rank { k, peers, map, .. } = self.rank;
+        let Rank {
+            k, peers, parts, ..
+        } = self.rank;
         let dev = k.device();
-        let p = map.parts[seg];
         let mut peers = peers.borrow_mut();
         let grad = &mut self.grad[seg % 2];
         grouped(&mut **peers, |peers| {
             for owner in 0..peers.world() {
-                let part = dev.range_mut(grad, p.range(owner));
+                let part = parts.part(seg, owner);
+                if part.is_empty() {
+                    // Every rank skips it (ZeRO-2: the segment lies outside the owner's range).
+                    continue;
+                }
+                let part = dev.range_mut(grad, part);
                 // SAFETY: the buffer is the rank's `Pieces`', alive for the run; nothing reads
                 // or writes it until `add_pending` has joined this group (the next fetch, or
                 // `finish`).
@@ -403,7 +477,7 @@ pub(super) fn download_whole<D: Device>(
     let rank = Rank {
         k,
         peers: &peers,
-        map: &pc.map,
+        parts: Parts::Pieces(&pc.map),
         me: pc.me,
         queue: &queue,
     };
@@ -420,7 +494,7 @@ pub(super) fn download_whole<D: Device>(
 
 #[cfg(test)]
 mod tests {
-    use super::pass_order;
+    use super::{pass_order, Parts};
 
     /// A pass reads the forward's segments up, then the backward's down, and nothing after.
     #[test]
@@ -430,5 +504,27 @@ mod tests {
         assert_eq!(order[..8], want);
         assert_eq!(order[8], None);
         assert_eq!(pass_order(0, 0), None);
+    }
+
+    /// ZeRO-2's flat partition cut by the segments: each owner's part of a segment relative to
+    /// it (empty where the segment lies outside its range), and where this rank's part goes in
+    /// its partition.
+    #[test]
+    fn a_flat_partition_gives_each_segment_its_owners_parts() {
+        let segs = [0..10, 10..14, 14..30];
+        let ranges = [0..12, 12..24, 24..30];
+        let p = Parts::Flat {
+            segs: &segs,
+            ranges: &ranges,
+        };
+        let parts: Vec<Vec<_>> = (0..3)
+            .map(|s| (0..3).map(|o| p.part(s, o)).collect())
+            .collect();
+        assert_eq!(parts[0], [0..10, 10..10, 10..10]);
+        assert_eq!(parts[1], [0..2, 2..4, 4..4]);
+        assert_eq!(parts[2], [0..0, 0..10, 10..16]);
+        assert_eq!((p.local_offset(0, 1), p.local_offset(1, 1)), (10, 0));
+        assert_eq!((p.local_offset(1, 2), p.local_offset(2, 2)), (2, 0));
+        assert_eq!((p.world(0), p.segments(), p.seg_len(2)), (3, 3, 16));
     }
 }

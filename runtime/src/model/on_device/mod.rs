@@ -115,13 +115,14 @@ enum Split<D: Device> {
     Pieces(Pieces<D>),
 }
 
-/// One micro-batch's gradient on its own, before it is added to the accumulator.
-struct Own<D: Device> {
-    buf: D::Buf,
-    /// The dtypes of the reduction and of the accumulator.
-    storage: Storage,
-    /// Reduced to each range's owner on the devices first ([`Accumulate::ToOwners`]).
-    to_owners: bool,
+/// One micro-batch's gradient on its own, before it is added to the accumulator, and the
+/// dtypes of the reduction and of the accumulator.
+enum Own<D: Device> {
+    /// One device at ZeRO 2–3 ([`Accumulate::Reduced`]): the whole gradient.
+    Whole(D::Buf, Storage),
+    /// ZeRO-2 with peers ([`Accumulate::ToOwners`]): two segments' gradients, each reduced to
+    /// its owners as the backward finishes it (`pieces::Scatter` over the flat partition).
+    Segments([D::Buf; 2], Storage),
 }
 
 /// The gradient accumulator of [`Resident`], once uploaded: the device optimizer's, else the

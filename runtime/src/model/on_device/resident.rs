@@ -10,7 +10,7 @@ use super::{accumulator, grow_keeping, not_uploaded, put, same_len, OnDevice, Ow
 use crate::backend::device::{grouped, Device, Peers};
 use crate::backend::kernels::Kernels;
 use crate::backend::{Backend, Loss};
-use crate::model::pieces::{self, Gather, Pieces, Queue, Rank, Scatter, SharedPeers};
+use crate::model::pieces::{self, Gather, Parts, Pieces, Queue, Rank, Scatter, SharedPeers};
 use crate::model::{Batch, BufGrads, BufParams, Classifier, DropoutKey, ModelError, Workspace};
 use crate::optim::device::{
     Accumulate, DeviceOptimizer, Keep, Landing, Partitioned, PinnedBuf, Resident,
@@ -262,16 +262,12 @@ where
             Accumulate::InPlace => None,
             // ZeRO-3's pieces take each segment's gradient as the backward finishes it.
             _ if matches!(split, Some(Split::Pieces(_))) => None,
-            Accumulate::Reduced(storage) => Some(Own {
-                buf: k.alloc(n),
-                storage,
-                to_owners: false,
-            }),
-            Accumulate::ToOwners(storage) => Some(Own {
-                buf: k.alloc(n),
-                storage,
-                to_owners: true,
-            }),
+            Accumulate::Reduced(storage) => Some(Own::Whole(k.alloc(n), storage)),
+            // ZeRO-2 with peers: two segments' buffers (`split` checked it has its ranges).
+            Accumulate::ToOwners(storage) => {
+                let largest = model.segments().iter().map(Range::len).max().unwrap_or(0);
+                Some(Own::Segments([k.alloc(largest), k.alloc(largest)], storage))
+            }
         };
         st.split = split;
         k.device().sync().map_err(ModelError::Device)
@@ -321,18 +317,24 @@ where
                         dst,
                     },
                 )?,
-                Some(own) => {
-                    k.zero(k.view_mut(&mut own.buf));
+                Some(Own::Whole(buf, storage)) => {
+                    k.zero(k.view_mut(buf));
                     pass(
                         ws,
                         &mut LandGrads {
                             k,
-                            grads: &mut own.buf,
-                            acc: Some((acc, own.storage)),
+                            grads: buf,
+                            acc: Some((acc, *storage)),
                             segs,
                             dst,
                         },
                     )?
+                }
+                // `land_next` refuses a device with peers.
+                Some(Own::Segments(..)) => {
+                    return Err(ModelError::Argument(
+                        "a window landed on a device that reduces to its peers".into(),
+                    ))
                 }
             }
         } else if let Some(Split::Pieces(pc)) = &mut st.split {
@@ -352,7 +354,7 @@ where
             let rank = Rank {
                 k,
                 peers: &peers,
-                map,
+                parts: Parts::Pieces(map),
                 me: *me,
                 queue: &queue,
             };
@@ -392,7 +394,6 @@ where
                             peers: &mut *peers,
                             grads: &mut *acc,
                             segs,
-                            owners: None,
                         };
                         model.pass_on_with::<_, _, _, ModelError>(
                             k, ws, batch, weight, &mut src, &mut sink, dropout,
@@ -406,47 +407,44 @@ where
                     let buffers = [p, dev.ptr(dev.view(acc)), 0];
                     graphed(k, graphs, ws, alone, on, buffers, |ws| into(ws, acc))?
                 }
-                // zero/sinks.rs `ReduceToOwners`: the micro-batch's gradient on its own, each
-                // segment's ranges summed to their owners as the backward finishes it (on the
-                // copy stream, while the backward goes on), in the order every rank calls
-                // them; then this rank's range made the average as `reduce_to_owners` makes
-                // it, and added.
-                (Some(own), Some(Split::Flat(ranges, me))) if own.to_owners => {
-                    let (g, storage) = (&mut own.buf, own.storage);
+                // zero/sinks.rs `ReduceToOwners`: each segment's gradient, as the backward
+                // finishes it, summed to the owners of its parts (on the copy stream, while
+                // the backward computes the next segment into the other buffer), in the order
+                // every rank calls them; then this rank's part made the average as
+                // `reduce_to_owners` makes it, and added (model/pieces.rs `Scatter`).
+                (Some(Own::Segments(grads, storage)), Some(Split::Flat(ranges, me))) => {
                     let peers = st.peers.as_deref_mut().ok_or_else(no_peers)?;
+                    let peers: SharedPeers<'_, D> = RefCell::new(peers);
+                    let queue = Queue::default();
+                    let rank = Rank {
+                        k,
+                        peers: &peers,
+                        parts: Parts::Flat { segs, ranges },
+                        me: *me,
+                        queue: &queue,
+                    };
+                    let mut sink = Scatter::new(rank, grads, acc, *storage);
                     let loss = graphed(k, graphs, ws, false, on, [0; 3], |ws| {
-                        k.zero(k.view_mut(g));
                         let mut src = BufParams::new(k, params, segs);
-                        let mut sink = Summed {
-                            k,
-                            peers: &mut *peers,
-                            grads: &mut *g,
-                            segs,
-                            owners: Some(ranges),
-                        };
                         model.pass_on_with::<_, _, _, ModelError>(
                             k, ws, batch, weight, &mut src, &mut sink, dropout,
                         )
                     });
-                    // The sums queued so far, joined even after an error (their buffers are
-                    // the state's; no direct sum may follow them unjoined).
-                    let joined = dev.join_copies().map_err(ModelError::Device);
+                    // Joined even after an error: no direct sum may follow the queued ones.
+                    let finished = sink.finish();
                     let loss = loss?;
-                    joined?;
-                    let (r, inv) = (ranges[*me].clone(), 1.0 / peers.world() as f32);
-                    k.scale_round(
-                        dev.range_mut(g, r.clone()),
-                        inv,
-                        storage.comm,
-                        storage.module,
-                    );
-                    k.add_assign(k.view_mut(acc), dev.sub(dev.view(g), r));
+                    finished?;
                     loss
+                }
+                (Some(Own::Segments(..)), _) => {
+                    return Err(ModelError::Argument(
+                        "a gradient reduced to its owners needs the ranks' partition".into(),
+                    ))
                 }
                 // `Scattered`: the micro-batch's gradient on its own, `Storage::reduced`, then
                 // `accumulate` (acc += g, stored as the module); in the graph on one device.
-                (Some(own), _) => {
-                    let (g, storage) = (&mut own.buf, own.storage);
+                (Some(Own::Whole(g, storage)), _) => {
+                    let storage = *storage;
                     let buffers = [p, dev.ptr(dev.view(g)), dev.ptr(dev.view(acc))];
                     graphed(k, graphs, ws, alone, on, buffers, |ws| {
                         k.zero(k.view_mut(g));
@@ -743,18 +741,16 @@ where
     }
 }
 
-/// The sink of a pass whose gradient is summed over the devices segment by segment as the
-/// backward finishes it, each sum queued on the copy stream ([`Peers::all_reduce_sum_queued`])
-/// while the backward computes the next segments: the whole segment summed on every rank
-/// (ZeRO 0–1's window, `owners: None`), or each part of it in a rank's range summed to that
-/// rank (ZeRO-2's micro-batch; `Some(ranges)`, rank r owning `ranges[r]`). The caller joins
-/// the sums ([`Device::join_copies`]) before it reads `grads` or calls a direct sum.
+/// The sink of ZeRO 0–1's last micro-batch of a window with peers ([`Resident::sum_next`]):
+/// each segment of the accumulator summed over the devices as the backward finishes it, the sum
+/// queued on the copy stream ([`Peers::all_reduce_sum_queued`]) while the backward computes the
+/// next segments. The caller joins the sums ([`Device::join_copies`]) before it reads the
+/// accumulator or calls a direct sum.
 struct Summed<'a, D: Device> {
     k: &'a Kernels<D>,
     peers: &'a mut dyn Peers<D>,
     grads: &'a mut D::Buf,
     segs: &'a [Range<usize>],
-    owners: Option<&'a [Range<usize>]>,
 }
 
 impl<D: Device> crate::model::GradSink<Kernels<D>> for Summed<'_, D> {
@@ -768,29 +764,12 @@ impl<D: Device> crate::model::GradSink<Kernels<D>> for Summed<'_, D> {
     }
 
     fn done(&mut self, seg: usize) -> Result<(), ModelError> {
-        let (dev, s) = (self.k.device(), self.segs[seg].clone());
-        let grads = &mut *self.grads;
-        // SAFETY (of each queued sum): the buffer is the state's, alive for the run; the
-        // backward writes only the segments it has not finished, and the caller joins the sums
-        // before it reads or writes this one again or calls a direct sum.
-        let Some(ranges) = self.owners else {
-            return unsafe {
-                self.peers
-                    .all_reduce_sum_queued(dev, dev.range_mut(grads, s))
-            }
-            .map_err(ModelError::Device);
-        };
-        grouped(self.peers, |p| {
-            for (owner, r) in ranges.iter().enumerate() {
-                let part = s.start.max(r.start)..s.end.min(r.end);
-                if !part.is_empty() {
-                    // SAFETY: as above.
-                    unsafe { p.reduce_sum_queued(dev, dev.range_mut(grads, part), owner)? };
-                }
-            }
-            Ok(())
-        })
-        .map_err(ModelError::Device)
+        let dev = self.k.device();
+        let s = dev.range_mut(self.grads, self.segs[seg].clone());
+        // SAFETY: the accumulator is the state's, alive for the run; the backward writes only
+        // the segments it has not finished, and the caller joins the sums before it reads or
+        // writes this one again or calls a direct sum.
+        unsafe { self.peers.all_reduce_sum_queued(dev, s) }.map_err(ModelError::Device)
     }
 }
 
