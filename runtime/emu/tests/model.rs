@@ -138,6 +138,60 @@ fn eval_logits_match_the_cpu() {
     close("bf16 logits", &gpu, &cpu, 2e-2, 2e-2);
 }
 
+/// The evaluation forward on a device that captures (`EmuTyped`) runs a shape directly, then
+/// captures it, then replays the graph (model/on_device/graphs.rs): every batch's logits are its
+/// own, bit for bit those of the same forwards run directly on `Emu`, the replays included —
+/// with other inputs, after another shape reshaped the buffers, and after the parameters
+/// changed (uploaded into the buffer the graph reads).
+#[test]
+fn evaluation_forwards_replay_from_graphs_with_their_own_inputs_and_parameters() {
+    use recipe_kernel_emu::{graphs_replayed, EmuTyped};
+    use recipe_runtime::model::OnDevice;
+    let mut direct = Classifier::random(tiny(0.0), 3, 7).unwrap();
+    let mut graphed = Classifier::random(tiny(0.0), 3, 7).unwrap();
+    direct.set_executor(OnDevice::new(Kernels::new(Emu), "emulated GPU"));
+    graphed.set_executor(OnDevice::new(Kernels::new(EmuTyped), "emulated GPU"));
+    // (batch, length, whether the parameters change first, run from a graph: a shape's second
+    // forward is captured, and the graph launched, its third and later replay it)
+    let evals = [
+        (3, 9, false, false),
+        (3, 9, false, true),
+        (3, 9, false, true),
+        (2, 5, false, false),
+        (3, 9, false, true),
+        (3, 9, true, true),
+        (2, 5, false, true),
+        (2, 5, true, true),
+    ];
+    for (i, &(bsz, seq, change, replay)) in evals.iter().enumerate() {
+        if change {
+            for m in [&mut direct, &mut graphed] {
+                m.params_mut()[5] += 0.25;
+            }
+        }
+        let b = batch_of(bsz, seq, 40 + i as u64);
+        let before = graphs_replayed();
+        let want = direct.forward(&b).unwrap();
+        let got = graphed.forward(&b).unwrap();
+        assert_eq!(
+            graphs_replayed() - before,
+            u64::from(replay),
+            "evaluation {i} ({bsz}×{seq})"
+        );
+        assert!(
+            same_bits(&got, &want),
+            "evaluation {i}: {got:?} vs {want:?}"
+        );
+        if i > 0 {
+            let b0 = batch_of(bsz, seq, 40);
+            assert!(
+                !same_bits(&got, &direct.forward(&b0).unwrap()),
+                "evaluation {i} gave another batch's logits"
+            );
+        }
+    }
+}
+
 /// Which runs keep the model states on the device (`Replica::keep_on_device`) and step the
 /// optimizer there: one rank at every ZeRO stage, whatever the optimizer (Adam/AdamW, SGD here;
 /// Adagrad and LAMB alike); under optimizer offload the model stays on the device and the host

@@ -829,18 +829,66 @@ impl Classifier {
         P: ParamSource<B>,
         ModelError: From<P::Error>,
     {
+        self.set_eval_inputs_on(be, ws, batch)?;
+        self.eval_pass_on_with(be, ws, batch, src)?;
+        Ok(self.eval_logits_on(be, ws, batch))
+    }
+
+    /// The first part of [`Classifier::forward_on_with`]: checks an evaluation `batch` (its
+    /// labels are not needed) and copies its token ids, segments and mask into the workspace's
+    /// evaluation buffers (sized for its shape).
+    pub fn set_eval_inputs_on<B: Backend>(
+        &self,
+        be: &B,
+        ws: &mut Workspace<B>,
+        batch: &Batch,
+    ) -> Result<(), ModelError> {
         let mut probe = batch.clone();
         if probe.labels.is_empty() {
             probe.labels = vec![0; batch.batch];
         }
         self.check_batch(&probe)?;
-        // The evaluation forward, as on the CPU (one layer's buffers, the last layer on the
-        // `[CLS]` rows only); runtime/emu/tests/model.rs checks it against the CPU's logits.
-        let a = self.prepare_eval(be, ws, &probe);
-        bert::forward_eval(be, &self.config, &self.layout, src, a)?;
-        let mut out = vec![0.0; batch.batch * self.num_labels];
+        self.prepare_eval(be, ws, batch);
+        Ok(())
+    }
+
+    /// The second part of [`Classifier::forward_on_with`]: the evaluation forward on the inputs
+    /// [`Classifier::set_eval_inputs_on`] left for `batch`, as on the CPU (one layer's buffers,
+    /// the last layer on the `[CLS]` rows only; runtime/emu/tests/model.rs checks it against the
+    /// CPU's logits). Nothing here but the backend's device work and the source's own: what a
+    /// CUDA graph captures (`model::on_device`).
+    pub fn eval_pass_on_with<B, P>(
+        &self,
+        be: &B,
+        ws: &mut Workspace<B>,
+        batch: &Batch,
+        src: &mut P,
+    ) -> Result<(), ModelError>
+    where
+        B: Backend,
+        P: ParamSource<B>,
+        ModelError: From<P::Error>,
+    {
+        let (c, labels) = (&self.config, self.num_labels);
+        // Sized by `set_eval_inputs_on` for this shape: nothing to do.
+        let a = eval_acts_for(be, &mut ws.eval, c, labels, (batch.batch, batch.seq));
+        bert::forward_eval(be, c, &self.layout, src, a)?;
+        Ok(())
+    }
+
+    /// The last part of [`Classifier::forward_on_with`]: the logits the evaluation forward left
+    /// for `batch`, `[batch × num_labels]` (a download: it waits for the device).
+    pub fn eval_logits_on<B: Backend>(
+        &self,
+        be: &B,
+        ws: &mut Workspace<B>,
+        batch: &Batch,
+    ) -> Vec<f32> {
+        let (c, labels) = (&self.config, self.num_labels);
+        let a = eval_acts_for(be, &mut ws.eval, c, labels, (batch.batch, batch.seq));
+        let mut out = vec![0.0; batch.batch * labels];
         be.download(be.view(&a.logits), &mut out);
-        Ok(out)
+        out
     }
 
     fn dropout_keys(&self, dropout: Option<DropoutKey>) -> Option<Drop> {

@@ -1,7 +1,7 @@
-//! Captured passes: a micro-batch's forward and backward recorded once as a graph (a CUDA graph
-//! on a GPU, `Device::begin_capture`) and replayed for the next micro-batches of the same shape,
-//! so that the host queues one launch where it queued a few hundred (docs/cuda.md, "CUDA
-//! graphs").
+//! Captured passes: a micro-batch's forward and backward, or an evaluation batch's forward,
+//! recorded once as a graph (a CUDA graph on a GPU, `Device::begin_capture`) and replayed for the
+//! next batches of the same shape, so that the host queues one launch where it queued a few
+//! hundred (docs/cuda.md, "CUDA graphs").
 //!
 //! A graph replays its kernels on the addresses and with the arguments they were captured
 //! with, so a pass may be replayed only for what makes those the same: the batch's shape, the
@@ -17,7 +17,9 @@
 
 use std::collections::HashMap;
 
-use crate::backend::Loss;
+use crate::backend::device::Device;
+use crate::backend::kernels::Kernels;
+use crate::model::ModelError;
 
 /// Graphs kept at most: a run with many batch shapes (dynamic padding gives one per length)
 /// runs the rest directly.
@@ -35,40 +37,50 @@ pub(super) struct Shape {
 }
 
 #[derive(Debug, Clone, Copy)]
-enum Slot {
+enum Slot<T> {
     /// Run directly once.
     Seen,
     /// Captured: the graph, and what the pass returned.
-    Graph(u64, Loss),
+    Graph(u64, T),
     /// The capture failed: run directly from now on (until the next allocation).
     Direct,
 }
 
 /// How to run a micro-batch's pass.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) enum Plan {
+pub(super) enum Plan<T> {
     /// Directly.
     Direct,
     /// Capture it, then replay the graph.
     Capture,
     /// Replay this graph; the pass returns this.
-    Replay(u64, Loss),
+    Replay(u64, T),
 }
 
-/// A device's captured passes (see the module docs).
-#[derive(Debug, Default)]
-pub(super) struct Graphs {
+/// A device's captured passes of one kind, each returning a `T` (see the module docs).
+#[derive(Debug)]
+pub(super) struct Graphs<T> {
     /// `Kernels::allocations` when the graphs were captured.
     epoch: u64,
-    slots: HashMap<Shape, Slot>,
+    slots: HashMap<Shape, Slot<T>>,
     graphs: usize,
 }
 
-impl Graphs {
+impl<T> Default for Graphs<T> {
+    fn default() -> Self {
+        Graphs {
+            epoch: 0,
+            slots: HashMap::new(),
+            graphs: 0,
+        }
+    }
+}
+
+impl<T: Copy> Graphs<T> {
     /// How to run a pass of `shape` with the device's allocation count at `epoch`. An
     /// allocation since the last call releases every graph (`drop` each): their buffers may
     /// have moved.
-    pub fn plan(&mut self, shape: Shape, epoch: u64, drop: impl FnMut(u64)) -> Plan {
+    pub fn plan(&mut self, shape: Shape, epoch: u64, drop: impl FnMut(u64)) -> Plan<T> {
         if epoch != self.epoch {
             self.release(drop);
             self.epoch = epoch;
@@ -85,7 +97,7 @@ impl Graphs {
     }
 
     /// The capture of `shape` gave graph `id` (`None`: it failed).
-    pub fn captured(&mut self, shape: Shape, graph: Option<(u64, Loss)>) {
+    pub fn captured(&mut self, shape: Shape, graph: Option<(u64, T)>) {
         let slot = match graph {
             Some((id, loss)) => {
                 self.graphs += 1;
@@ -115,9 +127,61 @@ impl Graphs {
     }
 }
 
+/// Runs `pass` (device work only, on inputs already on the device) as `graphs` plans for
+/// `shape` on `k`'s device: directly, captured and then replayed, or replayed. A captured pass
+/// stands for its replays only if `replayable` accepts what it returned (a value computed on
+/// the host would be the captured batch's) and it allocated nothing (its buffers must not
+/// move); else the capture is dropped and the pass runs directly, as it does when the device
+/// does not capture or no longer has the graph.
+pub(super) fn run<D: Device, T: Copy>(
+    k: &Kernels<D>,
+    graphs: &mut Graphs<T>,
+    shape: Shape,
+    replayable: impl Fn(&T) -> bool,
+    mut pass: impl FnMut() -> Result<T, ModelError>,
+) -> Result<T, ModelError> {
+    let dev = k.device();
+    let id = match graphs.plan(shape, k.allocations(), |id| dev.drop_graph(id)) {
+        Plan::Direct => return pass(),
+        Plan::Replay(id, out) => Some((id, out)),
+        Plan::Capture => {
+            let before = k.allocations();
+            if !dev.begin_capture() {
+                graphs.captured(shape, None);
+                return pass();
+            }
+            let out = pass();
+            let id = dev.end_capture();
+            match (out, id) {
+                (Ok(out), Some(id)) if replayable(&out) && k.allocations() == before => {
+                    graphs.captured(shape, Some((id, out)));
+                    Some((id, out))
+                }
+                (out, id) => {
+                    if let Some(id) = id {
+                        dev.drop_graph(id);
+                    }
+                    graphs.captured(shape, None);
+                    // Nothing captured ran: the pass again, directly (or its error).
+                    out?;
+                    None
+                }
+            }
+        }
+    };
+    match id {
+        Some((id, out)) if dev.launch_graph(id) => Ok(out),
+        _ => {
+            graphs.lost(shape);
+            pass()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Loss;
 
     fn shape(seq: usize) -> Shape {
         Shape {
@@ -137,7 +201,7 @@ mod tests {
         let mut g = Graphs::default();
         let loss = Loss::Queued { rows: 2 };
         let mut plan =
-            |g: &mut Graphs, seq, epoch| g.plan(shape(seq), epoch, |id| dropped.push(id));
+            |g: &mut Graphs<Loss>, seq, epoch| g.plan(shape(seq), epoch, |id| dropped.push(id));
         assert_eq!(plan(&mut g, 5, 0), Plan::Direct);
         assert_eq!(plan(&mut g, 5, 0), Plan::Capture);
         g.captured(shape(5), Some((7, loss)));
@@ -162,7 +226,7 @@ mod tests {
     /// Past the most graphs kept, new shapes run directly.
     #[test]
     fn graphs_are_bounded() {
-        let mut g = Graphs::default();
+        let mut g = Graphs::<Loss>::default();
         for seq in 0..MOST + 2 {
             assert_eq!(g.plan(shape(seq), 0, |_| {}), Plan::Direct);
             let p = g.plan(shape(seq), 0, |_| {});

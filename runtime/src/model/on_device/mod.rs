@@ -18,11 +18,11 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use super::pieces::{Pieces, Upload};
-use super::{Batch, Classifier, DropoutKey, ModelError, Workspace};
+use super::{Batch, BufParams, Classifier, DropoutKey, ModelError, Workspace};
 use crate::backend::device::{Device, Peers};
 use crate::backend::kernels::Kernels;
 use crate::backend::profile::Profile;
-use crate::backend::Backend;
+use crate::backend::{Backend, Loss};
 use crate::optim::device::{DeviceOptimizer, Landing, Resident};
 use crate::zero::Storage;
 
@@ -97,7 +97,9 @@ struct State<D: Device> {
     /// queues up (allocated by [`Resident::upload`], before the first step).
     param_bits: Option<D::Pinned>,
     /// The captured passes of the plain resident path ([`graphs`]).
-    graphs: graphs::Graphs,
+    graphs: graphs::Graphs<Loss>,
+    /// The captured evaluation forwards ([`Executor::forward`]).
+    eval_graphs: graphs::Graphs<()>,
     /// The next micro-batch sums the accumulator's segments over the peers as it finishes them
     /// ([`Resident::sum_next`]).
     sum_next: bool,
@@ -212,6 +214,7 @@ impl<D: Device> OnDevice<D> {
                 landing: None,
                 param_bits: None,
                 graphs: graphs::Graphs::default(),
+                eval_graphs: graphs::Graphs::default(),
                 sum_next: false,
                 summed: false,
             }),
@@ -227,6 +230,7 @@ impl<D: Device> Drop for OnDevice<D> {
         drop(st.peers.take());
         let dev = self.kernels.device();
         st.graphs.release(|id| dev.drop_graph(id));
+        st.eval_graphs.release(|id| dev.drop_graph(id));
     }
 }
 
@@ -384,8 +388,31 @@ where
             return Ok(logits);
         }
         put_params(k, st, model);
-        let logits = model.forward_on(k, &mut st.ws, batch, st.params.as_ref().unwrap())?;
-        k.device().sync().map_err(ModelError::Device)?;
+        let params = st.params.as_ref().unwrap();
+        let dev = k.device();
+        let ws = &mut st.ws;
+        model.set_eval_inputs_on(k, ws, batch)?;
+        // Captured and replayed where the device captures (graphs.rs), with peers too: the
+        // evaluation forward sums nothing between the ranks.
+        let shape = graphs::Shape {
+            batch: batch.batch,
+            seq: batch.seq,
+            loss_weight: 0,
+            dropout: false,
+            buffers: [dev.ptr(dev.view(params)), 0, 0],
+        };
+        graphs::run(
+            k,
+            &mut st.eval_graphs,
+            shape,
+            |_| true,
+            || {
+                let mut src = BufParams::new(k, params, model.segments());
+                model.eval_pass_on_with(k, ws, batch, &mut src)
+            },
+        )?;
+        let logits = model.eval_logits_on(k, ws, batch);
+        dev.sync().map_err(ModelError::Device)?;
         Ok(logits)
     }
 }

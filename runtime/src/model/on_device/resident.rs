@@ -5,7 +5,7 @@
 use std::cell::RefCell;
 use std::ops::Range;
 
-use super::graphs::{Graphs, Plan, Shape};
+use super::graphs::{self, Graphs, Shape};
 use super::{accumulator, grow_keeping, not_uploaded, put, same_len, OnDevice, Own, Split};
 use crate::backend::device::{grouped, Device, Peers};
 use crate::backend::kernels::Kernels;
@@ -27,14 +27,13 @@ use crate::zero::{Storage, ZeroError};
 #[allow(clippy::too_many_arguments)]
 fn graphed<D: Device>(
     k: &Kernels<D>,
-    graphs: &mut Graphs,
+    graphs: &mut Graphs<Loss>,
     ws: &mut Workspace<Kernels<D>>,
     alone: bool,
     (model, batch, weight, dropout): (&Classifier, &Batch, f32, Option<DropoutKey>),
     buffers: [u64; 3],
     mut pass: impl FnMut(&mut Workspace<Kernels<D>>) -> Result<Loss, ModelError>,
 ) -> Result<Loss, ModelError> {
-    let dev = k.device();
     model.set_inputs_on(k, ws, batch)?;
     if let Some((seed, stream)) = model.dropout_key(dropout) {
         k.dropout_key(seed, stream);
@@ -49,43 +48,10 @@ fn graphed<D: Device>(
         dropout: dropout.is_some(),
         buffers,
     };
-    let id = match graphs.plan(shape, k.allocations(), |id| dev.drop_graph(id)) {
-        Plan::Direct => return pass(ws),
-        Plan::Replay(id, loss) => Some((id, loss)),
-        Plan::Capture => {
-            let before = k.allocations();
-            if !dev.begin_capture() {
-                graphs.captured(shape, None);
-                return pass(ws);
-            }
-            let loss = pass(ws);
-            let id = dev.end_capture();
-            // Only a loss left on the device may be replayed (a value would be the captured
-            // micro-batch's), and only on buffers that did not move.
-            match (loss, id) {
-                (Ok(loss @ Loss::Queued { .. }), Some(id)) if k.allocations() == before => {
-                    graphs.captured(shape, Some((id, loss)));
-                    Some((id, loss))
-                }
-                (loss, id) => {
-                    if let Some(id) = id {
-                        dev.drop_graph(id);
-                    }
-                    graphs.captured(shape, None);
-                    // Nothing captured ran: the pass again, directly (or its error).
-                    loss?;
-                    None
-                }
-            }
-        }
-    };
-    match id {
-        Some((id, loss)) if dev.launch_graph(id) => Ok(loss),
-        _ => {
-            graphs.lost(shape);
-            pass(ws)
-        }
-    }
+    // Only a loss left on the device may be replayed (a value would be the captured
+    // micro-batch's).
+    let queued = |loss: &Loss| matches!(loss, Loss::Queued { .. });
+    graphs::run(k, graphs, shape, queued, || pass(ws))
 }
 
 fn no_peers() -> ModelError {
