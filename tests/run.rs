@@ -319,7 +319,9 @@ fn device_run_against_the_cpu(
 }
 
 /// [`device_run_against_the_cpu`] on several emulated GPUs that sum their gradients directly
-/// (`OnDevice::with_peers`: NCCL's place on real GPUs), not through host memory.
+/// (`OnDevice::with_peers`: NCCL's place on real GPUs), not through host memory; and the same
+/// devices summing through the host's exchange give the same bits (the tolerance against the
+/// CPU alone would let a misplaced part of a reduction pass).
 fn peers_run_against_the_cpu(precision: &str, zero: Option<&str>, sets: &[&str]) -> Deviation {
     device_run(precision, None, zero, sets, true)
 }
@@ -408,6 +410,23 @@ fn device_run(
         ..quiet.clone()
     };
     train::run(&plan, &options).unwrap();
+    if peers {
+        // The same devices summing through the host's exchange instead (each rank's gradient
+        // down, `LocalCollective`, the result up): the GPU-to-GPU sums, reductions to the
+        // owners, broadcasts and gathers give its bits.
+        plan.train.output_dir = dir.join("host-exchange");
+        let executors = (0..world)
+            .map(|_| -> Arc<dyn Executor> {
+                OnDevice::new(Kernels::new(Emu).with_store(dtype), "emulated GPU")
+            })
+            .collect();
+        let options = RunOptions {
+            executors,
+            ..quiet.clone()
+        };
+        train::run(&plan, &options).unwrap();
+        same_run(&dir.join("gpu"), &dir.join("host-exchange"));
+    }
     let offload = plan.train.offload_optimizer != recipe_runtime::plan::Offload::None;
     if dtype.is_half() || offload || peers {
         // The same run keeping the stored activations and gradients in 16 bits (a GPU's
