@@ -61,11 +61,11 @@ extern "C" __global__ void attention_softmax(float* scores, void* probs, int pro
 // Backward, in place on `ds` (which holds dp = dctx·vᵀ from the GEMM): with dropout, dp is
 // masked by the forward's mask read back from `pd` (probs_drop: 0 where it is 0, else
 // dp · dscale; a zero probability that was kept gives the same result, as the softmax backward
-// multiplies by it); then ds_ij = p_ij (dp_ij − Σ_j dp_ij p_ij). Unrounded: the GEMMs for dq and
-// dk read it in f32.
+// multiplies by it); then ds_ij = p_ij (dp_ij − Σ_j dp_ij p_ij), rounded to `store`: the half
+// GEMMs for dq and dk read it as a stored value (the CPU's `attn_bwd_one`).
 extern "C" __global__ void attention_softmax_bwd(float* ds, const void* probs, int probs_t,
                                                  const void* pd, int pd_t, int rows, int seq,
-                                                 int dropout, float dscale) {
+                                                 int dropout, float dscale, int store) {
     int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= rows) return;
     int lane = threadIdx.x & 31;
@@ -79,5 +79,6 @@ extern "C" __global__ void attention_softmax_bwd(float* ds, const void* probs, i
         dot += x * ld(probs, at + j, probs_t);
     }
     dot = warp_sum(dot);
-    for (int j = lane; j < seq; j += 32) row[j] = ld(probs, at + j, probs_t) * (row[j] - dot);
+    for (int j = lane; j < seq; j += 32)
+        row[j] = st(ld(probs, at + j, probs_t) * (row[j] - dot), store);
 }

@@ -110,7 +110,7 @@ fn self_test(out: Option<&Path>) -> Result<bool, i32> {
     use recipe_runtime::backend::cuda::CudaDevice;
     use recipe_runtime::backend::kernels::Kernels;
     use recipe_runtime::backend::selftest::{
-        compare, compare_graph_replay, compare_optim, compare_queued_upload,
+        compare, compare_graph_replay, compare_optim, compare_queued_upload, compare_wide_batched,
     };
     use recipe_runtime::precision::Dtype;
     let dev = CudaDevice::open(0).map_err(|e| {
@@ -137,6 +137,7 @@ fn self_test(out: Option<&Path>) -> Result<bool, i32> {
         kernels = kernels.with_store(store);
         let mut checks = compare_optim(&kernels, store);
         checks.push(compare_queued_upload(&kernels, store));
+        checks.push(compare_wide_batched(&kernels, store));
         // With RECIPE_CUDA_GRAPHS=1 only.
         checks.extend(compare_graph_replay(&kernels, store));
         if let Err(e) = recipe_runtime::backend::device::Device::sync(kernels.device()) {

@@ -141,6 +141,20 @@ fn a_captured_graph_replays_new_inputs_and_dropout_keys_exactly() {
     }
 }
 
+/// A batched f32 product of stored buffers, 16-bit ones on the emulated device keeping half
+/// buffers, into a stored buffer, against the host's sums.
+#[test]
+fn a_batched_f32_product_of_stored_buffers_matches_the_host() {
+    use recipe_kernel_emu::{Emu, EmuTyped};
+    use recipe_runtime::backend::selftest::compare_wide_batched;
+    for store in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+        let c = compare_wide_batched(&Kernels::new(Emu).with_store(store), store);
+        assert!(c.ok, "{c:?}");
+        let c = compare_wide_batched(&Kernels::new(EmuTyped).with_store(store), store);
+        assert!(c.ok, "{c:?}");
+    }
+}
+
 /// The queued upload of an offloaded step's parameters into a stored buffer: floats on the f32
 /// emulated device, 16 bits on the one keeping half buffers (`Device::upload_queued_bits`).
 #[test]

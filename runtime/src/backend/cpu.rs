@@ -610,13 +610,17 @@ impl Cpu {
                     *x = if q != 0.0 { *x * scale } else { 0.0 };
                 }
             }
-            // softmax backward: ds = p ⊙ (dp − Σ_j dp·p)
+            // softmax backward: ds = p ⊙ (dp − Σ_j dp·p), stored (rounded to the half type in
+            // fp16/bf16) for the two products below, as PyTorch's half module stores the
+            // softmax's gradient (eager attention) and flash attention converts dS to half for
+            // its dQ and dK products (docs/runtime.md, "Mixed precision").
             for (drow, prow) in ds.chunks_mut(t).zip(p.chunks(t)) {
                 let dot: f32 = drow.iter().zip(prow).map(|(a, b)| a * b).sum();
                 for (x, &pv) in drow.iter_mut().zip(prow) {
                     *x = pv * (*x - dot);
                 }
             }
+            self.st_rows(ds, t, t, t);
             // dq = scale · ds · k ;  dk = scale · dsᵀ · q
             sgemm(
                 t,

@@ -1573,7 +1573,9 @@ impl Device for CudaDevice {
                     None,
                 )
             }
-            // f32 products (attention's dq, dk: `ds` is f32) of 16-bit buffers: each through an
+            // f32 products of 16-bit buffers (the model has none since attention's `ds` is a
+            // stored value; `recipe kernels --selftest` checks the path,
+            // `stored.gemm_batched_f32`): each through an
             // f32 copy of its extent (widening is exact); a 16-bit `c` gets the f32 results
             // rounded into it afterwards, as the kernels would round an f32 output. Its room
             // starts as `c`'s values unless the batch overwrites them all

@@ -5,12 +5,13 @@
 //! `hidden`), and a head's `[seq, seq]` block of the probabilities: on a GPU, one
 //! `cublasGemmBatchedEx` on the tensor cores, rather than dot products on the CUDA cores. The
 //! order of operations and the rounding are the CPU backend's (`attn_fwd_one`,
-//! `attn_bwd_one`): the scores and the softmax backward's `ds` stay f32; the probabilities and
-//! every `[batch, seq, hidden]` output are rounded to the storage dtype. So the products whose
-//! operands are stored values (`q·kᵀ`, `p·v`, `dctx·vᵀ`, `pᵀ·dctx`) take half operands in a
-//! half-precision run, and the two that read `ds` (`dq`, `dk`) run in f32. The token tensors
-//! may be 16-bit buffers ([`crate::backend::Backend::alloc_stored`]): the half products read
-//! them as they are and write them rounded, the f32 ones read them widened.
+//! `attn_bwd_one`): the scores and `dp` stay f32; the probabilities, the softmax backward's `ds`
+//! and every `[batch, seq, hidden]` output are rounded to the storage dtype. So every product's
+//! operands are stored values (`q·kᵀ`, `p·v`, `dctx·vᵀ`, `pᵀ·dctx`, `ds·k`, `dsᵀ·q`), which take
+//! half operands on the tensor cores in a half-precision run. The token tensors may be 16-bit
+//! buffers ([`crate::backend::Backend::alloc_stored`]): the half products read them as they are
+//! and write them rounded; `ds` is rounded in its f32 scratch, which a GPU packs once for the
+//! two products that read it.
 #![allow(clippy::too_many_arguments)]
 
 use super::{int, Kernels, BLOCK};
@@ -283,9 +284,10 @@ pub(super) fn bwd<D: Device>(
             int(s.seq),
             int(usize::from(dropout.is_some())),
             dscale,
+            k.store_arg(),
         ],
     );
-    // dq = scale · ds · k ;  dk = scale · dsᵀ · q, with ds in f32.
+    // dq = scale · ds · k ;  dk = scale · dsᵀ · q, ds a stored value.
     let ds = dev.sub(dev.as_view(&scratch), 0..pp);
     dev.gemm_batched(
         &product(s, (t, d, t), (false, false), (true, false, false), scale),
@@ -293,7 +295,7 @@ pub(super) fn bwd<D: Device>(
         ds,
         kk,
         dev.sub_mut(&mut dq, 0..tok),
-        Dtype::F32,
+        k.store,
     );
     round(k, dq, tok);
     dev.gemm_batched(
@@ -302,7 +304,7 @@ pub(super) fn bwd<D: Device>(
         ds,
         q,
         dev.sub_mut(&mut dk, 0..tok),
-        Dtype::F32,
+        k.store,
     );
     round(k, dk, tok);
 }

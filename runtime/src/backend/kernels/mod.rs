@@ -491,9 +491,8 @@ impl<D: Device> Backend for Kernels<D> {
         if self.store.is_half() {
             self.dev.reserve_gemm_half(tok.max(pp));
         }
-        // dq and dk: f32 products of 16-bit operands into 16-bit outputs (attention.rs).
-        let wide = if self.store.is_half() { tok } else { 0 };
-        self.dev.reserve_gemm_batched(s.batch * s.heads, wide);
+        // Every product is in one dtype with its operands (attention.rs): none widens.
+        self.dev.reserve_gemm_batched(s.batch * s.heads, 0);
         self.with_order(4 * s.batch * s.seq, |_| {});
     }
 

@@ -23,7 +23,7 @@ use serde::Serialize;
 
 use super::device::Device;
 use super::kernels::Kernels;
-use super::{AttnShape, Backend, Cpu, Dropout, Gemm};
+use super::{AttnShape, Backend, Batch, Cpu, Dropout, Gemm, Stride};
 use crate::precision::Dtype;
 use crate::rng::Rng;
 
@@ -897,6 +897,92 @@ pub fn compare_queued_upload<D: Device>(k: &Kernels<D>, store: Dtype) -> OpCheck
         error: if same { 0.0 } else { 1.0 },
         tolerance: 0.0,
         ok: same && waited.is_ok(),
+    }
+}
+
+/// A batched f32 product of stored (in a half store, 16-bit) buffers into a stored buffer
+/// (`Device::gemm_batched` with f32 operands: a GPU widens each operand into f32 room and rounds
+/// the results into the output), three items of odd shapes with `B` transposed, against the
+/// host's sums rounded to the store: `stored.gemm_batched_f32`. The model's attention runs its
+/// products on half operands since `ds` is a stored value, so this checks the path on its own.
+pub fn compare_wide_batched<D: Device>(k: &Kernels<D>, store: Dtype) -> OpCheck {
+    let dev = k.device();
+    let (count, m, n, kk) = (3, 5, 7, 9);
+    let g = Gemm {
+        alpha: 0.5,
+        ..Gemm::dense(m, n, kk, false, true, 0.0)
+    };
+    let batch = Batch {
+        count,
+        inner: 1,
+        a: Stride {
+            outer: m * kk,
+            inner: 0,
+        },
+        b: Stride {
+            outer: n * kk,
+            inner: 0,
+        },
+        c: Stride {
+            outer: m * n,
+            inner: 0,
+        },
+    };
+    let (ha, hb) = (
+        rand(count * m * kk, 2.0, 80, store),
+        rand(count * n * kk, 2.0, 81, store),
+    );
+    let (mut a, mut b, mut c) = (
+        k.alloc_stored(ha.len()),
+        k.alloc_stored(hb.len()),
+        k.alloc_stored(count * m * n),
+    );
+    k.write(k.view_mut(&mut a), &ha);
+    k.write(k.view_mut(&mut b), &hb);
+    // Garbage where the product writes: beta 0 must not read it.
+    k.write(k.view_mut(&mut c), &vec![7.0; count * m * n]);
+    dev.gemm_batched(
+        &g,
+        &batch,
+        k.view(&a),
+        k.view(&b),
+        k.view_mut(&mut c),
+        Dtype::F32,
+    );
+    let mut got = vec![0.0; count * m * n];
+    k.download(k.view(&c), &mut got);
+    let mut want = vec![0.0f32; count * m * n];
+    for j in 0..count {
+        for r in 0..m {
+            for col in 0..n {
+                let dot: f64 = (0..kk)
+                    .map(|i| {
+                        f64::from(ha[j * m * kk + r * kk + i])
+                            * f64::from(hb[j * n * kk + col * kk + i])
+                    })
+                    .sum();
+                want[j * m * n + r * n + col] = (0.5 * dot) as f32;
+            }
+        }
+    }
+    store.round_slice(&mut want);
+    let scale = want.iter().fold(0.0f64, |s, &x| s.max(f64::from(x.abs())));
+    let worst = got
+        .iter()
+        .zip(&want)
+        .fold(0.0f64, |w, (&g, &x)| w.max(f64::from((g - x).abs())));
+    let error = if got.iter().all(|x| x.is_finite()) {
+        worst / scale
+    } else {
+        f64::INFINITY
+    };
+    let tolerance = tolerance(store);
+    OpCheck {
+        op: "stored.gemm_batched_f32".into(),
+        store,
+        error,
+        tolerance,
+        ok: error <= tolerance,
     }
 }
 
