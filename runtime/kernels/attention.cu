@@ -58,19 +58,20 @@ extern "C" __global__ void attention_softmax(float* scores, void* probs, int pro
     }
 }
 
-// Backward, in place on `ds` (which holds dp = dctx·vᵀ from the GEMM): with dropout, dp is
-// masked by the forward's mask read back from `pd` (probs_drop: 0 where it is 0, else
-// dp · dscale; a zero probability that was kept gives the same result, as the softmax backward
-// multiplies by it); then ds_ij = p_ij (dp_ij − Σ_j dp_ij p_ij), rounded to `store`: the half
-// GEMMs for dq and dk read it as a stored value (the CPU's `attn_bwd_one`).
-extern "C" __global__ void attention_softmax_bwd(float* ds, const void* probs, int probs_t,
-                                                 const void* pd, int pd_t, int rows, int seq,
-                                                 int dropout, float dscale, int store) {
+// Backward from `dp` (dctx·vᵀ from the GEMM, f32): with dropout, dp is masked in place by the
+// forward's mask read back from `pd` (probs_drop: 0 where it is 0, else dp · dscale; a zero
+// probability that was kept gives the same result, as the softmax backward multiplies by it);
+// then ds_ij = p_ij (dp_ij − Σ_j dp_ij p_ij), rounded to `store` into the typed buffer `ds`:
+// the half GEMMs for dq and dk read it as a stored value (the CPU's `attn_bwd_one`). `ds` may be
+// `dp` itself (an f32 buffer: each lane rewrites the elements it read).
+extern "C" __global__ void attention_softmax_bwd(float* dp, void* ds, int ds_t, const void* probs,
+                                                 int probs_t, const void* pd, int pd_t, int rows,
+                                                 int seq, int dropout, float dscale, int store) {
     int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= rows) return;
     int lane = threadIdx.x & 31;
     long long at = (long long)r * seq;
-    float* row = ds + at;
+    float* row = dp + at;
     float dot = 0.0f;
     for (int j = lane; j < seq; j += 32) {
         float x = row[j];
@@ -80,5 +81,5 @@ extern "C" __global__ void attention_softmax_bwd(float* ds, const void* probs, i
     }
     dot = warp_sum(dot);
     for (int j = lane; j < seq; j += 32)
-        row[j] = st(ld(probs, at + j, probs_t) * (row[j] - dot), store);
+        sto(ds, at + j, st(ld(probs, at + j, probs_t) * (row[j] - dot), store), ds_t);
 }

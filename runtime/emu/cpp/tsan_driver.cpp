@@ -67,7 +67,8 @@ bool attention() {
                           heads, 1, key, 2ull, threshold, dscale, 0);
     });
     emu::launch(grid, block, 0, [&] {
-        attention_softmax_bwd(ds.data(), probs.data(), 0, pdrop.data(), 0, rows, seq, 1, dscale, 0);
+        attention_softmax_bwd(ds.data(), ds.data(), 0, probs.data(), 0, pdrop.data(), 0, rows, seq,
+                              1, dscale, 0);
     });
 
     for (int r = 0; r < rows; r++) {

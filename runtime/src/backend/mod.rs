@@ -567,8 +567,11 @@ pub trait Backend {
         s: AttnShape,
         dropout: Option<&Dropout>,
     );
-    /// Attention backward: overwrites `dq`, `dk`, `dv`; `scratch` holds `[batch, heads, seq, seq]`.
-    /// With dropout, `probs_drop` (from the forward) must be given: it carries the mask.
+    /// Attention backward: overwrites `dq`, `dk`, `dv`; `scratch` is f32 room of
+    /// `[batch, heads, seq, seq]` for `dp = dctx·vᵀ` and the softmax's gradient `ds` (left
+    /// holding `ds`, except on a device keeping 16-bit buffers, which computes `ds` into one of
+    /// its own). With dropout, `probs_drop` (from the forward) must be given: it carries the
+    /// mask.
     #[allow(clippy::too_many_arguments)]
     fn attention_bwd(
         &self,

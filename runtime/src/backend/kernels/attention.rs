@@ -10,8 +10,8 @@
 //! operands are stored values (`q·kᵀ`, `p·v`, `dctx·vᵀ`, `pᵀ·dctx`, `ds·k`, `dsᵀ·q`), which take
 //! half operands on the tensor cores in a half-precision run. The token tensors may be 16-bit
 //! buffers ([`crate::backend::Backend::alloc_stored`]): the half products read them as they are
-//! and write them rounded; `ds` is rounded in its f32 scratch, which a GPU packs once for the
-//! two products that read it.
+//! and write them rounded; `ds` goes to a 16-bit buffer of the kernels' own on a device keeping
+//! them ([`Kernels::with_half_ds`]), else rounded into the f32 scratch.
 #![allow(clippy::too_many_arguments)]
 
 use super::{int, Kernels, BLOCK};
@@ -270,43 +270,54 @@ pub(super) fn bwd<D: Device>(
         None => probs_times(k, s, probs, true, dctx, &mut dv),
     }
     round(k, dv, tok);
-    // ds = p ⊙ (dp − Σ_j dp·p), in place.
+    // ds = p ⊙ (dp − Σ_j dp·p), a stored value: into the 16-bit scratch where the device keeps
+    // 16-bit buffers (read by the half products as it is, no pack), else in place.
     let (l, rows) = softmax_launch(s);
-    let ds = dev.ptr_mut(&mut scratch);
-    dev.launch(
-        "attention_softmax_bwd",
-        l,
-        &[
-            Arg::Ptr(ds),
-            k.typed(probs),
-            pd_arg,
-            rows,
-            int(s.seq),
-            int(usize::from(dropout.is_some())),
-            dscale,
-            k.store_arg(),
-        ],
-    );
-    // dq = scale · ds · k ;  dk = scale · dsᵀ · q, ds a stored value.
-    let ds = dev.sub(dev.as_view(&scratch), 0..pp);
-    dev.gemm_batched(
-        &product(s, (t, d, t), (false, false), (true, false, false), scale),
-        &batch(s, true, false, false),
-        ds,
-        kk,
-        dev.sub_mut(&mut dq, 0..tok),
-        k.store,
-    );
-    round(k, dq, tok);
-    dev.gemm_batched(
-        &product(s, (t, d, t), (true, false), (true, false, false), scale),
-        &batch(s, true, false, false),
-        ds,
-        q,
-        dev.sub_mut(&mut dk, 0..tok),
-        k.store,
-    );
-    round(k, dk, tok);
+    let dp = dev.ptr_mut(&mut scratch);
+    k.with_half_ds(pp, |half| {
+        let ds_arg = match half {
+            Some(b) => k.typed(dev.view(b)),
+            None => Arg::Typed(dp, Dtype::F32),
+        };
+        dev.launch(
+            "attention_softmax_bwd",
+            l,
+            &[
+                Arg::Ptr(dp),
+                ds_arg,
+                k.typed(probs),
+                pd_arg,
+                rows,
+                int(s.seq),
+                int(usize::from(dropout.is_some())),
+                dscale,
+                k.store_arg(),
+            ],
+        );
+        // dq = scale · ds · k ;  dk = scale · dsᵀ · q.
+        let ds = match half {
+            Some(b) => dev.sub(dev.view(b), 0..pp),
+            None => dev.sub(dev.as_view(&scratch), 0..pp),
+        };
+        dev.gemm_batched(
+            &product(s, (t, d, t), (false, false), (true, false, false), scale),
+            &batch(s, true, false, false),
+            ds,
+            kk,
+            dev.sub_mut(&mut dq, 0..tok),
+            k.store,
+        );
+        round(k, dq, tok);
+        dev.gemm_batched(
+            &product(s, (t, d, t), (true, false), (true, false, false), scale),
+            &batch(s, true, false, false),
+            ds,
+            q,
+            dev.sub_mut(&mut dk, 0..tok),
+            k.store,
+        );
+        round(k, dk, tok);
+    });
 }
 
 /// `out = p · x` (the forward's `ctx = p·v`), or `pᵀ · x` (`transposed`: the backward's

@@ -101,6 +101,9 @@ pub struct Kernels<D: Device> {
     /// The per-chunk sums of [`Backend::bias_grad`] and of LayerNorm's `dw`/`db`, grown to the
     /// largest seen (the kernels that use it run in stream order, one after another).
     bias_part: Arc<Mutex<Option<D::Buf>>>,
+    /// Attention's softmax gradient `ds` on a device keeping 16-bit buffers (`attention.rs`),
+    /// grown to the largest batch seen (sized before the first step by `reserve_batch`).
+    ds: Arc<Mutex<Option<D::Buf>>>,
     /// The embedding backward's tokens in order of their rows (`embedding_order`), and its
     /// length in `u32`s, grown to the largest batch seen.
     order: Arc<Mutex<Option<Grown<D::Ids>>>>,
@@ -124,6 +127,7 @@ impl<D: Device> Kernels<D> {
             allocations: Arc::default(),
             scratch: Arc::default(),
             bias_part: Arc::default(),
+            ds: Arc::default(),
             order: Arc::default(),
             key: Arc::default(),
         }
@@ -174,6 +178,21 @@ impl<D: Device> Kernels<D> {
             _ => part.insert(Backend::alloc(self, n.max(1))),
         };
         f(self.dev.view(buf));
+    }
+
+    /// Runs `f` on the 16-bit `ds` scratch ([`Kernels::ds`]), grown to at least `n` elements,
+    /// when the device keeps the store's values in 16 bits; else on `None` (`ds` then stays in
+    /// the f32 scratch the caller gives).
+    pub(super) fn with_half_ds<R>(&self, n: usize, f: impl FnOnce(Option<&D::Buf>) -> R) -> R {
+        if !self.stored_elem().is_half() {
+            return f(None);
+        }
+        let mut ds = self.ds.lock().unwrap_or_else(|p| p.into_inner());
+        let buf = match ds.as_mut() {
+            Some(b) if self.dev.len(self.dev.view(b)) >= n => b,
+            _ => ds.insert(Backend::alloc_stored(self, n.max(1))),
+        };
+        f(Some(buf))
     }
 
     fn count(&self, allocated: bool) {
@@ -493,6 +512,7 @@ impl<D: Device> Backend for Kernels<D> {
         }
         // Every product is in one dtype with its operands (attention.rs): none widens.
         self.dev.reserve_gemm_batched(s.batch * s.heads, 0);
+        self.with_half_ds(pp, |_| {});
         self.with_order(4 * s.batch * s.seq, |_| {});
     }
 
