@@ -83,6 +83,9 @@ class PlainBert(nn.Module):
 
 
 impl = "plain torch"
+# Which attention PyTorch runs (HF's choice on its release; the plain model's SDPA): ours
+# materialises the probabilities, so this says what the comparison is against.
+attention = "sdpa"
 model = None
 if not a.plain:
     try:
@@ -96,6 +99,7 @@ if not a.plain:
         params = list(hf.parameters())
         module = hf
         impl = f"transformers {transformers.__version__} BertForSequenceClassification"
+        attention = str(getattr(hf.config, "_attn_implementation", None))
     except ImportError:
         pass
 if model is None:
@@ -140,4 +144,5 @@ print(json.dumps({
     "parameters": sum(p.numel() for p in params), "batch": a.batch, "seq": a.seq,
     "steps_timed": len(times), "median_step_s": med, "samples_per_s": a.batch / med,
     "autocast": "bf16", "optimizer": "AdamW (fused)" if fused else "AdamW",
+    "attention": attention,
 }))
