@@ -778,37 +778,42 @@ fn batch_of(bsz: usize, seq: usize, seed: u64) -> Batch {
 /// the others (`Acts::reshape`), training and evaluation alike. Each pass through the reused
 /// workspace gives the same bits as a fresh one, and a longer batch than any before does
 /// allocate (the count is not blind); a workspace reserved for the plan's longest shapes first
-/// (`Classifier::reserve_on`, as the run does) allocates in no pass at all.
+/// (`Classifier::reserve_on`, as the run does) allocates in no pass at all. On both emulated
+/// devices: the one keeping bf16 values in 16-bit buffers also has the kernels' own 16-bit room
+/// for attention's `ds`, which the reservation sizes for the training batch.
 #[test]
 fn a_reused_workspace_allocates_nothing_for_shorter_batches_and_gives_the_same_bits() {
+    reused_workspace(Kernels::new(Emu));
+    reused_workspace(Kernels::new(recipe_kernel_emu::EmuTyped).with_store(Dtype::Bf16));
+}
+
+fn reused_workspace<D: recipe_runtime::backend::device::Device + Clone>(k: Kernels<D>) {
     let m = Classifier::random(tiny(0.1), 3, 7).unwrap();
     let n = m.num_params();
-    let k = Kernels::new(Emu);
     let params = k.upload(&m.params().data);
     let mut grads = k.alloc(n);
     let mut ws = Workspace::new();
-    let key = |i: u64| {
-        Some(DropoutKey {
+    // One pass of `k` on `ws` and one on a fresh workspace: loss, gradient and logits agree bit
+    // for bit.
+    let mut pass = |k: &Kernels<D>, b: &Batch, i: u64, ws: &mut Workspace<Kernels<D>>| {
+        let key = Some(DropoutKey {
             seed: 5,
             micro_batch: i,
-        })
-    };
-    // One pass on `ws` and one on a fresh workspace: loss, gradient and logits agree bit for bit.
-    let mut pass = |b: &Batch, i: u64, ws: &mut Workspace<Kernels<Emu>>| {
+        });
         k.zero(k.view_mut(&mut grads));
         let loss = m
-            .forward_backward_on(&k, ws, b, 1.0, &params, &mut grads, key(i))
+            .forward_backward_on(k, ws, b, 1.0, &params, &mut grads, key)
             .unwrap();
         let mut g = vec![0.0; n];
         k.download(k.view(&grads), &mut g);
-        let logits = m.forward_on(&k, ws, b, &params).unwrap();
+        let logits = m.forward_on(k, ws, b, &params).unwrap();
         (loss, g, logits)
     };
     let shapes = [(3, 11), (3, 6), (2, 11), (1, 3), (3, 9), (2, 11)];
     for (i, &(bsz, seq)) in shapes.iter().enumerate() {
         let b = batch_of(bsz, seq, 20 + i as u64);
         let before = k.allocations();
-        let reused = pass(&b, i as u64, &mut ws);
+        let reused = pass(&k, &b, i as u64, &mut ws);
         let allocated = k.allocations() - before;
         if i == 0 {
             assert!(
@@ -818,22 +823,29 @@ fn a_reused_workspace_allocates_nothing_for_shorter_batches_and_gives_the_same_b
         } else {
             assert_eq!(allocated, 0, "batch {i} ({bsz}×{seq}) allocated");
         }
-        let fresh = pass(&b, i as u64, &mut Workspace::new());
+        let fresh = pass(&k, &b, i as u64, &mut Workspace::new());
         assert_eq!(reused.0.to_bits(), fresh.0.to_bits(), "loss, batch {i}");
         assert!(reused.1 == fresh.1, "gradient, batch {i}");
         assert!(reused.2 == fresh.2, "logits, batch {i}");
     }
     // A longer batch than any before grows the buffers: counted.
     let before = k.allocations();
-    pass(&batch_of(3, 12, 9), 9, &mut ws);
+    pass(&k, &batch_of(3, 12, 9), 9, &mut ws);
     assert!(k.allocations() > before, "a longer batch allocated nothing");
-    // Reserved for the longest shapes first (what `recipe run` does before its first step):
-    // no pass allocates, the longest included.
+    // Reserved for the longest shapes first (what `recipe run` does before its first step), on
+    // kernels whose own scratch is new too: no pass allocates, the longest included; with a
+    // larger evaluation batch than any training one (reserved for its forward only).
+    let k = Kernels::new(k.device().clone()).with_store(k.store());
     let mut reserved = Workspace::new();
-    m.reserve_on(&k, &mut reserved, 3, 3, 12);
+    m.reserve_on(&k, &mut reserved, 3, 4, 12);
     let before = k.allocations();
     for (i, &(bsz, seq)) in shapes.iter().chain(&[(3, 12)]).enumerate() {
-        pass(&batch_of(bsz, seq, 30 + i as u64), i as u64, &mut reserved);
+        pass(
+            &k,
+            &batch_of(bsz, seq, 30 + i as u64),
+            i as u64,
+            &mut reserved,
+        );
     }
     assert_eq!(
         k.allocations(),

@@ -387,9 +387,16 @@ pub trait Backend {
     /// needs none.
     fn reserve_gemm(&self, _elems: usize) {}
     /// Sizes the scratch a batch of shape `s` needs, before a run's first step (a GPU's:
-    /// attention's batched GEMMs, their operands' addresses and half operands; the embedding
-    /// backward's order of the tokens). The CPU needs none.
-    fn reserve_batch(&self, _s: AttnShape) {}
+    /// attention's batched GEMMs, their operands' addresses and half operands; with `backward`,
+    /// a training batch's, also the softmax gradient's 16-bit room and the embedding backward's
+    /// order of the tokens). The CPU needs none.
+    fn reserve_batch(&self, _s: AttnShape, _backward: bool) {}
+    /// Sizes the scratch of a training pass's sums over rows, before a run's first step (a
+    /// GPU's): the chunk sums of the bias and LayerNorm gradients over up to `tokens` rows of up
+    /// to `width` columns ([`Backend::bias_grad`]; LayerNorm's `dw` and `db` take two of `h`),
+    /// the per-row losses of up to `rows` rows, and with `dropout` the dropout key. The CPU
+    /// needs none.
+    fn reserve_sums(&self, _tokens: usize, _width: usize, _rows: usize, _dropout: bool) {}
     /// `out[r, c] += bias[c]` for a `rows × cols` matrix.
     fn add_bias(&self, out: Self::ViewMut<'_>, bias: Self::View<'_>, rows: usize, cols: usize);
     /// [`Backend::add_bias`] on the output of a [`Backend::gemm_to_epilogue`], which it rounds

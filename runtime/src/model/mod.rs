@@ -559,14 +559,21 @@ impl Classifier {
         let (h, inter) = (c.hidden_size, c.intermediate_size);
         let rows = batch.max(eval_batch) * seq;
         be.reserve_gemm((rows * inter.max(3 * h)).max(inter * h).max(3 * h * h));
-        for b in [batch, eval_batch] {
-            be.reserve_batch(crate::backend::AttnShape {
+        for (b, backward) in [(batch, true), (eval_batch, false)] {
+            let s = crate::backend::AttnShape {
                 batch: b,
                 seq,
                 heads: c.num_attention_heads,
                 head_dim: c.head_dim(),
-            });
+            };
+            be.reserve_batch(s, backward);
         }
+        // The gradients' sums over a micro-batch's token rows (the widest: the FFN's bias, or
+        // LayerNorm's two of `h`), its per-row losses and the dropout key.
+        let dropout = c.hidden_dropout_prob > 0.0
+            || c.attention_probs_dropout_prob > 0.0
+            || c.head_dropout() > 0.0;
+        be.reserve_sums(batch * seq, inter.max(2 * h), batch, dropout);
     }
 
     /// The evaluation buffers of `ws` for `b`'s shape, holding `b`'s inputs.

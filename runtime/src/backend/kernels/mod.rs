@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::device::{Arg, Device, Launch};
-use super::{layernorm_bwd_apart, AttnShape, Backend, Dropout, Gemm, Loss};
+use super::{layernorm_bwd_apart, AttnShape, Backend, Dropout, Gemm, Loss, BIAS_ROWS};
 use crate::precision::Dtype;
 
 /// Threads per block of the 1-D kernels (`BLOCK` in common.cuh).
@@ -505,15 +505,37 @@ impl<D: Device> Backend for Kernels<D> {
         }
     }
 
-    fn reserve_batch(&self, s: AttnShape) {
+    fn reserve_batch(&self, s: AttnShape, backward: bool) {
         let (tok, pp) = attention::sizes(s);
         if self.store.is_half() {
             self.dev.reserve_gemm_half(tok.max(pp));
         }
         // Every product is in one dtype with its operands (attention.rs): none widens.
         self.dev.reserve_gemm_batched(s.batch * s.heads, 0);
-        self.with_half_ds(pp, |_| {});
-        self.with_order(4 * s.batch * s.seq, |_| {});
+        if backward {
+            self.with_half_ds(pp, |_| {});
+            self.with_order(4 * s.batch * s.seq, |_| {});
+        }
+    }
+
+    fn reserve_sums(&self, tokens: usize, width: usize, rows: usize, dropout: bool) {
+        self.with_chunk_sums(tokens.div_ceil(BIAS_ROWS) * width, |_| {});
+        let mut losses = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        match losses.as_mut() {
+            Some(b) => {
+                if self.dev.len(self.dev.view(b)) < rows {
+                    self.resize(b, rows);
+                }
+            }
+            None => {
+                *losses = Some(Backend::alloc(self, rows.max(1)));
+            }
+        }
+        drop(losses);
+        if dropout {
+            // Any key: each pass sets its own before its first dropout site reads it.
+            self.dropout_key(0, 0);
+        }
     }
 
     fn add_bias(&self, out: D::ViewMut<'_>, bias: D::View<'_>, rows: usize, cols: usize) {
