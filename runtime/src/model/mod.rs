@@ -850,11 +850,15 @@ impl Classifier {
         ws: &mut Workspace<B>,
         batch: &Batch,
     ) -> Result<(), ModelError> {
-        let mut probe = batch.clone();
-        if probe.labels.is_empty() {
-            probe.labels = vec![0; batch.batch];
+        if batch.labels.is_empty() {
+            let probe = Batch {
+                labels: vec![0; batch.batch],
+                ..batch.clone()
+            };
+            self.check_batch(&probe)?;
+        } else {
+            self.check_batch(batch)?;
         }
-        self.check_batch(&probe)?;
         self.prepare_eval(be, ws, batch);
         Ok(())
     }
