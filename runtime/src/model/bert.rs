@@ -451,7 +451,10 @@ pub(crate) struct EvalActs<B: Backend> {
     v: B::Buf,
     ctx: B::Buf,
     probs: B::Buf,
+    /// Every layer's but the last, on every token.
     tail: EvalTail<B>,
+    /// The last layer's, on the `[CLS]` rows (the fused epilogues take whole buffers).
+    cls_tail: EvalTail<B>,
     /// The last layer's input at the `[CLS]` rows.
     cls: B::Buf,
     pool_pre: B::Buf,
@@ -469,31 +472,57 @@ struct EvalTail<B: Backend> {
     rstd: B::Buf,
 }
 
+impl<B: Backend> EvalTail<B> {
+    fn new(be: &B) -> Self {
+        EvalTail {
+            res: be.alloc_stored(0),
+            x1: be.alloc_stored(0),
+            inter: be.alloc_stored(0),
+            act: be.alloc_stored(0),
+            mean: be.alloc(0),
+            rstd: be.alloc(0),
+        }
+    }
+
+    /// Sizes it for `rows` tokens, in the memory it has when that is enough.
+    fn reshape(&mut self, be: &B, rows: usize, h: usize, inter: usize) {
+        for (b, len) in [
+            (&mut self.res, rows * h),
+            (&mut self.x1, rows * h),
+            (&mut self.inter, rows * inter),
+            (&mut self.act, rows * inter),
+            (&mut self.mean, rows),
+            (&mut self.rstd, rows),
+        ] {
+            be.resize(b, len);
+        }
+    }
+}
+
 impl<B: Backend> EvalActs<B> {
     pub(crate) fn new(be: &B, c: &BertConfig, labels: usize, batch: usize, seq: usize) -> Self {
+        // Every activation a kernel stores rounded is [`Backend::alloc_stored`], as the
+        // training pass's (16 bits on a GPU storing fp16/bf16); the f32 ones: the
+        // probabilities (the scores are computed in them), the LayerNorm statistics, and the
+        // pooler's and classifier's rows.
         let z = || be.alloc(0);
+        let s = || be.alloc_stored(0);
         let mut a = EvalActs {
             batch: 0,
             seq: 0,
             ids: be.upload_ids(&[]),
             types: be.upload_ids(&[]),
             mask: be.upload_ids(&[]),
-            x: z(),
-            y: z(),
-            q: z(),
-            k: z(),
-            v: z(),
-            ctx: z(),
+            x: s(),
+            y: s(),
+            q: s(),
+            k: s(),
+            v: s(),
+            ctx: s(),
             probs: z(),
-            tail: EvalTail {
-                res: z(),
-                x1: z(),
-                inter: z(),
-                act: z(),
-                mean: z(),
-                rstd: z(),
-            },
-            cls: z(),
+            tail: EvalTail::new(be),
+            cls_tail: EvalTail::new(be),
+            cls: s(),
             pool_pre: z(),
             pool: z(),
             logits: z(),
@@ -517,7 +546,6 @@ impl<B: Backend> EvalActs<B> {
         let r = |b: &mut B::Buf, len: usize| {
             be.resize(b, len);
         };
-        let t = &mut self.tail;
         for x in [
             &mut self.x,
             &mut self.y,
@@ -525,16 +553,12 @@ impl<B: Backend> EvalActs<B> {
             &mut self.k,
             &mut self.v,
             &mut self.ctx,
-            &mut t.res,
-            &mut t.x1,
         ] {
             r(x, n * h);
         }
         r(&mut self.probs, batch * c.num_attention_heads * seq * seq);
-        r(&mut t.inter, n * i);
-        r(&mut t.act, n * i);
-        r(&mut t.mean, n);
-        r(&mut t.rstd, n);
+        self.tail.reshape(be, n, h, i);
+        self.cls_tail.reshape(be, batch, h, i);
         for x in [&mut self.cls, &mut self.pool_pre, &mut self.pool] {
             r(x, batch * h);
         }
@@ -867,16 +891,25 @@ fn eval_tail<B: Backend>(
 ) {
     let (h, im, eps) = (c.hidden_size, c.intermediate_size, c.layer_norm_eps as f32);
     let (nh, ni) = (rows * h, rows * im);
-    linear_fwd(
+    // The training forward's fused epilogues, on buffers of exactly these rows.
+    linear_gemm(
         be,
-        be.range_mut(&mut a.res, 0..nh),
+        &mut be.range_mut(&mut a.res, 0..nh),
         ctx,
         p,
         ll.o,
         rows,
         ld_ctx,
+        true,
     );
-    be.add_assign(be.range_mut(&mut a.res, 0..nh), be.sub(x, 0..nh));
+    be.bias_dropout_add(
+        &mut a.res,
+        be.sub(p, ll.o.b()),
+        rows,
+        h,
+        None,
+        be.sub(x, 0..nh),
+    );
     be.layernorm_fwd(
         be.range_mut(&mut a.x1, 0..nh),
         be.view_mut(&mut a.mean),
@@ -888,30 +921,33 @@ fn eval_tail<B: Backend>(
         h,
         eps,
     );
-    linear_fwd(
+    linear_gemm(
         be,
-        be.range_mut(&mut a.inter, 0..ni),
+        &mut be.range_mut(&mut a.inter, 0..ni),
         be.view(&a.x1),
         p,
         ll.inter,
         rows,
         h,
+        true,
     );
-    be.gelu_fwd(
-        be.range_mut(&mut a.act, 0..ni),
-        be.sub(be.view(&a.inter), 0..ni),
-    );
-    linear_fwd(
+    be.bias_gelu(&mut a.inter, &mut a.act, be.sub(p, ll.inter.b()), rows, im);
+    linear_gemm(
         be,
-        be.range_mut(&mut a.res, 0..nh),
+        &mut be.range_mut(&mut a.res, 0..nh),
         be.view(&a.act),
         p,
         ll.out,
         rows,
         im,
+        true,
     );
-    be.add_assign(
-        be.range_mut(&mut a.res, 0..nh),
+    be.bias_dropout_add(
+        &mut a.res,
+        be.sub(p, ll.out.b()),
+        rows,
+        h,
+        None,
         be.sub(be.view(&a.x1), 0..nh),
     );
     be.layernorm_fwd(
@@ -1019,7 +1055,7 @@ pub(crate) fn forward_eval<B: Backend, W: ParamSource<B>>(
                 c,
                 ll,
                 p,
-                &mut a.tail,
+                &mut a.cls_tail,
                 ctx,
                 be.view(&a.cls),
                 y,
