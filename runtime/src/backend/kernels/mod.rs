@@ -520,16 +520,13 @@ impl<D: Device> Backend for Kernels<D> {
 
     fn reserve_sums(&self, tokens: usize, width: usize, rows: usize, dropout: bool) {
         self.with_chunk_sums(tokens.div_ceil(BIAS_ROWS) * width, |_| {});
+        // The per-row losses, as `cross_entropy_queued` sizes them (loss.rs).
         let mut losses = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         match losses.as_mut() {
             Some(b) => {
-                if self.dev.len(self.dev.view(b)) < rows {
-                    self.resize(b, rows);
-                }
+                self.resize(b, rows);
             }
-            None => {
-                *losses = Some(Backend::alloc(self, rows.max(1)));
-            }
+            None => *losses = Some(Backend::alloc(self, rows)),
         }
         drop(losses);
         if dropout {
