@@ -51,6 +51,14 @@ LINKS="$(mktemp -d)"
 if [ -f "$SP/nvidia/nccl/lib/libnccl.so.2" ]; then
     ln -s "$SP/nvidia/nccl/lib/libnccl.so.2" "$LINKS/libnccl.so"
 fi
+# cudarc tries each library's unversioned name before `.so.13`, and the wheels ship only the
+# latter: without these links a CUDA 12 toolkit in the loader's cache (as in nvidia/cuda
+# images) would be found first. selftest.txt's first line names the versions loaded.
+for lib in cublas cublasLt nvrtc; do
+    if [ -f "$SP/nvidia/cu13/lib/lib$lib.so.13" ]; then
+        ln -s "$SP/nvidia/cu13/lib/lib$lib.so.13" "$LINKS/lib$lib.so"
+    fi
+done
 export LD_LIBRARY_PATH="$SP/nvidia/cu13/lib:$LINKS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 GPUS="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)"
 export GPUS

@@ -118,7 +118,10 @@ fn self_test(out: Option<&Path>) -> Result<bool, i32> {
         USAGE
     })?;
     let (name, arch) = dev.describe();
-    println!("self-test on {name} ({arch}) against the CPU backend:");
+    println!(
+        "self-test on {name} ({arch}; {}) against the CPU backend:",
+        dev.libraries()
+    );
     let mut kernels = Kernels::new(dev);
     let mut all = Vec::new();
     for store in [Dtype::F32, Dtype::F16, Dtype::Bf16] {

@@ -2,6 +2,7 @@
 // arguments (an array of pointers to the argument values), and list the kernels.
 #include "cuda_emu.hpp"
 
+#include <array>
 #include <cstring>
 #include <type_traits>
 #include <utility>
@@ -20,12 +21,37 @@ void run(void (*k)(A...), dim3 g, dim3 b, size_t smem, void** args) {
     emu::launch(g, b, smem, [&] { call(k, args, std::index_sequence_for<A...>{}); });
 }
 
+// One parameter's letter in the launcher's signature (Arg::signature in
+// runtime/src/backend/device.rs): p pointer, i int, u unsigned, U unsigned long long, f float;
+// '?' for a type the launcher never passes.
+template <class T>
+constexpr char letter() {
+    using U = std::remove_cv_t<std::remove_reference_t<T>>;
+    if constexpr (std::is_pointer_v<U>) return 'p';
+    else if constexpr (std::is_same_v<U, int>) return 'i';
+    else if constexpr (std::is_same_v<U, unsigned>) return 'u';
+    else if constexpr (std::is_same_v<U, unsigned long long>) return 'U';
+    else if constexpr (std::is_same_v<U, float>) return 'f';
+    else return '?';
+}
+
+// The kernel's parameter list as letters, NUL-terminated.
+template <class... A>
+constexpr std::array<char, sizeof...(A) + 1> signature(void (*)(A...)) {
+    return {letter<A>()..., '\0'};
+}
+
+template <auto K>
+constexpr auto kSignature = signature(K);
+
 struct Entry {
     const char* name;
     void (*launch)(dim3, dim3, size_t, void**);
+    const char* signature;
 };
 
-#define KERNEL(n) {#n, [](dim3 g, dim3 b, size_t s, void** a) { run(&n, g, b, s, a); }},
+#define KERNEL(n) \
+    {#n, [](dim3 g, dim3 b, size_t s, void** a) { run(&n, g, b, s, a); }, kSignature<&n>.data()},
 const Entry table[] = {
 #include "kernel_table.inc"
 };
@@ -34,15 +60,17 @@ const Entry table[] = {
 
 // 0 on success; -1 for an unknown kernel; -2 for a launch shape a GPU refuses (more than 1024
 // threads per block, more than 48 KiB of dynamic shared memory without opting in, a grid's y or
-// z beyond 65535, an empty grid or block).
+// z beyond 65535, an empty grid or block); -3 for parameters whose types (`signature`, one
+// letter each) are not the kernel's.
 extern "C" int recipe_emu_launch(const char* name, const unsigned* grid, const unsigned* block,
-                                 unsigned smem, void** args) {
+                                 unsigned smem, void** args, const char* signature) {
     unsigned threads = block[0] * block[1] * block[2];
     if (threads == 0 || threads > 1024 || block[2] > 64 || smem > 48 * 1024 || grid[1] > 65535 ||
         grid[2] > 65535 || grid[0] == 0 || grid[1] == 0 || grid[2] == 0)
         return -2;
     for (const Entry& e : table) {
         if (std::strcmp(e.name, name) == 0) {
+            if (std::strcmp(e.signature, signature) != 0) return -3;
             e.launch(dim3(grid[0], grid[1], grid[2]), dim3(block[0], block[1], block[2]), smem, args);
             return 0;
         }

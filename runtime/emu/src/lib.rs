@@ -26,6 +26,7 @@ extern "C" {
         block: *const c_uint,
         smem: c_uint,
         args: *mut *mut c_void,
+        signature: *const c_char,
     ) -> c_int;
     fn recipe_emu_kernel_count() -> c_uint;
     fn recipe_emu_kernel_name(i: c_uint) -> *const c_char;
@@ -55,8 +56,10 @@ fn timed<T>(name: &'static str, f: impl FnOnce() -> T) -> T {
     r
 }
 
-/// Runs kernel `name` on its parameters' slots ([`Arg::slots`]).
-fn launch_slots(name: &'static str, l: Launch, mut slots: Vec<u64>) {
+/// Runs kernel `name` on its parameters' slots ([`Arg::slots`]), whose types are `signature`
+/// ([`Arg::signature`]): a kernel whose parameter list differs is refused, as a GPU would
+/// silently read the wrong bytes.
+fn launch_slots(name: &'static str, l: Launch, mut slots: Vec<u64>, signature: &CStr) {
     let mut ptrs: Vec<*mut c_void> = slots
         .iter_mut()
         .map(|s| s as *mut u64 as *mut c_void)
@@ -74,11 +77,17 @@ fn launch_slots(name: &'static str, l: Launch, mut slots: Vec<u64>) {
             block.as_ptr(),
             l.smem,
             ptrs.as_mut_ptr(),
+            signature.as_ptr(),
         )
     });
     match rc {
         0 => {}
         -1 => panic!("kernel `{name}` is not in runtime/kernels"),
+        -3 => panic!(
+            "kernel `{name}`: launched with parameters {signature:?}, which its parameter list \
+             (runtime/kernels) does not match (p pointer, i int, u unsigned, U unsigned long \
+             long, f float)"
+        ),
         _ => panic!("kernel `{name}`: launch shape {l:?} would be refused by a GPU"),
     }
 }
@@ -138,7 +147,8 @@ impl Device for Emu {
     }
 
     fn launch(&self, name: &'static str, l: Launch, args: &[Arg]) {
-        launch_slots(name, l, Arg::slots(args));
+        let sig = CString::new(Arg::signature(args)).expect("letters");
+        launch_slots(name, l, Arg::slots(args), &sig);
     }
 
     fn gemm(&self, g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {

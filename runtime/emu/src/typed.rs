@@ -378,7 +378,8 @@ impl Device for EmuTyped {
 
     fn launch(&self, name: &'static str, l: Launch, args: &[Arg]) {
         let slots = Arg::slots(args);
-        graph::device_op(move || crate::launch_slots(name, l, slots.clone()));
+        let sig = std::ffi::CString::new(Arg::signature(args)).expect("letters");
+        graph::device_op(move || crate::launch_slots(name, l, slots.clone(), &sig));
     }
 
     /// The CPU backend's GEMM on the operands' spans widened to f32 (exact); a 16-bit output

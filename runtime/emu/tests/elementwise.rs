@@ -168,6 +168,37 @@ fn an_unknown_kernel_is_refused() {
     );
 }
 
+/// A launch whose arguments are not the kernel's parameter list (here `add_assign(float* acc,
+/// const float* x, int n, int store)` without its `store`, then with an `unsigned` for `n`)
+/// is refused before it runs: a GPU would read the missing parameter's bytes from whatever
+/// follows.
+#[test]
+fn a_launch_with_the_wrong_parameters_is_refused() {
+    use recipe_runtime::backend::device::{Arg, Device, Launch};
+    let mut acc = [1.0f32; 4];
+    let x = [2.0f32; 4];
+    let l = Launch {
+        grid: (1, 1, 1),
+        block: (4, 1, 1),
+        smem: 0,
+    };
+    let (pa, px) = (acc.as_mut_ptr() as u64, x.as_ptr() as u64);
+    let wrong: [&[Arg]; 2] = [
+        &[Arg::Ptr(pa), Arg::Ptr(px), Arg::I32(4)],
+        &[Arg::Ptr(pa), Arg::Ptr(px), Arg::U32(4), Arg::I32(0)],
+    ];
+    for args in wrong {
+        let run = std::panic::catch_unwind(|| recipe_kernel_emu::Emu.launch("add_assign", l, args));
+        let msg = run.expect_err("refused");
+        let msg = msg.downcast_ref::<String>().expect("a message");
+        assert!(msg.contains("does not match"), "{msg}");
+    }
+    assert_eq!(acc, [1.0; 4], "nothing ran");
+    let right = [Arg::Ptr(pa), Arg::Ptr(px), Arg::I32(4), Arg::I32(0)];
+    recipe_kernel_emu::Emu.launch("add_assign", l, &right);
+    assert_eq!(acc, [3.0; 4]);
+}
+
 /// `xs` and the values where rounding to fp16/bf16 shows: fp16's and bf16's ties to even,
 /// fp16's largest value and overflow to inf, subnormals, signed zeros and infinities.
 fn half_edges(mut xs: Vec<f32>) -> Vec<f32> {

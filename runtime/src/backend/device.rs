@@ -53,6 +53,24 @@ impl Arg {
         }
     }
 
+    /// Every argument's parameter types, one letter each, in order: `p` a pointer, `i` an
+    /// `int`, `u` an `unsigned`, `U` an `unsigned long long`, `f` a `float` (`Typed`: `pi`).
+    /// The emulator checks it against the kernel's own parameter list
+    /// (runtime/emu/cpp/launch.cpp), which a GPU's `cuLaunchKernel` cannot: it reads each
+    /// parameter's bytes whatever was passed.
+    pub fn signature(args: &[Arg]) -> String {
+        args.iter()
+            .map(|a| match a {
+                Arg::Ptr(_) => "p",
+                Arg::I32(_) => "i",
+                Arg::U32(_) => "u",
+                Arg::U64(_) => "U",
+                Arg::F32(_) => "f",
+                Arg::Typed(..) => "pi",
+            })
+            .collect()
+    }
+
     /// Every argument's parameters, in order.
     pub fn slots(args: &[Arg]) -> Vec<u64> {
         let mut out = Vec::with_capacity(args.len() + 2);

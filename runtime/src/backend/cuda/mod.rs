@@ -272,6 +272,8 @@ pub struct CudaDevice {
     blas: std::mem::ManuallyDrop<cudarc::cublas::CudaBlas>,
     /// cuBLAS's workspace ([`set_workspace`]), freed after the handle.
     _blas_workspace: CudaSlice<u8>,
+    /// cuBLAS's version, as `cublasGetVersion` gives it (130000 and up for CUDA 13).
+    blas_version: i32,
     name: String,
     arch: String,
     /// The compute capability's major version (8 for sm_80).
@@ -520,6 +522,38 @@ fn set_workspace(
     Ok(workspace)
 }
 
+/// Sets the handle's math mode to the default's (no TF32: fp32 GEMMs stay exact fp32) with
+/// `CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION`: without it cuBLAS may sum a split-K
+/// GEMM's partial results in its fp16/bf16 output type, so a 16-bit output would be rounded
+/// more than once, where the CPU rounds the fp32 sum once (docs/cuda.md "16-bit buffers";
+/// PyTorch sets the same flag when `allow_fp16_reduced_precision_reduction` is off). Returns
+/// cuBLAS's version.
+fn set_math(blas: &cudarc::cublas::CudaBlas) -> Result<i32, CudaError> {
+    use cudarc::cublas::sys;
+    let ok = sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS;
+    // SAFETY: the handle is live.
+    let status = unsafe {
+        sys::cublasSetMathMode(
+            *blas.handle(),
+            sys::cublasMath_t::CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION,
+        )
+    };
+    if status != ok {
+        return Err(CudaError::Driver(format!(
+            "cuBLAS's math mode (cublasSetMathMode): {status:?}"
+        )));
+    }
+    let mut version = 0;
+    // SAFETY: the handle is live; the call writes one int.
+    let status = unsafe { sys::cublasGetVersion_v2(*blas.handle(), &mut version) };
+    if status != ok {
+        return Err(CudaError::Driver(format!(
+            "cuBLAS's version (cublasGetVersion): {status:?}"
+        )));
+    }
+    Ok(version)
+}
+
 impl CudaDevice {
     /// Opens GPU `ordinal`: checks the libraries, compiles the kernels for its architecture,
     /// loads them and creates the cuBLAS handle.
@@ -564,12 +598,14 @@ impl CudaDevice {
         let blas = cudarc::cublas::CudaBlas::new(stream.clone())
             .map_err(|e| CudaError::Driver(format!("cuBLAS: {e:?}")))?;
         let blas_workspace = set_workspace(&blas, &stream, major)?;
+        let blas_version = set_math(&blas)?;
         Ok(CudaDevice {
             ctx,
             stream,
             functions,
             blas: std::mem::ManuallyDrop::new(blas),
             _blas_workspace: blas_workspace,
+            blas_version,
             name,
             arch,
             major,
@@ -593,6 +629,21 @@ impl CudaDevice {
     /// The GPU's name and architecture, e.g. ("NVIDIA H200", "sm_90").
     pub fn describe(&self) -> (&str, &str) {
         (&self.name, &self.arch)
+    }
+
+    /// The libraries this device runs on, e.g. "driver 13.0, NVRTC 13.0, cuBLAS 130100": which
+    /// copies the loader found (a CUDA 12 cuBLAS found first by its unversioned name would
+    /// show here).
+    pub fn libraries(&self) -> String {
+        let driver = probe().driver_version;
+        let nvrtc = compile::nvrtc_version()
+            .map_or_else(|e| format!("? ({e})"), |(a, b)| format!("{a}.{b}"));
+        format!(
+            "driver {}.{}, NVRTC {nvrtc}, cuBLAS {}",
+            driver / 1000,
+            driver % 1000 / 10,
+            self.blas_version
+        )
     }
 
     /// Makes this GPU's context the calling thread's current one. The raw driver and cuBLAS
@@ -1830,6 +1881,9 @@ impl Device for CudaDevice {
     }
 
     fn end_capture(&self) -> Option<u64> {
+        // The packs recorded in the capture never ran: a pass run directly after a failed
+        // capture must not find them current.
+        self.wrote();
         let failed = self
             .captures
             .lock()
@@ -1853,11 +1907,13 @@ impl Device for CudaDevice {
         if self.failed() {
             return true; // nothing is queued after a failed allocation; `sync` reports it
         }
+        // A replay rewrites what the graph's kernels write; a pass run directly instead of a
+        // missing graph must not find earlier packs current either.
+        self.wrote();
         let c = self.captures.lock().unwrap_or_else(|p| p.into_inner());
         let Some(g) = c.graphs.get(&id) else {
             return false;
         };
-        self.wrote();
         if let Err(e) = self.timed("cuda graph", || g.0.launch()) {
             drop(c);
             self.record("launching a CUDA graph", e);

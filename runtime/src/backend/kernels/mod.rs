@@ -326,9 +326,10 @@ pub fn gemm_pointers(
     let bytes = |x: usize, size: u64| Arg::U64(x as u64 * size);
     let args = vec![
         Arg::Ptr(list),
-        Arg::Ptr(a),
-        Arg::Ptr(b),
-        Arg::Ptr(c),
+        // The operands' addresses as numbers: the kernel adds byte offsets to them.
+        Arg::U64(a),
+        Arg::U64(b),
+        Arg::U64(c),
         int(batch.count),
         int(batch.inner),
         bytes(batch.a.outer, sizes.0),
