@@ -1167,6 +1167,14 @@ impl Replica {
                 ),
             };
             r.download(&mut self.model, opt, master)?;
+            if self.peers {
+                // Every rank's device has finished (the download waited for it), so every
+                // transfer between the GPUs has arrived: past this barrier a rank may release
+                // its communicator (`NcclPeers`'s drop aborts it), which over the network could
+                // otherwise cut a send NCCL's proxy thread was still making for a rank whose
+                // kernel had already finished.
+                coll.barrier()?;
+            }
             return Ok(());
         }
         if self.map.is_none() {

@@ -76,7 +76,8 @@ pub fn compile(arch: &str) -> Result<Compiled, CudaError> {
         Err(e) => Err(CudaError::Compile(format!(
             "NVRTC ({e:?}) for {arch}:\n{log}"
         ))),
-        Ok(()) => {
+        // A closure, so that a failed getter still reaches the program's release below.
+        Ok(()) => (|| {
             // SAFETY: the program compiled; both getters fill buffers of the sizes NVRTC reports.
             let ptx = unsafe { result::get_ptx(prog) }
                 .map_err(|e| CudaError::Compile(format!("nvrtcGetPTX: {e:?}")))?;
@@ -90,7 +91,7 @@ pub fn compile(arch: &str) -> Result<Compiled, CudaError> {
                 cubin,
                 log: log.trim().to_string(),
             })
-        }
+        })(),
     };
     // SAFETY: destroys the program created above, once.
     let _ = unsafe { result::destroy_program(prog) };

@@ -357,6 +357,11 @@ fn graphs_parse(v: Option<&str>) -> Result<bool, CudaError> {
     }
 }
 
+/// How the device captures: thread-local, so that other ranks' threads, driving other GPUs,
+/// may allocate and synchronise meanwhile.
+const CAPTURE_MODE: drv_sys::CUstreamCaptureMode =
+    drv_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+
 /// A captured graph. cudarc's `CudaGraph` holds raw driver handles, which CUDA lets any thread
 /// use as long as the calls on one graph are serialised (driver API, "Graph object thread
 /// safety"): it is only used under [`Captures`]' lock.
@@ -766,6 +771,62 @@ impl CudaDevice {
             .is_some()
     }
 
+    /// Runs `f` (an allocation, or the release of memory) for real even during a capture: the
+    /// capture is ended and its graph discarded (failing the capture, as `what`), `f` runs on
+    /// the stream, and a new capture begins, which records the rest of the pass for nothing;
+    /// [`Device::end_capture`] then reports the failure and the pass runs directly
+    /// (`model/graphs.rs`), with the new memory. Inside the capture the driver would make the
+    /// allocation a node of the graph, an address with no memory behind it outside the graph's
+    /// replays, and a release of memory the graph did not allocate is an error. A pass captured
+    /// after its shape's direct run allocates nothing; this keeps an exception from writing
+    /// through such an address.
+    fn outside_capture<R>(&self, what: &str, f: impl FnOnce() -> R) -> R {
+        let failing = {
+            let mut c = self.captures.lock().unwrap_or_else(|p| p.into_inner());
+            match c.capturing.as_mut() {
+                Some(first) => {
+                    first.get_or_insert_with(|| format!("{what} during a capture"));
+                    true
+                }
+                None => false,
+            }
+        };
+        if !failing {
+            return f();
+        }
+        self.bind();
+        let stream = self.stream.cu_stream();
+        // SAFETY: this device's stream, on its bound context.
+        let status = unsafe { drv::stream::is_capturing(stream) };
+        if status.is_ok_and(|s| s == drv_sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+        {
+            return f(); // already outside (a nested call)
+        }
+        // SAFETY: the stream captures; the graph it returns is destroyed here, once.
+        if let Ok(g) = unsafe { drv::stream::end_capture(stream) } {
+            if !g.is_null() {
+                let _ = unsafe { drv::graph::destroy(g) };
+            }
+        }
+        let r = f();
+        // SAFETY: this device's stream, no longer capturing.
+        if let Err(e) = unsafe { drv::stream::begin_capture(stream, CAPTURE_MODE) } {
+            // The rest of the pass would run directly, and then again: stop queueing instead.
+            self.stop(format!(
+                "GPU {}: resuming a CUDA graph's capture after {what}: {e:?} (RECIPE_CUDA_GRAPHS=0 runs without graphs)",
+                self.ctx.ordinal()
+            ));
+        }
+        r
+    }
+
+    /// Stops queueing work from now on, as a failed allocation does ([`CudaDevice::failed`]):
+    /// every [`Device::sync`] returns `text`.
+    fn stop(&self, text: String) {
+        let mut slot = self.out_of_memory.lock().unwrap_or_else(|p| p.into_inner());
+        slot.get_or_insert(text);
+    }
+
     /// Records a failed allocation of `bytes` (the first one's words are kept): the run stops
     /// at the next [`Device::sync`] with what the GPU had free and what to change, rather than
     /// panicking or queueing work on a buffer that does not exist.
@@ -835,16 +896,18 @@ impl CudaDevice {
             // then finds none and the pass runs directly); inside one, the capture fails
             // without allocating (a captured allocation would be the graph's memory), and the
             // operation is skipped, as nothing captured runs.
-            {
+            let old = {
                 let mut c = self.captures.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(first) = c.capturing.as_mut() {
                     first.get_or_insert_with(|| format!("{what} during a capture"));
                     return None;
                 }
-                if !c.graphs.is_empty() {
-                    self.bind();
-                    c.graphs.clear();
-                }
+                std::mem::take(&mut c.graphs)
+            };
+            // Bound outside the lock: a failed bind records its error, which takes it.
+            if !old.is_empty() {
+                self.bind();
+                drop(old);
             }
             match self.stream.alloc_zeros::<T>(n.max(1)) {
                 Ok(s) => *slot = Some(s),
@@ -924,7 +987,7 @@ impl CudaDevice {
             return None;
         }
         self.wrote(); // new memory, perhaps where a packed source was
-        match self.stream.clone_htod(src) {
+        match self.outside_capture("an upload", || self.stream.clone_htod(src)) {
             Ok(s) => Some(s),
             Err(e) => {
                 self.out_of_memory("an upload", std::mem::size_of_val(src), e);
@@ -1007,7 +1070,10 @@ impl CudaDevice {
         }
         self.wrote(); // new memory, perhaps where a packed source was
         let floats = (n as u64 * size(elem)).div_ceil(4) as usize;
-        match self.stream.alloc_zeros::<f32>(floats.max(1)) {
+        let mem = self.outside_capture("an allocation", || {
+            self.stream.alloc_zeros::<f32>(floats.max(1))
+        });
+        match mem {
             Ok(mem) => DevBuf {
                 mem: Some(mem),
                 len: n,
@@ -1141,7 +1207,9 @@ impl Device for CudaDevice {
             b.len = n;
             return false;
         }
-        *b = self.alloc_as(n, b.elem);
+        // The old memory is released outside a capture too (a captured release of memory the
+        // graph did not allocate is an error).
+        self.outside_capture("an allocation", || *b = self.alloc_as(n, b.elem));
         true
     }
 
@@ -1207,7 +1275,8 @@ impl Device for CudaDevice {
             return false; // nothing a kernel reads (or runs)
         }
         let Some(mem) = dst.0.as_mut().filter(|m| m.len() >= src.len()) else {
-            *dst = self.upload_ids(src);
+            // The old ids released outside a capture too, as `resize`'s.
+            self.outside_capture("an upload", || *dst = self.upload_ids(src));
             return true;
         };
         let (ptr, _sync) = cudarc::driver::DevicePtrMut::device_ptr_mut(mem, &self.stream);
@@ -1872,8 +1941,7 @@ impl Device for CudaDevice {
         if c.capturing.is_some() {
             return false;
         }
-        let mode = cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-        if self.stream.begin_capture(mode).is_err() {
+        if self.stream.begin_capture(CAPTURE_MODE).is_err() {
             return false;
         }
         c.capturing = Some(None);
@@ -1884,6 +1952,17 @@ impl Device for CudaDevice {
         // The packs recorded in the capture never ran: a pass run directly after a failed
         // capture must not find them current.
         self.wrote();
+        let capturing = {
+            let c = self.captures.lock().unwrap_or_else(|p| p.into_inner());
+            c.capturing.is_some()
+        };
+        if !capturing {
+            return None;
+        }
+        // An error an earlier asynchronous call left in the context (cudarc checks for one
+        // before ending a capture, and would return it without ending): taken here, as this
+        // capture's failure.
+        self.bind();
         let failed = self
             .captures
             .lock()
@@ -1893,6 +1972,19 @@ impl Device for CudaDevice {
         let flags = cudarc::driver::sys::CUgraphInstantiate_flags(0);
         // An invalidated capture ends in an error, which fails it rather than the run.
         let graph = self.stream.end_capture(flags).ok().flatten();
+        let stream = self.stream.cu_stream();
+        // SAFETY: this device's stream. Still capturing only if cudarc returned before ending
+        // it (an error left meanwhile): ended here, its graph destroyed once.
+        let status = unsafe { drv::stream::is_capturing(stream) };
+        if status.is_ok_and(|s| s != drv_sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+        {
+            if let Ok(g) = unsafe { drv::stream::end_capture(stream) } {
+                if !g.is_null() {
+                    let _ = unsafe { drv::graph::destroy(g) };
+                }
+            }
+            return None;
+        }
         let (None, Some(graph)) = (failed, graph) else {
             return None;
         };
@@ -1910,6 +2002,9 @@ impl Device for CudaDevice {
         // A replay rewrites what the graph's kernels write; a pass run directly instead of a
         // missing graph must not find earlier packs current either.
         self.wrote();
+        // An error left in the context is the run's (cudarc's launch checks for one first and
+        // would return it without launching): taken here, outside the lock it records under.
+        self.bind();
         let c = self.captures.lock().unwrap_or_else(|p| p.into_inner());
         let Some(g) = c.graphs.get(&id) else {
             return false;

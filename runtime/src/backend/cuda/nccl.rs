@@ -148,7 +148,8 @@ impl NcclPeers {
 
 impl Drop for NcclPeers {
     fn drop(&mut self) {
-        // Every sum was waited for by the step that queued it.
+        // Every sum was waited for by the step that queued it, and a run's end waits for every
+        // rank's device before any drops its peers (`Replica::gather_whole`'s barrier).
         self.comm.abort();
     }
 }
