@@ -33,7 +33,22 @@ fn main() {
     }
     std::fs::write(Path::new(&out).join("kernel_includes.inc"), includes).unwrap();
     std::fs::write(Path::new(&out).join("kernel_table.inc"), table).unwrap();
-    cc::Build::new()
+    let mut build = cc::Build::new();
+    // Contract `a * b + c` into FMAs as NVRTC does (`--fmad=true`), where the machine has them,
+    // so that a kernel whose bit-identity with the CPU a test checks fails it when it leaves
+    // such an expression to the compiler instead of writing it with common.cuh's `op_*`
+    // (which stay unfused: RECIPE_EMU_CONTRACT). Without FMA (not x86-64, or an old CPU) the
+    // emulation cannot fuse, and these tests check less.
+    #[cfg(target_arch = "x86_64")]
+    if std::env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("x86_64")
+        && std::is_x86_feature_detected!("fma")
+    {
+        build
+            .flag("-mfma")
+            .flag("-ffp-contract=fast")
+            .define("RECIPE_EMU_CONTRACT", "1");
+    }
+    build
         .cpp(true)
         .std("c++20")
         .file("cpp/launch.cpp")

@@ -122,9 +122,16 @@ __device__ __forceinline__ void sto(void* p, long long i, float v, int t) {
 // fused elementwise kernels). g++ has no FMA to contract into on baseline x86-64, so the
 // emulation uses the plain operators.
 #ifdef RECIPE_EMU
-__device__ __forceinline__ float op_mul(float a, float b) { return a * b; }
-__device__ __forceinline__ float op_add(float a, float b) { return a + b; }
-__device__ __forceinline__ float op_sub(float a, float b) { return a - b; }
+#ifdef RECIPE_EMU_CONTRACT
+// The emulation built to fuse like NVRTC (runtime/emu/build.rs): a call it cannot see into is
+// a product or sum it cannot fuse with its neighbours.
+#define RECIPE_OP __attribute__((noinline))
+#else
+#define RECIPE_OP __device__ __forceinline__
+#endif
+RECIPE_OP float op_mul(float a, float b) { return a * b; }
+RECIPE_OP float op_add(float a, float b) { return a + b; }
+RECIPE_OP float op_sub(float a, float b) { return a - b; }
 __device__ __forceinline__ float op_div(float a, float b) { return a / b; }
 __device__ __forceinline__ float op_sqrt(float a) { return std::sqrt(a); }
 __device__ __forceinline__ float op_fma(float a, float b, float c) { return std::fma(a, b, c); }

@@ -164,13 +164,15 @@ extern "C" __global__ void tanh_fwd(float* out, const float* inp, int n, int sto
     if (i < n) out[i] = st(tanhf(inp[i]), store);
 }
 
-// From the forward's output y: dinp = dout · (1 − y²).
+// From the forward's output y: dinp = dout · (1 − y²), unfused (op_*), as the CPU rounds it
+// (NVRTC would make 1 − y² one FMA).
 extern "C" __global__ void tanh_bwd(void* dinp, int dinp_t, const void* y, int y_t,
                                     const void* dout, int dout_t, int n, int store) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         float v = ld(y, i, y_t);
-        sto(dinp, i, st(ld(dout, i, dout_t) * (1.0f - v * v), store), dinp_t);
+        float d = op_mul(ld(dout, i, dout_t), op_sub(1.0f, op_mul(v, v)));
+        sto(dinp, i, st(d, store), dinp_t);
     }
 }
 

@@ -387,9 +387,20 @@ void launch(dim3 grid, dim3 block, size_t smem, F body) {
 inline void* dyn_smem() { return cur->dyn_smem.data(); }
 
 template <class T>
-T shuffle(T v, unsigned src_lane_xor, bool is_xor, unsigned src_abs) {
+T shuffle(unsigned mask, T v, unsigned src_lane_xor, bool is_xor, unsigned src_abs) {
     static_assert(sizeof(T) <= 8);
     unsigned me = linear, warp = me / 32;
+    // A mask naming lanes the warp does not have (a block that is not whole warps) is
+    // undefined behaviour on a GPU, where a lane here would read what it holds: refused.
+    unsigned lanes = cur->warp_lanes(warp);
+    unsigned present = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
+    if (mask & ~present) {
+        std::fprintf(stderr,
+                     "cuda_emu: a shuffle with mask %#x in warp %u, which has %u lanes (a block "
+                     "of %u threads): undefined on a GPU\n",
+                     mask, warp, lanes, cur->threads);
+        std::abort();
+    }
     uint64_t bits = 0;
     std::memcpy(&bits, &v, sizeof(T));
     cur->lanes[me] = bits;
@@ -422,13 +433,15 @@ inline void __syncthreads() { emu::block_sync(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::warp_sync(); }
 
 template <class T>
-T __shfl_xor_sync(unsigned, T v, int mask) { return emu::shuffle(v, (unsigned)mask, true, 0); }
+T __shfl_xor_sync(unsigned m, T v, int mask) { return emu::shuffle(m, v, (unsigned)mask, true, 0); }
 template <class T>
-T __shfl_sync(unsigned, T v, int lane) { return emu::shuffle(v, 0, false, (unsigned)lane & 31); }
+T __shfl_sync(unsigned m, T v, int lane) {
+    return emu::shuffle(m, v, 0, false, (unsigned)lane & 31);
+}
 template <class T>
-T __shfl_down_sync(unsigned, T v, unsigned d) {
+T __shfl_down_sync(unsigned m, T v, unsigned d) {
     unsigned lane = emu::linear & 31;
-    return emu::shuffle(v, 0, false, lane + d < 32 ? lane + d : lane);
+    return emu::shuffle(m, v, 0, false, lane + d < 32 ? lane + d : lane);
 }
 
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }

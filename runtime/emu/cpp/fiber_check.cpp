@@ -118,6 +118,15 @@ bool lane_exit() {
     return false;
 }
 
+__global__ void partial_warp_shuffle(float* out) { out[threadIdx.x] = warp_sum(1.0f); }
+
+bool partial_warp() {
+    std::vector<float> out(48);
+    emu::launch(dim3(1), dim3(48), 0, [&] { partial_warp_shuffle(out.data()); });
+    std::fprintf(stderr, "partial-warp: the launch returned\n");
+    return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -126,6 +135,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[1], "early") == 0) ok = early();
     else if (std::strcmp(argv[1], "shapes") == 0) ok = shapes();
     else if (std::strcmp(argv[1], "lane-exit") == 0) ok = lane_exit();
+    else if (std::strcmp(argv[1], "partial-warp") == 0) ok = partial_warp();
     else return 2;
     return ok ? 0 : 1;
 }

@@ -2,7 +2,7 @@
 //! cpp/fiber_check.cpp: threads that return early are not waited for at later `__syncthreads`;
 //! 3-D blocks, the largest block and several blocks get the right indices, reductions and
 //! shuffles; and a shuffle missing an exited lane is reported and aborts rather than hanging or
-//! reading a stale value. Both context switches are checked: the x86-64 assembly the library uses
+//! reading a stale value, as does a shuffle whose mask names lanes a partial warp lacks. Both context switches are checked: the x86-64 assembly the library uses
 //! there, and the ucontext one it uses elsewhere (forced with `RECIPE_EMU_UCONTEXT`).
 
 mod common;
@@ -47,6 +47,18 @@ fn check(flags: &[&str], name: &str) {
     assert!(!out.status.success(), "{name}: the launch returned\n{err}");
     assert!(
         err.contains("cannot finish"),
+        "{name}: {:?}\n{err}",
+        out.status
+    );
+    // A full-mask shuffle in a block of 48 threads: its second warp has 16 lanes.
+    let out = Command::new(&exe)
+        .arg("partial-warp")
+        .output()
+        .expect("run fiber_check");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{name}: the launch returned\n{err}");
+    assert!(
+        err.contains("undefined on a GPU"),
         "{name}: {:?}\n{err}",
         out.status
     );
