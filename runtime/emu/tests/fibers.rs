@@ -39,29 +39,27 @@ fn check(flags: &[&str], name: &str) {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let out = Command::new(&exe)
-        .arg("lane-exit")
-        .output()
-        .expect("run fiber_check");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{name}: the launch returned\n{err}");
-    assert!(
-        err.contains("cannot finish"),
-        "{name}: {:?}\n{err}",
-        out.status
-    );
-    // A full-mask shuffle in a block of 48 threads: its second warp has 16 lanes.
-    let out = Command::new(&exe)
-        .arg("partial-warp")
-        .output()
-        .expect("run fiber_check");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{name}: the launch returned\n{err}");
-    assert!(
-        err.contains("undefined on a GPU"),
-        "{name}: {:?}\n{err}",
-        out.status
-    );
+    // A lane that exited before a shuffle; a full-mask shuffle in a block of 48 threads (its
+    // second warp has 16 lanes).
+    for (group, words) in [
+        ("lane-exit", "cannot finish"),
+        ("partial-warp", "undefined on a GPU"),
+    ] {
+        let out = Command::new(&exe)
+            .arg(group)
+            .output()
+            .expect("run fiber_check");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "{name} {group}: the launch returned\n{err}"
+        );
+        assert!(
+            err.contains(words),
+            "{name} {group}: {:?}\n{err}",
+            out.status
+        );
+    }
 }
 
 #[test]
