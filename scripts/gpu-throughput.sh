@@ -87,7 +87,12 @@ def rate(run):
     try:
         recs = [json.loads(l) for l in open(f"{w}/{run}/metrics.jsonl")]
         start = next(r for r in recs if r.get("event") == "start")
-        rates = [r["samples_per_s"] for r in recs if "loss" in r and r["step"] > warm]
+        steps = [r for r in recs if "loss" in r]
+        # A row's samples_per_s is the average since training began, warm-up included (the
+        # first step loads cuBLAS's kernels): each step's own rate is Δstep / Δ(step / rate).
+        t = [r["step"] / r["samples_per_s"] for r in steps]
+        rates = [(b["step"] - a["step"]) / (tb - ta)
+                 for a, b, ta, tb in zip(steps, steps[1:], t, t[1:]) if a["step"] >= warm and tb > ta]
         return {"device": start.get("device"), "parameters": start["parameters"],
                 "precision": start.get("precision"), "steps_timed": len(rates),
                 "samples_per_s": statistics.median(rates)}

@@ -128,7 +128,10 @@ fn self_test(out: Option<&Path>) -> Result<bool, i32> {
         kernels = kernels.with_store(store);
         let checks = compare(&kernels, store);
         if let Err(e) = recipe_runtime::backend::device::Device::sync(kernels.device()) {
-            eprintln!("error: the GPU reported: {e}");
+            // What the stores before this one showed, then the error.
+            print_checks(&all);
+            write_checks(&all, out)?;
+            eprintln!("error: the GPU reported ({}): {e}", store.torch_name());
             return Err(FAILED);
         }
         all.extend(checks);
@@ -144,18 +147,40 @@ fn self_test(out: Option<&Path>) -> Result<bool, i32> {
         // With RECIPE_CUDA_GRAPHS=1 only.
         checks.extend(compare_graph_replay(&kernels, store));
         if let Err(e) = recipe_runtime::backend::device::Device::sync(kernels.device()) {
-            eprintln!("error: the GPU reported: {e}");
+            // What the stores before this one showed, then the error.
+            print_checks(&all);
+            write_checks(&all, out)?;
+            eprintln!("error: the GPU reported ({}): {e}", store.torch_name());
             return Err(FAILED);
         }
         all.extend(checks);
     }
-    all.extend(peers_test()?);
-    all.push(out_of_memory_test()?);
+    // The one-GPU checks are printed and written first: the sums between GPUs and the
+    // allocation failure below open devices and communicators of their own, and a failure or a
+    // hang there keeps what is already known.
+    print_checks(&all);
+    write_checks(&all, out)?;
+    let mut more = peers_test();
+    more.push(out_of_memory_test());
+    print_checks(&more);
+    all.extend(more);
+    write_checks(&all, out)?;
+    let ok = all.iter().all(|c| c.ok);
+    if !ok {
+        eprintln!(
+            "error: an operation on the GPU differs from the CPU backend beyond its tolerance"
+        );
+    }
+    Ok(ok)
+}
+
+/// The self-test's table of `checks`.
+fn print_checks(checks: &[recipe_runtime::backend::selftest::OpCheck]) {
     println!(
         "  {:<28} {:>5} {:>10} {:>10}",
         "operation", "store", "error", "tolerance"
     );
-    for c in &all {
+    for c in checks {
         println!(
             "  {:<28} {:>5} {:>10.2e} {:>10.1e}{}",
             c.op,
@@ -165,33 +190,45 @@ fn self_test(out: Option<&Path>) -> Result<bool, i32> {
             if c.ok { "" } else { "  <- FAILS" }
         );
     }
-    let ok = all.iter().all(|c| c.ok);
-    if let Some(dir) = out {
-        let json = serde_json::to_string_pretty(&all).expect("plain data");
-        if let Err(e) = write_atomic(&dir.join("selftest.json"), json.as_bytes()) {
-            eprintln!("error: {e}");
-            return Err(USAGE);
-        }
+}
+
+/// `checks` as `selftest.json` in `out`, when given (replaced whole).
+fn write_checks(
+    checks: &[recipe_runtime::backend::selftest::OpCheck],
+    out: Option<&Path>,
+) -> Result<(), i32> {
+    let Some(dir) = out else {
+        return Ok(());
+    };
+    let json = serde_json::to_string_pretty(checks).expect("plain data");
+    write_atomic(&dir.join("selftest.json"), json.as_bytes()).map_err(|e| {
+        eprintln!("error: {e}");
+        USAGE
+    })
+}
+
+/// A check that could not run, failed, named by what stopped it.
+fn failing(op: String) -> recipe_runtime::backend::selftest::OpCheck {
+    recipe_runtime::backend::selftest::OpCheck {
+        op,
+        store: recipe_runtime::precision::Dtype::F32,
+        error: 1.0,
+        tolerance: 0.0,
+        ok: false,
     }
-    if !ok {
-        eprintln!(
-            "error: an operation on the GPU differs from the CPU backend beyond its tolerance"
-        );
-    }
-    Ok(ok)
 }
 
 /// An allocation larger than GPU 0's memory on a device of its own: the run's error (what
 /// failed, what was free, what to change) at the next sync, and again at the one after (the
 /// missing buffer stays missing), never a panic.
-fn out_of_memory_test() -> Result<recipe_runtime::backend::selftest::OpCheck, i32> {
+fn out_of_memory_test() -> recipe_runtime::backend::selftest::OpCheck {
     use recipe_runtime::backend::cuda::CudaDevice;
     use recipe_runtime::backend::device::Device;
     use recipe_runtime::precision::Dtype;
-    let dev = CudaDevice::open(0).map_err(|e| {
-        eprintln!("error: {e}");
-        FAILED
-    })?;
+    let dev = match CudaDevice::open(0) {
+        Ok(d) => d,
+        Err(e) => return failing(format!("alloc beyond memory: GPU 0: {e}")),
+    };
     let total = dev.memory().map_or(1 << 40, |(_, total)| total);
     let buf = dev.alloc(total / 4 + (1 << 28));
     let first = dev.sync();
@@ -204,20 +241,22 @@ fn out_of_memory_test() -> Result<recipe_runtime::backend::selftest::OpCheck, i3
         Err(e) => e.split(';').next().unwrap_or(e).to_string(),
         Ok(()) => "no error".into(),
     };
-    Ok(recipe_runtime::backend::selftest::OpCheck {
+    recipe_runtime::backend::selftest::OpCheck {
         op: format!("alloc beyond memory: {what}"),
         store: Dtype::F32,
         error: if ok { 0.0 } else { 1.0 },
         tolerance: 0.0,
         ok,
-    })
+    }
 }
 
 /// The sums between GPUs (NCCL, one rank per GPU, every GPU of the machine) against the host's
 /// collective, when NCCL loads; says why not otherwise. With one GPU the group has one rank:
 /// its sums are identities, but NCCL's calls, the copy stream's queued ones and their joins
-/// run on the GPU.
-fn peers_test() -> Result<Vec<recipe_runtime::backend::selftest::OpCheck>, i32> {
+/// run on the GPU. A GPU that does not open, or NCCL refusing the group, is a failing check;
+/// NCCL's initialisation, which cannot be interrupted, runs watched (`RECIPE_COLLECTIVE_TIMEOUT`:
+/// past it the process says so and exits, the one-GPU checks already printed and written).
+fn peers_test() -> Vec<recipe_runtime::backend::selftest::OpCheck> {
     use recipe_runtime::backend::cuda::{self, nccl, CudaDevice};
     use recipe_runtime::backend::device::Peers;
     use recipe_runtime::backend::selftest::compare_peers;
@@ -229,17 +268,29 @@ fn peers_test() -> Result<Vec<recipe_runtime::backend::selftest::OpCheck>, i32> 
             "libnccl.so not found (docs/cuda.md)".to_string()
         };
         println!("  sums between GPUs (NCCL): not checked ({why})");
-        return Ok(Vec::new());
+        return Vec::new();
     }
-    let fail = |e: String| {
-        eprintln!("error: {e}");
-        FAILED
+    let devices = match (0..gpus)
+        .map(|i| CudaDevice::open(i).map_err(|e| format!("GPU {i}: {e}")))
+        .collect::<Result<Vec<_>, String>>()
+    {
+        Ok(d) => d,
+        Err(e) => return vec![failing(format!("nccl: {e}"))],
     };
-    let devices = (0..gpus)
-        .map(|i| CudaDevice::open(i).map_err(|e| fail(format!("GPU {i}: {e}"))))
-        .collect::<Result<Vec<_>, i32>>()?;
-    let peers =
-        nccl::group(&devices.iter().collect::<Vec<_>>()).map_err(|e| fail(e.to_string()))?;
+    let group = recipe_runtime::watchdog::watched(
+        recipe_runtime::collective::timeout(),
+        |waited| {
+            eprintln!(
+                "error: NCCL's initialisation did not finish in {waited:.0?} (RECIPE_COLLECTIVE_TIMEOUT)"
+            );
+            std::process::exit(FAILED);
+        },
+        || nccl::group(&devices.iter().collect::<Vec<_>>()),
+    );
+    let peers = match group {
+        Ok(p) => p,
+        Err(e) => return vec![failing(format!("nccl: {e}"))],
+    };
     let v = nccl::version().unwrap_or_default();
     if gpus == 1 {
         println!("  NCCL {v} on one GPU: a one-rank group (its sums are the rank's own values)");
@@ -251,7 +302,7 @@ fn peers_test() -> Result<Vec<recipe_runtime::backend::selftest::OpCheck>, i32> 
         .zip(peers)
         .map(|(d, p)| (d, Box::new(p) as Box<dyn Peers<CudaDevice>>))
         .collect();
-    Ok(compare_peers(ranks))
+    compare_peers(ranks)
 }
 
 /// Prints one architecture's table; true when a kernel spills or is missing from the report.
