@@ -45,7 +45,8 @@ pub fn run(archs: &[String], out: Option<&Path>, ptxas_bin: Option<&Path>, selft
     let tmp = tempdir_for_ptx(out);
     let mut failed = false;
     for arch in &archs {
-        let compiled = match compile::compile(arch) {
+        // Cached: the self-test's device, of the same architecture, loads this program.
+        let compiled = match compile::compile_cached(arch) {
             Ok(c) => c,
             Err(e) => {
                 eprintln!("error: {e}");

@@ -190,7 +190,9 @@ fn bind_ctx(ctx: &CudaContext) -> Result<(), drv::DriverError> {
 }
 
 // Device memory is freed stream-ordered on the current context (cudarc's `CudaSlice::drop`,
-// `cuMemFreeAsync` on the NULL stream), and a run on several GPUs drops every rank's buffers on
+// `cuMemFreeAsync` on the stream it was allocated on: the device's, the legacy default one or,
+// with CUDA graphs, one of its own; `CudaDevice::outside_capture` keeps releases out of a
+// capture), and a run on several GPUs drops every rank's buffers on
 // the main thread, whose current context is the last GPU opened: each buffer binds its own
 // context first.
 impl Drop for DevIds {
