@@ -12,9 +12,9 @@
 #   nvidia-smi.csv   the GPU and driver
 #   kernels.txt      NVRTC on this machine: every kernel for the GPU's architecture
 #   selftest.txt/.json  every operation on the GPU against the CPU backend (fp32, fp16, bf16),
-#                    with CUDA graphs on (RECIPE_CUDA_GRAPHS=1: graph.replay); its first line
-#                    names the driver, NVRTC and cuBLAS versions loaded
-#   selftest-convert.txt  the same with cuBLAS converting the half GEMMs' operands
+#                    with CUDA graphs on (RECIPE_CUDA_GRAPHS=1: graph.replay); its "self-test
+#                    on" line names the driver, NVRTC and cuBLAS versions loaded
+#   selftest-convert.txt/.json  the same with cuBLAS converting the half GEMMs' operands
 #                    (RECIPE_HALF_GEMM=convert, docs/cuda.md "Half-precision GEMMs")
 #   tiny/            the tiny BERT trained on the CPU and on the GPU, optimizer on the GPU,
 #                    20 steps in fp32 (tiny.json compares them; summary's fp32_curve_goal: the
@@ -36,7 +36,8 @@
 # Exit 0 only if every part that ran passed. About 3–5 minutes on one H200. Each command is
 # bounded (PART_LIMIT, default 90 s; the throughput part twice that), sums between ranks too
 # (RECIPE_COLLECTIVE_TIMEOUT, default 60 s here), and a part that would start after BUDGET
-# seconds (default 420) is skipped, so a hang costs one part, not the session.
+# seconds (default 300) is skipped, so a hang costs one part, not the session (the last part
+# may take 180 s more: under 10 minutes in all).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS="${OUT:-gpu-check}"
@@ -49,7 +50,7 @@ BIN="$(pwd)/${RECIPE_BIN:-target/release/recipe}"
 PY="${PYTHON:-python3}"
 # Each part's commands are bounded, so a hang fails that part instead of the whole lease.
 LIMIT="${PART_LIMIT:-90}"
-BUDGET="${BUDGET:-420}"
+BUDGET="${BUDGET:-300}"
 export RECIPE_COLLECTIVE_TIMEOUT="${RECIPE_COLLECTIVE_TIMEOUT:-60}"
 status=0
 declare -A parts
@@ -65,6 +66,7 @@ in_budget() {
 }
 # summary.json, results.json and logs.tgz into $RESULTS, from what $OUT holds so far.
 pack() {
+    rm -f "$RESULTS"/*.tmp
     {
         echo "{"
         first=1
@@ -81,7 +83,7 @@ out, results = sys.argv[1], sys.argv[2]
 doc = {"summary": json.load(open(f"{results}/summary.json"))}
 for name in sorted(os.listdir(out)):
     path = f"{out}/{name}"
-    if not os.path.isfile(path) or name == "selftest.json":
+    if not os.path.isfile(path):
         continue
     key = name.replace(".", "_").replace("-", "_")
     try:
@@ -98,6 +100,7 @@ PYTHON
         -o -name 'metrics.jsonl' -o -name '*.json' \) ! -name 'tokenizer*.json' -size -4M -print0 \
         | tar czf "$RESULTS/logs.tgz.tmp" --null -T - ) 2>/dev/null \
         && mv "$RESULTS/logs.tgz.tmp" "$RESULTS/logs.tgz"
+    rm -f "$RESULTS"/*.tmp
 }
 
 nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv \
@@ -148,6 +151,7 @@ elif RECIPE_HALF_GEMM=convert timeout "$LIMIT" "$BIN" kernels --arch "$ARCH" --s
 else
     parts[selftest_convert]=fail; status=1
 fi
+cp "$OUT/kernels-convert/selftest.json" "$OUT/selftest-convert.json" 2>/dev/null || true
 pack
 
 # The tiny BERT of tests/run.rs (random init, the MiniLM tokenizer, 48 SpamAssassin rows), 8

@@ -284,7 +284,10 @@ fn peers_test() -> Vec<recipe_runtime::backend::selftest::OpCheck> {
             eprintln!(
                 "error: NCCL's initialisation did not finish in {waited:.0?} (RECIPE_COLLECTIVE_TIMEOUT)"
             );
-            std::process::exit(FAILED);
+            // Without exit handlers or library destructors, which could block on NCCL's
+            // unfinished setup in the main thread; the one-GPU checks are printed and written.
+            // SAFETY: ends the process at once; nothing after it runs.
+            unsafe { libc::_exit(FAILED) };
         },
         || nccl::group(&devices.iter().collect::<Vec<_>>()),
     );

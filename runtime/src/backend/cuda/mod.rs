@@ -1939,6 +1939,9 @@ impl Device for CudaDevice {
         // Every operand a captured GEMM reads is packed inside the graph: a pack made before
         // the capture and found current in it would be missing from the graph's replays.
         self.wrote();
+        // An error left in the context is the run's (cudarc's begin checks for one first and
+        // would return it without capturing, and it would be lost): taken here, recorded.
+        self.bind();
         let mut c = self.captures.lock().unwrap_or_else(|p| p.into_inner());
         if c.capturing.is_some() {
             return false;
