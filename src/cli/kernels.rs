@@ -262,9 +262,12 @@ fn peers_test() -> Vec<recipe_runtime::backend::selftest::OpCheck> {
     use recipe_runtime::backend::device::Peers;
     use recipe_runtime::backend::selftest::compare_peers;
     let gpus = cuda::probe().devices;
-    if gpus < 1 || !nccl::present() {
+    let off = std::env::var("RECIPE_NCCL").is_ok_and(|v| v == "0");
+    if gpus < 1 || off || !nccl::present() {
         let why = if gpus < 1 {
             format!("{gpus} GPU")
+        } else if off {
+            "RECIPE_NCCL=0".to_string()
         } else {
             "libnccl.so not found (docs/cuda.md)".to_string()
         };
