@@ -797,22 +797,13 @@ impl CudaDevice {
             return f();
         }
         self.bind();
-        let stream = self.stream.cu_stream();
-        // SAFETY: this device's stream, on its bound context.
-        let status = unsafe { drv::stream::is_capturing(stream) };
-        if status.is_ok_and(|s| s == drv_sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
-        {
+        if !self.discard_capture() {
             return f(); // already outside (a nested call)
-        }
-        // SAFETY: the stream captures; the graph it returns is destroyed here, once.
-        if let Ok(g) = unsafe { drv::stream::end_capture(stream) } {
-            if !g.is_null() {
-                let _ = unsafe { drv::graph::destroy(g) };
-            }
         }
         let r = f();
         // SAFETY: this device's stream, no longer capturing.
-        if let Err(e) = unsafe { drv::stream::begin_capture(stream, CAPTURE_MODE) } {
+        if let Err(e) = unsafe { drv::stream::begin_capture(self.stream.cu_stream(), CAPTURE_MODE) }
+        {
             // The rest of the pass would run directly, and then again: stop queueing instead.
             self.stop(format!(
                 "GPU {}: resuming a CUDA graph's capture after {what}: {e:?} (RECIPE_CUDA_GRAPHS=0 runs without graphs)",
@@ -820,6 +811,26 @@ impl CudaDevice {
             ));
         }
         r
+    }
+
+    /// Ends the stream's capture, if it is capturing (or cannot say), and destroys what it
+    /// recorded; whether it was capturing. Raw driver calls: cudarc's would return early on an
+    /// error left in the context and leave the stream capturing. The context must be bound.
+    fn discard_capture(&self) -> bool {
+        let stream = self.stream.cu_stream();
+        // SAFETY: this device's stream, on its bound context.
+        let status = unsafe { drv::stream::is_capturing(stream) };
+        if status.is_ok_and(|s| s == drv_sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+        {
+            return false;
+        }
+        // SAFETY: as above; the graph it returns is destroyed here, once.
+        if let Ok(g) = unsafe { drv::stream::end_capture(stream) } {
+            if !g.is_null() {
+                let _ = unsafe { drv::graph::destroy(g) };
+            }
+        }
+        true
     }
 
     /// Stops queueing work from now on, as a failed allocation does ([`CudaDevice::failed`]):
@@ -1977,17 +1988,8 @@ impl Device for CudaDevice {
         let flags = cudarc::driver::sys::CUgraphInstantiate_flags(0);
         // An invalidated capture ends in an error, which fails it rather than the run.
         let graph = self.stream.end_capture(flags).ok().flatten();
-        let stream = self.stream.cu_stream();
-        // SAFETY: this device's stream. Still capturing only if cudarc returned before ending
-        // it (an error left meanwhile): ended here, its graph destroyed once.
-        let status = unsafe { drv::stream::is_capturing(stream) };
-        if status.is_ok_and(|s| s != drv_sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
-        {
-            if let Ok(g) = unsafe { drv::stream::end_capture(stream) } {
-                if !g.is_null() {
-                    let _ = unsafe { drv::graph::destroy(g) };
-                }
-            }
+        // Still capturing only if cudarc returned before ending it (an error left meanwhile).
+        if self.discard_capture() {
             return None;
         }
         let (None, Some(graph)) = (failed, graph) else {
