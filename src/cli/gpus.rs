@@ -65,7 +65,7 @@ pub fn open(
         format!("{world} ranks on {}× {name} ({arch})", ranks.min(found))
     };
     let store = plan.train.precision.module_dtype();
-    let nccl_off = std::env::var("RECIPE_NCCL").is_ok_and(|v| v == "0");
+    let nccl_off = cuda::nccl::switched_off();
     if let Some(node) = node {
         // Every node decides alike (NCCL loads, a GPU per rank); node 0's hub refuses a node
         // that decided otherwise, naming both.

@@ -262,7 +262,7 @@ fn peers_test() -> Vec<recipe_runtime::backend::selftest::OpCheck> {
     use recipe_runtime::backend::device::Peers;
     use recipe_runtime::backend::selftest::compare_peers;
     let gpus = cuda::probe().devices;
-    let off = std::env::var("RECIPE_NCCL").is_ok_and(|v| v == "0");
+    let off = nccl::switched_off();
     if gpus < 1 || off || !nccl::present() {
         let why = if gpus < 1 {
             format!("{gpus} GPU")

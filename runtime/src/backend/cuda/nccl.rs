@@ -38,6 +38,12 @@ pub fn present() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
+/// Whether `RECIPE_NCCL=0` keeps NCCL out: a run's ranks then exchange through host memory,
+/// and `recipe kernels --selftest` skips its NCCL checks (docs/cuda.md).
+pub fn switched_off() -> bool {
+    std::env::var("RECIPE_NCCL").is_ok_and(|v| v == "0")
+}
+
 /// NCCL's version as `major.minor.patch`, when the library loads.
 pub fn version() -> Option<String> {
     if !present() {
