@@ -83,3 +83,8 @@ extern "C" unsigned recipe_emu_kernel_count() { return sizeof(table) / sizeof(ta
 extern "C" const char* recipe_emu_kernel_name(unsigned i) {
     return i < recipe_emu_kernel_count() ? table[i].name : nullptr;
 }
+
+// Kernel `i`'s parameter list as letters (recipe_emu_launch's `signature`).
+extern "C" const char* recipe_emu_kernel_signature(unsigned i) {
+    return i < recipe_emu_kernel_count() ? table[i].signature : nullptr;
+}

@@ -30,6 +30,7 @@ extern "C" {
     ) -> c_int;
     fn recipe_emu_kernel_count() -> c_uint;
     fn recipe_emu_kernel_name(i: c_uint) -> *const c_char;
+    fn recipe_emu_kernel_signature(i: c_uint) -> *const c_char;
 }
 
 thread_local! {
@@ -108,6 +109,46 @@ pub fn kernels() -> Vec<String> {
             })
             .collect()
     }
+}
+
+/// Every kernel with its parameter list as [`Arg::signature`] letters, in the table's order.
+pub fn kernel_signatures() -> Vec<(String, String)> {
+    let names = kernels();
+    // SAFETY: as in `kernels`; each signature is a NUL-terminated static array.
+    names
+        .into_iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let sig = unsafe { CStr::from_ptr(recipe_emu_kernel_signature(i as c_uint)) };
+            (n, sig.to_string_lossy().into_owned())
+        })
+        .collect()
+}
+
+/// Runs kernel `name` on the calling thread as `cuLaunchKernel` would: `params` points at
+/// each parameter's value, whose types are the kernel's own (`signature`, from
+/// [`kernel_signatures`]). 0 when it ran; -1 an unknown kernel; -2 a launch shape a GPU
+/// refuses; -3 a signature that is not the kernel's (runtime/emu/cpp/launch.cpp).
+///
+/// # Safety
+/// Each of `params` points at a live value of its parameter's type, and every address among
+/// them is host memory the kernel may read and write as the GPU's would be.
+pub unsafe fn launch_params(
+    name: &CStr,
+    grid: [u32; 3],
+    block: [u32; 3],
+    smem: u32,
+    params: *mut *mut c_void,
+    signature: &CStr,
+) -> i32 {
+    recipe_emu_launch(
+        name.as_ptr(),
+        grid.as_ptr(),
+        block.as_ptr(),
+        smem,
+        params,
+        signature.as_ptr(),
+    )
 }
 
 impl Device for Emu {

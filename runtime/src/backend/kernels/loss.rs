@@ -26,8 +26,13 @@ pub(super) fn queue<D: Device>(
     if rows > 0 {
         let mut scratch = k.scratch.lock().unwrap_or_else(|p| p.into_inner());
         let buf = match scratch.as_mut() {
+            // Grown, never shortened: a replayed graph skips this host code, and [`keep`] after
+            // it must still find the captured batch's rows (tests/fake_cuda.rs found a shorter
+            // last batch of an epoch shortening it under the graphs of the longer one).
             Some(b) => {
-                k.resize(b, rows);
+                if k.dev.len(k.dev.view(b)) < rows {
+                    k.resize(b, rows);
+                }
                 b
             }
             None => scratch.insert(k.alloc(rows)),

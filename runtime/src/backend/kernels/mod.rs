@@ -134,8 +134,16 @@ impl<D: Device> Kernels<D> {
     }
 
     /// The same kernels storing `store` (values rounded as a half-precision device stores them).
+    /// The 16-bit `ds` scratch holds the old store's type: another store gets its own (`recipe
+    /// kernels --selftest` runs fp16 then bf16 on one device; found by tests/fake_cuda.rs, where
+    /// the bf16 attention backward was handed the fp16 scratch).
     pub fn with_store(self, store: Dtype) -> Kernels<D> {
-        Kernels { store, ..self }
+        let ds = if store == self.store {
+            self.ds
+        } else {
+            Arc::default()
+        };
+        Kernels { store, ds, ..self }
     }
 
     /// The storage dtype (the module's: fp16/bf16 values are stored rounded to it).
@@ -524,8 +532,11 @@ impl<D: Device> Backend for Kernels<D> {
         // The per-row losses, as `cross_entropy_queued` sizes them (loss.rs).
         let mut losses = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         match losses.as_mut() {
+            // Grown only, as `loss::queue` does.
             Some(b) => {
-                self.resize(b, rows);
+                if self.dev.len(self.dev.view(b)) < rows {
+                    self.resize(b, rows);
+                }
             }
             None => *losses = Some(Backend::alloc(self, rows)),
         }
