@@ -177,24 +177,43 @@ fn against_the_cpu(
 }
 
 /// `recipe kernels --selftest`: every operation on the (fake) GPU against the CPU backend, in
-/// fp32, fp16 and bf16, through the CUDA backend's own memory, launch and cuBLAS code.
+/// fp32, fp16 and bf16, through the CUDA backend's own memory, launch and cuBLAS code; as
+/// scripts/gpu-check.sh runs it (with `RECIPE_CUDA_GRAPHS=1`, here on asynchronous streams
+/// too), and with cuBLAS converting the half GEMMs' operands (`RECIPE_HALF_GEMM=convert`).
 #[test]
 fn the_selftest_passes_on_the_fake_gpu() {
     let dir = workspace("fake-selftest", TINY);
-    let o = on_fake(
-        &dir,
-        1,
-        &[("RECIPE_NCCL", "0")],
-        &["kernels", "--selftest", "--out", "k"],
-    );
-    let text = String::from_utf8_lossy(&o.stdout);
-    assert_eq!(o.status.code(), Some(0), "{text}\n{}", stderr(&o));
-    no_refusals("selftest", &o);
-    assert!(text.contains("self-test on"), "{text}");
-    let report: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("k/selftest.json")).unwrap())
-            .unwrap();
-    eprintln!("{}", serde_json::to_string(&report).unwrap());
+    for (out, env) in [
+        (
+            "k",
+            [
+                ("RECIPE_CUDA_GRAPHS", "1"),
+                ("RECIPE_FAKE_CUDA_ASYNC", "20"),
+            ],
+        ),
+        (
+            "k-convert",
+            [("RECIPE_HALF_GEMM", "convert"), ("RECIPE_NCCL", "0")],
+        ),
+    ] {
+        let mut env = env.to_vec();
+        env.push(("RECIPE_NCCL", "0"));
+        let o = on_fake(&dir, 1, &env, &["kernels", "--selftest", "--out", out]);
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(o.status.code(), Some(0), "{out}: {text}\n{}", stderr(&o));
+        no_refusals(out, &o);
+        assert!(text.contains("self-test on recipe fake GPU"), "{text}");
+        let report: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join(out).join("selftest.json")).unwrap(),
+        )
+        .unwrap();
+        // One entry per check, each within its tolerance (the exit status says so too).
+        let checks = report.as_array().unwrap();
+        assert!(checks.len() > 100, "{out}: {} checks", checks.len());
+        for c in checks {
+            assert_eq!(c["ok"], true, "{out}: {c}");
+        }
+    }
 }
 
 /// The counts the fake driver wrote (`RECIPE_FAKE_CUDA_STATS`): kernels, captures, graph
@@ -240,6 +259,13 @@ fn the_tiny_bert_trains_on_the_fake_gpu_as_on_the_cpu() {
         graphs, direct,
         "graph replays differ from the direct passes"
     );
+    // And with asynchronous streams (see the offload test), graphs and all.
+    let late = [
+        ("RECIPE_FAKE_CUDA_ASYNC", "20"),
+        ("RECIPE_CUDA_GRAPHS", "1"),
+    ];
+    let (_, graphs_late) = against_the_cpu(&dir, "late", "tiny.rcp", &epochs, 1, &late, 1e-5);
+    assert_eq!(graphs_late, direct, "asynchronous streams differ");
     let s = stats(&graph_stats);
     // The training shapes (a full micro-batch and an epoch's last, shorter one) and the
     // evaluation's are captured once each and replayed after.
@@ -266,7 +292,12 @@ fn half_precision_trains_on_the_fake_gpu_as_on_the_cpu() {
 }
 
 /// Optimizer offload (ZeRO-2, the optimizer on the host, copies overlapped with the backward)
-/// in fp16: the GPU keeps the model, the host steps.
+/// in fp16: the GPU keeps the model, the host steps. Again with asynchronous streams
+/// (`RECIPE_FAKE_CUDA_ASYNC`: each stream's operations run on a thread of their own, 20 µs
+/// apart, while the host goes on), where a copy not ordered after the work it reads, or a host
+/// reading a download before its wait, reads early: without `copy_stream`'s join of the work
+/// stream, the fp16 run's loss scales differ there and its losses by 6e-3 (the synchronous
+/// driver cannot see it).
 #[test]
 fn optimizer_offload_trains_on_the_fake_gpu_as_on_the_cpu() {
     let recipe = format!("{TINY}zero 2 {{ offload optimizer = cpu }}\n");
@@ -278,6 +309,16 @@ fn optimizer_offload_trains_on_the_fake_gpu_as_on_the_cpu() {
         &["--set", "train.precision=fp16"],
         1,
         &[],
+        1e-5,
+    );
+    let late = [("RECIPE_FAKE_CUDA_ASYNC", "20")];
+    against_the_cpu(
+        &dir,
+        "offload-async",
+        "tiny.rcp",
+        &["--set", "train.precision=fp16"],
+        1,
+        &late,
         1e-5,
     );
 }

@@ -173,7 +173,9 @@ fn sync_point(what: &str, stream: Option<usize>) -> c_int {
         st.invalidate(id, &format!("{what} while this thread captures"));
         return code::STREAM_CAPTURE_UNSUPPORTED;
     }
-    st.sticky.get(&d).copied().unwrap_or(code::SUCCESS)
+    drop(st);
+    crate::streams::drain(d, stream);
+    state().sticky.get(&d).copied().unwrap_or(code::SUCCESS)
 }
 
 // ---- memory ----
@@ -209,10 +211,15 @@ fn allocate(device: i32, bytes: usize) -> Result<u64, c_int> {
 }
 
 fn release(ptr: u64, what: &str) -> c_int {
+    match current() {
+        Some(d) => release_on(d, ptr, what),
+        None => code::INVALID_CONTEXT,
+    }
+}
+
+/// Frees `ptr`, which `d`'s context frees.
+fn release_on(d: i32, ptr: u64, what: &str) -> c_int {
     let mut st = state();
-    let Some(d) = current() else {
-        return code::INVALID_CONTEXT;
-    };
     let Some(a) = st.allocs.remove(&ptr) else {
         complain(
             what,
@@ -261,6 +268,10 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: u64) -> c_int {
         state().invalidate(id, "cuMemFree while this thread captures");
         return code::STREAM_CAPTURE_UNSUPPORTED;
     }
+    // cuMemFree waits for the device first.
+    if let Some(d) = current() {
+        crate::streams::drain(d, None);
+    }
     release(dptr, "cuMemFree")
 }
 
@@ -300,6 +311,17 @@ pub unsafe extern "C" fn cuMemFreeAsync(dptr: u64, stream: usize) -> c_int {
             st.invalidate(id, "cuMemFreeAsync on a stream being captured");
             return code::STREAM_CAPTURE_UNSUPPORTED;
         }
+    }
+    // In stream order: after what the stream queued before it.
+    let Some(device) = crate::device_of(stream) else {
+        return code::INVALID_HANDLE;
+    };
+    if crate::streams::delay().is_some() {
+        let op: Op = Arc::new(move || match release_on(device, dptr, "cuMemFreeAsync") {
+            code::SUCCESS => Ok(()),
+            e => Err(format!("freeing {dptr:#x} failed ({e})")),
+        });
+        return enqueue(stream, "cuMemFreeAsync", op);
     }
     release(dptr, "cuMemFreeAsync")
 }
@@ -361,7 +383,27 @@ fn copy_op(
     let Some(device) = crate::device_of(stream) else {
         return code::INVALID_HANDLE;
     };
+    // Pageable host memory (not from cuMemHostAlloc): the driver stages a source before the
+    // call returns, and returns from a copy into it once the copy is done (the CUDA runtime
+    // API's "API synchronization behavior"), which matters with asynchronous streams.
+    let (pinned, capturing) = {
+        let st = state();
+        let pinned = |p: u64| {
+            st.hosts
+                .iter()
+                .any(|(b, l)| p >= *b && p + n as u64 <= *b + l.size() as u64)
+        };
+        (
+            (dst_dev || pinned(dst), src_dev || pinned(src)),
+            st.capture_of(stream).is_some(),
+        )
+    };
+    let staged = (crate::streams::delay().is_some() && !capturing && !pinned.1 && n > 0)
+        // SAFETY: the caller's host range, read now as the driver would stage it.
+        .then(|| Arc::new(unsafe { std::slice::from_raw_parts(src as *const u8, n) }.to_vec()));
+    let wait = crate::streams::delay().is_some() && !capturing && !pinned.0;
     let op: Op = Arc::new(move || {
+        let src = staged.as_ref().map_or(src, |v| v.as_ptr() as u64);
         {
             let st = state();
             if dst_dev {
@@ -380,7 +422,16 @@ fn copy_op(
         }
         Ok(())
     });
-    enqueue(stream, what, op)
+    let r = enqueue(stream, what, op);
+    if wait && r == code::SUCCESS {
+        crate::streams::drain(device, Some(stream));
+        return state()
+            .sticky
+            .get(&device)
+            .copied()
+            .unwrap_or(code::SUCCESS);
+    }
+    r
 }
 
 #[no_mangle]
@@ -420,7 +471,7 @@ pub unsafe extern "C" fn cuMemcpyHtoD_v2(dst: u64, src: *const c_void, n: usize)
     if r != code::SUCCESS {
         r
     } else {
-        sync_point("cuMemcpyHtoD", None)
+        sync_point("cuMemcpyHtoD", Some(0))
     }
 }
 
@@ -430,7 +481,7 @@ pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, n: usize) -
     if r != code::SUCCESS {
         r
     } else {
-        sync_point("cuMemcpyDtoH", None)
+        sync_point("cuMemcpyDtoH", Some(0))
     }
 }
 
@@ -440,7 +491,7 @@ pub unsafe extern "C" fn cuMemcpyDtoD_v2(dst: u64, src: u64, n: usize) -> c_int 
     if r != code::SUCCESS {
         r
     } else {
-        sync_point("cuMemcpyDtoD", None)
+        sync_point("cuMemcpyDtoD", Some(0))
     }
 }
 
@@ -464,7 +515,7 @@ pub unsafe extern "C" fn cuMemsetD8_v2(dst: u64, value: u8, n: usize) -> c_int {
     if r != code::SUCCESS {
         r
     } else {
-        sync_point("cuMemsetD8", None)
+        sync_point("cuMemsetD8", Some(0))
     }
 }
 
@@ -520,6 +571,12 @@ pub unsafe extern "C" fn cuStreamSynchronize(stream: usize) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamQuery(stream: usize) -> c_int {
+    let Some(d) = crate::device_of(stream) else {
+        return code::INVALID_HANDLE;
+    };
+    if !crate::streams::idle(d, stream) {
+        return code::NOT_READY;
+    }
     sync_point("cuStreamQuery", Some(stream))
 }
 
@@ -559,6 +616,7 @@ pub unsafe extern "C" fn cuEventRecord(event: usize, stream: usize) -> c_int {
     let Some(e) = st.events.get_mut(&event) else {
         return code::INVALID_HANDLE;
     };
+    e.pending = None;
     match capture {
         Some(id) => {
             e.captured = Some((id, stream, recorded));
@@ -567,6 +625,20 @@ pub unsafe extern "C" fn cuEventRecord(event: usize, stream: usize) -> c_int {
         None => {
             e.captured = None;
             e.at = Some(std::time::Instant::now());
+            let device = e.device;
+            // Asynchronous streams: reached (and timed) when the stream gets there.
+            if let Some(w) = crate::streams::worker(device, stream) {
+                e.at = None;
+                e.pending = Some((w.clone(), w.queued() + 1));
+                drop(st);
+                let stamp: Op = Arc::new(move || {
+                    if let Some(e) = state().events.get_mut(&event) {
+                        e.at = Some(std::time::Instant::now());
+                    }
+                    Ok(())
+                });
+                crate::streams::push(device, stream, "cuEventRecord", &stamp);
+            }
         }
     }
     code::SUCCESS
@@ -590,7 +662,17 @@ pub unsafe extern "C" fn cuStreamWaitEvent(stream: usize, event: usize, _flags: 
         return code::INVALID_HANDLE;
     };
     let Some((id, from, count)) = e.captured else {
-        return code::SUCCESS;
+        // Work outside any capture: on asynchronous streams this stream's next operations
+        // wait until the recording stream has reached the event.
+        let (Some((w, at)), None) = (e.pending, st.capture_of(stream)) else {
+            return code::SUCCESS;
+        };
+        drop(st);
+        let op: Op = Arc::new(move || {
+            w.wait(at);
+            Ok(())
+        });
+        return enqueue(stream, "cuStreamWaitEvent", op);
     };
     if !st.captures.contains_key(&id) {
         // The capture it was recorded in has ended: waiting on it outside is an error.
@@ -649,7 +731,19 @@ fn event_wait(what: &str, event: usize) -> c_int {
         );
         return code::CAPTURED_EVENT;
     }
-    st.sticky.get(&e.device).copied().unwrap_or(code::SUCCESS)
+    let (device, pending) = (e.device, e.pending.clone());
+    drop(st);
+    if let Some((w, at)) = pending {
+        if what == "cuEventQuery" && !w.reached(at) {
+            return code::NOT_READY;
+        }
+        w.wait(at);
+    }
+    state()
+        .sticky
+        .get(&device)
+        .copied()
+        .unwrap_or(code::SUCCESS)
 }
 
 #[no_mangle]

@@ -34,6 +34,7 @@ pub mod cublas;
 pub mod driver;
 pub mod nccl;
 pub mod nvrtc;
+pub mod streams;
 
 /// One queued operation: runs now, or at each launch of the graph it was captured in.
 pub type Op = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
@@ -120,13 +121,15 @@ pub struct Capture {
 }
 
 /// An event's last record.
-#[derive(Debug, Default, Clone)]
+#[derive(Default, Clone)]
 pub struct Event {
     pub device: i32,
     /// Recorded in a capture (with the stream and its count of recorded operations then).
     pub captured: Option<(usize, usize, usize)>,
     /// When it was reached (for `cuEventElapsedTime`).
     pub at: Option<std::time::Instant>,
+    /// With asynchronous streams: the recording stream's worker and the event's place in it.
+    pub pending: Option<(Arc<streams::Worker>, u64)>,
 }
 
 /// Everything the driver tracks, behind one lock.
@@ -311,6 +314,9 @@ pub fn enqueue(stream: usize, what: &str, op: Op) -> i32 {
         return code::SUCCESS;
     }
     drop(st);
+    if streams::push(device, stream, what, &op).is_some() {
+        return code::SUCCESS;
+    }
     run(device, what, &op)
 }
 
