@@ -7,7 +7,8 @@
 //! it will on a GPU, and scripts/gpu-check.sh's parts are rehearsed: the self-test, the tiny
 //! BERT against the CPU (fp32, fp16, bf16), with CUDA graphs, with optimizer offload, on two
 //! GPUs (ZeRO 0, 2, 3 over NCCL), a checkpoint moved between the devices, and an
-//! out-of-memory GPU. What it cannot show (races between streams, a GPU's rounding and
+//! out-of-memory GPU; several of them on asynchronous streams (`RECIPE_FAKE_CUDA_ASYNC`),
+//! where an operation not ordered after what it reads reads early. What it cannot show (races between streams, a GPU's rounding and
 //! speed): docs/cuda.md, "How the host code is proven".
 
 mod common;
@@ -179,13 +180,15 @@ fn against_the_cpu(
 /// `recipe kernels --selftest`: every operation on the (fake) GPU against the CPU backend, in
 /// fp32, fp16 and bf16, through the CUDA backend's own memory, launch and cuBLAS code; as
 /// scripts/gpu-check.sh runs it (with `RECIPE_CUDA_GRAPHS=1`, here on asynchronous streams
-/// too), and with cuBLAS converting the half GEMMs' operands (`RECIPE_HALF_GEMM=convert`).
+/// too), with cuBLAS converting the half GEMMs' operands (`RECIPE_HALF_GEMM=convert`), and
+/// on two GPUs summing through the fake NCCL.
 #[test]
 fn the_selftest_passes_on_the_fake_gpu() {
     let dir = workspace("fake-selftest", TINY);
-    for (out, env) in [
+    for (out, gpus, env) in [
         (
             "k",
+            1,
             [
                 ("RECIPE_CUDA_GRAPHS", "1"),
                 ("RECIPE_FAKE_CUDA_ASYNC", "20"),
@@ -193,16 +196,24 @@ fn the_selftest_passes_on_the_fake_gpu() {
         ),
         (
             "k-convert",
+            1,
             [("RECIPE_HALF_GEMM", "convert"), ("RECIPE_NCCL", "0")],
         ),
+        // NCCL between two GPUs: sums, reductions, broadcasts, groups, queued calls.
+        (
+            "k-peers",
+            2,
+            [("RECIPE_FAKE_CUDA_ASYNC", "20"), ("RECIPE_NCCL", "1")],
+        ),
     ] {
-        let mut env = env.to_vec();
-        env.push(("RECIPE_NCCL", "0"));
-        let o = on_fake(&dir, 1, &env, &["kernels", "--selftest", "--out", out]);
+        let o = on_fake(&dir, gpus, &env, &["kernels", "--selftest", "--out", out]);
         let text = String::from_utf8_lossy(&o.stdout);
         assert_eq!(o.status.code(), Some(0), "{out}: {text}\n{}", stderr(&o));
         no_refusals(out, &o);
         assert!(text.contains("self-test on recipe fake GPU"), "{text}");
+        if gpus == 2 {
+            assert!(text.contains("sums between 2 GPUs through NCCL"), "{text}");
+        }
         let report: Value = serde_json::from_str(
             &std::fs::read_to_string(dir.join(out).join("selftest.json")).unwrap(),
         )
@@ -371,4 +382,29 @@ fn an_out_of_memory_gpu_stops_the_run_with_its_reason() {
         "{e}"
     );
     assert!(!e.contains("panicked"), "{e}");
+}
+
+/// Two GPUs, one rank each, exchanging through NCCL (the fake's, in host memory, summing in
+/// rank order): ZeRO-0, ZeRO-2 in fp16 and ZeRO-3, on asynchronous streams, where the sums
+/// queued on the copy stream overlap the pass; against the CPU's two simulated ranks. Without
+/// `join_copies`' event (the compute stream waiting for the queued sums), ZeRO-3's losses
+/// differ by 1.3e-3 here.
+#[test]
+fn two_fake_gpus_train_through_nccl_as_the_cpu_ranks_do() {
+    let dir = workspace("fake-nccl", TINY);
+    std::fs::write(dir.join("zero2.rcp"), format!("{TINY}zero 2\n")).unwrap();
+    std::fs::write(dir.join("zero3.rcp"), format!("{TINY}zero 3\n")).unwrap();
+    let late = [("RECIPE_FAKE_CUDA_ASYNC", "20")];
+    for (name, recipe, sets) in [
+        ("zero0", "tiny.rcp", &[][..]),
+        ("zero2", "zero2.rcp", &["--set", "train.precision=fp16"][..]),
+        ("zero3", "zero3.rcp", &[][..]),
+    ] {
+        let mut args = vec!["--gpus", "2"];
+        args.extend_from_slice(sets);
+        against_the_cpu(&dir, name, recipe, &args, 2, &late, 1e-5);
+        let (_, start) = steps(&dir.join(format!("{name}-cuda")));
+        assert_eq!(start["world"], 2, "{name}: {start}");
+        assert_eq!(start["exchange_on_device"], true, "{name}: {start}");
+    }
 }

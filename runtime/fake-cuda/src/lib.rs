@@ -69,8 +69,8 @@ pub fn devices() -> i32 {
     std::env::var("RECIPE_FAKE_CUDA_GPUS")
         .ok()
         .and_then(|v| v.parse().ok())
-        // The unit tests use four (one of them for a sticky fault of its own).
-        .unwrap_or(if cfg!(test) { 4 } else { 1 })
+        // The unit tests use eight (some for sticky faults of their own).
+        .unwrap_or(if cfg!(test) { 8 } else { 1 })
 }
 
 /// Each GPU's memory: `RECIPE_FAKE_CUDA_MEMORY` bytes, 8 GiB by default (allocations past it
