@@ -33,6 +33,8 @@
 #                    with RECIPE_HALF_GEMM=convert; profile.json, profile-convert.json: where
 #                    the GPU's time goes (`recipe run --profile`; scripts/gpu-throughput.sh;
 #                    reported, the goals are not enforced)
+# SKIP="spam throughput" skips those parts. A rehearsal anywhere, on runtime/fake-cuda's
+# CPU-emulated GPUs: scripts/fake-gpu-check.sh.
 # Exit 0 only if every part that ran passed. About 3–5 minutes on one H200. Each command is
 # bounded (PART_LIMIT, default 90 s; the throughput part twice that), sums between ranks too
 # (RECIPE_COLLECTIVE_TIMEOUT, default 60 s here), and a part that would start after BUDGET
@@ -59,6 +61,10 @@ ORDER=(kernels selftest selftest_convert tiny fp32_curve_goal graphs offload dp2
 json_ok() { "$PY" -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["ok"] else 1)' "$1"; }
 # Whether the time left allows part $1 (else it is marked skipped).
 in_budget() {
+    if [[ " ${SKIP:-} " == *" $1 "* ]]; then
+        parts[$1]="skipped (SKIP)"
+        return 1
+    fi
     if [ "$SECONDS" -ge "$BUDGET" ]; then
         parts[$1]="skipped (budget: ${SECONDS}s of ${BUDGET}s spent)"
         return 1
@@ -122,7 +128,8 @@ for lib in cublas cublasLt nvrtc; do
     fi
 done
 export LD_LIBRARY_PATH="$SP/nvidia/cu13/lib:$LINKS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-GPUS="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)"
+# (CHECK_GPUS stands in for nvidia-smi's count on the fake GPUs: scripts/fake-gpu-check.sh.)
+GPUS="${CHECK_GPUS:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)}"
 export GPUS
 CAP="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')"
 ARCH="sm_${CAP:-90}"

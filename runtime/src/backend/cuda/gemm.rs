@@ -51,9 +51,12 @@ pub fn col_major(g: &Gemm) -> ColMajor {
         m: g.n,
         n: g.m,
         k: g.k,
-        ld_first: g.ldb,
-        ld_second: g.lda,
-        ldc: g.ldc,
+        // cuBLAS refuses a leading dimension of 0 even for an empty operand (lda ≥ max(1,
+        // rows)), which a dense GEMM with a zero dimension gets: at least 1, as it reads nothing
+        // there (runtime/fake-cuda's cuBLAS checks the rule).
+        ld_first: g.ldb.max(1),
+        ld_second: g.lda.max(1),
+        ldc: g.ldc.max(1),
     }
 }
 
@@ -100,6 +103,20 @@ mod tests {
     /// The spans cover every element the CPU's GEMM reads, and no more: an operand truncated to
     /// its span gives the same product, and the element past it is never read (a NaN there
     /// changes nothing).
+    /// A GEMM with a zero dimension gets leading dimensions cuBLAS accepts (≥ 1).
+    #[test]
+    fn an_empty_gemm_has_leading_dimensions_cublas_accepts() {
+        for (m, n, k) in [(0, 5, 3), (4, 0, 3), (4, 5, 0), (0, 0, 0)] {
+            for (ta, tb) in [(false, false), (true, true)] {
+                let cm = col_major(&Gemm::dense(m, n, k, ta, tb, 0.0));
+                assert!(
+                    cm.ld_first >= 1 && cm.ld_second >= 1 && cm.ldc >= 1,
+                    "{cm:?}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn operand_spans_are_what_the_product_reads() {
         for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
