@@ -81,6 +81,21 @@ fn with_handle<R>(h: *mut c_void, what: &str, f: impl FnOnce(&mut Handle) -> R) 
     }
 }
 
+/// A getter: `*out` from the live handle `h` (refusing a null `out`).
+unsafe fn get<T>(h: *mut c_void, out: *mut T, what: &str, f: impl FnOnce(&mut Handle) -> T) -> u32 {
+    if out.is_null() {
+        complain(what, "a null output pointer");
+        return status::INVALID_VALUE;
+    }
+    match with_handle(h, what, f) {
+        Ok(v) => {
+            *out = v;
+            status::SUCCESS
+        }
+        Err(e) => e,
+    }
+}
+
 /// A status out of `with_handle`'s result.
 fn done(r: Result<u32, u32>) -> u32 {
     r.unwrap_or_else(|e| e)
@@ -137,18 +152,9 @@ pub unsafe extern "C" fn cublasSetStream_v2(handle: *mut c_void, stream: *mut c_
 
 #[no_mangle]
 pub unsafe extern "C" fn cublasGetStream_v2(handle: *mut c_void, stream: *mut *mut c_void) -> u32 {
-    let what = "cublasGetStream";
-    if stream.is_null() {
-        complain(what, "a null stream pointer");
-        return status::INVALID_VALUE;
-    }
-    match with_handle(handle, what, |h| h.stream) {
-        Ok(s) => {
-            *stream = s as *mut c_void;
-            status::SUCCESS
-        }
-        Err(e) => e,
-    }
+    get(handle, stream, "cublasGetStream", |h| {
+        h.stream as *mut c_void
+    })
 }
 
 #[no_mangle]
@@ -195,34 +201,12 @@ pub unsafe extern "C" fn cublasSetMathMode(handle: *mut c_void, mode: u32) -> u3
 
 #[no_mangle]
 pub unsafe extern "C" fn cublasGetMathMode(handle: *mut c_void, mode: *mut u32) -> u32 {
-    let what = "cublasGetMathMode";
-    if mode.is_null() {
-        complain(what, "a null mode pointer");
-        return status::INVALID_VALUE;
-    }
-    match with_handle(handle, what, |h| h.math) {
-        Ok(m) => {
-            *mode = m;
-            status::SUCCESS
-        }
-        Err(e) => e,
-    }
+    get(handle, mode, "cublasGetMathMode", |h| h.math)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cublasGetVersion_v2(handle: *mut c_void, version: *mut c_int) -> u32 {
-    let what = "cublasGetVersion";
-    if version.is_null() {
-        complain(what, "a null version pointer");
-        return status::INVALID_VALUE;
-    }
-    match with_handle(handle, what, |_| ()) {
-        Ok(()) => {
-            *version = VERSION;
-            status::SUCCESS
-        }
-        Err(e) => e,
-    }
+    get(handle, version, "cublasGetVersion", |_| VERSION)
 }
 
 #[no_mangle]
@@ -248,18 +232,7 @@ pub unsafe extern "C" fn cublasSetPointerMode_v2(handle: *mut c_void, mode: u32)
 
 #[no_mangle]
 pub unsafe extern "C" fn cublasGetPointerMode_v2(handle: *mut c_void, mode: *mut u32) -> u32 {
-    let what = "cublasGetPointerMode";
-    if mode.is_null() {
-        complain(what, "a null mode pointer");
-        return status::INVALID_VALUE;
-    }
-    match with_handle(handle, what, |_| ()) {
-        Ok(()) => {
-            *mode = POINTER_MODE_HOST;
-            status::SUCCESS
-        }
-        Err(e) => e,
-    }
+    get(handle, mode, "cublasGetPointerMode", |_| POINTER_MODE_HOST)
 }
 
 #[no_mangle]
