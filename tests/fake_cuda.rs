@@ -334,8 +334,8 @@ fn optimizer_offload_trains_on_the_fake_gpu_as_on_the_cpu() {
     );
 }
 
-/// A checkpoint written on the GPU resumes on the CPU and ends where the CPU alone ends (the
-/// checkpoints are the same files).
+/// A checkpoint written on the GPU resumes on the CPU, and the CPU's on the GPU, each ending
+/// where the CPU alone ends (the checkpoints are the same files).
 #[test]
 fn a_checkpoint_moves_from_the_fake_gpu_to_the_cpu() {
     let dir = workspace("fake-resume", TINY);
@@ -355,13 +355,17 @@ fn a_checkpoint_moves_from_the_fake_gpu_to_the_cpu() {
     run("cpu", "alone", None);
     run("cuda", "gpu", None);
     run("cpu", "gpu", Some("gpu/checkpoint-4"));
+    // And back: the CPU's checkpoint resumed on the GPU.
+    run("cuda", "back", Some("alone/checkpoint-4"));
     let last = |d: &str| steps(&dir.join(d)).0.last().cloned().unwrap();
-    let (alone, moved) = (last("alone"), last("gpu"));
-    assert_eq!(alone.0, moved.0);
-    assert!(
-        (alone.1 - moved.1).abs() <= 1e-5 * alone.1.abs(),
-        "{alone:?} {moved:?}"
-    );
+    let alone = last("alone");
+    for moved in [last("gpu"), last("back")] {
+        assert_eq!(alone.0, moved.0);
+        assert!(
+            (alone.1 - moved.1).abs() <= 1e-5 * alone.1.abs(),
+            "{alone:?} {moved:?}"
+        );
+    }
 }
 
 /// A GPU too small for the run: the run stops with the reason and what to change, exit 1, no
@@ -407,4 +411,39 @@ fn two_fake_gpus_train_through_nccl_as_the_cpu_ranks_do() {
         assert_eq!(start["world"], 2, "{name}: {start}");
         assert_eq!(start["exchange_on_device"], true, "{name}: {start}");
     }
+}
+
+/// `--profile` times every GPU operation with CUDA events (on asynchronous streams, reached
+/// when the stream gets there) into profile.json.
+#[test]
+fn a_profiled_run_writes_the_fake_gpus_operations() {
+    let dir = workspace("fake-profile", TINY);
+    let o = on_fake(
+        &dir,
+        1,
+        &[("RECIPE_FAKE_CUDA_ASYNC", "20")],
+        &[
+            "run",
+            "--quiet",
+            "--device",
+            "cuda",
+            "--profile",
+            "tiny.rcp",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    no_refusals("profile", &o);
+    let p: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("out/profile.json")).unwrap())
+            .unwrap();
+    assert!(p["device"].as_str().unwrap().contains("fake"), "{p}");
+    let rows = p["rows"].as_array().unwrap();
+    let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    for k in ["layernorm_fwd", "cross_entropy", "adamw_step"] {
+        assert!(
+            names.iter().any(|n| n.starts_with(k)),
+            "{k} not in {names:?}"
+        );
+    }
+    assert!(p["busy_s"].as_f64().unwrap() > 0.0, "{p}");
 }
