@@ -184,6 +184,10 @@ fn sync_point(what: &str, stream: Option<usize>) -> c_int {
 /// reading memory nothing wrote shows.
 fn allocate(device: i32, bytes: usize) -> Result<u64, c_int> {
     let mut st = state();
+    // A faulted context fails every call, allocations included.
+    if let Some(&e) = st.sticky.get(&device) {
+        return Err(e);
+    }
     let used = st.used.get(&device).copied().unwrap_or(0);
     if used + bytes > crate::memory_per_device() {
         return Err(code::OUT_OF_MEMORY);
@@ -323,7 +327,7 @@ pub unsafe extern "C" fn cuMemFreeAsync(dptr: u64, stream: usize) -> c_int {
         });
         return enqueue(stream, "cuMemFreeAsync", op);
     }
-    release(dptr, "cuMemFreeAsync")
+    release_on(device, dptr, "cuMemFreeAsync")
 }
 
 #[no_mangle]
@@ -402,10 +406,20 @@ fn copy_op(
         // SAFETY: the caller's host range, read now as the driver would stage it.
         .then(|| Arc::new(unsafe { std::slice::from_raw_parts(src as *const u8, n) }.to_vec()));
     let wait = crate::streams::delay().is_some() && !capturing && !pinned.0;
+    let host_pinned = (!dst_dev && pinned.0, !src_dev && pinned.1);
     let op: Op = Arc::new(move || {
         let src = staged.as_ref().map_or(src, |v| v.as_ptr() as u64);
         {
             let st = state();
+            // Pinned host memory must outlive the queued copies that use it.
+            let live = |p: u64| {
+                st.hosts
+                    .iter()
+                    .any(|(b, l)| p >= *b && p + n as u64 <= *b + l.size() as u64)
+            };
+            if (host_pinned.0 && !live(dst)) || (host_pinned.1 && staged.is_none() && !live(src)) {
+                return Err("a pinned host buffer freed before its queued copy ran".into());
+            }
             if dst_dev {
                 st.check_range(device, dst, n)
                     .map_err(|e| format!("destination: {e}"))?;
@@ -656,11 +670,21 @@ pub unsafe extern "C" fn cuEventRecordWithFlags(
 /// A wait on an event recorded in a capture joins `stream` to that capture (or, on a stream of
 /// the capture, marks the recording stream as joined back up to that point).
 #[no_mangle]
-pub unsafe extern "C" fn cuStreamWaitEvent(stream: usize, event: usize, _flags: c_uint) -> c_int {
+pub unsafe extern "C" fn cuStreamWaitEvent(stream: usize, event: usize, flags: c_uint) -> c_int {
     let mut st = state();
     let Some(e) = st.events.get(&event).cloned() else {
         return code::INVALID_HANDLE;
     };
+    // A capturing stream may not depend on work outside the capture (an event recorded
+    // outside it), unless the wait is external (CU_EVENT_WAIT_EXTERNAL, 1).
+    let outside = e.captured.is_none() && (e.at.is_some() || e.pending.is_some());
+    if let (true, Some(id), 0) = (outside, st.capture_of(stream), flags & 1) {
+        st.invalidate(
+            id,
+            "a capturing stream waits on an event recorded outside the capture",
+        );
+        return code::STREAM_CAPTURE_ISOLATION;
+    }
     let Some((id, from, count)) = e.captured else {
         // Work outside any capture: on asynchronous streams this stream's next operations
         // wait until the recording stream has reached the event.
@@ -732,6 +756,11 @@ fn event_wait(what: &str, event: usize) -> c_int {
         return code::CAPTURED_EVENT;
     }
     let (device, pending) = (e.device, e.pending.clone());
+    if let Some(id) = st.strict_capture_here() {
+        drop(st);
+        state().invalidate(id, &format!("{what} while this thread captures"));
+        return code::STREAM_CAPTURE_UNSUPPORTED;
+    }
     drop(st);
     if let Some((w, at)) = pending {
         if what == "cuEventQuery" && !w.reached(at) {
@@ -835,6 +864,17 @@ pub unsafe extern "C" fn cuStreamEndCapture(stream: usize, graph: *mut usize) ->
         complain("cuStreamEndCapture", "the stream is not being captured");
         return code::ILLEGAL_STATE;
     };
+    if st
+        .captures
+        .get(&id)
+        .is_some_and(|c| c.strict && c.thread != Some(std::thread::current().id()))
+    {
+        complain(
+            "cuStreamEndCapture",
+            "ended on another thread than began it",
+        );
+        return code::STREAM_CAPTURE_WRONG_THREAD;
+    }
     if st.captures.get(&id).map(|c| c.origin) != Some(stream) {
         complain("cuStreamEndCapture", "not the stream the capture began on");
         return code::STREAM_CAPTURE_UNMATCHED;
@@ -1066,6 +1106,35 @@ pub unsafe extern "C" fn cuLaunchKernel(
     let Some(device) = crate::device_of(stream) else {
         return code::INVALID_HANDLE;
     };
+    // A launch on a stream of another GPU than the current context's fails.
+    if current() != Some(device) {
+        complain(
+            "cuLaunchKernel",
+            &format!(
+                "{name:?} on a stream of GPU {device} from the context of {:?}",
+                current()
+            ),
+        );
+        return code::INVALID_HANDLE;
+    }
+    // A shape the GPU refuses fails the call (the context stays usable).
+    let threads = u64::from(bx) * u64::from(by) * u64::from(bz);
+    if threads == 0
+        || threads > 1024
+        || bz > 64
+        || smem > 48 * 1024
+        || gy > 65535
+        || gz > 65535
+        || gx == 0
+        || gy == 0
+        || gz == 0
+    {
+        complain(
+            "cuLaunchKernel",
+            &format!("{name:?}: grid ({gx}, {gy}, {gz}) block ({bx}, {by}, {bz}) smem {smem}"),
+        );
+        return code::INVALID_VALUE;
+    }
     let (name, sig) = (name.clone(), sig.clone());
     let what = format!("kernel {}", name.to_string_lossy());
     let op: Op = Arc::new(move || {
@@ -1281,6 +1350,55 @@ mod tests {
             unsafe { cuCtxSynchronize() },
             code::ILLEGAL_ADDRESS,
             "sticky"
+        );
+        let mut q = 0u64;
+        // SAFETY: an out-pointer.
+        let r = unsafe { cuMemAlloc_v2(&mut q, 16) };
+        assert_eq!(r, code::ILLEGAL_ADDRESS, "a dead context allocates nothing");
+    }
+
+    #[test]
+    fn a_launch_from_another_gpus_context_or_of_a_refused_shape_fails_at_once() {
+        let (acc, x) = (dev_alloc(4), dev_alloc(4));
+        let s = new_stream();
+        set_current(Some(1));
+        assert_eq!(
+            add_assign(s, acc, x, 4),
+            code::INVALID_HANDLE,
+            "GPU 0's stream"
+        );
+        set_current(Some(0));
+        let f = function(c"add_assign");
+        let (mut a, mut b, mut n, mut store) = (acc, x, 4i32, 0i32);
+        let mut params = [
+            &mut a as *mut u64 as *mut c_void,
+            &mut b as *mut u64 as *mut c_void,
+            &mut n as *mut i32 as *mut c_void,
+            &mut store as *mut i32 as *mut c_void,
+        ];
+        // SAFETY: the kernel's parameters; 2048 threads per block is refused before it runs.
+        let r = unsafe {
+            cuLaunchKernel(
+                f,
+                1,
+                1,
+                1,
+                2048,
+                1,
+                1,
+                0,
+                s,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(r, code::INVALID_VALUE);
+        upload(x, &[1.0; 4]);
+        upload(acc, &[0.0; 4]);
+        assert_eq!(
+            add_assign(s, acc, x, 4),
+            code::SUCCESS,
+            "the context lives on"
         );
     }
 

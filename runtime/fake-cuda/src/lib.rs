@@ -62,6 +62,7 @@ pub mod code {
     pub const STREAM_CAPTURE_ISOLATION: i32 = 905;
     pub const STREAM_CAPTURE_IMPLICIT: i32 = 906;
     pub const CAPTURED_EVENT: i32 = 907;
+    pub const STREAM_CAPTURE_WRONG_THREAD: i32 = 908;
 }
 
 /// How many GPUs the driver reports: `RECIPE_FAKE_CUDA_GPUS`, 1 by default.

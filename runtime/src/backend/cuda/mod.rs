@@ -844,6 +844,17 @@ impl CudaDevice {
     /// at the next [`Device::sync`] with what the GPU had free and what to change, rather than
     /// panicking or queueing work on a buffer that does not exist.
     fn out_of_memory(&self, what: &str, bytes: usize, e: drv::DriverError) {
+        // An allocation also fails after the GPU faulted (every call of a dead context
+        // returns the fault): then the fault, recorded earlier, is the run's error, not memory
+        // (found by runtime/fake-cuda's review).
+        if e.0 != drv_sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            let earlier = self.error.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let text =
+                earlier.unwrap_or_else(|| format!("{what} of {} failed: {e:?}", human(bytes)));
+            let mut slot = self.out_of_memory.lock().unwrap_or_else(|p| p.into_inner());
+            slot.get_or_insert(text);
+            return;
+        }
         let mut slot = self.out_of_memory.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_some() {
             return;
