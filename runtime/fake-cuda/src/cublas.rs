@@ -540,6 +540,10 @@ struct Gemm {
     narrow: Narrow,
     alpha: f32,
     beta: f32,
+    /// The math mode lacks `CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION`: a 16-bit C may
+    /// get split-K partial sums added in its own type (modelled as two halves of `k`, each
+    /// rounded to C's type), so a caller relying on one rounding must set the flag.
+    reduced: bool,
 }
 
 impl Gemm {
@@ -637,6 +641,7 @@ impl Gemm {
             narrow,
             alpha,
             beta,
+            reduced: math & DISALLOW_REDUCED_PRECISION_REDUCTION == 0,
         })
     }
 
@@ -693,6 +698,58 @@ impl Gemm {
         Ok(())
     }
 
+    /// Each column of the matrix `i` (0 A, 1 B, 2 C) at `at`, as a byte range.
+    fn columns(&self, i: usize, at: u64) -> impl Iterator<Item = (u64, u64)> {
+        let (rows, cols, ld) = self.stored()[i];
+        let size = self.types[i].bytes() as u64;
+        (0..cols as u64).map(move |j| {
+            let start = at + j * ld as u64 * size;
+            (start, start + rows as u64 * size)
+        })
+    }
+
+    /// Refuses a C that overlaps an A or B it reads (undefined in cuBLAS: a GPU may read some
+    /// of A or B after writing C, where this fake reads every operand first), and items of a
+    /// batch whose Cs overlap (a GPU runs them concurrently). Element by element, column by
+    /// column: interleaved layouts (attention's heads) do not overlap.
+    fn check_overlaps(&self, items: &[[u64; 3]]) -> Result<(), String> {
+        // (start, end, is C, item)
+        let mut cols: Vec<(u64, u64, bool, usize)> = Vec::new();
+        for (j, &[a, b, c]) in items.iter().enumerate() {
+            cols.extend(self.columns(2, c).map(|(s, e)| (s, e, true, j)));
+            if self.reads_operands() {
+                cols.extend(self.columns(0, a).map(|(s, e)| (s, e, false, j)));
+                cols.extend(self.columns(1, b).map(|(s, e)| (s, e, false, j)));
+            }
+        }
+        cols.retain(|c| c.0 < c.1);
+        cols.sort_unstable();
+        // The C column with the furthest end so far, against each later column.
+        let mut open: Option<(u64, usize)> = None;
+        let mut open_any: Option<(u64, usize)> = None;
+        for &(start, end, is_c, item) in &cols {
+            if let Some((e, j)) = open.filter(|(e, _)| start < *e) {
+                let _ = e;
+                return Err(if is_c {
+                    format!("the C of items {j} and {item} overlap")
+                } else {
+                    format!("item {j}'s C overlaps an A or B of item {item}")
+                });
+            }
+            if is_c {
+                if let Some((_, j)) = open_any.filter(|(e, _)| start < *e) {
+                    return Err(format!("item {item}'s C overlaps an A or B of item {j}"));
+                }
+                if open.is_none_or(|(e, _)| end > e) {
+                    open = Some((end, item));
+                }
+            } else if open_any.is_none_or(|(e, _)| end > e) {
+                open_any = Some((end, item));
+            }
+        }
+        Ok(())
+    }
+
     /// Computes one GEMM on checked ranges.
     unsafe fn compute(&self, [a, b, c]: [u64; 3]) {
         let (ar, bc) = if self.reads_operands() {
@@ -745,8 +802,37 @@ impl Gemm {
             };
             out[at] = T::round(v);
         };
-        if self.reads_operands() {
-            dots(ar, bc, m, n, self.k, &mut put);
+        let k = self.k;
+        if self.reads_operands() && self.reduced && std::mem::size_of::<T>() == 2 && k >= 2 {
+            // Two partial products over the halves of k, each rounded to C's type, then added.
+            let half = k / 2;
+            let part = |from: usize, len: usize| {
+                let cut = |x: &[f32], rows: usize| -> Vec<f32> {
+                    (0..rows)
+                        .flat_map(|r| x[r * k + from..][..len].to_vec())
+                        .collect()
+                };
+                let mut out = vec![0f32; m * n];
+                dots(&cut(ar, m), &cut(bc, n), m, n, len, &mut |i, j, v| {
+                    out[i + j * m] = T::round(alpha * v).widen();
+                });
+                out
+            };
+            let (p1, p2) = (part(0, half), part(half, k - half));
+            for j in 0..n {
+                for i in 0..m {
+                    let at = i + j * ldc;
+                    let v = p1[i + j * m] + p2[i + j * m];
+                    let v = if beta == 0.0 {
+                        v
+                    } else {
+                        v + beta * out[at].widen()
+                    };
+                    out[at] = T::round(v);
+                }
+            }
+        } else if self.reads_operands() {
+            dots(ar, bc, m, n, k, &mut put);
         } else {
             for j in 0..n {
                 for i in 0..m {
@@ -963,6 +1049,7 @@ unsafe fn gemm(what: &'static str, h: *mut c_void, call: &Call, items: Items) ->
                     }
                 })?;
             }
+            g.check_overlaps(&addrs)?;
             addrs
         };
         for item in addrs {
@@ -1261,9 +1348,68 @@ mod tests {
 
     /// f16 operands into an f16 C: the f32 result rounded once, to nearest even; bf16
     /// operands into an f32 C.
+    /// Without `CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION` a 16-bit C gets its
+    /// partial sums rounded (split-K), which differs from one rounding: so the backend's
+    /// setting of the flag (`set_math`) is tested by every half-precision run.
+    #[test]
+    fn reduced_precision_reduction_rounds_partial_sums_unless_disallowed() {
+        let h = handle_on(GPU);
+        let (m, n, k) = (8, 8, 64);
+        let a: Vec<f16> = values(m * k, 21)
+            .iter()
+            .map(|&x| f16::from_f32(x))
+            .collect();
+        let b: Vec<f16> = values(k * n, 22)
+            .iter()
+            .map(|&x| f16::from_f32(x))
+            .collect();
+        let (ab, bb) = (Buf::new(GPU, 2 * a.len()), Buf::new(GPU, 2 * b.len()));
+        ab.write(0, &a);
+        bb.write(0, &b);
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let mut outs = Vec::new();
+        for mode in [DISALLOW_REDUCED_PRECISION_REDUCTION, 0] {
+            assert_eq!(unsafe { cublasSetMathMode(h, mode) }, status::SUCCESS);
+            let cb = Buf::new(GPU, 2 * m * n);
+            let r = unsafe {
+                cublasGemmEx(
+                    h,
+                    N,
+                    N,
+                    m as c_int,
+                    n as c_int,
+                    k as c_int,
+                    (&alpha as *const f32).cast(),
+                    ab.at::<u16>(0),
+                    CUDA_R_16F,
+                    m as c_int,
+                    bb.at::<u16>(0),
+                    CUDA_R_16F,
+                    k as c_int,
+                    (&beta as *const f32).cast(),
+                    cb.at::<u16>(0),
+                    CUDA_R_16F,
+                    m as c_int,
+                    COMPUTE_32F,
+                    -1,
+                )
+            };
+            assert_eq!(r, status::SUCCESS);
+            outs.push(cb.read::<f16>(m * n));
+        }
+        assert_ne!(
+            outs[0], outs[1],
+            "partial sums rounded to f16 change some outputs"
+        );
+        unsafe { cublasDestroy_v2(h) };
+    }
+
     #[test]
     fn half_operands_are_widened_and_the_output_rounded_once() {
         let h = handle_on(GPU);
+        // Rounded once only with reduced-precision reductions disallowed (the backend's mode).
+        let mode = DISALLOW_REDUCED_PRECISION_REDUCTION;
+        assert_eq!(unsafe { cublasSetMathMode(h, mode) }, status::SUCCESS);
         let (m, n, k) = (6, 5, 9);
         let (alpha, beta) = (1.25f32, 0.5f32);
         for (t, out_f32) in [(CUDA_R_16F, false), (CUDA_R_16BF, true), (CUDA_R_16F, true)] {
@@ -1552,6 +1698,46 @@ mod tests {
             );
         }
         unsafe { cublasDestroy_v2(h) };
+        // Items interleaved column by column (ldc 2m, stride m: attention's heads) are
+        // disjoint; a stride shorter than a matrix makes the Cs overlap, which a GPU would race.
+        // On a GPU of its own: the second call faults it.
+        const GPU_OVERLAP: i32 = 44;
+        let wide = Buf::new(GPU_OVERLAP, 4 * 2 * m * n * count);
+        let (ab, bb) = (Buf::of(GPU_OVERLAP, &a), Buf::of(GPU_OVERLAP, &b));
+        let h = handle_on(GPU_OVERLAP);
+        for (ldc, stride, want) in [
+            (2 * m, m, status::SUCCESS),
+            (m, m, status::EXECUTION_FAILED),
+        ] {
+            let r = unsafe {
+                cublasGemmStridedBatchedEx(
+                    h,
+                    T,
+                    T,
+                    m as c_int,
+                    n as c_int,
+                    k as c_int,
+                    (&alpha as *const f32).cast(),
+                    ab.at::<f32>(0),
+                    CUDA_R_32F,
+                    k as c_int,
+                    sa as c_longlong,
+                    bb.at::<f32>(0),
+                    CUDA_R_32F,
+                    n as c_int,
+                    sb as c_longlong,
+                    (&beta as *const f32).cast(),
+                    wide.at::<f32>(0),
+                    CUDA_R_32F,
+                    ldc as c_int,
+                    stride as c_longlong,
+                    2,
+                    COMPUTE_32F,
+                    -1,
+                )
+            };
+            assert_eq!(r, want, "ldc {ldc}, stride {stride}");
+        }
     }
 
     /// A matrix outside every live allocation faults the GPU (the call fails, and so does

@@ -241,8 +241,21 @@ fn release_on(d: i32, ptr: u64, what: &str) -> c_int {
         );
     }
     *st.used.entry(a.device).or_default() -= a.size;
-    // SAFETY: allocated by `allocate` with this layout, removed from the table once.
-    unsafe { std::alloc::dealloc(ptr as *mut u8, a.layout) };
+    // Freed memory is kept a while (the last 256 MiB freed) before it goes back to the host
+    // allocator, so that its addresses are not handed out again at once: a stale graph or
+    // queued operation still pointing there then fails its range check, instead of passing by
+    // chance on a new allocation at the same address.
+    st.graveyard.push_back((ptr, a.layout));
+    st.buried += a.layout.size();
+    while st.buried > 256 << 20 {
+        let Some((p, layout)) = st.graveyard.pop_front() else {
+            break;
+        };
+        st.buried -= layout.size();
+        // SAFETY: allocated by `allocate` with this layout, removed from the table once and
+        // released from the graveyard once.
+        unsafe { std::alloc::dealloc(p as *mut u8, layout) };
+    }
     code::SUCCESS
 }
 

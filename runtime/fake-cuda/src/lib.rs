@@ -140,6 +140,10 @@ pub struct State {
     pub allocs: BTreeMap<u64, Alloc>,
     /// Bytes allocated per device.
     pub used: HashMap<i32, usize>,
+    /// Freed device memory not yet given back to the host allocator, and its bytes
+    /// (`driver::release_on`).
+    pub graveyard: std::collections::VecDeque<(u64, std::alloc::Layout)>,
+    pub buried: usize,
     /// Live pinned host allocations.
     pub hosts: HashMap<u64, std::alloc::Layout>,
     /// Streams by handle (the legacy default stream, handle 0, is each device's own).
