@@ -62,12 +62,16 @@ const Entry table[] = {
 // threads per block, more than 48 KiB of dynamic shared memory without opting in, a grid's y or
 // z beyond 65535, an empty grid or block); -3 for parameters whose types (`signature`, one
 // letter each) are not the kernel's.
+// Whether a GPU accepts the launch shape (the limits above; the fake driver asks it too).
+extern "C" bool recipe_emu_shape_ok(const unsigned* grid, const unsigned* block, unsigned smem) {
+    unsigned long long threads = 1ull * block[0] * block[1] * block[2];
+    return !(threads == 0 || threads > 1024 || block[2] > 64 || smem > 48 * 1024 ||
+             grid[1] > 65535 || grid[2] > 65535 || grid[0] == 0 || grid[1] == 0 || grid[2] == 0);
+}
+
 extern "C" int recipe_emu_launch(const char* name, const unsigned* grid, const unsigned* block,
                                  unsigned smem, void** args, const char* signature) {
-    unsigned threads = block[0] * block[1] * block[2];
-    if (threads == 0 || threads > 1024 || block[2] > 64 || smem > 48 * 1024 || grid[1] > 65535 ||
-        grid[2] > 65535 || grid[0] == 0 || grid[1] == 0 || grid[2] == 0)
-        return -2;
+    if (!recipe_emu_shape_ok(grid, block, smem)) return -2;
     for (const Entry& e : table) {
         if (std::strcmp(e.name, name) == 0) {
             if (std::strcmp(e.signature, signature) != 0) return -3;

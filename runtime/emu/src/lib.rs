@@ -31,6 +31,14 @@ extern "C" {
     fn recipe_emu_kernel_count() -> c_uint;
     fn recipe_emu_kernel_name(i: c_uint) -> *const c_char;
     fn recipe_emu_kernel_signature(i: c_uint) -> *const c_char;
+    fn recipe_emu_shape_ok(grid: *const c_uint, block: *const c_uint, smem: c_uint) -> bool;
+}
+
+/// Whether a GPU accepts a launch of this shape (runtime/emu/cpp/launch.cpp's limits: 1024
+/// threads per block, 48 KiB of dynamic shared memory, grid y and z up to 65535, nothing empty).
+pub fn shape_ok(grid: [u32; 3], block: [u32; 3], smem: u32) -> bool {
+    // SAFETY: two arrays of three, read only.
+    unsafe { recipe_emu_shape_ok(grid.as_ptr(), block.as_ptr(), smem) }
 }
 
 thread_local! {

@@ -405,13 +405,8 @@ fn copy_op(
     // API's "API synchronization behavior"), which matters with asynchronous streams.
     let (pinned, capturing) = {
         let st = state();
-        let pinned = |p: u64| {
-            st.hosts
-                .iter()
-                .any(|(b, l)| p >= *b && p + n as u64 <= *b + l.size() as u64)
-        };
         (
-            (dst_dev || pinned(dst), src_dev || pinned(src)),
+            (dst_dev || st.pinned(dst, n), src_dev || st.pinned(src, n)),
             st.capture_of(stream).is_some(),
         )
     };
@@ -425,12 +420,8 @@ fn copy_op(
         {
             let st = state();
             // Pinned host memory must outlive the queued copies that use it.
-            let live = |p: u64| {
-                st.hosts
-                    .iter()
-                    .any(|(b, l)| p >= *b && p + n as u64 <= *b + l.size() as u64)
-            };
-            if (host_pinned.0 && !live(dst)) || (host_pinned.1 && staged.is_none() && !live(src)) {
+            let freed = |p: u64| !st.pinned(p, n);
+            if (host_pinned.0 && freed(dst)) || (host_pinned.1 && staged.is_none() && freed(src)) {
                 return Err("a pinned host buffer freed before its queued copy ran".into());
             }
             if dst_dev {
@@ -1131,17 +1122,7 @@ pub unsafe extern "C" fn cuLaunchKernel(
         return code::INVALID_HANDLE;
     }
     // A shape the GPU refuses fails the call (the context stays usable).
-    let threads = u64::from(bx) * u64::from(by) * u64::from(bz);
-    if threads == 0
-        || threads > 1024
-        || bz > 64
-        || smem > 48 * 1024
-        || gy > 65535
-        || gz > 65535
-        || gx == 0
-        || gy == 0
-        || gz == 0
-    {
+    if !recipe_kernel_emu::shape_ok([gx, gy, gz], [bx, by, bz], smem) {
         complain(
             "cuLaunchKernel",
             &format!("{name:?}: grid ({gx}, {gy}, {gz}) block ({bx}, {by}, {bz}) smem {smem}"),

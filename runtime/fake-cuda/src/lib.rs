@@ -218,6 +218,13 @@ impl State {
         complain("capture invalidated", why);
     }
 
+    /// Whether `[p, p + bytes)` lies in one live pinned host allocation.
+    pub fn pinned(&self, p: u64, bytes: usize) -> bool {
+        self.hosts
+            .iter()
+            .any(|(b, l)| p >= *b && p + bytes as u64 <= *b + l.size() as u64)
+    }
+
     /// Checks that `[ptr, ptr + bytes)` lies in one live allocation of `device`.
     pub fn check_range(&self, device: i32, ptr: u64, bytes: usize) -> Result<(), String> {
         let Some((base, a)) = self.allocs.range(..=ptr).next_back() else {
