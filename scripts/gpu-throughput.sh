@@ -40,6 +40,9 @@ else
     L=12; C=768; HEADS=12; INTER=3072; MICRO=32; SEQ=128; STEPS=40
 fi
 WARM=10
+# Each run (6 in all, within scripts/gpu-check.sh's 180 s) is bounded, so that one slow or hung
+# run costs its own figure only (a run cut short still logged its steps).
+RUN_LIMIT="${RUN_LIMIT:-30}"
 
 # Rows long enough to fill SEQ tokens each (lower-case words of the tokenizer's vocabulary), so
 # every batch of ours is as long as PyTorch's fixed-length one.
@@ -56,15 +59,20 @@ with open(path, "w") as f:
 PY
 
 # ours NAME MODE STEPS [--profile]: one run of ours into $W/NAME, RECIPE_HALF_GEMM=MODE
-# (RECIPE_CUDA_GRAPHS=$GRAPHS, default 0).
+# (RECIPE_CUDA_GRAPHS=$GRAPHS, default 0), at most $RUN_LIMIT seconds.
 ours() {
     local name=$1 mode=$2 steps=$3
     shift 3
-    ( cd "$W" && RECIPE_HALF_GEMM="$mode" RECIPE_CUDA_GRAPHS="${GRAPHS:-0}" "$BIN" run --quiet --device "$DEVICE" "$@" bert-base.rcp \
+    ( cd "$W" && RECIPE_HALF_GEMM="$mode" RECIPE_CUDA_GRAPHS="${GRAPHS:-0}" timeout "$RUN_LIMIT" "$BIN" run --quiet --device "$DEVICE" "$@" bert-base.rcp \
         --set "batch.micro=$MICRO" --set "data.max_len=$SEQ" --set "train.max_steps=$steps" \
         --set "train.output_dir=\"$name\"" ) > "$W/$name.log" 2>&1 \
         || { echo "recipe run ($name) failed: $W/$name.log" >&2; tail -5 "$W/$name.log" >&2; }
 }
+# The peer first, so that a slow run of ours cannot cost its figure.
+timeout "$RUN_LIMIT" "$PY" scripts/gpu/torch_bert_bench.py --device "$DEVICE" --layers "$L" --hidden "$C" \
+    --heads "$HEADS" --intermediate "$INTER" --batch "$MICRO" --seq "$SEQ" \
+    --steps "$((STEPS - WARM))" --warmup "$WARM" > "$W/torch.json" 2> "$W/torch.log" \
+    || { echo "the PyTorch peer failed: $W/torch.log" >&2; tail -5 "$W/torch.log" >&2; }
 ours out pack "$STEPS"
 ours convert convert "$STEPS"
 GRAPHS=1 ours graphs pack "$STEPS"
@@ -74,10 +82,6 @@ if [ "$DEVICE" = cuda ]; then
     cp "$W/profiled/profile.json" "$OUT/profile.json" 2>/dev/null || true
     cp "$W/profiled-convert/profile.json" "$OUT/profile-convert.json" 2>/dev/null || true
 fi
-"$PY" scripts/gpu/torch_bert_bench.py --device "$DEVICE" --layers "$L" --hidden "$C" \
-    --heads "$HEADS" --intermediate "$INTER" --batch "$MICRO" --seq "$SEQ" \
-    --steps "$((STEPS - WARM))" --warmup "$WARM" > "$W/torch.json" 2> "$W/torch.log" \
-    || { echo "the PyTorch peer failed: $W/torch.log" >&2; tail -5 "$W/torch.log" >&2; }
 
 "$PY" - "$W" "$DEVICE" "$L" "$C" "$SEQ" "$WARM" "${PEAK_TFLOPS:-989}" > "$OUT/throughput.json" <<'PY'
 import json, statistics, sys
