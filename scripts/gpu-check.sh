@@ -50,23 +50,11 @@ rm -rf "$OUT"; mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 BIN="$(pwd)/${RECIPE_BIN:-target/release/recipe}"
 PY="${PYTHON:-python3}"
-# What scripts/gpu-assets.sh packed (xz, to fit the device tool's 64 MiB): the binary, where none
-# was carried, and MiniLM in fp16 for the main job.
+# What scripts/gpu-assets.sh packed: the binary, where none was carried, and MiniLM in fp16 for
+# the main job.
 MINILM=gpu-assets/minilm
-if [ -f gpu-assets/recipe.xz ] && [ ! -x "$BIN" ]; then
-    mkdir -p "$(dirname "$BIN")"
-    "$PY" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-        gpu-assets/recipe.xz "$BIN.tmp" && chmod +x "$BIN.tmp" && mv "$BIN.tmp" "$BIN"
-fi
-if [ -f "$MINILM/model.safetensors.xz" ]; then
-    mkdir -p "$OUT/minilm"
-    cp "$MINILM/config.json" "$OUT/minilm/"
-    for f in model.safetensors tokenizer.json; do
-        "$PY" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-            "$MINILM/$f.xz" "$OUT/minilm/$f"
-    done
-    MINILM="$OUT/minilm"
-fi
+PYTHON="$PY" scripts/gpu/unpack.sh "$BIN" "$OUT/minilm"
+[ -f "$OUT/minilm/model.safetensors" ] && MINILM="$OUT/minilm"
 # Each part's commands are bounded, so a hang fails that part instead of the whole lease.
 LIMIT="${PART_LIMIT:-90}"
 BUDGET="${BUDGET:-300}"

@@ -58,6 +58,9 @@ with open(path, "w") as f:
         f.write(json.dumps({"text": text, "label": "spam" if i % 2 else "ham"}) + "\n")
 PY
 
+# SETUP_ONLY=1: the work folder only (scripts/gpu-profile.sh runs its own commands there).
+[ "${SETUP_ONLY:-0}" = 1 ] && exit 0
+
 # ours NAME MODE STEPS [--profile]: one run of ours into $W/NAME, RECIPE_HALF_GEMM=MODE
 # (RECIPE_CUDA_GRAPHS=$GRAPHS, default 0), at most $RUN_LIMIT seconds.
 ours() {

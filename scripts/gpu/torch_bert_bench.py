@@ -30,6 +30,9 @@ ap.add_argument("--seq", type=int, default=128)
 ap.add_argument("--steps", type=int, default=40)
 ap.add_argument("--warmup", type=int, default=10, help="untimed steps first")
 ap.add_argument("--plain", action="store_true", help="the plain-torch model even with transformers")
+ap.add_argument("--profile", metavar="PATH",
+                help="after the timed steps, profile 3 more with torch.profiler and write each CUDA "
+                     "kernel's calls and microseconds per step to PATH (JSON)")
 a = ap.parse_args()
 
 
@@ -123,19 +126,46 @@ def sync():
         torch.cuda.synchronize()
 
 
-times = []
-for step in range(a.warmup + a.steps):
-    sync()
-    t0 = time.perf_counter()
+def train_step():
     with torch.autocast(dev.type, dtype=amp):
         loss = model(input_ids=ids, attention_mask=mask, labels=labels)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(params, 1.0)
     opt.step()
     opt.zero_grad(set_to_none=True)
+
+
+times = []
+for step in range(a.warmup + a.steps):
+    sync()
+    t0 = time.perf_counter()
+    train_step()
     sync()
     if step >= a.warmup:
         times.append(time.perf_counter() - t0)
+
+if a.profile:
+    # Where the peer's GPU time goes, for scripts/gpu-profile.sh: each kernel's calls and
+    # microseconds per step (CUPTI's device times, not the host's).
+    from torch.profiler import ProfilerActivity, profile
+    n = 3
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            train_step()
+        sync()
+    # The Chrome trace's GPU events (its format is the stable interface: "cat" and "dur" in µs).
+    prof.export_chrome_trace(a.profile + ".trace")
+    rows = {}
+    for e in json.load(open(a.profile + ".trace"))["traceEvents"]:
+        if e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
+            continue
+        r = rows.setdefault(e["name"], [0, 0.0])
+        r[0] += 1
+        r[1] += e.get("dur", 0.0)
+    with open(a.profile, "w") as f:
+        json.dump(sorted(({"name": k, "calls_per_step": c / n, "us_per_step": t / n}
+                          for k, (c, t) in rows.items()), key=lambda r: -r["us_per_step"]),
+                  f, indent=1)
 
 med = statistics.median(times)
 print(json.dumps({

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Where a BERT-base training step's GPU time goes, kernel by kernel (docs/cuda.md, "Profiling"):
+# the shape of scripts/gpu-throughput.sh (seq 128, bf16, micro-batch 32), ours under Nsight
+# Compute (each kernel's own duration, cuBLAS's included, with its grid: `recipe run --profile`
+# times between events, which counts the GPU's waits for the host), and the PyTorch peer under
+# torch.profiler; also ours at micro-batch 64 (does a step cost less per sample when larger: the
+# share of fixed costs). For a GPU machine, carried as scripts/gpu-check.sh is:
+#   run(command="scripts/gpu-profile.sh", carry=["gpu-assets"])
+# Writes into $OUT (default gpu-profile/): ncu-recipe.csv (ncu's raw rows), torch-kernels.json,
+# summary.json (per step: each kernel family's microseconds, ours and PyTorch's), logs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+RESULTS="${OUT:-gpu-profile}"
+mkdir -p "$RESULTS"
+RESULTS="$(cd "$RESULTS" && pwd)"
+W="${WORK:-/tmp/gpu-profile-work}"
+rm -rf "$W"; mkdir -p "$W"
+W="$(cd "$W" && pwd)"
+BIN="$(pwd)/${RECIPE_BIN:-target/release/recipe}"
+PY="${PYTHON:-python3}"
+PYTHON="$PY" scripts/gpu/unpack.sh "$BIN"
+# The libraries as scripts/gpu-check.sh finds them (PyTorch's CUDA 13 wheels).
+SP="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+export LD_LIBRARY_PATH="$SP/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+SETUP_ONLY=1 OUT="$W" PYTHON="$PY" scripts/gpu-throughput.sh
+T="$W/throughput"
+STEPS="${STEPS:-5}"
+# About 850 kernels a step: skip two steps' launches, then profile enough for one whole step
+# between two optimizer steps whatever the count is.
+SKIP_LAUNCHES="${SKIP_LAUNCHES:-1700}"
+COUNT="${COUNT:-2200}"
+NCU="$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
+ours() {
+    local name=$1
+    shift
+    ( cd "$T" && "$@" "$BIN" run --quiet --device cuda bert-base.rcp --set "data.max_len=128" \
+        --set "train.output_dir=\"$name\"" ${EXTRA[@]+"${EXTRA[@]}"} ) > "$RESULTS/$name.log" 2>&1
+}
+EXTRA=(--set "batch.micro=32" --set "train.max_steps=$STEPS")
+ours ncu timeout 240 "${NCU:-ncu}" --clock-control none --metrics gpu__time_duration.sum --csv \
+    --print-units base --launch-skip "$SKIP_LAUNCHES" --launch-count "$COUNT" \
+    --log-file "$RESULTS/ncu-recipe.csv"
+EXTRA=(--set "batch.micro=64" --set "train.max_steps=20")
+ours micro64 timeout 60
+timeout 90 "$PY" scripts/gpu/torch_bert_bench.py --steps 10 --warmup 10 \
+    --profile "$RESULTS/torch-kernels.json" > "$RESULTS/torch.json" 2> "$RESULTS/torch.log"
+cp "$T/micro64/metrics.jsonl" "$RESULTS/micro64.jsonl" 2>/dev/null
+rm -f "$RESULTS/torch-kernels.json.trace"
+"$PY" scripts/gpu/profile_summary.py "$RESULTS" > "$RESULTS/summary.json"
+cat "$RESULTS/summary.json"

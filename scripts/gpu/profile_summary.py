@@ -1,0 +1,70 @@
+"""Summary of scripts/gpu-profile.sh's files in DIR: per training step, the GPU microseconds of
+each of our kernels (cuBLAS's by kernel and grid) from Nsight Compute's CSV, the PyTorch peer's
+from torch.profiler, and ours at micro-batch 64. Prints JSON.
+
+    python3 profile_summary.py DIR
+"""
+import csv
+import json
+import statistics
+import sys
+
+d = sys.argv[1]
+out = {}
+
+
+def per_step_rates(path, warm=5):
+    rows = [json.loads(l) for l in open(path)]
+    steps = [r for r in rows if "loss" in r]
+    t = [r["step"] / r["samples_per_s"] for r in steps]
+    rates = [(b["step"] - a["step"]) / (tb - ta)
+             for a, b, ta, tb in zip(steps, steps[1:], t, t[1:]) if a["step"] >= warm and tb > ta]
+    return statistics.median(rates)
+
+
+try:
+    with open(f"{d}/ncu-recipe.csv") as f:
+        lines = f.read().splitlines()
+    # ncu prints its own lines (==PROF==) before the CSV header.
+    start = next(i for i, l in enumerate(lines) if l.startswith('"ID"'))
+    rows = [r for r in csv.DictReader(lines[start:])
+            if r.get("Metric Name") == "gpu__time_duration.sum"]
+    names = [r["Kernel Name"] for r in rows]
+    # Whole steps only: from after the first optimizer step to the last one.
+    ends = [i for i, n in enumerate(names) if n.startswith("adamw_step")]
+    if len(ends) < 2:
+        raise ValueError(f"{len(ends)} optimizer steps captured")
+    window = rows[ends[0] + 1:ends[-1] + 1]
+    steps = len(ends) - 1
+    groups = {}
+    for r in window:
+        name = r["Kernel Name"]
+        ours = "(" not in name and "<" not in name and len(name) < 40
+        key = name if ours else f"{name[:90]} grid{r['Grid Size']} block{r['Block Size']}"
+        g = groups.setdefault(key, [0, 0.0])
+        g[0] += 1
+        g[1] += float(r["Metric Value"].replace(",", "")) / 1e3
+    total = sum(g[1] for g in groups.values())
+    out["recipe"] = {
+        "steps": steps,
+        "kernels_per_step": len(window) / steps,
+        "gpu_us_per_step": total / steps,
+        "rows": sorted(({"kernel": k, "calls_per_step": c / steps, "us_per_step": t / steps,
+                         "mean_us": t / c} for k, (c, t) in groups.items()),
+                       key=lambda r: -r["us_per_step"]),
+    }
+except (OSError, StopIteration, ValueError, KeyError) as e:
+    out["recipe"] = {"error": f"{type(e).__name__}: {e}"}
+try:
+    rows = json.load(open(f"{d}/torch-kernels.json"))
+    out["torch"] = {"gpu_us_per_step": sum(r["us_per_step"] for r in rows),
+                    "kernels_per_step": sum(r["calls_per_step"] for r in rows),
+                    "rows": rows[:40]}
+    out["torch"]["bench"] = json.loads(open(f"{d}/torch.json").read().strip().splitlines()[-1])
+except (OSError, ValueError, IndexError, KeyError) as e:
+    out.setdefault("torch", {})["error"] = f"{type(e).__name__}: {e}"
+try:
+    out["recipe_micro64_samples_per_s"] = per_step_rates(f"{d}/micro64.jsonl")
+except (OSError, ValueError, KeyError, statistics.StatisticsError) as e:
+    out["recipe_micro64_samples_per_s"] = {"error": f"{type(e).__name__}: {e}"}
+print(json.dumps(out, indent=1))
