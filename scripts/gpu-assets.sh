@@ -22,19 +22,25 @@ SRC="$CACHE/models/sentence-transformers--all-MiniLM-L6-v2"
 DEST=gpu-assets
 rm -rf "$DEST.partial"
 mkdir -p "$DEST.partial/minilm"
+# MiniLM packed before is kept (its compression takes most of a minute); the binary is repacked.
+if [ -f "$DEST/minilm/model.safetensors.xz" ] && [ -f "$DEST/minilm/tokenizer.json.xz" ]; then
+    cp "$DEST/minilm/"*.xz "$DEST.partial/minilm/"
+fi
 cp "$SRC/config.json" "$DEST.partial/minilm/"
 "$PY" - "$SRC" "$DEST.partial" "$BIN" <<'PY'
-import lzma, shutil, sys
+import lzma, os, sys
 import numpy as np
 from safetensors.numpy import load_file, save
 src, dest, binary = sys.argv[1:]
-t = load_file(f"{src}/model.safetensors")
-half = save({k: (v.astype(np.float16) if v.dtype == np.float32 else v) for k, v in t.items()})
+def half():
+    t = load_file(f"{src}/model.safetensors")
+    return save({k: (v.astype(np.float16) if v.dtype == np.float32 else v) for k, v in t.items()})
 def xz(data, path):
     with lzma.open(path, "wb", preset=9 | lzma.PRESET_EXTREME) as f:
         f.write(data)
-xz(half, f"{dest}/minilm/model.safetensors.xz")
-xz(open(f"{src}/tokenizer.json", "rb").read(), f"{dest}/minilm/tokenizer.json.xz")
+if not os.path.exists(f"{dest}/minilm/model.safetensors.xz"):
+    xz(half(), f"{dest}/minilm/model.safetensors.xz")
+    xz(open(f"{src}/tokenizer.json", "rb").read(), f"{dest}/minilm/tokenizer.json.xz")
 xz(open(binary, "rb").read(), f"{dest}/recipe.xz")
 PY
 rm -rf "$DEST"

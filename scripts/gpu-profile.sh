@@ -42,8 +42,11 @@ ours ncu timeout 240 "${NCU:-ncu}" --clock-control none --metrics gpu__time_dura
     --log-file "$RESULTS/ncu-recipe.csv"
 EXTRA=(--set "batch.micro=64" --set "train.max_steps=20")
 ours micro64 timeout 60
-timeout 90 "$PY" scripts/gpu/torch_bert_bench.py --steps 10 --warmup 10 \
-    --profile "$RESULTS/torch-kernels.json" > "$RESULTS/torch.json" 2> "$RESULTS/torch.log"
+# PEER=0 leaves the PyTorch peer out (its profile does not change with ours).
+if [ "${PEER:-1}" != 0 ]; then
+    timeout 90 "$PY" scripts/gpu/torch_bert_bench.py --steps 10 --warmup 10 \
+        --profile "$RESULTS/torch-kernels.json" > "$RESULTS/torch.json" 2> "$RESULTS/torch.log"
+fi
 cp "$T/micro64/metrics.jsonl" "$RESULTS/micro64.jsonl" 2>/dev/null
 rm -f "$RESULTS/torch-kernels.json.trace"
 "$PY" scripts/gpu/profile_summary.py "$RESULTS" > "$RESULTS/summary.json"

@@ -14,8 +14,13 @@
 // accumulators, kept in registers); the CPU emulation's compiler has no such pragma.
 #ifdef RECIPE_EMU
 #define UNROLL
+#define UNROLL8
 #else
 #define UNROLL _Pragma("unroll")
+// Unrolls a loop over rows by 8, so that a thread issues 8 rows' loads before the first add
+// needs one: a column sum's additions stay in row order, but its loads no longer wait for each
+// other (docs/cuda.md, "Performance").
+#define UNROLL8 _Pragma("unroll 8")
 #endif
 
 // Storage dtypes, the values of the `store` argument (runtime/src/backend/kernels/mod.rs).
@@ -97,6 +102,12 @@ __device__ __forceinline__ float f16_value(unsigned short b) {
 #endif
 }
 
+// The column of element i of a matrix `cols` wide: in 32 bits when i fits (a 64-bit remainder is
+// a long software sequence on a GPU, which made the bias kernels compute-bound), else in 64.
+__device__ __forceinline__ int col_of(long long i, int cols) {
+    if (i <= 0x7fffffffLL) return (int)((unsigned)i % (unsigned)cols);
+    return (int)(i % cols);
+}
 // Element i of a buffer whose elements are of type t (STORE_F32: floats; STORE_F16/STORE_BF16:
 // the 16 bits a device keeps a stored fp16/bf16 activation in, runtime/src/backend/device.rs
 // `Arg::Typed`), as f32. The kernels that take such a buffer take its type after it.

@@ -16,7 +16,7 @@ extern "C" __global__ void add_bias(void* out, int out_t, const void* bias, int 
                                     int cols, int first, int store) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < (long long)rows * cols) {
-        float b = ld(bias, i % cols, bias_t);
+        float b = ld(bias, col_of(i, cols), bias_t);
         sto(out, i, st(st(ld(out, i, out_t), first) + b, store), out_t);
     }
 }
@@ -39,6 +39,7 @@ extern "C" __global__ void bias_grad_part(float* part, const void* dout, int dou
     int r0 = blockIdx.y * chunk;
     int r1 = min(rows, r0 + chunk);
     float acc = 0.0f;
+    UNROLL8
     for (int r = r0; r < r1; r++) acc += ld(dout, (long long)r * cols + c, dout_t);
     part[(long long)blockIdx.y * cols + c] = acc;
 }
@@ -51,6 +52,7 @@ extern "C" __global__ void bias_grad(float* db, const void* dout, int dout_t, in
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
     float acc = db[c];
+    UNROLL8
     for (int r = 0; r < rows; r++) acc += ld(dout, (long long)r * cols + c, dout_t);
     db[c] = st(acc, store);
 }
@@ -60,7 +62,9 @@ extern "C" __global__ void bias_grad(float* db, const void* dout, int dout_t, in
 extern "C" __global__ void round_rows(float* x, int rows, int cols, int ld, int store) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < (long long)rows * cols) {
-        long long at = (i / cols) * ld + i % cols;
+        // i's row and column, in 32 bits when i fits (common.cuh, col_of).
+        long long r = i <= 0x7fffffffLL ? (long long)((unsigned)i / (unsigned)cols) : i / cols;
+        long long at = r * ld + (i - r * cols);
         x[at] = st(x[at], store);
     }
 }
@@ -117,7 +121,7 @@ extern "C" __global__ void bias_gelu(void* inter, int inter_t, void* act, int ac
                                      int store) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < (long long)rows * cols) {
-        float x = st(st(ld(inter, i, inter_t), store) + ld(bias, i % cols, bias_t), store);
+        float x = st(st(ld(inter, i, inter_t), store) + ld(bias, col_of(i, cols), bias_t), store);
         sto(inter, i, x, inter_t);
         sto(act, i, st(gelu(x), store), act_t);
     }
@@ -135,7 +139,7 @@ extern "C" __global__ void bias_dropout_add(void* out, int out_t, const void* bi
                                             float scale, int store) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < (long long)rows * cols) {
-        float v = st(st(ld(out, i, out_t), store) + ld(bias, i % cols, bias_t), store);
+        float v = st(st(ld(out, i, out_t), store) + ld(bias, col_of(i, cols), bias_t), store);
         if (drop) {
             DropKey k = drop_key(key, site);
             v = st(op_mul(v, dropout_mult((unsigned long long)i, k.seed, k.stream, threshold,

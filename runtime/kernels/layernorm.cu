@@ -118,6 +118,7 @@ extern "C" __global__ void layernorm_bwd_dwdb(float* pw, float* pb, const void* 
     int r0 = blockIdx.y * chunk;
     int r1 = min(rows, r0 + chunk);
     float aw = 0.0f, ab = 0.0f;
+    UNROLL8
     for (int r = r0; r < r1; r++) {
         long long at = (long long)r * cols + c;
         float xhat = (ld(inp, at, inp_t) - mean[r]) * rstd[r];
