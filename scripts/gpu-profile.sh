@@ -6,8 +6,9 @@
 # torch.profiler; also ours at micro-batch 64 (does a step cost less per sample when larger: the
 # share of fixed costs). For a GPU machine, carried as scripts/gpu-check.sh is:
 #   run(command="scripts/gpu-profile.sh", carry=["gpu-assets"])
-# Writes into $OUT (default gpu-profile/): ncu-recipe.csv (ncu's raw rows), torch-kernels.json,
-# summary.json (per step: each kernel family's microseconds, ours and PyTorch's), logs.
+# Writes into $OUT (default gpu-profile/): ncu-recipe.csv (ncu's raw rows), ncu-sol.csv (the speed
+# of light of our kernels), torch-kernels.json, summary.json (per step: each kernel's
+# microseconds, ours and PyTorch's; each of our kernels' memory and compute shares), logs.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS="${OUT:-gpu-profile}"
@@ -40,6 +41,12 @@ EXTRA=(--set "batch.micro=32" --set "train.max_steps=$STEPS")
 ours ncu timeout 240 "${NCU:-ncu}" --clock-control none --metrics gpu__time_duration.sum --csv \
     --print-units base --launch-skip "$SKIP_LAUNCHES" --launch-count "$COUNT" \
     --log-file "$RESULTS/ncu-recipe.csv"
+# Speed of light of our own kernels (the share of the GPU's memory and compute bandwidth each
+# reaches): whether a kernel is bound by memory, by its instructions, or by neither (latency).
+EXTRA=(--set "batch.micro=32" --set "train.max_steps=3")
+ours sol timeout 120 "${NCU:-ncu}" --clock-control none --section SpeedOfLight --csv \
+    --print-units base --kernel-name "regex:^(layernorm|attention_softmax|bias_|gelu_bwd|add_bias|round_rows|embedding_bwd|adamw)" \
+    --launch-skip 40 --launch-count 60 --log-file "$RESULTS/ncu-sol.csv"
 EXTRA=(--set "batch.micro=64" --set "train.max_steps=20")
 ours micro64 timeout 60
 # PEER=0 leaves the PyTorch peer out (its profile does not change with ours).
@@ -50,4 +57,6 @@ fi
 cp "$T/micro64/metrics.jsonl" "$RESULTS/micro64.jsonl" 2>/dev/null
 rm -f "$RESULTS/torch-kernels.json.trace"
 "$PY" scripts/gpu/profile_summary.py "$RESULTS" > "$RESULTS/summary.json"
+# The logs in one file (the device tool brings back 8 files at most).
+( cd "$RESULTS" && tar czf logs.tgz --remove-files ./*.log micro64.jsonl torch.json 2>/dev/null )
 cat "$RESULTS/summary.json"

@@ -13,12 +13,6 @@
 // warp's fixed butterfly, so the same inputs give the same bits.
 #include "common.cuh"
 
-// Keys per lane a row keeps in registers between its passes (rows of up to 32 · HELD keys: seq
-// 256); a longer row goes through memory (`scores`, `dp`) instead. The same operations in the same
-// order either way, so the same bits; in registers a pass reads the row once instead of three
-// times (docs/cuda.md, "Performance").
-#define HELD 8
-
 // Forward: `scores` holds scale · q·kᵀ from the GEMM, unrounded, and is the kernel's f32
 // workspace; + f32_lowest() for a masked key (added, not replaced: a fully masked row then
 // softmaxes to a finite uniform row, as in PyTorch), the softmax rounded to `store` into probs;
@@ -37,45 +31,6 @@ extern "C" __global__ void attention_softmax(float* scores, void* probs, int pro
     long long at = (long long)r * seq;  // the element index of key 0
     const unsigned* m = mask + (long long)(r / (heads * seq)) * seq;  // this sequence's keys
     float* row = scores + at;
-    DropKey k = {0, 0};
-    if (dropout) k = drop_key(key, site);
-    if (seq <= 32 * HELD) {
-        float v[HELD];
-        float mx = -f32_inf();
-        UNROLL
-        for (int t = 0; t < HELD; t++) {
-            int j = lane + 32 * t;
-            if (j < seq) {
-                float x = row[j];
-                if (m[j] == 0) x += f32_lowest();
-                v[t] = x;
-                mx = fmaxf(mx, x);
-            }
-        }
-        mx = warp_max(mx);
-        float sum = 0.0f;
-        UNROLL
-        for (int t = 0; t < HELD; t++) {
-            if (lane + 32 * t < seq) {
-                v[t] = expf(v[t] - mx);
-                sum += v[t];
-            }
-        }
-        sum = warp_sum(sum);
-        UNROLL
-        for (int t = 0; t < HELD; t++) {
-            int j = lane + 32 * t;
-            if (j < seq) {
-                float p = st(v[t] / sum, store);
-                sto(probs, at + j, p, probs_t);
-                if (dropout) {
-                    float kept = p * dropout_mult(at + j, k.seed, k.stream, threshold, dscale);
-                    sto(probs_drop, at + j, st(kept, store), pd_t);
-                }
-            }
-        }
-        return;
-    }
     float mx = -f32_inf();
     for (int j = lane; j < seq; j += 32) {
         float x = row[j];
@@ -91,6 +46,8 @@ extern "C" __global__ void attention_softmax(float* scores, void* probs, int pro
         sum += e;
     }
     sum = warp_sum(sum);
+    DropKey k = {0, 0};
+    if (dropout) k = drop_key(key, site);
     for (int j = lane; j < seq; j += 32) {
         float p = st(row[j] / sum, store);
         sto(probs, at + j, p, probs_t);
@@ -116,26 +73,6 @@ extern "C" __global__ void attention_softmax_bwd(float* dp, void* ds, int ds_t, 
     long long at = (long long)r * seq;
     float* row = dp + at;
     float dot = 0.0f;
-    if (seq <= 32 * HELD) {
-        float x[HELD], p[HELD];
-        UNROLL
-        for (int t = 0; t < HELD; t++) {
-            int j = lane + 32 * t;
-            if (j < seq) {
-                x[t] = row[j];
-                if (dropout) x[t] = ld(pd, at + j, pd_t) != 0.0f ? x[t] * dscale : 0.0f;
-                p[t] = ld(probs, at + j, probs_t);
-                dot += x[t] * p[t];
-            }
-        }
-        dot = warp_sum(dot);
-        UNROLL
-        for (int t = 0; t < HELD; t++) {
-            int j = lane + 32 * t;
-            if (j < seq) sto(ds, at + j, st(p[t] * (x[t] - dot), store), ds_t);
-        }
-        return;
-    }
     for (int j = lane; j < seq; j += 32) {
         float x = row[j];
         if (dropout) x = ld(pd, at + j, pd_t) != 0.0f ? x * dscale : 0.0f;

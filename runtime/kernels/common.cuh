@@ -14,14 +14,12 @@
 // accumulators, kept in registers); the CPU emulation's compiler has no such pragma.
 #ifdef RECIPE_EMU
 #define UNROLL
-#define UNROLL8
 #else
 #define UNROLL _Pragma("unroll")
-// Unrolls a loop over rows by 8, so that a thread issues 8 rows' loads before the first add
-// needs one: a column sum's additions stay in row order, but its loads no longer wait for each
-// other (docs/cuda.md, "Performance").
-#define UNROLL8 _Pragma("unroll 8")
 #endif
+// Rows a column sum loads before it adds them (column_sum, layernorm_bwd_dwdb): its additions
+// stay in row order, but its loads no longer wait for each other (docs/cuda.md, "Performance").
+#define ROWS_AHEAD 8
 
 // Storage dtypes, the values of the `store` argument (runtime/src/backend/kernels/mod.rs).
 #define STORE_F32 0
@@ -117,6 +115,41 @@ __device__ __forceinline__ float ld(const void* p, long long i, int t) {
     return t == STORE_BF16 ? __uint_as_float(((unsigned)b) << 16) : f16_value(b);
 }
 
+// ld with the type known at compile time: in a loop, the loads of several iterations can then be
+// issued before the first one's value is used (a run-time type is a branch in every iteration,
+// which keeps them one at a time).
+template <int T>
+__device__ __forceinline__ float ldt(const void* p, long long i) {
+    if (T == STORE_F32) return ((const float*)p)[i];
+    unsigned short b = ((const unsigned short*)p)[i];
+    return T == STORE_BF16 ? __uint_as_float(((unsigned)b) << 16) : f16_value(b);
+}
+// acc + Σ x[r, c] for r in [r0, r1) of a matrix `cols` wide of type T, added in row order, the
+// loads ROWS_AHEAD rows at a time.
+template <int T>
+__device__ __forceinline__ float column_sum(float acc, const void* x, int r0, int r1, int cols,
+                                            int c) {
+    int r = r0;
+    for (; r + ROWS_AHEAD <= r1; r += ROWS_AHEAD) {
+        float v[ROWS_AHEAD];
+        UNROLL
+        for (int u = 0; u < ROWS_AHEAD; u++) v[u] = ldt<T>(x, (long long)(r + u) * cols + c);
+        UNROLL
+        for (int u = 0; u < ROWS_AHEAD; u++) acc += v[u];
+    }
+    for (; r < r1; r++) acc += ldt<T>(x, (long long)r * cols + c);
+    return acc;
+}
+// Calls F<T>(args...) for the run-time type t (STORE_F32, STORE_F16 or STORE_BF16).
+#define BY_TYPE(t, F, ...)                    \
+    do {                                      \
+        if ((t) == STORE_F32)                 \
+            F<STORE_F32>(__VA_ARGS__);        \
+        else if ((t) == STORE_F16)            \
+            F<STORE_F16>(__VA_ARGS__);        \
+        else                                  \
+            F<STORE_BF16>(__VA_ARGS__);       \
+    } while (0)
 // Stores v as element i of a buffer of type t (ld's): a value already rounded to that dtype
 // (st) keeps its bits exactly.
 __device__ __forceinline__ void sto(void* p, long long i, float v, int t) {
@@ -237,6 +270,18 @@ __device__ __forceinline__ float dropout_mult(unsigned long long idx, unsigned l
     // memory (a stack frame ptxas reports), where registers suffice.
     unsigned w = (idx & 2) ? ((idx & 1) ? c[3] : c[2]) : ((idx & 1) ? c[1] : c[0]);
     return w >= threshold ? scale : 0.0f;
+}
+
+// The dropout multipliers of elements 4·blk … 4·blk + 3 (dropout_mult's, for the four words of
+// Philox block blk): one Philox call for four elements instead of four.
+__device__ __forceinline__ void dropout_mult4(float m[4], unsigned long long blk,
+                                              unsigned long long seed, unsigned long long stream,
+                                              unsigned threshold, float scale) {
+    unsigned c[4] = {(unsigned)blk, (unsigned)(blk >> 32), (unsigned)stream,
+                     (unsigned)(stream >> 32)};
+    philox4x32(c, (unsigned)seed, (unsigned)(seed >> 32));
+    UNROLL
+    for (int w = 0; w < 4; w++) m[w] = c[w] >= threshold ? scale : 0.0f;
 }
 
 // A dropout site's Philox key and stream. The micro-batch's (seed, first stream) live in device

@@ -32,29 +32,33 @@ extern "C" __global__ void convert(void* dst, int dst_t, const void* src, int sr
 // Backend::bias_grad's order (backend/mod.rs), in two passes and no atomics. The first:
 // part[k, c] = Σ dout[r, c] over chunk k's rows (`chunk` of them, the last one shorter), in row
 // order from zero; a grid of (columns, chunks), so every chunk of every column runs at once.
-extern "C" __global__ void bias_grad_part(float* part, const void* dout, int dout_t, int rows,
-                                          int cols, int chunk) {
+template <int T>
+__device__ __forceinline__ void bias_grad_part_t(float* part, const void* dout, int rows, int cols,
+                                                 int chunk) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
     int r0 = blockIdx.y * chunk;
     int r1 = min(rows, r0 + chunk);
-    float acc = 0.0f;
-    UNROLL8
-    for (int r = r0; r < r1; r++) acc += ld(dout, (long long)r * cols + c, dout_t);
-    part[(long long)blockIdx.y * cols + c] = acc;
+    part[(long long)blockIdx.y * cols + c] = column_sum<T>(0.0f, dout, r0, r1, cols, c);
+}
+extern "C" __global__ void bias_grad_part(float* part, const void* dout, int dout_t, int rows,
+                                          int cols, int chunk) {
+    BY_TYPE(dout_t, bias_grad_part_t, part, dout, rows, cols, chunk);
 }
 
 // The second: db[c] += Σ_r part[r, c] (the chunks' sums, `rows` of them), one thread per column
 // adding them in order, then rounded: the same additions in the same order as the CPU backend,
 // so the same bits.
-extern "C" __global__ void bias_grad(float* db, const void* dout, int dout_t, int rows, int cols,
-                                     int store) {
+template <int T>
+__device__ __forceinline__ void bias_grad_t(float* db, const void* dout, int rows, int cols,
+                                            int store) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
-    float acc = db[c];
-    UNROLL8
-    for (int r = 0; r < rows; r++) acc += ld(dout, (long long)r * cols + c, dout_t);
-    db[c] = st(acc, store);
+    db[c] = st(column_sum<T>(db[c], dout, 0, rows, cols, c), store);
+}
+extern "C" __global__ void bias_grad(float* db, const void* dout, int dout_t, int rows, int cols,
+                                     int store) {
+    BY_TYPE(dout_t, bias_grad_t, db, dout, rows, cols, store);
 }
 
 // Rounds rows × cols of a matrix with row stride ld to the storage dtype (after a cuBLAS GEMM,
@@ -131,22 +135,29 @@ extern "C" __global__ void bias_gelu(void* inter, int inter_t, void* act, int ac
 // kernels round it: out = ((st(out) + bias) · mask·scale) + residual, `out` as bias_gelu's
 // `inter`. The multiply is op_mul (common.cuh)
 // so that, in fp32 where nothing rounds between, it is not contracted with the add into an FMA
-// the three kernels never make.
+// the three kernels never make. Each thread takes the four elements of one Philox block
+// (dropout_mult4), so the generator runs once per four elements.
 extern "C" __global__ void bias_dropout_add(void* out, int out_t, const void* bias, int bias_t,
                                             const void* residual, int residual_t, int rows,
                                             int cols, int drop, const unsigned* key,
                                             unsigned long long site, unsigned threshold,
                                             float scale, int store) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < (long long)rows * cols) {
-        float v = st(st(ld(out, i, out_t), store) + ld(bias, col_of(i, cols), bias_t), store);
-        if (drop) {
-            DropKey k = drop_key(key, site);
-            v = st(op_mul(v, dropout_mult((unsigned long long)i, k.seed, k.stream, threshold,
-                                          scale)),
-                   store);
+    long long blk = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long n = (long long)rows * cols;
+    if (4 * blk >= n) return;
+    float mult[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+    if (drop) {
+        DropKey k = drop_key(key, site);
+        dropout_mult4(mult, (unsigned long long)blk, k.seed, k.stream, threshold, scale);
+    }
+    UNROLL
+    for (int w = 0; w < 4; w++) {
+        long long i = 4 * blk + w;
+        if (i < n) {
+            float v = st(st(ld(out, i, out_t), store) + ld(bias, col_of(i, cols), bias_t), store);
+            if (drop) v = st(op_mul(v, mult[w]), store);
+            sto(out, i, st(v + ld(residual, i, residual_t), store), out_t);
         }
-        sto(out, i, st(v + ld(residual, i, residual_t), store), out_t);
     }
 }
 

@@ -109,24 +109,60 @@ extern "C" __global__ void layernorm_bwd_dinp(void* dinp, int dinp_t, const void
 // the first pass, a grid of (columns, chunks) writing each chunk's sums to pw and pb; the second
 // is bias_grad (elementwise.cu) over them. op_add/op_mul keep NVRTC from fusing the product into
 // an FMA the CPU does not make.
-extern "C" __global__ void layernorm_bwd_dwdb(float* pw, float* pb, const void* dout,
-                                              int dout_t, const void* inp, int inp_t,
-                                              const float* mean, const float* rstd, int rows,
-                                              int cols, int chunk) {
+template <int TI, int TD>
+__device__ __forceinline__ void layernorm_bwd_dwdb_t(float* pw, float* pb, const void* dout,
+                                                     const void* inp, const float* mean,
+                                                     const float* rstd, int rows, int cols,
+                                                     int chunk) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
     int r0 = blockIdx.y * chunk;
     int r1 = min(rows, r0 + chunk);
     float aw = 0.0f, ab = 0.0f;
-    UNROLL8
-    for (int r = r0; r < r1; r++) {
+    int r = r0;
+    // Eight rows' loads first, then their additions in row order (common.cuh, ROWS_AHEAD).
+    for (; r + ROWS_AHEAD <= r1; r += ROWS_AHEAD) {
+        float x[ROWS_AHEAD], g[ROWS_AHEAD];
+        UNROLL
+        for (int u = 0; u < ROWS_AHEAD; u++) {
+            long long at = (long long)(r + u) * cols + c;
+            x[u] = (ldt<TI>(inp, at) - mean[r + u]) * rstd[r + u];
+            g[u] = ldt<TD>(dout, at);
+        }
+        UNROLL
+        for (int u = 0; u < ROWS_AHEAD; u++) {
+            aw = op_add(aw, op_mul(g[u], x[u]));
+            ab += g[u];
+        }
+    }
+    for (; r < r1; r++) {
         long long at = (long long)r * cols + c;
-        float xhat = (ld(inp, at, inp_t) - mean[r]) * rstd[r];
-        float g = ld(dout, at, dout_t);
+        float xhat = (ldt<TI>(inp, at) - mean[r]) * rstd[r];
+        float g = ldt<TD>(dout, at);
         aw = op_add(aw, op_mul(g, xhat));
         ab += g;
     }
     long long out = (long long)blockIdx.y * cols + c;
     pw[out] = aw;
     pb[out] = ab;
+}
+// The dout types for one inp type (BY_TYPE takes one template parameter).
+template <int TI>
+__device__ __forceinline__ void layernorm_bwd_dwdb_i(float* pw, float* pb, const void* dout,
+                                                     int dout_t, const void* inp,
+                                                     const float* mean, const float* rstd,
+                                                     int rows, int cols, int chunk) {
+    if (dout_t == STORE_F32)
+        layernorm_bwd_dwdb_t<TI, STORE_F32>(pw, pb, dout, inp, mean, rstd, rows, cols, chunk);
+    else if (dout_t == STORE_F16)
+        layernorm_bwd_dwdb_t<TI, STORE_F16>(pw, pb, dout, inp, mean, rstd, rows, cols, chunk);
+    else
+        layernorm_bwd_dwdb_t<TI, STORE_BF16>(pw, pb, dout, inp, mean, rstd, rows, cols, chunk);
+}
+extern "C" __global__ void layernorm_bwd_dwdb(float* pw, float* pb, const void* dout,
+                                              int dout_t, const void* inp, int inp_t,
+                                              const float* mean, const float* rstd, int rows,
+                                              int cols, int chunk) {
+    BY_TYPE(inp_t, layernorm_bwd_dwdb_i, pw, pb, dout, dout_t, inp, mean, rstd, rows, cols,
+            chunk);
 }

@@ -64,6 +64,23 @@ try:
 except (OSError, ValueError, IndexError, KeyError) as e:
     out.setdefault("torch", {})["error"] = f"{type(e).__name__}: {e}"
 try:
+    # Nsight Compute's SpeedOfLight section: each metric's mean over a kernel's calls.
+    with open(f"{d}/ncu-sol.csv") as f:
+        lines = f.read().splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith('"ID"'))
+    sol = {}
+    for r in csv.DictReader(lines[start:]):
+        name = r["Kernel Name"].split("(")[0]
+        m = sol.setdefault(name, {}).setdefault(f'{r["Metric Name"]} [{r["Metric Unit"]}]', [])
+        try:
+            m.append(float(r["Metric Value"].replace(",", "")))
+        except ValueError:
+            pass
+    out["recipe_speed_of_light"] = {k: {m: sum(v) / len(v) for m, v in ms.items() if v}
+                                    for k, ms in sol.items()}
+except (OSError, StopIteration, KeyError) as e:
+    out["recipe_speed_of_light"] = {"error": f"{type(e).__name__}: {e}"}
+try:
     out["recipe_micro64_samples_per_s"] = per_step_rates(f"{d}/micro64.jsonl")
 except (OSError, ValueError, KeyError, statistics.StatisticsError) as e:
     out["recipe_micro64_samples_per_s"] = {"error": f"{type(e).__name__}: {e}"}

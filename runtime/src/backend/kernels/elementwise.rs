@@ -210,7 +210,8 @@ pub(super) fn bias_dropout_add<D: Device>(
     let p = k.typed_mut(&mut k.dev.view_mut(out));
     k.dev.launch(
         "bias_dropout_add",
-        grid1(n),
+        // A thread per four elements (one Philox block).
+        grid1(n.div_ceil(4)),
         &[
             p,
             k.typed(bias),
