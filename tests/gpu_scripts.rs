@@ -1,0 +1,56 @@
+//! The GPU scripts' own arithmetic, on recorded inputs: `scripts/gpu/profile_summary.py` turns
+//! Nsight Compute's CSV (its `==PROF==` lines, thousands separators, cuBLAS kernels by grid),
+//! the speed-of-light section, torch.profiler's rows and a run's metrics into per-step figures
+//! (tests/fixtures/gpu-profile/). Needs `python3` (or `$PYTHON`), which CI installs.
+
+use std::path::Path;
+use std::process::Command;
+
+fn summary() -> serde_json::Value {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let py = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = Command::new(&py)
+        .arg(root.join("scripts/gpu/profile_summary.py"))
+        .arg(root.join("tests/fixtures/gpu-profile"))
+        .output()
+        .unwrap_or_else(|e| panic!("this test needs {py} (set PYTHON): {e}"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the summary is JSON")
+}
+
+#[test]
+fn a_profile_counts_whole_steps_between_two_optimizer_steps() {
+    let s = summary();
+    let r = &s["recipe"];
+    // The kernels after the first adamw_step up to the second one: one whole step, 4 kernels.
+    assert_eq!(r["steps"], 1);
+    assert_eq!(r["kernels_per_step"], 4.0);
+    assert_eq!(r["gpu_us_per_step"], 1035.0);
+    let rows = r["rows"].as_array().unwrap();
+    assert_eq!(rows[0]["kernel"], "adamw_step");
+    // cuBLAS's kernels are told apart by their grid; their two calls are summed.
+    let gemm = &rows[1];
+    assert!(gemm["kernel"]
+        .as_str()
+        .unwrap()
+        .ends_with("grid(2, 64, 1) block(384, 1, 1)"));
+    assert_eq!(gemm["calls_per_step"], 2.0);
+    assert_eq!(gemm["mean_us"], 15.0);
+}
+
+#[test]
+fn a_profile_reads_the_speed_of_light_the_peer_and_the_larger_batch() {
+    let s = summary();
+    let sol = &s["recipe_speed_of_light"]["layernorm_fwd"];
+    assert_eq!(sol["Memory Throughput [%]"], 42.0);
+    assert_eq!(sol["Duration [ns]"], 22000.0);
+    assert_eq!(s["torch"]["gpu_us_per_step"], 927.5);
+    assert_eq!(s["torch"]["bench"]["samples_per_s"], 1264.4);
+    // 64 samples every 25 ms after a slow first step: the median per-step rate ignores it.
+    let rate = s["recipe_micro64_samples_per_s"].as_f64().unwrap();
+    assert!((rate - 2560.0).abs() < 1e-6, "{rate}");
+}
