@@ -12,14 +12,16 @@
 #   nvidia-smi.csv   the GPU and driver
 #   kernels.txt      NVRTC on this machine: every kernel for the GPU's architecture
 #   selftest.txt/.json  every operation on the GPU against the CPU backend (fp32, fp16, bf16),
-#                    with CUDA graphs on (RECIPE_CUDA_GRAPHS=1: graph.replay); its "self-test
+#                    with CUDA graphs on (the default: graph.replay); its "self-test
 #                    on" line names the driver, NVRTC and cuBLAS versions loaded
 #   selftest-convert.txt/.json  the same with cuBLAS converting the half GEMMs' operands
-#                    (RECIPE_HALF_GEMM=convert, docs/cuda.md "Half-precision GEMMs")
+#                    (RECIPE_HALF_GEMM=convert, docs/cuda.md "Half-precision GEMMs"), graphs off
 #   tiny/            the tiny BERT trained on the CPU and on the GPU, optimizer on the GPU,
 #                    20 steps in fp32 (tiny.json compares them; summary's fp32_curve_goal: the
-#                    issue's goal, losses within 1e-5 relative, reported), the same with its
-#                    passes replayed as CUDA graphs (graphs.json; same_losses_as_direct), offloaded at ZeRO-2 in fp16 (offload.json), and
+#                    issue's goal, losses within 1e-5 relative, reported; every run replays its
+#                    passes as CUDA graphs, the default), the same launched directly
+#                    (RECIPE_CUDA_GRAPHS=0: direct.json; same_losses_as_graphs), offloaded at
+#                    ZeRO-2 in fp16 (offload.json), and
 #                    two ranks (one GPU each, or sharing the only one) against the CPU's two:
 #                    ZeRO-0 (dp2.json), that ZeRO-2 offload shape (ranks2.json), ZeRO-2
 #                    without offload in fp16 (zero2.json) and ZeRO-3 in fp32 (zero3.json)
@@ -61,7 +63,7 @@ BUDGET="${BUDGET:-300}"
 export RECIPE_COLLECTIVE_TIMEOUT="${RECIPE_COLLECTIVE_TIMEOUT:-60}"
 status=0
 declare -A parts
-ORDER=(kernels selftest selftest_convert tiny fp32_curve_goal graphs offload dp2 ranks2 zero2 zero3 spam throughput)
+ORDER=(kernels selftest selftest_convert tiny fp32_curve_goal direct offload dp2 ranks2 zero2 zero3 spam throughput)
 # Whether a part's JSON file says "ok": true.
 json_ok() { "$PY" -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["ok"] else 1)' "$1"; }
 # Whether the time left allows part $1 (else it is marked skipped).
@@ -146,7 +148,7 @@ else
 fi
 pack
 # With CUDA graphs on (the device's own stream, and `graph.replay`); the convert run below
-# keeps them off (the legacy default stream).
+# turns them off (the legacy default stream).
 if RECIPE_CUDA_GRAPHS=1 timeout "$LIMIT" "$BIN" kernels --arch "$ARCH" --selftest \
     --out "$OUT/kernels" > "$OUT/selftest.txt" 2>&1; then
     parts[selftest]=pass
@@ -158,7 +160,7 @@ pack
 if ! in_budget selftest_convert; then
     :
 # NCCL was checked by the first self-test: not again (RECIPE_NCCL=0).
-elif RECIPE_NCCL=0 RECIPE_HALF_GEMM=convert timeout "$LIMIT" "$BIN" kernels --arch "$ARCH" --selftest \
+elif RECIPE_NCCL=0 RECIPE_HALF_GEMM=convert RECIPE_CUDA_GRAPHS=0 timeout "$LIMIT" "$BIN" kernels --arch "$ARCH" --selftest \
     --out "$OUT/kernels-convert" > "$OUT/selftest-convert.txt" 2>&1; then
     parts[selftest_convert]=pass
 else
@@ -188,15 +190,15 @@ cp runtime/tests/fixtures/tiny-bert/config.json runtime/tests/fixtures/tiny-bert
 { cat "$W/tiny.rcp"; echo 'zero 2 { offload optimizer = cpu }'; } > "$W/offload.rcp"
 { cat "$W/tiny.rcp"; echo 'zero 2'; } > "$W/zero2.rcp"
 { cat "$W/tiny.rcp"; echo 'zero 3'; } > "$W/zero3.rcp"
-for part in tiny graphs offload dp2 ranks2 zero2 zero3; do
+for part in tiny direct offload dp2 ranks2 zero2 zero3; do
     in_budget "$part" || continue
     sets=()
     rcp=$part.rcp
-    graphs=0
+    graphs=1
     # The fp32 goal's length: 20 optimizer steps (4 per epoch).
     [ "$part" = tiny ] && sets=(--set 'train.epochs=5')
-    # The same with the GPU's passes replayed as CUDA graphs (RECIPE_CUDA_GRAPHS=1).
-    [ "$part" = graphs ] && { sets=(--set 'train.epochs=5'); rcp=tiny.rcp; graphs=1; }
+    # The same with the GPU's kernels launched directly (RECIPE_CUDA_GRAPHS=0), not replayed.
+    [ "$part" = direct ] && { sets=(--set 'train.epochs=5'); rcp=tiny.rcp; graphs=0; }
     [ "$part" = offload ] && sets=(--set 'train.precision=fp16')
     [ "$part" = dp2 ] && { sets=(--gpus 2); rcp=tiny.rcp; }
     [ "$part" = ranks2 ] && { sets=(--set 'train.precision=fp16' --gpus 2); rcp=offload.rcp; }
@@ -230,11 +232,11 @@ if cpu and gpu:
     # them a rounding step apart (cuBLAS adds in another order than the CPU) is 2^-11
     # relative to a loss near 1, so the bound is a few of those there, 1e-4 otherwise.
     out["loss_bound"] = 2e-3 if gstart.get("precision") == "fp16" else 1e-4
-    if part == "graphs":
-        # Against the same run launched directly (`tiny`): the same kernels, so the same
+    if part == "direct":
+        # Against the same run replaying graphs (`tiny`): the same kernels, so the same
         # losses, reported (cuBLAS may pick another algorithm inside a capture).
-        direct, _ = steps("tiny-cuda")
-        out["same_losses_as_direct"] = direct == gpu
+        replayed, _ = steps("tiny-cuda")
+        out["same_losses_as_graphs"] = replayed == gpu
     if part == "tiny":
         # The issue's goal, reported (not enforced, like throughput's): fp32, 20 steps, 1e-5.
         out["fp32_curve_goal_1e-5"] = (len(cpu) >= 20 and out["same_steps_lr_scales_skips"]
@@ -266,9 +268,10 @@ PYTHON
     pack
 done
 
-# The main job on the GPU, from the carried fp16 MiniLM; again with its passes replayed as CUDA
-# graphs (RECIPE_CUDA_GRAPHS=1; a small model's step is mostly launches): both must reach the
-# accuracy; spam.json reports each one's median samples/s and the largest loss difference.
+# The main job on the GPU, from the carried fp16 MiniLM, launched directly (RECIPE_CUDA_GRAPHS=0)
+# and as by default with its passes replayed as CUDA graphs (a small model's step is mostly
+# launches): both must reach the accuracy; spam.json reports each one's median samples/s and
+# the largest loss difference.
 if [ ! -f "$MINILM/model.safetensors" ]; then
     parts[spam]=skipped
 elif in_budget spam; then

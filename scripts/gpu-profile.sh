@@ -38,13 +38,14 @@ ours() {
         --set "train.output_dir=\"$name\"" ${EXTRA[@]+"${EXTRA[@]}"} ) > "$RESULTS/$name.log" 2>&1
 }
 EXTRA=(--set "batch.micro=32" --set "train.max_steps=$STEPS")
-ours ncu timeout 240 "${NCU:-ncu}" --clock-control none --metrics gpu__time_duration.sum --csv \
+# Launched directly (RECIPE_CUDA_GRAPHS=0), as the recorded profiles in docs/gpu/ were.
+ours ncu env RECIPE_CUDA_GRAPHS=0 timeout 240 "${NCU:-ncu}" --clock-control none --metrics gpu__time_duration.sum --csv \
     --print-units base --launch-skip "$SKIP_LAUNCHES" --launch-count "$COUNT" \
     --log-file "$RESULTS/ncu-recipe.csv"
 # Speed of light of our own kernels (the share of the GPU's memory and compute bandwidth each
 # reaches): whether a kernel is bound by memory, by its instructions, or by neither (latency).
 EXTRA=(--set "batch.micro=32" --set "train.max_steps=3")
-ours sol timeout 120 "${NCU:-ncu}" --clock-control none --section SpeedOfLight --csv \
+ours sol env RECIPE_CUDA_GRAPHS=0 timeout 120 "${NCU:-ncu}" --clock-control none --section SpeedOfLight --csv \
     --print-units base --kernel-name "regex:^(layernorm|attention_softmax|bias_|gelu_bwd|add_bias|round_rows|embedding_bwd|adamw)" \
     --launch-skip 40 --launch-count 60 --log-file "$RESULTS/ncu-sol.csv"
 EXTRA=(--set "batch.micro=64" --set "train.max_steps=20")

@@ -990,7 +990,7 @@ pub fn compare_wide_batched<D: Device>(k: &Kernels<D>, store: Dtype) -> OpCheck 
 /// graphs"): a copy and a dropout captured once, then replayed for two micro-batches, each with
 /// inputs written into the same buffer and its own dropout key (`Kernels::dropout_key`), against
 /// the CPU's copy and dropout with that key. Exact: `graph.replay`. `None` when the device does
-/// not capture (a GPU without `RECIPE_CUDA_GRAPHS=1`).
+/// not capture (a GPU with `RECIPE_CUDA_GRAPHS=0`).
 pub fn compare_graph_replay<D: Device>(k: &Kernels<D>, store: Dtype) -> Option<OpCheck> {
     let dev = k.device();
     let (n, seed, site) = (1001, 0x5eed_0000_0001, 3);
