@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Everything a GPU session measures, in one device call (about 4 minutes on an H200; the device
+# tool lends 15 minutes a session, a machine's start included, and brings back 8 files):
+# scripts/gpu-check.sh (correctness, the main job, throughput next to PyTorch; 3 files in $OUT),
+# then scripts/gpu-profile.sh without the PyTorch peer (each kernel's time and speed of light;
+# 4 files in $OUT/profile). Here, after `cargo build --release`:
+#   PYTHON=<python with numpy, safetensors> scripts/gpu-assets.sh
+#   run(command="scripts/gpu-session.sh", carry=["gpu-assets"], timeout_s=420)
+# Compare profile/summary.json with docs/gpu/*/profile-summary.json, kernel by kernel.
+# Exit status: gpu-check.sh's.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+RESULTS="${OUT:-gpu-session}"
+mkdir -p "$RESULTS"
+RESULTS="$(cd "$RESULTS" && pwd)"
+OUT="$RESULTS" BUDGET="${BUDGET:-200}" scripts/gpu-check.sh > /dev/null 2>&1
+status=$?
+OUT="$RESULTS/profile" PEER="${PEER:-0}" timeout "${PROFILE_LIMIT:-240}" scripts/gpu-profile.sh \
+    > /dev/null 2>&1
+cat "$RESULTS/summary.json"
+"${PYTHON:-python3}" - "$RESULTS/profile/summary.json" <<'PY' || true
+import json, sys
+s = json.load(open(sys.argv[1]))
+r = s.get("recipe", {})
+print("profile:", {k: v for k, v in r.items() if k != "rows"})
+for row in r.get("rows", [])[:25]:
+    print(f'{row["us_per_step"]:9.1f} us/step {row["calls_per_step"]:6.1f} calls  {row["kernel"][:90]}')
+PY
+exit $status
