@@ -14,8 +14,11 @@
 // accumulators, kept in registers); the CPU emulation's compiler has no such pragma.
 #ifdef RECIPE_EMU
 #define UNROLL
+#define NO_UNROLL
 #else
 #define UNROLL _Pragma("unroll")
+// Keeps a loop rolled (a short loop over a long body, which unrolled would bloat the program).
+#define NO_UNROLL _Pragma("unroll 1")
 #endif
 // Rows a column sum loads before it adds them (column_sum, layernorm_bwd_dwdb): its additions
 // stay in row order, but its loads no longer wait for each other (docs/cuda.md, "Performance").

@@ -145,17 +145,21 @@ extern "C" __global__ void bias_dropout_add(void* out, int out_t, const void* bi
     long long blk = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long n = (long long)rows * cols;
     if (4 * blk >= n) return;
-    float mult[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+    float m[4] = {1.0f, 1.0f, 1.0f, 1.0f};
     if (drop) {
         DropKey k = drop_key(key, site);
-        dropout_mult4(mult, (unsigned long long)blk, k.seed, k.stream, threshold, scale);
+        dropout_mult4(m, (unsigned long long)blk, k.seed, k.stream, threshold, scale);
     }
-    UNROLL
+    // Not unrolled: the body's typed loads and stores, four times over, made this one kernel
+    // most of the program's PTX. The multiplier by branches (an array indexed at run time
+    // would live in local memory).
+    NO_UNROLL
     for (int w = 0; w < 4; w++) {
         long long i = 4 * blk + w;
         if (i < n) {
             float v = st(st(ld(out, i, out_t), store) + ld(bias, col_of(i, cols), bias_t), store);
-            if (drop) v = st(op_mul(v, mult[w]), store);
+            float mult = (w & 2) ? ((w & 1) ? m[3] : m[2]) : ((w & 1) ? m[1] : m[0]);
+            if (drop) v = st(op_mul(v, mult), store);
             sto(out, i, st(v + ld(residual, i, residual_t), store), out_t);
         }
     }

@@ -61,10 +61,11 @@ extern "C" __global__ void embedding_order(unsigned* order, const unsigned* ids,
 // (it rounds only the rows a token touched: an untouched row keeps its bits); the others have
 // nothing to do. The same additions in the same order as the CPU's loop: the same bits.
 // dout is a typed buffer (common.cuh's ld).
-extern "C" __global__ void embedding_bwd_tables(float* dword, float* dtyp, const void* dout,
-                                                int dout_t, const unsigned* ids,
-                                                const unsigned* types, const unsigned* order,
-                                                int tokens, int hidden, int store) {
+template <int T>
+__device__ __forceinline__ void embedding_bwd_tables_t(float* dword, float* dtyp, const void* dout,
+                                                       const unsigned* ids, const unsigned* types,
+                                                       const unsigned* order, int tokens,
+                                                       int hidden, int store) {
     int p = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= hidden) return;
     const unsigned* ord = order + 2 * (long long)blockIdx.z * tokens;
@@ -74,8 +75,25 @@ extern "C" __global__ void embedding_bwd_tables(float* dword, float* dtyp, const
     const unsigned* key = blockIdx.z == 0 ? ids : types;
     long long at = (long long)key[ord[p]] * hidden + c;
     float acc = dt[at];
-    for (int q = p; q < p + n; q++) acc += ld(dout, (long long)ord[q] * hidden + c, dout_t);
+    // A run can be every token (the token-type table, all zeros): its rows' loads are issued
+    // ROWS_AHEAD at a time (common.cuh), added in token order.
+    int q = p, end = p + n;
+    for (; q + ROWS_AHEAD <= end; q += ROWS_AHEAD) {
+        float v[ROWS_AHEAD];
+        UNROLL
+        for (int u = 0; u < ROWS_AHEAD; u++) v[u] = ldt<T>(dout, (long long)ord[q + u] * hidden + c);
+        UNROLL
+        for (int u = 0; u < ROWS_AHEAD; u++) acc += v[u];
+    }
+    for (; q < end; q++) acc += ldt<T>(dout, (long long)ord[q] * hidden + c);
     dt[at] = st(acc, store);
+}
+extern "C" __global__ void embedding_bwd_tables(float* dword, float* dtyp, const void* dout,
+                                                int dout_t, const unsigned* ids,
+                                                const unsigned* types, const unsigned* order,
+                                                int tokens, int hidden, int store) {
+    BY_TYPE(dout_t, embedding_bwd_tables_t, dword, dtyp, dout, ids, types, order, tokens, hidden,
+            store);
 }
 
 // Backward into the position table: dpos[p, c] += Σ_b dout[b*seq + p, c], b in order (the tokens
