@@ -57,7 +57,9 @@ if [ "${PEER:-1}" != 0 ]; then
 fi
 cp "$T/micro64/metrics.jsonl" "$RESULTS/micro64.jsonl" 2>/dev/null
 rm -f "$RESULTS/torch-kernels.json.trace"
-"$PY" scripts/gpu/profile_summary.py "$RESULTS" > "$RESULTS/summary.json"
+# Against the last recorded profile (docs/gpu/<machine>-<date>/profile-summary.json), if any.
+LAST="$(ls -d docs/gpu/*/profile-summary.json 2>/dev/null | sort | tail -1)"
+"$PY" scripts/gpu/profile_summary.py "$RESULTS" ${LAST:+--against "$LAST"} > "$RESULTS/summary.json"
 # The logs in one file (the device tool brings back 8 files at most).
 ( cd "$RESULTS" && tar czf logs.tgz --remove-files ./*.log micro64.jsonl torch.json 2>/dev/null )
 cat "$RESULTS/summary.json"

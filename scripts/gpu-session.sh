@@ -25,5 +25,10 @@ r = s.get("recipe", {})
 print("profile:", {k: v for k, v in r.items() if k != "rows"})
 for row in r.get("rows", [])[:25]:
     print(f'{row["us_per_step"]:9.1f} us/step {row["calls_per_step"]:6.1f} calls  {row["kernel"][:90]}')
+c = s.get("compared", {})
+if "rows" in c:
+    print(f'against {c["against"]}: {c["then_us_per_step"]:.0f} -> {c["now_us_per_step"]:.0f} us/step')
+    for row in c["rows"][:15]:
+        print(f'{row["then_us"]:9.1f} -> {row["now_us"]:9.1f} us/step  {row["kernel"][:90]}')
 PY
 exit $status

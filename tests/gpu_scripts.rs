@@ -7,11 +7,17 @@ use std::path::Path;
 use std::process::Command;
 
 fn summary() -> serde_json::Value {
+    summary_with(&[])
+}
+
+fn summary_with(args: &[&str]) -> serde_json::Value {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let py = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let out = Command::new(&py)
         .arg(root.join("scripts/gpu/profile_summary.py"))
         .arg(root.join("tests/fixtures/gpu-profile"))
+        .args(args)
+        .current_dir(root)
         .output()
         .unwrap_or_else(|e| panic!("this test needs {py} (set PYTHON): {e}"));
     assert!(
@@ -53,4 +59,29 @@ fn a_profile_reads_the_speed_of_light_the_peer_and_the_larger_batch() {
     // 64 samples every 25 ms after a slow first step: the median per-step rate ignores it.
     let rate = s["recipe_micro64_samples_per_s"].as_f64().unwrap();
     assert!((rate - 2560.0).abs() < 1e-6, "{rate}");
+}
+
+#[test]
+fn a_profile_compares_each_kernel_with_an_earlier_one() {
+    let s = summary_with(&["--against", "tests/fixtures/gpu-profile/then.json"]);
+    let c = &s["compared"];
+    assert_eq!(c["then_us_per_step"], 970.0);
+    assert_eq!(c["now_us_per_step"], 1035.0);
+    // The largest change first: adamw_step 900 -> 1000, then bias_grad 50 -> 5, a kernel gone
+    // (round_rows, 20 -> 0) and one new (the GEMM, 0 -> 30).
+    let rows: Vec<(&str, f64)> = c["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["kernel"].as_str().unwrap(),
+                r["change_us"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(rows[0], ("adamw_step", 100.0));
+    assert_eq!(rows[1], ("bias_grad", -45.0));
+    assert!(rows.contains(&("round_rows", -20.0)), "{rows:?}");
+    assert_eq!(rows.len(), 4, "{rows:?}");
 }

@@ -2,7 +2,10 @@
 each of our kernels (cuBLAS's by kernel and grid) from Nsight Compute's CSV, the PyTorch peer's
 from torch.profiler, and ours at micro-batch 64. Prints JSON.
 
-    python3 profile_summary.py DIR
+    python3 profile_summary.py DIR [--against OLD_SUMMARY]
+
+With --against, also each of our kernels' microseconds per step next to an earlier summary's
+(docs/gpu/*/profile-summary.json), the largest changes first.
 """
 import csv
 import json
@@ -10,6 +13,7 @@ import statistics
 import sys
 
 d = sys.argv[1]
+against = sys.argv[3] if len(sys.argv) > 3 and sys.argv[2] == "--against" else None
 out = {}
 
 
@@ -84,4 +88,18 @@ try:
     out["recipe_micro64_samples_per_s"] = per_step_rates(f"{d}/micro64.jsonl")
 except (OSError, ValueError, KeyError, statistics.StatisticsError) as e:
     out["recipe_micro64_samples_per_s"] = {"error": f"{type(e).__name__}: {e}"}
+if against:
+    try:
+        # Kernels by name (cuBLAS's by name and grid), in µs per step, then and now.
+        def per_kernel(summary):
+            return {r["kernel"]: r["us_per_step"] for r in summary["recipe"]["rows"]}
+        old, new = per_kernel(json.load(open(against))), per_kernel(out)
+        rows = [{"kernel": k, "then_us": old.get(k, 0.0), "now_us": new.get(k, 0.0),
+                 "change_us": new.get(k, 0.0) - old.get(k, 0.0)} for k in old.keys() | new.keys()]
+        total_then = sum(old.values())
+        out["compared"] = {"against": against, "then_us_per_step": total_then,
+                           "now_us_per_step": sum(new.values()),
+                           "rows": sorted(rows, key=lambda r: abs(r["change_us"]), reverse=True)}
+    except (OSError, ValueError, KeyError) as e:
+        out["compared"] = {"error": f"{type(e).__name__}: {e}"}
 print(json.dumps(out, indent=1))
