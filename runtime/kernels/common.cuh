@@ -207,6 +207,11 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// The same in double (LayerNorm's row statistics, runtime/kernels/layernorm.cu).
+__device__ __forceinline__ double warp_sum_d(double v) {
+    for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+    return v;
+}
 __device__ __forceinline__ float warp_max(float v) {
     for (int m = 16; m > 0; m >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));
     return v;
@@ -215,8 +220,8 @@ __device__ __forceinline__ float warp_max(float v) {
 // Sum of `v` (a double) over the whole block, returned to every thread. `scratch` holds 32
 // doubles of shared memory. Every thread of the block must call it (it synchronises).
 // Deterministic: warps reduce by butterfly, then warp 0 adds the warp totals in warp order. The
-// kernels that match the CPU backend's f64 statistics (LayerNorm, cross-entropy, the gradient
-// norm) use it.
+// kernels that match the CPU backend's f64 statistics (cross-entropy, the gradient norm) use it;
+// LayerNorm's rows are a warp's each (warp_sum_d).
 __device__ __forceinline__ double block_sum_d(double v, double* scratch) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int warps = (blockDim.x + 31) >> 5;

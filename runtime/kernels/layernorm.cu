@@ -3,9 +3,9 @@
 // square root, the row's mean and 1/std saved (fp32, not rounded to the storage dtype).
 //
 // Precision: the row statistics are summed in double, as the CPU does (two passes: the mean, then
-// the squared deviations from it). Only the order of the additions differs (a thread's strided
-// loop, then a fixed tree), an error near 1e-16 relative, far below an f32 ulp; so the saved
-// mean/rstd, the normalized values and the backward's row means come out as the CPU's f32 values
+// the squared deviations from it). Only the order of the additions differs (a lane's strided
+// loop, then the warp's butterfly), an error near 1e-16 relative, far below an f32 ulp; so the
+// saved mean/rstd, the normalized values and the backward's row means come out as the CPU's f32 values
 // except in the rare case where the exact value lies within ~1e-16 of an f32 rounding boundary.
 // That keeps the backward's dw/db — which are recomputed from the saved mean/rstd — in bit
 // agreement with the CPU too. The cost is a few double operations per element, on a kernel that is
@@ -13,47 +13,51 @@
 // downstream by as much.)
 #include "common.cuh"
 
-// Forward: one block per row (grid rows), whole warps striding over the columns.
+// Forward: one warp per row (a block of BLOCK threads takes BLOCK / 32 rows), its lanes striding
+// over the columns; the row's sums are the warp's butterfly (warp_sum_d), with no barrier. (One
+// block per row, reducing through shared memory and three barriers twice, took 22 µs a call on
+// an H200 for BERT-base's 4096 × 768: docs/cuda.md, "Performance".)
 // out = xhat · w + b rounded to `store`, xhat = (x − mean) · rstd computed in double and then
 // rounded to f32, as the CPU computes it.
 // w and b are typed buffers (the model's parameters), as inp and out.
 extern "C" __global__ void layernorm_fwd(void* out, int out_t, float* mean, float* rstd,
                                          const void* inp, int inp_t, const void* w,
-                                         const void* b, int wb_t, int cols, float eps,
+                                         const void* b, int wb_t, int rows, int cols, float eps,
                                          int store) {
-    __shared__ double red[32];
-    long long r = blockIdx.x;
+    long long r = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (r >= rows) return;  // a whole warp leaves together: the shuffles below stay full
+    int lane = threadIdx.x & 31;
 #define x(c) ld(inp, r * cols + (c), inp_t)
 
     double s = 0.0;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) s += (double)x(c);
-    double m = block_sum_d(s, red) / cols;
+    for (int c = lane; c < cols; c += 32) s += (double)x(c);
+    double m = warp_sum_d(s) / cols;
 
     // Second pass (the row is re-read, from cache): squared deviations from the mean, which do not
     // cancel as E[x²] − mean² would.
     double v = 0.0;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    for (int c = lane; c < cols; c += 32) {
         double d = (double)x(c) - m;
         v += d * d;
     }
-    double var = block_sum_d(v, red) / cols;
+    double var = warp_sum_d(v) / cols;
     double rs = 1.0 / sqrt(var + (double)eps);
 
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    for (int c = lane; c < cols; c += 32) {
         float xhat = (float)(((double)x(c) - m) * rs);
         // op_add/op_mul: NVRTC would fuse this into an FMA the CPU does not make (1 ulp on
         // about 3% of fp32 values).
         float y = op_add(op_mul(xhat, ld(w, c, wb_t)), ld(b, c, wb_t));
         sto(out, r * cols + c, st(y, store), out_t);
     }
-    if (threadIdx.x == 0) {
+    if (lane == 0) {
         mean[r] = (float)m;
         rstd[r] = (float)rs;
     }
 #undef x
 }
 
-// Backward, dinp (overwritten): one block per row. With xhat = (x − mean) · rstd and
+// Backward, dinp (overwritten): one warp per row, as the forward. With xhat = (x − mean) · rstd and
 // dxhat = dout · w, both in f32 from the saved statistics,
 //   dinp = rstd · (dxhat − mean(dxhat) − xhat · mean(dxhat · xhat)),
 // the two row means summed in double (as the CPU) and rounded to f32.
@@ -66,29 +70,30 @@ extern "C" __global__ void layernorm_fwd(void* out, int out_t, float* mean, floa
 extern "C" __global__ void layernorm_bwd_dinp(void* dinp, int dinp_t, const void* dout,
                                               int dout_t, const void* inp, int inp_t,
                                               const void* w, int w_t, const float* mean,
-                                              const float* rstd, int cols, int store, void* keep,
-                                              int keep_t, int dropout, const unsigned* key,
-                                              unsigned long long site, unsigned threshold,
-                                              float dscale) {
-    __shared__ double red[32];
-    long long r = blockIdx.x;
+                                              const float* rstd, int rows, int cols, int store,
+                                              void* keep, int keep_t, int dropout,
+                                              const unsigned* key, unsigned long long site,
+                                              unsigned threshold, float dscale) {
+    long long r = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (r >= rows) return;  // a whole warp leaves together
+    int lane = threadIdx.x & 31;
 #define x(c) ld(inp, r * cols + (c), inp_t)
 #define g(c) ld(dout, r * cols + (c), dout_t)
     float m = mean[r], rs = rstd[r];
 
     double sd = 0.0, sdx = 0.0;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    for (int c = lane; c < cols; c += 32) {
         float xhat = (x(c) - m) * rs;
         float dxhat = g(c) * ld(w, c, w_t);
         sd += (double)dxhat;
         sdx += (double)(dxhat * xhat);
     }
-    float mean_d = (float)(block_sum_d(sd, red) / cols);
-    float mean_dx = (float)(block_sum_d(sdx, red) / cols);
+    float mean_d = (float)(warp_sum_d(sd) / cols);
+    float mean_dx = (float)(warp_sum_d(sdx) / cols);
 
     DropKey k = {0, 0};
     if (keep && dropout) k = drop_key(key, site);
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    for (int c = lane; c < cols; c += 32) {
         float xhat = (x(c) - m) * rs;
         // The CPU's rs · (g·w − mean_d − xhat·mean_dx), unfused (op_*: no FMA).
         float dx = op_sub(op_sub(op_mul(g(c), ld(w, c, w_t)), mean_d), op_mul(xhat, mean_dx));

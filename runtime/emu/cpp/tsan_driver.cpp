@@ -85,8 +85,8 @@ bool attention() {
 }
 
 bool layernorm() {
-    // 70 columns on 96 threads (three warps, the runtime's shape: whole warps covering the row
-    // once, the last warp partly idle), two rows plus one constant row (variance 0: eps alone).
+    // 70 columns, a warp per row (the runtime's shape; lanes stride over the columns), two rows
+    // plus one constant row (variance 0: eps alone), and a fourth warp without a row.
     const int rows = 3, cols = 70;
     const float eps = 1e-5f;
     std::vector<float> x(rows * cols), w(cols), b(cols), out(rows * cols), mean(rows), rstd(rows);
@@ -99,15 +99,15 @@ bool layernorm() {
         w[c] = 1.0f + 0.5f * val(c, 3);
         b[c] = val(c, 4);
     }
-    dim3 grid(rows), block(96);
+    dim3 grid(1), block(128);
     emu::launch(grid, block, 0, [&] {
         layernorm_fwd(out.data(), STORE_F32, mean.data(), rstd.data(), x.data(), STORE_F32, w.data(),
-                      b.data(), STORE_F32, cols, eps, STORE_F32);
+                      b.data(), STORE_F32, rows, cols, eps, STORE_F32);
     });
     emu::launch(grid, block, 0, [&] {
         // With the residual split's copy (keep), which the check below compares too.
         layernorm_bwd_dinp(dinp.data(), STORE_F32, dout.data(), STORE_F32, x.data(), STORE_F32,
-                           w.data(), STORE_F32, mean.data(), rstd.data(), cols, STORE_F32,
+                           w.data(), STORE_F32, mean.data(), rstd.data(), rows, cols, STORE_F32,
                            keep.data(), STORE_F32, 0, nullptr, 0ull, 0u, 1.0f);
     });
 

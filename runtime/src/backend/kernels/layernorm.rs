@@ -1,4 +1,4 @@
-//! Launches of `runtime/kernels/layernorm.cu`: the forward and the backward's `dinp` one block
+//! Launches of `runtime/kernels/layernorm.cu`: the forward and the backward's `dinp` one warp
 //! per row, the backward's `dw`/`db` in [`Backend::bias_grad`]'s order (a grid of columns ×
 //! chunks of rows, then `bias_grad` over the chunks' sums).
 #![allow(clippy::too_many_arguments)]
@@ -8,15 +8,16 @@ use crate::backend::device::{Arg, Device, Launch};
 use crate::backend::{Dropout, BIAS_ROWS};
 use crate::precision::Dtype;
 
-/// One block per row, whole warps: enough threads to cover `cols` once, at most [`BLOCK`].
-fn per_row(rows: usize, cols: usize) -> Launch {
+/// One warp per row, [`BLOCK`] threads (BLOCK / 32 rows) per block.
+fn per_warp(rows: usize) -> Launch {
+    let per_block = BLOCK as usize / 32;
     Launch {
-        grid: (u32::try_from(rows).expect("layernorm rows"), 1, 1),
-        block: (
-            (cols.div_ceil(32) * 32).clamp(32, BLOCK as usize) as u32,
+        grid: (
+            u32::try_from(rows.div_ceil(per_block)).expect("layernorm rows"),
             1,
             1,
         ),
+        block: (BLOCK, 1, 1),
         smem: 0,
     }
 }
@@ -54,7 +55,7 @@ pub(super) fn fwd<D: Device>(
     );
     k.dev.launch(
         "layernorm_fwd",
-        per_row(rows, cols),
+        per_warp(rows),
         &[
             o,
             Arg::Ptr(m),
@@ -63,6 +64,7 @@ pub(super) fn fwd<D: Device>(
             Arg::Ptr(k.dev.ptr(w)),
             Arg::Ptr(k.dev.ptr(b)),
             dtype_arg(k.dev.elem(w)),
+            int(rows),
             int(cols),
             Arg::F32(eps),
             k.store_arg(),
@@ -111,7 +113,7 @@ pub(super) fn bwd<D: Device>(
     let (key, site, threshold, dscale) = k.dropout_args(d);
     k.dev.launch(
         "layernorm_bwd_dinp",
-        per_row(rows, cols),
+        per_warp(rows),
         &[
             di,
             k.typed(dout),
@@ -119,6 +121,7 @@ pub(super) fn bwd<D: Device>(
             k.typed(w),
             Arg::Ptr(k.dev.ptr(mean)),
             Arg::Ptr(k.dev.ptr(rstd)),
+            int(rows),
             int(cols),
             k.store_arg(),
             keep,
