@@ -12,10 +12,17 @@ fn summary() -> serde_json::Value {
 
 fn summary_with(args: &[&str]) -> serde_json::Value {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = run_summary(&root.join("tests/fixtures/gpu-profile"), args);
+    serde_json::from_str(&out).expect("the summary is JSON")
+}
+
+/// profile_summary.py's output for the files in `dir`, run from the repository's root.
+fn run_summary(dir: &Path, args: &[&str]) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let py = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let out = Command::new(&py)
         .arg(root.join("scripts/gpu/profile_summary.py"))
-        .arg(root.join("tests/fixtures/gpu-profile"))
+        .arg(dir)
         .args(args)
         .current_dir(root)
         .output()
@@ -25,7 +32,7 @@ fn summary_with(args: &[&str]) -> serde_json::Value {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).expect("the summary is JSON")
+    String::from_utf8(out.stdout).expect("UTF-8")
 }
 
 #[test]
@@ -84,4 +91,15 @@ fn a_profile_compares_each_kernel_with_an_earlier_one() {
     assert_eq!(rows[1], ("bias_grad", -45.0));
     assert!(rows.contains(&("round_rows", -20.0)), "{rows:?}");
     assert_eq!(rows.len(), 4, "{rows:?}");
+}
+
+#[test]
+fn a_missing_file_is_named_without_the_machines_paths() {
+    // The summaries are committed (docs/gpu/): an error names DIR, not the folder it ran in.
+    let dir = std::env::temp_dir().join(format!("recipe-gpu-profile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = run_summary(&dir, &[]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(text.contains("DIR/ncu-recipe.csv"), "{text}");
+    assert!(!text.contains(dir.to_str().unwrap()), "{text}");
 }

@@ -12,7 +12,14 @@ import json
 import statistics
 import sys
 
-d = sys.argv[1]
+d = sys.argv[1].rstrip("/") or "/"
+
+
+def err(e):
+    # The error, its folder written as DIR (a result file names no machine's paths).
+    return f"{type(e).__name__}: {e}".replace(d, "DIR")
+
+
 against = sys.argv[3] if len(sys.argv) > 3 and sys.argv[2] == "--against" else None
 out = {}
 
@@ -58,7 +65,7 @@ try:
                        key=lambda r: -r["us_per_step"]),
     }
 except (OSError, StopIteration, ValueError, KeyError) as e:
-    out["recipe"] = {"error": f"{type(e).__name__}: {e}"}
+    out["recipe"] = {"error": err(e)}
 try:
     rows = json.load(open(f"{d}/torch-kernels.json"))
     out["torch"] = {"gpu_us_per_step": sum(r["us_per_step"] for r in rows),
@@ -66,7 +73,7 @@ try:
                     "rows": rows[:40]}
     out["torch"]["bench"] = json.loads(open(f"{d}/torch.json").read().strip().splitlines()[-1])
 except (OSError, ValueError, IndexError, KeyError) as e:
-    out.setdefault("torch", {})["error"] = f"{type(e).__name__}: {e}"
+    out.setdefault("torch", {})["error"] = err(e)
 try:
     # Nsight Compute's SpeedOfLight section: each metric's mean over a kernel's calls.
     with open(f"{d}/ncu-sol.csv") as f:
@@ -83,11 +90,11 @@ try:
     out["recipe_speed_of_light"] = {k: {m: sum(v) / len(v) for m, v in ms.items() if v}
                                     for k, ms in sol.items()}
 except (OSError, StopIteration, KeyError) as e:
-    out["recipe_speed_of_light"] = {"error": f"{type(e).__name__}: {e}"}
+    out["recipe_speed_of_light"] = {"error": err(e)}
 try:
     out["recipe_micro64_samples_per_s"] = per_step_rates(f"{d}/micro64.jsonl")
 except (OSError, ValueError, KeyError, statistics.StatisticsError) as e:
-    out["recipe_micro64_samples_per_s"] = {"error": f"{type(e).__name__}: {e}"}
+    out["recipe_micro64_samples_per_s"] = {"error": err(e)}
 if against:
     try:
         # Kernels by name (cuBLAS's by name and grid), in µs per step, then and now.
@@ -101,5 +108,5 @@ if against:
                            "now_us_per_step": sum(new.values()),
                            "rows": sorted(rows, key=lambda r: abs(r["change_us"]), reverse=True)}
     except (OSError, ValueError, KeyError) as e:
-        out["compared"] = {"error": f"{type(e).__name__}: {e}"}
+        out["compared"] = {"error": err(e)}
 print(json.dumps(out, indent=1))
