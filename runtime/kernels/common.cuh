@@ -105,7 +105,7 @@ __device__ __forceinline__ float f16_value(unsigned short b) {
 
 // The column of element i of a matrix `cols` wide: in 32 bits when i fits, else in 64 (a 64-bit
 // remainder is a long software sequence on a GPU; on the H200 the bias kernels' time did not
-// change without it, it is their memory traffic: docs/cuda.md, "Performance").
+// change without it: docs/cuda.md, "Performance").
 __device__ __forceinline__ int col_of(long long i, int cols) {
     if (i <= 0x7fffffffLL) return (int)((unsigned)i % (unsigned)cols);
     return (int)(i % cols);
