@@ -119,22 +119,8 @@ PYTHON
 nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv \
     > "$OUT/nvidia-smi.csv" 2>&1 || true
 
-# NVRTC and cuBLAS from PyTorch's wheels (nvidia/cu13/lib), NCCL from its nvidia-nccl wheel.
-SP="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-# cudarc loads NCCL as libnccl.so, and the wheel ships libnccl.so.2 only: a link (docs/cuda.md).
-LINKS="$(mktemp -d)"
-if [ -f "$SP/nvidia/nccl/lib/libnccl.so.2" ]; then
-    ln -s "$SP/nvidia/nccl/lib/libnccl.so.2" "$LINKS/libnccl.so"
-fi
-# cudarc tries each library's unversioned name before `.so.13`, and the wheels ship only the
-# latter: without these links a CUDA 12 toolkit in the loader's cache (as in nvidia/cuda
-# images) would be found first. selftest.txt's first line names the versions loaded.
-for lib in cublas cublasLt nvrtc; do
-    if [ -f "$SP/nvidia/cu13/lib/lib$lib.so.13" ]; then
-        ln -s "$SP/nvidia/cu13/lib/lib$lib.so.13" "$LINKS/lib$lib.so"
-    fi
-done
-export LD_LIBRARY_PATH="$SP/nvidia/cu13/lib:$LINKS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# NVRTC, cuBLAS and NCCL from PyTorch's wheels, under the names cudarc loads.
+. scripts/gpu/libs.sh
 # (CHECK_GPUS stands in for nvidia-smi's count on the fake GPUs: scripts/fake-gpu-check.sh.)
 GPUS="${CHECK_GPUS:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)}"
 export GPUS

@@ -21,8 +21,7 @@ BIN="$(pwd)/${RECIPE_BIN:-target/release/recipe}"
 PY="${PYTHON:-python3}"
 PYTHON="$PY" scripts/gpu/unpack.sh "$BIN"
 # The libraries as scripts/gpu-check.sh finds them (PyTorch's CUDA 13 wheels).
-SP="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-export LD_LIBRARY_PATH="$SP/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. scripts/gpu/libs.sh
 SETUP_ONLY=1 OUT="$W" PYTHON="$PY" scripts/gpu-throughput.sh
 T="$W/throughput"
 STEPS="${STEPS:-5}"
