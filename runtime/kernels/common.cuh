@@ -154,6 +154,82 @@ __device__ __forceinline__ float column_sum(float acc, const void* x, int r0, in
         else                                  \
             F<STORE_BF16>(__VA_ARGS__);       \
     } while (0)
+// The vectorised path of the elementwise and LayerNorm kernels (docs/cuda.md, "Performance"):
+// a thread takes VEC consecutive elements (kernels/mod.rs, `VEC`), loaded and stored 16 bytes
+// at a time with every type known at compile time, so that its loads are issued together and
+// no per-element branch on a run-time type remains. A kernel takes it where its buffers allow
+// (16-byte aligned, rows a multiple of VEC wide, the activations all of the storage dtype and
+// the parameters f32); elsewhere the same thread takes the same elements one by one through
+// `ld`/`sto`. Both compute the same operations in the same order, so the same bits.
+#define VEC 8
+
+__device__ __forceinline__ bool aligned16(const void* p) {
+    return ((unsigned long long)p & 15) == 0;
+}
+
+// The 16 bytes at p (16-byte aligned) as four words, and back.
+__device__ __forceinline__ void ld16(unsigned w[4], const void* p) {
+#ifdef RECIPE_EMU
+    std::memcpy(w, p, 16);
+#else
+    uint4 u = *(const uint4*)p;
+    w[0] = u.x; w[1] = u.y; w[2] = u.z; w[3] = u.w;
+#endif
+}
+__device__ __forceinline__ void st16(void* p, const unsigned w[4]) {
+#ifdef RECIPE_EMU
+    std::memcpy(p, w, 16);
+#else
+    uint4 u;
+    u.x = w[0]; u.y = w[1]; u.z = w[2]; u.w = w[3];
+    *(uint4*)p = u;
+#endif
+}
+
+// Elements i … i + VEC − 1 of a buffer of type T, raw: VEC words for f32, VEC / 2 for a half
+// type (two elements a word, the first in the low half). i is a multiple of VEC.
+template <int T>
+__device__ __forceinline__ void ld_words(unsigned w[VEC], const void* p, long long i) {
+    if (T == STORE_F32) {
+        ld16(w, (const float*)p + i);
+        ld16(w + 4, (const float*)p + i + 4);
+    } else {
+        ld16(w, (const unsigned short*)p + i);
+    }
+}
+// Element u of ld_words' words, as f32 (ldt's value).
+template <int T>
+__device__ __forceinline__ float unpack(const unsigned w[VEC], int u) {
+    if (T == STORE_F32) return __uint_as_float(w[u]);
+    unsigned short b = (unsigned short)((u & 1) ? w[u >> 1] >> 16 : w[u >> 1] & 0xffffu);
+    return T == STORE_BF16 ? __uint_as_float(((unsigned)b) << 16) : f16_value(b);
+}
+// Elements i … i + VEC − 1 of a buffer of type T as f32.
+template <int T>
+__device__ __forceinline__ void ldv(float v[VEC], const void* p, long long i) {
+    unsigned w[VEC];
+    ld_words<T>(w, p, i);
+    UNROLL
+    for (int u = 0; u < VEC; u++) v[u] = unpack<T>(w, u);
+}
+// Stores v (values already rounded to T where T is a half type: `st`) as elements
+// i … i + VEC − 1 of a buffer of type T, exactly.
+template <int T>
+__device__ __forceinline__ void stv(void* p, long long i, const float v[VEC]) {
+    unsigned w[VEC];
+    if (T == STORE_F32) {
+        UNROLL
+        for (int u = 0; u < VEC; u++) w[u] = __float_as_uint(v[u]);
+        st16((float*)p + i, w);
+        st16((float*)p + i + 4, w + 4);
+    } else {
+        UNROLL
+        for (int u = 0; u < VEC / 2; u++)
+            w[u] = (unsigned)half_bits(v[2 * u], T) | ((unsigned)half_bits(v[2 * u + 1], T) << 16);
+        st16((unsigned short*)p + i, w);
+    }
+}
+
 // Stores v as element i of a buffer of type t (ld's): a value already rounded to that dtype
 // (st) keeps its bits exactly.
 __device__ __forceinline__ void sto(void* p, long long i, float v, int t) {

@@ -1,5 +1,7 @@
-// Elementwise kernels: one thread per element, 1-D grid of BLOCK threads. Every kernel stores its
-// result rounded to the storage dtype (`store`, see common.cuh), as the CPU backend does.
+// Elementwise kernels: one thread per element, 1-D grid of BLOCK threads, but for the costly ones
+// (add_bias, round_rows, bias_gelu, gelu_bwd, bias_dropout_add), whose threads take VEC
+// consecutive elements each (common.cuh, VEC). Every kernel stores its result rounded to the
+// storage dtype (`store`, see common.cuh), as the CPU backend does.
 #include "common.cuh"
 
 // acc[i] += x[i]
@@ -12,10 +14,29 @@ extern "C" __global__ void add_assign(float* acc, const float* x, int n, int sto
 // out[r, c] = st(out[r, c] + bias[c]); with `first` a half dtype, out is a GEMM's unrounded
 // output (Backend::bias_epilogue) and is rounded to it first, as round_rows would have: one pass
 // instead of two. `out` may be a 16-bit buffer (a GEMM writing one rounded it already).
+// The vectorised path (common.cuh, VEC): `out` of the storage dtype T, so already rounded to
+// `first` (T, or f32: nothing).
+template <int T>
+__device__ __forceinline__ void add_bias_v(void* out, const void* bias, int cols, long long i) {
+    float v[VEC], b[VEC];
+    ldv<T>(v, out, i);
+    ldv<STORE_F32>(b, bias, col_of(i, cols));
+    UNROLL
+    for (int u = 0; u < VEC; u++) v[u] = st(v[u] + b[u], T);
+    stv<T>(out, i, v);
+}
 extern "C" __global__ void add_bias(void* out, int out_t, const void* bias, int bias_t, int rows,
                                     int cols, int first, int store) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < (long long)rows * cols) {
+    long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+    long long n = (long long)rows * cols;
+    if (i0 >= n) return;
+    if (out_t == store && bias_t == STORE_F32 && (first == store || first == STORE_F32) &&
+        cols % VEC == 0 && aligned16(out) && aligned16(bias)) {
+        BY_TYPE(store, add_bias_v, out, bias, cols, i0);
+        return;
+    }
+    NO_UNROLL
+    for (long long i = i0; i < i0 + VEC && i < n; i++) {
         float b = ld(bias, col_of(i, cols), bias_t);
         sto(out, i, st(st(ld(out, i, out_t), first) + b, store), out_t);
     }
@@ -62,12 +83,28 @@ extern "C" __global__ void bias_grad(float* db, const void* dout, int dout_t, in
 }
 
 // Rounds rows × cols of a matrix with row stride ld to the storage dtype (after a cuBLAS GEMM,
-// which writes fp32).
+// which writes fp32): VEC elements of a row a thread.
+template <int S>
+__device__ __forceinline__ void round_rows_v(float* x, long long at) {
+    float v[VEC];
+    ldv<STORE_F32>(v, x, at);
+    UNROLL
+    for (int u = 0; u < VEC; u++) v[u] = st(v[u], S);
+    stv<STORE_F32>(x, at, v);
+}
 extern "C" __global__ void round_rows(float* x, int rows, int cols, int ld, int store) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < (long long)rows * cols) {
-        // i's row and column, in 32 bits when i fits (common.cuh, col_of).
-        long long r = i <= 0x7fffffffLL ? (long long)((unsigned)i / (unsigned)cols) : i / cols;
+    long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+    long long n = (long long)rows * cols;
+    if (i0 >= n) return;
+    // i's row and column, in 32 bits when i fits (common.cuh, col_of).
+    long long r = i0 <= 0x7fffffffLL ? (long long)((unsigned)i0 / (unsigned)cols) : i0 / cols;
+    if (cols % VEC == 0 && ld % VEC == 0 && aligned16(x)) {
+        BY_TYPE(store, round_rows_v, x, r * ld + (i0 - r * cols));
+        return;
+    }
+    NO_UNROLL
+    for (long long i = i0; i < i0 + VEC && i < n; i++) {
+        r = i <= 0x7fffffffLL ? (long long)((unsigned)i / (unsigned)cols) : i / cols;
         long long at = r * ld + (i - r * cols);
         x[at] = st(x[at], store);
     }
@@ -120,11 +157,33 @@ extern "C" __global__ void gelu_fwd(float* out, const float* inp, int n, int sto
 // round_rows, add_bias and gelu_fwd in one pass: inter[r, c] = st(inter) + bias[c] (the
 // backward reads it), and act = gelu(inter), each rounded as those kernels round it. `inter` is
 // a GEMM's fp32 output (Backend::gemm_to_epilogue), or already rounded (rounding is idempotent).
+template <int T>
+__device__ __forceinline__ void bias_gelu_v(void* inter, void* act, const void* bias, int cols,
+                                            long long i) {
+    float x[VEC], b[VEC], a[VEC];
+    ldv<T>(x, inter, i);
+    ldv<STORE_F32>(b, bias, col_of(i, cols));
+    UNROLL
+    for (int u = 0; u < VEC; u++) {
+        x[u] = st(x[u] + b[u], T);
+        a[u] = st(gelu(x[u]), T);
+    }
+    stv<T>(inter, i, x);
+    stv<T>(act, i, a);
+}
 extern "C" __global__ void bias_gelu(void* inter, int inter_t, void* act, int act_t,
                                      const void* bias, int bias_t, int rows, int cols,
                                      int store) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < (long long)rows * cols) {
+    long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+    long long n = (long long)rows * cols;
+    if (i0 >= n) return;
+    if (inter_t == store && act_t == store && bias_t == STORE_F32 && cols % VEC == 0 &&
+        aligned16(inter) && aligned16(act) && aligned16(bias)) {
+        BY_TYPE(store, bias_gelu_v, inter, act, bias, cols, i0);
+        return;
+    }
+    NO_UNROLL
+    for (long long i = i0; i < i0 + VEC && i < n; i++) {
         float x = st(st(ld(inter, i, inter_t), store) + ld(bias, col_of(i, cols), bias_t), store);
         sto(inter, i, x, inter_t);
         sto(act, i, st(gelu(x), store), act_t);
@@ -136,45 +195,98 @@ extern "C" __global__ void bias_gelu(void* inter, int inter_t, void* act, int ac
 // `inter`. The multiply is op_mul (common.cuh)
 // so that, in fp32 where nothing rounds between, it is not contracted with the add into an FMA
 // the three kernels never make. Each thread takes the four elements of one Philox block
-// (dropout_mult4), so the generator runs once per four elements.
+// (dropout_mult4), so the generator runs once per four elements: VEC / 4 times a thread.
+template <int T>
+__device__ __forceinline__ void bias_dropout_add_v(void* out, const void* bias,
+                                                   const void* residual, int cols, long long i,
+                                                   int drop, const float m[VEC]) {
+    float v[VEC], b[VEC], res[VEC];
+    ldv<T>(v, out, i);
+    ldv<STORE_F32>(b, bias, col_of(i, cols));
+    ldv<T>(res, residual, i);
+    UNROLL
+    for (int u = 0; u < VEC; u++) {
+        float x = st(v[u] + b[u], T);
+        if (drop) x = st(op_mul(x, m[u]), T);
+        v[u] = st(x + res[u], T);
+    }
+    stv<T>(out, i, v);
+}
 extern "C" __global__ void bias_dropout_add(void* out, int out_t, const void* bias, int bias_t,
                                             const void* residual, int residual_t, int rows,
                                             int cols, int drop, const unsigned* key,
                                             unsigned long long site, unsigned threshold,
                                             float scale, int store) {
-    long long blk = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     long long n = (long long)rows * cols;
-    if (4 * blk >= n) return;
-    float m[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-    if (drop) {
-        DropKey k = drop_key(key, site);
-        dropout_mult4(m, (unsigned long long)blk, k.seed, k.stream, threshold, scale);
+    if (i0 >= n) return;
+    DropKey k = {0, 0};
+    if (drop) k = drop_key(key, site);
+    if (out_t == store && residual_t == store && bias_t == STORE_F32 && cols % VEC == 0 &&
+        aligned16(out) && aligned16(bias) && aligned16(residual)) {
+        float m[VEC];
+        UNROLL
+        for (int h = 0; h < VEC / 4; h++) {
+            if (drop)
+                dropout_mult4(m + 4 * h, (unsigned long long)(i0 / 4 + h), k.seed, k.stream,
+                              threshold, scale);
+            else
+                m[4 * h] = m[4 * h + 1] = m[4 * h + 2] = m[4 * h + 3] = 1.0f;
+        }
+        BY_TYPE(store, bias_dropout_add_v, out, bias, residual, cols, i0, drop, m);
+        return;
     }
-    // Not unrolled: the body's typed loads and stores, four times over, made this one kernel
-    // most of the program's PTX. The multiplier by branches (an array indexed at run time
-    // would live in local memory).
+    // Not unrolled: the body's typed loads and stores, VEC times over, would make this one
+    // kernel most of the program's PTX. The multiplier by branches (an array indexed at run
+    // time would live in local memory).
     NO_UNROLL
-    for (int w = 0; w < 4; w++) {
-        long long i = 4 * blk + w;
-        if (i < n) {
-            float v = st(st(ld(out, i, out_t), store) + ld(bias, col_of(i, cols), bias_t), store);
-            float mult = (w & 2) ? ((w & 1) ? m[3] : m[2]) : ((w & 1) ? m[1] : m[0]);
-            if (drop) v = st(op_mul(v, mult), store);
-            sto(out, i, st(v + ld(residual, i, residual_t), store), out_t);
+    for (long long blk = i0 / 4; blk < i0 / 4 + VEC / 4 && 4 * blk < n; blk++) {
+        float m[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+        if (drop) dropout_mult4(m, (unsigned long long)blk, k.seed, k.stream, threshold, scale);
+        NO_UNROLL
+        for (int w = 0; w < 4; w++) {
+            long long i = 4 * blk + w;
+            if (i < n) {
+                float v = st(st(ld(out, i, out_t), store) + ld(bias, col_of(i, cols), bias_t),
+                             store);
+                float mult = (w & 2) ? ((w & 1) ? m[3] : m[2]) : ((w & 1) ? m[1] : m[0]);
+                if (drop) v = st(op_mul(v, mult), store);
+                sto(out, i, st(v + ld(residual, i, residual_t), store), out_t);
+            }
         }
     }
 }
 
 // dinp = dout · (Φ(x) + x φ(x)). `dout` is rounded first: it may be a GEMM's fp32 output
 // (Backend::gemm_to_epilogue), and rounding a rounded value changes nothing.
+__device__ __forceinline__ float gelu_grad(float x) {
+    float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
+    float pdf = expf(-0.5f * x * x) * 0.39894228040143268f;
+    return cdf + x * pdf;
+}
+template <int T>
+__device__ __forceinline__ void gelu_bwd_v(void* dinp, const void* inp, const void* dout,
+                                           long long i) {
+    float x[VEC], g[VEC];
+    ldv<T>(x, inp, i);
+    ldv<T>(g, dout, i);
+    UNROLL
+    for (int u = 0; u < VEC; u++) x[u] = st(g[u] * gelu_grad(x[u]), T);
+    stv<T>(dinp, i, x);
+}
 extern "C" __global__ void gelu_bwd(void* dinp, int dinp_t, const void* inp, int inp_t,
                                     const void* dout, int dout_t, int n, int store) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
+    long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+    if (i0 >= n) return;
+    if (dinp_t == store && inp_t == store && dout_t == store && n % VEC == 0 &&
+        aligned16(dinp) && aligned16(inp) && aligned16(dout)) {
+        BY_TYPE(store, gelu_bwd_v, dinp, inp, dout, i0);
+        return;
+    }
+    NO_UNROLL
+    for (long long i = i0; i < i0 + VEC && i < n; i++) {
         float x = ld(inp, i, inp_t);
-        float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
-        float pdf = expf(-0.5f * x * x) * 0.39894228040143268f;
-        sto(dinp, i, st(st(ld(dout, i, dout_t), store) * (cdf + x * pdf), store), dinp_t);
+        sto(dinp, i, st(st(ld(dout, i, dout_t), store) * gelu_grad(x), store), dinp_t);
     }
 }
 

@@ -13,13 +13,82 @@
 // downstream by as much.)
 #include "common.cuh"
 
-// Forward: one warp per row (a block of BLOCK threads takes BLOCK / 32 rows), its lanes striding
-// over the columns; the row's sums are the warp's butterfly (warp_sum_d), with no barrier. (One
-// block per row, reducing through shared memory and three barriers twice, took 22 µs a call on
-// an H200 for BERT-base's 4096 × 768: docs/cuda.md, "Performance".)
+// Forward and dinp take one warp per row (a block of BLOCK threads takes BLOCK / 32 rows); the
+// row's sums are the warp's butterfly (warp_sum_d), with no barrier. (One block per row,
+// reducing through shared memory and three barriers twice, took 22 µs a call on an H200 for
+// BERT-base's 4096 × 768: docs/cuda.md, "Performance".) Lane l takes the columns
+// k · LN_SPAN + l · VEC + u (u < VEC) for k = 0, 1, …: VEC consecutive columns per 256.
+//
+// The vectorised path (common.cuh, VEC) holds a row's values in registers between its passes,
+// as the words ld_words loaded (a 16-bit element is half a register until it is used), for rows
+// of at most LN_CHUNKS · LN_SPAN columns, a multiple of VEC, with the activations of the storage
+// dtype and w, b f32. Other rows take the generic path, which loads element by element through
+// `ld` (and again in each pass) in the same order, so the same bits.
+#define LN_SPAN (32 * VEC)
+#define LN_CHUNKS 4
+
+// A row's vectorised path applies (`acts`: the activations' types are all the storage dtype).
+__device__ __forceinline__ bool ln_vec(int cols, bool acts) {
+    return acts && cols % VEC == 0 && cols <= LN_CHUNKS * LN_SPAN;
+}
+
 // out = xhat · w + b rounded to `store`, xhat = (x − mean) · rstd computed in double and then
 // rounded to f32, as the CPU computes it.
 // w and b are typed buffers (the model's parameters), as inp and out.
+template <int T>
+__device__ __forceinline__ void layernorm_fwd_v(void* out, float* mean, float* rstd,
+                                                const void* inp, const void* w, const void* b,
+                                                long long r, int cols, float eps, int lane) {
+    unsigned xw[LN_CHUNKS][VEC];
+    UNROLL
+    for (int k = 0; k < LN_CHUNKS; k++) {
+        int c = k * LN_SPAN + lane * VEC;
+        if (c < cols) ld_words<T>(xw[k], inp, r * cols + c);
+    }
+    double s = 0.0;
+    UNROLL
+    for (int k = 0; k < LN_CHUNKS; k++) {
+        if (k * LN_SPAN + lane * VEC < cols) {
+            UNROLL
+            for (int u = 0; u < VEC; u++) s += (double)unpack<T>(xw[k], u);
+        }
+    }
+    double m = warp_sum_d(s) / cols;
+    // Squared deviations from the mean, which do not cancel as E[x²] − mean² would.
+    double v = 0.0;
+    UNROLL
+    for (int k = 0; k < LN_CHUNKS; k++) {
+        if (k * LN_SPAN + lane * VEC < cols) {
+            UNROLL
+            for (int u = 0; u < VEC; u++) {
+                double d = (double)unpack<T>(xw[k], u) - m;
+                v += d * d;
+            }
+        }
+    }
+    double var = warp_sum_d(v) / cols;
+    double rs = 1.0 / sqrt(var + (double)eps);
+    UNROLL
+    for (int k = 0; k < LN_CHUNKS; k++) {
+        int c = k * LN_SPAN + lane * VEC;
+        if (c < cols) {
+            float wv[VEC], bv[VEC], y[VEC];
+            ldv<STORE_F32>(wv, w, c);
+            ldv<STORE_F32>(bv, b, c);
+            UNROLL
+            for (int u = 0; u < VEC; u++) {
+                float xhat = (float)(((double)unpack<T>(xw[k], u) - m) * rs);
+                y[u] = st(op_add(op_mul(xhat, wv[u]), bv[u]), T);
+            }
+            stv<T>(out, r * cols + c, y);
+        }
+    }
+    if (lane == 0) {
+        mean[r] = (float)m;
+        rstd[r] = (float)rs;
+    }
+}
+
 extern "C" __global__ void layernorm_fwd(void* out, int out_t, float* mean, float* rstd,
                                          const void* inp, int inp_t, const void* w,
                                          const void* b, int wb_t, int rows, int cols, float eps,
@@ -27,23 +96,31 @@ extern "C" __global__ void layernorm_fwd(void* out, int out_t, float* mean, floa
     long long r = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= rows) return;  // a whole warp leaves together: the shuffles below stay full
     int lane = threadIdx.x & 31;
+    if (ln_vec(cols, out_t == store && inp_t == store && wb_t == STORE_F32) &&
+        aligned16(out) && aligned16(inp) && aligned16(w) && aligned16(b)) {
+        BY_TYPE(store, layernorm_fwd_v, out, mean, rstd, inp, w, b, r, cols, eps, lane);
+        return;
+    }
+    // Lane `lane`'s columns, in the vectorised path's order.
+#define each_col(c)                                                     \
+    for (int k0 = lane * VEC; k0 < cols; k0 += LN_SPAN)                 \
+        for (int c = k0; c < k0 + VEC && c < cols; c++)
 #define x(c) ld(inp, r * cols + (c), inp_t)
 
     double s = 0.0;
-    for (int c = lane; c < cols; c += 32) s += (double)x(c);
+    each_col(c) s += (double)x(c);
     double m = warp_sum_d(s) / cols;
 
-    // Second pass (the row is re-read, from cache): squared deviations from the mean, which do not
-    // cancel as E[x²] − mean² would.
+    // Second pass (the row is re-read, from cache).
     double v = 0.0;
-    for (int c = lane; c < cols; c += 32) {
+    each_col(c) {
         double d = (double)x(c) - m;
         v += d * d;
     }
     double var = warp_sum_d(v) / cols;
     double rs = 1.0 / sqrt(var + (double)eps);
 
-    for (int c = lane; c < cols; c += 32) {
+    each_col(c) {
         float xhat = (float)(((double)x(c) - m) * rs);
         // op_add/op_mul: NVRTC would fuse this into an FMA the CPU does not make (1 ulp on
         // about 3% of fp32 values).
@@ -67,6 +144,70 @@ extern "C" __global__ void layernorm_fwd(void* out, int out_t, float* mean, floa
 // mask of element r * cols + c, rounded), where a copy and a dropout pass would follow.
 //
 // dinp, dout, inp, w and keep are typed buffers (common.cuh's ld, sto).
+template <int T>
+__device__ __forceinline__ void layernorm_bwd_dinp_v(void* dinp, const void* dout,
+                                                     const void* inp, const void* w, float m,
+                                                     float rs, long long r, int cols, void* keep,
+                                                     int dropout, DropKey key,
+                                                     unsigned threshold, float dscale, int lane) {
+    unsigned xw[LN_CHUNKS][VEC], gw[LN_CHUNKS][VEC];
+    UNROLL
+    for (int k = 0; k < LN_CHUNKS; k++) {
+        int c = k * LN_SPAN + lane * VEC;
+        if (c < cols) {
+            ld_words<T>(xw[k], inp, r * cols + c);
+            ld_words<T>(gw[k], dout, r * cols + c);
+        }
+    }
+    double sd = 0.0, sdx = 0.0;
+    UNROLL
+    for (int k = 0; k < LN_CHUNKS; k++) {
+        int c = k * LN_SPAN + lane * VEC;
+        if (c < cols) {
+            float wv[VEC];
+            ldv<STORE_F32>(wv, w, c);
+            UNROLL
+            for (int u = 0; u < VEC; u++) {
+                float xhat = (unpack<T>(xw[k], u) - m) * rs;
+                float dxhat = unpack<T>(gw[k], u) * wv[u];
+                sd += (double)dxhat;
+                sdx += (double)(dxhat * xhat);
+            }
+        }
+    }
+    float mean_d = (float)(warp_sum_d(sd) / cols);
+    float mean_dx = (float)(warp_sum_d(sdx) / cols);
+    UNROLL
+    for (int k = 0; k < LN_CHUNKS; k++) {
+        int c = k * LN_SPAN + lane * VEC;
+        if (c < cols) {
+            float wv[VEC], d[VEC];
+            ldv<STORE_F32>(wv, w, c);
+            UNROLL
+            for (int u = 0; u < VEC; u++) {
+                float xhat = (unpack<T>(xw[k], u) - m) * rs;
+                float dx = op_sub(op_sub(op_mul(unpack<T>(gw[k], u), wv[u]), mean_d),
+                                  op_mul(xhat, mean_dx));
+                d[u] = st(op_mul(rs, dx), T);
+            }
+            long long i = r * cols + c;
+            if (keep) {
+                stv<T>(keep, i, d);
+                if (dropout) {
+                    float mult[VEC];
+                    UNROLL
+                    for (int h = 0; h < VEC / 4; h++)
+                        dropout_mult4(mult + 4 * h, (unsigned long long)(i / 4 + h), key.seed,
+                                      key.stream, threshold, dscale);
+                    UNROLL
+                    for (int u = 0; u < VEC; u++) d[u] = st(d[u] * mult[u], T);
+                }
+            }
+            stv<T>(dinp, i, d);
+        }
+    }
+}
+
 extern "C" __global__ void layernorm_bwd_dinp(void* dinp, int dinp_t, const void* dout,
                                               int dout_t, const void* inp, int inp_t,
                                               const void* w, int w_t, const float* mean,
@@ -77,12 +218,21 @@ extern "C" __global__ void layernorm_bwd_dinp(void* dinp, int dinp_t, const void
     long long r = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= rows) return;  // a whole warp leaves together
     int lane = threadIdx.x & 31;
+    float m = mean[r], rs = rstd[r];
+    DropKey k = {0, 0};
+    if (keep && dropout) k = drop_key(key, site);
+    bool acts = dinp_t == store && dout_t == store && inp_t == store && w_t == STORE_F32 &&
+                (!keep || keep_t == store);
+    if (ln_vec(cols, acts) && aligned16(dinp) && aligned16(dout) && aligned16(inp) &&
+        aligned16(w) && aligned16(keep)) {
+        BY_TYPE(store, layernorm_bwd_dinp_v, dinp, dout, inp, w, m, rs, r, cols, keep, dropout,
+                k, threshold, dscale, lane);
+        return;
+    }
 #define x(c) ld(inp, r * cols + (c), inp_t)
 #define g(c) ld(dout, r * cols + (c), dout_t)
-    float m = mean[r], rs = rstd[r];
-
     double sd = 0.0, sdx = 0.0;
-    for (int c = lane; c < cols; c += 32) {
+    each_col(c) {
         float xhat = (x(c) - m) * rs;
         float dxhat = g(c) * ld(w, c, w_t);
         sd += (double)dxhat;
@@ -91,9 +241,7 @@ extern "C" __global__ void layernorm_bwd_dinp(void* dinp, int dinp_t, const void
     float mean_d = (float)(warp_sum_d(sd) / cols);
     float mean_dx = (float)(warp_sum_d(sdx) / cols);
 
-    DropKey k = {0, 0};
-    if (keep && dropout) k = drop_key(key, site);
-    for (int c = lane; c < cols; c += 32) {
+    each_col(c) {
         float xhat = (x(c) - m) * rs;
         // The CPU's rs · (g·w − mean_d − xhat·mean_dx), unfused (op_*: no FMA).
         float dx = op_sub(op_sub(op_mul(g(c), ld(w, c, w_t)), mean_d), op_mul(xhat, mean_dx));
@@ -107,6 +255,7 @@ extern "C" __global__ void layernorm_bwd_dinp(void* dinp, int dinp_t, const void
     }
 #undef g
 #undef x
+#undef each_col
 }
 
 // Backward, dw += Σ_r dout · xhat and db += Σ_r dout, in Backend::bias_grad's order (chunks of

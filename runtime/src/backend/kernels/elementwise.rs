@@ -1,6 +1,6 @@
 //! Launches of `runtime/kernels/elementwise.cu`, and the GEMM (the device's BLAS, then rounding).
 
-use super::{chunk_grid, dtype_arg, grid1, int, Kernels};
+use super::{chunk_grid, dtype_arg, grid1, grid_vec, int, Kernels};
 use crate::backend::device::{Arg, Device};
 use crate::backend::{Dropout, Gemm, BIAS_ROWS};
 use crate::precision::Dtype;
@@ -43,7 +43,7 @@ pub(super) fn gemm<D: Device>(
 fn round_rows<D: Device>(k: &Kernels<D>, p: u64, rows: usize, cols: usize, ld: usize) {
     k.dev.launch(
         "round_rows",
-        grid1(rows * cols),
+        grid_vec(rows * cols),
         &[Arg::Ptr(p), int(rows), int(cols), int(ld), k.store_arg()],
     );
 }
@@ -64,7 +64,7 @@ pub(super) fn add_bias<D: Device>(
     let o = k.typed_mut(&mut out);
     k.dev.launch(
         "add_bias",
-        grid1(rows * cols),
+        grid_vec(rows * cols),
         &[
             o,
             k.typed(bias),
@@ -134,13 +134,14 @@ pub(super) fn unary<D: Device>(
 }
 
 /// `out = f(a, b)` with kernel `name(out, out_t, a, a_t, b, b_t, n, store)`: every buffer typed
-/// (`Arg::Typed`).
+/// (`Arg::Typed`), `per_thread` elements a thread (1, or [`super::VEC`] for a vectorised kernel).
 pub(super) fn binary<D: Device>(
     k: &Kernels<D>,
     name: &'static str,
     mut out: D::ViewMut<'_>,
     a: D::View<'_>,
     b: D::View<'_>,
+    per_thread: usize,
 ) {
     let n = k.dev.len_mut(&out);
     assert_eq!(n, k.dev.len(a), "{name} lengths");
@@ -148,7 +149,7 @@ pub(super) fn binary<D: Device>(
     let o = k.typed_mut(&mut out);
     k.dev.launch(
         name,
-        grid1(n),
+        grid1(n.div_ceil(per_thread)),
         &[o, k.typed(a), k.typed(b), int(n), k.store_arg()],
     );
 }
@@ -210,8 +211,7 @@ pub(super) fn bias_dropout_add<D: Device>(
     let p = k.typed_mut(&mut k.dev.view_mut(out));
     k.dev.launch(
         "bias_dropout_add",
-        // A thread per four elements (one Philox block).
-        grid1(n.div_ceil(4)),
+        grid_vec(n),
         &[
             p,
             k.typed(bias),
@@ -256,7 +256,7 @@ pub(super) fn bias_gelu<D: Device>(
     let act = k.typed_mut(&mut k.dev.view_mut(act));
     k.dev.launch(
         "bias_gelu",
-        grid1(n),
+        grid_vec(n),
         &[pi, act, k.typed(bias), int(rows), int(cols), k.store_arg()],
     );
 }

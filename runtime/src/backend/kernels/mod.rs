@@ -246,7 +246,7 @@ impl<D: Device> Kernels<D> {
         let p = self.dev.ptr_mut(&mut v);
         self.dev.launch(
             "round_rows",
-            grid1(n),
+            grid_vec(n),
             &[Arg::Ptr(p), int(1), int(n), int(n), dtype_arg(dtype)],
         );
     }
@@ -298,7 +298,6 @@ pub(crate) fn int(n: usize) -> Arg {
     Arg::I32(i32::try_from(n).expect("a kernel dimension does not fit an int"))
 }
 
-/// One thread per element, [`BLOCK`] per block.
 /// A (columns × chunks) grid of [`BLOCK`]-thread blocks: the first pass of a sum over rows in
 /// [`crate::backend::Backend::bias_grad`]'s order.
 pub(crate) fn chunk_grid(cols: usize, chunks: usize) -> Launch {
@@ -313,12 +312,21 @@ pub(crate) fn chunk_grid(cols: usize, chunks: usize) -> Launch {
     }
 }
 
+/// One thread per element, [`BLOCK`] per block.
 pub(crate) fn grid1(n: usize) -> Launch {
     Launch {
         grid: (n.div_ceil(BLOCK as usize).max(1) as u32, 1, 1),
         block: (BLOCK, 1, 1),
         smem: 0,
     }
+}
+
+/// Elements a thread of the vectorised elementwise kernels takes (`VEC` in common.cuh).
+pub const VEC: usize = 8;
+
+/// One thread per [`VEC`] elements (the last thread's may be fewer), [`BLOCK`] per block.
+pub(crate) fn grid_vec(n: usize) -> Launch {
+    grid1(n.div_ceil(VEC))
 }
 
 /// The launch of `gemm_pointers` (elementwise.cu): `batch`'s item addresses into `list` (`A`'s,
@@ -675,7 +683,7 @@ impl<D: Device> Backend for Kernels<D> {
     }
 
     fn gelu_bwd(&self, dinp: D::ViewMut<'_>, inp: D::View<'_>, dout: D::View<'_>) {
-        elementwise::binary(self, "gelu_bwd", dinp, inp, dout)
+        elementwise::binary(self, "gelu_bwd", dinp, inp, dout, VEC)
     }
 
     fn tanh_fwd(&self, out: D::ViewMut<'_>, inp: D::View<'_>) {
@@ -683,7 +691,7 @@ impl<D: Device> Backend for Kernels<D> {
     }
 
     fn tanh_bwd(&self, dinp: D::ViewMut<'_>, y: D::View<'_>, dout: D::View<'_>) {
-        elementwise::binary(self, "tanh_bwd", dinp, y, dout)
+        elementwise::binary(self, "tanh_bwd", dinp, y, dout, 1)
     }
 
     fn dropout(&self, x: D::ViewMut<'_>, d: &Dropout) {
