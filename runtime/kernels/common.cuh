@@ -158,9 +158,10 @@ __device__ __forceinline__ float column_sum(float acc, const void* x, int r0, in
 // a thread takes VEC consecutive elements (kernels/mod.rs, `VEC`), loaded and stored 16 bytes
 // at a time with every type known at compile time, so that its loads are issued together and
 // no per-element branch on a run-time type remains. A kernel takes it where its buffers allow
-// (16-byte aligned, rows a multiple of VEC wide, the activations all of the storage dtype and
-// the parameters f32); elsewhere the same thread takes the same elements one by one through
-// `ld`/`sto`. Both compute the same operations in the same order, so the same bits.
+// (16-byte aligned, rows a multiple of VEC wide, the activations all of the storage dtype; the
+// parameters, loaded once per VEC elements, of any type: ldv_rt); elsewhere the same thread
+// takes the same elements one by one through `ld`/`sto`. Both compute the same operations in
+// the same order, so the same bits.
 #define VEC 8
 
 __device__ __forceinline__ bool aligned16(const void* p) {
@@ -211,6 +212,22 @@ __device__ __forceinline__ void ldv(float v[VEC], const void* p, long long i) {
     ld_words<T>(w, p, i);
     UNROLL
     for (int u = 0; u < VEC; u++) v[u] = unpack<T>(w, u);
+}
+// ldv with the type t known at run time, for operands loaded once per VEC elements (the
+// parameters): the second 16 bytes of an f32 row are a predicated load and each element's value
+// a select, where a branch per type would have the compiler copy the code after it per type.
+__device__ __forceinline__ void ldv_rt(float v[VEC], const void* p, long long i, int t) {
+    bool f32 = t == STORE_F32;
+    const char* at = (const char*)p + i * (f32 ? 4 : 2);
+    unsigned w[VEC] = {0, 0, 0, 0, 0, 0, 0, 0};
+    ld16(w, at);
+    if (f32) ld16(w + 4, at + 16);
+    UNROLL
+    for (int u = 0; u < VEC; u++) {
+        unsigned short b = (unsigned short)((u & 1) ? w[u >> 1] >> 16 : w[u >> 1]);
+        float h = t == STORE_BF16 ? __uint_as_float(((unsigned)b) << 16) : f16_value(b);
+        v[u] = f32 ? __uint_as_float(w[u]) : h;
+    }
 }
 // Stores v (values already rounded to T where T is a half type: `st`) as elements
 // i … i + VEC − 1 of a buffer of type T, exactly.

@@ -17,10 +17,11 @@ extern "C" __global__ void add_assign(float* acc, const float* x, int n, int sto
 // The vectorised path (common.cuh, VEC): `out` of the storage dtype T, so already rounded to
 // `first` (T, or f32: nothing).
 template <int T>
-__device__ __forceinline__ void add_bias_v(void* out, const void* bias, int cols, long long i) {
+__device__ __forceinline__ void add_bias_v(void* out, const void* bias, int bias_t, int cols,
+                                           long long i) {
     float v[VEC], b[VEC];
     ldv<T>(v, out, i);
-    ldv<STORE_F32>(b, bias, col_of(i, cols));
+    ldv_rt(b, bias, col_of(i, cols), bias_t);
     UNROLL
     for (int u = 0; u < VEC; u++) v[u] = st(v[u] + b[u], T);
     stv<T>(out, i, v);
@@ -30,9 +31,9 @@ extern "C" __global__ void add_bias(void* out, int out_t, const void* bias, int 
     long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     long long n = (long long)rows * cols;
     if (i0 >= n) return;
-    if (out_t == store && bias_t == STORE_F32 && (first == store || first == STORE_F32) &&
-        cols % VEC == 0 && aligned16(out) && aligned16(bias)) {
-        BY_TYPE(store, add_bias_v, out, bias, cols, i0);
+    if (out_t == store && (first == store || first == STORE_F32) && cols % VEC == 0 && aligned16(out) &&
+        aligned16(bias)) {
+        BY_TYPE(store, add_bias_v, out, bias, bias_t, cols, i0);
         return;
     }
     NO_UNROLL
@@ -158,11 +159,11 @@ extern "C" __global__ void gelu_fwd(float* out, const float* inp, int n, int sto
 // backward reads it), and act = gelu(inter), each rounded as those kernels round it. `inter` is
 // a GEMM's fp32 output (Backend::gemm_to_epilogue), or already rounded (rounding is idempotent).
 template <int T>
-__device__ __forceinline__ void bias_gelu_v(void* inter, void* act, const void* bias, int cols,
-                                            long long i) {
+__device__ __forceinline__ void bias_gelu_v(void* inter, void* act, const void* bias, int bias_t,
+                                            int cols, long long i) {
     float x[VEC], b[VEC], a[VEC];
     ldv<T>(x, inter, i);
-    ldv<STORE_F32>(b, bias, col_of(i, cols));
+    ldv_rt(b, bias, col_of(i, cols), bias_t);
     UNROLL
     for (int u = 0; u < VEC; u++) {
         x[u] = st(x[u] + b[u], T);
@@ -177,9 +178,8 @@ extern "C" __global__ void bias_gelu(void* inter, int inter_t, void* act, int ac
     long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     long long n = (long long)rows * cols;
     if (i0 >= n) return;
-    if (inter_t == store && act_t == store && bias_t == STORE_F32 && cols % VEC == 0 &&
-        aligned16(inter) && aligned16(act) && aligned16(bias)) {
-        BY_TYPE(store, bias_gelu_v, inter, act, bias, cols, i0);
+    if (inter_t == store && act_t == store && cols % VEC == 0 && aligned16(inter) && aligned16(act) && aligned16(bias)) {
+        BY_TYPE(store, bias_gelu_v, inter, act, bias, bias_t, cols, i0);
         return;
     }
     NO_UNROLL
@@ -197,12 +197,12 @@ extern "C" __global__ void bias_gelu(void* inter, int inter_t, void* act, int ac
 // the three kernels never make. Each thread takes the four elements of one Philox block
 // (dropout_mult4), so the generator runs once per four elements: VEC / 4 times a thread.
 template <int T>
-__device__ __forceinline__ void bias_dropout_add_v(void* out, const void* bias,
+__device__ __forceinline__ void bias_dropout_add_v(void* out, const void* bias, int bias_t,
                                                    const void* residual, int cols, long long i,
                                                    int drop, const float m[VEC]) {
     float v[VEC], b[VEC], res[VEC];
     ldv<T>(v, out, i);
-    ldv<STORE_F32>(b, bias, col_of(i, cols));
+    ldv_rt(b, bias, col_of(i, cols), bias_t);
     ldv<T>(res, residual, i);
     UNROLL
     for (int u = 0; u < VEC; u++) {
@@ -222,8 +222,7 @@ extern "C" __global__ void bias_dropout_add(void* out, int out_t, const void* bi
     if (i0 >= n) return;
     DropKey k = {0, 0};
     if (drop) k = drop_key(key, site);
-    if (out_t == store && residual_t == store && bias_t == STORE_F32 && cols % VEC == 0 &&
-        aligned16(out) && aligned16(bias) && aligned16(residual)) {
+    if (out_t == store && residual_t == store && cols % VEC == 0 && aligned16(out) && aligned16(bias) && aligned16(residual)) {
         float m[VEC];
         UNROLL
         for (int h = 0; h < VEC / 4; h++) {
@@ -233,7 +232,7 @@ extern "C" __global__ void bias_dropout_add(void* out, int out_t, const void* bi
             else
                 m[4 * h] = m[4 * h + 1] = m[4 * h + 2] = m[4 * h + 3] = 1.0f;
         }
-        BY_TYPE(store, bias_dropout_add_v, out, bias, residual, cols, i0, drop, m);
+        BY_TYPE(store, bias_dropout_add_v, out, bias, bias_t, residual, cols, i0, drop, m);
         return;
     }
     // Not unrolled: the body's typed loads and stores, VEC times over, would make this one

@@ -22,7 +22,8 @@
 // The vectorised path (common.cuh, VEC) holds a row's values in registers between its passes,
 // as the words ld_words loaded (a 16-bit element is half a register until it is used), for rows
 // of at most LN_CHUNKS · LN_SPAN columns, a multiple of VEC, with the activations of the storage
-// dtype and w, b f32. Other rows take the generic path, which loads element by element through
+// dtype (an instantiation per dtype); w and b, loaded once per VEC columns, keep their run-time
+// type (ldv_rt). Other rows take the generic path, which loads element by element through
 // `ld` (and again in each pass) in the same order, so the same bits.
 #define LN_SPAN (32 * VEC)
 #define LN_CHUNKS 4
@@ -38,7 +39,8 @@ __device__ __forceinline__ bool ln_vec(int cols, bool acts) {
 template <int T>
 __device__ __forceinline__ void layernorm_fwd_v(void* out, float* mean, float* rstd,
                                                 const void* inp, const void* w, const void* b,
-                                                long long r, int cols, float eps, int lane) {
+                                                int wb_t, long long r, int cols, float eps,
+                                                int lane) {
     unsigned xw[LN_CHUNKS][VEC];
     UNROLL
     for (int k = 0; k < LN_CHUNKS; k++) {
@@ -73,8 +75,8 @@ __device__ __forceinline__ void layernorm_fwd_v(void* out, float* mean, float* r
         int c = k * LN_SPAN + lane * VEC;
         if (c < cols) {
             float wv[VEC], bv[VEC], y[VEC];
-            ldv<STORE_F32>(wv, w, c);
-            ldv<STORE_F32>(bv, b, c);
+            ldv_rt(wv, w, c, wb_t);
+            ldv_rt(bv, b, c, wb_t);
             UNROLL
             for (int u = 0; u < VEC; u++) {
                 float xhat = (float)(((double)unpack<T>(xw[k], u) - m) * rs);
@@ -96,9 +98,9 @@ extern "C" __global__ void layernorm_fwd(void* out, int out_t, float* mean, floa
     long long r = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= rows) return;  // a whole warp leaves together: the shuffles below stay full
     int lane = threadIdx.x & 31;
-    if (ln_vec(cols, out_t == store && inp_t == store && wb_t == STORE_F32) &&
-        aligned16(out) && aligned16(inp) && aligned16(w) && aligned16(b)) {
-        BY_TYPE(store, layernorm_fwd_v, out, mean, rstd, inp, w, b, r, cols, eps, lane);
+    if (ln_vec(cols, out_t == store && inp_t == store) && aligned16(out) && aligned16(inp) &&
+        aligned16(w) && aligned16(b)) {
+        BY_TYPE(store, layernorm_fwd_v, out, mean, rstd, inp, w, b, wb_t, r, cols, eps, lane);
         return;
     }
     // Lane `lane`'s columns, in the vectorised path's order.
@@ -146,7 +148,8 @@ extern "C" __global__ void layernorm_fwd(void* out, int out_t, float* mean, floa
 // dinp, dout, inp, w and keep are typed buffers (common.cuh's ld, sto).
 template <int T>
 __device__ __forceinline__ void layernorm_bwd_dinp_v(void* dinp, const void* dout,
-                                                     const void* inp, const void* w, float m,
+                                                     const void* inp, const void* w, int w_t,
+                                                     float m,
                                                      float rs, long long r, int cols, void* keep,
                                                      int dropout, DropKey key,
                                                      unsigned threshold, float dscale, int lane) {
@@ -165,7 +168,7 @@ __device__ __forceinline__ void layernorm_bwd_dinp_v(void* dinp, const void* dou
         int c = k * LN_SPAN + lane * VEC;
         if (c < cols) {
             float wv[VEC];
-            ldv<STORE_F32>(wv, w, c);
+            ldv_rt(wv, w, c, w_t);
             UNROLL
             for (int u = 0; u < VEC; u++) {
                 float xhat = (unpack<T>(xw[k], u) - m) * rs;
@@ -177,12 +180,32 @@ __device__ __forceinline__ void layernorm_bwd_dinp_v(void* dinp, const void* dou
     }
     float mean_d = (float)(warp_sum_d(sd) / cols);
     float mean_dx = (float)(warp_sum_d(sdx) / cols);
+    // The dropout mask of the lane's elements, bit k · VEC + u for column k · LN_SPAN + lane · VEC
+    // + u: drawn in a rolled loop (the generator's code once, not once per chunk).
+    unsigned kept = 0;
+    if (keep && dropout) {
+        NO_UNROLL
+        for (int k = 0; k < LN_CHUNKS; k++) {
+            int c = k * LN_SPAN + lane * VEC;
+            if (c >= cols) break;
+            NO_UNROLL
+            for (int h = 0; h < VEC / 4; h++) {
+                unsigned long long blk = (unsigned long long)(r * cols + c) / 4 + h;
+                unsigned w4[4] = {(unsigned)blk, (unsigned)(blk >> 32), (unsigned)key.stream,
+                                  (unsigned)(key.stream >> 32)};
+                philox4x32(w4, (unsigned)key.seed, (unsigned)(key.seed >> 32));
+                UNROLL
+                for (int u = 0; u < 4; u++)
+                    if (w4[u] >= threshold) kept |= 1u << (k * VEC + 4 * h + u);
+            }
+        }
+    }
     UNROLL
     for (int k = 0; k < LN_CHUNKS; k++) {
         int c = k * LN_SPAN + lane * VEC;
         if (c < cols) {
             float wv[VEC], d[VEC];
-            ldv<STORE_F32>(wv, w, c);
+            ldv_rt(wv, w, c, w_t);
             UNROLL
             for (int u = 0; u < VEC; u++) {
                 float xhat = (unpack<T>(xw[k], u) - m) * rs;
@@ -194,13 +217,9 @@ __device__ __forceinline__ void layernorm_bwd_dinp_v(void* dinp, const void* dou
             if (keep) {
                 stv<T>(keep, i, d);
                 if (dropout) {
-                    float mult[VEC];
                     UNROLL
-                    for (int h = 0; h < VEC / 4; h++)
-                        dropout_mult4(mult + 4 * h, (unsigned long long)(i / 4 + h), key.seed,
-                                      key.stream, threshold, dscale);
-                    UNROLL
-                    for (int u = 0; u < VEC; u++) d[u] = st(d[u] * mult[u], T);
+                    for (int u = 0; u < VEC; u++)
+                        d[u] = st(d[u] * ((kept >> (k * VEC + u)) & 1u ? dscale : 0.0f), T);
                 }
             }
             stv<T>(dinp, i, d);
@@ -221,11 +240,11 @@ extern "C" __global__ void layernorm_bwd_dinp(void* dinp, int dinp_t, const void
     float m = mean[r], rs = rstd[r];
     DropKey k = {0, 0};
     if (keep && dropout) k = drop_key(key, site);
-    bool acts = dinp_t == store && dout_t == store && inp_t == store && w_t == STORE_F32 &&
+    bool acts = dinp_t == store && dout_t == store && inp_t == store &&
                 (!keep || keep_t == store);
     if (ln_vec(cols, acts) && aligned16(dinp) && aligned16(dout) && aligned16(inp) &&
         aligned16(w) && aligned16(keep)) {
-        BY_TYPE(store, layernorm_bwd_dinp_v, dinp, dout, inp, w, m, rs, r, cols, keep, dropout,
+        BY_TYPE(store, layernorm_bwd_dinp_v, dinp, dout, inp, w, w_t, m, rs, r, cols, keep, dropout,
                 k, threshold, dscale, lane);
         return;
     }

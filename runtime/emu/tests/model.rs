@@ -885,34 +885,51 @@ fn parameter_ranges_queued_up_land_where_they_belong() {
     assert!(m.params().data == pinned[..], "the parameters differ");
 }
 
-/// (loss, gradient) of one micro-batch and the evaluation logits through the CUDA backend's
-/// launch code on `dev`.
-fn on_device<D>(dev: D, store: Dtype, dropout: Option<DropoutKey>) -> (f32, Vec<f32>, Vec<f32>)
+/// (loss, gradient) of one micro-batch `b` and its evaluation logits through the CUDA backend's
+/// launch code on `dev`; with `half_params` the parameters are a buffer of the storage dtype, as
+/// a device training from the optimizer's half working copy holds them (kernels/optim.rs).
+fn on_device<D>(
+    dev: D,
+    store: Dtype,
+    dropout: Option<DropoutKey>,
+    half_params: bool,
+    b: &Batch,
+) -> (f32, Vec<f32>, Vec<f32>)
 where
     D: recipe_runtime::backend::device::Device,
 {
     let p = if dropout.is_some() { 0.2 } else { 0.0 };
     let mut m = Classifier::random(tiny(p), 3, 7).unwrap();
     store.round_slice(m.params_mut());
-    let b = batch();
     let n = m.num_params();
     let k = Kernels::new(dev).with_store(store);
-    let params = k.upload(&m.params().data);
+    let params = if half_params {
+        let dev = k.device();
+        let mut p = dev.alloc_half(n, store);
+        assert_eq!(dev.elem(dev.view(&p)), store, "a 16-bit parameter buffer");
+        dev.write(dev.view_mut(&mut p), &m.params().data);
+        p
+    } else {
+        k.upload(&m.params().data)
+    };
     let mut grads = k.alloc(n);
     let mut ws = Workspace::new();
     let loss = m
-        .forward_backward_on(&k, &mut ws, &b, 0.5, &params, &mut grads, dropout)
+        .forward_backward_on(&k, &mut ws, b, 0.5, &params, &mut grads, dropout)
         .unwrap();
     let mut g = vec![0.0; n];
     k.download(k.view(&grads), &mut g);
-    let logits = m.forward_on(&k, &mut ws, &b, &params).unwrap();
+    let logits = m.forward_on(&k, &mut ws, b, &params).unwrap();
     (loss, g, logits)
 }
 
 /// The buffers the model keeps in 16 bits on a device that can ([`Backend::alloc_stored`]:
 /// the GELU's output and the gradient at its input) change no bit: the passes on the emulated
 /// device with 16-bit buffers give the loss, gradient and logits of the one with f32 buffers,
-/// in fp16 and bf16, with dropout.
+/// in fp16 and bf16, with dropout; and so do 16-bit parameters (the optimizer's half working
+/// copy). The 16-bit buffers take the kernels' vectorised paths (common.cuh, VEC) with either
+/// parameter type, the f32 ones their generic paths; attention's softmax takes its vectorised
+/// path for 8 keys, its generic one for 7.
 #[test]
 fn sixteen_bit_buffers_change_no_bit() {
     use recipe_kernel_emu::EmuTyped;
@@ -925,12 +942,20 @@ fn sixteen_bit_buffers_change_no_bit() {
                 micro_batch: 3,
             }),
         ] {
-            let (l32, g32, e32) = on_device(Emu, store, dropout);
-            let (l16, g16, e16) = on_device(EmuTyped, store, dropout);
-            let what = format!("{store:?}, dropout {}", dropout.is_some());
-            assert_eq!(l16.to_bits(), l32.to_bits(), "loss, {what}");
-            assert!(bits(&g16) == bits(&g32), "gradient, {what}");
-            assert!(bits(&e16) == bits(&e32), "logits, {what}");
+            for b in [batch(), batch_with(2, 8, 11, |i| 8 - 3 * i, |i| i as u32)] {
+                let (l32, g32, e32) = on_device(Emu, store, dropout, false, &b);
+                for half_params in [false, true] {
+                    let (l16, g16, e16) = on_device(EmuTyped, store, dropout, half_params, &b);
+                    let what = format!(
+                        "{store:?}, dropout {}, 16-bit parameters {half_params}, seq {}",
+                        dropout.is_some(),
+                        b.seq
+                    );
+                    assert_eq!(l16.to_bits(), l32.to_bits(), "loss, {what}");
+                    assert!(bits(&g16) == bits(&g32), "gradient, {what}");
+                    assert!(bits(&e16) == bits(&e32), "logits, {what}");
+                }
+            }
         }
     }
 }
