@@ -129,17 +129,18 @@ __device__ __forceinline__ float ldt(const void* p, long long i) {
     return T == STORE_BF16 ? __uint_as_float(((unsigned)b) << 16) : f16_value(b);
 }
 // acc + Σ x[r, c] for r in [r0, r1) of a matrix `cols` wide of type T, added in row order, the
-// loads ROWS_AHEAD rows at a time.
-template <int T>
+// loads AHEAD rows at a time. A short grid of long columns (bias_grad's second pass: 3 blocks
+// for BERT-base) waits on its loads' round trips, one per AHEAD rows, so it takes more.
+template <int T, int AHEAD = ROWS_AHEAD>
 __device__ __forceinline__ float column_sum(float acc, const void* x, int r0, int r1, int cols,
                                             int c) {
     int r = r0;
-    for (; r + ROWS_AHEAD <= r1; r += ROWS_AHEAD) {
-        float v[ROWS_AHEAD];
+    for (; r + AHEAD <= r1; r += AHEAD) {
+        float v[AHEAD];
         UNROLL
-        for (int u = 0; u < ROWS_AHEAD; u++) v[u] = ldt<T>(x, (long long)(r + u) * cols + c);
+        for (int u = 0; u < AHEAD; u++) v[u] = ldt<T>(x, (long long)(r + u) * cols + c);
         UNROLL
-        for (int u = 0; u < ROWS_AHEAD; u++) acc += v[u];
+        for (int u = 0; u < AHEAD; u++) acc += v[u];
     }
     for (; r < r1; r++) acc += ldt<T>(x, (long long)r * cols + c);
     return acc;

@@ -61,7 +61,7 @@ __device__ __forceinline__ void bias_grad_part_t(float* part, const void* dout, 
     if (c >= cols) return;
     int r0 = blockIdx.y * chunk;
     int r1 = min(rows, r0 + chunk);
-    part[(long long)blockIdx.y * cols + c] = column_sum<T>(0.0f, dout, r0, r1, cols, c);
+    part[(long long)blockIdx.y * cols + c] = column_sum<T, 16>(0.0f, dout, r0, r1, cols, c);
 }
 extern "C" __global__ void bias_grad_part(float* part, const void* dout, int dout_t, int rows,
                                           int cols, int chunk) {
@@ -76,7 +76,7 @@ __device__ __forceinline__ void bias_grad_t(float* db, const void* dout, int row
                                             int store) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
-    db[c] = st(column_sum<T>(db[c], dout, 0, rows, cols, c), store);
+    db[c] = st(column_sum<T, 32>(db[c], dout, 0, rows, cols, c), store);
 }
 extern "C" __global__ void bias_grad(float* db, const void* dout, int dout_t, int rows, int cols,
                                      int store) {

@@ -81,7 +81,7 @@ fn bias_kernels_match_the_cpu_bit_for_bit() {
     for store in STORES {
         let (g, c) = pair(store);
         // Rows around the bias gradient's chunk (64): one chunk, exactly one, one and a row,
-        // several and a short one.
+        // several and a short one; and 33 chunks, more than the second pass loads at once (32).
         for (rows, cols) in [
             (1, 1),
             (1, 37),
@@ -92,6 +92,7 @@ fn bias_kernels_match_the_cpu_bit_for_bit() {
             (65, 5),
             (200, 33),
             (300, 1),
+            (2049, 3),
         ] {
             let out0 = rand(rows * cols, 2.0, 4);
             let bias = rand(cols, 1.0, 5);
