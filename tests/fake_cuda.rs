@@ -257,6 +257,19 @@ fn the_tiny_bert_trains_on_the_fake_gpu_as_on_the_cpu() {
     );
     // Written at captures and graph launches only: a direct run writes nothing.
     assert!(!direct_stats.exists(), "a direct run captured");
+    // The first GPU run compiled the kernels and left them in the cache (RECIPE_CACHE, as
+    // on_fake sets it); the later runs read them from there instead of compiling again, so the
+    // entry is not written again.
+    let cached = || {
+        let entries: Vec<_> = std::fs::read_dir(dir.join("cache").join("kernels"))
+            .expect("the kernel cache")
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(entries.len(), 1, "one entry: {entries:?}");
+        let modified = std::fs::metadata(&entries[0]).unwrap().modified().unwrap();
+        (entries[0].clone(), modified)
+    };
+    let first = cached();
     let graph_stats = dir.join("graph-stats.json");
     let (_, graphs) = against_the_cpu(
         &dir,
@@ -278,6 +291,7 @@ fn the_tiny_bert_trains_on_the_fake_gpu_as_on_the_cpu() {
     ];
     let (_, graphs_late) = against_the_cpu(&dir, "late", "tiny.rcp", &epochs, 1, &late, 1e-5);
     assert_eq!(graphs_late, direct, "asynchronous streams differ");
+    assert_eq!(cached(), first, "a later run compiled the kernels again");
     let s = stats(&graph_stats);
     // The training shapes (a full micro-batch and an epoch's last, shorter one) and the
     // evaluation's are captured once each and replayed after.

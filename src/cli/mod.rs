@@ -481,6 +481,12 @@ pub fn main() -> i32 {
     if std::env::var_os("RECIPE_SCAN_CACHE").is_none_or(|v| v != "0") {
         recipe::resolve::scan_cache::enable(model_files::cache_root().join("scans"));
     }
+    // So is the compiled CUDA kernel program (backend/cuda/kernel_cache.rs).
+    if std::env::var_os("RECIPE_KERNEL_CACHE").is_none_or(|v| v != "0") {
+        recipe_runtime::backend::cuda::kernel_cache::enable(
+            model_files::cache_root().join("kernels"),
+        );
+    }
     match cli.command {
         Command::Check {
             files,

@@ -99,7 +99,8 @@ pub fn compile(arch: &str) -> Result<Compiled, CudaError> {
 }
 
 /// [`compile`] once per architecture per process: a run on several GPUs of one kind opens each
-/// with the same program, and NVRTC takes seconds for it.
+/// with the same program, and NVRTC takes seconds for it. Across processes too when the disk
+/// cache is on ([`super::kernel_cache`]).
 pub fn compile_cached(arch: &str) -> Result<std::sync::Arc<Compiled>, CudaError> {
     use std::collections::HashMap;
     use std::sync::{Arc, Mutex, OnceLock};
@@ -110,7 +111,16 @@ pub fn compile_cached(arch: &str) -> Result<std::sync::Arc<Compiled>, CudaError>
     if let Some(c) = done.get(arch) {
         return Ok(c.clone());
     }
-    let c = Arc::new(compile(arch)?);
+    let key = super::kernel_cache::key(arch, nvrtc_version()?, &options(arch), &kernels::program());
+    let c = match super::kernel_cache::get(arch, &key) {
+        Some(c) => c,
+        None => {
+            let c = compile(arch)?;
+            super::kernel_cache::put(&c, &key);
+            c
+        }
+    };
+    let c = Arc::new(c);
     done.insert(arch.to_string(), c.clone());
     Ok(c)
 }

@@ -9,6 +9,7 @@
 
 pub mod compile;
 pub mod gemm;
+pub mod kernel_cache;
 pub mod memo;
 pub mod nccl;
 pub mod ptxas;
