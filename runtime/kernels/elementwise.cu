@@ -31,8 +31,8 @@ extern "C" __global__ void add_bias(void* out, int out_t, const void* bias, int 
     long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     long long n = (long long)rows * cols;
     if (i0 >= n) return;
-    if (out_t == store && (first == store || first == STORE_F32) && cols % VEC == 0 && aligned16(out) &&
-        aligned16(bias)) {
+    if (out_t == store && (first == store || first == STORE_F32) && cols % VEC == 0 &&
+        aligned16(out) && aligned16(bias)) {
         BY_TYPE(store, add_bias_v, out, bias, bias_t, cols, i0);
         return;
     }
@@ -178,7 +178,8 @@ extern "C" __global__ void bias_gelu(void* inter, int inter_t, void* act, int ac
     long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     long long n = (long long)rows * cols;
     if (i0 >= n) return;
-    if (inter_t == store && act_t == store && cols % VEC == 0 && aligned16(inter) && aligned16(act) && aligned16(bias)) {
+    if (inter_t == store && act_t == store && cols % VEC == 0 && aligned16(inter) &&
+        aligned16(act) && aligned16(bias)) {
         BY_TYPE(store, bias_gelu_v, inter, act, bias, bias_t, cols, i0);
         return;
     }
@@ -222,7 +223,8 @@ extern "C" __global__ void bias_dropout_add(void* out, int out_t, const void* bi
     if (i0 >= n) return;
     DropKey k = {0, 0};
     if (drop) k = drop_key(key, site);
-    if (out_t == store && residual_t == store && cols % VEC == 0 && aligned16(out) && aligned16(bias) && aligned16(residual)) {
+    if (out_t == store && residual_t == store && cols % VEC == 0 && aligned16(out) &&
+        aligned16(bias) && aligned16(residual)) {
         float m[VEC];
         UNROLL
         for (int h = 0; h < VEC / 4; h++) {

@@ -180,8 +180,9 @@ __device__ __forceinline__ void layernorm_bwd_dinp_v(void* dinp, const void* dou
     }
     float mean_d = (float)(warp_sum_d(sd) / cols);
     float mean_dx = (float)(warp_sum_d(sdx) / cols);
-    // The dropout mask of the lane's elements, bit k · VEC + u for column k · LN_SPAN + lane · VEC
-    // + u: drawn in a rolled loop (the generator's code once, not once per chunk).
+    // The dropout mask of the lane's elements, bit k · VEC + u for column
+    // k · LN_SPAN + lane · VEC + u: drawn in a rolled loop (the generator's code once, not once
+    // per chunk).
     unsigned kept = 0;
     if (keep && dropout) {
         NO_UNROLL
