@@ -122,8 +122,21 @@ extern "C" __global__ void attention_softmax(float* scores, void* probs, int pro
 // that was kept gives the same result, as the softmax backward multiplies by it); then
 // ds_ij = p_ij (dp_ij − Σ_j dp_ij p_ij), rounded to `store` into the typed buffer `ds`: the half
 // GEMMs for dq and dk read it as a stored value (the CPU's `attn_bwd_one`). `ds` may be `dp`
-// itself (an f32 buffer: a lane writes only the keys it has just read). The vectorised path,
-// probs (and probs_drop) of type PT:
+// itself (an f32 buffer: a lane writes only the keys it has just read).
+//
+// The vectorised path, probs (and probs_drop) of type PT. dp of keys j0 … j0 + 3 as the
+// backward uses it (masked when `dropout`):
+template <int PT>
+__device__ __forceinline__ void dp_keys(float x[KEYS_LANE], const float* row, const void* pd,
+                                        long long at, int j0, int dropout, float dscale) {
+    unsigned v[KEYS_LANE];
+    ld16(v, row + j0);
+    UNROLL
+    for (int u = 0; u < KEYS_LANE; u++) {
+        x[u] = __uint_as_float(v[u]);
+        if (dropout) x[u] = ldt<PT>(pd, at + j0 + u) != 0.0f ? x[u] * dscale : 0.0f;
+    }
+}
 template <int PT>
 __device__ __forceinline__ void attention_softmax_bwd_t(const float* row, void* ds, int ds_t,
                                                         const void* probs, const void* pd,
@@ -132,27 +145,20 @@ __device__ __forceinline__ void attention_softmax_bwd_t(const float* row, void* 
     float dot = 0.0f;
     NO_UNROLL
     for (int j0 = lane * KEYS_LANE; j0 < seq; j0 += KEYS_SPAN) {
-        unsigned v[KEYS_LANE];
-        ld16(v, row + j0);
+        float x[KEYS_LANE];
+        dp_keys<PT>(x, row, pd, at, j0, dropout, dscale);
         UNROLL
-        for (int u = 0; u < KEYS_LANE; u++) {
-            int j = j0 + u;
-            float x = __uint_as_float(v[u]);
-            if (dropout) x = ldt<PT>(pd, at + j) != 0.0f ? x * dscale : 0.0f;
-            dot += x * ldt<PT>(probs, at + j);
-        }
+        for (int u = 0; u < KEYS_LANE; u++) dot += x[u] * ldt<PT>(probs, at + j0 + u);
     }
     dot = warp_sum(dot);
     NO_UNROLL
     for (int j0 = lane * KEYS_LANE; j0 < seq; j0 += KEYS_SPAN) {
-        unsigned v[KEYS_LANE];
-        ld16(v, row + j0);
+        float x[KEYS_LANE];
+        dp_keys<PT>(x, row, pd, at, j0, dropout, dscale);
         UNROLL
         for (int u = 0; u < KEYS_LANE; u++) {
-            int j = j0 + u;
-            float x = __uint_as_float(v[u]);
-            if (dropout) x = ldt<PT>(pd, at + j) != 0.0f ? x * dscale : 0.0f;
-            sto(ds, at + j, st(ldt<PT>(probs, at + j) * (x - dot), store), ds_t);
+            long long i = at + j0 + u;
+            sto(ds, i, st(ldt<PT>(probs, i) * (x[u] - dot), store), ds_t);
         }
     }
 }
