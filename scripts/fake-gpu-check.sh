@@ -15,6 +15,9 @@ for name in libcuda.so libcuda.so.1 libnvrtc.so libcublas.so libcublasLt.so libn
     ln -s "$(pwd)/target/release/librecipe_fake_cuda.so" "$LIBS/$name"
 done
 export LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The fake NVRTC reports a real version: the kernel cache (runtime/src/backend/cuda/
+# kernel_cache.rs) would hand its runs a real NVRTC's program, or a real run the fake's.
+export RECIPE_KERNEL_CACHE=0
 export RECIPE_FAKE_CUDA_GPUS=2 RECIPE_FAKE_CUDA_ASYNC="${RECIPE_FAKE_CUDA_ASYNC:-20}" CHECK_GPUS=2
 export SKIP="${SKIP-spam throughput}" OUT="${OUT:-fake-gpu-check}" WORK="${WORK:-/tmp/fake-gpu-check-work}"
 export PART_LIMIT="${PART_LIMIT:-300}" BUDGET="${BUDGET:-1200}"

@@ -102,6 +102,18 @@ pub fn compile(arch: &str) -> Result<Compiled, CudaError> {
 /// with the same program, and NVRTC takes seconds for it. Across processes too when the disk
 /// cache is on ([`super::kernel_cache`]).
 pub fn compile_cached(arch: &str) -> Result<std::sync::Arc<Compiled>, CudaError> {
+    once_per_process(arch, true)
+}
+
+/// [`compile`] now, whatever the disk cache holds, and neither read from it nor written to it:
+/// the compile gate (`recipe kernels`), which proves that NVRTC compiles the program. Kept for
+/// the rest of the process, as [`compile_cached`] keeps its program (the self-test's device
+/// opens with it).
+pub fn compile_fresh(arch: &str) -> Result<std::sync::Arc<Compiled>, CudaError> {
+    once_per_process(arch, false)
+}
+
+fn once_per_process(arch: &str, disk: bool) -> Result<std::sync::Arc<Compiled>, CudaError> {
     use std::collections::HashMap;
     use std::sync::{Arc, Mutex, OnceLock};
     static DONE: OnceLock<Mutex<HashMap<String, Arc<Compiled>>>> = OnceLock::new();
@@ -111,14 +123,19 @@ pub fn compile_cached(arch: &str) -> Result<std::sync::Arc<Compiled>, CudaError>
     if let Some(c) = done.get(arch) {
         return Ok(c.clone());
     }
-    let key = super::kernel_cache::key(arch, nvrtc_version()?, &options(arch), &kernels::program());
-    let c = match super::kernel_cache::get(arch, &key) {
-        Some(c) => c,
-        None => {
-            let c = compile(arch)?;
-            super::kernel_cache::put(&c, &key);
-            c
+    let c = if disk {
+        let key =
+            super::kernel_cache::key(arch, nvrtc_version()?, &options(arch), &kernels::program());
+        match super::kernel_cache::get(arch, &key) {
+            Some(c) => c,
+            None => {
+                let c = compile(arch)?;
+                super::kernel_cache::put(&c, &key);
+                c
+            }
         }
+    } else {
+        compile(arch)?
     };
     let c = Arc::new(c);
     done.insert(arch.to_string(), c.clone());

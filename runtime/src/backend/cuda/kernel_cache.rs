@@ -9,7 +9,10 @@
 //! full, and an entry is used only when the key read back is the one asked for, so a changed
 //! kernel, option or NVRTC is a miss, never a stale program; an unreadable or truncated file is a
 //! miss too. A new entry is written to a temporary file and renamed into place (best effort: a
-//! cache that cannot be written costs the compile only).
+//! cache that cannot be written costs the compile only). Two NVRTC libraries of one version are
+//! taken to compile the same program; runtime/fake-cuda's NVRTC is not a real one, so the runs
+//! on it keep their own cache (tests/fake_cuda.rs) or none (scripts/fake-gpu-check.sh). The
+//! compile gate (`recipe kernels`) never reads or writes it: it is there to compile.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
