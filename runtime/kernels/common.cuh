@@ -375,16 +375,26 @@ __device__ __forceinline__ float dropout_mult(unsigned long long idx, unsigned l
     return w >= threshold ? scale : 0.0f;
 }
 
-// The dropout multipliers of elements 4·blk … 4·blk + 3 (dropout_mult's, for the four words of
-// Philox block blk): one Philox call for four elements instead of four.
-__device__ __forceinline__ void dropout_mult4(float m[4], unsigned long long blk,
-                                              unsigned long long seed, unsigned long long stream,
-                                              unsigned threshold, float scale) {
+// Which of elements 4·blk … 4·blk + 3 dropout keeps: bit w set iff word w of Philox block blk is
+// at least the threshold (dropout_mult's rule, one Philox call for four elements).
+__device__ __forceinline__ unsigned dropout_keep4(unsigned long long blk, unsigned long long seed,
+                                                  unsigned long long stream, unsigned threshold) {
     unsigned c[4] = {(unsigned)blk, (unsigned)(blk >> 32), (unsigned)stream,
                      (unsigned)(stream >> 32)};
     philox4x32(c, (unsigned)seed, (unsigned)(seed >> 32));
+    unsigned bits = 0;
     UNROLL
-    for (int w = 0; w < 4; w++) m[w] = c[w] >= threshold ? scale : 0.0f;
+    for (int w = 0; w < 4; w++) bits |= (c[w] >= threshold ? 1u : 0u) << w;
+    return bits;
+}
+
+// The dropout multipliers of elements 4·blk … 4·blk + 3 (dropout_keep4's bits: scale or 0).
+__device__ __forceinline__ void dropout_mult4(float m[4], unsigned long long blk,
+                                              unsigned long long seed, unsigned long long stream,
+                                              unsigned threshold, float scale) {
+    unsigned bits = dropout_keep4(blk, seed, stream, threshold);
+    UNROLL
+    for (int w = 0; w < 4; w++) m[w] = (bits >> w) & 1u ? scale : 0.0f;
 }
 
 // A dropout site's Philox key and stream. The micro-batch's (seed, first stream) live in device

@@ -192,12 +192,7 @@ __device__ __forceinline__ void layernorm_bwd_dinp_v(void* dinp, const void* dou
             NO_UNROLL
             for (int h = 0; h < VEC / 4; h++) {
                 unsigned long long blk = (unsigned long long)(r * cols + c) / 4 + h;
-                unsigned w4[4] = {(unsigned)blk, (unsigned)(blk >> 32), (unsigned)key.stream,
-                                  (unsigned)(key.stream >> 32)};
-                philox4x32(w4, (unsigned)key.seed, (unsigned)(key.seed >> 32));
-                UNROLL
-                for (int u = 0; u < 4; u++)
-                    if (w4[u] >= threshold) kept |= 1u << (k * VEC + 4 * h + u);
+                kept |= dropout_keep4(blk, key.seed, key.stream, threshold) << (k * VEC + 4 * h);
             }
         }
     }
