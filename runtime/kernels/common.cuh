@@ -145,6 +145,44 @@ __device__ __forceinline__ float column_sum(float acc, const void* x, int r0, in
     for (; r < r1; r++) acc += ldt<T>(x, (long long)r * cols + c);
     return acc;
 }
+// acc + Σ part[r, c] for r in [0, rows), added in row order, 32 rows' loads at a time: the chunk
+// sums other blocks of the same launch wrote, read from L2 (`__ldcg`) since this SM's L1 is not
+// kept coherent with their writes.
+__device__ __forceinline__ float chunk_sums(float acc, const float* part, int rows, int cols,
+                                            int c) {
+    const int AHEAD = 32;
+    int r = 0;
+    for (; r + AHEAD <= rows; r += AHEAD) {
+        float v[AHEAD];
+        UNROLL
+        for (int u = 0; u < AHEAD; u++) v[u] = __ldcg(part + (long long)(r + u) * cols + c);
+        UNROLL
+        for (int u = 0; u < AHEAD; u++) acc += v[u];
+    }
+    for (; r < rows; r++) acc += __ldcg(part + (long long)r * cols + c);
+    return acc;
+}
+// A column sum's second pass in the launch of its first (no launch of its own: docs/cuda.md,
+// "Performance"). The blocks of a (columns × chunks) grid each write their chunk's sums, then
+// count themselves in `done[blockIdx.x]`; the last of a column of blocks to count, whichever it
+// is, adds the chunks' sums in chunk order, so the bits do not depend on the blocks' order (the
+// emulator's tests run them in reverse too). That block sets the counter back to zero for the
+// next launch (the counters start at zero: kernels/mod.rs, `with_counters`). Every thread of the
+// block must call it (two barriers).
+__device__ __forceinline__ bool last_of_column(unsigned* done) {
+    __shared__ int last;
+    __threadfence();  // this block's sums reach every SM before its count does
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(&done[blockIdx.x], 1u) == gridDim.y - 1;
+        if (last) {
+            done[blockIdx.x] = 0;
+            __threadfence();  // the others' sums, counted before, are seen after this
+        }
+    }
+    __syncthreads();
+    return last;
+}
 // Calls F<T>(args...) for the run-time type t (STORE_F32, STORE_F16 or STORE_BF16).
 #define BY_TYPE(t, F, ...)                    \
     do {                                      \

@@ -51,36 +51,26 @@ extern "C" __global__ void convert(void* dst, int dst_t, const void* src, int sr
     if (i < n) sto(dst, i, ld(src, i, src_t), dst_t);
 }
 
-// Backend::bias_grad's order (backend/mod.rs), in two passes and no atomics. The first:
-// part[k, c] = Σ dout[r, c] over chunk k's rows (`chunk` of them, the last one shorter), in row
-// order from zero; a grid of (columns, chunks), so every chunk of every column runs at once.
+// db[c] += Σ_r dout[r, c], rounded, in Backend::bias_grad's order (backend/mod.rs) in one launch
+// and no float atomics: a grid of (columns, chunks) where every chunk of every column runs at
+// once. First part[k, c] = Σ dout[r, c] over chunk k's rows (`chunk` of them, the last one
+// shorter), in row order from zero; then the last block of each column (`last_of_column`) adds
+// the `chunks` sums to db in order and rounds: the CPU backend's additions in its order, so its
+// bits. `rows` 0 is one chunk of no rows (a grid is never empty), whose sums are not added.
 template <int T>
-__device__ __forceinline__ void bias_grad_part_t(float* part, const void* dout, int rows, int cols,
-                                                 int chunk) {
+__device__ __forceinline__ void bias_grad_t(float* db, float* part, unsigned* done,
+                                            const void* dout, int rows, int cols, int chunk,
+                                            int chunks, int store) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= cols) return;
     int r0 = blockIdx.y * chunk;
     int r1 = min(rows, r0 + chunk);
-    part[(long long)blockIdx.y * cols + c] = column_sum<T, 16>(0.0f, dout, r0, r1, cols, c);
+    if (c < cols) part[(long long)blockIdx.y * cols + c] = column_sum<T, 16>(0.0f, dout, r0, r1, cols, c);
+    if (last_of_column(done) && c < cols) db[c] = st(chunk_sums(db[c], part, chunks, cols, c), store);
 }
-extern "C" __global__ void bias_grad_part(float* part, const void* dout, int dout_t, int rows,
-                                          int cols, int chunk) {
-    BY_TYPE(dout_t, bias_grad_part_t, part, dout, rows, cols, chunk);
-}
-
-// The second: db[c] += Σ_r part[r, c] (the chunks' sums, `rows` of them), one thread per column
-// adding them in order, then rounded: the same additions in the same order as the CPU backend,
-// so the same bits.
-template <int T>
-__device__ __forceinline__ void bias_grad_t(float* db, const void* dout, int rows, int cols,
-                                            int store) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= cols) return;
-    db[c] = st(column_sum<T, 32>(db[c], dout, 0, rows, cols, c), store);
-}
-extern "C" __global__ void bias_grad(float* db, const void* dout, int dout_t, int rows, int cols,
+extern "C" __global__ void bias_grad(float* db, float* part, unsigned* done, const void* dout,
+                                     int dout_t, int rows, int cols, int chunk, int chunks,
                                      int store) {
-    BY_TYPE(dout_t, bias_grad_t, db, dout, rows, cols, store);
+    BY_TYPE(dout_t, bias_grad_t, db, part, done, dout, rows, cols, chunk, chunks, store);
 }
 
 // Rounds rows × cols of a matrix with row stride ld to the storage dtype (after a cuBLAS GEMM,

@@ -273,20 +273,21 @@ extern "C" __global__ void layernorm_bwd_dinp(void* dinp, int dinp_t, const void
 #undef each_col
 }
 
-// Backward, dw += Σ_r dout · xhat and db += Σ_r dout, in Backend::bias_grad's order (chunks of
-// `chunk` rows each summed from zero, then the chunks' sums added in order, no atomics). This is
-// the first pass, a grid of (columns, chunks) writing each chunk's sums to pw and pb; the second
-// is bias_grad (elementwise.cu) over them. op_add/op_mul keep NVRTC from fusing the product into
-// an FMA the CPU does not make.
+// Backward, dw += Σ_r dout · xhat and db += Σ_r dout, rounded, in Backend::bias_grad's order
+// (chunks of `chunk` rows each summed from zero, then the chunks' sums added in order, no float
+// atomics), as bias_grad (elementwise.cu) does it: a grid of (columns, chunks) writing each
+// chunk's sums to pw and pb, then the last block of each column (`last_of_column`) adding them
+// to dw and db. op_add/op_mul keep NVRTC from fusing the product into an FMA the CPU does not
+// make.
 template <int TI, int TD>
-__device__ __forceinline__ void layernorm_bwd_dwdb_t(float* pw, float* pb, const void* dout,
+__device__ __forceinline__ void layernorm_bwd_dwdb_t(float* dw, float* db, float* pw, float* pb,
+                                                     unsigned* done, const void* dout,
                                                      const void* inp, const float* mean,
                                                      const float* rstd, int rows, int cols,
-                                                     int chunk) {
+                                                     int chunk, int chunks, int store) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= cols) return;
     int r0 = blockIdx.y * chunk;
-    int r1 = min(rows, r0 + chunk);
+    int r1 = c < cols ? min(rows, r0 + chunk) : r0;  // a thread past the last column adds nothing
     float aw = 0.0f, ab = 0.0f;
     int r = r0;
     // Eight rows' loads first, then their additions in row order (common.cuh, ROWS_AHEAD).
@@ -312,26 +313,39 @@ __device__ __forceinline__ void layernorm_bwd_dwdb_t(float* pw, float* pb, const
         ab += g;
     }
     long long out = (long long)blockIdx.y * cols + c;
-    pw[out] = aw;
-    pb[out] = ab;
+    if (c < cols) {
+        pw[out] = aw;
+        pb[out] = ab;
+    }
+    if (last_of_column(done) && c < cols) {
+        dw[c] = st(chunk_sums(dw[c], pw, chunks, cols, c), store);
+        db[c] = st(chunk_sums(db[c], pb, chunks, cols, c), store);
+    }
 }
 // The dout types for one inp type (BY_TYPE takes one template parameter).
 template <int TI>
-__device__ __forceinline__ void layernorm_bwd_dwdb_i(float* pw, float* pb, const void* dout,
+__device__ __forceinline__ void layernorm_bwd_dwdb_i(float* dw, float* db, float* pw, float* pb,
+                                                     unsigned* done, const void* dout,
                                                      int dout_t, const void* inp,
                                                      const float* mean, const float* rstd,
-                                                     int rows, int cols, int chunk) {
+                                                     int rows, int cols, int chunk, int chunks,
+                                                     int store) {
+#define DWDB(TD)                                                                                  \
+    layernorm_bwd_dwdb_t<TI, TD>(dw, db, pw, pb, done, dout, inp, mean, rstd, rows, cols, chunk, \
+                                 chunks, store)
     if (dout_t == STORE_F32)
-        layernorm_bwd_dwdb_t<TI, STORE_F32>(pw, pb, dout, inp, mean, rstd, rows, cols, chunk);
+        DWDB(STORE_F32);
     else if (dout_t == STORE_F16)
-        layernorm_bwd_dwdb_t<TI, STORE_F16>(pw, pb, dout, inp, mean, rstd, rows, cols, chunk);
+        DWDB(STORE_F16);
     else
-        layernorm_bwd_dwdb_t<TI, STORE_BF16>(pw, pb, dout, inp, mean, rstd, rows, cols, chunk);
+        DWDB(STORE_BF16);
+#undef DWDB
 }
-extern "C" __global__ void layernorm_bwd_dwdb(float* pw, float* pb, const void* dout,
-                                              int dout_t, const void* inp, int inp_t,
-                                              const float* mean, const float* rstd, int rows,
-                                              int cols, int chunk) {
-    BY_TYPE(inp_t, layernorm_bwd_dwdb_i, pw, pb, dout, dout_t, inp, mean, rstd, rows, cols,
-            chunk);
+extern "C" __global__ void layernorm_bwd_dwdb(float* dw, float* db, float* pw, float* pb,
+                                              unsigned* done, const void* dout, int dout_t,
+                                              const void* inp, int inp_t, const float* mean,
+                                              const float* rstd, int rows, int cols, int chunk,
+                                              int chunks, int store) {
+    BY_TYPE(inp_t, layernorm_bwd_dwdb_i, dw, db, pw, pb, done, dout, dout_t, inp, mean, rstd,
+            rows, cols, chunk, chunks, store);
 }

@@ -89,8 +89,22 @@ struct Launch {
     std::vector<unsigned char> dyn_smem;
     std::vector<uint64_t> lanes;  // one shuffle slot per thread
 
-    Launch(dim3 g, dim3 b, size_t smem)
-        : grid(g), block(b), threads(b.x * b.y * b.z), dyn_smem(smem + 16, 0), lanes(threads, 0) {}
+    bool reversed;                // the blocks in reverse order (`reverse_blocks`)
+
+    Launch(dim3 g, dim3 b, size_t smem, bool rev)
+        : grid(g),
+          block(b),
+          threads(b.x * b.y * b.z),
+          dyn_smem(smem + 16, 0),
+          lanes(threads, 0),
+          reversed(rev) {}
+    unsigned long long blocks() const { return 1ull * grid.x * grid.y * grid.z; }
+    // The k-th block to run: x fastest, then y, then z, or the other way round when reversed.
+    dim3 block_at(unsigned long long k) const {
+        if (reversed) k = blocks() - 1 - k;
+        return dim3((unsigned)(k % grid.x), (unsigned)(k / grid.x % grid.y),
+                    (unsigned)(k / grid.x / grid.y));
+    }
     dim3 thread_index(unsigned t) const {
         return dim3(t % block.x, (t / block.x) % block.y, t / (block.x * block.y));
     }
@@ -100,6 +114,11 @@ struct Launch {
 
 inline Launch* cur = nullptr;
 inline std::mutex launch_mu;
+// Whether this OS thread's launches run their blocks last to first. A GPU runs blocks in any
+// order, at once; a kernel whose blocks communicate (through a counter: common.cuh's
+// `last_of_column`) must give the same bits either way, which the tests check by running it
+// both ways (runtime/emu/src/lib.rs, `reversed_blocks`).
+inline thread_local bool reverse_blocks = false;
 
 #ifdef RECIPE_EMU_OS_THREADS
 
@@ -128,14 +147,12 @@ void run(Launch& l, F& body) {
         pool.emplace_back([&l, &b, &body, t] {
             linear = t;
             tid = l.thread_index(t);
-            for (unsigned z = 0; z < l.grid.z; z++)
-                for (unsigned y = 0; y < l.grid.y; y++)
-                    for (unsigned x = 0; x < l.grid.x; x++) {
-                        bid = dim3(x, y, z);
-                        body();
-                        // The end of a block: the next block reuses the shared memory.
-                        b.block.arrive_and_wait();
-                    }
+            for (unsigned long long k = 0; k < l.blocks(); k++) {
+                bid = l.block_at(k);
+                body();
+                // The end of a block: the next block reuses the shared memory.
+                b.block.arrive_and_wait();
+            }
         });
     }
     for (auto& th : pool) th.join();
@@ -337,30 +354,28 @@ inline void run(const Launch& l, void (*call)(void*), void* body) {
     s.warps.assign(l.warps(), Barrier{});
     s.call = call;
     s.body = body;
-    for (unsigned z = 0; z < l.grid.z; z++)
-        for (unsigned y = 0; y < l.grid.y; y++)
-            for (unsigned x = 0; x < l.grid.x; x++) {
-                bid = dim3(x, y, z);
-                s.block.reset(l.threads);
-                for (unsigned w = 0; w < l.warps(); w++) s.warps[w].reset(l.warp_lanes(w));
-                for (unsigned t = 0; t < l.threads; t++) prepare(s.fibers[t], s.stacks[t]);
-                // Round robin in thread order until every thread returned: each pass runs every
-                // runnable fiber to its next barrier (or its end).
-                for (unsigned live = l.threads; live > 0;) {
-                    bool ran = false;
-                    for (unsigned t = 0; t < l.threads; t++) {
-                        Fiber& f = s.fibers[t];
-                        if (!f.runnable()) continue;
-                        f.waiting = nullptr;
-                        s.running = linear = t;
-                        tid = f.tid;
-                        switch_to(s.main, f.ctx);
-                        ran = true;
-                        live -= f.done;
-                    }
-                    if (!ran) deadlock();
-                }
+    for (unsigned long long k = 0; k < l.blocks(); k++) {
+        bid = l.block_at(k);
+        s.block.reset(l.threads);
+        for (unsigned w = 0; w < l.warps(); w++) s.warps[w].reset(l.warp_lanes(w));
+        for (unsigned t = 0; t < l.threads; t++) prepare(s.fibers[t], s.stacks[t]);
+        // Round robin in thread order until every thread returned: each pass runs every
+        // runnable fiber to its next barrier (or its end).
+        for (unsigned live = l.threads; live > 0;) {
+            bool ran = false;
+            for (unsigned t = 0; t < l.threads; t++) {
+                Fiber& f = s.fibers[t];
+                if (!f.runnable()) continue;
+                f.waiting = nullptr;
+                s.running = linear = t;
+                tid = f.tid;
+                switch_to(s.main, f.ctx);
+                ran = true;
+                live -= f.done;
             }
+            if (!ran) deadlock();
+        }
+    }
 }
 
 }  // namespace fiber
@@ -374,7 +389,7 @@ inline void warp_sync() { fiber::arrive_and_wait(fiber::sched.warps[linear / 32]
 template <class F>
 void launch(dim3 grid, dim3 block, size_t smem, F body) {
     std::lock_guard<std::mutex> guard(launch_mu);
-    Launch l(grid, block, smem);
+    Launch l(grid, block, smem, reverse_blocks);
     cur = &l;
 #ifdef RECIPE_EMU_OS_THREADS
     os::run(l, body);
@@ -453,6 +468,9 @@ inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __expf(float x) { return std::exp(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 template <class T> inline T __ldg(const T* p) { return *p; }
+template <class T> inline T __ldcg(const T* p) { return *p; }
+// Blocks run one after another here, so every write is seen by the blocks after it.
+inline void __threadfence() {}
 using std::max;
 using std::min;
 

@@ -69,6 +69,10 @@ extern "C" bool recipe_emu_shape_ok(const unsigned* grid, const unsigned* block,
              grid[1] > 65535 || grid[2] > 65535 || grid[0] == 0 || grid[1] == 0 || grid[2] == 0);
 }
 
+// Whether this thread's later launches run their blocks last to first (cuda_emu.hpp,
+// `reverse_blocks`).
+extern "C" void recipe_emu_reverse_blocks(bool on) { emu::reverse_blocks = on; }
+
 extern "C" int recipe_emu_launch(const char* name, const unsigned* grid, const unsigned* block,
                                  unsigned smem, void** args, const char* signature) {
     if (!recipe_emu_shape_ok(grid, block, smem)) return -2;

@@ -1,6 +1,6 @@
 // A ThreadSanitizer driver for the emulation (tests/tsan.rs): runs every kernel that uses shared
 // memory or a reduction across threads (attention's softmax, LayerNorm, cross-entropy, the
-// gradient norm, LAMB's per-tensor norms) once on
+// gradient norm, LAMB's per-tensor norms, the column sums' last block) once on
 // small shapes, built with -fsanitize=thread against one set of kernel sources. Under the
 // emulation's OS-thread mode (RECIPE_EMU_OS_THREADS, which tests/tsan.rs sets and the header picks
 // under TSan) every CUDA thread is an OS thread and `__shared__` is a static, so a missing
@@ -11,7 +11,8 @@
 // copy with a barrier removed on purpose (the tests that TSan catches it). Every block has at least
 // two warps, so the block reductions (common.cuh) cross warps through shared memory.
 //
-// Usage: tsan_driver [GROUP...], GROUP one of attention, layernorm, loss, norm, lamb (none: all). Each
+// Usage: tsan_driver [GROUP...], GROUP one of attention, layernorm, loss, norm, lamb,
+// column_sums (none: all). Each
 // group checks its results loosely against a host computation (a sanity check that the kernels
 // ran; the emulation tests compare them exactly), and a failed check exits 1.
 #include "cuda_emu.hpp"
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "attention.cu"
+#include "elementwise.cu"
 #include "layernorm.cu"
 #include "loss.cu"
 #include "optim.cu"
@@ -242,6 +244,29 @@ bool lamb() {
     return true;
 }
 
+bool column_sums() {
+    // 150 rows of 100 columns: 3 chunks of rows by 2 blocks of 64 columns (the last one part
+    // empty), whose last block per column adds the chunks' sums (common.cuh, last_of_column).
+    const int rows = 150, cols = 100, chunk = 64, chunks = 3;
+    std::vector<float> dout(rows * cols), db(cols), part(chunks * cols);
+    std::vector<unsigned> done(2, 0);
+    for (int i = 0; i < rows * cols; i++) dout[i] = val(i, 9);
+    for (int c = 0; c < cols; c++) db[c] = val(c, 10);
+    std::vector<float> db0 = db;
+    emu::launch(dim3(2, chunks), dim3(64), 0, [&] {
+        bias_grad(db.data(), part.data(), done.data(), dout.data(), STORE_F32, rows, cols, chunk,
+                  chunks, STORE_F32);
+    });
+    for (int c = 0; c < cols; c++) {
+        double want = db0[c];
+        for (int r = 0; r < rows; r++) want += dout[r * cols + c];
+        if (!close("bias gradient", c, db[c], want, 1e-5)) return false;
+    }
+    for (int b = 0; b < 2; b++)
+        if (done[b] != 0) return fail("column counter left set", b, done[b], 0);
+    return true;
+}
+
 struct Group {
     const char* name;
     bool (*run)();
@@ -253,6 +278,7 @@ const Group GROUPS[] = {
     {"loss", loss},
     {"norm", norm},
     {"lamb", lamb},
+    {"column_sums", column_sums},
 };
 
 }  // namespace

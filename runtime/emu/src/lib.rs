@@ -32,6 +32,25 @@ extern "C" {
     fn recipe_emu_kernel_name(i: c_uint) -> *const c_char;
     fn recipe_emu_kernel_signature(i: c_uint) -> *const c_char;
     fn recipe_emu_shape_ok(grid: *const c_uint, block: *const c_uint, smem: c_uint) -> bool;
+    fn recipe_emu_reverse_blocks(on: bool);
+}
+
+/// Runs `f` with this thread's launches running their blocks last to first. A GPU runs a grid's
+/// blocks in any order; kernels whose blocks meet through a counter (common.cuh,
+/// `last_of_column`) must give the same bits in either, which tests check by running them both
+/// ways.
+pub fn reversed_blocks<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // SAFETY: sets a thread-local flag.
+            unsafe { recipe_emu_reverse_blocks(false) }
+        }
+    }
+    // SAFETY: as above.
+    unsafe { recipe_emu_reverse_blocks(true) };
+    let _restore = Restore;
+    f()
 }
 
 /// Whether a GPU accepts a launch of this shape (runtime/emu/cpp/launch.cpp's limits: 1024

@@ -83,6 +83,7 @@ fn bias_kernels_match_the_cpu_bit_for_bit() {
         // Rows around the bias gradient's chunk (64): one chunk, exactly one, one and a row,
         // several and a short one; and 33 chunks, more than the second pass loads at once (32).
         for (rows, cols) in [
+            (0, 5),
             (1, 1),
             (1, 37),
             (13, 1),
@@ -113,6 +114,19 @@ fn bias_kernels_match_the_cpu_bit_for_bit() {
             c.bias_grad(&mut b, &out0, rows, cols);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&a), bits(&b), "bias_grad {store:?} {rows}×{cols}");
+            // The blocks last to first: another block of each column adds the chunks' sums
+            // (common.cuh, `last_of_column`), in the same order. A sum of other values first
+            // leaves other chunk sums in the scratch, so a block that added them before every
+            // chunk had written its own would show.
+            let mut r = db0.clone();
+            g.bias_grad(&mut r, &rand(rows * cols, 3.0, 9), rows, cols);
+            let mut r = db0.clone();
+            recipe_kernel_emu::reversed_blocks(|| g.bias_grad(&mut r, &out0, rows, cols));
+            assert_eq!(
+                bits(&r),
+                bits(&b),
+                "bias_grad reversed {store:?} {rows}×{cols}"
+            );
             // The order is the documented one: chunks of 64 rows from zero, then added to db.
             let mut want = db0.clone();
             for chunk in out0.chunks(64 * cols) {

@@ -27,6 +27,7 @@ const SHAPES: &[(usize, usize)] = &[
     (1, 1000),
     (65, 9),
     (150, 40),
+    (130, 300),
 ];
 
 /// One f32 ulp, relative.
@@ -157,6 +158,21 @@ fn backward_matches_the_cpu() {
                 (bits(&di1), bits(&dw1), bits(&db1)),
                 (bits(&di3), bits(&dw3), bits(&db3)),
                 "rerun {what}"
+            );
+            // The blocks last to first: another block of each column is the last to finish
+            // and adds the chunks' sums (common.cuh, `last_of_column`); the same bits. A
+            // backward of other values first leaves other sums in the scratch, so a block that
+            // added them before every chunk had written its own would show.
+            let other = rand(n, 3.0, 9);
+            let (mut di, mut dw, mut db) = (vec![0.0; n], dw0.clone(), db0.clone());
+            g.layernorm_bwd(
+                &mut di, &mut dw, &mut db, &other, &x, &w, &m, &r, rows, cols,
+            );
+            let (di4, dw4, db4) = recipe_kernel_emu::reversed_blocks(run_gpu);
+            assert_eq!(
+                (bits(&di1), bits(&dw1), bits(&db1)),
+                (bits(&di4), bits(&dw4), bits(&db4)),
+                "blocks reversed {what}"
             );
         }
     }

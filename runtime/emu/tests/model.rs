@@ -59,15 +59,23 @@ fn batch_with(
 
 /// (loss, gradient) of one micro-batch on the CPU and on the emulated GPU.
 fn both(store: Dtype, dropout: Option<DropoutKey>) -> ((f32, Vec<f32>), (f32, Vec<f32>)) {
+    both_on(store, dropout, &batch())
+}
+
+/// [`both`] on batch `b`.
+fn both_on(
+    store: Dtype,
+    dropout: Option<DropoutKey>,
+    b: &Batch,
+) -> ((f32, Vec<f32>), (f32, Vec<f32>)) {
     let p = if dropout.is_some() { 0.2 } else { 0.0 };
     let mut m = Classifier::random(tiny(p), 3, 7).unwrap();
     store.round_slice(m.params_mut());
     m.set_backend(Cpu::new(1).with_store(store));
-    let b = batch();
     let n = m.num_params();
     let mut g_cpu = vec![0.0; n];
     let l_cpu = m
-        .forward_backward(&mut Workspace::new(), &b, 0.5, &mut g_cpu, dropout)
+        .forward_backward(&mut Workspace::new(), b, 0.5, &mut g_cpu, dropout)
         .unwrap();
 
     let k = Kernels::new(Emu).with_store(store);
@@ -75,7 +83,7 @@ fn both(store: Dtype, dropout: Option<DropoutKey>) -> ((f32, Vec<f32>), (f32, Ve
     let mut grads = k.alloc(n);
     let mut ws = Workspace::new();
     let l_gpu = m
-        .forward_backward_on(&k, &mut ws, &b, 0.5, &params, &mut grads, dropout)
+        .forward_backward_on(&k, &mut ws, b, 0.5, &params, &mut grads, dropout)
         .unwrap();
     let mut g_gpu = vec![0.0; n];
     k.download(k.view(&grads), &mut g_gpu);
@@ -111,6 +119,25 @@ fn bf16_storage_stays_near_the_cpu() {
     let ((lc, gc), (lg, gg)) = both(Dtype::Bf16, None);
     assert!((lc - lg).abs() <= 2e-2 * lc.abs(), "loss {lg} vs {lc}");
     close("gradient", &gg, &gc, 2e-2, 5e-2);
+}
+
+/// A GPU runs a launch's blocks in any order: a micro-batch's loss and gradient must not depend
+/// on it (no float atomics; the column sums' last blocks add in chunk order whichever block is
+/// last: common.cuh, `last_of_column`).
+#[test]
+fn a_micro_batch_gives_the_same_bits_whatever_order_its_blocks_run_in() {
+    let key = Some(DropoutKey {
+        seed: 7,
+        micro_batch: 1,
+    });
+    // 154 rows: three chunks of the column sums (64 rows each), so three blocks a column.
+    let b = batch_of(14, 11, 5);
+    for store in [Dtype::F32, Dtype::Bf16] {
+        let (_, (l1, g1)) = both_on(store, key, &b);
+        let (_, (l2, g2)) = recipe_kernel_emu::reversed_blocks(|| both_on(store, key, &b));
+        assert_eq!(l1.to_bits(), l2.to_bits(), "loss {store:?}");
+        assert!(same_bits(&g1, &g2), "gradient {store:?}");
+    }
 }
 
 /// Evaluation logits (the evaluation forward: one layer's buffers, the last layer on the `[CLS]`

@@ -1,14 +1,15 @@
 //! ThreadSanitizer over the emulation: every kernel with shared memory or a reduction across
 //! threads (attention_softmax and attention_softmax_bwd's warp shuffles, layernorm_fwd,
 //! layernorm_bwd_dinp, cross_entropy, grad_norm_partial, grad_norm_final, lamb_norms,
-//! lamb_coeff, and common.cuh's block_sum_d / block_max and optim.cu's lamb_tree they call)
+//! lamb_coeff, bias_grad, and common.cuh's block_sum_d / block_max / last_of_column and
+//! optim.cu's lamb_tree they call)
 //! built with `-fsanitize=thread` runs without a race report on blocks of two or more warps,
 //! each result sanity-checked against the host (cpp/tsan_driver.cpp); and a copy with one
 //! `__syncthreads()` removed on purpose is reported — so the emulation really turns a missing
 //! barrier into a detectable race (cpp/cuda_emu.hpp), and the shipped kernels have none on these
-//! shapes. The other kernels (elementwise, embedding, layernorm_bwd_dwdb, adamw_step, sgd_step,
-//! adagrad_step, lamb_update, lamb_apply, gemm_pointers) have no shared memory and no barrier:
-//! one thread per element or column.
+//! shapes. The other kernels (elementwise, embedding, adamw_step, sgd_step, adagrad_step,
+//! lamb_update, lamb_apply, gemm_pointers) have no shared memory and no barrier: one thread per
+//! element or column; layernorm_bwd_dwdb shares bias_grad's `last_of_column`.
 //!
 //! One driver includes all those sources; it is built once per variant (the shipped sources, and
 //! each mutation), which is most of the time these tests take.
@@ -157,7 +158,7 @@ fn every_kernel_with_shared_memory_runs_clean_under_tsan() {
     );
     assert_eq!(r.code, Some(0), "the TSan driver failed:\n{}", r.err);
     // Every group ran and passed its sanity check (the driver stops at the first that fails).
-    for g in ["attention", "layernorm", "loss", "norm", "lamb"] {
+    for g in ["attention", "layernorm", "loss", "norm", "lamb", "column_sums"] {
         assert!(
             r.out.contains(&format!("{g} ran")),
             "{g} did not run:\n{}{}",
@@ -192,4 +193,14 @@ fn a_missing_barrier_in_lamb_tree_is_caught() {
         drop_sync(t, "void lamb_tree(", "for (int h")
     });
     assert_race_caught(&exe, "lamb_tree", &["lamb"], "lamb_tree");
+}
+
+#[test]
+fn a_missing_barrier_in_last_of_column_is_caught() {
+    // Thread 0 writes whether its block is the last of its column; the others read it after the
+    // barrier.
+    let exe = build_mutant("last-of-column", "common.cuh", |t| {
+        drop_sync(t, "bool last_of_column(", "if (threadIdx.x == 0)")
+    });
+    assert_race_caught(&exe, "last_of_column", &["column_sums"], "last_of_column");
 }

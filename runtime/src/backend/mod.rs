@@ -393,7 +393,8 @@ pub trait Backend {
     fn reserve_batch(&self, _s: AttnShape, _backward: bool) {}
     /// Sizes the scratch of a training pass's sums over rows, before a run's first step (a
     /// GPU's): the chunk sums of the bias and LayerNorm gradients over up to `tokens` rows of up
-    /// to `width` columns ([`Backend::bias_grad`]; LayerNorm's `dw` and `db` take two of `h`),
+    /// to `width` columns, and their counters ([`Backend::bias_grad`]; LayerNorm's `dw` and `db`
+    /// take two of `h`),
     /// the per-row losses of up to `rows` rows, and with `dropout` the dropout key. The CPU
     /// needs none.
     fn reserve_sums(&self, _tokens: usize, _width: usize, _rows: usize, _dropout: bool) {}

@@ -85,34 +85,28 @@ pub(super) fn bias_grad<D: Device>(
 ) {
     assert_eq!(k.dev.len_mut(&db), cols, "bias_grad width");
     assert!(k.dev.len(dout) >= rows * cols, "bias_grad rows");
+    // One launch: each chunk's sums, then the last block of each column adds them to db
+    // (elementwise.cu, `bias_grad`); no rows is one chunk of none, whose sums are not added.
     let chunks = rows.div_ceil(BIAS_ROWS);
     let d = k.dev.ptr_mut(&mut db);
-    k.with_chunk_sums(chunks * cols, |part| {
-        let pp = k.dev.ptr(part);
-        if chunks > 0 && cols > 0 {
+    k.with_chunk_sums(chunks.max(1) * cols, |part| {
+        k.with_counters(cols, |done| {
             k.dev.launch(
-                "bias_grad_part",
-                chunk_grid(cols, chunks),
+                "bias_grad",
+                chunk_grid(cols, chunks.max(1)),
                 &[
-                    Arg::Ptr(pp),
+                    Arg::Ptr(d),
+                    Arg::Ptr(k.dev.ptr(part)),
+                    Arg::Ptr(done),
                     k.typed(dout),
                     int(rows),
                     int(cols),
                     int(BIAS_ROWS),
+                    int(chunks),
+                    k.store_arg(),
                 ],
             );
-        }
-        k.dev.launch(
-            "bias_grad",
-            grid1(cols),
-            &[
-                Arg::Ptr(d),
-                Arg::Typed(pp, Dtype::F32),
-                int(chunks),
-                int(cols),
-                k.store_arg(),
-            ],
-        );
+        });
     });
 }
 

@@ -3,7 +3,7 @@
 //! chunks of rows, then `bias_grad` over the chunks' sums).
 #![allow(clippy::too_many_arguments)]
 
-use super::{chunk_grid, dtype_arg, grid1, int, Kernels, BLOCK};
+use super::{chunk_grid, dtype_arg, int, Kernels, BLOCK};
 use crate::backend::device::{Arg, Device, Launch};
 use crate::backend::{Dropout, BIAS_ROWS};
 use crate::precision::Dtype;
@@ -132,7 +132,8 @@ pub(super) fn bwd<D: Device>(
             dscale,
         ],
     );
-    // dw and db in Backend::bias_grad's order: each chunk's sums, then bias_grad over them.
+    // dw and db in Backend::bias_grad's order, in one launch: each chunk's sums, then the last
+    // block of each column adds them (layernorm.cu, `layernorm_bwd_dwdb`).
     let chunks = rows.div_ceil(BIAS_ROWS);
     let part_len = chunks * cols;
     let (tw, tb) = (k.dev.ptr_mut(&mut dw), k.dev.ptr_mut(&mut db));
@@ -141,33 +142,27 @@ pub(super) fn bwd<D: Device>(
             k.dev.ptr(k.dev.sub(whole, 0..part_len)),
             k.dev.ptr(k.dev.sub(whole, part_len..2 * part_len)),
         );
-        k.dev.launch(
-            "layernorm_bwd_dwdb",
-            chunk_grid(cols, chunks),
-            &[
-                Arg::Ptr(ppw),
-                Arg::Ptr(ppb),
-                k.typed(dout),
-                k.typed(inp),
-                Arg::Ptr(k.dev.ptr(mean)),
-                Arg::Ptr(k.dev.ptr(rstd)),
-                int(rows),
-                int(cols),
-                int(BIAS_ROWS),
-            ],
-        );
-        for (target, part) in [(tw, ppw), (tb, ppb)] {
+        k.with_counters(cols, |done| {
             k.dev.launch(
-                "bias_grad",
-                grid1(cols),
+                "layernorm_bwd_dwdb",
+                chunk_grid(cols, chunks),
                 &[
-                    Arg::Ptr(target),
-                    Arg::Typed(part, Dtype::F32),
-                    int(chunks),
+                    Arg::Ptr(tw),
+                    Arg::Ptr(tb),
+                    Arg::Ptr(ppw),
+                    Arg::Ptr(ppb),
+                    Arg::Ptr(done),
+                    k.typed(dout),
+                    k.typed(inp),
+                    Arg::Ptr(k.dev.ptr(mean)),
+                    Arg::Ptr(k.dev.ptr(rstd)),
+                    int(rows),
                     int(cols),
+                    int(BIAS_ROWS),
+                    int(chunks),
                     k.store_arg(),
                 ],
             );
-        }
+        });
     });
 }

@@ -107,6 +107,10 @@ pub struct Kernels<D: Device> {
     /// The embedding backward's tokens in order of their rows (`embedding_order`), and its
     /// length in `u32`s, grown to the largest batch seen.
     order: Arc<Mutex<Option<Grown<D::Ids>>>>,
+    /// The column sums' counters (common.cuh, `last_of_column`): one `u32` per block of
+    /// columns, zero between launches (each launch's last block sets its counter back), grown
+    /// to the widest sum seen.
+    done: Arc<Mutex<Option<Grown<D::Ids>>>>,
     /// The dropout key in device memory (`drop_key` in common.cuh): the last micro-batch's
     /// `(seed, first stream)` as four 32-bit words, and a copy of them on the host.
     key: Arc<Mutex<Option<Key<D::Ids>>>>,
@@ -129,6 +133,7 @@ impl<D: Device> Kernels<D> {
             bias_part: Arc::default(),
             ds: Arc::default(),
             order: Arc::default(),
+            done: Arc::default(),
             key: Arc::default(),
         }
     }
@@ -172,6 +177,21 @@ impl<D: Device> Kernels<D> {
             _ => {
                 self.count(true);
                 &mut order.insert((self.dev.upload_ids(&vec![0; n.max(1)]), n)).0
+            }
+        };
+        f(self.dev.ids_ptr(ids));
+    }
+
+    /// Runs `f` with the address of the column sums' counters ([`Kernels::done`]) for a sum
+    /// `cols` wide: zeros, grown (new, so zero) when wider than any before.
+    fn with_counters(&self, cols: usize, f: impl FnOnce(u64)) {
+        let n = cols.div_ceil(BLOCK as usize).max(1);
+        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        let ids = match done.as_mut() {
+            Some((ids, len)) if *len >= n => ids,
+            _ => {
+                self.count(true);
+                &mut done.insert((self.dev.upload_ids(&vec![0; n]), n)).0
             }
         };
         f(self.dev.ids_ptr(ids));
@@ -536,7 +556,8 @@ impl<D: Device> Backend for Kernels<D> {
     }
 
     fn reserve_sums(&self, tokens: usize, width: usize, rows: usize, dropout: bool) {
-        self.with_chunk_sums(tokens.div_ceil(BIAS_ROWS) * width, |_| {});
+        self.with_chunk_sums(tokens.div_ceil(BIAS_ROWS).max(1) * width, |_| {});
+        self.with_counters(width, |_| {});
         // The per-row losses, as `cross_entropy_queued` sizes them (loss.rs).
         let mut losses = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         match losses.as_mut() {
