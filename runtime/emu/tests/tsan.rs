@@ -158,7 +158,14 @@ fn every_kernel_with_shared_memory_runs_clean_under_tsan() {
     );
     assert_eq!(r.code, Some(0), "the TSan driver failed:\n{}", r.err);
     // Every group ran and passed its sanity check (the driver stops at the first that fails).
-    for g in ["attention", "layernorm", "loss", "norm", "lamb", "column_sums"] {
+    for g in [
+        "attention",
+        "layernorm",
+        "loss",
+        "norm",
+        "lamb",
+        "column_sums",
+    ] {
         assert!(
             r.out.contains(&format!("{g} ran")),
             "{g} did not run:\n{}{}",
