@@ -193,3 +193,256 @@ extern "C" __global__ void attention_softmax_bwd(float* dp, void* ds, int ds_t, 
             sto(ds, at + j, st(ld(probs, at + j, probs_t) * (x - dot), store), ds_t);
         }
 }
+
+// The forward in one launch for short sequences (attention.rs, `fused`): seq ≤ FUSED_KEYS,
+// head_dim FUSED_D, every buffer 16-bit of the store's type S, a GPU with mma.sync (sm_80 on).
+// It replaces the two batched GEMMs, the softmax between them and their address lists: the
+// scores never go to memory. A block takes FUSED_Q queries of one head of one sequence, four
+// warps of 16 queries each. q (the block's queries), k and v (the sequence's, v transposed) go
+// to shared memory first, zeros past the sequence. A warp's scores, 16 × seq, are mma tiles in
+// its registers (mma_16816, f32 accumulation): scale · q·kᵀ, then the operations of the softmax
+// above in the same order per element — the mask added, each row's max and sum (a row lives in
+// the four lanes of a quad: their own keys in order, then the quad's butterfly), the
+// probability rounded, and with dropout its multiplier from the CPU's Philox mask — written to
+// probs and probs_drop. The used probabilities, rounded, are then the A operand of ctx = p·v,
+// straight from the registers (the accumulator tiles of two adjacent key tiles are an A
+// fragment's halves), and ctx is rounded once from f32, as the GEMM's output. What differs from
+// the unfused path is the order of the products' additions (the tensor cores'), within the
+// tolerance the CPU comparison allows any GEMM.
+#define FUSED_D 64
+#define FUSED_KEYS 128
+#define FUSED_Q 64
+// Shared rows padded by 8 elements (4 words): the 8 rows a fragment load reads start on
+// different banks.
+#define FUSED_LD (FUSED_D + 8)
+#define FUSED_LDT (FUSED_KEYS + 8)
+
+// 8 consecutive 16-bit elements at p as four words, 16 bytes at once where p is aligned.
+__device__ __forceinline__ void ld8_half(unsigned w[4], const unsigned short* p) {
+    if (aligned16(p)) {
+        ld16(w, p);
+        return;
+    }
+    UNROLL
+    for (int u = 0; u < 4; u++) w[u] = (unsigned)p[2 * u] | ((unsigned)p[2 * u + 1] << 16);
+}
+
+// Whether elements idx and idx + 1 are kept (bits 0 and 1; dropout_mult's rule), one Philox
+// block for both unless they straddle two.
+__device__ __forceinline__ unsigned keep_pair(unsigned long long idx, DropKey k,
+                                              unsigned threshold) {
+    unsigned bits = dropout_keep4(idx >> 2, k.seed, k.stream, threshold) >> (idx & 3);
+    if ((idx & 3) == 3) bits |= (dropout_keep4((idx >> 2) + 1, k.seed, k.stream, threshold) & 1u) << 1;
+    return bits & 3u;
+}
+
+template <int S>
+__device__ __forceinline__ void attention_fused_t(unsigned* qs, unsigned* ks, unsigned* vt,
+                                                  unsigned short* ctx, unsigned short* probs,
+                                                  unsigned short* probs_drop,
+                                                  const unsigned short* q,
+                                                  const unsigned short* k,
+                                                  const unsigned short* v, const unsigned* mask,
+                                                  int seq, int heads, float scale, int dropout,
+                                                  DropKey key, unsigned threshold, float dscale) {
+    const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * FUSED_Q;
+    const int hid = heads * FUSED_D;
+    const long long tok0 = (long long)b * seq * hid + h * FUSED_D;  // (b, row 0, head h, dim 0)
+    // q and k: 8 elements of a row a step.
+    for (int c = threadIdx.x; c < FUSED_KEYS * (FUSED_D / 8); c += blockDim.x) {
+        int r = c / (FUSED_D / 8), d0 = c % (FUSED_D / 8) * 8;
+        unsigned w[4] = {0u, 0u, 0u, 0u};
+        if (r < seq) ld8_half(w, k + tok0 + (long long)r * hid + d0);
+        UNROLL
+        for (int u = 0; u < 4; u++) ks[(r * FUSED_LD + d0) / 2 + u] = w[u];
+        if (r < FUSED_Q) {
+            unsigned x[4] = {0u, 0u, 0u, 0u};
+            if (q0 + r < seq) ld8_half(x, q + tok0 + (long long)(q0 + r) * hid + d0);
+            UNROLL
+            for (int u = 0; u < 4; u++) qs[(r * FUSED_LD + d0) / 2 + u] = x[u];
+        }
+    }
+    // v transposed: two keys' 8 elements a step, paired per dimension into words.
+    for (int c = threadIdx.x; c < FUSED_KEYS / 2 * (FUSED_D / 8); c += blockDim.x) {
+        int r = c / (FUSED_D / 8) * 2, d0 = c % (FUSED_D / 8) * 8;
+        unsigned w0[4] = {0u, 0u, 0u, 0u}, w1[4] = {0u, 0u, 0u, 0u};
+        if (r < seq) ld8_half(w0, v + tok0 + (long long)r * hid + d0);
+        if (r + 1 < seq) ld8_half(w1, v + tok0 + (long long)(r + 1) * hid + d0);
+        UNROLL
+        for (int u = 0; u < 8; u++) {
+            unsigned lo = (w0[u >> 1] >> (16 * (u & 1))) & 0xffffu;
+            unsigned hi = (w1[u >> 1] >> (16 * (u & 1))) & 0xffffu;
+            vt[((d0 + u) * FUSED_LDT + r) / 2] = lo | (hi << 16);
+        }
+    }
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int r0 = warp * 16;            // the warp's first row in the block's queries
+    if (q0 + r0 >= seq) return;          // a whole warp without queries; no barrier follows
+    const int tiles = (seq + 7) >> 3;    // key tiles of 8
+    const int i0 = q0 + r0 + g, i1 = i0 + 8;  // this lane's two queries
+
+    // s = q·kᵀ, a tile of 8 keys at a time, 16 dimensions a step.
+    float s[FUSED_KEYS / 8][4];
+    UNROLL
+    for (int j = 0; j < FUSED_KEYS / 8; j++)
+        UNROLL
+        for (int e = 0; e < 4; e++) s[j][e] = 0.0f;
+    UNROLL
+    for (int kk = 0; kk < FUSED_D / 16; kk++) {
+        const int qa = ((r0 + g) * FUSED_LD + kk * 16) / 2 + t;
+        unsigned a[4] = {qs[qa], qs[qa + 4 * FUSED_LD], qs[qa + 4], qs[qa + 4 * FUSED_LD + 4]};
+        UNROLL
+        for (int j = 0; j < FUSED_KEYS / 8; j++) {
+            if (j < tiles) {
+                const int kb = ((j * 8 + g) * FUSED_LD + kk * 16) / 2 + t;
+                unsigned bb[2] = {ks[kb], ks[kb + 4]};
+                mma_16816<S>(s[j], a, bb);
+            }
+        }
+    }
+
+    // The softmax of rows i0 (s[j][0..1]) and i1 (s[j][2..3]); keys past the sequence take no
+    // part and leave zeros for the product below.
+    const unsigned* m = mask + (long long)b * seq;
+    float mx0 = -f32_inf(), mx1 = -f32_inf();
+    UNROLL
+    for (int j = 0; j < FUSED_KEYS / 8; j++)
+        UNROLL
+        for (int e = 0; e < 2; e++) {
+            int kj = j * 8 + 2 * t + e;
+            if (kj < seq) {
+                s[j][e] = scale * s[j][e];
+                s[j][2 + e] = scale * s[j][2 + e];
+                if (m[kj] == 0) {
+                    s[j][e] += f32_lowest();
+                    s[j][2 + e] += f32_lowest();
+                }
+                mx0 = fmaxf(mx0, s[j][e]);
+                mx1 = fmaxf(mx1, s[j][2 + e]);
+            }
+        }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    // Each exp once, kept for the probabilities (the same value the softmax above recomputes).
+    float sum0 = 0.0f, sum1 = 0.0f;
+    UNROLL
+    for (int j = 0; j < FUSED_KEYS / 8; j++)
+        UNROLL
+        for (int e = 0; e < 2; e++)
+            if (j * 8 + 2 * t + e < seq) {
+                s[j][e] = expf(s[j][e] - mx0);
+                s[j][2 + e] = expf(s[j][2 + e] - mx1);
+                sum0 += s[j][e];
+                sum1 += s[j][2 + e];
+            }
+    sum0 += __shfl_xor_sync(0xffffffffu, sum0, 1);
+    sum0 += __shfl_xor_sync(0xffffffffu, sum0, 2);
+    sum1 += __shfl_xor_sync(0xffffffffu, sum1, 1);
+    sum1 += __shfl_xor_sync(0xffffffffu, sum1, 2);
+    const long long at0 = ((long long)(b * heads + h) * seq + i0) * seq;  // element of key 0
+    const long long at1 = at0 + 8LL * seq;
+    // Which of the lane's keys dropout keeps, bit 2j + e for key 8j + 2t + e: drawn in a rolled
+    // loop (unrolled, each tile's Philox rounds would be a copy of their own).
+    unsigned keep0 = 0u, keep1 = 0u;
+    if (dropout) {
+        NO_UNROLL
+        for (int j = 0; j < tiles; j++) {
+            const int kp = j * 8 + 2 * t;
+            if (kp < seq) {
+                keep0 |= keep_pair(at0 + kp, key, threshold) << (2 * j);
+                keep1 |= keep_pair(at1 + kp, key, threshold) << (2 * j);
+            }
+        }
+    }
+    UNROLL
+    for (int j = 0; j < FUSED_KEYS / 8; j++) {
+        const int kp = j * 8 + 2 * t;  // the lane's pair of keys in this tile
+        if (kp >= seq) {
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+            continue;
+        }
+        UNROLL
+        for (int e = 0; e < 2; e++) {
+            if (kp + e >= seq) {
+                s[j][e] = s[j][2 + e] = 0.0f;
+                continue;
+            }
+            float p0 = st(s[j][e] / sum0, S);
+            float p1 = st(s[j][2 + e] / sum1, S);
+            if (i0 < seq) probs[at0 + kp + e] = half_bits(p0, S);
+            if (i1 < seq) probs[at1 + kp + e] = half_bits(p1, S);
+            if (dropout) {
+                p0 = st(p0 * ((keep0 >> (2 * j + e)) & 1u ? dscale : 0.0f), S);
+                p1 = st(p1 * ((keep1 >> (2 * j + e)) & 1u ? dscale : 0.0f), S);
+                if (i0 < seq) probs_drop[at0 + kp + e] = half_bits(p0, S);
+                if (i1 < seq) probs_drop[at1 + kp + e] = half_bits(p1, S);
+            }
+            s[j][e] = p0;
+            s[j][2 + e] = p1;
+        }
+    }
+
+    // ctx = p·v: 16 keys a step, the A fragment from two key tiles' probabilities.
+    float o[FUSED_D / 8][4];
+    UNROLL
+    for (int n = 0; n < FUSED_D / 8; n++)
+        UNROLL
+        for (int e = 0; e < 4; e++) o[n][e] = 0.0f;
+    const int steps = (seq + 15) >> 4;
+    UNROLL
+    for (int kk = 0; kk < FUSED_KEYS / 16; kk++) {
+        if (kk < steps) {
+            unsigned a[4] = {pack_half2<S>(s[2 * kk][0], s[2 * kk][1]),
+                             pack_half2<S>(s[2 * kk][2], s[2 * kk][3]),
+                             pack_half2<S>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             pack_half2<S>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            UNROLL
+            for (int n = 0; n < FUSED_D / 8; n++) {
+                const int vb = ((n * 8 + g) * FUSED_LDT + kk * 16) / 2 + t;
+                unsigned bb[2] = {vt[vb], vt[vb + 4]};
+                mma_16816<S>(o[n], a, bb);
+            }
+        }
+    }
+    UNROLL
+    for (int n = 0; n < FUSED_D / 8; n++) {
+        const long long d = h * FUSED_D + n * 8 + 2 * t;
+        if (i0 < seq) {
+            ctx[((long long)b * seq + i0) * hid + d] = half_bits(o[n][0], S);
+            ctx[((long long)b * seq + i0) * hid + d + 1] = half_bits(o[n][1], S);
+        }
+        if (i1 < seq) {
+            ctx[((long long)b * seq + i1) * hid + d] = half_bits(o[n][2], S);
+            ctx[((long long)b * seq + i1) * hid + d + 1] = half_bits(o[n][3], S);
+        }
+    }
+}
+// Grid (⌈seq / FUSED_Q⌉, heads, batch), FUSED_Q·2 threads; probs_drop is read only with
+// `dropout`; `store` STORE_F16 or STORE_BF16, every buffer of it.
+extern "C" __global__ void attention_fused(void* ctx, void* probs, void* probs_drop,
+                                           const void* q, const void* k, const void* v,
+                                           const unsigned* mask, int seq, int heads, float scale,
+                                           int dropout, const unsigned* key,
+                                           unsigned long long site, unsigned threshold,
+                                           float dscale, int store) {
+    // Words of two elements each (the lower index in the low half), here so that both types'
+    // code shares them.
+    __shared__ unsigned qs[FUSED_Q * FUSED_LD / 2];
+    __shared__ unsigned ks[FUSED_KEYS * FUSED_LD / 2];
+    __shared__ unsigned vt[FUSED_D * FUSED_LDT / 2];
+    DropKey dk = {0, 0};
+    if (dropout) dk = drop_key(key, site);
+#define FUSED(S)                                                                               \
+    attention_fused_t<S>(qs, ks, vt, (unsigned short*)ctx, (unsigned short*)probs,             \
+                         (unsigned short*)probs_drop, (const unsigned short*)q,                \
+                         (const unsigned short*)k, (const unsigned short*)v, mask, seq, heads, \
+                         scale, dropout, dk, threshold, dscale)
+    if (store == STORE_F16)
+        FUSED(STORE_F16);
+    else
+        FUSED(STORE_BF16);
+#undef FUSED
+}

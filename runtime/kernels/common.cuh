@@ -435,6 +435,75 @@ __device__ __forceinline__ void dropout_mult4(float m[4], unsigned long long blk
     for (int w = 0; w < 4; w++) m[w] = (bits >> w) & 1u ? scale : 0.0f;
 }
 
+// The value of a 16-bit element of half type S (STORE_F16 or STORE_BF16), exactly.
+template <int S>
+__device__ __forceinline__ float half_value(unsigned short b) {
+    return S == STORE_BF16 ? __uint_as_float(((unsigned)b) << 16) : f16_value(b);
+}
+// Two floats as the 16-bit pair a tensor-core operand register holds (x0 in the low half, the
+// element of the lower index), each rounded to nearest even.
+template <int S>
+__device__ __forceinline__ unsigned pack_half2(float x0, float x1) {
+    return (unsigned)half_bits(x0, S) | ((unsigned)half_bits(x1, S) << 16);
+}
+// The 32 bits at p (4-byte aligned) of a 16-bit array: two elements.
+__device__ __forceinline__ unsigned ld_pair(const unsigned short* p) {
+#ifdef RECIPE_EMU
+    unsigned w;
+    std::memcpy(&w, p, 4);
+    return w;
+#else
+    return *(const unsigned*)p;
+#endif
+}
+
+// d += a·b for one warp's 16×8 tile, a 16×16 and b 16×8, 16-bit operands of type S with f32
+// accumulation: PTX's mma.sync.aligned.m16n8k16.row.col (sm_80 on). The fragments are the PTX
+// ISA's layout ("Matrix Fragments for mma.m16n8k16"), g = lane / 4, t = lane % 4: a[0] holds
+// row g, columns 2t and 2t + 1, a[1] row g + 8, a[2] and a[3] the same rows at columns + 8;
+// b[0] holds rows (k) 2t and 2t + 1 of column g, b[1] rows + 8; d[0], d[1] row g, columns 2t
+// and 2t + 1, d[2], d[3] row g + 8. Every lane of the warp takes part.
+template <int S>
+__device__ __forceinline__ void mma_16816(float d[4], const unsigned a[4], const unsigned b[2]) {
+#ifdef RECIPE_EMU
+    // The emulation: every lane's registers gathered, then each output as its f32 sum over k in
+    // order (a tensor core's order of additions is its own: compared within a tolerance).
+    unsigned mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]}, all[32 * 6];
+    emu::warp_gather(mine, 6, all);
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    auto half = [](unsigned w, int k) { return half_value<S>((unsigned short)(w >> (16 * (k & 1)))); };
+    for (int r = 0; r < 4; r++) {
+        int row = g + (r >= 2 ? 8 : 0), col = 2 * t + (r & 1);
+        float acc = d[r];
+        for (int k = 0; k < 16; k++) {
+            const unsigned* la = all + 6 * (4 * (row & 7) + ((k & 7) >> 1));
+            const unsigned* lb = all + 6 * (4 * col + ((k & 7) >> 1));
+            float x = half(la[(row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], k);
+            float y = half(lb[4 + (k >= 8 ? 1 : 0)], k);
+            acc += x * y;
+        }
+        d[r] = acc;
+    }
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (S == STORE_BF16)
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    else
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    // Before sm_80 there is no such instruction: the runtime never launches a kernel using it
+    // there (Device::has_mma).
+    __trap();
+#endif
+}
+
 // A dropout site's Philox key and stream. The micro-batch's (seed, first stream) live in device
 // memory as four 32-bit words, `key` (written once per micro-batch), and the site's offset from
 // that stream is the launch's argument, so that a pass launches the same arguments for every

@@ -162,10 +162,15 @@ fn executors(
     store: recipe_runtime::precision::Dtype,
 ) -> Vec<Arc<dyn Executor>> {
     let mut peers = peers.into_iter();
+    // `RECIPE_FUSED_ATTENTION=0`: attention's forward as the batched products and the softmax
+    // even where the fused kernel fits (docs/cuda.md, "Kernels"), to compare the two.
+    let fused = std::env::var_os("RECIPE_FUSED_ATTENTION").is_none_or(|v| v != "0");
     devices
         .into_iter()
         .map(|dev| -> Arc<dyn Executor> {
-            let kernels = Kernels::new(dev).with_store(store);
+            let kernels = Kernels::new(dev)
+                .with_store(store)
+                .with_fused_attention(fused);
             match peers.next() {
                 Some(p) => OnDevice::with_peers(kernels, what.to_string(), Box::new(p)),
                 None => OnDevice::new(kernels, what.to_string()),

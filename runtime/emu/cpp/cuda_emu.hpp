@@ -88,6 +88,7 @@ struct Launch {
     unsigned threads;
     std::vector<unsigned char> dyn_smem;
     std::vector<uint64_t> lanes;  // one shuffle slot per thread
+    std::vector<unsigned> gathered;  // `warp_gather`'s slots, 8 words per thread
 
     bool reversed;                // the blocks in reverse order (`reverse_blocks`)
 
@@ -97,6 +98,7 @@ struct Launch {
           threads(b.x * b.y * b.z),
           dyn_smem(smem + 16, 0),
           lanes(threads, 0),
+          gathered((size_t)threads * 8, 0),
           reversed(rev) {}
     unsigned long long blocks() const { return 1ull * grid.x * grid.y * grid.z; }
     // The k-th block to run: x fastest, then y, then z, or the other way round when reversed.
@@ -400,6 +402,25 @@ void launch(dim3 grid, dim3 block, size_t smem, F body) {
 }
 
 inline void* dyn_smem() { return cur->dyn_smem.data(); }
+
+// Every lane's `n` words of `mine` (n ≤ GATHER_WORDS) into `all` (lane l's at all[l·n …]), for
+// a whole warp: how the emulated mma.sync (common.cuh, `mma_16816`) reads the fragments the
+// other lanes hold. Two warp barriers, where the same exchange through shuffles would take one
+// pair per word and lane.
+constexpr unsigned GATHER_WORDS = 8;
+inline void warp_gather(const unsigned* mine, unsigned n, unsigned* all) {
+    unsigned me = linear, warp = me / 32;
+    if (cur->warp_lanes(warp) != 32 || n > GATHER_WORDS) {
+        std::fprintf(stderr, "cuda_emu: warp_gather needs a whole warp (warp %u has %u lanes)\n",
+                     warp, cur->warp_lanes(warp));
+        std::abort();
+    }
+    for (unsigned i = 0; i < n; i++) cur->gathered[me * GATHER_WORDS + i] = mine[i];
+    warp_sync();  // every lane's words are in
+    for (unsigned l = 0; l < 32; l++)
+        for (unsigned i = 0; i < n; i++) all[l * n + i] = cur->gathered[(warp * 32 + l) * GATHER_WORDS + i];
+    warp_sync();  // every lane has read before the next gather overwrites a slot
+}
 
 template <class T>
 T shuffle(unsigned mask, T v, unsigned src_lane_xor, bool is_xor, unsigned src_abs) {

@@ -183,6 +183,10 @@ impl Device for EmuTyped {
         half
     }
 
+    fn has_mma(&self) -> bool {
+        true
+    }
+
     fn elem(&self, v: TypedView<'_>) -> Dtype {
         v.elem
     }

@@ -13,8 +13,11 @@
 
 mod common;
 
-use common::{pair, rand};
-use recipe_runtime::backend::{AttnShape, Backend, Dropout};
+use common::{calls, pair, rand};
+use recipe_kernel_emu::EmuTyped;
+use recipe_runtime::backend::device::Device;
+use recipe_runtime::backend::kernels::Kernels;
+use recipe_runtime::backend::{AttnShape, Backend, Cpu, Dropout};
 use recipe_runtime::precision::Dtype;
 
 const STORES: [Dtype; 3] = [Dtype::F32, Dtype::F16, Dtype::Bf16];
@@ -362,4 +365,147 @@ fn long_rows_and_wide_heads_match_the_cpu() {
         compare(Dtype::F32, s, &mask, Some(&d), &mut worst);
     }
     worst.print("long rows, wide heads");
+}
+
+/// A forward on `be` in buffers of its own (`alloc_stored`: 16-bit ones on a device keeping
+/// them, which the fused forward needs), the scores given f32 room: (ctx, probs, probs_drop).
+fn fwd_on<B: Backend>(
+    be: &B,
+    s: AttnShape,
+    x: &Inputs,
+    mask: &[u32],
+    dropout: Option<&Dropout>,
+) -> [Vec<f32>; 3] {
+    let (tok, pp) = (
+        s.batch * s.seq * s.heads * s.head_dim,
+        s.batch * s.heads * s.seq * s.seq,
+    );
+    let stored = |v: &[f32]| {
+        let mut b = be.alloc_stored(v.len());
+        be.write(be.view_mut(&mut b), v);
+        b
+    };
+    let (q, k, v) = (stored(&x.q), stored(&x.k), stored(&x.v));
+    // Garbage in the outputs shows a kernel that skips an element.
+    let (mut ctx, mut probs, mut pd) = (
+        stored(&vec![7.0; tok]),
+        stored(&vec![7.0; pp]),
+        stored(&vec![7.0; pp]),
+    );
+    let mut scores = be.alloc(pp);
+    let m = be.upload_ids(mask);
+    be.attention_fwd(
+        be.view_mut(&mut ctx),
+        be.view_mut(&mut probs),
+        dropout.map(|_| be.view_mut(&mut pd)),
+        Some(be.view_mut(&mut scores)),
+        be.view(&q),
+        be.view(&k),
+        be.view(&v),
+        &m,
+        s,
+        dropout,
+    );
+    let down = |b: &B::Buf, n: usize| {
+        let mut out = vec![0.0; n];
+        be.download(be.view(b), &mut out);
+        out
+    };
+    [down(&ctx, tok), down(&probs, pp), down(&pd, pp)]
+}
+
+/// `f`'s result and how many times it launched `attention_fused` and `attention_softmax` (the
+/// emulator's profile, per thread).
+fn launches<T>(f: impl FnOnce() -> T) -> (T, [u64; 2]) {
+    assert!(EmuTyped.start_profile());
+    let out = f();
+    let p = EmuTyped.profile().expect("started");
+    (
+        out,
+        [calls(&p, "attention_fused"), calls(&p, "attention_softmax")],
+    )
+}
+
+/// The fused forward's shapes (head_dim 64, up to 128 keys): one token; 8 keys, fewer than a
+/// product's step of 16; 77, a multiple of neither 4, 8 nor 16 (pairs of keys straddling
+/// Philox blocks); 100 queries, a second block of them part empty; the full 128.
+const FUSED_SHAPES: &[(usize, usize, usize, usize)] = &[
+    (1, 1, 1, 64),
+    (3, 8, 1, 64),
+    (1, 77, 3, 64),
+    (2, 100, 1, 64),
+    (2, 128, 2, 64),
+];
+
+/// The forward in one kernel (attention.cu, `attention_fused`: mma.sync, which the emulator
+/// emulates) against the CPU and against the unfused path on the same device, with padding, with
+/// and without dropout; launched in place of the softmax and its products.
+#[test]
+fn the_fused_forward_matches_the_cpu_and_the_batched_products() {
+    let mut worst = Worst::default();
+    for store in [Dtype::F16, Dtype::Bf16] {
+        let fused = Kernels::new(EmuTyped).with_store(store);
+        let unfused = Kernels::new(EmuTyped)
+            .with_store(store)
+            .with_fused_attention(false);
+        let cpu = Cpu::new(1).with_store(store);
+        for (n, sh) in FUSED_SHAPES.iter().enumerate() {
+            let s = shape(sh);
+            let mask = padding_mask(s);
+            let x = inputs(s, store, 50 + n as u64);
+            let d = Dropout {
+                p: 0.25,
+                seed: 0x0123_4567_89ab_cdef,
+                stream: 9 + n as u64,
+                site: 3,
+            };
+            for dropout in [None, Some(&d)] {
+                let tag = format!("{store:?} {s:?} dropout {}", dropout.is_some());
+                let (f, calls) = launches(|| fwd_on(&fused, s, &x, &mask, dropout));
+                assert_eq!(calls, [1, 0], "fused launches {tag}");
+                let (u, calls) = launches(|| fwd_on(&unfused, s, &x, &mask, dropout));
+                assert_eq!(calls, [0, 1], "unfused launches {tag}");
+                let c = fwd_on(&cpu, s, &x, &mask, dropout);
+                let names = ["ctx", "probs", "probs_drop"];
+                for (i, name) in names.iter().enumerate() {
+                    if i == 2 && dropout.is_none() {
+                        // Not written: still the garbage it started as, on every side.
+                        assert!(f[2].iter().all(|&v| v == 7.0), "{name} written {tag}");
+                        continue;
+                    }
+                    let e = check(&format!("{name} {tag}"), &f[i], &c[i], store);
+                    worst.note(format!("{store:?} {name} vs CPU"), e);
+                    let e = check(&format!("{name} vs unfused {tag}"), &f[i], &u[i], store);
+                    worst.note(format!("{store:?} {name} vs unfused"), e);
+                }
+                if dropout.is_some() {
+                    // The same mask: the same elements dropped.
+                    for (i, (a, b)) in f[2].iter().zip(&c[2]).enumerate() {
+                        assert_eq!(*a == 0.0, *b == 0.0, "probs_drop[{i}] mask {tag}");
+                    }
+                }
+            }
+        }
+    }
+    worst.print("fused forward");
+}
+
+/// Where the fused forward does not fit (more than 128 keys, another head size, f32, 16-bit
+/// buffers not kept), the batched products and the softmax run.
+#[test]
+fn shapes_the_fused_forward_does_not_fit_take_the_batched_products() {
+    let bf16 = Kernels::new(EmuTyped).with_store(Dtype::Bf16);
+    for sh in [(1, 129, 1, 64), (2, 16, 2, 32), (1, 16, 1, 80)] {
+        let s = shape(&sh);
+        let x = inputs(s, Dtype::Bf16, 3);
+        let (_, calls) = launches(|| fwd_on(&bf16, s, &x, &padding_mask(s), None));
+        assert_eq!(calls, [0, 1], "{s:?}");
+    }
+    let s = shape(&(1, 16, 1, 64));
+    let f32s = Kernels::new(EmuTyped);
+    let x = inputs(s, Dtype::F32, 4);
+    let (_, calls) = launches(|| fwd_on(&f32s, s, &x, &padding_mask(s), None));
+    assert_eq!(calls, [0, 1], "f32");
+    // The emulated device keeping f32 buffers (`Emu`) never fuses: covered by every test above
+    // through `pair`, whose forwards launch the softmax.
 }

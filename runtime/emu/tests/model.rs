@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::close;
+use common::{calls, close};
 use recipe_kernel_emu::Emu;
 use recipe_runtime::backend::kernels::Kernels;
 use recipe_runtime::backend::{Backend, Cpu};
@@ -137,6 +137,79 @@ fn a_micro_batch_gives_the_same_bits_whatever_order_its_blocks_run_in() {
         let (_, (l2, g2)) = recipe_kernel_emu::reversed_blocks(|| both_on(store, key, &b));
         assert_eq!(l1.to_bits(), l2.to_bits(), "loss {store:?}");
         assert!(same_bits(&g1, &g2), "gradient {store:?}");
+    }
+}
+
+/// A model whose heads are 64 wide (hidden 128, two heads): on a device keeping 16-bit buffers
+/// its training forward's attention is one kernel (kernels/attention.rs, `fused`; mma.sync
+/// emulated). Its loss, gradient and logits stay within the store's tolerance
+/// of the batched products' (the same device told not to fuse) and of the CPU's.
+#[test]
+fn heads_of_64_train_through_the_fused_attention_forward() {
+    use recipe_kernel_emu::EmuTyped;
+    use recipe_runtime::backend::device::Device;
+    let cfg = || {
+        BertConfig::from_json(
+            r#"{"vocab_size": 40, "hidden_size": 128, "num_hidden_layers": 1,
+                "num_attention_heads": 2, "intermediate_size": 64,
+                "max_position_embeddings": 12, "type_vocab_size": 2,
+                "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+                "initializer_range": 0.05, "pad_token_id": 0}"#,
+        )
+        .unwrap()
+    };
+    let key = Some(DropoutKey {
+        seed: 3,
+        micro_batch: 2,
+    });
+    let b = batch_with(2, 11, 4, |i| 11 - 4 * i, |i| i as u32);
+    for store in [Dtype::F16, Dtype::Bf16] {
+        let mut m = Classifier::random(cfg(), 3, 7).unwrap();
+        store.round_slice(m.params_mut());
+        let n = m.num_params();
+        let run = |fused: bool| {
+            let k = Kernels::new(EmuTyped)
+                .with_store(store)
+                .with_fused_attention(fused);
+            let params = k.upload(&m.params().data);
+            let mut grads = k.alloc(n);
+            let mut ws = Workspace::new();
+            assert!(EmuTyped.start_profile());
+            let loss = m
+                .forward_backward_on(&k, &mut ws, &b, 0.5, &params, &mut grads, key)
+                .unwrap();
+            let logits = m.forward_on(&k, &mut ws, &b, &params).unwrap();
+            let p = EmuTyped.profile().expect("started");
+            let mut g = vec![0.0; n];
+            k.download(k.view(&grads), &mut g);
+            (
+                (loss, g, logits),
+                [calls(&p, "attention_fused"), calls(&p, "attention_softmax")],
+            )
+        };
+        let ((lf, gf, ef), calls) = run(true);
+        // The training forward fused; the evaluation's keeps its probabilities in f32, where
+        // the scores are computed in place (`Acts`), so it takes the batched products.
+        assert_eq!(calls, [1, 1], "{store:?} fused");
+        let ((lu, gu, eu), calls) = run(false);
+        assert_eq!(calls, [0, 2], "{store:?} unfused");
+        let tol = if store == Dtype::Bf16 { 2e-2 } else { 2e-3 };
+        assert!(
+            (lf - lu).abs() <= tol * lu.abs(),
+            "{store:?} loss {lf} vs {lu}"
+        );
+        close("gradient", &gf, &gu, tol, 5.0 * tol);
+        close("logits", &ef, &eu, tol, 5.0 * tol);
+        m.set_backend(Cpu::new(1).with_store(store));
+        let mut gc = vec![0.0; n];
+        let lc = m
+            .forward_backward(&mut Workspace::new(), &b, 0.5, &mut gc, key)
+            .unwrap();
+        assert!(
+            (lf - lc).abs() <= tol * lc.abs(),
+            "{store:?} loss {lf} vs CPU {lc}"
+        );
+        close("gradient vs CPU", &gf, &gc, tol, 5.0 * tol);
     }
 }
 

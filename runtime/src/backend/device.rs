@@ -130,6 +130,11 @@ pub trait Device {
     fn elem(&self, _v: Self::View<'_>) -> Dtype {
         Dtype::F32
     }
+    /// Whether kernels may use PTX's `mma.sync.aligned.m16n8k16` on fp16/bf16 operands
+    /// (common.cuh, `mma_16816`): a GPU from sm_80 on, and the emulator, which emulates it.
+    fn has_mma(&self) -> bool {
+        false
+    }
     /// A copy of `src` on the device.
     fn upload(&self, src: &[f32]) -> Self::Buf;
     /// `n` zeroed floats of [`Device::Pinned`] host memory (allocated once per run: pinning

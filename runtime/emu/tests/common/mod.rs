@@ -7,6 +7,7 @@ use std::process::Command;
 
 use recipe_kernel_emu::Emu;
 use recipe_runtime::backend::kernels::Kernels;
+use recipe_runtime::backend::profile::Profile;
 use recipe_runtime::backend::Cpu;
 use recipe_runtime::precision::Dtype;
 use recipe_runtime::rng::Rng;
@@ -101,4 +102,12 @@ pub fn scratch(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("create a temp dir");
     d
+}
+
+/// How many times a profile counted operation `name` (0 when it never ran).
+pub fn calls(p: &Profile, name: &str) -> u64 {
+    p.rows()
+        .iter()
+        .find(|r| r.0 == name)
+        .map_or(0, |r| r.1.calls)
 }

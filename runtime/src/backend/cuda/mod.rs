@@ -1205,6 +1205,10 @@ impl Device for CudaDevice {
 
     /// 16 bits per value where the GEMMs read them as they are: fp16 anywhere, bf16 from sm_80
     /// on (before, `gemm_half` runs the f32 GEMM, which needs f32 operands).
+    fn has_mma(&self) -> bool {
+        self.major >= 8
+    }
+
     fn alloc_half(&self, n: usize, half: Dtype) -> DevBuf {
         self.alloc_as(n, self.half_elem(half))
     }

@@ -107,6 +107,39 @@ fn softmax_launch(s: AttnShape) -> (Launch, Arg) {
     (l, int(rows))
 }
 
+/// The fused forward's head size, most keys and queries per block (attention.cu, `FUSED_D`,
+/// `FUSED_KEYS`, `FUSED_Q`).
+const FUSED_D: usize = 64;
+const FUSED_KEYS: usize = 128;
+const FUSED_Q: usize = 64;
+
+/// Whether the forward runs as one kernel (attention.cu, `attention_fused`): a half store whose
+/// buffers (`elems`: q, k, v, ctx, probs and the dropped probabilities) are all 16-bit of its
+/// type, heads of [`FUSED_D`], at most [`FUSED_KEYS`] keys, a device with `mma.sync`
+/// ([`Device::has_mma`]), and the kernels not told otherwise ([`Kernels::with_fused_attention`]).
+/// BERT-base at seq 128 fits; longer sequences and other head sizes take the batched GEMMs.
+fn fused<D: Device>(k: &Kernels<D>, s: AttnShape, elems: &[Dtype]) -> bool {
+    k.fused_attention
+        && k.store.is_half()
+        && s.head_dim == FUSED_D
+        && s.seq <= FUSED_KEYS
+        && k.dev.has_mma()
+        && elems.iter().all(|&e| e == k.store)
+}
+
+/// A block per ([`FUSED_Q`] queries, head, sequence), four warps.
+fn fused_launch(s: AttnShape) -> Launch {
+    Launch {
+        grid: (
+            s.seq.div_ceil(FUSED_Q) as u32,
+            u32::try_from(s.heads).expect("heads"),
+            u32::try_from(s.batch).expect("batch"),
+        ),
+        block: (2 * FUSED_Q as u32, 1, 1),
+        smem: 0,
+    }
+}
+
 /// Rounds the first `n` elements of a product's output `v` to the storage dtype: an f32 buffer's
 /// (a 16-bit one got its values rounded by the GEMM, [`Device::gemm_batched`]).
 fn round<D: Device>(k: &Kernels<D>, mut v: D::ViewMut<'_>, n: usize) {
@@ -150,6 +183,49 @@ pub(super) fn fwd<D: Device>(
     if empty(s) {
         return;
     }
+    // The CPU backend applies dropout only when both the buffer and the key are given.
+    let mut pd = match (probs_drop, dropout) {
+        (Some(pd), Some(d)) => {
+            assert!(dev.len_mut(&pd) >= pp, "attention_fwd probs_drop");
+            Some((pd, d))
+        }
+        _ => None,
+    };
+    let (key, site, threshold, dscale) = k.dropout_args(pd.as_ref().map(|(_, d)| *d));
+    let mut elems = vec![
+        dev.elem(q),
+        dev.elem(kk),
+        dev.elem(v),
+        dev.elem(dev.as_view(&ctx)),
+        dev.elem(dev.as_view(&probs)),
+    ];
+    elems.extend(pd.as_ref().map(|(b, _)| dev.elem(dev.as_view(b))));
+    if fused(k, s, &elems) {
+        let pd_ptr = pd.as_mut().map_or(0, |(b, _)| dev.ptr_mut(b));
+        dev.launch(
+            "attention_fused",
+            fused_launch(s),
+            &[
+                Arg::Ptr(dev.ptr_mut(&mut ctx)),
+                Arg::Ptr(dev.ptr_mut(&mut probs)),
+                Arg::Ptr(pd_ptr),
+                Arg::Ptr(dev.ptr(q)),
+                Arg::Ptr(dev.ptr(kk)),
+                Arg::Ptr(dev.ptr(v)),
+                Arg::Ptr(dev.ids_ptr(mask)),
+                int(s.seq),
+                int(s.heads),
+                Arg::F32(score_scale(s)),
+                int(usize::from(pd.is_some())),
+                key,
+                site,
+                threshold,
+                dscale,
+                k.store_arg(),
+            ],
+        );
+        return;
+    }
     let (t, d) = (s.seq, s.head_dim);
     // scores = scale · q·kᵀ, into their room or probs (which the softmax then overwrites).
     let room = match scores.as_mut() {
@@ -171,15 +247,6 @@ pub(super) fn fwd<D: Device>(
         room,
         k.store,
     );
-    // The CPU backend applies dropout only when both the buffer and the key are given.
-    let mut pd = match (probs_drop, dropout) {
-        (Some(pd), Some(d)) => {
-            assert!(dev.len_mut(&pd) >= pp, "attention_fwd probs_drop");
-            Some((pd, d))
-        }
-        _ => None,
-    };
-    let (key, site, threshold, dscale) = k.dropout_args(pd.as_ref().map(|(_, d)| *d));
     let pd_arg = pd
         .as_mut()
         .map_or(Arg::Typed(0, Dtype::F32), |(b, _)| k.typed_mut(b));

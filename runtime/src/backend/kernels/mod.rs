@@ -94,6 +94,9 @@ pub fn all_kernel_names() -> Vec<&'static str> {
 pub struct Kernels<D: Device> {
     dev: D,
     store: Dtype,
+    /// Whether attention's forward may run as one kernel where it fits (attention.rs, `fused`;
+    /// on by default, [`Kernels::with_fused_attention`]).
+    fused_attention: bool,
     /// Device allocations made through these kernels ([`Kernels::allocations`]).
     allocations: Arc<AtomicU64>,
     /// A scratch buffer a kernel's launch code reuses (cross-entropy's per-row losses).
@@ -128,6 +131,7 @@ impl<D: Device> Kernels<D> {
         Kernels {
             dev,
             store: Dtype::F32,
+            fused_attention: true,
             allocations: Arc::default(),
             scratch: Arc::default(),
             bias_part: Arc::default(),
@@ -149,6 +153,15 @@ impl<D: Device> Kernels<D> {
             Arc::default()
         };
         Kernels { store, ds, ..self }
+    }
+
+    /// The same kernels, attention's forward fused into one kernel where it fits or never
+    /// (`recipe run` reads `RECIPE_FUSED_ATTENTION=0` for never: docs/cuda.md).
+    pub fn with_fused_attention(self, on: bool) -> Kernels<D> {
+        Kernels {
+            fused_attention: on,
+            ..self
+        }
     }
 
     /// The storage dtype (the module's: fp16/bf16 values are stored rounded to it).

@@ -485,8 +485,10 @@ impl<B: Backend> Checker<'_, B> {
     /// gradients and the probabilities are [`Backend::alloc_stored`] buffers, as the model keeps
     /// them (16-bit on a GPU storing fp16/bf16: the half products read and write them as they
     /// are, the f32 ones through widened copies, the softmax kernels through `ld`/`sto`), checked
-    /// as `stored.attention_*`.
-    fn attention(&mut self, stored: bool) {
+    /// as `stored.attention_*`. With `head64` (stored buffers), heads of 64 over 77 keys,
+    /// checked as `stored.hd64.attention_*`: the shape whose forward a GPU with `mma.sync`
+    /// storing fp16/bf16 runs as one kernel (`attention_fused`, kernels/attention.rs).
+    fn attention(&mut self, stored: bool, head64: bool) {
         let st = self.store;
         let (be, cpu) = (self.be, self.cpu);
         let put = |host: &[f32]| {
@@ -505,18 +507,25 @@ impl<B: Backend> Checker<'_, B> {
                 be.alloc(n)
             }
         };
-        let name = |n: &str| {
-            if stored {
-                format!("stored.{n}")
-            } else {
-                n.to_string()
-            }
+        let name = |n: &str| match (stored, head64) {
+            (true, true) => format!("stored.hd64.{n}"),
+            (true, false) => format!("stored.{n}"),
+            _ => n.to_string(),
         };
-        let s = AttnShape {
-            batch: 2,
-            seq: 33,
-            heads: 3,
-            head_dim: 16,
+        let s = if head64 {
+            AttnShape {
+                batch: 2,
+                seq: 77,
+                heads: 2,
+                head_dim: 64,
+            }
+        } else {
+            AttnShape {
+                batch: 2,
+                seq: 33,
+                heads: 3,
+                head_dim: 16,
+            }
         };
         let tok = s.batch * s.seq * s.heads * s.head_dim;
         let pp = s.batch * s.heads * s.seq * s.seq;
@@ -1049,8 +1058,9 @@ pub fn compare<B: Backend>(be: &B, store: Dtype) -> Vec<OpCheck> {
     c.elementwise();
     c.gemm();
     c.embedding_and_layernorm();
-    c.attention(false);
-    c.attention(true);
+    c.attention(false, false);
+    c.attention(true, false);
+    c.attention(true, true);
     c.cross_entropy();
     c.stored();
     c.out
