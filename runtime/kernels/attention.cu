@@ -227,6 +227,20 @@ __device__ __forceinline__ void ld8_half(unsigned w[4], const unsigned short* p)
     for (int u = 0; u < 4; u++) w[u] = (unsigned)p[2 * u] | ((unsigned)p[2 * u + 1] << 16);
 }
 
+// Elements at and at + 1 (x1 only with `both`) of a 16-bit buffer of type S, rounded: one
+// 32-bit store with `pairs` (at even, the buffer 4-byte aligned), where two 16-bit ones would
+// each fill a quarter of a memory sector.
+template <int S>
+__device__ __forceinline__ void st_half2(unsigned short* p, long long at, float x0, float x1,
+                                         bool both, bool pairs) {
+    if (both && pairs) {
+        st_pair(p + at, pack_half2<S>(x0, x1));
+        return;
+    }
+    p[at] = half_bits(x0, S);
+    if (both) p[at + 1] = half_bits(x1, S);
+}
+
 // Whether elements idx and idx + 1 are kept (bits 0 and 1; dropout_mult's rule), one Philox
 // block for both unless they straddle two.
 __device__ __forceinline__ unsigned keep_pair(unsigned long long idx, DropKey k,
@@ -344,6 +358,9 @@ __device__ __forceinline__ void attention_fused_t(unsigned* qs, unsigned* ks, un
     sum1 += __shfl_xor_sync(0xffffffffu, sum1, 2);
     const long long at0 = ((long long)(b * heads + h) * seq + i0) * seq;  // element of key 0
     const long long at1 = at0 + 8LL * seq;
+    // 32-bit stores of key pairs: an even row length puts every pair at an even index.
+    const bool pairs = seq % 2 == 0 && ((unsigned long long)probs & 3) == 0 &&
+                       (!dropout || ((unsigned long long)probs_drop & 3) == 0);
     // Which of the lane's keys dropout keeps, bit 2j + e for key 8j + 2t + e: drawn in a rolled
     // loop (unrolled, each tile's Philox rounds would be a copy of their own).
     unsigned keep0 = 0u, keep1 = 0u;
@@ -364,25 +381,28 @@ __device__ __forceinline__ void attention_fused_t(unsigned* qs, unsigned* ks, un
             s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
             continue;
         }
+        const bool both = kp + 1 < seq;  // the pair's second key is in the sequence
+        float p0[2], p1[2];
         UNROLL
         for (int e = 0; e < 2; e++) {
-            if (kp + e >= seq) {
-                s[j][e] = s[j][2 + e] = 0.0f;
-                continue;
-            }
-            float p0 = st(s[j][e] / sum0, S);
-            float p1 = st(s[j][2 + e] / sum1, S);
-            if (i0 < seq) probs[at0 + kp + e] = half_bits(p0, S);
-            if (i1 < seq) probs[at1 + kp + e] = half_bits(p1, S);
-            if (dropout) {
-                p0 = st(p0 * ((keep0 >> (2 * j + e)) & 1u ? dscale : 0.0f), S);
-                p1 = st(p1 * ((keep1 >> (2 * j + e)) & 1u ? dscale : 0.0f), S);
-                if (i0 < seq) probs_drop[at0 + kp + e] = half_bits(p0, S);
-                if (i1 < seq) probs_drop[at1 + kp + e] = half_bits(p1, S);
-            }
-            s[j][e] = p0;
-            s[j][2 + e] = p1;
+            p0[e] = e == 0 || both ? st(s[j][e] / sum0, S) : 0.0f;
+            p1[e] = e == 0 || both ? st(s[j][2 + e] / sum1, S) : 0.0f;
         }
+        if (i0 < seq) st_half2<S>(probs, at0 + kp, p0[0], p0[1], both, pairs);
+        if (i1 < seq) st_half2<S>(probs, at1 + kp, p1[0], p1[1], both, pairs);
+        if (dropout) {
+            UNROLL
+            for (int e = 0; e < 2; e++) {
+                p0[e] = st(p0[e] * ((keep0 >> (2 * j + e)) & 1u ? dscale : 0.0f), S);
+                p1[e] = st(p1[e] * ((keep1 >> (2 * j + e)) & 1u ? dscale : 0.0f), S);
+            }
+            if (i0 < seq) st_half2<S>(probs_drop, at0 + kp, p0[0], p0[1], both, pairs);
+            if (i1 < seq) st_half2<S>(probs_drop, at1 + kp, p1[0], p1[1], both, pairs);
+        }
+        s[j][0] = p0[0];
+        s[j][1] = p0[1];
+        s[j][2] = p1[0];
+        s[j][3] = p1[1];
     }
 
     // ctx = p·v: 16 keys a step, the A fragment from two key tiles' probabilities.
@@ -407,17 +427,15 @@ __device__ __forceinline__ void attention_fused_t(unsigned* qs, unsigned* ks, un
             }
         }
     }
+    // ctx rounded once from f32, as the GEMM's output; its pairs are at even indices.
+    const bool ctx_pairs = ((unsigned long long)ctx & 3) == 0;
     UNROLL
     for (int n = 0; n < FUSED_D / 8; n++) {
         const long long d = h * FUSED_D + n * 8 + 2 * t;
-        if (i0 < seq) {
-            ctx[((long long)b * seq + i0) * hid + d] = half_bits(o[n][0], S);
-            ctx[((long long)b * seq + i0) * hid + d + 1] = half_bits(o[n][1], S);
-        }
-        if (i1 < seq) {
-            ctx[((long long)b * seq + i1) * hid + d] = half_bits(o[n][2], S);
-            ctx[((long long)b * seq + i1) * hid + d + 1] = half_bits(o[n][3], S);
-        }
+        if (i0 < seq)
+            st_half2<S>(ctx, ((long long)b * seq + i0) * hid + d, o[n][0], o[n][1], true, ctx_pairs);
+        if (i1 < seq)
+            st_half2<S>(ctx, ((long long)b * seq + i1) * hid + d, o[n][2], o[n][3], true, ctx_pairs);
     }
 }
 // Grid (⌈seq / FUSED_Q⌉, heads, batch), FUSED_Q·2 threads; probs_drop is read only with

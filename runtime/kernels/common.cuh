@@ -457,6 +457,15 @@ __device__ __forceinline__ unsigned ld_pair(const unsigned short* p) {
 #endif
 }
 
+// The 32 bits at p (4-byte aligned) of a 16-bit array set to w: two elements.
+__device__ __forceinline__ void st_pair(unsigned short* p, unsigned w) {
+#ifdef RECIPE_EMU
+    std::memcpy(p, &w, 4);
+#else
+    *(unsigned*)p = w;
+#endif
+}
+
 // d += a·b for one warp's 16×8 tile, a 16×16 and b 16×8, 16-bit operands of type S with f32
 // accumulation: PTX's mma.sync.aligned.m16n8k16.row.col (sm_80 on). The fragments are the PTX
 // ISA's layout ("Matrix Fragments for mma.m16n8k16"), g = lane / 4, t = lane % 4: a[0] holds

@@ -121,6 +121,33 @@ fn bf16_storage_stays_near_the_cpu() {
     close("gradient", &gg, &gc, 2e-2, 5e-2);
 }
 
+/// Every gradient a half-precision micro-batch leaves is a value of the storage dtype: the
+/// weight gradients' GEMMs leave their f32 sums unrounded and each segment's are rounded in one
+/// pass at its end (`Backend::round_stored`), before the gradients are read.
+#[test]
+fn half_precision_gradients_are_rounded_to_the_store() {
+    let key = Some(DropoutKey {
+        seed: 11,
+        micro_batch: 0,
+    });
+    for store in [Dtype::F16, Dtype::Bf16] {
+        let (_, (_, g)) = both(store, key);
+        let mut r = g.clone();
+        store.round_slice(&mut r);
+        let off = g
+            .iter()
+            .zip(&r)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            off,
+            0,
+            "{store:?}: {off} of {} gradients unrounded",
+            g.len()
+        );
+    }
+}
+
 /// A GPU runs a launch's blocks in any order: a micro-batch's loss and gradient must not depend
 /// on it (no float atomics; the column sums' last blocks add in chunk order whichever block is
 /// last: common.cuh, `last_of_column`).

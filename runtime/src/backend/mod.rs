@@ -382,6 +382,23 @@ pub trait Backend {
     ) {
         self.gemm(g, a, b, c);
     }
+    /// A GEMM whose `c` the caller rounds to the storage dtype later with
+    /// [`Backend::round_stored`], over a range holding several (a layer's weight gradients),
+    /// before anything reads it: a device may round them in one pass instead of one per GEMM.
+    /// By default [`Backend::gemm`] (the CPU rounds in the GEMM).
+    fn gemm_rounded_later(
+        &self,
+        g: &Gemm,
+        a: Self::View<'_>,
+        b: Self::View<'_>,
+        c: Self::ViewMut<'_>,
+    ) {
+        self.gemm(g, a, b, c);
+    }
+    /// Rounds `v` to the storage dtype in place: the outputs of [`Backend::gemm_rounded_later`]
+    /// in it, and values already rounded (which it leaves as they are). By default nothing (the
+    /// CPU's GEMM has rounded them).
+    fn round_stored(&self, _v: Self::ViewMut<'_>) {}
     /// Sizes the scratch a GEMM needs for operands spanning up to `elems` elements, before a
     /// run's first step (a GPU's half-precision operands: `device::Device::gemm_half`). The CPU
     /// needs none.

@@ -643,7 +643,10 @@ fn linear_gemm<B: Backend>(
     }
 }
 
-/// Linear backward: accumulates `dW += doutᵀ·inp` and, when `with_db`, `db += Σ dout`; with
+/// Linear backward: accumulates `dW += doutᵀ·inp`, left unrounded for the caller to round with
+/// the rest of its segment's gradients ([`Backend::gemm_rounded_later`], then
+/// [`Backend::round_stored`] over the segment), and,
+/// when `with_db`, `db += Σ dout`; with
 /// `dinp = Some((buf, beta, ldc, to_epilogue))` also `dinp = dout·W + beta·dinp` (rows `ldc`
 /// apart), left for a kernel that rounds it when `to_epilogue` ([`Backend::gemm_to_epilogue`]:
 /// `beta` 0, rows dense). The two GEMMs run back to back, the bias's sum after them: a GPU
@@ -668,7 +671,7 @@ fn linear_bwd<B: Backend>(
             ldb: lda,
             ..Gemm::dense(l.out, l.inp, n, true, false, 1.0)
         };
-        be.gemm(&g, dout, inp, be.sub_mut(&mut gw, 0..l.out * l.inp));
+        be.gemm_rounded_later(&g, dout, inp, be.sub_mut(&mut gw, 0..l.out * l.inp));
     }
     if let Some((d, beta, ldc, to_epilogue)) = dinp {
         let g = Gemm {
@@ -1172,6 +1175,8 @@ where
             t * h,
             true,
         );
+        // The segment's weight gradients, left unrounded by `linear_bwd`, in one pass.
+        be.round_stored(g);
     }
     src.release(tail)?;
     sink.done(tail)?;
@@ -1292,6 +1297,9 @@ where
             for (dqkv, lin) in [(&a.dq, ll.q), (&a.dv, ll.v)] {
                 be.bias_grad(be.sub_mut(&mut g, lin.b()), be.view(dqkv), n, lin.out);
             }
+            // The layer's six weight gradients, left unrounded by `linear_bwd`, in one pass
+            // (the biases' and LayerNorms' are rounded already, and stay as they are).
+            be.round_stored(g);
         }
         src.release(1 + l)?;
         sink.done(1 + l)?;

@@ -549,6 +549,17 @@ impl<D: Device> Backend for Kernels<D> {
         elementwise::gemm(self, g, a, b, c, false)
     }
 
+    fn gemm_rounded_later(&self, g: &Gemm, a: D::View<'_>, b: D::View<'_>, c: D::ViewMut<'_>) {
+        elementwise::gemm(self, g, a, b, c, false)
+    }
+
+    fn round_stored(&self, v: D::ViewMut<'_>) {
+        // A 16-bit buffer holds rounded values only.
+        if !self.dev.elem(self.dev.as_view(&v)).is_half() {
+            self.round_to(v, self.store);
+        }
+    }
+
     fn reserve_gemm(&self, elems: usize) {
         if self.store.is_half() {
             self.dev.reserve_gemm_half(elems);
