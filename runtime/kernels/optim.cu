@@ -85,7 +85,7 @@ __device__ __forceinline__ bool decays_at(const unsigned* bounds, int nbounds, u
     return count_le(bounds, nbounds, i) & 1;
 }
 
-// One Adam / AdamW step, one thread per element (1-D grid of BLOCK threads).
+// One Adam / AdamW step, ADAM_VEC consecutive elements a thread (1-D grid of BLOCK threads).
 //
 // The arithmetic is adam.rs `Adam::step` (torch.optim.Adam / AdamW, foreach=False), every
 // operation an f32 rounding in the same order; the scalars are formed on the host in f64 and
@@ -100,32 +100,85 @@ __device__ __forceinline__ bool decays_at(const unsigned* bounds, int nbounds, u
 // also stored there rounded to `store`, the module's half copy (zero/replica.rs
 // `HostOptimizer::step_scaled`: master → parameters, rounded), a typed buffer (common.cuh's sto:
 // 16 bits on a device keeping the half parameters in two bytes).
+//
+// A thread's elements load and store 16 bytes at a time from each f32 buffer where all four are
+// aligned (else one at a time, the same arithmetic), and search the decaying ranges once: the
+// step moves 28–30 bytes a parameter, and one element a thread with a search each was short of
+// the memory's speed (docs/cuda.md, "Performance").
+#define ADAM_VEC 4
+__device__ __forceinline__ void adam_one(float& p, float gr, float& mi, float& vi, bool decays,
+                                         float mult, float step_size, float w1, float b2,
+                                         float w2, float bc2_sqrt, float eps, int decay_mode,
+                                         float decay_mul, float wd) {
+    float g = op_mul(gr, mult);
+    if (decays) {
+        if (decay_mode == DECAY_DECOUPLED) p = op_mul(p, decay_mul);  // AdamW: p *= 1 − lr·wd
+        else g = op_add(g, op_mul(wd, p));                            // Adam L2: g += wd·p
+    }
+    // m += w1·(g − m): torch.lerp with weight < 0.5 (adam.rs).
+    mi = op_add(mi, op_mul(w1, op_sub(g, mi)));
+    // v = v·β₂ + (w2·g)·g, left to right as adam.rs writes `v * b2 + w2 * g * g`.
+    vi = op_add(op_mul(vi, b2), op_mul(op_mul(w2, g), g));
+    // denom = √v / √(1 − β₂ᵗ) + eps; p += (step_size·m) / denom.
+    float denom = op_add(op_div(op_sqrt(vi), bc2_sqrt), eps);
+    p = op_add(p, op_div(op_mul(step_size, mi), denom));
+}
 extern "C" __global__ void adamw_step(float* param, const float* grad, float* m, float* v,
                                       void* work, int work_t, const unsigned* bounds, int nbounds, int n,
                                       float mult, float step_size, float w1, float b2, float w2,
                                       float bc2_sqrt, float eps, int decay_mode, float decay_mul,
                                       float wd, int store) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;  // no barrier below
-    float g = op_mul(grad[i], mult);
-    float p = param[i];
-    if (decay_mode != DECAY_NONE && decays_at(bounds, nbounds, (unsigned)i)) {
-        if (decay_mode == DECAY_DECOUPLED) p = op_mul(p, decay_mul);  // AdamW: p *= 1 − lr·wd
-        else g = op_add(g, op_mul(wd, p));                            // Adam L2: g += wd·p
+    long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * ADAM_VEC;
+    if (i0 >= n) return;  // no barrier below
+    int len = min(ADAM_VEC, (int)(n - i0));
+    // Whether each element decays: the bounds at or below the first, then any the others pass.
+    bool decays[ADAM_VEC] = {false, false, false, false};
+    if (decay_mode != DECAY_NONE) {
+        int c = count_le(bounds, nbounds, (unsigned)i0);
+        UNROLL
+        for (int u = 0; u < ADAM_VEC; u++) {
+            while (c < nbounds && bounds[c] <= (unsigned)(i0 + u)) c++;
+            decays[u] = c & 1;
+        }
     }
-    // m += w1·(g − m): torch.lerp with weight < 0.5 (adam.rs).
-    float mi = m[i];
-    mi = op_add(mi, op_mul(w1, op_sub(g, mi)));
-    // v = v·β₂ + (w2·g)·g, left to right as adam.rs writes `v * b2 + w2 * g * g`.
-    float vi = v[i];
-    vi = op_add(op_mul(vi, b2), op_mul(op_mul(w2, g), g));
-    // denom = √v / √(1 − β₂ᵗ) + eps; p += (step_size·m) / denom.
-    float denom = op_add(op_div(op_sqrt(vi), bc2_sqrt), eps);
-    p = op_add(p, op_div(op_mul(step_size, mi), denom));
-    m[i] = mi;
-    v[i] = vi;
-    param[i] = p;
-    if (work) sto(work, i, st(p, store), work_t);
+    if (len == ADAM_VEC && aligned16(param + i0) && aligned16(grad + i0) && aligned16(m + i0) &&
+        aligned16(v + i0)) {
+        unsigned pw[4], gw[4], mw[4], vw[4];
+        ld16(pw, param + i0);
+        ld16(gw, grad + i0);
+        ld16(mw, m + i0);
+        ld16(vw, v + i0);
+        float p[4], mi[4], vi[4];
+        UNROLL
+        for (int u = 0; u < ADAM_VEC; u++) {
+            p[u] = __uint_as_float(pw[u]);
+            mi[u] = __uint_as_float(mw[u]);
+            vi[u] = __uint_as_float(vw[u]);
+            adam_one(p[u], __uint_as_float(gw[u]), mi[u], vi[u], decays[u], mult, step_size, w1,
+                     b2, w2, bc2_sqrt, eps, decay_mode, decay_mul, wd);
+            pw[u] = __float_as_uint(p[u]);
+            mw[u] = __float_as_uint(mi[u]);
+            vw[u] = __float_as_uint(vi[u]);
+        }
+        st16(param + i0, pw);
+        st16(m + i0, mw);
+        st16(v + i0, vw);
+        if (work) {
+            UNROLL
+            for (int u = 0; u < ADAM_VEC; u++) sto(work, i0 + u, st(p[u], store), work_t);
+        }
+        return;
+    }
+    for (int u = 0; u < len; u++) {
+        long long i = i0 + u;
+        float p = param[i], mi = m[i], vi = v[i];
+        adam_one(p, grad[i], mi, vi, decays[u], mult, step_size, w1, b2, w2, bc2_sqrt, eps,
+                 decay_mode, decay_mul, wd);
+        m[i] = mi;
+        v[i] = vi;
+        param[i] = p;
+        if (work) sto(work, i, st(p, store), work_t);
+    }
 }
 
 // One SGD step, one thread per element: sgd.rs `Sgd::step` (torch.optim.SGD), operation for

@@ -346,6 +346,45 @@ fn a_zero_partition_steps_as_the_host_shard() {
     .is_err());
 }
 
+/// adamw_step takes four elements a thread, 16 bytes at a time where its four buffers are
+/// aligned: buffers one element off (every element one at a time) and a length with a tail of
+/// three step as the host does, bit for bit, the decaying ranges' bounds falling inside groups
+/// of four.
+#[test]
+fn adam_steps_misaligned_buffers_and_short_tails_as_the_host_does() {
+    let k = Kernels::new(Emu);
+    let n = 1003;
+    let (entries, flags) = optim_layout(n);
+    let cfg = AdamConfig::adamw(0.1);
+    for off in [0, 1] {
+        let mut host = Adam::new(cfg, &entries, &flags).unwrap();
+        let mask = whole_mask(&k, &entries, &flags);
+        let p0 = rand(n + 1, 1.0, 12);
+        let (mut hp, mut dp) = (p0[off..off + n].to_vec(), p0.clone());
+        let (mut m, mut v) = (vec![0.0f32; n + 1], vec![0.0f32; n + 1]);
+        for step in 0..3 {
+            let mut g = vec![0.0f32; n + 1];
+            g[off..off + n].copy_from_slice(&grads(n, step));
+            host.step(&mut hp, &g[off..off + n], 1e-2).unwrap();
+            adamw_step(
+                &k,
+                &cfg,
+                step as u64 + 1,
+                1e-2,
+                1.0,
+                &mask,
+                &mut dp[off..off + n],
+                &g[off..off + n],
+                &mut m[off..off + n],
+                &mut v[off..off + n],
+                None,
+            )
+            .unwrap();
+            same_bits(&format!("params, offset {off}"), &dp[off..off + n], &hp);
+        }
+    }
+}
+
 /// `Σ g²` against `optim::sum_squares`: bit-identical on inputs whose sums are exact (multiples
 /// of 2⁻¹⁰ up to 2 in magnitude: squares are multiples of 2⁻²⁰ below 2¹³ in total), and within
 /// `n · 2⁻⁵²` relative with the same f32 norm on f32 values spread over 40 binades. Sizes cover

@@ -207,7 +207,8 @@ pub fn adamw_step<D: Device>(
     let work = opt_typed(k, work);
     k.dev.launch(
         "adamw_step",
-        grid1(n),
+        // ADAM_VEC (optim.cu) elements a thread.
+        grid1(n.div_ceil(4)),
         &[
             Arg::Ptr(k.dev.ptr_mut(&mut params)),
             Arg::Ptr(k.dev.ptr(grads)),
