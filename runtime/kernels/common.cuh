@@ -103,6 +103,12 @@ __device__ __forceinline__ float f16_value(unsigned short b) {
 #endif
 }
 
+// The value of a 16-bit element of half type S (STORE_F16 or STORE_BF16), exactly.
+template <int S>
+__device__ __forceinline__ float half_value(unsigned short b) {
+    return S == STORE_BF16 ? __uint_as_float(((unsigned)b) << 16) : f16_value(b);
+}
+
 // The column of element i of a matrix `cols` wide: in 32 bits when i fits, else in 64 (a 64-bit
 // remainder is a long software sequence on a GPU; on the H200 the bias kernels' time did not
 // change without it: docs/cuda.md, "Performance").
@@ -125,8 +131,7 @@ __device__ __forceinline__ float ld(const void* p, long long i, int t) {
 template <int T>
 __device__ __forceinline__ float ldt(const void* p, long long i) {
     if (T == STORE_F32) return ((const float*)p)[i];
-    unsigned short b = ((const unsigned short*)p)[i];
-    return T == STORE_BF16 ? __uint_as_float(((unsigned)b) << 16) : f16_value(b);
+    return half_value<T>(((const unsigned short*)p)[i]);
 }
 // acc + Σ x[r, c] for r in [r0, r1) of a matrix `cols` wide of type T, added in row order, the
 // loads AHEAD rows at a time. A short grid of long columns (bias_grad's second pass: 3 blocks
@@ -241,8 +246,7 @@ __device__ __forceinline__ void ld_words(unsigned w[VEC], const void* p, long lo
 template <int T>
 __device__ __forceinline__ float unpack(const unsigned w[VEC], int u) {
     if (T == STORE_F32) return __uint_as_float(w[u]);
-    unsigned short b = (unsigned short)((u & 1) ? w[u >> 1] >> 16 : w[u >> 1] & 0xffffu);
-    return T == STORE_BF16 ? __uint_as_float(((unsigned)b) << 16) : f16_value(b);
+    return half_value<T>((unsigned short)((u & 1) ? w[u >> 1] >> 16 : w[u >> 1] & 0xffffu));
 }
 // Elements i … i + VEC − 1 of a buffer of type T as f32.
 template <int T>
@@ -435,11 +439,6 @@ __device__ __forceinline__ void dropout_mult4(float m[4], unsigned long long blk
     for (int w = 0; w < 4; w++) m[w] = (bits >> w) & 1u ? scale : 0.0f;
 }
 
-// The value of a 16-bit element of half type S (STORE_F16 or STORE_BF16), exactly.
-template <int S>
-__device__ __forceinline__ float half_value(unsigned short b) {
-    return S == STORE_BF16 ? __uint_as_float(((unsigned)b) << 16) : f16_value(b);
-}
 // Two floats as the 16-bit pair a tensor-core operand register holds (x0 in the low half, the
 // element of the lower index), each rounded to nearest even.
 template <int S>

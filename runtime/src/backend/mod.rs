@@ -366,13 +366,13 @@ pub trait Backend {
 
     /// One GEMM, see [`Gemm`].
     fn gemm(&self, g: &Gemm, a: Self::View<'_>, b: Self::View<'_>, c: Self::ViewMut<'_>);
-    /// A GEMM whose `c` (`m × n`, dense) goes straight into [`Backend::bias_dropout_add`],
-    /// [`Backend::bias_gelu`], [`Backend::bias_epilogue`] or (as `dout`) [`Backend::gelu_bwd`],
-    /// which round that input to
-    /// the storage dtype first: a device
-    /// may leave to them the rounding a half-precision GEMM's output otherwise gets in a pass
-    /// of its own. By default [`Backend::gemm`] (the CPU rounds in the GEMM, and rounding twice
-    /// changes nothing).
+    /// A GEMM whose `c` something after it rounds to the storage dtype before anything else
+    /// reads it: (`m × n`, dense) [`Backend::bias_dropout_add`], [`Backend::bias_gelu`],
+    /// [`Backend::bias_epilogue`] or (as `dout`) [`Backend::gelu_bwd`], which round that input
+    /// first; or [`Backend::round_stored`] over a range holding several (a layer's weight
+    /// gradients). A device may leave to them the rounding a half-precision GEMM's output
+    /// otherwise gets in a pass of its own. By default [`Backend::gemm`] (the CPU rounds in the
+    /// GEMM, and rounding twice changes nothing).
     fn gemm_to_epilogue(
         &self,
         g: &Gemm,
@@ -382,20 +382,7 @@ pub trait Backend {
     ) {
         self.gemm(g, a, b, c);
     }
-    /// A GEMM whose `c` the caller rounds to the storage dtype later with
-    /// [`Backend::round_stored`], over a range holding several (a layer's weight gradients),
-    /// before anything reads it: a device may round them in one pass instead of one per GEMM.
-    /// By default [`Backend::gemm`] (the CPU rounds in the GEMM).
-    fn gemm_rounded_later(
-        &self,
-        g: &Gemm,
-        a: Self::View<'_>,
-        b: Self::View<'_>,
-        c: Self::ViewMut<'_>,
-    ) {
-        self.gemm(g, a, b, c);
-    }
-    /// Rounds `v` to the storage dtype in place: the outputs of [`Backend::gemm_rounded_later`]
+    /// Rounds `v` to the storage dtype in place: the outputs of [`Backend::gemm_to_epilogue`]
     /// in it, and values already rounded (which it leaves as they are). By default nothing (the
     /// CPU's GEMM has rounded them).
     fn round_stored(&self, _v: Self::ViewMut<'_>) {}

@@ -644,7 +644,7 @@ fn linear_gemm<B: Backend>(
 }
 
 /// Linear backward: accumulates `dW += doutᵀ·inp`, left unrounded for the caller to round with
-/// the rest of its segment's gradients ([`Backend::gemm_rounded_later`], then
+/// the rest of its segment's gradients ([`Backend::gemm_to_epilogue`], then
 /// [`Backend::round_stored`] over the segment), and,
 /// when `with_db`, `db += Σ dout`; with
 /// `dinp = Some((buf, beta, ldc, to_epilogue))` also `dinp = dout·W + beta·dinp` (rows `ldc`
@@ -671,7 +671,7 @@ fn linear_bwd<B: Backend>(
             ldb: lda,
             ..Gemm::dense(l.out, l.inp, n, true, false, 1.0)
         };
-        be.gemm_rounded_later(&g, dout, inp, be.sub_mut(&mut gw, 0..l.out * l.inp));
+        be.gemm_to_epilogue(&g, dout, inp, be.sub_mut(&mut gw, 0..l.out * l.inp));
     }
     if let Some((d, beta, ldc, to_epilogue)) = dinp {
         let g = Gemm {

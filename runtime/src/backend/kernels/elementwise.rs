@@ -17,7 +17,7 @@ pub(super) fn add_assign<D: Device>(k: &Kernels<D>, mut acc: D::ViewMut<'_>, x: 
 }
 
 /// The device's GEMM; in fp16/bf16 storage its fp32 output is then rounded (`round_rows`)
-/// unless `round` is false ([`Backend::gemm_to_epilogue`]: the fused epilogue rounds it).
+/// unless `round` is false ([`Backend::gemm_to_epilogue`]: what reads it next rounds it).
 pub(super) fn gemm<D: Device>(
     k: &Kernels<D>,
     g: &Gemm,

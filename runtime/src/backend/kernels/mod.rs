@@ -549,10 +549,6 @@ impl<D: Device> Backend for Kernels<D> {
         elementwise::gemm(self, g, a, b, c, false)
     }
 
-    fn gemm_rounded_later(&self, g: &Gemm, a: D::View<'_>, b: D::View<'_>, c: D::ViewMut<'_>) {
-        elementwise::gemm(self, g, a, b, c, false)
-    }
-
     fn round_stored(&self, v: D::ViewMut<'_>) {
         // A 16-bit buffer holds rounded values only.
         if !self.dev.elem(self.dev.as_view(&v)).is_half() {
