@@ -1,6 +1,7 @@
 // A ThreadSanitizer driver for the emulation (tests/tsan.rs): runs every kernel that uses shared
 // memory or a reduction across threads (attention's softmax, LayerNorm, cross-entropy, the
-// gradient norm, LAMB's per-tensor norms, the column sums' last block) once on
+// gradient norm, LAMB's per-tensor norms, the column sums' last block, the embedding backward's
+// long runs) once on
 // small shapes, built with -fsanitize=thread against one set of kernel sources. Under the
 // emulation's OS-thread mode (RECIPE_EMU_OS_THREADS, which tests/tsan.rs sets and the header picks
 // under TSan) every CUDA thread is an OS thread and `__shared__` is a static, so a missing
@@ -12,7 +13,7 @@
 // two warps, so the block reductions (common.cuh) cross warps through shared memory.
 //
 // Usage: tsan_driver [GROUP...], GROUP one of attention, layernorm, loss, norm, lamb,
-// column_sums (none: all). Each
+// column_sums, embedding (none: all). Each
 // group checks its results loosely against a host computation (a sanity check that the kernels
 // ran; the emulation tests compare them exactly), and a failed check exits 1.
 #include "cuda_emu.hpp"
@@ -24,6 +25,7 @@
 
 #include "attention.cu"
 #include "elementwise.cu"
+#include "embedding.cu"
 #include "layernorm.cu"
 #include "loss.cu"
 #include "optim.cu"
@@ -267,6 +269,39 @@ bool column_sums() {
     return true;
 }
 
+bool embedding() {
+    // 600 tokens of one token type: a long run of three tiles (embedding.cu,
+    // embedding_bwd_long), over 40 columns (two blocks of 32, the last part empty); the word
+    // ids alternate between two rows, runs of 300. The order comes from embedding_order.
+    const int tokens = 600, hidden = 40;
+    std::vector<unsigned> ids(tokens), types(tokens, 0), order(4 * tokens);
+    for (int i = 0; i < tokens; i++) ids[i] = i % 2;
+    std::vector<float> dout(tokens * hidden), dword(2 * hidden), dtyp(hidden);
+    for (int i = 0; i < tokens * hidden; i++) dout[i] = val(i, 11);
+    for (int c = 0; c < 2 * hidden; c++) dword[c] = val(c, 12);
+    for (int c = 0; c < hidden; c++) dtyp[c] = val(c, 13);
+    std::vector<float> dword0 = dword, dtyp0 = dtyp;
+    emu::launch(dim3((tokens + 7) / 8, 2), dim3(BLOCK), 0,
+                [&] { embedding_order(order.data(), ids.data(), types.data(), tokens); });
+    emu::launch(dim3((hidden + 31) / 32, (tokens + BLOCK - 1) / BLOCK, 2), dim3(BLOCK),
+                0, [&] {
+                    embedding_bwd_long(dword.data(), dtyp.data(), dout.data(), STORE_F32,
+                                       ids.data(), types.data(), order.data(), tokens, hidden,
+                                       STORE_F32);
+                });
+    for (int c = 0; c < hidden; c++) {
+        double t = dtyp0[c], w0 = dword0[c], w1 = dword0[hidden + c];
+        for (int i = 0; i < tokens; i++) {
+            t += dout[i * hidden + c];
+            (i % 2 ? w1 : w0) += dout[i * hidden + c];
+        }
+        if (!close("token-type gradient", c, dtyp[c], t, 1e-4)) return false;
+        if (!close("word gradient", c, dword[c], w0, 1e-4)) return false;
+        if (!close("word gradient", hidden + c, dword[hidden + c], w1, 1e-4)) return false;
+    }
+    return true;
+}
+
 struct Group {
     const char* name;
     bool (*run)();
@@ -279,6 +314,7 @@ const Group GROUPS[] = {
     {"norm", norm},
     {"lamb", lamb},
     {"column_sums", column_sums},
+    {"embedding", embedding},
 };
 
 }  // namespace

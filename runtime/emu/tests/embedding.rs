@@ -115,3 +115,47 @@ fn backward_matches_the_cpu_bit_for_bit_and_leaves_untouched_rows() {
         }
     }
 }
+
+/// Runs of every length that matters to the two summing kernels (embedding.cu): a token-type
+/// table whose one row takes all 1100 tokens (five tiles of a long run's 256, the last part
+/// full); word rows of 17 tokens (the shortest run a block stages), twice, so that two long runs
+/// start as close as they can, then 16 (the longest one thread sums) and 1, the rest one long
+/// run; 45 columns, a block's 32 and part of another.
+#[test]
+fn runs_short_and_long_sum_in_token_order() {
+    let (batch, seq, hidden) = (4, 275, 45);
+    let n = batch * seq;
+    // Tokens 7, 14, … hold ids 0 (17 of them), 1 (17), 2 (16) and 3 (one); every other token 4.
+    let mut id = vec![4u32; n];
+    for (j, slot) in (0..51).map(|j| (j, 7 * (j + 1))) {
+        id[slot] = match j {
+            0..=16 => 0,
+            17..=33 => 1,
+            34..=49 => 2,
+            _ => 3,
+        };
+    }
+    let ty = vec![0u32; n];
+    for store in STORES {
+        let (g, c) = pair(store);
+        let mut dout = rand(n * hidden, 1.0, 12);
+        store.round_slice(&mut dout);
+        let dword0 = rand(VOCAB * hidden, 0.1, 13);
+        let dpos0 = rand(seq * hidden, 0.1, 14);
+        let dtyp0 = rand(TYPES * hidden, 0.1, 15);
+        let (gi, gt) = (g.upload_ids(&id), g.upload_ids(&ty));
+        let (mut w, mut p, mut t) = (dword0.clone(), dpos0.clone(), dtyp0.clone());
+        g.embedding_bwd(&mut w, &mut p, &mut t, &dout, &gi, &gt, batch, seq, hidden);
+        let (mut w2, mut p2, mut t2) = (dword0.clone(), dpos0.clone(), dtyp0.clone());
+        c.embedding_bwd(
+            &mut w2, &mut p2, &mut t2, &dout, &id, &ty, batch, seq, hidden,
+        );
+        assert_eq!(bits(&w), bits(&w2), "dword {store:?}");
+        assert_eq!(bits(&t), bits(&t2), "dtyp {store:?}");
+        assert_eq!(bits(&p), bits(&p2), "dpos {store:?}");
+        // The rows no token took kept their bits.
+        let untouched = 5 * hidden..;
+        assert_eq!(bits(&w[untouched.clone()]), bits(&dword0[untouched]));
+        assert_eq!(bits(&t[hidden..]), bits(&dtyp0[hidden..]));
+    }
+}

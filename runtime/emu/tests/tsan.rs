@@ -1,13 +1,13 @@
 //! ThreadSanitizer over the emulation: every kernel with shared memory or a reduction across
 //! threads (attention_softmax and attention_softmax_bwd's warp shuffles, layernorm_fwd,
 //! layernorm_bwd_dinp, cross_entropy, grad_norm_partial, grad_norm_final, lamb_norms,
-//! lamb_coeff, bias_grad, and common.cuh's block_sum_d / block_max / last_of_column and
-//! optim.cu's lamb_tree they call)
+//! lamb_coeff, bias_grad, embedding_order, embedding_bwd_long, and common.cuh's block_sum_d /
+//! block_max / last_of_column and optim.cu's lamb_tree they call)
 //! built with `-fsanitize=thread` runs without a race report on blocks of two or more warps,
 //! each result sanity-checked against the host (cpp/tsan_driver.cpp); and a copy with one
 //! `__syncthreads()` removed on purpose is reported — so the emulation really turns a missing
 //! barrier into a detectable race (cpp/cuda_emu.hpp), and the shipped kernels have none on these
-//! shapes. The other kernels (elementwise, embedding, adamw_step, sgd_step, adagrad_step,
+//! shapes. The other kernels (elementwise, the rest of embedding, adamw_step, sgd_step, adagrad_step,
 //! lamb_update, lamb_apply, gemm_pointers) have no shared memory and no barrier: one thread per
 //! element or column; layernorm_bwd_dwdb shares bias_grad's `last_of_column`.
 //!
@@ -165,6 +165,7 @@ fn every_kernel_with_shared_memory_runs_clean_under_tsan() {
         "norm",
         "lamb",
         "column_sums",
+        "embedding",
     ] {
         assert!(
             r.out.contains(&format!("{g} ran")),
@@ -210,4 +211,23 @@ fn a_missing_barrier_in_last_of_column_is_caught() {
         drop_sync(t, "bool last_of_column(", "if (threadIdx.x == 0)")
     });
     assert_race_caught(&exe, "last_of_column", &["column_sums"], "last_of_column");
+}
+
+#[test]
+fn a_missing_barrier_in_embedding_bwd_long_is_caught() {
+    // Warp 0 adds a tile's rows from shared memory while the other warps wait to store the next
+    // tile's over them.
+    let exe = build_mutant("embedding-long", "embedding.cu", |t| {
+        drop_sync(
+            t,
+            "void embedding_bwd_long_t(",
+            "for (int t = 0; t < tiles; t++)",
+        )
+    });
+    assert_race_caught(
+        &exe,
+        "embedding_bwd_long",
+        &["embedding"],
+        "embedding_bwd_long",
+    );
 }

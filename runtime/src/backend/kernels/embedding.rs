@@ -1,11 +1,14 @@
 //! Launches of `runtime/kernels/embedding.cu`: the forward one thread per output element, the
-//! backward one thread per (row, column) of the word and token-type tables (after ordering the
-//! tokens by row) or per position-table element, each summing its tokens in order (no atomics,
-//! the CPU backend's bits).
+//! backward per (row, column) of the word and token-type tables (after ordering the tokens by
+//! row; a row of many tokens staged through a block's shared memory) or per position-table
+//! element, each summing its tokens in order (no atomics, the CPU backend's bits).
 #![allow(clippy::too_many_arguments)]
 
 use super::{dtype_arg, grid1, int, Kernels, BLOCK};
 use crate::backend::device::{Arg, Device, Launch};
+
+/// Warps in a block of [`BLOCK`] threads: `embedding_order` takes a token each.
+const WARPS: usize = BLOCK as usize / 32;
 
 pub(super) fn fwd<D: Device>(
     k: &Kernels<D>,
@@ -98,13 +101,14 @@ pub(super) fn bwd<D: Device>(
         k.dev.ptr_mut(&mut dtyp),
         k.dev.ptr_mut(&mut dpos),
     );
-    // Word table and token-type table: the tokens in order of their rows, then a thread per
-    // (row, column) sums its row's tokens (embedding.cu).
+    // Word table and token-type table: the tokens in order of their rows, then each row's
+    // tokens summed per column, a short run by one thread, a long one through a block's shared
+    // memory (embedding.cu).
     k.with_order(4 * tokens, |ord| {
         k.dev.launch(
             "embedding_order",
             Launch {
-                grid: (tokens.div_ceil(BLOCK as usize) as u32, 2, 1),
+                grid: (tokens.div_ceil(WARPS) as u32, 2, 1),
                 block: (BLOCK, 1, 1),
                 smem: 0,
             },
@@ -115,8 +119,19 @@ pub(super) fn bwd<D: Device>(
                 int(tokens),
             ],
         );
+        let args = [
+            Arg::Ptr(w),
+            Arg::Ptr(t),
+            k.typed(dout),
+            Arg::Ptr(k.dev.ids_ptr(ids)),
+            Arg::Ptr(k.dev.ids_ptr(types)),
+            Arg::Ptr(ord),
+            int(tokens),
+            int(hidden),
+            k.store_arg(),
+        ];
         k.dev.launch(
-            "embedding_bwd_tables",
+            "embedding_bwd_short",
             Launch {
                 grid: (
                     u32::try_from(tokens).expect("embedding tokens"),
@@ -126,17 +141,20 @@ pub(super) fn bwd<D: Device>(
                 block: (BLOCK, 1, 1),
                 smem: 0,
             },
-            &[
-                Arg::Ptr(w),
-                Arg::Ptr(t),
-                k.typed(dout),
-                Arg::Ptr(k.dev.ids_ptr(ids)),
-                Arg::Ptr(k.dev.ids_ptr(types)),
-                Arg::Ptr(ord),
-                int(tokens),
-                int(hidden),
-                k.store_arg(),
-            ],
+            &args,
+        );
+        k.dev.launch(
+            "embedding_bwd_long",
+            Launch {
+                grid: (
+                    hidden.div_ceil(32) as u32,
+                    u32::try_from(tokens.div_ceil(BLOCK as usize)).expect("embedding tokens"),
+                    2,
+                ),
+                block: (BLOCK, 1, 1),
+                smem: 0,
+            },
+            &args,
         );
     });
     k.dev.launch(
