@@ -279,6 +279,7 @@ extern "C" __global__ void layernorm_bwd_dinp(void* dinp, int dinp_t, const void
 // chunk's sums to pw and pb, then the last block of each column (`last_of_column`) adding them
 // to dw and db. op_add/op_mul keep NVRTC from fusing the product into an FMA the CPU does not
 // make.
+#define DWDB_AHEAD 32
 template <int TI, int TD>
 __device__ __forceinline__ void layernorm_bwd_dwdb_t(float* dw, float* db, float* pw, float* pb,
                                                      unsigned* done, const void* dout,
@@ -290,17 +291,20 @@ __device__ __forceinline__ void layernorm_bwd_dwdb_t(float* dw, float* db, float
     int r1 = c < cols ? min(rows, r0 + chunk) : r0;  // a thread past the last column adds nothing
     float aw = 0.0f, ab = 0.0f;
     int r = r0;
-    // Eight rows' loads first, then their additions in row order (common.cuh, ROWS_AHEAD).
-    for (; r + ROWS_AHEAD <= r1; r += ROWS_AHEAD) {
-        float x[ROWS_AHEAD], g[ROWS_AHEAD];
+    // DWDB_AHEAD rows' loads first, then their additions in row order (common.cuh,
+    // ROWS_AHEAD): two round trips to memory for a chunk of 64 rows, where 8 rows ahead took 8
+    // and left the 192 blocks of BERT-base's 4096 × 768 waiting on them (docs/cuda.md,
+    // "Performance").
+    for (; r + DWDB_AHEAD <= r1; r += DWDB_AHEAD) {
+        float x[DWDB_AHEAD], g[DWDB_AHEAD];
         UNROLL
-        for (int u = 0; u < ROWS_AHEAD; u++) {
+        for (int u = 0; u < DWDB_AHEAD; u++) {
             long long at = (long long)(r + u) * cols + c;
             x[u] = (ldt<TI>(inp, at) - mean[r + u]) * rstd[r + u];
             g[u] = ldt<TD>(dout, at);
         }
         UNROLL
-        for (int u = 0; u < ROWS_AHEAD; u++) {
+        for (int u = 0; u < DWDB_AHEAD; u++) {
             aw = op_add(aw, op_mul(g[u], x[u]));
             ab += g[u];
         }
