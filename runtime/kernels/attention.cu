@@ -464,3 +464,315 @@ extern "C" __global__ void attention_fused(void* ctx, void* probs, void* probs_d
         FUSED(STORE_BF16);
 #undef FUSED
 }
+
+// The backward for the shapes the fused forward takes (attention.rs, `fused`), in two launches
+// where the unfused path takes four batched GEMMs, the softmax backward between them, their
+// address lists and an f32 dp of the probabilities' size written and read back. The operations
+// per element and the roundings are that path's (the CPU backend's `attn_bwd_one`):
+//   dp = dctx·vᵀ (f32), x = dp, or with dropout dp · dscale where probs_drop is not 0 and 0
+//   where it is; ds = p ⊙ (x − Σ_keys x·p) rounded; dq = scale · ds·k, dk = scale · dsᵀ·q and
+//   dv = probs_dropᵀ·dctx (probs without dropout), each rounded once from f32.
+// `attention_bwd_dq` takes the rows of queries, as the forward (a block per FUSED_Q queries of
+// one head of one sequence, a warp per 16): dp as mma tiles in registers, then ds — written to
+// memory for the second launch, and used from the registers as the A operand of ds·k.
+// `attention_bwd_dkv` takes FUSED_Q keys a block, a warp per 16: dk and dv are products over the
+// queries, their A operands dsᵀ and probs_dropᵀ and their B operands qᵀ and dctxᵀ transposed
+// into shared memory (the two products one after the other, in the same room). A row's dot
+// product Σ x·p is added in another order than the unfused kernel's (a lane's keys in order,
+// then the quad's butterfly), and the products' additions in the tensor cores' order: within
+// the tolerance the CPU comparison allows any GEMM (runtime/emu/tests/attention.rs).
+
+// n (at most 8; none when n ≤ 0) consecutive 16-bit elements at p as four words, zeros after.
+__device__ __forceinline__ void ld8_half_n(unsigned w[4], const unsigned short* p, int n) {
+    if (n >= 8) {
+        ld8_half(w, p);
+        return;
+    }
+    UNROLL
+    for (int u = 0; u < 4; u++) {
+        unsigned lo = 2 * u < n ? p[2 * u] : 0u, hi = 2 * u + 1 < n ? p[2 * u + 1] : 0u;
+        w[u] = lo | (hi << 16);
+    }
+}
+
+// Rows r0 … r0 + n − 1 of one head of a token tensor (its FUSED_D columns from tok0, rows hid
+// apart) into shared words, FUSED_LD elements a row, zeros past the sequence.
+__device__ __forceinline__ void fused_rows(unsigned* dst, const unsigned short* src, long long tok0,
+                                           int hid, int r0, int n, int seq) {
+    for (int c = threadIdx.x; c < n * (FUSED_D / 8); c += blockDim.x) {
+        int r = c / (FUSED_D / 8), d0 = c % (FUSED_D / 8) * 8;
+        unsigned w[4] = {0u, 0u, 0u, 0u};
+        if (r0 + r < seq) ld8_half(w, src + tok0 + (long long)(r0 + r) * hid + d0);
+        UNROLL
+        for (int u = 0; u < 4; u++) dst[(r * FUSED_LD + d0) / 2 + u] = w[u];
+    }
+}
+
+// An FUSED_KEYS × 8·`groups` block of a 16-bit matrix (rows `ld` apart from src; `rows` and
+// `cols` of them real, zeros past) transposed into shared words: dst row c, element r is
+// src[r, c], FUSED_LDT elements a row. Two rows' 8 elements a step, paired per column into words.
+__device__ __forceinline__ void fused_transpose(unsigned* dst, const unsigned short* src,
+                                                long long ld, int groups, int rows, int cols) {
+    for (int c = threadIdx.x; c < FUSED_KEYS / 2 * groups; c += blockDim.x) {
+        int r = c / groups * 2, c0 = c % groups * 8;
+        unsigned w0[4] = {0u, 0u, 0u, 0u}, w1[4] = {0u, 0u, 0u, 0u};
+        if (r < rows) ld8_half_n(w0, src + r * ld + c0, cols - c0);
+        if (r + 1 < rows) ld8_half_n(w1, src + (r + 1) * ld + c0, cols - c0);
+        UNROLL
+        for (int u = 0; u < 8; u++) {
+            unsigned lo = (w0[u >> 1] >> (16 * (u & 1))) & 0xffffu;
+            unsigned hi = (w1[u >> 1] >> (16 * (u & 1))) & 0xffffu;
+            dst[((c0 + u) * FUSED_LDT + r) / 2] = lo | (hi << 16);
+        }
+    }
+}
+
+// Elements at and at + 1 (x1 only with `both`, else 0) of a 16-bit buffer of type S: one 32-bit
+// load with `pairs` (st_half2's condition).
+template <int S>
+__device__ __forceinline__ void ld_half2(const unsigned short* p, long long at, bool both,
+                                         bool pairs, float& x0, float& x1) {
+    if (both && pairs) {
+        unsigned w = ld_pair(p + at);
+        x0 = half_value<S>((unsigned short)(w & 0xffffu));
+        x1 = half_value<S>((unsigned short)(w >> 16));
+        return;
+    }
+    x0 = half_value<S>(p[at]);
+    x1 = both ? half_value<S>(p[at + 1]) : 0.0f;
+}
+
+template <int S>
+__device__ __forceinline__ void attention_bwd_dq_t(unsigned* dcs, unsigned* vs, unsigned* kt,
+                                                   unsigned short* dq, unsigned short* ds,
+                                                   const unsigned short* dctx,
+                                                   const unsigned short* k,
+                                                   const unsigned short* v,
+                                                   const unsigned short* probs,
+                                                   const unsigned short* pd, int seq, int heads,
+                                                   float scale, int dropout, float dscale) {
+    const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * FUSED_Q;
+    const int hid = heads * FUSED_D;
+    const long long tok0 = (long long)b * seq * hid + h * FUSED_D;  // (b, row 0, head h, dim 0)
+    fused_rows(dcs, dctx, tok0, hid, q0, FUSED_Q, seq);
+    fused_rows(vs, v, tok0, hid, 0, FUSED_KEYS, seq);
+    fused_transpose(kt, k + tok0, hid, FUSED_D / 8, seq, FUSED_D);
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int r0 = warp * 16;            // the warp's first row in the block's queries
+    if (q0 + r0 >= seq) return;          // a whole warp without queries; no barrier follows
+    const int tiles = (seq + 7) >> 3;    // key tiles of 8
+    const int i0 = q0 + r0 + g, i1 = i0 + 8;  // this lane's two queries
+
+    // dp = dctx·vᵀ, a tile of 8 keys at a time, 16 dimensions a step.
+    float s[FUSED_KEYS / 8][4];
+    UNROLL
+    for (int j = 0; j < FUSED_KEYS / 8; j++)
+        UNROLL
+        for (int e = 0; e < 4; e++) s[j][e] = 0.0f;
+    UNROLL
+    for (int kk = 0; kk < FUSED_D / 16; kk++) {
+        const int qa = ((r0 + g) * FUSED_LD + kk * 16) / 2 + t;
+        unsigned a[4] = {dcs[qa], dcs[qa + 4 * FUSED_LD], dcs[qa + 4], dcs[qa + 4 * FUSED_LD + 4]};
+        UNROLL
+        for (int j = 0; j < FUSED_KEYS / 8; j++) {
+            if (j < tiles) {
+                const int kb = ((j * 8 + g) * FUSED_LD + kk * 16) / 2 + t;
+                unsigned bb[2] = {vs[kb], vs[kb + 4]};
+                mma_16816<S>(s[j], a, bb);
+            }
+        }
+    }
+
+    // x (dp, dropped as the forward dropped) and each row's Σ x·p: rows i0 (s[j][0..1]) and i1
+    // (s[j][2..3]), the probabilities kept as the 16-bit pairs they were loaded in.
+    const long long at0 = ((long long)(b * heads + h) * seq + i0) * seq;  // element of key 0
+    const long long at1 = at0 + 8LL * seq;
+    const bool pairs = seq % 2 == 0 && ((unsigned long long)probs & 3) == 0 &&
+                       ((unsigned long long)ds & 3) == 0 &&
+                       (!dropout || ((unsigned long long)pd & 3) == 0);
+    unsigned pw[FUSED_KEYS / 8][2];
+    float dot0 = 0.0f, dot1 = 0.0f;
+    UNROLL
+    for (int j = 0; j < FUSED_KEYS / 8; j++) {
+        const int kp = j * 8 + 2 * t;  // the lane's pair of keys in this tile
+        pw[j][0] = pw[j][1] = 0u;
+        if (kp >= seq) continue;
+        const bool both = kp + 1 < seq;
+        float p[4], m[4];
+        if (i0 < seq) ld_half2<S>(probs, at0 + kp, both, pairs, p[0], p[1]);
+        else p[0] = p[1] = 0.0f;
+        if (i1 < seq) ld_half2<S>(probs, at1 + kp, both, pairs, p[2], p[3]);
+        else p[2] = p[3] = 0.0f;
+        if (dropout) {
+            if (i0 < seq) ld_half2<S>(pd, at0 + kp, both, pairs, m[0], m[1]);
+            else m[0] = m[1] = 0.0f;
+            if (i1 < seq) ld_half2<S>(pd, at1 + kp, both, pairs, m[2], m[3]);
+            else m[2] = m[3] = 0.0f;
+            UNROLL
+            for (int e = 0; e < 4; e++) s[j][e] = m[e] != 0.0f ? s[j][e] * dscale : 0.0f;
+        }
+        pw[j][0] = pack_half2<S>(p[0], p[1]);
+        pw[j][1] = pack_half2<S>(p[2], p[3]);
+        dot0 += s[j][0] * p[0];
+        dot1 += s[j][2] * p[2];
+        if (both) {
+            dot0 += s[j][1] * p[1];
+            dot1 += s[j][3] * p[3];
+        }
+    }
+    dot0 += __shfl_xor_sync(0xffffffffu, dot0, 1);
+    dot0 += __shfl_xor_sync(0xffffffffu, dot0, 2);
+    dot1 += __shfl_xor_sync(0xffffffffu, dot1, 1);
+    dot1 += __shfl_xor_sync(0xffffffffu, dot1, 2);
+    // ds, rounded, written and kept in s for the product; zeros past the sequence.
+    UNROLL
+    for (int j = 0; j < FUSED_KEYS / 8; j++) {
+        const int kp = j * 8 + 2 * t;
+        if (kp >= seq) {
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+            continue;
+        }
+        const bool both = kp + 1 < seq;
+        UNROLL
+        for (int e = 0; e < 2; e++) {
+            float p0 = half_value<S>((unsigned short)(pw[j][0] >> (16 * e)));
+            float p1 = half_value<S>((unsigned short)(pw[j][1] >> (16 * e)));
+            s[j][e] = e == 0 || both ? st(p0 * (s[j][e] - dot0), S) : 0.0f;
+            s[j][2 + e] = e == 0 || both ? st(p1 * (s[j][2 + e] - dot1), S) : 0.0f;
+        }
+        if (i0 < seq) st_half2<S>(ds, at0 + kp, s[j][0], s[j][1], both, pairs);
+        if (i1 < seq) st_half2<S>(ds, at1 + kp, s[j][2], s[j][3], both, pairs);
+    }
+
+    // dq = scale · ds·k: 16 keys a step, the A fragment from two key tiles of ds.
+    float o[FUSED_D / 8][4];
+    UNROLL
+    for (int n = 0; n < FUSED_D / 8; n++)
+        UNROLL
+        for (int e = 0; e < 4; e++) o[n][e] = 0.0f;
+    const int steps = (seq + 15) >> 4;
+    UNROLL
+    for (int kk = 0; kk < FUSED_KEYS / 16; kk++) {
+        if (kk < steps) {
+            unsigned a[4] = {pack_half2<S>(s[2 * kk][0], s[2 * kk][1]),
+                             pack_half2<S>(s[2 * kk][2], s[2 * kk][3]),
+                             pack_half2<S>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             pack_half2<S>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            UNROLL
+            for (int n = 0; n < FUSED_D / 8; n++) {
+                const int kb = ((n * 8 + g) * FUSED_LDT + kk * 16) / 2 + t;
+                unsigned bb[2] = {kt[kb], kt[kb + 4]};
+                mma_16816<S>(o[n], a, bb);
+            }
+        }
+    }
+    const bool out_pairs = ((unsigned long long)dq & 3) == 0;
+    UNROLL
+    for (int n = 0; n < FUSED_D / 8; n++) {
+        const long long d = h * FUSED_D + n * 8 + 2 * t;
+        if (i0 < seq)
+            st_half2<S>(dq, ((long long)b * seq + i0) * hid + d, scale * o[n][0],
+                        scale * o[n][1], true, out_pairs);
+        if (i1 < seq)
+            st_half2<S>(dq, ((long long)b * seq + i1) * hid + d, scale * o[n][2],
+                        scale * o[n][3], true, out_pairs);
+    }
+}
+// Grid (⌈seq / FUSED_Q⌉, heads, batch), FUSED_Q·2 threads; pd (probs_drop) read only with
+// `dropout`; ds: the 16-bit room for the softmax's gradient, [batch, heads, seq, seq].
+extern "C" __global__ void attention_bwd_dq(void* dq, void* ds, const void* dctx, const void* k,
+                                            const void* v, const void* probs, const void* pd,
+                                            int seq, int heads, float scale, int dropout,
+                                            float dscale, int store) {
+    __shared__ unsigned dcs[FUSED_Q * FUSED_LD / 2];
+    __shared__ unsigned vs[FUSED_KEYS * FUSED_LD / 2];
+    __shared__ unsigned kt[FUSED_D * FUSED_LDT / 2];
+#define BWD_DQ(S)                                                                             \
+    attention_bwd_dq_t<S>(dcs, vs, kt, (unsigned short*)dq, (unsigned short*)ds,              \
+                          (const unsigned short*)dctx, (const unsigned short*)k,              \
+                          (const unsigned short*)v, (const unsigned short*)probs,              \
+                          (const unsigned short*)pd, seq, heads, scale, dropout, dscale)
+    if (store == STORE_F16)
+        BWD_DQ(STORE_F16);
+    else
+        BWD_DQ(STORE_BF16);
+#undef BWD_DQ
+}
+
+template <int S>
+__device__ __forceinline__ void attention_bwd_dkv_t(unsigned* at, unsigned* bt, unsigned short* dk,
+                                                    unsigned short* dv, const unsigned short* ds,
+                                                    const unsigned short* pd,
+                                                    const unsigned short* q,
+                                                    const unsigned short* dctx, int seq,
+                                                    int heads, float scale) {
+    const int b = blockIdx.z, h = blockIdx.y, k0 = blockIdx.x * FUSED_Q;
+    const int hid = heads * FUSED_D;
+    const long long tok0 = (long long)b * seq * hid + h * FUSED_D;
+    const long long sq0 = (long long)(b * heads + h) * seq * seq;  // the head's [seq, seq]
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int r0 = warp * 16;                 // the warp's first row in the block's keys
+    const bool live = k0 + r0 < seq;          // the warp has keys
+    const int i0 = k0 + r0 + g, i1 = i0 + 8;  // this lane's two keys
+    const int steps = (seq + 15) >> 4;        // queries, 16 a step
+    const bool out_pairs = ((unsigned long long)dk & 3) == 0 && ((unsigned long long)dv & 3) == 0;
+    // dk = scale · dsᵀ·q, then dv = probs_dropᵀ·dctx, in the same shared room.
+    NO_UNROLL
+    for (int phase = 0; phase < 2; phase++) {
+        if (phase) __syncthreads();  // every warp is done with dsᵀ and qᵀ
+        fused_transpose(at, (phase ? pd : ds) + sq0 + k0, seq, FUSED_Q / 8, seq, seq - k0);
+        fused_transpose(bt, (phase ? dctx : q) + tok0, hid, FUSED_D / 8, seq, FUSED_D);
+        __syncthreads();
+        if (!live) continue;  // the barrier above is the last this warp must meet
+        float o[FUSED_D / 8][4];
+        UNROLL
+        for (int n = 0; n < FUSED_D / 8; n++)
+            UNROLL
+            for (int e = 0; e < 4; e++) o[n][e] = 0.0f;
+        UNROLL
+        for (int kk = 0; kk < FUSED_KEYS / 16; kk++) {
+            if (kk < steps) {
+                const int qa = ((r0 + g) * FUSED_LDT + kk * 16) / 2 + t;
+                unsigned a[4] = {at[qa], at[qa + 4 * FUSED_LDT], at[qa + 4],
+                                 at[qa + 4 * FUSED_LDT + 4]};
+                UNROLL
+                for (int n = 0; n < FUSED_D / 8; n++) {
+                    const int kb = ((n * 8 + g) * FUSED_LDT + kk * 16) / 2 + t;
+                    unsigned bb[2] = {bt[kb], bt[kb + 4]};
+                    mma_16816<S>(o[n], a, bb);
+                }
+            }
+        }
+        unsigned short* out = phase ? dv : dk;
+        const float alpha = phase ? 1.0f : scale;
+        UNROLL
+        for (int n = 0; n < FUSED_D / 8; n++) {
+            const long long d = h * FUSED_D + n * 8 + 2 * t;
+            if (i0 < seq)
+                st_half2<S>(out, ((long long)b * seq + i0) * hid + d, alpha * o[n][0],
+                            alpha * o[n][1], true, out_pairs);
+            if (i1 < seq)
+                st_half2<S>(out, ((long long)b * seq + i1) * hid + d, alpha * o[n][2],
+                            alpha * o[n][3], true, out_pairs);
+        }
+    }
+}
+// Grid (⌈seq / FUSED_Q⌉, heads, batch), FUSED_Q·2 threads; pd: probs_drop, or probs without
+// dropout (dv's operand).
+extern "C" __global__ void attention_bwd_dkv(void* dk, void* dv, const void* ds, const void* pd,
+                                             const void* q, const void* dctx, int seq, int heads,
+                                             float scale, int store) {
+    __shared__ unsigned at[FUSED_Q * FUSED_LDT / 2];
+    __shared__ unsigned bt[FUSED_D * FUSED_LDT / 2];
+#define BWD_DKV(S)                                                                             \
+    attention_bwd_dkv_t<S>(at, bt, (unsigned short*)dk, (unsigned short*)dv,                   \
+                           (const unsigned short*)ds, (const unsigned short*)pd,               \
+                           (const unsigned short*)q, (const unsigned short*)dctx, seq, heads, \
+                           scale)
+    if (store == STORE_F16)
+        BWD_DKV(STORE_F16);
+    else
+        BWD_DKV(STORE_BF16);
+#undef BWD_DKV
+}

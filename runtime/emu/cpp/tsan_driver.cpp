@@ -1,5 +1,6 @@
 // A ThreadSanitizer driver for the emulation (tests/tsan.rs): runs every kernel that uses shared
-// memory or a reduction across threads (attention's softmax, LayerNorm, cross-entropy, the
+// memory or a reduction across threads (attention's softmax and fused kernels, LayerNorm,
+// cross-entropy, the
 // gradient norm, LAMB's per-tensor norms, the column sums' last block, the embedding backward's
 // long runs) once on
 // small shapes, built with -fsanitize=thread against one set of kernel sources. Under the
@@ -12,8 +13,8 @@
 // copy with a barrier removed on purpose (the tests that TSan catches it). Every block has at least
 // two warps, so the block reductions (common.cuh) cross warps through shared memory.
 //
-// Usage: tsan_driver [GROUP...], GROUP one of attention, layernorm, loss, norm, lamb,
-// column_sums, embedding (none: all). Each
+// Usage: tsan_driver [GROUP...], GROUP one of attention, fused_attention, layernorm, loss, norm,
+// lamb, column_sums, embedding (none: all). Each
 // group checks its results loosely against a host computation (a sanity check that the kernels
 // ran; the emulation tests compare them exactly), and a failed check exits 1.
 #include "cuda_emu.hpp"
@@ -85,6 +86,53 @@ bool attention() {
         if (!close("attention probability row sum", r, s, 1.0, 1e-3)) return false;
         if (!close("attention ds row sum", r, d, 0.0, 1e-3)) return false;
     }
+    return true;
+}
+
+// bf16 bits of x and back (the fused kernels' buffers are 16-bit).
+unsigned short bf(float x) { return bf16_bits_int(x); }
+float unbf(unsigned short b) { return half_value<STORE_BF16>(b); }
+
+bool fused_attention() {
+    // The fused forward and the two backward kernels (attention.cu), bf16, one head of 64 over
+    // 40 keys: one block of four warps, the last without queries (or keys); the backward from
+    // the forward's probabilities. attention_bwd_dkv's two products share its shared memory.
+    const int seq = 40, d = 64, tok = seq * d, pp = seq * seq;
+    const float scale = 0.125f;
+    std::vector<unsigned short> q(tok), k(tok), v(tok), dctx(tok), ctx(tok), probs(pp), ds(pp);
+    std::vector<unsigned short> dq(tok), dk(tok), dv(tok);
+    std::vector<unsigned> mask(seq, 1);
+    for (int i = 0; i < tok; i++) {
+        q[i] = bf(2.0f * val(i, 6));
+        k[i] = bf(2.0f * val(i, 7));
+        v[i] = bf(val(i, 8));
+        dctx[i] = bf(val(i, 9));
+    }
+    dim3 grid(1, 1, 1), block(2 * FUSED_Q);
+    emu::launch(grid, block, 0, [&] {
+        attention_fused(ctx.data(), probs.data(), nullptr, q.data(), k.data(), v.data(),
+                        mask.data(), seq, 1, scale, 0, nullptr, 0ull, 0u, 1.0f, STORE_BF16);
+    });
+    emu::launch(grid, block, 0, [&] {
+        attention_bwd_dq(dq.data(), ds.data(), dctx.data(), k.data(), v.data(), probs.data(),
+                         probs.data(), seq, 1, scale, 0, 1.0f, STORE_BF16);
+    });
+    emu::launch(grid, block, 0, [&] {
+        attention_bwd_dkv(dk.data(), dv.data(), ds.data(), probs.data(), q.data(), dctx.data(),
+                          seq, 1, scale, STORE_BF16);
+    });
+    for (int r = 0; r < seq; r++) {
+        double sum = 0.0;
+        for (int j = 0; j < seq; j++) sum += unbf(probs[r * seq + j]);
+        if (!close("fused probability row sum", r, sum, 1.0, 2e-2)) return false;
+    }
+    // dv = pᵀ·dctx, from the rounded probabilities.
+    for (int j = 0; j < seq; j++)
+        for (int c = 0; c < d; c++) {
+            double want = 0.0;
+            for (int r = 0; r < seq; r++) want += unbf(probs[r * seq + j]) * unbf(dctx[r * d + c]);
+            if (!close("fused dv", j * d + c, unbf(dv[j * d + c]), want, 2e-2)) return false;
+        }
     return true;
 }
 
@@ -309,6 +357,7 @@ struct Group {
 
 const Group GROUPS[] = {
     {"attention", attention},
+    {"fused_attention", fused_attention},
     {"layernorm", layernorm},
     {"loss", loss},
     {"norm", norm},

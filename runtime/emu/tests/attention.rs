@@ -509,3 +509,123 @@ fn shapes_the_fused_forward_does_not_fit_take_the_batched_products() {
     // The emulated device keeping f32 buffers (`Emu`) never fuses: covered by every test above
     // through `pair`, whose forwards launch the softmax.
 }
+
+/// A backward on `be` in buffers of its own (`alloc_stored`, as [`fwd_on`]) from the given
+/// probabilities (and dropped probabilities with `dropout`): (dq, dk, dv).
+fn bwd_on<B: Backend>(
+    be: &B,
+    s: AttnShape,
+    x: &Inputs,
+    probs: &[f32],
+    pd: &[f32],
+    dropout: Option<&Dropout>,
+) -> [Vec<f32>; 3] {
+    let (tok, pp) = (
+        s.batch * s.seq * s.heads * s.head_dim,
+        s.batch * s.heads * s.seq * s.seq,
+    );
+    let stored = |v: &[f32]| {
+        let mut b = be.alloc_stored(v.len());
+        be.write(be.view_mut(&mut b), v);
+        b
+    };
+    let (q, k, v, dctx) = (stored(&x.q), stored(&x.k), stored(&x.v), stored(&x.dctx));
+    let (p, pdb) = (stored(probs), stored(pd));
+    let (mut dq, mut dk, mut dv) = (
+        stored(&vec![7.0; tok]),
+        stored(&vec![7.0; tok]),
+        stored(&vec![7.0; tok]),
+    );
+    let mut scratch = be.alloc(pp);
+    be.attention_bwd(
+        be.view_mut(&mut dq),
+        be.view_mut(&mut dk),
+        be.view_mut(&mut dv),
+        be.view_mut(&mut scratch),
+        be.view(&dctx),
+        be.view(&q),
+        be.view(&k),
+        be.view(&v),
+        be.view(&p),
+        dropout.map(|_| be.view(&pdb)),
+        s,
+        dropout,
+    );
+    let down = |b: &B::Buf| {
+        let mut out = vec![0.0; tok];
+        be.download(be.view(b), &mut out);
+        out
+    };
+    [down(&dq), down(&dk), down(&dv)]
+}
+
+/// `f`'s result and how many times it launched each of `names` (the emulator's profile).
+fn launched<T, const N: usize>(names: [&str; N], f: impl FnOnce() -> T) -> (T, [u64; N]) {
+    assert!(EmuTyped.start_profile());
+    let out = f();
+    let p = EmuTyped.profile().expect("started");
+    (out, names.map(|n| calls(&p, n)))
+}
+
+/// The backward in two kernels (attention.cu, `attention_bwd_dq`, `attention_bwd_dkv`) against
+/// the CPU and the unfused path on the same device, on the fused forward's shapes, with padding,
+/// with and without dropout, from the CPU forward's probabilities; launched in place of the
+/// softmax backward and its products.
+#[test]
+fn the_fused_backward_matches_the_cpu_and_the_batched_products() {
+    let mut worst = Worst::default();
+    let names = [
+        "attention_bwd_dq",
+        "attention_bwd_dkv",
+        "attention_softmax_bwd",
+    ];
+    for store in [Dtype::F16, Dtype::Bf16] {
+        let fused = Kernels::new(EmuTyped).with_store(store);
+        let unfused = Kernels::new(EmuTyped)
+            .with_store(store)
+            .with_fused_attention(false);
+        let cpu = Cpu::new(1).with_store(store);
+        for (n, sh) in FUSED_SHAPES.iter().enumerate() {
+            let s = shape(sh);
+            let mask = padding_mask(s);
+            let x = inputs(s, store, 70 + n as u64);
+            let d = Dropout {
+                p: 0.25,
+                seed: 0x0fed_cba9_8765_4321,
+                stream: 4 + n as u64,
+                site: 1,
+            };
+            for dropout in [None, Some(&d)] {
+                let tag = format!("{store:?} {s:?} dropout {}", dropout.is_some());
+                let [_, p, pd] = fwd_on(&cpu, s, &x, &mask, dropout);
+                let (f, calls) = launched(names, || bwd_on(&fused, s, &x, &p, &pd, dropout));
+                assert_eq!(calls, [1, 1, 0], "fused launches {tag}");
+                let (u, calls) = launched(names, || bwd_on(&unfused, s, &x, &p, &pd, dropout));
+                assert_eq!(calls, [0, 0, 1], "unfused launches {tag}");
+                let c = bwd_on(&cpu, s, &x, &p, &pd, dropout);
+                for (i, name) in ["dq", "dk", "dv"].iter().enumerate() {
+                    let e = check(&format!("{name} {tag}"), &f[i], &c[i], store);
+                    worst.note(format!("{store:?} {name} vs CPU"), e);
+                    let e = check(&format!("{name} vs unfused {tag}"), &f[i], &u[i], store);
+                    worst.note(format!("{store:?} {name} vs unfused"), e);
+                }
+            }
+        }
+    }
+    worst.print("fused backward");
+}
+
+/// Where the fused kernels do not fit, the backward takes the batched products too.
+#[test]
+fn shapes_the_fused_backward_does_not_fit_take_the_batched_products() {
+    let names = ["attention_bwd_dq", "attention_softmax_bwd"];
+    let bf16 = Kernels::new(EmuTyped).with_store(Dtype::Bf16);
+    for sh in [(1, 129, 1, 64), (2, 16, 2, 32)] {
+        let s = shape(&sh);
+        let x = inputs(s, Dtype::Bf16, 5);
+        let pp = s.batch * s.heads * s.seq * s.seq;
+        let p = vec![1.0 / s.seq as f32; pp];
+        let (_, calls) = launched(names, || bwd_on(&bf16, s, &x, &p, &p, None));
+        assert_eq!(calls, [0, 1], "{s:?}");
+    }
+}

@@ -168,11 +168,11 @@ fn a_micro_batch_gives_the_same_bits_whatever_order_its_blocks_run_in() {
 }
 
 /// A model whose heads are 64 wide (hidden 128, two heads): on a device keeping 16-bit buffers
-/// its training forward's attention is one kernel (kernels/attention.rs, `fused`; mma.sync
-/// emulated). Its loss, gradient and logits stay within the store's tolerance
+/// its training forward's attention is one kernel and its backward two (kernels/attention.rs,
+/// `fused`; mma.sync emulated). Its loss, gradient and logits stay within the store's tolerance
 /// of the batched products' (the same device told not to fuse) and of the CPU's.
 #[test]
-fn heads_of_64_train_through_the_fused_attention_forward() {
+fn heads_of_64_train_through_the_fused_attention() {
     use recipe_kernel_emu::EmuTyped;
     use recipe_runtime::backend::device::Device;
     let cfg = || {
@@ -211,15 +211,23 @@ fn heads_of_64_train_through_the_fused_attention_forward() {
             k.download(k.view(&grads), &mut g);
             (
                 (loss, g, logits),
-                [calls(&p, "attention_fused"), calls(&p, "attention_softmax")],
+                [
+                    "attention_fused",
+                    "attention_softmax",
+                    "attention_bwd_dq",
+                    "attention_bwd_dkv",
+                    "attention_softmax_bwd",
+                ]
+                .map(|name| calls(&p, name)),
             )
         };
         let ((lf, gf, ef), calls) = run(true);
-        // The training forward fused; the evaluation's keeps its probabilities in f32, where
-        // the scores are computed in place (`Acts`), so it takes the batched products.
-        assert_eq!(calls, [1, 1], "{store:?} fused");
+        // The training forward and the backward fused; the evaluation's forward keeps its
+        // probabilities in f32, where the scores are computed in place (`Acts`), so it takes
+        // the batched products.
+        assert_eq!(calls, [1, 1, 1, 1, 0], "{store:?} fused");
         let ((lu, gu, eu), calls) = run(false);
-        assert_eq!(calls, [0, 2], "{store:?} unfused");
+        assert_eq!(calls, [0, 2, 0, 0, 1], "{store:?} unfused");
         let tol = if store == Dtype::Bf16 { 2e-2 } else { 2e-3 };
         assert!(
             (lf - lu).abs() <= tol * lu.abs(),

@@ -1,5 +1,6 @@
 //! ThreadSanitizer over the emulation: every kernel with shared memory or a reduction across
-//! threads (attention_softmax and attention_softmax_bwd's warp shuffles, layernorm_fwd,
+//! threads (attention_softmax and attention_softmax_bwd's warp shuffles, attention_fused,
+//! attention_bwd_dq and attention_bwd_dkv's shared operands, layernorm_fwd,
 //! layernorm_bwd_dinp, cross_entropy, grad_norm_partial, grad_norm_final, lamb_norms,
 //! lamb_coeff, bias_grad, embedding_order, embedding_bwd_long, and common.cuh's block_sum_d /
 //! block_max / last_of_column and optim.cu's lamb_tree they call)
@@ -160,6 +161,7 @@ fn every_kernel_with_shared_memory_runs_clean_under_tsan() {
     // Every group ran and passed its sanity check (the driver stops at the first that fails).
     for g in [
         "attention",
+        "fused_attention",
         "layernorm",
         "loss",
         "norm",
@@ -229,5 +231,19 @@ fn a_missing_barrier_in_embedding_bwd_long_is_caught() {
         "embedding_bwd_long",
         &["embedding"],
         "embedding_bwd_long",
+    );
+}
+
+#[test]
+fn a_missing_barrier_between_attention_bwd_dkvs_products_is_caught() {
+    // The second product's operands are transposed into the room the first one's warps read.
+    let exe = build_mutant("attention-dkv", "attention.cu", |t| {
+        drop_sync(t, "void attention_bwd_dkv_t(", "for (int phase = 0;")
+    });
+    assert_race_caught(
+        &exe,
+        "attention_bwd_dkv",
+        &["fused_attention"],
+        "attention_bwd_dkv",
     );
 }

@@ -322,6 +322,72 @@ pub(super) fn bwd<D: Device>(
     };
     let (t, d) = (s.seq, s.head_dim);
     let scale = score_scale(s);
+    let mut elems = vec![
+        dev.elem(dctx),
+        dev.elem(q),
+        dev.elem(kk),
+        dev.elem(v),
+        dev.elem(probs),
+        dev.elem(dev.as_view(&dq)),
+        dev.elem(dev.as_view(&dk)),
+        dev.elem(dev.as_view(&dv)),
+    ];
+    elems.extend(probs_drop.map(|pd| dev.elem(pd)));
+    if fused(k, s, &elems) {
+        // Two launches (attention.cu, `attention_bwd_dq`, `attention_bwd_dkv`), `ds` through
+        // the 16-bit scratch; the f32 scratch is not used.
+        let pd = probs_drop.map_or(dev.ptr(probs), |pd| dev.ptr(pd));
+        let ptrs = [
+            dev.ptr_mut(&mut dq),
+            dev.ptr_mut(&mut dk),
+            dev.ptr_mut(&mut dv),
+        ];
+        let done = k.with_half_ds(pp, |half| {
+            let Some(ds) = half else {
+                return false;
+            };
+            let ds = dev.ptr(dev.view(ds));
+            dev.launch(
+                "attention_bwd_dq",
+                fused_launch(s),
+                &[
+                    Arg::Ptr(ptrs[0]),
+                    Arg::Ptr(ds),
+                    Arg::Ptr(dev.ptr(dctx)),
+                    Arg::Ptr(dev.ptr(kk)),
+                    Arg::Ptr(dev.ptr(v)),
+                    Arg::Ptr(dev.ptr(probs)),
+                    Arg::Ptr(pd),
+                    int(s.seq),
+                    int(s.heads),
+                    Arg::F32(scale),
+                    int(usize::from(dropout.is_some())),
+                    dscale,
+                    k.store_arg(),
+                ],
+            );
+            dev.launch(
+                "attention_bwd_dkv",
+                fused_launch(s),
+                &[
+                    Arg::Ptr(ptrs[1]),
+                    Arg::Ptr(ptrs[2]),
+                    Arg::Ptr(ds),
+                    Arg::Ptr(pd),
+                    Arg::Ptr(dev.ptr(q)),
+                    Arg::Ptr(dev.ptr(dctx)),
+                    int(s.seq),
+                    int(s.heads),
+                    Arg::F32(scale),
+                    k.store_arg(),
+                ],
+            );
+            true
+        });
+        if done {
+            return;
+        }
+    }
     // dp = dctx · vᵀ, into the scratch.
     dev.gemm_batched(
         &product(s, (t, t, d), (false, true), (false, false, true), 1.0),

@@ -94,8 +94,8 @@ pub fn all_kernel_names() -> Vec<&'static str> {
 pub struct Kernels<D: Device> {
     dev: D,
     store: Dtype,
-    /// Whether attention's forward may run as one kernel where it fits (attention.rs, `fused`;
-    /// on by default, [`Kernels::with_fused_attention`]).
+    /// Whether attention may run as fused kernels where it fits, the forward as one and the
+    /// backward as two (attention.rs, `fused`; on by default, [`Kernels::with_fused_attention`]).
     fused_attention: bool,
     /// Device allocations made through these kernels ([`Kernels::allocations`]).
     allocations: Arc<AtomicU64>,
@@ -155,8 +155,9 @@ impl<D: Device> Kernels<D> {
         Kernels { store, ds, ..self }
     }
 
-    /// The same kernels, attention's forward fused into one kernel where it fits or never
-    /// (`recipe run` reads `RECIPE_FUSED_ATTENTION=0` for never: docs/cuda.md).
+    /// The same kernels, attention fused where it fits (the forward into one kernel, the
+    /// backward into two) or never (`recipe run` reads `RECIPE_FUSED_ATTENTION=0` for never:
+    /// docs/cuda.md).
     pub fn with_fused_attention(self, on: bool) -> Kernels<D> {
         Kernels {
             fused_attention: on,

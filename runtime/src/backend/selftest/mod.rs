@@ -487,7 +487,8 @@ impl<B: Backend> Checker<'_, B> {
     /// are, the f32 ones through widened copies, the softmax kernels through `ld`/`sto`), checked
     /// as `stored.attention_*`. With `head64` (stored buffers), heads of 64 over 77 keys,
     /// checked as `stored.hd64.attention_*`: the shape whose forward a GPU with `mma.sync`
-    /// storing fp16/bf16 runs as one kernel (`attention_fused`, kernels/attention.rs).
+    /// storing fp16/bf16 runs as one kernel (`attention_fused`) and whose backward as two
+    /// (`attention_bwd_dq`, `attention_bwd_dkv`; kernels/attention.rs).
     fn attention(&mut self, stored: bool, head64: bool) {
         let st = self.store;
         let (be, cpu) = (self.be, self.cpu);
