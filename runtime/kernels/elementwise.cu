@@ -10,35 +10,44 @@ extern "C" __global__ void add_assign(float* acc, const float* x, int n, int sto
     if (i < n) acc[i] = st(acc[i] + x[i], store);
 }
 
-// out[r, c] += bias[c] for a rows × cols matrix.
+// out[r, c] += bias[c] for a rows × cols matrix; with `item_rows` < rows, out is `rows /
+// item_rows` such matrices one after another (Backend::bias_epilogue_items: attention's q, k
+// and v) and matrix j's bias starts j · bias_stride elements into `bias`.
 // out[r, c] = st(out[r, c] + bias[c]); with `first` a half dtype, out is a GEMM's unrounded
 // output (Backend::bias_epilogue) and is rounded to it first, as round_rows would have: one pass
 // instead of two. `out` may be a 16-bit buffer (a GEMM writing one rounded it already).
 // The vectorised path (common.cuh, VEC): `out` of the storage dtype T, so already rounded to
 // `first` (T, or f32: nothing).
+__device__ __forceinline__ long long bias_at(long long i, int cols, int item_rows,
+                                             unsigned long long bias_stride) {
+    long long r = i <= 0x7fffffffLL ? (long long)((unsigned)i / (unsigned)cols) : i / cols;
+    return r / item_rows * (long long)bias_stride + col_of(i, cols);
+}
 template <int T>
 __device__ __forceinline__ void add_bias_v(void* out, const void* bias, int bias_t, int cols,
+                                           int item_rows, unsigned long long bias_stride,
                                            long long i) {
     float v[VEC], b[VEC];
     ldv<T>(v, out, i);
-    ldv_rt(b, bias, col_of(i, cols), bias_t);
+    ldv_rt(b, bias, bias_at(i, cols, item_rows, bias_stride), bias_t);
     UNROLL
     for (int u = 0; u < VEC; u++) v[u] = st(v[u] + b[u], T);
     stv<T>(out, i, v);
 }
 extern "C" __global__ void add_bias(void* out, int out_t, const void* bias, int bias_t, int rows,
-                                    int cols, int first, int store) {
+                                    int cols, int item_rows, unsigned long long bias_stride,
+                                    int first, int store) {
     long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     long long n = (long long)rows * cols;
     if (i0 >= n) return;
     if (out_t == store && (first == store || first == STORE_F32) && cols % VEC == 0 &&
-        aligned16(out) && aligned16(bias)) {
-        BY_TYPE(store, add_bias_v, out, bias, bias_t, cols, i0);
+        bias_stride % VEC == 0 && aligned16(out) && aligned16(bias)) {
+        BY_TYPE(store, add_bias_v, out, bias, bias_t, cols, item_rows, bias_stride, i0);
         return;
     }
     NO_UNROLL
     for (long long i = i0; i < i0 + VEC && i < n; i++) {
-        float b = ld(bias, col_of(i, cols), bias_t);
+        float b = ld(bias, bias_at(i, cols, item_rows, bias_stride), bias_t);
         sto(out, i, st(st(ld(out, i, out_t), first) + b, store), out_t);
     }
 }

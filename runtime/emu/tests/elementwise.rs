@@ -690,3 +690,47 @@ fn the_typed_emulator_captures_and_replays_device_work() {
     dev.write(dev.view_mut(&mut x), &[1.0, 1.0]);
     assert_eq!(dev.end_capture(), None);
 }
+
+/// Several GEMM outputs' biases in one launch (`Backend::bias_epilogue_items`: attention's q, k
+/// and v), each item's bias a stride apart, against the CPU's one call per item: 12 columns and
+/// a stride of 20 (the one-at-a-time path), 16 and 24 (the vectorised one on a device keeping
+/// 16-bit buffers), f32 and 16-bit buffers.
+#[test]
+fn biases_of_several_items_in_one_launch_match_the_cpu() {
+    use recipe_kernel_emu::EmuTyped;
+    use recipe_runtime::backend::kernels::Kernels;
+    for store in STORES {
+        let (g, c) = pair(store);
+        let typed = Kernels::new(EmuTyped).with_store(store);
+        for (rows, cols, stride) in [(5, 12, 20), (7, 16, 24)] {
+            let out0 = rand(3 * rows * cols, 2.0, 7);
+            // Parameters of the store (a device keeps them in 16 bits).
+            let mut bias = rand(2 * stride + cols, 1.0, 8);
+            store.round_slice(&mut bias);
+            let mut want = out0.clone();
+            store.round_slice(&mut want);
+            c.bias_epilogue_items(&mut want, &bias, rows, cols, 3, stride);
+            let mut a = out0.clone();
+            g.bias_epilogue_items(&mut a, &bias, rows, cols, 3, stride);
+            close("bias_epilogue_items", &a, &want, 0.0, 0.0);
+            // 16-bit buffers hold what the GEMM rounded.
+            let mut o = typed.alloc_stored(out0.len());
+            let mut rounded = out0.clone();
+            store.round_slice(&mut rounded);
+            typed.write(typed.view_mut(&mut o), &rounded);
+            let mut b = typed.alloc_stored(bias.len());
+            typed.write(typed.view_mut(&mut b), &bias);
+            typed.bias_epilogue_items(
+                typed.view_mut(&mut o),
+                typed.view(&b),
+                rows,
+                cols,
+                3,
+                stride,
+            );
+            let mut got = vec![0.0; out0.len()];
+            typed.download(typed.view(&o), &mut got);
+            close("bias_epilogue_items 16-bit", &got, &want, 0.0, 0.0);
+        }
+    }
+}

@@ -382,7 +382,33 @@ pub trait Backend {
     ) {
         self.gemm(g, a, b, c);
     }
-    /// Rounds `v` to the storage dtype in place: the outputs of [`Backend::gemm_to_epilogue`]
+    /// `count` GEMMs of shape `g`, each as [`Backend::gemm_to_epilogue`]: item `j` reads `a` and
+    /// `b` from `j · strides[0]` and `j · strides[1]` elements into their views and writes `c`
+    /// from `j · strides[2]` (a stride of 0: every item reads the same operand). Attention's
+    /// three projections of one input, and their weight gradients: a device runs them as one
+    /// batched call, three times the tiles of one of them at once. By default one call each, in
+    /// order.
+    fn gemm_items_to_epilogue(
+        &self,
+        g: &Gemm,
+        count: usize,
+        strides: [usize; 3],
+        a: Self::View<'_>,
+        b: Self::View<'_>,
+        mut c: Self::ViewMut<'_>,
+    ) {
+        let (sa, sb, sc) = g.spans();
+        for j in 0..count {
+            let [oa, ob, oc] = strides.map(|s| j * s);
+            self.gemm_to_epilogue(
+                g,
+                self.sub(a, oa..oa + sa),
+                self.sub(b, ob..ob + sb),
+                self.sub_mut(&mut c, oc..oc + sc),
+            );
+        }
+    }
+
     /// in it, and values already rounded (which it leaves as they are). By default nothing (the
     /// CPU's GEMM has rounded them).
     fn round_stored(&self, _v: Self::ViewMut<'_>) {}
@@ -415,6 +441,28 @@ pub trait Backend {
         cols: usize,
     ) {
         self.add_bias(out, bias, rows, cols);
+    }
+    /// `count` [`Backend::bias_epilogue`]s: item `j` on the `rows × cols` block at
+    /// `j · rows · cols` in `out`, its bias the `cols` values at `j · bias_stride` in `bias` (the
+    /// outputs of one [`Backend::gemm_items_to_epilogue`]). By default one call each.
+    fn bias_epilogue_items(
+        &self,
+        mut out: Self::ViewMut<'_>,
+        bias: Self::View<'_>,
+        rows: usize,
+        cols: usize,
+        count: usize,
+        bias_stride: usize,
+    ) {
+        for j in 0..count {
+            let o = j * rows * cols;
+            self.bias_epilogue(
+                self.sub_mut(&mut out, o..o + rows * cols),
+                self.sub(bias, j * bias_stride..j * bias_stride + cols),
+                rows,
+                cols,
+            );
+        }
     }
     /// Accumulates `db[c] += Σ_r dout[r, c]` in a fixed two-level order: the rows of each chunk
     /// of [`BIAS_ROWS`] summed in order from zero, then the chunks' sums added to `db[c]` in

@@ -57,6 +57,22 @@ pub(crate) struct LayerLayout {
     pub ln2: Ln,
 }
 
+impl LayerLayout {
+    /// Elements from the query's weight to the key's, and from the key's to the value's: each
+    /// projection's weight then bias, in [`param_specs`]' order, so the three weights (and the
+    /// three biases) are one stride apart, which lets their GEMMs run as one batch
+    /// ([`Backend::gemm_items_to_epilogue`]).
+    fn qkv_stride(&self) -> usize {
+        let s = self.k.w - self.q.w;
+        assert_eq!(self.v.w - self.k.w, s, "q, k and v one stride apart");
+        assert!(
+            self.q.out == self.k.out && self.k.out == self.v.out && self.q.inp == self.v.inp,
+            "q, k and v of one shape"
+        );
+        s
+    }
+}
+
 /// Offsets of every parameter, each relative to the start of its *segment*: the embeddings
 /// (segment 0), encoder layer `l` (segment `1 + l`), then the pooler and the head (the last
 /// segment). Each segment is a contiguous range of the flat buffer (`segs`), so the forward and
@@ -217,9 +233,9 @@ impl Layout {
 
 /// Activations of one encoder layer, saved by the forward for the backward.
 pub(crate) struct LayerActs<B: Backend> {
-    q: B::Buf,
-    k: B::Buf,
-    v: B::Buf,
+    /// q, k and v one after another, `n·h` each: the three projections' one batched GEMM
+    /// writes them ([`Backend::gemm_items_to_epilogue`]).
+    qkv: B::Buf,
     probs: B::Buf,
     probs_drop: Option<B::Buf>,
     ctx: B::Buf,
@@ -237,7 +253,7 @@ pub(crate) struct LayerActs<B: Backend> {
 /// Every buffer of one forward + backward at a fixed `(batch, seq)`. The layers' outputs (`hs`),
 /// the sums LayerNorm reads (`emb_sum`, `res1`, `res2`), the attention block's LayerNorm output
 /// (`x1`), the FFN's activations (`inter`, `act`) and their gradients (`dact`, `dinter`),
-/// attention's token tensors (`q`, `k`, `v`, `ctx`), their gradients (`dctx`, `dq`, `dk`, `dv`),
+/// attention's token tensors (`qkv`, `ctx`), their gradients (`dctx`, `dqkv`),
 /// its probabilities (`probs`, `probs_drop`; the scores go to `dscratch` first) and the residual
 /// stream's gradients (`dx`, `dx1`, `dres`) are
 /// [`Backend::alloc_stored`]: only rounded values reach them (a GEMM writing one rounds as its
@@ -264,9 +280,8 @@ pub(crate) struct Acts<B: Backend> {
     dres: B::Buf,
     dx1: B::Buf,
     dctx: B::Buf,
-    dq: B::Buf,
-    dk: B::Buf,
-    dv: B::Buf,
+    /// dq, dk and dv one after another, as [`LayerActs`]'s `qkv`.
+    dqkv: B::Buf,
     dact: B::Buf,
     dinter: B::Buf,
     dscratch: B::Buf,
@@ -292,9 +307,7 @@ impl<B: Backend> Acts<B> {
                 .collect(),
             layers: (0..c.num_hidden_layers)
                 .map(|_| LayerActs {
-                    q: be.alloc_stored(0),
-                    k: be.alloc_stored(0),
-                    v: be.alloc_stored(0),
+                    qkv: be.alloc_stored(0),
                     probs: be.alloc_stored(0),
                     probs_drop: None,
                     ctx: be.alloc_stored(0),
@@ -318,9 +331,7 @@ impl<B: Backend> Acts<B> {
             dres: be.alloc_stored(0),
             dx1: be.alloc_stored(0),
             dctx: be.alloc_stored(0),
-            dq: be.alloc_stored(0),
-            dk: be.alloc_stored(0),
-            dv: be.alloc_stored(0),
+            dqkv: be.alloc_stored(0),
             dact: be.alloc_stored(0),
             dinter: be.alloc_stored(0),
             dscratch: z(),
@@ -367,15 +378,8 @@ impl<B: Backend> Acts<B> {
             r(x, n * h);
         }
         for la in &mut self.layers {
-            for x in [
-                &mut la.q,
-                &mut la.k,
-                &mut la.v,
-                &mut la.ctx,
-                &mut la.res1,
-                &mut la.x1,
-                &mut la.res2,
-            ] {
+            r(&mut la.qkv, 3 * n * h);
+            for x in [&mut la.ctx, &mut la.res1, &mut la.x1, &mut la.res2] {
                 r(x, n * h);
             }
             r(&mut la.probs, pp);
@@ -399,17 +403,10 @@ impl<B: Backend> Acts<B> {
         }
         r(&mut self.logits, batch * labels);
         r(&mut self.dlogits, batch * labels);
-        for x in [
-            &mut self.dx,
-            &mut self.dres,
-            &mut self.dx1,
-            &mut self.dctx,
-            &mut self.dq,
-            &mut self.dk,
-            &mut self.dv,
-        ] {
+        for x in [&mut self.dx, &mut self.dres, &mut self.dx1, &mut self.dctx] {
             r(x, n * h);
         }
+        r(&mut self.dqkv, 3 * n * h);
         r(&mut self.dact, n * i);
         r(&mut self.dinter, n * i);
         r(&mut self.dscratch, pp);
@@ -742,15 +739,18 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
         let (before, after) = a.hs.split_at_mut(l + 1);
         let x = be.view(&before[l]);
         let y = &mut after[0];
-        // Q, K and V: the three GEMMs on `x` back to back, then their biases (`linear_fwd` in
-        // two halves), so that a GPU packing its operands packs `x` once.
-        let qkv = [(&mut la.q, ll.q), (&mut la.k, ll.k), (&mut la.v, ll.v)];
-        for (out, lin) in qkv {
-            linear_gemm(be, &mut be.view_mut(out), x, p, lin, n, h, true);
-        }
-        for (out, lin) in [(&mut la.q, ll.q), (&mut la.k, ll.k), (&mut la.v, ll.v)] {
-            be.bias_epilogue(be.view_mut(out), be.sub(p, lin.b()), n, lin.out);
-        }
+        // Q, K and V: their three GEMMs on `x` as one batched call, then their biases in one
+        // pass (`linear_fwd` for the three at once; `qkv_stride`).
+        let ws = ll.qkv_stride();
+        let g = Gemm {
+            lda: h,
+            ..Gemm::dense(n, ll.q.out, ll.q.inp, false, true, 0.0)
+        };
+        let w = be.sub(p, ll.q.w..ll.v.w().end);
+        be.gemm_items_to_epilogue(&g, 3, [0, ws, n * h], x, w, be.view_mut(&mut la.qkv));
+        let b = be.sub(p, ll.q.b().start..ll.v.b().end);
+        be.bias_epilogue_items(be.view_mut(&mut la.qkv), b, n, h, 3, ws);
+        let qkv = be.view(&la.qkv);
         let ad = site(|d| d.attn, site_layer(l, 0));
         if ad.is_some() && la.probs_drop.is_none() {
             la.probs_drop = Some(be.alloc_stored(bsz * shape.heads * t * t));
@@ -764,9 +764,9 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
             },
             // The backward's scratch, idle until then: f32 room for the scores.
             Some(be.view_mut(&mut a.dscratch)),
-            be.view(&la.q),
-            be.view(&la.k),
-            be.view(&la.v),
+            be.sub(qkv, 0..n * h),
+            be.sub(qkv, n * h..2 * n * h),
+            be.sub(qkv, 2 * n * h..3 * n * h),
             &a.mask,
             shape,
             ad.as_ref(),
@@ -1267,35 +1267,53 @@ where
                 true,
             );
             let ad = site(|d| d.attn, site_layer(l, 0));
-            be.attention_bwd(
-                be.view_mut(&mut a.dq),
-                be.view_mut(&mut a.dk),
-                be.view_mut(&mut a.dv),
-                be.view_mut(&mut a.dscratch),
-                be.view(&a.dctx),
-                be.view(&la.q),
-                be.view(&la.k),
-                be.view(&la.v),
-                be.view(&la.probs),
-                match (&ad, la.probs_drop.as_ref()) {
-                    (Some(_), Some(pd)) => Some(be.view(pd)),
-                    _ => None,
-                },
-                shape,
-                ad.as_ref(),
-            );
+            {
+                let mut dqkv = be.view_mut(&mut a.dqkv);
+                let (dq, mut dkv) = be.split_at_mut(&mut dqkv, n * h);
+                let (dk, dv) = be.split_at_mut(&mut dkv, n * h);
+                let qkv = be.view(&la.qkv);
+                be.attention_bwd(
+                    dq,
+                    dk,
+                    dv,
+                    be.view_mut(&mut a.dscratch),
+                    be.view(&a.dctx),
+                    be.sub(qkv, 0..n * h),
+                    be.sub(qkv, n * h..2 * n * h),
+                    be.sub(qkv, 2 * n * h..3 * n * h),
+                    be.view(&la.probs),
+                    match (&ad, la.probs_drop.as_ref()) {
+                        (Some(_), Some(pd)) => Some(be.view(pd)),
+                        _ => None,
+                    },
+                    shape,
+                    ad.as_ref(),
+                );
+            }
             let x = be.view(&a.hs[l]);
             // The key bias has an exactly zero gradient (adding a constant to every score of a query
             // row leaves its softmax unchanged); summing dk would only produce rounding noise, which
             // Adam's normalisation would turn into a random walk. So it is not accumulated.
-            // The biases' sums after the six GEMMs, which all read `x` (packed once on a GPU
-            // that packs its operands).
-            for (dqkv, lin) in [(&a.dq, ll.q), (&a.dk, ll.k), (&a.dv, ll.v)] {
-                let dinp = Some((be.view_mut(&mut a.dx), 1.0, h, false));
-                linear_bwd(be, dinp, &mut g, be.view(dqkv), x, p, lin, n, h, false);
+            // The three weight gradients as one batched GEMM (left unrounded, as `linear_bwd`
+            // leaves them), then d(x) += dq·Wq, dk·Wk, dv·Wv in that order (`linear_bwd`'s
+            // input gradients), then the biases' sums.
+            let (ws, dqkv) = (ll.qkv_stride(), be.view(&a.dqkv));
+            {
+                let g3 = Gemm {
+                    ldb: h,
+                    ..Gemm::dense(ll.q.out, ll.q.inp, n, true, false, 1.0)
+                };
+                let gw = be.sub_mut(&mut g, ll.q.w..ll.v.w().end);
+                be.gemm_items_to_epilogue(&g3, 3, [n * h, 0, ws], dqkv, x, gw);
             }
-            for (dqkv, lin) in [(&a.dq, ll.q), (&a.dv, ll.v)] {
-                be.bias_grad(be.sub_mut(&mut g, lin.b()), be.view(dqkv), n, lin.out);
+            for (j, lin) in [ll.q, ll.k, ll.v].into_iter().enumerate() {
+                let gx = Gemm::dense(n, lin.inp, lin.out, false, false, 1.0);
+                let d = be.sub(dqkv, j * n * h..(j + 1) * n * h);
+                be.gemm(&gx, d, be.sub(p, lin.w()), be.view_mut(&mut a.dx));
+            }
+            for (j, lin) in [(0, ll.q), (2, ll.v)] {
+                let d = be.sub(dqkv, j * n * h..(j + 1) * n * h);
+                be.bias_grad(be.sub_mut(&mut g, lin.b()), d, n, lin.out);
             }
             // The layer's six weight gradients, left unrounded by `linear_bwd`, in one pass
             // (the biases' and LayerNorms' are rounded already, and stay as they are).

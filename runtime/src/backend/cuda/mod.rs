@@ -1768,17 +1768,6 @@ impl Device for CudaDevice {
         if ptrs.0 == 0 || ptrs.1 == 0 || ptrs.2 == 0 {
             return; // out of memory for the packed or widened operands: recorded
         }
-        let bytes = |t: cudaDataType| if t == f32t { 4 } else { 2 };
-        let sizes = (bytes(types[0]), bytes(types[1]), bytes(types[2]));
-        let what = "an allocation of GEMM addresses";
-        let Some(list) = self.grow_scratch(&mut scratch.list, 3 * batch.count, what) else {
-            return;
-        };
-        let (l, args) = gemm_pointers(list, ptrs, batch, sizes);
-        // Writes only the address list.
-        self.launch_raw("gemm_pointers", l, &args);
-        let n = batch.count as u64;
-        let (list_a, list_b, list_c) = (list, list + 8 * n, list + 16 * n);
         let cm = gemm::col_major(g);
         let (op, dim) = (gemm::op, gemm::dim);
         let name = match (types[0], compute) {
@@ -1788,42 +1777,98 @@ impl Device for CudaDevice {
             (_, cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF) => "cublas batched bf16←f32",
             _ => "cublas batched f32",
         };
-        // SAFETY: `gemm_pointers` (queued before, on this stream) wrote every item's addresses
-        // into `list`, each inside the operands' extents (asserted above) or their packed or
-        // widened copies; cuBLAS runs on this device's stream, and the next batch's addresses
-        // are written after this call has read them (stream order). f32 accumulation; with
-        // half operands, cuBLAS's tensor-core path.
-        let r = self.timed(name, || unsafe {
-            cudarc::cublas::sys::cublasGemmBatchedEx(
-                *self.blas.handle(),
-                op(cm.trans_first),
-                op(cm.trans_second),
-                dim(cm.m),
-                dim(cm.n),
-                dim(cm.k),
-                (&g.alpha as *const f32).cast(),
-                list_b as *const *const c_void,
-                types[1],
-                dim(cm.ld_first),
-                list_a as *const *const c_void,
-                types[0],
-                dim(cm.ld_second),
-                (&g.beta as *const f32).cast(),
-                list_c as *const *mut c_void,
-                types[2],
-                dim(cm.ldc),
-                dim(batch.count),
-                compute,
-                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-            .result()
-        });
+        let r = if batch.inner == 1 {
+            // One stride per operand (a linear layer's projections of one input, their weight
+            // gradients): a strided batch, no address list to write first. A packed or widened
+            // copy keeps its operand's layout, so the strides hold for it too.
+            let stride = |s: crate::backend::Stride| s.outer as std::ffi::c_longlong;
+            // SAFETY: item j's operands start j strides into the operands (or their copies),
+            // inside their extents (asserted above); cuBLAS runs on this device's stream. f32
+            // accumulation; with half operands, cuBLAS's tensor-core path.
+            self.timed(name, || unsafe {
+                cudarc::cublas::sys::cublasGemmStridedBatchedEx(
+                    *self.blas.handle(),
+                    op(cm.trans_first),
+                    op(cm.trans_second),
+                    dim(cm.m),
+                    dim(cm.n),
+                    dim(cm.k),
+                    (&g.alpha as *const f32).cast(),
+                    ptrs.1 as *const c_void,
+                    types[1],
+                    dim(cm.ld_first),
+                    stride(batch.b),
+                    ptrs.0 as *const c_void,
+                    types[0],
+                    dim(cm.ld_second),
+                    stride(batch.a),
+                    (&g.beta as *const f32).cast(),
+                    ptrs.2 as *mut c_void,
+                    types[2],
+                    dim(cm.ldc),
+                    stride(batch.c),
+                    dim(batch.count),
+                    compute,
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+                .result()
+            })
+        } else {
+            let bytes = |t: cudaDataType| if t == f32t { 4 } else { 2 };
+            let sizes = (bytes(types[0]), bytes(types[1]), bytes(types[2]));
+            let what = "an allocation of GEMM addresses";
+            let Some(list) = self.grow_scratch(&mut scratch.list, 3 * batch.count, what) else {
+                return;
+            };
+            let (l, args) = gemm_pointers(list, ptrs, batch, sizes);
+            // Writes only the address list.
+            self.launch_raw("gemm_pointers", l, &args);
+            let n = batch.count as u64;
+            let (list_a, list_b, list_c) = (list, list + 8 * n, list + 16 * n);
+            // SAFETY: `gemm_pointers` (queued before, on this stream) wrote every item's
+            // addresses into `list`, each inside the operands' extents (asserted above) or their
+            // packed or widened copies; cuBLAS runs on this device's stream, and the next
+            // batch's addresses are written after this call has read them (stream order). f32
+            // accumulation; with half operands, cuBLAS's tensor-core path.
+            self.timed(name, || unsafe {
+                cudarc::cublas::sys::cublasGemmBatchedEx(
+                    *self.blas.handle(),
+                    op(cm.trans_first),
+                    op(cm.trans_second),
+                    dim(cm.m),
+                    dim(cm.n),
+                    dim(cm.k),
+                    (&g.alpha as *const f32).cast(),
+                    list_b as *const *const c_void,
+                    types[1],
+                    dim(cm.ld_first),
+                    list_a as *const *const c_void,
+                    types[0],
+                    dim(cm.ld_second),
+                    (&g.beta as *const f32).cast(),
+                    list_c as *const *mut c_void,
+                    types[2],
+                    dim(cm.ldc),
+                    dim(batch.count),
+                    compute,
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+                .result()
+            })
+        };
         if let Some(room) = through {
             self.convert_raw((c.ptr, c.elem), (room, Dtype::F32), ext.2);
         }
         packs.memo.written(c.ptr, size(c.elem) * ext.2 as u64);
         if let Err(e) = r {
-            self.record("cublasGemmBatchedEx", e);
+            self.record(
+                if batch.inner == 1 {
+                    "cublasGemmStridedBatchedEx"
+                } else {
+                    "cublasGemmBatchedEx"
+                },
+                e,
+            );
         }
     }
 

@@ -50,7 +50,9 @@ fn round_rows<D: Device>(k: &Kernels<D>, p: u64, rows: usize, cols: usize, ld: u
 
 /// `out += bias` per row, rounded; `first`: the dtype `out` is rounded to before (the storage
 /// dtype for a GEMM's output left unrounded, [`crate::backend::Backend::bias_epilogue`]; f32:
-/// nothing).
+/// nothing). With `items` (count, bias stride), `out` is that many `rows × cols` matrices one
+/// after another, matrix `j`'s bias `j · stride` elements into `bias`
+/// ([`crate::backend::Backend::bias_epilogue_items`]).
 pub(super) fn add_bias<D: Device>(
     k: &Kernels<D>,
     mut out: D::ViewMut<'_>,
@@ -58,18 +60,28 @@ pub(super) fn add_bias<D: Device>(
     rows: usize,
     cols: usize,
     first: Dtype,
+    items: Option<(usize, usize)>,
 ) {
-    assert_eq!(k.dev.len(bias), cols, "add_bias width");
-    assert!(k.dev.len_mut(&out) >= rows * cols, "add_bias rows");
+    let (count, stride) = items.unwrap_or((1, 0));
+    match items {
+        None => assert_eq!(k.dev.len(bias), cols, "add_bias width"),
+        Some(_) => assert!(
+            count >= 1 && k.dev.len(bias) >= (count - 1) * stride + cols,
+            "add_bias width"
+        ),
+    }
+    assert!(k.dev.len_mut(&out) >= count * rows * cols, "add_bias rows");
     let o = k.typed_mut(&mut out);
     k.dev.launch(
         "add_bias",
-        grid_vec(rows * cols),
+        grid_vec(count * rows * cols),
         &[
             o,
             k.typed(bias),
-            int(rows),
+            int(count * rows),
             int(cols),
+            int(rows),
+            Arg::U64(stride as u64),
             dtype_arg(first),
             k.store_arg(),
         ],
@@ -194,7 +206,7 @@ pub(super) fn bias_dropout_add<D: Device>(
             Dtype::F32,
             "bias_dropout_add's out"
         );
-        add_bias(k, k.dev.view_mut(out), bias, rows, cols, k.store);
+        add_bias(k, k.dev.view_mut(out), bias, rows, cols, k.store, None);
         if let Some(d) = dropout {
             self::dropout(k, k.dev.view_mut(out), d, 0);
         }
@@ -242,7 +254,7 @@ pub(super) fn bias_gelu<D: Device>(
             Dtype::F32,
             "bias_gelu's inter"
         );
-        add_bias(k, k.dev.view_mut(inter), bias, rows, cols, k.store);
+        add_bias(k, k.dev.view_mut(inter), bias, rows, cols, k.store, None);
         unary(k, "gelu_fwd", k.dev.view_mut(act), k.dev.view(inter));
         return;
     }

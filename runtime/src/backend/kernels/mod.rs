@@ -25,7 +25,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::device::{Arg, Device, Launch};
-use super::{layernorm_bwd_apart, AttnShape, Backend, Dropout, Gemm, Loss, BIAS_ROWS};
+use super::{
+    layernorm_bwd_apart, AttnShape, Backend, Batch, Dropout, Gemm, Loss, Stride, BIAS_ROWS,
+};
 use crate::precision::Dtype;
 
 /// Threads per block of the 1-D kernels (`BLOCK` in common.cuh).
@@ -550,6 +552,33 @@ impl<D: Device> Backend for Kernels<D> {
         elementwise::gemm(self, g, a, b, c, false)
     }
 
+    fn gemm_items_to_epilogue(
+        &self,
+        g: &Gemm,
+        count: usize,
+        strides: [usize; 3],
+        a: D::View<'_>,
+        b: D::View<'_>,
+        c: D::ViewMut<'_>,
+    ) {
+        // One batched call, one stride an operand (`Device::gemm_batched`; on a GPU a strided
+        // batch); its outputs left unrounded as `gemm_to_epilogue`'s.
+        let [sa, sb, sc] = strides.map(|outer| Stride { outer, inner: 0 });
+        let batch = Batch {
+            count,
+            inner: 1,
+            a: sa,
+            b: sb,
+            c: sc,
+        };
+        let operands = if self.store.is_half() {
+            self.store
+        } else {
+            Dtype::F32
+        };
+        self.dev.gemm_batched(g, &batch, a, b, c, operands);
+    }
+
     fn round_stored(&self, v: D::ViewMut<'_>) {
         // A 16-bit buffer holds rounded values only.
         if !self.dev.elem(self.dev.as_view(&v)).is_half() {
@@ -598,11 +627,25 @@ impl<D: Device> Backend for Kernels<D> {
     }
 
     fn add_bias(&self, out: D::ViewMut<'_>, bias: D::View<'_>, rows: usize, cols: usize) {
-        elementwise::add_bias(self, out, bias, rows, cols, Dtype::F32)
+        elementwise::add_bias(self, out, bias, rows, cols, Dtype::F32, None)
     }
 
     fn bias_epilogue(&self, out: D::ViewMut<'_>, bias: D::View<'_>, rows: usize, cols: usize) {
-        elementwise::add_bias(self, out, bias, rows, cols, self.store)
+        elementwise::add_bias(self, out, bias, rows, cols, self.store, None)
+    }
+
+    fn bias_epilogue_items(
+        &self,
+        out: D::ViewMut<'_>,
+        bias: D::View<'_>,
+        rows: usize,
+        cols: usize,
+        count: usize,
+        bias_stride: usize,
+    ) {
+        // One launch for the items (elementwise.cu, `add_bias`).
+        let items = Some((count, bias_stride));
+        elementwise::add_bias(self, out, bias, rows, cols, self.store, items)
     }
 
     fn bias_grad(&self, db: D::ViewMut<'_>, dout: D::View<'_>, rows: usize, cols: usize) {
