@@ -258,11 +258,13 @@ extern "C" __global__ void bias_dropout_add(void* out, int out_t, const void* bi
 }
 
 // dinp = dout · (Φ(x) + x φ(x)). `dout` is rounded first: it may be a GEMM's fp32 output
-// (Backend::gemm_to_epilogue), and rounding a rounded value changes nothing.
+// (Backend::gemm_to_epilogue), and rounding a rounded value changes nothing. The products and
+// sums are op_* (no FMA), so that every kernel computing it (gelu_bwd, gelu_bwd_bias_grad) gets
+// the same bits whatever the compiler would contract in each.
 __device__ __forceinline__ float gelu_grad(float x) {
-    float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
-    float pdf = expf(-0.5f * x * x) * 0.39894228040143268f;
-    return cdf + x * pdf;
+    float cdf = op_mul(0.5f, op_add(1.0f, erff(op_mul(x, 0.70710678118654752f))));
+    float pdf = op_mul(expf(op_mul(op_mul(-0.5f, x), x)), 0.39894228040143268f);
+    return op_add(cdf, op_mul(x, pdf));
 }
 template <int T>
 __device__ __forceinline__ void gelu_bwd_v(void* dinp, const void* inp, const void* dout,
@@ -271,7 +273,7 @@ __device__ __forceinline__ void gelu_bwd_v(void* dinp, const void* inp, const vo
     ldv<T>(x, inp, i);
     ldv<T>(g, dout, i);
     UNROLL
-    for (int u = 0; u < VEC; u++) x[u] = st(g[u] * gelu_grad(x[u]), T);
+    for (int u = 0; u < VEC; u++) x[u] = st(op_mul(g[u], gelu_grad(x[u])), T);
     stv<T>(dinp, i, x);
 }
 extern "C" __global__ void gelu_bwd(void* dinp, int dinp_t, const void* inp, int inp_t,
@@ -286,8 +288,84 @@ extern "C" __global__ void gelu_bwd(void* dinp, int dinp_t, const void* inp, int
     NO_UNROLL
     for (long long i = i0; i < i0 + VEC && i < n; i++) {
         float x = ld(inp, i, inp_t);
-        sto(dinp, i, st(st(ld(dout, i, dout_t), store) * gelu_grad(x), store), dinp_t);
+        sto(dinp, i, st(op_mul(st(ld(dout, i, dout_t), store), gelu_grad(x)), store), dinp_t);
     }
+}
+
+// gelu_bwd and the bias gradient of its output in one pass (Backend::gelu_bwd_bias_grad: the
+// feed-forward's first linear), where bias_grad would read dinp back: dinp as gelu_bwd writes
+// it, and db[c] += Σ_r dinp[r, c] in bias_grad's order — a (columns × chunks of `chunk` rows)
+// grid, each chunk's rows summed in row order from zero into part, then the last block of each
+// column (`last_of_column`) adding the chunks' sums in order and rounding. A thread takes two
+// adjacent columns (one 32-bit load of two 16-bit elements a row: a warp reads 128 bytes of a
+// row at once), GELU_ROWS rows' loads before their arithmetic. The same values and the same
+// additions as the two kernels: the same bits.
+#define GELU_ROWS 8
+// Elements i and i + 1 of a buffer of type T as f32 (i even, the buffer aligned for the pair).
+template <int T>
+__device__ __forceinline__ void ld2(const void* p, long long i, float& x0, float& x1) {
+    if (T == STORE_F32) {
+        x0 = ((const float*)p)[i];
+        x1 = ((const float*)p)[i + 1];
+        return;
+    }
+    unsigned w = ld_pair((const unsigned short*)p + i);
+    x0 = half_value<T>((unsigned short)(w & 0xffffu));
+    x1 = half_value<T>((unsigned short)(w >> 16));
+}
+template <int T>
+__device__ __forceinline__ void gelu_bwd_bias_grad_t(void* dinp, const void* inp,
+                                                     const void* dout, float* db, float* part,
+                                                     unsigned* done, int rows, int cols,
+                                                     int chunk, int chunks) {
+    int c = 2 * (blockIdx.x * blockDim.x + threadIdx.x);
+    int r0 = blockIdx.y * chunk;
+    int r1 = c < cols ? min(rows, r0 + chunk) : r0;  // a thread past the last column adds nothing
+    float a0 = 0.0f, a1 = 0.0f;
+    for (int r = r0; r < r1; r += GELU_ROWS) {
+        float x[GELU_ROWS][2], g[GELU_ROWS][2];
+        UNROLL
+        for (int u = 0; u < GELU_ROWS; u++) {
+            if (r + u < r1) {
+                long long at = (long long)(r + u) * cols + c;
+                ld2<T>(inp, at, x[u][0], x[u][1]);
+                ld2<T>(dout, at, g[u][0], g[u][1]);
+            }
+        }
+        UNROLL
+        for (int u = 0; u < GELU_ROWS; u++) {
+            if (r + u < r1) {
+                float d0 = st(op_mul(g[u][0], gelu_grad(x[u][0])), T);
+                float d1 = st(op_mul(g[u][1], gelu_grad(x[u][1])), T);
+                long long at = (long long)(r + u) * cols + c;
+                if (T == STORE_F32) {
+                    ((float*)dinp)[at] = d0;
+                    ((float*)dinp)[at + 1] = d1;
+                } else {
+                    st_pair((unsigned short*)dinp + at, pack_half2<T>(d0, d1));
+                }
+                a0 += d0;
+                a1 += d1;
+            }
+        }
+    }
+    if (c < cols) {
+        part[(long long)blockIdx.y * cols + c] = a0;
+        part[(long long)blockIdx.y * cols + c + 1] = a1;
+    }
+    if (last_of_column(done) && c < cols) {
+        db[c] = st(chunk_sums(db[c], part, chunks, cols, c), T);
+        db[c + 1] = st(chunk_sums(db[c + 1], part, chunks, cols, c + 1), T);
+    }
+}
+// Grid (⌈cols / (2·BLOCK)⌉, max(chunks, 1)); every buffer of the storage dtype `store`, cols
+// even, dinp, inp and dout aligned for a pair (elementwise.rs checks; other buffers take gelu_bwd
+// and bias_grad).
+extern "C" __global__ void gelu_bwd_bias_grad(void* dinp, const void* inp, const void* dout,
+                                              float* db, float* part, unsigned* done, int rows,
+                                              int cols, int chunk, int chunks, int store) {
+    BY_TYPE(store, gelu_bwd_bias_grad_t, dinp, inp, dout, db, part, done, rows, cols, chunk,
+            chunks);
 }
 
 extern "C" __global__ void tanh_fwd(float* out, const float* inp, int n, int store) {

@@ -314,6 +314,19 @@ bool column_sums() {
     }
     for (int b = 0; b < 2; b++)
         if (done[b] != 0) return fail("column counter left set", b, done[b], 0);
+    // gelu_bwd_bias_grad: two columns a thread, so one block of 64 threads spans the 100.
+    std::vector<float> x(rows * cols), dinp(rows * cols), dbg(cols, 0.0f);
+    for (int i = 0; i < rows * cols; i++) x[i] = 2.0f * val(i, 11);
+    emu::launch(dim3(1, chunks), dim3(64), 0, [&] {
+        gelu_bwd_bias_grad(dinp.data(), x.data(), dout.data(), dbg.data(), part.data(),
+                           done.data(), rows, cols, chunk, chunks, STORE_F32);
+    });
+    for (int c = 0; c < cols; c++) {
+        double want = 0.0;
+        for (int r = 0; r < rows; r++) want += dinp[r * cols + c];
+        if (!close("gelu bias gradient", c, dbg[c], want, 1e-5)) return false;
+    }
+    if (done[0] != 0) return fail("column counter left set", 0, done[0], 0);
     return true;
 }
 

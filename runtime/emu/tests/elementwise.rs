@@ -734,3 +734,68 @@ fn biases_of_several_items_in_one_launch_match_the_cpu() {
         }
     }
 }
+
+/// `gelu_bwd_bias_grad` (one kernel on a device keeping 16-bit buffers, or for f32) against
+/// `gelu_bwd` then `bias_grad` on the same device, bit for bit, with its blocks in order and
+/// last to first: widths of one pair, of three pairs, past one block of pairs (514), and odd
+/// (7, which takes the two kernels); rows in one chunk, past one, and past two.
+#[test]
+fn gelu_backward_with_its_bias_gradient_is_the_two_kernels_bit_for_bit() {
+    use recipe_kernel_emu::EmuTyped;
+    use recipe_runtime::backend::kernels::Kernels;
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for store in STORES {
+        let k = Kernels::new(EmuTyped).with_store(store);
+        let cpu = recipe_runtime::backend::Cpu::new(1).with_store(store);
+        for (rows, cols) in [(1, 2), (65, 6), (130, 514), (9, 7)] {
+            let n = rows * cols;
+            let (mut x, mut dy) = (rand(n, 3.0, 11), rand(n, 1.0, 12));
+            store.round_slice(&mut x);
+            store.round_slice(&mut dy);
+            let db0 = rand(cols, 0.5, 13);
+            let put = |v: &[f32]| {
+                let mut b = k.alloc_stored(v.len());
+                k.write(k.view_mut(&mut b), v);
+                b
+            };
+            let (xb, dyb) = (put(&x), put(&dy));
+            let get = |b: &<Kernels<EmuTyped> as Backend>::Buf, len: usize| {
+                let mut out = vec![0.0; len];
+                k.download(k.view(b), &mut out);
+                out
+            };
+            // The two kernels.
+            let (mut d2, mut db2) = (put(&vec![7.0; n]), k.upload(&db0));
+            k.gelu_bwd(k.view_mut(&mut d2), k.view(&xb), k.view(&dyb));
+            k.bias_grad(k.view_mut(&mut db2), k.view(&d2), rows, cols);
+            let (want_d, want_db) = (get(&d2, n), get(&db2, cols));
+            for reversed in [false, true] {
+                let (mut d, mut db) = (put(&vec![7.0; n]), k.upload(&db0));
+                let mut run = || {
+                    k.gelu_bwd_bias_grad(
+                        &mut d,
+                        k.view(&xb),
+                        k.view(&dyb),
+                        k.view_mut(&mut db),
+                        rows,
+                        cols,
+                    )
+                };
+                if reversed {
+                    recipe_kernel_emu::reversed_blocks(run);
+                } else {
+                    run();
+                }
+                let what = format!("{store:?} {rows}×{cols} reversed {reversed}");
+                assert_eq!(bits(&get(&d, n)), bits(&want_d), "dinp {what}");
+                assert_eq!(bits(&get(&db, cols)), bits(&want_db), "db {what}");
+            }
+            // And the CPU's, within GELU's tolerance (its erf and exp are the CPU's own).
+            let (mut cd, mut cdb) = (vec![0.0; n], db0.clone());
+            cpu.gelu_bwd_bias_grad(&mut cd, &x, &dy, &mut cdb, rows, cols);
+            let tol = if store == Dtype::F32 { 1e-5 } else { 1e-2 };
+            close("gelu_bwd vs CPU", &want_d, &cd, tol, tol);
+            close("db vs CPU", &want_db, &cdb, tol * rows as f32, tol);
+        }
+    }
+}

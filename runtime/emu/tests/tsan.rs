@@ -2,15 +2,15 @@
 //! threads (attention_softmax and attention_softmax_bwd's warp shuffles, attention_fused,
 //! attention_bwd_dq and attention_bwd_dkv's shared operands, layernorm_fwd,
 //! layernorm_bwd_dinp, cross_entropy, grad_norm_partial, grad_norm_final, lamb_norms,
-//! lamb_coeff, bias_grad, embedding_order, embedding_bwd_long, and common.cuh's block_sum_d /
-//! block_max / last_of_column and optim.cu's lamb_tree they call)
+//! lamb_coeff, bias_grad, gelu_bwd_bias_grad, embedding_order, embedding_bwd_long, and
+//! common.cuh's block_sum_d / block_max / last_of_column and optim.cu's lamb_tree they call)
 //! built with `-fsanitize=thread` runs without a race report on blocks of two or more warps,
 //! each result sanity-checked against the host (cpp/tsan_driver.cpp); and a copy with one
 //! `__syncthreads()` removed on purpose is reported — so the emulation really turns a missing
 //! barrier into a detectable race (cpp/cuda_emu.hpp), and the shipped kernels have none on these
-//! shapes. The other kernels (elementwise, the rest of embedding, adamw_step, sgd_step, adagrad_step,
-//! lamb_update, lamb_apply, gemm_pointers) have no shared memory and no barrier: one thread per
-//! element or column; layernorm_bwd_dwdb shares bias_grad's `last_of_column`.
+//! shapes. The other kernels (elementwise, the rest of embedding, adamw_step, sgd_step,
+//! adagrad_step, lamb_update, lamb_apply, gemm_pointers) have no shared memory and no barrier:
+//! one thread per element or column; layernorm_bwd_dwdb shares bias_grad's `last_of_column`.
 //!
 //! One driver includes all those sources; it is built once per variant (the shipped sources, and
 //! each mutation), which is most of the time these tests take.

@@ -559,6 +559,23 @@ pub trait Backend {
     /// GELU backward: `dinp = dout · (Φ(x) + x φ(x))` (overwrites). `dout` may come from
     /// [`Backend::gemm_to_epilogue`]: a device rounds it first.
     fn gelu_bwd(&self, dinp: Self::ViewMut<'_>, inp: Self::View<'_>, dout: Self::View<'_>);
+    /// [`Backend::gelu_bwd`] into `dinp` (`rows × cols`), then [`Backend::bias_grad`] of it into
+    /// `db`: the feed-forward's first linear, whose input gradient is its bias's. By default
+    /// those two calls; a GPU makes them one pass (the same values and additions), where the
+    /// bias gradient would read `dinp` back.
+    #[allow(clippy::too_many_arguments)]
+    fn gelu_bwd_bias_grad(
+        &self,
+        dinp: &mut Self::Buf,
+        inp: Self::View<'_>,
+        dout: Self::View<'_>,
+        db: Self::ViewMut<'_>,
+        rows: usize,
+        cols: usize,
+    ) {
+        self.gelu_bwd(self.view_mut(dinp), inp, dout);
+        self.bias_grad(db, self.view(dinp), rows, cols);
+    }
     /// `out = tanh(inp)`.
     fn tanh_fwd(&self, out: Self::ViewMut<'_>, inp: Self::View<'_>);
     /// tanh backward from the forward's output `y`: `dinp = dout · (1 − y²)` (overwrites).

@@ -1217,11 +1217,15 @@ where
                 im,
                 true,
             );
-            // d(act) straight from its GEMM: gelu_bwd rounds it.
-            be.gelu_bwd(
-                be.view_mut(&mut a.dinter),
+            // d(act) straight from its GEMM: gelu_bwd rounds it; the intermediate linear's bias
+            // gradient in the same pass.
+            be.gelu_bwd_bias_grad(
+                &mut a.dinter,
                 be.view(&la.inter),
                 be.view(&a.dact),
+                be.sub_mut(&mut g, ll.inter.b()),
+                n,
+                im,
             );
             linear_bwd(
                 be,
@@ -1233,7 +1237,7 @@ where
                 ll.inter,
                 n,
                 h,
-                true,
+                false,
             );
             {
                 // Residual: d(layer input) starts as d(res1) (a.dx; the q/k/v paths add to it

@@ -1,8 +1,8 @@
 //! Launches of `runtime/kernels/elementwise.cu`, and the GEMM (the device's BLAS, then rounding).
 
-use super::{chunk_grid, dtype_arg, grid1, grid_vec, int, Kernels};
+use super::{chunk_grid, dtype_arg, grid1, grid_vec, int, Kernels, BLOCK};
 use crate::backend::device::{Arg, Device};
-use crate::backend::{Dropout, Gemm, BIAS_ROWS};
+use crate::backend::{Backend, Dropout, Gemm, BIAS_ROWS};
 use crate::precision::Dtype;
 
 pub(super) fn add_assign<D: Device>(k: &Kernels<D>, mut acc: D::ViewMut<'_>, x: D::View<'_>) {
@@ -111,6 +111,64 @@ pub(super) fn bias_grad<D: Device>(
                     Arg::Ptr(k.dev.ptr(part)),
                     Arg::Ptr(done),
                     k.typed(dout),
+                    int(rows),
+                    int(cols),
+                    int(BIAS_ROWS),
+                    int(chunks),
+                    k.store_arg(),
+                ],
+            );
+        });
+    });
+}
+
+/// [`crate::backend::Backend::gelu_bwd_bias_grad`]: one launch (elementwise.cu,
+/// `gelu_bwd_bias_grad`) where every buffer is of the storage dtype, the rows are of an even
+/// width and the buffers aligned for pairs; else `gelu_bwd`, then `bias_grad`.
+pub(super) fn gelu_bwd_bias_grad<D: Device>(
+    k: &Kernels<D>,
+    mut dinp: D::ViewMut<'_>,
+    inp: D::View<'_>,
+    dout: D::View<'_>,
+    mut db: D::ViewMut<'_>,
+    rows: usize,
+    cols: usize,
+) {
+    let n = rows * cols;
+    assert!(
+        k.dev.len_mut(&dinp) == n && k.dev.len(inp) == n && k.dev.len(dout) == n,
+        "gelu_bwd_bias_grad lengths"
+    );
+    assert_eq!(k.dev.len_mut(&db), cols, "gelu_bwd_bias_grad width");
+    let pair = if k.store == Dtype::F32 { 8 } else { 4 };
+    let ok = |elem: Dtype, ptr: u64| elem == k.store && ptr % pair == 0;
+    let fits = cols % 2 == 0
+        && ok(
+            k.dev.elem(k.dev.as_view(&dinp)),
+            k.dev.ptr(k.dev.as_view(&dinp)),
+        )
+        && ok(k.dev.elem(inp), k.dev.ptr(inp))
+        && ok(k.dev.elem(dout), k.dev.ptr(dout));
+    if !fits {
+        k.gelu_bwd(k.dev.sub_mut(&mut dinp, 0..n), inp, dout);
+        return bias_grad(k, db, k.dev.as_view(&dinp), rows, cols);
+    }
+    let chunks = rows.div_ceil(BIAS_ROWS);
+    let (pd, pdb) = (k.dev.ptr_mut(&mut dinp), k.dev.ptr_mut(&mut db));
+    k.with_chunk_sums(chunks.max(1) * cols, |part| {
+        k.with_counters(cols, |done| {
+            let mut l = chunk_grid(cols.div_ceil(2), chunks.max(1));
+            l.grid.0 = cols.div_ceil(2 * BLOCK as usize) as u32;
+            k.dev.launch(
+                "gelu_bwd_bias_grad",
+                l,
+                &[
+                    Arg::Ptr(pd),
+                    Arg::Ptr(k.dev.ptr(inp)),
+                    Arg::Ptr(k.dev.ptr(dout)),
+                    Arg::Ptr(pdb),
+                    Arg::Ptr(k.dev.ptr(part)),
+                    Arg::Ptr(done),
                     int(rows),
                     int(cols),
                     int(BIAS_ROWS),

@@ -771,6 +771,19 @@ impl<D: Device> Backend for Kernels<D> {
         elementwise::binary(self, "gelu_bwd", dinp, inp, dout, VEC)
     }
 
+    fn gelu_bwd_bias_grad(
+        &self,
+        dinp: &mut D::Buf,
+        inp: D::View<'_>,
+        dout: D::View<'_>,
+        db: D::ViewMut<'_>,
+        rows: usize,
+        cols: usize,
+    ) {
+        let d = self.dev.view_mut(dinp);
+        elementwise::gelu_bwd_bias_grad(self, d, inp, dout, db, rows, cols)
+    }
+
     fn tanh_fwd(&self, out: D::ViewMut<'_>, inp: D::View<'_>) {
         elementwise::unary(self, "tanh_fwd", out, inp)
     }
