@@ -45,7 +45,7 @@ ours ncu env RECIPE_CUDA_GRAPHS=0 timeout 240 "${NCU:-ncu}" --clock-control none
 # reaches): whether a kernel is bound by memory, by its instructions, or by neither (latency).
 EXTRA=(--set "batch.micro=32" --set "train.max_steps=3")
 ours sol env RECIPE_CUDA_GRAPHS=0 timeout 120 "${NCU:-ncu}" --clock-control none --section SpeedOfLight --csv \
-    --print-units base --kernel-name "regex:^(layernorm|attention_softmax|bias_|gelu_bwd|add_bias|round_rows|embedding_bwd|adamw)" \
+    --print-units base --kernel-name "regex:^(layernorm|attention_|bias_|gelu_|add_bias|round_rows|embedding_|adamw)" \
     --launch-skip 40 --launch-count 60 --log-file "$RESULTS/ncu-sol.csv"
 EXTRA=(--set "batch.micro=64" --set "train.max_steps=20")
 ours micro64 timeout 60

@@ -73,7 +73,7 @@ __device__ __forceinline__ void bias_grad_t(float* db, float* part, unsigned* do
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     int r0 = blockIdx.y * chunk;
     int r1 = min(rows, r0 + chunk);
-    if (c < cols) part[(long long)blockIdx.y * cols + c] = column_sum<T, 16>(0.0f, dout, r0, r1, cols, c);
+    if (c < cols) part[(long long)blockIdx.y * cols + c] = column_sum<T, 32>(0.0f, dout, r0, r1, cols, c);
     if (last_of_column(done) && c < cols) db[c] = st(chunk_sums(db[c], part, chunks, cols, c), store);
 }
 extern "C" __global__ void bias_grad(float* db, float* part, unsigned* done, const void* dout,
