@@ -162,8 +162,9 @@ fn executors(
     store: recipe_runtime::precision::Dtype,
 ) -> Vec<Arc<dyn Executor>> {
     let mut peers = peers.into_iter();
-    // `RECIPE_FUSED_ATTENTION=0`: attention's forward as the batched products and the softmax
-    // even where the fused kernel fits (docs/cuda.md, "Kernels"), to compare the two.
+    // `RECIPE_FUSED_ATTENTION=0`: attention's forward and backward as the batched products and
+    // the softmax kernels even where the fused kernels fit (docs/cuda.md, "Kernels"), to compare
+    // the two.
     let fused = std::env::var_os("RECIPE_FUSED_ATTENTION").is_none_or(|v| v != "0");
     devices
         .into_iter()
