@@ -250,6 +250,83 @@ __device__ __forceinline__ unsigned keep_pair(unsigned long long idx, DropKey k,
     return bits & 3u;
 }
 
+// A warp's products over the FUSED_D dimensions, 16 at a step, with keys as the columns:
+// acc[j] = rows r0 + g and r0 + g + 8 of `as` times key tile j (keys 8j … 8j + 7) of `bs`, for
+// the `tiles` key tiles the sequence has (the rest stay 0). Both operands are shared rows of
+// FUSED_LD elements as words: q·kᵀ in the forward, dctx·vᵀ in attention_bwd_dq.
+template <int S>
+__device__ __forceinline__ void mma_key_tiles(float acc[FUSED_KEYS / 8][4], const unsigned* as,
+                                              const unsigned* bs, int r0, int g, int t,
+                                              int tiles) {
+    UNROLL
+    for (int j = 0; j < FUSED_KEYS / 8; j++)
+        UNROLL
+        for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
+    UNROLL
+    for (int kk = 0; kk < FUSED_D / 16; kk++) {
+        const int qa = ((r0 + g) * FUSED_LD + kk * 16) / 2 + t;
+        unsigned a[4] = {as[qa], as[qa + 4 * FUSED_LD], as[qa + 4], as[qa + 4 * FUSED_LD + 4]};
+        UNROLL
+        for (int j = 0; j < FUSED_KEYS / 8; j++) {
+            if (j < tiles) {
+                const int kb = ((j * 8 + g) * FUSED_LD + kk * 16) / 2 + t;
+                unsigned bb[2] = {bs[kb], bs[kb + 4]};
+                mma_16816<S>(acc[j], a, bb);
+            }
+        }
+    }
+}
+
+// A warp's products over the keys, 16 at a step (`steps` of them), into the FUSED_D columns:
+// o = p·bt, the A fragments from `p` (a key-tile accumulator of mma_key_tiles' layout, values
+// already rounded: the accumulator tiles of two adjacent key tiles are an A fragment's halves)
+// and bt the B operand transposed in shared memory (dimension rows of FUSED_LDT keys): p·v in
+// the forward, ds·k in attention_bwd_dq.
+template <int S>
+__device__ __forceinline__ void mma_dim_tiles(float o[FUSED_D / 8][4],
+                                              const float p[FUSED_KEYS / 8][4],
+                                              const unsigned* bt, int g, int t, int steps) {
+    UNROLL
+    for (int n = 0; n < FUSED_D / 8; n++)
+        UNROLL
+        for (int e = 0; e < 4; e++) o[n][e] = 0.0f;
+    UNROLL
+    for (int kk = 0; kk < FUSED_KEYS / 16; kk++) {
+        if (kk < steps) {
+            unsigned a[4] = {pack_half2<S>(p[2 * kk][0], p[2 * kk][1]),
+                             pack_half2<S>(p[2 * kk][2], p[2 * kk][3]),
+                             pack_half2<S>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                             pack_half2<S>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+            UNROLL
+            for (int n = 0; n < FUSED_D / 8; n++) {
+                const int vb = ((n * 8 + g) * FUSED_LDT + kk * 16) / 2 + t;
+                unsigned bb[2] = {bt[vb], bt[vb + 4]};
+                mma_16816<S>(o[n], a, bb);
+            }
+        }
+    }
+}
+
+// Rows i0 and i1 (when in the sequence) of head h of a token tensor `out` (sequence b, rows hid
+// apart): alpha · o, rounded once from f32 as a GEMM's output; the pairs at even indices, one
+// 32-bit store each where `out` is 4-byte aligned.
+template <int S>
+__device__ __forceinline__ void store_head_rows(unsigned short* out, const float o[FUSED_D / 8][4],
+                                                float alpha, int b, int h, int seq, int hid,
+                                                int i0, int i1, int t) {
+    const bool pairs = ((unsigned long long)out & 3) == 0;
+    UNROLL
+    for (int n = 0; n < FUSED_D / 8; n++) {
+        const long long d = h * FUSED_D + n * 8 + 2 * t;
+        if (i0 < seq)
+            st_half2<S>(out, ((long long)b * seq + i0) * hid + d, alpha * o[n][0],
+                        alpha * o[n][1], true, pairs);
+        if (i1 < seq)
+            st_half2<S>(out, ((long long)b * seq + i1) * hid + d, alpha * o[n][2],
+                        alpha * o[n][3], true, pairs);
+    }
+}
+
 template <int S>
 __device__ __forceinline__ void attention_fused_t(unsigned* qs, unsigned* ks, unsigned* vt,
                                                   unsigned short* ctx, unsigned short* probs,
@@ -298,23 +375,7 @@ __device__ __forceinline__ void attention_fused_t(unsigned* qs, unsigned* ks, un
 
     // s = q·kᵀ, a tile of 8 keys at a time, 16 dimensions a step.
     float s[FUSED_KEYS / 8][4];
-    UNROLL
-    for (int j = 0; j < FUSED_KEYS / 8; j++)
-        UNROLL
-        for (int e = 0; e < 4; e++) s[j][e] = 0.0f;
-    UNROLL
-    for (int kk = 0; kk < FUSED_D / 16; kk++) {
-        const int qa = ((r0 + g) * FUSED_LD + kk * 16) / 2 + t;
-        unsigned a[4] = {qs[qa], qs[qa + 4 * FUSED_LD], qs[qa + 4], qs[qa + 4 * FUSED_LD + 4]};
-        UNROLL
-        for (int j = 0; j < FUSED_KEYS / 8; j++) {
-            if (j < tiles) {
-                const int kb = ((j * 8 + g) * FUSED_LD + kk * 16) / 2 + t;
-                unsigned bb[2] = {ks[kb], ks[kb + 4]};
-                mma_16816<S>(s[j], a, bb);
-            }
-        }
-    }
+    mma_key_tiles<S>(s, qs, ks, r0, g, t, tiles);
 
     // The softmax of rows i0 (s[j][0..1]) and i1 (s[j][2..3]); keys past the sequence take no
     // part and leave zeros for the product below.
@@ -405,38 +466,11 @@ __device__ __forceinline__ void attention_fused_t(unsigned* qs, unsigned* ks, un
         s[j][3] = p1[1];
     }
 
-    // ctx = p·v: 16 keys a step, the A fragment from two key tiles' probabilities.
+    // ctx = p·v: 16 keys a step, the A fragment from two key tiles' probabilities; rounded
+    // once from f32, as the GEMM's output.
     float o[FUSED_D / 8][4];
-    UNROLL
-    for (int n = 0; n < FUSED_D / 8; n++)
-        UNROLL
-        for (int e = 0; e < 4; e++) o[n][e] = 0.0f;
-    const int steps = (seq + 15) >> 4;
-    UNROLL
-    for (int kk = 0; kk < FUSED_KEYS / 16; kk++) {
-        if (kk < steps) {
-            unsigned a[4] = {pack_half2<S>(s[2 * kk][0], s[2 * kk][1]),
-                             pack_half2<S>(s[2 * kk][2], s[2 * kk][3]),
-                             pack_half2<S>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             pack_half2<S>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-            UNROLL
-            for (int n = 0; n < FUSED_D / 8; n++) {
-                const int vb = ((n * 8 + g) * FUSED_LDT + kk * 16) / 2 + t;
-                unsigned bb[2] = {vt[vb], vt[vb + 4]};
-                mma_16816<S>(o[n], a, bb);
-            }
-        }
-    }
-    // ctx rounded once from f32, as the GEMM's output; its pairs are at even indices.
-    const bool ctx_pairs = ((unsigned long long)ctx & 3) == 0;
-    UNROLL
-    for (int n = 0; n < FUSED_D / 8; n++) {
-        const long long d = h * FUSED_D + n * 8 + 2 * t;
-        if (i0 < seq)
-            st_half2<S>(ctx, ((long long)b * seq + i0) * hid + d, o[n][0], o[n][1], true, ctx_pairs);
-        if (i1 < seq)
-            st_half2<S>(ctx, ((long long)b * seq + i1) * hid + d, o[n][2], o[n][3], true, ctx_pairs);
-    }
+    mma_dim_tiles<S>(o, s, vt, g, t, (seq + 15) >> 4);
+    store_head_rows<S>(ctx, o, 1.0f, b, h, seq, hid, i0, i1, t);
 }
 // Grid (⌈seq / FUSED_Q⌉, heads, batch), FUSED_Q·2 threads; probs_drop is read only with
 // `dropout`; `store` STORE_F16 or STORE_BF16, every buffer of it.
@@ -566,23 +600,7 @@ __device__ __forceinline__ void attention_bwd_dq_t(unsigned* dcs, unsigned* vs, 
 
     // dp = dctx·vᵀ, a tile of 8 keys at a time, 16 dimensions a step.
     float s[FUSED_KEYS / 8][4];
-    UNROLL
-    for (int j = 0; j < FUSED_KEYS / 8; j++)
-        UNROLL
-        for (int e = 0; e < 4; e++) s[j][e] = 0.0f;
-    UNROLL
-    for (int kk = 0; kk < FUSED_D / 16; kk++) {
-        const int qa = ((r0 + g) * FUSED_LD + kk * 16) / 2 + t;
-        unsigned a[4] = {dcs[qa], dcs[qa + 4 * FUSED_LD], dcs[qa + 4], dcs[qa + 4 * FUSED_LD + 4]};
-        UNROLL
-        for (int j = 0; j < FUSED_KEYS / 8; j++) {
-            if (j < tiles) {
-                const int kb = ((j * 8 + g) * FUSED_LD + kk * 16) / 2 + t;
-                unsigned bb[2] = {vs[kb], vs[kb + 4]};
-                mma_16816<S>(s[j], a, bb);
-            }
-        }
-    }
+    mma_key_tiles<S>(s, dcs, vs, r0, g, t, tiles);
 
     // x (dp, dropped as the forward dropped) and each row's Σ x·p: rows i0 (s[j][0..1]) and i1
     // (s[j][2..3]), the probabilities kept as the 16-bit pairs they were loaded in.
@@ -647,37 +665,8 @@ __device__ __forceinline__ void attention_bwd_dq_t(unsigned* dcs, unsigned* vs, 
 
     // dq = scale · ds·k: 16 keys a step, the A fragment from two key tiles of ds.
     float o[FUSED_D / 8][4];
-    UNROLL
-    for (int n = 0; n < FUSED_D / 8; n++)
-        UNROLL
-        for (int e = 0; e < 4; e++) o[n][e] = 0.0f;
-    const int steps = (seq + 15) >> 4;
-    UNROLL
-    for (int kk = 0; kk < FUSED_KEYS / 16; kk++) {
-        if (kk < steps) {
-            unsigned a[4] = {pack_half2<S>(s[2 * kk][0], s[2 * kk][1]),
-                             pack_half2<S>(s[2 * kk][2], s[2 * kk][3]),
-                             pack_half2<S>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             pack_half2<S>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-            UNROLL
-            for (int n = 0; n < FUSED_D / 8; n++) {
-                const int kb = ((n * 8 + g) * FUSED_LDT + kk * 16) / 2 + t;
-                unsigned bb[2] = {kt[kb], kt[kb + 4]};
-                mma_16816<S>(o[n], a, bb);
-            }
-        }
-    }
-    const bool out_pairs = ((unsigned long long)dq & 3) == 0;
-    UNROLL
-    for (int n = 0; n < FUSED_D / 8; n++) {
-        const long long d = h * FUSED_D + n * 8 + 2 * t;
-        if (i0 < seq)
-            st_half2<S>(dq, ((long long)b * seq + i0) * hid + d, scale * o[n][0],
-                        scale * o[n][1], true, out_pairs);
-        if (i1 < seq)
-            st_half2<S>(dq, ((long long)b * seq + i1) * hid + d, scale * o[n][2],
-                        scale * o[n][3], true, out_pairs);
-    }
+    mma_dim_tiles<S>(o, s, kt, g, t, (seq + 15) >> 4);
+    store_head_rows<S>(dq, o, scale, b, h, seq, hid, i0, i1, t);
 }
 // Grid (⌈seq / FUSED_Q⌉, heads, batch), FUSED_Q·2 threads; pd (probs_drop) read only with
 // `dropout`; ds: the 16-bit room for the softmax's gradient, [batch, heads, seq, seq].
@@ -716,7 +705,6 @@ __device__ __forceinline__ void attention_bwd_dkv_t(unsigned* at, unsigned* bt, 
     const bool live = k0 + r0 < seq;          // the warp has keys
     const int i0 = k0 + r0 + g, i1 = i0 + 8;  // this lane's two keys
     const int steps = (seq + 15) >> 4;        // queries, 16 a step
-    const bool out_pairs = ((unsigned long long)dk & 3) == 0 && ((unsigned long long)dv & 3) == 0;
     // dk = scale · dsᵀ·q, then dv = probs_dropᵀ·dctx, in the same shared room.
     NO_UNROLL
     for (int phase = 0; phase < 2; phase++) {
@@ -744,18 +732,7 @@ __device__ __forceinline__ void attention_bwd_dkv_t(unsigned* at, unsigned* bt, 
                 }
             }
         }
-        unsigned short* out = phase ? dv : dk;
-        const float alpha = phase ? 1.0f : scale;
-        UNROLL
-        for (int n = 0; n < FUSED_D / 8; n++) {
-            const long long d = h * FUSED_D + n * 8 + 2 * t;
-            if (i0 < seq)
-                st_half2<S>(out, ((long long)b * seq + i0) * hid + d, alpha * o[n][0],
-                            alpha * o[n][1], true, out_pairs);
-            if (i1 < seq)
-                st_half2<S>(out, ((long long)b * seq + i1) * hid + d, alpha * o[n][2],
-                            alpha * o[n][3], true, out_pairs);
-        }
+        store_head_rows<S>(phase ? dv : dk, o, phase ? 1.0f : scale, b, h, seq, hid, i0, i1, t);
     }
 }
 // Grid (⌈seq / FUSED_Q⌉, heads, batch), FUSED_Q·2 threads; pd: probs_drop, or probs without
