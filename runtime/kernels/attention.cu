@@ -250,6 +250,51 @@ __device__ __forceinline__ unsigned keep_pair(unsigned long long idx, DropKey k,
     return bits & 3u;
 }
 
+// n (at most 8; none when n ≤ 0) consecutive 16-bit elements at p as four words, zeros after.
+__device__ __forceinline__ void ld8_half_n(unsigned w[4], const unsigned short* p, int n) {
+    if (n >= 8) {
+        ld8_half(w, p);
+        return;
+    }
+    UNROLL
+    for (int u = 0; u < 4; u++) {
+        unsigned lo = 2 * u < n ? p[2 * u] : 0u, hi = 2 * u + 1 < n ? p[2 * u + 1] : 0u;
+        w[u] = lo | (hi << 16);
+    }
+}
+
+// Rows r0 … r0 + n − 1 of one head of a token tensor (its FUSED_D columns from tok0, rows hid
+// apart) into shared words, FUSED_LD elements a row, zeros past the sequence.
+__device__ __forceinline__ void fused_rows(unsigned* dst, const unsigned short* src, long long tok0,
+                                           int hid, int r0, int n, int seq) {
+    for (int c = threadIdx.x; c < n * (FUSED_D / 8); c += blockDim.x) {
+        int r = c / (FUSED_D / 8), d0 = c % (FUSED_D / 8) * 8;
+        unsigned w[4] = {0u, 0u, 0u, 0u};
+        if (r0 + r < seq) ld8_half(w, src + tok0 + (long long)(r0 + r) * hid + d0);
+        UNROLL
+        for (int u = 0; u < 4; u++) dst[(r * FUSED_LD + d0) / 2 + u] = w[u];
+    }
+}
+
+// An FUSED_KEYS × 8·`groups` block of a 16-bit matrix (rows `ld` apart from src; `rows` and
+// `cols` of them real, zeros past) transposed into shared words: dst row c, element r is
+// src[r, c], FUSED_LDT elements a row. Two rows' 8 elements a step, paired per column into words.
+__device__ __forceinline__ void fused_transpose(unsigned* dst, const unsigned short* src,
+                                                long long ld, int groups, int rows, int cols) {
+    for (int c = threadIdx.x; c < FUSED_KEYS / 2 * groups; c += blockDim.x) {
+        int r = c / groups * 2, c0 = c % groups * 8;
+        unsigned w0[4] = {0u, 0u, 0u, 0u}, w1[4] = {0u, 0u, 0u, 0u};
+        if (r < rows) ld8_half_n(w0, src + r * ld + c0, cols - c0);
+        if (r + 1 < rows) ld8_half_n(w1, src + (r + 1) * ld + c0, cols - c0);
+        UNROLL
+        for (int u = 0; u < 8; u++) {
+            unsigned lo = (w0[u >> 1] >> (16 * (u & 1))) & 0xffffu;
+            unsigned hi = (w1[u >> 1] >> (16 * (u & 1))) & 0xffffu;
+            dst[((c0 + u) * FUSED_LDT + r) / 2] = lo | (hi << 16);
+        }
+    }
+}
+
 // A warp's products over the FUSED_D dimensions, 16 at a step, with keys as the columns:
 // acc[j] = rows r0 + g and r0 + g + 8 of `as` times key tile j (keys 8j … 8j + 7) of `bs`, for
 // the `tiles` key tiles the sequence has (the rest stay 0). Both operands are shared rows of
@@ -339,33 +384,10 @@ __device__ __forceinline__ void attention_fused_t(unsigned* qs, unsigned* ks, un
     const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * FUSED_Q;
     const int hid = heads * FUSED_D;
     const long long tok0 = (long long)b * seq * hid + h * FUSED_D;  // (b, row 0, head h, dim 0)
-    // q and k: 8 elements of a row a step.
-    for (int c = threadIdx.x; c < FUSED_KEYS * (FUSED_D / 8); c += blockDim.x) {
-        int r = c / (FUSED_D / 8), d0 = c % (FUSED_D / 8) * 8;
-        unsigned w[4] = {0u, 0u, 0u, 0u};
-        if (r < seq) ld8_half(w, k + tok0 + (long long)r * hid + d0);
-        UNROLL
-        for (int u = 0; u < 4; u++) ks[(r * FUSED_LD + d0) / 2 + u] = w[u];
-        if (r < FUSED_Q) {
-            unsigned x[4] = {0u, 0u, 0u, 0u};
-            if (q0 + r < seq) ld8_half(x, q + tok0 + (long long)(q0 + r) * hid + d0);
-            UNROLL
-            for (int u = 0; u < 4; u++) qs[(r * FUSED_LD + d0) / 2 + u] = x[u];
-        }
-    }
-    // v transposed: two keys' 8 elements a step, paired per dimension into words.
-    for (int c = threadIdx.x; c < FUSED_KEYS / 2 * (FUSED_D / 8); c += blockDim.x) {
-        int r = c / (FUSED_D / 8) * 2, d0 = c % (FUSED_D / 8) * 8;
-        unsigned w0[4] = {0u, 0u, 0u, 0u}, w1[4] = {0u, 0u, 0u, 0u};
-        if (r < seq) ld8_half(w0, v + tok0 + (long long)r * hid + d0);
-        if (r + 1 < seq) ld8_half(w1, v + tok0 + (long long)(r + 1) * hid + d0);
-        UNROLL
-        for (int u = 0; u < 8; u++) {
-            unsigned lo = (w0[u >> 1] >> (16 * (u & 1))) & 0xffffu;
-            unsigned hi = (w1[u >> 1] >> (16 * (u & 1))) & 0xffffu;
-            vt[((d0 + u) * FUSED_LDT + r) / 2] = lo | (hi << 16);
-        }
-    }
+    // q (the block's) and k rows, v transposed; zeros past the sequence.
+    fused_rows(qs, q, tok0, hid, q0, FUSED_Q, seq);
+    fused_rows(ks, k, tok0, hid, 0, FUSED_KEYS, seq);
+    fused_transpose(vt, v + tok0, hid, FUSED_D / 8, seq, FUSED_D);
     __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int r0 = warp * 16;            // the warp's first row in the block's queries
@@ -515,51 +537,6 @@ extern "C" __global__ void attention_fused(void* ctx, void* probs, void* probs_d
 // product Σ x·p is added in another order than the unfused kernel's (a lane's keys in order,
 // then the quad's butterfly), and the products' additions in the tensor cores' order: within
 // the tolerance the CPU comparison allows any GEMM (runtime/emu/tests/attention.rs).
-
-// n (at most 8; none when n ≤ 0) consecutive 16-bit elements at p as four words, zeros after.
-__device__ __forceinline__ void ld8_half_n(unsigned w[4], const unsigned short* p, int n) {
-    if (n >= 8) {
-        ld8_half(w, p);
-        return;
-    }
-    UNROLL
-    for (int u = 0; u < 4; u++) {
-        unsigned lo = 2 * u < n ? p[2 * u] : 0u, hi = 2 * u + 1 < n ? p[2 * u + 1] : 0u;
-        w[u] = lo | (hi << 16);
-    }
-}
-
-// Rows r0 … r0 + n − 1 of one head of a token tensor (its FUSED_D columns from tok0, rows hid
-// apart) into shared words, FUSED_LD elements a row, zeros past the sequence.
-__device__ __forceinline__ void fused_rows(unsigned* dst, const unsigned short* src, long long tok0,
-                                           int hid, int r0, int n, int seq) {
-    for (int c = threadIdx.x; c < n * (FUSED_D / 8); c += blockDim.x) {
-        int r = c / (FUSED_D / 8), d0 = c % (FUSED_D / 8) * 8;
-        unsigned w[4] = {0u, 0u, 0u, 0u};
-        if (r0 + r < seq) ld8_half(w, src + tok0 + (long long)(r0 + r) * hid + d0);
-        UNROLL
-        for (int u = 0; u < 4; u++) dst[(r * FUSED_LD + d0) / 2 + u] = w[u];
-    }
-}
-
-// An FUSED_KEYS × 8·`groups` block of a 16-bit matrix (rows `ld` apart from src; `rows` and
-// `cols` of them real, zeros past) transposed into shared words: dst row c, element r is
-// src[r, c], FUSED_LDT elements a row. Two rows' 8 elements a step, paired per column into words.
-__device__ __forceinline__ void fused_transpose(unsigned* dst, const unsigned short* src,
-                                                long long ld, int groups, int rows, int cols) {
-    for (int c = threadIdx.x; c < FUSED_KEYS / 2 * groups; c += blockDim.x) {
-        int r = c / groups * 2, c0 = c % groups * 8;
-        unsigned w0[4] = {0u, 0u, 0u, 0u}, w1[4] = {0u, 0u, 0u, 0u};
-        if (r < rows) ld8_half_n(w0, src + r * ld + c0, cols - c0);
-        if (r + 1 < rows) ld8_half_n(w1, src + (r + 1) * ld + c0, cols - c0);
-        UNROLL
-        for (int u = 0; u < 8; u++) {
-            unsigned lo = (w0[u >> 1] >> (16 * (u & 1))) & 0xffffu;
-            unsigned hi = (w1[u >> 1] >> (16 * (u & 1))) & 0xffffu;
-            dst[((c0 + u) * FUSED_LDT + r) / 2] = lo | (hi << 16);
-        }
-    }
-}
 
 // Elements at and at + 1 (x1 only with `both`, else 0) of a 16-bit buffer of type S: one 32-bit
 // load with `pairs` (st_half2's condition).
