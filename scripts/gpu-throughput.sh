@@ -6,11 +6,12 @@
 # the steps after the first 10, their ratio, and each side's MFU with llm.c's FLOP count
 # (6·N + 6·L·C·T per token, N every parameter; train_gpt2.cu) against the GPU's dense bf16 peak
 # (PEAK_TFLOPS, default 989: H100/H200 SXM; ../shared/reference/cuda-testing.md).
-# Ours runs twice more, with cuBLAS converting the GEMMs' operands (RECIPE_HALF_GEMM=convert,
-# docs/cuda.md "Half-precision GEMMs"), and profiled (`recipe run --profile`) in both modes:
-# $OUT/profile.json and $OUT/profile-convert.json say where the GPU's time goes; ours runs with
-# its passes replayed as CUDA graphs (the default, docs/cuda.md "CUDA graphs"), and once more
-# launching them directly (RECIPE_CUDA_GRAPHS=0).
+# Ours runs again with cuBLAS converting the GEMMs' operands (RECIPE_HALF_GEMM=convert,
+# docs/cuda.md "Half-precision GEMMs"), without the fused attention kernels
+# (RECIPE_FUSED_ATTENTION=0: the batched products and the softmax kernels, for the A/B), and
+# profiled (`recipe run --profile`): $OUT/profile.json says where the GPU's time goes; ours runs
+# with its passes replayed as CUDA graphs (the default, docs/cuda.md "CUDA graphs"), and once
+# more launching them directly (RECIPE_CUDA_GRAPHS=0).
 #
 #   scripts/gpu-throughput.sh                     # on a GPU (called by scripts/gpu-check.sh)
 #   DEVICE=cpu SHAPE=tiny scripts/gpu-throughput.sh   # a dry run of the script on any machine
@@ -62,11 +63,13 @@ PY
 [ "${SETUP_ONLY:-0}" = 1 ] && exit 0
 
 # ours NAME MODE STEPS [--profile]: one run of ours into $W/NAME, RECIPE_HALF_GEMM=MODE
-# (RECIPE_CUDA_GRAPHS=$GRAPHS, default 1), at most $RUN_LIMIT seconds.
+# (RECIPE_CUDA_GRAPHS=$GRAPHS, default 1; RECIPE_FUSED_ATTENTION=$FUSED, default 1), at most
+# $RUN_LIMIT seconds.
 ours() {
     local name=$1 mode=$2 steps=$3
     shift 3
-    ( cd "$W" && RECIPE_HALF_GEMM="$mode" RECIPE_CUDA_GRAPHS="${GRAPHS:-1}" timeout "$RUN_LIMIT" "$BIN" run --quiet --device "$DEVICE" "$@" bert-base.rcp \
+    ( cd "$W" && RECIPE_HALF_GEMM="$mode" RECIPE_CUDA_GRAPHS="${GRAPHS:-1}" \
+        RECIPE_FUSED_ATTENTION="${FUSED:-1}" timeout "$RUN_LIMIT" "$BIN" run --quiet --device "$DEVICE" "$@" bert-base.rcp \
         --set "batch.micro=$MICRO" --set "data.max_len=$SEQ" --set "train.max_steps=$steps" \
         --set "train.output_dir=\"$name\"" ) > "$W/$name.log" 2>&1 \
         || { echo "recipe run ($name) failed: $W/$name.log" >&2; tail -5 "$W/$name.log" >&2; }
@@ -79,11 +82,10 @@ timeout "$RUN_LIMIT" "$PY" scripts/gpu/torch_bert_bench.py --device "$DEVICE" --
 ours out pack "$STEPS"
 ours convert convert "$STEPS"
 GRAPHS=0 ours direct pack "$STEPS"
+FUSED=0 ours unfused pack "$STEPS"
 if [ "$DEVICE" = cuda ]; then
     ours profiled pack "$((WARM + 10))" --profile
-    ours profiled-convert convert "$((WARM + 10))" --profile
     cp "$W/profiled/profile.json" "$OUT/profile.json" 2>/dev/null || true
-    cp "$W/profiled-convert/profile.json" "$OUT/profile-convert.json" 2>/dev/null || true
 fi
 
 "$PY" - "$W" "$DEVICE" "$L" "$C" "$SEQ" "$WARM" "${PEAK_TFLOPS:-989}" > "$OUT/throughput.json" <<'PY'
@@ -110,7 +112,9 @@ out["recipe"] = rate("out")
 out["recipe_convert"] = rate("convert")
 # And launching its kernels directly (RECIPE_CUDA_GRAPHS=0), not as graphs.
 out["recipe_direct"] = rate("direct")
-for run, key in (("profiled", "profile"), ("profiled-convert", "profile_convert")):
+# And without the fused attention kernels (RECIPE_FUSED_ATTENTION=0).
+out["recipe_unfused_attention"] = rate("unfused")
+for run, key in (("profiled", "profile"),):
     try:
         p = json.load(open(f"{w}/{run}/profile.json"))
         out[key] = {"busy_share": p["busy_s"] / p["span_s"] if p["span_s"] else None,
@@ -133,6 +137,9 @@ if ours and theirs:
     direct = out["recipe_direct"].get("samples_per_s")
     if direct:
         out["ratio_direct_over_torch"] = direct / theirs
+    unfused = out["recipe_unfused_attention"].get("samples_per_s")
+    if unfused:
+        out["ratio_unfused_attention_over_torch"] = unfused / theirs
     if device == "cuda":
         out["peak_tflops_bf16"] = peak
         out["mfu_recipe"] = ours * flops_per_sample / (peak * 1e12)

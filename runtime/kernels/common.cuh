@@ -272,22 +272,36 @@ __device__ __forceinline__ void ldv_rt(float v[VEC], const void* p, long long i,
         v[u] = f32 ? __uint_as_float(w[u]) : h;
     }
 }
+// v (values already rounded to T where T is a half type: `st`) as the words ld_words would
+// load for them, exactly.
+template <int T>
+__device__ __forceinline__ void pack_words(unsigned w[VEC], const float v[VEC]) {
+    if (T == STORE_F32) {
+        UNROLL
+        for (int u = 0; u < VEC; u++) w[u] = __float_as_uint(v[u]);
+    } else {
+        UNROLL
+        for (int u = 0; u < VEC / 2; u++)
+            w[u] = (unsigned)half_bits(v[2 * u], T) | ((unsigned)half_bits(v[2 * u + 1], T) << 16);
+    }
+}
+// Stores pack_words' (or ld_words') words as elements i … i + VEC − 1 of a buffer of type T.
+template <int T>
+__device__ __forceinline__ void st_words(void* p, long long i, const unsigned w[VEC]) {
+    if (T == STORE_F32) {
+        st16((float*)p + i, w);
+        st16((float*)p + i + 4, w + 4);
+    } else {
+        st16((unsigned short*)p + i, w);
+    }
+}
 // Stores v (values already rounded to T where T is a half type: `st`) as elements
 // i … i + VEC − 1 of a buffer of type T, exactly.
 template <int T>
 __device__ __forceinline__ void stv(void* p, long long i, const float v[VEC]) {
     unsigned w[VEC];
-    if (T == STORE_F32) {
-        UNROLL
-        for (int u = 0; u < VEC; u++) w[u] = __float_as_uint(v[u]);
-        st16((float*)p + i, w);
-        st16((float*)p + i + 4, w + 4);
-    } else {
-        UNROLL
-        for (int u = 0; u < VEC / 2; u++)
-            w[u] = (unsigned)half_bits(v[2 * u], T) | ((unsigned)half_bits(v[2 * u + 1], T) << 16);
-        st16((unsigned short*)p + i, w);
-    }
+    pack_words<T>(w, v);
+    st_words<T>(p, i, w);
 }
 
 // Stores v as element i of a buffer of type t (ld's): a value already rounded to that dtype

@@ -33,20 +33,34 @@ __device__ __forceinline__ bool ln_vec(int cols, bool acts) {
     return acts && cols % VEC == 0 && cols <= LN_CHUNKS * LN_SPAN;
 }
 
+// The dropout mask of a lane's elements of row r, bit k · VEC + u for column
+// k · LN_SPAN + lane · VEC + u (the dropout kernel's Philox blocks of elements r · cols + c):
+// drawn in a rolled loop, the generator's code once rather than once per chunk.
+__device__ __forceinline__ unsigned ln_row_mask(long long r, int cols, int lane, DropKey key,
+                                                unsigned threshold) {
+    unsigned kept = 0;
+    NO_UNROLL
+    for (int k = 0; k < LN_CHUNKS; k++) {
+        int c = k * LN_SPAN + lane * VEC;
+        if (c >= cols) break;
+        NO_UNROLL
+        for (int h = 0; h < VEC / 4; h++) {
+            unsigned long long blk = (unsigned long long)(r * cols + c) / 4 + h;
+            kept |= dropout_keep4(blk, key.seed, key.stream, threshold) << (k * VEC + 4 * h);
+        }
+    }
+    return kept;
+}
+
 // out = xhat · w + b rounded to `store`, xhat = (x − mean) · rstd computed in double and then
 // rounded to f32, as the CPU computes it.
 // w and b are typed buffers (the model's parameters), as inp and out.
+// The row's values are xw (ld_words' words of the lane's columns).
 template <int T>
-__device__ __forceinline__ void layernorm_fwd_v(void* out, float* mean, float* rstd,
-                                                const void* inp, const void* w, const void* b,
-                                                int wb_t, long long r, int cols, float eps,
-                                                int lane) {
-    unsigned xw[LN_CHUNKS][VEC];
-    UNROLL
-    for (int k = 0; k < LN_CHUNKS; k++) {
-        int c = k * LN_SPAN + lane * VEC;
-        if (c < cols) ld_words<T>(xw[k], inp, r * cols + c);
-    }
+__device__ __forceinline__ void layernorm_row_v(const unsigned xw[LN_CHUNKS][VEC], void* out,
+                                                float* mean, float* rstd, const void* w,
+                                                const void* b, int wb_t, long long r, int cols,
+                                                float eps, int lane) {
     double s = 0.0;
     UNROLL
     for (int k = 0; k < LN_CHUNKS; k++) {
@@ -89,6 +103,20 @@ __device__ __forceinline__ void layernorm_fwd_v(void* out, float* mean, float* r
         mean[r] = (float)m;
         rstd[r] = (float)rs;
     }
+}
+
+template <int T>
+__device__ __forceinline__ void layernorm_fwd_v(void* out, float* mean, float* rstd,
+                                                const void* inp, const void* w, const void* b,
+                                                int wb_t, long long r, int cols, float eps,
+                                                int lane) {
+    unsigned xw[LN_CHUNKS][VEC];
+    UNROLL
+    for (int k = 0; k < LN_CHUNKS; k++) {
+        int c = k * LN_SPAN + lane * VEC;
+        if (c < cols) ld_words<T>(xw[k], inp, r * cols + c);
+    }
+    layernorm_row_v<T>(xw, out, mean, rstd, w, b, wb_t, r, cols, eps, lane);
 }
 
 extern "C" __global__ void layernorm_fwd(void* out, int out_t, float* mean, float* rstd,
@@ -136,6 +164,86 @@ extern "C" __global__ void layernorm_fwd(void* out, int out_t, float* mean, floa
 #undef x
 }
 
+// LayerNorm's forward on a residual branch's sum, LN(residual + dropout(res + bias)) with `res`
+// a linear layer's output (Backend::bias_dropout_add_layernorm): res = st(st(st(res + bias) ·
+// mask) + residual), elementwise.cu's bias_dropout_add per element (its Philox blocks, its
+// roundings), stored for the backward and kept in registers for layernorm_fwd's row: one pass
+// where the two kernels read and wrote res, then read it again. The vectorised path's buffers
+// only, of a 16-bit storage dtype (the host launches the two kernels otherwise; an f32 row would
+// hold twice the registers), so the two kernels' bits.
+template <int T>
+__device__ __forceinline__ void bias_dropout_add_layernorm_v(
+    void* res, const void* bias, const void* residual, void* out, float* mean, float* rstd,
+    const void* w, const void* b, int p_t, long long r, int cols, float eps, int drop,
+    DropKey key, unsigned threshold, float scale, int lane) {
+    unsigned xw[LN_CHUNKS][VEC], rw[LN_CHUNKS][VEC];
+    UNROLL
+    for (int k = 0; k < LN_CHUNKS; k++) {
+        int c = k * LN_SPAN + lane * VEC;
+        if (c < cols) {
+            ld_words<T>(xw[k], res, r * cols + c);
+            ld_words<T>(rw[k], residual, r * cols + c);
+        }
+    }
+    // The row's dropout mask, drawn while the loads are in flight. Without dropout every
+    // element is kept and multiplied by 1, which changes no bit of a rounded value: one body for
+    // both (a branch per element had the compiler copy the row's code per case).
+    unsigned kept = drop ? ln_row_mask(r, cols, lane, key, threshold) : ~0u;
+    float keep_scale = drop ? scale : 1.0f;
+    UNROLL
+    for (int k = 0; k < LN_CHUNKS; k++) {
+        int c = k * LN_SPAN + lane * VEC;
+        if (c < cols) {
+            float bv[VEC], v[VEC];
+            ldv_rt(bv, bias, c, p_t);
+            UNROLL
+            for (int u = 0; u < VEC; u++) {
+                float x = st(unpack<T>(xw[k], u) + bv[u], T);
+                x = st(op_mul(x, (kept >> (k * VEC + u)) & 1u ? keep_scale : 0.0f), T);
+                v[u] = st(x + unpack<T>(rw[k], u), T);
+            }
+            pack_words<T>(xw[k], v);
+            st_words<T>(res, r * cols + c, xw[k]);
+        }
+    }
+    layernorm_row_v<T>(xw, out, mean, rstd, w, b, p_t, r, cols, eps, lane);
+}
+
+// `store` a 16-bit dtype; every buffer 16-byte aligned, of the storage dtype but the parameters
+// (bias, w, b: of type p_t); cols a multiple of VEC and at most LN_CHUNKS · LN_SPAN
+// (kernels/layernorm.rs checks all of it).
+//
+// At most 64 registers a thread (four blocks of BLOCK an SM, 32 warps): BERT-base's 4096 rows are
+// then one wave of the H200's 132 SMs (4224 warps) instead of 1.2 (ptxas gives it 66 without
+// the bound, 64 with it, no spills). The bound is declared on this prototype, where the kernel
+// name parsers (kernels/mod.rs, the emulator's build.rs, scripts/check-kernels.sh) do not look.
+extern "C" __global__ __launch_bounds__(BLOCK, 4) void
+bias_dropout_add_layernorm(void* res, const void* bias, const void* residual, void* out,
+                           float* mean, float* rstd, const void* w, const void* b, int p_t,
+                           int rows, int cols, float eps, int drop, const unsigned* key,
+                           unsigned long long site, unsigned threshold, float scale, int store);
+extern "C" __global__ void bias_dropout_add_layernorm(void* res, const void* bias,
+                                                      const void* residual, void* out,
+                                                      float* mean, float* rstd, const void* w,
+                                                      const void* b, int p_t, int rows,
+                                                      int cols, float eps, int drop,
+                                                      const unsigned* key,
+                                                      unsigned long long site,
+                                                      unsigned threshold, float scale,
+                                                      int store) {
+    long long r = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (r >= rows) return;  // a whole warp leaves together
+    int lane = threadIdx.x & 31;
+    DropKey k = {0, 0};
+    if (drop) k = drop_key(key, site);
+    if (store == STORE_F16)
+        bias_dropout_add_layernorm_v<STORE_F16>(res, bias, residual, out, mean, rstd, w, b, p_t,
+                                                r, cols, eps, drop, k, threshold, scale, lane);
+    else
+        bias_dropout_add_layernorm_v<STORE_BF16>(res, bias, residual, out, mean, rstd, w, b, p_t,
+                                                 r, cols, eps, drop, k, threshold, scale, lane);
+}
+
 // Backward, dinp (overwritten): one warp per row, as the forward. With xhat = (x − mean) · rstd and
 // dxhat = dout · w, both in f32 from the saved statistics,
 //   dinp = rstd · (dxhat − mean(dxhat) − xhat · mean(dxhat · xhat)),
@@ -180,22 +288,7 @@ __device__ __forceinline__ void layernorm_bwd_dinp_v(void* dinp, const void* dou
     }
     float mean_d = (float)(warp_sum_d(sd) / cols);
     float mean_dx = (float)(warp_sum_d(sdx) / cols);
-    // The dropout mask of the lane's elements, bit k · VEC + u for column
-    // k · LN_SPAN + lane · VEC + u: drawn in a rolled loop (the generator's code once, not once
-    // per chunk).
-    unsigned kept = 0;
-    if (keep && dropout) {
-        NO_UNROLL
-        for (int k = 0; k < LN_CHUNKS; k++) {
-            int c = k * LN_SPAN + lane * VEC;
-            if (c >= cols) break;
-            NO_UNROLL
-            for (int h = 0; h < VEC / 4; h++) {
-                unsigned long long blk = (unsigned long long)(r * cols + c) / 4 + h;
-                kept |= dropout_keep4(blk, key.seed, key.stream, threshold) << (k * VEC + 4 * h);
-            }
-        }
-    }
+    unsigned kept = keep && dropout ? ln_row_mask(r, cols, lane, key, threshold) : 0;
     UNROLL
     for (int k = 0; k < LN_CHUNKS; k++) {
         int c = k * LN_SPAN + lane * VEC;
@@ -236,12 +329,13 @@ extern "C" __global__ void layernorm_bwd_dinp(void* dinp, int dinp_t, const void
     float m = mean[r], rs = rstd[r];
     DropKey k = {0, 0};
     if (keep && dropout) k = drop_key(key, site);
-    bool acts = dinp_t == store && dout_t == store && inp_t == store &&
+    // A 16-bit store's vectorised path is layernorm_bwd_dinp16's (below).
+    bool acts = store == STORE_F32 && dinp_t == store && dout_t == store && inp_t == store &&
                 (!keep || keep_t == store);
     if (ln_vec(cols, acts) && aligned16(dinp) && aligned16(dout) && aligned16(inp) &&
         aligned16(w) && aligned16(keep)) {
-        BY_TYPE(store, layernorm_bwd_dinp_v, dinp, dout, inp, w, w_t, m, rs, r, cols, keep, dropout,
-                k, threshold, dscale, lane);
+        layernorm_bwd_dinp_v<STORE_F32>(dinp, dout, inp, w, w_t, m, rs, r, cols, keep, dropout, k,
+                                        threshold, dscale, lane);
         return;
     }
 #define x(c) ld(inp, r * cols + (c), inp_t)
@@ -271,6 +365,39 @@ extern "C" __global__ void layernorm_bwd_dinp(void* dinp, int dinp_t, const void
 #undef g
 #undef x
 #undef each_col
+}
+
+// layernorm_bwd_dinp's vectorised path for a 16-bit store, where the host has checked that it
+// applies (kernels/layernorm.rs: every activation buffer of the storage dtype and 16-byte aligned,
+// as w; cols a multiple of VEC and at most LN_CHUNKS · LN_SPAN); the same arguments. A kernel of
+// its own for its registers: layernorm_bwd_dinp with every path takes 117, so an SM holds two
+// blocks (16 warps) and BERT-base's 4096 rows take two waves of the H200's 132 SMs; this path
+// alone takes 72, and 64 under the bound below (no spills): four blocks, one wave.
+extern "C" __global__ __launch_bounds__(BLOCK, 4) void
+layernorm_bwd_dinp16(void* dinp, int dinp_t, const void* dout, int dout_t, const void* inp,
+                     int inp_t, const void* w, int w_t, const float* mean, const float* rstd,
+                     int rows, int cols, int store, void* keep, int keep_t, int dropout,
+                     const unsigned* key, unsigned long long site, unsigned threshold,
+                     float dscale);
+extern "C" __global__ void layernorm_bwd_dinp16(void* dinp, int dinp_t, const void* dout,
+                                                int dout_t, const void* inp, int inp_t,
+                                                const void* w, int w_t, const float* mean,
+                                                const float* rstd, int rows, int cols, int store,
+                                                void* keep, int keep_t, int dropout,
+                                                const unsigned* key, unsigned long long site,
+                                                unsigned threshold, float dscale) {
+    long long r = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (r >= rows) return;  // a whole warp leaves together
+    int lane = threadIdx.x & 31;
+    float m = mean[r], rs = rstd[r];
+    DropKey k = {0, 0};
+    if (keep && dropout) k = drop_key(key, site);
+    if (store == STORE_F16)
+        layernorm_bwd_dinp_v<STORE_F16>(dinp, dout, inp, w, w_t, m, rs, r, cols, keep, dropout,
+                                        k, threshold, dscale, lane);
+    else
+        layernorm_bwd_dinp_v<STORE_BF16>(dinp, dout, inp, w, w_t, m, rs, r, cols, keep, dropout,
+                                         k, threshold, dscale, lane);
 }
 
 // Backward, dw += Σ_r dout · xhat and db += Σ_r dout, rounded, in Backend::bias_grad's order

@@ -461,6 +461,8 @@ T shuffle(unsigned mask, T v, unsigned src_lane_xor, bool is_xor, unsigned src_a
 #define __device__
 #define __host__
 #define __forceinline__ inline
+// A register budget for ptxas; nothing to the emulation.
+#define __launch_bounds__(...)
 #define __restrict__ __restrict
 #define __shared__ static
 #define DYN_SHARED(T, name) T* name = static_cast<T*>(emu::dyn_smem())

@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{close, pair, rand};
+use common::{calls, close, pair, rand};
 use recipe_runtime::backend::Backend;
 use recipe_runtime::precision::Dtype;
 
@@ -263,6 +263,277 @@ fn the_residual_split_is_the_backward_copy_and_dropout_bit_for_bit() {
                 };
                 let what = format!("{store:?} {rows}x{cols} dropout {} +{extra}", d.is_some());
                 assert_eq!(run(true), run(false), "{what}");
+            }
+        }
+    }
+}
+
+/// `bias_dropout_add_layernorm` (one kernel on a device keeping 16-bit buffers) against
+/// `bias_dropout_add` then `layernorm_fwd` on the same device, bit for bit — `res` kept for the
+/// backward, the LayerNorm's output, mean and rstd — with and without dropout, with the
+/// parameters in f32 and in the storage dtype; and against the CPU's two calls. Widths of one
+/// vector (8), BERT's 768, the widest the kernel takes (1024), and two it does not (1032, 12),
+/// which take the two kernels; f32 storage always takes them.
+#[test]
+fn the_residual_layernorm_is_bias_dropout_add_then_the_forward_bit_for_bit() {
+    use recipe_kernel_emu::EmuTyped;
+    use recipe_runtime::backend::device::Device;
+    use recipe_runtime::backend::kernels::Kernels;
+    use recipe_runtime::backend::Dropout;
+    let drop = Dropout {
+        p: 0.25,
+        seed: 0x5eed,
+        stream: 4,
+        site: 3,
+    };
+    for store in STORES {
+        let k = Kernels::new(EmuTyped).with_store(store);
+        let cpu = recipe_runtime::backend::Cpu::new(1).with_store(store);
+        for (rows, cols) in [(1, 8), (9, 768), (3, 1024), (2, 1032), (5, 12)] {
+            let n = rows * cols;
+            let mut y = rand(n, 2.0, 21);
+            let mut x = input(rows, cols, store);
+            let mut p = [
+                rand(cols, 0.5, 22),
+                rand(cols, 1.0, 23),
+                rand(cols, 0.5, 24),
+            ];
+            store.round_slice(&mut y);
+            store.round_slice(&mut x);
+            p.iter_mut().for_each(|v| store.round_slice(v));
+            let put = |v: &[f32]| {
+                let mut b = k.alloc_stored(v.len());
+                k.write(k.view_mut(&mut b), v);
+                b
+            };
+            let get = |b: &<Kernels<EmuTyped> as Backend>::Buf, len: usize| {
+                let mut out = vec![0.0; len];
+                k.download(k.view(b), &mut out);
+                bits(&out)
+            };
+            for d in [None, Some(&drop)] {
+                for p16 in [false, true] {
+                    let params = p.clone().map(|v| if p16 { put(&v) } else { k.upload(&v) });
+                    let [bias, w, b] = &params;
+                    let xb = put(&x);
+                    let run = |fused: bool| {
+                        let mut res = put(&y);
+                        let mut out = put(&vec![7.0; n]);
+                        let (mut m, mut r) =
+                            (k.upload(&vec![7.0; rows]), k.upload(&vec![7.0; rows]));
+                        if fused {
+                            k.bias_dropout_add_layernorm(
+                                &mut res,
+                                k.view(bias),
+                                d,
+                                k.view(&xb),
+                                (k.view_mut(&mut out), k.view_mut(&mut m), k.view_mut(&mut r)),
+                                k.view(w),
+                                k.view(b),
+                                rows,
+                                cols,
+                                1e-5,
+                            );
+                        } else {
+                            k.bias_dropout_add(&mut res, k.view(bias), rows, cols, d, k.view(&xb));
+                            k.layernorm_fwd(
+                                k.view_mut(&mut out),
+                                k.view_mut(&mut m),
+                                k.view_mut(&mut r),
+                                k.view(&res),
+                                k.view(w),
+                                k.view(b),
+                                rows,
+                                cols,
+                                1e-5,
+                            );
+                        }
+                        [get(&res, n), get(&out, n), get(&m, rows), get(&r, rows)]
+                    };
+                    let what = format!(
+                        "{store:?} {rows}x{cols} dropout {} 16-bit parameters {p16}",
+                        d.is_some()
+                    );
+                    assert!(EmuTyped.start_profile());
+                    let fused = run(true);
+                    let prof = EmuTyped.profile().expect("started");
+                    // One kernel where its path applies; the two otherwise.
+                    let fits = store != Dtype::F32 && cols % 8 == 0 && cols <= 1024;
+                    let launched = ["bias_dropout_add_layernorm", "bias_dropout_add"]
+                        .map(|name| calls(&prof, name));
+                    assert_eq!(launched, [u64::from(fits), u64::from(!fits)], "{what}");
+                    assert_eq!(fused, run(false), "{what}");
+                    // And the CPU's two calls: its `res` bit for bit (the same roundings and
+                    // Philox mask); the LayerNorm within forward_matches_the_cpu's slack.
+                    let mut res = y.clone();
+                    let (mut o, mut m, mut r) = (vec![0.0; n], vec![0.0; rows], vec![0.0; rows]);
+                    cpu.bias_dropout_add_layernorm(
+                        &mut res,
+                        &p[0],
+                        d,
+                        &x,
+                        (&mut o, &mut m, &mut r),
+                        &p[1],
+                        &p[2],
+                        rows,
+                        cols,
+                        1e-5,
+                    );
+                    assert_eq!(fused[0], bits(&res), "res vs CPU {what}");
+                    let f = |b: &[u32]| b.iter().map(|&u| f32::from_bits(u)).collect::<Vec<_>>();
+                    let atol = store_ulp(store) * 4.0 * (cols as f32).sqrt();
+                    close(
+                        &format!("out vs CPU {what}"),
+                        &f(&fused[1]),
+                        &o,
+                        atol,
+                        store_ulp(store),
+                    );
+                    close(
+                        &format!("mean vs CPU {what}"),
+                        &f(&fused[2]),
+                        &m,
+                        0.0,
+                        F32_ULP,
+                    );
+                    close(
+                        &format!("rstd vs CPU {what}"),
+                        &f(&fused[3]),
+                        &r,
+                        0.0,
+                        F32_ULP,
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The backward's vectorised path for 16-bit buffers (`layernorm_bwd_dinp16`, a kernel of its
+/// own) against the generic path the same device takes for f32 buffers holding the same values
+/// (the emulated device `Emu`), bit for bit: `dinp`, the residual split's `keep`, `dw` and `db`,
+/// with and without the split and its dropout, the weight in f32 and in the storage dtype.
+/// Widths the path takes (8, 768, 1024) and two it does not (1032, 12).
+#[test]
+fn the_sixteen_bit_backward_kernel_is_the_generic_path_bit_for_bit() {
+    use recipe_kernel_emu::EmuTyped;
+    use recipe_runtime::backend::device::Device;
+    use recipe_runtime::backend::kernels::Kernels;
+    use recipe_runtime::backend::Dropout;
+    let drop = Dropout {
+        p: 0.3,
+        seed: 0x5eed,
+        stream: 5,
+        site: 1,
+    };
+    for store in [Dtype::F16, Dtype::Bf16] {
+        let k = Kernels::new(EmuTyped).with_store(store);
+        let (g, c) = pair(store);
+        for (rows, cols) in [(1, 8), (9, 768), (3, 1024), (2, 1032), (5, 12)] {
+            let n = rows * cols;
+            let x = input(rows, cols, store);
+            let (mut w, mut dout) = (rand(cols, 1.0, 31), rand(n, 1.0, 32));
+            store.round_slice(&mut w);
+            store.round_slice(&mut dout);
+            let (mut o, mut m, mut r) = (vec![0.0; n], vec![0.0; rows], vec![0.0; rows]);
+            c.layernorm_fwd(
+                &mut o,
+                &mut m,
+                &mut r,
+                &x,
+                &w,
+                &vec![0.0; cols],
+                rows,
+                cols,
+                1e-5,
+            );
+            let put = |v: &[f32]| {
+                let mut b = k.alloc_stored(v.len());
+                k.write(k.view_mut(&mut b), v);
+                b
+            };
+            let get = |b: &<Kernels<EmuTyped> as Backend>::Buf, len: usize| {
+                let mut out = vec![0.0; len];
+                k.download(k.view(b), &mut out);
+                bits(&out)
+            };
+            for (split, d) in [(false, None), (true, None), (true, Some(&drop))] {
+                for w16 in [false, true] {
+                    let what = format!(
+                        "{store:?} {rows}x{cols} split {split} dropout {} 16-bit weight {w16}",
+                        d.is_some()
+                    );
+                    // The 16-bit buffers.
+                    let (xb, gb) = (put(&x), put(&dout));
+                    let wb = if w16 { put(&w) } else { k.upload(&w) };
+                    let (mb, rb) = (k.upload(&m), k.upload(&r));
+                    let (mut di, mut keep) = (put(&vec![7.0; n]), put(&vec![7.0; n]));
+                    let (mut dw, mut db) =
+                        (k.upload(&vec![0.5; cols]), k.upload(&vec![-0.25; cols]));
+                    let args = (
+                        k.view(&gb),
+                        k.view(&xb),
+                        k.view(&wb),
+                        k.view(&mb),
+                        k.view(&rb),
+                    );
+                    assert!(EmuTyped.start_profile());
+                    if split {
+                        k.layernorm_bwd_split(
+                            (&mut di, &mut keep, d),
+                            k.view_mut(&mut dw),
+                            k.view_mut(&mut db),
+                            args.0,
+                            args.1,
+                            args.2,
+                            args.3,
+                            args.4,
+                            rows,
+                            cols,
+                        );
+                    } else {
+                        k.layernorm_bwd(
+                            k.view_mut(&mut di),
+                            k.view_mut(&mut dw),
+                            k.view_mut(&mut db),
+                            args.0,
+                            args.1,
+                            args.2,
+                            args.3,
+                            args.4,
+                            rows,
+                            cols,
+                        );
+                    }
+                    let prof = EmuTyped.profile().expect("started");
+                    let fits = cols % 8 == 0 && cols <= 1024;
+                    let launched = ["layernorm_bwd_dinp16", "layernorm_bwd_dinp"]
+                        .map(|name| calls(&prof, name));
+                    assert_eq!(launched, [u64::from(fits), u64::from(!fits)], "{what}");
+                    let got = [get(&di, n), get(&keep, n), get(&dw, cols), get(&db, cols)];
+                    // The f32 buffers.
+                    let (mut di, mut keep) = (vec![7.0; n], vec![7.0; n]);
+                    let (mut dw, mut db) = (vec![0.5; cols], vec![-0.25; cols]);
+                    if split {
+                        g.layernorm_bwd_split(
+                            (&mut di, &mut keep, d),
+                            &mut dw,
+                            &mut db,
+                            &dout,
+                            &x,
+                            &w,
+                            &m,
+                            &r,
+                            rows,
+                            cols,
+                        );
+                    } else {
+                        g.layernorm_bwd(
+                            &mut di, &mut dw, &mut db, &dout, &x, &w, &m, &r, rows, cols,
+                        );
+                    }
+                    assert_eq!(got, [di, keep, dw, db].map(|v| bits(&v)), "{what}");
+                }
             }
         }
     }

@@ -606,6 +606,28 @@ pub trait Backend {
         self.add_assign(self.view_mut(out), residual);
     }
 
+    /// [`Backend::bias_dropout_add`] on `res`, then [`Backend::layernorm_fwd`] of it into
+    /// `out`: a post-LN residual branch, `out = LN(residual + dropout(res + bias))`, with `res`
+    /// kept for the backward. By default those two calls; a GPU makes them one pass (the same
+    /// bits), where two would read `res` twice.
+    #[allow(clippy::too_many_arguments)]
+    fn bias_dropout_add_layernorm(
+        &self,
+        res: &mut Self::Buf,
+        bias: Self::View<'_>,
+        dropout: Option<&Dropout>,
+        residual: Self::View<'_>,
+        (out, mean, rstd): (Self::ViewMut<'_>, Self::ViewMut<'_>, Self::ViewMut<'_>),
+        w: Self::View<'_>,
+        b: Self::View<'_>,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    ) {
+        self.bias_dropout_add(res, bias, rows, cols, dropout, residual);
+        self.layernorm_fwd(out, mean, rstd, self.view(res), w, b, rows, cols, eps);
+    }
+
     /// A linear layer's bias, then GELU, on the `rows × cols` GEMM output `inter` (from
     /// [`Backend::gemm_to_epilogue`]; rounded first): `inter += bias` (kept: the backward
     /// reads the pre-activation), then `act = gelu(inter)`, each

@@ -782,19 +782,17 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
             h,
             true,
         );
-        be.bias_dropout_add(
+        // x1 = LN1(res1), in the same pass.
+        be.bias_dropout_add_layernorm(
             &mut la.res1,
             be.sub(p, ll.o.b()),
-            n,
-            h,
             site(|d| d.hidden, site_layer(l, 1)).as_ref(),
             x,
-        );
-        be.layernorm_fwd(
-            be.view_mut(&mut la.x1),
-            be.view_mut(&mut la.mean1),
-            be.view_mut(&mut la.rstd1),
-            be.view(&la.res1),
+            (
+                be.view_mut(&mut la.x1),
+                be.view_mut(&mut la.mean1),
+                be.view_mut(&mut la.rstd1),
+            ),
             be.sub(p, ll.ln1.w()),
             be.sub(p, ll.ln1.b()),
             n,
@@ -823,19 +821,16 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
             im,
             true,
         );
-        be.bias_dropout_add(
+        be.bias_dropout_add_layernorm(
             &mut la.res2,
             be.sub(p, ll.out.b()),
-            n,
-            h,
             site(|d| d.hidden, site_layer(l, 2)).as_ref(),
             be.view(&la.x1),
-        );
-        be.layernorm_fwd(
-            be.view_mut(y),
-            be.view_mut(&mut la.mean2),
-            be.view_mut(&mut la.rstd2),
-            be.view(&la.res2),
+            (
+                be.view_mut(y),
+                be.view_mut(&mut la.mean2),
+                be.view_mut(&mut la.rstd2),
+            ),
             be.sub(p, ll.ln2.w()),
             be.sub(p, ll.ln2.b()),
             n,
@@ -905,19 +900,16 @@ fn eval_tail<B: Backend>(
         ld_ctx,
         true,
     );
-    be.bias_dropout_add(
+    be.bias_dropout_add_layernorm(
         &mut a.res,
         be.sub(p, ll.o.b()),
-        rows,
-        h,
         None,
         be.sub(x, 0..nh),
-    );
-    be.layernorm_fwd(
-        be.range_mut(&mut a.x1, 0..nh),
-        be.view_mut(&mut a.mean),
-        be.view_mut(&mut a.rstd),
-        be.view(&a.res),
+        (
+            be.range_mut(&mut a.x1, 0..nh),
+            be.view_mut(&mut a.mean),
+            be.view_mut(&mut a.rstd),
+        ),
         be.sub(p, ll.ln1.w()),
         be.sub(p, ll.ln1.b()),
         rows,
@@ -945,19 +937,12 @@ fn eval_tail<B: Backend>(
         im,
         true,
     );
-    be.bias_dropout_add(
+    be.bias_dropout_add_layernorm(
         &mut a.res,
         be.sub(p, ll.out.b()),
-        rows,
-        h,
         None,
         be.sub(be.view(&a.x1), 0..nh),
-    );
-    be.layernorm_fwd(
-        y,
-        be.view_mut(&mut a.mean),
-        be.view_mut(&mut a.rstd),
-        be.view(&a.res),
+        (y, be.view_mut(&mut a.mean), be.view_mut(&mut a.rstd)),
         be.sub(p, ll.ln2.w()),
         be.sub(p, ll.ln2.b()),
         rows,

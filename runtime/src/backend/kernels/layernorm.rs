@@ -3,10 +3,13 @@
 //! chunks of rows, then `bias_grad` over the chunks' sums).
 #![allow(clippy::too_many_arguments)]
 
-use super::{chunk_grid, dtype_arg, int, Kernels, BLOCK};
+use super::{chunk_grid, dtype_arg, int, Kernels, BLOCK, VEC};
 use crate::backend::device::{Arg, Device, Launch};
 use crate::backend::{Dropout, BIAS_ROWS};
 use crate::precision::Dtype;
+
+/// layernorm.cu's `LN_CHUNKS · LN_SPAN`: the widest row its vectorised paths hold in registers.
+const LN_MAX_COLS: usize = 4 * 32 * VEC;
 
 /// One warp per row, [`BLOCK`] threads (BLOCK / 32 rows) per block.
 fn per_warp(rows: usize) -> Launch {
@@ -72,6 +75,87 @@ pub(super) fn fwd<D: Device>(
     );
 }
 
+/// [`crate::backend::Backend::bias_dropout_add_layernorm`] in one launch (layernorm.cu,
+/// `bias_dropout_add_layernorm`) where its vectorised path applies: a 16-bit storage dtype, `res`,
+/// `residual` and `out` of it and exactly `rows × cols`, the parameters of one dtype, every
+/// buffer 16-byte aligned, rows a multiple of [`VEC`] and at most [`LN_MAX_COLS`] wide.
+/// Otherwise `bias_dropout_add`, then the forward: the same bits.
+pub(super) fn bias_dropout_add_fwd<D: Device>(
+    k: &Kernels<D>,
+    res: &mut D::Buf,
+    bias: D::View<'_>,
+    dropout: Option<&Dropout>,
+    residual: D::View<'_>,
+    (mut out, mut mean, mut rstd): (D::ViewMut<'_>, D::ViewMut<'_>, D::ViewMut<'_>),
+    w: D::View<'_>,
+    b: D::View<'_>,
+    rows: usize,
+    cols: usize,
+    eps: f32,
+) {
+    let n = rows * cols;
+    let stored = |v: D::View<'_>| k.dev.elem(v) == k.store && k.dev.len(v) == n;
+    let p_t = k.dev.elem(w);
+    let fits = k.store.is_half()
+        && rows > 0
+        && cols % VEC == 0
+        && cols <= LN_MAX_COLS
+        && stored(k.dev.view(res))
+        && stored(residual)
+        && stored(k.dev.as_view(&out))
+        && k.dev.len(bias) == cols
+        && k.dev.elem(bias) == p_t
+        && k.dev.elem(b) == p_t
+        && [
+            k.dev.ptr(k.dev.view(res)),
+            k.dev.ptr(residual),
+            k.dev.ptr(k.dev.as_view(&out)),
+            k.dev.ptr(bias),
+            k.dev.ptr(w),
+            k.dev.ptr(b),
+        ]
+        .iter()
+        .all(|p| p % 16 == 0);
+    if !fits {
+        super::elementwise::bias_dropout_add(k, res, bias, rows, cols, dropout, residual);
+        return fwd(k, out, mean, rstd, k.dev.view(res), w, b, rows, cols, eps);
+    }
+    assert!(k.dev.len_mut(&mean) >= rows, "layernorm_fwd mean");
+    assert!(k.dev.len_mut(&rstd) >= rows, "layernorm_fwd rstd");
+    assert_eq!(k.dev.len(w), cols, "layernorm_fwd weight");
+    assert_eq!(k.dev.len(b), cols, "layernorm_fwd bias");
+    let (key, site, threshold, scale) = k.dropout_args(dropout);
+    let (pr, po) = (
+        k.dev.ptr_mut(&mut k.dev.view_mut(res)),
+        k.dev.ptr_mut(&mut out),
+    );
+    let (pm, ps) = (k.dev.ptr_mut(&mut mean), k.dev.ptr_mut(&mut rstd));
+    k.dev.launch(
+        "bias_dropout_add_layernorm",
+        per_warp(rows),
+        &[
+            Arg::Ptr(pr),
+            Arg::Ptr(k.dev.ptr(bias)),
+            Arg::Ptr(k.dev.ptr(residual)),
+            Arg::Ptr(po),
+            Arg::Ptr(pm),
+            Arg::Ptr(ps),
+            Arg::Ptr(k.dev.ptr(w)),
+            Arg::Ptr(k.dev.ptr(b)),
+            dtype_arg(p_t),
+            int(rows),
+            int(cols),
+            Arg::F32(eps),
+            int(usize::from(dropout.is_some())),
+            key,
+            site,
+            threshold,
+            scale,
+            k.store_arg(),
+        ],
+    );
+}
+
 /// The residual branch's split of [`crate::backend::Backend::layernorm_bwd_split`]: where
 /// `dinp` is kept, and the dropout applied to it after.
 pub(super) type Split<'a, 'd, D> = Option<(<D as Device>::ViewMut<'a>, Option<&'d Dropout>)>;
@@ -110,9 +194,27 @@ pub(super) fn bwd<D: Device>(
         }
         None => (Arg::Typed(0, Dtype::F32), None),
     };
+    // A 16-bit store's vectorised path is a kernel of its own (its registers: layernorm.cu,
+    // `layernorm_bwd_dinp16`), taken where it applies: every activation buffer of the storage
+    // dtype and 16-byte aligned, as the weight, rows a multiple of VEC and at most LN_MAX_COLS.
+    let vec16 = k.store.is_half()
+        && cols % VEC == 0
+        && cols <= LN_MAX_COLS
+        && [di, k.typed(dout), k.typed(inp), keep]
+            .iter()
+            .enumerate()
+            .all(|(i, a)| match *a {
+                Arg::Typed(p, t) => p % 16 == 0 && (t == k.store || (i == 3 && p == 0)),
+                _ => false,
+            })
+        && k.dev.ptr(w) % 16 == 0;
     let (key, site, threshold, dscale) = k.dropout_args(d);
     k.dev.launch(
-        "layernorm_bwd_dinp",
+        if vec16 {
+            "layernorm_bwd_dinp16"
+        } else {
+            "layernorm_bwd_dinp"
+        },
         per_warp(rows),
         &[
             di,

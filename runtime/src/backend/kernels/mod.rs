@@ -808,6 +808,24 @@ impl<D: Device> Backend for Kernels<D> {
         elementwise::bias_dropout_add(self, out, bias, rows, cols, dropout, residual)
     }
 
+    fn bias_dropout_add_layernorm(
+        &self,
+        res: &mut D::Buf,
+        bias: D::View<'_>,
+        dropout: Option<&Dropout>,
+        residual: D::View<'_>,
+        out: (D::ViewMut<'_>, D::ViewMut<'_>, D::ViewMut<'_>),
+        w: D::View<'_>,
+        b: D::View<'_>,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    ) {
+        layernorm::bias_dropout_add_fwd(
+            self, res, bias, dropout, residual, out, w, b, rows, cols, eps,
+        )
+    }
+
     fn bias_gelu(
         &self,
         inter: &mut D::Buf,

@@ -810,6 +810,111 @@ impl<B: Backend> Checker<'_, B> {
         );
     }
 
+    /// A post-LN sublayer's end at BERT-base's width (768: rows a multiple of the vectorised
+    /// paths' 8 columns, within the LayerNorm kernels' registers) on stored buffers with stored
+    /// parameters, as a GPU trains it: `bias_dropout_add_layernorm` (one kernel on a GPU keeping
+    /// 16-bit buffers), then the residual split of its backward (`layernorm_bwd_dinp16` there),
+    /// checked as `stored.wide.*`. The narrower `stored` checks take the generic paths.
+    fn stored_wide(&mut self) {
+        let (be, cpu, st) = (self.be, self.cpu, self.store);
+        let (rows, cols) = (37, 768);
+        let n = rows * cols;
+        let put = |host: &[f32]| {
+            let mut b = be.alloc_stored(host.len());
+            be.write(be.view_mut(&mut b), host);
+            b
+        };
+        let (y, x, dy) = (
+            rand(n, 2.0, 70, st),
+            rand(n, 2.0, 71, st),
+            rand(n, 1.0, 72, st),
+        );
+        let (bias, lw, lb) = (
+            rand(cols, 1.0, 73, st),
+            rand(cols, 1.0, 74, st),
+            rand(cols, 0.5, 75, st),
+        );
+        let d = Dropout {
+            p: 0.1,
+            seed: 17,
+            stream: 6,
+            site: 2,
+        };
+        let (mut res, xb, dyb) = (put(&y), put(&x), put(&dy));
+        let (bb, wb, lbb) = (put(&bias), put(&lw), put(&lb));
+        let (mut out, mut mean, mut rstd) = (be.alloc_stored(n), be.alloc(rows), be.alloc(rows));
+        be.bias_dropout_add_layernorm(
+            &mut res,
+            be.view(&bb),
+            Some(&d),
+            be.view(&xb),
+            (
+                be.view_mut(&mut out),
+                be.view_mut(&mut mean),
+                be.view_mut(&mut rstd),
+            ),
+            be.view(&wb),
+            be.view(&lbb),
+            rows,
+            cols,
+            1e-12,
+        );
+        let mut wres = y.clone();
+        let (mut wo, mut wm, mut wr) = (vec![0.0; n], vec![0.0; rows], vec![0.0; rows]);
+        cpu.bias_dropout_add_layernorm(
+            &mut wres,
+            &bias,
+            Some(&d),
+            &x,
+            (&mut wo, &mut wm, &mut wr),
+            &lw,
+            &lb,
+            rows,
+            cols,
+            1e-12,
+        );
+        self.compare_bufs(&[
+            ("stored.wide.bias_dropout_add_layernorm.res", &res, &wres),
+            ("stored.wide.bias_dropout_add_layernorm.out", &out, &wo),
+            ("stored.wide.bias_dropout_add_layernorm.mean", &mean, &wm),
+            ("stored.wide.bias_dropout_add_layernorm.rstd", &rstd, &wr),
+        ]);
+        let (mut dinp, mut keep) = (be.alloc_stored(n), be.alloc_stored(n));
+        let (mut dw, mut db) = (be.upload(&vec![0.5; cols]), be.upload(&vec![-0.25; cols]));
+        be.layernorm_bwd_split(
+            (&mut dinp, &mut keep, Some(&d)),
+            be.view_mut(&mut dw),
+            be.view_mut(&mut db),
+            be.view(&dyb),
+            be.view(&res),
+            be.view(&wb),
+            be.view(&mean),
+            be.view(&rstd),
+            rows,
+            cols,
+        );
+        let (mut wdi, mut wk) = (vec![0.0; n], vec![0.0; n]);
+        let (mut wdw, mut wdb) = (vec![0.5; cols], vec![-0.25; cols]);
+        cpu.layernorm_bwd_split(
+            (&mut wdi, &mut wk, Some(&d)),
+            &mut wdw,
+            &mut wdb,
+            &dy,
+            &wres,
+            &lw,
+            &wm,
+            &wr,
+            rows,
+            cols,
+        );
+        self.compare_bufs(&[
+            ("stored.wide.layernorm_bwd_split.dinp", &dinp, &wdi),
+            ("stored.wide.layernorm_bwd_split.keep", &keep, &wk),
+            ("stored.wide.layernorm_bwd_split.dw", &dw, &wdw),
+            ("stored.wide.layernorm_bwd_split.db", &db, &wdb),
+        ]);
+    }
+
     /// LayerNorm's forward and backward (from its own saved statistics) on the backend and on
     /// the CPU, each input a backend buffer and its host values, compared as
     /// `stored.layernorm.{what}.*`.
@@ -1064,5 +1169,6 @@ pub fn compare<B: Backend>(be: &B, store: Dtype) -> Vec<OpCheck> {
     c.attention(true, true);
     c.cross_entropy();
     c.stored();
+    c.stored_wide();
     c.out
 }
