@@ -76,9 +76,18 @@ __device__ __forceinline__ void bias_grad_t(float* db, float* part, unsigned* do
     if (c < cols) part[(long long)blockIdx.y * cols + c] = column_sum<T, 32>(0.0f, dout, r0, r1, cols, c);
     if (last_of_column(done) && c < cols) db[c] = st(chunk_sums(db[c], part, chunks, cols, c), store);
 }
+// Grid z: items (Backend::bias_grad_items: attention's q and v biases), item z's dout starting
+// z · dout_stride elements in and its db z · db_stride, each with its own chunk sums and
+// counters.
 extern "C" __global__ void bias_grad(float* db, float* part, unsigned* done, const void* dout,
                                      int dout_t, int rows, int cols, int chunk, int chunks,
-                                     int store) {
+                                     unsigned long long dout_stride,
+                                     unsigned long long db_stride, int store) {
+    unsigned z = blockIdx.z;
+    db += z * db_stride;
+    part += (unsigned long long)z * chunks * cols;
+    done += z * gridDim.x;
+    dout = (const char*)dout + z * dout_stride * (dout_t == STORE_F32 ? 4 : 2);
     BY_TYPE(dout_t, bias_grad_t, db, part, done, dout, rows, cols, chunk, chunks, store);
 }
 

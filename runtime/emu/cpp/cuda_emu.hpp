@@ -82,6 +82,9 @@ struct dim3 {
 
 namespace emu {
 
+// The orders a launch's blocks may run in (`block_order`, below).
+constexpr int ORDER_FORWARD = 0, ORDER_REVERSED = 1, ORDER_INTERLEAVED = 2;
+
 // What every thread of a launch sees.
 struct Launch {
     dim3 grid, block;
@@ -90,20 +93,24 @@ struct Launch {
     std::vector<uint64_t> lanes;  // one shuffle slot per thread
     std::vector<unsigned> gathered;  // `warp_gather`'s slots, 8 words per thread
 
-    bool reversed;                // the blocks in reverse order (`reverse_blocks`)
+    int order;                    // the blocks' order (`block_order`)
 
-    Launch(dim3 g, dim3 b, size_t smem, bool rev)
+    Launch(dim3 g, dim3 b, size_t smem, int ord)
         : grid(g),
           block(b),
           threads(b.x * b.y * b.z),
           dyn_smem(smem + 16, 0),
           lanes(threads, 0),
           gathered((size_t)threads * 8, 0),
-          reversed(rev) {}
+          order(ord) {}
     unsigned long long blocks() const { return 1ull * grid.x * grid.y * grid.z; }
-    // The k-th block to run: x fastest, then y, then z, or the other way round when reversed.
+    // The k-th block to run: x fastest, then y, then z; the other way round when reversed;
+    // z fastest, then x, then y when interleaved.
     dim3 block_at(unsigned long long k) const {
-        if (reversed) k = blocks() - 1 - k;
+        if (order == ORDER_INTERLEAVED)
+            return dim3((unsigned)(k / grid.z % grid.x), (unsigned)(k / grid.z / grid.x),
+                        (unsigned)(k % grid.z));
+        if (order == ORDER_REVERSED) k = blocks() - 1 - k;
         return dim3((unsigned)(k % grid.x), (unsigned)(k / grid.x % grid.y),
                     (unsigned)(k / grid.x / grid.y));
     }
@@ -116,11 +123,13 @@ struct Launch {
 
 inline Launch* cur = nullptr;
 inline std::mutex launch_mu;
-// Whether this OS thread's launches run their blocks last to first. A GPU runs blocks in any
-// order, at once; a kernel whose blocks communicate (through a counter: common.cuh's
-// `last_of_column`) must give the same bits either way, which the tests check by running it
-// both ways (runtime/emu/src/lib.rs, `reversed_blocks`).
-inline thread_local bool reverse_blocks = false;
+// The order this OS thread's launches run their blocks in: first to last, last to first, or
+// the grid's z fastest. A GPU runs blocks in any order, at once; a kernel whose blocks
+// communicate (through a counter: common.cuh's `last_of_column`) must give the same bits
+// whichever, which the tests check by running it each way (runtime/emu/src/lib.rs,
+// `reversed_blocks`, `interleaved_blocks`). Interleaving the z slices (items of one launch,
+// each with its own counters and sums) makes them meet where they share what they should not.
+inline thread_local int block_order = ORDER_FORWARD;
 
 #ifdef RECIPE_EMU_OS_THREADS
 
@@ -391,7 +400,7 @@ inline void warp_sync() { fiber::arrive_and_wait(fiber::sched.warps[linear / 32]
 template <class F>
 void launch(dim3 grid, dim3 block, size_t smem, F body) {
     std::lock_guard<std::mutex> guard(launch_mu);
-    Launch l(grid, block, smem, reverse_blocks);
+    Launch l(grid, block, smem, block_order);
     cur = &l;
 #ifdef RECIPE_EMU_OS_THREADS
     os::run(l, body);

@@ -71,7 +71,7 @@ extern "C" bool recipe_emu_shape_ok(const unsigned* grid, const unsigned* block,
 
 // Whether this thread's later launches run their blocks last to first (cuda_emu.hpp,
 // `reverse_blocks`).
-extern "C" void recipe_emu_reverse_blocks(bool on) { emu::reverse_blocks = on; }
+extern "C" void recipe_emu_block_order(int order) { emu::block_order = order; }
 
 extern "C" int recipe_emu_launch(const char* name, const unsigned* grid, const unsigned* block,
                                  unsigned smem, void** args, const char* signature) {

@@ -295,24 +295,25 @@ bool lamb() {
 }
 
 bool column_sums() {
-    // 150 rows of 100 columns: 3 chunks of rows by 2 blocks of 64 columns (the last one part
-    // empty), whose last block per column adds the chunks' sums (common.cuh, last_of_column).
-    const int rows = 150, cols = 100, chunk = 64, chunks = 3;
-    std::vector<float> dout(rows * cols), db(cols), part(chunks * cols);
-    std::vector<unsigned> done(2, 0);
-    for (int i = 0; i < rows * cols; i++) dout[i] = val(i, 9);
-    for (int c = 0; c < cols; c++) db[c] = val(c, 10);
+    // Two items of 150 rows of 100 columns: 3 chunks of rows by 2 blocks of 64 columns (the last
+    // one part empty) each, whose last block per column adds the chunks' sums (common.cuh,
+    // last_of_column), item z's blocks at grid z with their own sums and counters.
+    const int rows = 150, cols = 100, chunk = 64, chunks = 3, items = 2;
+    std::vector<float> dout(items * rows * cols), db(items * cols), part(items * chunks * cols);
+    std::vector<unsigned> done(items * 2, 0);
+    for (int i = 0; i < items * rows * cols; i++) dout[i] = val(i, 9);
+    for (int c = 0; c < items * cols; c++) db[c] = val(c, 10);
     std::vector<float> db0 = db;
-    emu::launch(dim3(2, chunks), dim3(64), 0, [&] {
+    emu::launch(dim3(2, chunks, items), dim3(64), 0, [&] {
         bias_grad(db.data(), part.data(), done.data(), dout.data(), STORE_F32, rows, cols, chunk,
-                  chunks, STORE_F32);
+                  chunks, (unsigned long long)rows * cols, cols, STORE_F32);
     });
-    for (int c = 0; c < cols; c++) {
+    for (int c = 0; c < items * cols; c++) {
         double want = db0[c];
-        for (int r = 0; r < rows; r++) want += dout[r * cols + c];
+        for (int r = 0; r < rows; r++) want += dout[(c / cols * rows + r) * cols + c % cols];
         if (!close("bias gradient", c, db[c], want, 1e-5)) return false;
     }
-    for (int b = 0; b < 2; b++)
+    for (int b = 0; b < items * 2; b++)
         if (done[b] != 0) return fail("column counter left set", b, done[b], 0);
     // gelu_bwd_bias_grad: two columns a thread, so one block of 64 threads spans the 100.
     std::vector<float> x(rows * cols), dinp(rows * cols), dbg(cols, 0.0f);

@@ -32,7 +32,23 @@ extern "C" {
     fn recipe_emu_kernel_name(i: c_uint) -> *const c_char;
     fn recipe_emu_kernel_signature(i: c_uint) -> *const c_char;
     fn recipe_emu_shape_ok(grid: *const c_uint, block: *const c_uint, smem: c_uint) -> bool;
-    fn recipe_emu_reverse_blocks(on: bool);
+    fn recipe_emu_block_order(order: c_int);
+}
+
+/// Runs `f` with this thread's launches running their blocks in `order` (cuda_emu.hpp,
+/// `block_order`: 1 last to first, 2 the grid's z fastest).
+fn with_block_order<R>(order: c_int, f: impl FnOnce() -> R) -> R {
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // SAFETY: sets a thread-local value.
+            unsafe { recipe_emu_block_order(0) }
+        }
+    }
+    // SAFETY: as above.
+    unsafe { recipe_emu_block_order(order) };
+    let _restore = Restore;
+    f()
 }
 
 /// Runs `f` with this thread's launches running their blocks last to first. A GPU runs a grid's
@@ -40,17 +56,14 @@ extern "C" {
 /// `last_of_column`) must give the same bits in either, which tests check by running them both
 /// ways.
 pub fn reversed_blocks<R>(f: impl FnOnce() -> R) -> R {
-    struct Restore;
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            // SAFETY: sets a thread-local flag.
-            unsafe { recipe_emu_reverse_blocks(false) }
-        }
-    }
-    // SAFETY: as above.
-    unsafe { recipe_emu_reverse_blocks(true) };
-    let _restore = Restore;
-    f()
+    with_block_order(1, f)
+}
+
+/// Runs `f` with this thread's launches running their blocks with the grid's z fastest: a
+/// launch of several items (z) that should keep their own counters and sums, run one item after
+/// another, would never meet where they share them; interleaved, they do.
+pub fn interleaved_blocks<R>(f: impl FnOnce() -> R) -> R {
+    with_block_order(2, f)
 }
 
 /// Whether a GPU accepts a launch of this shape (runtime/emu/cpp/launch.cpp's limits: 1024

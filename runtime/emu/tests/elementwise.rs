@@ -799,3 +799,65 @@ fn gelu_backward_with_its_bias_gradient_is_the_two_kernels_bit_for_bit() {
         }
     }
 }
+
+/// Several bias gradients in one launch (`Backend::bias_grad_items`: attention's q and v, items
+/// 0 and 2 of one buffer), against the CPU's one `bias_grad` per item bit for bit, with the
+/// launch's blocks in order, last to first, and the items' blocks interleaved (each item's last
+/// block of a column adds its chunks, from sums and a counter of its own): rows in one chunk and
+/// past two, widths in one block and past it (300), f32 and
+/// 16-bit buffers, and the bias rows left between the items untouched.
+#[test]
+fn bias_gradients_of_several_items_in_one_launch_are_the_cpus_bit_for_bit() {
+    use recipe_kernel_emu::EmuTyped;
+    use recipe_runtime::backend::kernels::Kernels;
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for store in STORES {
+        let (g, c) = pair(store);
+        for (rows, cols, db_stride) in [(5, 12, 20), (150, 300, 310)] {
+            let (count, dout_stride) = (2, 2 * rows * cols + 3);
+            let mut dout = rand((count - 1) * dout_stride + rows * cols, 1.0, 14);
+            store.round_slice(&mut dout);
+            let db0 = rand((count - 1) * db_stride + cols, 0.5, 15);
+            let mut want = db0.clone();
+            c.bias_grad_items(&mut want, &dout, rows, cols, count, dout_stride, db_stride);
+            for order in ["forward", "reversed", "interleaved"] {
+                let what = format!("{store:?} {rows}×{cols} blocks {order}");
+                // A device of its own each time: no chunk sums left from another run.
+                let run = || {
+                    let typed = Kernels::new(EmuTyped).with_store(store);
+                    let mut a = db0.clone();
+                    g.bias_grad_items(&mut a, &dout, rows, cols, count, dout_stride, db_stride);
+                    let d = {
+                        let mut b = typed.alloc_stored(dout.len());
+                        typed.write(typed.view_mut(&mut b), &dout);
+                        b
+                    };
+                    let mut db = typed.upload(&db0);
+                    typed.bias_grad_items(
+                        typed.view_mut(&mut db),
+                        typed.view(&d),
+                        rows,
+                        cols,
+                        count,
+                        dout_stride,
+                        db_stride,
+                    );
+                    let mut got = vec![0.0; db0.len()];
+                    typed.download(typed.view(&db), &mut got);
+                    (a, got)
+                };
+                let (a, got) = match order {
+                    "reversed" => recipe_kernel_emu::reversed_blocks(run),
+                    "interleaved" => recipe_kernel_emu::interleaved_blocks(run),
+                    _ => run(),
+                };
+                assert_eq!(bits(&a), bits(&want), "f32 buffers {what}");
+                assert_eq!(bits(&got), bits(&want), "16-bit buffers {what}");
+            }
+            // The items' sums are not the first item's: the stride moves them.
+            let mut first = db0.clone();
+            c.bias_grad(&mut first[..cols], &dout[..rows * cols], rows, cols);
+            assert_ne!(bits(&first[db_stride..]), bits(&want[db_stride..]));
+        }
+    }
+}

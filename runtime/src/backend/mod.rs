@@ -424,7 +424,7 @@ pub trait Backend {
     /// Sizes the scratch of a training pass's sums over rows, before a run's first step (a
     /// GPU's): the chunk sums of the bias and LayerNorm gradients over up to `tokens` rows of up
     /// to `width` columns, and their counters ([`Backend::bias_grad`]; LayerNorm's `dw` and `db`
-    /// take two of `h`),
+    /// take two of `h`, as [`Backend::bias_grad_items`] q's and v's),
     /// the per-row losses of up to `rows` rows, and with `dropout` the dropout key. The CPU
     /// needs none.
     fn reserve_sums(&self, _tokens: usize, _width: usize, _rows: usize, _dropout: bool) {}
@@ -470,6 +470,31 @@ pub trait Backend {
     /// they agree bit for bit; a GPU sums the chunks in parallel (one thread per column over
     /// every row would leave it nearly idle).
     fn bias_grad(&self, db: Self::ViewMut<'_>, dout: Self::View<'_>, rows: usize, cols: usize);
+    /// [`Backend::bias_grad`] of `count` items: item `j`'s `rows × cols` gradient starts
+    /// `j · dout_stride` elements into `dout` and its bias `j · db_stride` into `db`
+    /// (attention's q and v biases, `LayerLayout::qkv_stride` apart, from their one buffer). By
+    /// default one call per item; a GPU makes them one launch (the same sums, so the same bits).
+    #[allow(clippy::too_many_arguments)]
+    fn bias_grad_items(
+        &self,
+        mut db: Self::ViewMut<'_>,
+        dout: Self::View<'_>,
+        rows: usize,
+        cols: usize,
+        count: usize,
+        dout_stride: usize,
+        db_stride: usize,
+    ) {
+        for j in 0..count {
+            let (o, b) = (j * dout_stride, j * db_stride);
+            self.bias_grad(
+                self.sub_mut(&mut db, b..b + cols),
+                self.sub(dout, o..o + rows * cols),
+                rows,
+                cols,
+            );
+        }
+    }
 
     /// BERT embeddings: `out[b, t] = word[ids[b, t]] + pos[t] + typ[types[b, t]]`, `hidden` wide.
     #[allow(clippy::too_many_arguments)]

@@ -1300,10 +1300,17 @@ where
                 let d = be.sub(dqkv, j * n * h..(j + 1) * n * h);
                 be.gemm(&gx, d, be.sub(p, lin.w()), be.view_mut(&mut a.dx));
             }
-            for (j, lin) in [(0, ll.q), (2, ll.v)] {
-                let d = be.sub(dqkv, j * n * h..(j + 1) * n * h);
-                be.bias_grad(be.sub_mut(&mut g, lin.b()), d, n, lin.out);
-            }
+            // q's and v's biases in one call: items 0 and 2 of dqkv, their biases two strides
+            // apart.
+            be.bias_grad_items(
+                be.sub_mut(&mut g, ll.q.b().start..ll.v.b().end),
+                dqkv,
+                n,
+                h,
+                2,
+                2 * n * h,
+                2 * ws,
+            );
             // The layer's six weight gradients, left unrounded by `linear_bwd`, in one pass
             // (the biases' and LayerNorms' are rounded already, and stay as they are).
             be.round_stored(g);

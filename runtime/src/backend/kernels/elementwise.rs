@@ -88,24 +88,41 @@ pub(super) fn add_bias<D: Device>(
     );
 }
 
+/// [`crate::backend::Backend::bias_grad`]; with `items` (count, dout stride, db stride),
+/// [`crate::backend::Backend::bias_grad_items`]: the items as the grid's z.
 pub(super) fn bias_grad<D: Device>(
     k: &Kernels<D>,
     mut db: D::ViewMut<'_>,
     dout: D::View<'_>,
     rows: usize,
     cols: usize,
+    items: Option<(usize, usize, usize)>,
 ) {
-    assert_eq!(k.dev.len_mut(&db), cols, "bias_grad width");
-    assert!(k.dev.len(dout) >= rows * cols, "bias_grad rows");
+    let (count, dout_stride, db_stride) = items.unwrap_or((1, 0, 0));
+    assert!(count >= 1, "bias_grad items");
+    assert!(
+        k.dev.len_mut(&db) >= (count - 1) * db_stride + cols,
+        "bias_grad width"
+    );
+    if items.is_none() {
+        assert_eq!(k.dev.len_mut(&db), cols, "bias_grad width");
+    }
+    assert!(
+        k.dev.len(dout) >= (count - 1) * dout_stride + rows * cols,
+        "bias_grad rows"
+    );
     // One launch: each chunk's sums, then the last block of each column adds them to db
     // (elementwise.cu, `bias_grad`); no rows is one chunk of none, whose sums are not added.
     let chunks = rows.div_ceil(BIAS_ROWS);
     let d = k.dev.ptr_mut(&mut db);
-    k.with_chunk_sums(chunks.max(1) * cols, |part| {
-        k.with_counters(cols, |done| {
+    let blocks = cols.div_ceil(BLOCK as usize);
+    k.with_chunk_sums(count * chunks.max(1) * cols, |part| {
+        k.with_counters(count * blocks * BLOCK as usize, |done| {
+            let mut l = chunk_grid(cols, chunks.max(1));
+            l.grid.2 = u32::try_from(count).expect("bias_grad items");
             k.dev.launch(
                 "bias_grad",
-                chunk_grid(cols, chunks.max(1)),
+                l,
                 &[
                     Arg::Ptr(d),
                     Arg::Ptr(k.dev.ptr(part)),
@@ -115,6 +132,8 @@ pub(super) fn bias_grad<D: Device>(
                     int(cols),
                     int(BIAS_ROWS),
                     int(chunks),
+                    Arg::U64(dout_stride as u64),
+                    Arg::U64(db_stride as u64),
                     k.store_arg(),
                 ],
             );
@@ -151,7 +170,7 @@ pub(super) fn gelu_bwd_bias_grad<D: Device>(
         && ok(k.dev.elem(dout), k.dev.ptr(dout));
     if !fits {
         k.gelu_bwd(k.dev.sub_mut(&mut dinp, 0..n), inp, dout);
-        return bias_grad(k, db, k.dev.as_view(&dinp), rows, cols);
+        return bias_grad(k, db, k.dev.as_view(&dinp), rows, cols, None);
     }
     let chunks = rows.div_ceil(BIAS_ROWS);
     let (pd, pdb) = (k.dev.ptr_mut(&mut dinp), k.dev.ptr_mut(&mut db));

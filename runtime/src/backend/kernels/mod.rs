@@ -607,7 +607,9 @@ impl<D: Device> Backend for Kernels<D> {
 
     fn reserve_sums(&self, tokens: usize, width: usize, rows: usize, dropout: bool) {
         self.with_chunk_sums(tokens.div_ceil(BIAS_ROWS).max(1) * width, |_| {});
-        self.with_counters(width, |_| {});
+        // Counters for two items of up to `width` columns (bias_grad_items: a counter per
+        // block of columns of each), which covers one item of `width`.
+        self.with_counters(2 * width.div_ceil(BLOCK as usize) * BLOCK as usize, |_| {});
         // The per-row losses, as `cross_entropy_queued` sizes them (loss.rs).
         let mut losses = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         match losses.as_mut() {
@@ -649,7 +651,27 @@ impl<D: Device> Backend for Kernels<D> {
     }
 
     fn bias_grad(&self, db: D::ViewMut<'_>, dout: D::View<'_>, rows: usize, cols: usize) {
-        elementwise::bias_grad(self, db, dout, rows, cols)
+        elementwise::bias_grad(self, db, dout, rows, cols, None)
+    }
+
+    fn bias_grad_items(
+        &self,
+        db: D::ViewMut<'_>,
+        dout: D::View<'_>,
+        rows: usize,
+        cols: usize,
+        count: usize,
+        dout_stride: usize,
+        db_stride: usize,
+    ) {
+        elementwise::bias_grad(
+            self,
+            db,
+            dout,
+            rows,
+            cols,
+            Some((count, dout_stride, db_stride)),
+        )
     }
 
     fn embedding_fwd(
