@@ -24,7 +24,10 @@
 // of at most LN_CHUNKS · LN_SPAN columns, a multiple of VEC, with the activations of the storage
 // dtype (an instantiation per dtype); w and b, loaded once per VEC columns, keep their run-time
 // type (ldv_rt). Other rows take the generic path, which loads element by element through
-// `ld` (and again in each pass) in the same order, so the same bits.
+// `ld` (and again in each pass) in the same order, so the same bits. The kernels that take only
+// the vectorised path of a 16-bit store (bias_dropout_add_layernorm, layernorm_bwd_dinp16) are
+// launched where the host has checked it applies, and hold at most 64 registers, so that a
+// BERT-base batch's rows are one wave.
 #define LN_SPAN (32 * VEC)
 #define LN_CHUNKS 4
 

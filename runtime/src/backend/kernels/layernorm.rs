@@ -1,6 +1,8 @@
-//! Launches of `runtime/kernels/layernorm.cu`: the forward and the backward's `dinp` one warp
-//! per row, the backward's `dw`/`db` in [`Backend::bias_grad`]'s order (a grid of columns ×
-//! chunks of rows, then `bias_grad` over the chunks' sums).
+//! Launches of `runtime/kernels/layernorm.cu`: the forward (alone, or after its sublayer's
+//! bias, dropout and residual: `bias_dropout_add_layernorm`) and the backward's `dinp` one warp
+//! per row (a 16-bit store's vectorised `dinp` in a kernel of its own, `layernorm_bwd_dinp16`),
+//! the backward's `dw`/`db` in [`Backend::bias_grad`]'s order (a grid of columns × chunks of
+//! rows whose last block per column adds the chunks' sums).
 #![allow(clippy::too_many_arguments)]
 
 use super::{chunk_grid, dtype_arg, int, Kernels, BLOCK, VEC};
