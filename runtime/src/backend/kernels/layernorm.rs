@@ -189,26 +189,22 @@ pub(super) fn bwd<D: Device>(
         return;
     }
     let di = k.typed_mut(&mut dinp);
-    let (keep, d) = match split {
+    let (keep, d, kept) = match split {
         Some((mut keep, d)) => {
             assert!(k.dev.len_mut(&keep) >= rows * cols, "layernorm_bwd keep");
-            (k.typed_mut(&mut keep), d)
+            (k.typed_mut(&mut keep), d, true)
         }
-        None => (Arg::Typed(0, Dtype::F32), None),
+        None => (Arg::Typed(0, Dtype::F32), None, false),
     };
     // A 16-bit store's vectorised path is a kernel of its own (its registers: layernorm.cu,
     // `layernorm_bwd_dinp16`), taken where it applies: every activation buffer of the storage
     // dtype and 16-byte aligned, as the weight, rows a multiple of VEC and at most LN_MAX_COLS.
+    let stored16 = |a: Arg| matches!(a, Arg::Typed(p, t) if p % 16 == 0 && t == k.store);
     let vec16 = k.store.is_half()
         && cols % VEC == 0
         && cols <= LN_MAX_COLS
-        && [di, k.typed(dout), k.typed(inp), keep]
-            .iter()
-            .enumerate()
-            .all(|(i, a)| match *a {
-                Arg::Typed(p, t) => p % 16 == 0 && (t == k.store || (i == 3 && p == 0)),
-                _ => false,
-            })
+        && [di, k.typed(dout), k.typed(inp)].into_iter().all(stored16)
+        && (!kept || stored16(keep))
         && k.dev.ptr(w) % 16 == 0;
     let (key, site, threshold, dscale) = k.dropout_args(d);
     k.dev.launch(
