@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/gpu-check.sh rehearsed without a GPU: the same script, on runtime/fake-cuda's
-# CPU-emulated driver, NVRTC, cuBLAS and NCCL with two fake GPUs and asynchronous streams
+# CPU-emulated driver, NVRTC, cuBLAS, cuBLASLt and NCCL with two fake GPUs and asynchronous streams
 # (docs/cuda.md, "How the kernels are proven", layer 4). It checks the script itself (every
 # part's commands, JSON and bookkeeping) and the backend's host code, not a GPU's numbers or
 # speed. The main job (MiniLM) is too slow for the emulation and PyTorch's throughput needs a

@@ -32,7 +32,7 @@
 #                    with the binary; the GPU machine has no network); "skipped" without it
 #   throughput.json  BERT-base seq 128 bf16 batch 32: samples/s of ours and of PyTorch eager
 #                    (autocast bf16, fused AdamW) in the same run, ratio and MFU, ours also
-#                    with RECIPE_HALF_GEMM=convert and with RECIPE_FUSED_ATTENTION=0;
+#                    with RECIPE_GEMM_LIBRARY=cublas and with RECIPE_FUSED_ATTENTION=0;
 #                    profile.json: where the GPU's time goes (`recipe run --profile`; scripts/gpu-throughput.sh;
 #                    reported, the goals are not enforced)
 # SKIP="spam throughput" skips those parts. A rehearsal anywhere, on runtime/fake-cuda's

@@ -6,8 +6,8 @@
 # the steps after the first 10, their ratio, and each side's MFU with llm.c's FLOP count
 # (6·N + 6·L·C·T per token, N every parameter; train_gpt2.cu) against the GPU's dense bf16 peak
 # (PEAK_TFLOPS, default 989: H100/H200 SXM; ../shared/reference/cuda-testing.md).
-# Ours runs again with cuBLAS converting the GEMMs' operands (RECIPE_HALF_GEMM=convert,
-# docs/cuda.md "Half-precision GEMMs"), without the fused attention kernels
+# Ours runs again with its GEMMs on cuBLAS's `cublasGemmEx` family instead of cuBLASLt
+# (RECIPE_GEMM_LIBRARY=cublas, docs/cuda.md "GEMMs"), without the fused attention kernels
 # (RECIPE_FUSED_ATTENTION=0: the batched products and the softmax kernels, for the A/B), and
 # profiled (`recipe run --profile`): $OUT/profile.json says where the GPU's time goes; ours runs
 # with its passes replayed as CUDA graphs (the default, docs/cuda.md "CUDA graphs"), and once
@@ -63,13 +63,13 @@ PY
 [ "${SETUP_ONLY:-0}" = 1 ] && exit 0
 
 # ours NAME MODE STEPS [--profile]: one run of ours into $W/NAME, RECIPE_HALF_GEMM=MODE
-# (RECIPE_CUDA_GRAPHS=$GRAPHS, default 1; RECIPE_FUSED_ATTENTION=$FUSED, default 1), at most
-# $RUN_LIMIT seconds.
+# (RECIPE_CUDA_GRAPHS=$GRAPHS, default 1; RECIPE_FUSED_ATTENTION=$FUSED, default 1;
+# RECIPE_GEMM_LIBRARY=$LIB, default cublaslt), at most $RUN_LIMIT seconds.
 ours() {
     local name=$1 mode=$2 steps=$3
     shift 3
     ( cd "$W" && RECIPE_HALF_GEMM="$mode" RECIPE_CUDA_GRAPHS="${GRAPHS:-1}" \
-        RECIPE_FUSED_ATTENTION="${FUSED:-1}" timeout "$RUN_LIMIT" "$BIN" run --quiet --device "$DEVICE" "$@" bert-base.rcp \
+        RECIPE_FUSED_ATTENTION="${FUSED:-1}" RECIPE_GEMM_LIBRARY="${LIB:-cublaslt}" timeout "$RUN_LIMIT" "$BIN" run --quiet --device "$DEVICE" "$@" bert-base.rcp \
         --set "batch.micro=$MICRO" --set "data.max_len=$SEQ" --set "train.max_steps=$steps" \
         --set "train.output_dir=\"$name\"" ) > "$W/$name.log" 2>&1 \
         || { echo "recipe run ($name) failed: $W/$name.log" >&2; tail -5 "$W/$name.log" >&2; }
@@ -80,7 +80,7 @@ timeout "$RUN_LIMIT" "$PY" scripts/gpu/torch_bert_bench.py --device "$DEVICE" --
     --steps "$((STEPS - WARM))" --warmup "$WARM" > "$W/torch.json" 2> "$W/torch.log" \
     || { echo "the PyTorch peer failed: $W/torch.log" >&2; tail -5 "$W/torch.log" >&2; }
 ours out pack "$STEPS"
-ours convert convert "$STEPS"
+LIB=cublas ours cublas pack "$STEPS"
 GRAPHS=0 ours direct pack "$STEPS"
 FUSED=0 ours unfused pack "$STEPS"
 if [ "$DEVICE" = cuda ]; then
@@ -108,8 +108,8 @@ def rate(run):
     except (OSError, StopIteration, KeyError, statistics.StatisticsError) as e:
         return {"error": f"{type(e).__name__}: {e}"}
 out["recipe"] = rate("out")
-# The same run with cuBLAS converting the half GEMMs' operands (RECIPE_HALF_GEMM=convert).
-out["recipe_convert"] = rate("convert")
+# The same run with its GEMMs on cuBLAS instead of cuBLASLt (RECIPE_GEMM_LIBRARY=cublas).
+out["recipe_cublas"] = rate("cublas")
 # And launching its kernels directly (RECIPE_CUDA_GRAPHS=0), not as graphs.
 out["recipe_direct"] = rate("direct")
 # And without the fused attention kernels (RECIPE_FUSED_ATTENTION=0).
@@ -131,9 +131,9 @@ if ours and theirs:
     n = out["recipe"]["parameters"]
     flops_per_sample = (6 * n + 6 * L * C * T) * T
     out["ratio_recipe_over_torch"] = ours / theirs
-    converted = out["recipe_convert"].get("samples_per_s")
-    if converted:
-        out["ratio_convert_over_torch"] = converted / theirs
+    on_cublas = out["recipe_cublas"].get("samples_per_s")
+    if on_cublas:
+        out["ratio_cublas_over_torch"] = on_cublas / theirs
     direct = out["recipe_direct"].get("samples_per_s")
     if direct:
         out["ratio_direct_over_torch"] = direct / theirs

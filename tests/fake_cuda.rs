@@ -78,6 +78,7 @@ fn on_fake(dir: &Path, gpus: usize, env: &[(&str, &str)], args: &[&str]) -> Outp
         .env("RECIPE_COLLECTIVE_TIMEOUT", "120")
         .env_remove("RECIPE_CUDA_GRAPHS")
         .env_remove("RECIPE_HALF_GEMM")
+        .env_remove("RECIPE_GEMM_LIBRARY")
         .env_remove("RECIPE_NCCL");
     for (k, v) in env {
         c.env(k, v);
@@ -120,6 +121,21 @@ fn steps(dir: &Path) -> (Vec<Step>, Value) {
         })
         .collect();
     (steps, start)
+}
+
+/// Each logged step's gradient norm and each evaluation's loss, in order.
+fn norms_and_eval(dir: &Path) -> Vec<Value> {
+    metrics(dir)
+        .iter()
+        .flat_map(|r| {
+            [
+                r.get("grad_norm"),
+                r.get("eval").and_then(|e| e.get("loss")),
+            ]
+        })
+        .flatten()
+        .cloned()
+        .collect()
 }
 
 /// Trains `recipe` (a file in `dir`) on the CPU and on the fake GPU(s) with `args`, and
@@ -302,18 +318,53 @@ fn the_tiny_bert_trains_on_the_fake_gpu_as_on_the_cpu() {
 
 /// fp16 (loss scaling, skipped steps) and bf16 on the fake GPU against the CPU. The fake's
 /// GEMMs add in the CPU backend's order, so the runs agree far closer than a GPU's would
-/// (scripts/gpu-check.sh allows 2e-3 in fp16 there): a misrounded half operand shows.
+/// (scripts/gpu-check.sh allows 2e-3 in fp16 there): a misrounded half operand shows, and so
+/// does a 16-bit GEMM output rounded twice (the fake's cuBLASLt adds split-K halves in the
+/// output's type unless the preference rules that out, as cuBLASLt may).
+///
+/// The GEMMs run through cuBLASLt (the fake counts the calls: every dense and strided GEMM,
+/// none through cuBLAS's; only the pointer-list batches of attention's products stay there);
+/// with `RECIPE_GEMM_LIBRARY=cublas`, and with a cuBLASLt whose heuristic finds nothing, they
+/// run through cuBLAS, with the same bits here (the fake computes both alike).
 #[test]
 fn half_precision_trains_on_the_fake_gpu_as_on_the_cpu() {
     let dir = workspace("fake-half", TINY);
     for precision in ["fp16", "bf16"] {
         let set = format!("train.precision={precision}");
+        let counts = dir.join(format!("{precision}-stats.json"));
+        let env = [("RECIPE_FAKE_CUDA_STATS", counts.to_str().unwrap())];
         let (worst, steps) =
-            against_the_cpu(&dir, precision, "tiny.rcp", &["--set", &set], 1, &[], 1e-5);
+            against_the_cpu(&dir, precision, "tiny.rcp", &["--set", &set], 1, &env, 1e-5);
         eprintln!(
             "{precision}: {} steps, losses within {worst:e}",
             steps.len()
         );
+        let s = stats(&counts);
+        assert!(s["lt_matmuls"].as_u64().unwrap() > 0, "{s}");
+        assert_eq!(s["blas_gemms"], 0, "{s}");
+        if precision == "fp16" {
+            continue;
+        }
+        for (name, env) in [
+            ("on-cublas", ("RECIPE_GEMM_LIBRARY", "cublas")),
+            ("no-algorithm", ("RECIPE_FAKE_CUBLASLT_NO_ALGORITHM", "1")),
+        ] {
+            let counts = dir.join(format!("{name}-stats.json"));
+            let env = [env, ("RECIPE_FAKE_CUDA_STATS", counts.to_str().unwrap())];
+            let (_, other) =
+                against_the_cpu(&dir, name, "tiny.rcp", &["--set", &set], 1, &env, 1e-5);
+            assert_eq!(other, steps, "{name}: not the cuBLASLt run's losses");
+            // The training losses are bf16-coarse: the gradient norms and the evaluation's
+            // losses show a GEMM's extra rounding where they do not.
+            assert_eq!(
+                norms_and_eval(&dir.join(format!("{name}-cuda"))),
+                norms_and_eval(&dir.join(format!("{precision}-cuda"))),
+                "{name}: not the cuBLASLt run's gradient norms or evaluation losses"
+            );
+            let s = stats(&counts);
+            assert_eq!(s["lt_matmuls"], 0, "{name}: {s}");
+            assert!(s["blas_gemms"].as_u64().unwrap() > 0, "{name}: {s}");
+        }
     }
 }
 

@@ -162,6 +162,8 @@ fn self_test(out: Option<&Path>) -> Result<bool, i32> {
     // hang there keeps what is already known.
     print_checks(&all);
     write_checks(&all, out)?;
+    // Which GEMM shapes, if any, cuBLASLt had no algorithm for (they ran on cuBLAS).
+    println!("GEMMs after the checks: {}", kernels.device().libraries());
     let mut more = peers_test();
     more.push(out_of_memory_test());
     print_checks(&more);

@@ -29,9 +29,9 @@ pub mod status {
 }
 
 // `cudaDataType` (library_types.h).
-const CUDA_R_32F: u32 = 0;
-const CUDA_R_16F: u32 = 2;
-const CUDA_R_16BF: u32 = 14;
+pub(crate) const CUDA_R_32F: u32 = 0;
+pub(crate) const CUDA_R_16F: u32 = 2;
+pub(crate) const CUDA_R_16BF: u32 = 14;
 
 // `cublasComputeType_t`.
 const COMPUTE_32F: u32 = 68;
@@ -42,7 +42,7 @@ const COMPUTE_32F_FAST_TF32: u32 = 77;
 
 // `cublasMath_t`: a mode, optionally or-ed with the flag.
 const TF32_TENSOR_OP_MATH: u32 = 3;
-const DISALLOW_REDUCED_PRECISION_REDUCTION: u32 = 16;
+pub(crate) const DISALLOW_REDUCED_PRECISION_REDUCTION: u32 = 16;
 
 // `cublasPointerMode_t`.
 const POINTER_MODE_HOST: u32 = 0;
@@ -395,25 +395,25 @@ pub unsafe extern "C" fn cublasGemmStridedBatchedEx(
 }
 
 /// A GEMM entry point's arguments as the caller passed them.
-struct Call {
-    trans: [u32; 2],
+pub(crate) struct Call {
+    pub(crate) trans: [u32; 2],
     /// m, n, k.
-    dims: [c_int; 3],
+    pub(crate) dims: [c_int; 3],
     /// lda, ldb, ldc.
-    lds: [c_int; 3],
+    pub(crate) lds: [c_int; 3],
     /// alpha, beta (host pointers).
-    scalars: [*const c_void; 2],
+    pub(crate) scalars: [*const c_void; 2],
     /// A's, B's and C's `cudaDataType`.
-    types: [u32; 3],
-    compute: u32,
-    algo: i32,
+    pub(crate) types: [u32; 3],
+    pub(crate) compute: u32,
+    pub(crate) algo: i32,
     /// The batch count (1 for a single GEMM).
-    count: c_int,
+    pub(crate) count: c_int,
 }
 
 /// Where a call's matrices are.
 #[derive(Debug, Clone, Copy)]
-enum Items {
+pub(crate) enum Items {
     /// One GEMM's A, B and C.
     One(u64, u64, u64),
     /// The first item's A, B and C, and the strides (elements) between items.
@@ -526,7 +526,7 @@ fn span(rows: usize, cols: usize, ld: usize) -> usize {
 
 /// One GEMM's checked arguments, copied into its operation.
 #[derive(Debug, Clone, Copy)]
-struct Gemm {
+pub(crate) struct Gemm {
     trans_a: bool,
     trans_b: bool,
     m: usize,
@@ -550,7 +550,7 @@ impl Gemm {
     /// Checks `c` as cuBLAS does: INVALID_VALUE for a bad transpose, size, leading dimension,
     /// scalar pointer or algorithm, NOT_SUPPORTED for a combination of types and compute type
     /// cuBLAS does not have. Reads alpha and beta (host pointers).
-    unsafe fn check(what: &str, c: &Call, math: u32) -> Result<Gemm, u32> {
+    pub(crate) unsafe fn check(what: &str, c: &Call, math: u32) -> Result<Gemm, u32> {
         let invalid = |why: String| {
             complain(what, &why);
             status::INVALID_VALUE
@@ -643,6 +643,16 @@ impl Gemm {
             beta,
             reduced: math & DISALLOW_REDUCED_PRECISION_REDUCTION == 0,
         })
+    }
+
+    /// Whether C is empty (nothing to compute: cuBLAS's quick return).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.m == 0 || self.n == 0
+    }
+
+    /// Bytes an element of A, B and C.
+    pub(crate) fn elem_bytes(&self) -> [usize; 3] {
+        self.types.map(Elem::bytes)
     }
 
     /// Whether A and B are read: not when the product term is zero whatever they hold (as the
@@ -1030,8 +1040,36 @@ unsafe fn gemm(what: &'static str, h: *mut c_void, call: &Call, items: Items) ->
         );
         return status::EXECUTION_FAILED;
     }
-    let device = handle.device;
-    let workspace = handle.workspace;
+    queue(
+        what,
+        handle.device,
+        handle.stream,
+        handle.workspace,
+        g,
+        items,
+        count,
+    )
+}
+
+/// Queues checked GEMMs on `stream` of GPU `device`: when they run, the workspace's and the
+/// operands' ranges are checked against the live allocations, then each item computed.
+pub(crate) fn queue(
+    what: &'static str,
+    device: i32,
+    stream: usize,
+    workspace: Option<(u64, usize)>,
+    g: Gemm,
+    items: Items,
+    count: usize,
+) -> u32 {
+    {
+        let stats = &mut crate::state().stats;
+        match what {
+            "cublasLtMatmul" => stats.lt_matmuls += 1,
+            "cublasGemmBatchedEx" => stats.blas_pointer_batches += 1,
+            _ => stats.blas_gemms += 1,
+        }
+    }
     let op: crate::Op = Arc::new(move || {
         let addrs = {
             let st = crate::state();
@@ -1059,7 +1097,7 @@ unsafe fn gemm(what: &'static str, h: *mut c_void, call: &Call, items: Items) ->
         }
         Ok(())
     });
-    match crate::enqueue(handle.stream, what, op) {
+    match crate::enqueue(stream, what, op) {
         0 => status::SUCCESS,
         _ => status::EXECUTION_FAILED,
     }
@@ -2031,5 +2069,179 @@ mod tests {
             )
         };
         assert_eq!(r, status::NOT_INITIALIZED);
+    }
+
+    /// cuBLASLt's matmul: a strided bf16 batch with a bf16 output is the bits of cuBLAS's
+    /// strided GEMM (with `DISALLOW_REDUCED_PRECISION_REDUCTION`) when the preference rules out
+    /// split-K sums in the output's type, and not without that mask; an address less aligned
+    /// than the heuristic was told, a workspace short of the algorithm's, an algorithm run on
+    /// other layouts and layouts that make no product are refused.
+    #[test]
+    fn cublaslt_matmul_is_the_strided_gemm_and_refuses_misuse() {
+        use crate::cublaslt::*;
+        const GPU_LT: i32 = 45;
+        let h = handle_on(GPU_LT);
+        let math = DISALLOW_REDUCED_PRECISION_REDUCTION;
+        assert_eq!(unsafe { cublasSetMathMode(h, math) }, status::SUCCESS);
+        let mut lt = null_mut();
+        assert_eq!(unsafe { cublasLtCreate(&mut lt) }, status::SUCCESS);
+        // A m × k (N), B stored n × k (T), C m × n, three items; A's stride is odd, so its
+        // items are only 2-byte aligned.
+        let (m, n, k, count) = (5usize, 6usize, 40usize, 3usize);
+        let strides = [(m * k + 1) as i64, (n * k) as i64, (m * n + 3) as i64];
+        let bf = |v: Vec<f32>| v.into_iter().map(bf16::from_f32).collect::<Vec<_>>();
+        let a = Buf::of(GPU_LT, &bf(values(strides[0] as usize * count, 1)));
+        let b = Buf::of(GPU_LT, &bf(values(strides[1] as usize * count, 2)));
+        let c_len = strides[2] as usize * count;
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let blas = Buf::of(GPU_LT, &vec![bf16::ZERO; c_len]);
+        let r = unsafe {
+            cublasGemmStridedBatchedEx(
+                h,
+                N,
+                T,
+                m as c_int,
+                n as c_int,
+                k as c_int,
+                (&alpha as *const f32).cast(),
+                a.at::<bf16>(0),
+                CUDA_R_16BF,
+                m as c_int,
+                strides[0],
+                b.at::<bf16>(0),
+                CUDA_R_16BF,
+                n as c_int,
+                strides[1],
+                (&beta as *const f32).cast(),
+                blas.at::<bf16>(0),
+                CUDA_R_16BF,
+                m as c_int,
+                strides[2],
+                count as c_int,
+                COMPUTE_32F,
+                -1,
+            )
+        };
+        assert_eq!(r, status::SUCCESS);
+        let want: Vec<u16> = blas
+            .read::<bf16>(c_len)
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        let ws = Buf::new(GPU_LT, 1 << 20);
+        // Descriptors for (rows, cols) of A, B, C and a preference; returns the algorithm and
+        // its workspace, or the heuristic's status.
+        let plan = |c_rows: u64, mask: Option<u32>, align_a: u32| unsafe {
+            let mut desc = null_mut();
+            assert_eq!(
+                cublasLtMatmulDescCreate(&mut desc, COMPUTE_32F, CUDA_R_32F),
+                0
+            );
+            let trans_b: i32 = 1;
+            let tb = (&trans_b as *const i32).cast();
+            assert_eq!(cublasLtMatmulDescSetAttribute(desc, 4, tb, 4), 0);
+            let mut layouts = [null_mut(); 3];
+            let dims = [
+                (m as u64, k as u64),
+                (n as u64, k as u64),
+                (c_rows, n as u64),
+            ];
+            for (i, (rows, cols)) in dims.into_iter().enumerate() {
+                let ld = rows as i64;
+                assert_eq!(
+                    cublasLtMatrixLayoutCreate(&mut layouts[i], CUDA_R_16BF, rows, cols, ld),
+                    0
+                );
+                let cnt = count as i32;
+                let set_count =
+                    cublasLtMatrixLayoutSetAttribute(layouts[i], 5, (&cnt as *const i32).cast(), 4);
+                assert_eq!(set_count, 0);
+                let st = (&strides[i] as *const i64).cast();
+                assert_eq!(cublasLtMatrixLayoutSetAttribute(layouts[i], 6, st, 8), 0);
+            }
+            let mut pref = null_mut();
+            assert_eq!(cublasLtMatmulPreferenceCreate(&mut pref), 0);
+            let bytes: u64 = 1 << 20;
+            let wb = (&bytes as *const u64).cast();
+            assert_eq!(cublasLtMatmulPreferenceSetAttribute(pref, 1, wb, 8), 0);
+            if let Some(mask) = mask {
+                let mb = (&mask as *const u32).cast();
+                assert_eq!(cublasLtMatmulPreferenceSetAttribute(pref, 3, mb, 4), 0);
+            }
+            // A as the caller says; B's items are 32-byte aligned, C's (and D's) 2-byte.
+            for (attr, align) in [(5, align_a), (6, 32u32), (7, 2), (8, 2)] {
+                let ab = (&align as *const u32).cast();
+                assert_eq!(cublasLtMatmulPreferenceSetAttribute(pref, attr, ab, 4), 0);
+            }
+            let mut found = std::mem::MaybeUninit::<HeuristicResult>::uninit();
+            let mut got = 0;
+            let [la, lb, lc] = layouts;
+            let r = cublasLtMatmulAlgoGetHeuristic(
+                lt,
+                desc,
+                la,
+                lb,
+                lc,
+                lc,
+                pref,
+                1,
+                found.as_mut_ptr(),
+                &mut got,
+            );
+            assert_eq!(cublasLtMatmulPreferenceDestroy(pref), 0);
+            let found = (r == 0 && got == 1).then(|| found.assume_init());
+            (r, desc, layouts, found)
+        };
+        // (mask, alignment of A promised, workspace bytes given) → status, and C's bits.
+        let run = |mask: Option<u32>, align_a: u32, ws_bytes: usize| unsafe {
+            let (r, desc, [la, lb, lc], found) = plan(m as u64, mask, align_a);
+            assert_eq!(r, status::SUCCESS);
+            let found = found.unwrap();
+            let out = Buf::of(GPU_LT, &vec![bf16::ZERO; c_len]);
+            let r = cublasLtMatmul(
+                lt,
+                desc,
+                (&alpha as *const f32).cast(),
+                a.at::<bf16>(0),
+                la,
+                b.at::<bf16>(0),
+                lb,
+                (&beta as *const f32).cast(),
+                out.at::<bf16>(0),
+                lc,
+                out.at::<bf16>(0),
+                lc,
+                &found.algo,
+                ws.at::<u8>(0),
+                ws_bytes,
+                null_mut(),
+            );
+            let bits: Vec<u16> = out
+                .read::<bf16>(c_len)
+                .iter()
+                .map(|x| x.to_bits())
+                .collect();
+            (r, bits)
+        };
+        // CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | _NONE (0).
+        let f32_only = 2;
+        assert_eq!(
+            run(Some(f32_only), 2, 1 << 20),
+            (status::SUCCESS, want.clone())
+        );
+        // cuBLASLt's default mask allows split-K sums in bf16: another rounding.
+        let (r, bits) = run(None, 2, 1 << 20);
+        assert_eq!(r, status::SUCCESS);
+        assert_ne!(bits, want, "no extra rounding without the mask");
+        // A's items are 2-byte aligned; promising 4 is refused.
+        assert_eq!(run(Some(f32_only), 4, 1 << 20).0, status::INVALID_VALUE);
+        // The algorithm was given a workspace; running it without is refused.
+        assert_eq!(run(Some(f32_only), 2, 0).0, status::INVALID_VALUE);
+        // C's rows do not match op(A)'s: no product.
+        assert_eq!(plan(m as u64 + 1, None, 2).0, status::INVALID_VALUE);
+        unsafe {
+            assert_eq!(cublasLtDestroy(lt), 0);
+            cublasDestroy_v2(h);
+        }
     }
 }

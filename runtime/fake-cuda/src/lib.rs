@@ -1,10 +1,10 @@
-//! A CUDA driver, NVRTC, cuBLAS and NCCL that run on the CPU, so that the CUDA backend's host
+//! A CUDA driver, NVRTC, cuBLAS, cuBLASLt and NCCL that run on the CPU, so that the CUDA backend's host
 //! code (`runtime/src/backend/cuda`: cudarc's calls, streams, events, graphs, cuBLAS's
 //! column-major mapping, NCCL's groups) runs end to end on a machine without a GPU.
 //!
 //! The library exports the C symbols cudarc loads (`cuInit`, `nvrtcCompileProgram`,
-//! `cublasGemmEx`, `ncclAllReduce`, …); tests/fake_cuda.rs links `libcuda.so`, `libnvrtc.so`,
-//! `libcublas.so` and `libnccl.so` to it and runs `recipe` with that folder on
+//! `cublasGemmEx`, `cublasLtMatmul`, `ncclAllReduce`, …); tests/fake_cuda.rs links `libcuda.so`,
+//! `libnvrtc.so`, `libcublas.so`, `libcublasLt.so` and `libnccl.so` to it and runs `recipe` with that folder on
 //! `LD_LIBRARY_PATH`. Device memory is host memory (an address is a host address); kernels run
 //! the unchanged `.cu` sources through runtime/emu's emulation of the execution model; cuBLAS's
 //! GEMMs are a plain column-major loop with f32 accumulation; every operation runs when it is
@@ -31,6 +31,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub mod cublas;
+pub mod cublaslt;
 pub mod driver;
 pub mod nccl;
 pub mod nvrtc;
@@ -168,6 +169,13 @@ pub struct Stats {
     pub captures: u64,
     pub graph_launches: u64,
     pub allocations: u64,
+    /// GEMM calls queued through `cublasLtMatmul`.
+    pub lt_matmuls: u64,
+    /// Dense and strided GEMM calls queued through cuBLAS (`cublasSgemm`, `cublasGemmEx`,
+    /// `cublasGemmStridedBatchedEx`), which a run on cuBLASLt makes none of.
+    pub blas_gemms: u64,
+    /// Batches of pointer lists queued through `cublasGemmBatchedEx` (cuBLASLt has none).
+    pub blas_pointer_batches: u64,
 }
 
 impl Stats {
@@ -179,8 +187,15 @@ impl Stats {
         let path = std::path::PathBuf::from(path);
         let tmp = path.with_extension("tmp");
         let text = format!(
-            "{{\"kernels\": {}, \"captures\": {}, \"graph_launches\": {}, \"allocations\": {}}}\n",
-            self.kernels, self.captures, self.graph_launches, self.allocations
+            "{{\"kernels\": {}, \"captures\": {}, \"graph_launches\": {}, \"allocations\": {}, \
+             \"lt_matmuls\": {}, \"blas_gemms\": {}, \"blas_pointer_batches\": {}}}\n",
+            self.kernels,
+            self.captures,
+            self.graph_launches,
+            self.allocations,
+            self.lt_matmuls,
+            self.blas_gemms,
+            self.blas_pointer_batches
         );
         if std::fs::write(&tmp, text).is_ok() {
             let _ = std::fs::rename(&tmp, &path);

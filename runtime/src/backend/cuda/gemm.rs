@@ -23,7 +23,7 @@ pub fn dim(x: usize) -> i32 {
 }
 
 /// The arguments of one `cublasSgemm` (column-major), operand order already swapped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ColMajor {
     /// Transpose the first operand (our `B`).
     pub trans_first: bool,

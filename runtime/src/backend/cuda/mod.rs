@@ -3,13 +3,14 @@
 //! Nothing CUDA is linked: the binary builds and runs on machines without CUDA, and every entry
 //! point checks that its library can be loaded before the first call (cudarc panics otherwise).
 //! [`CudaDevice`] is a [`Device`]: memory on one GPU, one stream, the kernel program compiled by
-//! NVRTC for the GPU's own architecture when the device opens, cuBLAS for GEMMs (fp32, TF32 off,
-//! so the CPU reference's arithmetic). Errors inside a launch are recorded and reported by
+//! NVRTC for the GPU's own architecture when the device opens, cuBLASLt for GEMMs ([`lt`]; fp32
+//! with TF32 off, so the CPU reference's arithmetic), cuBLAS where cuBLASLt has no algorithm. Errors inside a launch are recorded and reported by
 //! [`Device::sync`] (the [`crate::backend::Backend`] methods cannot fail).
 
 pub mod compile;
 pub mod gemm;
 pub mod kernel_cache;
+pub mod lt;
 pub mod memo;
 pub mod nccl;
 pub mod ptxas;
@@ -277,6 +278,9 @@ pub struct CudaDevice {
     _blas_workspace: CudaSlice<u8>,
     /// cuBLAS's version, as `cublasGetVersion` gives it (130000 and up for CUDA 13).
     blas_version: i32,
+    /// The GEMMs' cuBLASLt handle and plans ([`lt`]), sharing cuBLAS's workspace; `None` with
+    /// `RECIPE_GEMM_LIBRARY=cublas`.
+    lt: Option<lt::Lt>,
     name: String,
     arch: String,
     /// The compute capability's major version (8 for sm_80).
@@ -357,6 +361,24 @@ fn graphs_parse(v: Option<&str>) -> Result<bool, CudaError> {
         Some("0") => Ok(false),
         Some(other) => Err(CudaError::Setting(format!(
             "RECIPE_CUDA_GRAPHS={other}: expected `1` (capture, the default) or `0` (direct launches) (docs/cuda.md, \"CUDA graphs\")"
+        ))),
+    }
+}
+
+/// Whether the GEMMs run through cuBLASLt ([`lt`]): yes unless `RECIPE_GEMM_LIBRARY=cublas`,
+/// which runs them through cuBLAS's `cublasGemmEx` family as before (for an A/B on a GPU,
+/// `scripts/gpu-throughput.sh`). `Err` names a value it does not know.
+pub fn lt_from_env() -> Result<bool, CudaError> {
+    lt_parse(std::env::var("RECIPE_GEMM_LIBRARY").ok().as_deref())
+}
+
+/// The choice a value of `RECIPE_GEMM_LIBRARY` (`None`: unset) makes.
+fn lt_parse(v: Option<&str>) -> Result<bool, CudaError> {
+    match v {
+        None | Some("" | "cublaslt") => Ok(true),
+        Some("cublas") => Ok(false),
+        Some(other) => Err(CudaError::Setting(format!(
+            "RECIPE_GEMM_LIBRARY={other}: expected `cublaslt` (the default) or `cublas` (docs/cuda.md, \"GEMMs\")"
         ))),
     }
 }
@@ -486,6 +508,26 @@ fn fast_compute(half: Dtype) -> cudarc::cublas::sys::cublasComputeType_t {
     }
 }
 
+/// cuBLAS's element type as [`lt::Elem`] (the GEMMs here use these three).
+fn lt_elem(t: cudarc::cublas::sys::cudaDataType) -> lt::Elem {
+    use cudarc::cublas::sys::cudaDataType as T;
+    match t {
+        T::CUDA_R_16F => lt::Elem::F16,
+        T::CUDA_R_16BF => lt::Elem::Bf16,
+        _ => lt::Elem::F32,
+    }
+}
+
+/// cuBLAS's compute type as [`lt::Compute`].
+fn lt_compute(c: cudarc::cublas::sys::cublasComputeType_t) -> lt::Compute {
+    use cudarc::cublas::sys::cublasComputeType_t as C;
+    match c {
+        C::CUBLAS_COMPUTE_32F_FAST_16F => lt::Compute::Fast16F,
+        C::CUBLAS_COMPUTE_32F_FAST_16BF => lt::Compute::Fast16Bf,
+        _ => lt::Compute::F32,
+    }
+}
+
 fn driver_err(what: &str) -> impl Fn(drv::DriverError) -> CudaError + '_ {
     move |e| CudaError::Driver(format!("{what}: {e:?}"))
 }
@@ -569,6 +611,7 @@ impl CudaDevice {
     pub fn open(ordinal: usize) -> Result<CudaDevice, CudaError> {
         let operands = HalfOperands::from_env()?;
         let graphs_on = graphs_from_env()?;
+        let lt_on = lt_from_env()?;
         let p = require()?;
         if ordinal >= p.devices {
             return Err(CudaError::Driver(format!(
@@ -608,6 +651,16 @@ impl CudaDevice {
             .map_err(|e| CudaError::Driver(format!("cuBLAS: {e:?}")))?;
         let blas_workspace = set_workspace(&blas, &stream, major)?;
         let blas_version = set_math(&blas)?;
+        let lt = if lt_on {
+            let at = cudarc::driver::DevicePtr::device_ptr(&blas_workspace, &stream).0;
+            Some(lt::Lt::new(at, blas_workspace.len()).map_err(|why| {
+                CudaError::Driver(format!(
+                    "cuBLASLt: {why} (RECIPE_GEMM_LIBRARY=cublas runs the GEMMs on cuBLAS alone)"
+                ))
+            })?)
+        } else {
+            None
+        };
         Ok(CudaDevice {
             ctx,
             stream,
@@ -615,6 +668,7 @@ impl CudaDevice {
             blas: std::mem::ManuallyDrop::new(blas),
             _blas_workspace: blas_workspace,
             blas_version,
+            lt,
             name,
             arch,
             major,
@@ -640,15 +694,20 @@ impl CudaDevice {
         (&self.name, &self.arch)
     }
 
-    /// The libraries this device runs on, e.g. "driver 13.0, NVRTC 13.0, cuBLAS 130100": which
-    /// copies the loader found (a CUDA 12 cuBLAS found first by its unversioned name would
-    /// show here).
+    /// The libraries this device runs on, e.g. "driver 13.0, NVRTC 13.0, cuBLAS 130100, cuBLASLt
+    /// 130100": which copies the loader found (a CUDA 12 cuBLAS found first by its unversioned
+    /// name would show here), and, once GEMMs ran, how many of their shapes cuBLASLt had no
+    /// algorithm for ([`lt::Lt::describe`]).
     pub fn libraries(&self) -> String {
         let driver = probe().driver_version;
         let nvrtc = compile::nvrtc_version()
             .map_or_else(|e| format!("? ({e})"), |(a, b)| format!("{a}.{b}"));
+        let lt = self
+            .lt
+            .as_ref()
+            .map_or_else(|| "GEMMs on cuBLAS".to_string(), |lt| lt.describe());
         format!(
-            "driver {}.{}, NVRTC {nvrtc}, cuBLAS {}",
+            "driver {}.{}, NVRTC {nvrtc}, cuBLAS {}, {lt}",
             driver / 1000,
             driver % 1000 / 10,
             self.blas_version
@@ -663,6 +722,33 @@ impl CudaDevice {
         if let Err(e) = bind_ctx(&self.ctx) {
             self.record("the GPU's context (an earlier asynchronous error)", e);
         }
+    }
+
+    /// Runs a GEMM through cuBLASLt ([`lt`]) and says so, or says it did not: no cuBLASLt
+    /// (`RECIPE_GEMM_LIBRARY=cublas`), an empty GEMM (cuBLAS's quick return), or no algorithm
+    /// for the shape; the caller then runs cuBLAS's call. `ptrs` are the column-major call's
+    /// first operand (our `B`), second (our `A`) and C. A failure of the call is recorded.
+    fn through_lt(&self, shape: &lt::Shape, g: &Gemm, ptrs: [u64; 3], name: &'static str) -> bool {
+        let Some(lt) = &self.lt else {
+            return false;
+        };
+        if shape.cm.m == 0 || shape.cm.n == 0 || shape.cm.k == 0 || !lt.ready(shape) {
+            return false;
+        }
+        let stream = self.stream.cu_stream() as *mut c_void;
+        // SAFETY: the callers check that the operands hold every item's extent for the shape,
+        // whose alignments are their addresses' (`lt::alignment`); the stream is this device's,
+        // its context bound by the caller.
+        let r = self.timed(name, || unsafe {
+            lt.matmul(shape, (g.alpha, g.beta), ptrs, stream)
+        });
+        match r {
+            Ok(()) => {}
+            Err(lt::Refused::Failed(e)) => self.record("cublasLtMatmul", e),
+            // `ready` made the plan: not reached.
+            Err(lt::Refused::NoAlgorithm) => self.record_text("cublasLtMatmul: no plan".into()),
+        }
+        true
     }
 
     /// Waits for the stream's work. cudarc's `synchronize` returns an error an earlier
@@ -1514,6 +1600,20 @@ impl Device for CudaDevice {
         }
         self.bind();
         let cm = gemm::col_major(g);
+        let shape = lt::Shape {
+            cm,
+            types: [lt::Elem::F32; 3],
+            compute: lt::Compute::F32,
+            count: 1,
+            strides: [0; 3],
+            align: [b.ptr, a.ptr, c.ptr].map(|p| lt::alignment(p, 0)),
+        };
+        // The views are live allocations large enough for the shapes (the model checks its
+        // shapes before calling).
+        if self.through_lt(&shape, g, [b.ptr, a.ptr, c.ptr], "cublasLt gemm f32") {
+            self.gemm_wrote(c.ptr, g.spans().2);
+            return;
+        }
         let (op, int) = (gemm::op, gemm::dim);
         // SAFETY: the views are live allocations large enough for the shapes (the model checks
         // its shapes before calling); cuBLAS runs on this device's stream.
@@ -1612,6 +1712,30 @@ impl Device for CudaDevice {
             return; // out of memory for the packed operands: recorded
         }
         let cm = gemm::col_major(g);
+        let lt_operand = lt_elem(operand);
+        let shape = lt::Shape {
+            cm,
+            types: [
+                lt_operand,
+                lt_operand,
+                if c16 { lt_elem(dtype) } else { lt::Elem::F32 },
+            ],
+            compute: lt_compute(compute),
+            count: 1,
+            strides: [0; 3],
+            align: [pb, pa, c.ptr].map(|p| lt::alignment(p, 0)),
+        };
+        let lt_name = match (compute, half) {
+            (cublasComputeType_t::CUBLAS_COMPUTE_32F, Dtype::F16) => "cublasLt gemm fp16",
+            (cublasComputeType_t::CUBLAS_COMPUTE_32F, _) => "cublasLt gemm bf16",
+            (_, Dtype::F16) => "cublasLt gemm fp16←f32",
+            _ => "cublasLt gemm bf16←f32",
+        };
+        // The operands hold the spans the shapes read (asserted above).
+        if self.through_lt(&shape, g, [pb, pa, c.ptr], lt_name) {
+            packs.memo.written(c.ptr, size(c.elem) * g.spans().2 as u64);
+            return;
+        }
         let (op, int) = (gemm::op, gemm::dim);
         // SAFETY: the operands (packed, or the views themselves) hold the spans the shapes read
         // (asserted above), `c` is a live allocation large enough for the shape; cuBLAS runs on
@@ -1777,7 +1901,33 @@ impl Device for CudaDevice {
             (_, cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF) => "cublas batched bf16←f32",
             _ => "cublas batched f32",
         };
-        let r = if batch.inner == 1 {
+        let lt_shape = |count: usize| lt::Shape {
+            cm,
+            types: [lt_elem(types[1]), lt_elem(types[0]), lt_elem(types[2])],
+            compute: lt_compute(compute),
+            count,
+            strides: [batch.b.outer, batch.a.outer, batch.c.outer].map(|s| s as i64),
+            align: [
+                (ptrs.1, batch.b.outer, types[1]),
+                (ptrs.0, batch.a.outer, types[0]),
+                (ptrs.2, batch.c.outer, types[2]),
+            ]
+            .map(|(p, s, t)| lt::alignment(p, (s as u64 * lt_elem(t).bytes()) as i64)),
+        };
+        let lt_name = match name {
+            "cublas batched fp16" => "cublasLt batched fp16",
+            "cublas batched bf16" => "cublasLt batched bf16",
+            "cublas batched fp16←f32" => "cublasLt batched fp16←f32",
+            "cublas batched bf16←f32" => "cublasLt batched bf16←f32",
+            _ => "cublasLt batched f32",
+        };
+        // A strided batch (one stride per operand) through cuBLASLt; item j's operands start j
+        // strides into the operands (or their copies), inside their extents (asserted above).
+        let in_lt = batch.inner == 1
+            && self.through_lt(&lt_shape(batch.count), g, [ptrs.1, ptrs.0, ptrs.2], lt_name);
+        let r = if in_lt {
+            Ok(())
+        } else if batch.inner == 1 {
             // One stride per operand (a linear layer's projections of one input, their weight
             // gradients): a strided batch, no address list to write first. A packed or widened
             // copy keeps its operand's layout, so the strides hold for it too.
@@ -2112,6 +2262,21 @@ mod tests {
         assert!(graphs_parse(Some("1")).unwrap());
         let e = graphs_parse(Some("yes")).unwrap_err().to_string();
         assert!(e.contains("RECIPE_CUDA_GRAPHS=yes: expected `1`"), "{e}");
+    }
+
+    /// GEMMs run on cuBLASLt unless `RECIPE_GEMM_LIBRARY=cublas`; another value is refused by
+    /// name.
+    #[test]
+    fn gemms_run_on_cublaslt_unless_told_cublas() {
+        assert!(lt_parse(None).unwrap());
+        assert!(lt_parse(Some("")).unwrap());
+        assert!(lt_parse(Some("cublaslt")).unwrap());
+        assert!(!lt_parse(Some("cublas")).unwrap());
+        let e = lt_parse(Some("lt")).unwrap_err().to_string();
+        assert!(
+            e.contains("RECIPE_GEMM_LIBRARY=lt: expected `cublaslt`"),
+            "{e}"
+        );
     }
 
     /// Unset or empty packs; `convert` converts in cuBLAS; anything else is refused by name.

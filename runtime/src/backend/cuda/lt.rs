@@ -1,0 +1,439 @@
+//! GEMMs through cuBLASLt (`cublasLtMatmul`), with cuBLAS's `cublasGemmEx` family behind them
+//! where cuBLASLt has no algorithm for a GEMM (docs/cuda.md, "GEMMs").
+//!
+//! A GEMM's shape, types, batch and pointer alignments make a [`Shape`]. Its first call creates
+//! the matmul descriptor and the three layouts and asks cuBLASLt's heuristic for an algorithm
+//! (`cublasLtMatmulAlgoGetHeuristic`, its first answer); later calls reuse them. Those are host
+//! objects only: nothing is allocated on the GPU and nothing is asked of a stream, so a first
+//! call may come during a CUDA graph's capture. The heuristic answers the same for the same
+//! shape on the same GPU, library and workspace, so a GEMM gets the same algorithm, and the
+//! same bits, run after run, as with `cublasGemmEx` (which asks the same heuristic inside).
+//!
+//! Two preferences keep the numerics the CPU's (runtime/src/backend/cpu.rs):
+//! - split-K partial sums are added in f32 or not at all
+//!   (`CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | _NONE`), never in a 16-bit output's type
+//!   (`_INPLACE`, `_OUTPUT_TYPE`), which would round a 16-bit output more than once: cuBLAS's
+//!   `CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION` ([`super::set_math`]), and what PyTorch
+//!   sets when `allow_bf16_reduced_precision_reduction` is off (aten/src/ATen/cuda/CUDABlas.cpp);
+//! - each operand's alignment is the one its addresses have (the heuristic otherwise assumes
+//!   256 bytes and may pick a kernel that needs them; PyTorch does the same there).
+//!
+//! No TF32: an f32 GEMM computes in `CUBLAS_COMPUTE_32F`, which cuBLASLt never narrows.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+use cudarc::cublaslt::sys;
+
+use super::gemm::ColMajor;
+
+/// A matrix's element type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Elem {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl Elem {
+    fn data_type(self) -> sys::cudaDataType {
+        match self {
+            Elem::F32 => sys::cudaDataType::CUDA_R_32F,
+            Elem::F16 => sys::cudaDataType::CUDA_R_16F,
+            Elem::Bf16 => sys::cudaDataType::CUDA_R_16BF,
+        }
+    }
+
+    /// Bytes an element.
+    pub fn bytes(self) -> u64 {
+        match self {
+            Elem::F32 => 4,
+            Elem::F16 | Elem::Bf16 => 2,
+        }
+    }
+}
+
+/// How the products are computed: always with f32 accumulation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Compute {
+    /// The operands as they are (fp16/bf16 on the tensor cores, f32 exactly).
+    F32,
+    /// f32 operands converted to fp16 (or bf16) by cuBLASLt ([`super::HalfOperands::Convert`]).
+    Fast16F,
+    Fast16Bf,
+}
+
+impl Compute {
+    fn compute_type(self) -> sys::cublasComputeType_t {
+        use sys::cublasComputeType_t as C;
+        match self {
+            Compute::F32 => C::CUBLAS_COMPUTE_32F,
+            Compute::Fast16F => C::CUBLAS_COMPUTE_32F_FAST_16F,
+            Compute::Fast16Bf => C::CUBLAS_COMPUTE_32F_FAST_16BF,
+        }
+    }
+}
+
+/// Everything a plan depends on: the column-major call ([`ColMajor`]: its first operand is our
+/// `B`, its second our `A`), the first's, the second's and C's types, the batch and the
+/// alignments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Shape {
+    pub cm: ColMajor,
+    pub types: [Elem; 3],
+    pub compute: Compute,
+    /// Items of a strided batch (1: one GEMM).
+    pub count: usize,
+    /// Elements from one item's first, second and C to the next's (0 for one GEMM).
+    pub strides: [i64; 3],
+    /// The bytes every item's first, second and C are aligned to ([`alignment`]).
+    pub align: [u32; 3],
+}
+
+/// The largest power of two, at most 256 (what the heuristic assumes unless told), that
+/// divides `address` and every `stride` bytes after it.
+pub fn alignment(address: u64, stride_bytes: i64) -> u32 {
+    let bits = (address | stride_bytes.unsigned_abs() | 256).trailing_zeros();
+    1 << bits.min(8)
+}
+
+/// Why a GEMM did not run through cuBLASLt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// The heuristic has no algorithm for the shape (or refused its descriptors): the caller
+    /// runs cuBLAS's call instead. Asked once a shape.
+    NoAlgorithm,
+    /// `cublasLtMatmul` failed: an error of the run.
+    Failed(sys::cublasStatus_t),
+}
+
+/// One shape's descriptors and algorithm.
+struct Plan {
+    desc: sys::cublasLtMatmulDesc_t,
+    /// The first operand's, the second's and C's (also D's: C is overwritten in place).
+    layouts: [sys::cublasLtMatrixLayout_t; 3],
+    algo: sys::cublasLtMatmulAlgo_t,
+    /// Workspace bytes the algorithm needs (at most the device's).
+    workspace: usize,
+}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        // SAFETY: created by `Plan::new` and used by no call after this (the device waits for
+        // its stream before it drops). Null ones were never created.
+        unsafe {
+            for l in self.layouts {
+                if !l.is_null() {
+                    let _ = sys::cublasLtMatrixLayoutDestroy(l);
+                }
+            }
+            if !self.desc.is_null() {
+                let _ = sys::cublasLtMatmulDescDestroy(self.desc);
+            }
+        }
+    }
+}
+
+/// A status as a `Result`.
+fn ok(s: sys::cublasStatus_t) -> Result<(), sys::cublasStatus_t> {
+    if s == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(s)
+    }
+}
+
+/// `value`'s bytes as an attribute's buffer.
+fn attr<T>(value: &T) -> (*const c_void, usize) {
+    ((value as *const T).cast(), std::mem::size_of::<T>())
+}
+
+impl Plan {
+    /// The descriptors of `s`, and the heuristic's first algorithm for them with at most
+    /// `workspace` bytes.
+    fn new(handle: sys::cublasLtHandle_t, s: &Shape, workspace: usize) -> Result<Plan, String> {
+        let mut plan = Plan {
+            desc: std::ptr::null_mut(),
+            layouts: [std::ptr::null_mut(); 3],
+            // SAFETY: plain data; overwritten by the heuristic's answer before any use.
+            algo: unsafe { std::mem::zeroed() },
+            workspace: 0,
+        };
+        let cm = &s.cm;
+        let err = |what: &'static str| move |e: sys::cublasStatus_t| format!("{what}: {e:?}");
+        // SAFETY: every call writes or reads the objects created just before it, with
+        // attribute buffers of the attribute's documented type; `plan` destroys what was
+        // created if a later call fails.
+        unsafe {
+            ok(sys::cublasLtMatmulDescCreate(
+                &mut plan.desc,
+                s.compute.compute_type(),
+                sys::cudaDataType::CUDA_R_32F,
+            ))
+            .map_err(err("cublasLtMatmulDescCreate"))?;
+            // cublasOperation_t as int32: CUBLAS_OP_N 0, CUBLAS_OP_T 1.
+            let trans = [i32::from(cm.trans_first), i32::from(cm.trans_second)];
+            for (a, t) in [
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
+            ]
+            .into_iter()
+            .zip(&trans)
+            {
+                let (p, n) = attr(t);
+                ok(sys::cublasLtMatmulDescSetAttribute(plan.desc, a, p, n))
+                    .map_err(err("cublasLtMatmulDescSetAttribute"))?;
+            }
+            // The stored matrices, column-major: the first is k × m (m × k transposed), the
+            // second n × k (k × n), C m × n.
+            let stored = [
+                if cm.trans_first {
+                    (cm.k, cm.m, cm.ld_first)
+                } else {
+                    (cm.m, cm.k, cm.ld_first)
+                },
+                if cm.trans_second {
+                    (cm.n, cm.k, cm.ld_second)
+                } else {
+                    (cm.k, cm.n, cm.ld_second)
+                },
+                (cm.m, cm.n, cm.ldc),
+            ];
+            for (i, &(rows, cols, ld)) in stored.iter().enumerate() {
+                ok(sys::cublasLtMatrixLayoutCreate(
+                    &mut plan.layouts[i],
+                    s.types[i].data_type(),
+                    rows as u64,
+                    cols as u64,
+                    ld as i64,
+                ))
+                .map_err(err("cublasLtMatrixLayoutCreate"))?;
+                if s.count > 1 {
+                    use sys::cublasLtMatrixLayoutAttribute_t as L;
+                    let count = i32::try_from(s.count).map_err(|_| "batch count".to_string())?;
+                    let (p, n) = attr(&count);
+                    ok(sys::cublasLtMatrixLayoutSetAttribute(
+                        plan.layouts[i],
+                        L::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                        p,
+                        n,
+                    ))
+                    .map_err(err("cublasLtMatrixLayoutSetAttribute"))?;
+                    let (p, n) = attr(&s.strides[i]);
+                    ok(sys::cublasLtMatrixLayoutSetAttribute(
+                        plan.layouts[i],
+                        L::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                        p,
+                        n,
+                    ))
+                    .map_err(err("cublasLtMatrixLayoutSetAttribute"))?;
+                }
+            }
+            let mut pref: sys::cublasLtMatmulPreference_t = std::ptr::null_mut();
+            ok(sys::cublasLtMatmulPreferenceCreate(&mut pref))
+                .map_err(err("cublasLtMatmulPreferenceCreate"))?;
+            let answer = Self::ask(handle, &plan, pref, s, workspace);
+            let _ = sys::cublasLtMatmulPreferenceDestroy(pref);
+            let found = answer?;
+            plan.algo = found.algo;
+            plan.workspace = found.workspaceSize;
+        }
+        Ok(plan)
+    }
+
+    /// The preferences (see the module docs), then the heuristic's first answer.
+    ///
+    /// # Safety
+    /// `pref` and the plan's descriptors are live.
+    unsafe fn ask(
+        handle: sys::cublasLtHandle_t,
+        plan: &Plan,
+        pref: sys::cublasLtMatmulPreference_t,
+        s: &Shape,
+        workspace: usize,
+    ) -> Result<sys::cublasLtMatmulHeuristicResult_t, String> {
+        use sys::cublasLtMatmulPreferenceAttributes_t as P;
+        use sys::cublasLtReductionScheme_t as R;
+        let set = |a: P, (p, n): (*const c_void, usize)| {
+            ok(sys::cublasLtMatmulPreferenceSetAttribute(pref, a, p, n))
+                .map_err(|e| format!("cublasLtMatmulPreferenceSetAttribute({a:?}): {e:?}"))
+        };
+        let bytes = workspace as u64;
+        set(P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, attr(&bytes))?;
+        let reductions = R::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32
+            | R::CUBLASLT_REDUCTION_SCHEME_NONE as u32;
+        set(
+            P::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+            attr(&reductions),
+        )?;
+        let [first, second, c] = s.align;
+        set(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, attr(&first))?;
+        set(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, attr(&second))?;
+        set(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, attr(&c))?;
+        set(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, attr(&c))?;
+        let mut found: sys::cublasLtMatmulHeuristicResult_t = std::mem::zeroed();
+        let mut count = 0;
+        let [la, lb, lc] = plan.layouts;
+        ok(sys::cublasLtMatmulAlgoGetHeuristic(
+            handle, plan.desc, la, lb, lc, lc, pref, 1, &mut found, &mut count,
+        ))
+        .map_err(|e| format!("cublasLtMatmulAlgoGetHeuristic: {e:?}"))?;
+        if count == 0 {
+            return Err("cublasLtMatmulAlgoGetHeuristic: no algorithm".into());
+        }
+        ok(found.state).map_err(|e| format!("the heuristic's algorithm: {e:?}"))?;
+        if found.workspaceSize > workspace {
+            return Err(format!(
+                "the heuristic's algorithm needs {} bytes of workspace, past the {workspace} it was offered",
+                found.workspaceSize
+            ));
+        }
+        Ok(found)
+    }
+}
+
+/// A cuBLASLt handle and its plans, one per [`Shape`] seen (`None`: cuBLASLt has none).
+pub struct Lt {
+    handle: sys::cublasLtHandle_t,
+    /// The workspace every GEMM of the device's stream shares (cuBLAS's: one stream runs the
+    /// GEMMs one after another), and its bytes.
+    workspace: (u64, usize),
+    plans: Mutex<HashMap<Shape, Option<Plan>>>,
+    /// The first reason a shape got no plan, for [`Lt::describe`].
+    first_refusal: Mutex<Option<String>>,
+    version: usize,
+}
+
+// SAFETY: the handle and descriptors are host objects cuBLASLt lets any thread use; the
+// descriptors are only read, and only under `plans`' lock. The handle is used by the owning
+// device's calls, which its rank's thread makes.
+unsafe impl Send for Lt {}
+unsafe impl Sync for Lt {}
+
+impl Lt {
+    /// A handle, the GEMMs' workspace at `workspace` (`bytes` long, alive as long as this),
+    /// and no plans yet. `Err` says why cuBLASLt cannot be used.
+    pub fn new(workspace: u64, bytes: usize) -> Result<Lt, String> {
+        // SAFETY: checks that the library loads before cudarc's first call, which would panic.
+        if !unsafe { sys::is_culib_present() } {
+            return Err("libcublasLt not found".into());
+        }
+        let mut handle: sys::cublasLtHandle_t = std::ptr::null_mut();
+        // SAFETY: writes one handle.
+        ok(unsafe { sys::cublasLtCreate(&mut handle) })
+            .map_err(|e| format!("cublasLtCreate: {e:?}"))?;
+        // SAFETY: no arguments.
+        let version = unsafe { sys::cublasLtGetVersion() };
+        Ok(Lt {
+            handle,
+            workspace: (workspace, bytes),
+            plans: Mutex::default(),
+            first_refusal: Mutex::new(None),
+            version,
+        })
+    }
+
+    /// Whether `shape` has a plan: made at its first call (see the module docs).
+    pub fn ready(&self, shape: &Shape) -> bool {
+        let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
+        plans
+            .entry(*shape)
+            .or_insert_with(|| match Plan::new(self.handle, shape, self.workspace.1) {
+                Ok(p) => Some(p),
+                Err(why) => {
+                    let mut first = self.first_refusal.lock().unwrap_or_else(|p| p.into_inner());
+                    first.get_or_insert_with(|| format!("{shape:?}: {why}"));
+                    None
+                }
+            })
+            .is_some()
+    }
+
+    /// `D = alpha·op(first)·op(second) + beta·C` into `c` (in place, as cuBLAS's calls), on
+    /// `stream`.
+    ///
+    /// # Safety
+    /// The operands hold every item's extent for `shape`, with the alignments it states;
+    /// `stream` belongs to the context current on the calling thread. A shape without a plan
+    /// ([`Lt::ready`]) is refused before anything is queued.
+    pub unsafe fn matmul(
+        &self,
+        shape: &Shape,
+        (alpha, beta): (f32, f32),
+        [first, second, c]: [u64; 3],
+        stream: *mut c_void,
+    ) -> Result<(), Refused> {
+        if !self.ready(shape) {
+            return Err(Refused::NoAlgorithm);
+        }
+        let plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(Some(plan)) = plans.get(shape) else {
+            return Err(Refused::NoAlgorithm);
+        };
+        let [la, lb, lc] = plan.layouts;
+        ok(sys::cublasLtMatmul(
+            self.handle,
+            plan.desc,
+            (&alpha as *const f32).cast(),
+            first as *const c_void,
+            la,
+            second as *const c_void,
+            lb,
+            (&beta as *const f32).cast(),
+            c as *const c_void,
+            lc,
+            c as *mut c_void,
+            lc,
+            &plan.algo,
+            self.workspace.0 as *mut c_void,
+            plan.workspace,
+            stream as sys::cudaStream_t,
+        ))
+        .map_err(Refused::Failed)
+    }
+
+    /// "cuBLASLt 130100" and, if some shape ran on cuBLAS instead, how many and the first
+    /// reason.
+    pub fn describe(&self) -> String {
+        let plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
+        let refused = plans.values().filter(|p| p.is_none()).count();
+        let mut s = format!("cuBLASLt {}", self.version);
+        if refused > 0 {
+            let first = self.first_refusal.lock().unwrap_or_else(|p| p.into_inner());
+            s += &format!(
+                " ({refused} of {} GEMM shapes on cuBLAS: {})",
+                plans.len(),
+                first.as_deref().unwrap_or("?")
+            );
+        }
+        s
+    }
+}
+
+impl Drop for Lt {
+    fn drop(&mut self) {
+        self.plans
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        // SAFETY: created in `new`; its plans are destroyed just above, and nothing uses it
+        // after this.
+        let _ = unsafe { sys::cublasLtDestroy(self.handle) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alignment_is_the_largest_power_of_two_dividing_every_item() {
+        assert_eq!(alignment(0x1000, 0), 256);
+        assert_eq!(alignment(0x1000, 768 * 2), 256);
+        assert_eq!(alignment(0x1002, 0), 2);
+        assert_eq!(alignment(0x1000, 3 * 2), 2);
+        assert_eq!(alignment(0x1010, 4096), 16);
+        assert_eq!(alignment(0x1000, -8), 8);
+    }
+}
