@@ -408,14 +408,19 @@ extern "C" __global__ void layernorm_bwd_dinp16(void* dinp, int dinp_t, const vo
 // atomics), as bias_grad (elementwise.cu) does it: a grid of (columns, chunks) writing each
 // chunk's sums to pw and pb, then the last block of each column (`last_of_column`) adding them
 // to dw and db. op_add/op_mul keep NVRTC from fusing the product into an FMA the CPU does not
-// make.
+// make. With `dl` (Backend::layernorm_bwd_split_bias_grad), also dl += Σ_r branch, the bias
+// gradient of the linear below the LayerNorm (`branch`, of dout's type, is its output gradient:
+// the split's dropped dinp), as bias_grad sums it (column_sum, each chunk from zero in row
+// order; then the chunks in order), where a bias_grad launch read it back after this one.
 #define DWDB_AHEAD 32
 template <int TI, int TD>
 __device__ __forceinline__ void layernorm_bwd_dwdb_t(float* dw, float* db, float* pw, float* pb,
                                                      unsigned* done, const void* dout,
                                                      const void* inp, const float* mean,
                                                      const float* rstd, int rows, int cols,
-                                                     int chunk, int chunks, int store) {
+                                                     int chunk, int chunks, float* dl,
+                                                     float* pl, const void* branch,
+                                                     int store) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     int r0 = blockIdx.y * chunk;
     int r1 = c < cols ? min(rows, r0 + chunk) : r0;  // a thread past the last column adds nothing
@@ -450,10 +455,13 @@ __device__ __forceinline__ void layernorm_bwd_dwdb_t(float* dw, float* db, float
     if (c < cols) {
         pw[out] = aw;
         pb[out] = ab;
+        // After dw's and db's loads, not among them: bias_grad's loads and registers.
+        if (dl) pl[out] = column_sum<TD, 32>(0.0f, branch, r0, r1, cols, c);
     }
     if (last_of_column(done) && c < cols) {
         dw[c] = st(chunk_sums(dw[c], pw, chunks, cols, c), store);
         db[c] = st(chunk_sums(db[c], pb, chunks, cols, c), store);
+        if (dl) dl[c] = st(chunk_sums(dl[c], pl, chunks, cols, c), store);
     }
 }
 // The dout types for one inp type (BY_TYPE takes one template parameter).
@@ -463,10 +471,11 @@ __device__ __forceinline__ void layernorm_bwd_dwdb_i(float* dw, float* db, float
                                                      int dout_t, const void* inp,
                                                      const float* mean, const float* rstd,
                                                      int rows, int cols, int chunk, int chunks,
+                                                     float* dl, float* pl, const void* branch,
                                                      int store) {
 #define DWDB(TD)                                                                                  \
     layernorm_bwd_dwdb_t<TI, TD>(dw, db, pw, pb, done, dout, inp, mean, rstd, rows, cols, chunk, \
-                                 chunks, store)
+                                 chunks, dl, pl, branch, store)
     if (dout_t == STORE_F32)
         DWDB(STORE_F32);
     else if (dout_t == STORE_F16)
@@ -475,11 +484,13 @@ __device__ __forceinline__ void layernorm_bwd_dwdb_i(float* dw, float* db, float
         DWDB(STORE_BF16);
 #undef DWDB
 }
+// dl null: no bias gradient (pl and branch unused).
 extern "C" __global__ void layernorm_bwd_dwdb(float* dw, float* db, float* pw, float* pb,
                                               unsigned* done, const void* dout, int dout_t,
                                               const void* inp, int inp_t, const float* mean,
                                               const float* rstd, int rows, int cols, int chunk,
-                                              int chunks, int store) {
+                                              int chunks, float* dl, float* pl,
+                                              const void* branch, int store) {
     BY_TYPE(inp_t, layernorm_bwd_dwdb_i, dw, db, pw, pb, done, dout, dout_t, inp, mean, rstd,
-            rows, cols, chunk, chunks, store);
+            rows, cols, chunk, chunks, dl, pl, branch, store);
 }

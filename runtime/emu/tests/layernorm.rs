@@ -538,3 +538,161 @@ fn the_sixteen_bit_backward_kernel_is_the_generic_path_bit_for_bit() {
         }
     }
 }
+
+/// `layernorm_bwd_split_bias_grad` (the bias gradient of the linear below the LayerNorm summed
+/// in the LayerNorm's column pass) against `layernorm_bwd_split` then `bias_grad` on the same
+/// device, bit for bit — `dinp`, the kept copy, `dw`, `db` and the bias's — and against the
+/// CPU's (the trait's default: those two calls); with and without dropout, buffers longer than
+/// the matrix (the separate passes), the blocks in order and last to first.
+#[test]
+fn the_split_with_the_bias_below_is_the_split_then_its_bias_grad_bit_for_bit() {
+    use recipe_runtime::backend::Dropout;
+    let drop = Dropout {
+        p: 0.3,
+        seed: 0x5eed,
+        stream: 11,
+        site: 3,
+    };
+    for store in STORES {
+        let (g, c) = pair(store);
+        for &(rows, cols) in SHAPES {
+            for (d, extra) in [(None, 0), (Some(&drop), 0), (Some(&drop), 3)] {
+                let n = rows * cols;
+                let x = input(rows, cols, store);
+                let (mut w, mut dout) = (rand(cols, 1.0, 41), rand(n, 1.0, 42));
+                store.round_slice(&mut w);
+                store.round_slice(&mut dout);
+                let (mut o, mut m, mut r) = (vec![0.0; n], vec![0.0; rows], vec![0.0; rows]);
+                let b = vec![0.0; cols];
+                c.layernorm_fwd(&mut o, &mut m, &mut r, &x, &w, &b, rows, cols, 1e-5);
+                // `fused`: the one call; else the split, then the bias gradient of its `dinp`.
+                let run = |be: &dyn Fn(&mut [Vec<f32>; 5]), _: &str| {
+                    let mut v = [
+                        vec![0.0; n + extra],
+                        vec![0.0; n + extra],
+                        vec![0.5; cols],
+                        vec![-0.25; cols],
+                        vec![0.125; cols],
+                    ];
+                    be(&mut v);
+                    v.map(|x| bits(&x))
+                };
+                macro_rules! one_call {
+                    ($be:expr) => {
+                        |v: &mut [Vec<f32>; 5]| {
+                            let [di, keep, dw, db, dl] = v;
+                            $be.layernorm_bwd_split_bias_grad(
+                                (di, keep, d),
+                                (dw, db, dl),
+                                &dout,
+                                &x,
+                                &w,
+                                &m,
+                                &r,
+                                rows,
+                                cols,
+                            )
+                        }
+                    };
+                }
+                let two_calls = |v: &mut [Vec<f32>; 5]| {
+                    let [di, keep, dw, db, dl] = v;
+                    g.layernorm_bwd_split((di, keep, d), dw, db, &dout, &x, &w, &m, &r, rows, cols);
+                    g.bias_grad(dl, di, rows, cols);
+                };
+                let what = format!("{store:?} {rows}x{cols} dropout {} +{extra}", d.is_some());
+                let want = run(&two_calls, "two calls");
+                assert_eq!(run(&one_call!(g), "fused"), want, "{what}");
+                let reversed =
+                    recipe_kernel_emu::reversed_blocks(|| run(&one_call!(g), "fused, reversed"));
+                assert_eq!(reversed, want, "{what}, blocks reversed");
+                assert_eq!(run(&one_call!(c), "cpu"), want, "{what}: not the CPU's");
+            }
+        }
+    }
+}
+
+/// With 16-bit buffers the bias gradient is summed in `layernorm_bwd_dwdb`'s launch (no
+/// `bias_grad` launch); with `dinp` in f32 and `dout` in 16 bits (another type than the
+/// kernel reads it as) it takes a `bias_grad` launch after; both give the CPU's bits.
+#[test]
+fn the_bias_below_takes_no_launch_of_its_own_where_dinp_is_douts_type() {
+    use recipe_kernel_emu::EmuTyped;
+    use recipe_runtime::backend::device::Device;
+    use recipe_runtime::backend::kernels::Kernels;
+    for store in [Dtype::F16, Dtype::Bf16] {
+        let k = Kernels::new(EmuTyped).with_store(store);
+        let (_, c) = pair(store);
+        let (rows, cols) = (130, 96);
+        let n = rows * cols;
+        let x = input(rows, cols, store);
+        let (mut w, mut dout) = (rand(cols, 1.0, 51), rand(n, 1.0, 52));
+        store.round_slice(&mut w);
+        store.round_slice(&mut dout);
+        let (mut o, mut m, mut r) = (vec![0.0; n], vec![0.0; rows], vec![0.0; rows]);
+        c.layernorm_fwd(
+            &mut o,
+            &mut m,
+            &mut r,
+            &x,
+            &w,
+            &vec![0.0; cols],
+            rows,
+            cols,
+            1e-5,
+        );
+        let (mut di, mut keep) = (vec![0.0; n], vec![0.0; n]);
+        let (mut dw, mut db, mut dl) = (vec![0.5; cols], vec![-0.25; cols], vec![0.125; cols]);
+        c.layernorm_bwd_split_bias_grad(
+            (&mut di, &mut keep, None),
+            (&mut dw, &mut db, &mut dl),
+            &dout,
+            &x,
+            &w,
+            &m,
+            &r,
+            rows,
+            cols,
+        );
+        let want = [dw, db, dl].map(|v| bits(&v));
+        let put = |v: &[f32]| {
+            let mut b = k.alloc_stored(v.len());
+            k.write(k.view_mut(&mut b), v);
+            b
+        };
+        for dinp16 in [true, false] {
+            let what = format!("{store:?}, dinp in 16 bits {dinp16}");
+            let (xb, gb, wb) = (put(&x), put(&dout), put(&w));
+            let (mb, rb) = (k.upload(&m), k.upload(&r));
+            let (mut di, mut keep) = if dinp16 {
+                (put(&vec![0.0; n]), put(&vec![0.0; n]))
+            } else {
+                (k.upload(&vec![0.0; n]), k.upload(&vec![0.0; n]))
+            };
+            let mut sums =
+                [vec![0.5; cols], vec![-0.25; cols], vec![0.125; cols]].map(|v| k.upload(&v));
+            let [dw, db, dl] = &mut sums;
+            assert!(EmuTyped.start_profile());
+            k.layernorm_bwd_split_bias_grad(
+                (&mut di, &mut keep, None),
+                (k.view_mut(dw), k.view_mut(db), k.view_mut(dl)),
+                k.view(&gb),
+                k.view(&xb),
+                k.view(&wb),
+                k.view(&mb),
+                k.view(&rb),
+                rows,
+                cols,
+            );
+            let prof = EmuTyped.profile().expect("started");
+            assert_eq!(calls(&prof, "bias_grad"), u64::from(!dinp16), "{what}");
+            assert_eq!(calls(&prof, "layernorm_bwd_dwdb"), 1, "{what}");
+            let got = sums.each_ref().map(|b| {
+                let mut out = vec![0.0; cols];
+                k.download(k.view(b), &mut out);
+                bits(&out)
+            });
+            assert_eq!(got, want, "{what}");
+        }
+    }
+}

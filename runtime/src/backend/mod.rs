@@ -424,7 +424,8 @@ pub trait Backend {
     /// Sizes the scratch of a training pass's sums over rows, before a run's first step (a
     /// GPU's): the chunk sums of the bias and LayerNorm gradients over up to `tokens` rows of up
     /// to `width` columns, and their counters ([`Backend::bias_grad`]; LayerNorm's `dw` and `db`
-    /// take two of `h`, as [`Backend::bias_grad_items`] q's and v's),
+    /// take two of `h`, three with [`Backend::layernorm_bwd_split_bias_grad`]'s bias, as
+    /// [`Backend::bias_grad_items`] q's and v's two),
     /// the per-row losses of up to `rows` rows, and with `dropout` the dropout key. The CPU
     /// needs none.
     fn reserve_sums(&self, _tokens: usize, _width: usize, _rows: usize, _dropout: bool) {}
@@ -577,6 +578,29 @@ pub trait Backend {
     ) {
         let split = (dinp, keep, dropout);
         layernorm_bwd_apart(self, split, dw, db, dout, inp, w, mean, rstd, rows, cols);
+    }
+
+    /// [`Backend::layernorm_bwd_split`], then [`Backend::bias_grad`] into `dl` of the branch's
+    /// gradient it leaves in `dinp` (`rows × cols`): the bias of the linear whose output the
+    /// residual sum took, as `linear_bwd` would sum it. By default those two calls; a GPU sums
+    /// it in the LayerNorm's pass over the columns (the same additions in the same order),
+    /// where a launch of its own read `dinp` back.
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_bwd_split_bias_grad(
+        &self,
+        (dinp, keep, dropout): (&mut Self::Buf, &mut Self::Buf, Option<&Dropout>),
+        (dw, db, dl): (Self::ViewMut<'_>, Self::ViewMut<'_>, Self::ViewMut<'_>),
+        dout: Self::View<'_>,
+        inp: Self::View<'_>,
+        w: Self::View<'_>,
+        mean: Self::View<'_>,
+        rstd: Self::View<'_>,
+        rows: usize,
+        cols: usize,
+    ) {
+        let split = (&mut *dinp, keep, dropout);
+        self.layernorm_bwd_split(split, dw, db, dout, inp, w, mean, rstd, rows, cols);
+        self.bias_grad(dl, self.view(dinp), rows, cols);
     }
 
     /// Exact (erf) GELU, HF's `"gelu"`: `out = x · Φ(x)`.

@@ -26,6 +26,18 @@ impl Lin {
     }
 }
 
+/// The gradients' range of a linear's bias and the LayerNorm right after it in the segment, as
+/// [`Backend::layernorm_bwd_split_bias_grad`] takes them (its `dl`, then `dw` and `db`).
+fn bias_then_ln(l: Lin, ln: Ln) -> Range<usize> {
+    assert_eq!(
+        l.b().end,
+        ln.w,
+        "a post-LN sublayer's linear bias just before its LayerNorm"
+    );
+    assert_eq!(l.out, ln.n, "the linear's width is the LayerNorm's");
+    l.b().start..ln.wb().end
+}
+
 /// A LayerNorm's weight (then bias) offset.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Ln {
@@ -1173,14 +1185,15 @@ where
             let mut g = sink.fetch(1 + l)?;
             // a.dx holds d(output of layer l).
             {
-                // d(res2): kept for the residual (a.dx1), dropped for the feed-forward.
-                let mut gl = be.sub_mut(&mut g, ll.ln2.wb());
-                let (dw, db) = be.split_at_mut(&mut gl, h);
+                // d(res2): kept for the residual (a.dx1), dropped for the feed-forward, whose
+                // output linear's bias gradient is summed in the same pass.
+                let mut gl = be.sub_mut(&mut g, bias_then_ln(ll.out, ll.ln2));
+                let (dl, mut gln) = be.split_at_mut(&mut gl, h);
+                let (dw, db) = be.split_at_mut(&mut gln, h);
                 let d = site(|d| d.hidden, site_layer(l, 2));
-                be.layernorm_bwd_split(
+                be.layernorm_bwd_split_bias_grad(
                     (&mut a.dres, &mut a.dx1, d.as_ref()),
-                    dw,
-                    db,
+                    (dw, db, dl),
                     be.view(&a.dx),
                     be.view(&la.res2),
                     be.sub(p, ll.ln2.w()),
@@ -1200,7 +1213,7 @@ where
                 ll.out,
                 n,
                 im,
-                true,
+                false,
             );
             // d(act) straight from its GEMM: gelu_bwd rounds it; the intermediate linear's bias
             // gradient in the same pass.
@@ -1226,14 +1239,15 @@ where
             );
             {
                 // Residual: d(layer input) starts as d(res1) (a.dx; the q/k/v paths add to it
-                // below), dropped for the attention output.
-                let mut gl = be.sub_mut(&mut g, ll.ln1.wb());
-                let (dw, db) = be.split_at_mut(&mut gl, h);
+                // below), dropped for the attention output, whose linear's bias gradient is
+                // summed in the same pass.
+                let mut gl = be.sub_mut(&mut g, bias_then_ln(ll.o, ll.ln1));
+                let (dl, mut gln) = be.split_at_mut(&mut gl, h);
+                let (dw, db) = be.split_at_mut(&mut gln, h);
                 let d = site(|d| d.hidden, site_layer(l, 1));
-                be.layernorm_bwd_split(
+                be.layernorm_bwd_split_bias_grad(
                     (&mut a.dres, &mut a.dx, d.as_ref()),
-                    dw,
-                    db,
+                    (dw, db, dl),
                     be.view(&a.dx1),
                     be.view(&la.res1),
                     be.sub(p, ll.ln1.w()),
@@ -1253,7 +1267,7 @@ where
                 ll.o,
                 n,
                 h,
-                true,
+                false,
             );
             let ad = site(|d| d.attn, site_layer(l, 0));
             {

@@ -569,11 +569,12 @@ impl Classifier {
             be.reserve_batch(s, backward);
         }
         // The gradients' sums over a micro-batch's token rows (the widest: the FFN's bias, or
-        // LayerNorm's two of `h`), its per-row losses and the dropout key.
+        // LayerNorm's two of `h` with the bias below it, three), its per-row losses and the
+        // dropout key.
         let dropout = c.hidden_dropout_prob > 0.0
             || c.attention_probs_dropout_prob > 0.0
             || c.head_dropout() > 0.0;
-        be.reserve_sums(batch * seq, inter.max(2 * h), batch, dropout);
+        be.reserve_sums(batch * seq, inter.max(3 * h), batch, dropout);
     }
 
     /// The evaluation buffers of `ws` for `b`'s shape, holding `b`'s inputs.

@@ -7,7 +7,7 @@
 
 use super::{chunk_grid, dtype_arg, int, Kernels, BLOCK, VEC};
 use crate::backend::device::{Arg, Device, Launch};
-use crate::backend::{Dropout, BIAS_ROWS};
+use crate::backend::{layernorm_bwd_apart, Backend, Dropout, BIAS_ROWS};
 use crate::precision::Dtype;
 
 /// layernorm.cu's `LN_CHUNKS · LN_SPAN`: the widest row its vectorised paths hold in registers.
@@ -162,13 +162,56 @@ pub(super) fn bias_dropout_add_fwd<D: Device>(
 /// `dinp` is kept, and the dropout applied to it after.
 pub(super) type Split<'a, 'd, D> = Option<(<D as Device>::ViewMut<'a>, Option<&'d Dropout>)>;
 
+/// [`Backend::layernorm_bwd_split`] (`dl` `None`) and [`Backend::layernorm_bwd_split_bias_grad`]: one pass over the matrix where
+/// `dinp` and `keep` are exactly its size, else the separate passes (which cover the whole
+/// buffers), then the bias's.
+pub(super) fn bwd_split<D: Device>(
+    k: &Kernels<D>,
+    (dinp, keep, dropout): (&mut D::Buf, &mut D::Buf, Option<&Dropout>),
+    (dw, db, dl): (D::ViewMut<'_>, D::ViewMut<'_>, Option<D::ViewMut<'_>>),
+    dout: D::View<'_>,
+    inp: D::View<'_>,
+    w: D::View<'_>,
+    mean: D::View<'_>,
+    rstd: D::View<'_>,
+    rows: usize,
+    cols: usize,
+) {
+    let dev = &k.dev;
+    let n = rows * cols;
+    if dev.len(dev.view(dinp)) != n || dev.len(dev.view(keep)) != n {
+        let split = (&mut *dinp, keep, dropout);
+        layernorm_bwd_apart(k, split, dw, db, dout, inp, w, mean, rstd, rows, cols);
+        if let Some(dl) = dl {
+            k.bias_grad(dl, dev.view(dinp), rows, cols);
+        }
+        return;
+    }
+    let split = Some((dev.view_mut(keep), dropout));
+    let sums = (dw, db, dl);
+    bwd(
+        k,
+        (dev.view_mut(dinp), split),
+        sums,
+        dout,
+        inp,
+        w,
+        mean,
+        rstd,
+        rows,
+        cols,
+    )
+}
+
 /// LayerNorm's backward; with `split = Some((keep, dropout))` also the residual branch's split
-/// in the same pass ([`crate::backend::Backend::layernorm_bwd_split`]).
+/// in the same pass ([`crate::backend::Backend::layernorm_bwd_split`]); with `dl` also the bias
+/// gradient of `dinp` (the branch's, after the split) into it
+/// ([`crate::backend::Backend::layernorm_bwd_split_bias_grad`]), in `dw` and `db`'s pass where
+/// `dinp` has `dout`'s type.
 pub(super) fn bwd<D: Device>(
     k: &Kernels<D>,
     (mut dinp, split): (D::ViewMut<'_>, Split<'_, '_, D>),
-    mut dw: D::ViewMut<'_>,
-    mut db: D::ViewMut<'_>,
+    (mut dw, mut db, dl): (D::ViewMut<'_>, D::ViewMut<'_>, Option<D::ViewMut<'_>>),
     dout: D::View<'_>,
     inp: D::View<'_>,
     w: D::View<'_>,
@@ -233,15 +276,36 @@ pub(super) fn bwd<D: Device>(
         ],
     );
     // dw and db in Backend::bias_grad's order, in one launch: each chunk's sums, then the last
-    // block of each column adds them (layernorm.cu, `layernorm_bwd_dwdb`).
+    // block of each column adds them (layernorm.cu, `layernorm_bwd_dwdb`); `dl` too where the
+    // kernel reads `dinp` as it reads `dout`, else by a bias_grad launch after it.
     let chunks = rows.div_ceil(BIAS_ROWS);
     let part_len = chunks * cols;
     let (tw, tb) = (k.dev.ptr_mut(&mut dw), k.dev.ptr_mut(&mut db));
-    k.with_chunk_sums(2 * part_len, |whole| {
+    let same_type = matches!((di, k.typed(dout)), (Arg::Typed(_, a), Arg::Typed(_, b)) if a == b);
+    let (mut fused, mut after) = (None, None);
+    if let Some(mut dl) = dl {
+        assert_eq!(k.dev.len_mut(&dl), cols, "layernorm_bwd's bias gradient");
+        if same_type {
+            fused = Some(k.dev.ptr_mut(&mut dl));
+        } else {
+            after = Some(dl);
+        }
+    }
+    let parts = if fused.is_some() { 3 } else { 2 };
+    k.with_chunk_sums(parts * part_len, |whole| {
         let (ppw, ppb) = (
             k.dev.ptr(k.dev.sub(whole, 0..part_len)),
             k.dev.ptr(k.dev.sub(whole, part_len..2 * part_len)),
         );
+        // dl null: no bias gradient (the kernel reads neither its sums nor the branch).
+        let (dl, ppl, branch) = match (fused, di) {
+            (Some(p), Arg::Typed(branch, _)) => (
+                p,
+                k.dev.ptr(k.dev.sub(whole, 2 * part_len..3 * part_len)),
+                branch,
+            ),
+            _ => (0, 0, 0),
+        };
         k.with_counters(cols, |done| {
             k.dev.launch(
                 "layernorm_bwd_dwdb",
@@ -260,9 +324,15 @@ pub(super) fn bwd<D: Device>(
                     int(cols),
                     int(BIAS_ROWS),
                     int(chunks),
+                    Arg::Ptr(dl),
+                    Arg::Ptr(ppl),
+                    Arg::Ptr(branch),
                     k.store_arg(),
                 ],
             );
         });
     });
+    if let Some(dl) = after {
+        super::elementwise::bias_grad(k, dl, k.dev.as_view(&dinp), rows, cols, None);
+    }
 }

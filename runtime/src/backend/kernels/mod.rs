@@ -25,9 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::device::{Arg, Device, Launch};
-use super::{
-    layernorm_bwd_apart, AttnShape, Backend, Batch, Dropout, Gemm, Loss, Stride, BIAS_ROWS,
-};
+use super::{AttnShape, Backend, Batch, Dropout, Gemm, Loss, Stride, BIAS_ROWS};
 use crate::precision::Dtype;
 
 /// Threads per block of the 1-D kernels (`BLOCK` in common.cuh).
@@ -737,8 +735,7 @@ impl<D: Device> Backend for Kernels<D> {
         layernorm::bwd(
             self,
             (dinp, None),
-            dw,
-            db,
+            (dw, db, None),
             dout,
             inp,
             w,
@@ -751,7 +748,7 @@ impl<D: Device> Backend for Kernels<D> {
 
     fn layernorm_bwd_split(
         &self,
-        (dinp, keep, dropout): (&mut D::Buf, &mut D::Buf, Option<&Dropout>),
+        split: (&mut D::Buf, &mut D::Buf, Option<&Dropout>),
         dw: D::ViewMut<'_>,
         db: D::ViewMut<'_>,
         dout: D::View<'_>,
@@ -762,27 +759,24 @@ impl<D: Device> Backend for Kernels<D> {
         rows: usize,
         cols: usize,
     ) {
-        let n = rows * cols;
-        let dev = &self.dev;
-        if dev.len(dev.view(dinp)) != n || dev.len(dev.view(keep)) != n {
-            // The separate passes cover the whole buffers; one pass covers the matrix.
-            let split = (dinp, keep, dropout);
-            return layernorm_bwd_apart(self, split, dw, db, dout, inp, w, mean, rstd, rows, cols);
-        }
-        let split = Some((dev.view_mut(keep), dropout));
-        layernorm::bwd(
-            self,
-            (dev.view_mut(dinp), split),
-            dw,
-            db,
-            dout,
-            inp,
-            w,
-            mean,
-            rstd,
-            rows,
-            cols,
-        )
+        let sums = (dw, db, None);
+        layernorm::bwd_split(self, split, sums, dout, inp, w, mean, rstd, rows, cols)
+    }
+
+    fn layernorm_bwd_split_bias_grad(
+        &self,
+        split: (&mut D::Buf, &mut D::Buf, Option<&Dropout>),
+        (dw, db, dl): (D::ViewMut<'_>, D::ViewMut<'_>, D::ViewMut<'_>),
+        dout: D::View<'_>,
+        inp: D::View<'_>,
+        w: D::View<'_>,
+        mean: D::View<'_>,
+        rstd: D::View<'_>,
+        rows: usize,
+        cols: usize,
+    ) {
+        let sums = (dw, db, Some(dl));
+        layernorm::bwd_split(self, split, sums, dout, inp, w, mean, rstd, rows, cols)
     }
 
     fn gelu_fwd(&self, out: D::ViewMut<'_>, inp: D::View<'_>) {

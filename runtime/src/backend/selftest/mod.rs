@@ -881,10 +881,16 @@ impl<B: Backend> Checker<'_, B> {
         ]);
         let (mut dinp, mut keep) = (be.alloc_stored(n), be.alloc_stored(n));
         let (mut dw, mut db) = (be.upload(&vec![0.5; cols]), be.upload(&vec![-0.25; cols]));
-        be.layernorm_bwd_split(
+        // With the bias gradient of the linear below (`dl`), summed in the same column pass on
+        // a GPU.
+        let mut dl = be.upload(&vec![0.125; cols]);
+        be.layernorm_bwd_split_bias_grad(
             (&mut dinp, &mut keep, Some(&d)),
-            be.view_mut(&mut dw),
-            be.view_mut(&mut db),
+            (
+                be.view_mut(&mut dw),
+                be.view_mut(&mut db),
+                be.view_mut(&mut dl),
+            ),
             be.view(&dyb),
             be.view(&res),
             be.view(&wb),
@@ -894,11 +900,10 @@ impl<B: Backend> Checker<'_, B> {
             cols,
         );
         let (mut wdi, mut wk) = (vec![0.0; n], vec![0.0; n]);
-        let (mut wdw, mut wdb) = (vec![0.5; cols], vec![-0.25; cols]);
-        cpu.layernorm_bwd_split(
+        let (mut wdw, mut wdb, mut wdl) = (vec![0.5; cols], vec![-0.25; cols], vec![0.125; cols]);
+        cpu.layernorm_bwd_split_bias_grad(
             (&mut wdi, &mut wk, Some(&d)),
-            &mut wdw,
-            &mut wdb,
+            (&mut wdw, &mut wdb, &mut wdl),
             &dy,
             &wres,
             &lw,
@@ -912,6 +917,7 @@ impl<B: Backend> Checker<'_, B> {
             ("stored.wide.layernorm_bwd_split.keep", &keep, &wk),
             ("stored.wide.layernorm_bwd_split.dw", &dw, &wdw),
             ("stored.wide.layernorm_bwd_split.db", &db, &wdb),
+            ("stored.wide.layernorm_bwd_split.dl", &dl, &wdl),
         ]);
     }
 
