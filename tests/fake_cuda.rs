@@ -324,8 +324,9 @@ fn the_tiny_bert_trains_on_the_fake_gpu_as_on_the_cpu() {
 ///
 /// The GEMMs run through cuBLASLt (the fake counts the calls: every dense and strided GEMM,
 /// none through cuBLAS's; only the pointer-list batches of attention's products stay there);
-/// with `RECIPE_GEMM_LIBRARY=cublas`, and with a cuBLASLt whose heuristic finds nothing, they
-/// run through cuBLAS, with the same bits here (the fake computes both alike).
+/// with `RECIPE_GEMM_LIBRARY=cublas`, with a cuBLASLt whose heuristic finds nothing, and with
+/// one whose `cublasLtMatmul` refuses every call, they run through cuBLAS, with the same bits
+/// here (the fake computes both alike).
 #[test]
 fn half_precision_trains_on_the_fake_gpu_as_on_the_cpu() {
     let dir = workspace("fake-half", TINY);
@@ -348,6 +349,7 @@ fn half_precision_trains_on_the_fake_gpu_as_on_the_cpu() {
         for (name, env) in [
             ("on-cublas", ("RECIPE_GEMM_LIBRARY", "cublas")),
             ("no-algorithm", ("RECIPE_FAKE_CUBLASLT_NO_ALGORITHM", "1")),
+            ("lt-refuses", ("RECIPE_FAKE_CUBLASLT_REFUSE", "1")),
         ] {
             let counts = dir.join(format!("{name}-stats.json"));
             let env = [env, ("RECIPE_FAKE_CUDA_STATS", counts.to_str().unwrap())];

@@ -18,8 +18,9 @@
 //!   `CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION` ([`crate::cublas`]), so a caller that
 //!   forgets the mask sees the extra rounding in its results.
 //!
-//! `RECIPE_FAKE_CUBLASLT_NO_ALGORITHM=1` makes the heuristic find nothing, for the callers'
-//! fallback to cuBLAS.
+//! `RECIPE_FAKE_CUBLASLT_NO_ALGORITHM=1` makes the heuristic find nothing, and
+//! `RECIPE_FAKE_CUBLASLT_REFUSE=1` makes `cublasLtMatmul` refuse every call (`NOT_SUPPORTED`,
+//! nothing queued), for the callers' fallbacks to cuBLAS.
 
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
@@ -662,6 +663,9 @@ pub unsafe extern "C" fn cublasLtMatmul(
     stream: *mut c_void,
 ) -> u32 {
     let what = "cublasLtMatmul";
+    if std::env::var("RECIPE_FAKE_CUBLASLT_REFUSE").as_deref() == Ok("1") {
+        return status::NOT_SUPPORTED;
+    }
     if !with(|o| o.handles.contains_key(&(handle as usize))) {
         complain(what, &format!("{handle:p} is not a live cuBLASLt handle"));
         return status::NOT_INITIALIZED;

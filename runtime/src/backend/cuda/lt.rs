@@ -104,7 +104,8 @@ pub enum Refused {
     /// The heuristic has no algorithm for the shape (or refused its descriptors): the caller
     /// runs cuBLAS's call instead. Asked once a shape.
     NoAlgorithm,
-    /// `cublasLtMatmul` failed: an error of the run.
+    /// `cublasLtMatmul` refused the call (its status): nothing was queued, so the caller may
+    /// run it on cuBLAS instead ([`Lt::refuse`]).
     Failed(sys::cublasStatus_t),
 }
 
@@ -332,6 +333,15 @@ impl Lt {
             first_refusal: Mutex::new(None),
             version,
         })
+    }
+
+    /// Gives up cuBLASLt for `shape` (its call was refused, `why`): the caller runs it on cuBLAS
+    /// from then on, and [`Lt::describe`] counts it.
+    pub fn refuse(&self, shape: &Shape, why: String) {
+        let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
+        plans.insert(*shape, None);
+        let mut first = self.first_refusal.lock().unwrap_or_else(|p| p.into_inner());
+        first.get_or_insert_with(|| format!("{shape:?}: {why}"));
     }
 
     /// Whether `shape` has a plan: made at its first call (see the module docs).

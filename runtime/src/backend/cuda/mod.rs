@@ -725,9 +725,11 @@ impl CudaDevice {
     }
 
     /// Runs a GEMM through cuBLASLt ([`lt`]) and says so, or says it did not: no cuBLASLt
-    /// (`RECIPE_GEMM_LIBRARY=cublas`), an empty GEMM (cuBLAS's quick return), or no algorithm
-    /// for the shape; the caller then runs cuBLAS's call. `ptrs` are the column-major call's
-    /// first operand (our `B`), second (our `A`) and C. A failure of the call is recorded.
+    /// (`RECIPE_GEMM_LIBRARY=cublas`), an empty GEMM (cuBLAS's quick return), no algorithm for
+    /// the shape, or a `cublasLtMatmul` that refused the call (a status, nothing queued: the
+    /// shape then stays on cuBLAS, and the self-test names it); the caller then runs cuBLAS's
+    /// call. `ptrs` are the column-major call's first operand (our `B`), second (our `A`) and
+    /// C.
     fn through_lt(&self, shape: &lt::Shape, g: &Gemm, ptrs: [u64; 3], name: &'static str) -> bool {
         let Some(lt) = &self.lt else {
             return false;
@@ -743,12 +745,14 @@ impl CudaDevice {
             lt.matmul(shape, (g.alpha, g.beta), ptrs, stream)
         });
         match r {
-            Ok(()) => {}
-            Err(lt::Refused::Failed(e)) => self.record("cublasLtMatmul", e),
+            Ok(()) => true,
+            Err(lt::Refused::Failed(e)) => {
+                lt.refuse(shape, format!("cublasLtMatmul: {e:?}"));
+                false
+            }
             // `ready` made the plan: not reached.
-            Err(lt::Refused::NoAlgorithm) => self.record_text("cublasLtMatmul: no plan".into()),
+            Err(lt::Refused::NoAlgorithm) => false,
         }
-        true
     }
 
     /// Waits for the stream's work. cudarc's `synchronize` returns an error an earlier
