@@ -3,7 +3,9 @@
 # tool lends 15 minutes a session, a machine's start included, and brings back 8 files):
 # scripts/gpu-check.sh (correctness, the main job, throughput next to PyTorch; 3 files in $OUT),
 # then scripts/gpu-profile.sh without the PyTorch peer (each kernel's time and speed of light;
-# 4 files in $OUT/profile). Here, after `cargo build --release`:
+# 4 files in $OUT/profile), then cuBLASLt's candidates for BERT-base's GEMMs timed against the
+# heuristic's first (`recipe kernels --gemm-candidates`, printed: docs/cuda.md "GEMMs"). Here,
+# after `cargo build --release`:
 #   PYTHON=<python with numpy, safetensors> scripts/gpu-assets.sh
 #   run(command="scripts/gpu-session.sh", carry=["gpu-assets"], timeout_s=420)
 # Compare profile/summary.json with docs/gpu/*/profile-summary.json, kernel by kernel.
@@ -17,6 +19,14 @@ OUT="$RESULTS" BUDGET="${BUDGET:-200}" scripts/gpu-check.sh > /dev/null 2>&1
 status=$?
 OUT="$RESULTS/profile" PEER="${PEER:-0}" timeout "${PROFILE_LIMIT:-240}" scripts/gpu-profile.sh \
     > /dev/null 2>&1
+# Printed rather than kept as a file (the device tool brings back 8).
+(
+    PY="${PYTHON:-python3}"
+    . scripts/gpu/libs.sh
+    CAP="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')"
+    timeout "${CANDIDATES_LIMIT:-90}" "${RECIPE_BIN:-target/release/recipe}" kernels \
+        --arch "sm_${CAP:-90}" --gemm-candidates 8 2>&1 | grep -v '^NVRTC' | cut -c1-100
+) || true
 cat "$RESULTS/summary.json"
 "${PYTHON:-python3}" - "$RESULTS/profile/summary.json" <<'PY' || true
 import json, sys

@@ -515,3 +515,42 @@ fn a_profiled_run_writes_the_fake_gpus_operations() {
     }
     assert!(p["busy_s"].as_f64().unwrap() > 0.0, "{p}");
 }
+
+/// `recipe kernels --gemm-candidates`: each of BERT-base's GEMMs with the fake heuristic's
+/// three algorithms (tokens and repetitions made small, `RECIPE_GEMM_BENCH`), the first the
+/// base of the speed-ups, every call of every candidate run through `cublasLtMatmul` without a
+/// refusal; with the GEMMs on cuBLAS it says why it cannot measure.
+#[test]
+fn gemm_candidates_are_timed_on_the_fake_gpu() {
+    let dir = workspace("fake-gemm-candidates", TINY);
+    let args = ["kernels", "--arch", "sm_90", "--gemm-candidates", "3"];
+    let o = on_fake(
+        &dir,
+        1,
+        &[("RECIPE_GEMM_BENCH", "8,1")],
+        &[&args[..], &["--out", "k"]].concat(),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    no_refusals("--gemm-candidates", &o);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("less a step"), "{text}");
+    let rows: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("k").join("gemm-candidates.json")).unwrap(),
+    )
+    .unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 11 * 3, "11 GEMMs, 3 candidates each: {rows:?}");
+    for r in rows {
+        assert!(r["us"].as_f64().unwrap() > 0.0, "{r}");
+        if r["rank"] == 0 {
+            assert_eq!(r["speedup"], 1.0, "{r}");
+        }
+    }
+    let o = on_fake(&dir, 1, &[("RECIPE_GEMM_LIBRARY", "cublas")], &args);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(
+        stderr(&o).contains("unset RECIPE_GEMM_LIBRARY"),
+        "{}",
+        stderr(&o)
+    );
+}

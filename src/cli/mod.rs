@@ -308,6 +308,11 @@ enum Command {
         /// the tolerance.
         #[arg(long)]
         selftest: bool,
+        /// On GPU 0: time up to N of cuBLASLt's algorithms for each of BERT-base's training
+        /// GEMMs (32 × 128 tokens, bf16) against the one a run takes, the heuristic's first
+        /// (with --out, also gemm-candidates.json; docs/cuda.md, "GEMMs").
+        #[arg(long, value_name = "N")]
+        gemm_candidates: Option<usize>,
     },
     /// Run the language server on stdin/stdout, for editors (docs/editors.md).
     #[command(
@@ -598,7 +603,13 @@ pub fn main() -> i32 {
             out,
             ptxas,
             selftest,
-        } => kernels::run(&arch, out.as_deref(), ptxas.as_deref(), selftest),
+            gemm_candidates,
+        } => kernels::run(
+            &arch,
+            out.as_deref(),
+            ptxas.as_deref(),
+            (selftest, gemm_candidates),
+        ),
         Command::Lsp {
             stdio: _,
             debounce,

@@ -629,16 +629,21 @@ pub unsafe extern "C" fn cublasLtMatmulAlgoGetHeuristic(
         workspace,
         reduced: p.reductions & (REDUCTION_INPLACE | REDUCTION_OUTPUT_TYPE) != 0,
     };
-    let id = new_id() as u64;
-    with(|o| o.algos.insert(id, chosen));
-    results.write(HeuristicResult {
-        algo: [ALGO_TAG, id, 0, 0, 0, 0, 0, 0],
-        workspace_size: workspace,
-        state: status::SUCCESS,
-        waves_count: 1.0,
-        reserved: [0; 4],
-    });
-    *returned = 1;
+    // Up to three algorithms (the real heuristic offers several; they compute alike here),
+    // their waves made up, decreasing.
+    let count = requested.min(3);
+    for j in 0..count as usize {
+        let id = new_id() as u64;
+        with(|o| o.algos.insert(id, chosen));
+        results.add(j).write(HeuristicResult {
+            algo: [ALGO_TAG, id, 0, 0, 0, 0, 0, 0],
+            workspace_size: workspace,
+            state: status::SUCCESS,
+            waves_count: 1.0 / (j + 1) as f32,
+            reserved: [0; 4],
+        });
+    }
+    *returned = count;
     status::SUCCESS
 }
 

@@ -109,19 +109,32 @@ pub enum Refused {
     Failed(sys::cublasStatus_t),
 }
 
-/// One shape's descriptors and algorithm.
-struct Plan {
+/// One shape's matmul descriptor and layouts.
+pub struct Descs {
     desc: sys::cublasLtMatmulDesc_t,
     /// The first operand's, the second's and C's (also D's: C is overwritten in place).
     layouts: [sys::cublasLtMatrixLayout_t; 3],
-    algo: sys::cublasLtMatmulAlgo_t,
-    /// Workspace bytes the algorithm needs (at most the device's).
-    workspace: usize,
 }
 
-impl Drop for Plan {
+/// One shape's descriptors and algorithm (the heuristic's first).
+struct Plan {
+    descs: Descs,
+    cand: Candidate,
+}
+
+/// An algorithm the heuristic offers for a shape ([`Lt::candidates`]).
+#[derive(Clone, Copy)]
+pub struct Candidate {
+    algo: sys::cublasLtMatmulAlgo_t,
+    /// Workspace bytes it needs.
+    pub workspace: usize,
+    /// The heuristic's estimate of its waves over the GPU's SMs.
+    pub waves: f32,
+}
+
+impl Drop for Descs {
     fn drop(&mut self) {
-        // SAFETY: created by `Plan::new` and used by no call after this (the device waits for
+        // SAFETY: created by `Descs::new` and used by no call after this (the device waits for
         // its stream before it drops). Null ones were never created.
         unsafe {
             for l in self.layouts {
@@ -154,12 +167,18 @@ impl Plan {
     /// The descriptors of `s`, and the heuristic's first algorithm for them with at most
     /// `workspace` bytes.
     fn new(handle: sys::cublasLtHandle_t, s: &Shape, workspace: usize) -> Result<Plan, String> {
-        let mut plan = Plan {
+        let descs = Descs::new(s)?;
+        let cand = descs.ask(handle, s, workspace, 1)?[0];
+        Ok(Plan { descs, cand })
+    }
+}
+
+impl Descs {
+    /// The descriptor and layouts of `s`.
+    pub fn new(s: &Shape) -> Result<Descs, String> {
+        let mut plan = Descs {
             desc: std::ptr::null_mut(),
             layouts: [std::ptr::null_mut(); 3],
-            // SAFETY: plain data; overwritten by the heuristic's answer before any use.
-            algo: unsafe { std::mem::zeroed() },
-            workspace: 0,
         };
         let cm = &s.cm;
         let err = |what: &'static str| move |e: sys::cublasStatus_t| format!("{what}: {e:?}");
@@ -231,29 +250,43 @@ impl Plan {
                     .map_err(err("cublasLtMatrixLayoutSetAttribute"))?;
                 }
             }
-            let mut pref: sys::cublasLtMatmulPreference_t = std::ptr::null_mut();
-            ok(sys::cublasLtMatmulPreferenceCreate(&mut pref))
-                .map_err(err("cublasLtMatmulPreferenceCreate"))?;
-            let answer = Self::ask(handle, &plan, pref, s, workspace);
-            let _ = sys::cublasLtMatmulPreferenceDestroy(pref);
-            let found = answer?;
-            plan.algo = found.algo;
-            plan.workspace = found.workspaceSize;
         }
         Ok(plan)
     }
 
-    /// The preferences (see the module docs), then the heuristic's first answer.
+    /// Up to `max` (at least 1) of the heuristic's algorithms for these descriptors, best first
+    /// as it ranks them, each needing at most `workspace` bytes, with the preferences of the
+    /// module docs for `s`.
+    fn ask(
+        &self,
+        handle: sys::cublasLtHandle_t,
+        s: &Shape,
+        workspace: usize,
+        max: usize,
+    ) -> Result<Vec<Candidate>, String> {
+        let mut pref: sys::cublasLtMatmulPreference_t = std::ptr::null_mut();
+        // SAFETY: writes one preference, destroyed below.
+        ok(unsafe { sys::cublasLtMatmulPreferenceCreate(&mut pref) })
+            .map_err(|e| format!("cublasLtMatmulPreferenceCreate: {e:?}"))?;
+        // SAFETY: `pref` and the descriptors are live.
+        let answer = unsafe { self.ask_with(handle, pref, s, workspace, max.max(1)) };
+        // SAFETY: created above, not used after.
+        let _ = unsafe { sys::cublasLtMatmulPreferenceDestroy(pref) };
+        answer
+    }
+
+    /// [`Descs::ask`] with its preference.
     ///
     /// # Safety
-    /// `pref` and the plan's descriptors are live.
-    unsafe fn ask(
+    /// `pref` and the descriptors are live.
+    unsafe fn ask_with(
+        &self,
         handle: sys::cublasLtHandle_t,
-        plan: &Plan,
         pref: sys::cublasLtMatmulPreference_t,
         s: &Shape,
         workspace: usize,
-    ) -> Result<sys::cublasLtMatmulHeuristicResult_t, String> {
+        max: usize,
+    ) -> Result<Vec<Candidate>, String> {
         use sys::cublasLtMatmulPreferenceAttributes_t as P;
         use sys::cublasLtReductionScheme_t as R;
         let set = |a: P, (p, n): (*const c_void, usize)| {
@@ -273,24 +306,53 @@ impl Plan {
         set(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, attr(&second))?;
         set(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, attr(&c))?;
         set(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, attr(&c))?;
-        let mut found: sys::cublasLtMatmulHeuristicResult_t = std::mem::zeroed();
+        let mut found: Vec<sys::cublasLtMatmulHeuristicResult_t> = vec![std::mem::zeroed(); max];
         let mut count = 0;
-        let [la, lb, lc] = plan.layouts;
+        let [la, lb, lc] = self.layouts;
+        let requested = i32::try_from(max).unwrap_or(i32::MAX);
         ok(sys::cublasLtMatmulAlgoGetHeuristic(
-            handle, plan.desc, la, lb, lc, lc, pref, 1, &mut found, &mut count,
+            handle,
+            self.desc,
+            la,
+            lb,
+            lc,
+            lc,
+            pref,
+            requested,
+            found.as_mut_ptr(),
+            &mut count,
         ))
         .map_err(|e| format!("cublasLtMatmulAlgoGetHeuristic: {e:?}"))?;
-        if count == 0 {
-            return Err("cublasLtMatmulAlgoGetHeuristic: no algorithm".into());
+        found.truncate(usize::try_from(count).unwrap_or(0).min(max));
+        // The heuristic's order kept; an answer it marks failed, or past the workspace, is
+        // left out (the first one's reason is the error when none is left).
+        let mut why = "cublasLtMatmulAlgoGetHeuristic: no algorithm".to_string();
+        let list: Vec<Candidate> = found
+            .iter()
+            .filter(|f| match ok(f.state) {
+                Err(e) => {
+                    why = format!("the heuristic's algorithm: {e:?}");
+                    false
+                }
+                Ok(()) if f.workspaceSize > workspace => {
+                    why = format!(
+                        "the heuristic's algorithm needs {} bytes of workspace, past the {workspace} it was offered",
+                        f.workspaceSize
+                    );
+                    false
+                }
+                Ok(()) => true,
+            })
+            .map(|f| Candidate {
+                algo: f.algo,
+                workspace: f.workspaceSize,
+                waves: f.wavesCount,
+            })
+            .collect();
+        if list.is_empty() {
+            return Err(why);
         }
-        ok(found.state).map_err(|e| format!("the heuristic's algorithm: {e:?}"))?;
-        if found.workspaceSize > workspace {
-            return Err(format!(
-                "the heuristic's algorithm needs {} bytes of workspace, past the {workspace} it was offered",
-                found.workspaceSize
-            ));
-        }
-        Ok(found)
+        Ok(list)
     }
 }
 
@@ -381,10 +443,35 @@ impl Lt {
         let Some(Some(plan)) = plans.get(shape) else {
             return Err(Refused::NoAlgorithm);
         };
-        let [la, lb, lc] = plan.layouts;
+        let chosen = (&plan.descs, &plan.cand);
+        self.matmul_with(chosen, (alpha, beta), [first, second, c], stream)
+            .map_err(Refused::Failed)
+    }
+
+    /// Up to `max` of the heuristic's algorithms for `shape`, in its order (the first is the
+    /// one a plan takes), with the descriptors to run them ([`Lt::matmul_with`]): for measuring
+    /// them against each other (`recipe kernels --gemm-candidates`).
+    pub fn candidates(&self, shape: &Shape, max: usize) -> Result<(Descs, Vec<Candidate>), String> {
+        let descs = Descs::new(shape)?;
+        let list = descs.ask(self.handle, shape, self.workspace.1, max)?;
+        Ok((descs, list))
+    }
+
+    /// [`Lt::matmul`] with a candidate of [`Lt::candidates`] and its descriptors.
+    ///
+    /// # Safety
+    /// As [`Lt::matmul`], for the shape `descs` describes.
+    pub unsafe fn matmul_with(
+        &self,
+        (descs, cand): (&Descs, &Candidate),
+        (alpha, beta): (f32, f32),
+        [first, second, c]: [u64; 3],
+        stream: *mut c_void,
+    ) -> Result<(), sys::cublasStatus_t> {
+        let [la, lb, lc] = descs.layouts;
         ok(sys::cublasLtMatmul(
             self.handle,
-            plan.desc,
+            descs.desc,
             (&alpha as *const f32).cast(),
             first as *const c_void,
             la,
@@ -395,12 +482,11 @@ impl Lt {
             lc,
             c as *mut c_void,
             lc,
-            &plan.algo,
+            &cand.algo,
             self.workspace.0 as *mut c_void,
-            plan.workspace,
+            cand.workspace,
             stream as sys::cudaStream_t,
         ))
-        .map_err(Refused::Failed)
     }
 
     /// "cuBLASLt 130100" and, if some shape ran on cuBLAS instead, how many and the first

@@ -9,6 +9,7 @@
 
 pub mod compile;
 pub mod gemm;
+pub mod gemm_bench;
 pub mod kernel_cache;
 pub mod lt;
 pub mod memo;

@@ -1,0 +1,229 @@
+//! `recipe kernels --gemm-candidates`: the cuBLASLt heuristic's algorithms for BERT-base's
+//! training GEMMs (issue 15's goal shape: 32 × 128 tokens, hidden 768, intermediate 3072, bf16),
+//! each timed against the heuristic's first — the one a run takes ([`super::lt`]). What a
+//! choice among them could save a step is the sum over the shapes of their calls a step times
+//! the best candidate's gain. It measures; the runtime still takes the first (docs/cuda.md,
+//! "GEMMs").
+
+use std::ffi::c_void;
+
+use cudarc::driver::{sys as drv_sys, CudaSlice, DevicePtr};
+
+use super::gemm::col_major;
+use super::lt::{self, Compute, Elem};
+use super::{CudaDevice, CudaError};
+use crate::backend::Gemm;
+
+/// One of the measured GEMMs.
+struct Case {
+    name: &'static str,
+    /// Calls a training step of BERT-base (12 layers; the pooler and head left out).
+    per_step: usize,
+    gemm: Gemm,
+    /// Items of a strided batch (the q/k/v projections and their weight gradients).
+    items: usize,
+    /// C's type: the 16-bit activations, or the f32 weight gradients.
+    c: Elem,
+}
+
+/// BERT-base's GEMMs at `tokens` tokens (row-major, as `model/bert.rs` calls them).
+fn cases(tokens: usize) -> Vec<Case> {
+    let (n, h, i) = (tokens, 768, 3072);
+    let fwd = |m, o, k| Gemm::dense(m, o, k, false, true, 0.0);
+    let dx = |m, o, k, beta| Gemm::dense(m, o, k, false, false, beta);
+    let dw = |o, inp, k| Gemm::dense(o, inp, k, true, false, 1.0);
+    let c16 = Elem::Bf16;
+    vec![
+        Case {
+            name: "q/k/v forward (3 items)",
+            per_step: 12,
+            gemm: fwd(n, h, h),
+            items: 3,
+            c: c16,
+        },
+        Case {
+            name: "attention output forward",
+            per_step: 12,
+            gemm: fwd(n, h, h),
+            items: 1,
+            c: c16,
+        },
+        Case {
+            name: "feed-forward in, forward",
+            per_step: 12,
+            gemm: fwd(n, i, h),
+            items: 1,
+            c: c16,
+        },
+        Case {
+            name: "feed-forward out, forward",
+            per_step: 12,
+            gemm: fwd(n, h, i),
+            items: 1,
+            c: c16,
+        },
+        Case {
+            name: "dX of q/k/v and output (768←768)",
+            per_step: 48,
+            gemm: dx(n, h, h, 0.0),
+            items: 1,
+            c: c16,
+        },
+        Case {
+            name: "dX of feed-forward out (3072←768)",
+            per_step: 12,
+            gemm: dx(n, i, h, 0.0),
+            items: 1,
+            c: c16,
+        },
+        Case {
+            name: "dX of feed-forward in (768←3072)",
+            per_step: 12,
+            gemm: dx(n, h, i, 1.0),
+            items: 1,
+            c: c16,
+        },
+        Case {
+            name: "dW of q/k/v (3 items)",
+            per_step: 12,
+            gemm: dw(h, h, n),
+            items: 3,
+            c: Elem::F32,
+        },
+        Case {
+            name: "dW of attention output",
+            per_step: 12,
+            gemm: dw(h, h, n),
+            items: 1,
+            c: Elem::F32,
+        },
+        Case {
+            name: "dW of feed-forward in (3072×768)",
+            per_step: 12,
+            gemm: dw(i, h, n),
+            items: 1,
+            c: Elem::F32,
+        },
+        Case {
+            name: "dW of feed-forward out (768×3072)",
+            per_step: 12,
+            gemm: dw(h, i, n),
+            items: 1,
+            c: Elem::F32,
+        },
+    ]
+}
+
+/// One candidate of one case.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Timing {
+    pub case: &'static str,
+    pub per_step: usize,
+    /// Its place in the heuristic's order (0: the runtime's).
+    pub rank: usize,
+    pub waves: f32,
+    pub workspace: usize,
+    /// Mean µs a call.
+    pub us: f64,
+    /// The first candidate's µs over this one's (above 1: faster than the runtime's).
+    pub speedup: f64,
+}
+
+impl CudaDevice {
+    /// Times up to `max` heuristic candidates of each of BERT-base's GEMMs at `tokens` tokens,
+    /// `reps` calls each after one warm-up call, the first candidate first.
+    pub fn gemm_candidates(
+        &self,
+        tokens: usize,
+        max: usize,
+        reps: usize,
+    ) -> Result<Vec<Timing>, CudaError> {
+        let Some(lt) = &self.lt else {
+            return Err(CudaError::Setting(
+                "--gemm-candidates measures cuBLASLt's algorithms: unset RECIPE_GEMM_LIBRARY"
+                    .into(),
+            ));
+        };
+        self.bind();
+        let cases = cases(tokens);
+        // Operands as large as the largest case: values that are not all zero (bf16 in [1, 2)
+        // with varied mantissas), C zeroed.
+        let most = |f: fn(&Case) -> usize| cases.iter().map(f).max().unwrap_or(0);
+        let len_a = most(|c| c.items * c.gemm.spans().0);
+        let len_b = most(|c| c.items * c.gemm.spans().1);
+        let len_c = most(|c| c.items * c.gemm.spans().2);
+        let fill =
+            |n: usize| -> Vec<u16> { (0..n).map(|j| 0x3f80 | (j * 37 % 128) as u16).collect() };
+        let err = |what: &'static str| move |e| CudaError::Driver(format!("{what}: {e:?}"));
+        let a: CudaSlice<u16> = self
+            .stream
+            .clone_htod(&fill(len_a))
+            .map_err(err("operand A"))?;
+        let b: CudaSlice<u16> = self
+            .stream
+            .clone_htod(&fill(len_b))
+            .map_err(err("operand B"))?;
+        let c: CudaSlice<f32> = self.stream.alloc_zeros(len_c).map_err(err("output C"))?;
+        let pa = a.device_ptr(&self.stream).0;
+        let pb = b.device_ptr(&self.stream).0;
+        let pc = c.device_ptr(&self.stream).0;
+        let flags = Some(drv_sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let (start, end) = (
+            self.ctx.new_event(flags).map_err(err("an event"))?,
+            self.ctx.new_event(flags).map_err(err("an event"))?,
+        );
+        let stream = self.stream.cu_stream() as *mut c_void;
+        let mut rows = Vec::new();
+        for case in &cases {
+            let g = &case.gemm;
+            let (sa, sb, sc) = g.spans();
+            let shape = lt::Shape {
+                cm: col_major(g),
+                types: [Elem::Bf16, Elem::Bf16, case.c],
+                compute: Compute::F32,
+                count: case.items,
+                strides: if case.items > 1 {
+                    [sb, sa, sc].map(|x| x as i64)
+                } else {
+                    [0; 3]
+                },
+                align: [256; 3],
+            };
+            let (descs, list) = lt
+                .candidates(&shape, max)
+                .map_err(|why| CudaError::Driver(format!("{}: {why}", case.name)))?;
+            // The runtime's (rank 0) is the base; were it to refuse, the next that runs.
+            let mut first = None;
+            for (rank, cand) in list.iter().enumerate() {
+                let run = || {
+                    // SAFETY: the operands hold every item's extent (sized for the largest
+                    // case), 256-byte aligned as the shape states; this device's stream.
+                    unsafe { lt.matmul_with((&descs, cand), (1.0, g.beta), [pb, pa, pc], stream) }
+                };
+                // A candidate that refuses to run is skipped, not fatal.
+                if run().is_err() {
+                    continue;
+                }
+                start.record(&self.stream).map_err(err("an event"))?;
+                for _ in 0..reps {
+                    run().map_err(|e| CudaError::Driver(format!("{}: {e:?}", case.name)))?;
+                }
+                end.record(&self.stream).map_err(err("an event"))?;
+                self.stream.synchronize().map_err(err("the GEMMs"))?;
+                let ms = start.elapsed_ms(&end).map_err(err("an event's time"))?;
+                let us = f64::from(ms) * 1e3 / reps.max(1) as f64;
+                let base = *first.get_or_insert(us);
+                rows.push(Timing {
+                    case: case.name,
+                    per_step: case.per_step,
+                    rank,
+                    waves: cand.waves,
+                    workspace: cand.workspace,
+                    us,
+                    speedup: base / us,
+                });
+            }
+        }
+        Ok(rows)
+    }
+}
