@@ -122,7 +122,7 @@ pub fn run(
 /// heuristic's first) and what the best of each would save a step; with `out`, the rows as
 /// gemm-candidates.json.
 fn time_gemm_candidates(max: usize, out: Option<&Path>) -> Result<(), i32> {
-    use recipe_runtime::backend::cuda::CudaDevice;
+    use recipe_runtime::backend::cuda::{gemm_bench, CudaDevice};
     let dev = CudaDevice::open(0).map_err(|e| {
         eprintln!("error: {e}");
         USAGE
@@ -145,31 +145,15 @@ fn time_gemm_candidates(max: usize, out: Option<&Path>) -> Result<(), i32> {
         "  {:<36} {:>4} {:>6} {:>9} {:>8}",
         "GEMM", "rank", "waves", "µs", "speed-up"
     );
-    let mut saved_us = 0.0;
-    let mut case = "";
-    let mut best = 0.0f64;
-    let mut flush =
-        |case: &str, best: f64, rows: &[recipe_runtime::backend::cuda::gemm_bench::Timing]| {
-            if let Some(first) = rows.iter().find(|r| r.case == case && r.rank == 0) {
-                saved_us += (first.us - best).max(0.0) * first.per_step as f64;
-            }
-        };
     for r in &rows {
-        if r.case != case {
-            flush(case, best, &rows);
-            case = r.case;
-            best = r.us;
-        }
-        best = best.min(r.us);
         println!(
             "  {:<36} {:>4} {:>6.2} {:>9.2} {:>8.3}",
             r.case, r.rank, r.waves, r.us, r.speedup
         );
     }
-    flush(case, best, &rows);
     println!(
         "the best candidate of each, in place of the first: {:.3} ms less a step (of the GEMMs' calls a step)",
-        saved_us / 1e3
+        gemm_bench::step_saving_us(&rows) / 1e3
     );
     if let Some(dir) = out {
         let json = serde_json::to_string_pretty(&rows).unwrap_or_default();

@@ -65,6 +65,36 @@ fn input(rows: usize, cols: usize, store: Dtype) -> Vec<f32> {
     x
 }
 
+/// A backward's inputs on `rows × cols`: the rows ([`input`]), a weight and an output gradient
+/// drawn from streams `seeds` and rounded to `store`, and the mean and rstd of the CPU's
+/// forward on them (zero bias, eps 1e-5).
+struct BwdCase {
+    x: Vec<f32>,
+    w: Vec<f32>,
+    dout: Vec<f32>,
+    mean: Vec<f32>,
+    rstd: Vec<f32>,
+}
+
+fn bwd_case(rows: usize, cols: usize, store: Dtype, seeds: (u64, u64)) -> BwdCase {
+    let n = rows * cols;
+    let x = input(rows, cols, store);
+    let (mut w, mut dout) = (rand(cols, 1.0, seeds.0), rand(n, 1.0, seeds.1));
+    store.round_slice(&mut w);
+    store.round_slice(&mut dout);
+    let (mut o, mut mean, mut rstd) = (vec![0.0; n], vec![0.0; rows], vec![0.0; rows]);
+    let b = vec![0.0; cols];
+    let c = recipe_runtime::backend::Cpu::new(1).with_store(store);
+    c.layernorm_fwd(&mut o, &mut mean, &mut rstd, &x, &w, &b, rows, cols, 1e-5);
+    BwdCase {
+        x,
+        w,
+        dout,
+        mean,
+        rstd,
+    }
+}
+
 #[test]
 fn forward_matches_the_cpu() {
     for store in STORES {
@@ -222,18 +252,17 @@ fn the_residual_split_is_the_backward_copy_and_dropout_bit_for_bit() {
         site: 2,
     };
     for store in STORES {
-        let (g, c) = pair(store);
+        let (g, _) = pair(store);
         for &(rows, cols) in SHAPES {
             for (d, extra) in [(None, 0), (Some(&drop), 0), (Some(&drop), 3)] {
                 let n = rows * cols;
-                let x = input(rows, cols, store);
-                let mut w = rand(cols, 1.0, 4);
-                let mut dout = rand(n, 1.0, 6);
-                store.round_slice(&mut w);
-                store.round_slice(&mut dout);
-                let (mut o, mut m, mut r) = (vec![0.0; n], vec![0.0; rows], vec![0.0; rows]);
-                let b = vec![0.0; cols];
-                c.layernorm_fwd(&mut o, &mut m, &mut r, &x, &w, &b, rows, cols, 1e-5);
+                let BwdCase {
+                    x,
+                    w,
+                    dout,
+                    mean: m,
+                    rstd: r,
+                } = bwd_case(rows, cols, store, (4, 6));
                 let run = |fused: bool| {
                     let (mut di, mut keep) = (vec![0.0; n + extra], vec![0.0; n + extra]);
                     let (mut dw, mut db) = (vec![0.5; cols], vec![-0.25; cols]);
@@ -428,25 +457,16 @@ fn the_sixteen_bit_backward_kernel_is_the_generic_path_bit_for_bit() {
     };
     for store in [Dtype::F16, Dtype::Bf16] {
         let k = Kernels::new(EmuTyped).with_store(store);
-        let (g, c) = pair(store);
+        let (g, _) = pair(store);
         for (rows, cols) in [(1, 8), (9, 768), (3, 1024), (2, 1032), (5, 12)] {
             let n = rows * cols;
-            let x = input(rows, cols, store);
-            let (mut w, mut dout) = (rand(cols, 1.0, 31), rand(n, 1.0, 32));
-            store.round_slice(&mut w);
-            store.round_slice(&mut dout);
-            let (mut o, mut m, mut r) = (vec![0.0; n], vec![0.0; rows], vec![0.0; rows]);
-            c.layernorm_fwd(
-                &mut o,
-                &mut m,
-                &mut r,
-                &x,
-                &w,
-                &vec![0.0; cols],
-                rows,
-                cols,
-                1e-5,
-            );
+            let BwdCase {
+                x,
+                w,
+                dout,
+                mean: m,
+                rstd: r,
+            } = bwd_case(rows, cols, store, (31, 32));
             let put = |v: &[f32]| {
                 let mut b = k.alloc_stored(v.len());
                 k.write(k.view_mut(&mut b), v);
@@ -558,15 +578,15 @@ fn the_split_with_the_bias_below_is_the_split_then_its_bias_grad_bit_for_bit() {
         for &(rows, cols) in SHAPES {
             for (d, extra) in [(None, 0), (Some(&drop), 0), (Some(&drop), 3)] {
                 let n = rows * cols;
-                let x = input(rows, cols, store);
-                let (mut w, mut dout) = (rand(cols, 1.0, 41), rand(n, 1.0, 42));
-                store.round_slice(&mut w);
-                store.round_slice(&mut dout);
-                let (mut o, mut m, mut r) = (vec![0.0; n], vec![0.0; rows], vec![0.0; rows]);
-                let b = vec![0.0; cols];
-                c.layernorm_fwd(&mut o, &mut m, &mut r, &x, &w, &b, rows, cols, 1e-5);
-                // `fused`: the one call; else the split, then the bias gradient of its `dinp`.
-                let run = |be: &dyn Fn(&mut [Vec<f32>; 5]), _: &str| {
+                let BwdCase {
+                    x,
+                    w,
+                    dout,
+                    mean: m,
+                    rstd: r,
+                } = bwd_case(rows, cols, store, (41, 42));
+                // `dinp`, `keep`, `dw`, `db` and the bias's after `be`.
+                let run = |be: &dyn Fn(&mut [Vec<f32>; 5])| {
                     let mut v = [
                         vec![0.0; n + extra],
                         vec![0.0; n + extra],
@@ -601,12 +621,11 @@ fn the_split_with_the_bias_below_is_the_split_then_its_bias_grad_bit_for_bit() {
                     g.bias_grad(dl, di, rows, cols);
                 };
                 let what = format!("{store:?} {rows}x{cols} dropout {} +{extra}", d.is_some());
-                let want = run(&two_calls, "two calls");
-                assert_eq!(run(&one_call!(g), "fused"), want, "{what}");
-                let reversed =
-                    recipe_kernel_emu::reversed_blocks(|| run(&one_call!(g), "fused, reversed"));
+                let want = run(&two_calls);
+                assert_eq!(run(&one_call!(g)), want, "{what}");
+                let reversed = recipe_kernel_emu::reversed_blocks(|| run(&one_call!(g)));
                 assert_eq!(reversed, want, "{what}, blocks reversed");
-                assert_eq!(run(&one_call!(c), "cpu"), want, "{what}: not the CPU's");
+                assert_eq!(run(&one_call!(c)), want, "{what}: not the CPU's");
             }
         }
     }
@@ -625,22 +644,13 @@ fn the_bias_below_takes_no_launch_of_its_own_where_dinp_is_douts_type() {
         let (_, c) = pair(store);
         let (rows, cols) = (130, 96);
         let n = rows * cols;
-        let x = input(rows, cols, store);
-        let (mut w, mut dout) = (rand(cols, 1.0, 51), rand(n, 1.0, 52));
-        store.round_slice(&mut w);
-        store.round_slice(&mut dout);
-        let (mut o, mut m, mut r) = (vec![0.0; n], vec![0.0; rows], vec![0.0; rows]);
-        c.layernorm_fwd(
-            &mut o,
-            &mut m,
-            &mut r,
-            &x,
-            &w,
-            &vec![0.0; cols],
-            rows,
-            cols,
-            1e-5,
-        );
+        let BwdCase {
+            x,
+            w,
+            dout,
+            mean: m,
+            rstd: r,
+        } = bwd_case(rows, cols, store, (51, 52));
         let (mut di, mut keep) = (vec![0.0; n], vec![0.0; n]);
         let (mut dw, mut db, mut dl) = (vec![0.5; cols], vec![-0.25; cols], vec![0.125; cols]);
         c.layernorm_bwd_split_bias_grad(

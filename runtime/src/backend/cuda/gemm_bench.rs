@@ -129,6 +129,22 @@ pub struct Timing {
     pub speedup: f64,
 }
 
+/// µs a step the fastest candidate of each GEMM would save in place of its first (rank 0):
+/// the difference a call times its calls a step, summed.
+pub fn step_saving_us(rows: &[Timing]) -> f64 {
+    rows.iter()
+        .filter(|first| first.rank == 0)
+        .map(|first| {
+            let best = rows
+                .iter()
+                .filter(|r| r.case == first.case)
+                .map(|r| r.us)
+                .fold(first.us, f64::min);
+            (first.us - best) * first.per_step as f64
+        })
+        .sum()
+}
+
 impl CudaDevice {
     /// Times up to `max` heuristic candidates of each of BERT-base's GEMMs at `tokens` tokens,
     /// `reps` calls each after one warm-up call, the first candidate first.
@@ -225,5 +241,36 @@ impl CudaDevice {
             }
         }
         Ok(rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(case: &'static str, per_step: usize, rank: usize, us: f64) -> Timing {
+        Timing {
+            case,
+            per_step,
+            rank,
+            waves: 1.0,
+            workspace: 0,
+            us,
+            speedup: 1.0,
+        }
+    }
+
+    /// Each GEMM saves its first's time less its fastest's, times its calls a step; a GEMM
+    /// whose first is fastest saves nothing.
+    #[test]
+    fn the_saving_is_each_gemms_best_gain_times_its_calls() {
+        let rows = [
+            row("a", 12, 0, 10.0),
+            row("a", 12, 1, 8.0),
+            row("a", 12, 2, 9.0),
+            row("b", 48, 0, 5.0),
+            row("b", 48, 1, 6.0),
+        ];
+        assert_eq!(step_saving_us(&rows), 24.0);
     }
 }

@@ -397,29 +397,37 @@ impl Lt {
         })
     }
 
-    /// Gives up cuBLASLt for `shape` (its call was refused, `why`): the caller runs it on cuBLAS
-    /// from then on, and [`Lt::describe`] counts it.
-    pub fn refuse(&self, shape: &Shape, why: String) {
-        let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
-        plans.insert(*shape, None);
+    /// Keeps the first reason a shape went to cuBLAS, for [`Lt::describe`].
+    fn note_refusal(&self, shape: &Shape, why: String) {
         let mut first = self.first_refusal.lock().unwrap_or_else(|p| p.into_inner());
         first.get_or_insert_with(|| format!("{shape:?}: {why}"));
     }
 
+    /// Gives up cuBLASLt for `shape` (its call was refused, `why`): the caller runs it on cuBLAS
+    /// from then on, and [`Lt::describe`] counts it.
+    pub fn refuse(&self, shape: &Shape, why: String) {
+        self.plans
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(*shape, None);
+        self.note_refusal(shape, why);
+    }
+
+    /// `f` of `shape`'s plan, made at its first call (see the module docs); `None` where it has
+    /// none. One lookup, under the plans' lock.
+    fn with_plan<R>(&self, shape: &Shape, f: impl FnOnce(&Plan) -> R) -> Option<R> {
+        let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
+        let plan = plans.entry(*shape).or_insert_with(|| {
+            Plan::new(self.handle, shape, self.workspace.1)
+                .map_err(|why| self.note_refusal(shape, why))
+                .ok()
+        });
+        plan.as_ref().map(f)
+    }
+
     /// Whether `shape` has a plan: made at its first call (see the module docs).
     pub fn ready(&self, shape: &Shape) -> bool {
-        let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
-        plans
-            .entry(*shape)
-            .or_insert_with(|| match Plan::new(self.handle, shape, self.workspace.1) {
-                Ok(p) => Some(p),
-                Err(why) => {
-                    let mut first = self.first_refusal.lock().unwrap_or_else(|p| p.into_inner());
-                    first.get_or_insert_with(|| format!("{shape:?}: {why}"));
-                    None
-                }
-            })
-            .is_some()
+        self.with_plan(shape, |_| ()).is_some()
     }
 
     /// `D = alpha·op(first)·op(second) + beta·C` into `c` (in place, as cuBLAS's calls), on
@@ -428,7 +436,7 @@ impl Lt {
     /// # Safety
     /// The operands hold every item's extent for `shape`, with the alignments it states;
     /// `stream` belongs to the context current on the calling thread. A shape without a plan
-    /// ([`Lt::ready`]) is refused before anything is queued.
+    /// ([`Lt::ready`]; made here if not yet) is refused before anything is queued.
     pub unsafe fn matmul(
         &self,
         shape: &Shape,
@@ -436,16 +444,13 @@ impl Lt {
         [first, second, c]: [u64; 3],
         stream: *mut c_void,
     ) -> Result<(), Refused> {
-        if !self.ready(shape) {
-            return Err(Refused::NoAlgorithm);
-        }
-        let plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(Some(plan)) = plans.get(shape) else {
-            return Err(Refused::NoAlgorithm);
+        let run = |plan: &Plan| {
+            let chosen = (&plan.descs, &plan.cand);
+            self.matmul_with(chosen, (alpha, beta), [first, second, c], stream)
+                .map_err(Refused::Failed)
         };
-        let chosen = (&plan.descs, &plan.cand);
-        self.matmul_with(chosen, (alpha, beta), [first, second, c], stream)
-            .map_err(Refused::Failed)
+        self.with_plan(shape, run)
+            .unwrap_or(Err(Refused::NoAlgorithm))
     }
 
     /// Up to `max` of the heuristic's algorithms for `shape`, in its order (the first is the

@@ -4,8 +4,9 @@
 //! point checks that its library can be loaded before the first call (cudarc panics otherwise).
 //! [`CudaDevice`] is a [`Device`]: memory on one GPU, one stream, the kernel program compiled by
 //! NVRTC for the GPU's own architecture when the device opens, cuBLASLt for GEMMs ([`lt`]; fp32
-//! with TF32 off, so the CPU reference's arithmetic), cuBLAS where cuBLASLt has no algorithm. Errors inside a launch are recorded and reported by
-//! [`Device::sync`] (the [`crate::backend::Backend`] methods cannot fail).
+//! with TF32 off, so the CPU reference's arithmetic), cuBLAS where cuBLASLt has no algorithm.
+//! Errors inside a launch are recorded and reported by [`Device::sync`] (the
+//! [`crate::backend::Backend`] methods cannot fail).
 
 pub mod compile;
 pub mod gemm;
@@ -751,7 +752,7 @@ impl CudaDevice {
                 lt.refuse(shape, format!("cublasLtMatmul: {e:?}"));
                 false
             }
-            // `ready` made the plan: not reached.
+            // `ready` made the plan, so not reached; cuBLAS would run it.
             Err(lt::Refused::NoAlgorithm) => false,
         }
     }
@@ -1675,15 +1676,16 @@ impl Device for CudaDevice {
         // f32 and so is the output: it reads both in one type, and writes 16 bits only from
         // 16-bit operands.
         let convert = self.operands == HalfOperands::Convert && !a16 && !b16 && !c16;
-        let ((pa, pb), operand, compute, name) = if convert {
+        // The profile's names: on cuBLAS, on cuBLASLt.
+        let ((pa, pb), operand, compute, (name, lt_name)) = if convert {
             (
                 (a.ptr, b.ptr),
                 cudaDataType::CUDA_R_32F,
                 fast_compute(half),
                 if half == Dtype::F16 {
-                    "cublas gemm fp16←f32"
+                    ("cublas gemm fp16←f32", "cublasLt gemm fp16←f32")
                 } else {
-                    "cublas gemm bf16←f32"
+                    ("cublas gemm bf16←f32", "cublasLt gemm bf16←f32")
                 },
             )
         } else {
@@ -1707,9 +1709,9 @@ impl Device for CudaDevice {
                 dtype,
                 cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 if half == Dtype::F16 {
-                    "cublas gemm fp16"
+                    ("cublas gemm fp16", "cublasLt gemm fp16")
                 } else {
-                    "cublas gemm bf16"
+                    ("cublas gemm bf16", "cublasLt gemm bf16")
                 },
             )
         };
@@ -1729,12 +1731,6 @@ impl Device for CudaDevice {
             count: 1,
             strides: [0; 3],
             align: [pb, pa, c.ptr].map(|p| lt::alignment(p, 0)),
-        };
-        let lt_name = match (compute, half) {
-            (cublasComputeType_t::CUBLAS_COMPUTE_32F, Dtype::F16) => "cublasLt gemm fp16",
-            (cublasComputeType_t::CUBLAS_COMPUTE_32F, _) => "cublasLt gemm bf16",
-            (_, Dtype::F16) => "cublasLt gemm fp16←f32",
-            _ => "cublasLt gemm bf16←f32",
         };
         // The operands hold the spans the shapes read (asserted above).
         if self.through_lt(&shape, g, [pb, pa, c.ptr], lt_name) {
@@ -1899,12 +1895,17 @@ impl Device for CudaDevice {
         }
         let cm = gemm::col_major(g);
         let (op, dim) = (gemm::op, gemm::dim);
-        let name = match (types[0], compute) {
-            (cudaDataType::CUDA_R_16F, _) => "cublas batched fp16",
-            (cudaDataType::CUDA_R_16BF, _) => "cublas batched bf16",
-            (_, cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16F) => "cublas batched fp16←f32",
-            (_, cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF) => "cublas batched bf16←f32",
-            _ => "cublas batched f32",
+        // The profile's names: on cuBLAS, on cuBLASLt.
+        let (name, lt_name) = match (types[0], compute) {
+            (cudaDataType::CUDA_R_16F, _) => ("cublas batched fp16", "cublasLt batched fp16"),
+            (cudaDataType::CUDA_R_16BF, _) => ("cublas batched bf16", "cublasLt batched bf16"),
+            (_, cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16F) => {
+                ("cublas batched fp16←f32", "cublasLt batched fp16←f32")
+            }
+            (_, cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF) => {
+                ("cublas batched bf16←f32", "cublasLt batched bf16←f32")
+            }
+            _ => ("cublas batched f32", "cublasLt batched f32"),
         };
         let lt_shape = |count: usize| lt::Shape {
             cm,
@@ -1918,13 +1919,6 @@ impl Device for CudaDevice {
                 (ptrs.2, batch.c.outer, types[2]),
             ]
             .map(|(p, s, t)| lt::alignment(p, (s as u64 * lt_elem(t).bytes()) as i64)),
-        };
-        let lt_name = match name {
-            "cublas batched fp16" => "cublasLt batched fp16",
-            "cublas batched bf16" => "cublasLt batched bf16",
-            "cublas batched fp16←f32" => "cublasLt batched fp16←f32",
-            "cublas batched bf16←f32" => "cublasLt batched bf16←f32",
-            _ => "cublasLt batched f32",
         };
         // A strided batch (one stride per operand) through cuBLASLt; item j's operands start j
         // strides into the operands (or their copies), inside their extents (asserted above).

@@ -281,16 +281,16 @@ pub(super) fn bwd<D: Device>(
     let chunks = rows.div_ceil(BIAS_ROWS);
     let part_len = chunks * cols;
     let (tw, tb) = (k.dev.ptr_mut(&mut dw), k.dev.ptr_mut(&mut db));
-    let same_type = matches!((di, k.typed(dout)), (Arg::Typed(_, a), Arg::Typed(_, b)) if a == b);
-    let (mut fused, mut after) = (None, None);
-    if let Some(mut dl) = dl {
-        assert_eq!(k.dev.len_mut(&dl), cols, "layernorm_bwd's bias gradient");
-        if same_type {
-            fused = Some(k.dev.ptr_mut(&mut dl));
-        } else {
-            after = Some(dl);
-        }
+    if let Some(dl) = &dl {
+        assert_eq!(k.dev.len_mut(dl), cols, "layernorm_bwd's bias gradient");
     }
+    let branch = k.dev.as_view(&dinp);
+    let one_type = k.dev.elem(branch) == k.dev.elem(dout);
+    let (fused, after) = match dl {
+        Some(mut dl) if one_type => (Some(k.dev.ptr_mut(&mut dl)), None),
+        other => (None, other),
+    };
+    let branch = k.dev.ptr(branch);
     let parts = if fused.is_some() { 3 } else { 2 };
     k.with_chunk_sums(parts * part_len, |whole| {
         let (ppw, ppb) = (
@@ -298,13 +298,13 @@ pub(super) fn bwd<D: Device>(
             k.dev.ptr(k.dev.sub(whole, part_len..2 * part_len)),
         );
         // dl null: no bias gradient (the kernel reads neither its sums nor the branch).
-        let (dl, ppl, branch) = match (fused, di) {
-            (Some(p), Arg::Typed(branch, _)) => (
+        let (dl, ppl, branch) = match fused {
+            Some(p) => (
                 p,
                 k.dev.ptr(k.dev.sub(whole, 2 * part_len..3 * part_len)),
                 branch,
             ),
-            _ => (0, 0, 0),
+            None => (0, 0, 0),
         };
         k.with_counters(cols, |done| {
             k.dev.launch(
