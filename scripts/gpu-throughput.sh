@@ -8,7 +8,8 @@
 # (PEAK_TFLOPS, default 989: H100/H200 SXM; ../shared/reference/cuda-testing.md).
 # Ours runs again with its GEMMs on cuBLAS's `cublasGemmEx` family instead of cuBLASLt
 # (RECIPE_GEMM_LIBRARY=cublas, docs/cuda.md "GEMMs"), without the fused attention kernels
-# (RECIPE_FUSED_ATTENTION=0: the batched products and the softmax kernels, for the A/B), and
+# (RECIPE_FUSED_ATTENTION=0: the batched products and the softmax kernels, for the A/B), with
+# every GEMM on one stream (RECIPE_SIDE_STREAM=0: the weight gradients not beside the rest), and
 # profiled (`recipe run --profile`): $OUT/profile.json says where the GPU's time goes; ours runs
 # with its passes replayed as CUDA graphs (the default, docs/cuda.md "CUDA graphs"), and once
 # more launching them directly (RECIPE_CUDA_GRAPHS=0).
@@ -64,12 +65,14 @@ PY
 
 # ours NAME MODE STEPS [--profile]: one run of ours into $W/NAME, RECIPE_HALF_GEMM=MODE
 # (RECIPE_CUDA_GRAPHS=$GRAPHS, default 1; RECIPE_FUSED_ATTENTION=$FUSED, default 1;
-# RECIPE_GEMM_LIBRARY=$LIB, default cublaslt), at most $RUN_LIMIT seconds.
+# RECIPE_GEMM_LIBRARY=$LIB, default cublaslt; RECIPE_SIDE_STREAM=$SIDE, default 1), at most
+# $RUN_LIMIT seconds.
 ours() {
     local name=$1 mode=$2 steps=$3
     shift 3
     ( cd "$W" && RECIPE_HALF_GEMM="$mode" RECIPE_CUDA_GRAPHS="${GRAPHS:-1}" \
-        RECIPE_FUSED_ATTENTION="${FUSED:-1}" RECIPE_GEMM_LIBRARY="${LIB:-cublaslt}" timeout "$RUN_LIMIT" "$BIN" run --quiet --device "$DEVICE" "$@" bert-base.rcp \
+        RECIPE_FUSED_ATTENTION="${FUSED:-1}" RECIPE_GEMM_LIBRARY="${LIB:-cublaslt}" \
+        RECIPE_SIDE_STREAM="${SIDE:-1}" timeout "$RUN_LIMIT" "$BIN" run --quiet --device "$DEVICE" "$@" bert-base.rcp \
         --set "batch.micro=$MICRO" --set "data.max_len=$SEQ" --set "train.max_steps=$steps" \
         --set "train.output_dir=\"$name\"" ) > "$W/$name.log" 2>&1 \
         || { echo "recipe run ($name) failed: $W/$name.log" >&2; tail -5 "$W/$name.log" >&2; }
@@ -83,6 +86,7 @@ ours out pack "$STEPS"
 LIB=cublas ours cublas pack "$STEPS"
 GRAPHS=0 ours direct pack "$STEPS"
 FUSED=0 ours unfused pack "$STEPS"
+SIDE=0 ours one-stream pack "$STEPS"
 if [ "$DEVICE" = cuda ]; then
     ours profiled pack "$((WARM + 10))" --profile
     cp "$W/profiled/profile.json" "$OUT/profile.json" 2>/dev/null || true
@@ -114,6 +118,8 @@ out["recipe_cublas"] = rate("cublas")
 out["recipe_direct"] = rate("direct")
 # And without the fused attention kernels (RECIPE_FUSED_ATTENTION=0).
 out["recipe_unfused_attention"] = rate("unfused")
+# And with every GEMM on one stream (RECIPE_SIDE_STREAM=0).
+out["recipe_one_stream"] = rate("one-stream")
 for run, key in (("profiled", "profile"),):
     try:
         p = json.load(open(f"{w}/{run}/profile.json"))
@@ -140,6 +146,9 @@ if ours and theirs:
     unfused = out["recipe_unfused_attention"].get("samples_per_s")
     if unfused:
         out["ratio_unfused_attention_over_torch"] = unfused / theirs
+    one_stream = out["recipe_one_stream"].get("samples_per_s")
+    if one_stream:
+        out["ratio_one_stream_over_torch"] = one_stream / theirs
     if device == "cuda":
         out["peak_tflops_bf16"] = peak
         out["mfu_recipe"] = ours * flops_per_sample / (peak * 1e12)

@@ -271,8 +271,14 @@ fn the_tiny_bert_trains_on_the_fake_gpu_as_on_the_cpu() {
         "fp32: {} steps, losses within {worst:e} of the CPU's",
         direct.len()
     );
-    // Written at captures and graph launches only: a direct run writes nothing.
-    assert!(!direct_stats.exists(), "a direct run captured");
+    // A direct run captures nothing (the counts are written at captures, graph launches and
+    // a stream's first cuBLASLt GEMM).
+    let s = stats(&direct_stats);
+    assert_eq!(
+        (&s["captures"], &s["graph_launches"]),
+        (&0.into(), &0.into()),
+        "{s}"
+    );
     // The first GPU run compiled the kernels and left them in the cache (RECIPE_CACHE, as
     // on_fake sets it); the later runs read them from there instead of compiling again, so the
     // entry is not written again.
@@ -553,4 +559,48 @@ fn gemm_candidates_are_timed_on_the_fake_gpu() {
         "{}",
         stderr(&o)
     );
+}
+
+/// The weight gradients' GEMMs run on a second stream (`Backend::aside`: a layer's four
+/// beside its input gradients, each layer's joined before its gradients are rounded), with the
+/// same bits as on one stream (`RECIPE_SIDE_STREAM=0`). The fake proves the ordering under two
+/// adversarial schedules (`RECIPE_FAKE_CUDA_LAZY`, on asynchronous streams and without graphs,
+/// whose replays run in order): the side stream's GEMMs as late as the waits allow (a missing
+/// wait lets the compute stream overwrite an input first: without the wait before the attention
+/// block's LayerNorm backward, which writes the feed-forward's output gradient again, the
+/// gradient norms differ), and the compute stream as late as they allow (a missing fork lets a
+/// GEMM read its inputs before they are written). With graphs, the captures hold the fork and
+/// join (the fake refuses a capture that ends with a stream not joined back).
+#[test]
+fn weight_gradients_beside_the_rest_keep_the_bits() {
+    let dir = workspace("fake-side", TINY);
+    let set = ["--set", "train.precision=bf16"];
+    let run = |name: &str, env: &[(&str, &str)]| {
+        let counts = dir.join(format!("{name}-stats.json"));
+        let mut env = env.to_vec();
+        env.push(("RECIPE_FAKE_CUDA_STATS", counts.to_str().unwrap()));
+        let (_, steps) = against_the_cpu(&dir, name, "tiny.rcp", &set, 1, &env, 1e-5);
+        let s = stats(&counts);
+        (steps, norms_and_eval(&dir.join(format!("{name}-cuda"))), s)
+    };
+    let (steps, norms, s) = run("one-stream", &[("RECIPE_SIDE_STREAM", "0")]);
+    assert_eq!(s["lt_streams"], 1, "{s}");
+    for lazy in ["others", "first"] {
+        let env = [
+            ("RECIPE_CUDA_GRAPHS", "0"),
+            ("RECIPE_FAKE_CUDA_ASYNC", "20"),
+            ("RECIPE_FAKE_CUDA_LAZY", lazy),
+        ];
+        let (other, other_norms, s) = run(&format!("lazy-{lazy}"), &env);
+        assert_eq!(s["lt_streams"], 2, "{lazy}: {s}");
+        assert_eq!(
+            (other, other_norms),
+            (steps.clone(), norms.clone()),
+            "lazy {lazy}: not the one-stream run's losses, gradient norms or evaluation"
+        );
+    }
+    let (other, other_norms, s) = run("graphs", &[]);
+    assert_eq!(s["lt_streams"], 2, "{s}");
+    assert!(s["graph_launches"].as_u64().unwrap() > 0, "{s}");
+    assert_eq!((other, other_norms), (steps, norms), "with graphs");
 }

@@ -1063,7 +1063,13 @@ pub(crate) fn queue(
     count: usize,
 ) -> u32 {
     {
-        let stats = &mut crate::state().stats;
+        let mut st = crate::state();
+        // A stream's first GEMM saves the counts: a run without graphs has no other occasion.
+        if what == "cublasLtMatmul" && st.lt_streams.insert((device, stream)) {
+            st.stats.lt_streams = st.lt_streams.len() as u64;
+            st.stats.save();
+        }
+        let stats = &mut st.stats;
         match what {
             "cublasLtMatmul" => stats.lt_matmuls += 1,
             "cublasGemmBatchedEx" => stats.blas_pointer_batches += 1,

@@ -157,11 +157,14 @@ pub struct State {
     pub sticky: HashMap<i32, i32>,
     /// What ran, for `RECIPE_FAKE_CUDA_STATS` ([`Stats`]).
     pub stats: Stats,
+    /// The streams cuBLASLt GEMMs were queued on, by device ([`Stats::lt_streams`]).
+    pub lt_streams: std::collections::HashSet<(i32, usize)>,
     next: usize,
 }
 
 /// Counts of what the process did on its fake GPUs, written as JSON to the file
-/// `RECIPE_FAKE_CUDA_STATS` names (if set) at each capture's end and graph launch, so that a
+/// `RECIPE_FAKE_CUDA_STATS` names (if set) at each capture's end and graph launch (and at a
+/// stream's first cuBLASLt GEMM), so that a
 /// test can tell a replayed pass from a direct one.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Stats {
@@ -176,6 +179,9 @@ pub struct Stats {
     pub blas_gemms: u64,
     /// Batches of pointer lists queued through `cublasGemmBatchedEx` (cuBLASLt has none).
     pub blas_pointer_batches: u64,
+    /// How many streams cuBLASLt GEMMs were queued on, all devices together: a run whose
+    /// weight gradients go to a second stream on one GPU counts 2.
+    pub lt_streams: u64,
 }
 
 impl Stats {
@@ -188,14 +194,16 @@ impl Stats {
         let tmp = path.with_extension("tmp");
         let text = format!(
             "{{\"kernels\": {}, \"captures\": {}, \"graph_launches\": {}, \"allocations\": {}, \
-             \"lt_matmuls\": {}, \"blas_gemms\": {}, \"blas_pointer_batches\": {}}}\n",
+             \"lt_matmuls\": {}, \"blas_gemms\": {}, \"blas_pointer_batches\": {}, \
+             \"lt_streams\": {}}}\n",
             self.kernels,
             self.captures,
             self.graph_launches,
             self.allocations,
             self.lt_matmuls,
             self.blas_gemms,
-            self.blas_pointer_batches
+            self.blas_pointer_batches,
+            self.lt_streams
         );
         if std::fs::write(&tmp, text).is_ok() {
             let _ = std::fs::rename(&tmp, &path);

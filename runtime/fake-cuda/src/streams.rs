@@ -5,6 +5,14 @@
 //! reads it before it is there: the fresh memory's NaN, or the buffer's old values. Without
 //! the variable every operation runs when it is queued, in the calling thread (the default:
 //! deterministic, and simplest to debug).
+//!
+//! `RECIPE_FAKE_CUDA_LAZY` (with `RECIPE_FAKE_CUDA_ASYNC`) makes some streams run an operation
+//! only once something waits for it or for a later one (the host, or another stream's
+//! `cuStreamWaitEvent`; a query counts as a wait): `others`, every stream of a device but the
+//! first to queue work on it (the compute stream), so that a second stream's work runs as late
+//! as the waits allow and a missing wait lets the compute stream overwrite what it still
+//! reads; `first`, the compute stream alone, so that a second stream's work runs as early as
+//! they allow and a missing one lets it read what the compute stream has not written yet.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -23,12 +31,36 @@ pub fn delay() -> Option<Duration> {
     })
 }
 
-/// A stream's queue: what waits to run, how many operations were queued and how many are done.
+/// Which streams run lazily (`RECIPE_FAKE_CUDA_LAZY`, see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lazy {
+    /// Every stream of a device but its first.
+    Others,
+    /// A device's first stream.
+    First,
+}
+
+fn lazy() -> Option<Lazy> {
+    static L: OnceLock<Option<Lazy>> = OnceLock::new();
+    *L.get_or_init(|| match std::env::var("RECIPE_FAKE_CUDA_LAZY").ok().as_deref() {
+        Some("others") => Some(Lazy::Others),
+        Some("first") => Some(Lazy::First),
+        None | Some("") => None,
+        Some(other) => {
+            eprintln!("fake CUDA: RECIPE_FAKE_CUDA_LAZY={other} ignored: expected `others` or `first`");
+            None
+        }
+    })
+}
+
+/// A stream's queue: what waits to run, how many operations were queued and how many are done,
+/// and, for a lazy stream, up to which one something waits.
 #[derive(Default)]
 struct Queue {
     ops: VecDeque<(String, Op)>,
     queued: u64,
     done: u64,
+    demand: u64,
 }
 
 /// One stream's thread and its queue.
@@ -36,6 +68,8 @@ struct Queue {
 pub struct Worker {
     queue: Mutex<Queue>,
     changed: Condvar,
+    /// Runs an operation only once something waits for it (`RECIPE_FAKE_CUDA_LAZY`).
+    lazy: bool,
 }
 
 impl Worker {
@@ -53,15 +87,25 @@ impl Worker {
         self.queue.lock().unwrap_or_else(|p| p.into_inner()).queued
     }
 
-    /// Whether the operation at `position` has run.
+    /// Whether the operation at `position` has run. Asking counts as waiting for it: a host
+    /// that polls a lazy stream gets there.
     pub fn reached(&self, position: u64) -> bool {
-        self.queue.lock().unwrap_or_else(|p| p.into_inner()).done >= position
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        if q.demand < position {
+            q.demand = position;
+            self.changed.notify_all();
+        }
+        q.done >= position
     }
 
     /// Waits until the operation at `position` has run (a failed one counts: it faulted the
     /// device, which the caller then reports).
     pub fn wait(&self, position: u64) {
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        if q.demand < position {
+            q.demand = position;
+            self.changed.notify_all();
+        }
         while q.done < position {
             q = self.changed.wait(q).unwrap_or_else(|p| p.into_inner());
         }
@@ -73,8 +117,12 @@ impl Worker {
             let (what, op) = {
                 let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
                 loop {
-                    if let Some(next) = q.ops.pop_front() {
-                        break next;
+                    // A lazy stream's next operation waits until something waits for it.
+                    let wanted = !self.lazy || q.demand > q.done;
+                    if wanted {
+                        if let Some(next) = q.ops.pop_front() {
+                            break next;
+                        }
                     }
                     q = self.changed.wait(q).unwrap_or_else(|p| p.into_inner());
                 }
@@ -104,8 +152,16 @@ fn workers() -> &'static Mutex<Workers> {
 pub fn worker(device: i32, stream: usize) -> Option<Arc<Worker>> {
     let pause = delay()?;
     let mut all = workers().lock().unwrap_or_else(|p| p.into_inner());
+    let first = !all.keys().any(|(d, _)| *d == device);
     let w = all.entry((device, stream)).or_insert_with(|| {
-        let w = Arc::new(Worker::default());
+        let w = Arc::new(Worker {
+            lazy: match lazy() {
+                Some(Lazy::Others) => !first,
+                Some(Lazy::First) => first,
+                None => false,
+            },
+            ..Worker::default()
+        });
         let serving = w.clone();
         std::thread::Builder::new()
             .name(format!("fake-cuda-{device}-{stream:#x}"))

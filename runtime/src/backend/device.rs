@@ -8,7 +8,7 @@
 use std::ops::Range;
 
 use super::profile::Profile;
-use super::{Batch, Gemm};
+use super::{Aside, Batch, Gemm};
 use crate::precision::Dtype;
 
 /// One kernel argument, passed by value as `cuLaunchKernel` takes them: a device address or a
@@ -250,6 +250,17 @@ pub trait Device {
             }
         }
     }
+    /// [`crate::backend::Backend::aside`]: runs `f`, whose GEMMs that read their operands as
+    /// they are (nothing packed or widened into scratch) a GPU may queue on a second stream,
+    /// after everything queued before them. By default `f` runs in order with the rest.
+    fn aside(&self, f: impl FnOnce()) -> Aside {
+        f();
+        Aside::DONE
+    }
+    /// [`crate::backend::Backend::wait_aside`].
+    fn wait_aside(&self, _t: Aside) {}
+    /// [`crate::backend::Backend::join_aside`].
+    fn join_aside(&self) {}
     /// Sizes [`Device::gemm_half`]'s operand scratch for spans of up to `elems` elements.
     fn reserve_gemm_half(&self, _elems: usize) {}
     /// Sizes [`Device::gemm_batched`]'s scratch for batches of up to `count` GEMMs, and, when

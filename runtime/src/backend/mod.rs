@@ -290,6 +290,15 @@ pub struct AttnShape {
     pub head_dim: usize,
 }
 
+/// A ticket for [`Backend::wait_aside`]: which [`Backend::aside`] call to wait for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Aside(pub usize);
+
+impl Aside {
+    /// Nothing to wait for: `aside`'s GEMMs ran in order with the rest.
+    pub const DONE: Aside = Aside(0);
+}
+
 /// Rows per chunk of [`Backend::bias_grad`]'s summation order.
 pub const BIAS_ROWS: usize = 64;
 
@@ -408,6 +417,22 @@ pub trait Backend {
             );
         }
     }
+
+    /// Runs `f`, whose GEMMs (a layer's weight gradients) a device may queue where they run
+    /// beside what is queued after them: a second stream on a GPU, whose GEMMs start after
+    /// everything queued before them and fill the SMs the other stream's GEMMs leave idle.
+    /// Nothing queued after `f` may write what its GEMMs read, nor read what they write, before
+    /// [`Backend::wait_aside`] with the returned ticket or [`Backend::join_aside`]. The results
+    /// are the same bits either way. By default `f` simply runs.
+    fn aside(&self, f: impl FnOnce()) -> Aside {
+        f();
+        Aside::DONE
+    }
+    /// Orders what is queued from now on after the GEMMs of the [`Backend::aside`] call that
+    /// returned `t`.
+    fn wait_aside(&self, _t: Aside) {}
+    /// Orders what is queued from now on after every [`Backend::aside`] GEMM so far.
+    fn join_aside(&self) {}
 
     /// in it, and values already rounded (which it leaves as they are). By default nothing (the
     /// CPU's GEMM has rounded them).

@@ -5,7 +5,7 @@
 use std::ops::Range;
 
 use super::{BertConfig, GradSink, ParamSource};
-use crate::backend::{AttnShape, Backend, Dropout, Gemm, Loss};
+use crate::backend::{Aside, AttnShape, Backend, Dropout, Gemm, Loss};
 use crate::params::Params;
 
 /// A Linear layer's place in the flat buffer: weight `[out, in]` immediately followed by bias.
@@ -660,8 +660,12 @@ fn linear_gemm<B: Backend>(
 /// apart), left for a kernel that rounds it when `to_epilogue` ([`Backend::gemm_to_epilogue`]:
 /// `beta` 0, rows dense). The two GEMMs run back to back, the bias's sum after them: a GPU
 /// that packs its operands to fp16/bf16 reads `dout`'s packed copy twice
-/// (`backend/cuda/memo.rs`).
+/// (`backend/cuda/memo.rs`). The weight gradient's GEMM goes [`Backend::aside`], beside the
+/// input gradient's and what follows: the returned ticket orders a later write of `dout` or
+/// `inp` after it ([`Backend::wait_aside`]), and the segment's [`Backend::join_aside`] the
+/// rounding of its gradients.
 #[allow(clippy::too_many_arguments)]
+#[must_use = "a later write of `dout` or `inp` waits for the weight gradient's GEMM"]
 fn linear_bwd<B: Backend>(
     be: &B,
     dinp: Option<(B::ViewMut<'_>, f32, usize, bool)>,
@@ -673,15 +677,15 @@ fn linear_bwd<B: Backend>(
     n: usize,
     lda: usize,
     with_db: bool,
-) {
-    {
+) -> Aside {
+    let weights = be.aside(|| {
         let mut gw = be.sub_mut(grads, l.w());
         let g = Gemm {
             ldb: lda,
             ..Gemm::dense(l.out, l.inp, n, true, false, 1.0)
         };
         be.gemm_to_epilogue(&g, dout, inp, be.sub_mut(&mut gw, 0..l.out * l.inp));
-    }
+    });
     if let Some((d, beta, ldc, to_epilogue)) = dinp {
         let g = Gemm {
             ldc,
@@ -696,6 +700,7 @@ fn linear_bwd<B: Backend>(
     if with_db {
         be.bias_grad(be.sub_mut(grads, l.b()), dout, n, l.out);
     }
+    weights
 }
 
 /// The forward pass; leaves logits in `a.logits` and everything the backward needs in `a`.
@@ -1138,7 +1143,9 @@ where
     {
         let p = src.fetch(tail)?;
         let mut g = sink.fetch(tail)?;
-        linear_bwd(
+        // The two weight gradients' inputs are not written again in this segment: its
+        // `join_aside` orders them.
+        let _ = linear_bwd(
             be,
             Some((be.view_mut(&mut a.dpool), 0.0, h, false)),
             &mut g,
@@ -1160,7 +1167,7 @@ where
         );
         // Only the [CLS] rows receive a gradient from the pooler.
         be.zero(be.view_mut(&mut a.dx));
-        linear_bwd(
+        let _ = linear_bwd(
             be,
             Some((be.view_mut(&mut a.dx), 0.0, t * h, false)),
             &mut g,
@@ -1172,7 +1179,9 @@ where
             t * h,
             true,
         );
-        // The segment's weight gradients, left unrounded by `linear_bwd`, in one pass.
+        // The segment's weight gradients, left unrounded by `linear_bwd`, in one pass, once
+        // their GEMMs are done.
+        be.join_aside();
         be.round_stored(g);
     }
     src.release(tail)?;
@@ -1203,7 +1212,9 @@ where
                     h,
                 );
             }
-            linear_bwd(
+            // Its weight gradient reads a.dres, which the attention block's LayerNorm below
+            // writes again: that waits for it.
+            let out_weights = linear_bwd(
                 be,
                 Some((be.view_mut(&mut a.dact), 0.0, im, true)),
                 &mut g,
@@ -1225,7 +1236,9 @@ where
                 n,
                 im,
             );
-            linear_bwd(
+            // Its inputs (a.dinter, la.x1) are not written again in this layer: the layer's
+            // `join_aside` orders them.
+            let _ = linear_bwd(
                 be,
                 Some((be.view_mut(&mut a.dx1), 1.0, h, false)),
                 &mut g,
@@ -1245,6 +1258,7 @@ where
                 let (dl, mut gln) = be.split_at_mut(&mut gl, h);
                 let (dw, db) = be.split_at_mut(&mut gln, h);
                 let d = site(|d| d.hidden, site_layer(l, 1));
+                be.wait_aside(out_weights);
                 be.layernorm_bwd_split_bias_grad(
                     (&mut a.dres, &mut a.dx, d.as_ref()),
                     (dw, db, dl),
@@ -1257,7 +1271,8 @@ where
                     h,
                 );
             }
-            linear_bwd(
+            // Its inputs (a.dres, la.ctx) are not written again in this layer.
+            let _ = linear_bwd(
                 be,
                 Some((be.view_mut(&mut a.dctx), 0.0, h, false)),
                 &mut g,
@@ -1298,17 +1313,18 @@ where
             // row leaves its softmax unchanged); summing dk would only produce rounding noise, which
             // Adam's normalisation would turn into a random walk. So it is not accumulated.
             // The three weight gradients as one batched GEMM (left unrounded, as `linear_bwd`
-            // leaves them), then d(x) += dq·Wq, dk·Wk, dv·Wv in that order (`linear_bwd`'s
-            // input gradients), then the biases' sums.
+            // leaves them; aside, as its weight gradients, beside what follows, which writes
+            // neither dqkv nor x), then d(x) += dq·Wq, dk·Wk, dv·Wv in that order
+            // (`linear_bwd`'s input gradients), then the biases' sums.
             let (ws, dqkv) = (ll.qkv_stride(), be.view(&a.dqkv));
-            {
+            let _ = be.aside(|| {
                 let g3 = Gemm {
                     ldb: h,
                     ..Gemm::dense(ll.q.out, ll.q.inp, n, true, false, 1.0)
                 };
                 let gw = be.sub_mut(&mut g, ll.q.w..ll.v.w().end);
                 be.gemm_items_to_epilogue(&g3, 3, [n * h, 0, ws], dqkv, x, gw);
-            }
+            });
             for (j, lin) in [ll.q, ll.k, ll.v].into_iter().enumerate() {
                 let gx = Gemm::dense(n, lin.inp, lin.out, false, false, 1.0);
                 let d = be.sub(dqkv, j * n * h..(j + 1) * n * h);
@@ -1326,7 +1342,9 @@ where
                 2 * ws,
             );
             // The layer's six weight gradients, left unrounded by `linear_bwd`, in one pass
-            // (the biases' and LayerNorms' are rounded already, and stay as they are).
+            // once their GEMMs are done (the biases' and LayerNorms' are rounded already, and
+            // stay as they are).
+            be.join_aside();
             be.round_stored(g);
         }
         src.release(1 + l)?;

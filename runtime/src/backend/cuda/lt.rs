@@ -435,18 +435,21 @@ impl Lt {
     ///
     /// # Safety
     /// The operands hold every item's extent for `shape`, with the alignments it states;
-    /// `stream` belongs to the context current on the calling thread. A shape without a plan
-    /// ([`Lt::ready`]; made here if not yet) is refused before anything is queued.
+    /// `stream` belongs to the context current on the calling thread; `workspace` (`None`: the
+    /// handle's) is as long as the handle's and no GEMM on another stream uses it meanwhile. A
+    /// shape without a plan ([`Lt::ready`]; made here if not yet) is refused before anything is
+    /// queued.
     pub unsafe fn matmul(
         &self,
         shape: &Shape,
         (alpha, beta): (f32, f32),
         [first, second, c]: [u64; 3],
         stream: *mut c_void,
+        workspace: Option<u64>,
     ) -> Result<(), Refused> {
         let run = |plan: &Plan| {
             let chosen = (&plan.descs, &plan.cand);
-            self.matmul_with(chosen, (alpha, beta), [first, second, c], stream)
+            self.matmul_on(chosen, (alpha, beta), [first, second, c], stream, workspace)
                 .map_err(Refused::Failed)
         };
         self.with_plan(shape, run)
@@ -468,10 +471,23 @@ impl Lt {
     /// As [`Lt::matmul`], for the shape `descs` describes.
     pub unsafe fn matmul_with(
         &self,
+        chosen: (&Descs, &Candidate),
+        alpha_beta: (f32, f32),
+        ptrs: [u64; 3],
+        stream: *mut c_void,
+    ) -> Result<(), sys::cublasStatus_t> {
+        self.matmul_on(chosen, alpha_beta, ptrs, stream, None)
+    }
+
+    /// [`Lt::matmul_with`] with the workspace at `workspace` (as long as the handle's; `None`:
+    /// the handle's), for a GEMM on another stream than the one the handle's workspace serves.
+    unsafe fn matmul_on(
+        &self,
         (descs, cand): (&Descs, &Candidate),
         (alpha, beta): (f32, f32),
         [first, second, c]: [u64; 3],
         stream: *mut c_void,
+        workspace: Option<u64>,
     ) -> Result<(), sys::cublasStatus_t> {
         let [la, lb, lc] = descs.layouts;
         ok(sys::cublasLtMatmul(
@@ -488,7 +504,7 @@ impl Lt {
             c as *mut c_void,
             lc,
             &cand.algo,
-            self.workspace.0 as *mut c_void,
+            workspace.unwrap_or(self.workspace.0) as *mut c_void,
             cand.workspace,
             stream as sys::cudaStream_t,
         ))

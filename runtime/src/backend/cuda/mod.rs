@@ -31,7 +31,7 @@ use cudarc::nvrtc::Ptx;
 use super::device::{Arg, Device, Launch};
 use super::kernels::{all_kernel_names, dtype_arg, gemm_pointers, grid1, int};
 use super::profile::Profile;
-use super::{Batch, Gemm};
+use super::{Aside, Batch, Gemm};
 use crate::precision::Dtype;
 use memo::Memo;
 
@@ -312,6 +312,11 @@ pub struct CudaDevice {
     /// own, as the legacy default stream cannot be captured.
     graphs_on: bool,
     captures: Mutex<Captures>,
+    /// The weight gradients' stream ([`Device::aside`]); `None` with `RECIPE_SIDE_STREAM=0` or
+    /// without cuBLASLt (cuBLAS's handle is bound to the compute stream).
+    side: Option<Side>,
+    /// Whether the side stream is missing for want of memory for its workspace.
+    side_missing: bool,
 }
 
 /// How [`Device::gemm_half`] and [`Device::gemm_batched`] hand their operands, f32 buffers
@@ -358,11 +363,26 @@ pub fn graphs_from_env() -> Result<bool, CudaError> {
 
 /// The choice a value of `RECIPE_CUDA_GRAPHS` (`None`: unset) makes.
 fn graphs_parse(v: Option<&str>) -> Result<bool, CudaError> {
+    switch(
+        ("RECIPE_CUDA_GRAPHS", v),
+        ["1", "0"],
+        "`1` (capture, the default) or `0` (direct launches) (docs/cuda.md, \"CUDA graphs\")",
+    )
+}
+
+/// A two-way setting `(name, value)`: `on` (or unset, or empty) is true, `off` false, and
+/// anything else refused by name with what `expected` says.
+fn switch(
+    (name, v): (&str, Option<&str>),
+    [on, off]: [&str; 2],
+    expected: &str,
+) -> Result<bool, CudaError> {
     match v {
-        None | Some("" | "1") => Ok(true),
-        Some("0") => Ok(false),
+        None | Some("") => Ok(true),
+        Some(x) if x == on => Ok(true),
+        Some(x) if x == off => Ok(false),
         Some(other) => Err(CudaError::Setting(format!(
-            "RECIPE_CUDA_GRAPHS={other}: expected `1` (capture, the default) or `0` (direct launches) (docs/cuda.md, \"CUDA graphs\")"
+            "{name}={other}: expected {expected}"
         ))),
     }
 }
@@ -376,12 +396,63 @@ pub fn lt_from_env() -> Result<bool, CudaError> {
 
 /// The choice a value of `RECIPE_GEMM_LIBRARY` (`None`: unset) makes.
 fn lt_parse(v: Option<&str>) -> Result<bool, CudaError> {
-    match v {
-        None | Some("" | "cublaslt") => Ok(true),
-        Some("cublas") => Ok(false),
-        Some(other) => Err(CudaError::Setting(format!(
-            "RECIPE_GEMM_LIBRARY={other}: expected `cublaslt` (the default) or `cublas` (docs/cuda.md, \"GEMMs\")"
-        ))),
+    switch(
+        ("RECIPE_GEMM_LIBRARY", v),
+        ["cublaslt", "cublas"],
+        "`cublaslt` (the default) or `cublas` (docs/cuda.md, \"GEMMs\")",
+    )
+}
+
+/// Whether weight gradients' GEMMs may run on a second stream ([`Device::aside`]): yes unless
+/// `RECIPE_SIDE_STREAM=0` (for an A/B on a GPU, `scripts/gpu-throughput.sh`). `Err` names a
+/// value it does not know.
+pub fn side_from_env() -> Result<bool, CudaError> {
+    side_parse(std::env::var("RECIPE_SIDE_STREAM").ok().as_deref())
+}
+
+/// The choice a value of `RECIPE_SIDE_STREAM` (`None`: unset) makes.
+fn side_parse(v: Option<&str>) -> Result<bool, CudaError> {
+    switch(
+        ("RECIPE_SIDE_STREAM", v),
+        ["1", "0"],
+        "`1` (weight gradients beside the rest, the default) or `0` (one stream) (docs/cuda.md, \"GEMMs\")",
+    )
+}
+
+/// The second stream of [`Device::aside`]'s GEMMs, with a cuBLASLt workspace of its own (two
+/// GEMMs running at once must not share one; cuBLAS's documentation asks the same of a handle
+/// used on several streams for its results to be reproducible), both made when the GPU opens:
+/// nothing is allocated in the step loop or in a capture.
+struct Side {
+    stream: Arc<CudaStream>,
+    workspace: CudaSlice<u8>,
+    state: Mutex<SideState>,
+}
+
+/// What [`Side`]'s stream holds that the compute stream has not waited for.
+struct SideState {
+    /// Inside a [`Device::aside`] call: its GEMMs may go to the side stream.
+    open: bool,
+    /// A GEMM of the open call went there.
+    used: bool,
+    /// GEMMs went there since the compute stream last waited for all of them.
+    pending: bool,
+    /// Each ticket's event (ticket `i + 1`), recorded on the side stream after its call's
+    /// GEMMs; cleared when the compute stream waits for everything.
+    events: Vec<cudarc::driver::CudaEvent>,
+    /// The ticket of `events[0]`: tickets count from 1 ([`Aside::DONE`] is 0).
+    first: usize,
+}
+
+impl Default for SideState {
+    fn default() -> SideState {
+        SideState {
+            open: false,
+            used: false,
+            pending: false,
+            events: Vec::new(),
+            first: 1,
+        }
     }
 }
 
@@ -614,6 +685,7 @@ impl CudaDevice {
         let operands = HalfOperands::from_env()?;
         let graphs_on = graphs_from_env()?;
         let lt_on = lt_from_env()?;
+        let side_on = side_from_env()?;
         let p = require()?;
         if ordinal >= p.devices {
             return Err(CudaError::Driver(format!(
@@ -663,6 +735,24 @@ impl CudaDevice {
         } else {
             None
         };
+        // Without room for its workspace, one stream: the run goes on as with
+        // `RECIPE_SIDE_STREAM=0`, and `libraries` says so.
+        let side = if lt.is_some() && side_on {
+            let stream = ctx
+                .new_stream()
+                .map_err(driver_err("creating the side stream"))?;
+            stream
+                .alloc_zeros::<u8>(blas_workspace.len())
+                .ok()
+                .map(|workspace| Side {
+                    stream,
+                    workspace,
+                    state: Mutex::default(),
+                })
+        } else {
+            None
+        };
+        let side_missing = lt.is_some() && side_on && side.is_none();
         Ok(CudaDevice {
             ctx,
             stream,
@@ -688,6 +778,8 @@ impl CudaDevice {
             operands,
             graphs_on,
             captures: Mutex::default(),
+            side,
+            side_missing,
         })
     }
 
@@ -697,7 +789,7 @@ impl CudaDevice {
     }
 
     /// The libraries this device runs on, e.g. "driver 13.0, NVRTC 13.0, cuBLAS 130100, cuBLASLt
-    /// 130100": which copies the loader found (a CUDA 12 cuBLAS found first by its unversioned
+    /// 130100, weight gradients on a second stream": which copies the loader found (a CUDA 12 cuBLAS found first by its unversioned
     /// name would show here), and, once GEMMs ran, how many of their shapes cuBLASLt had no
     /// algorithm for ([`lt::Lt::describe`]).
     pub fn libraries(&self) -> String {
@@ -708,8 +800,14 @@ impl CudaDevice {
             .lt
             .as_ref()
             .map_or_else(|| "GEMMs on cuBLAS".to_string(), |lt| lt.describe());
+        let streams = match (&self.side, self.side_missing) {
+            (Some(_), _) => "weight gradients on a second stream",
+            (None, true) => "one stream (no memory for a second GEMM workspace)",
+            (None, false) if self.lt.is_some() => "one stream (RECIPE_SIDE_STREAM=0)",
+            (None, false) => "one stream",
+        };
         format!(
-            "driver {}.{}, NVRTC {nvrtc}, cuBLAS {}, {lt}",
+            "driver {}.{}, NVRTC {nvrtc}, cuBLAS {}, {lt}, {streams}",
             driver / 1000,
             driver % 1000 / 10,
             self.blas_version
@@ -732,19 +830,43 @@ impl CudaDevice {
     /// shape then stays on cuBLAS, and the self-test names it); the caller then runs cuBLAS's
     /// call. `ptrs` are the column-major call's first operand (our `B`), second (our `A`) and
     /// C.
-    fn through_lt(&self, shape: &lt::Shape, g: &Gemm, ptrs: [u64; 3], name: &'static str) -> bool {
+    ///
+    /// `direct`: the operands are the caller's buffers, not scratch a later GEMM's packs may
+    /// overwrite, so inside an [`Device::aside`] call the GEMM may go to the side stream
+    /// ([`CudaDevice::side_lane`]).
+    fn through_lt(
+        &self,
+        shape: &lt::Shape,
+        g: &Gemm,
+        ptrs: [u64; 3],
+        name: &'static str,
+        direct: bool,
+    ) -> bool {
         let Some(lt) = &self.lt else {
             return false;
         };
         if shape.cm.m == 0 || shape.cm.n == 0 || shape.cm.k == 0 || !lt.ready(shape) {
             return false;
         }
-        let stream = self.stream.cu_stream() as *mut c_void;
+        let (stream, workspace) = match self.side_lane(direct) {
+            Some(side) => (
+                side.stream.cu_stream(),
+                Some(cudarc::driver::DevicePtr::device_ptr(&side.workspace, &side.stream).0),
+            ),
+            None => (self.stream.cu_stream(), None),
+        };
         // SAFETY: the callers check that the operands hold every item's extent for the shape,
-        // whose alignments are their addresses' (`lt::alignment`); the stream is this device's,
-        // its context bound by the caller.
+        // whose alignments are their addresses' (`lt::alignment`); the stream is this device's
+        // (the compute stream, or the side stream with its own workspace, as long as the
+        // main one), its context bound by the caller.
         let r = self.timed(name, || unsafe {
-            lt.matmul(shape, (g.alpha, g.beta), ptrs, stream)
+            lt.matmul(
+                shape,
+                (g.alpha, g.beta),
+                ptrs,
+                stream as *mut c_void,
+                workspace,
+            )
         });
         match r {
             Ok(()) => true,
@@ -757,6 +879,28 @@ impl CudaDevice {
         }
     }
 
+    /// The side stream for a GEMM inside an open [`Device::aside`] call that reads its operands
+    /// as they are (`direct`), ordered after everything queued on the compute stream so far (an
+    /// event it waits for). `None`: no side stream, no open call, or a profile, whose events
+    /// time the compute stream's operations one after another.
+    fn side_lane(&self, direct: bool) -> Option<&Side> {
+        let side = self.side.as_ref()?;
+        if !direct || self.profiling.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        let mut st = side.state.lock().unwrap_or_else(|p| p.into_inner());
+        if !st.open {
+            return None;
+        }
+        if let Err(e) = side.stream.join(&self.stream) {
+            self.record("ordering a GEMM on the side stream", e);
+            return None;
+        }
+        st.used = true;
+        st.pending = true;
+        Some(side)
+    }
+
     /// Waits for the stream's work. cudarc's `synchronize` returns an error an earlier
     /// asynchronous call left in the context without waiting, so after one it waits a second
     /// time: the host must not read a buffer a copy is still writing. With NCCL peers
@@ -764,6 +908,7 @@ impl CudaDevice {
     /// than the collectives' timeout, aborts the communicator (which ends its kernels), records
     /// why, and then waits.
     fn drain(&self, what: &str) {
+        self.join_aside();
         let watch = self.watch.lock().unwrap_or_else(|p| p.into_inner()).clone();
         if let Some(w) = watch {
             self.watched(what, &w);
@@ -851,6 +996,7 @@ impl CudaDevice {
     }
 
     fn blocking(&self, what: &str) {
+        self.join_aside();
         if let Err(e) = self.stream.synchronize() {
             self.record(what, e);
             if let Err(e) = self.stream.synchronize() {
@@ -911,6 +1057,7 @@ impl CudaDevice {
     /// recorded; whether it was capturing. Raw driver calls: cudarc's would return early on an
     /// error left in the context and leave the stream capturing. The context must be bound.
     fn discard_capture(&self) -> bool {
+        self.join_aside();
         let stream = self.stream.cu_stream();
         // SAFETY: this device's stream, on its bound context.
         let status = unsafe { drv::stream::is_capturing(stream) };
@@ -1067,6 +1214,8 @@ impl CudaDevice {
                 }
             },
         };
+        // After the side stream's GEMMs too: the copies read what they write.
+        self.join_aside();
         if let Err(e) = copies.join(&self.stream) {
             self.record("ordering a copy after the work", e);
             return None;
@@ -1598,6 +1747,74 @@ impl Device for CudaDevice {
         self.launch_raw(name, l, args);
     }
 
+    fn aside(&self, f: impl FnOnce()) -> Aside {
+        let Some(side) = &self.side else {
+            f();
+            return Aside::DONE;
+        };
+        {
+            let mut st = side.state.lock().unwrap_or_else(|p| p.into_inner());
+            if st.open {
+                // Nested: the outer call's ticket covers these GEMMs.
+                drop(st);
+                f();
+                return Aside::DONE;
+            }
+            st.open = true;
+            st.used = false;
+        }
+        f();
+        let mut st = side.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.open = false;
+        if !st.used {
+            return Aside::DONE;
+        }
+        match side.stream.record_event(None) {
+            Ok(e) => {
+                st.events.push(e);
+                Aside(st.first + st.events.len() - 1)
+            }
+            Err(e) => {
+                drop(st);
+                self.record("marking the side stream's GEMMs", e);
+                self.join_aside();
+                Aside::DONE
+            }
+        }
+    }
+
+    fn wait_aside(&self, t: Aside) {
+        let Some(side) = &self.side else {
+            return;
+        };
+        let st = side.state.lock().unwrap_or_else(|p| p.into_inner());
+        // A ticket before `first` was joined already.
+        let Some(e) = t.0.checked_sub(st.first).and_then(|i| st.events.get(i)) else {
+            return;
+        };
+        if let Err(e) = self.stream.wait(e) {
+            drop(st);
+            self.record("waiting for the side stream's GEMMs", e);
+        }
+    }
+
+    fn join_aside(&self) {
+        let Some(side) = &self.side else {
+            return;
+        };
+        let mut st = side.state.lock().unwrap_or_else(|p| p.into_inner());
+        if !st.pending {
+            return;
+        }
+        st.pending = false;
+        st.first += st.events.len();
+        st.events.clear();
+        if let Err(e) = self.stream.join(&side.stream) {
+            drop(st);
+            self.record("joining the side stream", e);
+        }
+    }
+
     fn gemm(&self, g: &Gemm, a: DevView<'_>, b: DevView<'_>, c: DevViewMut<'_>) {
         let f32s = [a.elem, b.elem, c.elem] == [Dtype::F32; 3];
         assert!(f32s, "an f32 GEMM on a 16-bit buffer");
@@ -1616,7 +1833,7 @@ impl Device for CudaDevice {
         };
         // The views are live allocations large enough for the shapes (the model checks its
         // shapes before calling).
-        if self.through_lt(&shape, g, [b.ptr, a.ptr, c.ptr], "cublasLt gemm f32") {
+        if self.through_lt(&shape, g, [b.ptr, a.ptr, c.ptr], "cublasLt gemm f32", true) {
             self.gemm_wrote(c.ptr, g.spans().2);
             return;
         }
@@ -1733,7 +1950,8 @@ impl Device for CudaDevice {
             align: [pb, pa, c.ptr].map(|p| lt::alignment(p, 0)),
         };
         // The operands hold the spans the shapes read (asserted above).
-        if self.through_lt(&shape, g, [pb, pa, c.ptr], lt_name) {
+        let direct = pa == a.ptr && pb == b.ptr;
+        if self.through_lt(&shape, g, [pb, pa, c.ptr], lt_name, direct) {
             packs.memo.written(c.ptr, size(c.elem) * g.spans().2 as u64);
             return;
         }
@@ -1923,7 +2141,13 @@ impl Device for CudaDevice {
         // A strided batch (one stride per operand) through cuBLASLt; item j's operands start j
         // strides into the operands (or their copies), inside their extents (asserted above).
         let in_lt = batch.inner == 1
-            && self.through_lt(&lt_shape(batch.count), g, [ptrs.1, ptrs.0, ptrs.2], lt_name);
+            && self.through_lt(
+                &lt_shape(batch.count),
+                g,
+                [ptrs.1, ptrs.0, ptrs.2],
+                lt_name,
+                (ptrs.0, ptrs.1, ptrs.2) == (a.ptr, b.ptr, c.ptr),
+            );
         let r = if in_lt {
             Ok(())
         } else if batch.inner == 1 {
@@ -2179,6 +2403,8 @@ impl Device for CudaDevice {
         // The packs recorded in the capture never ran: a pass run directly after a failed
         // capture must not find them current.
         self.wrote();
+        // A stream forked into the capture must be joined back before it ends.
+        self.join_aside();
         let capturing = {
             let c = self.captures.lock().unwrap_or_else(|p| p.into_inner());
             c.capturing.is_some()
@@ -2276,6 +2502,18 @@ mod tests {
             e.contains("RECIPE_GEMM_LIBRARY=lt: expected `cublaslt`"),
             "{e}"
         );
+    }
+
+    /// Weight gradients go to a second stream unless `RECIPE_SIDE_STREAM=0`; another value is
+    /// refused by name.
+    #[test]
+    fn weight_gradients_go_aside_unless_told_0() {
+        assert!(side_parse(None).unwrap());
+        assert!(side_parse(Some("")).unwrap());
+        assert!(side_parse(Some("1")).unwrap());
+        assert!(!side_parse(Some("0")).unwrap());
+        let e = side_parse(Some("off")).unwrap_err().to_string();
+        assert!(e.contains("RECIPE_SIDE_STREAM=off: expected `1`"), "{e}");
     }
 
     /// Unset or empty packs; `convert` converts in cuBLAS; anything else is refused by name.

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::device::{Arg, Device, Launch};
-use super::{AttnShape, Backend, Batch, Dropout, Gemm, Loss, Stride, BIAS_ROWS};
+use super::{Aside, AttnShape, Backend, Batch, Dropout, Gemm, Loss, Stride, BIAS_ROWS};
 use crate::precision::Dtype;
 
 /// Threads per block of the 1-D kernels (`BLOCK` in common.cuh).
@@ -575,6 +575,18 @@ impl<D: Device> Backend for Kernels<D> {
             Dtype::F32
         };
         self.dev.gemm_batched(g, &batch, a, b, c, operands);
+    }
+
+    fn aside(&self, f: impl FnOnce()) -> Aside {
+        self.dev.aside(f)
+    }
+
+    fn wait_aside(&self, t: Aside) {
+        self.dev.wait_aside(t)
+    }
+
+    fn join_aside(&self) {
+        self.dev.join_aside()
     }
 
     fn round_stored(&self, v: D::ViewMut<'_>) {

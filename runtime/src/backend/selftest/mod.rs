@@ -279,6 +279,24 @@ impl<B: Backend> Checker<'_, B> {
                 self.compare(&name, &got, &want);
             }
         }
+        // A weight gradient's GEMM aside (a second stream on a GPU), its input then zeroed on
+        // the compute stream after `wait_aside`, its output rounded after `join_aside`: the
+        // product of the values before the zeroing.
+        let g = Gemm::dense(m, n, k, true, false, 1.0);
+        let (a, b) = (rand(k * m, 1.0, 13, st), rand(k * n, 1.0, 14, st));
+        let c0 = rand(m * n, 1.0, 15, st);
+        let bb = be.upload(&b);
+        let got = self.on_backend(&c0, |x, c| {
+            let mut ab = x.upload(&a);
+            let t = x.aside(|| x.gemm_to_epilogue(&g, x.view(&ab), x.view(&bb), x.view_mut(c)));
+            x.wait_aside(t);
+            x.zero(x.view_mut(&mut ab));
+            x.join_aside();
+            x.round_stored(x.view_mut(c));
+        });
+        let mut want = c0;
+        self.cpu.gemm(&g, &a, &b, &mut want);
+        self.compare("gemm.aside", &got, &want);
     }
 
     fn embedding_and_layernorm(&mut self) {
