@@ -561,16 +561,18 @@ fn gemm_candidates_are_timed_on_the_fake_gpu() {
     );
 }
 
-/// The weight gradients' GEMMs run on a second stream (`Backend::aside`: a layer's four
-/// beside its input gradients, each layer's joined before its gradients are rounded), with the
+/// The weight gradients' GEMMs and each segment's rounding run on a second stream
+/// (`Backend::aside`: beside the input gradients and the next layer's first kernels), with the
 /// same bits as on one stream (`RECIPE_SIDE_STREAM=0`). The fake proves the ordering under two
 /// adversarial schedules (`RECIPE_FAKE_CUDA_LAZY`, on asynchronous streams and without graphs,
-/// whose replays run in order): the side stream's GEMMs as late as the waits allow (a missing
-/// wait lets the compute stream overwrite an input first: without the wait before the attention
-/// block's LayerNorm backward, which writes the feed-forward's output gradient again, the
-/// gradient norms differ), and the compute stream as late as they allow (a missing fork lets a
-/// GEMM read its inputs before they are written). With graphs, the captures hold the fork and
-/// join (the fake refuses a capture that ends with a stream not joined back).
+/// whose replays run in order): the side stream's work as late as the waits allow (a missing
+/// wait lets the compute stream overwrite an input first: without the wait before either
+/// LayerNorm backward that writes the output gradient a weight gradient reads, or the
+/// backward's final join, the gradient norms differ), and the compute stream as late as they
+/// allow (a missing fork lets a GEMM read its inputs before they are written). With graphs,
+/// the captures hold the forks and joins (the fake refuses a capture that ends with a stream
+/// not joined back). ZeRO-2's reductions between two GPUs and the offload's copies read a
+/// segment as the backward hands it on: with the side stream late, the same bits as on one.
 #[test]
 fn weight_gradients_beside_the_rest_keep_the_bits() {
     let dir = workspace("fake-side", TINY);
@@ -603,4 +605,36 @@ fn weight_gradients_beside_the_rest_keep_the_bits() {
     assert_eq!(s["lt_streams"], 2, "{s}");
     assert!(s["graph_launches"].as_u64().unwrap() > 0, "{s}");
     assert_eq!((other, other_norms), (steps, norms), "with graphs");
+    // The sinks that read a segment's gradients as the backward hands it on (ZeRO-2's
+    // reductions between two GPUs, the offload's copies to the host) join the side stream
+    // first, also when it runs late.
+    std::fs::write(dir.join("zero2.rcp"), format!("{TINY}zero 2\n")).unwrap();
+    let offload = format!("{TINY}zero 2 {{ offload optimizer = cpu }}\n");
+    std::fs::write(dir.join("offload.rcp"), offload).unwrap();
+    let fp16 = ["--set", "train.precision=fp16"];
+    for (name, recipe, gpus) in [("zero2", "zero2.rcp", 2), ("offload", "offload.rcp", 1)] {
+        let mut args = vec!["--gpus", if gpus == 2 { "2" } else { "1" }];
+        args.extend_from_slice(&fp16);
+        let mut runs = Vec::new();
+        for (tag, env) in [
+            (
+                "one-stream",
+                [("RECIPE_SIDE_STREAM", "0"), ("RECIPE_CUDA_GRAPHS", "0")],
+            ),
+            (
+                "lazy",
+                [
+                    ("RECIPE_FAKE_CUDA_LAZY", "others"),
+                    ("RECIPE_CUDA_GRAPHS", "0"),
+                ],
+            ),
+        ] {
+            let run = format!("{name}-{tag}");
+            let mut env = env.to_vec();
+            env.push(("RECIPE_FAKE_CUDA_ASYNC", "20"));
+            let (_, steps) = against_the_cpu(&dir, &run, recipe, &args, gpus, &env, 1e-5);
+            runs.push((steps, norms_and_eval(&dir.join(format!("{run}-cuda")))));
+        }
+        assert_eq!(runs[0], runs[1], "{name}: lazy not the one-stream run's");
+    }
 }

@@ -250,9 +250,10 @@ pub trait Device {
             }
         }
     }
-    /// [`crate::backend::Backend::aside`]: runs `f`, whose GEMMs that read their operands as
-    /// they are (nothing packed or widened into scratch) a GPU may queue on a second stream,
-    /// after everything queued before them. By default `f` runs in order with the rest.
+    /// [`crate::backend::Backend::aside`]: runs `f`, whose kernels and GEMMs a GPU may queue on
+    /// a second stream, each after everything queued before it (a GEMM whose operands are packed
+    /// or widened into scratch stays on the compute stream, with its packs: later packs reuse
+    /// the scratch). By default `f` runs in order with the rest.
     fn aside(&self, f: impl FnOnce()) -> Aside {
         f();
         Aside::DONE

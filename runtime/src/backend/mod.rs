@@ -418,12 +418,13 @@ pub trait Backend {
         }
     }
 
-    /// Runs `f`, whose GEMMs (a layer's weight gradients) a device may queue where they run
-    /// beside what is queued after them: a second stream on a GPU, whose GEMMs start after
-    /// everything queued before them and fill the SMs the other stream's GEMMs leave idle.
-    /// Nothing queued after `f` may write what its GEMMs read, nor read what they write, before
-    /// [`Backend::wait_aside`] with the returned ticket or [`Backend::join_aside`]. The results
-    /// are the same bits either way. By default `f` simply runs.
+    /// Runs `f`, whose work (a layer's weight gradients and their rounding) a device may queue
+    /// where it runs beside what is queued after it: a second stream on a GPU, whose GEMMs and
+    /// kernels start after everything queued before them and fill the SMs the other stream's
+    /// leave idle. Nothing queued after `f` may write what its work reads, nor read what it
+    /// writes, before [`Backend::wait_aside`] with the returned ticket (which covers every
+    /// `aside` call before it too) or [`Backend::join_aside`]. The results are the same bits
+    /// either way. By default `f` simply runs.
     fn aside(&self, f: impl FnOnce()) -> Aside {
         f();
         Aside::DONE

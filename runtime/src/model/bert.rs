@@ -662,8 +662,7 @@ fn linear_gemm<B: Backend>(
 /// that packs its operands to fp16/bf16 reads `dout`'s packed copy twice
 /// (`backend/cuda/memo.rs`). The weight gradient's GEMM goes [`Backend::aside`], beside the
 /// input gradient's and what follows: the returned ticket orders a later write of `dout` or
-/// `inp` after it ([`Backend::wait_aside`]), and the segment's [`Backend::join_aside`] the
-/// rounding of its gradients.
+/// `inp` after it ([`Backend::wait_aside`]); the segment's rounding goes aside after it.
 #[allow(clippy::too_many_arguments)]
 #[must_use = "a later write of `dout` or `inp` waits for the weight gradient's GEMM"]
 fn linear_bwd<B: Backend>(
@@ -1143,8 +1142,8 @@ where
     {
         let p = src.fetch(tail)?;
         let mut g = sink.fetch(tail)?;
-        // The two weight gradients' inputs are not written again in this segment: its
-        // `join_aside` orders them.
+        // Neither weight gradient's inputs (a.dlogits, a.pool_drop; a.dpool2, the last hidden
+        // states) are written again in the pass.
         let _ = linear_bwd(
             be,
             Some((be.view_mut(&mut a.dpool), 0.0, h, false)),
@@ -1179,14 +1178,23 @@ where
             t * h,
             true,
         );
-        // The segment's weight gradients, left unrounded by `linear_bwd`, in one pass, once
-        // their GEMMs are done.
-        be.join_aside();
-        be.round_stored(g);
+        // The segment's weight gradients, left unrounded by `linear_bwd`, in one pass, aside
+        // after their GEMMs (a sink that reads them joins first).
+        let _ = be.aside(|| be.round_stored(g));
     }
     src.release(tail)?;
     sink.done(tail)?;
 
+    // The layer above's aside work, in the side stream's order (a ticket covers every aside
+    // call before it): the feed-forward's two weight gradients, the attention output's, q, k
+    // and v's, then the rounding. This layer writes again what it reads: a.dres first (its
+    // first LayerNorm backward), so that waits for the attention output's weight gradient
+    // (`above`), which covers the feed-forward input's before gelu_bwd writes a.dinter; q, k
+    // and v's weight gradients and the rounding (a.dqkv) are covered by this layer's own wait
+    // before its second LayerNorm backward, queued after them, before the attention backward
+    // writes a.dqkv. So the layer above's last GEMMs and its rounding run beside this layer's
+    // first kernels (tests/fake_cuda.rs's lazy schedules find any write that overtakes them).
+    let mut above = Aside::DONE;
     for l in (0..layers).rev() {
         let (ll, la) = (&lay.layers[l], &a.layers[l]);
         {
@@ -1200,6 +1208,7 @@ where
                 let (dl, mut gln) = be.split_at_mut(&mut gl, h);
                 let (dw, db) = be.split_at_mut(&mut gln, h);
                 let d = site(|d| d.hidden, site_layer(l, 2));
+                be.wait_aside(above);
                 be.layernorm_bwd_split_bias_grad(
                     (&mut a.dres, &mut a.dx1, d.as_ref()),
                     (dw, db, dl),
@@ -1236,8 +1245,8 @@ where
                 n,
                 im,
             );
-            // Its inputs (a.dinter, la.x1) are not written again in this layer: the layer's
-            // `join_aside` orders them.
+            // Its inputs: a.dinter (written again by the next layer's gelu_bwd, after `above`)
+            // and la.x1.
             let _ = linear_bwd(
                 be,
                 Some((be.view_mut(&mut a.dx1), 1.0, h, false)),
@@ -1271,8 +1280,9 @@ where
                     h,
                 );
             }
-            // Its inputs (a.dres, la.ctx) are not written again in this layer.
-            let _ = linear_bwd(
+            // Its inputs: a.dres (written again by the next layer's first LayerNorm backward,
+            // which waits) and la.ctx.
+            let attn_out = linear_bwd(
                 be,
                 Some((be.view_mut(&mut a.dctx), 0.0, h, false)),
                 &mut g,
@@ -1313,9 +1323,11 @@ where
             // row leaves its softmax unchanged); summing dk would only produce rounding noise, which
             // Adam's normalisation would turn into a random walk. So it is not accumulated.
             // The three weight gradients as one batched GEMM (left unrounded, as `linear_bwd`
-            // leaves them; aside, as its weight gradients, beside what follows, which writes
-            // neither dqkv nor x), then d(x) += dq·Wq, dk·Wk, dv·Wv in that order
-            // (`linear_bwd`'s input gradients), then the biases' sums.
+            // leaves them; aside, as its weight gradients, reading a.dqkv, which the next
+            // layer's attention backward writes again after waits that cover it, and the
+            // layer's input),
+            // then d(x) += dq·Wq, dk·Wk, dv·Wv in that order (`linear_bwd`'s input gradients),
+            // then the biases' sums.
             let (ws, dqkv) = (ll.qkv_stride(), be.view(&a.dqkv));
             let _ = be.aside(|| {
                 let g3 = Gemm {
@@ -1341,11 +1353,11 @@ where
                 2 * n * h,
                 2 * ws,
             );
-            // The layer's six weight gradients, left unrounded by `linear_bwd`, in one pass
-            // once their GEMMs are done (the biases' and LayerNorms' are rounded already, and
-            // stay as they are).
-            be.join_aside();
-            be.round_stored(g);
+            // The layer's six weight gradients, left unrounded by `linear_bwd`, in one pass,
+            // aside after their GEMMs (the biases' and LayerNorms' are rounded already, and
+            // stay as they are; a sink that reads them joins first).
+            let _ = be.aside(|| be.round_stored(g));
+            above = attn_out;
         }
         src.release(1 + l)?;
         sink.done(1 + l)?;
@@ -1360,6 +1372,8 @@ where
         {
             let mut gl = be.sub_mut(&mut g, lay.emb_ln.wb());
             let (dw, db) = be.split_at_mut(&mut gl, h);
+            // It writes a.dres, which the first layer's attention output gradient reads.
+            be.wait_aside(above);
             be.layernorm_bwd(
                 be.view_mut(&mut a.dres),
                 dw,
@@ -1390,5 +1404,7 @@ where
     }
     src.release(0)?;
     sink.done(0)?;
+    // Whoever reads the gradients next (the optimizer's norm, a sum) finds them done.
+    be.join_aside();
     Ok(loss)
 }

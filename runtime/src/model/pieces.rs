@@ -406,6 +406,8 @@ impl<D: Device> GradSink<Kernels<D>> for Scatter<'_, '_, D> {
         let Rank {
             k, peers, parts, ..
         } = self.rank;
+        // The segment's aside work (its weight gradients' GEMMs and rounding) first.
+        k.join_aside();
         let dev = k.device();
         let mut peers = peers.borrow_mut();
         let grad = &mut self.grad[seg % 2];

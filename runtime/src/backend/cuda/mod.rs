@@ -879,9 +879,9 @@ impl CudaDevice {
         }
     }
 
-    /// The side stream for a GEMM inside an open [`Device::aside`] call that reads its operands
-    /// as they are (`direct`), ordered after everything queued on the compute stream so far (an
-    /// event it waits for). `None`: no side stream, no open call, or a profile, whose events
+    /// The side stream for a kernel, or a GEMM that reads its operands as they are (`direct`),
+    /// inside an open [`Device::aside`] call, ordered after everything queued on the compute
+    /// stream so far (an event it waits for). `None`: no side stream, no open call, or a profile, whose events
     /// time the compute stream's operations one after another.
     fn side_lane(&self, direct: bool) -> Option<&Side> {
         let side = self.side.as_ref()?;
@@ -1379,6 +1379,11 @@ impl CudaDevice {
     /// operands that memory may have changed; this does not, for the GEMMs' own packs and
     /// address lists).
     fn launch_raw(&self, name: &'static str, l: Launch, args: &[Arg]) {
+        self.launch_on(name, l, args, &self.stream)
+    }
+
+    /// [`CudaDevice::launch_raw`] on `stream` (the compute stream, or the side stream).
+    fn launch_on(&self, name: &'static str, l: Launch, args: &[Arg], stream: &CudaStream) {
         let Some(f) = self.functions.get(name) else {
             panic!("kernel `{name}` is not in runtime/kernels");
         };
@@ -1399,7 +1404,7 @@ impl CudaDevice {
                 l.grid,
                 l.block,
                 l.smem,
-                self.stream.cu_stream(),
+                stream.cu_stream(),
                 &mut params,
             )
         });
@@ -1744,7 +1749,12 @@ impl Device for CudaDevice {
 
     fn launch(&self, name: &'static str, l: Launch, args: &[Arg]) {
         self.wrote();
-        self.launch_raw(name, l, args);
+        // Inside an `aside` call the model's kernels go to the side stream too (the packs and
+        // address lists of GEMMs stay on the compute stream: `launch_raw`).
+        match self.side_lane(true) {
+            Some(side) => self.launch_on(name, l, args, &side.stream),
+            None => self.launch_raw(name, l, args),
+        }
     }
 
     fn aside(&self, f: impl FnOnce()) -> Aside {

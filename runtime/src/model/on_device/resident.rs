@@ -730,6 +730,8 @@ impl<D: Device> crate::model::GradSink<Kernels<D>> for Summed<'_, D> {
     }
 
     fn done(&mut self, seg: usize) -> Result<(), ModelError> {
+        // The segment's aside work (its weight gradients' GEMMs and rounding) first.
+        self.k.join_aside();
         let dev = self.k.device();
         let s = dev.range_mut(self.grads, self.segs[seg].clone());
         // SAFETY: the accumulator is the state's, alive for the run; the backward writes only
@@ -764,6 +766,8 @@ impl<D: Device> crate::model::GradSink<Kernels<D>> for LandGrads<'_, D> {
 
     fn done(&mut self, seg: usize) -> Result<(), ModelError> {
         let (k, r) = (self.k, self.segs[seg].clone());
+        // The segment's aside work (its weight gradients' GEMMs and rounding) first.
+        k.join_aside();
         let dev = k.device();
         let done: &D::Buf = match &mut self.acc {
             None => self.grads,
