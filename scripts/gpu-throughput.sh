@@ -9,8 +9,9 @@
 # Ours runs again with its GEMMs on cuBLAS's `cublasGemmEx` family instead of cuBLASLt
 # (RECIPE_GEMM_LIBRARY=cublas, docs/cuda.md "GEMMs"), without the fused attention kernels
 # (RECIPE_FUSED_ATTENTION=0: the batched products and the softmax kernels, for the A/B), with
-# every GEMM on one stream (RECIPE_SIDE_STREAM=0: the weight gradients not beside the rest), and
-# profiled (`recipe run --profile`): $OUT/profile.json says where the GPU's time goes; ours runs
+# every GEMM on one stream (RECIPE_SIDE_STREAM=0: the weight gradients not beside the rest) and
+# with the weight gradients' stream of the compute stream's priority (RECIPE_SIDE_STREAM=equal),
+# and profiled (`recipe run --profile`): $OUT/profile.json says where the GPU's time goes; ours runs
 # with its passes replayed as CUDA graphs (the default, docs/cuda.md "CUDA graphs"), and once
 # more launching them directly (RECIPE_CUDA_GRAPHS=0).
 #
@@ -87,6 +88,7 @@ LIB=cublas ours cublas pack "$STEPS"
 GRAPHS=0 ours direct pack "$STEPS"
 FUSED=0 ours unfused pack "$STEPS"
 SIDE=0 ours one-stream pack "$STEPS"
+SIDE=equal ours side-equal pack "$STEPS"
 if [ "$DEVICE" = cuda ]; then
     ours profiled pack "$((WARM + 10))" --profile
     cp "$W/profiled/profile.json" "$OUT/profile.json" 2>/dev/null || true
@@ -120,6 +122,8 @@ out["recipe_direct"] = rate("direct")
 out["recipe_unfused_attention"] = rate("unfused")
 # And with every GEMM on one stream (RECIPE_SIDE_STREAM=0).
 out["recipe_one_stream"] = rate("one-stream")
+# And with the weight gradients' stream of the same priority (RECIPE_SIDE_STREAM=equal).
+out["recipe_side_equal"] = rate("side-equal")
 for run, key in (("profiled", "profile"),):
     try:
         p = json.load(open(f"{w}/{run}/profile.json"))
@@ -149,6 +153,9 @@ if ours and theirs:
     one_stream = out["recipe_one_stream"].get("samples_per_s")
     if one_stream:
         out["ratio_one_stream_over_torch"] = one_stream / theirs
+    side_equal = out["recipe_side_equal"].get("samples_per_s")
+    if side_equal:
+        out["ratio_side_equal_over_torch"] = side_equal / theirs
     if device == "cuda":
         out["peak_tflops_bf16"] = peak
         out["mfu_recipe"] = ours * flops_per_sample / (peak * 1e12)

@@ -601,10 +601,18 @@ fn weight_gradients_beside_the_rest_keep_the_bits() {
             "lazy {lazy}: not the one-stream run's losses, gradient norms or evaluation"
         );
     }
-    let (other, other_norms, s) = run("graphs", &[]);
-    assert_eq!(s["lt_streams"], 2, "{s}");
-    assert!(s["graph_launches"].as_u64().unwrap() > 0, "{s}");
-    assert_eq!((other, other_norms), (steps, norms), "with graphs");
+    // With graphs, the side stream behind the compute stream (the default: stream priorities,
+    // kept per node) and of the same priority.
+    for (name, side) in [("graphs", "1"), ("graphs-equal", "equal")] {
+        let (other, other_norms, s) = run(name, &[("RECIPE_SIDE_STREAM", side)]);
+        assert_eq!(s["lt_streams"], 2, "{name}: {s}");
+        assert!(s["graph_launches"].as_u64().unwrap() > 0, "{name}: {s}");
+        assert_eq!(
+            (other, other_norms),
+            (steps.clone(), norms.clone()),
+            "{name}"
+        );
+    }
     // The sinks that read a segment's gradients as the backward hands it on (ZeRO-2's
     // reductions between two GPUs, the offload's copies to the host) join the side stream
     // first, also when it runs late.

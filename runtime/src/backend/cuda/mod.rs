@@ -317,6 +317,9 @@ pub struct CudaDevice {
     side: Option<Side>,
     /// Whether the side stream is missing for want of memory for its workspace.
     side_missing: bool,
+    /// Whether the compute and copy streams run ahead of the side stream
+    /// ([`SideStream::Behind`], with graphs): their priority, and the graphs' per-node one.
+    ahead: bool,
 }
 
 /// How [`Device::gemm_half`] and [`Device::gemm_batched`] hand their operands, f32 buffers
@@ -403,21 +406,43 @@ fn lt_parse(v: Option<&str>) -> Result<bool, CudaError> {
     )
 }
 
-/// Whether weight gradients' GEMMs may run on a second stream ([`Device::aside`]): yes unless
-/// `RECIPE_SIDE_STREAM=0` (for an A/B on a GPU, `scripts/gpu-throughput.sh`). `Err` names a
-/// value it does not know.
-pub fn side_from_env() -> Result<bool, CudaError> {
+/// Where [`Device::aside`]'s work runs (`RECIPE_SIDE_STREAM`; docs/cuda.md, "GEMMs").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SideStream {
+    /// On a second stream, behind the compute stream: with CUDA graphs the compute and copy
+    /// streams get a higher priority than the side stream's default one (kernel nodes keep
+    /// their stream's priority from the capture: `CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY`),
+    /// so the block scheduler starts the critical path's pending blocks first and the side
+    /// stream's fill the SMs left over (`1`, the default).
+    Behind,
+    /// On a second stream of the same priority (`equal`, for an A/B on a GPU).
+    Equal,
+    /// On the compute stream (`0`).
+    Off,
+}
+
+/// [`SideStream`]'s choice (`scripts/gpu-throughput.sh` times each). `Err` names a value it
+/// does not know.
+pub fn side_from_env() -> Result<SideStream, CudaError> {
     side_parse(std::env::var("RECIPE_SIDE_STREAM").ok().as_deref())
 }
 
 /// The choice a value of `RECIPE_SIDE_STREAM` (`None`: unset) makes.
-fn side_parse(v: Option<&str>) -> Result<bool, CudaError> {
-    switch(
-        ("RECIPE_SIDE_STREAM", v),
-        ["1", "0"],
-        "`1` (weight gradients beside the rest, the default) or `0` (one stream) (docs/cuda.md, \"GEMMs\")",
-    )
+fn side_parse(v: Option<&str>) -> Result<SideStream, CudaError> {
+    match v {
+        None | Some("" | "1") => Ok(SideStream::Behind),
+        Some("equal") => Ok(SideStream::Equal),
+        Some("0") => Ok(SideStream::Off),
+        Some(other) => Err(CudaError::Setting(format!(
+            "RECIPE_SIDE_STREAM={other}: expected `1` (weight gradients on a second stream behind the compute stream, the default), `equal` (a second stream of the same priority) or `0` (one stream) (docs/cuda.md, \"GEMMs\")"
+        ))),
+    }
 }
+
+/// The priority of the compute and copy streams when the side stream runs behind them
+/// ([`SideStream::Behind`]): above the default 0 (a lower number is a higher priority; CUDA
+/// clamps a value outside the device's range, `cuCtxGetStreamPriorityRange`, to it).
+const AHEAD: i32 = -1;
 
 /// The second stream of [`Device::aside`]'s GEMMs, with a cuBLASLt workspace of its own (two
 /// GEMMs running at once must not share one; cuBLAS's documentation asks the same of a handle
@@ -716,11 +741,15 @@ impl CudaDevice {
         unsafe { ctx.disable_event_tracking() };
         // The legacy default stream cannot be captured: with graphs, a stream of its own (every
         // operation here names its stream; none relies on the default one's implicit order).
-        let stream = if graphs_on {
-            ctx.new_stream().map_err(driver_err("creating a stream"))?
-        } else {
-            ctx.default_stream()
-        };
+        // The compute stream ahead of the side stream: a priority needs a stream of its own,
+        // so with graphs only (the legacy stream has the default priority).
+        let ahead = graphs_on && lt_on && side_on == SideStream::Behind;
+        let stream = match (graphs_on, ahead) {
+            (true, true) => ctx.new_stream_with_priority(AHEAD),
+            (true, false) => ctx.new_stream(),
+            (false, _) => Ok(ctx.default_stream()),
+        }
+        .map_err(driver_err("creating a stream"))?;
         let blas = cudarc::cublas::CudaBlas::new(stream.clone())
             .map_err(|e| CudaError::Driver(format!("cuBLAS: {e:?}")))?;
         let blas_workspace = set_workspace(&blas, &stream, major)?;
@@ -737,6 +766,7 @@ impl CudaDevice {
         };
         // Without room for its workspace, one stream: the run goes on as with
         // `RECIPE_SIDE_STREAM=0`, and `libraries` says so.
+        let side_on = side_on != SideStream::Off;
         let side = if lt.is_some() && side_on {
             let stream = ctx
                 .new_stream()
@@ -778,6 +808,7 @@ impl CudaDevice {
             operands,
             graphs_on,
             captures: Mutex::default(),
+            ahead: ahead && side.is_some(),
             side,
             side_missing,
         })
@@ -801,6 +832,7 @@ impl CudaDevice {
             .as_ref()
             .map_or_else(|| "GEMMs on cuBLAS".to_string(), |lt| lt.describe());
         let streams = match (&self.side, self.side_missing) {
+            (Some(_), _) if self.ahead => "weight gradients on a second stream, behind the rest",
             (Some(_), _) => "weight gradients on a second stream",
             (None, true) => "one stream (no memory for a second GEMM workspace)",
             (None, false) if self.lt.is_some() => "one stream (RECIPE_SIDE_STREAM=0)",
@@ -1206,7 +1238,11 @@ impl CudaDevice {
         self.bind();
         let copies = match self.copies.get() {
             Some(c) => c,
-            None => match self.ctx.new_stream() {
+            None => match if self.ahead {
+                self.ctx.new_stream_with_priority(AHEAD)
+            } else {
+                self.ctx.new_stream()
+            } {
                 Ok(c) => self.copies.get_or_init(|| c),
                 Err(e) => {
                     self.record("creating the copy stream", e);
@@ -2432,7 +2468,12 @@ impl Device for CudaDevice {
             .unwrap_or_else(|p| p.into_inner())
             .capturing
             .take()?;
-        let flags = cudarc::driver::sys::CUgraphInstantiate_flags(0);
+        // Each kernel node with its stream's priority (the side stream's behind the rest).
+        let flags = if self.ahead {
+            cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY
+        } else {
+            cudarc::driver::sys::CUgraphInstantiate_flags(0)
+        };
         // An invalidated capture ends in an error, which fails it rather than the run.
         let graph = self.stream.end_capture(flags).ok().flatten();
         // Still capturing only if cudarc returned before ending it (an error left meanwhile).
@@ -2518,10 +2559,11 @@ mod tests {
     /// refused by name.
     #[test]
     fn weight_gradients_go_aside_unless_told_0() {
-        assert!(side_parse(None).unwrap());
-        assert!(side_parse(Some("")).unwrap());
-        assert!(side_parse(Some("1")).unwrap());
-        assert!(!side_parse(Some("0")).unwrap());
+        assert_eq!(side_parse(None).unwrap(), SideStream::Behind);
+        assert_eq!(side_parse(Some("")).unwrap(), SideStream::Behind);
+        assert_eq!(side_parse(Some("1")).unwrap(), SideStream::Behind);
+        assert_eq!(side_parse(Some("equal")).unwrap(), SideStream::Equal);
+        assert_eq!(side_parse(Some("0")).unwrap(), SideStream::Off);
         let e = side_parse(Some("off")).unwrap_err().to_string();
         assert!(e.contains("RECIPE_SIDE_STREAM=off: expected `1`"), "{e}");
     }
