@@ -114,16 +114,16 @@ def rate(run):
     except (OSError, StopIteration, KeyError, statistics.StatisticsError) as e:
         return {"error": f"{type(e).__name__}: {e}"}
 out["recipe"] = rate("out")
-# The same run with its GEMMs on cuBLAS instead of cuBLASLt (RECIPE_GEMM_LIBRARY=cublas).
-out["recipe_cublas"] = rate("cublas")
-# And launching its kernels directly (RECIPE_CUDA_GRAPHS=0), not as graphs.
-out["recipe_direct"] = rate("direct")
-# And without the fused attention kernels (RECIPE_FUSED_ATTENTION=0).
-out["recipe_unfused_attention"] = rate("unfused")
-# And with every GEMM on one stream (RECIPE_SIDE_STREAM=0).
-out["recipe_one_stream"] = rate("one-stream")
-# And with the weight gradients' stream of the same priority (RECIPE_SIDE_STREAM=equal).
-out["recipe_side_equal"] = rate("side-equal")
+# The same run with one setting changed, each as recipe_<key> (and ratio_<key>_over_torch).
+AB = (
+    ("cublas", "cublas"),  # GEMMs on cuBLAS instead of cuBLASLt (RECIPE_GEMM_LIBRARY=cublas)
+    ("direct", "direct"),  # kernels launched directly, not as graphs (RECIPE_CUDA_GRAPHS=0)
+    ("unfused", "unfused_attention"),  # no fused attention kernels (RECIPE_FUSED_ATTENTION=0)
+    ("one-stream", "one_stream"),  # every GEMM on one stream (RECIPE_SIDE_STREAM=0)
+    ("side-equal", "side_equal"),  # the side stream of the same priority (RECIPE_SIDE_STREAM=equal)
+)
+for run, key in AB:
+    out[f"recipe_{key}"] = rate(run)
 for run, key in (("profiled", "profile"),):
     try:
         p = json.load(open(f"{w}/{run}/profile.json"))
@@ -141,21 +141,10 @@ if ours and theirs:
     n = out["recipe"]["parameters"]
     flops_per_sample = (6 * n + 6 * L * C * T) * T
     out["ratio_recipe_over_torch"] = ours / theirs
-    on_cublas = out["recipe_cublas"].get("samples_per_s")
-    if on_cublas:
-        out["ratio_cublas_over_torch"] = on_cublas / theirs
-    direct = out["recipe_direct"].get("samples_per_s")
-    if direct:
-        out["ratio_direct_over_torch"] = direct / theirs
-    unfused = out["recipe_unfused_attention"].get("samples_per_s")
-    if unfused:
-        out["ratio_unfused_attention_over_torch"] = unfused / theirs
-    one_stream = out["recipe_one_stream"].get("samples_per_s")
-    if one_stream:
-        out["ratio_one_stream_over_torch"] = one_stream / theirs
-    side_equal = out["recipe_side_equal"].get("samples_per_s")
-    if side_equal:
-        out["ratio_side_equal_over_torch"] = side_equal / theirs
+    for _, key in AB:
+        other = out[f"recipe_{key}"].get("samples_per_s")
+        if other:
+            out[f"ratio_{key}_over_torch"] = other / theirs
     if device == "cuda":
         out["peak_tflops_bf16"] = peak
         out["mfu_recipe"] = ours * flops_per_sample / (peak * 1e12)
