@@ -444,26 +444,27 @@ fn side_parse(v: Option<&str>) -> Result<SideStream, CudaError> {
 /// clamps a value outside the device's range, `cuCtxGetStreamPriorityRange`, to it).
 const AHEAD: i32 = -1;
 
-/// The second stream of [`Device::aside`]'s GEMMs, with a cuBLASLt workspace of its own (two
+/// The second stream of [`Device::aside`]'s work, with a cuBLASLt workspace of its own (two
 /// GEMMs running at once must not share one; cuBLAS's documentation asks the same of a handle
 /// used on several streams for its results to be reproducible), both made when the GPU opens:
 /// nothing is allocated in the step loop or in a capture.
 struct Side {
     stream: Arc<CudaStream>,
     workspace: CudaSlice<u8>,
+    /// Inside a [`Device::aside`] call: its work may go to the side stream. Outside one (every
+    /// forward kernel), a launch reads this flag and takes no lock.
+    open: std::sync::atomic::AtomicBool,
     state: Mutex<SideState>,
 }
 
 /// What [`Side`]'s stream holds that the compute stream has not waited for.
 struct SideState {
-    /// Inside a [`Device::aside`] call: its GEMMs may go to the side stream.
-    open: bool,
-    /// A GEMM of the open call went there.
+    /// A GEMM or kernel of the open call went there.
     used: bool,
-    /// GEMMs went there since the compute stream last waited for all of them.
+    /// Work went there since the compute stream last waited for all of it.
     pending: bool,
     /// Each ticket's event (ticket `i + 1`), recorded on the side stream after its call's
-    /// GEMMs; cleared when the compute stream waits for everything.
+    /// work; cleared when the compute stream waits for everything.
     events: Vec<cudarc::driver::CudaEvent>,
     /// The ticket of `events[0]`: tickets count from 1 ([`Aside::DONE`] is 0).
     first: usize,
@@ -472,7 +473,6 @@ struct SideState {
 impl Default for SideState {
     fn default() -> SideState {
         SideState {
-            open: false,
             used: false,
             pending: false,
             events: Vec::new(),
@@ -777,6 +777,7 @@ impl CudaDevice {
                 .map(|workspace| Side {
                     stream,
                     workspace,
+                    open: Default::default(),
                     state: Mutex::default(),
                 })
         } else {
@@ -820,9 +821,10 @@ impl CudaDevice {
     }
 
     /// The libraries this device runs on, e.g. "driver 13.0, NVRTC 13.0, cuBLAS 130100, cuBLASLt
-    /// 130100, weight gradients on a second stream": which copies the loader found (a CUDA 12 cuBLAS found first by its unversioned
-    /// name would show here), and, once GEMMs ran, how many of their shapes cuBLASLt had no
-    /// algorithm for ([`lt::Lt::describe`]).
+    /// 130100, weight gradients on a second stream": which copies the loader found (a CUDA 12
+    /// cuBLAS found first by its unversioned name would show here), and, once GEMMs ran, how
+    /// many of their shapes cuBLASLt had no algorithm for ([`lt::Lt::describe`]), and where the
+    /// weight gradients run ([`SideStream`]).
     pub fn libraries(&self) -> String {
         let driver = probe().driver_version;
         let nvrtc = compile::nvrtc_version()
@@ -913,19 +915,17 @@ impl CudaDevice {
 
     /// The side stream for a kernel, or a GEMM that reads its operands as they are (`direct`),
     /// inside an open [`Device::aside`] call, ordered after everything queued on the compute
-    /// stream so far (an event it waits for). `None`: no side stream, no open call, or a profile, whose events
-    /// time the compute stream's operations one after another.
+    /// stream so far (an event it waits for). `None`: no side stream, no open call, or a
+    /// profile, whose events time the compute stream's operations one after another.
     fn side_lane(&self, direct: bool) -> Option<&Side> {
+        use std::sync::atomic::Ordering::Relaxed;
         let side = self.side.as_ref()?;
-        if !direct || self.profiling.load(std::sync::atomic::Ordering::Relaxed) {
+        if !direct || !side.open.load(Relaxed) || self.profiling.load(Relaxed) {
             return None;
         }
         let mut st = side.state.lock().unwrap_or_else(|p| p.into_inner());
-        if !st.open {
-            return None;
-        }
         if let Err(e) = side.stream.join(&self.stream) {
-            self.record("ordering a GEMM on the side stream", e);
+            self.record("ordering work on the side stream", e);
             return None;
         }
         st.used = true;
@@ -1250,7 +1250,7 @@ impl CudaDevice {
                 }
             },
         };
-        // After the side stream's GEMMs too: the copies read what they write.
+        // After the side stream's work too: the copies read what they write.
         self.join_aside();
         if let Err(e) = copies.join(&self.stream) {
             self.record("ordering a copy after the work", e);
@@ -1798,20 +1798,16 @@ impl Device for CudaDevice {
             f();
             return Aside::DONE;
         };
-        {
-            let mut st = side.state.lock().unwrap_or_else(|p| p.into_inner());
-            if st.open {
-                // Nested: the outer call's ticket covers these GEMMs.
-                drop(st);
-                f();
-                return Aside::DONE;
-            }
-            st.open = true;
-            st.used = false;
+        use std::sync::atomic::Ordering::Relaxed;
+        if side.open.swap(true, Relaxed) {
+            // Nested: the outer call's ticket covers this work.
+            f();
+            return Aside::DONE;
         }
+        side.state.lock().unwrap_or_else(|p| p.into_inner()).used = false;
         f();
+        side.open.store(false, Relaxed);
         let mut st = side.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.open = false;
         if !st.used {
             return Aside::DONE;
         }
@@ -1822,7 +1818,7 @@ impl Device for CudaDevice {
             }
             Err(e) => {
                 drop(st);
-                self.record("marking the side stream's GEMMs", e);
+                self.record("marking the side stream's work", e);
                 self.join_aside();
                 Aside::DONE
             }
@@ -1840,7 +1836,7 @@ impl Device for CudaDevice {
         };
         if let Err(e) = self.stream.wait(e) {
             drop(st);
-            self.record("waiting for the side stream's GEMMs", e);
+            self.record("waiting for the side stream's work", e);
         }
     }
 
