@@ -15,7 +15,8 @@
 #                    with CUDA graphs on (the default: graph.replay); its "self-test
 #                    on" line names the driver, NVRTC and cuBLAS versions loaded
 #   selftest-convert.txt/.json  the same with cuBLAS converting the half GEMMs' operands
-#                    (RECIPE_HALF_GEMM=convert, docs/cuda.md "Half-precision GEMMs"), graphs off
+#                    (RECIPE_HALF_GEMM=convert, docs/cuda.md "Half-precision GEMMs"), graphs off,
+#                    the GEMMs on the fastest of cuBLASLt's answers (RECIPE_GEMM_ALGO=fastest)
 #   tiny/            the tiny BERT trained on the CPU and on the GPU, optimizer on the GPU,
 #                    20 steps in fp32 (tiny.json compares them; summary's fp32_curve_goal: the
 #                    issue's goal, losses within 1e-5 relative, reported; every run replays its
@@ -145,8 +146,9 @@ cp "$OUT/kernels/selftest.json" "$OUT/selftest.json" 2>/dev/null || true
 pack
 if ! in_budget selftest_convert; then
     :
-# NCCL was checked by the first self-test: not again (RECIPE_NCCL=0).
-elif RECIPE_NCCL=0 RECIPE_HALF_GEMM=convert RECIPE_CUDA_GRAPHS=0 timeout "$LIMIT" "$BIN" kernels --arch "$ARCH" --selftest \
+# NCCL was checked by the first self-test: not again (RECIPE_NCCL=0). Its GEMMs run on the
+# fastest of cuBLASLt's answers (RECIPE_GEMM_ALGO=fastest), each checked against the CPU.
+elif RECIPE_NCCL=0 RECIPE_HALF_GEMM=convert RECIPE_CUDA_GRAPHS=0 RECIPE_GEMM_ALGO=fastest timeout "$LIMIT" "$BIN" kernels --arch "$ARCH" --selftest \
     --out "$OUT/kernels-convert" > "$OUT/selftest-convert.txt" 2>&1; then
     parts[selftest_convert]=pass
 else

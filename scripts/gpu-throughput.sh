@@ -43,8 +43,9 @@ else
     L=12; C=768; HEADS=12; INTER=3072; MICRO=32; SEQ=128; STEPS=40
 fi
 WARM=10
-# Each run (6 in all, within scripts/gpu-check.sh's 180 s) is bounded, so that one slow or hung
-# run costs its own figure only (a run cut short still logged its steps).
+# Each run (9 in all with the peer and the profile, within scripts/gpu-check.sh's 180 s) is
+# bounded, so that one slow or hung run costs its own figure only (a run cut short still logged
+# its steps).
 RUN_LIMIT="${RUN_LIMIT:-30}"
 
 # Rows long enough to fill SEQ tokens each (lower-case words of the tokenizer's vocabulary), so
@@ -66,14 +67,14 @@ PY
 
 # ours NAME MODE STEPS [--profile]: one run of ours into $W/NAME, RECIPE_HALF_GEMM=MODE
 # (RECIPE_CUDA_GRAPHS=$GRAPHS, default 1; RECIPE_FUSED_ATTENTION=$FUSED, default 1;
-# RECIPE_GEMM_LIBRARY=$LIB, default cublaslt; RECIPE_SIDE_STREAM=$SIDE, default 1), at most
-# $RUN_LIMIT seconds.
+# RECIPE_GEMM_LIBRARY=$LIB, default cublaslt; RECIPE_SIDE_STREAM=$SIDE, default 1;
+# RECIPE_GEMM_ALGO=$ALGO, default first), at most $RUN_LIMIT seconds.
 ours() {
     local name=$1 mode=$2 steps=$3
     shift 3
     ( cd "$W" && RECIPE_HALF_GEMM="$mode" RECIPE_CUDA_GRAPHS="${GRAPHS:-1}" \
         RECIPE_FUSED_ATTENTION="${FUSED:-1}" RECIPE_GEMM_LIBRARY="${LIB:-cublaslt}" \
-        RECIPE_SIDE_STREAM="${SIDE:-1}" timeout "$RUN_LIMIT" "$BIN" run --quiet --device "$DEVICE" "$@" bert-base.rcp \
+        RECIPE_SIDE_STREAM="${SIDE:-1}" RECIPE_GEMM_ALGO="${ALGO:-first}" timeout "$RUN_LIMIT" "$BIN" run --quiet --device "$DEVICE" "$@" bert-base.rcp \
         --set "batch.micro=$MICRO" --set "data.max_len=$SEQ" --set "train.max_steps=$steps" \
         --set "train.output_dir=\"$name\"" ) > "$W/$name.log" 2>&1 \
         || { echo "recipe run ($name) failed: $W/$name.log" >&2; tail -5 "$W/$name.log" >&2; }
@@ -89,6 +90,7 @@ GRAPHS=0 ours direct pack "$STEPS"
 FUSED=0 ours unfused pack "$STEPS"
 SIDE=0 ours one-stream pack "$STEPS"
 SIDE=equal ours side-equal pack "$STEPS"
+ALGO=fastest ours gemm-fastest pack "$STEPS"
 if [ "$DEVICE" = cuda ]; then
     ours profiled pack "$((WARM + 10))" --profile
     cp "$W/profiled/profile.json" "$OUT/profile.json" 2>/dev/null || true
@@ -110,7 +112,8 @@ def rate(run):
                  for a, b, ta, tb in zip(steps, steps[1:], t, t[1:]) if a["step"] >= warm and tb > ta]
         return {"device": start.get("device"), "parameters": start["parameters"],
                 "precision": start.get("precision"), "steps_timed": len(rates),
-                "samples_per_s": statistics.median(rates)}
+                "samples_per_s": statistics.median(rates),
+                "losses": [r["loss"] for r in steps]}
     except (OSError, StopIteration, KeyError, statistics.StatisticsError) as e:
         return {"error": f"{type(e).__name__}: {e}"}
 out["recipe"] = rate("out")
@@ -121,9 +124,18 @@ AB = (
     ("unfused", "unfused_attention"),  # no fused attention kernels (RECIPE_FUSED_ATTENTION=0)
     ("one-stream", "one_stream"),  # every GEMM on one stream (RECIPE_SIDE_STREAM=0)
     ("side-equal", "side_equal"),  # the side stream of the same priority (RECIPE_SIDE_STREAM=equal)
+    ("gemm-fastest", "gemm_fastest"),  # each GEMM's fastest cuBLASLt algorithm (RECIPE_GEMM_ALGO=fastest)
 )
 for run, key in AB:
     out[f"recipe_{key}"] = rate(run)
+# Each A/B run's losses against the default run's, step by step (the same data and seed): 0 where
+# the setting keeps the bits (graphs, the streams), small where it changes a sum's order.
+base = out["recipe"].pop("losses", None)
+for _, key in AB:
+    other = out[f"recipe_{key}"].pop("losses", None)
+    if base and other and len(base) == len(other):
+        out[f"recipe_{key}"]["max_loss_rel_diff"] = max(
+            abs(a - b) / abs(a) if a else abs(b) for a, b in zip(base, other))
 for run, key in (("profiled", "profile"),):
     try:
         p = json.load(open(f"{w}/{run}/profile.json"))

@@ -196,8 +196,9 @@ fn against_the_cpu(
 /// `recipe kernels --selftest`: every operation on the (fake) GPU against the CPU backend, in
 /// fp32, fp16 and bf16, through the CUDA backend's own memory, launch and cuBLAS code; as
 /// scripts/gpu-check.sh runs it (with `RECIPE_CUDA_GRAPHS=1`, here on asynchronous streams
-/// too), with cuBLAS converting the half GEMMs' operands (`RECIPE_HALF_GEMM=convert`), and
-/// on two GPUs summing through the fake NCCL.
+/// too), with cuBLAS converting the half GEMMs' operands (`RECIPE_HALF_GEMM=convert`) on the
+/// fastest of cuBLASLt's answers (`RECIPE_GEMM_ALGO=fastest`), and on two GPUs summing through
+/// the fake NCCL.
 #[test]
 fn the_selftest_passes_on_the_fake_gpu() {
     let dir = workspace("fake-selftest", TINY);
@@ -205,30 +206,37 @@ fn the_selftest_passes_on_the_fake_gpu() {
         (
             "k",
             1,
-            [
+            &[
                 ("RECIPE_CUDA_GRAPHS", "1"),
                 ("RECIPE_FAKE_CUDA_ASYNC", "20"),
-            ],
+            ][..],
         ),
         (
             "k-convert",
             1,
-            [("RECIPE_HALF_GEMM", "convert"), ("RECIPE_NCCL", "0")],
+            &[
+                ("RECIPE_HALF_GEMM", "convert"),
+                ("RECIPE_NCCL", "0"),
+                ("RECIPE_GEMM_ALGO", "fastest"),
+            ],
         ),
         // NCCL between two GPUs: sums, reductions, broadcasts, groups, queued calls.
         (
             "k-peers",
             2,
-            [("RECIPE_FAKE_CUDA_ASYNC", "20"), ("RECIPE_NCCL", "1")],
+            &[("RECIPE_FAKE_CUDA_ASYNC", "20"), ("RECIPE_NCCL", "1")],
         ),
     ] {
-        let o = on_fake(&dir, gpus, &env, &["kernels", "--selftest", "--out", out]);
+        let o = on_fake(&dir, gpus, env, &["kernels", "--selftest", "--out", out]);
         let text = String::from_utf8_lossy(&o.stdout);
         assert_eq!(o.status.code(), Some(0), "{out}: {text}\n{}", stderr(&o));
         no_refusals(out, &o);
         assert!(text.contains("self-test on recipe fake GPU"), "{text}");
         if gpus == 2 {
             assert!(text.contains("sums between 2 GPUs through NCCL"), "{text}");
+        }
+        if out == "k-convert" {
+            assert!(text.contains("shapes chosen)"), "{text}");
         }
         let report: Value = serde_json::from_str(
             &std::fs::read_to_string(dir.join(out).join("selftest.json")).unwrap(),
@@ -645,4 +653,88 @@ fn weight_gradients_beside_the_rest_keep_the_bits() {
         }
         assert_eq!(runs[0], runs[1], "{name}: lazy not the one-stream run's");
     }
+}
+
+/// `RECIPE_GEMM_ALGO=fastest`: each GEMM shape's first call times the cuBLASLt heuristic's
+/// answers and the shape keeps the fastest, in the cache for later runs. The fake's answers
+/// after the first add a product's terms in another order (`RECIPE_FAKE_CUBLASLT_DISTINCT`),
+/// so the losses show which ran, and `RECIPE_FAKE_CUBLASLT_SLOW` makes some answers slow: with
+/// the first slow, another is chosen (other bits than the heuristic's first); a second run with
+/// the same cache keeps those choices although the others are now the slow ones (a run that
+/// timed them again would take the first, as one with a fresh cache does). fp32: the tiny
+/// model's 16-bit products add up exactly in either order.
+#[test]
+fn the_fastest_gemm_algorithms_are_chosen_once_and_kept() {
+    let dir = workspace("fake-gemm-choice", TINY);
+    let run = |name: &str, cache: &str, env: &[(&str, &str)]| {
+        let out = format!("train.output_dir=\"{name}\"");
+        let cache = dir.join(cache);
+        let mut env = env.to_vec();
+        env.push(("RECIPE_FAKE_CUBLASLT_DISTINCT", "1"));
+        env.push(("RECIPE_CACHE", cache.to_str().unwrap()));
+        let args = [
+            "run", "--quiet", "--device", "cuda", "--set", &out, "tiny.rcp",
+        ];
+        let o = on_fake(&dir, 1, &env, &args);
+        assert_eq!(o.status.code(), Some(0), "{name}: {}", stderr(&o));
+        no_refusals(name, &o);
+        let (steps, _) = steps(&dir.join(name));
+        (steps, norms_and_eval(&dir.join(name)))
+    };
+    let fastest = |name: &str, cache: &str, slow| {
+        run(
+            name,
+            cache,
+            &[
+                ("RECIPE_GEMM_ALGO", "fastest"),
+                ("RECIPE_FAKE_CUBLASLT_SLOW", slow),
+            ],
+        )
+    };
+    let first = run("first", "cache-first", &[]);
+    let chosen = fastest("chosen", "cache", "0");
+    assert_ne!(
+        chosen, first,
+        "the first answer slow: another chosen, other losses"
+    );
+    let books: Vec<_> = std::fs::read_dir(dir.join("cache").join("gemms"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(books.len(), 1, "one book for the one GPU: {books:?}");
+    let book: Value = serde_json::from_str(&std::fs::read_to_string(&books[0]).unwrap()).unwrap();
+    let choices = book["choices"].as_object().unwrap();
+    assert!(!choices.is_empty(), "{book}");
+    for (shape, c) in choices {
+        assert_eq!(c["of"], 3, "{shape}: {c}");
+        assert_ne!(c["rank"], 0, "{shape}: {c}");
+    }
+    assert!(
+        dir.join("cache-first").join("gemms").read_dir().is_err(),
+        "the heuristic's first keeps no book"
+    );
+    let kept = fastest("kept", "cache", "1,2");
+    assert_eq!(kept, chosen, "the kept choices, not timed again");
+    let fresh = fastest("fresh", "cache-fresh", "1,2");
+    assert_eq!(
+        fresh, first,
+        "timed with the others slow: the first everywhere"
+    );
+    // It chooses among cuBLASLt's answers: with cuBLAS alone, refused.
+    let env = [
+        ("RECIPE_GEMM_ALGO", "fastest"),
+        ("RECIPE_GEMM_LIBRARY", "cublas"),
+    ];
+    let o = on_fake(
+        &dir,
+        1,
+        &env,
+        &["run", "--quiet", "--device", "cuda", "tiny.rcp"],
+    );
+    assert_ne!(o.status.code(), Some(0));
+    assert!(
+        stderr(&o).contains("RECIPE_GEMM_ALGO=fastest chooses among cuBLASLt's algorithms"),
+        "{}",
+        stderr(&o)
+    );
 }

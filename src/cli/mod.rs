@@ -492,6 +492,8 @@ pub fn main() -> i32 {
             model_files::cache_root().join("kernels"),
         );
     }
+    // And the GEMM algorithms RECIPE_GEMM_ALGO=fastest chose (backend/cuda/gemm_choice.rs).
+    recipe_runtime::backend::cuda::gemm_choice::enable(model_files::cache_root().join("gemms"));
     match cli.command {
         Command::Check {
             files,

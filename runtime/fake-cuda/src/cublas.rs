@@ -544,6 +544,12 @@ pub(crate) struct Gemm {
     /// get split-K partial sums added in its own type (modelled as two halves of `k`, each
     /// rounded to C's type), so a caller relying on one rounding must set the flag.
     reduced: bool,
+    /// Split-K with f32 partial sums (cuBLASLt's `CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE`): the
+    /// halves of `k` summed apart in f32, then added, then rounded once to C's type — another
+    /// order of the same terms, so other bits than one sum (`with_f32_split`).
+    split: bool,
+    /// How long the operation takes, at least (`with_delay`).
+    delay: std::time::Duration,
 }
 
 impl Gemm {
@@ -642,7 +648,22 @@ impl Gemm {
             alpha,
             beta,
             reduced: math & DISALLOW_REDUCED_PRECISION_REDUCTION == 0,
+            split: false,
+            delay: std::time::Duration::ZERO,
         })
+    }
+
+    /// This GEMM as an algorithm that splits `k` in two with f32 partial sums computes it.
+    pub(crate) fn with_f32_split(self) -> Gemm {
+        Gemm {
+            split: true,
+            ..self
+        }
+    }
+
+    /// This GEMM taking at least `delay` to run (a slow algorithm, for its callers' timing).
+    pub(crate) fn with_delay(self, delay: std::time::Duration) -> Gemm {
+        Gemm { delay, ..self }
     }
 
     /// Whether C is empty (nothing to compute: cuBLAS's quick return).
@@ -841,6 +862,21 @@ impl Gemm {
                     out[at] = T::round(v);
                 }
             }
+        } else if self.reads_operands() && self.split && k >= 2 {
+            // Two partial f32 sums over the halves of k, added in f32, then one rounding.
+            let half = k / 2;
+            let mut p1 = vec![0f32; m * n];
+            let cut = |x: &[f32], rows: usize, from: usize, len: usize| -> Vec<f32> {
+                (0..rows)
+                    .flat_map(|r| x[r * k + from..][..len].to_vec())
+                    .collect()
+            };
+            let (a1, b1) = (cut(ar, m, 0, half), cut(bc, n, 0, half));
+            dots(&a1, &b1, m, n, half, &mut |i, j, v| p1[i + j * m] = v);
+            let (a2, b2) = (cut(ar, m, half, k - half), cut(bc, n, half, k - half));
+            dots(&a2, &b2, m, n, k - half, &mut |i, j, v| {
+                put(i, j, p1[i + j * m] + v)
+            });
         } else if self.reads_operands() {
             dots(ar, bc, m, n, k, &mut put);
         } else {
@@ -1077,6 +1113,7 @@ pub(crate) fn queue(
         }
     }
     let op: crate::Op = Arc::new(move || {
+        std::thread::sleep(g.delay);
         let addrs = {
             let st = crate::state();
             if let Some((w, bytes)) = workspace {

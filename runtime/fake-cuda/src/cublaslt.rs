@@ -20,7 +20,11 @@
 //!
 //! `RECIPE_FAKE_CUBLASLT_NO_ALGORITHM=1` makes the heuristic find nothing, and
 //! `RECIPE_FAKE_CUBLASLT_REFUSE=1` makes `cublasLtMatmul` refuse every call (`NOT_SUPPORTED`,
-//! nothing queued), for the callers' fallbacks to cuBLAS.
+//! nothing queued), for the callers' fallbacks to cuBLAS. For a caller that chooses among the
+//! heuristic's answers (`RECIPE_GEMM_ALGO=fastest`): with `RECIPE_FAKE_CUBLASLT_DISTINCT=1` the
+//! answers after the first split `k` in two with f32 partial sums (other bits than the first's
+//! one sum), and `RECIPE_FAKE_CUBLASLT_SLOW=0,2` makes the answers of those ranks take at least
+//! a millisecond a call.
 
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
@@ -105,6 +109,8 @@ struct Chosen {
     workspace: usize,
     /// Split-K sums may be added in a 16-bit output's type.
     reduced: bool,
+    /// Its rank in the heuristic's answer.
+    rank: usize,
 }
 
 #[derive(Default)]
@@ -628,13 +634,14 @@ pub unsafe extern "C" fn cublasLtMatmulAlgoGetHeuristic(
         align: p.align,
         workspace,
         reduced: p.reductions & (REDUCTION_INPLACE | REDUCTION_OUTPUT_TYPE) != 0,
+        rank: 0,
     };
-    // Up to three algorithms (the real heuristic offers several; they compute alike here),
-    // their waves made up, decreasing.
+    // Up to three algorithms (the real heuristic offers several; they compute alike here,
+    // unless RECIPE_FAKE_CUBLASLT_DISTINCT), their waves made up, decreasing.
     let count = requested.min(3);
     for j in 0..count as usize {
         let id = new_id() as u64;
-        with(|o| o.algos.insert(id, chosen));
+        with(|o| o.algos.insert(id, Chosen { rank: j, ..chosen }));
         results.add(j).write(HeuristicResult {
             algo: [ALGO_TAG, id, 0, 0, 0, 0, 0, 0],
             workspace_size: workspace,
@@ -720,10 +727,17 @@ pub unsafe extern "C" fn cublasLtMatmul(
     } else {
         DISALLOW_REDUCED_PRECISION_REDUCTION
     };
-    let g = match Gemm::check(what, &call, math) {
+    let mut g = match Gemm::check(what, &call, math) {
         Ok(g) => g,
         Err(e) => return e,
     };
+    if chosen.rank > 0 && std::env::var("RECIPE_FAKE_CUBLASLT_DISTINCT").as_deref() == Ok("1") {
+        g = g.with_f32_split();
+    }
+    let slow = std::env::var("RECIPE_FAKE_CUBLASLT_SLOW").unwrap_or_default();
+    if slow.split(',').any(|r| r.trim() == chosen.rank.to_string()) {
+        g = g.with_delay(std::time::Duration::from_millis(1));
+    }
     let count = call.count as usize;
     // Every item's address against the alignment the heuristic was promised.
     let bytes = g.elem_bytes();

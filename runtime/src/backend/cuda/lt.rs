@@ -3,7 +3,8 @@
 //!
 //! A GEMM's shape, types, batch and pointer alignments make a [`Shape`]. Its first call creates
 //! the matmul descriptor and the three layouts and asks cuBLASLt's heuristic for an algorithm
-//! (`cublasLtMatmulAlgoGetHeuristic`, its first answer); later calls reuse them. Those are host
+//! (`cublasLtMatmulAlgoGetHeuristic`: its first answer, or with `RECIPE_GEMM_ALGO=fastest` the
+//! one [`super::gemm_choice`] chose among its answers); later calls reuse them. Those are host
 //! objects only: nothing is allocated on the GPU and nothing is asked of a stream, so a first
 //! call may come during a CUDA graph's capture. The heuristic answers the same for the same
 //! shape on the same GPU, library and workspace, so a GEMM gets the same algorithm, and the
@@ -116,7 +117,7 @@ pub struct Descs {
     layouts: [sys::cublasLtMatrixLayout_t; 3],
 }
 
-/// One shape's descriptors and algorithm (the heuristic's first).
+/// One shape's descriptors and algorithm (the heuristic's first, or the one chosen).
 struct Plan {
     descs: Descs,
     cand: Candidate,
@@ -164,12 +165,39 @@ fn attr<T>(value: &T) -> (*const c_void, usize) {
 }
 
 impl Plan {
-    /// The descriptors of `s`, and the heuristic's first algorithm for them with at most
-    /// `workspace` bytes.
-    fn new(handle: sys::cublasLtHandle_t, s: &Shape, workspace: usize) -> Result<Plan, String> {
+    /// The descriptors of `s`, and the heuristic's algorithm of rank `rank` for them with at
+    /// most `workspace` bytes (its first where it offers fewer).
+    fn new(
+        handle: sys::cublasLtHandle_t,
+        s: &Shape,
+        workspace: usize,
+        rank: usize,
+    ) -> Result<Plan, String> {
         let descs = Descs::new(s)?;
-        let cand = descs.ask(handle, s, workspace, 1)?[0];
+        let list = descs.ask(handle, s, workspace, rank + 1)?;
+        let cand = list.get(rank).copied().unwrap_or(list[0]);
         Ok(Plan { descs, cand })
+    }
+}
+
+/// `shape` as the key of its choice ([`super::gemm_choice`]): every field, so a shape differing
+/// in any is another shape.
+pub fn shape_key(shape: &Shape) -> String {
+    format!("{shape:?}")
+}
+
+impl Shape {
+    /// Bytes from C's first element to the end of its last item (the column-major C is
+    /// `m × n`, columns `ldc` apart).
+    pub fn c_bytes(&self) -> usize {
+        let cm = &self.cm;
+        let one = if cm.m == 0 || cm.n == 0 {
+            0
+        } else {
+            (cm.n - 1) * cm.ldc + cm.m
+        };
+        let items = self.count.saturating_sub(1) * self.strides[2].unsigned_abs() as usize;
+        (items + one) * self.types[2].bytes() as usize
     }
 }
 
@@ -366,6 +394,9 @@ pub struct Lt {
     /// The first reason a shape got no plan, for [`Lt::describe`].
     first_refusal: Mutex<Option<String>>,
     version: usize,
+    /// The device's name in [`super::gemm_choice`]'s books, with `RECIPE_GEMM_ALGO=fastest`:
+    /// a shape's plan takes the algorithm chosen there.
+    book: Option<String>,
 }
 
 // SAFETY: the handle and descriptors are host objects cuBLASLt lets any thread use; the
@@ -394,7 +425,35 @@ impl Lt {
             plans: Mutex::default(),
             first_refusal: Mutex::new(None),
             version,
+            book: None,
         })
+    }
+
+    /// From now on a shape's plan takes the algorithm [`super::gemm_choice`] chose for it on
+    /// `device` (the GPU, this library and the workspace, which make the heuristic's answers).
+    pub fn keep_choices(&mut self, device: String) {
+        self.book = Some(device);
+    }
+
+    /// This device's book, for `shape`, when a choice is to be made: choices are kept, the
+    /// shape has no plan yet and its book no choice.
+    pub fn needs_choice(&self, shape: &Shape) -> Option<&str> {
+        let device = self.book.as_deref()?;
+        let planned = self
+            .plans
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(shape);
+        (!planned && super::gemm_choice::chosen(device, &shape_key(shape)).is_none())
+            .then_some(device)
+    }
+
+    /// The device's name for choices, with the cuBLASLt version and workspace they depend on.
+    pub fn device_key(&self, name: &str, arch: &str) -> String {
+        format!(
+            "{name}, {arch}, cuBLASLt {}, {}-byte workspace",
+            self.version, self.workspace.1
+        )
     }
 
     /// Keeps the first reason a shape went to cuBLAS, for [`Lt::describe`].
@@ -418,7 +477,12 @@ impl Lt {
     fn with_plan<R>(&self, shape: &Shape, f: impl FnOnce(&Plan) -> R) -> Option<R> {
         let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
         let plan = plans.entry(*shape).or_insert_with(|| {
-            Plan::new(self.handle, shape, self.workspace.1)
+            let rank = self
+                .book
+                .as_deref()
+                .and_then(|d| super::gemm_choice::chosen(d, &shape_key(shape)))
+                .unwrap_or(0);
+            Plan::new(self.handle, shape, self.workspace.1, rank)
                 .map_err(|why| self.note_refusal(shape, why))
                 .ok()
         });
@@ -516,6 +580,12 @@ impl Lt {
         let plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
         let refused = plans.values().filter(|p| p.is_none()).count();
         let mut s = format!("cuBLASLt {}", self.version);
+        if let Some(d) = &self.book {
+            s += &format!(
+                " (the fastest algorithms: {} shapes chosen)",
+                super::gemm_choice::known(d)
+            );
+        }
         if refused > 0 {
             let first = self.first_refusal.lock().unwrap_or_else(|p| p.into_inner());
             s += &format!(

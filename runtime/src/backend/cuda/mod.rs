@@ -11,6 +11,7 @@
 pub mod compile;
 pub mod gemm;
 pub mod gemm_bench;
+pub mod gemm_choice;
 pub mod kernel_cache;
 pub mod lt;
 pub mod memo;
@@ -711,6 +712,12 @@ impl CudaDevice {
         let graphs_on = graphs_from_env()?;
         let lt_on = lt_from_env()?;
         let side_on = side_from_env()?;
+        let algo = gemm_choice::Algo::from_env()?;
+        if algo == gemm_choice::Algo::Fastest && !lt_on {
+            return Err(CudaError::Setting(
+                "RECIPE_GEMM_ALGO=fastest chooses among cuBLASLt's algorithms: unset RECIPE_GEMM_LIBRARY (docs/cuda.md, \"GEMMs\")".into(),
+            ));
+        }
         let p = require()?;
         if ordinal >= p.devices {
             return Err(CudaError::Driver(format!(
@@ -756,11 +763,16 @@ impl CudaDevice {
         let blas_version = set_math(&blas)?;
         let lt = if lt_on {
             let at = cudarc::driver::DevicePtr::device_ptr(&blas_workspace, &stream).0;
-            Some(lt::Lt::new(at, blas_workspace.len()).map_err(|why| {
+            let mut lt = lt::Lt::new(at, blas_workspace.len()).map_err(|why| {
                 CudaError::Driver(format!(
                     "cuBLASLt: {why} (RECIPE_GEMM_LIBRARY=cublas runs the GEMMs on cuBLAS alone)"
                 ))
-            })?)
+            })?;
+            if algo == gemm_choice::Algo::Fastest {
+                let key = lt.device_key(&name, &arch);
+                lt.keep_choices(key);
+            }
+            Some(lt)
         } else {
             None
         };
@@ -879,7 +891,11 @@ impl CudaDevice {
         let Some(lt) = &self.lt else {
             return false;
         };
-        if shape.cm.m == 0 || shape.cm.n == 0 || shape.cm.k == 0 || !lt.ready(shape) {
+        if shape.cm.m == 0 || shape.cm.n == 0 || shape.cm.k == 0 {
+            return false;
+        }
+        self.choose_algorithm(lt, shape, (g.alpha, g.beta), ptrs);
+        if !lt.ready(shape) {
             return false;
         }
         let (stream, workspace) = match self.side_lane(direct) {
