@@ -165,16 +165,17 @@ fn attr<T>(value: &T) -> (*const c_void, usize) {
 }
 
 impl Plan {
-    /// The descriptors of `s`, and the heuristic's algorithm of rank `rank` for them with at
-    /// most `workspace` bytes (its first where it offers fewer).
+    /// The descriptors of `s`, and the algorithm of rank `rank` among the heuristic's first
+    /// `asked` answers for them with at most `workspace` bytes (its first where it offers
+    /// fewer).
     fn new(
         handle: sys::cublasLtHandle_t,
         s: &Shape,
         workspace: usize,
-        rank: usize,
+        (rank, asked): (usize, usize),
     ) -> Result<Plan, String> {
         let descs = Descs::new(s)?;
-        let list = descs.ask(handle, s, workspace, rank + 1)?;
+        let list = descs.ask(handle, s, workspace, asked.max(rank + 1))?;
         let cand = list.get(rank).copied().unwrap_or(list[0]);
         Ok(Plan { descs, cand })
     }
@@ -477,11 +478,15 @@ impl Lt {
     fn with_plan<R>(&self, shape: &Shape, f: impl FnOnce(&Plan) -> R) -> Option<R> {
         let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
         let plan = plans.entry(*shape).or_insert_with(|| {
-            let rank = self
-                .book
-                .as_deref()
-                .and_then(|d| super::gemm_choice::chosen(d, &shape_key(shape)))
-                .unwrap_or(0);
+            // With choices, the list asked as the choice's timing asked it (the rank is a place
+            // in that list); without, the heuristic's first alone, as `cublasGemmEx` asks.
+            let rank = match self.book.as_deref() {
+                Some(d) => {
+                    let chosen = super::gemm_choice::chosen(d, &shape_key(shape));
+                    (chosen.unwrap_or(0), super::gemm_choice::CANDIDATES)
+                }
+                None => (0, 1),
+            };
             Plan::new(self.handle, shape, self.workspace.1, rank)
                 .map_err(|why| self.note_refusal(shape, why))
                 .ok()
