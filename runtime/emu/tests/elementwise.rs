@@ -861,3 +861,42 @@ fn bias_gradients_of_several_items_in_one_launch_are_the_cpus_bit_for_bit() {
         }
     }
 }
+
+/// A column sum queued inside `Backend::aside` takes scratch of its own (chunk sums and
+/// counters), not the one the sums queued in order use: on a GPU the side stream's sums (a
+/// LayerNorm's `dw`/`db`, q's and v's biases) run while the compute stream's use theirs. Seen
+/// here as the first aside sum's allocations (two buffers, once); the same sums either way.
+#[test]
+fn column_sums_aside_take_their_own_scratch() {
+    use recipe_kernel_emu::EmuTyped;
+    use recipe_runtime::backend::kernels::Kernels;
+    let k = Kernels::new(EmuTyped);
+    let (rows, cols) = (70, 5);
+    let d = k.upload(&rand(rows * cols, 2.0, 4));
+    let sums = |b: &_| {
+        let mut v = vec![0.0; cols];
+        k.download(k.view(b), &mut v);
+        v
+    };
+    let mut a = k.upload(&[0.0; 5]);
+    k.bias_grad(k.view_mut(&mut a), k.view(&d), rows, cols);
+    let before = k.allocations();
+    let mut b = k.upload(&[0.0; 5]);
+    let _ = k.aside(|| k.bias_grad(k.view_mut(&mut b), k.view(&d), rows, cols));
+    assert_eq!(
+        k.allocations(),
+        before + 3,
+        "aside: chunk sums and counters of its own (and b)"
+    );
+    assert_eq!(sums(&a), sums(&b));
+    let (mut c, mut e) = (k.upload(&[0.0; 5]), k.upload(&[0.0; 5]));
+    let _ = k.aside(|| k.bias_grad(k.view_mut(&mut c), k.view(&d), rows, cols));
+    k.bias_grad(k.view_mut(&mut e), k.view(&d), rows, cols);
+    assert_eq!(
+        k.allocations(),
+        before + 5,
+        "each scratch kept (c and e only)"
+    );
+    assert_eq!(sums(&c), sums(&a));
+    assert_eq!(sums(&e), sums(&a));
+}

@@ -601,7 +601,7 @@ fn the_split_with_the_bias_below_is_the_split_then_its_bias_grad_bit_for_bit() {
                     ($be:expr) => {
                         |v: &mut [Vec<f32>; 5]| {
                             let [di, keep, dw, db, dl] = v;
-                            $be.layernorm_bwd_split_bias_grad(
+                            let _ = $be.layernorm_bwd_split_bias_grad(
                                 (di, keep, d),
                                 (dw, db, dl),
                                 &dout,
@@ -611,7 +611,7 @@ fn the_split_with_the_bias_below_is_the_split_then_its_bias_grad_bit_for_bit() {
                                 &r,
                                 rows,
                                 cols,
-                            )
+                            );
                         }
                     };
                 }

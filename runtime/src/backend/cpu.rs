@@ -6,7 +6,7 @@
 //! thread count. Transcendental loops (GELU, softmax `exp`) use branch-free f32 approximations that
 //! vectorise, and are compiled a second time for AVX2 (same bits, wider vectors).
 
-use super::{AttnShape, Backend, Dropout, Gemm};
+use super::{Aside, AttnShape, Backend, Dropout, Gemm};
 use crate::precision::Dtype;
 use crate::rng::philox4x32_x8;
 
@@ -847,7 +847,7 @@ impl Backend for Cpu {
         rstd: &[f32],
         rows: usize,
         cols: usize,
-    ) {
+    ) -> Aside {
         // Rows are independent for dinp; dw and db sum over rows, so they are split by columns
         // instead.
         par_chunks(self.threads, &mut dinp[..rows * cols], cols, |r0, di| {
@@ -906,6 +906,7 @@ impl Backend for Cpu {
         self.st(&mut dinp[..rows * cols]);
         self.st(&mut dw[..cols]);
         self.st(&mut db[..cols]);
+        Aside::DONE
     }
 
     fn gelu_fwd(&self, out: &mut [f32], inp: &[f32]) {

@@ -568,7 +568,10 @@ pub trait Backend {
         eps: f32,
     );
     /// LayerNorm backward: overwrites `dinp`, accumulates `dw` and `db` (summed over the rows
-    /// in [`Backend::bias_grad`]'s order).
+    /// in [`Backend::bias_grad`]'s order). A device may queue the sums [`Backend::aside`] (they
+    /// feed nothing but the gradients): the returned ticket covers them, so a later write of
+    /// `dout` or `inp` (or of `dinp`, which the split forms below read for a bias gradient)
+    /// waits for it, or for a later ticket, or a join.
     #[allow(clippy::too_many_arguments)]
     fn layernorm_bwd(
         &self,
@@ -582,7 +585,7 @@ pub trait Backend {
         rstd: Self::View<'_>,
         rows: usize,
         cols: usize,
-    );
+    ) -> Aside;
     /// [`Backend::layernorm_bwd`] at the top of a residual branch `LN(x + dropout(f(x)))`: its
     /// `dinp` (the gradient of that sum, `rows × cols`, the whole buffer) is copied into `keep`
     /// (as long) for the residual path, and `dinp` is then dropped with `dropout`'s mask for the
@@ -601,9 +604,9 @@ pub trait Backend {
         rstd: Self::View<'_>,
         rows: usize,
         cols: usize,
-    ) {
+    ) -> Aside {
         let split = (dinp, keep, dropout);
-        layernorm_bwd_apart(self, split, dw, db, dout, inp, w, mean, rstd, rows, cols);
+        layernorm_bwd_apart(self, split, dw, db, dout, inp, w, mean, rstd, rows, cols)
     }
 
     /// [`Backend::layernorm_bwd_split`], then [`Backend::bias_grad`] into `dl` of the branch's
@@ -623,10 +626,11 @@ pub trait Backend {
         rstd: Self::View<'_>,
         rows: usize,
         cols: usize,
-    ) {
+    ) -> Aside {
         let split = (&mut *dinp, keep, dropout);
-        self.layernorm_bwd_split(split, dw, db, dout, inp, w, mean, rstd, rows, cols);
+        let sums = self.layernorm_bwd_split(split, dw, db, dout, inp, w, mean, rstd, rows, cols);
         self.bias_grad(dl, self.view(dinp), rows, cols);
+        sums
     }
 
     /// Exact (erf) GELU, HF's `"gelu"`: `out = x · Φ(x)`.
@@ -815,13 +819,16 @@ pub fn layernorm_bwd_apart<B: Backend + ?Sized>(
     rstd: B::View<'_>,
     rows: usize,
     cols: usize,
-) {
+) -> Aside {
     let d = be.view_mut(dinp);
-    be.layernorm_bwd(d, dw, db, dout, inp, w, mean, rstd, rows, cols);
+    // Its sums, if aside, read `dout` and `inp` only (no bias gradient of `dinp`), so the
+    // copy and the dropout below may rewrite `dinp` before them.
+    let sums = be.layernorm_bwd(d, dw, db, dout, inp, w, mean, rstd, rows, cols);
     be.copy(be.view_mut(keep), be.view(dinp));
     if let Some(d) = dropout {
         be.dropout(be.view_mut(dinp), d);
     }
+    sums
 }
 
 /// A mean cross-entropy, computed or still on the device ([`Backend::cross_entropy_queued`]).

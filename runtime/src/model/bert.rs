@@ -1186,14 +1186,16 @@ where
     sink.done(tail)?;
 
     // The layer above's aside work, in the side stream's order (a ticket covers every aside
-    // call before it): the feed-forward's two weight gradients, the attention output's, q, k
-    // and v's, then the rounding. This layer writes again what it reads: a.dres first (its
-    // first LayerNorm backward), so that waits for the attention output's weight gradient
-    // (`above`), which covers the feed-forward input's before gelu_bwd writes a.dinter; q, k
-    // and v's weight gradients and the rounding (a.dqkv) are covered by this layer's own wait
-    // before its second LayerNorm backward, queued after them, before the attention backward
-    // writes a.dqkv. So the layer above's last GEMMs and its rounding run beside this layer's
-    // first kernels (tests/fake_cuda.rs's lazy schedules find any write that overtakes them).
+    // call before it): its first LayerNorm backward's sums over the rows, the feed-forward's
+    // two weight gradients, the second LayerNorm backward's sums, the attention output's weight
+    // gradient, q, k and v's, their biases' sums, then the rounding. This layer writes again
+    // what it reads: a.dres and a.dx1 first (its first LayerNorm backward), so that waits for
+    // the attention output's weight gradient (`above`), which covers the feed-forward input's
+    // before gelu_bwd writes a.dinter; q, k and v's weight gradients, their biases' sums and
+    // the rounding (a.dqkv) are covered by this layer's own wait before its second LayerNorm
+    // backward, queued after them, before the attention backward writes a.dqkv. So the layer
+    // above's last GEMMs and sums run beside this layer's first kernels (tests/fake_cuda.rs's
+    // lazy schedules find any write that overtakes them).
     let mut above = Aside::DONE;
     for l in (0..layers).rev() {
         let (ll, la) = (&lay.layers[l], &a.layers[l]);
@@ -1209,7 +1211,10 @@ where
                 let (dw, db) = be.split_at_mut(&mut gln, h);
                 let d = site(|d| d.hidden, site_layer(l, 2));
                 be.wait_aside(above);
-                be.layernorm_bwd_split_bias_grad(
+                // Its sums over the rows (dw, db, the bias's) may go aside, reading a.dx,
+                // la.res2 and a.dres: the attention block's LayerNorm backward, which writes
+                // a.dx and a.dres again, waits for `out_weights`, queued after them.
+                let _ = be.layernorm_bwd_split_bias_grad(
                     (&mut a.dres, &mut a.dx1, d.as_ref()),
                     (dw, db, dl),
                     be.view(&a.dx),
@@ -1268,7 +1273,10 @@ where
                 let (dw, db) = be.split_at_mut(&mut gln, h);
                 let d = site(|d| d.hidden, site_layer(l, 1));
                 be.wait_aside(out_weights);
-                be.layernorm_bwd_split_bias_grad(
+                // Its sums aside read a.dx1, la.res1 and a.dres: the next layer's first
+                // LayerNorm backward, which writes a.dx1 and a.dres again, waits for `above`,
+                // queued after them.
+                let _ = be.layernorm_bwd_split_bias_grad(
                     (&mut a.dres, &mut a.dx, d.as_ref()),
                     (dw, db, dl),
                     be.view(&a.dx1),
@@ -1343,16 +1351,18 @@ where
                 be.gemm(&gx, d, be.sub(p, lin.w()), be.view_mut(&mut a.dx));
             }
             // q's and v's biases in one call: items 0 and 2 of dqkv, their biases two strides
-            // apart.
-            be.bias_grad_items(
-                be.sub_mut(&mut g, ll.q.b().start..ll.v.b().end),
-                dqkv,
-                n,
-                h,
-                2,
-                2 * n * h,
-                2 * ws,
-            );
+            // apart; aside, as the weight gradients that read dqkv.
+            let _ = be.aside(|| {
+                be.bias_grad_items(
+                    be.sub_mut(&mut g, ll.q.b().start..ll.v.b().end),
+                    dqkv,
+                    n,
+                    h,
+                    2,
+                    2 * n * h,
+                    2 * ws,
+                )
+            });
             // The layer's six weight gradients, left unrounded by `linear_bwd`, in one pass,
             // aside after their GEMMs (the biases' and LayerNorms' are rounded already, and
             // stay as they are; a sink that reads them joins first).
@@ -1372,9 +1382,11 @@ where
         {
             let mut gl = be.sub_mut(&mut g, lay.emb_ln.wb());
             let (dw, db) = be.split_at_mut(&mut gl, h);
-            // It writes a.dres, which the first layer's attention output gradient reads.
+            // It writes a.dres, which the first layer's attention output gradient reads. Its
+            // sums aside read a.dx and a.emb_sum, which nothing writes again before the
+            // backward's final join.
             be.wait_aside(above);
-            be.layernorm_bwd(
+            let _ = be.layernorm_bwd(
                 be.view_mut(&mut a.dres),
                 dw,
                 db,

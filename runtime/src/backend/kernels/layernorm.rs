@@ -7,7 +7,7 @@
 
 use super::{chunk_grid, dtype_arg, int, Kernels, BLOCK, VEC};
 use crate::backend::device::{Arg, Device, Launch};
-use crate::backend::{layernorm_bwd_apart, Backend, Dropout, BIAS_ROWS};
+use crate::backend::{layernorm_bwd_apart, Aside, Backend, Dropout, BIAS_ROWS};
 use crate::precision::Dtype;
 
 /// layernorm.cu's `LN_CHUNKS · LN_SPAN`: the widest row its vectorised paths hold in registers.
@@ -176,16 +176,16 @@ pub(super) fn bwd_split<D: Device>(
     rstd: D::View<'_>,
     rows: usize,
     cols: usize,
-) {
+) -> Aside {
     let dev = &k.dev;
     let n = rows * cols;
     if dev.len(dev.view(dinp)) != n || dev.len(dev.view(keep)) != n {
         let split = (&mut *dinp, keep, dropout);
-        layernorm_bwd_apart(k, split, dw, db, dout, inp, w, mean, rstd, rows, cols);
+        let sums = layernorm_bwd_apart(k, split, dw, db, dout, inp, w, mean, rstd, rows, cols);
         if let Some(dl) = dl {
             k.bias_grad(dl, dev.view(dinp), rows, cols);
         }
-        return;
+        return sums;
     }
     let split = Some((dev.view_mut(keep), dropout));
     let sums = (dw, db, dl);
@@ -207,11 +207,12 @@ pub(super) fn bwd_split<D: Device>(
 /// in the same pass ([`crate::backend::Backend::layernorm_bwd_split`]); with `dl` also the bias
 /// gradient of `dinp` (the branch's, after the split) into it
 /// ([`crate::backend::Backend::layernorm_bwd_split_bias_grad`]), in `dw` and `db`'s pass where
-/// `dinp` has `dout`'s type.
+/// `dinp` has `dout`'s type. That pass over the columns goes [`Backend::aside`] (its sums feed
+/// only the gradients; on a GPU it runs beside what follows): the returned ticket covers it.
 pub(super) fn bwd<D: Device>(
     k: &Kernels<D>,
     (mut dinp, split): (D::ViewMut<'_>, Split<'_, '_, D>),
-    (mut dw, mut db, dl): (D::ViewMut<'_>, D::ViewMut<'_>, Option<D::ViewMut<'_>>),
+    (dw, db, dl): (D::ViewMut<'_>, D::ViewMut<'_>, Option<D::ViewMut<'_>>),
     dout: D::View<'_>,
     inp: D::View<'_>,
     w: D::View<'_>,
@@ -219,7 +220,7 @@ pub(super) fn bwd<D: Device>(
     rstd: D::View<'_>,
     rows: usize,
     cols: usize,
-) {
+) -> Aside {
     assert!(k.dev.len_mut(&dinp) >= rows * cols, "layernorm_bwd dinp");
     assert!(k.dev.len(dout) >= rows * cols, "layernorm_bwd dout");
     assert!(k.dev.len(inp) >= rows * cols, "layernorm_bwd inp");
@@ -229,7 +230,7 @@ pub(super) fn bwd<D: Device>(
     assert_eq!(k.dev.len_mut(&dw), cols, "layernorm_bwd dw");
     assert_eq!(k.dev.len_mut(&db), cols, "layernorm_bwd db");
     if rows == 0 || cols == 0 {
-        return;
+        return Aside::DONE;
     }
     let di = k.typed_mut(&mut dinp);
     let (keep, d, kept) = match split {
@@ -277,7 +278,23 @@ pub(super) fn bwd<D: Device>(
     );
     // dw and db in Backend::bias_grad's order, in one launch: each chunk's sums, then the last
     // block of each column adds them (layernorm.cu, `layernorm_bwd_dwdb`); `dl` too where the
-    // kernel reads `dinp` as it reads `dout`, else by a bias_grad launch after it.
+    // kernel reads `dinp` as it reads `dout`, else by a bias_grad launch after it. Aside.
+    k.aside(move || sums_aside(k, dinp, (dw, db, dl), dout, inp, mean, rstd, rows, cols))
+}
+
+/// [`bwd`]'s sums over the rows, after its `dinp` pass.
+#[allow(clippy::too_many_arguments)]
+fn sums_aside<D: Device>(
+    k: &Kernels<D>,
+    dinp: D::ViewMut<'_>,
+    (mut dw, mut db, dl): (D::ViewMut<'_>, D::ViewMut<'_>, Option<D::ViewMut<'_>>),
+    dout: D::View<'_>,
+    inp: D::View<'_>,
+    mean: D::View<'_>,
+    rstd: D::View<'_>,
+    rows: usize,
+    cols: usize,
+) {
     let chunks = rows.div_ceil(BIAS_ROWS);
     let part_len = chunks * cols;
     let (tw, tb) = (k.dev.ptr_mut(&mut dw), k.dev.ptr_mut(&mut db));

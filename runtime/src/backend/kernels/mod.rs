@@ -21,7 +21,7 @@ pub use optim::{
 };
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::device::{Arg, Device, Launch};
@@ -102,8 +102,10 @@ pub struct Kernels<D: Device> {
     /// A scratch buffer a kernel's launch code reuses (cross-entropy's per-row losses).
     scratch: Arc<Mutex<Option<D::Buf>>>,
     /// The per-chunk sums of [`Backend::bias_grad`] and of LayerNorm's `dw`/`db`, grown to the
-    /// largest seen (the kernels that use it run in stream order, one after another).
-    bias_part: Arc<Mutex<Option<D::Buf>>>,
+    /// largest seen: one for the kernels queued in order with the rest, one for those queued
+    /// [`Backend::aside`] (`aside_open`), which a device may run at the same time on another
+    /// stream; the kernels of one run in stream order, one after another.
+    bias_part: Arc<Lanes<D::Buf>>,
     /// Attention's softmax gradient `ds` on a device keeping 16-bit buffers (`attention.rs`),
     /// grown to the largest batch seen (sized before the first step by `reserve_batch`).
     ds: Arc<Mutex<Option<D::Buf>>>,
@@ -112,8 +114,10 @@ pub struct Kernels<D: Device> {
     order: Arc<Mutex<Option<Grown<D::Ids>>>>,
     /// The column sums' counters (common.cuh, `last_of_column`): one `u32` per block of
     /// columns, zero between launches (each launch's last block sets its counter back), grown
-    /// to the widest sum seen.
-    done: Arc<Mutex<Option<Grown<D::Ids>>>>,
+    /// to the widest sum seen; two, as `bias_part`.
+    done: Arc<Lanes<Grown<D::Ids>>>,
+    /// Whether an [`Backend::aside`] call is open: its column sums take the second scratch.
+    aside_open: Arc<AtomicBool>,
     /// The dropout key in device memory (`drop_key` in common.cuh): the last micro-batch's
     /// `(seed, first stream)` as four 32-bit words, and a copy of them on the host.
     key: Arc<Mutex<Option<Key<D::Ids>>>>,
@@ -121,6 +125,9 @@ pub struct Kernels<D: Device> {
 
 /// A scratch buffer and how many elements it holds.
 type Grown<T> = (T, usize);
+
+/// A scratch for the work queued in order, and one for the work queued aside ([`Kernels::lane`]).
+type Lanes<T> = [Mutex<Option<T>>; 2];
 
 /// The dropout key's device buffer and its words.
 type Key<T> = (T, [u32; 4]);
@@ -138,8 +145,14 @@ impl<D: Device> Kernels<D> {
             ds: Arc::default(),
             order: Arc::default(),
             done: Arc::default(),
+            aside_open: Arc::default(),
             key: Arc::default(),
         }
+    }
+
+    /// Which column sums' scratch a sum queued now takes: 1 inside an [`Backend::aside`] call.
+    fn lane(&self) -> usize {
+        usize::from(self.aside_open.load(Ordering::Relaxed))
     }
 
     /// The same kernels storing `store` (values rounded as a half-precision device stores them).
@@ -200,7 +213,9 @@ impl<D: Device> Kernels<D> {
     /// `cols` wide: zeros, grown (new, so zero) when wider than any before.
     fn with_counters(&self, cols: usize, f: impl FnOnce(u64)) {
         let n = cols.div_ceil(BLOCK as usize).max(1);
-        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        let mut done = self.done[self.lane()]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let ids = match done.as_mut() {
             Some((ids, len)) if *len >= n => ids,
             _ => {
@@ -211,10 +226,13 @@ impl<D: Device> Kernels<D> {
         f(self.dev.ids_ptr(ids));
     }
 
-    /// Runs `f` on the chunk sums' scratch ([`Kernels::bias_part`]), grown to at least `n`
-    /// floats (kept for the next call: sized by the first step's shapes).
+    /// Runs `f` on the chunk sums' scratch ([`Kernels::bias_part`]; an [`Backend::aside`]
+    /// call's own), grown to at least `n` floats (kept for the next call: sized by the first
+    /// step's shapes).
     fn with_chunk_sums(&self, n: usize, f: impl FnOnce(D::View<'_>)) {
-        let mut part = self.bias_part.lock().unwrap_or_else(|p| p.into_inner());
+        let mut part = self.bias_part[self.lane()]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let buf = match part.as_mut() {
             Some(b) if self.dev.len(self.dev.view(b)) >= n => b,
             _ => part.insert(Backend::alloc(self, n.max(1))),
@@ -578,7 +596,12 @@ impl<D: Device> Backend for Kernels<D> {
     }
 
     fn aside(&self, f: impl FnOnce()) -> Aside {
-        self.dev.aside(f)
+        // Column sums queued inside take the second scratch: on a GPU they may run while the
+        // compute stream's sums use the first.
+        let outer = self.aside_open.swap(true, Ordering::Relaxed);
+        let t = self.dev.aside(f);
+        self.aside_open.store(outer, Ordering::Relaxed);
+        t
     }
 
     fn wait_aside(&self, t: Aside) {
@@ -616,10 +639,15 @@ impl<D: Device> Backend for Kernels<D> {
     }
 
     fn reserve_sums(&self, tokens: usize, width: usize, rows: usize, dropout: bool) {
-        self.with_chunk_sums(tokens.div_ceil(BIAS_ROWS).max(1) * width, |_| {});
-        // Counters for two items of up to `width` columns (bias_grad_items: a counter per
-        // block of columns of each), which covers one item of `width`.
-        self.with_counters(2 * width.div_ceil(BLOCK as usize) * BLOCK as usize, |_| {});
+        // Both scratches: the compute stream's and an aside call's.
+        for open in [false, true] {
+            let outer = self.aside_open.swap(open, Ordering::Relaxed);
+            self.with_chunk_sums(tokens.div_ceil(BIAS_ROWS).max(1) * width, |_| {});
+            // Counters for two items of up to `width` columns (bias_grad_items: a counter per
+            // block of columns of each), which covers one item of `width`.
+            self.with_counters(2 * width.div_ceil(BLOCK as usize) * BLOCK as usize, |_| {});
+            self.aside_open.store(outer, Ordering::Relaxed);
+        }
         // The per-row losses, as `cross_entropy_queued` sizes them (loss.rs).
         let mut losses = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         match losses.as_mut() {
@@ -743,7 +771,7 @@ impl<D: Device> Backend for Kernels<D> {
         rstd: D::View<'_>,
         rows: usize,
         cols: usize,
-    ) {
+    ) -> Aside {
         layernorm::bwd(
             self,
             (dinp, None),
@@ -770,7 +798,7 @@ impl<D: Device> Backend for Kernels<D> {
         rstd: D::View<'_>,
         rows: usize,
         cols: usize,
-    ) {
+    ) -> Aside {
         let sums = (dw, db, None);
         layernorm::bwd_split(self, split, sums, dout, inp, w, mean, rstd, rows, cols)
     }
@@ -786,7 +814,7 @@ impl<D: Device> Backend for Kernels<D> {
         rstd: D::View<'_>,
         rows: usize,
         cols: usize,
-    ) {
+    ) -> Aside {
         let sums = (dw, db, Some(dl));
         layernorm::bwd_split(self, split, sums, dout, inp, w, mean, rstd, rows, cols)
     }
