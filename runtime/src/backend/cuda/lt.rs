@@ -388,8 +388,8 @@ impl Descs {
 /// A cuBLASLt handle and its plans, one per [`Shape`] seen (`None`: cuBLASLt has none).
 pub struct Lt {
     handle: sys::cublasLtHandle_t,
-    /// The workspace every GEMM of the device's stream shares (cuBLAS's: one stream runs the
-    /// GEMMs one after another), and its bytes.
+    /// The workspace every GEMM of the device's compute stream shares (cuBLAS's: the stream
+    /// runs its GEMMs one after another; the side stream's pass their own), and its bytes.
     workspace: (u64, usize),
     plans: Mutex<HashMap<Shape, Option<Plan>>>,
     /// The first reason a shape got no plan, for [`Lt::describe`].
