@@ -122,7 +122,7 @@ pub fn run(
 /// heuristic's first) and what the best of each would save a step; with `out`, the rows as
 /// gemm-candidates.json.
 fn time_gemm_candidates(max: usize, out: Option<&Path>) -> Result<(), i32> {
-    use recipe_runtime::backend::cuda::{gemm_bench, CudaDevice};
+    use recipe_runtime::backend::cuda::{gemm_bench, gemm_choice, CudaDevice};
     let dev = CudaDevice::open(0).map_err(|e| {
         eprintln!("error: {e}");
         USAGE
@@ -154,6 +154,11 @@ fn time_gemm_candidates(max: usize, out: Option<&Path>) -> Result<(), i32> {
     println!(
         "the best candidate of each, in place of the first: {:.3} ms less a step (of the GEMMs' calls a step)",
         gemm_bench::step_saving_us(&rows) / 1e3
+    );
+    println!(
+        "RECIPE_GEMM_ALGO=fastest's choice (another only where more than {} % faster): {:.3} ms less a step",
+        gemm_choice::MARGIN * 100.0,
+        gemm_bench::fastest_saving_us(&rows) / 1e3
     );
     if let Some(dir) = out {
         let json = serde_json::to_string_pretty(&rows).unwrap_or_default();

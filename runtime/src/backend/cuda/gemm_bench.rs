@@ -1,9 +1,9 @@
 //! `recipe kernels --gemm-candidates`: the cuBLASLt heuristic's algorithms for BERT-base's
 //! training GEMMs (issue 15's goal shape: 32 × 128 tokens, hidden 768, intermediate 3072, bf16),
-//! each timed against the heuristic's first — the one a run takes ([`super::lt`]). What a
-//! choice among them could save a step is the sum over the shapes of their calls a step times
-//! the best candidate's gain. It measures; the runtime still takes the first (docs/cuda.md,
-//! "GEMMs").
+//! each timed against the heuristic's first — the one a run takes by default ([`super::lt`]).
+//! What a choice among them could save a step is the sum over the shapes of their calls a step
+//! times the best candidate's gain, and what `RECIPE_GEMM_ALGO=fastest` would take by its rule
+//! ([`super::gemm_choice`]) is printed beside it (docs/cuda.md, "GEMMs").
 
 use std::ffi::c_void;
 
@@ -145,6 +145,25 @@ pub fn step_saving_us(rows: &[Timing]) -> f64 {
         .sum()
 }
 
+/// µs a step `RECIPE_GEMM_ALGO=fastest` would save by its rule ([`super::gemm_choice::pick`]:
+/// another candidate only where it is faster than the first by more than the margin), from
+/// these timings: what the run would actually take, where [`step_saving_us`] is the bound.
+pub fn fastest_saving_us(rows: &[Timing]) -> f64 {
+    rows.iter()
+        .filter(|first| first.rank == 0)
+        .map(|first| {
+            let of_case: Vec<&Timing> = rows.iter().filter(|r| r.case == first.case).collect();
+            let most = of_case.iter().map(|r| r.rank).max().unwrap_or(0);
+            let mut us = vec![None; most + 1];
+            for r in &of_case {
+                us[r.rank] = Some(r.us);
+            }
+            let chosen = super::gemm_choice::pick(&us);
+            (first.us - us[chosen].unwrap_or(first.us)) * first.per_step as f64
+        })
+        .sum()
+}
+
 impl CudaDevice {
     /// Times up to `max` heuristic candidates of each of BERT-base's GEMMs at `tokens` tokens,
     /// `reps` calls each after one warm-up call, the first candidate first.
@@ -272,5 +291,20 @@ mod tests {
             row("b", 48, 1, 6.0),
         ];
         assert_eq!(step_saving_us(&rows), 24.0);
+    }
+
+    /// `fastest`'s rule keeps the first unless another is more than 3 % faster: 9.8 against
+    /// 10 saves nothing, 8 against 10 saves 2 a call; a refused candidate (no row) is skipped.
+    #[test]
+    fn fastest_saves_what_its_rule_takes() {
+        let rows = [
+            row("a", 12, 0, 10.0),
+            row("a", 12, 2, 9.8),
+            row("b", 48, 0, 10.0),
+            row("b", 48, 1, 8.0),
+            row("b", 48, 2, 9.0),
+        ];
+        assert_eq!(fastest_saving_us(&rows), 96.0);
+        assert!((step_saving_us(&rows) - (12.0 * 0.2 + 96.0)).abs() < 1e-9);
     }
 }
