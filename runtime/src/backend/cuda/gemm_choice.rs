@@ -61,13 +61,12 @@ impl Algo {
 
     /// The choice a value of `RECIPE_GEMM_ALGO` (`None`: unset) makes.
     pub fn parse(v: Option<&str>) -> Result<Algo, CudaError> {
-        match v {
-            None | Some("" | "first") => Ok(Algo::First),
-            Some("fastest") => Ok(Algo::Fastest),
-            Some(other) => Err(CudaError::Setting(format!(
-                "RECIPE_GEMM_ALGO={other}: expected `first` (the heuristic's first algorithm, the default) or `fastest` (the fastest of its first {CANDIDATES}, timed once per GEMM shape and kept) (docs/cuda.md, \"GEMMs\")"
-            ))),
-        }
+        let first = super::switch(
+            ("RECIPE_GEMM_ALGO", v),
+            ["first", "fastest"],
+            &format!("`first` (the heuristic's first algorithm, the default) or `fastest` (the fastest of its first {CANDIDATES}, timed once per GEMM shape and kept) (docs/cuda.md, \"GEMMs\")"),
+        )?;
+        Ok(if first { Algo::First } else { Algo::Fastest })
     }
 }
 
@@ -142,16 +141,8 @@ fn read(dir: Option<&Path>, device: &str) -> Book {
 /// Writes `book` into `dir`, best effort (a book that cannot be written costs the timing of
 /// its shapes in the next run).
 fn write(dir: &Path, book: &Book) {
-    let Ok(text) = serde_json::to_string_pretty(book) else {
-        return;
-    };
-    if std::fs::create_dir_all(dir).is_err() {
-        return;
-    }
-    let target = file_of(dir, &book.device);
-    let tmp = target.with_extension(format!("tmp-{}", std::process::id()));
-    if std::fs::write(&tmp, text).is_err() || std::fs::rename(&tmp, &target).is_err() {
-        let _ = std::fs::remove_file(&tmp);
+    if let Ok(text) = serde_json::to_string_pretty(book) {
+        super::kernel_cache::put_file(dir, &file_of(dir, &book.device), text.as_bytes());
     }
 }
 

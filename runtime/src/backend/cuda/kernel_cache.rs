@@ -91,12 +91,18 @@ fn put_in(dir: &Path, c: &Compiled, key: &str) {
         bytes.extend_from_slice(&(f.len() as u64).to_le_bytes());
         bytes.extend_from_slice(f);
     }
+    put_file(dir, &entry_path(dir, &c.arch, key), &bytes);
+}
+
+/// Writes `bytes` to `target` in `dir` (created if missing) through a temporary file renamed
+/// into place, best effort: a cache file that cannot be written costs the next run the work
+/// it would have saved. The GEMM choices' book is written so too (`super::gemm_choice`).
+pub(super) fn put_file(dir: &Path, target: &Path, bytes: &[u8]) {
     if std::fs::create_dir_all(dir).is_err() {
         return;
     }
-    let target = entry_path(dir, &c.arch, key);
     let tmp = target.with_extension(format!("tmp-{}", std::process::id()));
-    if std::fs::write(&tmp, bytes).is_err() || std::fs::rename(&tmp, &target).is_err() {
+    if std::fs::write(&tmp, bytes).is_err() || std::fs::rename(&tmp, target).is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
 }
