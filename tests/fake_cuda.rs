@@ -196,7 +196,8 @@ fn against_the_cpu(
 /// `recipe kernels --selftest`: every operation on the (fake) GPU against the CPU backend, in
 /// fp32, fp16 and bf16, through the CUDA backend's own memory, launch and cuBLAS code; as
 /// scripts/gpu-check.sh runs it (with `RECIPE_CUDA_GRAPHS=1`, here on asynchronous streams
-/// too), with cuBLAS converting the half GEMMs' operands (`RECIPE_HALF_GEMM=convert`) on the
+/// too, the side stream as late as its waits allow: `graph.update_wait` fails without the
+/// graph's own wait for the update), with cuBLAS converting the half GEMMs' operands (`RECIPE_HALF_GEMM=convert`) on the
 /// fastest of cuBLASLt's answers (`RECIPE_GEMM_ALGO=fastest`), and on two GPUs summing through
 /// the fake NCCL.
 #[test]
@@ -209,6 +210,7 @@ fn the_selftest_passes_on_the_fake_gpu() {
             &[
                 ("RECIPE_CUDA_GRAPHS", "1"),
                 ("RECIPE_FAKE_CUDA_ASYNC", "20"),
+                ("RECIPE_FAKE_CUDA_LAZY", "others"),
             ][..],
         ),
         (
@@ -245,6 +247,8 @@ fn the_selftest_passes_on_the_fake_gpu() {
         // One entry per check, each within its tolerance (the exit status says so too).
         let checks = report.as_array().unwrap();
         assert!(checks.len() > 100, "{out}: {} checks", checks.len());
+        let waits = checks.iter().filter(|c| c["op"] == "graph.update_wait");
+        assert_eq!(waits.count(), 3, "{out}: one a dtype");
         for c in checks {
             assert_eq!(c["ok"], true, "{out}: {c}");
         }
@@ -570,7 +574,8 @@ fn gemm_candidates_are_timed_on_the_fake_gpu() {
 }
 
 /// The weight gradients' GEMMs and each segment's rounding run on a second stream
-/// (`Backend::aside`: beside the input gradients and the next layer's first kernels), with the
+/// (`Backend::aside`: beside the input gradients and the next layer's first kernels), and so
+/// do each step's segment updates (`Kernels::update_aside`: beside the next forward), with the
 /// same bits as on one stream (`RECIPE_SIDE_STREAM=0`). The fake proves the ordering under two
 /// adversarial schedules (`RECIPE_FAKE_CUDA_LAZY`, on asynchronous streams and without graphs,
 /// whose replays run in order): the side stream's work as late as the waits allow (a missing
@@ -595,20 +600,38 @@ fn weight_gradients_beside_the_rest_keep_the_bits() {
     };
     let (steps, norms, s) = run("one-stream", &[("RECIPE_SIDE_STREAM", "0")]);
     assert_eq!(s["lt_streams"], 1, "{s}");
-    for lazy in ["others", "first"] {
-        let env = [
-            ("RECIPE_CUDA_GRAPHS", "0"),
-            ("RECIPE_FAKE_CUDA_ASYNC", "20"),
-            ("RECIPE_FAKE_CUDA_LAZY", lazy),
-        ];
-        let (other, other_norms, s) = run(&format!("lazy-{lazy}"), &env);
-        assert_eq!(s["lt_streams"], 2, "{lazy}: {s}");
-        assert_eq!(
-            (other, other_norms),
-            (steps.clone(), norms.clone()),
-            "lazy {lazy}: not the one-stream run's losses, gradient norms or evaluation"
-        );
+    assert_eq!(s["external_waits"], 0, "{s}");
+    // Each step's updates go aside too, segment by segment, and the next forward waits for
+    // each as it reads the segment (`Kernels::update_aside`): directly, and in the graphs as
+    // their own nodes (external waits), which the graphs captured before the first step (the
+    // window's second micro-batch) hold too. The side stream late, a missing wait lets the
+    // forward read a segment's old parameters; early, a missing fork lets an update read a
+    // gradient before the backward has written it.
+    for graphs in ["0", "1"] {
+        for lazy in ["others", "first"] {
+            let env = [
+                ("RECIPE_CUDA_GRAPHS", graphs),
+                ("RECIPE_FAKE_CUDA_ASYNC", "20"),
+                ("RECIPE_FAKE_CUDA_LAZY", lazy),
+            ];
+            let name = format!("lazy-{lazy}-graphs-{graphs}");
+            let (other, other_norms, s) = run(&name, &env);
+            assert_eq!(s["lt_streams"], 2, "{name}: {s}");
+            if graphs == "1" {
+                assert!(s["graph_launches"].as_u64().unwrap() > 0, "{name}: {s}");
+                assert!(s["external_waits"].as_u64().unwrap() > 0, "{name}: {s}");
+            }
+            assert_eq!(
+                (other, other_norms),
+                (steps.clone(), norms.clone()),
+                "{name}: not the one-stream run's losses, gradient norms or evaluation"
+            );
+        }
     }
+    // The step before the forward, on the compute stream: no external wait.
+    let (other, other_norms, s) = run("step-before", &[("RECIPE_STEP_ASIDE", "0")]);
+    assert_eq!(s["external_waits"], 0, "{s}");
+    assert_eq!((other, other_norms), (steps.clone(), norms.clone()));
     // With graphs, the side stream behind the compute stream (the default: stream priorities,
     // kept per node) and of the same priority.
     for (name, side) in [("graphs", "1"), ("graphs-equal", "equal")] {

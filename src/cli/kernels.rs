@@ -175,7 +175,8 @@ fn self_test(out: Option<&Path>) -> Result<bool, i32> {
     use recipe_runtime::backend::cuda::CudaDevice;
     use recipe_runtime::backend::kernels::Kernels;
     use recipe_runtime::backend::selftest::{
-        compare, compare_graph_replay, compare_optim, compare_queued_upload, compare_wide_batched,
+        compare, compare_graph_replay, compare_optim, compare_queued_upload, compare_update_wait,
+        compare_wide_batched,
     };
     use recipe_runtime::precision::Dtype;
     let dev = CudaDevice::open(0).map_err(|e| {
@@ -211,6 +212,7 @@ fn self_test(out: Option<&Path>) -> Result<bool, i32> {
         checks.push(compare_wide_batched(&kernels, store));
         // Unless RECIPE_CUDA_GRAPHS=0.
         checks.extend(compare_graph_replay(&kernels, store));
+        checks.extend(compare_update_wait(&kernels, store));
         if let Err(e) = recipe_runtime::backend::device::Device::sync(kernels.device()) {
             // What the stores before this one showed, then the error.
             print_checks(&all);

@@ -28,6 +28,57 @@ use recipe_runtime::zero::HostOptimizer;
 
 const SIZES: [usize; 4] = [1, 33, 257, 1000];
 
+/// `0..n` cut at odd places (a segment of one element, the decaying ranges' bounds inside
+/// segments, starts that are not multiples of adamw_step's four), as a model's segments cut the
+/// flat buffer for `Resident::step`.
+fn odd_segments(n: usize) -> Vec<std::ops::Range<usize>> {
+    let mut cuts: Vec<usize> = [0, n / 7, n / 7 + 1, n / 2 + 2, n * 5 / 6, n]
+        .iter()
+        .map(|&c| c.min(n))
+        .collect();
+    cuts.sort_unstable();
+    cuts.dedup();
+    cuts.windows(2).map(|w| w[0]..w[1]).collect()
+}
+
+/// One step of the resident optimizer: whole, or one segment of [`odd_segments`] at a time
+/// (`DeviceOptimizer::by_segments`, as `Resident::step` queues them beside the next forward),
+/// each segment's gradient zeroed after its update (checked: the whole accumulator is zero
+/// after the last). `by_segments` is refused for LAMB, which then steps whole.
+fn device_step(
+    k: &Kernels<Emu>,
+    dev: &mut recipe_runtime::optim::device::DeviceOptimizer<Emu>,
+    params: &mut <Kernels<Emu> as recipe_runtime::backend::Backend>::Buf,
+    opt: &Optimizer,
+    lr: f64,
+    factors: (f32, f32),
+    segmented: bool,
+) {
+    use recipe_runtime::backend::device::Device;
+    use recipe_runtime::backend::Backend;
+    let lamb = matches!(opt, Optimizer::Lamb(_));
+    let segs = odd_segments(dev.len());
+    if !segmented || !dev.by_segments(k, opt, &segs) {
+        assert!(!segmented || lamb, "by_segments refused {segs:?}");
+        dev.step(k, k.view_mut(params), opt, lr, factors).unwrap();
+        return;
+    }
+    assert!(!lamb, "LAMB stepped by segments");
+    assert_eq!(dev.segment_count(), segs.len());
+    for seg in 0..dev.segment_count() {
+        let r = dev.segment(seg);
+        dev.step_segment(k, k.device().range_mut(params, r), opt, lr, factors, seg)
+            .unwrap();
+        dev.zero_segment(k, seg);
+    }
+    let mut g = vec![1.0f32; dev.len()];
+    k.download(k.view(dev.grads_mut()), &mut g);
+    assert!(
+        g.iter().all(|&x| x == 0.0),
+        "a segment's gradient not zeroed"
+    );
+}
+
 /// Asserts `got` and `want` hold the same bits, naming the first difference.
 #[track_caller]
 fn same_bits(what: &str, got: &[f32], want: &[f32]) {
@@ -529,7 +580,10 @@ fn the_resident_optimizer_keeps_the_host_optimizers_state() {
     use recipe_runtime::backend::Backend;
     use recipe_runtime::optim::device::DeviceOptimizer;
 
-    for module in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+    for (module, segmented) in [Dtype::F32, Dtype::F16, Dtype::Bf16]
+        .into_iter()
+        .flat_map(|m| [(m, false), (m, true)])
+    {
         let k = Kernels::new(Emu).with_store(module);
         let n = 257;
         let (entries, flags) = optim_layout(n);
@@ -574,8 +628,7 @@ fn the_resident_optimizer_keeps_the_host_optimizers_state() {
                 host.step(&mut hp, &mut hg, lr, 1.0).unwrap();
                 coef
             };
-            dev.step(&k, k.view_mut(&mut params), &adam, lr, (mult, 1.0))
-                .unwrap();
+            device_step(&k, &mut dev, &mut params, &adam, lr, (mult, 1.0), segmented);
             adam.count_step();
             let state = host.state();
             assert_eq!(adam.steps(), state.step);
@@ -583,7 +636,7 @@ fn the_resident_optimizer_keeps_the_host_optimizers_state() {
             dev.download(&k, &mut adam, Some(&mut w)).unwrap();
             let got = adam.state();
             let (m, v) = (got.buffer("exp_avg"), got.buffer("exp_avg_sq"));
-            let what = format!("{module:?} step {step}");
+            let what = format!("{module:?} step {step} by segments {segmented}");
             same_bits(&format!("{what} weights"), &params, &hp);
             same_bits(&format!("{what} exp_avg"), m, state.buffer("exp_avg"));
             same_bits(&format!("{what} exp_avg_sq"), v, state.buffer("exp_avg_sq"));
@@ -662,10 +715,10 @@ fn the_other_optimizers_step_on_the_device_as_the_host_does() {
         // fp32 on every odd size; the half dtypes (the same kernels, plus the rounding into the
         // working copy) on one.
         let sizes: &[usize] = if module.is_half() { &[257] } else { &SIZES };
-        for &n in sizes {
+        for (&n, segmented) in sizes.iter().flat_map(|n| [(n, false), (n, true)]) {
             let (entries, flags) = optim_layout(n);
             for (name, opt) in other_cases(&entries, &flags) {
-                let what = format!("{name} {module:?} n={n}");
+                let what = format!("{name} {module:?} n={n} by segments {segmented}");
                 let mut p0 = rand(n, 1.0, 11);
                 module.round_slice(&mut p0);
                 let mut host = HostOptimizer::new(opt.clone(), false, module, &p0);
@@ -685,14 +738,8 @@ fn the_other_optimizers_step_on_the_device_as_the_host_does() {
                         .unwrap();
                     dev.zero_grads(&k);
                     k.write(k.view_mut(dev.grads_mut()), &g);
-                    dev.step(
-                        &k,
-                        k.view_mut(&mut params),
-                        &dopt,
-                        lr,
-                        dopt.grad_factors(scale),
-                    )
-                    .unwrap();
+                    let factors = dopt.grad_factors(scale);
+                    device_step(&k, &mut dev, &mut params, &dopt, lr, factors, segmented);
                     dopt.count_step();
                     dev.download(&k, &mut dopt, Some(&mut w)).unwrap();
                     if step == 2 {

@@ -146,6 +146,20 @@ fn a_captured_graph_replays_new_inputs_and_dropout_keys_exactly() {
     }
 }
 
+/// A captured graph that waits for a parameter segment's update copies the values of each
+/// replay's update (the emulated device runs the update in order; the fake driver's
+/// asynchronous streams put it on a stream of its own: tests/fake_cuda.rs).
+#[test]
+fn a_captured_graph_reads_each_update_it_waits_for() {
+    use recipe_kernel_emu::{Emu, EmuTyped};
+    use recipe_runtime::backend::selftest::compare_update_wait;
+    for store in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+        let c = compare_update_wait(&Kernels::new(EmuTyped).with_store(store), store);
+        assert!(c.as_ref().is_some_and(|c| c.ok), "{c:?}");
+        assert!(compare_update_wait(&Kernels::new(Emu).with_store(store), store).is_none());
+    }
+}
+
 /// A batched f32 product of stored buffers, 16-bit ones on the emulated device keeping half
 /// buffers, into a stored buffer, against the host's sums.
 #[test]

@@ -689,6 +689,22 @@ pub unsafe extern "C" fn cuStreamWaitEvent(stream: usize, event: usize, flags: c
         );
         return code::STREAM_CAPTURE_ISOLATION;
     }
+    if let (Some(_), None, 1) = (st.capture_of(stream), e.captured, flags & 1) {
+        // An external wait in a capture is the graph's node: each replay's stream waits there
+        // for the event's latest record (made outside any capture; one never recorded, or
+        // reached already, waits for nothing).
+        st.stats.external_waits += 1;
+        st.stats.save();
+        drop(st);
+        let op: Op = Arc::new(move || {
+            let pending = state().events.get(&event).and_then(|e| e.pending.clone());
+            if let Some((w, at)) = pending {
+                w.wait(at);
+            }
+            Ok(())
+        });
+        return enqueue(stream, "cuStreamWaitEvent (external)", op);
+    }
     let Some((id, from, count)) = e.captured else {
         // Work outside any capture: on asynchronous streams this stream's next operations
         // wait until the recording stream has reached the event.

@@ -182,6 +182,9 @@ pub struct Stats {
     /// How many streams cuBLASLt GEMMs were queued on, all devices together: a run whose
     /// weight gradients go to a second stream on one GPU counts 2.
     pub lt_streams: u64,
+    /// Waits captured on an event recorded outside the capture (`CU_EVENT_WAIT_EXTERNAL`): a
+    /// graph node that waits at each replay for the event's latest record.
+    pub external_waits: u64,
 }
 
 impl Stats {
@@ -195,7 +198,7 @@ impl Stats {
         let text = format!(
             "{{\"kernels\": {}, \"captures\": {}, \"graph_launches\": {}, \"allocations\": {}, \
              \"lt_matmuls\": {}, \"blas_gemms\": {}, \"blas_pointer_batches\": {}, \
-             \"lt_streams\": {}}}\n",
+             \"lt_streams\": {}, \"external_waits\": {}}}\n",
             self.kernels,
             self.captures,
             self.graph_launches,
@@ -203,7 +206,8 @@ impl Stats {
             self.lt_matmuls,
             self.blas_gemms,
             self.blas_pointer_batches,
-            self.lt_streams
+            self.lt_streams,
+            self.external_waits
         );
         if std::fs::write(&tmp, text).is_ok() {
             let _ = std::fs::rename(&tmp, &path);

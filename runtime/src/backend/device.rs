@@ -262,6 +262,18 @@ pub trait Device {
     fn wait_aside(&self, _t: Aside) {}
     /// [`crate::backend::Backend::join_aside`].
     fn join_aside(&self) {}
+    /// Runs `f`, the update of parameter segment `seg` (the optimizer's step of it, and the
+    /// zeroing of its gradient), whose work a GPU may queue on the second stream as
+    /// [`Device::aside`] does, after everything queued before it, marked by an event of the
+    /// segment's own that the next passes wait for ([`Device::wait_update`]), in a capture too:
+    /// the graph then waits for each replay's updates. What is queued after it must not touch
+    /// the segment's parameters, optimizer state or gradient before that wait or a
+    /// [`Device::join_aside`]. By default `f` runs in order with the rest.
+    fn update_aside(&self, _seg: usize, f: impl FnOnce()) {
+        f();
+    }
+    /// [`crate::backend::Backend::wait_update`].
+    fn wait_update(&self, _seg: usize) {}
     /// Sizes [`Device::gemm_half`]'s operand scratch for spans of up to `elems` elements.
     fn reserve_gemm_half(&self, _elems: usize) {}
     /// Sizes [`Device::gemm_batched`]'s scratch for batches of up to `count` GEMMs, and, when

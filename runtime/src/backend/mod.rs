@@ -434,6 +434,12 @@ pub trait Backend {
     fn wait_aside(&self, _t: Aside) {}
     /// Orders what is queued from now on after every [`Backend::aside`] GEMM so far.
     fn join_aside(&self) {}
+    /// Orders what is queued from now on after the last update of parameter segment `seg`
+    /// queued beside the rest (`Kernels::update_aside`: the optimizer's step of that segment,
+    /// which the next pass's reads of it wait for, one segment at a time, so that the step runs
+    /// beside the forward). A pass calls it before it reads the segment. By default nothing
+    /// (the update ran in order with the rest).
+    fn wait_update(&self, _seg: usize) {}
 
     /// in it, and values already rounded (which it leaves as they are). By default nothing (the
     /// CPU's GEMM has rounded them).

@@ -98,12 +98,29 @@ pub struct BufParams<'a, B: Backend> {
     be: &'a B,
     data: &'a B::Buf,
     segs: &'a [Range<usize>],
+    /// The segments whose fetch still waits for their update ([`Backend::wait_update`]):
+    /// each one's first of the pass.
+    waits: Vec<bool>,
 }
 
 impl<'a, B: Backend> BufParams<'a, B> {
     /// The segments `segs` of `data`, a buffer of `be`.
     pub fn new(be: &'a B, data: &'a B::Buf, segs: &'a [Range<usize>]) -> Self {
-        BufParams { be, data, segs }
+        BufParams {
+            be,
+            data,
+            segs,
+            waits: Vec::new(),
+        }
+    }
+
+    /// [`BufParams::new`] whose every fetch of a segment first waits for the segment's last
+    /// update queued beside the rest ([`Backend::wait_update`]: the step before this pass).
+    pub fn updated(be: &'a B, data: &'a B::Buf, segs: &'a [Range<usize>]) -> Self {
+        BufParams {
+            waits: vec![true; segs.len()],
+            ..Self::new(be, data, segs)
+        }
     }
 }
 
@@ -113,6 +130,10 @@ impl<B: Backend> ParamSource<B> for BufParams<'_, B> {
     where
         B: 's,
     {
+        if let Some(w) = self.waits.get_mut(seg).filter(|w| **w) {
+            *w = false;
+            self.be.wait_update(seg);
+        }
         let whole = self.be.view(self.data);
         Ok(self.be.sub(whole, self.segs[seg].clone()))
     }

@@ -286,6 +286,9 @@ pub struct DeviceOptimizer<D: Device> {
     mask: DecayMask<D>,
     /// The norm's partial sums.
     norm: D::Buf,
+    /// The model's segments, each with its decay mask, where the step may update them one at a
+    /// time ([`DeviceOptimizer::by_segments`]); empty until then.
+    segments: Vec<(Range<usize>, DecayMask<D>)>,
 }
 
 impl<D: Device> DeviceOptimizer<D> {
@@ -336,7 +339,51 @@ impl<D: Device> DeviceOptimizer<D> {
             master: master.map(|w| k.upload(w)),
             mask: DecayMask::from_segments(k, opt.segments(), n),
             norm: k.alloc(kernels::norm_scratch_len(acc, NORM_BLOCKS)),
+            segments: Vec::new(),
         })
+    }
+
+    /// Makes [`DeviceOptimizer::step_segment`] possible over `segs`, the model's segments
+    /// (ascending, covering the optimizer's whole length): each segment's decay mask, uploaded
+    /// once, before the first step. False, and nothing made, for LAMB (its trust ratios are
+    /// per tensor over the whole step: `lamb_step`'s passes) or segments that do not cover the
+    /// buffer.
+    pub fn by_segments(&mut self, k: &Kernels<D>, opt: &Optimizer, segs: &[Range<usize>]) -> bool {
+        let n = self.len();
+        let covers = segs.first().is_some_and(|s| s.start == 0)
+            && segs.windows(2).all(|w| w[0].end == w[1].start)
+            && segs.last().is_some_and(|s| s.end == n);
+        if matches!(self.states, States::Lamb { .. }) || !covers || opt.len() != n {
+            self.segments.clear();
+            return false;
+        }
+        if self.segments.len() == segs.len()
+            && self.segments.iter().zip(segs).all(|((r, _), s)| r == s)
+        {
+            return true;
+        }
+        self.segments = segs
+            .iter()
+            .map(|seg| {
+                // The optimizer's decaying ranges inside the segment, from its start.
+                let inside: Vec<(Range<usize>, bool)> = opt
+                    .segments()
+                    .iter()
+                    .filter_map(|(r, d)| {
+                        let (s, e) = (r.start.max(seg.start), r.end.min(seg.end));
+                        (s < e).then(|| (s - seg.start..e - seg.start, *d))
+                    })
+                    .collect();
+                let mask = DecayMask::from_segments(k, &inside, seg.len());
+                (seg.clone(), mask)
+            })
+            .collect();
+        true
+    }
+
+    /// The segments [`DeviceOptimizer::by_segments`] made: their count (0 when none).
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
     }
 
     /// Elements it updates.
@@ -359,6 +406,22 @@ impl<D: Device> DeviceOptimizer<D> {
         k.zero(k.view_mut(&mut self.grads));
     }
 
+    /// The range of segment `seg` of [`DeviceOptimizer::by_segments`] in the parameters.
+    pub fn segment(&self, seg: usize) -> Range<usize> {
+        self.segments[seg].0.clone()
+    }
+
+    /// `grads = 0` over segment `seg` of [`DeviceOptimizer::by_segments`] (after its step: the
+    /// next window's accumulation starts there).
+    pub fn zero_segment(&mut self, k: &Kernels<D>, seg: usize) {
+        let r = self.segments[seg].0.clone();
+        let at = self.grads_at.start;
+        k.zero(
+            k.device()
+                .range_mut(&mut self.grads, at + r.start..at + r.end),
+        );
+    }
+
     /// `Σ g²` of the accumulator (its scratch allocated once, in [`DeviceOptimizer::new`]).
     pub fn grad_sq(&mut self, k: &Kernels<D>) -> f64 {
         kernels::grad_norm_sq_in(k, k.view(&self.grads), &mut self.norm)
@@ -375,11 +438,50 @@ impl<D: Device> DeviceOptimizer<D> {
         params: D::ViewMut<'a>,
         opt: &Optimizer,
         lr: f64,
+        factors: (f32, f32),
+    ) -> Result<(), OptimError> {
+        self.step_on(k, params, opt, lr, factors, None)
+    }
+
+    /// [`DeviceOptimizer::step`] of segment `seg` of [`DeviceOptimizer::by_segments`] alone:
+    /// `params` is that segment's parameters. The same operations on the same elements as the
+    /// whole step (each element's update reads only its own), so every segment stepped once is
+    /// the whole step, bit for bit.
+    pub fn step_segment<'a>(
+        &'a mut self,
+        k: &Kernels<D>,
+        params: D::ViewMut<'a>,
+        opt: &Optimizer,
+        lr: f64,
+        factors: (f32, f32),
+        seg: usize,
+    ) -> Result<(), OptimError> {
+        if seg >= self.segments.len() {
+            return Err(OptimError::Config(format!(
+                "segment {seg} of a step made by {} segments",
+                self.segments.len()
+            )));
+        }
+        self.step_on(k, params, opt, lr, factors, Some(seg))
+    }
+
+    /// The elements of segment `seg` (all of them for `None`) of the step.
+    fn step_on<'a>(
+        &'a mut self,
+        k: &Kernels<D>,
+        params: D::ViewMut<'a>,
+        opt: &Optimizer,
+        lr: f64,
         (mult, div): (f32, f32),
+        seg: Option<usize>,
     ) -> Result<(), OptimError> {
         let dev = k.device();
-        let n = self.len();
-        if dev.len_mut(&params) != n || opt.len() != n {
+        let (part, mask) = match seg {
+            Some(i) => (self.segments[i].0.clone(), &self.segments[i].1),
+            None => (0..self.len(), &self.mask),
+        };
+        let n = part.len();
+        if dev.len_mut(&params) != n || opt.len() != self.len() {
             return Err(OptimError::Length {
                 what: "device optimizer's parameters",
                 found: dev.len_mut(&params),
@@ -400,10 +502,11 @@ impl<D: Device> DeviceOptimizer<D> {
         let t = opt.steps() + 1;
         let (weights, work) = match &mut self.master {
             None => (params, None),
-            Some(master) => (k.view_mut(master), Some(params)),
+            Some(master) => (dev.range_mut(master, part.clone()), Some(params)),
         };
-        let grads = dev.sub(k.view(&self.grads), self.grads_at.clone());
-        let mask = &self.mask;
+        let at = self.grads_at.start;
+        let grads = dev.sub(k.view(&self.grads), at + part.start..at + part.end);
+        let state = |b: &'a mut D::Buf| dev.range_mut(b, part.clone());
         if !matches!(opt, Optimizer::Lamb(_)) && div != 1.0 {
             return Err(OptimError::Config(format!(
                 "{} multiplies its gradients; a divisor {div} is LAMB's",
@@ -420,8 +523,8 @@ impl<D: Device> DeviceOptimizer<D> {
                 mask,
                 weights,
                 grads,
-                k.view_mut(m),
-                k.view_mut(v),
+                state(m),
+                state(v),
                 work,
             ),
             (States::Sgd { momentum }, Optimizer::Sgd(o)) => kernels::sgd_step(
@@ -433,7 +536,7 @@ impl<D: Device> DeviceOptimizer<D> {
                 mask,
                 weights,
                 grads,
-                momentum.as_mut().map(|b| k.view_mut(b)),
+                momentum.as_mut().map(state),
                 work,
             ),
             (States::Adagrad { sum }, Optimizer::Adagrad(o)) => kernels::adagrad_step(
@@ -445,7 +548,7 @@ impl<D: Device> DeviceOptimizer<D> {
                 mask,
                 weights,
                 grads,
-                k.view_mut(sum),
+                state(sum),
                 work,
             ),
             (States::Lamb { m, v, tensors }, Optimizer::Lamb(o)) => kernels::lamb_step(
@@ -458,8 +561,8 @@ impl<D: Device> DeviceOptimizer<D> {
                 tensors,
                 weights,
                 grads,
-                k.view_mut(m),
-                k.view_mut(v),
+                state(m),
+                state(v),
                 work,
             ),
             (s, o) => Err(OptimError::Config(format!(

@@ -198,13 +198,7 @@ impl CudaDevice {
         let Some(device) = lt.needs_choice(shape) else {
             return;
         };
-        let capturing = self
-            .captures
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .capturing
-            .is_some();
-        if capturing || self.failed() {
+        if self.capturing() || self.failed() {
             return;
         }
         let key = lt::shape_key(shape);

@@ -321,6 +321,8 @@ pub struct CudaDevice {
     /// Whether the compute and copy streams run ahead of the side stream
     /// ([`SideStream::Behind`], with graphs): their priority, and the graphs' per-node one.
     ahead: bool,
+    /// Whether [`Device::update_aside`] uses the side stream ([`step_aside_from_env`]).
+    step_aside: bool,
 }
 
 /// How [`Device::gemm_half`] and [`Device::gemm_batched`] hand their operands, f32 buffers
@@ -407,6 +409,23 @@ fn lt_parse(v: Option<&str>) -> Result<bool, CudaError> {
     )
 }
 
+/// Whether a step's parameter updates run on the side stream beside the next forward
+/// ([`Device::update_aside`]): yes unless `RECIPE_STEP_ASIDE=0` (an A/B for
+/// `scripts/gpu-throughput.sh`; docs/cuda.md, "The step beside the forward"). Without a side
+/// stream they run on the compute stream either way. `Err` names a value it does not know.
+pub fn step_aside_from_env() -> Result<bool, CudaError> {
+    step_aside_parse(std::env::var("RECIPE_STEP_ASIDE").ok().as_deref())
+}
+
+/// The choice a value of `RECIPE_STEP_ASIDE` (`None`: unset) makes.
+fn step_aside_parse(v: Option<&str>) -> Result<bool, CudaError> {
+    switch(
+        ("RECIPE_STEP_ASIDE", v),
+        ["1", "0"],
+        "`1` (the optimizer's step beside the next forward, the default) or `0` (before it) (docs/cuda.md, \"The step beside the forward\")",
+    )
+}
+
 /// Where [`Device::aside`]'s work runs (`RECIPE_SIDE_STREAM`; docs/cuda.md, "GEMMs").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SideStream {
@@ -456,6 +475,10 @@ struct Side {
     /// forward kernel), a launch reads this flag and takes no lock.
     open: std::sync::atomic::AtomicBool,
     state: Mutex<SideState>,
+    /// [`Device::update_aside`]'s event of each parameter segment, made at its first use and
+    /// then recorded again at each update: a graph captured with a wait on it
+    /// ([`Device::wait_update`]) waits on its latest record at every replay.
+    updates: Mutex<Vec<Option<CudaEvent>>>,
 }
 
 /// What [`Side`]'s stream holds that the compute stream has not waited for.
@@ -712,6 +735,7 @@ impl CudaDevice {
         let graphs_on = graphs_from_env()?;
         let lt_on = lt_from_env()?;
         let side_on = side_from_env()?;
+        let step_aside = step_aside_from_env()?;
         let algo = gemm_choice::Algo::from_env()?;
         if algo == gemm_choice::Algo::Fastest && !lt_on {
             return Err(CudaError::Setting(
@@ -791,6 +815,7 @@ impl CudaDevice {
                     workspace,
                     open: Default::default(),
                     state: Mutex::default(),
+                    updates: Mutex::default(),
                 })
         } else {
             None
@@ -822,6 +847,7 @@ impl CudaDevice {
             graphs_on,
             captures: Mutex::default(),
             ahead: ahead && side.is_some(),
+            step_aside: step_aside && side.is_some(),
             side,
             side_missing,
         })
@@ -852,8 +878,13 @@ impl CudaDevice {
             (None, false) if self.lt.is_some() => "one stream (RECIPE_SIDE_STREAM=0)",
             (None, false) => "one stream",
         };
+        let step = if self.step_aside {
+            ", the step beside the next forward"
+        } else {
+            ""
+        };
         format!(
-            "driver {}.{}, NVRTC {nvrtc}, cuBLAS {}, {lt}, {streams}",
+            "driver {}.{}, NVRTC {nvrtc}, cuBLAS {}, {lt}, {streams}{step}",
             driver / 1000,
             driver % 1000 / 10,
             self.blas_version
@@ -947,6 +978,23 @@ impl CudaDevice {
         st.used = true;
         st.pending = true;
         Some(side)
+    }
+
+    /// `f` on segment `seg`'s event of [`Device::update_aside`], made at its first use.
+    fn on_update_event(
+        &self,
+        side: &Side,
+        seg: usize,
+        f: impl FnOnce(&CudaEvent) -> Result<(), cudarc::driver::DriverError>,
+    ) -> Result<(), cudarc::driver::DriverError> {
+        let mut all = side.updates.lock().unwrap_or_else(|p| p.into_inner());
+        if all.len() <= seg {
+            all.resize_with(seg + 1, || None);
+        }
+        if all[seg].is_none() {
+            all[seg] = Some(self.ctx.new_event(None)?);
+        }
+        f(all[seg].as_ref().expect("made above"))
     }
 
     /// Waits for the stream's work. cudarc's `synchronize` returns an error an earlier
@@ -1278,6 +1326,15 @@ impl CudaDevice {
     /// Keeps the first error for [`Device::sync`].
     fn record(&self, what: &str, e: impl std::fmt::Debug) {
         self.record_text(format!("{what}: {e:?}"));
+    }
+
+    /// Whether a capture is under way ([`Device::begin_capture`]).
+    fn capturing(&self) -> bool {
+        self.captures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .capturing
+            .is_some()
     }
 
     /// Keeps the first error, in these words, for [`Device::sync`]; during a capture, for the
@@ -1771,10 +1828,14 @@ impl Device for CudaDevice {
         }
         self.bind();
         self.wrote();
+        // Inside an `aside` call (a segment's update zeroing its gradient) on the side stream.
+        let stream = self
+            .side_lane(true)
+            .map_or(&self.stream, |side| &side.stream);
         // SAFETY: `dst` is a live allocation of `len` floats.
         let bytes = size(dst.elem) as usize * dst.len;
         let r = self.timed("memset", || unsafe {
-            drv::memset_d8_async(dst.ptr, 0, bytes, self.stream.cu_stream())
+            drv::memset_d8_async(dst.ptr, 0, bytes, stream.cu_stream())
         });
         if let Err(e) = r {
             self.record("zero", e);
@@ -1853,6 +1914,60 @@ impl Device for CudaDevice {
         if let Err(e) = self.stream.wait(e) {
             drop(st);
             self.record("waiting for the side stream's work", e);
+        }
+    }
+
+    fn update_aside(&self, seg: usize, f: impl FnOnce()) {
+        let Some(side) = self.side.as_ref().filter(|_| self.step_aside) else {
+            f();
+            return;
+        };
+        use std::sync::atomic::Ordering::Relaxed;
+        if side.open.swap(true, Relaxed) {
+            // Inside an `aside` call: its ticket covers this work.
+            f();
+            return;
+        }
+        side.state.lock().unwrap_or_else(|p| p.into_inner()).used = false;
+        f();
+        side.open.store(false, Relaxed);
+        if !side.state.lock().unwrap_or_else(|p| p.into_inner()).used {
+            // Nothing went aside (profiling, or a failed device): in order with the rest.
+            return;
+        }
+        let recorded = self.on_update_event(side, seg, |e| e.record(&side.stream));
+        if let Err(e) = recorded {
+            self.record("marking a parameter segment's update", e);
+            self.join_aside();
+        }
+    }
+
+    fn wait_update(&self, seg: usize) {
+        let Some(side) = self.side.as_ref().filter(|_| self.step_aside) else {
+            return;
+        };
+        let capturing = self.capturing();
+        let waited = self.on_update_event(side, seg, |e| {
+            if !capturing {
+                return self.stream.wait(e);
+            }
+            // In a capture the wait is the graph's own node, on the event's latest record
+            // at each replay (an event recorded outside a capture may not be waited on
+            // otherwise: CUDA_ERROR_STREAM_CAPTURE_ISOLATION). A wait on an event never
+            // recorded waits for nothing.
+            self.bind();
+            // SAFETY: the stream and the event are this device's, alive while `self` is.
+            unsafe {
+                drv_sys::cuStreamWaitEvent(
+                    self.stream.cu_stream(),
+                    e.cu_event(),
+                    drv_sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL as u32,
+                )
+                .result()
+            }
+        });
+        if let Err(e) = waited {
+            self.record("waiting for a parameter segment's update", e);
         }
     }
 
@@ -2446,6 +2561,11 @@ impl Device for CudaDevice {
         // An error left in the context is the run's (cudarc's begin checks for one first and
         // would return it without capturing, and it would be lost): taken here, recorded.
         self.bind();
+        // Side work queued before (a step's updates, `update_aside`) is joined outside the
+        // capture: the capture's own join at its end may not wait on work outside it. Only the
+        // capturing pass waits for all of it; the graph waits for each segment's update
+        // (`wait_update`).
+        self.join_aside();
         let mut c = self.captures.lock().unwrap_or_else(|p| p.into_inner());
         if c.capturing.is_some() {
             return false;
@@ -2463,11 +2583,7 @@ impl Device for CudaDevice {
         self.wrote();
         // A stream forked into the capture must be joined back before it ends.
         self.join_aside();
-        let capturing = {
-            let c = self.captures.lock().unwrap_or_else(|p| p.into_inner());
-            c.capturing.is_some()
-        };
-        if !capturing {
+        if !self.capturing() {
             return None;
         }
         // An error an earlier asynchronous call left in the context (cudarc checks for one
@@ -2578,6 +2694,17 @@ mod tests {
         assert_eq!(side_parse(Some("0")).unwrap(), SideStream::Off);
         let e = side_parse(Some("off")).unwrap_err().to_string();
         assert!(e.contains("RECIPE_SIDE_STREAM=off: expected `1`"), "{e}");
+    }
+
+    /// A step's updates go beside the next forward unless `RECIPE_STEP_ASIDE=0`; another value
+    /// is refused by name.
+    #[test]
+    fn the_step_goes_aside_unless_told_0() {
+        assert!(step_aside_parse(None).unwrap());
+        assert!(step_aside_parse(Some("1")).unwrap());
+        assert!(!step_aside_parse(Some("0")).unwrap());
+        let e = step_aside_parse(Some("no")).unwrap_err().to_string();
+        assert!(e.contains("RECIPE_STEP_ASIDE=no: expected `1`"), "{e}");
     }
 
     /// Unset or empty packs; `convert` converts in cuBLAS; anything else is refused by name.

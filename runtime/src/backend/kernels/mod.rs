@@ -155,6 +155,14 @@ impl<D: Device> Kernels<D> {
         usize::from(self.aside_open.load(Ordering::Relaxed))
     }
 
+    /// [`Device::update_aside`]: runs `f`, the update of parameter segment `seg`, where it
+    /// may run beside what is queued after it until [`Backend::wait_update`]`(seg)`.
+    pub fn update_aside(&self, seg: usize, f: impl FnOnce()) {
+        let outer = self.aside_open.swap(true, Ordering::Relaxed);
+        self.dev.update_aside(seg, f);
+        self.aside_open.store(outer, Ordering::Relaxed);
+    }
+
     /// The same kernels storing `store` (values rounded as a half-precision device stores them).
     /// The 16-bit `ds` scratch holds the old store's type: another store gets its own (`recipe
     /// kernels --selftest` runs fp16 then bf16 on one device; found by tests/fake_cuda.rs, where
@@ -610,6 +618,10 @@ impl<D: Device> Backend for Kernels<D> {
 
     fn join_aside(&self) {
         self.dev.join_aside()
+    }
+
+    fn wait_update(&self, seg: usize) {
+        self.dev.wait_update(seg)
     }
 
     fn round_stored(&self, v: D::ViewMut<'_>) {

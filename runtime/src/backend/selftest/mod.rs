@@ -1026,16 +1026,10 @@ pub fn compare_queued_upload<D: Device>(k: &Kernels<D>, store: Dtype) -> OpCheck
     k.download(k.view(&buf), &mut got);
     let mut want = before;
     want[at..at + m].copy_from_slice(&up);
-    let same = got
-        .iter()
-        .zip(&want)
-        .all(|(a, b)| a.to_bits() == b.to_bits());
+    let same = same_bits(&got, &want);
     OpCheck {
-        op: "copy.upload_queued".into(),
-        store,
-        error: if same { 0.0 } else { 1.0 },
-        tolerance: 0.0,
         ok: same && waited.is_ok(),
+        ..exact("copy.upload_queued", store, same)
     }
 }
 
@@ -1125,6 +1119,26 @@ pub fn compare_wide_batched<D: Device>(k: &Kernels<D>, store: Dtype) -> OpCheck 
     }
 }
 
+/// Whether `got` holds `want`'s bits, element for element.
+fn same_bits(got: &[f32], want: &[f32]) -> bool {
+    got.len() == want.len()
+        && got
+            .iter()
+            .zip(want)
+            .all(|(a, b)| a.to_bits() == b.to_bits())
+}
+
+/// An exact check's result: error 1 when it failed, 0 when it passed.
+fn exact(op: &str, store: Dtype, ok: bool) -> OpCheck {
+    OpCheck {
+        op: op.into(),
+        store,
+        error: if ok { 0.0 } else { 1.0 },
+        tolerance: 0.0,
+        ok,
+    }
+}
+
 /// A captured graph replayed on new inputs (`Device::begin_capture`; docs/cuda.md "CUDA
 /// graphs"): a copy and a dropout captured once, then replayed for two micro-batches, each with
 /// inputs written into the same buffer and its own dropout key (`Kernels::dropout_key`), against
@@ -1159,21 +1173,56 @@ pub fn compare_graph_replay<D: Device>(k: &Kernels<D>, store: Dtype) -> Option<O
         k.download(k.view(&y), &mut got);
         let mut want = xi;
         cpu.dropout(&mut want, &dropout(base));
-        same &= got
-            .iter()
-            .zip(&want)
-            .all(|(a, b)| a.to_bits() == b.to_bits());
+        same &= same_bits(&got, &want);
     }
     if let Some(id) = id {
         dev.drop_graph(id);
     }
-    Some(OpCheck {
-        op: "graph.replay".into(),
-        store,
-        error: if same { 0.0 } else { 1.0 },
-        tolerance: 0.0,
-        ok: same,
-    })
+    Some(exact("graph.replay", store, same))
+}
+
+/// A graph that waits for a parameter segment's update (`Kernels::update_aside`, on the side
+/// stream; docs/cuda.md "The step beside the forward"): captured before the segment's first
+/// update (a wait on an event never recorded, made in the capture), then replayed after each of
+/// two updates — 16 additions into `x` queued aside — copying `x` into `y`, which must hold the
+/// updated values. Without the graph's own wait node the copy would run beside the additions.
+/// Exact: `graph.update_wait`. `None` when the device does not capture.
+pub fn compare_update_wait<D: Device>(k: &Kernels<D>, store: Dtype) -> Option<OpCheck> {
+    // A segment index no model of the self-test uses: its event is made here.
+    const SEG: usize = 63;
+    let dev = k.device();
+    let n = 1 << 14;
+    let cpu = Cpu::new(1).with_store(store);
+    let (mut x, mut y, mut d) = (k.alloc(n), k.alloc(n), k.alloc(n));
+    let mut want = rand(n, 2.0, 80, store);
+    let step = rand(n, 0.01, 81, store);
+    k.write(k.view_mut(&mut x), &want);
+    k.write(k.view_mut(&mut d), &step);
+    if !dev.begin_capture() {
+        return None;
+    }
+    k.wait_update(SEG);
+    k.copy(k.view_mut(&mut y), k.view(&x));
+    let id = dev.end_capture();
+    let mut same = id.is_some();
+    for _ in 0..2 {
+        k.update_aside(SEG, || {
+            for _ in 0..16 {
+                k.add_assign(k.view_mut(&mut x), k.view(&d));
+            }
+        });
+        for _ in 0..16 {
+            cpu.add_assign(&mut want, &step);
+        }
+        same &= id.is_some_and(|id| dev.launch_graph(id));
+        let mut got = vec![0.0; n];
+        k.download(k.view(&y), &mut got);
+        same &= same_bits(&got, &want);
+    }
+    if let Some(id) = id {
+        dev.drop_graph(id);
+    }
+    Some(exact("graph.update_wait", store, same))
 }
 
 /// Runs every operation on `be` (which stores `store`) and on the CPU backend storing the same,

@@ -106,6 +106,18 @@ struct State<D: Device> {
     /// The accumulator's sums are queued (by the last micro-batch): [`Resident::average_grads`]
     /// joins them instead of summing.
     summed: bool,
+    /// The resident optimizer steps one model segment at a time, each segment's update (and
+    /// its gradient's zeroing) queued beside the rest, which the next micro-batch's forward
+    /// waits for segment by segment (`Kernels::update_aside`; docs/cuda.md, "The step beside
+    /// the forward"): one device, its whole gradient accumulated in place, an element-wise
+    /// optimizer.
+    by_segments: bool,
+    /// A step's updates are queued and not yet waited for as a whole: anything but the next
+    /// micro-batch's pass joins them first ([`State::settle`]).
+    updating: bool,
+    /// The last step zeroed the gradient accumulator: the next window's
+    /// [`Resident::zero_grads`] has nothing to do.
+    zeroed: bool,
 }
 
 /// What a rank of a group owns ([`Partitioned`]).
@@ -151,6 +163,14 @@ fn same_len(what: &str, host: usize, device: usize) -> Result<(), ModelError> {
 }
 
 impl<D: Device> State<D> {
+    /// Orders what is queued from now on after the last step's updates, if they are still
+    /// beside the rest (`State::updating`).
+    fn settle(&mut self, k: &Kernels<D>) {
+        if std::mem::take(&mut self.updating) {
+            k.join_aside();
+        }
+    }
+
     /// The resident optimizer, when the optimizer is kept on the device.
     fn optimizer(&mut self) -> Result<&mut DeviceOptimizer<D>, ModelError> {
         self.opt.as_mut().ok_or_else(|| {
@@ -217,6 +237,9 @@ impl<D: Device> OnDevice<D> {
                 eval_graphs: graphs::Graphs::default(),
                 sum_next: false,
                 summed: false,
+                by_segments: false,
+                updating: false,
+                zeroed: false,
             }),
         })
     }
@@ -245,6 +268,9 @@ impl<D: Device> OnDevice<D> {
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
+        st.settle(k);
+        // A copy up replaces what a step zeroed (and one down is not worth the bookkeeping).
+        st.zeroed = false;
         let acc = accumulator(&mut st.opt, &mut st.acc)?;
         same_len("gradient", host, k.device().len(k.view(acc)))?;
         copy(k, acc);
@@ -349,6 +375,7 @@ where
                 "the device holds ZeRO-3 pieces: its passes run through Resident::micro".into(),
             ));
         }
+        st.settle(k);
         put_params(k, st, model);
         put(k, &mut st.grads, grads, false);
         let (params, dgrads) = (st.params.as_ref().unwrap(), st.grads.as_mut().unwrap());
@@ -374,6 +401,7 @@ where
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
+        st.settle(k);
         if let Some(Split::Pieces(pc)) = &mut st.split {
             // ZeRO-3: the host gathered the whole parameters for this evaluation; each segment
             // goes up as the forward reads it (rank 0 evaluates alone: no collective).

@@ -161,6 +161,7 @@ where
         let n = model.params().len();
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
+        st.settle(k);
         let split = match keep.partition {
             None => None,
             Some(p) => Some(split(k, st.peers.as_deref(), p, model, &keep)?),
@@ -235,6 +236,14 @@ where
                 Some(Own::Segments([k.alloc(largest), k.alloc(largest)], storage))
             }
         };
+        // One device accumulating its whole gradient in place: the step by segments, each
+        // beside the next forward's layers before it (`Kernels::update_aside`).
+        let alone = split.is_none() && st.peers.is_none() && st.own.is_none();
+        st.by_segments = match (&mut st.opt, keep.optimizer) {
+            (Some(o), Some((opt, _))) if alone => o.by_segments(k, opt, model.segments()),
+            _ => false,
+        };
+        st.zeroed = false;
         st.split = split;
         k.device().sync().map_err(ModelError::Device)
     }
@@ -243,6 +252,11 @@ where
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
+        if std::mem::take(&mut st.zeroed) {
+            // The step zeroed each segment after its update (`Resident::step`).
+            return Ok(());
+        }
+        st.settle(k);
         k.zero(k.view_mut(accumulator(&mut st.opt, &mut st.acc)?));
         Ok(())
     }
@@ -258,6 +272,15 @@ where
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
         let sum = std::mem::take(&mut st.sum_next);
+        // The pass adds into the accumulator.
+        st.zeroed = false;
+        // The plain path's forward waits for each segment's update as it reads it (`updated`
+        // below); any other joins the step's updates first.
+        let waits = st.by_segments && st.landing.is_none() && !sum;
+        if !waits {
+            st.settle(k);
+        }
+        st.updating = false;
         let (ws, params) = (&mut st.ws, st.params.as_ref().ok_or_else(not_uploaded)?);
         let acc = accumulator(&mut st.opt, &mut st.acc)?;
         // The whole parameters and a whole gradient buffer, segment by segment.
@@ -341,7 +364,11 @@ where
             let on = (model, batch, weight, dropout);
             // The pass on the inputs already set, its gradient into `grads`.
             let into = |ws: &mut Workspace<Kernels<D>>, grads: &mut D::Buf| {
-                let mut src = BufParams::new(k, params, segs);
+                let mut src = if waits {
+                    BufParams::updated(k, params, segs)
+                } else {
+                    BufParams::new(k, params, segs)
+                };
                 let mut sink = BufGrads::new(k, grads, segs);
                 model.pass_on_with::<_, _, _, ModelError>(
                     k, ws, batch, weight, &mut src, &mut sink, dropout,
@@ -456,6 +483,7 @@ where
     fn grad_sq(&self) -> Result<f64, ModelError> {
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.settle(k);
         let sq = st.optimizer()?.grad_sq(k);
         k.device().sync().map_err(ModelError::Device)?;
         Ok(sq)
@@ -469,6 +497,26 @@ where
         let (Some(params), Some(o)) = (st.params.as_mut(), st.opt.as_mut()) else {
             return Err(not_uploaded().into());
         };
+        if st.by_segments {
+            // Each segment's update, then its gradient's zeroing for the next window, queued
+            // beside the rest in forward order; the next micro-batch's forward waits for each
+            // as it reads the segment. Nothing waits for the device here: a fault shows at the
+            // next wait.
+            for seg in 0..o.segment_count() {
+                let part = o.segment(seg);
+                let mut done = Ok(());
+                k.update_aside(seg, || {
+                    done = o.step_segment(k, dev.range_mut(params, part), opt, lr, factors, seg);
+                    if done.is_ok() {
+                        o.zero_segment(k, seg);
+                    }
+                });
+                done?;
+            }
+            st.updating = true;
+            st.zeroed = true;
+            return Ok(());
+        }
         let Some(Split::Flat(ranges, me)) = &st.split else {
             // The whole parameters, or ZeRO-3's pieces (gathered when the next pass reads them).
             o.step(k, k.view_mut(params), opt, lr, factors)?;
@@ -499,6 +547,7 @@ where
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
+        st.settle(k);
         let params = st.params.as_ref().ok_or_else(not_uploaded)?;
         match &mut st.split {
             Some(Split::Pieces(pc)) => {
@@ -612,6 +661,7 @@ where
         let (k, dev) = (&self.kernels, self.kernels.device());
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
+        st.settle(k);
         let params = st.params.as_mut().ok_or_else(not_uploaded)?;
         if let Some(Split::Flat(ranges, me)) = &st.split {
             // ZeRO-2 offloaded with peers: this rank's partition up, then every partition from
