@@ -134,10 +134,53 @@ pub fn safetensors_bytes(
         })?;
         views.push((name.clone(), v));
     }
-    safetensors::tensor::serialize(views, Some(metadata)).map_err(|e| ModelError::Safetensors {
-        path: PathBuf::new(),
-        message: e.to_string(),
-    })
+    let bytes = safetensors::tensor::serialize(views, Some(metadata)).map_err(|e| {
+        ModelError::Safetensors {
+            path: PathBuf::new(),
+            message: e.to_string(),
+        }
+    })?;
+    Ok(sorted_metadata(bytes))
+}
+
+/// `bytes` (a safetensors file) with its header's `__metadata__` in key order. The crate
+/// writes the metadata from its `HashMap` in that map's order, which differs from process to
+/// process, so the same checkpoint would not be the same bytes run after run. The header is
+/// JSON padded with spaces to a multiple of 8 bytes (the format's alignment of the data); the
+/// tensors' entries keep their explicit offsets, so only the header changes.
+fn sorted_metadata(bytes: Vec<u8>) -> Vec<u8> {
+    let header = bytes
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_le_bytes)
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|&n| bytes.len() >= 8 + n);
+    let Some(n) = header else {
+        return bytes;
+    };
+    let Ok(serde_json::Value::Object(mut fields)) =
+        serde_json::from_slice::<serde_json::Value>(&bytes[8..8 + n])
+    else {
+        return bytes;
+    };
+    if let Some(serde_json::Value::Object(meta)) = fields.remove("__metadata__") {
+        let sorted: std::collections::BTreeMap<_, _> = meta.into_iter().collect();
+        let mut first = serde_json::Map::new();
+        first.insert("__metadata__".into(), serde_json::json!(sorted));
+        first.extend(fields);
+        fields = first;
+    }
+    let Ok(mut text) = serde_json::to_string(&fields) else {
+        return bytes;
+    };
+    while text.len() % 8 != 0 {
+        text.push(' ');
+    }
+    let mut out = Vec::with_capacity(8 + text.len() + bytes.len() - 8 - n);
+    out.extend_from_slice(&(text.len() as u64).to_le_bytes());
+    out.extend_from_slice(text.as_bytes());
+    out.extend_from_slice(&bytes[8 + n..]);
+    out
 }
 
 /// Writes `files` (name, contents) as directory `dir`, all or nothing: they go into a fresh
@@ -194,5 +237,46 @@ mod tests {
         assert_eq!(f16_to_f32(0x3555), 0.333_251_95);
         assert!(f16_to_f32(0x7c00).is_infinite());
         assert!(f16_to_f32(0x7e00).is_nan());
+    }
+
+    /// The same tensors and metadata give the same bytes whatever order the metadata's map
+    /// hands its keys in (each `HashMap` has its own), with the metadata in key order, and
+    /// read back whole.
+    #[test]
+    fn a_checkpoint_is_the_same_bytes_whatever_the_metadata_order() {
+        let w = [1.0f32, -2.5, 3.25];
+        let tensors = [
+            ("b.bias".to_string(), vec![3], &w[..]),
+            ("a.weight".to_string(), vec![1, 3], &w[..]),
+        ];
+        let keys = ["step", "optimizer", "elements", "zeta", "alpha", "mid"];
+        let files: Vec<Vec<u8>> = (0..16)
+            .map(|i| {
+                let meta: HashMap<String, String> = keys
+                    .iter()
+                    .cycle()
+                    .skip(i)
+                    .take(keys.len())
+                    .map(|k| (k.to_string(), format!("{k}-value")))
+                    .collect();
+                safetensors_bytes(&tensors, meta).unwrap()
+            })
+            .collect();
+        assert!(files.iter().all(|f| f == &files[0]));
+        let n = u64::from_le_bytes(files[0][..8].try_into().unwrap()) as usize;
+        assert_eq!(n % 8, 0);
+        let header = std::str::from_utf8(&files[0][8..8 + n]).unwrap();
+        let at = |k: &str| header.find(&format!("\"{k}\":\"{k}-value\"")).unwrap();
+        let mut sorted = keys;
+        sorted.sort_unstable();
+        assert!(sorted.windows(2).all(|p| at(p[0]) < at(p[1])), "{header}");
+        let dir = std::env::temp_dir().join(format!("recipe-st-order-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("x.safetensors");
+        std::fs::write(&path, &files[0]).unwrap();
+        let back = read_safetensors(&path).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(back.tensors.len(), 2);
+        assert!(back.tensors.iter().all(|t| t.data == w));
     }
 }
