@@ -280,7 +280,6 @@ where
         if !waits {
             st.settle(k);
         }
-        st.updating = false;
         let (ws, params) = (&mut st.ws, st.params.as_ref().ok_or_else(not_uploaded)?);
         let acc = accumulator(&mut st.opt, &mut st.acc)?;
         // The whole parameters and a whole gradient buffer, segment by segment.
@@ -450,6 +449,8 @@ where
                 }
             }
         };
+        // The pass waited for every segment's update (a failed one leaves them to a join).
+        st.updating = false;
         let Loss::Queued { rows } = loss else {
             return Ok(Some(k.loss(loss)));
         };
