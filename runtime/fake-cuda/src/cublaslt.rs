@@ -24,7 +24,8 @@
 //! heuristic's answers (`RECIPE_GEMM_ALGO=fastest`): with `RECIPE_FAKE_CUBLASLT_DISTINCT=1` the
 //! answers after the first split `k` in two with f32 partial sums (other bits than the first's
 //! one sum), and `RECIPE_FAKE_CUBLASLT_SLOW=0,2` makes the answers of those ranks take at least
-//! a millisecond a call.
+//! 10 ms a call: far beyond what a busy machine's scheduling adds to another answer's timing (at
+//! 1 ms, a CI run with the tests in parallel once timed the first answer slower than a slow one).
 
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
@@ -736,7 +737,7 @@ pub unsafe extern "C" fn cublasLtMatmul(
     }
     let slow = std::env::var("RECIPE_FAKE_CUBLASLT_SLOW").unwrap_or_default();
     if slow.split(',').any(|r| r.trim() == chosen.rank.to_string()) {
-        g = g.with_delay(std::time::Duration::from_millis(1));
+        g = g.with_delay(std::time::Duration::from_millis(10));
     }
     let count = call.count as usize;
     // Every item's address against the alignment the heuristic was promised.
