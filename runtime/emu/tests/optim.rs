@@ -492,6 +492,51 @@ fn grad_norm_matches_the_host_sum_of_squares() {
     }
 }
 
+/// `Σ g²` segment by segment (`SegmentNorms`: each segment's first pass queued on its own, as a
+/// backward finishes it, then one second pass over all of them) against `optim::sum_squares`:
+/// bit-identical on exact inputs, within `n · 2⁻⁵²` relative otherwise with the same f32 norm,
+/// the same bits on a rerun; a segment's partials queued again after its values change give the
+/// new sum; an inf in one segment makes the total inf.
+#[test]
+fn grad_norm_by_segments_matches_the_host_sum_of_squares() {
+    use recipe_runtime::backend::kernels::SegmentNorms;
+    use recipe_runtime::backend::Backend;
+    let k = Kernels::new(Emu);
+    for n in [1, 33, 257, 5003, 300_000] {
+        let segs = odd_segments(n);
+        let mut norms = SegmentNorms::new(&k, &segs);
+        let mut sum = |g: &[f32]| {
+            let buf = k.upload(g);
+            for seg in (0..segs.len()).rev() {
+                norms.partials(&k, k.view(&buf), seg);
+            }
+            norms.total(&k)
+        };
+        let exact: Vec<f32> = rand(n, 1.0, 21)
+            .iter()
+            .map(|x| (x * 2048.0).round() / 1024.0)
+            .collect();
+        let (got, want) = (sum(&exact), optim::sum_squares(&exact));
+        assert_eq!(got.to_bits(), want.to_bits(), "n={n} exact Σg²");
+        let spread: Vec<f32> = rand(n, 1.0, 22)
+            .iter()
+            .zip(rand(n, 1.0, 23))
+            .map(|(x, e)| x * 2f32.powi((e * 20.0) as i32))
+            .collect();
+        let (got, want) = (sum(&spread), optim::sum_squares(&spread));
+        let bound = n as f64 * 2f64.powi(-52) * want;
+        assert!((got - want).abs() <= bound, "n={n}: {got} vs {want}");
+        assert_eq!(
+            (got.sqrt() as f32).to_bits(),
+            (want.sqrt() as f32).to_bits()
+        );
+        assert_eq!(sum(&spread).to_bits(), got.to_bits(), "n={n} rerun");
+        let mut inf = spread.clone();
+        inf[n - 1] = f32::INFINITY;
+        assert!(sum(&inf).is_infinite(), "n={n}");
+    }
+}
+
 /// The sum is non-finite exactly when an element is inf or NaN (the host's overflow test), wherever
 /// it sits, and finite for the largest finite values (no f64 overflow); and one sum at the real
 /// cap over more than NORM_BLOCKS · BLOCK elements.

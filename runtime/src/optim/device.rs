@@ -149,6 +149,13 @@ pub trait Resident: Send + Sync {
     fn window_losses(&self) -> Result<Vec<f32>, ModelError>;
     /// `Σ g²` of the accumulator, in f64 ([`kernels::grad_norm_sq`]). The optimizer must be kept.
     fn grad_sq(&self) -> Result<f64, ModelError>;
+    /// The next [`Resident::micro`], a window's last, sums each segment's `Σ g²` as its backward
+    /// finishes the segment, beside the rest, so that the [`Resident::grad_sq`] after it only
+    /// adds the segments' sums ([`kernels::SegmentNorms`]). Returns whether it will: by default
+    /// it does not, and `grad_sq` reads the whole accumulator.
+    fn norm_next(&self) -> bool {
+        false
+    }
     /// One step of `opt` (the host's optimizer before it counts this step: the kind,
     /// hyper-parameters and step count the kernel takes) at `lr`, each gradient taken as
     /// `(g · mult) / div` with `factors = (mult, div)` from [`Optimizer::grad_factors`]. The

@@ -768,6 +768,11 @@ impl Replica {
             }
         }
         if let Some(r) = self.resident() {
+            if last {
+                // One device: the window's norm summed segment by segment during its last
+                // backward where the device can (`Resident::norm_next`); `grad_sq` adds them.
+                let _summing = r.norm_next();
+            }
             if self.peers && stage >= 2 {
                 // The micro-batch ends in sums between the devices: the host barrier first, so
                 // that a rank that failed ends the run here, not in a sum that waits forever.

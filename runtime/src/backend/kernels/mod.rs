@@ -17,7 +17,8 @@ mod optim;
 
 pub use optim::{
     adagrad_step, adamw_step, grad_norm_sq, grad_norm_sq_blocks, grad_norm_sq_in, lamb_step,
-    norm_scratch_len, sgd_step, AdamScalars, DecayMask, LambTensors, NORM_BLOCKS,
+    norm_partials, norm_scratch_len, norm_total, sgd_step, AdamScalars, DecayMask, LambTensors,
+    SegmentNorms, NORM_BLOCKS,
 };
 
 use std::ops::Range;

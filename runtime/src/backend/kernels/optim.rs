@@ -64,28 +64,55 @@ fn norm_sq_in<D: Device>(
     scratch: &mut D::Buf,
     max_blocks: usize,
 ) -> f64 {
+    let need = norm_scratch_len(k.dev.len(g), max_blocks);
+    // [total (2 floats), partials (2 floats per block)]: each double travels as its two words.
+    let parts = {
+        let partials = k.dev.range_mut(scratch, 2..need);
+        norm_partials(k, g, partials, max_blocks)
+    };
+    norm_total(k, scratch, parts)
+}
+
+/// The first pass of [`grad_norm_sq`]: `Σ g²` of each of at most `max_blocks` blocks' elements,
+/// into `partials` (two floats a block, at least [`norm_scratch_len`]` − 2`). Returns the
+/// blocks. A [`SegmentNorms`] slot takes one segment's.
+pub fn norm_partials<D: Device>(
+    k: &Kernels<D>,
+    g: D::View<'_>,
+    mut partials: D::ViewMut<'_>,
+    max_blocks: usize,
+) -> usize {
     let n = k.dev.len(g);
     assert!(
         (1..=65_535).contains(&max_blocks),
         "grad_norm_sq: {max_blocks} blocks"
     );
     let blocks = n.div_ceil(BLOCK as usize).clamp(1, max_blocks);
-    let need = norm_scratch_len(n, max_blocks);
-    // [total (2 floats), partials (2 floats per block)]: each double travels as its two words.
-    let mut all = k.dev.range_mut(scratch, 0..need);
+    assert!(k.dev.len_mut(&partials) >= 2 * blocks, "norm partials");
+    k.dev.launch(
+        "grad_norm_partial",
+        Launch {
+            grid: (blocks as u32, 1, 1),
+            block: (BLOCK, 1, 1),
+            smem: 0,
+        },
+        &[
+            Arg::Ptr(k.dev.ptr_mut(&mut partials)),
+            Arg::Ptr(k.dev.ptr(g)),
+            int(n),
+        ],
+    );
+    blocks
+}
+
+/// The second pass of [`grad_norm_sq`]: one block adds the first `parts` partial sums of
+/// `scratch` (after its first two floats) in order into those two floats, which are read back.
+pub fn norm_total<D: Device>(k: &Kernels<D>, scratch: &mut D::Buf, parts: usize) -> f64 {
+    let mut all = k.dev.range_mut(scratch, 0..2 + 2 * parts);
     let mut words = [0.0f32; 2];
     {
         let (mut total, mut partial) = k.dev.split_at_mut(&mut all, 2);
         let (t, p) = (k.dev.ptr_mut(&mut total), k.dev.ptr_mut(&mut partial));
-        k.dev.launch(
-            "grad_norm_partial",
-            Launch {
-                grid: (blocks as u32, 1, 1),
-                block: (BLOCK, 1, 1),
-                smem: 0,
-            },
-            &[Arg::Ptr(p), Arg::Ptr(k.dev.ptr(g)), int(n)],
-        );
         k.dev.launch(
             "grad_norm_final",
             Launch {
@@ -93,13 +120,62 @@ fn norm_sq_in<D: Device>(
                 block: (BLOCK, 1, 1),
                 smem: 0,
             },
-            &[Arg::Ptr(t), Arg::Ptr(p), int(blocks)],
+            &[Arg::Ptr(t), Arg::Ptr(p), int(parts)],
         );
     }
     drop(all);
     k.dev
         .download(k.dev.sub(k.dev.view(scratch), 0..2), &mut words);
     f64::from_bits(u64::from(words[0].to_bits()) | (u64::from(words[1].to_bits()) << 32))
+}
+
+/// `Σ g²` of a buffer cut into segments whose sums are taken one segment at a time, each as the
+/// backward finishes it ([`SegmentNorms::partials`]), then added at once
+/// ([`SegmentNorms::total`]): the first pass per segment (at most [`NORM_BLOCKS`] blocks each),
+/// every segment's partials in segment order in one scratch, the second pass over all of them.
+/// A fixed order for fixed segments, so the same bits run after run (not the whole buffer's
+/// [`grad_norm_sq`] bits: other blocks).
+pub struct SegmentNorms<D: Device> {
+    scratch: D::Buf,
+    /// Each segment's range of the buffer and its first partial's index.
+    slots: Vec<(Range<usize>, usize)>,
+    parts: usize,
+}
+
+impl<D: Device> SegmentNorms<D> {
+    /// The scratch for `segs` (ascending, disjoint), allocated once.
+    pub fn new(k: &Kernels<D>, segs: &[Range<usize>]) -> SegmentNorms<D> {
+        let mut slots = Vec::with_capacity(segs.len());
+        let mut parts = 0;
+        for s in segs {
+            slots.push((s.clone(), parts));
+            parts += s.len().div_ceil(BLOCK as usize).clamp(1, NORM_BLOCKS);
+        }
+        SegmentNorms {
+            scratch: k.dev.alloc(2 + 2 * parts),
+            slots,
+            parts,
+        }
+    }
+
+    /// Queues the first pass over segment `seg` of `g` (the whole buffer).
+    pub fn partials(&mut self, k: &Kernels<D>, g: D::View<'_>, seg: usize) {
+        let (r, first) = self.slots[seg].clone();
+        let blocks = r.len().div_ceil(BLOCK as usize).clamp(1, NORM_BLOCKS);
+        let at = 2 + 2 * first;
+        let out = k.dev.range_mut(&mut self.scratch, at..at + 2 * blocks);
+        norm_partials(k, k.dev.sub(g, r), out, NORM_BLOCKS);
+    }
+
+    /// The scratch's address (a graph that queues the partials writes there).
+    pub fn address(&self, k: &Kernels<D>) -> u64 {
+        k.dev.ptr(k.dev.view(&self.scratch))
+    }
+
+    /// The total of every segment's partials (each queued since the buffer last changed).
+    pub fn total(&mut self, k: &Kernels<D>) -> f64 {
+        norm_total(k, &mut self.scratch, self.parts)
+    }
 }
 
 /// Which elements of an optimizer's buffer get weight decay, on the device: the bounds of the

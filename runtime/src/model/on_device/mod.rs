@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use super::pieces::{Pieces, Upload};
 use super::{Batch, BufParams, Classifier, DropoutKey, ModelError, Workspace};
 use crate::backend::device::{Device, Peers};
-use crate::backend::kernels::Kernels;
+use crate::backend::kernels::{Kernels, SegmentNorms};
 use crate::backend::profile::Profile;
 use crate::backend::{Backend, Loss};
 use crate::optim::device::{DeviceOptimizer, Landing, Resident};
@@ -118,6 +118,13 @@ struct State<D: Device> {
     /// The last step zeroed the gradient accumulator: the next window's
     /// [`Resident::zero_grads`] has nothing to do.
     zeroed: bool,
+    /// With `by_segments`: `Σ g²` summed segment by segment during a window's last backward
+    /// ([`Resident::norm_next`]).
+    norms: Option<SegmentNorms<D>>,
+    /// The next micro-batch sums the norm's segments (`norm_next`).
+    norm_next: bool,
+    /// `norms` holds the accumulator's sums: [`Resident::grad_sq`] only adds them.
+    normed: bool,
 }
 
 /// What a rank of a group owns ([`Partitioned`]).
@@ -240,6 +247,9 @@ impl<D: Device> OnDevice<D> {
                 by_segments: false,
                 updating: false,
                 zeroed: false,
+                norms: None,
+                norm_next: false,
+                normed: false,
             }),
         })
     }
@@ -269,8 +279,10 @@ impl<D: Device> OnDevice<D> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
         st.settle(k);
-        // A copy up replaces what a step zeroed (and one down is not worth the bookkeeping).
+        // A copy up replaces what a step zeroed and the norm's sums (and one down is not worth
+        // the bookkeeping).
         st.zeroed = false;
+        st.normed = false;
         let acc = accumulator(&mut st.opt, &mut st.acc)?;
         same_len("gradient", host, k.device().len(k.view(acc)))?;
         copy(k, acc);

@@ -8,7 +8,7 @@ use std::ops::Range;
 use super::graphs::{self, Graphs, Shape};
 use super::{accumulator, grow_keeping, not_uploaded, put, same_len, OnDevice, Own, Split};
 use crate::backend::device::{grouped, Device, Peers};
-use crate::backend::kernels::Kernels;
+use crate::backend::kernels::{Kernels, SegmentNorms};
 use crate::backend::{Backend, Loss};
 use crate::model::pieces::{self, Gather, Parts, Pieces, Queue, Rank, Scatter, SharedPeers};
 use crate::model::{Batch, BufGrads, BufParams, Classifier, DropoutKey, ModelError, Workspace};
@@ -243,7 +243,11 @@ where
             (Some(o), Some((opt, _))) if alone => o.by_segments(k, opt, model.segments()),
             _ => false,
         };
+        st.norms = st
+            .by_segments
+            .then(|| SegmentNorms::new(k, model.segments()));
         st.zeroed = false;
+        st.normed = false;
         st.split = split;
         k.device().sync().map_err(ModelError::Device)
     }
@@ -252,6 +256,7 @@ where
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
+        st.normed = false;
         if std::mem::take(&mut st.zeroed) {
             // The step zeroed each segment after its update (`Resident::step`).
             return Ok(());
@@ -280,6 +285,9 @@ where
         if !waits {
             st.settle(k);
         }
+        // This pass changes the accumulator: the norm's sums are its own or none.
+        let norm = std::mem::take(&mut st.norm_next) && waits;
+        st.normed = false;
         let (ws, params) = (&mut st.ws, st.params.as_ref().ok_or_else(not_uploaded)?);
         let acc = accumulator(&mut st.opt, &mut st.acc)?;
         // The whole parameters and a whole gradient buffer, segment by segment.
@@ -361,17 +369,35 @@ where
             let graphs = &mut st.graphs;
             let p = dev.ptr(dev.view(params));
             let on = (model, batch, weight, dropout);
-            // The pass on the inputs already set, its gradient into `grads`.
-            let into = |ws: &mut Workspace<Kernels<D>>, grads: &mut D::Buf| {
+            // The pass on the inputs already set, its gradient into `grads` (and with `norms`,
+            // each finished segment's `Σ g²` beside the rest: `Resident::norm_next`).
+            let into = |ws: &mut Workspace<Kernels<D>>,
+                        grads: &mut D::Buf,
+                        norms: Option<&mut SegmentNorms<D>>| {
                 let mut src = if waits {
                     BufParams::updated(k, params, segs)
                 } else {
                     BufParams::new(k, params, segs)
                 };
-                let mut sink = BufGrads::new(k, grads, segs);
-                model.pass_on_with::<_, _, _, ModelError>(
-                    k, ws, batch, weight, &mut src, &mut sink, dropout,
-                )
+                match norms {
+                    Some(norms) => {
+                        let mut sink = Normed {
+                            k,
+                            grads,
+                            segs,
+                            norms,
+                        };
+                        model.pass_on_with::<_, _, _, ModelError>(
+                            k, ws, batch, weight, &mut src, &mut sink, dropout,
+                        )
+                    }
+                    None => {
+                        let mut sink = BufGrads::new(k, grads, segs);
+                        model.pass_on_with::<_, _, _, ModelError>(
+                            k, ws, batch, weight, &mut src, &mut sink, dropout,
+                        )
+                    }
+                }
             };
             match (&mut st.own, &st.split) {
                 (None, _) if sum => {
@@ -396,8 +422,13 @@ where
                     loss?
                 }
                 (None, _) => {
-                    let buffers = [p, dev.ptr(dev.view(acc)), 0];
-                    graphed(k, graphs, ws, alone, on, buffers, |ws| into(ws, acc))?
+                    let mut norms = st.norms.as_mut().filter(|_| norm);
+                    // A pass that sums the norm is a graph of its own.
+                    let summed = norms.as_ref().map_or(0, |n| n.address(k));
+                    let buffers = [p, dev.ptr(dev.view(acc)), summed];
+                    graphed(k, graphs, ws, alone, on, buffers, |ws| {
+                        into(ws, acc, norms.as_deref_mut())
+                    })?
                 }
                 // zero/sinks.rs `ReduceToOwners`: each segment's gradient, as the backward
                 // finishes it, summed to the owners of its parts (on the copy stream, while
@@ -440,7 +471,7 @@ where
                     let buffers = [p, dev.ptr(dev.view(g)), dev.ptr(dev.view(acc))];
                     graphed(k, graphs, ws, alone, on, buffers, |ws| {
                         k.zero(k.view_mut(g));
-                        let loss = into(ws, g)?;
+                        let loss = into(ws, g, None)?;
                         k.round_to(k.view_mut(g), storage.comm);
                         k.round_to(k.view_mut(g), storage.module);
                         k.add_assign(k.view_mut(acc), k.view(g));
@@ -451,6 +482,7 @@ where
         };
         // The pass waited for every segment's update (a failed one leaves them to a join).
         st.updating = false;
+        st.normed = norm;
         let Loss::Queued { rows } = loss else {
             return Ok(Some(k.loss(loss)));
         };
@@ -484,8 +516,17 @@ where
     fn grad_sq(&self) -> Result<f64, ModelError> {
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let st = &mut *st;
         st.settle(k);
-        let sq = st.optimizer()?.grad_sq(k);
+        let summed = match st.norms.as_mut() {
+            // The last backward summed each segment (its final join ordered them before this).
+            Some(norms) if std::mem::take(&mut st.normed) => Some(norms.total(k)),
+            _ => None,
+        };
+        let sq = match summed {
+            Some(sq) => sq,
+            None => st.optimizer()?.grad_sq(k),
+        };
         k.device().sync().map_err(ModelError::Device)?;
         Ok(sq)
     }
@@ -516,6 +557,7 @@ where
             }
             st.updating = true;
             st.zeroed = true;
+            st.normed = false;
             return Ok(());
         }
         let Some(Split::Flat(ranges, me)) = &st.split else {
@@ -740,6 +782,12 @@ where
         st.sum_next
     }
 
+    fn norm_next(&self) -> bool {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.norm_next = st.norms.is_some();
+        st.norm_next
+    }
+
     fn land_next(&self, dst: Landing) -> bool {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         // One device's whole accumulator (with peers the ranks reduce first: not landed).
@@ -789,6 +837,36 @@ impl<D: Device> crate::model::GradSink<Kernels<D>> for Summed<'_, D> {
         // the segments it has not finished, and the caller joins the sums before it reads or
         // writes this one again or calls a direct sum.
         unsafe { self.peers.all_reduce_sum_queued(dev, s) }.map_err(ModelError::Device)
+    }
+}
+
+/// The sink of one device's window's last micro-batch ([`Resident::norm_next`]): the backward
+/// accumulates into `grads`, and each finished segment's `Σ g²` partial sums are queued beside
+/// the rest (`Backend::aside`, after the segment's own aside work: its weight gradients and
+/// their rounding), so that they run while the backward computes the segments below; the
+/// backward's final join orders them before anything after the pass.
+struct Normed<'a, D: Device> {
+    k: &'a Kernels<D>,
+    grads: &'a mut D::Buf,
+    segs: &'a [Range<usize>],
+    norms: &'a mut SegmentNorms<D>,
+}
+
+impl<D: Device> crate::model::GradSink<Kernels<D>> for Normed<'_, D> {
+    type Error = ModelError;
+
+    fn fetch<'s>(&'s mut self, seg: usize) -> Result<D::ViewMut<'s>, ModelError>
+    where
+        Kernels<D>: 's,
+    {
+        Ok(self.k.range_mut(self.grads, self.segs[seg].clone()))
+    }
+
+    fn done(&mut self, seg: usize) -> Result<(), ModelError> {
+        let (k, g) = (self.k, &*self.grads);
+        let norms = &mut *self.norms;
+        let _ = k.aside(|| norms.partials(k, k.view(g), seg));
+        Ok(())
     }
 }
 
