@@ -980,6 +980,22 @@ impl CudaDevice {
         Some(side)
     }
 
+    /// Runs `f` with the side stream open to its launches ([`CudaDevice::side_lane`]): whether
+    /// any went there, for the caller to mark. False inside an open call (whose mark covers
+    /// `f`'s work) and when nothing went aside (profiling, a failed device: in order with the
+    /// rest).
+    fn open_side(&self, side: &Side, f: impl FnOnce()) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        if side.open.swap(true, Relaxed) {
+            f();
+            return false;
+        }
+        side.state.lock().unwrap_or_else(|p| p.into_inner()).used = false;
+        f();
+        side.open.store(false, Relaxed);
+        side.state.lock().unwrap_or_else(|p| p.into_inner()).used
+    }
+
     /// `f` on segment `seg`'s event of [`Device::update_aside`], made at its first use.
     fn on_update_event(
         &self,
@@ -1875,19 +1891,10 @@ impl Device for CudaDevice {
             f();
             return Aside::DONE;
         };
-        use std::sync::atomic::Ordering::Relaxed;
-        if side.open.swap(true, Relaxed) {
-            // Nested: the outer call's ticket covers this work.
-            f();
+        if !self.open_side(side, f) {
             return Aside::DONE;
         }
-        side.state.lock().unwrap_or_else(|p| p.into_inner()).used = false;
-        f();
-        side.open.store(false, Relaxed);
         let mut st = side.state.lock().unwrap_or_else(|p| p.into_inner());
-        if !st.used {
-            return Aside::DONE;
-        }
         match side.stream.record_event(None) {
             Ok(e) => {
                 st.events.push(e);
@@ -1922,17 +1929,7 @@ impl Device for CudaDevice {
             f();
             return;
         };
-        use std::sync::atomic::Ordering::Relaxed;
-        if side.open.swap(true, Relaxed) {
-            // Inside an `aside` call: its ticket covers this work.
-            f();
-            return;
-        }
-        side.state.lock().unwrap_or_else(|p| p.into_inner()).used = false;
-        f();
-        side.open.store(false, Relaxed);
-        if !side.state.lock().unwrap_or_else(|p| p.into_inner()).used {
-            // Nothing went aside (profiling, or a failed device): in order with the rest.
+        if !self.open_side(side, f) {
             return;
         }
         let recorded = self.on_update_event(side, seg, |e| e.record(&side.stream));
