@@ -4,8 +4,11 @@
 # ours through scripts/gpu/bert-base.rcp, PyTorch's through scripts/gpu/torch_bert_bench.py
 # (autocast bf16, fused AdamW). Writes $OUT/throughput.json: each side's median samples/s over
 # the steps after the first 10, their ratio, and each side's MFU with llm.c's FLOP count
-# (6·N + 6·L·C·T per token, N every parameter; train_gpt2.cu) against the GPU's dense bf16 peak
-# (PEAK_TFLOPS, default 989: H100/H200 SXM; ../shared/reference/cuda-testing.md).
+# (6·N + 6·L·C·T per token, N every parameter; train_gpt2.cu) against the GPU's dense bf16 peak:
+# PEAK_TFLOPS, else the peak of the GPU the run names (989 for an H100 SXM or H200, 756 for an
+# H100 PCIe, 835 for an H100 NVL, 312 for an A100: NVIDIA's data sheets without sparsity;
+# ../shared/reference/cuda-testing.md); for another GPU no MFU, rather than one against the
+# wrong peak.
 # Ours runs again with its GEMMs on cuBLAS's `cublasGemmEx` family instead of cuBLASLt
 # (RECIPE_GEMM_LIBRARY=cublas, docs/cuda.md "GEMMs"), without the fused attention kernels
 # (RECIPE_FUSED_ATTENTION=0: the batched products and the softmax kernels, for the A/B), with
@@ -100,74 +103,6 @@ if [ "$DEVICE" = cuda ]; then
     cp "$W/profiled/profile.json" "$OUT/profile.json" 2>/dev/null || true
 fi
 
-"$PY" - "$W" "$DEVICE" "$L" "$C" "$SEQ" "$WARM" "${PEAK_TFLOPS:-989}" > "$OUT/throughput.json" <<'PY'
-import json, statistics, sys
-w, device, L, C, T, warm, peak = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6]), int(sys.argv[6]), float(sys.argv[7])
-out = {"device": device, "shape": {"layers": L, "hidden": C, "seq": T}, "ok": False}
-def rate(run):
-    try:
-        recs = [json.loads(l) for l in open(f"{w}/{run}/metrics.jsonl")]
-        start = next(r for r in recs if r.get("event") == "start")
-        steps = [r for r in recs if "loss" in r]
-        # A row's samples_per_s is the average since training began, warm-up included (the
-        # first step loads cuBLAS's kernels): each step's own rate is Δstep / Δ(step / rate).
-        t = [r["step"] / r["samples_per_s"] for r in steps]
-        rates = [(b["step"] - a["step"]) / (tb - ta)
-                 for a, b, ta, tb in zip(steps, steps[1:], t, t[1:]) if a["step"] >= warm and tb > ta]
-        return {"device": start.get("device"), "parameters": start["parameters"],
-                "precision": start.get("precision"), "steps_timed": len(rates),
-                "samples_per_s": statistics.median(rates),
-                "losses": [r["loss"] for r in steps]}
-    except (OSError, StopIteration, KeyError, statistics.StatisticsError) as e:
-        return {"error": f"{type(e).__name__}: {e}"}
-out["recipe"] = rate("out")
-# The same run with one setting changed, each as recipe_<key> (and ratio_<key>_over_torch).
-AB = (
-    ("cublas", "cublas"),  # GEMMs on cuBLAS instead of cuBLASLt (RECIPE_GEMM_LIBRARY=cublas)
-    ("direct", "direct"),  # kernels launched directly, not as graphs (RECIPE_CUDA_GRAPHS=0)
-    ("unfused", "unfused_attention"),  # no fused attention kernels (RECIPE_FUSED_ATTENTION=0)
-    ("one-stream", "one_stream"),  # every GEMM on one stream (RECIPE_SIDE_STREAM=0)
-    ("side-equal", "side_equal"),  # the side stream of the same priority (RECIPE_SIDE_STREAM=equal)
-    ("gemm-fastest", "gemm_fastest"),  # each GEMM's fastest cuBLASLt algorithm (RECIPE_GEMM_ALGO=fastest)
-    ("step-before", "step_before"),  # each step's updates before the next forward (RECIPE_STEP_ASIDE=0)
-)
-for run, key in AB:
-    out[f"recipe_{key}"] = rate(run)
-# Each A/B run's losses against the default run's, step by step (the same data and seed): 0 where
-# the setting keeps the bits (graphs, the streams), small where it changes a sum's order.
-base = out["recipe"].pop("losses", None)
-for _, key in AB:
-    other = out[f"recipe_{key}"].pop("losses", None)
-    if base and other and len(base) == len(other):
-        out[f"recipe_{key}"]["max_loss_rel_diff"] = max(
-            abs(a - b) / abs(a) if a else abs(b) for a, b in zip(base, other))
-for run, key in (("profiled", "profile"),):
-    try:
-        p = json.load(open(f"{w}/{run}/profile.json"))
-        out[key] = {"busy_share": p["busy_s"] / p["span_s"] if p["span_s"] else None,
-                    "top": [{k: r[k] for k in ("name", "calls", "share", "mean_us")}
-                            for r in p["rows"][:12]]}
-    except (OSError, KeyError, json.JSONDecodeError) as e:
-        out[key] = {"error": f"{type(e).__name__}: {e}"}
-try:
-    out["torch"] = json.loads(open(f"{w}/torch.json").read().strip().splitlines()[-1])
-except (OSError, IndexError, json.JSONDecodeError) as e:
-    out["torch"] = {"error": f"{type(e).__name__}: {e}"}
-ours, theirs = out["recipe"].get("samples_per_s"), out["torch"].get("samples_per_s")
-if ours and theirs:
-    n = out["recipe"]["parameters"]
-    flops_per_sample = (6 * n + 6 * L * C * T) * T
-    out["ratio_recipe_over_torch"] = ours / theirs
-    for _, key in AB:
-        other = out[f"recipe_{key}"].get("samples_per_s")
-        if other:
-            out[f"ratio_{key}_over_torch"] = other / theirs
-    if device == "cuda":
-        out["peak_tflops_bf16"] = peak
-        out["mfu_recipe"] = ours * flops_per_sample / (peak * 1e12)
-        out["mfu_torch"] = theirs * flops_per_sample / (peak * 1e12)
-    # Issue 15's goals: >= 1.3x PyTorch eager and >= 40 % MFU (reported, not enforced here).
-    out["ok"] = True
-print(json.dumps(out, indent=1))
-PY
+"$PY" scripts/gpu/throughput_summary.py "$W" "$DEVICE" "$L" "$C" "$SEQ" "$WARM" "${PEAK_TFLOPS:-}" \
+    > "$OUT/throughput.json"
 cat "$OUT/throughput.json"

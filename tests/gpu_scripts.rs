@@ -1,7 +1,8 @@
 //! The GPU scripts' own arithmetic, on recorded inputs: `scripts/gpu/profile_summary.py` turns
 //! Nsight Compute's CSV (its `==PROF==` lines, thousands separators, cuBLAS kernels by grid),
 //! the speed-of-light section, torch.profiler's rows and a run's metrics into per-step figures
-//! (tests/fixtures/gpu-profile/). Needs `python3` (or `$PYTHON`), which CI installs.
+//! (tests/fixtures/gpu-profile/); `scripts/gpu/throughput_summary.py` turns timed runs into
+//! samples/s and MFU against the named GPU's peak. Needs `python3` (or `$PYTHON`), which CI installs.
 
 use std::path::Path;
 use std::process::Command;
@@ -102,4 +103,90 @@ fn a_missing_file_is_named_without_the_machines_paths() {
     std::fs::remove_dir_all(&dir).unwrap();
     assert!(text.contains("DIR/ncu-recipe.csv"), "{text}");
     assert!(!text.contains(dir.to_str().unwrap()), "{text}");
+}
+
+/// scripts/gpu/throughput_summary.py's output for one timed run of ours (`out`) at a steady
+/// `rate` samples/s on the GPU `gpu` and PyTorch's `torch` samples/s, with `peak` as
+/// PEAK_TFLOPS (empty: none).
+fn throughput(gpu: &str, rate: f64, torch: f64, peak: &str) -> serde_json::Value {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // One folder a call: the tests run side by side.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!(
+        "recipe-gpu-throughput-{}-{call}",
+        std::process::id()
+    ));
+    let run = dir.join("out");
+    std::fs::create_dir_all(&run).expect("temporary folder");
+    let mut lines = vec![serde_json::json!({
+        "event": "start", "device": gpu, "parameters": 100_000_000, "precision": "bf16"
+    })];
+    // A row's samples_per_s is the average since the start: a steady rate keeps it.
+    lines.extend(
+        (1..=20).map(|s| serde_json::json!({"step": s, "loss": 1.0, "samples_per_s": rate})),
+    );
+    let text: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    std::fs::write(run.join("metrics.jsonl"), text.join("\n")).expect("metrics");
+    std::fs::write(
+        dir.join("torch.json"),
+        serde_json::json!({ "samples_per_s": torch }).to_string(),
+    )
+    .expect("torch.json");
+    let py = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = Command::new(&py)
+        .arg(root.join("scripts/gpu/throughput_summary.py"))
+        .arg(&dir)
+        .args(["cuda", "12", "768", "128", "10", peak])
+        .output()
+        .unwrap_or_else(|e| panic!("this test needs {py} (set PYTHON): {e}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the summary is JSON")
+}
+
+/// llm.c's FLOPs a sample for BERT-base's shape and the runs' 10⁸ parameters.
+const FLOPS_PER_SAMPLE: f64 = (6.0 * 1e8 + 6.0 * 12.0 * 768.0 * 128.0) * 128.0;
+
+#[test]
+fn mfu_is_against_the_named_gpus_own_peak() {
+    for (gpu, peak) in [
+        ("NVIDIA H200 (sm_90)", 989.0),
+        ("NVIDIA H100 80GB HBM3 (sm_90)", 989.0),
+        ("NVIDIA H100 PCIe (sm_90)", 756.0),
+        ("NVIDIA H100 NVL (sm_90)", 835.0),
+        ("NVIDIA A100-SXM4-80GB (sm_80)", 312.0),
+    ] {
+        let s = throughput(gpu, 3000.0, 1000.0, "");
+        assert_eq!(s["peak_tflops_bf16"], peak, "{gpu}");
+        assert_eq!(s["peak_from"], gpu);
+        let mfu = s["mfu_recipe"].as_f64().expect("an MFU");
+        let want = 3000.0 * FLOPS_PER_SAMPLE / (peak * 1e12);
+        assert!(
+            (mfu - want).abs() < 1e-9 * want,
+            "{gpu}: {mfu} against {want}"
+        );
+        assert!((s["ratio_recipe_over_torch"].as_f64().unwrap() - 3.0).abs() < 1e-9);
+    }
+}
+
+#[test]
+fn an_unknown_gpu_gets_no_mfu_unless_its_peak_is_given() {
+    let s = throughput("NVIDIA L4 (sm_89)", 300.0, 100.0, "");
+    assert!(s["peak_tflops_bf16"].is_null());
+    assert!(s.get("mfu_recipe").is_none(), "{s}");
+    let note = s["mfu_note"].as_str().expect("a note");
+    assert!(
+        note.contains("NVIDIA L4") && note.contains("PEAK_TFLOPS"),
+        "{note}"
+    );
+    let s = throughput("NVIDIA L4 (sm_89)", 300.0, 100.0, "121");
+    assert_eq!(s["peak_tflops_bf16"], 121.0);
+    assert_eq!(s["peak_from"], "PEAK_TFLOPS");
+    let want = 300.0 * FLOPS_PER_SAMPLE / 121e12;
+    assert!((s["mfu_recipe"].as_f64().unwrap() - want).abs() < 1e-9 * want);
 }

@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""scripts/gpu-throughput.sh's summary of its runs: each run's median samples/s over the steps
+after the warm-up, their ratio to PyTorch's, each A/B run's largest loss difference from the
+default run, and MFU against the GPU's dense bf16 peak. Prints throughput.json.
+
+    throughput_summary.py DIR DEVICE LAYERS HIDDEN SEQ WARM [PEAK_TFLOPS]
+
+DIR holds one folder per run (out, cublas, …, each with the run's metrics.jsonl), profiled/
+and torch.json; an empty PEAK_TFLOPS takes the peak of the GPU the run names."""
+import json, statistics, sys
+w, device, L, C, T, warm = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6]), int(sys.argv[6])
+peak = sys.argv[7] if len(sys.argv) > 7 else ""
+# Dense bf16 tensor-core peaks, TFLOP/s, by a word of the GPU's name; the variants before the
+# plain "H100" (an SXM board: "NVIDIA H100 80GB HBM3").
+PEAKS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H200", 989.0), ("H100", 989.0), ("A100", 312.0))
+def peak_of(name):
+    return next((p for key, p in PEAKS if key in (name or "")), None)
+out = {"device": device, "shape": {"layers": L, "hidden": C, "seq": T}, "ok": False}
+def rate(run):
+    try:
+        recs = [json.loads(l) for l in open(f"{w}/{run}/metrics.jsonl")]
+        start = next(r for r in recs if r.get("event") == "start")
+        steps = [r for r in recs if "loss" in r]
+        # A row's samples_per_s is the average since training began, warm-up included (the
+        # first step loads cuBLAS's kernels): each step's own rate is Δstep / Δ(step / rate).
+        t = [r["step"] / r["samples_per_s"] for r in steps]
+        rates = [(b["step"] - a["step"]) / (tb - ta)
+                 for a, b, ta, tb in zip(steps, steps[1:], t, t[1:]) if a["step"] >= warm and tb > ta]
+        return {"device": start.get("device"), "parameters": start["parameters"],
+                "precision": start.get("precision"), "steps_timed": len(rates),
+                "samples_per_s": statistics.median(rates),
+                "losses": [r["loss"] for r in steps]}
+    except (OSError, StopIteration, KeyError, statistics.StatisticsError) as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+out["recipe"] = rate("out")
+# The same run with one setting changed, each as recipe_<key> (and ratio_<key>_over_torch).
+AB = (
+    ("cublas", "cublas"),  # GEMMs on cuBLAS instead of cuBLASLt (RECIPE_GEMM_LIBRARY=cublas)
+    ("direct", "direct"),  # kernels launched directly, not as graphs (RECIPE_CUDA_GRAPHS=0)
+    ("unfused", "unfused_attention"),  # no fused attention kernels (RECIPE_FUSED_ATTENTION=0)
+    ("one-stream", "one_stream"),  # every GEMM on one stream (RECIPE_SIDE_STREAM=0)
+    ("side-equal", "side_equal"),  # the side stream of the same priority (RECIPE_SIDE_STREAM=equal)
+    ("gemm-fastest", "gemm_fastest"),  # each GEMM's fastest cuBLASLt algorithm (RECIPE_GEMM_ALGO=fastest)
+    ("step-before", "step_before"),  # each step's updates before the next forward (RECIPE_STEP_ASIDE=0)
+)
+for run, key in AB:
+    out[f"recipe_{key}"] = rate(run)
+# Each A/B run's losses against the default run's, step by step (the same data and seed): 0 where
+# the setting keeps the bits (graphs, the streams), small where it changes a sum's order.
+base = out["recipe"].pop("losses", None)
+for _, key in AB:
+    other = out[f"recipe_{key}"].pop("losses", None)
+    if base and other and len(base) == len(other):
+        out[f"recipe_{key}"]["max_loss_rel_diff"] = max(
+            abs(a - b) / abs(a) if a else abs(b) for a, b in zip(base, other))
+for run, key in (("profiled", "profile"),):
+    try:
+        p = json.load(open(f"{w}/{run}/profile.json"))
+        out[key] = {"busy_share": p["busy_s"] / p["span_s"] if p["span_s"] else None,
+                    "top": [{k: r[k] for k in ("name", "calls", "share", "mean_us")}
+                            for r in p["rows"][:12]]}
+    except (OSError, KeyError, json.JSONDecodeError) as e:
+        out[key] = {"error": f"{type(e).__name__}: {e}"}
+try:
+    out["torch"] = json.loads(open(f"{w}/torch.json").read().strip().splitlines()[-1])
+except (OSError, IndexError, json.JSONDecodeError) as e:
+    out["torch"] = {"error": f"{type(e).__name__}: {e}"}
+ours, theirs = out["recipe"].get("samples_per_s"), out["torch"].get("samples_per_s")
+if ours and theirs:
+    n = out["recipe"]["parameters"]
+    flops_per_sample = (6 * n + 6 * L * C * T) * T
+    out["ratio_recipe_over_torch"] = ours / theirs
+    for _, key in AB:
+        other = out[f"recipe_{key}"].get("samples_per_s")
+        if other:
+            out[f"ratio_{key}_over_torch"] = other / theirs
+    if device == "cuda":
+        gpu = out["recipe"].get("device")
+        out["peak_tflops_bf16"] = float(peak) if peak else peak_of(gpu)
+        out["peak_from"] = "PEAK_TFLOPS" if peak else gpu
+        if out["peak_tflops_bf16"]:
+            out["mfu_recipe"] = ours * flops_per_sample / (out["peak_tflops_bf16"] * 1e12)
+            out["mfu_torch"] = theirs * flops_per_sample / (out["peak_tflops_bf16"] * 1e12)
+        else:
+            out["mfu_note"] = f"no bf16 peak known for {gpu!r}: set PEAK_TFLOPS"
+    # Issue 15's goals: >= 1.3x PyTorch eager and >= 40 % MFU (reported, not enforced here).
+    out["ok"] = True
+print(json.dumps(out, indent=1))
