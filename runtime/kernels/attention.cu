@@ -263,14 +263,49 @@ __device__ __forceinline__ void ld8_half_n(unsigned w[4], const unsigned short* 
     }
 }
 
+// A projection's bias that the fused kernels add to its output as they load it (attention.rs,
+// `Bias`): q's, k's or v's, of type t, from element `at` (the head's first dimension); none where
+// p is null. The projection's output was stored without it.
+struct HeadBias {
+    const void* p;
+    long long at;
+    int t;
+};
+__device__ __forceinline__ HeadBias no_bias() { return HeadBias{nullptr, 0, STORE_F32}; }
+// q's (j 0), k's (1) or v's (2) bias for head h: the three `stride` elements apart from p.
+__device__ __forceinline__ HeadBias head_bias(const void* p, int t, int stride, int j, int h) {
+    return HeadBias{p, (long long)j * stride + h * FUSED_D, t};
+}
+
+// The bias of dimensions d … d + n − 1 (n ≤ 8) added to the first n of 8 16-bit elements (four
+// words), each sum rounded: add_bias's `st(x + b)` (elementwise.cu) on the projection's stored,
+// rounded output, so the operand is the value the unfused path stores.
+template <int S>
+__device__ __forceinline__ void add_head_bias(unsigned w[4], HeadBias b, int d, int n) {
+    UNROLL
+    for (int u = 0; u < 8; u++) {
+        if (u < n) {
+            unsigned short x = (unsigned short)(w[u >> 1] >> (16 * (u & 1)));
+            unsigned short y = half_bits(half_value<S>(x) + ld(b.p, b.at + d + u, b.t), S);
+            w[u >> 1] = (u & 1) ? (w[u >> 1] & 0xffffu) | ((unsigned)y << 16)
+                                : (w[u >> 1] & 0xffff0000u) | y;
+        }
+    }
+}
+
 // Rows r0 … r0 + n − 1 of one head of a token tensor (its FUSED_D columns from tok0, rows hid
-// apart) into shared words, FUSED_LD elements a row, zeros past the sequence.
+// apart) into shared words, FUSED_LD elements a row, zeros past the sequence; with `bias`, each
+// loaded element plus its dimension's bias.
+template <int S>
 __device__ __forceinline__ void fused_rows(unsigned* dst, const unsigned short* src, long long tok0,
-                                           int hid, int r0, int n, int seq) {
+                                           int hid, int r0, int n, int seq, HeadBias bias) {
     for (int c = threadIdx.x; c < n * (FUSED_D / 8); c += blockDim.x) {
         int r = c / (FUSED_D / 8), d0 = c % (FUSED_D / 8) * 8;
         unsigned w[4] = {0u, 0u, 0u, 0u};
-        if (r0 + r < seq) ld8_half(w, src + tok0 + (long long)(r0 + r) * hid + d0);
+        if (r0 + r < seq) {
+            ld8_half(w, src + tok0 + (long long)(r0 + r) * hid + d0);
+            if (bias.p) add_head_bias<S>(w, bias, d0, 8);
+        }
         UNROLL
         for (int u = 0; u < 4; u++) dst[(r * FUSED_LD + d0) / 2 + u] = w[u];
     }
@@ -279,13 +314,21 @@ __device__ __forceinline__ void fused_rows(unsigned* dst, const unsigned short* 
 // An FUSED_KEYS × 8·`groups` block of a 16-bit matrix (rows `ld` apart from src; `rows` and
 // `cols` of them real, zeros past) transposed into shared words: dst row c, element r is
 // src[r, c], FUSED_LDT elements a row. Two rows' 8 elements a step, paired per column into words.
+// With `bias` (a head of a token tensor: columns are dimensions), each real element plus its
+// column's bias.
+template <int S>
 __device__ __forceinline__ void fused_transpose(unsigned* dst, const unsigned short* src,
-                                                long long ld, int groups, int rows, int cols) {
+                                                long long ld, int groups, int rows, int cols,
+                                                HeadBias bias) {
     for (int c = threadIdx.x; c < FUSED_KEYS / 2 * groups; c += blockDim.x) {
         int r = c / groups * 2, c0 = c % groups * 8;
         unsigned w0[4] = {0u, 0u, 0u, 0u}, w1[4] = {0u, 0u, 0u, 0u};
         if (r < rows) ld8_half_n(w0, src + r * ld + c0, cols - c0);
         if (r + 1 < rows) ld8_half_n(w1, src + (r + 1) * ld + c0, cols - c0);
+        if (bias.p) {
+            if (r < rows) add_head_bias<S>(w0, bias, c0, cols - c0);
+            if (r + 1 < rows) add_head_bias<S>(w1, bias, c0, cols - c0);
+        }
         UNROLL
         for (int u = 0; u < 8; u++) {
             unsigned lo = (w0[u >> 1] >> (16 * (u & 1))) & 0xffffu;
@@ -380,14 +423,19 @@ __device__ __forceinline__ void attention_fused_t(unsigned* qs, unsigned* ks, un
                                                   const unsigned short* k,
                                                   const unsigned short* v, const unsigned* mask,
                                                   int seq, int heads, float scale, int dropout,
-                                                  DropKey key, unsigned threshold, float dscale) {
+                                                  DropKey key, unsigned threshold, float dscale,
+                                                  const void* bias, int bias_t, int bias_stride) {
     const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * FUSED_Q;
     const int hid = heads * FUSED_D;
     const long long tok0 = (long long)b * seq * hid + h * FUSED_D;  // (b, row 0, head h, dim 0)
-    // q (the block's) and k rows, v transposed; zeros past the sequence.
-    fused_rows(qs, q, tok0, hid, q0, FUSED_Q, seq);
-    fused_rows(ks, k, tok0, hid, 0, FUSED_KEYS, seq);
-    fused_transpose(vt, v + tok0, hid, FUSED_D / 8, seq, FUSED_D);
+    // q (the block's) and k rows, v transposed; zeros past the sequence; each with its bias
+    // when given.
+    fused_rows<S>(qs, q, tok0, hid, q0, FUSED_Q, seq,
+                  bias ? head_bias(bias, bias_t, bias_stride, 0, h) : no_bias());
+    fused_rows<S>(ks, k, tok0, hid, 0, FUSED_KEYS, seq,
+                  bias ? head_bias(bias, bias_t, bias_stride, 1, h) : no_bias());
+    fused_transpose<S>(vt, v + tok0, hid, FUSED_D / 8, seq, FUSED_D,
+                       bias ? head_bias(bias, bias_t, bias_stride, 2, h) : no_bias());
     __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int r0 = warp * 16;            // the warp's first row in the block's queries
@@ -495,13 +543,15 @@ __device__ __forceinline__ void attention_fused_t(unsigned* qs, unsigned* ks, un
     store_head_rows<S>(ctx, o, 1.0f, b, h, seq, hid, i0, i1, t);
 }
 // Grid (⌈seq / FUSED_Q⌉, heads, batch), FUSED_Q·2 threads; probs_drop is read only with
-// `dropout`; `store` STORE_F16 or STORE_BF16, every buffer of it.
+// `dropout`; `store` STORE_F16 or STORE_BF16, every buffer of it; `bias` (of type bias_t; null:
+// none) q's, k's and v's biases, `bias_stride` elements apart, added as q, k and v are loaded.
 extern "C" __global__ void attention_fused(void* ctx, void* probs, void* probs_drop,
                                            const void* q, const void* k, const void* v,
                                            const unsigned* mask, int seq, int heads, float scale,
                                            int dropout, const unsigned* key,
                                            unsigned long long site, unsigned threshold,
-                                           float dscale, int store) {
+                                           float dscale, const void* bias, int bias_t,
+                                           int bias_stride, int store) {
     // Words of two elements each (the lower index in the low half), here so that both types'
     // code shares them.
     __shared__ unsigned qs[FUSED_Q * FUSED_LD / 2];
@@ -513,7 +563,7 @@ extern "C" __global__ void attention_fused(void* ctx, void* probs, void* probs_d
     attention_fused_t<S>(qs, ks, vt, (unsigned short*)ctx, (unsigned short*)probs,             \
                          (unsigned short*)probs_drop, (const unsigned short*)q,                \
                          (const unsigned short*)k, (const unsigned short*)v, mask, seq, heads, \
-                         scale, dropout, dk, threshold, dscale)
+                         scale, dropout, dk, threshold, dscale, bias, bias_t, bias_stride)
     if (store == STORE_F16)
         FUSED(STORE_F16);
     else
@@ -561,13 +611,16 @@ __device__ __forceinline__ void attention_bwd_dq_t(unsigned* dcs, unsigned* vs, 
                                                    const unsigned short* v,
                                                    const unsigned short* probs,
                                                    const unsigned short* pd, int seq, int heads,
-                                                   float scale, int dropout, float dscale) {
+                                                   float scale, int dropout, float dscale,
+                                                   const void* bias, int bias_t, int bias_stride) {
     const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * FUSED_Q;
     const int hid = heads * FUSED_D;
     const long long tok0 = (long long)b * seq * hid + h * FUSED_D;  // (b, row 0, head h, dim 0)
-    fused_rows(dcs, dctx, tok0, hid, q0, FUSED_Q, seq);
-    fused_rows(vs, v, tok0, hid, 0, FUSED_KEYS, seq);
-    fused_transpose(kt, k + tok0, hid, FUSED_D / 8, seq, FUSED_D);
+    fused_rows<S>(dcs, dctx, tok0, hid, q0, FUSED_Q, seq, no_bias());
+    fused_rows<S>(vs, v, tok0, hid, 0, FUSED_KEYS, seq,
+                  bias ? head_bias(bias, bias_t, bias_stride, 2, h) : no_bias());
+    fused_transpose<S>(kt, k + tok0, hid, FUSED_D / 8, seq, FUSED_D,
+                       bias ? head_bias(bias, bias_t, bias_stride, 1, h) : no_bias());
     __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int r0 = warp * 16;            // the warp's first row in the block's queries
@@ -646,11 +699,13 @@ __device__ __forceinline__ void attention_bwd_dq_t(unsigned* dcs, unsigned* vs, 
     store_head_rows<S>(dq, o, scale, b, h, seq, hid, i0, i1, t);
 }
 // Grid (⌈seq / FUSED_Q⌉, heads, batch), FUSED_Q·2 threads; pd (probs_drop) read only with
-// `dropout`; ds: the 16-bit room for the softmax's gradient, [batch, heads, seq, seq].
+// `dropout`; ds: the 16-bit room for the softmax's gradient, [batch, heads, seq, seq]; `bias` as
+// attention_fused's (k's and v's are read).
 extern "C" __global__ void attention_bwd_dq(void* dq, void* ds, const void* dctx, const void* k,
                                             const void* v, const void* probs, const void* pd,
                                             int seq, int heads, float scale, int dropout,
-                                            float dscale, int store) {
+                                            float dscale, const void* bias, int bias_t,
+                                            int bias_stride, int store) {
     __shared__ unsigned dcs[FUSED_Q * FUSED_LD / 2];
     __shared__ unsigned vs[FUSED_KEYS * FUSED_LD / 2];
     __shared__ unsigned kt[FUSED_D * FUSED_LDT / 2];
@@ -658,7 +713,8 @@ extern "C" __global__ void attention_bwd_dq(void* dq, void* ds, const void* dctx
     attention_bwd_dq_t<S>(dcs, vs, kt, (unsigned short*)dq, (unsigned short*)ds,              \
                           (const unsigned short*)dctx, (const unsigned short*)k,              \
                           (const unsigned short*)v, (const unsigned short*)probs,              \
-                          (const unsigned short*)pd, seq, heads, scale, dropout, dscale)
+                          (const unsigned short*)pd, seq, heads, scale, dropout, dscale, bias,   \
+                          bias_t, bias_stride)
     if (store == STORE_F16)
         BWD_DQ(STORE_F16);
     else
@@ -672,7 +728,7 @@ __device__ __forceinline__ void attention_bwd_dkv_t(unsigned* at, unsigned* bt, 
                                                     const unsigned short* pd,
                                                     const unsigned short* q,
                                                     const unsigned short* dctx, int seq,
-                                                    int heads, float scale) {
+                                                    int heads, float scale, HeadBias qb) {
     const int b = blockIdx.z, h = blockIdx.y, k0 = blockIdx.x * FUSED_Q;
     const int hid = heads * FUSED_D;
     const long long tok0 = (long long)b * seq * hid + h * FUSED_D;
@@ -686,8 +742,10 @@ __device__ __forceinline__ void attention_bwd_dkv_t(unsigned* at, unsigned* bt, 
     NO_UNROLL
     for (int phase = 0; phase < 2; phase++) {
         if (phase) __syncthreads();  // every warp is done with dsᵀ and qᵀ
-        fused_transpose(at, (phase ? pd : ds) + sq0 + k0, seq, FUSED_Q / 8, seq, seq - k0);
-        fused_transpose(bt, (phase ? dctx : q) + tok0, hid, FUSED_D / 8, seq, FUSED_D);
+        fused_transpose<S>(at, (phase ? pd : ds) + sq0 + k0, seq, FUSED_Q / 8, seq, seq - k0,
+                           no_bias());
+        fused_transpose<S>(bt, (phase ? dctx : q) + tok0, hid, FUSED_D / 8, seq, FUSED_D,
+                           phase ? no_bias() : qb);
         __syncthreads();
         if (!live) continue;  // the barrier above is the last this warp must meet
         float o[FUSED_D / 8][4];
@@ -713,17 +771,19 @@ __device__ __forceinline__ void attention_bwd_dkv_t(unsigned* at, unsigned* bt, 
     }
 }
 // Grid (⌈seq / FUSED_Q⌉, heads, batch), FUSED_Q·2 threads; pd: probs_drop, or probs without
-// dropout (dv's operand).
+// dropout (dv's operand); `bias` as attention_fused's (q's is read).
 extern "C" __global__ void attention_bwd_dkv(void* dk, void* dv, const void* ds, const void* pd,
                                              const void* q, const void* dctx, int seq, int heads,
-                                             float scale, int store) {
+                                             float scale, const void* bias, int bias_t,
+                                             int bias_stride, int store) {
+    const HeadBias qb = bias ? head_bias(bias, bias_t, bias_stride, 0, blockIdx.y) : no_bias();
     __shared__ unsigned at[FUSED_Q * FUSED_LDT / 2];
     __shared__ unsigned bt[FUSED_D * FUSED_LDT / 2];
 #define BWD_DKV(S)                                                                             \
     attention_bwd_dkv_t<S>(at, bt, (unsigned short*)dk, (unsigned short*)dv,                   \
                            (const unsigned short*)ds, (const unsigned short*)pd,               \
                            (const unsigned short*)q, (const unsigned short*)dctx, seq, heads, \
-                           scale)
+                           scale, qb)
     if (store == STORE_F16)
         BWD_DKV(STORE_F16);
     else

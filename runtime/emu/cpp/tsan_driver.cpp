@@ -96,12 +96,16 @@ float unbf(unsigned short b) { return half_value<STORE_BF16>(b); }
 bool fused_attention() {
     // The fused forward and the two backward kernels (attention.cu), bf16, one head of 64 over
     // 40 keys: one block of four warps, the last without queries (or keys); the backward from
-    // the forward's probabilities. attention_bwd_dkv's two products share its shared memory.
+    // the forward's probabilities. attention_bwd_dkv's two products share its shared memory. q's,
+    // k's and v's biases (bf16, d + 4 elements apart) are added as the kernels load them.
     const int seq = 40, d = 64, tok = seq * d, pp = seq * seq;
     const float scale = 0.125f;
     std::vector<unsigned short> q(tok), k(tok), v(tok), dctx(tok), ctx(tok), probs(pp), ds(pp);
     std::vector<unsigned short> dq(tok), dk(tok), dv(tok);
     std::vector<unsigned> mask(seq, 1);
+    const int bias_stride = d + 4;
+    std::vector<unsigned short> bias(2 * bias_stride + d);
+    for (int i = 0; i < (int)bias.size(); i++) bias[i] = bf(0.5f * val(i, 5));
     for (int i = 0; i < tok; i++) {
         q[i] = bf(2.0f * val(i, 6));
         k[i] = bf(2.0f * val(i, 7));
@@ -111,15 +115,17 @@ bool fused_attention() {
     dim3 grid(1, 1, 1), block(2 * FUSED_Q);
     emu::launch(grid, block, 0, [&] {
         attention_fused(ctx.data(), probs.data(), nullptr, q.data(), k.data(), v.data(),
-                        mask.data(), seq, 1, scale, 0, nullptr, 0ull, 0u, 1.0f, STORE_BF16);
+                        mask.data(), seq, 1, scale, 0, nullptr, 0ull, 0u, 1.0f, bias.data(),
+                        STORE_BF16, bias_stride, STORE_BF16);
     });
     emu::launch(grid, block, 0, [&] {
         attention_bwd_dq(dq.data(), ds.data(), dctx.data(), k.data(), v.data(), probs.data(),
-                         probs.data(), seq, 1, scale, 0, 1.0f, STORE_BF16);
+                         probs.data(), seq, 1, scale, 0, 1.0f, bias.data(), STORE_BF16,
+                         bias_stride, STORE_BF16);
     });
     emu::launch(grid, block, 0, [&] {
         attention_bwd_dkv(dk.data(), dv.data(), ds.data(), probs.data(), q.data(), dctx.data(),
-                          seq, 1, scale, STORE_BF16);
+                          seq, 1, scale, bias.data(), STORE_BF16, bias_stride, STORE_BF16);
     });
     for (int r = 0; r < seq; r++) {
         double sum = 0.0;

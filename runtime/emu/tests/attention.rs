@@ -171,18 +171,20 @@ fn compare(
     let (gctx, gp, gpd) = fwd(&|ctx, p, pd| {
         let mut room = vec![7.0; pp];
         let room = Some(&mut room[..]);
-        g.attention_fwd(ctx, p, pd, room, &x.q, &x.k, &x.v, &mask, s, dropout)
+        g.attention_fwd(ctx, p, pd, room, &x.q, &x.k, &x.v, None, &mask, s, dropout)
     });
-    let in_place =
-        fwd(&|ctx, p, pd| g.attention_fwd(ctx, p, pd, None, &x.q, &x.k, &x.v, &mask, s, dropout));
+    let in_place = fwd(&|ctx, p, pd| {
+        g.attention_fwd(ctx, p, pd, None, &x.q, &x.k, &x.v, None, &mask, s, dropout)
+    });
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&in_place.0), bits(&gctx), "ctx in place {tag}");
     assert_eq!(bits(&in_place.1), bits(&gp), "probs in place {tag}");
     if drop {
         assert_eq!(bits(&in_place.2), bits(&gpd), "probs_drop in place {tag}");
     }
-    let (cctx, cp, cpd) =
-        fwd(&|ctx, p, pd| c.attention_fwd(ctx, p, pd, None, &x.q, &x.k, &x.v, &mask, s, dropout));
+    let (cctx, cp, cpd) = fwd(&|ctx, p, pd| {
+        c.attention_fwd(ctx, p, pd, None, &x.q, &x.k, &x.v, None, &mask, s, dropout)
+    });
     let st = format!("{store:?}");
     worst.note(
         format!("{st} probs"),
@@ -221,12 +223,12 @@ fn compare(
     let cpd_view = drop.then_some(&cpd[..]);
     let gb = bwd(&|dq, dk, dv, ds| {
         g.attention_bwd(
-            dq, dk, dv, ds, &x.dctx, &x.q, &x.k, &x.v, &cp, cpd_view, s, dropout,
+            dq, dk, dv, ds, &x.dctx, &x.q, &x.k, &x.v, None, &cp, cpd_view, s, dropout,
         )
     });
     let cb = bwd(&|dq, dk, dv, ds| {
         c.attention_bwd(
-            dq, dk, dv, ds, &x.dctx, &x.q, &x.k, &x.v, &cp, cpd_view, s, dropout,
+            dq, dk, dv, ds, &x.dctx, &x.q, &x.k, &x.v, None, &cp, cpd_view, s, dropout,
         )
     });
     for (name, (a, b)) in ["dq", "dk", "dv", "ds"].iter().zip(gb.iter().zip(&cb)) {
@@ -368,13 +370,16 @@ fn long_rows_and_wide_heads_match_the_cpu() {
 }
 
 /// A forward on `be` in buffers of its own (`alloc_stored`: 16-bit ones on a device keeping
-/// them, which the fused forward needs), the scores given f32 room: (ctx, probs, probs_drop).
+/// them, which the fused forward needs), the scores given f32 room: (ctx, probs, probs_drop);
+/// with `bias`, q's, k's and v's biases (`bias.1` elements apart in `bias.0`) given to the
+/// device to add ([`Backend::attention_adds_bias`]).
 fn fwd_on<B: Backend>(
     be: &B,
     s: AttnShape,
     x: &Inputs,
     mask: &[u32],
     dropout: Option<&Dropout>,
+    bias: Option<(&[f32], usize)>,
 ) -> [Vec<f32>; 3] {
     let (tok, pp) = (
         s.batch * s.seq * s.heads * s.head_dim,
@@ -386,6 +391,7 @@ fn fwd_on<B: Backend>(
         b
     };
     let (q, k, v) = (stored(&x.q), stored(&x.k), stored(&x.v));
+    let bias = bias.map(|(b, stride)| (stored(b), stride));
     // Garbage in the outputs shows a kernel that skips an element.
     let (mut ctx, mut probs, mut pd) = (
         stored(&vec![7.0; tok]),
@@ -402,6 +408,7 @@ fn fwd_on<B: Backend>(
         be.view(&q),
         be.view(&k),
         be.view(&v),
+        bias.as_ref().map(|(b, stride)| (be.view(b), *stride)),
         &m,
         s,
         dropout,
@@ -424,6 +431,16 @@ fn launches<T>(f: impl FnOnce() -> T) -> (T, [u64; 2]) {
         out,
         [calls(&p, "attention_fused"), calls(&p, "attention_softmax")],
     )
+}
+
+/// Dropout of a quarter with this key: the fused kernels' tests.
+fn quarter_dropout(seed: u64, stream: u64, site: u64) -> Dropout {
+    Dropout {
+        p: 0.25,
+        seed,
+        stream,
+        site,
+    }
 }
 
 /// The fused forward's shapes (head_dim 64, up to 128 keys): one token; 8 keys, fewer than a
@@ -453,19 +470,14 @@ fn the_fused_forward_matches_the_cpu_and_the_batched_products() {
             let s = shape(sh);
             let mask = padding_mask(s);
             let x = inputs(s, store, 50 + n as u64);
-            let d = Dropout {
-                p: 0.25,
-                seed: 0x0123_4567_89ab_cdef,
-                stream: 9 + n as u64,
-                site: 3,
-            };
+            let d = quarter_dropout(0x0123_4567_89ab_cdef, 9 + n as u64, 3);
             for dropout in [None, Some(&d)] {
                 let tag = format!("{store:?} {s:?} dropout {}", dropout.is_some());
-                let (f, calls) = launches(|| fwd_on(&fused, s, &x, &mask, dropout));
+                let (f, calls) = launches(|| fwd_on(&fused, s, &x, &mask, dropout, None));
                 assert_eq!(calls, [1, 0], "fused launches {tag}");
-                let (u, calls) = launches(|| fwd_on(&unfused, s, &x, &mask, dropout));
+                let (u, calls) = launches(|| fwd_on(&unfused, s, &x, &mask, dropout, None));
                 assert_eq!(calls, [0, 1], "unfused launches {tag}");
-                let c = fwd_on(&cpu, s, &x, &mask, dropout);
+                let c = fwd_on(&cpu, s, &x, &mask, dropout, None);
                 let names = ["ctx", "probs", "probs_drop"];
                 for (i, name) in names.iter().enumerate() {
                     if i == 2 && dropout.is_none() {
@@ -498,20 +510,21 @@ fn shapes_the_fused_forward_does_not_fit_take_the_batched_products() {
     for sh in [(1, 129, 1, 64), (2, 16, 2, 32), (1, 16, 1, 80)] {
         let s = shape(&sh);
         let x = inputs(s, Dtype::Bf16, 3);
-        let (_, calls) = launches(|| fwd_on(&bf16, s, &x, &padding_mask(s), None));
+        let (_, calls) = launches(|| fwd_on(&bf16, s, &x, &padding_mask(s), None, None));
         assert_eq!(calls, [0, 1], "{s:?}");
     }
     let s = shape(&(1, 16, 1, 64));
     let f32s = Kernels::new(EmuTyped);
     let x = inputs(s, Dtype::F32, 4);
-    let (_, calls) = launches(|| fwd_on(&f32s, s, &x, &padding_mask(s), None));
+    let (_, calls) = launches(|| fwd_on(&f32s, s, &x, &padding_mask(s), None, None));
     assert_eq!(calls, [0, 1], "f32");
     // The emulated device keeping f32 buffers (`Emu`) never fuses: covered by every test above
     // through `pair`, whose forwards launch the softmax.
 }
 
 /// A backward on `be` in buffers of its own (`alloc_stored`, as [`fwd_on`]) from the given
-/// probabilities (and dropped probabilities with `dropout`): (dq, dk, dv).
+/// probabilities (and dropped probabilities with `dropout`): (dq, dk, dv); `bias` as
+/// [`fwd_on`]'s.
 fn bwd_on<B: Backend>(
     be: &B,
     s: AttnShape,
@@ -519,6 +532,7 @@ fn bwd_on<B: Backend>(
     probs: &[f32],
     pd: &[f32],
     dropout: Option<&Dropout>,
+    bias: Option<(&[f32], usize)>,
 ) -> [Vec<f32>; 3] {
     let (tok, pp) = (
         s.batch * s.seq * s.heads * s.head_dim,
@@ -530,6 +544,7 @@ fn bwd_on<B: Backend>(
         b
     };
     let (q, k, v, dctx) = (stored(&x.q), stored(&x.k), stored(&x.v), stored(&x.dctx));
+    let bias = bias.map(|(b, stride)| (stored(b), stride));
     let (p, pdb) = (stored(probs), stored(pd));
     let (mut dq, mut dk, mut dv) = (
         stored(&vec![7.0; tok]),
@@ -546,6 +561,7 @@ fn bwd_on<B: Backend>(
         be.view(&q),
         be.view(&k),
         be.view(&v),
+        bias.as_ref().map(|(b, stride)| (be.view(b), *stride)),
         be.view(&p),
         dropout.map(|_| be.view(&pdb)),
         s,
@@ -589,20 +605,16 @@ fn the_fused_backward_matches_the_cpu_and_the_batched_products() {
             let s = shape(sh);
             let mask = padding_mask(s);
             let x = inputs(s, store, 70 + n as u64);
-            let d = Dropout {
-                p: 0.25,
-                seed: 0x0fed_cba9_8765_4321,
-                stream: 4 + n as u64,
-                site: 1,
-            };
+            let d = quarter_dropout(0x0fed_cba9_8765_4321, 4 + n as u64, 1);
             for dropout in [None, Some(&d)] {
                 let tag = format!("{store:?} {s:?} dropout {}", dropout.is_some());
-                let [_, p, pd] = fwd_on(&cpu, s, &x, &mask, dropout);
-                let (f, calls) = launched(names, || bwd_on(&fused, s, &x, &p, &pd, dropout));
+                let [_, p, pd] = fwd_on(&cpu, s, &x, &mask, dropout, None);
+                let (f, calls) = launched(names, || bwd_on(&fused, s, &x, &p, &pd, dropout, None));
                 assert_eq!(calls, [1, 1, 0], "fused launches {tag}");
-                let (u, calls) = launched(names, || bwd_on(&unfused, s, &x, &p, &pd, dropout));
+                let (u, calls) =
+                    launched(names, || bwd_on(&unfused, s, &x, &p, &pd, dropout, None));
                 assert_eq!(calls, [0, 0, 1], "unfused launches {tag}");
-                let c = bwd_on(&cpu, s, &x, &p, &pd, dropout);
+                let c = bwd_on(&cpu, s, &x, &p, &pd, dropout, None);
                 for (i, name) in ["dq", "dk", "dv"].iter().enumerate() {
                     let e = check(&format!("{name} {tag}"), &f[i], &c[i], store);
                     worst.note(format!("{store:?} {name} vs CPU"), e);
@@ -625,7 +637,72 @@ fn shapes_the_fused_backward_does_not_fit_take_the_batched_products() {
         let x = inputs(s, Dtype::Bf16, 5);
         let pp = s.batch * s.heads * s.seq * s.seq;
         let p = vec![1.0 / s.seq as f32; pp];
-        let (_, calls) = launched(names, || bwd_on(&bf16, s, &x, &p, &p, None));
+        let (_, calls) = launched(names, || bwd_on(&bf16, s, &x, &p, &p, None, None));
         assert_eq!(calls, [0, 1], "{s:?}");
     }
+}
+
+/// q's, k's and v's biases added by the fused kernels as they load q, k and v
+/// ([`Backend::attention_adds_bias`]; attention.cu, `HeadBias`) give the bits of the same kernels
+/// on q, k and v with the biases added and rounded first (what `add_bias` stores): forward
+/// (ctx, probs, probs_drop) and backward (dq, dk, dv), on the fused shapes, with padding, with
+/// and without dropout. The biases lie 3 elements further apart than a row is wide, as a
+/// layer's parameters lay them out with weights between.
+#[test]
+fn the_fused_kernels_add_the_projections_biases_as_they_load_them() {
+    for store in [Dtype::F16, Dtype::Bf16] {
+        let fused = Kernels::new(EmuTyped).with_store(store);
+        for (n, sh) in FUSED_SHAPES.iter().enumerate() {
+            let s = shape(sh);
+            assert!(fused.attention_adds_bias(s), "{s:?}");
+            let hid = s.heads * s.head_dim;
+            let stride = hid + 3;
+            let mut bias = rand(2 * stride + hid, 1.0, 90 + n as u64);
+            store.round_slice(&mut bias);
+            let x = inputs(s, store, 80 + n as u64);
+            let add = |t: &[f32], j: usize| {
+                let mut out: Vec<f32> = t
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| v + bias[j * stride + i % hid])
+                    .collect();
+                store.round_slice(&mut out);
+                out
+            };
+            let xb = Inputs {
+                q: add(&x.q, 0),
+                k: add(&x.k, 1),
+                v: add(&x.v, 2),
+                dctx: x.dctx.clone(),
+            };
+            let mask = padding_mask(s);
+            let d = quarter_dropout(0x0bad_5eed_0bad_5eed, 2 + n as u64, 2);
+            for dropout in [None, Some(&d)] {
+                let tag = format!("{store:?} {s:?} dropout {}", dropout.is_some());
+                let bits = |v: &[Vec<f32>]| -> Vec<Vec<u32>> {
+                    v.iter()
+                        .map(|t| t.iter().map(|x| x.to_bits()).collect())
+                        .collect()
+                };
+                let got = fwd_on(&fused, s, &x, &mask, dropout, Some((&bias, stride)));
+                let want = fwd_on(&fused, s, &xb, &mask, dropout, None);
+                assert_eq!(bits(&got), bits(&want), "forward {tag}");
+                let [_, p, pd] = want;
+                let got = bwd_on(&fused, s, &x, &p, &pd, dropout, Some((&bias, stride)));
+                let want = bwd_on(&fused, s, &xb, &p, &pd, dropout, None);
+                assert_eq!(bits(&got), bits(&want), "backward {tag}");
+            }
+        }
+    }
+    // Only where the fused kernels run: not on the CPU, not where they are turned off or the
+    // shape does not fit.
+    let s = shape(&FUSED_SHAPES[2]);
+    let unfused = Kernels::new(EmuTyped)
+        .with_store(Dtype::Bf16)
+        .with_fused_attention(false);
+    assert!(!unfused.attention_adds_bias(s));
+    assert!(!Cpu::new(1).with_store(Dtype::Bf16).attention_adds_bias(s));
+    let bf16 = Kernels::new(EmuTyped).with_store(Dtype::Bf16);
+    assert!(!bf16.attention_adds_bias(shape(&(1, 129, 1, 64))));
+    assert!(!Kernels::new(EmuTyped).attention_adds_bias(s), "f32");
 }

@@ -654,6 +654,9 @@ impl Cpu {
     }
 }
 
+/// The CPU's projections add their biases themselves ([`Backend::attention_adds_bias`]).
+const NO_QKV_BIAS: &str = "the CPU's attention takes q, k and v with their biases";
+
 impl Backend for Cpu {
     crate::host_memory!();
 
@@ -958,10 +961,12 @@ impl Backend for Cpu {
         q: &[f32],
         k: &[f32],
         v: &[f32],
+        qkv_bias: Option<(&[f32], usize)>,
         mask: &Vec<u32>,
         s: AttnShape,
         dropout: Option<&Dropout>,
     ) {
+        assert!(qkv_bias.is_none(), "{NO_QKV_BIAS}");
         let (tok, pp) = (s.seq * s.heads * s.head_dim, s.heads * s.seq * s.seq);
         let pds: Vec<Option<&mut [f32]>> = match probs_drop {
             Some(pd) => pd.chunks_mut(pp).map(Some).collect(),
@@ -989,11 +994,13 @@ impl Backend for Cpu {
         q: &[f32],
         k: &[f32],
         v: &[f32],
+        qkv_bias: Option<(&[f32], usize)>,
         probs: &[f32],
         probs_drop: Option<&[f32]>,
         s: AttnShape,
         dropout: Option<&Dropout>,
     ) {
+        assert!(qkv_bias.is_none(), "{NO_QKV_BIAS}");
         let (tok, pp) = (s.seq * s.heads * s.head_dim, s.heads * s.seq * s.seq);
         let items: Vec<_> = dq
             .chunks_mut(tok)
@@ -1263,6 +1270,7 @@ mod tests {
             &q,
             &q,
             &q,
+            None,
             &vec![0, 0, 0],
             s,
             None,

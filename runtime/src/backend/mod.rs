@@ -736,7 +736,10 @@ pub trait Backend {
     /// `probs_drop` used for `ctx = probs_drop · v`. The unrounded scores are computed in
     /// `scores` (an f32 buffer of `probs`' size, overwritten) when given, else in `probs`; a
     /// `probs` kept in 16 bits ([`Backend::alloc_stored`]) needs it. The CPU backend computes
-    /// them in `probs`, head by head.
+    /// them in `probs`, head by head. With `qkv_bias` (only where
+    /// [`Backend::attention_adds_bias`]), `q`, `k` and `v` are their projections' outputs without
+    /// their biases, which are `qkv_bias.1` elements apart in `qkv_bias.0` (q's first), and the
+    /// device adds them, rounded as [`Backend::add_bias`] rounds, as it loads q, k and v.
     #[allow(clippy::too_many_arguments)]
     fn attention_fwd(
         &self,
@@ -747,15 +750,24 @@ pub trait Backend {
         q: Self::View<'_>,
         k: Self::View<'_>,
         v: Self::View<'_>,
+        qkv_bias: Option<(Self::View<'_>, usize)>,
         mask: &Self::Ids,
         s: AttnShape,
         dropout: Option<&Dropout>,
     );
+    /// Whether [`Backend::attention_fwd`] and [`Backend::attention_bwd`] of a training pass of
+    /// shape `s` (its q, k, v and probabilities in [`Backend::alloc_stored`] buffers, the scores'
+    /// f32 room given) take `qkv_bias`: attention's q, k and v projections may then leave their
+    /// biases to them, a pass over q, k and v less ([`Backend::bias_epilogue_items`]), with the
+    /// same values. A GPU's fused attention kernels do; the CPU does not.
+    fn attention_adds_bias(&self, _s: AttnShape) -> bool {
+        false
+    }
     /// Attention backward: overwrites `dq`, `dk`, `dv`; `scratch` is f32 room of
     /// `[batch, heads, seq, seq]` for `dp = dctx·vᵀ` and the softmax's gradient `ds` (left
     /// holding `ds`, except on a device keeping 16-bit buffers, which computes `ds` into one of
     /// its own). With dropout, `probs_drop` (from the forward) must be given: it carries the
-    /// mask.
+    /// mask. `qkv_bias` as [`Backend::attention_fwd`]'s, the same as the forward's.
     #[allow(clippy::too_many_arguments)]
     fn attention_bwd(
         &self,
@@ -767,6 +779,7 @@ pub trait Backend {
         q: Self::View<'_>,
         k: Self::View<'_>,
         v: Self::View<'_>,
+        qkv_bias: Option<(Self::View<'_>, usize)>,
         probs: Self::View<'_>,
         probs_drop: Option<Self::View<'_>>,
         s: AttnShape,

@@ -756,7 +756,9 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
         let x = be.view(&before[l]);
         let y = &mut after[0];
         // Q, K and V: their three GEMMs on `x` as one batched call, then their biases in one
-        // pass (`linear_fwd` for the three at once; `qkv_stride`).
+        // pass (`linear_fwd` for the three at once; `qkv_stride`), or, where the device's
+        // attention adds them as it loads q, k and v (forward and backward), not at all:
+        // `la.qkv` then holds the products without them.
         let ws = ll.qkv_stride();
         let g = Gemm {
             lda: h,
@@ -765,7 +767,10 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
         let w = be.sub(p, ll.q.w..ll.v.w().end);
         be.gemm_items_to_epilogue(&g, 3, [0, ws, n * h], x, w, be.view_mut(&mut la.qkv));
         let b = be.sub(p, ll.q.b().start..ll.v.b().end);
-        be.bias_epilogue_items(be.view_mut(&mut la.qkv), b, n, h, 3, ws);
+        let qkv_bias = be.attention_adds_bias(shape).then_some((b, ws));
+        if qkv_bias.is_none() {
+            be.bias_epilogue_items(be.view_mut(&mut la.qkv), b, n, h, 3, ws);
+        }
         let qkv = be.view(&la.qkv);
         let ad = site(|d| d.attn, site_layer(l, 0));
         if ad.is_some() && la.probs_drop.is_none() {
@@ -783,6 +788,7 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
             be.sub(qkv, 0..n * h),
             be.sub(qkv, n * h..2 * n * h),
             be.sub(qkv, 2 * n * h..3 * n * h),
+            qkv_bias,
             &a.mask,
             shape,
             ad.as_ref(),
@@ -1028,6 +1034,7 @@ pub(crate) fn forward_eval<B: Backend, W: ParamSource<B>>(
             be.view(&a.q),
             be.view(&a.k),
             be.view(&a.v),
+            None,
             &a.mask,
             shape,
             None,
@@ -1317,6 +1324,9 @@ where
                     be.sub(qkv, 0..n * h),
                     be.sub(qkv, n * h..2 * n * h),
                     be.sub(qkv, 2 * n * h..3 * n * h),
+                    // As the forward (the same shape): the biases it added as it loaded them.
+                    be.attention_adds_bias(shape)
+                        .then(|| (be.sub(p, ll.q.b().start..ll.v.b().end), ll.qkv_stride())),
                     be.view(&la.probs),
                     match (&ad, la.probs_drop.as_ref()) {
                         (Some(_), Some(pd)) => Some(be.view(pd)),

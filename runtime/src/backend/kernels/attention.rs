@@ -118,13 +118,34 @@ const FUSED_Q: usize = 64;
 /// type, heads of [`FUSED_D`], at most [`FUSED_KEYS`] keys, a device with `mma.sync`
 /// ([`Device::has_mma`]), and the kernels not told otherwise ([`Kernels::with_fused_attention`]).
 /// BERT-base at seq 128 fits; longer sequences and other head sizes take the batched GEMMs.
-fn fused<D: Device>(k: &Kernels<D>, s: AttnShape, elems: &[Dtype]) -> bool {
+pub(super) fn fused<D: Device>(k: &Kernels<D>, s: AttnShape, elems: &[Dtype]) -> bool {
     k.fused_attention
         && k.store.is_half()
         && s.head_dim == FUSED_D
         && s.seq <= FUSED_KEYS
         && k.dev.has_mma()
         && elems.iter().all(|&e| e == k.store)
+}
+
+/// The fused kernels' `bias`, `bias_t` and `bias_stride` arguments (attention.cu, `HeadBias`):
+/// q's, k's and v's biases `stride` elements apart, each a head's [`FUSED_D`] per head; a null
+/// pointer for none.
+fn bias_args<D: Device>(
+    k: &Kernels<D>,
+    qkv_bias: Option<(D::View<'_>, usize)>,
+    s: AttnShape,
+) -> [Arg; 2] {
+    match qkv_bias {
+        Some((b, stride)) => {
+            let hid = s.heads * s.head_dim;
+            assert!(
+                k.dev.len(b) >= 2 * stride + hid && stride >= hid,
+                "attention q/k/v biases"
+            );
+            [k.typed(b), int(stride)]
+        }
+        None => [Arg::Typed(0, Dtype::F32), int(0)],
+    }
 }
 
 /// A block per ([`FUSED_Q`] queries, head, sequence), four warps.
@@ -159,6 +180,7 @@ pub(super) fn fwd<D: Device>(
     q: D::View<'_>,
     kk: D::View<'_>,
     v: D::View<'_>,
+    qkv_bias: Option<(D::View<'_>, usize)>,
     mask: &D::Ids,
     s: AttnShape,
     dropout: Option<&Dropout>,
@@ -200,6 +222,11 @@ pub(super) fn fwd<D: Device>(
         dev.elem(dev.as_view(&probs)),
     ];
     elems.extend(pd.as_ref().map(|(b, _)| dev.elem(dev.as_view(b))));
+    let [bias, bias_stride] = bias_args(k, qkv_bias, s);
+    assert!(
+        qkv_bias.is_none() || fused(k, s, &elems),
+        "attention_fwd: only the fused kernel adds q/k/v biases (Backend::attention_adds_bias)"
+    );
     if fused(k, s, &elems) {
         let pd_ptr = pd.as_mut().map_or(0, |(b, _)| dev.ptr_mut(b));
         dev.launch(
@@ -221,6 +248,8 @@ pub(super) fn fwd<D: Device>(
                 site,
                 threshold,
                 dscale,
+                bias,
+                bias_stride,
                 k.store_arg(),
             ],
         );
@@ -288,6 +317,7 @@ pub(super) fn bwd<D: Device>(
     q: D::View<'_>,
     kk: D::View<'_>,
     v: D::View<'_>,
+    qkv_bias: Option<(D::View<'_>, usize)>,
     probs: D::View<'_>,
     probs_drop: Option<D::View<'_>>,
     s: AttnShape,
@@ -333,6 +363,11 @@ pub(super) fn bwd<D: Device>(
         dev.elem(dev.as_view(&dv)),
     ];
     elems.extend(probs_drop.map(|pd| dev.elem(pd)));
+    let [bias, bias_stride] = bias_args(k, qkv_bias, s);
+    assert!(
+        qkv_bias.is_none() || fused(k, s, &elems),
+        "attention_bwd: only the fused kernels add q/k/v biases (Backend::attention_adds_bias)"
+    );
     if fused(k, s, &elems) {
         // Two launches (attention.cu, `attention_bwd_dq`, `attention_bwd_dkv`), `ds` through
         // the 16-bit scratch; the f32 scratch is not used.
@@ -363,6 +398,8 @@ pub(super) fn bwd<D: Device>(
                     Arg::F32(scale),
                     int(usize::from(dropout.is_some())),
                     dscale,
+                    bias,
+                    bias_stride,
                     k.store_arg(),
                 ],
             );
@@ -379,11 +416,17 @@ pub(super) fn bwd<D: Device>(
                     int(s.seq),
                     int(s.heads),
                     Arg::F32(scale),
+                    bias,
+                    bias_stride,
                     k.store_arg(),
                 ],
             );
             true
         });
+        assert!(
+            done || qkv_bias.is_none(),
+            "attention_bwd: q/k/v biases without the fused kernels' room"
+        );
         if done {
             return;
         }

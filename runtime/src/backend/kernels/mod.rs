@@ -915,13 +915,20 @@ impl<D: Device> Backend for Kernels<D> {
         q: D::View<'_>,
         k: D::View<'_>,
         v: D::View<'_>,
+        qkv_bias: Option<(D::View<'_>, usize)>,
         mask: &D::Ids,
         s: AttnShape,
         dropout: Option<&Dropout>,
     ) {
         attention::fwd(
-            self, ctx, probs, probs_drop, scores, q, k, v, mask, s, dropout,
+            self, ctx, probs, probs_drop, scores, q, k, v, qkv_bias, mask, s, dropout,
         )
+    }
+
+    fn attention_adds_bias(&self, s: AttnShape) -> bool {
+        // The fused kernels' condition for buffers of `alloc_stored`, which a training pass's
+        // q, k, v and probabilities are.
+        attention::fused(self, s, &[self.stored_elem()])
     }
 
     fn attention_bwd(
@@ -934,13 +941,14 @@ impl<D: Device> Backend for Kernels<D> {
         q: D::View<'_>,
         k: D::View<'_>,
         v: D::View<'_>,
+        qkv_bias: Option<(D::View<'_>, usize)>,
         probs: D::View<'_>,
         probs_drop: Option<D::View<'_>>,
         s: AttnShape,
         dropout: Option<&Dropout>,
     ) {
         attention::bwd(
-            self, dq, dk, dv, scratch, dctx, q, k, v, probs, probs_drop, s, dropout,
+            self, dq, dk, dv, scratch, dctx, q, k, v, qkv_bias, probs, probs_drop, s, dropout,
         )
     }
 

@@ -506,7 +506,10 @@ impl<B: Backend> Checker<'_, B> {
     /// as `stored.attention_*`. With `head64` (stored buffers), heads of 64 over 77 keys,
     /// checked as `stored.hd64.attention_*`: the shape whose forward a GPU with `mma.sync`
     /// storing fp16/bf16 runs as one kernel (`attention_fused`) and whose backward as two
-    /// (`attention_bwd_dq`, `attention_bwd_dkv`; kernels/attention.rs).
+    /// (`attention_bwd_dq`, `attention_bwd_dkv`; kernels/attention.rs). Where the device's
+    /// attention adds q's, k's and v's biases as it loads them ([`Backend::attention_adds_bias`]:
+    /// the fused kernels), that shape's device side is given q, k and v without them and the
+    /// biases, the CPU q, k and v with them added (rounded, as `add_bias`).
     fn attention(&mut self, stored: bool, head64: bool) {
         let st = self.store;
         let (be, cpu) = (self.be, self.cpu);
@@ -553,6 +556,32 @@ impl<B: Backend> Checker<'_, B> {
             rand(tok, 1.0, 31, st),
             rand(tok, 1.0, 32, st),
         );
+        // Biases 7 elements apart beyond a head row's width, as a layer's parameters lay q's,
+        // k's and v's out with weights between them.
+        let hid = s.heads * s.head_dim;
+        let stride = hid + 7;
+        let fold = stored && head64 && be.attention_adds_bias(s);
+        let bias = rand(2 * stride + hid, 0.5, 34, st);
+        let biased = |x: &[f32], j: usize| -> Vec<f32> {
+            let mut out: Vec<f32> = x
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| x + bias[j * stride + i % hid])
+                .collect();
+            if st.is_half() {
+                st.round_slice(&mut out);
+            }
+            out
+        };
+        // The device's q, k and v, then the CPU's.
+        let (qb, kb, vb) = (put(&q), put(&k), put(&v));
+        let bias_buf = put(&bias);
+        let qkv_bias = fold.then(|| (be.view(&bias_buf), stride));
+        let (q, k, v) = if fold {
+            (biased(&q, 0), biased(&k, 1), biased(&v, 2))
+        } else {
+            (q, k, v)
+        };
         // The second sequence is padded after 20 tokens.
         let mask: Vec<u32> = (0..s.batch * s.seq)
             .map(|i| u32::from(i < s.seq || i % s.seq < 20))
@@ -563,7 +592,6 @@ impl<B: Backend> Checker<'_, B> {
             stream: 3,
             site: 1,
         };
-        let (qb, kb, vb) = (put(&q), put(&k), put(&v));
         let mb = be.upload_ids(&mask);
         // Stored probabilities get f32 room for the scores; the others hold them in place.
         let (mut ctx, mut probs, mut pd) = (fresh(tok), fresh(pp), fresh(pp));
@@ -576,6 +604,7 @@ impl<B: Backend> Checker<'_, B> {
             be.view(&qb),
             be.view(&kb),
             be.view(&vb),
+            qkv_bias,
             &mb,
             s,
             Some(&d),
@@ -589,6 +618,7 @@ impl<B: Backend> Checker<'_, B> {
             &q,
             &k,
             &v,
+            None,
             &mask,
             s,
             Some(&d),
@@ -613,6 +643,7 @@ impl<B: Backend> Checker<'_, B> {
             be.view(&qb),
             be.view(&kb),
             be.view(&vb),
+            qkv_bias,
             be.view(&pb),
             Some(be.view(&pdb)),
             s,
@@ -633,6 +664,7 @@ impl<B: Backend> Checker<'_, B> {
             &q,
             &k,
             &v,
+            None,
             &wp,
             Some(&wpd),
             s,
