@@ -83,6 +83,11 @@ impl LayerLayout {
         );
         s
     }
+
+    /// q's, k's and v's biases, [`LayerLayout::qkv_stride`] apart (weights between them).
+    fn qkv_biases(&self) -> Range<usize> {
+        self.q.b().start..self.v.b().end
+    }
 }
 
 /// Offsets of every parameter, each relative to the start of its *segment*: the embeddings
@@ -766,7 +771,7 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
         };
         let w = be.sub(p, ll.q.w..ll.v.w().end);
         be.gemm_items_to_epilogue(&g, 3, [0, ws, n * h], x, w, be.view_mut(&mut la.qkv));
-        let b = be.sub(p, ll.q.b().start..ll.v.b().end);
+        let b = be.sub(p, ll.qkv_biases());
         let qkv_bias = be.attention_adds_bias(shape).then_some((b, ws));
         if qkv_bias.is_none() {
             be.bias_epilogue_items(be.view_mut(&mut la.qkv), b, n, h, 3, ws);
@@ -1326,7 +1331,7 @@ where
                     be.sub(qkv, 2 * n * h..3 * n * h),
                     // As the forward (the same shape): the biases it added as it loaded them.
                     be.attention_adds_bias(shape)
-                        .then(|| (be.sub(p, ll.q.b().start..ll.v.b().end), ll.qkv_stride())),
+                        .then(|| (be.sub(p, ll.qkv_biases()), ll.qkv_stride())),
                     be.view(&la.probs),
                     match (&ad, la.probs_drop.as_ref()) {
                         (Some(_), Some(pd)) => Some(be.view(pd)),
@@ -1364,7 +1369,7 @@ where
             // apart; aside, as the weight gradients that read dqkv.
             let _ = be.aside(|| {
                 be.bias_grad_items(
-                    be.sub_mut(&mut g, ll.q.b().start..ll.v.b().end),
+                    be.sub_mut(&mut g, ll.qkv_biases()),
                     dqkv,
                     n,
                     h,
