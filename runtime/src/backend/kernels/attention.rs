@@ -128,8 +128,8 @@ pub(super) fn fused<D: Device>(k: &Kernels<D>, s: AttnShape, elems: &[Dtype]) ->
 }
 
 /// The fused kernels' `bias`, `bias_t` and `bias_stride` arguments (attention.cu, `HeadBias`):
-/// q's, k's and v's biases `stride` elements apart, each a head's [`FUSED_D`] per head; a null
-/// pointer for none.
+/// q's, k's and v's biases (`heads · head_dim` each) `stride` elements apart; a null pointer for
+/// none.
 fn bias_args<D: Device>(
     k: &Kernels<D>,
     qkv_bias: Option<(D::View<'_>, usize)>,
