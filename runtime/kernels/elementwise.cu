@@ -163,24 +163,22 @@ extern "C" __global__ void gelu_fwd(float* out, const float* inp, int n, int sto
     if (i < n) out[i] = st(gelu(inp[i]), store);
 }
 
-// round_rows, add_bias and gelu_fwd in one pass: inter[r, c] = st(inter) + bias[c] (the
-// backward reads it), and act = gelu(inter), each rounded as those kernels round it. `inter` is
-// a GEMM's fp32 output (Backend::gemm_to_epilogue), or already rounded (rounding is idempotent).
+// round_rows, add_bias and gelu_fwd in one pass: act = gelu(st(st(inter) + bias[c])), each
+// rounded as those kernels round it. `inter` is a GEMM's fp32 output (Backend::gemm_to_epilogue),
+// or already rounded (rounding is idempotent); it is left as it is: the backward adds the bias
+// again as it loads it (gelu_bwd, gelu_bwd_bias_grad), where storing the biased pre-activation
+// would be a write of the whole matrix more (Backend::gelu_bwd_adds_bias).
 template <int T>
-__device__ __forceinline__ void bias_gelu_v(void* inter, void* act, const void* bias, int bias_t,
-                                            int cols, long long i) {
+__device__ __forceinline__ void bias_gelu_v(const void* inter, void* act, const void* bias,
+                                            int bias_t, int cols, long long i) {
     float x[VEC], b[VEC], a[VEC];
     ldv<T>(x, inter, i);
     ldv_rt(b, bias, col_of(i, cols), bias_t);
     UNROLL
-    for (int u = 0; u < VEC; u++) {
-        x[u] = st(x[u] + b[u], T);
-        a[u] = st(gelu(x[u]), T);
-    }
-    stv<T>(inter, i, x);
+    for (int u = 0; u < VEC; u++) a[u] = st(gelu(st(x[u] + b[u], T)), T);
     stv<T>(act, i, a);
 }
-extern "C" __global__ void bias_gelu(void* inter, int inter_t, void* act, int act_t,
+extern "C" __global__ void bias_gelu(const void* inter, int inter_t, void* act, int act_t,
                                      const void* bias, int bias_t, int rows, int cols,
                                      int store) {
     long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
@@ -194,7 +192,6 @@ extern "C" __global__ void bias_gelu(void* inter, int inter_t, void* act, int ac
     NO_UNROLL
     for (long long i = i0; i < i0 + VEC && i < n; i++) {
         float x = st(st(ld(inter, i, inter_t), store) + ld(bias, col_of(i, cols), bias_t), store);
-        sto(inter, i, x, inter_t);
         sto(act, i, st(gelu(x), store), act_t);
     }
 }
@@ -285,11 +282,15 @@ __device__ __forceinline__ void gelu_bwd_v(void* dinp, const void* inp, const vo
     for (int u = 0; u < VEC; u++) x[u] = st(op_mul(g[u], gelu_grad(x[u])), T);
     stv<T>(dinp, i, x);
 }
+// With `bias` (not null), `inp` is the pre-activation without its bias, as bias_gelu leaves it:
+// x = st(st(inp) + bias[c]), bias_gelu's own sum (Backend::gelu_bwd_adds_bias). That is
+// gelu_bwd_bias_grad's fallback (buffers it does not take), so it has no vectorised path.
 extern "C" __global__ void gelu_bwd(void* dinp, int dinp_t, const void* inp, int inp_t,
-                                    const void* dout, int dout_t, int n, int store) {
+                                    const void* dout, int dout_t, const void* bias, int bias_t,
+                                    int cols, int n, int store) {
     long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (i0 >= n) return;
-    if (dinp_t == store && inp_t == store && dout_t == store && n % VEC == 0 &&
+    if (!bias && dinp_t == store && inp_t == store && dout_t == store && n % VEC == 0 &&
         aligned16(dinp) && aligned16(inp) && aligned16(dout)) {
         BY_TYPE(store, gelu_bwd_v, dinp, inp, dout, i0);
         return;
@@ -297,6 +298,7 @@ extern "C" __global__ void gelu_bwd(void* dinp, int dinp_t, const void* inp, int
     NO_UNROLL
     for (long long i = i0; i < i0 + VEC && i < n; i++) {
         float x = ld(inp, i, inp_t);
+        if (bias) x = st(st(x, store) + ld(bias, col_of(i, cols), bias_t), store);
         sto(dinp, i, st(op_mul(st(ld(dout, i, dout_t), store), gelu_grad(x)), store), dinp_t);
     }
 }
@@ -324,13 +326,20 @@ __device__ __forceinline__ void ld2(const void* p, long long i, float& x0, float
 }
 template <int T>
 __device__ __forceinline__ void gelu_bwd_bias_grad_t(void* dinp, const void* inp,
-                                                     const void* dout, float* db, float* part,
+                                                     const void* dout, const void* bias,
+                                                     int bias_t, float* db, float* part,
                                                      unsigned* done, int rows, int cols,
                                                      int chunk, int chunks) {
     int c = 2 * (blockIdx.x * blockDim.x + threadIdx.x);
     int r0 = blockIdx.y * chunk;
     int r1 = c < cols ? min(rows, r0 + chunk) : r0;  // a thread past the last column adds nothing
     float a0 = 0.0f, a1 = 0.0f;
+    // The two columns' biases, when `inp` is left without them (gelu_bwd's `bias`).
+    float b0 = 0.0f, b1 = 0.0f;
+    if (bias && c < cols) {
+        b0 = ld(bias, c, bias_t);
+        b1 = ld(bias, c + 1, bias_t);
+    }
     for (int r = r0; r < r1; r += GELU_ROWS) {
         float x[GELU_ROWS][2], g[GELU_ROWS][2];
         UNROLL
@@ -344,6 +353,10 @@ __device__ __forceinline__ void gelu_bwd_bias_grad_t(void* dinp, const void* inp
         UNROLL
         for (int u = 0; u < GELU_ROWS; u++) {
             if (r + u < r1) {
+                if (bias) {
+                    x[u][0] = st(x[u][0] + b0, T);
+                    x[u][1] = st(x[u][1] + b1, T);
+                }
                 float d0 = st(op_mul(g[u][0], gelu_grad(x[u][0])), T);
                 float d1 = st(op_mul(g[u][1], gelu_grad(x[u][1])), T);
                 long long at = (long long)(r + u) * cols + c;
@@ -369,12 +382,13 @@ __device__ __forceinline__ void gelu_bwd_bias_grad_t(void* dinp, const void* inp
 }
 // Grid (⌈cols / (2·BLOCK)⌉, max(chunks, 1)); every buffer of the storage dtype `store`, cols
 // even, dinp, inp and dout aligned for a pair (elementwise.rs checks; other buffers take gelu_bwd
-// and bias_grad).
+// and bias_grad); `bias` (of any type) as gelu_bwd's, or null.
 extern "C" __global__ void gelu_bwd_bias_grad(void* dinp, const void* inp, const void* dout,
-                                              float* db, float* part, unsigned* done, int rows,
-                                              int cols, int chunk, int chunks, int store) {
-    BY_TYPE(store, gelu_bwd_bias_grad_t, dinp, inp, dout, db, part, done, rows, cols, chunk,
-            chunks);
+                                              const void* bias, int bias_t, float* db,
+                                              float* part, unsigned* done, int rows, int cols,
+                                              int chunk, int chunks, int store) {
+    BY_TYPE(store, gelu_bwd_bias_grad_t, dinp, inp, dout, bias, bias_t, db, part, done, rows,
+            cols, chunk, chunks);
 }
 
 extern "C" __global__ void tanh_fwd(float* out, const float* inp, int n, int store) {

@@ -322,11 +322,13 @@ bool column_sums() {
     for (int b = 0; b < items * 2; b++)
         if (done[b] != 0) return fail("column counter left set", b, done[b], 0);
     // gelu_bwd_bias_grad: two columns a thread, so one block of 64 threads spans the 100.
-    std::vector<float> x(rows * cols), dinp(rows * cols), dbg(cols, 0.0f);
+    // The pre-activation without its bias, which the kernel adds as it loads it.
+    std::vector<float> x(rows * cols), dinp(rows * cols), dbg(cols, 0.0f), xb(cols);
     for (int i = 0; i < rows * cols; i++) x[i] = 2.0f * val(i, 11);
+    for (int c = 0; c < cols; c++) xb[c] = val(c, 12);
     emu::launch(dim3(1, chunks), dim3(64), 0, [&] {
-        gelu_bwd_bias_grad(dinp.data(), x.data(), dout.data(), dbg.data(), part.data(),
-                           done.data(), rows, cols, chunk, chunks, STORE_F32);
+        gelu_bwd_bias_grad(dinp.data(), x.data(), dout.data(), xb.data(), STORE_F32, dbg.data(),
+                           part.data(), done.data(), rows, cols, chunk, chunks, STORE_F32);
     });
     for (int c = 0; c < cols; c++) {
         double want = 0.0;

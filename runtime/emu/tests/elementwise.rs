@@ -501,11 +501,9 @@ fn fused_epilogues_are_the_separate_kernels_bit_for_bit() {
             let mut act2 = vec![0.0; n];
             g.add_bias(&mut inter2, &bias, rows, cols);
             g.gelu_fwd(&mut act2, &inter2);
-            assert_eq!(
-                bits(&inter),
-                bits(&inter2),
-                "bias_gelu pre-activation {store:?}"
-            );
+            // The pre-activation is left without its bias: the backward adds it again.
+            assert!(g.gelu_bwd_adds_bias());
+            assert_eq!(bits(&inter), bits(&out), "bias_gelu's inter {store:?}");
             assert_eq!(bits(&act), bits(&act2), "bias_gelu {store:?} {rows}×{cols}");
         }
         // A buffer longer than the matrix (a workspace sized for longer batches): the separate
@@ -589,22 +587,25 @@ fn a_gemm_into_a_fused_epilogue_is_the_separate_passes_bit_for_bit() {
                 assert_eq!(bits(&got), bits(&want), "bias_dropout_add {ctx}");
                 assert_eq!(bits(&got), bits(&cpu), "bias_dropout_add vs the CPU {ctx}");
 
+                let m = rows * cols;
                 let (mut inter, mut act) = (vec![0.0; n], vec![0.0; n]);
-                g.gemm_to_epilogue(&gm, &a, &w, &mut inter[..rows * cols]);
+                g.gemm_to_epilogue(&gm, &a, &w, &mut inter[..m]);
+                let product = inter.clone();
                 g.bias_gelu(&mut inter, &mut act, &bias, rows, cols);
                 let (mut inter2, mut act2) = (vec![0.0; n], vec![0.0; n]);
-                g.gemm(&gm, &a, &w, &mut inter2[..rows * cols]);
+                g.gemm(&gm, &a, &w, &mut inter2[..m]);
                 g.add_bias(&mut inter2, &bias, rows, cols);
                 g.gelu_fwd(&mut act2, &inter2);
-                assert_eq!(
-                    bits(&inter),
-                    bits(&inter2),
-                    "bias_gelu pre-activation {ctx}"
+                // `inter` is the GEMM's output as it was (unrounded where the GEMM left the
+                // rounding to the epilogue); `act` past the matrix is not written.
+                assert_eq!(bits(&inter), bits(&product), "bias_gelu's inter {ctx}");
+                assert_eq!(bits(&act[..m]), bits(&act2[..m]), "bias_gelu {ctx}");
+                assert!(
+                    act[m..].iter().all(|&x| x == 0.0),
+                    "bias_gelu past the matrix {ctx}"
                 );
-                assert_eq!(bits(&act), bits(&act2), "bias_gelu {ctx}");
 
                 // The backward's d(act) straight into gelu_bwd.
-                let m = rows * cols;
                 let (mut dact, mut dinter) = (vec![0.0; m], vec![0.0; m]);
                 g.gemm_to_epilogue(&gm, &a, &w, &mut dact);
                 g.gelu_bwd(&mut dinter, &inter2[..m], &dact);
@@ -612,6 +613,33 @@ fn a_gemm_into_a_fused_epilogue_is_the_separate_passes_bit_for_bit() {
                 g.gemm(&gm, &a, &w, &mut dact2);
                 g.gelu_bwd(&mut dinter2, &inter2[..m], &dact2);
                 assert_eq!(bits(&dinter), bits(&dinter2), "gelu_bwd after a GEMM {ctx}");
+                // And given the bias to add again to the unrounded product bias_gelu left,
+                // with the bias's gradient: the same bits as from the biased pre-activation,
+                // and the CPU's.
+                let db0 = rand(cols, 0.5, 25);
+                let (mut d3, mut db3) = (vec![0.0; m], db0.clone());
+                g.gelu_bwd_bias_grad(
+                    &mut d3,
+                    &inter[..m],
+                    Some(&bias),
+                    &dact,
+                    &mut db3,
+                    rows,
+                    cols,
+                );
+                let (mut d4, mut db4) = (vec![0.0; m], db0.clone());
+                g.gelu_bwd_bias_grad(&mut d4, &inter2[..m], None, &dact2, &mut db4, rows, cols);
+                assert_eq!(bits(&d3), bits(&d4), "gelu_bwd given the bias {ctx}");
+                assert_eq!(bits(&db3), bits(&db4), "its bias gradient {ctx}");
+                let (mut d5, mut db5) = (vec![0.0; m], db0);
+                let mut pre = vec![0.0; m];
+                c.gemm(&gm, &a, &w, &mut pre);
+                c.add_bias(&mut pre, &bias, rows, cols);
+                let mut dact5 = vec![0.0; m];
+                c.gemm(&gm, &a, &w, &mut dact5);
+                c.gelu_bwd_bias_grad(&mut d5, &pre, None, &dact5, &mut db5, rows, cols);
+                let tol = if store == Dtype::F32 { 1e-5 } else { 1e-2 };
+                close("gelu_bwd given the bias vs the CPU", &d3, &d5, tol, tol);
             }
         }
     }
@@ -769,30 +797,50 @@ fn gelu_backward_with_its_bias_gradient_is_the_two_kernels_bit_for_bit() {
             k.gelu_bwd(k.view_mut(&mut d2), k.view(&xb), k.view(&dyb));
             k.bias_grad(k.view_mut(&mut db2), k.view(&d2), rows, cols);
             let (want_d, want_db) = (get(&d2, n), get(&db2, cols));
-            for reversed in [false, true] {
-                let (mut d, mut db) = (put(&vec![7.0; n]), k.upload(&db0));
-                let mut run = || {
-                    k.gelu_bwd_bias_grad(
-                        &mut d,
-                        k.view(&xb),
-                        k.view(&dyb),
-                        k.view_mut(&mut db),
-                        rows,
-                        cols,
-                    )
-                };
-                if reversed {
-                    recipe_kernel_emu::reversed_blocks(run);
-                } else {
-                    run();
+            // The pre-activation without its bias, as bias_gelu leaves it, and the bias at an
+            // odd place in a 16-bit buffer (as in the parameters): the kernel adds it again
+            // as it loads `inp`, st(x + b), the same bits as from `x` biased by `add_bias`.
+            let mut bias = rand(cols, 1.0, 14);
+            store.round_slice(&mut bias);
+            let mut params = k.alloc_stored(cols + 3);
+            k.write(k.sub_mut(&mut k.view_mut(&mut params), 3..cols + 3), &bias);
+            let mut biased = put(&x);
+            let bias_view = || k.sub(k.view(&params), 3..cols + 3);
+            k.add_bias(k.view_mut(&mut biased), bias_view(), rows, cols);
+            let (mut d3, mut db3) = (put(&vec![7.0; n]), k.upload(&db0));
+            k.gelu_bwd(k.view_mut(&mut d3), k.view(&biased), k.view(&dyb));
+            k.bias_grad(k.view_mut(&mut db3), k.view(&d3), rows, cols);
+            let (want_bd, want_bdb) = (get(&d3, n), get(&db3, cols));
+            for (with_bias, want_d, want_db) in
+                [(false, &want_d, &want_db), (true, &want_bd, &want_bdb)]
+            {
+                for reversed in [false, true] {
+                    let (mut d, mut db) = (put(&vec![7.0; n]), k.upload(&db0));
+                    let mut run = || {
+                        k.gelu_bwd_bias_grad(
+                            &mut d,
+                            k.view(&xb),
+                            with_bias.then(bias_view),
+                            k.view(&dyb),
+                            k.view_mut(&mut db),
+                            rows,
+                            cols,
+                        )
+                    };
+                    if reversed {
+                        recipe_kernel_emu::reversed_blocks(run);
+                    } else {
+                        run();
+                    }
+                    let what =
+                        format!("{store:?} {rows}×{cols} reversed {reversed} bias {with_bias}");
+                    assert_eq!(bits(&get(&d, n)), bits(want_d), "dinp {what}");
+                    assert_eq!(bits(&get(&db, cols)), bits(want_db), "db {what}");
                 }
-                let what = format!("{store:?} {rows}×{cols} reversed {reversed}");
-                assert_eq!(bits(&get(&d, n)), bits(&want_d), "dinp {what}");
-                assert_eq!(bits(&get(&db, cols)), bits(&want_db), "db {what}");
             }
             // And the CPU's, within GELU's tolerance (its erf and exp are the CPU's own).
             let (mut cd, mut cdb) = (vec![0.0; n], db0.clone());
-            cpu.gelu_bwd_bias_grad(&mut cd, &x, &dy, &mut cdb, rows, cols);
+            cpu.gelu_bwd_bias_grad(&mut cd, &x, None, &dy, &mut cdb, rows, cols);
             let tol = if store == Dtype::F32 { 1e-5 } else { 1e-2 };
             close("gelu_bwd vs CPU", &want_d, &cd, tol, tol);
             close("db vs CPU", &want_db, &cdb, tol * rows as f32, tol);

@@ -647,17 +647,24 @@ pub trait Backend {
     /// [`Backend::gelu_bwd`] into `dinp` (`rows × cols`), then [`Backend::bias_grad`] of it into
     /// `db`: the feed-forward's first linear, whose input gradient is its bias's. By default
     /// those two calls; a GPU makes them one pass (the same values and additions), where the
-    /// bias gradient would read `dinp` back.
+    /// bias gradient would read `dinp` back. With `inp_bias` (only where
+    /// [`Backend::gelu_bwd_adds_bias`]), `inp` is [`Backend::bias_gelu`]'s `inter` without the
+    /// bias, and the GELU's input is `inp + inp_bias` per row, rounded as `bias_gelu` rounds it.
     #[allow(clippy::too_many_arguments)]
     fn gelu_bwd_bias_grad(
         &self,
         dinp: &mut Self::Buf,
         inp: Self::View<'_>,
+        inp_bias: Option<Self::View<'_>>,
         dout: Self::View<'_>,
         db: Self::ViewMut<'_>,
         rows: usize,
         cols: usize,
     ) {
+        assert!(
+            inp_bias.is_none(),
+            "gelu_bwd_bias_grad: a bias for a backend whose bias_gelu adds it in place"
+        );
         self.gelu_bwd(self.view_mut(dinp), inp, dout);
         self.bias_grad(db, self.view(dinp), rows, cols);
     }
@@ -717,7 +724,8 @@ pub trait Backend {
     /// [`Backend::gemm_to_epilogue`]; rounded first): `inter += bias` (kept: the backward
     /// reads the pre-activation), then `act = gelu(inter)`, each
     /// rounded as [`Backend::add_bias`] and [`Backend::gelu_fwd`] round it. By default those two
-    /// calls; a GPU makes them one pass (the same bits).
+    /// calls; a GPU makes them one pass (the same bits of `act`) which leaves `inter` as it is
+    /// ([`Backend::gelu_bwd_adds_bias`]).
     fn bias_gelu(
         &self,
         inter: &mut Self::Buf,
@@ -728,6 +736,16 @@ pub trait Backend {
     ) {
         self.add_bias(self.view_mut(inter), bias, rows, cols);
         self.gelu_fwd(self.view_mut(act), self.view(inter));
+    }
+
+    /// Whether [`Backend::bias_gelu`] leaves `inter` as the GEMM wrote it (rounded), without
+    /// the bias, so that the backward's [`Backend::gelu_bwd_bias_grad`] is given the bias
+    /// (`inp_bias`) and adds it again as it loads `inter`: the biased pre-activation is then
+    /// never written, a pass over the feed-forward's widest matrix less a layer, with the same
+    /// values. A GPU's kernels do; the CPU adds the bias in place (its add costs what the
+    /// backward's would).
+    fn gelu_bwd_adds_bias(&self) -> bool {
+        false
     }
 
     /// Multi-head self-attention core with HF's additive padding mask (`finfo(f32).min` added to

@@ -260,6 +260,9 @@ pub(crate) struct LayerActs<B: Backend> {
     mean1: B::Buf,
     rstd1: B::Buf,
     x1: B::Buf,
+    /// The feed-forward's pre-activation: with its bias, or without it where the backend's
+    /// `bias_gelu` leaves it out and its backward adds it again
+    /// ([`Backend::gelu_bwd_adds_bias`]).
     inter: B::Buf,
     act: B::Buf,
     res2: B::Buf,
@@ -1253,10 +1256,13 @@ where
                 false,
             );
             // d(act) straight from its GEMM: gelu_bwd rounds it; the intermediate linear's bias
-            // gradient in the same pass.
+            // gradient in the same pass; and the bias added again to la.inter where bias_gelu
+            // left it out.
+            let inter_bias = be.gelu_bwd_adds_bias().then(|| be.sub(p, ll.inter.b()));
             be.gelu_bwd_bias_grad(
                 &mut a.dinter,
                 be.view(&la.inter),
+                inter_bias,
                 be.view(&a.dact),
                 be.sub_mut(&mut g, ll.inter.b()),
                 n,

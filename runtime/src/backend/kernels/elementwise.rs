@@ -2,7 +2,7 @@
 
 use super::{chunk_grid, dtype_arg, grid1, grid_vec, int, Kernels, BLOCK};
 use crate::backend::device::{Arg, Device};
-use crate::backend::{Backend, Dropout, Gemm, BIAS_ROWS};
+use crate::backend::{Dropout, Gemm, BIAS_ROWS};
 use crate::precision::Dtype;
 
 pub(super) fn add_assign<D: Device>(k: &Kernels<D>, mut acc: D::ViewMut<'_>, x: D::View<'_>) {
@@ -17,7 +17,7 @@ pub(super) fn add_assign<D: Device>(k: &Kernels<D>, mut acc: D::ViewMut<'_>, x: 
 }
 
 /// The device's GEMM; in fp16/bf16 storage its fp32 output is then rounded (`round_rows`)
-/// unless `round` is false ([`Backend::gemm_to_epilogue`]: what reads it next rounds it).
+/// unless `round` is false ([`crate::backend::Backend::gemm_to_epilogue`]: what reads it next rounds it).
 pub(super) fn gemm<D: Device>(
     k: &Kernels<D>,
     g: &Gemm,
@@ -141,13 +141,53 @@ pub(super) fn bias_grad<D: Device>(
     });
 }
 
+/// `gelu_bwd` (elementwise.cu): `dinp = dout · gelu'(x)`, `x` the rows of `inp`, plus `bias`
+/// per row where given ([`crate::backend::Backend::gelu_bwd_bias_grad`]'s `inp_bias`).
+pub(super) fn gelu_bwd<D: Device>(
+    k: &Kernels<D>,
+    mut dinp: D::ViewMut<'_>,
+    inp: D::View<'_>,
+    bias: Option<D::View<'_>>,
+    dout: D::View<'_>,
+) {
+    let n = k.dev.len_mut(&dinp);
+    assert!(
+        k.dev.len(inp) == n && k.dev.len(dout) == n,
+        "gelu_bwd lengths"
+    );
+    let (b, cols) = match bias {
+        Some(b) => {
+            let cols = k.dev.len(b);
+            assert!(cols > 0 && n % cols == 0, "gelu_bwd's bias width");
+            (k.typed(b), cols)
+        }
+        None => (Arg::Typed(0, k.store), 1),
+    };
+    let o = k.typed_mut(&mut dinp);
+    k.dev.launch(
+        "gelu_bwd",
+        grid_vec(n),
+        &[
+            o,
+            k.typed(inp),
+            k.typed(dout),
+            b,
+            int(cols),
+            int(n),
+            k.store_arg(),
+        ],
+    );
+}
+
 /// [`crate::backend::Backend::gelu_bwd_bias_grad`]: one launch (elementwise.cu,
 /// `gelu_bwd_bias_grad`) where every buffer is of the storage dtype, the rows are of an even
 /// width and the buffers aligned for pairs; else `gelu_bwd`, then `bias_grad`.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn gelu_bwd_bias_grad<D: Device>(
     k: &Kernels<D>,
     mut dinp: D::ViewMut<'_>,
     inp: D::View<'_>,
+    inp_bias: Option<D::View<'_>>,
     dout: D::View<'_>,
     mut db: D::ViewMut<'_>,
     rows: usize,
@@ -159,6 +199,9 @@ pub(super) fn gelu_bwd_bias_grad<D: Device>(
         "gelu_bwd_bias_grad lengths"
     );
     assert_eq!(k.dev.len_mut(&db), cols, "gelu_bwd_bias_grad width");
+    if let Some(b) = inp_bias {
+        assert_eq!(k.dev.len(b), cols, "gelu_bwd_bias_grad's bias width");
+    }
     let pair = if k.store == Dtype::F32 { 8 } else { 4 };
     let ok = |elem: Dtype, ptr: u64| elem == k.store && ptr % pair == 0;
     let fits = cols % 2 == 0
@@ -169,9 +212,10 @@ pub(super) fn gelu_bwd_bias_grad<D: Device>(
         && ok(k.dev.elem(inp), k.dev.ptr(inp))
         && ok(k.dev.elem(dout), k.dev.ptr(dout));
     if !fits {
-        k.gelu_bwd(k.dev.sub_mut(&mut dinp, 0..n), inp, dout);
+        gelu_bwd(k, k.dev.sub_mut(&mut dinp, 0..n), inp, inp_bias, dout);
         return bias_grad(k, db, k.dev.as_view(&dinp), rows, cols, None);
     }
+    let bias = inp_bias.map_or(Arg::Typed(0, k.store), |b| k.typed(b));
     let chunks = rows.div_ceil(BIAS_ROWS);
     let (pd, pdb) = (k.dev.ptr_mut(&mut dinp), k.dev.ptr_mut(&mut db));
     k.with_chunk_sums(chunks.max(1) * cols, |part| {
@@ -185,6 +229,7 @@ pub(super) fn gelu_bwd_bias_grad<D: Device>(
                     Arg::Ptr(pd),
                     Arg::Ptr(k.dev.ptr(inp)),
                     Arg::Ptr(k.dev.ptr(dout)),
+                    bias,
                     Arg::Ptr(pdb),
                     Arg::Ptr(k.dev.ptr(part)),
                     Arg::Ptr(done),
@@ -258,9 +303,9 @@ pub(crate) fn dropout<D: Device>(k: &Kernels<D>, mut x: D::ViewMut<'_>, d: &Drop
     );
 }
 
-/// [`Backend::bias_dropout_add`] in one pass (`bias_dropout_add` of elementwise.cu), when `out`
+/// [`crate::backend::Backend::bias_dropout_add`] in one pass (`bias_dropout_add` of elementwise.cu), when `out`
 /// and `residual` are exactly `rows × cols`; otherwise the rounding the GEMM left
-/// ([`Backend::gemm_to_epilogue`]) and the three kernels.
+/// ([`crate::backend::Backend::gemm_to_epilogue`]) and the three kernels.
 pub(super) fn bias_dropout_add<D: Device>(
     k: &Kernels<D>,
     out: &mut D::Buf,
@@ -311,35 +356,34 @@ pub(super) fn bias_dropout_add<D: Device>(
     );
 }
 
-/// [`Backend::bias_gelu`] in one pass (`bias_gelu` of elementwise.cu), when both buffers are
-/// exactly `rows × cols`; otherwise the rounding the GEMM left and the two kernels.
+/// [`crate::backend::Backend::bias_gelu`] in one pass (`bias_gelu` of elementwise.cu) over the
+/// first `rows × cols` elements of `inter` and `act`; `inter` is read only
+/// ([`crate::backend::Backend::gelu_bwd_adds_bias`]).
 pub(super) fn bias_gelu<D: Device>(
     k: &Kernels<D>,
-    inter: &mut D::Buf,
+    inter: &D::Buf,
     act: &mut D::Buf,
     bias: D::View<'_>,
     rows: usize,
     cols: usize,
 ) {
     let n = rows * cols;
-    let fits = k.dev.len(k.dev.view(inter)) == n && k.dev.len(k.dev.view(act)) == n;
-    if !fits || k.dev.len(bias) != cols {
-        // gelu_fwd takes floats (not 16-bit buffers, which the model sizes to fit).
-        assert_eq!(k.dev.elem(k.dev.view(act)), Dtype::F32, "bias_gelu's act");
-        assert_eq!(
-            k.dev.elem(k.dev.view(inter)),
-            Dtype::F32,
-            "bias_gelu's inter"
-        );
-        add_bias(k, k.dev.view_mut(inter), bias, rows, cols, k.store, None);
-        unary(k, "gelu_fwd", k.dev.view_mut(act), k.dev.view(inter));
-        return;
-    }
-    let pi = k.typed_mut(&mut k.dev.view_mut(inter));
+    assert!(
+        k.dev.len(k.dev.view(inter)) >= n && k.dev.len(k.dev.view(act)) >= n,
+        "bias_gelu lengths"
+    );
+    assert_eq!(k.dev.len(bias), cols, "bias_gelu width");
     let act = k.typed_mut(&mut k.dev.view_mut(act));
     k.dev.launch(
         "bias_gelu",
         grid_vec(n),
-        &[pi, act, k.typed(bias), int(rows), int(cols), k.store_arg()],
+        &[
+            k.typed(k.dev.view(inter)),
+            act,
+            k.typed(bias),
+            int(rows),
+            int(cols),
+            k.store_arg(),
+        ],
     );
 }

@@ -837,20 +837,26 @@ impl<D: Device> Backend for Kernels<D> {
     }
 
     fn gelu_bwd(&self, dinp: D::ViewMut<'_>, inp: D::View<'_>, dout: D::View<'_>) {
-        elementwise::binary(self, "gelu_bwd", dinp, inp, dout, VEC)
+        elementwise::gelu_bwd(self, dinp, inp, None, dout)
     }
 
     fn gelu_bwd_bias_grad(
         &self,
         dinp: &mut D::Buf,
         inp: D::View<'_>,
+        inp_bias: Option<D::View<'_>>,
         dout: D::View<'_>,
         db: D::ViewMut<'_>,
         rows: usize,
         cols: usize,
     ) {
         let d = self.dev.view_mut(dinp);
-        elementwise::gelu_bwd_bias_grad(self, d, inp, dout, db, rows, cols)
+        elementwise::gelu_bwd_bias_grad(self, d, inp, inp_bias, dout, db, rows, cols)
+    }
+
+    fn gelu_bwd_adds_bias(&self) -> bool {
+        // bias_gelu never writes `inter` (elementwise.cu).
+        true
     }
 
     fn tanh_fwd(&self, out: D::ViewMut<'_>, inp: D::View<'_>) {

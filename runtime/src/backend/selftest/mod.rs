@@ -234,23 +234,49 @@ impl<B: Backend> Checker<'_, B> {
         let mut act = be.upload(&zeros);
         gemm(be, &mut inter);
         be.bias_gelu(&mut inter, &mut act, be.view(&bb), rows, cols);
-        let mut want_inter = cpu_gemm();
+        let unbiased = cpu_gemm();
+        let mut want_inter = unbiased.clone();
         cpu.add_bias(&mut want_inter, bias, rows, cols);
         let mut want_act = vec![0.0; rows * cols];
         cpu.gelu_fwd(&mut want_act, &want_inter);
+        // Where the backward adds the bias again, the forward leaves `inter` without it.
+        let apart = be.gelu_bwd_adds_bias();
+        let kept = if apart { &unbiased } else { &want_inter };
         self.compare_bufs(&[
-            ("gemm+bias_gelu.inter", &inter, &want_inter),
+            ("gemm+bias_gelu.inter", &inter, kept),
             ("gemm+bias_gelu.act", &act, &want_act),
         ]);
 
+        // The backward: d(act) from a GEMM, GELU's gradient and its bias's sum, given the bias
+        // where the forward left it out.
+        let db0 = rand(cols, 0.5, 23, st);
+        let mut db = be.upload(&db0);
         let got = self.on_backend(&zeros, |b, o| {
             let mut dact = b.upload(&zeros);
             gemm(b, &mut dact);
-            b.gelu_bwd(b.view_mut(o), b.view(&inter), b.view(&dact));
+            let inter_bias = apart.then(|| b.view(&bb));
+            b.gelu_bwd_bias_grad(
+                o,
+                b.view(&inter),
+                inter_bias,
+                b.view(&dact),
+                b.view_mut(&mut db),
+                rows,
+                cols,
+            );
         });
-        let mut want = vec![0.0; rows * cols];
-        cpu.gelu_bwd(&mut want, &want_inter, &cpu_gemm());
+        let (mut want, mut want_db) = (vec![0.0; rows * cols], db0);
+        cpu.gelu_bwd_bias_grad(
+            &mut want,
+            &want_inter,
+            None,
+            &cpu_gemm(),
+            &mut want_db,
+            rows,
+            cols,
+        );
         self.compare("gemm+gelu_bwd", &got, &want);
+        self.compare_bufs(&[("gemm+gelu_bwd.bias_grad", &db, &want_db)]);
     }
 
     fn gemm(&mut self) {
@@ -796,13 +822,42 @@ impl<B: Backend> Checker<'_, B> {
         let (mut inter, mut act) = (be.alloc_stored(rows * outs), be.alloc_stored(rows * outs));
         be.gemm_to_epilogue(&g, be.view(&xb), be.view(&wb), be.view_mut(&mut inter));
         let ob = rand(outs, 1.0, 28, st);
-        be.bias_gelu(&mut inter, &mut act, be.view(&be.upload(&ob)), rows, outs);
+        let obb = be.upload(&ob);
+        be.bias_gelu(&mut inter, &mut act, be.view(&obb), rows, outs);
         let (mut wi, mut wa) = (vec![0.0; rows * outs], vec![0.0; rows * outs]);
         cpu.gemm(&g, &x, &w, &mut wi);
+        let unbiased = wi.clone();
         cpu.bias_gelu(&mut wi, &mut wa, &ob, rows, outs);
+        let apart = be.gelu_bwd_adds_bias();
         self.compare_bufs(&[
-            ("stored.gemm+bias_gelu.inter", &inter, &wi),
+            (
+                "stored.gemm+bias_gelu.inter",
+                &inter,
+                if apart { &unbiased } else { &wi },
+            ),
             ("stored.gemm+bias_gelu.act", &act, &wa),
+        ]);
+        // Its backward from stored buffers: GELU's gradient and the bias's sum, in one pass
+        // where the device has it, the bias added again to `inter` where it was left out.
+        let dact = rand(rows * outs, 1.0, 29, st);
+        let mut dinter = be.alloc_stored(rows * outs);
+        let mut dact_s = be.alloc_stored(rows * outs);
+        be.write(be.view_mut(&mut dact_s), &dact);
+        let mut dbias = be.upload(&vec![0.0; outs]);
+        be.gelu_bwd_bias_grad(
+            &mut dinter,
+            be.view(&inter),
+            apart.then(|| be.view(&obb)),
+            be.view(&dact_s),
+            be.view_mut(&mut dbias),
+            rows,
+            outs,
+        );
+        let (mut want_d, mut want_db) = (vec![0.0; rows * outs], vec![0.0; outs]);
+        cpu.gelu_bwd_bias_grad(&mut want_d, &wi, None, &dact, &mut want_db, rows, outs);
+        self.compare_bufs(&[
+            ("stored.gelu_bwd_bias_grad.dinp", &dinter, &want_d),
+            ("stored.gelu_bwd_bias_grad.db", &dbias, &want_db),
         ]);
         // The same GEMM, then its bias alone (the Q, K and V linears).
         let mut lin = be.alloc_stored(rows * outs);
@@ -864,7 +919,9 @@ impl<B: Backend> Checker<'_, B> {
     /// paths' 8 columns, within the LayerNorm kernels' registers) on stored buffers with stored
     /// parameters, as a GPU trains it: `bias_dropout_add_layernorm` (one kernel on a GPU keeping
     /// 16-bit buffers), then the residual split of its backward (`layernorm_bwd_dinp16` there),
-    /// checked as `stored.wide.*`. The narrower `stored` checks take the generic paths.
+    /// checked as `stored.wide.*`; and the feed-forward's bias and GELU, forward and backward
+    /// (`gelu_bwd_bias_grad`'s one kernel there). The narrower `stored` checks take the
+    /// generic paths.
     fn stored_wide(&mut self) {
         let (be, cpu, st) = (self.be, self.cpu, self.store);
         let (rows, cols) = (37, 768);
@@ -968,6 +1025,39 @@ impl<B: Backend> Checker<'_, B> {
             ("stored.wide.layernorm_bwd_split.dw", &dw, &wdw),
             ("stored.wide.layernorm_bwd_split.db", &db, &wdb),
             ("stored.wide.layernorm_bwd_split.dl", &dl, &wdl),
+        ]);
+        // The feed-forward's bias and GELU from a stored pre-activation, and their backward
+        // with the bias's gradient (one kernel on a GPU keeping 16-bit buffers), the bias at
+        // an odd place in a stored parameter buffer; where the forward leaves the bias out
+        // of `inter`, the backward is given it to add again.
+        let mut params = be.alloc_stored(cols + 1);
+        be.write(
+            be.sub_mut(&mut be.view_mut(&mut params), 1..cols + 1),
+            &bias,
+        );
+        let pb = || be.sub(be.view(&params), 1..cols + 1);
+        let mut act = be.alloc_stored(n);
+        let mut inter = put(&x);
+        be.bias_gelu(&mut inter, &mut act, pb(), rows, cols);
+        let mut gi = be.alloc_stored(n);
+        let mut gb = be.upload(&vec![0.5; cols]);
+        be.gelu_bwd_bias_grad(
+            &mut gi,
+            be.view(&inter),
+            be.gelu_bwd_adds_bias().then(pb),
+            be.view(&dyb),
+            be.view_mut(&mut gb),
+            rows,
+            cols,
+        );
+        let (mut wi, mut wa) = (x.clone(), vec![0.0; n]);
+        cpu.bias_gelu(&mut wi, &mut wa, &bias, rows, cols);
+        let (mut wgi, mut wgb) = (vec![0.0; n], vec![0.5; cols]);
+        cpu.gelu_bwd_bias_grad(&mut wgi, &wi, None, &dy, &mut wgb, rows, cols);
+        self.compare_bufs(&[
+            ("stored.wide.bias_gelu.act", &act, &wa),
+            ("stored.wide.gelu_bwd_bias_grad.dinp", &gi, &wgi),
+            ("stored.wide.gelu_bwd_bias_grad.db", &gb, &wgb),
         ]);
     }
 
