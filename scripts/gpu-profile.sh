@@ -56,8 +56,18 @@ if [ "${PEER:-1}" != 0 ]; then
 fi
 cp "$T/micro64/metrics.jsonl" "$RESULTS/micro64.jsonl" 2>/dev/null
 rm -f "$RESULTS/torch-kernels.json.trace"
-# Against the last recorded profile (docs/gpu/<machine>-<date>/profile-summary.json), if any.
-LAST="$(ls -d docs/gpu/*/profile-summary.json 2>/dev/null | sort | tail -1)"
+# Against the last profile recorded on the same kind of GPU (docs/gpu/<kind>-<date>/
+# profile-summary.json), if any: another GPU's kernel times (an H100's lower bandwidth, say)
+# would read as changes of ours.
+GPU_NAME="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+case "$GPU_NAME" in
+    *H200*) KIND=h200 ;;
+    *H100*) KIND=h100 ;;
+    *A100*) KIND=a100 ;;
+    *) KIND= ;;
+esac
+LAST=
+[ -n "$KIND" ] && LAST="$(ls -d docs/gpu/"$KIND"-*/profile-summary.json 2>/dev/null | sort | tail -1)"
 "$PY" scripts/gpu/profile_summary.py "$RESULTS" ${LAST:+--against "$LAST"} > "$RESULTS/summary.json"
 # The logs in one file (the device tool brings back 8 files at most).
 ( cd "$RESULTS" && tar czf logs.tgz --remove-files ./*.log micro64.jsonl torch.json 2>/dev/null )
