@@ -15,6 +15,7 @@
 # every GEMM on one stream (RECIPE_SIDE_STREAM=0: the weight gradients not beside the rest) and
 # with the weight gradients' stream of the compute stream's priority (RECIPE_SIDE_STREAM=equal),
 # with each step's updates before the next forward instead of beside it (RECIPE_STEP_ASIDE=0),
+# with our kernels as programmatic dependent launches (RECIPE_PDL=1, off by default until timed),
 # and profiled (`recipe run --profile`): $OUT/profile.json says where the GPU's time goes; ours runs
 # with its passes replayed as CUDA graphs (the default, docs/cuda.md "CUDA graphs"), and once
 # more launching them directly (RECIPE_CUDA_GRAPHS=0).
@@ -47,7 +48,7 @@ else
     L=12; C=768; HEADS=12; INTER=3072; MICRO=32; SEQ=128; STEPS=40
 fi
 WARM=10
-# Each run (10 in all with the peer and the profile, within scripts/gpu-check.sh's 180 s) is
+# Each run (11 in all with the peer and the profile, within scripts/gpu-check.sh's 180 s) is
 # bounded, so that one slow or hung run costs its own figure only (a run cut short still logged
 # its steps).
 RUN_LIMIT="${RUN_LIMIT:-30}"
@@ -72,15 +73,15 @@ PY
 # ours NAME MODE STEPS [--profile]: one run of ours into $W/NAME, RECIPE_HALF_GEMM=MODE
 # (RECIPE_CUDA_GRAPHS=$GRAPHS, default 1; RECIPE_FUSED_ATTENTION=$FUSED, default 1;
 # RECIPE_GEMM_LIBRARY=$LIB, default cublaslt; RECIPE_SIDE_STREAM=$SIDE, default 1;
-# RECIPE_GEMM_ALGO=$ALGO, default first; RECIPE_STEP_ASIDE=$STEP, default 1), at most
-# $RUN_LIMIT seconds.
+# RECIPE_GEMM_ALGO=$ALGO, default first; RECIPE_STEP_ASIDE=$STEP, default 1; RECIPE_PDL=$PDL,
+# default 0), at most $RUN_LIMIT seconds.
 ours() {
     local name=$1 mode=$2 steps=$3
     shift 3
     ( cd "$W" && RECIPE_HALF_GEMM="$mode" RECIPE_CUDA_GRAPHS="${GRAPHS:-1}" \
         RECIPE_FUSED_ATTENTION="${FUSED:-1}" RECIPE_GEMM_LIBRARY="${LIB:-cublaslt}" \
         RECIPE_SIDE_STREAM="${SIDE:-1}" RECIPE_GEMM_ALGO="${ALGO:-first}" \
-        RECIPE_STEP_ASIDE="${STEP:-1}" timeout "$RUN_LIMIT" "$BIN" run --quiet --device "$DEVICE" "$@" bert-base.rcp \
+        RECIPE_STEP_ASIDE="${STEP:-1}" RECIPE_PDL="${PDL:-0}" timeout "$RUN_LIMIT" "$BIN" run --quiet --device "$DEVICE" "$@" bert-base.rcp \
         --set "batch.micro=$MICRO" --set "data.max_len=$SEQ" --set "train.max_steps=$steps" \
         --set "train.output_dir=\"$name\"" ) > "$W/$name.log" 2>&1 \
         || { echo "recipe run ($name) failed: $W/$name.log" >&2; tail -5 "$W/$name.log" >&2; }
@@ -98,6 +99,7 @@ SIDE=0 ours one-stream pack "$STEPS"
 SIDE=equal ours side-equal pack "$STEPS"
 ALGO=fastest ours gemm-fastest pack "$STEPS"
 STEP=0 ours step-before pack "$STEPS"
+PDL=1 ours pdl pack "$STEPS"
 if [ "$DEVICE" = cuda ]; then
     ours profiled pack "$((WARM + 10))" --profile
     cp "$W/profiled/profile.json" "$OUT/profile.json" 2>/dev/null || true

@@ -601,6 +601,8 @@ fn weight_gradients_beside_the_rest_keep_the_bits() {
     let (steps, norms, s) = run("one-stream", &[("RECIPE_SIDE_STREAM", "0")]);
     assert_eq!(s["lt_streams"], 1, "{s}");
     assert_eq!(s["external_waits"], 0, "{s}");
+    // Programmatic dependent launches are off unless asked for.
+    assert_eq!(s["dependent_launches"], 0, "{s}");
     // Each step's updates go aside too, segment by segment, and the next forward waits for
     // each as it reads the segment (`Kernels::update_aside`): directly, and in the graphs as
     // their own nodes (external waits), which the graphs captured before the first step (the
@@ -632,6 +634,25 @@ fn weight_gradients_beside_the_rest_keep_the_bits() {
     let (other, other_norms, s) = run("step-before", &[("RECIPE_STEP_ASIDE", "0")]);
     assert_eq!(s["external_waits"], 0, "{s}");
     assert_eq!((other, other_norms), (steps.clone(), norms.clone()));
+    // Every kernel as a programmatic dependent launch (the fake's compute capability is 9.0),
+    // directly and in graphs, the side stream late: the same bits (the fake starts a kernel
+    // after the one ahead of it either way; on a GPU each kernel's GRID_WAIT keeps that order).
+    for graphs in ["0", "1"] {
+        let name = format!("pdl-graphs-{graphs}");
+        let env = [
+            ("RECIPE_PDL", "1"),
+            ("RECIPE_CUDA_GRAPHS", graphs),
+            ("RECIPE_FAKE_CUDA_ASYNC", "20"),
+            ("RECIPE_FAKE_CUDA_LAZY", "others"),
+        ];
+        let (other, other_norms, s) = run(&name, &env);
+        assert!(s["dependent_launches"].as_u64().unwrap() > 0, "{name}: {s}");
+        assert_eq!(
+            (other, other_norms),
+            (steps.clone(), norms.clone()),
+            "{name}"
+        );
+    }
     // With graphs, the side stream behind the compute stream (the default: stream priorities,
     // kept per node) and of the same priority.
     for (name, side) in [("graphs", "1"), ("graphs-equal", "equal")] {

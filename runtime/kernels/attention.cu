@@ -80,6 +80,7 @@ extern "C" __global__ void attention_softmax(float* scores, void* probs, int pro
                                              int rows, int seq, int heads, int dropout,
                                              const unsigned* key, unsigned long long site,
                                              unsigned threshold, float dscale, int store) {
+    GRID_WAIT();
     int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= rows) return;  // a whole warp leaves together: the shuffles below stay full
     int lane = threadIdx.x & 31;
@@ -165,6 +166,7 @@ __device__ __forceinline__ void attention_softmax_bwd_t(const float* row, void* 
 extern "C" __global__ void attention_softmax_bwd(float* dp, void* ds, int ds_t, const void* probs,
                                                  int probs_t, const void* pd, int pd_t, int rows,
                                                  int seq, int dropout, float dscale, int store) {
+    GRID_WAIT();
     int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= rows) return;
     int lane = threadIdx.x & 31;
@@ -552,6 +554,7 @@ extern "C" __global__ void attention_fused(void* ctx, void* probs, void* probs_d
                                            unsigned long long site, unsigned threshold,
                                            float dscale, const void* bias, int bias_t,
                                            int bias_stride, int store) {
+    GRID_WAIT();
     // Words of two elements each (the lower index in the low half), here so that both types'
     // code shares them.
     __shared__ unsigned qs[FUSED_Q * FUSED_LD / 2];
@@ -706,6 +709,7 @@ extern "C" __global__ void attention_bwd_dq(void* dq, void* ds, const void* dctx
                                             int seq, int heads, float scale, int dropout,
                                             float dscale, const void* bias, int bias_t,
                                             int bias_stride, int store) {
+    GRID_WAIT();
     __shared__ unsigned dcs[FUSED_Q * FUSED_LD / 2];
     __shared__ unsigned vs[FUSED_KEYS * FUSED_LD / 2];
     __shared__ unsigned kt[FUSED_D * FUSED_LDT / 2];
@@ -776,6 +780,7 @@ extern "C" __global__ void attention_bwd_dkv(void* dk, void* dv, const void* ds,
                                              const void* q, const void* dctx, int seq, int heads,
                                              float scale, const void* bias, int bias_t,
                                              int bias_stride, int store) {
+    GRID_WAIT();
     const HeadBias qb = bias ? head_bias(bias, bias_t, bias_stride, 0, blockIdx.y) : no_bias();
     __shared__ unsigned at[FUSED_Q * FUSED_LDT / 2];
     __shared__ unsigned bt[FUSED_D * FUSED_LDT / 2];

@@ -32,6 +32,19 @@
 // Block size every 1-D kernel is launched with (kernels/mod.rs, `BLOCK`).
 #define BLOCK 256
 
+// The first statement of every kernel. A kernel launched as a programmatic dependent launch
+// (RECIPE_PDL=1 on sm_90 and newer; docs/cuda.md, "Programmatic dependent launch") may be
+// scheduled before the kernel ahead of it in its stream has finished: it waits here, before any
+// access to global memory (a read of what that kernel writes, or a write of what it reads),
+// until that kernel has completed and its writes are visible. Every block waiting so, a kernel
+// completes only after the one ahead of it, so the order holds along a whole stream. Without
+// such a launch, before sm_90 and in the CPU emulation (blocks one after another), nothing.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define GRID_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#else
+#define GRID_WAIT() ((void)0)
+#endif
+
 __device__ __forceinline__ float f32_inf() { return __int_as_float(0x7f800000); }
 // torch.finfo(float32).min, HF's additive attention mask value.
 __device__ __forceinline__ float f32_lowest() { return __int_as_float(0xff7fffff); }

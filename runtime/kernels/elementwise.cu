@@ -6,6 +6,7 @@
 
 // acc[i] += x[i]
 extern "C" __global__ void add_assign(float* acc, const float* x, int n, int store) {
+    GRID_WAIT();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) acc[i] = st(acc[i] + x[i], store);
 }
@@ -37,6 +38,7 @@ __device__ __forceinline__ void add_bias_v(void* out, const void* bias, int bias
 extern "C" __global__ void add_bias(void* out, int out_t, const void* bias, int bias_t, int rows,
                                     int cols, int item_rows, unsigned long long bias_stride,
                                     int first, int store) {
+    GRID_WAIT();
     long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     long long n = (long long)rows * cols;
     if (i0 >= n) return;
@@ -56,6 +58,7 @@ extern "C" __global__ void add_bias(void* out, int out_t, const void* bias, int 
 // (exact) for an f32 GEMM, or a GEMM's f32 result rounded into a 16-bit buffer (to nearest even,
 // as `st`). Device::gemm_batched's conversions on a GPU.
 extern "C" __global__ void convert(void* dst, int dst_t, const void* src, int src_t, int n) {
+    GRID_WAIT();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) sto(dst, i, ld(src, i, src_t), dst_t);
 }
@@ -83,6 +86,7 @@ extern "C" __global__ void bias_grad(float* db, float* part, unsigned* done, con
                                      int dout_t, int rows, int cols, int chunk, int chunks,
                                      unsigned long long dout_stride,
                                      unsigned long long db_stride, int store) {
+    GRID_WAIT();
     unsigned z = blockIdx.z;
     db += z * db_stride;
     part += (unsigned long long)z * chunks * cols;
@@ -102,6 +106,7 @@ __device__ __forceinline__ void round_rows_v(float* x, long long at) {
     stv<STORE_F32>(x, at, v);
 }
 extern "C" __global__ void round_rows(float* x, int rows, int cols, int ld, int store) {
+    GRID_WAIT();
     long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     long long n = (long long)rows * cols;
     if (i0 >= n) return;
@@ -123,6 +128,7 @@ extern "C" __global__ void round_rows(float* x, int rows, int cols, int ld, int 
 // made the average the host's ReduceOp::Avg makes (one f32 multiply by the rounded 1/N; no add
 // follows it to contract into), stored as zero::Storage::reduced stores it.
 extern "C" __global__ void scale_round(float* x, int n, float factor, int comm, int store) {
+    GRID_WAIT();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = st(st(x[i] * factor, comm), store);
 }
@@ -130,6 +136,7 @@ extern "C" __global__ void scale_round(float* x, int n, float factor, int comm, 
 // dst[i] = the half bits of src[i]: a GEMM operand for cuBLAS's fp16/bf16 inputs (the values
 // are the run's half values, so nothing is rounded), n elements from the operand's start.
 extern "C" __global__ void pack_half(unsigned short* dst, const float* src, int n, int store) {
+    GRID_WAIT();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dst[i] = half_bits(src[i], store);
 }
@@ -144,6 +151,7 @@ extern "C" __global__ void gemm_pointers(unsigned long long* out, unsigned long 
                                          unsigned long long a_inner, unsigned long long b_outer,
                                          unsigned long long b_inner, unsigned long long c_outer,
                                          unsigned long long c_inner) {
+    GRID_WAIT();
     int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= count) return;
     unsigned long long o = j / inner, i = j % inner;
@@ -159,6 +167,7 @@ __device__ __forceinline__ float gelu(float x) {
 }
 
 extern "C" __global__ void gelu_fwd(float* out, const float* inp, int n, int store) {
+    GRID_WAIT();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = st(gelu(inp[i]), store);
 }
@@ -181,6 +190,7 @@ __device__ __forceinline__ void bias_gelu_v(const void* inter, void* act, const 
 extern "C" __global__ void bias_gelu(const void* inter, int inter_t, void* act, int act_t,
                                      const void* bias, int bias_t, int rows, int cols,
                                      int store) {
+    GRID_WAIT();
     long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     long long n = (long long)rows * cols;
     if (i0 >= n) return;
@@ -223,6 +233,7 @@ extern "C" __global__ void bias_dropout_add(void* out, int out_t, const void* bi
                                             int cols, int drop, const unsigned* key,
                                             unsigned long long site, unsigned threshold,
                                             float scale, int store) {
+    GRID_WAIT();
     long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     long long n = (long long)rows * cols;
     if (i0 >= n) return;
@@ -288,6 +299,7 @@ __device__ __forceinline__ void gelu_bwd_v(void* dinp, const void* inp, const vo
 extern "C" __global__ void gelu_bwd(void* dinp, int dinp_t, const void* inp, int inp_t,
                                     const void* dout, int dout_t, const void* bias, int bias_t,
                                     int cols, int n, int store) {
+    GRID_WAIT();
     long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (i0 >= n) return;
     if (!bias && dinp_t == store && inp_t == store && dout_t == store && n % VEC == 0 &&
@@ -387,11 +399,13 @@ extern "C" __global__ void gelu_bwd_bias_grad(void* dinp, const void* inp, const
                                               const void* bias, int bias_t, float* db,
                                               float* part, unsigned* done, int rows, int cols,
                                               int chunk, int chunks, int store) {
+    GRID_WAIT();
     BY_TYPE(store, gelu_bwd_bias_grad_t, dinp, inp, dout, bias, bias_t, db, part, done, rows,
             cols, chunk, chunks);
 }
 
 extern "C" __global__ void tanh_fwd(float* out, const float* inp, int n, int store) {
+    GRID_WAIT();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = st(tanhf(inp[i]), store);
 }
@@ -400,6 +414,7 @@ extern "C" __global__ void tanh_fwd(float* out, const float* inp, int n, int sto
 // (NVRTC would make 1 − y² one FMA).
 extern "C" __global__ void tanh_bwd(void* dinp, int dinp_t, const void* y, int y_t,
                                     const void* dout, int dout_t, int n, int store) {
+    GRID_WAIT();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         float v = ld(y, i, y_t);
@@ -415,6 +430,7 @@ extern "C" __global__ void tanh_bwd(void* dinp, int dinp_t, const void* y, int y
 extern "C" __global__ void dropout(void* x, int x_t, int n, const unsigned* key,
                                    unsigned long long site, unsigned threshold, float scale,
                                    unsigned long long first, int store) {
+    GRID_WAIT();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         DropKey k = drop_key(key, site);

@@ -16,6 +16,7 @@ extern "C" __global__ void embedding_fwd(void* out, int out_t, const unsigned* i
                                          const unsigned* types, const void* word,
                                          const void* pos, const void* typ, int tables_t,
                                          int tokens, int seq, int hidden, int store) {
+    GRID_WAIT();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)tokens * hidden) return;
     int tok = (int)(i / hidden), c = (int)(i % hidden);
@@ -44,6 +45,7 @@ extern "C" __global__ void embedding_fwd(void* out, int out_t, const unsigned* i
 // exact). Ranks are distinct, so each slot is written once.
 extern "C" __global__ void embedding_order(unsigned* order, const unsigned* ids,
                                            const unsigned* types, int tokens) {
+    GRID_WAIT();
     int i = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (i >= tokens) return;  // a whole warp leaves together: the shuffles below stay full
     int lane = threadIdx.x & 31;
@@ -110,6 +112,7 @@ extern "C" __global__ void embedding_bwd_short(float* dword, float* dtyp, const 
                                                int dout_t, const unsigned* ids,
                                                const unsigned* types, const unsigned* order,
                                                int tokens, int hidden, int store) {
+    GRID_WAIT();
     BY_TYPE(dout_t, embedding_bwd_short_t, dword, dtyp, dout, ids, types, order, tokens, hidden,
             store);
 }
@@ -188,6 +191,7 @@ extern "C" __global__ void embedding_bwd_long(float* dword, float* dtyp, const v
                                               int dout_t, const unsigned* ids,
                                               const unsigned* types, const unsigned* order,
                                               int tokens, int hidden, int store) {
+    GRID_WAIT();
     __shared__ float tile[EMB_TILE][32];
     __shared__ int starts[EMB_SLOTS];
     const unsigned* run = order + (2 * (long long)blockIdx.z + 1) * tokens;
@@ -210,6 +214,7 @@ extern "C" __global__ void embedding_bwd_long(float* dword, float* dtyp, const v
 // BLOCK threads; those are exactly the rows the CPU rounds.
 extern "C" __global__ void embedding_bwd_pos(float* dpos, const void* dout, int dout_t,
                                              int batch, int seq, int hidden, int store) {
+    GRID_WAIT();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)seq * hidden) return;
     float acc = dpos[i];

@@ -126,6 +126,7 @@ extern "C" __global__ void layernorm_fwd(void* out, int out_t, float* mean, floa
                                          const void* inp, int inp_t, const void* w,
                                          const void* b, int wb_t, int rows, int cols, float eps,
                                          int store) {
+    GRID_WAIT();
     long long r = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= rows) return;  // a whole warp leaves together: the shuffles below stay full
     int lane = threadIdx.x & 31;
@@ -234,6 +235,7 @@ extern "C" __global__ void bias_dropout_add_layernorm(void* res, const void* bia
                                                       unsigned long long site,
                                                       unsigned threshold, float scale,
                                                       int store) {
+    GRID_WAIT();
     long long r = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= rows) return;  // a whole warp leaves together
     int lane = threadIdx.x & 31;
@@ -326,6 +328,7 @@ extern "C" __global__ void layernorm_bwd_dinp(void* dinp, int dinp_t, const void
                                               void* keep, int keep_t, int dropout,
                                               const unsigned* key, unsigned long long site,
                                               unsigned threshold, float dscale) {
+    GRID_WAIT();
     long long r = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= rows) return;  // a whole warp leaves together
     int lane = threadIdx.x & 31;
@@ -389,6 +392,7 @@ extern "C" __global__ void layernorm_bwd_dinp16(void* dinp, int dinp_t, const vo
                                                 void* keep, int keep_t, int dropout,
                                                 const unsigned* key, unsigned long long site,
                                                 unsigned threshold, float dscale) {
+    GRID_WAIT();
     long long r = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= rows) return;  // a whole warp leaves together
     int lane = threadIdx.x & 31;
@@ -491,6 +495,7 @@ extern "C" __global__ void layernorm_bwd_dwdb(float* dw, float* db, float* pw, f
                                               const float* rstd, int rows, int cols, int chunk,
                                               int chunks, float* dl, float* pl,
                                               const void* branch, int store) {
+    GRID_WAIT();
     BY_TYPE(inp_t, layernorm_bwd_dwdb_i, dw, db, pw, pb, done, dout, dout_t, inp, mean, rstd,
             rows, cols, chunk, chunks, dl, pl, branch, store);
 }

@@ -15,6 +15,7 @@
 extern "C" __global__ void cross_entropy(float* dlogits, float* losses, const float* logits,
                                          const unsigned* labels, int rows, int classes,
                                          float grad_scale, int store) {
+    GRID_WAIT();
     __shared__ float redf[32];
     __shared__ double redd[32];
     long long r = blockIdx.x;

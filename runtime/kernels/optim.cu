@@ -41,6 +41,7 @@ __device__ __forceinline__ double load_f64(const float* in) {
 // so the sum is inf or NaN exactly when some g is: it is the overflow check too
 // (precision.rs `has_inf_or_nan`, which scans because an f32 sum could overflow on finite values).
 extern "C" __global__ void grad_norm_partial(float* partial, const float* g, int n) {
+    GRID_WAIT();
     __shared__ double red[32];
     double acc = 0.0;
     long long stride = (long long)gridDim.x * blockDim.x;
@@ -55,6 +56,7 @@ extern "C" __global__ void grad_norm_partial(float* partial, const float* g, int
 // Second pass: one block adds the `parts` partial sums in a fixed order (thread t takes partials
 // t, t + blockDim.x, …, then the block tree) and writes the total to out[0..2).
 extern "C" __global__ void grad_norm_final(float* out, const float* partial, int parts) {
+    GRID_WAIT();
     __shared__ double red[32];
     double acc = 0.0;
     for (int b = threadIdx.x; b < parts; b += blockDim.x) acc += load_f64(partial + 2 * b);
@@ -128,6 +130,7 @@ extern "C" __global__ void adamw_step(float* param, const float* grad, float* m,
                                       float mult, float step_size, float w1, float b2, float w2,
                                       float bc2_sqrt, float eps, int decay_mode, float decay_mul,
                                       float wd, int store) {
+    GRID_WAIT();
     long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * ADAM_VEC;
     if (i0 >= n) return;  // no barrier below
     int len = min(ADAM_VEC, (int)(n - i0));
@@ -192,6 +195,7 @@ extern "C" __global__ void sgd_step(float* param, const float* grad, float* buf,
                                     const unsigned* bounds, int nbounds, int n, float mult,
                                     int decay, float wd, int momentum, float mu, float keep,
                                     int first, int nesterov, float neg_lr, int store) {
+    GRID_WAIT();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;  // no barrier below
     float p = param[i];
@@ -217,6 +221,7 @@ extern "C" __global__ void adagrad_step(float* param, const float* grad, float* 
                                         const unsigned* bounds, int nbounds, int n, float mult,
                                         int decay, float wd, float eps, float neg_lr, int ds,
                                         int store) {
+    GRID_WAIT();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;  // no barrier below
     float p = param[i];
@@ -264,6 +269,7 @@ extern "C" __global__ void lamb_update(float* upd, const float* param, const flo
                                        float* m, float* v, const unsigned* bounds, int nbounds,
                                        int n, float mult, float div, float b1, float w1, float b2,
                                        float w2, float eps, float wd) {
+    GRID_WAIT();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;  // no barrier below
     float s = op_div(op_mul(grad[i], mult), div);
@@ -281,6 +287,7 @@ extern "C" __global__ void lamb_update(float* upd, const float* param, const flo
 extern "C" __global__ void lamb_norms(float* partial, const float* param, const float* upd,
                                       const unsigned* tensors, const unsigned* blocks,
                                       int ntensors) {
+    GRID_WAIT();
     __shared__ float sp[LAMB_THREADS], su[LAMB_THREADS];
     unsigned b = blockIdx.x;
     int k = count_le(blocks, ntensors, b) - 1;
@@ -308,6 +315,7 @@ extern "C" __global__ void lamb_norms(float* partial, const float* param, const 
 // clamped to [min_coeff, max_coeff] (a NaN passes through, as on the host).
 extern "C" __global__ void lamb_coeff(float* coeff, const float* partial, const unsigned* blocks,
                                       float max_coeff, float min_coeff) {
+    GRID_WAIT();
     __shared__ float sp[LAMB_THREADS], su[LAMB_THREADS];
     int k = blockIdx.x;
     unsigned first = blocks[k], nblocks = blocks[k + 1] - first;
@@ -333,6 +341,7 @@ extern "C" __global__ void lamb_coeff(float* coeff, const float* partial, const 
 extern "C" __global__ void lamb_apply(float* param, const float* upd, void* work, int work_t,
                                       const float* coeff, const unsigned* tensors, int ntensors,
                                       int n, float step_size, int store) {
+    GRID_WAIT();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;  // no barrier below
     int k = count_le(tensors, ntensors, (unsigned)i) - 1;

@@ -42,6 +42,7 @@ AB = (
     ("side-equal", "side_equal"),  # the side stream of the same priority (RECIPE_SIDE_STREAM=equal)
     ("gemm-fastest", "gemm_fastest"),  # each GEMM's fastest cuBLASLt algorithm (RECIPE_GEMM_ALGO=fastest)
     ("step-before", "step_before"),  # each step's updates before the next forward (RECIPE_STEP_ASIDE=0)
+    ("pdl", "pdl"),  # our kernels as programmatic dependent launches (RECIPE_PDL=1)
 )
 for run, key in AB:
     out[f"recipe_{key}"] = rate(run)

@@ -1187,6 +1187,63 @@ pub unsafe extern "C" fn cuLaunchKernel(
     enqueue(stream, &what, op)
 }
 
+/// `CUlaunchAttribute` (cuda.h): an id, padding and a 64-byte value union.
+#[repr(C)]
+pub struct LaunchAttribute {
+    id: c_uint,
+    pad: [u8; 4],
+    value: [u8; 64],
+}
+
+/// `CUlaunchConfig` (cuda.h).
+#[repr(C)]
+pub struct LaunchConfig {
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    smem: c_uint,
+    stream: usize,
+    attrs: *const LaunchAttribute,
+    count: c_uint,
+}
+
+/// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`.
+const PROGRAMMATIC_STREAM_SERIALIZATION: c_uint = 6;
+
+/// `cuLaunchKernel` with attributes. Of those it takes only the programmatic stream
+/// serialization (a programmatic dependent launch), counted in the stats: the fake runs a
+/// stream's work in order, so the kernel starts after the one ahead of it either way.
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchKernelEx(
+    config: *const LaunchConfig,
+    f: usize,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> c_int {
+    let Some(c) = config.as_ref() else {
+        return code::INVALID_VALUE;
+    };
+    let mut dependent = false;
+    for i in 0..c.count as usize {
+        let a = &*c.attrs.add(i);
+        if a.id != PROGRAMMATIC_STREAM_SERIALIZATION {
+            complain(
+                "cuLaunchKernelEx",
+                &format!("attribute {} is not supported", a.id),
+            );
+            return code::NOT_SUPPORTED;
+        }
+        dependent |= i32::from_ne_bytes([a.value[0], a.value[1], a.value[2], a.value[3]]) != 0;
+    }
+    let rc = cuLaunchKernel(
+        f, c.grid[0], c.grid[1], c.grid[2], c.block[0], c.block[1], c.block[2], c.smem, c.stream,
+        params, extra,
+    );
+    if rc == code::SUCCESS && dependent {
+        state().stats.dependent_launches += 1;
+    }
+    rc
+}
+
 /// A host function in stream order: runs at its place (now, or at each graph launch).
 #[no_mangle]
 pub unsafe extern "C" fn cuLaunchHostFunc(

@@ -185,6 +185,8 @@ pub struct Stats {
     /// Waits captured on an event recorded outside the capture (`CU_EVENT_WAIT_EXTERNAL`): a
     /// graph node that waits at each replay for the event's latest record.
     pub external_waits: u64,
+    /// Kernels queued as programmatic dependent launches (`cuLaunchKernelEx`).
+    pub dependent_launches: u64,
 }
 
 impl Stats {
@@ -198,7 +200,7 @@ impl Stats {
         let text = format!(
             "{{\"kernels\": {}, \"captures\": {}, \"graph_launches\": {}, \"allocations\": {}, \
              \"lt_matmuls\": {}, \"blas_gemms\": {}, \"blas_pointer_batches\": {}, \
-             \"lt_streams\": {}, \"external_waits\": {}}}\n",
+             \"lt_streams\": {}, \"external_waits\": {}, \"dependent_launches\": {}}}\n",
             self.kernels,
             self.captures,
             self.graph_launches,
@@ -207,7 +209,8 @@ impl Stats {
             self.blas_gemms,
             self.blas_pointer_batches,
             self.lt_streams,
-            self.external_waits
+            self.external_waits,
+            self.dependent_launches
         );
         if std::fs::write(&tmp, text).is_ok() {
             let _ = std::fs::rename(&tmp, &path);

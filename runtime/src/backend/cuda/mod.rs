@@ -323,6 +323,8 @@ pub struct CudaDevice {
     ahead: bool,
     /// Whether [`Device::update_aside`] uses the side stream ([`step_aside_from_env`]).
     step_aside: bool,
+    /// Whether kernels go as programmatic dependent launches ([`pdl_from_env`], sm_90 on).
+    pdl: bool,
 }
 
 /// How [`Device::gemm_half`] and [`Device::gemm_batched`] hand their operands, f32 buffers
@@ -424,6 +426,25 @@ fn step_aside_parse(v: Option<&str>) -> Result<bool, CudaError> {
         ["1", "0"],
         "`1` (the optimizer's step beside the next forward, the default) or `0` (before it) (docs/cuda.md, \"The step beside the forward\")",
     )
+}
+
+/// Whether our kernels are launched as programmatic dependent launches (`RECIPE_PDL=1`, on
+/// sm_90 and newer; off by default until timed: an A/B for `scripts/gpu-throughput.sh`):
+/// a kernel may then be scheduled while the kernel ahead of it in its stream finishes, and
+/// waits for it in its first statement (`GRID_WAIT` in common.cuh; docs/cuda.md,
+/// "Programmatic dependent launch"). `Err` names a value it does not know.
+pub fn pdl_from_env() -> Result<bool, CudaError> {
+    pdl_parse(std::env::var("RECIPE_PDL").ok().as_deref())
+}
+
+/// The choice a value of `RECIPE_PDL` (`None`: unset) makes.
+fn pdl_parse(v: Option<&str>) -> Result<bool, CudaError> {
+    let off = switch(
+        ("RECIPE_PDL", v),
+        ["0", "1"],
+        "`0` (each kernel launched after the one ahead of it, the default) or `1` (programmatic dependent launches on sm_90 and newer) (docs/cuda.md, \"Programmatic dependent launch\")",
+    )?;
+    Ok(!off)
 }
 
 /// Where [`Device::aside`]'s work runs (`RECIPE_SIDE_STREAM`; docs/cuda.md, "GEMMs").
@@ -727,6 +748,44 @@ fn set_math(blas: &cudarc::cublas::CudaBlas) -> Result<i32, CudaError> {
     Ok(version)
 }
 
+/// `cuLaunchKernelEx` of `f` with `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`: a
+/// programmatic dependent launch ([`pdl_from_env`]), which a capture records as a programmatic
+/// edge of the graph.
+///
+/// # Safety
+/// As `cuLaunchKernel`: `params` match `f`'s signature and `stream` is live.
+unsafe fn launch_dependent(
+    f: drv_sys::CUfunction,
+    l: Launch,
+    stream: drv_sys::CUstream,
+    params: &mut [*mut c_void],
+) -> Result<(), drv::DriverError> {
+    // SAFETY: a plain C union; the attribute reads its `programmaticStreamSerializationAllowed`.
+    let mut value: drv_sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+    value.programmaticStreamSerializationAllowed = 1;
+    let mut attr = drv_sys::CUlaunchAttribute {
+        id: drv_sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+        pad: [0; 4],
+        value,
+    };
+    let config = drv_sys::CUlaunchConfig {
+        gridDimX: l.grid.0,
+        gridDimY: l.grid.1,
+        gridDimZ: l.grid.2,
+        blockDimX: l.block.0,
+        blockDimY: l.block.1,
+        blockDimZ: l.block.2,
+        sharedMemBytes: l.smem,
+        hStream: stream,
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: the caller's; `config` and `attr` outlive the call.
+    unsafe {
+        drv_sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()).result()
+    }
+}
+
 impl CudaDevice {
     /// Opens GPU `ordinal`: checks the libraries, compiles the kernels for its architecture,
     /// loads them and creates the cuBLAS handle.
@@ -736,6 +795,7 @@ impl CudaDevice {
         let lt_on = lt_from_env()?;
         let side_on = side_from_env()?;
         let step_aside = step_aside_from_env()?;
+        let pdl = pdl_from_env()?;
         let algo = gemm_choice::Algo::from_env()?;
         if algo == gemm_choice::Algo::Fastest && !lt_on {
             return Err(CudaError::Setting(
@@ -848,6 +908,8 @@ impl CudaDevice {
             captures: Mutex::default(),
             ahead: ahead && side.is_some(),
             step_aside: step_aside && side.is_some(),
+            // griddepcontrol is Hopper's (PTX ISA 7.8, sm_90).
+            pdl: pdl && major >= 9,
             side,
             side_missing,
         })
@@ -1524,14 +1586,18 @@ impl CudaDevice {
         // SAFETY: the parameters match the kernel's signature (the emulation tests run the same
         // launch code against the same source); device pointers come from live views.
         let r = self.timed(name, || unsafe {
-            drv::launch_kernel(
-                f.cu_function(),
-                l.grid,
-                l.block,
-                l.smem,
-                stream.cu_stream(),
-                &mut params,
-            )
+            if self.pdl {
+                launch_dependent(f.cu_function(), l, stream.cu_stream(), &mut params)
+            } else {
+                drv::launch_kernel(
+                    f.cu_function(),
+                    l.grid,
+                    l.block,
+                    l.smem,
+                    stream.cu_stream(),
+                    &mut params,
+                )
+            }
         });
         if let Err(e) = r {
             self.record(name, e);
@@ -2697,6 +2763,11 @@ mod tests {
     /// is refused by name.
     #[test]
     fn the_step_goes_aside_unless_told_0() {
+        assert!(!pdl_parse(None).unwrap());
+        assert!(!pdl_parse(Some("0")).unwrap());
+        assert!(pdl_parse(Some("1")).unwrap());
+        let e = pdl_parse(Some("on")).unwrap_err().to_string();
+        assert!(e.contains("RECIPE_PDL=on"), "{e}");
         assert!(step_aside_parse(None).unwrap());
         assert!(step_aside_parse(Some("1")).unwrap());
         assert!(!step_aside_parse(Some("0")).unwrap());

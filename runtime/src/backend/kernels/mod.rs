@@ -987,3 +987,35 @@ impl<D: Device> Backend for Kernels<D> {
         loss::mean(self, l)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every kernel's body begins with `GRID_WAIT();` (common.cuh): a programmatic dependent
+    /// launch (`RECIPE_PDL=1`) may start a kernel before the one ahead of it in its stream has
+    /// finished, and only that wait, before any access to memory, keeps their order (and, each
+    /// kernel waiting so, the order along the whole stream).
+    #[test]
+    fn every_kernel_waits_for_the_one_ahead_before_anything_else() {
+        let mut kernels = 0;
+        for (file, text) in SOURCES {
+            for (i, _) in text.match_indices("extern \"C\" __global__") {
+                let rest = &text[i..];
+                let Some(end) = rest.find(['{', ';']) else {
+                    continue;
+                };
+                if rest.as_bytes()[end] == b';' {
+                    continue; // a declaration (`__launch_bounds__`)
+                }
+                let head = rest[..end].split_whitespace().collect::<Vec<_>>().join(" ");
+                assert!(
+                    rest[end + 1..].trim_start().starts_with("GRID_WAIT();"),
+                    "{file}: `{head}` does not begin with GRID_WAIT();"
+                );
+                kernels += 1;
+            }
+        }
+        assert_eq!(kernels, all_kernel_names().len());
+    }
+}
