@@ -1222,6 +1222,10 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
     let Some(c) = config.as_ref() else {
         return code::INVALID_VALUE;
     };
+    if c.count > 0 && c.attrs.is_null() {
+        complain("cuLaunchKernelEx", "attributes counted but not given");
+        return code::INVALID_VALUE;
+    }
     let mut dependent = false;
     for i in 0..c.count as usize {
         let a = &*c.attrs.add(i);

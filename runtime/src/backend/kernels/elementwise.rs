@@ -141,8 +141,9 @@ pub(super) fn bias_grad<D: Device>(
     });
 }
 
-/// `gelu_bwd` (elementwise.cu): `dinp = dout · gelu'(x)`, `x` the rows of `inp`, plus `bias`
-/// per row where given ([`crate::backend::Backend::gelu_bwd_bias_grad`]'s `inp_bias`).
+/// `gelu_bwd` (elementwise.cu): `dinp = dout · gelu'(x)`, `x` the elements of `inp`, each row
+/// plus `bias` (a value a column) where given
+/// ([`crate::backend::Backend::gelu_bwd_bias_grad`]'s `inp_bias`).
 pub(super) fn gelu_bwd<D: Device>(
     k: &Kernels<D>,
     mut dinp: D::ViewMut<'_>,
