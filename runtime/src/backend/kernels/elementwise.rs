@@ -162,7 +162,7 @@ pub(super) fn gelu_bwd<D: Device>(
             assert!(cols > 0 && n % cols == 0, "gelu_bwd's bias width");
             (k.typed(b), cols)
         }
-        None => (Arg::Typed(0, k.store), 1),
+        None => (Arg::Typed(0, Dtype::F32), 1),
     };
     let o = k.typed_mut(&mut dinp);
     k.dev.launch(
@@ -216,7 +216,7 @@ pub(super) fn gelu_bwd_bias_grad<D: Device>(
         gelu_bwd(k, k.dev.sub_mut(&mut dinp, 0..n), inp, inp_bias, dout);
         return bias_grad(k, db, k.dev.as_view(&dinp), rows, cols, None);
     }
-    let bias = inp_bias.map_or(Arg::Typed(0, k.store), |b| k.typed(b));
+    let bias = inp_bias.map_or(Arg::Typed(0, Dtype::F32), |b| k.typed(b));
     let chunks = rows.div_ceil(BIAS_ROWS);
     let (pd, pdb) = (k.dev.ptr_mut(&mut dinp), k.dev.ptr_mut(&mut db));
     k.with_chunk_sums(chunks.max(1) * cols, |part| {
