@@ -149,7 +149,7 @@ __device__ __forceinline__ void attention_softmax_bwd_t(const float* row, void* 
         float x[KEYS_LANE];
         dp_keys<PT>(x, row, pd, at, j0, dropout, dscale);
         UNROLL
-        for (int u = 0; u < KEYS_LANE; u++) dot += x[u] * ldt<PT>(probs, at + j0 + u);
+        for (int u = 0; u < KEYS_LANE; u++) dot = op_add(dot, op_mul(x[u], ldt<PT>(probs, at + j0 + u)));
     }
     dot = warp_sum(dot);
     NO_UNROLL
@@ -184,7 +184,7 @@ extern "C" __global__ void attention_softmax_bwd(float* dp, void* ds, int ds_t, 
         for (int j = j0; j < j0 + KEYS_LANE && j < seq; j++) {
             float x = dp[at + j];
             if (dropout) x = ld(pd, at + j, pd_t) != 0.0f ? x * dscale : 0.0f;
-            dot += x * ld(probs, at + j, probs_t);
+            dot = op_add(dot, op_mul(x, ld(probs, at + j, probs_t)));
         }
     dot = warp_sum(dot);
     NO_UNROLL

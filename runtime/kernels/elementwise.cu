@@ -124,6 +124,22 @@ extern "C" __global__ void round_rows(float* x, int rows, int cols, int ld, int 
     }
 }
 
+// dst[r · ld_dst + c] = src[r · ld_src + c] for a rows × cols block, the elements' bits as
+// they are: 4 bytes each when `wide`, else 2 (a 16-bit buffer). Gathers the [CLS] rows of a
+// sequence-major matrix into a dense one, or scatters them back (Backend::copy_rows): one
+// launch where a copy per row would be one per sequence.
+extern "C" __global__ void copy_rows(void* dst, const void* src, int rows, int cols,
+                                     int ld_dst, int ld_src, int wide) {
+    GRID_WAIT();
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)rows * cols) return;
+    long long r = i / cols, c = i - r * cols;
+    if (wide)
+        ((unsigned*)dst)[r * ld_dst + c] = ((const unsigned*)src)[r * ld_src + c];
+    else
+        ((unsigned short*)dst)[r * ld_dst + c] = ((const unsigned short*)src)[r * ld_src + c];
+}
+
 // x[i] = x[i] · factor rounded to the dtype `comm`, then to the stored one: a sum over the ranks
 // made the average the host's ReduceOp::Avg makes (one f32 multiply by the rounded 1/N; no add
 // follows it to contract into), stored as zero::Storage::reduced stores it.

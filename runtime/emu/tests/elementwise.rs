@@ -948,3 +948,60 @@ fn column_sums_aside_take_their_own_scratch() {
     assert_eq!(sums(&c), sums(&a));
     assert_eq!(sums(&e), sums(&a));
 }
+
+/// `copy_rows` (the last layer's [CLS] rows gathered and scattered: `Backend::copy_rows`) in one
+/// launch against the trait's default, a `copy` per row, on the CPU: the bits as they are (NaN,
+/// −0 and a 16-bit buffer's patterns included), rows from one to past a block, gathered from
+/// rows `ld` apart and scattered back, everything between the rows left as it was.
+#[test]
+fn copy_rows_copies_each_rows_bits_and_nothing_else() {
+    use recipe_kernel_emu::EmuTyped;
+    use recipe_runtime::backend::kernels::Kernels;
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for store in STORES {
+        let k = Kernels::new(EmuTyped).with_store(store);
+        let cpu = recipe_runtime::backend::Cpu::new(1).with_store(store);
+        for (rows, cols, ld) in [(1, 1, 3), (3, 7, 7), (5, 6, 13), (300, 3, 5), (2, 257, 300)] {
+            let span = (rows - 1) * ld + cols;
+            let mut src = rand(span, 2.0, 21);
+            src[0] = -0.0;
+            src[span - 1] = f32::NAN;
+            store.round_slice(&mut src);
+            let fill = vec![5.0; span];
+            let put = |v: &[f32]| {
+                let mut b = k.alloc_stored(v.len());
+                k.write(k.view_mut(&mut b), v);
+                b
+            };
+            let get = |b: &<Kernels<EmuTyped> as Backend>::Buf, len: usize| {
+                let mut out = vec![0.0; len];
+                k.download(k.view(b), &mut out);
+                out
+            };
+            // The CPU's values as the device's buffer holds them (a NaN's 16-bit pattern).
+            let held = |v: &[f32]| get(&put(v), v.len());
+            // Gathered: rows `ld` apart into a dense block.
+            let (sb, mut db) = (put(&src), put(&vec![5.0; rows * cols]));
+            k.copy_rows(k.view_mut(&mut db), k.view(&sb), rows, cols, cols, ld);
+            let mut want = vec![5.0; rows * cols];
+            cpu.copy_rows(&mut want, &src, rows, cols, cols, ld);
+            let what = format!("{store:?} {rows}×{cols} ld {ld}");
+            assert_eq!(
+                bits(&get(&db, rows * cols)),
+                bits(&held(&want)),
+                "gathered {what}"
+            );
+            // Scattered back into rows `ld` apart: the values between them untouched.
+            let mut back = put(&fill);
+            k.copy_rows(k.view_mut(&mut back), k.view(&db), rows, cols, ld, cols);
+            let mut want_back = fill.clone();
+            cpu.copy_rows(&mut want_back, &want, rows, cols, ld, cols);
+            assert_eq!(
+                bits(&get(&back, span)),
+                bits(&held(&want_back)),
+                "scattered {what}"
+            );
+            assert!(want_back.iter().filter(|&&x| x == 5.0).count() >= span - rows * cols);
+        }
+    }
+}

@@ -370,6 +370,27 @@ pub trait Backend {
     fn zero(&self, dst: Self::ViewMut<'_>);
     /// `dst = src`.
     fn copy(&self, dst: Self::ViewMut<'_>, src: Self::View<'_>);
+    /// Row `r` of `dst` (rows `ld_dst` apart) `=` row `r` of `src` (rows `ld_src` apart), for
+    /// `rows` rows of `cols` values, the values as they are: the `[CLS]` rows of a
+    /// sequence-major matrix gathered into a dense one, or scattered back (the training
+    /// forward's and backward's last layer, [`crate::model`]'s `bert.rs`). By default one
+    /// [`Backend::copy`] a row; a device copies them in one launch.
+    fn copy_rows(
+        &self,
+        mut dst: Self::ViewMut<'_>,
+        src: Self::View<'_>,
+        rows: usize,
+        cols: usize,
+        ld_dst: usize,
+        ld_src: usize,
+    ) {
+        for r in 0..rows {
+            self.copy(
+                self.sub_mut(&mut dst, r * ld_dst..r * ld_dst + cols),
+                self.sub(src, r * ld_src..r * ld_src + cols),
+            );
+        }
+    }
     /// `acc += x`, elementwise.
     fn add_assign(&self, acc: Self::ViewMut<'_>, x: Self::View<'_>);
 

@@ -279,6 +279,10 @@ pub(crate) struct LayerActs<B: Backend> {
 /// [`Backend::alloc_stored`]: only rounded values reach them (a GEMM writing one rounds as its
 /// epilogue would), so a device storing fp16/bf16 keeps them in 16 bits (docs/cuda.md, "16-bit
 /// buffers").
+///
+/// The last layer runs its attention output and feed-forward on the `[CLS]` rows only
+/// ([`forward`]): its `res1`, `x1`, `inter`, `act`, `res2` and statistics, the last hidden
+/// state (`hs[L]`) and the backward's gradients of that part ([`ClsGrads`]) have `batch` rows.
 pub(crate) struct Acts<B: Backend> {
     pub batch: usize,
     pub seq: usize,
@@ -307,6 +311,50 @@ pub(crate) struct Acts<B: Backend> {
     dscratch: B::Buf,
     dpool: B::Buf,
     dpool2: B::Buf,
+    /// The last layer's input at the `[CLS]` rows (its residual), gathered by [`forward`].
+    cls: B::Buf,
+    cls_grads: ClsGrads<B>,
+}
+
+/// The backward's gradients in the last layer's `[CLS]`-rows part (`batch` rows each): the last
+/// hidden state's (`dy`), its LayerNorms' outputs' and inputs' as `dres`, `dx1` and `dx` are in
+/// the other layers, the feed-forward's (`dact`, `dinter`). The kernels that write them take
+/// whole buffers, so these are apart from the full-height ones.
+struct ClsGrads<B: Backend> {
+    dy: B::Buf,
+    dres: B::Buf,
+    dx1: B::Buf,
+    dx: B::Buf,
+    dact: B::Buf,
+    dinter: B::Buf,
+}
+
+/// The rows of layer `l`'s attention output and feed-forward in a training pass of `bsz`
+/// sequences of `t` tokens: every token's, but in the last layer the `[CLS]` rows' only, the
+/// only ones the pooler reads (each kernel treats rows independently, so the `[CLS]` rows'
+/// values are those of the whole matrix's; the rows left out would get a zero gradient).
+fn tail_rows(layers: usize, l: usize, bsz: usize, t: usize) -> usize {
+    if cls_only(layers, l, t) {
+        bsz
+    } else {
+        bsz * t
+    }
+}
+
+/// Whether layer `l`'s attention output and feed-forward run on the `[CLS]` rows only
+/// ([`tail_rows`]): in the last layer, where there are other rows.
+fn cls_only(layers: usize, l: usize, t: usize) -> bool {
+    l + 1 == layers && t > 1
+}
+
+/// `cls` when `in_cls`, else `all`: a [`ClsGrads`] buffer in the last layer's `[CLS]`-rows
+/// part, the full-height one elsewhere.
+fn pick<'a, T>(in_cls: bool, cls: &'a mut T, all: &'a mut T) -> &'a mut T {
+    if in_cls {
+        cls
+    } else {
+        all
+    }
 }
 
 impl<B: Backend> Acts<B> {
@@ -357,6 +405,15 @@ impl<B: Backend> Acts<B> {
             dscratch: z(),
             dpool: z(),
             dpool2: z(),
+            cls: be.alloc_stored(0),
+            cls_grads: ClsGrads {
+                dy: be.alloc_stored(0),
+                dres: be.alloc_stored(0),
+                dx1: be.alloc_stored(0),
+                dx: be.alloc_stored(0),
+                dact: be.alloc_stored(0),
+                dinter: be.alloc_stored(0),
+            },
         };
         a.reshape(be, c, labels, batch, seq);
         a
@@ -391,27 +448,43 @@ impl<B: Backend> Acts<B> {
         let r = |b: &mut B::Buf, len: usize| {
             be.resize(b, len);
         };
+        let layers = self.layers.len();
         r(&mut self.emb_sum, n * h);
         r(&mut self.emb_mean, n);
         r(&mut self.emb_rstd, n);
-        for x in &mut self.hs {
-            r(x, n * h);
+        for (l, x) in self.hs.iter_mut().enumerate() {
+            // hs[l] is layer l − 1's output; the embeddings' (l = 0) has every row.
+            let rows = if l == 0 {
+                n
+            } else {
+                tail_rows(layers, l - 1, batch, seq)
+            };
+            r(x, rows * h);
         }
-        for la in &mut self.layers {
+        for (l, la) in self.layers.iter_mut().enumerate() {
+            let rows = tail_rows(layers, l, batch, seq);
             r(&mut la.qkv, 3 * n * h);
-            for x in [&mut la.ctx, &mut la.res1, &mut la.x1, &mut la.res2] {
-                r(x, n * h);
+            r(&mut la.ctx, n * h);
+            for x in [&mut la.res1, &mut la.x1, &mut la.res2] {
+                r(x, rows * h);
             }
             r(&mut la.probs, pp);
             if let Some(pd) = la.probs_drop.as_mut() {
                 r(pd, pp);
             }
             for x in [&mut la.mean1, &mut la.rstd1, &mut la.mean2, &mut la.rstd2] {
-                r(x, n);
+                r(x, rows);
             }
-            r(&mut la.inter, n * i);
-            r(&mut la.act, n * i);
+            r(&mut la.inter, rows * i);
+            r(&mut la.act, rows * i);
         }
+        r(&mut self.cls, batch * h);
+        let cg = &mut self.cls_grads;
+        for x in [&mut cg.dy, &mut cg.dres, &mut cg.dx1, &mut cg.dx] {
+            r(x, batch * h);
+        }
+        r(&mut cg.dact, batch * i);
+        r(&mut cg.dinter, batch * i);
         for x in [
             &mut self.pool_pre,
             &mut self.pool,
@@ -758,6 +831,7 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
         be.dropout(be.view_mut(&mut a.hs[0]), &d);
     }
 
+    let layers = lay.layers.len();
     for (l, (ll, la)) in lay.layers.iter().zip(a.layers.iter_mut()).enumerate() {
         let p = src.fetch(1 + l)?;
         let (before, after) = a.hs.split_at_mut(l + 1);
@@ -801,6 +875,17 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
             shape,
             ad.as_ref(),
         );
+        // The rest of the layer on `rows` rows: in the last layer only the [CLS] rows (row b·t),
+        // the pooler's, as the evaluation forward does (`tail_rows`): their residual input
+        // gathered, their context rows read t·h apart. Every kernel below treats rows
+        // independently, so those rows are what the whole matrix's would be.
+        let rows = tail_rows(layers, l, bsz, t);
+        let (x, ld_ctx) = if !cls_only(layers, l, t) {
+            (x, h)
+        } else {
+            be.copy_rows(be.view_mut(&mut a.cls), x, bsz, h, h, t * h);
+            (be.view(&a.cls), t * h)
+        };
         // res1 = dropout(ctx · Woᵀ + b) + x: the GEMM, then one fused pass.
         linear_gemm(
             be,
@@ -808,8 +893,8 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
             be.view(&la.ctx),
             p,
             ll.o,
-            n,
-            h,
+            rows,
+            ld_ctx,
             true,
         );
         // x1 = LN1(res1), in the same pass.
@@ -825,7 +910,7 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
             ),
             be.sub(p, ll.ln1.w()),
             be.sub(p, ll.ln1.b()),
-            n,
+            rows,
             h,
             eps,
         );
@@ -836,18 +921,24 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
             be.view(&la.x1),
             p,
             ll.inter,
-            n,
+            rows,
             h,
             true,
         );
-        be.bias_gelu(&mut la.inter, &mut la.act, be.sub(p, ll.inter.b()), n, im);
+        be.bias_gelu(
+            &mut la.inter,
+            &mut la.act,
+            be.sub(p, ll.inter.b()),
+            rows,
+            im,
+        );
         linear_gemm(
             be,
             &mut be.view_mut(&mut la.res2),
             be.view(&la.act),
             p,
             ll.out,
-            n,
+            rows,
             im,
             true,
         );
@@ -863,17 +954,18 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
             ),
             be.sub(p, ll.ln2.w()),
             be.sub(p, ll.ln2.b()),
-            n,
+            rows,
             h,
             eps,
         );
         src.release(1 + l)?;
     }
 
-    // Pooler on the [CLS] rows: row b·t of the last hidden state, hence lda = t·h.
+    // Pooler on the [CLS] rows: the last layer's rows (all of them, row b·t the [CLS] one,
+    // when there are no layers).
     let tail = lay.tail();
     let p = src.fetch(tail)?;
-    let last = be.view(&a.hs[c.num_hidden_layers]);
+    let last = be.view(&a.hs[layers]);
     linear_fwd(
         be,
         be.view_mut(&mut a.pool_pre),
@@ -881,7 +973,11 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
         p,
         lay.pooler,
         bsz,
-        t * h,
+        if layers > 0 && cls_only(layers, layers - 1, t) {
+            h
+        } else {
+            t * h
+        },
     );
     be.tanh_fwd(be.view_mut(&mut a.pool), be.view(&a.pool_pre));
     be.copy(be.view_mut(&mut a.pool_drop), be.view(&a.pool));
@@ -1179,18 +1275,25 @@ where
             be.view(&a.pool),
             be.view(&a.dpool),
         );
-        // Only the [CLS] rows receive a gradient from the pooler.
-        be.zero(be.view_mut(&mut a.dx));
+        // Only the [CLS] rows receive a gradient from the pooler: the last layer's rows
+        // (`tail_rows`), or, without layers, rows b·t of the embeddings' output, the others
+        // zero.
+        let (dy, ld) = if layers > 0 && cls_only(layers, layers - 1, t) {
+            (&mut a.cls_grads.dy, h)
+        } else {
+            be.zero(be.view_mut(&mut a.dx));
+            (&mut a.dx, t * h)
+        };
         let _ = linear_bwd(
             be,
-            Some((be.view_mut(&mut a.dx), 0.0, t * h, false)),
+            Some((be.view_mut(dy), 0.0, ld, false)),
             &mut g,
             be.view(&a.dpool2),
             be.view(&a.hs[layers]),
             p,
             lay.pooler,
             bsz,
-            t * h,
+            ld,
             true,
         );
         // The segment's weight gradients, left unrounded by `linear_bwd`, in one pass, aside
@@ -1214,44 +1317,60 @@ where
     let mut above = Aside::DONE;
     for l in (0..layers).rev() {
         let (ll, la) = (&lay.layers[l], &a.layers[l]);
+        // The attention output's and feed-forward's rows (`tail_rows`): in the last layer the
+        // [CLS] rows only, whose gradients are `a.cls_grads`'s (the full-height buffers' in the
+        // other layers), their context rows t·h apart in la.ctx and a.dctx.
+        let cls = cls_only(layers, l, t);
+        let rows = tail_rows(layers, l, bsz, t);
+        let ld_ctx = if cls { t * h } else { h };
+        let cg = &mut a.cls_grads;
         {
             let p = src.fetch(1 + l)?;
             let mut g = sink.fetch(1 + l)?;
-            // a.dx holds d(output of layer l).
+            // dy (a.dx, or cls_grads.dy in the last layer) holds d(output of layer l).
             {
-                // d(res2): kept for the residual (a.dx1), dropped for the feed-forward, whose
+                // d(res2): kept for the residual (dx1), dropped for the feed-forward, whose
                 // output linear's bias gradient is summed in the same pass.
                 let mut gl = be.sub_mut(&mut g, bias_then_ln(ll.out, ll.ln2));
                 let (dl, mut gln) = be.split_at_mut(&mut gl, h);
                 let (dw, db) = be.split_at_mut(&mut gln, h);
                 let d = site(|d| d.hidden, site_layer(l, 2));
                 be.wait_aside(above);
-                // Its sums over the rows (dw, db, the bias's) may go aside, reading a.dx,
-                // la.res2 and a.dres: the attention block's LayerNorm backward, which writes
-                // a.dx and a.dres again, waits for `out_weights`, queued after them.
+                // Its sums over the rows (dw, db, the bias's) may go aside, reading dy,
+                // la.res2 and dres: the attention block's LayerNorm backward, which writes
+                // a.dx and dres again, waits for `out_weights`, queued after them.
                 let _ = be.layernorm_bwd_split_bias_grad(
-                    (&mut a.dres, &mut a.dx1, d.as_ref()),
+                    (
+                        pick(cls, &mut cg.dres, &mut a.dres),
+                        pick(cls, &mut cg.dx1, &mut a.dx1),
+                        d.as_ref(),
+                    ),
                     (dw, db, dl),
-                    be.view(&a.dx),
+                    be.view(if cls { &cg.dy } else { &a.dx }),
                     be.view(&la.res2),
                     be.sub(p, ll.ln2.w()),
                     be.view(&la.mean2),
                     be.view(&la.rstd2),
-                    n,
+                    rows,
                     h,
                 );
             }
-            // Its weight gradient reads a.dres, which the attention block's LayerNorm below
+            // Its weight gradient reads dres, which the attention block's LayerNorm below
             // writes again: that waits for it.
             let out_weights = linear_bwd(
                 be,
-                Some((be.view_mut(&mut a.dact), 0.0, im, true)),
+                Some((
+                    be.view_mut(pick(cls, &mut cg.dact, &mut a.dact)),
+                    0.0,
+                    im,
+                    true,
+                )),
                 &mut g,
-                be.view(&a.dres),
+                be.view(if cls { &cg.dres } else { &a.dres }),
                 be.view(&la.act),
                 p,
                 ll.out,
-                n,
+                rows,
                 im,
                 false,
             );
@@ -1260,25 +1379,30 @@ where
             // left it out.
             let inter_bias = be.gelu_bwd_adds_bias().then(|| be.sub(p, ll.inter.b()));
             be.gelu_bwd_bias_grad(
-                &mut a.dinter,
+                pick(cls, &mut cg.dinter, &mut a.dinter),
                 be.view(&la.inter),
                 inter_bias,
-                be.view(&a.dact),
+                be.view(if cls { &cg.dact } else { &a.dact }),
                 be.sub_mut(&mut g, ll.inter.b()),
-                n,
+                rows,
                 im,
             );
-            // Its inputs: a.dinter (written again by the next layer's gelu_bwd, after `above`)
+            // Its inputs: dinter (written again by the next layer's gelu_bwd, after `above`)
             // and la.x1.
             let _ = linear_bwd(
                 be,
-                Some((be.view_mut(&mut a.dx1), 1.0, h, false)),
+                Some((
+                    be.view_mut(pick(cls, &mut cg.dx1, &mut a.dx1)),
+                    1.0,
+                    h,
+                    false,
+                )),
                 &mut g,
-                be.view(&a.dinter),
+                be.view(if cls { &cg.dinter } else { &a.dinter }),
                 be.view(&la.x1),
                 p,
                 ll.inter,
-                n,
+                rows,
                 h,
                 false,
             );
@@ -1291,33 +1415,47 @@ where
                 let (dw, db) = be.split_at_mut(&mut gln, h);
                 let d = site(|d| d.hidden, site_layer(l, 1));
                 be.wait_aside(out_weights);
-                // Its sums aside read a.dx1, la.res1 and a.dres: the next layer's first
-                // LayerNorm backward, which writes a.dx1 and a.dres again, waits for `above`,
-                // queued after them.
+                // Its sums aside read dx1, la.res1 and dres: the next layer's first LayerNorm
+                // backward, which writes a.dx1 and a.dres again, waits for `above`, queued
+                // after them.
                 let _ = be.layernorm_bwd_split_bias_grad(
-                    (&mut a.dres, &mut a.dx, d.as_ref()),
+                    (
+                        pick(cls, &mut cg.dres, &mut a.dres),
+                        pick(cls, &mut cg.dx, &mut a.dx),
+                        d.as_ref(),
+                    ),
                     (dw, db, dl),
-                    be.view(&a.dx1),
+                    be.view(if cls { &cg.dx1 } else { &a.dx1 }),
                     be.view(&la.res1),
                     be.sub(p, ll.ln1.w()),
                     be.view(&la.mean1),
                     be.view(&la.rstd1),
-                    n,
+                    rows,
                     h,
                 );
             }
-            // Its inputs: a.dres (written again by the next layer's first LayerNorm backward,
+            if cls {
+                // Every row's gradient for the attention below: the [CLS] rows' residual
+                // gradient scattered to rows b·t of a.dx, and the output projection's input
+                // gradient written to rows b·t of a.dctx; the other rows zero (what the whole
+                // matrix's backward would give them). Neither buffer is read by work queued
+                // before (the pass's first layer).
+                be.zero(be.view_mut(&mut a.dx));
+                be.copy_rows(be.view_mut(&mut a.dx), be.view(&cg.dx), bsz, h, t * h, h);
+                be.zero(be.view_mut(&mut a.dctx));
+            }
+            // Its inputs: dres (written again by the next layer's first LayerNorm backward,
             // which waits) and la.ctx.
             let attn_out = linear_bwd(
                 be,
-                Some((be.view_mut(&mut a.dctx), 0.0, h, false)),
+                Some((be.view_mut(&mut a.dctx), 0.0, ld_ctx, false)),
                 &mut g,
-                be.view(&a.dres),
+                be.view(if cls { &cg.dres } else { &a.dres }),
                 be.view(&la.ctx),
                 p,
                 ll.o,
-                n,
-                h,
+                rows,
+                ld_ctx,
                 false,
             );
             let ad = site(|d| d.attn, site_layer(l, 0));

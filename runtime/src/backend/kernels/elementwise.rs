@@ -39,6 +39,48 @@ pub(super) fn gemm<D: Device>(
     }
 }
 
+/// [`crate::backend::Backend::copy_rows`]: one `copy_rows` launch, the elements' bits as they
+/// are (both views of one element type).
+pub(super) fn copy_rows<D: Device>(
+    k: &Kernels<D>,
+    mut dst: D::ViewMut<'_>,
+    src: D::View<'_>,
+    rows: usize,
+    cols: usize,
+    ld_dst: usize,
+    ld_src: usize,
+) {
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    let elem = k.dev.elem(src);
+    assert_eq!(
+        k.dev.elem(k.dev.as_view(&dst)),
+        elem,
+        "copy_rows between element types"
+    );
+    assert!(cols <= ld_dst && cols <= ld_src, "copy_rows: rows overlap");
+    let span = |ld: usize| (rows - 1) * ld + cols;
+    assert!(
+        k.dev.len_mut(&dst) >= span(ld_dst) && k.dev.len(src) >= span(ld_src),
+        "copy_rows: views shorter than their rows"
+    );
+    let d = k.dev.ptr_mut(&mut dst);
+    k.dev.launch(
+        "copy_rows",
+        grid1(rows * cols),
+        &[
+            Arg::Ptr(d),
+            Arg::Ptr(k.dev.ptr(src)),
+            int(rows),
+            int(cols),
+            int(ld_dst),
+            int(ld_src),
+            Arg::I32(i32::from(elem == Dtype::F32)),
+        ],
+    );
+}
+
 /// Rounds `rows × cols` at `p` (rows `ld` apart) to the storage dtype.
 fn round_rows<D: Device>(k: &Kernels<D>, p: u64, rows: usize, cols: usize, ld: usize) {
     k.dev.launch(

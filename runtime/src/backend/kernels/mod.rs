@@ -565,6 +565,18 @@ impl<D: Device> Backend for Kernels<D> {
         self.dev.copy(dst, src)
     }
 
+    fn copy_rows(
+        &self,
+        dst: D::ViewMut<'_>,
+        src: D::View<'_>,
+        rows: usize,
+        cols: usize,
+        ld_dst: usize,
+        ld_src: usize,
+    ) {
+        elementwise::copy_rows(self, dst, src, rows, cols, ld_dst, ld_src)
+    }
+
     fn add_assign(&self, acc: D::ViewMut<'_>, x: D::View<'_>) {
         elementwise::add_assign(self, acc, x)
     }
