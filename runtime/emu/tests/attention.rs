@@ -706,3 +706,47 @@ fn the_fused_kernels_add_the_projections_biases_as_they_load_them() {
     assert!(!bf16.attention_adds_bias(shape(&(1, 129, 1, 64))));
     assert!(!Kernels::new(EmuTyped).attention_adds_bias(s), "f32");
 }
+
+/// The unfused backward (`attention_softmax_bwd` between the batched products) on f32 buffers
+/// holding the stored values (`Emu`) and on 16-bit buffers (`EmuTyped`, as a GPU keeps them)
+/// gives the same bits: the kernel's two paths (its probabilities of either type) sum
+/// `Σ dp·p` with `op_add`/`op_mul`. Written `dot += x * p`, the compiler fused the product
+/// into an FMA in one path and not in the other (as NVRTC may), so `ds`, rounded from a `dot`
+/// one f32 ulp apart, came out one storage ulp apart now and then. Many random rows (every
+/// `ds` near a rounding boundary is a chance), padding and dropout, f16 and bf16.
+#[test]
+fn the_unfused_backward_has_the_same_bits_in_f32_and_16_bit_buffers() {
+    use recipe_kernel_emu::Emu;
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let mut compared = 0usize;
+    for store in [Dtype::F16, Dtype::Bf16] {
+        let wide = Kernels::new(Emu).with_store(store);
+        let narrow = Kernels::new(EmuTyped).with_store(store);
+        let cpu = Cpu::new(1).with_store(store);
+        for (n, sh) in [(2, 48, 4, 16), (3, 33, 2, 8), (2, 64, 3, 12)]
+            .iter()
+            .enumerate()
+        {
+            let s = shape(sh);
+            let mask = padding_mask(s);
+            for salt in 0..4u64 {
+                let x = inputs(s, store, 90 + 10 * n as u64 + salt);
+                let d = quarter_dropout(0x5eed_0000 + salt, 9 + n as u64, 2);
+                for dropout in [None, Some(&d)] {
+                    let tag = format!("{store:?} {s:?} salt {salt} dropout {}", dropout.is_some());
+                    let [_, p, pd] = fwd_on(&cpu, s, &x, &mask, dropout, None);
+                    let a = bwd_on(&wide, s, &x, &p, &pd, dropout, None);
+                    let b = bwd_on(&narrow, s, &x, &p, &pd, dropout, None);
+                    for (i, name) in ["dq", "dk", "dv"].iter().enumerate() {
+                        let (x, y) = (bits(&a[i]), bits(&b[i]));
+                        let differ = x.iter().zip(&y).filter(|(p, q)| p != q).count();
+                        let first = x.iter().zip(&y).position(|(p, q)| p != q);
+                        assert_eq!(differ, 0, "{name} {tag}: first at {first:?}");
+                    }
+                    compared += s.batch * s.heads * s.seq * s.seq;
+                }
+            }
+        }
+    }
+    eprintln!("{compared} ds values through both paths");
+}
