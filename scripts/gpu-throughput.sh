@@ -106,5 +106,5 @@ if [ "$DEVICE" = cuda ]; then
 fi
 
 "$PY" scripts/gpu/throughput_summary.py "$W" "$DEVICE" "$L" "$C" "$SEQ" "$WARM" "${PEAK_TFLOPS:-}" \
-    > "$OUT/throughput.json"
+    "$INTER" > "$OUT/throughput.json"
 cat "$OUT/throughput.json"

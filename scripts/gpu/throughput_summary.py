@@ -3,13 +3,20 @@
 after the warm-up, their ratio to PyTorch's, each A/B run's largest loss difference from the
 default run, and MFU against the GPU's dense bf16 peak. Prints throughput.json.
 
-    throughput_summary.py DIR DEVICE LAYERS HIDDEN SEQ WARM [PEAK_TFLOPS]
+    throughput_summary.py DIR DEVICE LAYERS HIDDEN SEQ WARM [PEAK_TFLOPS [INTER]]
 
 DIR holds one folder per run (out, cublas, …, each with the run's metrics.jsonl), profiled/
-and torch.json; an empty PEAK_TFLOPS takes the peak of the GPU the run names."""
+and torch.json; an empty PEAK_TFLOPS takes the peak of the GPU the run names; INTER is the
+feed-forward's width (4 × HIDDEN, BERT's, when absent).
+
+MFU counts llm.c's FLOPs a sample, (6N + 6·L·C·T)·T, what the goal names. Ours runs the last
+layer's attention output and feed-forward on the [CLS] rows only (runtime/src/model/bert.rs,
+`tail_rows`), so it executes 6·(C² + 2·C·I)·(T − 1) FLOPs a sample fewer than that count; the
+utilization of the FLOPs it executes is printed beside MFU (`executed_utilization_recipe`)."""
 import json, statistics, sys
 w, device, L, C, T, warm = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6]), int(sys.argv[6])
 peak = sys.argv[7] if len(sys.argv) > 7 else ""
+inter = int(sys.argv[8]) if len(sys.argv) > 8 and sys.argv[8] else 4 * C
 # Dense bf16 tensor-core peaks, TFLOP/s, by a word of the GPU's name; the variants before the
 # plain "H100" (an SXM board: "NVIDIA H100 80GB HBM3").
 PEAKS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H200", 989.0), ("H100", 989.0), ("A100", 312.0))
@@ -70,6 +77,11 @@ ours, theirs = out["recipe"].get("samples_per_s"), out["torch"].get("samples_per
 if ours and theirs:
     n = out["recipe"]["parameters"]
     flops_per_sample = (6 * n + 6 * L * C * T) * T
+    # The last layer's output projection and feed-forward, forward and backward, on the T − 1
+    # rows other than [CLS], which ours leaves out.
+    pruned = 6 * (C * C + 2 * C * inter) * (T - 1) if L > 0 else 0
+    out["flops_per_sample"] = flops_per_sample
+    out["flops_executed_per_sample_recipe"] = flops_per_sample - pruned
     out["ratio_recipe_over_torch"] = ours / theirs
     for _, key in AB:
         other = out[f"recipe_{key}"].get("samples_per_s")
@@ -81,6 +93,8 @@ if ours and theirs:
         out["peak_from"] = "PEAK_TFLOPS" if peak else gpu
         if out["peak_tflops_bf16"]:
             out["mfu_recipe"] = ours * flops_per_sample / (out["peak_tflops_bf16"] * 1e12)
+            out["executed_utilization_recipe"] = (
+                ours * (flops_per_sample - pruned) / (out["peak_tflops_bf16"] * 1e12))
             out["mfu_torch"] = theirs * flops_per_sample / (out["peak_tflops_bf16"] * 1e12)
         else:
             out["mfu_note"] = f"no bf16 peak known for {gpu!r}: set PEAK_TFLOPS"
