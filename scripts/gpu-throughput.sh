@@ -100,6 +100,8 @@ SIDE=equal ours side-equal pack "$STEPS"
 ALGO=fastest ours gemm-fastest pack "$STEPS"
 STEP=0 ours step-before pack "$STEPS"
 PDL=1 ours pdl pack "$STEPS"
+# The two settings still off by default together: the run their flips would make the default.
+PDL=1 ALGO=fastest ours pdl-gemm-fastest pack "$STEPS"
 if [ "$DEVICE" = cuda ]; then
     ours profiled pack "$((WARM + 10))" --profile
     cp "$W/profiled/profile.json" "$OUT/profile.json" 2>/dev/null || true
