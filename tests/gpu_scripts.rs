@@ -174,7 +174,9 @@ fn mfu_is_against_the_named_gpus_own_peak() {
         // Beside it, the FLOPs ours executes: the last layer's output projection and
         // feed-forward (4 × 768 wide) on the [CLS] rows only, 127 of 128 rows fewer.
         let pruned = 6.0 * (768.0 * 768.0 + 2.0 * 768.0 * 3072.0) * 127.0;
-        let executed = s["executed_utilization_recipe"].as_f64().expect("a utilization");
+        let executed = s["executed_utilization_recipe"]
+            .as_f64()
+            .expect("a utilization");
         let want = 3000.0 * (FLOPS_PER_SAMPLE - pruned) / (peak * 1e12);
         assert!((executed - want).abs() < 1e-9 * want, "{gpu}: {executed}");
         assert_eq!(s["flops_per_sample"].as_f64(), Some(FLOPS_PER_SAMPLE));
