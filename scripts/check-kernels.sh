@@ -33,3 +33,17 @@ fi
 # libnvrtc loads libnvrtc-builtins by bare name, so the folder goes on the library path.
 LD_LIBRARY_PATH="$CU13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     "$BIN" kernels --arch sm_75 --arch sm_80 --arch sm_90 --ptxas "$CU13/bin/ptxas"
+# The program `RECIPE_PDL=early` compiles for sm_90 (each kernel's wait followed by
+# griddepcontrol.launch_dependents; docs/cuda.md, "Programmatic dependent launch"), assembled
+# too, and its PTX holding as many signals as waits.
+EARLY="$(mktemp -d)"
+trap 'rm -rf "$EARLY"' EXIT
+RECIPE_PDL=early LD_LIBRARY_PATH="$CU13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    "$BIN" kernels --arch sm_90 --ptxas "$CU13/bin/ptxas" --out "$EARLY"
+waits="$(grep -c 'griddepcontrol.wait;' "$EARLY/kernels.sm_90.ptx" || true)"
+signals="$(grep -c 'griddepcontrol.launch_dependents;' "$EARLY/kernels.sm_90.ptx" || true)"
+echo "RECIPE_PDL=early, sm_90: $waits waits, $signals launch_dependents"
+if [ "$waits" -eq 0 ] || [ "$waits" != "$signals" ]; then
+    echo "error: the early program's PTX has $waits waits and $signals launch_dependents" >&2
+    exit 1
+fi

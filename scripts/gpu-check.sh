@@ -148,8 +148,10 @@ if ! in_budget selftest_convert; then
     :
 # NCCL was checked by the first self-test: not again (RECIPE_NCCL=0). Its GEMMs run on the
 # fastest of cuBLASLt's answers (RECIPE_GEMM_ALGO=fastest), and its kernels as programmatic
-# dependent launches (RECIPE_PDL=1, on sm_90 and newer), each checked against the CPU.
-elif RECIPE_NCCL=0 RECIPE_HALF_GEMM=convert RECIPE_CUDA_GRAPHS=0 RECIPE_GEMM_ALGO=fastest RECIPE_PDL=1 timeout "$LIMIT" "$BIN" kernels --arch "$ARCH" --selftest \
+# dependent launches that let the next kernel be scheduled once they have waited
+# (RECIPE_PDL=early, on sm_90 and newer: RECIPE_PDL=1's launches and more), each checked
+# against the CPU.
+elif RECIPE_NCCL=0 RECIPE_HALF_GEMM=convert RECIPE_CUDA_GRAPHS=0 RECIPE_GEMM_ALGO=fastest RECIPE_PDL=early timeout "$LIMIT" "$BIN" kernels --arch "$ARCH" --selftest \
     --out "$OUT/kernels-convert" > "$OUT/selftest-convert.txt" 2>&1; then
     parts[selftest_convert]=pass
 else

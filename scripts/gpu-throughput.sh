@@ -15,7 +15,7 @@
 # every GEMM on one stream (RECIPE_SIDE_STREAM=0: the weight gradients not beside the rest) and
 # with the weight gradients' stream of the compute stream's priority (RECIPE_SIDE_STREAM=equal),
 # with each step's updates before the next forward instead of beside it (RECIPE_STEP_ASIDE=0),
-# with our kernels as programmatic dependent launches (RECIPE_PDL=1, off by default until timed),
+# with our kernels as programmatic dependent launches (RECIPE_PDL=1, and =early; off by default until timed),
 # and profiled (`recipe run --profile`): $OUT/profile.json says where the GPU's time goes; ours runs
 # with its passes replayed as CUDA graphs (the default, docs/cuda.md "CUDA graphs"), and once
 # more launching them directly (RECIPE_CUDA_GRAPHS=0).
@@ -73,7 +73,7 @@ PY
 # ours NAME MODE STEPS [--profile]: one run of ours into $W/NAME, RECIPE_HALF_GEMM=MODE
 # (RECIPE_CUDA_GRAPHS=$GRAPHS, default 1; RECIPE_FUSED_ATTENTION=$FUSED, default 1;
 # RECIPE_GEMM_LIBRARY=$LIB, default cublaslt; RECIPE_SIDE_STREAM=$SIDE, default 1;
-# RECIPE_GEMM_ALGO=$ALGO, default first; RECIPE_STEP_ASIDE=$STEP, default 1; RECIPE_PDL=$PDL,
+# RECIPE_GEMM_ALGO=$ALGO, default first; RECIPE_STEP_ASIDE=$STEP, default 1; RECIPE_PDL=$PDL (0, 1, early),
 # default 0), at most $RUN_LIMIT seconds.
 ours() {
     local name=$1 mode=$2 steps=$3
@@ -100,6 +100,7 @@ SIDE=equal ours side-equal pack "$STEPS"
 ALGO=fastest ours gemm-fastest pack "$STEPS"
 STEP=0 ours step-before pack "$STEPS"
 PDL=1 ours pdl pack "$STEPS"
+PDL=early ours pdl-early pack "$STEPS"
 # The two settings still off by default together: the run their flips would make the default.
 PDL=1 ALGO=fastest ours pdl-gemm-fastest pack "$STEPS"
 if [ "$DEVICE" = cuda ]; then

@@ -635,12 +635,13 @@ fn weight_gradients_beside_the_rest_keep_the_bits() {
     assert_eq!(s["external_waits"], 0, "{s}");
     assert_eq!((other, other_norms), (steps.clone(), norms.clone()));
     // Every kernel as a programmatic dependent launch (the fake's compute capability is 9.0),
-    // directly and in graphs, the side stream late: the same bits (the fake starts a kernel
-    // after the one ahead of it either way; on a GPU each kernel's GRID_WAIT keeps that order).
-    for graphs in ["0", "1"] {
-        let name = format!("pdl-graphs-{graphs}");
+    // directly and in graphs, the side stream late, and with the program that signals early
+    // (`RECIPE_PDL=early`): the same bits (the fake starts a kernel after the one ahead of it
+    // either way; on a GPU each kernel's GRID_WAIT keeps that order).
+    for (graphs, pdl) in [("0", "1"), ("1", "1"), ("1", "early")] {
+        let name = format!("pdl-{pdl}-graphs-{graphs}");
         let env = [
-            ("RECIPE_PDL", "1"),
+            ("RECIPE_PDL", pdl),
             ("RECIPE_CUDA_GRAPHS", graphs),
             ("RECIPE_FAKE_CUDA_ASYNC", "20"),
             ("RECIPE_FAKE_CUDA_LAZY", "others"),

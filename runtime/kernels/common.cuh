@@ -39,7 +39,14 @@
 // until that kernel has completed and its writes are visible. Every block waiting so, a kernel
 // completes only after the one ahead of it, so the order holds along a whole stream. Without
 // such a launch, before sm_90 and in the CPU emulation (blocks one after another), nothing.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Compiled with RECIPE_PDL_EARLY (RECIPE_PDL=early), each block then also signals that the
+// next kernel may be scheduled: once every block of this one has, the next one's blocks may
+// take the SMs this one's leave, each waiting here in turn; without it the next kernel is
+// launched as this one's blocks exit.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(RECIPE_PDL_EARLY)
+#define GRID_WAIT() \
+    asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define GRID_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
 #else
 #define GRID_WAIT() ((void)0)

@@ -50,6 +50,7 @@ AB = (
     ("gemm-fastest", "gemm_fastest"),  # each GEMM's fastest cuBLASLt algorithm (RECIPE_GEMM_ALGO=fastest)
     ("step-before", "step_before"),  # each step's updates before the next forward (RECIPE_STEP_ASIDE=0)
     ("pdl", "pdl"),  # our kernels as programmatic dependent launches (RECIPE_PDL=1)
+    ("pdl-early", "pdl_early"),  # those, each letting the next be scheduled once it has waited (RECIPE_PDL=early)
     ("pdl-gemm-fastest", "pdl_gemm_fastest"),  # both of the last two (RECIPE_PDL=1, RECIPE_GEMM_ALGO=fastest)
 )
 for run, key in AB:

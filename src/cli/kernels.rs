@@ -47,13 +47,22 @@ pub fn run(
             return USAGE;
         }
     }
+    // The program a run with this RECIPE_PDL compiles (`early`: with the early signal on sm_90
+    // and newer), so that the gate assembles that one and the self-test's device loads it.
+    let pdl = match recipe_runtime::backend::cuda::pdl_from_env() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return USAGE;
+        }
+    };
     let kernels = all_kernel_names();
     let tmp = tempdir_for_ptx(out);
     let mut failed = false;
     for arch in &archs {
         // Compiled now (the gate proves NVRTC compiles it; the disk cache is not read), and
         // kept for the process: the self-test's device, of the same architecture, loads it.
-        let compiled = match compile::compile_fresh(arch) {
+        let compiled = match compile::compile_fresh(arch, compile::early_for(arch, pdl)) {
             Ok(c) => c,
             Err(e) => {
                 eprintln!("error: {e}");

@@ -45,9 +45,11 @@ pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
 }
 
 /// The options every compile uses: header-free kernels, C++17, IEEE division and square root
-/// (the CPU reference's), fused multiply-add allowed (as PyTorch's kernels build).
-fn options(arch: &str) -> Vec<String> {
-    vec![
+/// (the CPU reference's), fused multiply-add allowed (as PyTorch's kernels build); with
+/// `early`, `RECIPE_PDL_EARLY` (`GRID_WAIT` in common.cuh then also lets the next kernel be
+/// scheduled: `RECIPE_PDL=early`, [`super::Pdl::Early`]).
+fn options(arch: &str, early: bool) -> Vec<String> {
+    let mut o = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".into(),
         "--prec-div=true".into(),
@@ -55,12 +57,26 @@ fn options(arch: &str) -> Vec<String> {
         "--ftz=false".into(),
         "--fmad=true".into(),
         "-lineinfo".into(),
-    ]
+    ];
+    if early {
+        o.push("-DRECIPE_PDL_EARLY=1".into());
+    }
+    o
 }
 
-/// Compiles every kernel for `arch` (`sm_80`, `sm_90`, …): PTX, and a CUBIN for that
-/// architecture. A compile error comes back with NVRTC's log.
-pub fn compile(arch: &str) -> Result<Compiled, CudaError> {
+/// Whether `arch`'s program is compiled with the early signal for `pdl` ([`options`]): for
+/// `RECIPE_PDL=early` on sm_90 and newer (griddepcontrol is Hopper's; before, the kernels
+/// launch in order and the program is the default one).
+pub fn early_for(arch: &str, pdl: super::Pdl) -> bool {
+    let number = arch
+        .trim_start_matches("sm_")
+        .trim_end_matches(|c: char| c.is_alphabetic());
+    pdl == super::Pdl::Early && number.parse::<u32>().is_ok_and(|n| n >= 90)
+}
+
+/// Compiles every kernel for `arch` (`sm_80`, `sm_90`, …), `early` as [`options`]: PTX, and a
+/// CUBIN for that architecture. A compile error comes back with NVRTC's log.
+pub fn compile(arch: &str, early: bool) -> Result<Compiled, CudaError> {
     if !nvrtc_present() {
         return Err(CudaError::NoNvrtc);
     }
@@ -68,7 +84,7 @@ pub fn compile(arch: &str) -> Result<Compiled, CudaError> {
     let name = CString::new("recipe_kernels.cu").expect("no NUL");
     let prog = result::create_program(&src, Some(&name))
         .map_err(|e| CudaError::Compile(format!("nvrtcCreateProgram: {e:?}")))?;
-    let opts = options(arch);
+    let opts = options(arch, early);
     // SAFETY: `prog` is a live program; the options outlive the call.
     let compiled = unsafe { result::compile_program(prog, &opts) };
     let log = program_log(prog);
@@ -101,44 +117,49 @@ pub fn compile(arch: &str) -> Result<Compiled, CudaError> {
 /// [`compile`] once per architecture per process: a run on several GPUs of one kind opens each
 /// with the same program, and NVRTC takes seconds for it. Across processes too when the disk
 /// cache is on ([`super::kernel_cache`]).
-pub fn compile_cached(arch: &str) -> Result<std::sync::Arc<Compiled>, CudaError> {
-    once_per_process(arch, true)
+pub fn compile_cached(arch: &str, early: bool) -> Result<std::sync::Arc<Compiled>, CudaError> {
+    once_per_process(arch, early, true)
 }
 
 /// [`compile`] now, whatever the disk cache holds, and neither read from it nor written to it:
 /// the compile gate (`recipe kernels`), which proves that NVRTC compiles the program. Kept for
 /// the rest of the process, as [`compile_cached`] keeps its program (the self-test's device
 /// opens with it).
-pub fn compile_fresh(arch: &str) -> Result<std::sync::Arc<Compiled>, CudaError> {
-    once_per_process(arch, false)
+pub fn compile_fresh(arch: &str, early: bool) -> Result<std::sync::Arc<Compiled>, CudaError> {
+    once_per_process(arch, early, false)
 }
 
-fn once_per_process(arch: &str, disk: bool) -> Result<std::sync::Arc<Compiled>, CudaError> {
+fn once_per_process(
+    arch: &str,
+    early: bool,
+    disk: bool,
+) -> Result<std::sync::Arc<Compiled>, CudaError> {
     use std::collections::HashMap;
     use std::sync::{Arc, Mutex, OnceLock};
-    static DONE: OnceLock<Mutex<HashMap<String, Arc<Compiled>>>> = OnceLock::new();
+    type Programs = HashMap<(String, bool), Arc<Compiled>>;
+    static DONE: OnceLock<Mutex<Programs>> = OnceLock::new();
     let done = DONE.get_or_init(Default::default);
     // Held while compiling: a second device of the same kind waits for the first's program.
     let mut done = done.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(c) = done.get(arch) {
+    if let Some(c) = done.get(&(arch.to_string(), early)) {
         return Ok(c.clone());
     }
     let c = if disk {
-        let key =
-            super::kernel_cache::key(arch, nvrtc_version()?, &options(arch), &kernels::program());
+        let opts = options(arch, early);
+        let key = super::kernel_cache::key(arch, nvrtc_version()?, &opts, &kernels::program());
         match super::kernel_cache::get(arch, &key) {
             Some(c) => c,
             None => {
-                let c = compile(arch)?;
+                let c = compile(arch, early)?;
                 super::kernel_cache::put(&c, &key);
                 c
             }
         }
     } else {
-        compile(arch)?
+        compile(arch, early)?
     };
     let c = Arc::new(c);
-    done.insert(arch.to_string(), c.clone());
+    done.insert((arch.to_string(), early), c.clone());
     Ok(c)
 }
 

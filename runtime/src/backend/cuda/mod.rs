@@ -428,23 +428,45 @@ fn step_aside_parse(v: Option<&str>) -> Result<bool, CudaError> {
     )
 }
 
-/// Whether our kernels are launched as programmatic dependent launches (`RECIPE_PDL=1`, on
-/// sm_90 and newer; off by default until timed: an A/B for `scripts/gpu-throughput.sh`):
-/// a kernel may then be scheduled while the kernel ahead of it in its stream finishes, and
-/// waits for it in its first statement (`GRID_WAIT` in common.cuh; docs/cuda.md,
-/// "Programmatic dependent launch"). `Err` names a value it does not know.
-pub fn pdl_from_env() -> Result<bool, CudaError> {
+/// How our kernels are launched (`RECIPE_PDL`; docs/cuda.md, "Programmatic dependent
+/// launch"; off by default until timed: A/Bs for `scripts/gpu-throughput.sh`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pdl {
+    /// Each after the kernel ahead of it in its stream has finished (`0`, the default).
+    Off,
+    /// As programmatic dependent launches on sm_90 and newer (`1`): a kernel may be scheduled
+    /// while the kernel ahead of it finishes (its blocks exiting), and waits for it in its
+    /// first statement (`GRID_WAIT` in common.cuh).
+    On,
+    /// As `On`, and each kernel signals right after that wait that the next may be scheduled
+    /// (`early`: `griddepcontrol.launch_dependents`, the program compiled with
+    /// `RECIPE_PDL_EARLY`), so that the next kernel's blocks take the SMs the last of this
+    /// one's leave, instead of being launched once those have exited.
+    Early,
+}
+
+impl Pdl {
+    /// Whether kernels go as programmatic dependent launches.
+    pub fn launches(self) -> bool {
+        self != Pdl::Off
+    }
+}
+
+/// [`Pdl`]'s choice. `Err` names a value it does not know.
+pub fn pdl_from_env() -> Result<Pdl, CudaError> {
     pdl_parse(std::env::var("RECIPE_PDL").ok().as_deref())
 }
 
 /// The choice a value of `RECIPE_PDL` (`None`: unset) makes.
-fn pdl_parse(v: Option<&str>) -> Result<bool, CudaError> {
-    let off = switch(
-        ("RECIPE_PDL", v),
-        ["0", "1"],
-        "`0` (each kernel launched after the one ahead of it, the default) or `1` (programmatic dependent launches on sm_90 and newer) (docs/cuda.md, \"Programmatic dependent launch\")",
-    )?;
-    Ok(!off)
+fn pdl_parse(v: Option<&str>) -> Result<Pdl, CudaError> {
+    match v {
+        None | Some("") | Some("0") => Ok(Pdl::Off),
+        Some("1") => Ok(Pdl::On),
+        Some("early") => Ok(Pdl::Early),
+        Some(other) => Err(CudaError::Setting(format!(
+            "RECIPE_PDL={other}: expected `0` (each kernel launched after the one ahead of it, the default), `1` (programmatic dependent launches on sm_90 and newer) or `early` (those, each kernel letting the next be scheduled once it has waited) (docs/cuda.md, \"Programmatic dependent launch\")"
+        ))),
+    }
 }
 
 /// Where [`Device::aside`]'s work runs (`RECIPE_SIDE_STREAM`; docs/cuda.md, "GEMMs").
@@ -815,7 +837,7 @@ impl CudaDevice {
             .map_err(driver_err("compute capability"))?;
         let name = ctx.name().map_err(driver_err("device name"))?;
         let arch = format!("sm_{major}{minor}");
-        let compiled = compile::compile_cached(&arch)?;
+        let compiled = compile::compile_cached(&arch, compile::early_for(&arch, pdl))?;
         let module = ctx
             .load_module(Ptx::from_binary(compiled.cubin.clone()))
             .map_err(driver_err("loading the kernels"))?;
@@ -909,7 +931,7 @@ impl CudaDevice {
             ahead: ahead && side.is_some(),
             step_aside: step_aside && side.is_some(),
             // griddepcontrol is Hopper's (PTX ISA 7.8, sm_90).
-            pdl: pdl && major >= 9,
+            pdl: pdl.launches() && major >= 9,
             side,
             side_missing,
         })
@@ -2763,11 +2785,18 @@ mod tests {
     /// is refused by name.
     #[test]
     fn the_step_goes_aside_unless_told_0() {
-        assert!(!pdl_parse(None).unwrap());
-        assert!(!pdl_parse(Some("0")).unwrap());
-        assert!(pdl_parse(Some("1")).unwrap());
+        assert_eq!(pdl_parse(None).unwrap(), Pdl::Off);
+        assert_eq!(pdl_parse(Some("0")).unwrap(), Pdl::Off);
+        assert_eq!(pdl_parse(Some("1")).unwrap(), Pdl::On);
+        assert_eq!(pdl_parse(Some("early")).unwrap(), Pdl::Early);
+        assert!(Pdl::Early.launches() && Pdl::On.launches() && !Pdl::Off.launches());
+        // The early signal is compiled in for sm_90 and newer only.
+        assert!(
+            compile::early_for("sm_90", Pdl::Early) && compile::early_for("sm_100a", Pdl::Early)
+        );
+        assert!(!compile::early_for("sm_80", Pdl::Early) && !compile::early_for("sm_90", Pdl::On));
         let e = pdl_parse(Some("on")).unwrap_err().to_string();
-        assert!(e.contains("RECIPE_PDL=on"), "{e}");
+        assert!(e.contains("RECIPE_PDL=on") && e.contains("`early`"), "{e}");
         assert!(step_aside_parse(None).unwrap());
         assert!(step_aside_parse(Some("1")).unwrap());
         assert!(!step_aside_parse(Some("0")).unwrap());
