@@ -347,6 +347,12 @@ fn cls_only(layers: usize, l: usize, t: usize) -> bool {
     l + 1 == layers && t > 1
 }
 
+/// Whether the last hidden state, which the pooler reads, holds the `[CLS]` rows only (dense,
+/// [`cls_only`]); else it holds every row, row `b·t` the `[CLS]` one (no layers, or one token).
+fn pooled_dense(layers: usize, t: usize) -> bool {
+    layers > 0 && cls_only(layers, layers - 1, t)
+}
+
 /// `cls` when `in_cls`, else `all`: a [`ClsGrads`] buffer in the last layer's `[CLS]`-rows
 /// part, the full-height one elsewhere.
 fn pick<'a, T>(in_cls: bool, cls: &'a mut T, all: &'a mut T) -> &'a mut T {
@@ -961,8 +967,7 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
         src.release(1 + l)?;
     }
 
-    // Pooler on the [CLS] rows: the last layer's rows (all of them, row b·t the [CLS] one,
-    // when there are no layers).
+    // Pooler on the [CLS] rows of the last hidden state (`pooled_dense`).
     let tail = lay.tail();
     let p = src.fetch(tail)?;
     let last = be.view(&a.hs[layers]);
@@ -973,11 +978,7 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
         p,
         lay.pooler,
         bsz,
-        if layers > 0 && cls_only(layers, layers - 1, t) {
-            h
-        } else {
-            t * h
-        },
+        if pooled_dense(layers, t) { h } else { t * h },
     );
     be.tanh_fwd(be.view_mut(&mut a.pool), be.view(&a.pool_pre));
     be.copy(be.view_mut(&mut a.pool_drop), be.view(&a.pool));
@@ -1275,10 +1276,9 @@ where
             be.view(&a.pool),
             be.view(&a.dpool),
         );
-        // Only the [CLS] rows receive a gradient from the pooler: the last layer's rows
-        // (`tail_rows`), or, without layers, rows b·t of the embeddings' output, the others
-        // zero.
-        let (dy, ld) = if layers > 0 && cls_only(layers, layers - 1, t) {
+        // Only the [CLS] rows receive a gradient from the pooler: the last layer's own
+        // (`pooled_dense`), or rows b·t of the last hidden state, the others zero.
+        let (dy, ld) = if pooled_dense(layers, t) {
             (&mut a.cls_grads.dy, h)
         } else {
             be.zero(be.view_mut(&mut a.dx));
