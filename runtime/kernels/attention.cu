@@ -397,22 +397,23 @@ __device__ __forceinline__ void mma_dim_tiles(float o[FUSED_D / 8][4],
     }
 }
 
-// Rows i0 and i1 (when in the sequence) of head h of a token tensor `out` (sequence b, rows hid
-// apart): alpha · o, rounded once from f32 as a GEMM's output; the pairs at even indices, one
-// 32-bit store each where `out` is 4-byte aligned.
+// Rows i0 and i1 (when in the sequence) of head h of a token tensor `out` (sequence b, rows ld
+// apart: `hid` for ctx, the backward's row of dq, dk and dv for those): alpha · o, rounded once
+// from f32 as a GEMM's output; the pairs at even indices, one 32-bit store each where `out` is
+// 4-byte aligned and ld even.
 template <int S>
 __device__ __forceinline__ void store_head_rows(unsigned short* out, const float o[FUSED_D / 8][4],
-                                                float alpha, int b, int h, int seq, int hid,
+                                                float alpha, int b, int h, int seq, int ld,
                                                 int i0, int i1, int t) {
-    const bool pairs = ((unsigned long long)out & 3) == 0;
+    const bool pairs = ((unsigned long long)out & 3) == 0 && ld % 2 == 0;
     UNROLL
     for (int n = 0; n < FUSED_D / 8; n++) {
         const long long d = h * FUSED_D + n * 8 + 2 * t;
         if (i0 < seq)
-            st_half2<S>(out, ((long long)b * seq + i0) * hid + d, alpha * o[n][0],
+            st_half2<S>(out, ((long long)b * seq + i0) * ld + d, alpha * o[n][0],
                         alpha * o[n][1], true, pairs);
         if (i1 < seq)
-            st_half2<S>(out, ((long long)b * seq + i1) * hid + d, alpha * o[n][2],
+            st_half2<S>(out, ((long long)b * seq + i1) * ld + d, alpha * o[n][2],
                         alpha * o[n][3], true, pairs);
     }
 }
@@ -614,7 +615,7 @@ __device__ __forceinline__ void attention_bwd_dq_t(unsigned* dcs, unsigned* vs, 
                                                    const unsigned short* v,
                                                    const unsigned short* probs,
                                                    const unsigned short* pd, int seq, int heads,
-                                                   float scale, int dropout, float dscale,
+                                                   int ld, float scale, int dropout, float dscale,
                                                    const void* bias, int bias_t, int bias_stride) {
     const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * FUSED_Q;
     const int hid = heads * FUSED_D;
@@ -699,14 +700,15 @@ __device__ __forceinline__ void attention_bwd_dq_t(unsigned* dcs, unsigned* vs, 
     // dq = scale · ds·k: 16 keys a step, the A fragment from two key tiles of ds.
     float o[FUSED_D / 8][4];
     mma_dim_tiles<S>(o, s, kt, g, t, (seq + 15) >> 4);
-    store_head_rows<S>(dq, o, scale, b, h, seq, hid, i0, i1, t);
+    store_head_rows<S>(dq, o, scale, b, h, seq, ld, i0, i1, t);
 }
 // Grid (⌈seq / FUSED_Q⌉, heads, batch), FUSED_Q·2 threads; pd (probs_drop) read only with
-// `dropout`; ds: the 16-bit room for the softmax's gradient, [batch, heads, seq, seq]; `bias` as
-// attention_fused's (k's and v's are read).
+// `dropout`; ds: the 16-bit room for the softmax's gradient, [batch, heads, seq, seq]; dq's rows
+// `ld` apart (Backend::attention_bwd's QkvRows); `bias` as attention_fused's (k's and v's are
+// read).
 extern "C" __global__ void attention_bwd_dq(void* dq, void* ds, const void* dctx, const void* k,
                                             const void* v, const void* probs, const void* pd,
-                                            int seq, int heads, float scale, int dropout,
+                                            int seq, int heads, int ld, float scale, int dropout,
                                             float dscale, const void* bias, int bias_t,
                                             int bias_stride, int store) {
     GRID_WAIT();
@@ -717,8 +719,8 @@ extern "C" __global__ void attention_bwd_dq(void* dq, void* ds, const void* dctx
     attention_bwd_dq_t<S>(dcs, vs, kt, (unsigned short*)dq, (unsigned short*)ds,              \
                           (const unsigned short*)dctx, (const unsigned short*)k,              \
                           (const unsigned short*)v, (const unsigned short*)probs,              \
-                          (const unsigned short*)pd, seq, heads, scale, dropout, dscale, bias,   \
-                          bias_t, bias_stride)
+                          (const unsigned short*)pd, seq, heads, ld, scale, dropout, dscale,     \
+                          bias, bias_t, bias_stride)
     if (store == STORE_F16)
         BWD_DQ(STORE_F16);
     else
@@ -732,7 +734,7 @@ __device__ __forceinline__ void attention_bwd_dkv_t(unsigned* at, unsigned* bt, 
                                                     const unsigned short* pd,
                                                     const unsigned short* q,
                                                     const unsigned short* dctx, int seq,
-                                                    int heads, float scale, HeadBias qb) {
+                                                    int heads, int ld, float scale, HeadBias qb) {
     const int b = blockIdx.z, h = blockIdx.y, k0 = blockIdx.x * FUSED_Q;
     const int hid = heads * FUSED_D;
     const long long tok0 = (long long)b * seq * hid + h * FUSED_D;
@@ -771,14 +773,15 @@ __device__ __forceinline__ void attention_bwd_dkv_t(unsigned* at, unsigned* bt, 
                 }
             }
         }
-        store_head_rows<S>(phase ? dv : dk, o, phase ? 1.0f : scale, b, h, seq, hid, i0, i1, t);
+        store_head_rows<S>(phase ? dv : dk, o, phase ? 1.0f : scale, b, h, seq, ld, i0, i1, t);
     }
 }
 // Grid (⌈seq / FUSED_Q⌉, heads, batch), FUSED_Q·2 threads; pd: probs_drop, or probs without
-// dropout (dv's operand); `bias` as attention_fused's (q's is read).
+// dropout (dv's operand); dk's and dv's rows `ld` apart; `bias` as attention_fused's (q's is
+// read).
 extern "C" __global__ void attention_bwd_dkv(void* dk, void* dv, const void* ds, const void* pd,
                                              const void* q, const void* dctx, int seq, int heads,
-                                             float scale, const void* bias, int bias_t,
+                                             int ld, float scale, const void* bias, int bias_t,
                                              int bias_stride, int store) {
     GRID_WAIT();
     const HeadBias qb = bias ? head_bias(bias, bias_t, bias_stride, 0, blockIdx.y) : no_bias();
@@ -788,7 +791,7 @@ extern "C" __global__ void attention_bwd_dkv(void* dk, void* dv, const void* ds,
     attention_bwd_dkv_t<S>(at, bt, (unsigned short*)dk, (unsigned short*)dv,                   \
                            (const unsigned short*)ds, (const unsigned short*)pd,               \
                            (const unsigned short*)q, (const unsigned short*)dctx, seq, heads, \
-                           scale, qb)
+                           ld, scale, qb)
     if (store == STORE_F16)
         BWD_DKV(STORE_F16);
     else

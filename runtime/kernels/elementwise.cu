@@ -71,20 +71,20 @@ extern "C" __global__ void convert(void* dst, int dst_t, const void* src, int sr
 // bits. `rows` 0 is one chunk of no rows (a grid is never empty), whose sums are not added.
 template <int T>
 __device__ __forceinline__ void bias_grad_t(float* db, float* part, unsigned* done,
-                                            const void* dout, int rows, int cols, int chunk,
-                                            int chunks, int store) {
+                                            const void* dout, int rows, int cols, int ld,
+                                            int chunk, int chunks, int store) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     int r0 = blockIdx.y * chunk;
     int r1 = min(rows, r0 + chunk);
-    if (c < cols) part[(long long)blockIdx.y * cols + c] = column_sum<T, 32>(0.0f, dout, r0, r1, cols, c);
+    if (c < cols) part[(long long)blockIdx.y * cols + c] = column_sum<T, 32>(0.0f, dout, r0, r1, ld, c);
     if (last_of_column(done) && c < cols) db[c] = st(chunk_sums(db[c], part, chunks, cols, c), store);
 }
-// Grid z: items (Backend::bias_grad_items: attention's q and v biases), item z's dout starting
-// z · dout_stride elements in and its db z · db_stride, each with its own chunk sums and
-// counters.
+// dout's rows `ld` apart. Grid z: items (Backend::bias_grad_items: attention's q and v biases
+// from the rows of dq, dk and dv), item z's dout starting z · dout_stride elements in and its db
+// z · db_stride, each with its own chunk sums and counters.
 extern "C" __global__ void bias_grad(float* db, float* part, unsigned* done, const void* dout,
-                                     int dout_t, int rows, int cols, int chunk, int chunks,
-                                     unsigned long long dout_stride,
+                                     int dout_t, int rows, int cols, int ld, int chunk,
+                                     int chunks, unsigned long long dout_stride,
                                      unsigned long long db_stride, int store) {
     GRID_WAIT();
     unsigned z = blockIdx.z;
@@ -92,7 +92,7 @@ extern "C" __global__ void bias_grad(float* db, float* part, unsigned* done, con
     part += (unsigned long long)z * chunks * cols;
     done += z * gridDim.x;
     dout = (const char*)dout + z * dout_stride * (dout_t == STORE_F32 ? 4 : 2);
-    BY_TYPE(dout_t, bias_grad_t, db, part, done, dout, rows, cols, chunk, chunks, store);
+    BY_TYPE(dout_t, bias_grad_t, db, part, done, dout, rows, cols, ld, chunk, chunks, store);
 }
 
 // Rounds rows × cols of a matrix with row stride ld to the storage dtype (after a cuBLAS GEMM,

@@ -120,12 +120,12 @@ bool fused_attention() {
     });
     emu::launch(grid, block, 0, [&] {
         attention_bwd_dq(dq.data(), ds.data(), dctx.data(), k.data(), v.data(), probs.data(),
-                         probs.data(), seq, 1, scale, 0, 1.0f, bias.data(), STORE_BF16,
+                         probs.data(), seq, 1, d, scale, 0, 1.0f, bias.data(), STORE_BF16,
                          bias_stride, STORE_BF16);
     });
     emu::launch(grid, block, 0, [&] {
         attention_bwd_dkv(dk.data(), dv.data(), ds.data(), probs.data(), q.data(), dctx.data(),
-                          seq, 1, scale, bias.data(), STORE_BF16, bias_stride, STORE_BF16);
+                          seq, 1, d, scale, bias.data(), STORE_BF16, bias_stride, STORE_BF16);
     });
     for (int r = 0; r < seq; r++) {
         double sum = 0.0;
@@ -311,8 +311,8 @@ bool column_sums() {
     for (int c = 0; c < items * cols; c++) db[c] = val(c, 10);
     std::vector<float> db0 = db;
     emu::launch(dim3(2, chunks, items), dim3(64), 0, [&] {
-        bias_grad(db.data(), part.data(), done.data(), dout.data(), STORE_F32, rows, cols, chunk,
-                  chunks, (unsigned long long)rows * cols, cols, STORE_F32);
+        bias_grad(db.data(), part.data(), done.data(), dout.data(), STORE_F32, rows, cols, cols,
+                  chunk, chunks, (unsigned long long)rows * cols, cols, STORE_F32);
     });
     for (int c = 0; c < items * cols; c++) {
         double want = db0[c];

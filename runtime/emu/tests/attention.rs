@@ -17,7 +17,7 @@ use common::{calls, pair, rand};
 use recipe_kernel_emu::EmuTyped;
 use recipe_runtime::backend::device::Device;
 use recipe_runtime::backend::kernels::Kernels;
-use recipe_runtime::backend::{AttnShape, Backend, Cpu, Dropout};
+use recipe_runtime::backend::{AttnShape, Backend, Cpu, Dropout, QkvRows};
 use recipe_runtime::precision::Dtype;
 
 const STORES: [Dtype; 3] = [Dtype::F32, Dtype::F16, Dtype::Bf16];
@@ -136,8 +136,46 @@ fn inputs(s: AttnShape, store: Dtype, salt: u64) -> Inputs {
 
 /// A forward on one backend: (ctx, probs, probs_drop).
 type FwdCall<'a> = &'a dyn Fn(&mut [f32], &mut [f32], Option<&mut [f32]>);
-/// A backward on one backend: (dq, dk, dv, scratch).
-type BwdCall<'a> = &'a dyn Fn(&mut [f32], &mut [f32], &mut [f32], &mut [f32]);
+/// A backward on one backend: (dqkv, its layout, scratch).
+type BwdCall<'a> = &'a dyn Fn(&mut [f32], QkvRows, &mut [f32]);
+
+/// Where a backward writes dq, dk and dv (`Backend::attention_bwd`): side by side in a token's
+/// row. `bert`: BERT's layout (bert.rs, `qkv_grad_rows`: a zero column after dq and after dk,
+/// the row padded to 8, so dk starts at an odd column); else gaps of 1, 1 and 2 columns before
+/// dq, dk and dv and after dv, an odd row length, so no row starts 4-byte aligned.
+fn rows_for(hid: usize, bert: bool) -> QkvRows {
+    if bert {
+        QkvRows {
+            ld: (3 * hid + 2).next_multiple_of(8),
+            cols: [0, hid + 1, 2 * hid + 2],
+        }
+    } else {
+        QkvRows {
+            ld: 3 * hid + 5,
+            cols: [1, hid + 2, 2 * hid + 4],
+        }
+    }
+}
+
+/// dq, dk and dv out of `dqkv`'s rows, and every other value of them (which a backward leaves
+/// as it was).
+fn split_rows(dqkv: &[f32], o: QkvRows, hid: usize) -> [Vec<f32>; 4] {
+    let cols = |c: usize| -> Vec<f32> {
+        dqkv.chunks(o.ld)
+            .flat_map(|r| r[c..c + hid].to_vec())
+            .collect()
+    };
+    let rest = dqkv
+        .chunks(o.ld)
+        .flat_map(|r| {
+            (0..o.ld)
+                .filter(|c| !o.cols.iter().any(|&a| (a..a + hid).contains(c)))
+                .map(|c| r[c])
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    [cols(o.cols[0]), cols(o.cols[1]), cols(o.cols[2]), rest]
+}
 
 /// One forward and backward on both backends, compared; returns the emulated outputs.
 fn compare(
@@ -210,25 +248,23 @@ fn compare(
     }
 
     // Backward, from the CPU forward's probabilities on both sides.
+    let hid = s.heads * s.head_dim;
+    let o = rows_for(hid, false);
     let bwd = |b: BwdCall| {
-        let (mut dq, mut dk, mut dv, mut ds) = (
-            vec![7.0; tok],
-            vec![7.0; tok],
-            vec![7.0; tok],
-            vec![7.0; pp],
-        );
-        b(&mut dq, &mut dk, &mut dv, &mut ds);
-        [dq, dk, dv, ds]
+        let (mut dqkv, mut ds) = (vec![7.0; tok / hid.max(1) * o.ld], vec![7.0; pp]);
+        b(&mut dqkv, o, &mut ds);
+        let [dq, dk, dv, rest] = split_rows(&dqkv, o, hid);
+        [dq, dk, dv, ds, rest]
     };
     let cpd_view = drop.then_some(&cpd[..]);
-    let gb = bwd(&|dq, dk, dv, ds| {
+    let gb = bwd(&|dqkv, o, ds| {
         g.attention_bwd(
-            dq, dk, dv, ds, &x.dctx, &x.q, &x.k, &x.v, None, &cp, cpd_view, s, dropout,
+            dqkv, o, ds, &x.dctx, &x.q, &x.k, &x.v, None, &cp, cpd_view, s, dropout,
         )
     });
-    let cb = bwd(&|dq, dk, dv, ds| {
+    let cb = bwd(&|dqkv, o, ds| {
         c.attention_bwd(
-            dq, dk, dv, ds, &x.dctx, &x.q, &x.k, &x.v, None, &cp, cpd_view, s, dropout,
+            dqkv, o, ds, &x.dctx, &x.q, &x.k, &x.v, None, &cp, cpd_view, s, dropout,
         )
     });
     for (name, (a, b)) in ["dq", "dk", "dv", "ds"].iter().zip(gb.iter().zip(&cb)) {
@@ -236,8 +272,13 @@ fn compare(
         let e = check(&format!("{name} {tag}"), a, b, store);
         worst.note(format!("{st} {name}"), e);
     }
+    // The rows' other columns untouched on both sides.
+    assert!(
+        gb[4].iter().chain(&cb[4]).all(|&x| x == 7.0),
+        "attention_bwd wrote outside dq, dk and dv {tag}"
+    );
 
-    let [dq, dk, dv, ds] = gb;
+    let [dq, dk, dv, ds, _] = gb;
     vec![gctx, gp, gpd, dq, dk, dv, ds]
 }
 
@@ -523,8 +564,10 @@ fn shapes_the_fused_forward_does_not_fit_take_the_batched_products() {
 }
 
 /// A backward on `be` in buffers of its own (`alloc_stored`, as [`fwd_on`]) from the given
-/// probabilities (and dropped probabilities with `dropout`): (dq, dk, dv); `bias` as
+/// probabilities (and dropped probabilities with `dropout`): (dq, dk, dv), written in the rows
+/// of [`rows_for`]`(hid, bert_rows)`, whose other columns it checks untouched; `bias` as
 /// [`fwd_on`]'s.
+#[allow(clippy::too_many_arguments)]
 fn bwd_on<B: Backend>(
     be: &B,
     s: AttnShape,
@@ -533,6 +576,7 @@ fn bwd_on<B: Backend>(
     pd: &[f32],
     dropout: Option<&Dropout>,
     bias: Option<(&[f32], usize)>,
+    bert_rows: bool,
 ) -> [Vec<f32>; 3] {
     let (tok, pp) = (
         s.batch * s.seq * s.heads * s.head_dim,
@@ -546,16 +590,13 @@ fn bwd_on<B: Backend>(
     let (q, k, v, dctx) = (stored(&x.q), stored(&x.k), stored(&x.v), stored(&x.dctx));
     let bias = bias.map(|(b, stride)| (stored(b), stride));
     let (p, pdb) = (stored(probs), stored(pd));
-    let (mut dq, mut dk, mut dv) = (
-        stored(&vec![7.0; tok]),
-        stored(&vec![7.0; tok]),
-        stored(&vec![7.0; tok]),
-    );
+    let (hid, rows) = (s.heads * s.head_dim, s.batch * s.seq);
+    let o = rows_for(hid, bert_rows);
+    let mut dqkv = stored(&vec![7.0; rows * o.ld]);
     let mut scratch = be.alloc(pp);
     be.attention_bwd(
-        be.view_mut(&mut dq),
-        be.view_mut(&mut dk),
-        be.view_mut(&mut dv),
+        be.view_mut(&mut dqkv),
+        o,
         be.view_mut(&mut scratch),
         be.view(&dctx),
         be.view(&q),
@@ -567,12 +608,15 @@ fn bwd_on<B: Backend>(
         s,
         dropout,
     );
-    let down = |b: &B::Buf| {
-        let mut out = vec![0.0; tok];
-        be.download(be.view(b), &mut out);
-        out
-    };
-    [down(&dq), down(&dk), down(&dv)]
+    let mut out = vec![0.0; rows * o.ld];
+    be.download(be.view(&dqkv), &mut out);
+    let [dq, dk, dv, rest] = split_rows(&out, o, hid);
+    assert!(
+        rest.iter().all(|&x| x == 7.0),
+        "attention_bwd wrote outside dq, dk and dv ({s:?}, {o:?})"
+    );
+    assert!(dq.len() == tok && dk.len() == tok && dv.len() == tok);
+    [dq, dk, dv]
 }
 
 /// `f`'s result and how many times it launched each of `names` (the emulator's profile).
@@ -609,12 +653,15 @@ fn the_fused_backward_matches_the_cpu_and_the_batched_products() {
             for dropout in [None, Some(&d)] {
                 let tag = format!("{store:?} {s:?} dropout {}", dropout.is_some());
                 let [_, p, pd] = fwd_on(&cpu, s, &x, &mask, dropout, None);
-                let (f, calls) = launched(names, || bwd_on(&fused, s, &x, &p, &pd, dropout, None));
+                let (f, calls) = launched(names, || {
+                    bwd_on(&fused, s, &x, &p, &pd, dropout, None, dropout.is_none())
+                });
                 assert_eq!(calls, [1, 1, 0], "fused launches {tag}");
-                let (u, calls) =
-                    launched(names, || bwd_on(&unfused, s, &x, &p, &pd, dropout, None));
+                let (u, calls) = launched(names, || {
+                    bwd_on(&unfused, s, &x, &p, &pd, dropout, None, dropout.is_none())
+                });
                 assert_eq!(calls, [0, 0, 1], "unfused launches {tag}");
-                let c = bwd_on(&cpu, s, &x, &p, &pd, dropout, None);
+                let c = bwd_on(&cpu, s, &x, &p, &pd, dropout, None, dropout.is_none());
                 for (i, name) in ["dq", "dk", "dv"].iter().enumerate() {
                     let e = check(&format!("{name} {tag}"), &f[i], &c[i], store);
                     worst.note(format!("{store:?} {name} vs CPU"), e);
@@ -637,7 +684,7 @@ fn shapes_the_fused_backward_does_not_fit_take_the_batched_products() {
         let x = inputs(s, Dtype::Bf16, 5);
         let pp = s.batch * s.heads * s.seq * s.seq;
         let p = vec![1.0 / s.seq as f32; pp];
-        let (_, calls) = launched(names, || bwd_on(&bf16, s, &x, &p, &p, None, None));
+        let (_, calls) = launched(names, || bwd_on(&bf16, s, &x, &p, &p, None, None, true));
         assert_eq!(calls, [0, 1], "{s:?}");
     }
 }
@@ -688,8 +735,17 @@ fn the_fused_kernels_add_the_projections_biases_as_they_load_them() {
                 let want = fwd_on(&fused, s, &xb, &mask, dropout, None);
                 assert_eq!(bits(&got), bits(&want), "forward {tag}");
                 let [_, p, pd] = want;
-                let got = bwd_on(&fused, s, &x, &p, &pd, dropout, Some((&bias, stride)));
-                let want = bwd_on(&fused, s, &xb, &p, &pd, dropout, None);
+                let got = bwd_on(
+                    &fused,
+                    s,
+                    &x,
+                    &p,
+                    &pd,
+                    dropout,
+                    Some((&bias, stride)),
+                    dropout.is_some(),
+                );
+                let want = bwd_on(&fused, s, &xb, &p, &pd, dropout, None, dropout.is_some());
                 assert_eq!(bits(&got), bits(&want), "backward {tag}");
             }
         }
@@ -735,8 +791,8 @@ fn the_unfused_backward_has_the_same_bits_in_f32_and_16_bit_buffers() {
                 for dropout in [None, Some(&d)] {
                     let tag = format!("{store:?} {s:?} salt {salt} dropout {}", dropout.is_some());
                     let [_, p, pd] = fwd_on(&cpu, s, &x, &mask, dropout, None);
-                    let a = bwd_on(&wide, s, &x, &p, &pd, dropout, None);
-                    let b = bwd_on(&narrow, s, &x, &p, &pd, dropout, None);
+                    let a = bwd_on(&wide, s, &x, &p, &pd, dropout, None, salt % 2 == 0);
+                    let b = bwd_on(&narrow, s, &x, &p, &pd, dropout, None, salt % 2 == 0);
                     for (i, name) in ["dq", "dk", "dv"].iter().enumerate() {
                         let (x, y) = (bits(&a[i]), bits(&b[i]));
                         let differ = x.iter().zip(&y).filter(|(p, q)| p != q).count();

@@ -848,12 +848,13 @@ fn gelu_backward_with_its_bias_gradient_is_the_two_kernels_bit_for_bit() {
     }
 }
 
-/// Several bias gradients in one launch (`Backend::bias_grad_items`: attention's q and v, items
-/// 0 and 2 of one buffer), against the CPU's one `bias_grad` per item bit for bit, with the
-/// launch's blocks in order, last to first, and the items' blocks interleaved (each item's last
-/// block of a column adds its chunks, from sums and a counter of its own): rows in one chunk and
-/// past two, widths in one block and past it (300), f32 and
-/// 16-bit buffers, and the bias rows left between the items untouched.
+/// Several bias gradients in one launch (`Backend::bias_grad_items`: attention's q and v, the
+/// columns of dq and dv in one buffer's rows), against the CPU's one `bias_grad` per item (on a
+/// dense copy of its rows) bit for bit, with the launch's blocks in order, last to first, and
+/// the items' blocks interleaved (each item's last block of a column adds its chunks, from sums
+/// and a counter of its own): rows in one chunk and past two, widths in one block and past it
+/// (300), dense rows and rows further apart than their width, f32 and 16-bit buffers, and the
+/// bias rows left between the items untouched; the CPU's own `bias_grad_items` too.
 #[test]
 fn bias_gradients_of_several_items_in_one_launch_are_the_cpus_bit_for_bit() {
     use recipe_kernel_emu::EmuTyped;
@@ -861,20 +862,58 @@ fn bias_gradients_of_several_items_in_one_launch_are_the_cpus_bit_for_bit() {
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     for store in STORES {
         let (g, c) = pair(store);
-        for (rows, cols, db_stride) in [(5, 12, 20), (150, 300, 310)] {
-            let (count, dout_stride) = (2, 2 * rows * cols + 3);
-            let mut dout = rand((count - 1) * dout_stride + rows * cols, 1.0, 14);
+        for (rows, cols, ld, db_stride) in [
+            (5, 12, 12, 20),
+            (150, 300, 300, 310),
+            (5, 12, 41, 20),
+            (150, 300, 913, 310),
+        ] {
+            // Dense items one after another, or columns of one buffer's rows as bert.rs's.
+            let (count, dout_stride) = (
+                2,
+                if ld == cols {
+                    2 * rows * cols + 3
+                } else {
+                    2 * cols + 2
+                },
+            );
+            let mut dout = rand((count - 1) * dout_stride + (rows - 1) * ld + cols, 1.0, 14);
             store.round_slice(&mut dout);
             let db0 = rand((count - 1) * db_stride + cols, 0.5, 15);
             let mut want = db0.clone();
-            c.bias_grad_items(&mut want, &dout, rows, cols, count, dout_stride, db_stride);
+            for j in 0..count {
+                let dense: Vec<f32> = (0..rows)
+                    .flat_map(|r| {
+                        let at = j * dout_stride + r * ld;
+                        dout[at..at + cols].to_vec()
+                    })
+                    .collect();
+                let b = j * db_stride;
+                c.bias_grad(&mut want[b..b + cols], &dense, rows, cols);
+            }
+            let mut cpu = db0.clone();
+            c.bias_grad_items(
+                &mut cpu,
+                &dout,
+                rows,
+                cols,
+                ld,
+                count,
+                dout_stride,
+                db_stride,
+            );
+            assert_eq!(
+                bits(&cpu),
+                bits(&want),
+                "the CPU's items {store:?} {rows}×{cols}/{ld}"
+            );
             for order in ["forward", "reversed", "interleaved"] {
-                let what = format!("{store:?} {rows}×{cols} blocks {order}");
+                let what = format!("{store:?} {rows}×{cols}/{ld} blocks {order}");
                 // A device of its own each time: no chunk sums left from another run.
                 let run = || {
                     let typed = Kernels::new(EmuTyped).with_store(store);
                     let mut a = db0.clone();
-                    g.bias_grad_items(&mut a, &dout, rows, cols, count, dout_stride, db_stride);
+                    g.bias_grad_items(&mut a, &dout, rows, cols, ld, count, dout_stride, db_stride);
                     let d = {
                         let mut b = typed.alloc_stored(dout.len());
                         typed.write(typed.view_mut(&mut b), &dout);
@@ -886,6 +925,7 @@ fn bias_gradients_of_several_items_in_one_launch_are_the_cpus_bit_for_bit() {
                         typed.view(&d),
                         rows,
                         cols,
+                        ld,
                         count,
                         dout_stride,
                         db_stride,
@@ -904,7 +944,7 @@ fn bias_gradients_of_several_items_in_one_launch_are_the_cpus_bit_for_bit() {
             }
             // The items' sums are not the first item's: the stride moves them.
             let mut first = db0.clone();
-            c.bias_grad(&mut first[..cols], &dout[..rows * cols], rows, cols);
+            c.bias_grad_items(&mut first, &dout, rows, cols, ld, 1, 0, 0);
             assert_ne!(bits(&first[db_stride..]), bits(&want[db_stride..]));
         }
     }

@@ -61,11 +61,13 @@ fn the_profile_counts_every_kernel_the_passes_launch() {
             assert_eq!(calls("attention_softmax"), pass * l);
             assert_eq!(calls("attention_softmax_bwd"), pass * l);
             assert_eq!(calls("cross_entropy"), pass);
-            // Per layer six linears forward and two GEMMs each backward, and attention's two
-            // products forward and four backward, one GEMM per (sequence, head) here (a GPU
-            // batches them); the pooler and the classifier three each.
+            // Per layer six linears forward; backward two GEMMs each for the three after
+            // attention and two for q, k and v together (their weights' and the input's, each
+            // over the rows of dq, dk and dv: bert.rs, `qkv_matrix`); attention's two products
+            // forward and four backward, one GEMM per (sequence, head) here (a GPU batches
+            // them); the pooler and the classifier three each.
             let heads = (b.batch * 2) as u64;
-            assert_eq!(calls("gemm"), pass * (l * (6 + 12 + 6 * heads) + 6));
+            assert_eq!(calls("gemm"), pass * (l * (6 + 8 + 6 * heads) + 6));
             assert!(p.busy() <= p.span, "{} busy of {} s", p.busy(), p.span);
         }
     }

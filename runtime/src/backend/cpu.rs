@@ -6,7 +6,7 @@
 //! thread count. Transcendental loops (GELU, softmax `exp`) use branch-free f32 approximations that
 //! vectorise, and are compiled a second time for AVX2 (same bits, wider vectors).
 
-use super::{Aside, AttnShape, Backend, Dropout, Gemm};
+use super::{Aside, AttnShape, Backend, Dropout, Gemm, QkvRows};
 use crate::precision::Dtype;
 use crate::rng::philox4x32_x8;
 
@@ -549,11 +549,34 @@ impl Cpu {
     }
 
     /// One sequence of [`Backend::attention_bwd`].
+    /// [`Backend::bias_grad`]'s sums over `rows` rows `ld` apart: each chunk of
+    /// [`super::BIAS_ROWS`] rows in order from zero, then the chunks' sums added to `db` in
+    /// order, and `db` rounded.
+    fn bias_grad_rows(&self, db: &mut [f32], dout: &[f32], rows: usize, cols: usize, ld: usize) {
+        assert_eq!(db.len(), cols);
+        assert!(ld >= cols, "bias_grad: rows {ld} apart, {cols} wide");
+        let mut part = vec![0.0f32; cols];
+        for r0 in (0..rows).step_by(super::BIAS_ROWS) {
+            part.fill(0.0);
+            for r in r0..rows.min(r0 + super::BIAS_ROWS) {
+                for (p, d) in part.iter_mut().zip(&dout[r * ld..r * ld + cols]) {
+                    *p += d;
+                }
+            }
+            for (g, p) in db.iter_mut().zip(&part) {
+                *g += p;
+            }
+        }
+        self.st(db);
+    }
+
+    /// Sequence `bi`'s attention backward: `out` its rows of [`Backend::attention_bwd`]'s
+    /// `dqkv` (`seq` of them, `o.ld` apart), `scratch` its `[heads, seq, seq]` room.
     #[allow(clippy::too_many_arguments)]
     fn attn_bwd_one(
         &self,
         bi: usize,
-        (dq, dk, dv, scratch): (&mut [f32], &mut [f32], &mut [f32], &mut [f32]),
+        (out, o, scratch): (&mut [f32], QkvRows, &mut [f32]),
         dctx: &[f32],
         q: &[f32],
         k: &[f32],
@@ -587,6 +610,7 @@ impl Cpu {
                 (t, 1),
             );
             // dv = probs_dropᵀ · dctx
+            let [cq, ck, cv] = o.cols.map(|c| c + h * d);
             sgemm(
                 t,
                 t,
@@ -597,10 +621,10 @@ impl Cpu {
                 &dctx[off..],
                 (hid, 1),
                 0.0,
-                &mut dv[h * d..],
-                (hid, 1),
+                &mut out[cv..],
+                (o.ld, 1),
             );
-            self.st_rows(&mut dv[h * d..], t, d, hid);
+            self.st_rows(&mut out[cv..], t, d, o.ld);
             if let Some(dr) = dropout {
                 // The forward's mask, read back from probs_drop instead of redrawn: a zero there
                 // is either dropped or a zero probability, and for the latter the softmax
@@ -632,10 +656,10 @@ impl Cpu {
                 &k[off..],
                 (hid, 1),
                 0.0,
-                &mut dq[h * d..],
-                (hid, 1),
+                &mut out[cq..],
+                (o.ld, 1),
             );
-            self.st_rows(&mut dq[h * d..], t, d, hid);
+            self.st_rows(&mut out[cq..], t, d, o.ld);
             sgemm(
                 t,
                 t,
@@ -646,10 +670,10 @@ impl Cpu {
                 &q[off..],
                 (hid, 1),
                 0.0,
-                &mut dk[h * d..],
-                (hid, 1),
+                &mut out[ck..],
+                (o.ld, 1),
             );
-            self.st_rows(&mut dk[h * d..], t, d, hid);
+            self.st_rows(&mut out[ck..], t, d, o.ld);
         }
     }
 }
@@ -722,20 +746,24 @@ impl Backend for Cpu {
     }
 
     fn bias_grad(&self, db: &mut [f32], dout: &[f32], rows: usize, cols: usize) {
-        assert_eq!(db.len(), cols);
-        let mut part = vec![0.0f32; cols];
-        for chunk in dout[..rows * cols].chunks(super::BIAS_ROWS * cols.max(1)) {
-            part.fill(0.0);
-            for row in chunk.chunks(cols) {
-                for (p, d) in part.iter_mut().zip(row) {
-                    *p += d;
-                }
-            }
-            for (g, p) in db.iter_mut().zip(&part) {
-                *g += p;
-            }
+        self.bias_grad_rows(db, dout, rows, cols, cols);
+    }
+
+    fn bias_grad_items(
+        &self,
+        db: &mut [f32],
+        dout: &[f32],
+        rows: usize,
+        cols: usize,
+        ld: usize,
+        count: usize,
+        dout_stride: usize,
+        db_stride: usize,
+    ) {
+        for j in 0..count {
+            let (o, b) = (j * dout_stride, j * db_stride);
+            self.bias_grad_rows(&mut db[b..b + cols], &dout[o..], rows, cols, ld);
         }
-        self.st(db);
     }
 
     fn embedding_fwd(
@@ -986,9 +1014,8 @@ impl Backend for Cpu {
 
     fn attention_bwd(
         &self,
-        dq: &mut [f32],
-        dk: &mut [f32],
-        dv: &mut [f32],
+        dqkv: &mut [f32],
+        out: QkvRows,
         scratch: &mut [f32],
         dctx: &[f32],
         q: &[f32],
@@ -1001,19 +1028,18 @@ impl Backend for Cpu {
         dropout: Option<&Dropout>,
     ) {
         assert!(qkv_bias.is_none(), "{NO_QKV_BIAS}");
-        let (tok, pp) = (s.seq * s.heads * s.head_dim, s.heads * s.seq * s.seq);
-        let items: Vec<_> = dq
-            .chunks_mut(tok)
-            .zip(dk.chunks_mut(tok))
-            .zip(dv.chunks_mut(tok))
+        let pp = s.heads * s.seq * s.seq;
+        let span = out.span(s.batch * s.seq, s.heads * s.head_dim);
+        let items: Vec<_> = dqkv[..span]
+            .chunks_mut(s.seq * out.ld)
             .zip(scratch.chunks_mut(pp))
             .enumerate()
             .take(s.batch)
             .collect();
-        par_each(self.threads, items, |(bi, (((a, b), c), d))| {
+        par_each(self.threads, items, |(bi, (a, d))| {
             self.attn_bwd_one(
                 bi,
-                (a, b, c, d),
+                (a, out, d),
                 dctx,
                 q,
                 k,

@@ -290,6 +290,36 @@ pub struct AttnShape {
     pub head_dim: usize,
 }
 
+/// Where [`Backend::attention_bwd`] writes `dq`, `dk` and `dv`: one buffer of rows `ld` apart, a
+/// token's row holding its three gradients (each `heads · head_dim` wide) at columns `cols`.
+/// BERT's backward leaves a zero column after `dq` and after `dk`, where the weight matrix of
+/// the three projections has q's and k's bias rows, so that one GEMM over the row takes
+/// `d(x)` from all three (`bert.rs`, `LayerLayout::qkv_rows`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QkvRows {
+    /// Elements from one token's row to the next.
+    pub ld: usize,
+    /// Columns of `dq`, `dk` and `dv` in a row, ascending.
+    pub cols: [usize; 3],
+}
+
+impl QkvRows {
+    /// Elements of the buffer `rows` tokens of width `hid` span; panics unless the three fit
+    /// in a row without overlapping.
+    pub fn span(&self, rows: usize, hid: usize) -> usize {
+        let [q, k, v] = self.cols;
+        assert!(
+            q + hid <= k && k + hid <= v && v + hid <= self.ld,
+            "attention_bwd: dq, dk and dv overlap or overrun their row ({self:?}, width {hid})"
+        );
+        if rows == 0 || hid == 0 {
+            0
+        } else {
+            (rows - 1) * self.ld + v + hid
+        }
+    }
+}
+
 /// A ticket for [`Backend::wait_aside`]: which [`Backend::aside`] call to wait for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Aside(pub usize);
@@ -525,30 +555,22 @@ pub trait Backend {
     /// every row would leave it nearly idle).
     fn bias_grad(&self, db: Self::ViewMut<'_>, dout: Self::View<'_>, rows: usize, cols: usize);
     /// [`Backend::bias_grad`] of `count` items: item `j`'s `rows × cols` gradient starts
-    /// `j · dout_stride` elements into `dout` and its bias `j · db_stride` into `db`
-    /// (attention's q and v biases, `LayerLayout::qkv_stride` apart, from their one buffer). By
-    /// default one call per item; a GPU makes them one launch (the same sums, so the same bits).
+    /// `j · dout_stride` elements into `dout`, its rows `ld` apart, and its bias `j · db_stride`
+    /// into `db` (attention's q and v biases, `LayerLayout::qkv_stride` apart, from the rows of
+    /// [`Backend::attention_bwd`]'s one buffer). The CPU sums each item as `bias_grad`; a GPU
+    /// makes them one launch (the same sums, so the same bits).
     #[allow(clippy::too_many_arguments)]
     fn bias_grad_items(
         &self,
-        mut db: Self::ViewMut<'_>,
+        db: Self::ViewMut<'_>,
         dout: Self::View<'_>,
         rows: usize,
         cols: usize,
+        ld: usize,
         count: usize,
         dout_stride: usize,
         db_stride: usize,
-    ) {
-        for j in 0..count {
-            let (o, b) = (j * dout_stride, j * db_stride);
-            self.bias_grad(
-                self.sub_mut(&mut db, b..b + cols),
-                self.sub(dout, o..o + rows * cols),
-                rows,
-                cols,
-            );
-        }
-    }
+    );
 
     /// BERT embeddings: `out[b, t] = word[ids[b, t]] + pos[t] + typ[types[b, t]]`, `hidden` wide.
     #[allow(clippy::too_many_arguments)]
@@ -802,7 +824,8 @@ pub trait Backend {
     fn attention_adds_bias(&self, _s: AttnShape) -> bool {
         false
     }
-    /// Attention backward: overwrites `dq`, `dk`, `dv`; `scratch` is f32 room of
+    /// Attention backward: overwrites `dq`, `dk`, `dv`, the columns `out` gives of `dqkv`'s rows
+    /// (nothing else of them); `scratch` is f32 room of
     /// `[batch, heads, seq, seq]` for `dp = dctx·vᵀ` and the softmax's gradient `ds` (left
     /// holding `ds`, except on a device keeping 16-bit buffers, which computes `ds` into one of
     /// its own). With dropout, `probs_drop` (from the forward) must be given: it carries the
@@ -810,9 +833,8 @@ pub trait Backend {
     #[allow(clippy::too_many_arguments)]
     fn attention_bwd(
         &self,
-        dq: Self::ViewMut<'_>,
-        dk: Self::ViewMut<'_>,
-        dv: Self::ViewMut<'_>,
+        dqkv: Self::ViewMut<'_>,
+        out: QkvRows,
         scratch: Self::ViewMut<'_>,
         dctx: Self::View<'_>,
         q: Self::View<'_>,

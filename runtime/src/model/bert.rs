@@ -5,7 +5,7 @@
 use std::ops::Range;
 
 use super::{BertConfig, GradSink, ParamSource};
-use crate::backend::{Aside, AttnShape, Backend, Dropout, Gemm, Loss};
+use crate::backend::{Aside, AttnShape, Backend, Dropout, Gemm, Loss, QkvRows};
 use crate::params::Params;
 
 /// A Linear layer's place in the flat buffer: weight `[out, in]` immediately followed by bias.
@@ -88,6 +88,40 @@ impl LayerLayout {
     fn qkv_biases(&self) -> Range<usize> {
         self.q.b().start..self.v.b().end
     }
+
+    /// q's, k's and v's weights read as one matrix of `inp`-wide rows from q's weight to the end
+    /// of v's: each bias is one row more (a projection of BERT is square), so its rows are q's,
+    /// q's bias, k's, k's bias, then v's, `3·out + 2` of them. Attention's backward writes dq, dk
+    /// and dv into a token's row at the matching columns ([`qkv_grad_rows`]) with zeros at the
+    /// two bias rows', so one GEMM over the row gives `d(x)` from all three (where three GEMMs of
+    /// a third the depth each filled the GPU no better than one), and one the three weights'
+    /// gradients (the bias rows' gradients get `+= 0`). Returns the range in the parameters.
+    fn qkv_matrix(&self) -> Range<usize> {
+        let (s, rows) = (self.qkv_stride(), qkv_grad_rows(self.q.inp));
+        assert!(
+            self.q.out == self.q.inp && s == (self.q.out + 1) * self.q.inp,
+            "q, k and v square, each bias one row after its weight"
+        );
+        assert_eq!(rows.cols, [0, s / self.q.inp, 2 * s / self.q.inp]);
+        self.q.w..self.v.w().end
+    }
+}
+
+/// Where attention's backward puts a token's dq, dk and dv (`Acts::dqkv`), `hidden` wide each:
+/// at the columns of their weights' rows in [`LayerLayout::qkv_matrix`], a zero column after dq
+/// and after dk (q's and k's bias rows), the row padded to 8 elements (16 bytes of 16-bit values,
+/// the alignment cuBLASLt's fastest kernels want of a row).
+fn qkv_grad_rows(hidden: usize) -> QkvRows {
+    let r = hidden + 1;
+    QkvRows {
+        ld: (3 * r - 1).next_multiple_of(8),
+        cols: [0, r, 2 * r],
+    }
+}
+
+/// Columns of [`qkv_grad_rows`]'s rows that the GEMMs over them read: through dv's.
+fn qkv_grad_cols(hidden: usize) -> usize {
+    qkv_grad_rows(hidden).cols[2] + hidden
 }
 
 /// Offsets of every parameter, each relative to the start of its *segment*: the embeddings
@@ -304,7 +338,8 @@ pub(crate) struct Acts<B: Backend> {
     dres: B::Buf,
     dx1: B::Buf,
     dctx: B::Buf,
-    /// dq, dk and dv one after another, as [`LayerActs`]'s `qkv`.
+    /// dq, dk and dv side by side in a token's row ([`qkv_grad_rows`]). The zero columns
+    /// between them are zeroed when the buffer is sized and written by nothing.
     dqkv: B::Buf,
     dact: B::Buf,
     dinter: B::Buf,
@@ -505,7 +540,10 @@ impl<B: Backend> Acts<B> {
         for x in [&mut self.dx, &mut self.dres, &mut self.dx1, &mut self.dctx] {
             r(x, n * h);
         }
-        r(&mut self.dqkv, 3 * n * h);
+        r(&mut self.dqkv, n * qkv_grad_rows(h).ld);
+        // The only values of a pass's buffers that no kernel writes (the zero columns of
+        // `qkv_grad_rows`): zeroed here, at each new shape (a regrown buffer holds stale values).
+        be.zero(be.view_mut(&mut self.dqkv));
         r(&mut self.dact, n * i);
         r(&mut self.dinter, n * i);
         r(&mut self.dscratch, pp);
@@ -1459,15 +1497,13 @@ where
                 false,
             );
             let ad = site(|d| d.attn, site_layer(l, 0));
+            let qm = ll.qkv_matrix();
+            let (o, kq) = (qkv_grad_rows(h), qkv_grad_cols(h));
             {
-                let mut dqkv = be.view_mut(&mut a.dqkv);
-                let (dq, mut dkv) = be.split_at_mut(&mut dqkv, n * h);
-                let (dk, dv) = be.split_at_mut(&mut dkv, n * h);
                 let qkv = be.view(&la.qkv);
                 be.attention_bwd(
-                    dq,
-                    dk,
-                    dv,
+                    be.view_mut(&mut a.dqkv),
+                    o,
                     be.view_mut(&mut a.dscratch),
                     be.view(&a.dctx),
                     be.sub(qkv, 0..n * h),
@@ -1489,27 +1525,25 @@ where
             // The key bias has an exactly zero gradient (adding a constant to every score of a query
             // row leaves its softmax unchanged); summing dk would only produce rounding noise, which
             // Adam's normalisation would turn into a random walk. So it is not accumulated.
-            // The three weight gradients as one batched GEMM (left unrounded, as `linear_bwd`
-            // leaves them; aside, as its weight gradients, reading a.dqkv, which the next
-            // layer's attention backward writes again after waits that cover it, and the
-            // layer's input),
-            // then d(x) += dq·Wq, dk·Wk, dv·Wv in that order (`linear_bwd`'s input gradients),
-            // then the biases' sums.
+            // The three weight gradients as one GEMM over the rows of dq, dk and dv
+            // (`qkv_matrix`; left unrounded, as `linear_bwd` leaves them; aside, as its weight
+            // gradients, reading a.dqkv, which the next layer's attention backward writes again
+            // after waits that cover it, and the layer's input), then d(x) += [dq dk dv]·W, one
+            // GEMM too (`linear_bwd`'s input gradients), then the biases' sums.
             let (ws, dqkv) = (ll.qkv_stride(), be.view(&a.dqkv));
             let _ = be.aside(|| {
-                let g3 = Gemm {
-                    ldb: h,
-                    ..Gemm::dense(ll.q.out, ll.q.inp, n, true, false, 1.0)
+                let gw = Gemm {
+                    lda: o.ld,
+                    ..Gemm::dense(kq, h, n, true, false, 1.0)
                 };
-                let gw = be.sub_mut(&mut g, ll.q.w..ll.v.w().end);
-                be.gemm_items_to_epilogue(&g3, 3, [n * h, 0, ws], dqkv, x, gw);
+                be.gemm_to_epilogue(&gw, dqkv, x, be.sub_mut(&mut g, qm.clone()));
             });
-            for (j, lin) in [ll.q, ll.k, ll.v].into_iter().enumerate() {
-                let gx = Gemm::dense(n, lin.inp, lin.out, false, false, 1.0);
-                let d = be.sub(dqkv, j * n * h..(j + 1) * n * h);
-                be.gemm(&gx, d, be.sub(p, lin.w()), be.view_mut(&mut a.dx));
-            }
-            // q's and v's biases in one call: items 0 and 2 of dqkv, their biases two strides
+            let gx = Gemm {
+                lda: o.ld,
+                ..Gemm::dense(n, h, kq, false, false, 1.0)
+            };
+            be.gemm(&gx, dqkv, be.sub(p, qm), be.view_mut(&mut a.dx));
+            // q's and v's biases in one call: dq's and dv's columns, their biases two strides
             // apart; aside, as the weight gradients that read dqkv.
             let _ = be.aside(|| {
                 be.bias_grad_items(
@@ -1517,8 +1551,9 @@ where
                     dqkv,
                     n,
                     h,
+                    o.ld,
                     2,
-                    2 * n * h,
+                    o.cols[2],
                     2 * ws,
                 )
             });

@@ -14,9 +14,9 @@
 //! them ([`Kernels::with_half_ds`]), else rounded into the f32 scratch.
 #![allow(clippy::too_many_arguments)]
 
-use super::{int, Kernels, BLOCK};
+use super::{grid_vec, int, Kernels, BLOCK};
 use crate::backend::device::{Arg, Device, Launch};
-use crate::backend::{AttnShape, Batch, Dropout, Gemm, Stride};
+use crate::backend::{AttnShape, Batch, Dropout, Gemm, QkvRows, Stride};
 use crate::precision::Dtype;
 
 /// `(1 / √head_dim)` as the CPU backend computes it.
@@ -307,11 +307,48 @@ pub(super) fn fwd<D: Device>(
     round(k, ctx, tok);
 }
 
+/// Rounds column `col`'s `heads · head_dim` wide block of every token's row of `out` (rows
+/// `ld` apart) to the storage dtype: an f32 buffer's (a 16-bit one got its values rounded by
+/// the GEMM, [`Device::gemm_batched`]).
+fn round_cols<D: Device>(
+    k: &Kernels<D>,
+    out: &mut D::ViewMut<'_>,
+    col: usize,
+    o: QkvRows,
+    s: AttnShape,
+) {
+    let dev = &k.dev;
+    if k.store == Dtype::F32 || dev.elem(dev.as_view(out)).is_half() {
+        return;
+    }
+    let (rows, hid) = (s.batch * s.seq, s.heads * s.head_dim);
+    let p = dev.ptr_mut(&mut dev.sub_mut(out, col..col + (rows - 1) * o.ld + hid));
+    dev.launch(
+        "round_rows",
+        grid_vec(rows * hid),
+        &[Arg::Ptr(p), int(rows), int(hid), int(o.ld), k.store_arg()],
+    );
+}
+
+/// A product's output into column `col` of `out`'s rows (`o.ld` apart) instead of a token
+/// tensor's own: its `ldc` and its items' offsets.
+fn into_rows(g: Gemm, b: Batch, o: QkvRows, s: AttnShape) -> (Gemm, Batch) {
+    (
+        Gemm { ldc: o.ld, ..g },
+        Batch {
+            c: Stride {
+                outer: s.seq * o.ld,
+                inner: s.head_dim,
+            },
+            ..b
+        },
+    )
+}
+
 pub(super) fn bwd<D: Device>(
     k: &Kernels<D>,
-    mut dq: D::ViewMut<'_>,
-    mut dk: D::ViewMut<'_>,
-    mut dv: D::ViewMut<'_>,
+    mut dqkv: D::ViewMut<'_>,
+    o: QkvRows,
     mut scratch: D::ViewMut<'_>,
     dctx: D::View<'_>,
     q: D::View<'_>,
@@ -325,9 +362,10 @@ pub(super) fn bwd<D: Device>(
 ) {
     let dev = &k.dev;
     let (tok, pp) = sizes(s);
-    for n in [dev.len_mut(&dq), dev.len_mut(&dk), dev.len_mut(&dv)] {
-        assert!(n >= tok, "attention_bwd dq/dk/dv");
-    }
+    assert!(
+        dev.len_mut(&dqkv) >= o.span(s.batch * s.seq, s.heads * s.head_dim),
+        "attention_bwd dq/dk/dv"
+    );
     assert!(dev.len_mut(&scratch) >= pp, "attention_bwd scratch");
     for n in [dev.len(dctx), dev.len(q), dev.len(kk), dev.len(v)] {
         assert!(n >= tok, "attention_bwd dctx/q/k/v");
@@ -358,9 +396,7 @@ pub(super) fn bwd<D: Device>(
         dev.elem(kk),
         dev.elem(v),
         dev.elem(probs),
-        dev.elem(dev.as_view(&dq)),
-        dev.elem(dev.as_view(&dk)),
-        dev.elem(dev.as_view(&dv)),
+        dev.elem(dev.as_view(&dqkv)),
     ];
     elems.extend(probs_drop.map(|pd| dev.elem(pd)));
     let [bias, bias_stride] = bias_args(k, qkv_bias, s);
@@ -372,11 +408,10 @@ pub(super) fn bwd<D: Device>(
         // Two launches (attention.cu, `attention_bwd_dq`, `attention_bwd_dkv`), `ds` through
         // the 16-bit scratch; the f32 scratch is not used.
         let pd = probs_drop.map_or(dev.ptr(probs), |pd| dev.ptr(pd));
-        let ptrs = [
-            dev.ptr_mut(&mut dq),
-            dev.ptr_mut(&mut dk),
-            dev.ptr_mut(&mut dv),
-        ];
+        let ptrs = o.cols.map(|c| {
+            let end = dev.len_mut(&dqkv);
+            dev.ptr_mut(&mut dev.sub_mut(&mut dqkv, c..end))
+        });
         let done = k.with_half_ds(pp, |half| {
             let Some(ds) = half else {
                 return false;
@@ -395,6 +430,7 @@ pub(super) fn bwd<D: Device>(
                     Arg::Ptr(pd),
                     int(s.seq),
                     int(s.heads),
+                    int(o.ld),
                     Arg::F32(scale),
                     int(usize::from(dropout.is_some())),
                     dscale,
@@ -415,6 +451,7 @@ pub(super) fn bwd<D: Device>(
                     Arg::Ptr(dev.ptr(dctx)),
                     int(s.seq),
                     int(s.heads),
+                    int(o.ld),
                     Arg::F32(scale),
                     bias,
                     bias_stride,
@@ -441,11 +478,20 @@ pub(super) fn bwd<D: Device>(
         k.store,
     );
     // dv = probs_dropᵀ · dctx
+    let [cq, ck, cv] = o.cols;
+    let end = dev.len_mut(&dqkv);
+    let (g, b) = into_rows(
+        product(s, (t, d, t), (true, false), (true, false, false), 1.0),
+        batch(s, true, false, false),
+        o,
+        s,
+    );
+    let dv = dev.sub_mut(&mut dqkv, cv..end);
     match probs_drop {
-        Some(pd) => probs_times(k, s, pd, true, dctx, &mut dv),
-        None => probs_times(k, s, probs, true, dctx, &mut dv),
+        Some(pd) => dev.gemm_batched(&g, &b, dev.sub(pd, 0..pp), dctx, dv, k.store),
+        None => dev.gemm_batched(&g, &b, dev.sub(probs, 0..pp), dctx, dv, k.store),
     }
-    round(k, dv, tok);
+    round_cols(k, &mut dqkv, cv, o, s);
     // ds = p ⊙ (dp − Σ_j dp·p), a stored value: into the 16-bit scratch where the device keeps
     // 16-bit buffers (read by the half products as it is, no pack), else in place.
     let (l, rows) = softmax_launch(s);
@@ -475,24 +521,22 @@ pub(super) fn bwd<D: Device>(
             Some(b) => dev.sub(dev.view(b), 0..pp),
             None => dev.sub(dev.as_view(&scratch), 0..pp),
         };
-        dev.gemm_batched(
-            &product(s, (t, d, t), (false, false), (true, false, false), scale),
-            &batch(s, true, false, false),
-            ds,
-            kk,
-            dev.sub_mut(&mut dq, 0..tok),
-            k.store,
+        let (g, b) = into_rows(
+            product(s, (t, d, t), (false, false), (true, false, false), scale),
+            batch(s, true, false, false),
+            o,
+            s,
         );
-        round(k, dq, tok);
-        dev.gemm_batched(
-            &product(s, (t, d, t), (true, false), (true, false, false), scale),
-            &batch(s, true, false, false),
-            ds,
-            q,
-            dev.sub_mut(&mut dk, 0..tok),
-            k.store,
+        dev.gemm_batched(&g, &b, ds, kk, dev.sub_mut(&mut dqkv, cq..end), k.store);
+        round_cols(k, &mut dqkv, cq, o, s);
+        let (g, b) = into_rows(
+            product(s, (t, d, t), (true, false), (true, false, false), scale),
+            batch(s, true, false, false),
+            o,
+            s,
         );
-        round(k, dk, tok);
+        dev.gemm_batched(&g, &b, ds, q, dev.sub_mut(&mut dqkv, ck..end), k.store);
+        round_cols(k, &mut dqkv, ck, o, s);
     });
 }
 

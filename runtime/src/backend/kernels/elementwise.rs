@@ -130,14 +130,16 @@ pub(super) fn add_bias<D: Device>(
     );
 }
 
-/// [`crate::backend::Backend::bias_grad`]; with `items` (count, dout stride, db stride),
-/// [`crate::backend::Backend::bias_grad_items`]: the items as the grid's z.
+/// [`crate::backend::Backend::bias_grad`] (`dout`'s rows `ld` apart); with `items` (count,
+/// dout stride, db stride), [`crate::backend::Backend::bias_grad_items`]: the items as the
+/// grid's z.
 pub(super) fn bias_grad<D: Device>(
     k: &Kernels<D>,
     mut db: D::ViewMut<'_>,
     dout: D::View<'_>,
     rows: usize,
     cols: usize,
+    ld: usize,
     items: Option<(usize, usize, usize)>,
 ) {
     let (count, dout_stride, db_stride) = items.unwrap_or((1, 0, 0));
@@ -149,8 +151,9 @@ pub(super) fn bias_grad<D: Device>(
     if items.is_none() {
         assert_eq!(k.dev.len_mut(&db), cols, "bias_grad width");
     }
+    assert!(ld >= cols, "bias_grad row stride");
     assert!(
-        k.dev.len(dout) >= (count - 1) * dout_stride + rows * cols,
+        rows == 0 || k.dev.len(dout) >= (count - 1) * dout_stride + (rows - 1) * ld + cols,
         "bias_grad rows"
     );
     // One launch: each chunk's sums, then the last block of each column adds them to db
@@ -172,6 +175,7 @@ pub(super) fn bias_grad<D: Device>(
                     k.typed(dout),
                     int(rows),
                     int(cols),
+                    int(ld),
                     int(BIAS_ROWS),
                     int(chunks),
                     Arg::U64(dout_stride as u64),
@@ -256,7 +260,7 @@ pub(super) fn gelu_bwd_bias_grad<D: Device>(
         && ok(k.dev.elem(dout), k.dev.ptr(dout));
     if !fits {
         gelu_bwd(k, k.dev.sub_mut(&mut dinp, 0..n), inp, inp_bias, dout);
-        return bias_grad(k, db, k.dev.as_view(&dinp), rows, cols, None);
+        return bias_grad(k, db, k.dev.as_view(&dinp), rows, cols, cols, None);
     }
     let bias = inp_bias.map_or(Arg::Typed(0, Dtype::F32), |b| k.typed(b));
     let chunks = rows.div_ceil(BIAS_ROWS);

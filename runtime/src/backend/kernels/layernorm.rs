@@ -350,6 +350,6 @@ fn sums_aside<D: Device>(
         });
     });
     if let Some(dl) = after {
-        super::elementwise::bias_grad(k, dl, k.dev.as_view(&dinp), rows, cols, None);
+        super::elementwise::bias_grad(k, dl, k.dev.as_view(&dinp), rows, cols, cols, None);
     }
 }

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::device::{Arg, Device, Launch};
-use super::{Aside, AttnShape, Backend, Batch, Dropout, Gemm, Loss, Stride, BIAS_ROWS};
+use super::{Aside, AttnShape, Backend, Batch, Dropout, Gemm, Loss, QkvRows, Stride, BIAS_ROWS};
 use crate::precision::Dtype;
 
 /// Threads per block of the 1-D kernels (`BLOCK` in common.cuh).
@@ -714,7 +714,7 @@ impl<D: Device> Backend for Kernels<D> {
     }
 
     fn bias_grad(&self, db: D::ViewMut<'_>, dout: D::View<'_>, rows: usize, cols: usize) {
-        elementwise::bias_grad(self, db, dout, rows, cols, None)
+        elementwise::bias_grad(self, db, dout, rows, cols, cols, None)
     }
 
     fn bias_grad_items(
@@ -723,6 +723,7 @@ impl<D: Device> Backend for Kernels<D> {
         dout: D::View<'_>,
         rows: usize,
         cols: usize,
+        ld: usize,
         count: usize,
         dout_stride: usize,
         db_stride: usize,
@@ -733,6 +734,7 @@ impl<D: Device> Backend for Kernels<D> {
             dout,
             rows,
             cols,
+            ld,
             Some((count, dout_stride, db_stride)),
         )
     }
@@ -951,9 +953,8 @@ impl<D: Device> Backend for Kernels<D> {
 
     fn attention_bwd(
         &self,
-        dq: D::ViewMut<'_>,
-        dk: D::ViewMut<'_>,
-        dv: D::ViewMut<'_>,
+        dqkv: D::ViewMut<'_>,
+        out: QkvRows,
         scratch: D::ViewMut<'_>,
         dctx: D::View<'_>,
         q: D::View<'_>,
@@ -966,7 +967,7 @@ impl<D: Device> Backend for Kernels<D> {
         dropout: Option<&Dropout>,
     ) {
         attention::bwd(
-            self, dq, dk, dv, scratch, dctx, q, k, v, qkv_bias, probs, probs_drop, s, dropout,
+            self, dqkv, out, scratch, dctx, q, k, v, qkv_bias, probs, probs_drop, s, dropout,
         )
     }
 

@@ -23,7 +23,7 @@ use serde::Serialize;
 
 use super::device::Device;
 use super::kernels::Kernels;
-use super::{AttnShape, Backend, Batch, Cpu, Dropout, Gemm, Stride};
+use super::{AttnShape, Backend, Batch, Cpu, Dropout, Gemm, QkvRows, Stride};
 use crate::precision::Dtype;
 use crate::rng::Rng;
 
@@ -658,12 +658,17 @@ impl<B: Backend> Checker<'_, B> {
         let (pb, pdb) = (put(&wp), put(&wpd));
         let dctx = rand(tok, 1.0, 33, st);
         let dcb = put(&dctx);
-        let (mut dq, mut dk, mut dv, mut scratch) =
-            (fresh(tok), fresh(tok), fresh(tok), be.alloc(pp));
+        // dq, dk and dv side by side in a token's row as BERT's backward lays them out: a zero
+        // column after dq and after dk, the row padded to 8 (bert.rs, `qkv_grad_rows`).
+        let out = QkvRows {
+            ld: (3 * hid + 2).next_multiple_of(8),
+            cols: [0, hid + 1, 2 * hid + 2],
+        };
+        let rows = s.batch * s.seq;
+        let (mut dqkv, mut scratch) = (fresh(rows * out.ld), be.alloc(pp));
         be.attention_bwd(
-            be.view_mut(&mut dq),
-            be.view_mut(&mut dk),
-            be.view_mut(&mut dv),
+            be.view_mut(&mut dqkv),
+            out,
             be.view_mut(&mut scratch),
             be.view(&dcb),
             be.view(&qb),
@@ -675,16 +680,10 @@ impl<B: Backend> Checker<'_, B> {
             s,
             Some(&d),
         );
-        let (mut wq, mut wk, mut wv, mut ws) = (
-            vec![0.0; tok],
-            vec![0.0; tok],
-            vec![0.0; tok],
-            vec![0.0; pp],
-        );
+        let (mut want, mut ws) = (vec![0.0; rows * out.ld], vec![0.0; pp]);
         cpu.attention_bwd(
-            &mut wq,
-            &mut wk,
-            &mut wv,
+            &mut want,
+            out,
             &mut ws,
             &dctx,
             &q,
@@ -696,11 +695,33 @@ impl<B: Backend> Checker<'_, B> {
             s,
             Some(&d),
         );
-        self.compare_bufs(&[
-            (&name("attention_bwd.dq"), &dq, &wq),
-            (&name("attention_bwd.dk"), &dk, &wk),
-            (&name("attention_bwd.dv"), &dv, &wv),
-        ]);
+        let mut got = vec![0.0; rows * out.ld];
+        be.download(be.view(&dqkv), &mut got);
+        // Each gradient's columns, then the rest of the rows (left as they were: zero).
+        let cols = |x: &[f32], c: usize| -> Vec<f32> {
+            x.chunks(out.ld)
+                .flat_map(|r| r[c..c + hid].to_vec())
+                .collect()
+        };
+        for (j, g) in ["dq", "dk", "dv"].into_iter().enumerate() {
+            let c = out.cols[j];
+            self.compare(
+                &name(&format!("attention_bwd.{g}")),
+                &cols(&got, c),
+                &cols(&want, c),
+            );
+        }
+        let rest = |x: &[f32]| -> Vec<f32> {
+            x.chunks(out.ld)
+                .flat_map(|r| {
+                    (0..out.ld)
+                        .filter(|c| !out.cols.iter().any(|&o| (o..o + hid).contains(c)))
+                        .map(|c| r[c])
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        self.compare(&name("attention_bwd.untouched"), &rest(&got), &rest(&want));
     }
 
     fn cross_entropy(&mut self) {
