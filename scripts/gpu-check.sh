@@ -21,7 +21,9 @@
 #                    20 steps in fp32 (tiny.json compares them; summary's fp32_curve_goal: the
 #                    issue's goal, losses within 1e-5 relative, reported; every run replays its
 #                    passes as CUDA graphs, the default), the same launched directly
-#                    (RECIPE_CUDA_GRAPHS=0: direct.json; same_losses_as_graphs), offloaded at
+#                    (RECIPE_CUDA_GRAPHS=0: direct.json; same_losses_as_graphs), each run's
+#                    checkpoint after 8 steps resumed on the other device (resume.json: the
+#                    GPU's on the CPU and the CPU's on the GPU end as the CPU alone), offloaded at
 #                    ZeRO-2 in fp16 (offload.json), and
 #                    two ranks (one GPU each, or sharing the only one) against the CPU's two:
 #                    ZeRO-0 (dp2.json), that ZeRO-2 offload shape (ranks2.json), ZeRO-2
@@ -64,7 +66,7 @@ BUDGET="${BUDGET:-300}"
 export RECIPE_COLLECTIVE_TIMEOUT="${RECIPE_COLLECTIVE_TIMEOUT:-60}"
 status=0
 declare -A parts
-ORDER=(kernels selftest selftest_convert tiny fp32_curve_goal direct offload dp2 ranks2 zero2 zero3 spam throughput)
+ORDER=(kernels selftest selftest_convert tiny fp32_curve_goal direct resume offload dp2 ranks2 zero2 zero3 spam throughput)
 # Whether a part's JSON file says "ok": true.
 json_ok() { "$PY" -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["ok"] else 1)' "$1"; }
 # Whether the time left allows part $1 (else it is marked skipped).
@@ -186,8 +188,9 @@ for part in tiny direct offload dp2 ranks2 zero2 zero3; do
     sets=()
     rcp=$part.rcp
     graphs=1
-    # The fp32 goal's length: 20 optimizer steps (4 per epoch).
-    [ "$part" = tiny ] && sets=(--set 'train.epochs=5')
+    # The fp32 goal's length: 20 optimizer steps (4 per epoch); a checkpoint after 8 for
+    # `resume` below.
+    [ "$part" = tiny ] && sets=(--set 'train.epochs=5' --set 'train.save_every=8')
     # The same with the GPU's kernels launched directly (RECIPE_CUDA_GRAPHS=0), not replayed.
     [ "$part" = direct ] && { sets=(--set 'train.epochs=5'); rcp=tiny.rcp; graphs=0; }
     [ "$part" = offload ] && sets=(--set 'train.precision=fp16')
@@ -258,6 +261,54 @@ PYTHON
     fi
     pack
 done
+
+# A run stops on one device and goes on on the other (the checkpoints are the same files):
+# `tiny`'s checkpoint after 8 of its 20 steps, the GPU's resumed on the CPU and the CPU's on the
+# GPU. Each resumed run's steps, LRs and losses against the CPU's uninterrupted run (the same
+# bound as GPU against CPU, 1e-4 relative): resume.json.
+if [[ "${parts[tiny]:-skipped}" == skipped* ]]; then
+    parts[resume]="skipped (no tiny run to resume)"
+elif in_budget resume; then
+    for move in cuda-cpu cpu-cuda; do
+        ( cd "$W" && timeout "$LIMIT" "$BIN" run --quiet --device "${move#*-}" \
+            --set 'train.epochs=5' --set 'train.save_every=8' \
+            --set "train.output_dir=\"resume-$move\"" --resume "tiny-${move%-*}/checkpoint-8" \
+            tiny.rcp ) > "$W/resume-$move.log" 2>&1
+    done
+    "$PY" - "$W" > "$OUT/resume.json" <<'PYTHON'
+import json, sys
+w = sys.argv[1]
+def run(d):
+    rows = [json.loads(l) for l in open(f"{w}/{d}/metrics.jsonl")]
+    # A resumed run's first record is `resume`, which names its device too.
+    start = next((r for r in rows if r.get("event") in ("start", "resume")), {})
+    return start.get("device"), {r["step"]: (r.get("lr"), r["loss"]) for r in rows if "loss" in r}
+out = {"ok": False}
+try:
+    _, alone = run("tiny-cpu")
+    ok = len(alone) >= 20
+    for move, want in (("cuda-cpu", "cpu"), ("cpu-cuda", "cuda")):
+        device, got = run(f"resume-{move}")
+        later = [s for s in alone if s > 8]
+        same = sorted(got) == later and all(got[s][0] == alone[s][0] for s in later)
+        diff = max((abs(got[s][1] - alone[s][1]) / abs(alone[s][1]) for s in later if s in got),
+                   default=None)
+        out[move] = {"device": device, "steps": sorted(got), "same_steps_and_lr": same,
+                     "max_loss_rel_diff": diff}
+        on = (device == "cpu") == (want == "cpu")
+        ok = ok and same and on and diff is not None and diff <= 1e-4
+    out["ok"] = ok
+except (OSError, StopIteration, KeyError, ValueError, ZeroDivisionError) as e:
+    out["error"] = f"{type(e).__name__}: {e}"
+print(json.dumps(out, indent=1))
+PYTHON
+    if json_ok "$OUT/resume.json"; then
+        parts[resume]=pass
+    else
+        parts[resume]=fail; status=1
+    fi
+    pack
+fi
 
 # The main job on the GPU, from the carried fp16 MiniLM, launched directly (RECIPE_CUDA_GRAPHS=0)
 # and as by default with its passes replayed as CUDA graphs (a small model's step is mostly

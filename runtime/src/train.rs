@@ -1006,9 +1006,11 @@ fn rank_loop(
             "loss_scaler": scaler.filter(|_| fp16).map(|s| s.config),
         }))?;
     } else {
+        // The device too: a checkpoint may be resumed on another one (docs/cuda.md).
         record(serde_json::json!({
             "event": "resume", "from": options.resume, "step": done, "world": world,
             "zero_stage": stage, "repartitioned": repartitioned,
+            "device": rep.model_executor().unwrap_or_else(|| "cpu".into()),
         }))?;
     }
 
