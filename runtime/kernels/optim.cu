@@ -40,13 +40,24 @@ __device__ __forceinline__ double load_f64(const float* in) {
 // once either way. And a double sum of f32 squares cannot overflow (≤ 2³¹ · (3.4e38)² ≈ 2.5e86),
 // so the sum is inf or NaN exactly when some g is: it is the overflow check too
 // (precision.rs `has_inf_or_nan`, which scans because an f32 sum could overflow on finite values).
-extern "C" __global__ void grad_norm_partial(float* partial, const float* g, int n) {
+//
+// With `store` a 16-bit type, each element is first rounded to it in place, g[i] = st(g[i]),
+// and that value squared: a segment's weight gradients, which their GEMMs leave unrounded
+// (Backend::round_stored), rounded in the pass that sums them (kernels/optim.rs
+// `SegmentNorms::partials_rounding`) rather than in a round_rows pass before it — the same
+// values, so the same sums, and one read of the segment less. STORE_F32: g is only read.
+extern "C" __global__ void grad_norm_partial(float* partial, float* g, int n, int store) {
     GRID_WAIT();
     __shared__ double red[32];
     double acc = 0.0;
     long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        double x = (double)g[i];
+        float v = g[i];
+        if (store != STORE_F32) {
+            v = st(v, store);
+            g[i] = v;
+        }
+        double x = (double)v;
         acc += x * x;
     }
     double s = block_sum_d(acc, red);

@@ -249,7 +249,8 @@ bool norm() {
     const int n = 1000, blocks = 3;
     std::vector<float> g(n), partial(2 * blocks), total(2);
     for (int i = 0; i < n; i++) g[i] = std::ldexp(std::round(val(i, 6) * 2048.0f), -10);
-    emu::launch(dim3(blocks), dim3(64), 0, [&] { grad_norm_partial(partial.data(), g.data(), n); });
+    emu::launch(dim3(blocks), dim3(64), 0,
+                [&] { grad_norm_partial(partial.data(), g.data(), n, STORE_F32); });
     emu::launch(dim3(1), dim3(64), 0, [&] { grad_norm_final(total.data(), partial.data(), blocks); });
 
     // Multiples of 2⁻¹⁰ below 1: every partial sum is exact, so the totals are equal.

@@ -537,6 +537,70 @@ fn grad_norm_by_segments_matches_the_host_sum_of_squares() {
     }
 }
 
+/// A segment rounded to the storage dtype in the pass that sums it
+/// (`SegmentNorms::partials_rounding`: the backward's weight gradients, which their GEMMs leave
+/// unrounded, in the resident optimizer's sink) against `Backend::round_stored` of the segment
+/// and then `SegmentNorms::partials`: the same rounded buffer and the same sum, bit for bit, in
+/// fp16 and bf16, with segments of one element and past a block's reach (the grid-stride loop),
+/// some segments rounded and others only summed; values that overflow fp16 become inf in both.
+/// In fp32 the pass only reads.
+#[test]
+fn a_segments_rounding_fused_with_its_sum_is_the_two_passes_bit_for_bit() {
+    use recipe_runtime::backend::kernels::SegmentNorms;
+    use recipe_runtime::backend::Backend;
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for store in [Dtype::F16, Dtype::Bf16, Dtype::F32] {
+        let k = Kernels::new(Emu).with_store(store);
+        for n in [1, 257, 5003, 300_000] {
+            let segs = odd_segments(n);
+            // Unrounded sums of a GEMM, some past fp16's range.
+            let mut g: Vec<f32> = rand(n, 1.0, 31)
+                .iter()
+                .zip(rand(n, 1.0, 32))
+                .map(|(x, e)| x * 2f32.powi((e * 20.0) as i32))
+                .collect();
+            g[n / 2] = 1.0e5;
+            // Every other segment rounded, the rest only summed (as the embeddings' are).
+            let rounded = |seg: usize| seg % 2 == 0;
+            let mut two = k.upload(&g);
+            let mut fused = k.upload(&g);
+            let (mut a, mut b) = (SegmentNorms::new(&k, &segs), SegmentNorms::new(&k, &segs));
+            for (seg, r) in segs.iter().enumerate().rev() {
+                if rounded(seg) {
+                    k.round_stored(k.range_mut(&mut two, r.clone()));
+                    b.partials_rounding(&k, k.view_mut(&mut fused), seg);
+                } else {
+                    b.partials(&k, k.view(&fused), seg);
+                }
+                a.partials(&k, k.view(&two), seg);
+            }
+            let (want, got) = (a.total(&k), b.total(&k));
+            let what = format!("{store:?} n={n}");
+            assert_eq!(got.to_bits(), want.to_bits(), "{what}: Σg²");
+            let (mut x, mut y) = (vec![0.0; n], vec![0.0; n]);
+            k.download(k.view(&two), &mut x);
+            k.download(k.view(&fused), &mut y);
+            assert_eq!(bits(&y), bits(&x), "{what}: the rounded values");
+            // The rounding happened (or, in fp32, nothing was written).
+            let changed = x
+                .iter()
+                .zip(&g)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(
+                changed == 0,
+                store == Dtype::F32,
+                "{what}: {changed} changed"
+            );
+            if store == Dtype::F16
+                && rounded(segs.iter().position(|r| r.contains(&(n / 2))).unwrap())
+            {
+                assert!(want.is_infinite(), "{what}: 1e5 is inf in fp16");
+            }
+        }
+    }
+}
+
 /// The sum is non-finite exactly when an element is inf or NaN (the host's overflow test), wherever
 /// it sits, and finite for the largest finite values (no f64 overflow); and one sum at the real
 /// cap over more than NORM_BLOCKS · BLOCK elements.

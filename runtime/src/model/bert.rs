@@ -1291,6 +1291,7 @@ where
     let tail = lay.tail();
     {
         let p = src.fetch(tail)?;
+        let sink_rounds = sink.rounds(tail);
         let mut g = sink.fetch(tail)?;
         // Neither weight gradient's inputs (a.dlogits, a.pool_drop; a.dpool2, the last hidden
         // states) are written again in the pass.
@@ -1335,8 +1336,11 @@ where
             true,
         );
         // The segment's weight gradients, left unrounded by `linear_bwd`, in one pass, aside
-        // after their GEMMs (a sink that reads them joins first).
-        let _ = be.aside(|| be.round_stored(g));
+        // after their GEMMs (a sink that reads them joins first), unless the sink rounds them
+        // in a pass of its own.
+        if !sink_rounds {
+            let _ = be.aside(|| be.round_stored(g));
+        }
     }
     src.release(tail)?;
     sink.done(tail)?;
@@ -1364,6 +1368,7 @@ where
         let cg = &mut a.cls_grads;
         {
             let p = src.fetch(1 + l)?;
+            let sink_rounds = sink.rounds(1 + l);
             let mut g = sink.fetch(1 + l)?;
             // dy (a.dx, or cls_grads.dy in the last layer) holds d(output of layer l).
             {
@@ -1559,8 +1564,11 @@ where
             });
             // The layer's six weight gradients, left unrounded by `linear_bwd`, in one pass,
             // aside after their GEMMs (the biases' and LayerNorms' are rounded already, and
-            // stay as they are; a sink that reads them joins first).
-            let _ = be.aside(|| be.round_stored(g));
+            // stay as they are; a sink that reads them joins first), unless the sink rounds
+            // them in a pass of its own.
+            if !sink_rounds {
+                let _ = be.aside(|| be.round_stored(g));
+            }
             above = attn_out;
         }
         src.release(1 + l)?;

@@ -37,6 +37,13 @@ pub trait GradSink<B: Backend> {
         B: 's;
     /// Segment `seg`'s gradient of this micro-batch is complete.
     fn done(&mut self, seg: usize) -> Result<(), Self::Error>;
+    /// Asked before the backward takes segment `seg`, whose weight gradients it leaves
+    /// unrounded ([`Backend::gemm_to_epilogue`]): whether the sink rounds them itself in
+    /// [`GradSink::done`], fused with a pass of its own over the segment, so that the backward
+    /// does not round them first ([`Backend::round_stored`]). By default it does not.
+    fn rounds(&mut self, _seg: usize) -> bool {
+        false
+    }
 }
 
 /// Every segment read from one whole flat buffer.

@@ -20,7 +20,7 @@
 
 use std::ops::Range;
 
-use super::{grid1, int, Kernels, BLOCK};
+use super::{dtype_arg, grid1, int, Kernels, BLOCK};
 use crate::backend::device::{Arg, Device, Launch};
 pub use crate::optim::AdamScalars;
 use crate::optim::{
@@ -79,10 +79,37 @@ fn norm_sq_in<D: Device>(
 pub fn norm_partials<D: Device>(
     k: &Kernels<D>,
     g: D::View<'_>,
-    mut partials: D::ViewMut<'_>,
+    partials: D::ViewMut<'_>,
     max_blocks: usize,
 ) -> usize {
     let n = k.dev.len(g);
+    launch_partials(k, (k.dev.ptr(g), n), partials, max_blocks, Dtype::F32)
+}
+
+/// [`norm_partials`] of `g` rounded to `store` first, in place (`grad_norm_partial`'s `store`):
+/// `Backend::round_stored` and the sum in one pass, the same values and the same sums.
+pub fn norm_partials_rounding<D: Device>(
+    k: &Kernels<D>,
+    mut g: D::ViewMut<'_>,
+    partials: D::ViewMut<'_>,
+    max_blocks: usize,
+    store: Dtype,
+) -> usize {
+    assert!(
+        !k.dev.elem(k.dev.as_view(&g)).is_half(),
+        "rounding in place needs f32 values"
+    );
+    let n = k.dev.len_mut(&g);
+    launch_partials(k, (k.dev.ptr_mut(&mut g), n), partials, max_blocks, store)
+}
+
+fn launch_partials<D: Device>(
+    k: &Kernels<D>,
+    (g, n): (u64, usize),
+    mut partials: D::ViewMut<'_>,
+    max_blocks: usize,
+    store: Dtype,
+) -> usize {
     assert!(
         (1..=65_535).contains(&max_blocks),
         "grad_norm_sq: {max_blocks} blocks"
@@ -98,8 +125,9 @@ pub fn norm_partials<D: Device>(
         },
         &[
             Arg::Ptr(k.dev.ptr_mut(&mut partials)),
-            Arg::Ptr(k.dev.ptr(g)),
+            Arg::Ptr(g),
             int(n),
+            dtype_arg(store),
         ],
     );
     blocks
@@ -165,6 +193,18 @@ impl<D: Device> SegmentNorms<D> {
         let at = 2 + 2 * first;
         let out = k.dev.range_mut(&mut self.scratch, at..at + 2 * blocks);
         norm_partials(k, k.dev.sub(g, r), out, NORM_BLOCKS);
+    }
+
+    /// [`SegmentNorms::partials`] of segment `seg` of `g` (the whole f32 buffer) rounded to the
+    /// storage dtype first, in place: `Backend::round_stored` over the segment fused with its
+    /// first pass (the same values and sums as the two one after the other).
+    pub fn partials_rounding(&mut self, k: &Kernels<D>, mut g: D::ViewMut<'_>, seg: usize) {
+        let (r, first) = self.slots[seg].clone();
+        let blocks = r.len().div_ceil(BLOCK as usize).clamp(1, NORM_BLOCKS);
+        let at = 2 + 2 * first;
+        let out = k.dev.range_mut(&mut self.scratch, at..at + 2 * blocks);
+        let seg = k.dev.sub_mut(&mut g, r);
+        norm_partials_rounding(k, seg, out, NORM_BLOCKS, k.store);
     }
 
     /// The scratch's address (a graph that queues the partials writes there).

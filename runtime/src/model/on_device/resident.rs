@@ -386,6 +386,7 @@ where
                             grads,
                             segs,
                             norms,
+                            rounding: 0,
                         };
                         model.pass_on_with::<_, _, _, ModelError>(
                             k, ws, batch, weight, &mut src, &mut sink, dropout,
@@ -845,11 +846,17 @@ impl<D: Device> crate::model::GradSink<Kernels<D>> for Summed<'_, D> {
 /// the rest (`Backend::aside`, after the segment's own aside work: its weight gradients and
 /// their rounding), so that they run while the backward computes the segments below; the
 /// backward's final join orders them before anything after the pass.
+///
+/// A segment whose weight gradients the backward leaves unrounded ([`crate::model::GradSink::rounds`]) is
+/// rounded in that same pass (`SegmentNorms::partials_rounding`: one read of the segment less
+/// than the backward's `round_stored` and then the sum; the same values and sums).
 struct Normed<'a, D: Device> {
     k: &'a Kernels<D>,
     grads: &'a mut D::Buf,
     segs: &'a [Range<usize>],
     norms: &'a mut SegmentNorms<D>,
+    /// The segments this sink rounds ([`crate::model::GradSink::rounds`]), a bit each.
+    rounding: u128,
 }
 
 impl<D: Device> crate::model::GradSink<Kernels<D>> for Normed<'_, D> {
@@ -863,10 +870,25 @@ impl<D: Device> crate::model::GradSink<Kernels<D>> for Normed<'_, D> {
     }
 
     fn done(&mut self, seg: usize) -> Result<(), ModelError> {
-        let (k, g) = (self.k, &*self.grads);
+        let k = self.k;
         let norms = &mut *self.norms;
-        let _ = k.aside(|| norms.partials(k, k.view(g), seg));
+        if seg < 128 && self.rounding >> seg & 1 == 1 {
+            let g = &mut *self.grads;
+            let _ = k.aside(|| norms.partials_rounding(k, k.view_mut(g), seg));
+        } else {
+            let g = &*self.grads;
+            let _ = k.aside(|| norms.partials(k, k.view(g), seg));
+        }
         Ok(())
+    }
+
+    fn rounds(&mut self, seg: usize) -> bool {
+        // Past 128 segments the backward rounds (no bit for them).
+        if seg >= 128 {
+            return false;
+        }
+        self.rounding |= 1 << seg;
+        true
     }
 }
 
