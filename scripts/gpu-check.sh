@@ -275,33 +275,7 @@ elif in_budget resume; then
             --set "train.output_dir=\"resume-$move\"" --resume "tiny-${move%-*}/checkpoint-8" \
             tiny.rcp ) > "$W/resume-$move.log" 2>&1
     done
-    "$PY" - "$W" > "$OUT/resume.json" <<'PYTHON'
-import json, sys
-w = sys.argv[1]
-def run(d):
-    rows = [json.loads(l) for l in open(f"{w}/{d}/metrics.jsonl")]
-    # A resumed run's first record is `resume`, which names its device too.
-    start = next((r for r in rows if r.get("event") in ("start", "resume")), {})
-    return start.get("device"), {r["step"]: (r.get("lr"), r["loss"]) for r in rows if "loss" in r}
-out = {"ok": False}
-try:
-    _, alone = run("tiny-cpu")
-    ok = len(alone) >= 20
-    for move, want in (("cuda-cpu", "cpu"), ("cpu-cuda", "cuda")):
-        device, got = run(f"resume-{move}")
-        later = [s for s in alone if s > 8]
-        same = sorted(got) == later and all(got[s][0] == alone[s][0] for s in later)
-        diff = max((abs(got[s][1] - alone[s][1]) / abs(alone[s][1]) for s in later if s in got),
-                   default=None)
-        out[move] = {"device": device, "steps": sorted(got), "same_steps_and_lr": same,
-                     "max_loss_rel_diff": diff}
-        on = (device == "cpu") == (want == "cpu")
-        ok = ok and same and on and diff is not None and diff <= 1e-4
-    out["ok"] = ok
-except (OSError, StopIteration, KeyError, ValueError, ZeroDivisionError) as e:
-    out["error"] = f"{type(e).__name__}: {e}"
-print(json.dumps(out, indent=1))
-PYTHON
+    "$PY" scripts/gpu/resume_summary.py "$W" > "$OUT/resume.json"
     if json_ok "$OUT/resume.json"; then
         parts[resume]=pass
     else

@@ -2,7 +2,8 @@
 //! Nsight Compute's CSV (its `==PROF==` lines, thousands separators, cuBLAS kernels by grid),
 //! the speed-of-light section, torch.profiler's rows and a run's metrics into per-step figures
 //! (tests/fixtures/gpu-profile/); `scripts/gpu/throughput_summary.py` turns timed runs into
-//! samples/s and MFU against the named GPU's peak. Needs `python3` (or `$PYTHON`), which CI installs.
+//! samples/s and MFU against the named GPU's peak; `scripts/gpu/resume_summary.py` judges a
+//! checkpoint resumed on the other device. Needs `python3` (or `$PYTHON`), which CI installs.
 
 use std::path::Path;
 use std::process::Command;
@@ -198,4 +199,121 @@ fn an_unknown_gpu_gets_no_mfu_unless_its_peak_is_given() {
     assert_eq!(s["peak_from"], "PEAK_TFLOPS");
     let want = 300.0 * FLOPS_PER_SAMPLE / 121e12;
     assert!((s["mfu_recipe"].as_f64().unwrap() - want).abs() < 1e-9 * want);
+}
+
+/// A resumed run as `resume_summary.py` reads it: its first record, then its steps' LR and loss.
+struct Resumed<'a> {
+    first: serde_json::Value,
+    steps: &'a [(u64, f64, f64)],
+}
+
+/// scripts/gpu/resume_summary.py over the CPU's uninterrupted run (`alone`: step, LR, loss)
+/// and the two resumed runs (GPU → CPU, CPU → GPU).
+fn resume_summary(alone: &[(u64, f64, f64)], moved: [Resumed<'_>; 2]) -> serde_json::Value {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("recipe-gpu-resume-{}-{call}", std::process::id()));
+    let write = |name: &str, first: serde_json::Value, steps: &[(u64, f64, f64)]| {
+        let d = dir.join(name);
+        std::fs::create_dir_all(&d).expect("temporary folder");
+        let mut lines = vec![first.to_string()];
+        lines.extend(steps.iter().map(|&(step, lr, loss)| {
+            serde_json::json!({"step": step, "lr": lr, "loss": loss}).to_string()
+        }));
+        lines.push(serde_json::json!({"event": "end"}).to_string());
+        std::fs::write(d.join("metrics.jsonl"), lines.join("\n")).expect("metrics");
+    };
+    write(
+        "tiny-cpu",
+        serde_json::json!({"event": "start", "device": "cpu"}),
+        alone,
+    );
+    let [to_cpu, to_gpu] = moved;
+    write("resume-cuda-cpu", to_cpu.first, to_cpu.steps);
+    write("resume-cpu-cuda", to_gpu.first, to_gpu.steps);
+    let py = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = Command::new(&py)
+        .arg(root.join("scripts/gpu/resume_summary.py"))
+        .arg(&dir)
+        .output()
+        .unwrap_or_else(|e| panic!("this test needs {py} (set PYTHON): {e}"));
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("resume.json is JSON")
+}
+
+#[test]
+fn a_resumed_run_passes_only_where_it_goes_on_as_the_cpu_alone() {
+    const GPU: &str = "NVIDIA H200 (sm_90)";
+    let lr = |s: u64| 1e-3 * (20 - s) as f64 / 18.0;
+    let alone: Vec<(u64, f64, f64)> = (1..=20)
+        .map(|s| (s, lr(s), 0.7 - 0.01 * s as f64))
+        .collect();
+    let after: Vec<(u64, f64, f64)> = alone[8..].to_vec();
+    let first = |device: &str| serde_json::json!({"event": "resume", "device": device, "step": 8});
+    let judge = |to_cpu: (&str, &[(u64, f64, f64)]), to_gpu: (&str, &[(u64, f64, f64)])| {
+        resume_summary(
+            &alone,
+            [
+                Resumed {
+                    first: first(to_cpu.0),
+                    steps: to_cpu.1,
+                },
+                Resumed {
+                    first: first(to_gpu.0),
+                    steps: to_gpu.1,
+                },
+            ],
+        )
+    };
+    // Both go on from step 9 on the device named, with the CPU's LRs, within 1e-4.
+    let mut near = after.clone();
+    near[3].2 *= 1.0 + 5e-5;
+    let s = judge(("cpu", &after), (GPU, &near));
+    assert_eq!(s["ok"], true, "{s}");
+    assert_eq!(s["cpu-cuda"]["device"], GPU);
+    assert_eq!(s["cuda-cpu"]["steps"].as_array().unwrap().len(), 12);
+    let d = s["cpu-cuda"]["max_loss_rel_diff"].as_f64().unwrap();
+    assert!((d - 5e-5).abs() < 1e-9, "{d}");
+    // A loss 1e-3 off, a run that started over, a step left out, another LR, or a run that went
+    // on on the other device: each fails.
+    let mut far = after.clone();
+    far[5].2 *= 1.001;
+    let mut other_lr = after.clone();
+    other_lr[0].1 *= 2.0;
+    for (what, to_cpu, to_gpu) in [
+        ("loss", ("cpu", &after[..]), (GPU, &far[..])),
+        ("started over", ("cpu", &alone[..]), (GPU, &after[..])),
+        ("step missing", ("cpu", &after[1..]), (GPU, &after[..])),
+        ("lr", ("cpu", &other_lr[..]), (GPU, &after[..])),
+        ("device", ("cpu", &after[..]), ("cpu", &after[..])),
+        ("device", (GPU, &after[..]), (GPU, &after[..])),
+    ] {
+        let s = judge(to_cpu, to_gpu);
+        assert_eq!(s["ok"], false, "{what}: {s}");
+    }
+    // A resumed run without its metrics: not ok, and says why.
+    let root = std::env::temp_dir().join(format!("recipe-gpu-resume-none-{}", std::process::id()));
+    std::fs::create_dir_all(&root).unwrap();
+    let py = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = Command::new(&py)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/gpu/resume_summary.py"))
+        .arg(&root)
+        .output()
+        .expect("python");
+    std::fs::remove_dir_all(&root).unwrap();
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(s["ok"], false);
+    // Named under W, not the machine's folder (the results are committed: docs/gpu/).
+    let e = s["error"].as_str().unwrap();
+    assert!(
+        e.contains("FileNotFoundError: W/tiny-cpu/metrics.jsonl")
+            && !e.contains(root.to_str().unwrap()),
+        "{s}"
+    );
 }
