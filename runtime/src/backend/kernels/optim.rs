@@ -186,12 +186,17 @@ impl<D: Device> SegmentNorms<D> {
         }
     }
 
-    /// Queues the first pass over segment `seg` of `g` (the whole buffer).
-    pub fn partials(&mut self, k: &Kernels<D>, g: D::View<'_>, seg: usize) {
+    /// Segment `seg`'s range of the buffer and its slots of the scratch.
+    fn slot<'s>(&'s mut self, k: &Kernels<D>, seg: usize) -> (Range<usize>, D::ViewMut<'s>) {
         let (r, first) = self.slots[seg].clone();
         let blocks = r.len().div_ceil(BLOCK as usize).clamp(1, NORM_BLOCKS);
         let at = 2 + 2 * first;
-        let out = k.dev.range_mut(&mut self.scratch, at..at + 2 * blocks);
+        (r, k.dev.range_mut(&mut self.scratch, at..at + 2 * blocks))
+    }
+
+    /// Queues the first pass over segment `seg` of `g` (the whole buffer).
+    pub fn partials(&mut self, k: &Kernels<D>, g: D::View<'_>, seg: usize) {
+        let (r, out) = self.slot(k, seg);
         norm_partials(k, k.dev.sub(g, r), out, NORM_BLOCKS);
     }
 
@@ -199,12 +204,8 @@ impl<D: Device> SegmentNorms<D> {
     /// storage dtype first, in place: `Backend::round_stored` over the segment fused with its
     /// first pass (the same values and sums as the two one after the other).
     pub fn partials_rounding(&mut self, k: &Kernels<D>, mut g: D::ViewMut<'_>, seg: usize) {
-        let (r, first) = self.slots[seg].clone();
-        let blocks = r.len().div_ceil(BLOCK as usize).clamp(1, NORM_BLOCKS);
-        let at = 2 + 2 * first;
-        let out = k.dev.range_mut(&mut self.scratch, at..at + 2 * blocks);
-        let seg = k.dev.sub_mut(&mut g, r);
-        norm_partials_rounding(k, seg, out, NORM_BLOCKS, k.store);
+        let (r, out) = self.slot(k, seg);
+        norm_partials_rounding(k, k.dev.sub_mut(&mut g, r), out, NORM_BLOCKS, k.store);
     }
 
     /// The scratch's address (a graph that queues the partials writes there).

@@ -847,9 +847,10 @@ impl<D: Device> crate::model::GradSink<Kernels<D>> for Summed<'_, D> {
 /// their rounding), so that they run while the backward computes the segments below; the
 /// backward's final join orders them before anything after the pass.
 ///
-/// A segment whose weight gradients the backward leaves unrounded ([`crate::model::GradSink::rounds`]) is
-/// rounded in that same pass (`SegmentNorms::partials_rounding`: one read of the segment less
-/// than the backward's `round_stored` and then the sum; the same values and sums).
+/// A segment whose weight gradients the backward leaves unrounded
+/// ([`crate::model::GradSink::rounds`]) is rounded in that same pass
+/// (`SegmentNorms::partials_rounding`: one read of the segment less than the backward's
+/// `round_stored` and then the sum; the same values and sums).
 struct Normed<'a, D: Device> {
     k: &'a Kernels<D>,
     grads: &'a mut D::Buf,
