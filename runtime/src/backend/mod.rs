@@ -294,7 +294,7 @@ pub struct AttnShape {
 /// token's row holding its three gradients (each `heads · head_dim` wide) at columns `cols`.
 /// BERT's backward leaves a zero column after `dq` and after `dk`, where the weight matrix of
 /// the three projections has q's and k's bias rows, so that one GEMM over the row takes
-/// `d(x)` from all three (`bert.rs`, `LayerLayout::qkv_rows`).
+/// `d(x)` from all three (`bert.rs`, `LayerLayout::qkv_matrix` and `qkv_grad_rows`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QkvRows {
     /// Elements from one token's row to the next.
@@ -445,9 +445,8 @@ pub trait Backend {
     /// `count` GEMMs of shape `g`, each as [`Backend::gemm_to_epilogue`]: item `j` reads `a` and
     /// `b` from `j · strides[0]` and `j · strides[1]` elements into their views and writes `c`
     /// from `j · strides[2]` (a stride of 0: every item reads the same operand). Attention's
-    /// three projections of one input, and their weight gradients: a device runs them as one
-    /// batched call, three times the tiles of one of them at once. By default one call each, in
-    /// order.
+    /// three projections of one input: a device runs them as one batched call, three times the
+    /// tiles of one of them at once. By default one call each, in order.
     fn gemm_items_to_epilogue(
         &self,
         g: &Gemm,
