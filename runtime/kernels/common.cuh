@@ -235,6 +235,7 @@ __device__ __forceinline__ bool aligned16(const void* p) {
 // The 16 bytes at p (16-byte aligned) as four words, and back.
 __device__ __forceinline__ void ld16(unsigned w[4], const void* p) {
 #ifdef RECIPE_EMU
+    emu::check_aligned(p, 16, "ld16");
     std::memcpy(w, p, 16);
 #else
     uint4 u = *(const uint4*)p;
@@ -243,6 +244,7 @@ __device__ __forceinline__ void ld16(unsigned w[4], const void* p) {
 }
 __device__ __forceinline__ void st16(void* p, const unsigned w[4]) {
 #ifdef RECIPE_EMU
+    emu::check_aligned(p, 16, "st16");
     std::memcpy(p, w, 16);
 #else
     uint4 u;
@@ -482,6 +484,7 @@ __device__ __forceinline__ unsigned pack_half2(float x0, float x1) {
 // The 32 bits at p (4-byte aligned) of a 16-bit array: two elements.
 __device__ __forceinline__ unsigned ld_pair(const unsigned short* p) {
 #ifdef RECIPE_EMU
+    emu::check_aligned(p, 4, "ld_pair");
     unsigned w;
     std::memcpy(&w, p, 4);
     return w;
@@ -493,6 +496,7 @@ __device__ __forceinline__ unsigned ld_pair(const unsigned short* p) {
 // The 32 bits at p (4-byte aligned) of a 16-bit array set to w: two elements.
 __device__ __forceinline__ void st_pair(unsigned short* p, unsigned w) {
 #ifdef RECIPE_EMU
+    emu::check_aligned(p, 4, "st_pair");
     std::memcpy(p, &w, 4);
 #else
     *(unsigned*)p = w;

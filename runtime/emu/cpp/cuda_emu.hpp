@@ -458,6 +458,17 @@ T shuffle(unsigned mask, T v, unsigned src_lane_xor, bool is_xor, unsigned src_a
     return out;
 }
 
+// A load or store of `bytes` (4 or 16) at p, which a GPU makes one access only if p is a
+// multiple of it: a misaligned one stops the kernel there ("misaligned address", and the
+// context with it), where the CPU would read the bytes anyway. Refused here as there, so
+// that a kernel's choice of its vectorised path is checked on the CPU (common.cuh, `ld16`).
+inline void check_aligned(const void* p, unsigned bytes, const char* what) {
+    if (reinterpret_cast<uintptr_t>(p) % bytes != 0) {
+        std::fprintf(stderr, "cuda_emu: %s of %u bytes at %p, not %u-byte aligned: a misaligned "
+                     "address on a GPU\n", what, bytes, p, bytes);
+        std::abort();
+    }
+}
 }  // namespace emu
 
 #define threadIdx (emu::tid)

@@ -8,7 +8,11 @@
 //   shapes     3-D blocks and grids, a 1024-thread block: thread and block indices, block_max,
 //              block_sum_d and the shuffles give the exact values;
 //   lane-exit  a warp shuffle after a lane of its warp returned cannot complete: reported on
-//              stderr, and the process aborts.
+//              stderr, and the process aborts;
+//   misaligned-16, misaligned-pair
+//              a 16-byte load (common.cuh's ld16) one float past a 16-byte boundary, a 32-bit
+//              pair (ld_pair) one 16-bit element past a word: a misaligned address on a GPU,
+//              reported on stderr, and the process aborts (after the same access aligned runs).
 // Exits 0 when the group's results are right, 1 when not.
 #include "cuda_emu.hpp"
 
@@ -127,6 +131,30 @@ bool partial_warp() {
     return false;
 }
 
+// Thread 0 loads 16 bytes (`pair` 0) or a 16-bit pair at element `at` of p.
+__global__ void wide_load(const float* p, int at, int pair, unsigned* out) {
+    if (threadIdx.x != 0) return;
+    if (pair) {
+        out[0] = ld_pair((const unsigned short*)p + at);
+    } else {
+        ld16(out, p + at);
+    }
+}
+
+bool misaligned(int pair) {
+    alignas(16) float in[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    unsigned out[4] = {0, 0, 0, 0};
+    int aligned = pair ? 2 : 4;
+    emu::launch(dim3(1), dim3(32), 0, [&] { wide_load(in, aligned, pair, out); });
+    if (out[0] != __float_as_uint(in[pair ? 1 : 4])) {
+        std::fprintf(stderr, "misaligned: the aligned load read %#x\n", out[0]);
+        return false;
+    }
+    emu::launch(dim3(1), dim3(32), 0, [&] { wide_load(in, 1, pair, out); });
+    std::fprintf(stderr, "misaligned: the launch returned\n");
+    return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -136,6 +164,8 @@ int main(int argc, char** argv) {
     else if (std::strcmp(argv[1], "shapes") == 0) ok = shapes();
     else if (std::strcmp(argv[1], "lane-exit") == 0) ok = lane_exit();
     else if (std::strcmp(argv[1], "partial-warp") == 0) ok = partial_warp();
+    else if (std::strcmp(argv[1], "misaligned-16") == 0) ok = misaligned(0);
+    else if (std::strcmp(argv[1], "misaligned-pair") == 0) ok = misaligned(1);
     else return 2;
     return ok ? 0 : 1;
 }

@@ -2,7 +2,8 @@
 //! cpp/fiber_check.cpp: threads that return early are not waited for at later `__syncthreads`;
 //! 3-D blocks, the largest block and several blocks get the right indices, reductions and
 //! shuffles; and a shuffle missing an exited lane is reported and aborts rather than hanging or
-//! reading a stale value, as does a shuffle whose mask names lanes a partial warp lacks. Both context switches are checked: the x86-64 assembly the library uses
+//! reading a stale value, as does a shuffle whose mask names lanes a partial warp lacks, and
+//! so does a 16-byte or 32-bit access at an address a GPU would refuse as misaligned. Both context switches are checked: the x86-64 assembly the library uses
 //! there, and the ucontext one it uses elsewhere (forced with `RECIPE_EMU_UCONTEXT`).
 
 mod common;
@@ -40,10 +41,12 @@ fn check(flags: &[&str], name: &str) {
         );
     }
     // A lane that exited before a shuffle; a full-mask shuffle in a block of 48 threads (its
-    // second warp has 16 lanes).
+    // second warp has 16 lanes); a 16-byte load and a 32-bit pair at misaligned addresses.
     for (group, words) in [
         ("lane-exit", "cannot finish"),
         ("partial-warp", "undefined on a GPU"),
+        ("misaligned-16", "ld16 of 16 bytes"),
+        ("misaligned-pair", "ld_pair of 4 bytes"),
     ] {
         let out = Command::new(&exe)
             .arg(group)
