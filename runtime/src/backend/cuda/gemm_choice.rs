@@ -61,7 +61,7 @@ impl Algo {
 
     /// The choice a value of `RECIPE_GEMM_ALGO` (`None`: unset) makes.
     pub fn parse(v: Option<&str>) -> Result<Algo, CudaError> {
-        let first = super::switch(
+        let first = super::settings::switch(
             ("RECIPE_GEMM_ALGO", v),
             ["first", "fastest"],
             &format!("`first` (the heuristic's first algorithm, the default) or `fastest` (the fastest of its first {CANDIDATES}, timed once per GEMM shape and kept) (docs/cuda.md, \"GEMMs\")"),
