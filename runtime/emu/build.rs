@@ -48,6 +48,17 @@ fn main() {
             .flag("-ffp-contract=fast")
             .define("RECIPE_EMU_CONTRACT", "1");
     }
+    // RECIPE_EMU_SANITIZE=address (scripts/emu-asan.sh): the kernels built with
+    // AddressSanitizer, so that every test reports a kernel reading or writing outside a buffer
+    // (the test binaries run with GCC's libasan preloaded, which then allocates the Rust side's
+    // buffers too, with their redzones).
+    println!("cargo:rerun-if-env-changed=RECIPE_EMU_SANITIZE");
+    if std::env::var("RECIPE_EMU_SANITIZE").as_deref() == Ok("address") {
+        build
+            .flag("-fsanitize=address")
+            .flag("-fno-omit-frame-pointer");
+        println!("cargo:rustc-link-lib=dylib=asan");
+    }
     build
         .cpp(true)
         .std("c++20")

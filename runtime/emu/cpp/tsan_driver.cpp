@@ -1,4 +1,5 @@
-// A ThreadSanitizer driver for the emulation (tests/tsan.rs): runs every kernel that uses shared
+// A ThreadSanitizer driver for the emulation (tests/tsan.rs; tests/asan.rs builds it with
+// AddressSanitizer, its buffers exactly as long as the kernels may touch): runs every kernel that uses shared
 // memory or a reduction across threads (attention's softmax and fused kernels, LayerNorm,
 // cross-entropy, the
 // gradient norm, LAMB's per-tensor norms, the column sums' last block, the embedding backward's

@@ -23,7 +23,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{build_cpp, kernels_dir};
+use common::{build_cpp, driver_ran_every_group, kernels_dir, mutant_sources};
 
 /// Builds cpp/tsan_driver.cpp with the kernel sources found first in `kernels` into `dir`.
 fn build(dir: &Path, kernels: &Path) -> PathBuf {
@@ -99,28 +99,7 @@ fn drop_sync(text: &str, func: &str, anchor: &str) -> String {
 /// against the copy.
 fn build_mutant(name: &str, file: &str, edit: impl Fn(&str) -> String) -> PathBuf {
     let dir = scratch(name);
-    let mut edited = false;
-    for e in std::fs::read_dir(kernels_dir()).expect("read runtime/kernels") {
-        let path = e.expect("a directory entry").path();
-        let f = path.file_name().unwrap().to_string_lossy().into_owned();
-        if !(f.ends_with(".cu") || f.ends_with(".cuh")) {
-            continue;
-        }
-        let text = std::fs::read_to_string(&path).expect("read a kernel source");
-        let text = if f == file {
-            edited = true;
-            let t = edit(&text);
-            assert_ne!(t, text, "{name}: the edit changed nothing");
-            t
-        } else {
-            text
-        };
-        std::fs::write(dir.join(&f), text).expect("write the copy");
-    }
-    assert!(
-        edited,
-        "{file} not in runtime/kernels: update tests/tsan.rs"
-    );
+    mutant_sources(&dir, file, edit);
     build(&dir, &dir)
 }
 
@@ -158,24 +137,7 @@ fn every_kernel_with_shared_memory_runs_clean_under_tsan() {
         r.err
     );
     assert_eq!(r.code, Some(0), "the TSan driver failed:\n{}", r.err);
-    // Every group ran and passed its sanity check (the driver stops at the first that fails).
-    for g in [
-        "attention",
-        "fused_attention",
-        "layernorm",
-        "loss",
-        "norm",
-        "lamb",
-        "column_sums",
-        "embedding",
-    ] {
-        assert!(
-            r.out.contains(&format!("{g} ran")),
-            "{g} did not run:\n{}{}",
-            r.out,
-            r.err
-        );
-    }
+    driver_ran_every_group(&r.out, &r.err);
 }
 
 #[test]

@@ -96,6 +96,50 @@ pub fn build_cpp(source: &str, kernels: &Path, flags: &[&str], exe: &Path, needs
     );
 }
 
+/// Copies runtime/kernels' sources (`.cu`, `.cuh`) into `dir`, `edit` applied to `file`, which
+/// it must change: a mutant for a test showing that a check catches what the edit breaks.
+pub fn mutant_sources(dir: &Path, file: &str, edit: impl Fn(&str) -> String) {
+    let mut edited = false;
+    for e in std::fs::read_dir(kernels_dir()).expect("read runtime/kernels") {
+        let path = e.expect("a directory entry").path();
+        let f = path.file_name().unwrap().to_string_lossy().into_owned();
+        if !(f.ends_with(".cu") || f.ends_with(".cuh")) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("read a kernel source");
+        let text = if f == file {
+            edited = true;
+            let t = edit(&text);
+            assert_ne!(t, text, "{file}: the edit changed nothing");
+            t
+        } else {
+            text
+        };
+        std::fs::write(dir.join(&f), text).expect("write the copy");
+    }
+    assert!(edited, "{file} not in runtime/kernels: update the test");
+}
+
+/// Asserts that cpp/tsan_driver.cpp, run on all its groups, ran each and passed its sanity check
+/// (it stops at the first that fails), from its standard output and error.
+pub fn driver_ran_every_group(stdout: &str, stderr: &str) {
+    for g in [
+        "attention",
+        "fused_attention",
+        "layernorm",
+        "loss",
+        "norm",
+        "lamb",
+        "column_sums",
+        "embedding",
+    ] {
+        assert!(
+            stdout.contains(&format!("{g} ran")),
+            "{g} did not run:\n{stdout}{stderr}"
+        );
+    }
+}
+
 /// A fresh directory `name` for one test's files.
 pub fn scratch(name: &str) -> PathBuf {
     let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
