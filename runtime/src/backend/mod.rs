@@ -294,7 +294,7 @@ pub struct AttnShape {
 /// token's row holding its three gradients (each `heads · head_dim` wide) at columns `cols`.
 /// BERT's backward leaves a zero column after `dq` and after `dk`, where the weight matrix of
 /// the three projections has q's and k's bias rows, so that one GEMM over the row takes
-/// `d(x)` from all three (`bert.rs`, `LayerLayout::qkv_matrix` and `qkv_grad_rows`).
+/// `d(x)` from all three (`model/layout.rs`, `LayerLayout::qkv_matrix` and `qkv_grad_rows`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QkvRows {
     /// Elements from one token's row to the next.

@@ -15,8 +15,10 @@
 //! Parameters live in one flat [`Params`] buffer in HF `named_parameters()` order. All arithmetic
 //! goes through [`crate::backend::Backend`]; this type runs it on [`Cpu`].
 
+mod acts;
 mod bert;
 mod config;
+mod layout;
 mod on_device;
 mod pieces;
 mod segments;
@@ -35,7 +37,9 @@ pub use config::BertConfig;
 pub use on_device::{Executor, OnDevice};
 pub use segments::{BufGrads, BufParams, GradSink, ParamSource, Whole, WholeGrads};
 
-use bert::{Acts, Drop, EvalActs, Layout};
+use acts::{Acts, EvalActs};
+use bert::Drop;
+use layout::Layout;
 
 impl From<std::convert::Infallible> for ModelError {
     fn from(never: std::convert::Infallible) -> Self {
@@ -236,7 +240,7 @@ impl Classifier {
                 "num_labels = {num_labels}: single-label classification needs at least 2"
             )));
         }
-        let params = Params::zeros(bert::param_specs(&config, num_labels));
+        let params = Params::zeros(layout::param_specs(&config, num_labels));
         let layout = Layout::of(&config, &params);
         Ok(Classifier {
             config,

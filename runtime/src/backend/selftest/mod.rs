@@ -659,7 +659,7 @@ impl<B: Backend> Checker<'_, B> {
         let dctx = rand(tok, 1.0, 33, st);
         let dcb = put(&dctx);
         // dq, dk and dv side by side in a token's row as BERT's backward lays them out: a zero
-        // column after dq and after dk, the row padded to 8 (bert.rs, `qkv_grad_rows`).
+        // column after dq and after dk, the row padded to 8 (model/layout.rs, `qkv_grad_rows`).
         let out = QkvRows {
             ld: (3 * hid + 2).next_multiple_of(8),
             cols: [0, hid + 1, 2 * hid + 2],
