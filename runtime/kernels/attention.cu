@@ -197,7 +197,8 @@ extern "C" __global__ void attention_softmax_bwd(float* dp, void* ds, int ds_t, 
 }
 
 // The forward in one launch for short sequences (attention.rs, `fused`): seq ≤ FUSED_KEYS,
-// head_dim FUSED_D, every buffer 16-bit of the store's type S, a GPU with mma.sync (sm_80 on).
+// head_dim D of 32 (MiniLM's) or 64 (BERT-base's and -large's), every buffer 16-bit of the
+// store's type S, a GPU with mma.sync (sm_80 on).
 // It replaces the two batched GEMMs, the softmax between them and their address lists: the
 // scores never go to memory. A block takes FUSED_Q queries of one head of one sequence, four
 // warps of 16 queries each. q (the block's queries), k and v (the sequence's, v transposed) go
@@ -211,13 +212,21 @@ extern "C" __global__ void attention_softmax_bwd(float* dp, void* ds, int ds_t, 
 // fragment's halves), and ctx is rounded once from f32, as the GEMM's output. What differs from
 // the unfused path is the order of the products' additions (the tensor cores'), within the
 // tolerance the CPU comparison allows any GEMM.
-#define FUSED_D 64
+#define FUSED_D_MAX 64
 #define FUSED_KEYS 128
 #define FUSED_Q 64
 // Shared rows padded by 8 elements (4 words): the 8 rows a fragment load reads start on
-// different banks.
-#define FUSED_LD (FUSED_D + 8)
+// different banks (rows of D + 8 elements, 36 or 20 words, and of FUSED_LDT, 68 words).
+#define FUSED_LD(D) ((D) + 8)
 #define FUSED_LDT (FUSED_KEYS + 8)
+// The kernel entry points' dispatch on the head size (attention.rs checks it is 32 or 64).
+#define BY_HEAD(d, X, S) \
+    do {                 \
+        if ((d) == 32)   \
+            X(S, 32);    \
+        else             \
+            X(S, 64);    \
+    } while (0)
 
 // 8 consecutive 16-bit elements at p as four words, 16 bytes at once where p is aligned.
 __device__ __forceinline__ void ld8_half(unsigned w[4], const unsigned short* p) {
@@ -274,9 +283,11 @@ struct HeadBias {
     int t;
 };
 __device__ __forceinline__ HeadBias no_bias() { return HeadBias{nullptr, 0, STORE_F32}; }
-// q's (j 0), k's (1) or v's (2) bias for head h: the three `stride` elements apart from p.
-__device__ __forceinline__ HeadBias head_bias(const void* p, int t, int stride, int j, int h) {
-    return HeadBias{p, (long long)j * stride + h * FUSED_D, t};
+// q's (j 0), k's (1) or v's (2) bias for head h of d dimensions: the three `stride` elements
+// apart from p.
+__device__ __forceinline__ HeadBias head_bias(const void* p, int t, int stride, int j, int h,
+                                              int d) {
+    return HeadBias{p, (long long)j * stride + (long long)h * d, t};
 }
 
 // The bias of dimensions d … d + n − 1 (n ≤ 8) added to the first n of 8 16-bit elements (four
@@ -295,21 +306,21 @@ __device__ __forceinline__ void add_head_bias(unsigned w[4], HeadBias b, int d, 
     }
 }
 
-// Rows r0 … r0 + n − 1 of one head of a token tensor (its FUSED_D columns from tok0, rows hid
-// apart) into shared words, FUSED_LD elements a row, zeros past the sequence; with `bias`, each
+// Rows r0 … r0 + n − 1 of one head of a token tensor (its D columns from tok0, rows hid apart)
+// into shared words, FUSED_LD(D) elements a row, zeros past the sequence; with `bias`, each
 // loaded element plus its dimension's bias.
-template <int S>
+template <int S, int D>
 __device__ __forceinline__ void fused_rows(unsigned* dst, const unsigned short* src, long long tok0,
                                            int hid, int r0, int n, int seq, HeadBias bias) {
-    for (int c = threadIdx.x; c < n * (FUSED_D / 8); c += blockDim.x) {
-        int r = c / (FUSED_D / 8), d0 = c % (FUSED_D / 8) * 8;
+    for (int c = threadIdx.x; c < n * (D / 8); c += blockDim.x) {
+        int r = c / (D / 8), d0 = c % (D / 8) * 8;
         unsigned w[4] = {0u, 0u, 0u, 0u};
         if (r0 + r < seq) {
             ld8_half(w, src + tok0 + (long long)(r0 + r) * hid + d0);
             if (bias.p) add_head_bias<S>(w, bias, d0, 8);
         }
         UNROLL
-        for (int u = 0; u < 4; u++) dst[(r * FUSED_LD + d0) / 2 + u] = w[u];
+        for (int u = 0; u < 4; u++) dst[(r * FUSED_LD(D) + d0) / 2 + u] = w[u];
     }
 }
 
@@ -340,11 +351,11 @@ __device__ __forceinline__ void fused_transpose(unsigned* dst, const unsigned sh
     }
 }
 
-// A warp's products over the FUSED_D dimensions, 16 at a step, with keys as the columns:
+// A warp's products over the D dimensions, 16 at a step, with keys as the columns:
 // acc[j] = rows r0 + g and r0 + g + 8 of `as` times key tile j (keys 8j … 8j + 7) of `bs`, for
 // the `tiles` key tiles the sequence has (the rest stay 0). Both operands are shared rows of
-// FUSED_LD elements as words: q·kᵀ in the forward, dctx·vᵀ in attention_bwd_dq.
-template <int S>
+// FUSED_LD(D) elements as words: q·kᵀ in the forward, dctx·vᵀ in attention_bwd_dq.
+template <int S, int D>
 __device__ __forceinline__ void mma_key_tiles(float acc[FUSED_KEYS / 8][4], const unsigned* as,
                                               const unsigned* bs, int r0, int g, int t,
                                               int tiles) {
@@ -353,13 +364,14 @@ __device__ __forceinline__ void mma_key_tiles(float acc[FUSED_KEYS / 8][4], cons
         UNROLL
         for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
     UNROLL
-    for (int kk = 0; kk < FUSED_D / 16; kk++) {
-        const int qa = ((r0 + g) * FUSED_LD + kk * 16) / 2 + t;
-        unsigned a[4] = {as[qa], as[qa + 4 * FUSED_LD], as[qa + 4], as[qa + 4 * FUSED_LD + 4]};
+    for (int kk = 0; kk < D / 16; kk++) {
+        const int qa = ((r0 + g) * FUSED_LD(D) + kk * 16) / 2 + t;
+        unsigned a[4] = {as[qa], as[qa + 4 * FUSED_LD(D)], as[qa + 4],
+                         as[qa + 4 * FUSED_LD(D) + 4]};
         UNROLL
         for (int j = 0; j < FUSED_KEYS / 8; j++) {
             if (j < tiles) {
-                const int kb = ((j * 8 + g) * FUSED_LD + kk * 16) / 2 + t;
+                const int kb = ((j * 8 + g) * FUSED_LD(D) + kk * 16) / 2 + t;
                 unsigned bb[2] = {bs[kb], bs[kb + 4]};
                 mma_16816<S>(acc[j], a, bb);
             }
@@ -367,17 +379,17 @@ __device__ __forceinline__ void mma_key_tiles(float acc[FUSED_KEYS / 8][4], cons
     }
 }
 
-// A warp's products over the keys, 16 at a step (`steps` of them), into the FUSED_D columns:
+// A warp's products over the keys, 16 at a step (`steps` of them), into the D columns:
 // o = p·bt, the A fragments from `p` (a key-tile accumulator of mma_key_tiles' layout, values
 // already rounded: the accumulator tiles of two adjacent key tiles are an A fragment's halves)
 // and bt the B operand transposed in shared memory (dimension rows of FUSED_LDT keys): p·v in
 // the forward, ds·k in attention_bwd_dq.
-template <int S>
-__device__ __forceinline__ void mma_dim_tiles(float o[FUSED_D / 8][4],
+template <int S, int D>
+__device__ __forceinline__ void mma_dim_tiles(float o[D / 8][4],
                                               const float p[FUSED_KEYS / 8][4],
                                               const unsigned* bt, int g, int t, int steps) {
     UNROLL
-    for (int n = 0; n < FUSED_D / 8; n++)
+    for (int n = 0; n < D / 8; n++)
         UNROLL
         for (int e = 0; e < 4; e++) o[n][e] = 0.0f;
     UNROLL
@@ -388,7 +400,7 @@ __device__ __forceinline__ void mma_dim_tiles(float o[FUSED_D / 8][4],
                              pack_half2<S>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
                              pack_half2<S>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
             UNROLL
-            for (int n = 0; n < FUSED_D / 8; n++) {
+            for (int n = 0; n < D / 8; n++) {
                 const int vb = ((n * 8 + g) * FUSED_LDT + kk * 16) / 2 + t;
                 unsigned bb[2] = {bt[vb], bt[vb + 4]};
                 mma_16816<S>(o[n], a, bb);
@@ -401,14 +413,14 @@ __device__ __forceinline__ void mma_dim_tiles(float o[FUSED_D / 8][4],
 // apart: `hid` for ctx, the backward's row of dq, dk and dv for those): alpha · o, rounded once
 // from f32 as a GEMM's output; the pairs at even indices, one 32-bit store each where `out` is
 // 4-byte aligned and ld even.
-template <int S>
-__device__ __forceinline__ void store_head_rows(unsigned short* out, const float o[FUSED_D / 8][4],
+template <int S, int D>
+__device__ __forceinline__ void store_head_rows(unsigned short* out, const float o[D / 8][4],
                                                 float alpha, int b, int h, int seq, int ld,
                                                 int i0, int i1, int t) {
     const bool pairs = ((unsigned long long)out & 3) == 0 && ld % 2 == 0;
     UNROLL
-    for (int n = 0; n < FUSED_D / 8; n++) {
-        const long long d = h * FUSED_D + n * 8 + 2 * t;
+    for (int n = 0; n < D / 8; n++) {
+        const long long d = (long long)h * D + n * 8 + 2 * t;
         if (i0 < seq)
             st_half2<S>(out, ((long long)b * seq + i0) * ld + d, alpha * o[n][0],
                         alpha * o[n][1], true, pairs);
@@ -418,7 +430,7 @@ __device__ __forceinline__ void store_head_rows(unsigned short* out, const float
     }
 }
 
-template <int S>
+template <int S, int D>
 __device__ __forceinline__ void attention_fused_t(unsigned* qs, unsigned* ks, unsigned* vt,
                                                   unsigned short* ctx, unsigned short* probs,
                                                   unsigned short* probs_drop,
@@ -429,16 +441,16 @@ __device__ __forceinline__ void attention_fused_t(unsigned* qs, unsigned* ks, un
                                                   DropKey key, unsigned threshold, float dscale,
                                                   const void* bias, int bias_t, int bias_stride) {
     const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * FUSED_Q;
-    const int hid = heads * FUSED_D;
-    const long long tok0 = (long long)b * seq * hid + h * FUSED_D;  // (b, row 0, head h, dim 0)
+    const int hid = heads * D;
+    const long long tok0 = (long long)b * seq * hid + h * D;  // (b, row 0, head h, dim 0)
     // q (the block's) and k rows, v transposed; zeros past the sequence; each with its bias
     // when given.
-    fused_rows<S>(qs, q, tok0, hid, q0, FUSED_Q, seq,
-                  bias ? head_bias(bias, bias_t, bias_stride, 0, h) : no_bias());
-    fused_rows<S>(ks, k, tok0, hid, 0, FUSED_KEYS, seq,
-                  bias ? head_bias(bias, bias_t, bias_stride, 1, h) : no_bias());
-    fused_transpose<S>(vt, v + tok0, hid, FUSED_D / 8, seq, FUSED_D,
-                       bias ? head_bias(bias, bias_t, bias_stride, 2, h) : no_bias());
+    fused_rows<S, D>(qs, q, tok0, hid, q0, FUSED_Q, seq,
+                  bias ? head_bias(bias, bias_t, bias_stride, 0, h, D) : no_bias());
+    fused_rows<S, D>(ks, k, tok0, hid, 0, FUSED_KEYS, seq,
+                  bias ? head_bias(bias, bias_t, bias_stride, 1, h, D) : no_bias());
+    fused_transpose<S>(vt, v + tok0, hid, D / 8, seq, D,
+                       bias ? head_bias(bias, bias_t, bias_stride, 2, h, D) : no_bias());
     __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int r0 = warp * 16;            // the warp's first row in the block's queries
@@ -448,7 +460,7 @@ __device__ __forceinline__ void attention_fused_t(unsigned* qs, unsigned* ks, un
 
     // s = q·kᵀ, a tile of 8 keys at a time, 16 dimensions a step.
     float s[FUSED_KEYS / 8][4];
-    mma_key_tiles<S>(s, qs, ks, r0, g, t, tiles);
+    mma_key_tiles<S, D>(s, qs, ks, r0, g, t, tiles);
 
     // The softmax of rows i0 (s[j][0..1]) and i1 (s[j][2..3]); keys past the sequence take no
     // part and leave zeros for the product below.
@@ -541,37 +553,37 @@ __device__ __forceinline__ void attention_fused_t(unsigned* qs, unsigned* ks, un
 
     // ctx = p·v: 16 keys a step, the A fragment from two key tiles' probabilities; rounded
     // once from f32, as the GEMM's output.
-    float o[FUSED_D / 8][4];
-    mma_dim_tiles<S>(o, s, vt, g, t, (seq + 15) >> 4);
-    store_head_rows<S>(ctx, o, 1.0f, b, h, seq, hid, i0, i1, t);
+    float o[D / 8][4];
+    mma_dim_tiles<S, D>(o, s, vt, g, t, (seq + 15) >> 4);
+    store_head_rows<S, D>(ctx, o, 1.0f, b, h, seq, hid, i0, i1, t);
 }
-// Grid (⌈seq / FUSED_Q⌉, heads, batch), FUSED_Q·2 threads; probs_drop is read only with
-// `dropout`; `store` STORE_F16 or STORE_BF16, every buffer of it; `bias` (of type bias_t; null:
+// Grid (⌈seq / FUSED_Q⌉, heads, batch), FUSED_Q·2 threads; head_dim 32 or 64; probs_drop is
+// read only with `dropout`; `store` STORE_F16 or STORE_BF16, every buffer of it; `bias` (of type bias_t; null:
 // none) q's, k's and v's biases, `bias_stride` elements apart, added as q, k and v are loaded.
 extern "C" __global__ void attention_fused(void* ctx, void* probs, void* probs_drop,
                                            const void* q, const void* k, const void* v,
-                                           const unsigned* mask, int seq, int heads, float scale,
-                                           int dropout, const unsigned* key,
+                                           const unsigned* mask, int seq, int heads, int head_dim,
+                                           float scale, int dropout, const unsigned* key,
                                            unsigned long long site, unsigned threshold,
                                            float dscale, const void* bias, int bias_t,
                                            int bias_stride, int store) {
     GRID_WAIT();
     // Words of two elements each (the lower index in the low half), here so that both types'
     // code shares them.
-    __shared__ unsigned qs[FUSED_Q * FUSED_LD / 2];
-    __shared__ unsigned ks[FUSED_KEYS * FUSED_LD / 2];
-    __shared__ unsigned vt[FUSED_D * FUSED_LDT / 2];
+    __shared__ unsigned qs[FUSED_Q * FUSED_LD(FUSED_D_MAX) / 2];
+    __shared__ unsigned ks[FUSED_KEYS * FUSED_LD(FUSED_D_MAX) / 2];
+    __shared__ unsigned vt[FUSED_D_MAX * FUSED_LDT / 2];
     DropKey dk = {0, 0};
     if (dropout) dk = drop_key(key, site);
-#define FUSED(S)                                                                               \
-    attention_fused_t<S>(qs, ks, vt, (unsigned short*)ctx, (unsigned short*)probs,             \
+#define FUSED(S, D)                                                                             \
+    attention_fused_t<S, D>(qs, ks, vt, (unsigned short*)ctx, (unsigned short*)probs,             \
                          (unsigned short*)probs_drop, (const unsigned short*)q,                \
                          (const unsigned short*)k, (const unsigned short*)v, mask, seq, heads, \
                          scale, dropout, dk, threshold, dscale, bias, bias_t, bias_stride)
     if (store == STORE_F16)
-        FUSED(STORE_F16);
+        BY_HEAD(head_dim, FUSED, STORE_F16);
     else
-        FUSED(STORE_BF16);
+        BY_HEAD(head_dim, FUSED, STORE_BF16);
 #undef FUSED
 }
 
@@ -607,7 +619,7 @@ __device__ __forceinline__ void ld_half2(const unsigned short* p, long long at, 
     x1 = both ? half_value<S>(p[at + 1]) : 0.0f;
 }
 
-template <int S>
+template <int S, int D>
 __device__ __forceinline__ void attention_bwd_dq_t(unsigned* dcs, unsigned* vs, unsigned* kt,
                                                    unsigned short* dq, unsigned short* ds,
                                                    const unsigned short* dctx,
@@ -618,13 +630,13 @@ __device__ __forceinline__ void attention_bwd_dq_t(unsigned* dcs, unsigned* vs, 
                                                    int ld, float scale, int dropout, float dscale,
                                                    const void* bias, int bias_t, int bias_stride) {
     const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * FUSED_Q;
-    const int hid = heads * FUSED_D;
-    const long long tok0 = (long long)b * seq * hid + h * FUSED_D;  // (b, row 0, head h, dim 0)
-    fused_rows<S>(dcs, dctx, tok0, hid, q0, FUSED_Q, seq, no_bias());
-    fused_rows<S>(vs, v, tok0, hid, 0, FUSED_KEYS, seq,
-                  bias ? head_bias(bias, bias_t, bias_stride, 2, h) : no_bias());
-    fused_transpose<S>(kt, k + tok0, hid, FUSED_D / 8, seq, FUSED_D,
-                       bias ? head_bias(bias, bias_t, bias_stride, 1, h) : no_bias());
+    const int hid = heads * D;
+    const long long tok0 = (long long)b * seq * hid + h * D;  // (b, row 0, head h, dim 0)
+    fused_rows<S, D>(dcs, dctx, tok0, hid, q0, FUSED_Q, seq, no_bias());
+    fused_rows<S, D>(vs, v, tok0, hid, 0, FUSED_KEYS, seq,
+                  bias ? head_bias(bias, bias_t, bias_stride, 2, h, D) : no_bias());
+    fused_transpose<S>(kt, k + tok0, hid, D / 8, seq, D,
+                       bias ? head_bias(bias, bias_t, bias_stride, 1, h, D) : no_bias());
     __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int r0 = warp * 16;            // the warp's first row in the block's queries
@@ -634,7 +646,7 @@ __device__ __forceinline__ void attention_bwd_dq_t(unsigned* dcs, unsigned* vs, 
 
     // dp = dctx·vᵀ, a tile of 8 keys at a time, 16 dimensions a step.
     float s[FUSED_KEYS / 8][4];
-    mma_key_tiles<S>(s, dcs, vs, r0, g, t, tiles);
+    mma_key_tiles<S, D>(s, dcs, vs, r0, g, t, tiles);
 
     // x (dp, dropped as the forward dropped) and each row's Σ x·p: rows i0 (s[j][0..1]) and i1
     // (s[j][2..3]), the probabilities kept as the 16-bit pairs they were loaded in.
@@ -698,37 +710,37 @@ __device__ __forceinline__ void attention_bwd_dq_t(unsigned* dcs, unsigned* vs, 
     }
 
     // dq = scale · ds·k: 16 keys a step, the A fragment from two key tiles of ds.
-    float o[FUSED_D / 8][4];
-    mma_dim_tiles<S>(o, s, kt, g, t, (seq + 15) >> 4);
-    store_head_rows<S>(dq, o, scale, b, h, seq, ld, i0, i1, t);
+    float o[D / 8][4];
+    mma_dim_tiles<S, D>(o, s, kt, g, t, (seq + 15) >> 4);
+    store_head_rows<S, D>(dq, o, scale, b, h, seq, ld, i0, i1, t);
 }
-// Grid (⌈seq / FUSED_Q⌉, heads, batch), FUSED_Q·2 threads; pd (probs_drop) read only with
-// `dropout`; ds: the 16-bit room for the softmax's gradient, [batch, heads, seq, seq]; dq's rows
+// Grid (⌈seq / FUSED_Q⌉, heads, batch), FUSED_Q·2 threads; head_dim 32 or 64; pd (probs_drop)
+// read only with `dropout`; ds: the 16-bit room for the softmax's gradient, [batch, heads, seq, seq]; dq's rows
 // `ld` apart (Backend::attention_bwd's QkvRows); `bias` as attention_fused's (k's and v's are
 // read).
 extern "C" __global__ void attention_bwd_dq(void* dq, void* ds, const void* dctx, const void* k,
                                             const void* v, const void* probs, const void* pd,
-                                            int seq, int heads, int ld, float scale, int dropout,
-                                            float dscale, const void* bias, int bias_t,
-                                            int bias_stride, int store) {
+                                            int seq, int heads, int head_dim, int ld, float scale,
+                                            int dropout, float dscale, const void* bias,
+                                            int bias_t, int bias_stride, int store) {
     GRID_WAIT();
-    __shared__ unsigned dcs[FUSED_Q * FUSED_LD / 2];
-    __shared__ unsigned vs[FUSED_KEYS * FUSED_LD / 2];
-    __shared__ unsigned kt[FUSED_D * FUSED_LDT / 2];
-#define BWD_DQ(S)                                                                             \
-    attention_bwd_dq_t<S>(dcs, vs, kt, (unsigned short*)dq, (unsigned short*)ds,              \
+    __shared__ unsigned dcs[FUSED_Q * FUSED_LD(FUSED_D_MAX) / 2];
+    __shared__ unsigned vs[FUSED_KEYS * FUSED_LD(FUSED_D_MAX) / 2];
+    __shared__ unsigned kt[FUSED_D_MAX * FUSED_LDT / 2];
+#define BWD_DQ(S, D)                                                                           \
+    attention_bwd_dq_t<S, D>(dcs, vs, kt, (unsigned short*)dq, (unsigned short*)ds,              \
                           (const unsigned short*)dctx, (const unsigned short*)k,              \
                           (const unsigned short*)v, (const unsigned short*)probs,              \
                           (const unsigned short*)pd, seq, heads, ld, scale, dropout, dscale,     \
                           bias, bias_t, bias_stride)
     if (store == STORE_F16)
-        BWD_DQ(STORE_F16);
+        BY_HEAD(head_dim, BWD_DQ, STORE_F16);
     else
-        BWD_DQ(STORE_BF16);
+        BY_HEAD(head_dim, BWD_DQ, STORE_BF16);
 #undef BWD_DQ
 }
 
-template <int S>
+template <int S, int D>
 __device__ __forceinline__ void attention_bwd_dkv_t(unsigned* at, unsigned* bt, unsigned short* dk,
                                                     unsigned short* dv, const unsigned short* ds,
                                                     const unsigned short* pd,
@@ -736,8 +748,8 @@ __device__ __forceinline__ void attention_bwd_dkv_t(unsigned* at, unsigned* bt, 
                                                     const unsigned short* dctx, int seq,
                                                     int heads, int ld, float scale, HeadBias qb) {
     const int b = blockIdx.z, h = blockIdx.y, k0 = blockIdx.x * FUSED_Q;
-    const int hid = heads * FUSED_D;
-    const long long tok0 = (long long)b * seq * hid + h * FUSED_D;
+    const int hid = heads * D;
+    const long long tok0 = (long long)b * seq * hid + h * D;
     const long long sq0 = (long long)(b * heads + h) * seq * seq;  // the head's [seq, seq]
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int r0 = warp * 16;                 // the warp's first row in the block's keys
@@ -750,13 +762,13 @@ __device__ __forceinline__ void attention_bwd_dkv_t(unsigned* at, unsigned* bt, 
         if (phase) __syncthreads();  // every warp is done with dsᵀ and qᵀ
         fused_transpose<S>(at, (phase ? pd : ds) + sq0 + k0, seq, FUSED_Q / 8, seq, seq - k0,
                            no_bias());
-        fused_transpose<S>(bt, (phase ? dctx : q) + tok0, hid, FUSED_D / 8, seq, FUSED_D,
+        fused_transpose<S>(bt, (phase ? dctx : q) + tok0, hid, D / 8, seq, D,
                            phase ? no_bias() : qb);
         __syncthreads();
         if (!live) continue;  // the barrier above is the last this warp must meet
-        float o[FUSED_D / 8][4];
+        float o[D / 8][4];
         UNROLL
-        for (int n = 0; n < FUSED_D / 8; n++)
+        for (int n = 0; n < D / 8; n++)
             UNROLL
             for (int e = 0; e < 4; e++) o[n][e] = 0.0f;
         UNROLL
@@ -766,14 +778,14 @@ __device__ __forceinline__ void attention_bwd_dkv_t(unsigned* at, unsigned* bt, 
                 unsigned a[4] = {at[qa], at[qa + 4 * FUSED_LDT], at[qa + 4],
                                  at[qa + 4 * FUSED_LDT + 4]};
                 UNROLL
-                for (int n = 0; n < FUSED_D / 8; n++) {
+                for (int n = 0; n < D / 8; n++) {
                     const int kb = ((n * 8 + g) * FUSED_LDT + kk * 16) / 2 + t;
                     unsigned bb[2] = {bt[kb], bt[kb + 4]};
                     mma_16816<S>(o[n], a, bb);
                 }
             }
         }
-        store_head_rows<S>(phase ? dv : dk, o, phase ? 1.0f : scale, b, h, seq, ld, i0, i1, t);
+        store_head_rows<S, D>(phase ? dv : dk, o, phase ? 1.0f : scale, b, h, seq, ld, i0, i1, t);
     }
 }
 // Grid (⌈seq / FUSED_Q⌉, heads, batch), FUSED_Q·2 threads; pd: probs_drop, or probs without
@@ -781,20 +793,21 @@ __device__ __forceinline__ void attention_bwd_dkv_t(unsigned* at, unsigned* bt, 
 // read).
 extern "C" __global__ void attention_bwd_dkv(void* dk, void* dv, const void* ds, const void* pd,
                                              const void* q, const void* dctx, int seq, int heads,
-                                             int ld, float scale, const void* bias, int bias_t,
-                                             int bias_stride, int store) {
+                                             int head_dim, int ld, float scale, const void* bias,
+                                             int bias_t, int bias_stride, int store) {
     GRID_WAIT();
-    const HeadBias qb = bias ? head_bias(bias, bias_t, bias_stride, 0, blockIdx.y) : no_bias();
+    const HeadBias qb =
+        bias ? head_bias(bias, bias_t, bias_stride, 0, blockIdx.y, head_dim) : no_bias();
     __shared__ unsigned at[FUSED_Q * FUSED_LDT / 2];
-    __shared__ unsigned bt[FUSED_D * FUSED_LDT / 2];
-#define BWD_DKV(S)                                                                             \
-    attention_bwd_dkv_t<S>(at, bt, (unsigned short*)dk, (unsigned short*)dv,                   \
+    __shared__ unsigned bt[FUSED_D_MAX * FUSED_LDT / 2];
+#define BWD_DKV(S, D)                                                                           \
+    attention_bwd_dkv_t<S, D>(at, bt, (unsigned short*)dk, (unsigned short*)dv,                   \
                            (const unsigned short*)ds, (const unsigned short*)pd,               \
                            (const unsigned short*)q, (const unsigned short*)dctx, seq, heads, \
                            ld, scale, qb)
     if (store == STORE_F16)
-        BWD_DKV(STORE_F16);
+        BY_HEAD(head_dim, BWD_DKV, STORE_F16);
     else
-        BWD_DKV(STORE_BF16);
+        BY_HEAD(head_dim, BWD_DKV, STORE_BF16);
 #undef BWD_DKV
 }

@@ -94,13 +94,13 @@ bool attention() {
 unsigned short bf(float x) { return bf16_bits_int(x); }
 float unbf(unsigned short b) { return half_value<STORE_BF16>(b); }
 
-bool fused_attention() {
-    // The fused forward and the two backward kernels (attention.cu), bf16, one head of 64 over
-    // 40 keys: one block of four warps, the last without queries (or keys); the backward from
+bool fused_attention_of(int d) {
+    // The fused forward and the two backward kernels (attention.cu), bf16, one head of d (64,
+    // then 32) over 40 keys: one block of four warps, the last without queries (or keys); the backward from
     // the forward's probabilities. attention_bwd_dkv's two products share its shared memory. q's,
     // k's and v's biases (bf16, d + 4 elements apart) are added as the kernels load them.
-    const int seq = 40, d = 64, tok = seq * d, pp = seq * seq;
-    const float scale = 0.125f;
+    const int seq = 40, tok = seq * d, pp = seq * seq;
+    const float scale = 1.0f / std::sqrt((float)d);
     std::vector<unsigned short> q(tok), k(tok), v(tok), dctx(tok), ctx(tok), probs(pp), ds(pp);
     std::vector<unsigned short> dq(tok), dk(tok), dv(tok);
     std::vector<unsigned> mask(seq, 1);
@@ -116,17 +116,17 @@ bool fused_attention() {
     dim3 grid(1, 1, 1), block(2 * FUSED_Q);
     emu::launch(grid, block, 0, [&] {
         attention_fused(ctx.data(), probs.data(), nullptr, q.data(), k.data(), v.data(),
-                        mask.data(), seq, 1, scale, 0, nullptr, 0ull, 0u, 1.0f, bias.data(),
+                        mask.data(), seq, 1, d, scale, 0, nullptr, 0ull, 0u, 1.0f, bias.data(),
                         STORE_BF16, bias_stride, STORE_BF16);
     });
     emu::launch(grid, block, 0, [&] {
         attention_bwd_dq(dq.data(), ds.data(), dctx.data(), k.data(), v.data(), probs.data(),
-                         probs.data(), seq, 1, d, scale, 0, 1.0f, bias.data(), STORE_BF16,
+                         probs.data(), seq, 1, d, d, scale, 0, 1.0f, bias.data(), STORE_BF16,
                          bias_stride, STORE_BF16);
     });
     emu::launch(grid, block, 0, [&] {
         attention_bwd_dkv(dk.data(), dv.data(), ds.data(), probs.data(), q.data(), dctx.data(),
-                          seq, 1, d, scale, bias.data(), STORE_BF16, bias_stride, STORE_BF16);
+                          seq, 1, d, d, scale, bias.data(), STORE_BF16, bias_stride, STORE_BF16);
     });
     for (int r = 0; r < seq; r++) {
         double sum = 0.0;
@@ -142,6 +142,8 @@ bool fused_attention() {
         }
     return true;
 }
+
+bool fused_attention() { return fused_attention_of(64) && fused_attention_of(32); }
 
 bool layernorm() {
     // 70 columns, a warp per row (the runtime's shape; lanes stride over the columns), two rows

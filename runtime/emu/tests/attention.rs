@@ -484,15 +484,18 @@ fn quarter_dropout(seed: u64, stream: u64, site: u64) -> Dropout {
     }
 }
 
-/// The fused forward's shapes (head_dim 64, up to 128 keys): one token; 8 keys, fewer than a
-/// product's step of 16; 77, a multiple of neither 4, 8 nor 16 (pairs of keys straddling
-/// Philox blocks); 100 queries, a second block of them part empty; the full 128.
+/// The fused forward's shapes (heads of 64 or 32, up to 128 keys): one token; 8 keys, fewer than
+/// a product's step of 16; 77, a multiple of neither 4, 8 nor 16 (pairs of keys straddling
+/// Philox blocks); 100 queries, a second block of them part empty; the full 128; and heads of
+/// 32 (MiniLM's) at 33 keys and at the full 128 over 3 heads.
 const FUSED_SHAPES: &[(usize, usize, usize, usize)] = &[
     (1, 1, 1, 64),
     (3, 8, 1, 64),
     (1, 77, 3, 64),
     (2, 100, 1, 64),
     (2, 128, 2, 64),
+    (2, 33, 2, 32),
+    (1, 128, 3, 32),
 ];
 
 /// The forward in one kernel (attention.cu, `attention_fused`: mma.sync, which the emulator
@@ -548,7 +551,12 @@ fn the_fused_forward_matches_the_cpu_and_the_batched_products() {
 #[test]
 fn shapes_the_fused_forward_does_not_fit_take_the_batched_products() {
     let bf16 = Kernels::new(EmuTyped).with_store(Dtype::Bf16);
-    for sh in [(1, 129, 1, 64), (2, 16, 2, 32), (1, 16, 1, 80)] {
+    for sh in [
+        (1, 129, 1, 64),
+        (1, 129, 1, 32),
+        (2, 16, 2, 16),
+        (1, 16, 1, 80),
+    ] {
         let s = shape(&sh);
         let x = inputs(s, Dtype::Bf16, 3);
         let (_, calls) = launches(|| fwd_on(&bf16, s, &x, &padding_mask(s), None, None));
@@ -679,7 +687,7 @@ fn the_fused_backward_matches_the_cpu_and_the_batched_products() {
 fn shapes_the_fused_backward_does_not_fit_take_the_batched_products() {
     let names = ["attention_bwd_dq", "attention_softmax_bwd"];
     let bf16 = Kernels::new(EmuTyped).with_store(Dtype::Bf16);
-    for sh in [(1, 129, 1, 64), (2, 16, 2, 32)] {
+    for sh in [(1, 129, 1, 64), (2, 16, 2, 16), (1, 16, 1, 48)] {
         let s = shape(&sh);
         let x = inputs(s, Dtype::Bf16, 5);
         let pp = s.batch * s.heads * s.seq * s.seq;

@@ -167,23 +167,30 @@ fn a_micro_batch_gives_the_same_bits_whatever_order_its_blocks_run_in() {
     }
 }
 
-/// A model whose heads are 64 wide (hidden 128, two heads): on a device keeping 16-bit buffers
+/// Models whose heads are 64 wide (hidden 128, two heads: BERT-base's head) and 32 wide (hidden
+/// 96, three heads: MiniLM's): on a device keeping 16-bit buffers
 /// its training forward's attention is one kernel and its backward two (kernels/attention.rs,
 /// `fused`; mma.sync emulated), which add q's, k's and v's biases as they load them. Its loss,
 /// gradient and logits stay within the store's tolerance of the batched products' (the same
 /// device told not to fuse) and of the CPU's.
 #[test]
-fn heads_of_64_train_through_the_fused_attention() {
+fn heads_of_64_and_32_train_through_the_fused_attention() {
+    for (hidden, heads) in [(128, 2), (96, 3)] {
+        heads_train_through_the_fused_attention(hidden, heads);
+    }
+}
+
+fn heads_train_through_the_fused_attention(hidden: usize, heads: usize) {
     use recipe_kernel_emu::EmuTyped;
     use recipe_runtime::backend::device::Device;
     let cfg = || {
-        BertConfig::from_json(
-            r#"{"vocab_size": 40, "hidden_size": 128, "num_hidden_layers": 1,
-                "num_attention_heads": 2, "intermediate_size": 64,
+        BertConfig::from_json(&format!(
+            r#"{{"vocab_size": 40, "hidden_size": {hidden}, "num_hidden_layers": 1,
+                "num_attention_heads": {heads}, "intermediate_size": 64,
                 "max_position_embeddings": 12, "type_vocab_size": 2,
                 "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
-                "initializer_range": 0.05, "pad_token_id": 0}"#,
-        )
+                "initializer_range": 0.05, "pad_token_id": 0}}"#
+        ))
         .unwrap()
     };
     let key = Some(DropoutKey {

@@ -107,21 +107,22 @@ fn softmax_launch(s: AttnShape) -> (Launch, Arg) {
     (l, int(rows))
 }
 
-/// The fused forward's head size, most keys and queries per block (attention.cu, `FUSED_D`,
-/// `FUSED_KEYS`, `FUSED_Q`).
-const FUSED_D: usize = 64;
+/// The fused kernels' head sizes (attention.cu, `BY_HEAD`: MiniLM's 32, BERT-base's and
+/// -large's 64), most keys and queries per block (`FUSED_KEYS`, `FUSED_Q`).
+const FUSED_HEADS: [usize; 2] = [32, 64];
 const FUSED_KEYS: usize = 128;
 const FUSED_Q: usize = 64;
 
 /// Whether the forward runs as one kernel (attention.cu, `attention_fused`): a half store whose
 /// buffers (`elems`: q, k, v, ctx, probs and the dropped probabilities) are all 16-bit of its
-/// type, heads of [`FUSED_D`], at most [`FUSED_KEYS`] keys, a device with `mma.sync`
+/// type, heads of one of [`FUSED_HEADS`], at most [`FUSED_KEYS`] keys, a device with `mma.sync`
 /// ([`Device::has_mma`]), and the kernels not told otherwise ([`Kernels::with_fused_attention`]).
-/// BERT-base at seq 128 fits; longer sequences and other head sizes take the batched GEMMs.
+/// BERT-base and MiniLM at seq 128 fit; longer sequences and other head sizes take the batched
+/// GEMMs.
 pub(super) fn fused<D: Device>(k: &Kernels<D>, s: AttnShape, elems: &[Dtype]) -> bool {
     k.fused_attention
         && k.store.is_half()
-        && s.head_dim == FUSED_D
+        && FUSED_HEADS.contains(&s.head_dim)
         && s.seq <= FUSED_KEYS
         && k.dev.has_mma()
         && elems.iter().all(|&e| e == k.store)
@@ -242,6 +243,7 @@ pub(super) fn fwd<D: Device>(
                 Arg::Ptr(dev.ids_ptr(mask)),
                 int(s.seq),
                 int(s.heads),
+                int(s.head_dim),
                 Arg::F32(score_scale(s)),
                 int(usize::from(pd.is_some())),
                 key,
@@ -430,6 +432,7 @@ pub(super) fn bwd<D: Device>(
                     Arg::Ptr(pd),
                     int(s.seq),
                     int(s.heads),
+                    int(s.head_dim),
                     int(o.ld),
                     Arg::F32(scale),
                     int(usize::from(dropout.is_some())),
@@ -451,6 +454,7 @@ pub(super) fn bwd<D: Device>(
                     Arg::Ptr(dev.ptr(dctx)),
                     int(s.seq),
                     int(s.heads),
+                    int(s.head_dim),
                     int(o.ld),
                     Arg::F32(scale),
                     bias,

@@ -583,9 +583,10 @@ pub fn compare<B: Backend>(be: &B, store: Dtype) -> Vec<OpCheck> {
     c.elementwise();
     c.gemm();
     c.embedding_and_layernorm();
-    c.attention(false, false);
-    c.attention(true, false);
-    c.attention(true, true);
+    c.attention(false, None);
+    c.attention(true, None);
+    c.attention(true, Some(64));
+    c.attention(true, Some(32));
     c.cross_entropy();
     c.stored();
     c.stored_wide();
