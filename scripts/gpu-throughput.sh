@@ -16,7 +16,9 @@
 # with the weight gradients' stream of the compute stream's priority (RECIPE_SIDE_STREAM=equal),
 # with each step's updates before the next forward instead of beside it (RECIPE_STEP_ASIDE=0),
 # with our kernels as programmatic dependent launches (RECIPE_PDL=1, and =early; off by default until timed),
-# and profiled (`recipe run --profile`): $OUT/profile.json says where the GPU's time goes; ours runs
+# and profiled (`recipe run --profile`): $OUT/profile.json says where the GPU's time goes. And
+# MiniLM's shape (all-MiniLM-L6-v2, recipes/cls.rcp's model: 6 layers, hidden 384, 12 heads of
+# 32) the same way, with and without the fused attention kernels (their heads of 32). Ours runs
 # with its passes replayed as CUDA graphs (the default, docs/cuda.md "CUDA graphs"), and once
 # more launching them directly (RECIPE_CUDA_GRAPHS=0).
 #
@@ -34,21 +36,29 @@ rm -rf "$W"; mkdir -p "$W"
 cp scripts/gpu/bert-base.rcp scripts/gpu/bert-base.json "$W/"
 cp runtime/tests/fixtures/tokenizer/tokenizer.json "$W/"
 
+# shape FILE LAYERS HIDDEN HEADS INTER: bert-base.json's copy FILE with that shape.
+shape() {
+    "$PY" - "$W/bert-base.json" "$@" <<'PY'
+import json, sys
+src, dst, l, c, h, i = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
+cfg = json.load(open(src))
+cfg.update(num_hidden_layers=l, hidden_size=c, num_attention_heads=h, intermediate_size=i)
+json.dump(cfg, open(dst, "w"), indent=1)
+PY
+}
 if [ "$SHAPE" = tiny ]; then
     # 2 layers of 64, 8 timed steps of 4: checks the plumbing, measures nothing.
     L=2; C=64; HEADS=2; INTER=128; MICRO=4; SEQ=32; STEPS=12
-    "$PY" - "$W/bert-base.json" "$L" "$C" "$HEADS" "$INTER" <<'PY'
-import json, sys
-p, l, c, h, i = sys.argv[1], *map(int, sys.argv[2:])
-cfg = json.load(open(p))
-cfg.update(num_hidden_layers=l, hidden_size=c, num_attention_heads=h, intermediate_size=i)
-json.dump(cfg, open(p, "w"), indent=1)
-PY
+    shape "$W/bert-base.json" "$L" "$C" "$HEADS" "$INTER"
+    shape "$W/minilm.json" 1 64 2 128
 else
     L=12; C=768; HEADS=12; INTER=3072; MICRO=32; SEQ=128; STEPS=40
+    shape "$W/minilm.json" 6 384 12 1536
 fi
+sed 's/bert-base\.json/minilm.json/; s/"bert-base-throughput"/"minilm-throughput"/' \
+    "$W/bert-base.rcp" > "$W/minilm.rcp"
 WARM=10
-# Each run (11 in all with the peer and the profile, within scripts/gpu-check.sh's 180 s) is
+# Each run (15 in all with the peer and the profile, within scripts/gpu-check.sh's 180 s) is
 # bounded, so that one slow or hung run costs its own figure only (a run cut short still logged
 # its steps).
 RUN_LIMIT="${RUN_LIMIT:-30}"
@@ -74,14 +84,14 @@ PY
 # (RECIPE_CUDA_GRAPHS=$GRAPHS, default 1; RECIPE_FUSED_ATTENTION=$FUSED, default 1;
 # RECIPE_GEMM_LIBRARY=$LIB, default cublaslt; RECIPE_SIDE_STREAM=$SIDE, default 1;
 # RECIPE_GEMM_ALGO=$ALGO, default first; RECIPE_STEP_ASIDE=$STEP, default 1; RECIPE_PDL=$PDL (0, 1, early),
-# default 0), at most $RUN_LIMIT seconds.
+# default 0), of $RCP (default bert-base.rcp), at most $RUN_LIMIT seconds.
 ours() {
     local name=$1 mode=$2 steps=$3
     shift 3
     ( cd "$W" && RECIPE_HALF_GEMM="$mode" RECIPE_CUDA_GRAPHS="${GRAPHS:-1}" \
         RECIPE_FUSED_ATTENTION="${FUSED:-1}" RECIPE_GEMM_LIBRARY="${LIB:-cublaslt}" \
         RECIPE_SIDE_STREAM="${SIDE:-1}" RECIPE_GEMM_ALGO="${ALGO:-first}" \
-        RECIPE_STEP_ASIDE="${STEP:-1}" RECIPE_PDL="${PDL:-0}" timeout "$RUN_LIMIT" "$BIN" run --quiet --device "$DEVICE" "$@" bert-base.rcp \
+        RECIPE_STEP_ASIDE="${STEP:-1}" RECIPE_PDL="${PDL:-0}" timeout "$RUN_LIMIT" "$BIN" run --quiet --device "$DEVICE" "$@" "${RCP:-bert-base.rcp}" \
         --set "batch.micro=$MICRO" --set "data.max_len=$SEQ" --set "train.max_steps=$steps" \
         --set "train.output_dir=\"$name\"" ) > "$W/$name.log" 2>&1 \
         || { echo "recipe run ($name) failed: $W/$name.log" >&2; tail -5 "$W/$name.log" >&2; }
@@ -103,6 +113,9 @@ PDL=1 ours pdl pack "$STEPS"
 PDL=early ours pdl-early pack "$STEPS"
 # The two settings still off by default together: the run their flips would make the default.
 PDL=1 ALGO=fastest ours pdl-gemm-fastest pack "$STEPS"
+# MiniLM's shape: heads of 32, through the fused attention kernels and without them.
+RCP=minilm.rcp ours minilm pack "$STEPS"
+RCP=minilm.rcp FUSED=0 ours minilm-unfused pack "$STEPS"
 if [ "$DEVICE" = cuda ]; then
     ours profiled pack "$((WARM + 10))" --profile
     cp "$W/profiled/profile.json" "$OUT/profile.json" 2>/dev/null || true

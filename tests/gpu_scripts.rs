@@ -110,6 +110,16 @@ fn a_missing_file_is_named_without_the_machines_paths() {
 /// `rate` samples/s on the GPU `gpu` and PyTorch's `torch` samples/s, with `peak` as
 /// PEAK_TFLOPS (empty: none).
 fn throughput(gpu: &str, rate: f64, torch: f64, peak: &str) -> serde_json::Value {
+    throughput_of(gpu, &[("out", rate, 1.0)], torch, peak)
+}
+
+/// The same for the runs `(folder, steady samples/s, every step's loss)`.
+fn throughput_of(
+    gpu: &str,
+    runs: &[(&str, f64, f64)],
+    torch: f64,
+    peak: &str,
+) -> serde_json::Value {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     // One folder a call: the tests run side by side.
     static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -118,17 +128,19 @@ fn throughput(gpu: &str, rate: f64, torch: f64, peak: &str) -> serde_json::Value
         "recipe-gpu-throughput-{}-{call}",
         std::process::id()
     ));
-    let run = dir.join("out");
-    std::fs::create_dir_all(&run).expect("temporary folder");
-    let mut lines = vec![serde_json::json!({
-        "event": "start", "device": gpu, "parameters": 100_000_000, "precision": "bf16"
-    })];
-    // A row's samples_per_s is the average since the start: a steady rate keeps it.
-    lines.extend(
-        (1..=20).map(|s| serde_json::json!({"step": s, "loss": 1.0, "samples_per_s": rate})),
-    );
-    let text: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
-    std::fs::write(run.join("metrics.jsonl"), text.join("\n")).expect("metrics");
+    for &(name, rate, loss) in runs {
+        let run = dir.join(name);
+        std::fs::create_dir_all(&run).expect("temporary folder");
+        let mut lines = vec![serde_json::json!({
+            "event": "start", "device": gpu, "parameters": 100_000_000, "precision": "bf16"
+        })];
+        // A row's samples_per_s is the average since the start: a steady rate keeps it.
+        lines.extend(
+            (1..=20).map(|s| serde_json::json!({"step": s, "loss": loss, "samples_per_s": rate})),
+        );
+        let text: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+        std::fs::write(run.join("metrics.jsonl"), text.join("\n")).expect("metrics");
+    }
     std::fs::write(
         dir.join("torch.json"),
         serde_json::json!({ "samples_per_s": torch }).to_string(),
@@ -182,6 +194,35 @@ fn mfu_is_against_the_named_gpus_own_peak() {
         assert!((executed - want).abs() < 1e-9 * want, "{gpu}: {executed}");
         assert_eq!(s["flops_per_sample"].as_f64(), Some(FLOPS_PER_SAMPLE));
     }
+}
+
+/// MiniLM's runs (heads of 32) are summarised apart from BERT-base's A/Bs: each rate, the
+/// fused run's speed-up over the unfused one, and their largest loss difference.
+#[test]
+fn minilms_fused_and_unfused_runs_are_compared_with_each_other() {
+    let runs = [
+        ("out", 3000.0, 1.0),
+        ("minilm", 6000.0, 1.0),
+        ("minilm-unfused", 4000.0, 1.1),
+    ];
+    let s = throughput_of("NVIDIA H200 (sm_90)", &runs, 1000.0, "");
+    let rate = |k: &str| s[k]["samples_per_s"].as_f64().expect(k);
+    assert!((rate("recipe_minilm") - 6000.0).abs() < 1e-6, "{s}");
+    assert!((rate("recipe_minilm_unfused") - 4000.0).abs() < 1e-6, "{s}");
+    let r = s["ratio_minilm_fused_over_unfused"]
+        .as_f64()
+        .expect("a ratio");
+    assert!((r - 1.5).abs() < 1e-9, "{r}");
+    let d = s["recipe_minilm_unfused"]["max_loss_rel_diff"]
+        .as_f64()
+        .expect("a loss difference");
+    assert!((d - 0.1).abs() < 1e-9, "{d}");
+    // BERT-base's figures are the default run's, as without them.
+    assert!((s["ratio_recipe_over_torch"].as_f64().unwrap() - 3.0).abs() < 1e-9);
+    // Without MiniLM's runs (an older session's folder) the summary still stands.
+    let s = throughput("NVIDIA H200 (sm_90)", 3000.0, 1000.0, "");
+    assert!(s["recipe_minilm"]["error"].is_string(), "{s}");
+    assert!(s.get("ratio_minilm_fused_over_unfused").is_none(), "{s}");
 }
 
 #[test]

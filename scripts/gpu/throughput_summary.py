@@ -5,8 +5,8 @@ default run, and MFU against the GPU's dense bf16 peak. Prints throughput.json.
 
     throughput_summary.py DIR DEVICE LAYERS HIDDEN SEQ WARM [PEAK_TFLOPS [INTER]]
 
-DIR holds one folder per run (out, cublas, …, each with the run's metrics.jsonl), profiled/
-and torch.json; an empty PEAK_TFLOPS takes the peak of the GPU the run names; INTER is the
+DIR holds one folder per run (out, cublas, …, minilm, minilm-unfused, each with the run's
+metrics.jsonl), profiled/ and torch.json; an empty PEAK_TFLOPS takes the peak of the GPU the run names; INTER is the
 feed-forward's width (4 × HIDDEN, BERT's, when absent).
 
 MFU counts llm.c's FLOPs a sample, (6N + 6·L·C·T)·T, what the goal names. Ours runs the last
@@ -63,6 +63,16 @@ for _, key in AB:
     if base and other and len(base) == len(other):
         out[f"recipe_{key}"]["max_loss_rel_diff"] = max(
             abs(a - b) / abs(a) if a else abs(b) for a, b in zip(base, other))
+# MiniLM's shape (heads of 32), fused and unfused: their rates, the fused run's speed-up and the
+# two runs' largest loss difference (the products' order).
+mini, mini_u = rate("minilm"), rate("minilm-unfused")
+mini_losses, mini_u_losses = mini.pop("losses", None), mini_u.pop("losses", None)
+out["recipe_minilm"], out["recipe_minilm_unfused"] = mini, mini_u
+if mini.get("samples_per_s") and mini_u.get("samples_per_s"):
+    out["ratio_minilm_fused_over_unfused"] = mini["samples_per_s"] / mini_u["samples_per_s"]
+if mini_losses and mini_u_losses and len(mini_losses) == len(mini_u_losses):
+    out["recipe_minilm_unfused"]["max_loss_rel_diff"] = max(
+        abs(a - b) / abs(a) if a else abs(b) for a, b in zip(mini_losses, mini_u_losses))
 for run, key in (("profiled", "profile"),):
     try:
         p = json.load(open(f"{w}/{run}/profile.json"))
