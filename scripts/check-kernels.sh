@@ -31,15 +31,21 @@ if [ ! -x "$BIN" ]; then
     cargo build --release --bin recipe
 fi
 # libnvrtc loads libnvrtc-builtins by bare name, so the folder goes on the library path.
-LD_LIBRARY_PATH="$CU13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    "$BIN" kernels --arch sm_75 --arch sm_80 --arch sm_90 --ptxas "$CU13/bin/ptxas"
+export LD_LIBRARY_PATH="$CU13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # The program `RECIPE_PDL=early` compiles for sm_90 (each kernel's wait followed by
 # griddepcontrol.launch_dependents; docs/cuda.md, "Programmatic dependent launch"), assembled
-# too, and its PTX holding as many signals as waits.
+# too, and its PTX holding as many signals as waits: compiled beside the others (each
+# architecture is a thread of `recipe kernels`), its report printed after theirs.
 EARLY="$(mktemp -d)"
 trap 'rm -rf "$EARLY"' EXIT
-RECIPE_PDL=early LD_LIBRARY_PATH="$CU13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    "$BIN" kernels --arch sm_90 --ptxas "$CU13/bin/ptxas" --out "$EARLY"
+RECIPE_PDL=early "$BIN" kernels --arch sm_90 --ptxas "$CU13/bin/ptxas" --out "$EARLY" \
+    > "$EARLY/report.txt" 2>&1 &
+early=$!
+status=0
+"$BIN" kernels --arch sm_75 --arch sm_80 --arch sm_90 --ptxas "$CU13/bin/ptxas" || status=$?
+wait "$early" || status=$?
+cat "$EARLY/report.txt"
+[ "$status" -eq 0 ] || exit "$status"
 waits="$(grep -c 'griddepcontrol.wait;' "$EARLY/kernels.sm_90.ptx" || true)"
 signals="$(grep -c 'griddepcontrol.launch_dependents;' "$EARLY/kernels.sm_90.ptx" || true)"
 echo "RECIPE_PDL=early, sm_90: $waits waits, $signals launch_dependents"

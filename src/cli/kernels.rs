@@ -58,11 +58,22 @@ pub fn run(
     };
     let kernels = all_kernel_names();
     let tmp = tempdir_for_ptx(out);
+    let dir = out.unwrap_or(tmp.as_path());
+    // Every architecture at once, each on a thread of its own (NVRTC compiles separate programs
+    // side by side, and ptxas is a process of its own), then reported in order.
+    let built: Vec<Built> = std::thread::scope(|s| {
+        let threads: Vec<_> = archs
+            .iter()
+            .map(|arch| s.spawn(move || build(arch, pdl, dir, out.is_some(), ptxas_bin)))
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("a compile thread panicked"))
+            .collect()
+    });
     let mut failed = false;
-    for arch in &archs {
-        // Compiled now (the gate proves NVRTC compiles it; the disk cache is not read), and
-        // kept for the process: the self-test's device, of the same architecture, loads it.
-        let compiled = match compile::compile_fresh(arch, compile::early_for(arch, pdl)) {
+    for (arch, b) in archs.iter().zip(built) {
+        let compiled = match b.compiled {
             Ok(c) => c,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -81,29 +92,17 @@ pub fn run(
         if !compiled.log.is_empty() {
             eprintln!("NVRTC log for {arch}:\n{}", compiled.log);
         }
-        let dir = out.unwrap_or(tmp.as_path());
-        let ptx_path = dir.join(format!("kernels.{arch}.ptx"));
-        let written = write_atomic(&ptx_path, compiled.ptx.as_bytes()).and_then(|()| {
-            if out.is_some() {
-                write_atomic(&dir.join(format!("kernels.{arch}.cubin")), &compiled.cubin)
-            } else {
-                Ok(())
-            }
-        });
-        if let Err(e) = written {
+        if let Err(e) = b.written {
             eprintln!("error: {e}");
             return USAGE;
         }
-        if let Some(bin) = ptxas_bin {
-            match ptxas::assemble(bin, &ptx_path, arch) {
-                Ok(reports) => {
-                    failed |= print_reports(arch, &reports, &kernels);
-                }
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    failed = true;
-                }
+        match b.assembled {
+            Some(Ok(reports)) => failed |= print_reports(arch, &reports, &kernels),
+            Some(Err(e)) => {
+                eprintln!("error: {e}");
+                failed = true;
             }
+            None => {}
         }
     }
     if out.is_none() {
@@ -387,6 +386,53 @@ fn peers_test() -> Vec<recipe_runtime::backend::selftest::OpCheck> {
         .map(|(d, p)| (d, Box::new(p) as Box<dyn Peers<CudaDevice>>))
         .collect();
     compare_peers(ranks)
+}
+
+/// One architecture's program ([`build`]): compiled, written, and assembled by ptxas.
+struct Built {
+    compiled: Result<std::sync::Arc<compile::Compiled>, String>,
+    written: Result<(), String>,
+    assembled: Option<Result<Vec<ptxas::KernelReport>, String>>,
+}
+
+/// Compiles the program for `arch` now (the gate proves NVRTC compiles it; the disk cache is not
+/// read) and keeps it for the process (the self-test's device, of the same architecture, loads
+/// it); writes its PTX into `dir` (and its CUBIN with `cubin`) and assembles the PTX with
+/// `ptxas_bin` when given.
+fn build(
+    arch: &str,
+    pdl: recipe_runtime::backend::cuda::Pdl,
+    dir: &Path,
+    cubin: bool,
+    ptxas_bin: Option<&Path>,
+) -> Built {
+    let compiled = compile::compile_fresh(arch, compile::early_for(arch, pdl));
+    let Ok(c) = &compiled else {
+        return Built {
+            compiled: compiled.map_err(|e| e.to_string()),
+            written: Ok(()),
+            assembled: None,
+        };
+    };
+    let ptx_path = dir.join(format!("kernels.{arch}.ptx"));
+    let written = write_atomic(&ptx_path, c.ptx.as_bytes()).and_then(|()| {
+        if cubin {
+            write_atomic(&dir.join(format!("kernels.{arch}.cubin")), &c.cubin)
+        } else {
+            Ok(())
+        }
+    });
+    let assembled = match (&written, ptxas_bin) {
+        (Ok(()), Some(bin)) => {
+            Some(ptxas::assemble(bin, &ptx_path, arch).map_err(|e| e.to_string()))
+        }
+        _ => None,
+    };
+    Built {
+        compiled: compiled.map_err(|e| e.to_string()),
+        written: written.map_err(|e| e.to_string()),
+        assembled,
+    }
 }
 
 /// Prints one architecture's table; true when a kernel spills or is missing from the report.

@@ -136,12 +136,20 @@ fn once_per_process(
 ) -> Result<std::sync::Arc<Compiled>, CudaError> {
     use std::collections::HashMap;
     use std::sync::{Arc, Mutex, OnceLock};
-    type Programs = HashMap<(String, bool), Arc<Compiled>>;
-    static DONE: OnceLock<Mutex<Programs>> = OnceLock::new();
-    let done = DONE.get_or_init(Default::default);
-    // Held while compiling: a second device of the same kind waits for the first's program.
-    let mut done = done.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(c) = done.get(&(arch.to_string(), early)) {
+    /// One program's slot, locked while it compiles: a second device of the same kind waits for
+    /// the first's program, while another architecture's compiles beside it (`recipe kernels`
+    /// compiles its architectures at once).
+    type Slot = Arc<Mutex<Option<Arc<Compiled>>>>;
+    static DONE: OnceLock<Mutex<HashMap<(String, bool), Slot>>> = OnceLock::new();
+    let slot = DONE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry((arch.to_string(), early))
+        .or_default()
+        .clone();
+    let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(c) = slot.as_ref() {
         return Ok(c.clone());
     }
     let c = if disk {
@@ -159,7 +167,7 @@ fn once_per_process(
         compile(arch, early)?
     };
     let c = Arc::new(c);
-    done.insert((arch.to_string(), early), c.clone());
+    *slot = Some(c.clone());
     Ok(c)
 }
 
