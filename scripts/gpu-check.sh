@@ -336,6 +336,7 @@ pack
 if ! in_budget throughput; then
     :
 elif OUT="$OUT" RECIPE_BIN="${RECIPE_BIN:-target/release/recipe}" PYTHON="$PY" \
+    TOTAL_LIMIT="$((2 * LIMIT))" \
     timeout "$((2 * LIMIT))" scripts/gpu-throughput.sh > "$OUT/throughput.log" 2>&1 \
     && json_ok "$OUT/throughput.json"; then
     parts[throughput]=pass
