@@ -4,7 +4,7 @@
 //
 // Both modes below run the blocks of a launch one after another, launches serialised by a mutex,
 // so a `__shared__` variable can be a `static`: it is exactly the running block's shared memory.
-// Warp shuffles go through a per-thread slot between two warp barriers. The two modes differ only
+// Warp shuffles go through per-thread slots and a warp barrier. The two modes differ only
 // in what a CUDA thread is, chosen at compile time:
 //
 // - Fibers (the default: the library runtime/emu links). The CUDA threads of a block are fibers
@@ -90,8 +90,10 @@ struct Launch {
     dim3 grid, block;
     unsigned threads;
     std::vector<unsigned char> dyn_smem;
-    std::vector<uint64_t> lanes;  // one shuffle slot per thread
-    std::vector<unsigned> gathered;  // `warp_gather`'s slots, 8 words per thread
+    // A warp's lanes exchange values through slots: two sets, used in turn (`exchange_slots`).
+    std::vector<uint64_t> lanes;  // `shuffle`'s slots, one per thread in each set
+    std::vector<unsigned> gathered;  // `warp_gather`'s slots, 8 words per thread in each set
+    std::vector<unsigned char> turn;  // each thread's next set
 
     int order;                    // the blocks' order (`block_order`)
 
@@ -100,8 +102,9 @@ struct Launch {
           block(b),
           threads(b.x * b.y * b.z),
           dyn_smem(smem + 16, 0),
-          lanes(threads, 0),
-          gathered((size_t)threads * 8, 0),
+          lanes((size_t)threads * 2, 0),
+          gathered((size_t)threads * 16, 0),
+          turn(threads, 0),
           order(ord) {}
     unsigned long long blocks() const { return 1ull * grid.x * grid.y * grid.z; }
     // The k-th block to run: x fastest, then y, then z; the other way round when reversed;
@@ -287,16 +290,46 @@ struct Fiber {
 
 // The one scheduler (launch_mu is held while it runs).
 struct Scheduler {
-    Context main;  // the launching thread, between fibers
+    Context main;  // the launching thread, while a block's fibers are not running
     std::vector<Stack> stacks;
     std::vector<Fiber> fibers;
     Barrier block;
     std::vector<Barrier> warps;
     unsigned running = 0;
+    unsigned live = 0;  // the block's fibers that have not returned
     void (*call)(void*) = nullptr;  // the kernel body
     void* body = nullptr;
 };
 inline Scheduler sched;
+
+[[noreturn]] inline void deadlock() {
+    std::fprintf(stderr,
+                 "cuda_emu: block (%u, %u, %u) cannot finish: every thread still running waits at "
+                 "a barrier that cannot open (a lane exited before a warp shuffle or __syncwarp, "
+                 "or threads wait at different barriers)\n",
+                 bid.x, bid.y, bid.z);
+    std::abort();
+}
+
+// Leaves the running fiber (suspended at a barrier, or returned) for the next runnable one in
+// thread order after it, wrapping round: round robin in thread order, each fiber run to its next
+// barrier or its end. The fibers switch to each other directly, one switch where going through
+// the launching thread took two; it is resumed once every fiber has returned.
+inline void leave(Context& from) {
+    Scheduler& s = sched;
+    if (s.live == 0) return switch_to(from, s.main);
+    unsigned n = (unsigned)s.fibers.size();
+    for (unsigned i = 1, t = s.running; i < n; i++) {
+        if (++t == n) t = 0;
+        Fiber& f = s.fibers[t];
+        if (!f.runnable()) continue;
+        f.waiting = nullptr;
+        s.running = linear = t;
+        tid = f.tid;
+        return switch_to(from, f.ctx);
+    }
+    deadlock();  // every fiber still running waits at a barrier that cannot open
+}
 
 // Suspends the running fiber at `b` unless it is the last to arrive.
 inline void arrive_and_wait(Barrier& b) {
@@ -304,18 +337,19 @@ inline void arrive_and_wait(Barrier& b) {
     Fiber& f = sched.fibers[sched.running];
     f.waiting = &b;
     f.gen = b.gen;
-    switch_to(f.ctx, sched.main);
+    leave(f.ctx);
 }
 
-// Every fiber starts here: the kernel body for one thread, then back to the scheduler for good.
+// Every fiber starts here: the kernel body for one thread, then on to the next fiber for good.
 [[noreturn]] inline void fiber_main() {
     sched.call(sched.body);
     Fiber& f = sched.fibers[sched.running];
     f.done = true;
+    sched.live--;
     // An exited thread is not waited for at later __syncthreads; it may have been the last one.
     Barrier& b = sched.block;
     if (--b.expected > 0 && b.arrived == b.expected) b.open();
-    switch_to(f.ctx, sched.main);
+    leave(f.ctx);
     std::abort();  // never resumed
 }
 
@@ -348,15 +382,6 @@ inline void prepare(Fiber& f, const Stack& s) {
     f.done = false;
 }
 
-[[noreturn]] inline void deadlock() {
-    std::fprintf(stderr,
-                 "cuda_emu: block (%u, %u, %u) cannot finish: every thread still running waits at "
-                 "a barrier that cannot open (a lane exited before a warp shuffle or __syncwarp, "
-                 "or threads wait at different barriers)\n",
-                 bid.x, bid.y, bid.z);
-    std::abort();
-}
-
 inline void run(const Launch& l, void (*call)(void*), void* body) {
     Scheduler& s = sched;
     while (s.stacks.size() < l.threads) s.stacks.push_back(Stack::make());
@@ -370,22 +395,12 @@ inline void run(const Launch& l, void (*call)(void*), void* body) {
         s.block.reset(l.threads);
         for (unsigned w = 0; w < l.warps(); w++) s.warps[w].reset(l.warp_lanes(w));
         for (unsigned t = 0; t < l.threads; t++) prepare(s.fibers[t], s.stacks[t]);
-        // Round robin in thread order until every thread returned: each pass runs every
-        // runnable fiber to its next barrier (or its end).
-        for (unsigned live = l.threads; live > 0;) {
-            bool ran = false;
-            for (unsigned t = 0; t < l.threads; t++) {
-                Fiber& f = s.fibers[t];
-                if (!f.runnable()) continue;
-                f.waiting = nullptr;
-                s.running = linear = t;
-                tid = f.tid;
-                switch_to(s.main, f.ctx);
-                ran = true;
-                live -= f.done;
-            }
-            if (!ran) deadlock();
-        }
+        // Thread 0 first; the fibers pass control on among themselves (`leave`) and the last
+        // to return comes back here.
+        s.live = l.threads;
+        s.running = linear = 0;
+        tid = s.fibers[0].tid;
+        switch_to(s.main, s.fibers[0].ctx);
     }
 }
 
@@ -412,10 +427,25 @@ void launch(dim3 grid, dim3 block, size_t smem, F body) {
 
 inline void* dyn_smem() { return cur->dyn_smem.data(); }
 
+// Which set of slots the running lane's exchange (a shuffle or a gather) uses, as an offset in
+// threads: the lanes write their values there, meet at one warp barrier, and read each other's.
+// Without a second barrier after the reads, a lane's next exchange could overwrite a slot another
+// lane has yet to read; so consecutive exchanges alternate between two sets. The exchange after
+// next, back in this set, comes after the next exchange's barrier, which every lane reaches only
+// once it has read this one's slots (the same order for std::barrier, so ThreadSanitizer sees it).
+// A warp's lanes make the same exchanges, so they agree on the set. One barrier an exchange halves
+// the fibers' switches in shuffle-heavy kernels (the reductions).
+inline size_t exchange_slots() {
+    unsigned char& t = cur->turn[linear];
+    size_t set = t;
+    t ^= 1;
+    return set * cur->threads;
+}
+
 // Every lane's `n` words of `mine` (n ≤ GATHER_WORDS) into `all` (lane l's at all[l·n …]), for
 // a whole warp: how the emulated mma.sync (common.cuh, `mma_16816`) reads the fragments the
-// other lanes hold. Two warp barriers, where the same exchange through shuffles would take one
-// pair per word and lane.
+// other lanes hold. One warp barrier, where the same exchange through shuffles would take one
+// per word and lane.
 constexpr unsigned GATHER_WORDS = 8;
 inline void warp_gather(const unsigned* mine, unsigned n, unsigned* all) {
     unsigned me = linear, warp = me / 32;
@@ -424,11 +454,11 @@ inline void warp_gather(const unsigned* mine, unsigned n, unsigned* all) {
                      warp, cur->warp_lanes(warp));
         std::abort();
     }
-    for (unsigned i = 0; i < n; i++) cur->gathered[me * GATHER_WORDS + i] = mine[i];
+    unsigned* slots = cur->gathered.data() + exchange_slots() * GATHER_WORDS;
+    for (unsigned i = 0; i < n; i++) slots[me * GATHER_WORDS + i] = mine[i];
     warp_sync();  // every lane's words are in
     for (unsigned l = 0; l < 32; l++)
-        for (unsigned i = 0; i < n; i++) all[l * n + i] = cur->gathered[(warp * 32 + l) * GATHER_WORDS + i];
-    warp_sync();  // every lane has read before the next gather overwrites a slot
+        for (unsigned i = 0; i < n; i++) all[l * n + i] = slots[(warp * 32 + l) * GATHER_WORDS + i];
 }
 
 template <class T>
@@ -448,13 +478,13 @@ T shuffle(unsigned mask, T v, unsigned src_lane_xor, bool is_xor, unsigned src_a
     }
     uint64_t bits = 0;
     std::memcpy(&bits, &v, sizeof(T));
-    cur->lanes[me] = bits;
+    uint64_t* slots = cur->lanes.data() + exchange_slots();
+    slots[me] = bits;
     warp_sync();  // every lane's value is in
     unsigned lane = me & 31;
     unsigned src = warp * 32 + (is_xor ? (lane ^ src_lane_xor) : src_abs);
     T out = v;
-    if (src < cur->threads) std::memcpy(&out, &cur->lanes[src], sizeof(T));
-    warp_sync();  // every lane has read before the next shuffle overwrites a slot
+    if (src < cur->threads) std::memcpy(&out, &slots[src], sizeof(T));
     return out;
 }
 
