@@ -296,7 +296,8 @@ struct Scheduler {
     Barrier block;
     std::vector<Barrier> warps;
     unsigned running = 0;
-    unsigned live = 0;  // the block's fibers that have not returned
+    unsigned begun = 0;  // the block's threads started so far (they start in thread order)
+    unsigned live = 0;   // the block's threads that have not returned
     void (*call)(void*) = nullptr;  // the kernel body
     void* body = nullptr;
 };
@@ -311,50 +312,22 @@ inline Scheduler sched;
     std::abort();
 }
 
-// Leaves the running fiber (suspended at a barrier, or returned) for the next runnable one in
-// thread order after it, wrapping round: round robin in thread order, each fiber run to its next
-// barrier or its end. The fibers switch to each other directly, one switch where going through
-// the launching thread took two; it is resumed once every fiber has returned.
-inline void leave(Context& from) {
-    Scheduler& s = sched;
-    if (s.live == 0) return switch_to(from, s.main);
-    unsigned n = (unsigned)s.fibers.size();
-    for (unsigned i = 1, t = s.running; i < n; i++) {
-        if (++t == n) t = 0;
-        Fiber& f = s.fibers[t];
-        if (!f.runnable()) continue;
-        f.waiting = nullptr;
-        s.running = linear = t;
-        tid = f.tid;
-        return switch_to(from, f.ctx);
-    }
-    deadlock();  // every fiber still running waits at a barrier that cannot open
+[[noreturn]] inline void fiber_main();
+
+// Makes thread t the running one, as the kernel reads it (`threadIdx`).
+inline Fiber& make_running(unsigned t) {
+    Fiber& f = sched.fibers[t];
+    f.waiting = nullptr;
+    sched.running = linear = t;
+    tid = f.tid;
+    return f;
 }
 
-// Suspends the running fiber at `b` unless it is the last to arrive.
-inline void arrive_and_wait(Barrier& b) {
-    if (++b.arrived == b.expected) return b.open();
-    Fiber& f = sched.fibers[sched.running];
-    f.waiting = &b;
-    f.gen = b.gen;
-    leave(f.ctx);
-}
-
-// Every fiber starts here: the kernel body for one thread, then on to the next fiber for good.
-[[noreturn]] inline void fiber_main() {
-    sched.call(sched.body);
-    Fiber& f = sched.fibers[sched.running];
-    f.done = true;
-    sched.live--;
-    // An exited thread is not waited for at later __syncthreads; it may have been the last one.
-    Barrier& b = sched.block;
-    if (--b.expected > 0 && b.arrived == b.expected) b.open();
-    leave(f.ctx);
-    std::abort();  // never resumed
-}
-
-// Makes `f` start at fiber_main on `s` when next switched to.
-inline void prepare(Fiber& f, const Stack& s) {
+// Makes thread t's fiber start at fiber_main on its own stack when switched to.
+inline void prepare(unsigned t) {
+    Fiber& f = sched.fibers[t];
+    const Stack& s = sched.stacks[t];
+    sched.begun = t + 1;
 #ifdef RECIPE_EMU_UCONTEXT
     getcontext(&f.ctx.uc);
     f.ctx.uc.uc_stack.ss_sp = s.lo;
@@ -378,8 +351,59 @@ inline void prepare(Fiber& f, const Stack& s) {
     sp[7] = reinterpret_cast<void*>(&recipe_emu_fiber_start);
     f.ctx.sp = sp;
 #endif
-    f.waiting = nullptr;
-    f.done = false;
+}
+
+// Leaves the running fiber (suspended at a barrier, or returned) for the next runnable one in
+// thread order after it, wrapping round: round robin in thread order, each thread run to its next
+// barrier or its end. The fibers switch to each other directly, one switch where going through
+// the launching thread took two; it is resumed once every thread has returned. A thread not yet
+// started is runnable; it starts on its own stack (threads start in order, so it is `begun`).
+inline void leave(Context& from) {
+    Scheduler& s = sched;
+    if (s.live == 0) return switch_to(from, s.main);
+    unsigned n = (unsigned)s.fibers.size();
+    for (unsigned i = 1, t = s.running; i < n; i++) {
+        if (++t == n) t = 0;
+        if (t == s.begun) prepare(t);
+        else if (!s.fibers[t].runnable()) continue;
+        return switch_to(from, make_running(t).ctx);
+    }
+    deadlock();  // every fiber still running waits at a barrier that cannot open
+}
+
+// Suspends the running fiber at `b` unless it is the last to arrive.
+inline void arrive_and_wait(Barrier& b) {
+    if (++b.arrived == b.expected) return b.open();
+    Fiber& f = sched.fibers[sched.running];
+    f.waiting = &b;
+    f.gen = b.gen;
+    leave(f.ctx);
+}
+
+// Every fiber starts here: the kernel body for one thread, then on to the next.
+//
+// When every thread started so far has returned (none waits at a barrier), the next in thread
+// order is the first not started, which round robin would switch to next: it runs here instead,
+// on this stack, without a switch. So a block whose threads meet no barrier (the elementwise
+// kernels) runs on one fiber, its threads one call after another. Once such a thread waits at a
+// barrier it is suspended like any other (its context saved as its own; `leave` never switches
+// to a thread that has started and not been suspended).
+[[noreturn]] inline void fiber_main() {
+    Scheduler& s = sched;
+    unsigned n = (unsigned)s.fibers.size();
+    for (;;) {
+        s.call(s.body);
+        Fiber& f = s.fibers[s.running];
+        f.done = true;
+        s.live--;
+        // An exited thread is not waited for at later __syncthreads; it may have been the last.
+        Barrier& b = s.block;
+        if (--b.expected > 0 && b.arrived == b.expected) b.open();
+        if (s.begun == n || s.live != n - s.begun) break;
+        make_running(s.begun++);
+    }
+    leave(s.fibers[s.running].ctx);
+    std::abort();  // never resumed
 }
 
 inline void run(const Launch& l, void (*call)(void*), void* body) {
@@ -394,13 +418,12 @@ inline void run(const Launch& l, void (*call)(void*), void* body) {
         bid = l.block_at(k);
         s.block.reset(l.threads);
         for (unsigned w = 0; w < l.warps(); w++) s.warps[w].reset(l.warp_lanes(w));
-        for (unsigned t = 0; t < l.threads; t++) prepare(s.fibers[t], s.stacks[t]);
+        for (Fiber& f : s.fibers) f.done = false;
         // Thread 0 first; the fibers pass control on among themselves (`leave`) and the last
         // to return comes back here.
         s.live = l.threads;
-        s.running = linear = 0;
-        tid = s.fibers[0].tid;
-        switch_to(s.main, s.fibers[0].ctx);
+        prepare(0);
+        switch_to(s.main, make_running(0).ctx);
     }
 }
 

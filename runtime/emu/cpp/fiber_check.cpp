@@ -4,7 +4,8 @@
 //
 // Usage: fiber_check GROUP, GROUP one of
 //   early      threads that returned are not waited for at their block's later __syncthreads,
-//              over several blocks (each block's shared memory its own in turn);
+//              over several blocks (each block's shared memory its own in turn), whether they
+//              are the block's last threads, its first or both;
 //   shapes     3-D blocks and grids, a 1024-thread block: thread and block indices, block_max,
 //              block_sum_d and the shuffles give the exact values;
 //   lane-exit  a warp shuffle after a lane of its warp returned cannot complete: reported on
@@ -18,6 +19,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "common.cuh"
@@ -28,33 +30,38 @@
 
 namespace {
 
-// Threads below `live` swap values through shared memory twice; the others return first.
-__global__ void early_exit(int* out, int live) {
+// Threads in [lo, hi) swap values through shared memory twice; the others return first. With
+// lo > 0 the first live thread starts on the stack of the threads that returned before it (the
+// scheduler runs a thread there when every thread started so far has returned) and is then
+// suspended and resumed at the barriers like the others.
+__global__ void early_exit(int* out, int lo, int hi) {
     __shared__ int s[128];
     int t = threadIdx.x;
-    if (t >= live) return;
+    if (t < lo || t >= hi) return;
     s[t] = t + 1000 * (int)blockIdx.x;
     __syncthreads();
-    int a = s[live - 1 - t];
+    int a = s[lo + hi - 1 - t];
     __syncthreads();
     s[t] = 2 * a;
     __syncthreads();
-    out[blockIdx.x * blockDim.x + t] = s[live - 1 - t];
+    out[blockIdx.x * blockDim.x + t] = s[lo + hi - 1 - t];
 }
 
 bool early() {
-    const int blocks = 3, threads = 96, live = 40;
-    std::vector<int> out(blocks * threads, -1);
-    emu::launch(dim3(blocks), dim3(threads), 0, [&] { early_exit(out.data(), live); });
-    for (int b = 0; b < blocks; b++)
-        for (int t = 0; t < threads; t++) {
-            int want = t < live ? 2 * (t + 1000 * b) : -1;
-            if (out[b * threads + t] != want) {
-                std::fprintf(stderr, "early: block %d thread %d: %d, want %d\n", b, t,
-                             out[b * threads + t], want);
-                return false;
+    const int blocks = 3, threads = 96;
+    for (auto [lo, hi] : {std::pair{0, 40}, std::pair{37, 96}, std::pair{5, 70}}) {
+        std::vector<int> out(blocks * threads, -1);
+        emu::launch(dim3(blocks), dim3(threads), 0, [&] { early_exit(out.data(), lo, hi); });
+        for (int b = 0; b < blocks; b++)
+            for (int t = 0; t < threads; t++) {
+                int want = t >= lo && t < hi ? 2 * (t + 1000 * b) : -1;
+                if (out[b * threads + t] != want) {
+                    std::fprintf(stderr, "early [%d, %d): block %d thread %d: %d, want %d\n", lo,
+                                 hi, b, t, out[b * threads + t], want);
+                    return false;
+                }
             }
-        }
+    }
     return true;
 }
 
