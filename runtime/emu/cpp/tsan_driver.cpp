@@ -20,6 +20,7 @@
 // ran; the emulation tests compare them exactly), and a failed check exits 1.
 #include "cuda_emu.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -343,10 +344,43 @@ bool column_sums() {
     return true;
 }
 
+// embedding_order's output for one table (`tokens` positions in order of key, ties in token
+// order, then each row's run length at its first position, 0 elsewhere), computed on the host.
+void order_on_host(unsigned* ord, const std::vector<unsigned>& key) {
+    int tokens = (int)key.size();
+    std::vector<unsigned> pos(tokens);
+    for (int i = 0; i < tokens; i++) pos[i] = i;
+    std::stable_sort(pos.begin(), pos.end(), [&](unsigned a, unsigned b) { return key[a] < key[b]; });
+    for (int r = 0; r < tokens; r++) {
+        ord[r] = pos[r];
+        bool first = r == 0 || key[pos[r - 1]] != key[pos[r]];
+        int run = 0;
+        while (first && r + run < tokens && key[pos[r + run]] == key[pos[r]]) run++;
+        ord[tokens + r] = run;
+    }
+}
+
 bool embedding() {
+    // embedding_order (a warp per token, its counts summed by shuffles) on 40 tokens of three
+    // word rows and two types, against the host's order.
+    {
+        const int tokens = 40;
+        std::vector<unsigned> ids(tokens), types(tokens), order(4 * tokens), want(4 * tokens);
+        for (int i = 0; i < tokens; i++) {
+            ids[i] = (i * 7) % 3;
+            types[i] = i >= 25;
+        }
+        emu::launch(dim3((tokens + 7) / 8, 2), dim3(BLOCK), 0,
+                    [&] { embedding_order(order.data(), ids.data(), types.data(), tokens); });
+        order_on_host(want.data(), ids);
+        order_on_host(want.data() + 2 * tokens, types);
+        for (int i = 0; i < 4 * tokens; i++)
+            if (order[i] != want[i]) return fail("embedding order", i, order[i], want[i]);
+    }
     // 600 tokens of one token type: a long run of three tiles (embedding.cu,
     // embedding_bwd_long), over 40 columns (two blocks of 32, the last part empty); the word
-    // ids alternate between two rows, runs of 300. The order comes from embedding_order.
+    // ids alternate between two rows, runs of 300. Their order is the host's: embedding_order's
+    // 600 warps of OS threads took most of the driver's time under TSan.
     const int tokens = 600, hidden = 40;
     std::vector<unsigned> ids(tokens), types(tokens, 0), order(4 * tokens);
     for (int i = 0; i < tokens; i++) ids[i] = i % 2;
@@ -355,8 +389,8 @@ bool embedding() {
     for (int c = 0; c < 2 * hidden; c++) dword[c] = val(c, 12);
     for (int c = 0; c < hidden; c++) dtyp[c] = val(c, 13);
     std::vector<float> dword0 = dword, dtyp0 = dtyp;
-    emu::launch(dim3((tokens + 7) / 8, 2), dim3(BLOCK), 0,
-                [&] { embedding_order(order.data(), ids.data(), types.data(), tokens); });
+    order_on_host(order.data(), ids);
+    order_on_host(order.data() + 2 * tokens, types);
     emu::launch(dim3((hidden + 31) / 32, (tokens + BLOCK - 1) / BLOCK, 2), dim3(BLOCK),
                 0, [&] {
                     embedding_bwd_long(dword.data(), dtyp.data(), dout.data(), STORE_F32,
