@@ -455,16 +455,8 @@ fn heads_of_32_and_64_train_through_the_fused_attention_on_the_fake_gpu() {
             );
             assert_eq!(o.status.code(), Some(0), "{name}: {}", stderr(&o));
             no_refusals(name, &o);
-            let p: Value = serde_json::from_str(
-                &std::fs::read_to_string(dir.join(name).join("profile.json")).unwrap(),
-            )
-            .unwrap();
-            let names: Vec<&str> = p["rows"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|r| r["name"].as_str().unwrap())
-                .collect();
+            let p = profile(&dir.join(name));
+            let names = operation_names(&p);
             for k in ["attention_fused", "attention_bwd_dq", "attention_bwd_dkv"] {
                 assert_eq!(
                     names.iter().any(|n| n.starts_with(k)),
@@ -587,6 +579,21 @@ fn two_fake_gpus_train_through_nccl_as_the_cpu_ranks_do() {
     }
 }
 
+/// The profile.json a `--profile` run wrote into its output folder `out`.
+fn profile(out: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(out.join("profile.json")).unwrap()).unwrap()
+}
+
+/// The names of a profile's rows (the timed operations).
+fn operation_names(p: &Value) -> Vec<&str> {
+    p["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect()
+}
+
 /// `--profile` times every GPU operation with CUDA events (on asynchronous streams, reached
 /// when the stream gets there) into profile.json.
 #[test]
@@ -607,12 +614,9 @@ fn a_profiled_run_writes_the_fake_gpus_operations() {
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     no_refusals("profile", &o);
-    let p: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("out/profile.json")).unwrap())
-            .unwrap();
+    let p = profile(&dir.join("out"));
     assert!(p["device"].as_str().unwrap().contains("fake"), "{p}");
-    let rows = p["rows"].as_array().unwrap();
-    let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    let names = operation_names(&p);
     for k in ["layernorm_fwd", "cross_entropy", "adamw_step"] {
         assert!(
             names.iter().any(|n| n.starts_with(k)),
