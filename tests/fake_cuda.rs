@@ -398,7 +398,8 @@ fn half_precision_trains_on_the_fake_gpu_as_on_the_cpu() {
 /// evaluation losses within 1e-3. Not the same bits: the fused backward adds a row's Σ dp·p in
 /// another order than the softmax backward (attention.cu), which at heads of 64 moves some
 /// gradients by an ulp on some batches (here from the first step, with hidden dropout). A
-/// profiled run shows the three kernels, and the unfused one none.
+/// profiled run shows the three kernels, its evaluations' forward included (no softmax kernel of
+/// the batched products), and the unfused one none.
 #[test]
 fn heads_of_32_and_64_train_through_the_fused_attention_on_the_fake_gpu() {
     for (hidden, heads) in [(64, 2), (128, 2)] {
@@ -464,6 +465,13 @@ fn heads_of_32_and_64_train_through_the_fused_attention_on_the_fake_gpu() {
                     "heads of {head}, {name}: {k} in {names:?}"
                 );
             }
+            // The evaluations' forward takes the fused kernel too (bert.rs, `self_attention`):
+            // no softmax of the batched products anywhere in the run.
+            assert_eq!(
+                names.iter().any(|n| n.starts_with("attention_softmax")),
+                fused_attention == "0",
+                "heads of {head}, {name}: attention_softmax in {names:?}"
+            );
         }
     }
 }

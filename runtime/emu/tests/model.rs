@@ -169,7 +169,7 @@ fn a_micro_batch_gives_the_same_bits_whatever_order_its_blocks_run_in() {
 
 /// Models whose heads are 64 wide (hidden 128, two heads: BERT-base's head) and 32 wide (hidden
 /// 96, three heads: MiniLM's): on a device keeping 16-bit buffers
-/// its training forward's attention is one kernel and its backward two (kernels/attention.rs,
+/// its forwards' attention (training and evaluation) is one kernel and its backward two (kernels/attention.rs,
 /// `fused`; mma.sync emulated), which add q's, k's and v's biases as they load them. Its loss,
 /// gradient and logits stay within the store's tolerance of the batched products' (the same
 /// device told not to fuse) and of the CPU's.
@@ -231,17 +231,16 @@ fn heads_train_through_the_fused_attention(hidden: usize, heads: usize) {
             )
         };
         let ((lf, gf, ef), calls) = run(true);
-        // The training forward and the backward fused; the evaluation's forward keeps its
-        // probabilities in f32, where the scores are computed in place (`Acts`), so it takes
-        // the batched products.
+        // The training forward, the backward and the evaluation's forward fused (the last
+        // runs the training forward's attention: bert.rs, `self_attention`).
         let fused_calls = calls;
         let ((lu, gu, eu), calls) = run(false);
         assert_eq!(calls[..5], [0, 2, 0, 0, 1], "{store:?} unfused");
         // q's, k's and v's biases added by the fused kernels, not by `add_bias` (one pass a
-        // layer), in the training forward; the evaluation's adds them.
+        // layer), in both forwards.
         assert_eq!(
             fused_calls,
-            [1, 1, 1, 1, 0, calls[5] - 1],
+            [2, 0, 1, 1, 0, calls[5] - 2],
             "{store:?} fused"
         );
         let tol = if store == Dtype::Bf16 { 2e-2 } else { 2e-3 };

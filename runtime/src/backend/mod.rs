@@ -823,6 +823,14 @@ pub trait Backend {
     fn attention_adds_bias(&self, _s: AttnShape) -> bool {
         false
     }
+    /// Whether [`Backend::attention_fwd`] of shape `s`, its probabilities in an
+    /// [`Backend::alloc_stored`] buffer, needs the scores' f32 room: a GPU storing 16-bit
+    /// probabilities does unless its fused kernel runs (the evaluation forward allocates the
+    /// room only then; a training pass always has it, the backward's scratch). The CPU computes
+    /// the scores in `probs`.
+    fn attention_needs_scores(&self, _s: AttnShape) -> bool {
+        false
+    }
     /// Attention backward: overwrites `dq`, `dk`, `dv`, the columns `out` gives of `dqkv`'s rows
     /// (nothing else of them); `scratch` is f32 room of
     /// `[batch, heads, seq, seq]` for `dp = dctx·vᵀ` and the softmax's gradient `ds` (left

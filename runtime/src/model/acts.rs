@@ -4,7 +4,7 @@
 
 use super::layout::qkv_grad_rows;
 use super::BertConfig;
-use crate::backend::Backend;
+use crate::backend::{AttnShape, Backend};
 
 /// Activations of one encoder layer, saved by the forward for the backward.
 pub(crate) struct LayerActs<B: Backend> {
@@ -304,11 +304,13 @@ pub(crate) struct EvalActs<B: Backend> {
     pub(super) x: B::Buf,
     /// The embedding sum, then each layer's output (swapped with `x`).
     pub(super) y: B::Buf,
-    pub(super) q: B::Buf,
-    pub(super) k: B::Buf,
-    pub(super) v: B::Buf,
+    /// q, k and v side by side, as the training pass's [`LayerActs`] `qkv`.
+    pub(super) qkv: B::Buf,
     pub(super) ctx: B::Buf,
     pub(super) probs: B::Buf,
+    /// The scores' f32 room, where the attention needs it
+    /// ([`Backend::attention_needs_scores`]; a training pass has the backward's scratch).
+    pub(super) scores: Option<B::Buf>,
     /// Every layer's but the last, on every token.
     pub(super) tail: EvalTail<B>,
     /// The last layer's, on the `[CLS]` rows (the fused epilogues take whole buffers).
@@ -360,9 +362,9 @@ impl<B: Backend> EvalTail<B> {
 impl<B: Backend> EvalActs<B> {
     pub(crate) fn new(be: &B, c: &BertConfig, labels: usize, batch: usize, seq: usize) -> Self {
         // Every activation a kernel stores rounded is [`Backend::alloc_stored`], as the
-        // training pass's (16 bits on a GPU storing fp16/bf16); the f32 ones: the
-        // probabilities (the scores are computed in them), the LayerNorm statistics, and the
-        // pooler's and classifier's rows.
+        // training pass's (16 bits on a GPU storing fp16/bf16), the probabilities included;
+        // the f32 ones: the scores' room, the LayerNorm statistics, and the pooler's and
+        // classifier's rows.
         let z = || be.alloc(0);
         let s = || be.alloc_stored(0);
         let mut a = EvalActs {
@@ -373,11 +375,10 @@ impl<B: Backend> EvalActs<B> {
             mask: be.upload_ids(&[]),
             x: s(),
             y: s(),
-            q: s(),
-            k: s(),
-            v: s(),
+            qkv: s(),
             ctx: s(),
-            probs: z(),
+            probs: s(),
+            scores: None,
             tail: EvalTail::new(be),
             cls_tail: EvalTail::new(be),
             cls: s(),
@@ -404,17 +405,23 @@ impl<B: Backend> EvalActs<B> {
         let r = |b: &mut B::Buf, len: usize| {
             be.resize(b, len);
         };
-        for x in [
-            &mut self.x,
-            &mut self.y,
-            &mut self.q,
-            &mut self.k,
-            &mut self.v,
-            &mut self.ctx,
-        ] {
+        for x in [&mut self.x, &mut self.y, &mut self.ctx] {
             r(x, n * h);
         }
-        r(&mut self.probs, batch * c.num_attention_heads * seq * seq);
+        r(&mut self.qkv, 3 * n * h);
+        let pp = batch * c.num_attention_heads * seq * seq;
+        r(&mut self.probs, pp);
+        let shape = AttnShape {
+            batch,
+            seq,
+            heads: c.num_attention_heads,
+            head_dim: c.head_dim(),
+        };
+        if be.attention_needs_scores(shape) {
+            r(self.scores.get_or_insert_with(|| be.alloc(0)), pp);
+        } else {
+            self.scores = None;
+        }
         self.tail.reshape(be, n, h, i);
         self.cls_tail.reshape(be, batch, h, i);
         for x in [&mut self.cls, &mut self.pool_pre, &mut self.pool] {

@@ -180,40 +180,26 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
         let (before, after) = a.hs.split_at_mut(l + 1);
         let x = be.view(&before[l]);
         let y = &mut after[0];
-        // Q, K and V: their three GEMMs on `x` as one batched call, then their biases in one
-        // pass (`linear_fwd` for the three at once; `qkv_stride`), or, where the device's
-        // attention adds them as it loads q, k and v (forward and backward), not at all:
-        // `la.qkv` then holds the products without them.
-        let ws = ll.qkv_stride();
-        let g = Gemm {
-            lda: h,
-            ..Gemm::dense(n, ll.q.out, ll.q.inp, false, true, 0.0)
-        };
-        let w = be.sub(p, ll.q.w..ll.v.w().end);
-        be.gemm_items_to_epilogue(&g, 3, [0, ws, n * h], x, w, be.view_mut(&mut la.qkv));
-        let b = be.sub(p, ll.qkv_biases());
-        let qkv_bias = be.attention_adds_bias(shape).then_some((b, ws));
-        if qkv_bias.is_none() {
-            be.bias_epilogue_items(be.view_mut(&mut la.qkv), b, n, h, 3, ws);
-        }
-        let qkv = be.view(&la.qkv);
         let ad = site(|d| d.attn, site_layer(l, 0));
         if ad.is_some() && la.probs_drop.is_none() {
             la.probs_drop = Some(be.alloc_stored(bsz * shape.heads * t * t));
         }
-        be.attention_fwd(
-            be.view_mut(&mut la.ctx),
-            be.view_mut(&mut la.probs),
-            match (&ad, la.probs_drop.as_mut()) {
-                (Some(_), Some(pd)) => Some(be.view_mut(pd)),
-                _ => None,
-            },
+        self_attention(
+            be,
+            ll,
+            p,
+            x,
+            &mut la.qkv,
+            (
+                be.view_mut(&mut la.ctx),
+                be.view_mut(&mut la.probs),
+                match (&ad, la.probs_drop.as_mut()) {
+                    (Some(_), Some(pd)) => Some(be.view_mut(pd)),
+                    _ => None,
+                },
+            ),
             // The backward's scratch, idle until then: f32 room for the scores.
             Some(be.view_mut(&mut a.dscratch)),
-            be.sub(qkv, 0..n * h),
-            be.sub(qkv, n * h..2 * n * h),
-            be.sub(qkv, 2 * n * h..3 * n * h),
-            qkv_bias,
             &a.mask,
             shape,
             ad.as_ref(),
@@ -332,6 +318,55 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
         h,
     );
     src.release(tail)
+}
+
+/// A layer's self-attention on `x` (`shape`'s tokens), into `out` (the context, the
+/// probabilities and, with `dropout`, the dropped ones): q, k and v as one batched GEMM into
+/// `qkv` (side by side, `n·h` apart), their biases added in one pass or, where the device's
+/// attention adds them as it loads q, k and v ([`Backend::attention_adds_bias`]), left to it.
+/// `scores` is [`Backend::attention_fwd`]'s f32 room. The training and the evaluation forward
+/// both run it, so their bits agree on every backend.
+#[allow(clippy::too_many_arguments)]
+fn self_attention<B: Backend>(
+    be: &B,
+    ll: &LayerLayout,
+    p: B::View<'_>,
+    x: B::View<'_>,
+    qkv: &mut B::Buf,
+    out: (B::ViewMut<'_>, B::ViewMut<'_>, Option<B::ViewMut<'_>>),
+    scores: Option<B::ViewMut<'_>>,
+    mask: &B::Ids,
+    shape: AttnShape,
+    dropout: Option<&Dropout>,
+) {
+    let (n, h) = (shape.batch * shape.seq, ll.q.out);
+    let ws = ll.qkv_stride();
+    let g = Gemm {
+        lda: ll.q.inp,
+        ..Gemm::dense(n, ll.q.out, ll.q.inp, false, true, 0.0)
+    };
+    let w = be.sub(p, ll.q.w..ll.v.w().end);
+    be.gemm_items_to_epilogue(&g, 3, [0, ws, n * h], x, w, be.view_mut(qkv));
+    let b = be.sub(p, ll.qkv_biases());
+    let qkv_bias = be.attention_adds_bias(shape).then_some((b, ws));
+    if qkv_bias.is_none() {
+        be.bias_epilogue_items(be.view_mut(qkv), b, n, h, 3, ws);
+    }
+    let qkv = be.view(qkv);
+    let (ctx, probs, probs_drop) = out;
+    be.attention_fwd(
+        ctx,
+        probs,
+        probs_drop,
+        scores,
+        be.sub(qkv, 0..n * h),
+        be.sub(qkv, n * h..2 * n * h),
+        be.sub(qkv, 2 * n * h..3 * n * h),
+        qkv_bias,
+        mask,
+        shape,
+        dropout,
+    );
 }
 
 /// The rest of an encoder layer after attention, on `rows` tokens whose attention context is
@@ -465,18 +500,14 @@ pub(crate) fn forward_eval<B: Backend, W: ParamSource<B>>(
     for (l, ll) in lay.layers.iter().enumerate() {
         let p = src.fetch(1 + l)?;
         let x = be.view(&a.x);
-        linear_fwd(be, be.view_mut(&mut a.q), x, p, ll.q, n, h);
-        linear_fwd(be, be.view_mut(&mut a.k), x, p, ll.k, n, h);
-        linear_fwd(be, be.view_mut(&mut a.v), x, p, ll.v, n, h);
-        be.attention_fwd(
-            be.view_mut(&mut a.ctx),
-            be.view_mut(&mut a.probs),
-            None,
-            None,
-            be.view(&a.q),
-            be.view(&a.k),
-            be.view(&a.v),
-            None,
+        self_attention(
+            be,
+            ll,
+            p,
+            x,
+            &mut a.qkv,
+            (be.view_mut(&mut a.ctx), be.view_mut(&mut a.probs), None),
+            a.scores.as_mut().map(|s| be.view_mut(s)),
             &a.mask,
             shape,
             None,

@@ -193,15 +193,11 @@ pub(super) fn fwd<D: Device>(
     for n in [dev.len(q), dev.len(kk), dev.len(v)] {
         assert!(n >= tok, "attention_fwd q/k/v");
     }
-    match &scores {
-        Some(sc) => assert!(
+    if let Some(sc) = &scores {
+        assert!(
             dev.len_mut(sc) >= pp && dev.elem(dev.as_view(sc)) == Dtype::F32,
             "attention_fwd scores: f32, the probabilities' size"
-        ),
-        None => assert!(
-            !dev.elem(dev.as_view(&probs)).is_half(),
-            "attention_fwd: 16-bit probabilities need f32 room for the scores"
-        ),
+        );
     }
     if empty(s) {
         return;
@@ -224,11 +220,17 @@ pub(super) fn fwd<D: Device>(
     ];
     elems.extend(pd.as_ref().map(|(b, _)| dev.elem(dev.as_view(b))));
     let [bias, bias_stride] = bias_args(k, qkv_bias, s);
+    let fused = fused(k, s, &elems);
     assert!(
-        qkv_bias.is_none() || fused(k, s, &elems),
+        qkv_bias.is_none() || fused,
         "attention_fwd: only the fused kernel adds q/k/v biases (Backend::attention_adds_bias)"
     );
-    if fused(k, s, &elems) {
+    assert!(
+        fused || scores.is_some() || !dev.elem(dev.as_view(&probs)).is_half(),
+        "attention_fwd: 16-bit probabilities need f32 room for the scores \
+         (Backend::attention_needs_scores)"
+    );
+    if fused {
         let pd_ptr = pd.as_mut().map_or(0, |(b, _)| dev.ptr_mut(b));
         dev.launch(
             "attention_fused",

@@ -951,6 +951,12 @@ impl<D: Device> Backend for Kernels<D> {
         attention::fused(self, s, &[self.stored_elem()])
     }
 
+    fn attention_needs_scores(&self, s: AttnShape) -> bool {
+        // The batched products write the scores before the softmax rounds them; the fused
+        // kernel keeps them in registers.
+        self.stored_elem().is_half() && !attention::fused(self, s, &[self.stored_elem()])
+    }
+
     fn attention_bwd(
         &self,
         dqkv: D::ViewMut<'_>,
