@@ -244,6 +244,21 @@ fn metrics_records_match_the_schema_and_the_docs() {
         all_kinds(),
         "every kind of record is written by this run"
     );
+    // An evaluation's time is measured: its rate is its rows over it.
+    for e in records
+        .iter()
+        .filter_map(|r| r.get("eval").or(r.get("test")))
+    {
+        let (seconds, rate) = (
+            e["seconds"].as_f64().unwrap(),
+            e["samples_per_s"].as_f64().unwrap(),
+        );
+        let rows = e["rows"].as_f64().unwrap();
+        assert!(
+            seconds > 0.0 && (rate * seconds - rows).abs() <= 1e-6 * rows,
+            "{e}"
+        );
+    }
     // Every field of every record is named in docs/outputs.md.
     let doc = doc();
     let mut missing = BTreeSet::new();

@@ -594,7 +594,14 @@ fn same_run(a: &Path, b: &Path) {
         metrics(dir)
             .iter()
             .filter(|r| r["loss"].is_f64() || r["eval"].is_object())
-            .map(|r| keys.iter().map(|k| r[*k].clone()).collect())
+            .map(|r| {
+                let mut r = r.clone();
+                // An evaluation's figures, not its time.
+                if let Some(e) = r["eval"].as_object_mut() {
+                    e.retain(|k, _| !["seconds", "samples_per_s"].contains(&k.as_str()));
+                }
+                keys.iter().map(|k| r[*k].clone()).collect()
+            })
             .collect()
     };
     let (ra, rb) = (records(a), records(b));

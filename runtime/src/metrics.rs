@@ -18,17 +18,24 @@ pub struct EvalReport {
     pub accuracy: f64,
     /// Two classes: F1 of class 1 (the `f1` metric's binary default); more: macro F1.
     pub f1: f64,
+    /// Wall-clock seconds of the evaluation: its batches' forward passes and the figures (HF's
+    /// `eval_runtime`, transformers' `trainer_utils.speed_metrics`).
+    pub seconds: f64,
+    /// Rows per second (HF's `eval_samples_per_second`).
+    pub samples_per_s: f64,
 }
 
 impl fmt::Display for EvalReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "loss {:.4}, accuracy {:.2}% ({} rows), F1 {:.4}",
+            "loss {:.4}, accuracy {:.2}% ({} rows), F1 {:.4}, {:.3} s ({:.1} rows/s)",
             self.loss,
             self.accuracy * 100.0,
             self.rows,
-            self.f1
+            self.f1,
+            self.seconds,
+            self.samples_per_s
         )
     }
 }
@@ -93,6 +100,7 @@ pub fn evaluate(
     data: &Dataset,
     micro: usize,
 ) -> Result<EvalReport, crate::model::ModelError> {
+    let started = std::time::Instant::now();
     let classes = model.num_labels();
     let (mut pred, mut gold) = (Vec::new(), Vec::new());
     let mut loss = 0.0;
@@ -109,11 +117,16 @@ pub fn evaluate(
     }
     let rows = gold.len();
     let correct = pred.iter().zip(&gold).filter(|(p, g)| p == g).count();
+    let f1 = f1(&pred, &gold, classes);
+    // The logits were downloaded, so a GPU's work is done.
+    let seconds = started.elapsed().as_secs_f64();
     Ok(EvalReport {
         rows,
         loss: loss / rows.max(1) as f64,
         accuracy: correct as f64 / rows.max(1) as f64,
-        f1: f1(&pred, &gold, classes),
+        f1,
+        seconds,
+        samples_per_s: rows as f64 / seconds.max(1e-9),
     })
 }
 
