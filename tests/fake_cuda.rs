@@ -883,3 +883,36 @@ fn the_fastest_gemm_algorithms_are_chosen_once_and_kept() {
         stderr(&o)
     );
 }
+
+/// A run left on the CPU because `--device` was not given, on a machine whose GPUs could train
+/// (here two fake ones), says so once and trains on the CPU; `--device cpu` and `--quiet` say
+/// nothing.
+#[test]
+fn a_default_cpu_run_on_a_gpu_machine_names_the_gpus() {
+    let recipe = TINY.replace("epochs = 2", "max_steps = 1");
+    assert_ne!(recipe, TINY);
+    let dir = workspace("fake-gpus-here", &recipe);
+    let note = "note: this machine has 2 CUDA GPU(s) that could train; without --device the \
+                run's 1 rank(s) train on the CPU";
+    let cases: [(&[&str], bool); 3] = [
+        (&["run", "tiny.rcp"], true),
+        (&["run", "--device", "cpu", "tiny.rcp"], false),
+        (&["run", "--quiet", "tiny.rcp"], false),
+    ];
+    for (args, said) in cases {
+        let o = on_fake(&dir, 2, &[], args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {err}");
+        assert_eq!(
+            err.matches(note).count(),
+            usize::from(said),
+            "{args:?}: {err}"
+        );
+        let start = metrics(&dir.join("out"))
+            .into_iter()
+            .rev()
+            .find(|r| r["event"] == "start")
+            .unwrap();
+        assert_eq!(start["device"], "cpu", "{args:?}");
+    }
+}

@@ -260,10 +260,11 @@ enum Command {
     Run {
         /// Recipe file or plan.json.
         file: PathBuf,
-        /// Where to train: the CPU reference backend, one CUDA GPU (docs/cuda.md), or auto (CUDA
+        /// Where to train: the CPU reference backend (the default; a run left there on a
+        /// machine whose GPUs could train says so), one CUDA GPU (docs/cuda.md), or auto (CUDA
         /// when a driver, a GPU, NVRTC and cuBLAS are all there).
-        #[arg(long, value_enum, default_value_t = Device::Cpu)]
-        device: Device,
+        #[arg(long, value_enum)]
+        device: Option<Device>,
         /// Continue from a checkpoint directory written by an earlier run.
         #[arg(long, value_name = "DIR")]
         resume: Option<PathBuf>,

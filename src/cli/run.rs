@@ -24,7 +24,7 @@ pub struct Options<'a> {
     pub node: Option<Node>,
 }
 
-pub fn run(file: &Path, device: Device, opts: Options<'_>, flags: &RecipeFlags) -> i32 {
+pub fn run(file: &Path, device: Option<Device>, opts: Options<'_>, flags: &RecipeFlags) -> i32 {
     let Options {
         resume,
         stop_after,
@@ -32,6 +32,8 @@ pub fn run(file: &Path, device: Device, opts: Options<'_>, flags: &RecipeFlags) 
         profile,
         node,
     } = opts;
+    let given = device.is_some();
+    let device = device.unwrap_or(Device::Cpu);
     let want_gpu = match choose_device(device) {
         Ok(g) => g,
         Err(code) => return code,
@@ -105,6 +107,9 @@ pub fn run(file: &Path, device: Device, opts: Options<'_>, flags: &RecipeFlags) 
             "note: the plan's {} ranks over {nodes} nodes all run in this process; start it on each node with --node-rank K --master HOST:PORT to spread them (docs/runtime.md, \"Several nodes\")",
             plan.batch.world
         );
+    }
+    if !given && !quiet {
+        say_gpus_here(&plan);
     }
     let mut node = node;
     let executors = if want_gpu {
@@ -196,6 +201,20 @@ fn estimate_line(r: &recipe::resolve::Resolved, plan: &Plan, ranks: usize) -> Op
         "recipe explain's estimate for ZeRO-{stage} on {ranks} rank(s): {:.1} MiB per GPU ({basis})",
         e.per_gpu as f64 / (1024.0 * 1024.0)
     ))
+}
+
+/// A run on the CPU because `--device` was left out says so when this machine has everything a
+/// GPU run needs (`cuda::require`): the CPU reference is the default, so that a run's numbers do
+/// not change with the machine, but a recipe of several ranks (`--gpus N`) on a machine with GPUs
+/// most likely meant them.
+fn say_gpus_here(plan: &Plan) {
+    if let Ok(p) = recipe_runtime::backend::cuda::require() {
+        let ranks = plan.batch.world.max(1);
+        eprintln!(
+            "note: this machine has {} CUDA GPU(s) that could train; without --device the run's {ranks} rank(s) train on the CPU (the reference backend): --device cuda trains on them (docs/cuda.md)",
+            p.devices
+        );
+    }
 }
 
 /// Settles `--device`: whether to train on a GPU. `cuda` without a driver, a GPU, NVRTC or
