@@ -20,7 +20,10 @@
 # MiniLM's shape (all-MiniLM-L6-v2, recipes/cls.rcp's model: 6 layers, hidden 384, 12 heads of
 # 32) the same way, with and without the fused attention kernels (their heads of 32). Ours runs
 # with its passes replayed as CUDA graphs (the default, docs/cuda.md "CUDA graphs"), and once
-# more launching them directly (RECIPE_CUDA_GRAPHS=0).
+# more launching them directly (RECIPE_CUDA_GRAPHS=0). The default run, the unfused one and
+# MiniLM's two evaluate once after their last step: the evaluation forward's rows a second,
+# through the fused attention kernel and without it (ratio_eval_fused_over_unfused,
+# ratio_minilm_eval_fused_over_unfused).
 #
 #   scripts/gpu-throughput.sh                     # on a GPU (called by scripts/gpu-check.sh)
 #   DEVICE=cpu SHAPE=tiny scripts/gpu-throughput.sh   # a dry run of the script on any machine
@@ -111,7 +114,11 @@ timeout "$RUN_LIMIT" "$PY" scripts/gpu/torch_bert_bench.py --device "$DEVICE" --
     --heads "$HEADS" --intermediate "$INTER" --batch "$MICRO" --seq "$SEQ" \
     --steps "$((STEPS - WARM))" --warmup "$WARM" > "$W/torch.json" 2> "$W/torch.log" \
     || { echo "the PyTorch peer failed: $W/torch.log" >&2; tail -5 "$W/torch.log" >&2; }
-ours out pack "$STEPS"
+# The default run, the unfused one and MiniLM's two also evaluate once, after their last step
+# (its record comes after the last step's, so the training rate is the same): the evaluation
+# forward's rows per second, through the fused attention kernel and without it.
+EVAL=(--set 'data.eval="long.jsonl"')
+ours out pack "$STEPS" "${EVAL[@]}"
 # The settings still to decide, each against the default run: the step beside the forward, the
 # weight gradients' stream, the GEMMs' algorithms, programmatic dependent launches (and the two
 # settings still off by default together: the run their flips would make the default).
@@ -122,10 +129,10 @@ PDL=1 ours pdl pack "$STEPS"
 PDL=1 ALGO=fastest ours pdl-gemm-fastest pack "$STEPS"
 PDL=early ours pdl-early pack "$STEPS"
 # MiniLM's shape: heads of 32, through the fused attention kernels and without them.
-RCP=minilm.rcp ours minilm pack "$STEPS"
-RCP=minilm.rcp FUSED=0 ours minilm-unfused pack "$STEPS"
+RCP=minilm.rcp ours minilm pack "$STEPS" "${EVAL[@]}"
+RCP=minilm.rcp FUSED=0 ours minilm-unfused pack "$STEPS" "${EVAL[@]}"
 # What earlier sessions measured, again.
-FUSED=0 ours unfused pack "$STEPS"
+FUSED=0 ours unfused pack "$STEPS" "${EVAL[@]}"
 SIDE=equal ours side-equal pack "$STEPS"
 GRAPHS=0 ours direct pack "$STEPS"
 LIB=cublas ours cublas pack "$STEPS"

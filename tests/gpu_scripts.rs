@@ -120,6 +120,17 @@ fn throughput_of(
     torch: f64,
     peak: &str,
 ) -> serde_json::Value {
+    throughput_evaluated(gpu, runs, &[], torch, peak)
+}
+
+/// The same, the runs `evals` names ending with an evaluation of that many rows a second.
+fn throughput_evaluated(
+    gpu: &str,
+    runs: &[(&str, f64, f64)],
+    evals: &[(&str, f64)],
+    torch: f64,
+    peak: &str,
+) -> serde_json::Value {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     // One folder a call: the tests run side by side.
     static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -138,6 +149,12 @@ fn throughput_of(
         lines.extend(
             (1..=20).map(|s| serde_json::json!({"step": s, "loss": loss, "samples_per_s": rate})),
         );
+        for &(_, rows_per_s) in evals.iter().filter(|e| e.0 == name) {
+            lines.push(serde_json::json!({"step": 20, "eval": {
+                "rows": 640, "loss": loss, "accuracy": 0.5, "f1": 0.0,
+                "seconds": 640.0 / rows_per_s, "samples_per_s": rows_per_s
+            }}));
+        }
         let text: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
         std::fs::write(run.join("metrics.jsonl"), text.join("\n")).expect("metrics");
     }
@@ -223,6 +240,44 @@ fn minilms_fused_and_unfused_runs_are_compared_with_each_other() {
     let s = throughput("NVIDIA H200 (sm_90)", 3000.0, 1000.0, "");
     assert!(s["recipe_minilm"]["error"].is_string(), "{s}");
     assert!(s.get("ratio_minilm_fused_over_unfused").is_none(), "{s}");
+}
+
+/// The runs that evaluate after their last step (the default, the unfused, MiniLM's two) give
+/// their evaluation's rows a second, and the fused runs' ratios to the unfused; the training
+/// rates are the steps', as without an evaluation.
+#[test]
+fn the_evaluations_are_compared_fused_over_unfused() {
+    let runs = [
+        ("out", 3000.0, 1.0),
+        ("unfused", 2500.0, 1.0),
+        ("minilm", 6000.0, 1.0),
+        ("minilm-unfused", 4000.0, 1.0),
+    ];
+    let evals = [
+        ("out", 9000.0),
+        ("unfused", 6000.0),
+        ("minilm", 20000.0),
+        ("minilm-unfused", 16000.0),
+    ];
+    let s = throughput_evaluated("NVIDIA H200 (sm_90)", &runs, &evals, 1000.0, "");
+    let eval = |k: &str| s[k]["eval_samples_per_s"].as_f64().expect(k);
+    assert_eq!(eval("recipe"), 9000.0, "{s}");
+    assert_eq!(eval("recipe_unfused_attention"), 6000.0, "{s}");
+    assert_eq!(
+        s["ratio_eval_fused_over_unfused"].as_f64(),
+        Some(1.5),
+        "{s}"
+    );
+    assert_eq!(
+        s["ratio_minilm_eval_fused_over_unfused"].as_f64(),
+        Some(1.25),
+        "{s}"
+    );
+    assert!((s["recipe"]["samples_per_s"].as_f64().unwrap() - 3000.0).abs() < 1e-6);
+    // Runs without an evaluation (an older session's folder) have no ratio.
+    let s = throughput_of("NVIDIA H200 (sm_90)", &runs, 1000.0, "");
+    assert!(s["recipe"].get("eval_samples_per_s").is_none(), "{s}");
+    assert!(s.get("ratio_eval_fused_over_unfused").is_none(), "{s}");
 }
 
 #[test]

@@ -6,7 +6,8 @@ default run, and MFU against the GPU's dense bf16 peak. Prints throughput.json.
     throughput_summary.py DIR DEVICE LAYERS HIDDEN SEQ WARM [PEAK_TFLOPS [INTER]]
 
 DIR holds one folder per run (out, cublas, …, minilm, minilm-unfused, each with the run's
-metrics.jsonl), profiled/ and torch.json; an empty PEAK_TFLOPS takes the peak of the GPU the run names; INTER is the
+metrics.jsonl; out, unfused, minilm and minilm-unfused also evaluate once, after their last
+step: their `eval_samples_per_s`, and the fused runs' ratios to the unfused ones), profiled/ and torch.json; an empty PEAK_TFLOPS takes the peak of the GPU the run names; INTER is the
 feed-forward's width (4 × HIDDEN, BERT's, when absent).
 
 MFU counts llm.c's FLOPs a sample, (6N + 6·L·C·T)·T, what the goal names. Ours runs the last
@@ -33,10 +34,15 @@ def rate(run):
         t = [r["step"] / r["samples_per_s"] for r in steps]
         rates = [(b["step"] - a["step"]) / (tb - ta)
                  for a, b, ta, tb in zip(steps, steps[1:], t, t[1:]) if a["step"] >= warm and tb > ta]
-        return {"device": start.get("device"), "parameters": start["parameters"],
-                "precision": start.get("precision"), "steps_timed": len(rates),
-                "samples_per_s": statistics.median(rates),
-                "losses": [r["loss"] for r in steps]}
+        r = {"device": start.get("device"), "parameters": start["parameters"],
+             "precision": start.get("precision"), "steps_timed": len(rates),
+             "samples_per_s": statistics.median(rates),
+             "losses": [r["loss"] for r in steps]}
+        # The evaluation after the last step (the runs given an eval file): rows per second.
+        evals = [r["eval"] for r in recs if "eval" in r]
+        if evals and "samples_per_s" in evals[-1]:
+            r["eval_samples_per_s"] = evals[-1]["samples_per_s"]
+        return r
     except (OSError, StopIteration, KeyError, statistics.StatisticsError) as e:
         return {"error": f"{type(e).__name__}: {e}"}
 out["recipe"] = rate("out")
@@ -70,6 +76,13 @@ mini_losses, mini_u_losses = mini.pop("losses", None), mini_u.pop("losses", None
 out["recipe_minilm"], out["recipe_minilm_unfused"] = mini, mini_u
 if mini.get("samples_per_s") and mini_u.get("samples_per_s"):
     out["ratio_minilm_fused_over_unfused"] = mini["samples_per_s"] / mini_u["samples_per_s"]
+# The evaluation forward through the fused attention kernel against the batched products, where
+# both runs evaluated: BERT-base's shape and MiniLM's.
+for key, fused, unfused in (("ratio_eval_fused_over_unfused", out["recipe"],
+                             out["recipe_unfused_attention"]),
+                            ("ratio_minilm_eval_fused_over_unfused", mini, mini_u)):
+    if fused.get("eval_samples_per_s") and unfused.get("eval_samples_per_s"):
+        out[key] = fused["eval_samples_per_s"] / unfused["eval_samples_per_s"]
 if mini_losses and mini_u_losses and len(mini_losses) == len(mini_u_losses):
     out["recipe_minilm_unfused"]["max_loss_rel_diff"] = max(
         abs(a - b) / abs(a) if a else abs(b) for a, b in zip(mini_losses, mini_u_losses))
