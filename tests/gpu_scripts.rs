@@ -3,7 +3,8 @@
 //! the speed-of-light section, torch.profiler's rows and a run's metrics into per-step figures
 //! (tests/fixtures/gpu-profile/); `scripts/gpu/throughput_summary.py` turns timed runs into
 //! samples/s and MFU against the named GPU's peak; `scripts/gpu/resume_summary.py` judges a
-//! checkpoint resumed on the other device. Needs `python3` (or `$PYTHON`), which CI installs.
+//! checkpoint resumed on the other device; and `scripts/gpu-throughput.sh` runs dry on the CPU.
+//! Needs `python3` (or `$PYTHON`), which CI installs.
 
 use std::path::Path;
 use std::process::Command;
@@ -412,4 +413,63 @@ fn a_resumed_run_passes_only_where_it_goes_on_as_the_cpu_alone() {
             && !e.contains(root.to_str().unwrap()),
         "{s}"
     );
+}
+
+/// scripts/gpu-throughput.sh's dry run on the CPU (`DEVICE=cpu SHAPE=tiny`, as its header
+/// says), with this build's binary: every run of ours trains, and the four that evaluate give
+/// their evaluation's rate and the two ratios, so the script's plumbing is checked before a GPU
+/// session spends device time on it. The rates say nothing (the CPU has no fused attention);
+/// PyTorch's peer runs only where torch is installed, so its part is not asserted.
+#[test]
+fn the_throughput_script_runs_dry_on_the_cpu() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out =
+        std::env::temp_dir().join(format!("recipe-gpu-throughput-dry-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).unwrap();
+    let o = Command::new("bash")
+        .arg(root.join("scripts/gpu-throughput.sh"))
+        .current_dir(root)
+        .env("DEVICE", "cpu")
+        .env("SHAPE", "tiny")
+        .env("OUT", &out)
+        .env("RECIPE_BIN", env!("CARGO_BIN_EXE_recipe"))
+        .env(
+            "PYTHON",
+            std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()),
+        )
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{log}");
+    let text = std::fs::read_to_string(out.join("throughput.json")).unwrap();
+    let s: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for key in [
+        "recipe",
+        "recipe_unfused_attention",
+        "recipe_minilm",
+        "recipe_minilm_unfused",
+    ] {
+        assert!(
+            s[key]["samples_per_s"].as_f64().is_some_and(|r| r > 0.0),
+            "{key}: {text}"
+        );
+        assert!(
+            s[key]["eval_samples_per_s"]
+                .as_f64()
+                .is_some_and(|r| r > 0.0),
+            "{key}: {text}"
+        );
+    }
+    for key in ["recipe_cublas", "recipe_pdl", "recipe_direct"] {
+        assert!(s[key]["samples_per_s"].as_f64().is_some(), "{key}: {text}");
+        assert!(s[key].get("eval_samples_per_s").is_none(), "{key}: {text}");
+    }
+    for key in [
+        "ratio_eval_fused_over_unfused",
+        "ratio_minilm_eval_fused_over_unfused",
+    ] {
+        assert!(s[key].as_f64().is_some(), "{key}: {text}");
+    }
+    let _ = std::fs::remove_dir_all(&out);
 }
