@@ -1004,6 +1004,47 @@ fn reused_workspace<D: recipe_runtime::backend::device::Device + Clone>(k: Kerne
     );
 }
 
+/// The evaluation's f32 room for the scores (`Backend::attention_needs_scores`): on a device
+/// keeping 16-bit buffers, heads of 64 take the fused kernel up to 128 keys, which needs none,
+/// and the batched products beyond, which do. A workspace reserved for 130 keys evaluates 130,
+/// 100 and again 130 keys without allocating: the room a shorter batch does not need is kept
+/// for the next longer one (dropping it at 100 keys makes the last evaluation allocate). The
+/// fused launch is counted, so the lengths do take both paths.
+#[test]
+fn the_evaluations_scores_room_is_kept_across_fused_and_unfused_lengths() {
+    use recipe_kernel_emu::EmuTyped;
+    use recipe_runtime::backend::device::Device;
+    let cfg = BertConfig::from_json(
+        r#"{"vocab_size": 40, "hidden_size": 128, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "intermediate_size": 32,
+            "max_position_embeddings": 140, "type_vocab_size": 2,
+            "initializer_range": 0.05, "pad_token_id": 0}"#,
+    )
+    .unwrap();
+    let m = Classifier::random(cfg, 3, 7).unwrap();
+    let k = Kernels::new(EmuTyped).with_store(Dtype::Bf16);
+    let params = k.upload(&m.params().data);
+    let mut ws = Workspace::new();
+    m.reserve_on(&k, &mut ws, 1, 2, 130);
+    let before = k.allocations();
+    assert!(EmuTyped.start_profile());
+    for (i, seq) in [130, 100, 130].into_iter().enumerate() {
+        m.forward_on(&k, &mut ws, &batch_of(2, seq, 40 + i as u64), &params)
+            .unwrap();
+    }
+    let p = EmuTyped.profile().expect("started");
+    assert_eq!(
+        (calls(&p, "attention_fused"), calls(&p, "attention_softmax")),
+        (1, 2),
+        "100 keys fused, 130 through the batched products"
+    );
+    assert_eq!(
+        k.allocations(),
+        before,
+        "an evaluation on a reserved workspace allocated"
+    );
+}
+
 /// Optimizer offload's pipelined upload (`Resident::upload_params_part`): ranges of the
 /// parameters queued one after another, of any length and offset, land where they belong; the
 /// device refuses a range past its parameters (the caller then uploads the whole).

@@ -417,10 +417,10 @@ impl<B: Backend> EvalActs<B> {
             heads: c.num_attention_heads,
             head_dim: c.head_dim(),
         };
-        if be.attention_needs_scores(shape) {
+        // Made when a shape needs it and kept for the shapes that do not (the reservation's
+        // longest batch needs it whenever a shorter one does): no pass allocates after it.
+        if be.attention_needs_scores(shape) || self.scores.is_some() {
             r(self.scores.get_or_insert_with(|| be.alloc(0)), pp);
-        } else {
-            self.scores = None;
         }
         self.tail.reshape(be, n, h, i);
         self.cls_tail.reshape(be, batch, h, i);
