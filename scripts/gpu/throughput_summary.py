@@ -34,15 +34,15 @@ def rate(run):
         t = [r["step"] / r["samples_per_s"] for r in steps]
         rates = [(b["step"] - a["step"]) / (tb - ta)
                  for a, b, ta, tb in zip(steps, steps[1:], t, t[1:]) if a["step"] >= warm and tb > ta]
-        r = {"device": start.get("device"), "parameters": start["parameters"],
-             "precision": start.get("precision"), "steps_timed": len(rates),
-             "samples_per_s": statistics.median(rates),
-             "losses": [r["loss"] for r in steps]}
+        summary = {"device": start.get("device"), "parameters": start["parameters"],
+                   "precision": start.get("precision"), "steps_timed": len(rates),
+                   "samples_per_s": statistics.median(rates),
+                   "losses": [r["loss"] for r in steps]}
         # The evaluation after the last step (the runs given an eval file): rows per second.
         evals = [r["eval"] for r in recs if "eval" in r]
         if evals and "samples_per_s" in evals[-1]:
-            r["eval_samples_per_s"] = evals[-1]["samples_per_s"]
-        return r
+            summary["eval_samples_per_s"] = evals[-1]["samples_per_s"]
+        return summary
     except (OSError, StopIteration, KeyError, statistics.StatisticsError) as e:
         return {"error": f"{type(e).__name__}: {e}"}
 out["recipe"] = rate("out")
