@@ -916,3 +916,42 @@ fn a_default_cpu_run_on_a_gpu_machine_names_the_gpus() {
         assert_eq!(start["device"], "cpu", "{args:?}");
     }
 }
+
+/// `--device auto` on a machine whose driver loads but reports no GPU trains on the CPU and
+/// says why (a run meant for a GPU would otherwise go on unnoticed); with a GPU it trains there.
+/// Without `--device` the same machine has no GPU to name.
+#[test]
+fn device_auto_says_why_it_trains_on_the_cpu() {
+    let recipe = TINY.replace("epochs = 2", "max_steps = 1");
+    let dir = workspace("fake-auto", &recipe);
+    let why = "note: --device auto trains on the CPU: the CUDA driver reports no GPU";
+    let cases: [(usize, &[&str], usize, bool); 3] = [
+        (0, &["run", "--device", "auto", "tiny.rcp"], 1, false),
+        (1, &["run", "--device", "auto", "tiny.rcp"], 0, true),
+        (0, &["run", "tiny.rcp"], 0, false),
+    ];
+    for (gpus, args, said, on_gpu) in cases {
+        let o = on_fake(&dir, gpus, &[], args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(0), "{gpus} GPU(s), {args:?}: {err}");
+        assert_eq!(
+            err.matches(why).count(),
+            said,
+            "{gpus} GPU(s), {args:?}: {err}"
+        );
+        assert!(
+            !err.contains("could train"),
+            "{gpus} GPU(s), {args:?}: {err}"
+        );
+        let start = metrics(&dir.join("out"))
+            .into_iter()
+            .rev()
+            .find(|r| r["event"] == "start")
+            .unwrap();
+        assert_eq!(
+            start["device"].as_str().unwrap().contains("fake"),
+            on_gpu,
+            "{gpus} GPU(s), {args:?}: {start}"
+        );
+    }
+}

@@ -218,7 +218,8 @@ fn say_gpus_here(plan: &Plan) {
 }
 
 /// Settles `--device`: whether to train on a GPU. `cuda` without a driver, a GPU, NVRTC or
-/// cuBLAS is a usage error naming what is missing; `auto` takes the GPU only when all are there.
+/// cuBLAS is a usage error naming what is missing; `auto` takes the GPU only when all are there,
+/// and says what is missing where there is a driver.
 fn choose_device(device: Device) -> Result<bool, i32> {
     use recipe_runtime::backend::cuda;
     match device {
@@ -230,6 +231,15 @@ fn choose_device(device: Device) -> Result<bool, i32> {
                 Err(USAGE)
             }
         },
-        Device::Auto => Ok(cuda::require().is_ok()),
+        // A machine without a driver has no GPU to miss. One whose driver cannot run the
+        // backend is told why: a run meant for its GPU would otherwise train on the CPU unnoticed.
+        Device::Auto => match cuda::require() {
+            Ok(_) => Ok(true),
+            Err(cuda::CudaError::NoDriver) => Ok(false),
+            Err(e) => {
+                eprintln!("note: --device auto trains on the CPU: {e}");
+                Ok(false)
+            }
+        },
     }
 }
