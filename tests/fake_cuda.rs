@@ -884,74 +884,54 @@ fn the_fastest_gemm_algorithms_are_chosen_once_and_kept() {
     );
 }
 
-/// A run left on the CPU because `--device` was not given, on a machine whose GPUs could train
-/// (here two fake ones), says so once and trains on the CPU; `--device cpu` and `--quiet` say
-/// nothing.
+/// Where a run trains and what it says of it. Without `--device`, on a machine whose GPUs could
+/// train (here two fake ones), it trains on the CPU and says so once; `--device cpu` and
+/// `--quiet` say nothing, nor does a machine whose driver reports no GPU. `--device auto` there
+/// trains on the CPU and says why (a run meant for a GPU would otherwise go on unnoticed); with
+/// a GPU it trains on it.
 #[test]
-fn a_default_cpu_run_on_a_gpu_machine_names_the_gpus() {
+fn a_run_says_where_it_trains_when_a_gpu_could_change_it() {
     let recipe = TINY.replace("epochs = 2", "max_steps = 1");
     assert_ne!(recipe, TINY);
-    let dir = workspace("fake-gpus-here", &recipe);
-    let note = "note: this machine has 2 CUDA GPU(s) that could train; without --device the \
+    let dir = workspace("fake-device-choice", &recipe);
+    let here = "note: this machine has 2 CUDA GPU(s) that could train; without --device the \
                 run's 1 rank(s) train on the CPU";
-    let cases: [(&[&str], bool); 3] = [
-        (&["run", "tiny.rcp"], true),
-        (&["run", "--device", "cpu", "tiny.rcp"], false),
-        (&["run", "--quiet", "tiny.rcp"], false),
-    ];
-    for (args, said) in cases {
-        let o = on_fake(&dir, 2, &[], args);
-        let err = stderr(&o);
-        assert_eq!(o.status.code(), Some(0), "{args:?}: {err}");
-        assert_eq!(
-            err.matches(note).count(),
-            usize::from(said),
-            "{args:?}: {err}"
-        );
-        let start = metrics(&dir.join("out"))
-            .into_iter()
-            .rev()
-            .find(|r| r["event"] == "start")
-            .unwrap();
-        assert_eq!(start["device"], "cpu", "{args:?}");
-    }
-}
-
-/// `--device auto` on a machine whose driver loads but reports no GPU trains on the CPU and
-/// says why (a run meant for a GPU would otherwise go on unnoticed); with a GPU it trains there.
-/// Without `--device` the same machine has no GPU to name.
-#[test]
-fn device_auto_says_why_it_trains_on_the_cpu() {
-    let recipe = TINY.replace("epochs = 2", "max_steps = 1");
-    let dir = workspace("fake-auto", &recipe);
     let why = "note: --device auto trains on the CPU: the CUDA driver reports no GPU";
-    let cases: [(usize, &[&str], usize, bool); 3] = [
-        (0, &["run", "--device", "auto", "tiny.rcp"], 1, false),
-        (1, &["run", "--device", "auto", "tiny.rcp"], 0, true),
-        (0, &["run", "tiny.rcp"], 0, false),
+    // (fake GPUs, arguments, the note said if any, whether the run trains on the GPU)
+    let cases: [(usize, &[&str], Option<&str>, bool); 6] = [
+        (2, &["run", "tiny.rcp"], Some(here), false),
+        (2, &["run", "--device", "cpu", "tiny.rcp"], None, false),
+        (2, &["run", "--quiet", "tiny.rcp"], None, false),
+        (0, &["run", "tiny.rcp"], None, false),
+        (
+            0,
+            &["run", "--device", "auto", "tiny.rcp"],
+            Some(why),
+            false,
+        ),
+        (1, &["run", "--device", "auto", "tiny.rcp"], None, true),
     ];
-    for (gpus, args, said, on_gpu) in cases {
-        let o = on_fake(&dir, gpus, &[], args);
+    for (i, (gpus, args, said, on_gpu)) in cases.into_iter().enumerate() {
+        let what = format!("{gpus} GPU(s), {args:?}");
+        let out = format!("train.output_dir=\"case{i}\"");
+        let o = on_fake(&dir, gpus, &[], &[args, &["--set", &out]].concat());
         let err = stderr(&o);
-        assert_eq!(o.status.code(), Some(0), "{gpus} GPU(s), {args:?}: {err}");
+        assert_eq!(o.status.code(), Some(0), "{what}: {err}");
+        for note in [here, why] {
+            let want = usize::from(said == Some(note));
+            assert_eq!(err.matches(note).count(), want, "{what}: {err}");
+        }
+        // Nor the note for another count of GPUs.
         assert_eq!(
-            err.matches(why).count(),
-            said,
-            "{gpus} GPU(s), {args:?}: {err}"
+            err.contains("could train"),
+            said == Some(here),
+            "{what}: {err}"
         );
-        assert!(
-            !err.contains("could train"),
-            "{gpus} GPU(s), {args:?}: {err}"
-        );
-        let start = metrics(&dir.join("out"))
-            .into_iter()
-            .rev()
-            .find(|r| r["event"] == "start")
-            .unwrap();
+        let (_, start) = steps(&dir.join(format!("case{i}")));
         assert_eq!(
             start["device"].as_str().unwrap().contains("fake"),
             on_gpu,
-            "{gpus} GPU(s), {args:?}: {start}"
+            "{what}: {start}"
         );
     }
 }
