@@ -5,9 +5,9 @@
 # (autocast bf16, fused AdamW). Writes $OUT/throughput.json: each side's median samples/s over
 # the steps after the first 10, their ratio, and each side's MFU with llm.c's FLOP count
 # (6·N + 6·L·C·T per token, N every parameter; train_gpt2.cu) against the GPU's dense bf16 peak:
-# PEAK_TFLOPS, else the peak of the GPU the run names (989 for an H100 SXM or H200, 756 for an
-# H100 PCIe, 835 for an H100 NVL, 312 for an A100: NVIDIA's data sheets without sparsity;
-# ../shared/reference/cuda-testing.md); for another GPU no MFU, rather than one against the
+# PEAK_TFLOPS, else the peak the run itself reported its MFU against (`recipe run`'s start
+# record: the GPU's own, from runtime/src/flops.rs's table of NVIDIA's data sheets without
+# sparsity — 989 for an H100 SXM or H200); for another GPU no MFU, rather than one against the
 # wrong peak.
 # Ours runs again with its GEMMs on cuBLAS's `cublasGemmEx` family instead of cuBLASLt
 # (RECIPE_GEMM_LIBRARY=cublas, docs/cuda.md "GEMMs"), without the fused attention kernels

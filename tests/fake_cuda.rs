@@ -18,6 +18,7 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 use common::{metrics, stderr, workspace, CONFIG, TINY};
+use recipe_runtime::flops;
 use serde_json::Value;
 
 /// A folder of links named as the CUDA libraries cudarc loads, to the fake library that cargo
@@ -933,5 +934,127 @@ fn a_run_says_where_it_trains_when_a_gpu_could_change_it() {
             on_gpu,
             "{what}: {start}"
         );
+    }
+}
+
+/// A run on a GPU `recipe` knows reports its model FLOPs utilization against that GPU's dense
+/// peak for the run's precision (runtime/src/flops.rs); on another only with
+/// `RECIPE_PEAK_TFLOPS`, which also wins over the table and works on the CPU; a bad value stops
+/// the run before it starts. Every row of the tiny data is longer than `max_len` (24 tokens),
+/// so every sample counts llm.c's FLOPs of a 24-token row, and a step's `mfu` over its
+/// `samples_per_s` is exactly that count over the peak (both figures over the same time).
+#[test]
+fn a_gpu_recipe_knows_reports_the_runs_mfu() {
+    let dir = workspace("fake-mfu", TINY);
+    let config: Value = serde_json::from_str(CONFIG).unwrap();
+    let (layers, hidden) = (
+        config["num_hidden_layers"].as_u64().unwrap() as usize,
+        config["hidden_size"].as_u64().unwrap() as usize,
+    );
+    let h200 = ("RECIPE_FAKE_CUDA_NAME", "NVIDIA H200");
+    let given = ("RECIPE_PEAK_TFLOPS", "2.5");
+    // (output, precision, device, environment, the peak and where it came from)
+    type Case<'a> = (
+        &'a str,
+        &'a str,
+        &'a str,
+        &'a [(&'a str, &'a str)],
+        Option<(f64, &'a str)>,
+    );
+    let cases: [Case; 6] = [
+        (
+            "h200-bf16",
+            "bf16",
+            "cuda",
+            &[h200],
+            Some((989.0, "NVIDIA H200 (sm_")),
+        ),
+        (
+            "h200-fp32",
+            "fp32",
+            "cuda",
+            &[h200],
+            Some((67.0, "NVIDIA H200 (sm_")),
+        ),
+        ("unknown", "bf16", "cuda", &[], None),
+        (
+            "given",
+            "bf16",
+            "cuda",
+            &[given],
+            Some((2.5, "RECIPE_PEAK_TFLOPS")),
+        ),
+        (
+            "given-h200",
+            "bf16",
+            "cuda",
+            &[h200, given],
+            Some((2.5, "RECIPE_PEAK_TFLOPS")),
+        ),
+        (
+            "given-cpu",
+            "fp32",
+            "cpu",
+            &[given],
+            Some((2.5, "RECIPE_PEAK_TFLOPS")),
+        ),
+    ];
+    for (name, precision, device, env, peak) in cases {
+        let out = format!("train.output_dir=\"{name}\"");
+        let prec = format!("train.precision={precision}");
+        let args = ["run", "--device", device, "--set", &out, "--set", &prec];
+        let o = on_fake(&dir, 1, env, &[&args[..], &["tiny.rcp"]].concat());
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(0), "{name}: {err}");
+        no_refusals(name, &o);
+        let records = metrics(&dir.join(name));
+        let start = &records[0];
+        assert_eq!(start["event"], "start", "{name}");
+        let summary = err.lines().find(|l| l.starts_with("trained ")).unwrap();
+        let Some((tflops, from)) = peak else {
+            assert!(start.get("peak_tflops").is_none(), "{name}: {start}");
+            assert!(records.iter().all(|r| r.get("mfu").is_none()), "{name}");
+            assert!(!summary.contains("MFU"), "{name}: {summary}");
+            continue;
+        };
+        assert_eq!(
+            start["peak_tflops"].as_f64(),
+            Some(tflops),
+            "{name}: {start}"
+        );
+        let named = start["peak_from"].as_str().unwrap();
+        assert!(named.starts_with(from), "{name}: {named}");
+        assert!(summary.contains("samples/s (MFU "), "{name}: {summary}");
+        let per_row =
+            flops::train_flops(start["parameters"].as_u64().unwrap(), layers, hidden, 1, 24);
+        let steps: Vec<_> = records.iter().filter(|r| r["loss"].is_number()).collect();
+        assert!(!steps.is_empty(), "{name}");
+        for r in steps {
+            let (mfu, rate) = (
+                r["mfu"].as_f64().unwrap(),
+                r["samples_per_s"].as_f64().unwrap(),
+            );
+            let counted = mfu * tflops * 1e12 / rate;
+            assert!(
+                (counted - per_row).abs() <= 1e-9 * per_row,
+                "{name}: {counted} FLOPs a row, not {per_row}: {r}"
+            );
+        }
+    }
+    // A peak that is not a positive number: exit 2, nothing trained.
+    for bad in ["0", "fast", "-1"] {
+        let o = on_fake(
+            &dir,
+            1,
+            &[("RECIPE_PEAK_TFLOPS", bad)],
+            &["run", "--set", "train.output_dir=\"bad\"", "tiny.rcp"],
+        );
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {err}");
+        assert!(
+            err.contains("RECIPE_PEAK_TFLOPS") && err.contains("positive"),
+            "{err}"
+        );
+        assert!(!dir.join("bad").exists(), "{bad}");
     }
 }

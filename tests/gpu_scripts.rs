@@ -9,6 +9,9 @@
 use std::path::Path;
 use std::process::Command;
 
+use recipe_runtime::flops;
+use recipe_runtime::plan::Precision;
+
 fn summary() -> serde_json::Value {
     summary_with(&[])
 }
@@ -143,9 +146,15 @@ fn throughput_evaluated(
     for &(name, rate, loss) in runs {
         let run = dir.join(name);
         std::fs::create_dir_all(&run).expect("temporary folder");
-        let mut lines = vec![serde_json::json!({
+        let mut start = serde_json::json!({
             "event": "start", "device": gpu, "parameters": 100_000_000, "precision": "bf16"
-        })];
+        });
+        // The peak `recipe run` would measure its MFU against on that GPU (train.rs).
+        if let Some(p) = flops::device_peak(gpu, Precision::Bf16) {
+            start["peak_tflops"] = p.tflops.into();
+            start["peak_from"] = p.from.into();
+        }
+        let mut lines = vec![start];
         // A row's samples_per_s is the average since the start: a steady rate keeps it.
         lines.extend(
             (1..=20).map(|s| serde_json::json!({"step": s, "loss": loss, "samples_per_s": rate})),
@@ -183,6 +192,7 @@ fn throughput_evaluated(
 /// llm.c's FLOPs a sample for BERT-base's shape and the runs' 10⁸ parameters.
 const FLOPS_PER_SAMPLE: f64 = (6.0 * 1e8 + 6.0 * 12.0 * 768.0 * 128.0) * 128.0;
 
+/// The summary takes the peak the run reported (runtime/src/flops.rs's table, tested there).
 #[test]
 fn mfu_is_against_the_named_gpus_own_peak() {
     for (gpu, peak) in [

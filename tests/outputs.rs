@@ -224,10 +224,17 @@ fn recipe() -> String {
 #[test]
 fn metrics_records_match_the_schema_and_the_docs() {
     let dir = workspace("outputs-metrics", &recipe());
-    let o = recipe_in(&dir, &["run", "--quiet", "--stop-after", "2", "tiny.rcp"]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let o = recipe_in(
+    // With a peak, so that the records carry MFU and the peak too.
+    let peak = [("RECIPE_PEAK_TFLOPS", "0.5")];
+    let o = recipe_in_env(
         &dir,
+        &peak,
+        &["run", "--quiet", "--stop-after", "2", "tiny.rcp"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = recipe_in_env(
+        &dir,
+        &peak,
         &["run", "--quiet", "--resume", "out/checkpoint-2", "tiny.rcp"],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));

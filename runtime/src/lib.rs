@@ -19,6 +19,7 @@ pub mod backend;
 pub mod checkpoint;
 pub mod collective;
 pub mod data;
+pub mod flops;
 pub mod greedy;
 pub mod json_f64;
 pub mod lr;

@@ -18,6 +18,7 @@ use crate::backend::Cpu;
 use crate::collective::net::{self, Expect, Hub, Join, NetError};
 use crate::collective::{Collective, CollectiveError, LocalCollective};
 use crate::data::{self, Dataset, LabelSet, TextTokenizer, TokenBatch};
+use crate::flops::{self, Peak};
 use crate::greedy::Greedy;
 use crate::metrics::{self, EvalReport};
 use crate::model::{Batch, BertConfig, Classifier, DropoutKey, ModelError, Workspace};
@@ -55,6 +56,9 @@ pub struct RunOptions {
     /// This process's place in a run over several nodes (the plan's `batch.nodes`); `None`
     /// runs every rank of the plan in this process.
     pub node: Option<NodeOptions>,
+    /// One device's dense peak in TFLOP/s (`RECIPE_PEAK_TFLOPS`), for the MFU the run reports
+    /// where the device's own is not known ([`crate::flops`]).
+    pub peak_tflops: Option<f64>,
 }
 
 /// One node of a run over several: which one, where node 0 listens, and how its ranks
@@ -182,6 +186,9 @@ pub struct Summary {
     pub test: Option<EvalReport>,
     /// Training examples per second (forward + backward + step), this process.
     pub samples_per_s: f64,
+    /// Model FLOPs utilization of those examples against the devices' dense peak
+    /// ([`crate::flops`]), where the peak is known.
+    pub mfu: Option<f64>,
     /// Where the final model (or the stop checkpoint) is.
     pub saved: Option<PathBuf>,
     /// The metrics file.
@@ -244,7 +251,11 @@ impl fmt::Display for Summary {
         if let Some(l) = self.last_loss {
             write!(f, ", last loss {l:.4}")?;
         }
-        writeln!(f, ", {:.1} samples/s", self.samples_per_s)?;
+        write!(f, ", {:.1} samples/s", self.samples_per_s)?;
+        if let Some(m) = self.mfu {
+            write!(f, " (MFU {:.1} %)", 100.0 * m)?;
+        }
+        writeln!(f)?;
         if let Some(e) = &self.eval {
             writeln!(f, "eval: {e}")?;
         }
@@ -966,6 +977,18 @@ fn rank_loop(
     let memory = rep.memory();
     let stage = rep.shard().stage;
     let out = &plan.train.output_dir;
+    let device = rep.model_executor().unwrap_or_else(|| "cpu".into());
+    // The peak each rank's device could reach, for the MFU the run reports: the one the
+    // environment gives, else the GPU's own (flops.rs).
+    let peak = options
+        .peak_tflops
+        .map(|tflops| Peak {
+            tflops,
+            from: flops::PEAK_ENV.into(),
+        })
+        .or_else(|| flops::device_peak(&device, plan.train.precision));
+    let (params, config) = (rep.shard().total as u64, rep.model().config());
+    let (layers, hidden) = (config.num_hidden_layers, config.hidden_size);
     let metrics_path = out.join("metrics.jsonl");
     let mut log = if lead {
         Some(
@@ -984,8 +1007,15 @@ fn rank_loop(
             None => Ok(()),
         }
     };
+    let with_peak = |mut rec: serde_json::Value| {
+        if let Some(p) = &peak {
+            rec["peak_tflops"] = serde_json::json!(p.tflops);
+            rec["peak_from"] = serde_json::json!(p.from);
+        }
+        rec
+    };
     if done == 0 {
-        record(serde_json::json!({
+        record(with_peak(serde_json::json!({
             "event": "start",
             "plan": plan.name,
             "train_rows": train.len(),
@@ -994,7 +1024,7 @@ fn rank_loop(
             "zero_stage": stage,
             "offload_optimizer": memory.offloaded,
             "threads": threads(),
-            "device": rep.model_executor().unwrap_or_else(|| "cpu".into()),
+            "device": device,
             // What runs where: the passes (`device`), the model states and the optimizer step
             // (on the host under `offload_optimizer`).
             "model_on_device": rep.on_device(),
@@ -1004,14 +1034,14 @@ fn rank_loop(
             "memory_rank0": memory,
             "precision": plan.train.precision,
             "loss_scaler": scaler.filter(|_| fp16).map(|s| s.config),
-        }))?;
+        })))?;
     } else {
         // The device too: a checkpoint may be resumed on another one (docs/cuda.md).
-        record(serde_json::json!({
+        record(with_peak(serde_json::json!({
             "event": "resume", "from": options.resume, "step": done, "world": world,
             "zero_stage": stage, "repartitioned": repartitioned,
-            "device": rep.model_executor().unwrap_or_else(|| "cpu".into()),
-        }))?;
+            "device": device,
+        })))?;
     }
 
     let total = plan.steps.total;
@@ -1033,6 +1063,8 @@ fn rank_loop(
     let mut last_eval = None;
     let started = Instant::now();
     let mut trained_samples = 0u64;
+    // llm.c's FLOP count of those samples (every rank's micro-batch counted as this rank's).
+    let mut trained_flops = 0.0f64;
     let mut step = done;
     let mut stopped = false;
 
@@ -1067,6 +1099,8 @@ fn rank_loop(
             };
             losses.push(rep.micro(&mut *coll, &mut ws, &batch, grad_weight, Some(key))?);
             trained_samples += (batch.batch * world) as u64;
+            trained_flops +=
+                flops::train_flops(params, layers, hidden, batch.batch * world, batch.seq);
         }
         // A device keeps its micro-batches' losses until the window ends: one copy for all.
         let mut kept = rep.window_losses()?.into_iter();
@@ -1123,10 +1157,17 @@ fn rank_loop(
         };
         step = w.step;
         last_loss = Some(loss);
-        let rate = trained_samples as f64 / started.elapsed().as_secs_f64().max(1e-9);
+        let seconds = started.elapsed().as_secs_f64();
+        let rate = trained_samples as f64 / seconds.max(1e-9);
+        let mfu = peak
+            .as_ref()
+            .map(|p| flops::mfu(trained_flops, seconds, world, p));
         if let Some(b) = &bar {
             b.set_position(step);
-            b.set_message(format!("loss {loss:.4}  lr {lr:.3e}  {rate:.1} samples/s"));
+            let mfu = mfu.map_or(String::new(), |m| format!("  MFU {:.1} %", 100.0 * m));
+            b.set_message(format!(
+                "loss {loss:.4}  lr {lr:.3e}  {rate:.1} samples/s{mfu}"
+            ));
         }
         // fp16 runs log every step (each one's loss scale and whether it was skipped); bf16
         // logs a skipped step off the cadence too.
@@ -1139,6 +1180,9 @@ fn rank_loop(
                 "grad_norm": if norm.is_finite() { serde_json::json!(norm) } else { serde_json::Value::Null },
                 "samples_per_s": rate,
             });
+            if let Some(m) = mfu {
+                rec["mfu"] = serde_json::json!(m);
+            }
             if fp16 {
                 rec["loss_scale"] = serde_json::json!(scale);
             }
@@ -1216,6 +1260,7 @@ fn rank_loop(
     }
 
     let skipped = scaler.map_or(0, |s| s.skipped());
+    let seconds = started.elapsed().as_secs_f64();
     let mut summary = Summary {
         steps: step,
         predicted_steps: total,
@@ -1224,7 +1269,10 @@ fn rank_loop(
         last_loss,
         eval: last_eval,
         test: None,
-        samples_per_s: trained_samples as f64 / started.elapsed().as_secs_f64().max(1e-9),
+        samples_per_s: trained_samples as f64 / seconds.max(1e-9),
+        mfu: peak
+            .as_ref()
+            .map(|p| flops::mfu(trained_flops, seconds, world, p)),
         saved: None,
         metrics: metrics_path.clone(),
         memory: vec![memory],

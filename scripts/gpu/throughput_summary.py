@@ -7,8 +7,9 @@ default run, and MFU against the GPU's dense bf16 peak. Prints throughput.json.
 
 DIR holds one folder per run (out, cublas, …, minilm, minilm-unfused, each with the run's
 metrics.jsonl; out, unfused, minilm and minilm-unfused also evaluate once, after their last
-step: their `eval_samples_per_s`, and the fused runs' ratios to the unfused ones), profiled/ and torch.json; an empty PEAK_TFLOPS takes the peak of the GPU the run names; INTER is the
-feed-forward's width (4 × HIDDEN, BERT's, when absent).
+step: their `eval_samples_per_s`, and the fused runs' ratios to the unfused ones), profiled/ and torch.json; an empty PEAK_TFLOPS takes the peak the default run measured its
+own MFU against (its `start` record's `peak_tflops`: the GPU's, from runtime/src/flops.rs's
+table); INTER is the feed-forward's width (4 × HIDDEN, BERT's, when absent).
 
 MFU counts llm.c's FLOPs a sample, (6N + 6·L·C·T)·T, what the goal names. Ours runs the last
 layer's attention output and feed-forward on the [CLS] rows only (runtime/src/model/bert.rs,
@@ -18,11 +19,6 @@ import json, statistics, sys
 w, device, L, C, T, warm = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6]), int(sys.argv[6])
 peak = sys.argv[7] if len(sys.argv) > 7 else ""
 inter = int(sys.argv[8]) if len(sys.argv) > 8 and sys.argv[8] else 4 * C
-# Dense bf16 tensor-core peaks, TFLOP/s, by a word of the GPU's name; the variants before the
-# plain "H100" (an SXM board: "NVIDIA H100 80GB HBM3").
-PEAKS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H200", 989.0), ("H100", 989.0), ("A100", 312.0))
-def peak_of(name):
-    return next((p for key, p in PEAKS if key in (name or "")), None)
 out = {"device": device, "shape": {"layers": L, "hidden": C, "seq": T}, "ok": False}
 def rate(run):
     try:
@@ -38,6 +34,10 @@ def rate(run):
                    "precision": start.get("precision"), "steps_timed": len(rates),
                    "samples_per_s": statistics.median(rates),
                    "losses": [r["loss"] for r in steps]}
+        # The peak the run measured its own MFU against (`recipe run`, runtime/src/flops.rs).
+        for k in ("peak_tflops", "peak_from"):
+            if k in start:
+                summary[k] = start[k]
         # The evaluation after the last step (the runs given an eval file): rows per second.
         evals = [r["eval"] for r in recs if "eval" in r]
         if evals and "samples_per_s" in evals[-1]:
@@ -114,8 +114,11 @@ if ours and theirs:
             out[f"ratio_{key}_over_torch"] = other / theirs
     if device == "cuda":
         gpu = out["recipe"].get("device")
-        out["peak_tflops_bf16"] = float(peak) if peak else peak_of(gpu)
-        out["peak_from"] = "PEAK_TFLOPS" if peak else gpu
+        # The run's peak is its precision's: a half-precision run's is the tensor cores'.
+        half = out["recipe"].get("precision") in ("bf16", "fp16")
+        run_peak = out["recipe"].get("peak_tflops") if half else None
+        out["peak_tflops_bf16"] = float(peak) if peak else run_peak
+        out["peak_from"] = "PEAK_TFLOPS" if peak else out["recipe"].get("peak_from")
         if out["peak_tflops_bf16"]:
             out["mfu_recipe"] = ours * flops_per_sample / (out["peak_tflops_bf16"] * 1e12)
             out["executed_utilization_recipe"] = (

@@ -34,6 +34,17 @@ pub fn run(file: &Path, device: Option<Device>, opts: Options<'_>, flags: &Recip
     } = opts;
     let given = device.is_some();
     let device = device.unwrap_or(Device::Cpu);
+    // The devices' peak for the MFU the run reports, where their own is not known.
+    let peak_tflops = match std::env::var_os(recipe_runtime::flops::PEAK_ENV) {
+        Some(text) => match recipe_runtime::flops::parse_peak(&text.to_string_lossy()) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return USAGE;
+            }
+        },
+        None => None,
+    };
     let want_gpu = match choose_device(device) {
         Ok(g) => g,
         Err(code) => return code,
@@ -129,6 +140,7 @@ pub fn run(file: &Path, device: Option<Device>, opts: Options<'_>, flags: &Recip
         quiet,
         executors,
         node,
+        peak_tflops,
     };
     match train::run(&plan, &options) {
         Ok(summary) => {

@@ -71,11 +71,17 @@ pub fn python(what: &str) -> Option<PathBuf> {
 }
 
 pub fn recipe_in(dir: &Path, args: &[&str]) -> Output {
+    recipe_in_env(dir, &[], args)
+}
+
+/// [`recipe_in`] with `env` set too.
+pub fn recipe_in_env(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_recipe"))
         .args(args)
         .current_dir(dir)
         .env("NO_COLOR", "1")
         .env("RECIPE_CACHE", dir.join("cache"))
+        .envs(env.iter().copied())
         .output()
         .unwrap()
 }

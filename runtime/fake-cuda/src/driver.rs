@@ -18,7 +18,8 @@ fn ctx_device(ctx: *mut c_void) -> Option<i32> {
         .filter(|d| (0..crate::devices()).contains(d))
 }
 
-/// The name that says what this device is.
+/// The name that says what this device is, unless `RECIPE_FAKE_CUDA_NAME` gives another (a
+/// real GPU's, to test what `recipe` does with it: its peak for the run's MFU, runtime/src/flops.rs).
 const NAME: &str = "recipe fake GPU (CPU emulation, runtime/fake-cuda)";
 
 #[no_mangle]
@@ -53,7 +54,8 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: c_i
     if !(0..crate::devices()).contains(&dev) {
         return code::INVALID_DEVICE;
     }
-    let text = CString::new(NAME).expect("no NUL");
+    let given = std::env::var("RECIPE_FAKE_CUDA_NAME").unwrap_or_else(|_| NAME.into());
+    let text = CString::new(given.replace('\0', "")).expect("no NUL");
     let bytes = text.as_bytes_with_nul();
     let n = bytes.len().min(len.max(0) as usize);
     std::ptr::copy_nonoverlapping(bytes.as_ptr() as *const c_char, name, n);
