@@ -150,15 +150,21 @@ fn throughput_evaluated(
             "event": "start", "device": gpu, "parameters": 100_000_000, "precision": "bf16"
         });
         // The peak `recipe run` would measure its MFU against on that GPU (train.rs).
-        if let Some(p) = flops::device_peak(gpu, Precision::Bf16) {
+        let peak = flops::device_peak(gpu, Precision::Bf16);
+        if let Some(p) = &peak {
             start["peak_tflops"] = p.tflops.into();
-            start["peak_from"] = p.from.into();
+            start["peak_from"] = p.from.clone().into();
         }
         let mut lines = vec![start];
-        // A row's samples_per_s is the average since the start: a steady rate keeps it.
-        lines.extend(
-            (1..=20).map(|s| serde_json::json!({"step": s, "loss": loss, "samples_per_s": rate})),
-        );
+        // A row's samples_per_s is the average since the start: a steady rate keeps it. With
+        // a peak, each step also says the run's MFU so far (here a made-up 0.25).
+        lines.extend((1..=20).map(|s| {
+            let mut r = serde_json::json!({"step": s, "loss": loss, "samples_per_s": rate});
+            if peak.is_some() {
+                r["mfu"] = 0.25.into();
+            }
+            r
+        }));
         for &(_, rows_per_s) in evals.iter().filter(|e| e.0 == name) {
             lines.push(serde_json::json!({"step": 20, "eval": {
                 "rows": 640, "loss": loss, "accuracy": 0.5, "f1": 0.0,
@@ -205,6 +211,8 @@ fn mfu_is_against_the_named_gpus_own_peak() {
         let s = throughput(gpu, 3000.0, 1000.0, "");
         assert_eq!(s["peak_tflops_bf16"], peak, "{gpu}");
         assert_eq!(s["peak_from"], gpu);
+        // The run's own figure, beside the steady one.
+        assert_eq!(s["recipe"]["mfu_reported"], 0.25, "{gpu}");
         let mfu = s["mfu_recipe"].as_f64().expect("an MFU");
         let want = 3000.0 * FLOPS_PER_SAMPLE / (peak * 1e12);
         assert!(
@@ -295,6 +303,7 @@ fn the_evaluations_are_compared_fused_over_unfused() {
 fn an_unknown_gpu_gets_no_mfu_unless_its_peak_is_given() {
     let s = throughput("NVIDIA L4 (sm_89)", 300.0, 100.0, "");
     assert!(s["peak_tflops_bf16"].is_null());
+    assert!(s["recipe"].get("mfu_reported").is_none(), "{s}");
     assert!(s.get("mfu_recipe").is_none(), "{s}");
     let note = s["mfu_note"].as_str().expect("a note");
     assert!(

@@ -253,6 +253,20 @@ __device__ __forceinline__ void st16(void* p, const unsigned w[4]) {
 #endif
 }
 
+// The 8 bytes at p (8-byte aligned) set to two words: four 16-bit elements.
+__device__ __forceinline__ void st8(void* p, unsigned lo, unsigned hi) {
+#ifdef RECIPE_EMU
+    emu::check_aligned(p, 8, "st8");
+    const unsigned w[2] = {lo, hi};
+    std::memcpy(p, w, 8);
+#else
+    uint2 u;
+    u.x = lo;
+    u.y = hi;
+    *(uint2*)p = u;
+#endif
+}
+
 // Elements i … i + VEC − 1 of a buffer of type T, raw: VEC words for f32, VEC / 2 for a half
 // type (two elements a word, the first in the low half). i is a multiple of VEC.
 template <int T>

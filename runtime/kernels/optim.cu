@@ -178,8 +178,17 @@ extern "C" __global__ void adamw_step(float* param, const float* grad, float* m,
         st16(m + i0, mw);
         st16(v + i0, vw);
         if (work) {
-            UNROLL
-            for (int u = 0; u < ADAM_VEC; u++) sto(work, i0 + u, st(p[u], store), work_t);
+            unsigned short* half = (unsigned short*)work + i0;
+            if (work_t != STORE_F32 && ((unsigned long long)half & 7) == 0) {
+                // The half copy's four elements as one 8-byte store, not four 2-byte ones.
+                unsigned h[ADAM_VEC];
+                UNROLL
+                for (int u = 0; u < ADAM_VEC; u++) h[u] = half_bits(st(p[u], store), work_t);
+                st8(half, h[0] | (h[1] << 16), h[2] | (h[3] << 16));
+            } else {
+                UNROLL
+                for (int u = 0; u < ADAM_VEC; u++) sto(work, i0 + u, st(p[u], store), work_t);
+            }
         }
         return;
     }

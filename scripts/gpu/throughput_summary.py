@@ -38,6 +38,10 @@ def rate(run):
         for k in ("peak_tflops", "peak_from"):
             if k in start:
                 summary[k] = start[k]
+        # And that MFU at its last step: over every step, the warm-up included, so at most
+        # the steady figure below (mfu_recipe), which it cross-checks.
+        if steps and "mfu" in steps[-1]:
+            summary["mfu_reported"] = steps[-1]["mfu"]
         # The evaluation after the last step (the runs given an eval file): rows per second.
         evals = [r["eval"] for r in recs if "eval" in r]
         if evals and "samples_per_s" in evals[-1]:

@@ -511,7 +511,7 @@ T shuffle(unsigned mask, T v, unsigned src_lane_xor, bool is_xor, unsigned src_a
     return out;
 }
 
-// A load or store of `bytes` (4 or 16) at p, which a GPU makes one access only if p is a
+// A load or store of `bytes` (4, 8 or 16) at p, which a GPU makes one access only if p is a
 // multiple of it: a misaligned one stops the kernel there ("misaligned address", and the
 // context with it), where the CPU would read the bytes anyway. Refused here as there, so
 // that a kernel's choice of its vectorised path is checked on the CPU (common.cuh, `ld16`).

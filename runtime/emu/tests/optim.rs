@@ -960,3 +960,81 @@ fn sixteen_bit_parameters_without_master_weights_are_refused() {
         .unwrap_err();
     assert!(e.to_string().contains("fp32 master weights"), "{e}");
 }
+
+/// The half copy an AdamW step writes into 16-bit parameters (typed buffers, as on a GPU): four
+/// elements in one 8-byte store where the copy's elements are 8-byte aligned, one at a time
+/// elsewhere (a segment may start at any element), each the host's rounding of its updated
+/// master, bit for bit, and nothing outside the copy written.
+#[test]
+fn the_half_copy_is_the_hosts_rounding_at_any_alignment() {
+    use recipe_kernel_emu::EmuTyped;
+    use recipe_runtime::backend::Backend;
+    for module in [Dtype::F16, Dtype::Bf16] {
+        let k = Kernels::new(EmuTyped).with_store(module);
+        for n in SIZES {
+            // Offsets of 0–3 elements (2 bytes each): at least one is 8-byte aligned.
+            for offset in 0..4 {
+                let (entries, flags) = optim_layout(n);
+                let cfg = AdamConfig::adamw(0.01);
+                let mut p0 = rand(n, 1.0, 11);
+                module.round_slice(&mut p0);
+                let adam = Adam::new(cfg, &entries, &flags).unwrap();
+                let mut host = HostOptimizer::new(adam, false, module, &p0);
+                let end = entries.last().map_or(0, |e| e.range().end);
+                let whole = 0..end;
+                let mask =
+                    DecayMask::new(&k, &entries, &flags, std::slice::from_ref(&whole)).unwrap();
+                let mut hp = p0.clone();
+                let (mut master, mut m, mut v) = (
+                    k.upload(&p0),
+                    k.upload(&vec![0.0; n]),
+                    k.upload(&vec![0.0; n]),
+                );
+                // A sentinel either side of the copy.
+                let mut work = k.alloc_stored(n + offset + 1);
+                let mut around = vec![0.5f32; n + offset + 1];
+                around[offset..offset + n].copy_from_slice(&p0);
+                k.write(k.view_mut(&mut work), &around);
+                for step in 0..2 {
+                    let mut g = grads(n, step);
+                    module.round_slice(&mut g);
+                    let lr = 1e-3 * (step + 1) as f64;
+                    host.step(&mut hp, &mut g.clone(), lr, 1.0).unwrap();
+                    let gb = k.upload(&g);
+                    adamw_step(
+                        &k,
+                        &cfg,
+                        step as u64 + 1,
+                        lr,
+                        1.0,
+                        &mask,
+                        k.view_mut(&mut master),
+                        k.view(&gb),
+                        k.view_mut(&mut m),
+                        k.view_mut(&mut v),
+                        Some(k.range_mut(&mut work, offset..offset + n)),
+                    )
+                    .unwrap();
+                    let what = format!("{module:?} n={n} offset {offset} step {step}");
+                    let mut got = vec![0.0f32; n + offset + 1];
+                    k.download(k.view(&work), &mut got);
+                    same_bits(
+                        &format!("{what} half weights"),
+                        &got[offset..offset + n],
+                        &hp,
+                    );
+                    assert!(
+                        got[..offset]
+                            .iter()
+                            .chain(&got[offset + n..])
+                            .all(|&x| x == 0.5),
+                        "{what}: written outside the copy"
+                    );
+                    let mut mp = vec![0.0f32; n];
+                    k.download(k.view(&master), &mut mp);
+                    same_bits(&format!("{what} master"), &mp, &host.state().master);
+                }
+            }
+        }
+    }
+}
