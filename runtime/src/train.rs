@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::backend::device::DeviceMemory;
 use crate::backend::Cpu;
 use crate::collective::net::{self, Expect, Hub, Join, NetError};
 use crate::collective::{Collective, CollectiveError, LocalCollective};
@@ -195,6 +196,8 @@ pub struct Summary {
     pub metrics: PathBuf,
     /// What each rank held for the model states, by rank.
     pub memory: Vec<RankMemory>,
+    /// The first rank's GPU memory after training (its driver's figures), on a GPU.
+    pub device_memory: Option<DeviceMemory>,
     /// The pictures written beside the metrics file (crate::plot).
     pub pictures: Vec<PathBuf>,
     /// Why they could not be drawn, if so.
@@ -291,6 +294,19 @@ impl fmt::Display for Summary {
                 mib(m.total()),
                 mib(m.device())
             )?;
+            if let Some(d) = &self.device_memory {
+                let size = |b: u64| match b as f64 / (1024.0 * 1024.0) {
+                    m if m >= 1024.0 => format!("{:.2} GiB", m / 1024.0),
+                    m => format!("{m:.1} MiB"),
+                };
+                writeln!(
+                    f,
+                    "GPU memory (rank 0's): {} taken by this run, {} of {} free",
+                    size(d.taken),
+                    size(d.free),
+                    size(d.total)
+                )?;
+            }
             if self.memory.len() > 1 {
                 let totals: Vec<String> = self
                     .memory
@@ -1276,6 +1292,9 @@ fn rank_loop(
         saved: None,
         metrics: metrics_path.clone(),
         memory: vec![memory],
+        // Every buffer is made before the first step and kept (docs/cuda.md): after the last,
+        // what the run took is what it needed.
+        device_memory: rep.model().executor().and_then(|x| x.memory()),
         pictures: Vec::new(),
         picture_error: None,
         loss_line: String::new(),
@@ -1302,11 +1321,15 @@ fn rank_loop(
     }
     let final_dir = out.join("model");
     resume::save_model(&final_dir, model, &plan.model.labels, &plan.model.tokenizer)?;
-    record(serde_json::json!({
+    let mut end = serde_json::json!({
         "event": "end",
         "steps": { "taken": step, "predicted": total, "skipped": skipped },
         "model": final_dir,
-    }))?;
+    });
+    if let Some(d) = &summary.device_memory {
+        end["device_memory"] = serde_json::json!(d);
+    }
+    record(end)?;
     summary.saved = Some(final_dir);
     Ok(summary)
 }

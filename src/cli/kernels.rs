@@ -306,7 +306,7 @@ fn out_of_memory_test() -> recipe_runtime::backend::selftest::OpCheck {
         Ok(d) => d,
         Err(e) => return failing(format!("alloc beyond memory: GPU 0: {e}")),
     };
-    let total = dev.memory().map_or(1 << 40, |(_, total)| total);
+    let total = dev.mem_info().map_or(1 << 40, |(_, total)| total);
     let buf = dev.alloc(total / 4 + (1 << 28));
     let first = dev.sync();
     let mut small = dev.alloc(16);

@@ -11,6 +11,19 @@ use super::profile::Profile;
 use super::{Aside, Batch, Gemm};
 use crate::precision::Dtype;
 
+/// A device's memory as its driver reports it (`cuMemGetInfo`), in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceMemory {
+    /// What the device's free memory fell by since it was opened (after its context was made):
+    /// the run's buffers, kernels, library workspaces and graphs, and anything another process
+    /// took meanwhile.
+    pub taken: u64,
+    /// Free now.
+    pub free: u64,
+    /// The device's whole memory.
+    pub total: u64,
+}
+
 /// One kernel argument, passed by value as `cuLaunchKernel` takes them: a device address or a
 /// scalar of the kernel's parameter type.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -361,6 +374,10 @@ pub trait Device {
     /// What [`Device::start_profile`] measured so far (waits for the work queued); `None` when
     /// it was not started.
     fn profile(&self) -> Option<Profile> {
+        None
+    }
+    /// This device's memory now, where it has memory of its own (a GPU).
+    fn memory(&self) -> Option<DeviceMemory> {
         None
     }
 }

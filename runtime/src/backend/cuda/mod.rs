@@ -57,7 +57,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
-use super::device::{Arg, Device, Launch};
+use super::device::{Arg, Device, DeviceMemory, Launch};
 use super::kernels::{all_kernel_names, dtype_arg, gemm_pointers, grid1, int};
 use super::profile::Profile;
 use super::{Aside, Batch, Gemm};
@@ -119,6 +119,9 @@ pub struct CudaDevice {
     step_aside: bool,
     /// Whether kernels go as programmatic dependent launches ([`pdl_from_env`], sm_90 on).
     pdl: bool,
+    /// The free memory once the context was made, before anything of the run's
+    /// ([`Device::memory`]'s `taken` is measured from it).
+    free_at_open: Option<usize>,
 }
 
 /// How a GPU that sums with others through NCCL waits for its stream: it polls the stream and
@@ -219,6 +222,8 @@ impl CudaDevice {
             )));
         }
         let ctx = CudaContext::new(ordinal).map_err(driver_err("opening the GPU"))?;
+        // The context is current on this thread now.
+        let free_at_open = drv::mem_get_info().ok().map(|(free, _)| free);
         let (major, minor) = ctx
             .compute_capability()
             .map_err(driver_err("compute capability"))?;
@@ -321,6 +326,7 @@ impl CudaDevice {
             pdl: pdl.launches() && major >= 9,
             side,
             side_missing,
+            free_at_open,
         })
     }
 
@@ -795,7 +801,7 @@ impl CudaDevice {
     }
 
     /// `(free, total)` bytes of this GPU's memory, as the driver reports them.
-    pub fn memory(&self) -> Option<(usize, usize)> {
+    pub fn mem_info(&self) -> Option<(usize, usize)> {
         self.bind();
         drv::mem_get_info().ok()
     }
@@ -1273,6 +1279,15 @@ impl Device for CudaDevice {
         let t = t.as_mut()?;
         t.resolve();
         Some(t.profile.clone())
+    }
+
+    fn memory(&self) -> Option<DeviceMemory> {
+        let (free, total) = self.mem_info()?;
+        Some(DeviceMemory {
+            taken: self.free_at_open?.saturating_sub(free) as u64,
+            free: free as u64,
+            total: total as u64,
+        })
     }
 
     fn sync(&self) -> Result<(), String> {

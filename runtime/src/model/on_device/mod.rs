@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use super::pieces::{Pieces, Upload};
 use super::{Batch, BufParams, Classifier, DropoutKey, ModelError, Workspace};
-use crate::backend::device::{Device, Peers};
+use crate::backend::device::{Device, DeviceMemory, Peers};
 use crate::backend::kernels::{Kernels, SegmentNorms};
 use crate::backend::profile::Profile;
 use crate::backend::{Backend, Loss};
@@ -59,6 +59,10 @@ pub trait Executor: Send + Sync {
     }
     /// What the device's operations took since [`Executor::start_profile`].
     fn profile(&self) -> Option<Profile> {
+        None
+    }
+    /// The device's memory now ([`Device::memory`]), where it has memory of its own.
+    fn memory(&self) -> Option<DeviceMemory> {
         None
     }
 }
@@ -364,6 +368,10 @@ where
 
     fn profile(&self) -> Option<Profile> {
         self.kernels.device().profile()
+    }
+
+    fn memory(&self) -> Option<DeviceMemory> {
+        self.kernels.device().memory()
     }
 
     fn reserve(&self, model: &Classifier, batch: usize, eval_batch: usize, seq: usize) {
