@@ -311,6 +311,9 @@ def run(d):
              for a, b, ta, tb in zip(steps, steps[1:], t, t[1:]) if tb > ta]
     return {"device": start.get("device"), "steps": end["steps"]["taken"], "eval": evals[-1],
             "samples_per_s": statistics.median(rates[len(rates) // 4:] or rates),
+            # What the run said of itself: its MFU at the last step (a GPU recipe knows), the
+            # GPU memory it took.
+            "mfu_reported": steps[-1].get("mfu"), "device_memory": end.get("device_memory"),
             "losses": [r["loss"] for r in steps]}
 try:
     plain, graphs = run(sys.argv[1]), run(sys.argv[2])

@@ -171,6 +171,13 @@ fn throughput_evaluated(
                 "seconds": 640.0 / rows_per_s, "samples_per_s": rows_per_s
             }}));
         }
+        // A run on a GPU ends, after its evaluation, with what it took of the GPU's memory.
+        if peak.is_some() {
+            let taken = 10u64 << 30;
+            lines.push(serde_json::json!({"event": "end", "device_memory": {
+                "taken": taken, "free": (141u64 << 30) - taken, "total": 141u64 << 30
+            }}));
+        }
         let text: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
         std::fs::write(run.join("metrics.jsonl"), text.join("\n")).expect("metrics");
     }
@@ -211,8 +218,9 @@ fn mfu_is_against_the_named_gpus_own_peak() {
         let s = throughput(gpu, 3000.0, 1000.0, "");
         assert_eq!(s["peak_tflops_bf16"], peak, "{gpu}");
         assert_eq!(s["peak_from"], gpu);
-        // The run's own figure, beside the steady one.
+        // The run's own figure, beside the steady one, and the GPU memory it took.
         assert_eq!(s["recipe"]["mfu_reported"], 0.25, "{gpu}");
+        assert_eq!(s["recipe"]["device_memory"]["taken"], 10u64 << 30, "{gpu}");
         let mfu = s["mfu_recipe"].as_f64().expect("an MFU");
         let want = 3000.0 * FLOPS_PER_SAMPLE / (peak * 1e12);
         assert!(

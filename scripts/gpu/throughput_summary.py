@@ -42,6 +42,10 @@ def rate(run):
         # the steady figure below (mfu_recipe), which it cross-checks.
         if steps and "mfu" in steps[-1]:
             summary["mfu_reported"] = steps[-1]["mfu"]
+        # The GPU memory the run took (its `end` record; `recipe run` on a GPU).
+        ends = [r for r in recs if r.get("event") == "end" and "device_memory" in r]
+        if ends:
+            summary["device_memory"] = ends[-1]["device_memory"]
         # The evaluation after the last step (the runs given an eval file): rows per second.
         evals = [r["eval"] for r in recs if "eval" in r]
         if evals and "samples_per_s" in evals[-1]:
