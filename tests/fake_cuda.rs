@@ -1011,6 +1011,9 @@ fn a_gpu_recipe_knows_reports_the_runs_mfu() {
         let start = &records[0];
         assert_eq!(start["event"], "start", "{name}");
         let summary = err.lines().find(|l| l.starts_with("trained ")).unwrap();
+        // A GPU without a known peak says why the run reports no MFU.
+        let why = "note: no MFU: recipe does not know the dense peak of recipe fake GPU";
+        assert_eq!(err.contains(why), name == "unknown", "{name}: {err}");
         let Some((tflops, from)) = peak else {
             assert!(start.get("peak_tflops").is_none(), "{name}: {start}");
             assert!(records.iter().all(|r| r.get("mfu").is_none()), "{name}");

@@ -4,7 +4,8 @@
 //!
 //! - `loss.svg` / `loss.png`: training loss per logged step, evaluation loss per evaluation, the
 //!   LR on the right-hand axis, skipped (overflow) steps marked; below it, evaluation accuracy;
-//! - `throughput.svg`: samples per second per logged step;
+//! - `throughput.svg`: samples per second per logged step, and the model FLOPs utilization on
+//!   the right-hand axis where the run reported it;
 //! - [`curves_chart`]: LR curves per optimizer step (`recipe explain --plot`) and optimizer steps
 //!   per micro-batch (`recipe steps --plot`), with epoch ends and the points where the curves
 //!   disagree marked.
@@ -26,6 +27,9 @@ pub struct RunSeries {
     pub skipped: Vec<u64>,
     /// Evaluations: (step, loss, accuracy).
     pub evals: Vec<(u64, f64, f64)>,
+    /// The logged steps' model FLOPs utilization (step, fraction), where the run reported one
+    /// (runtime/src/flops.rs).
+    pub mfu: Vec<(u64, f64)>,
 }
 
 impl RunSeries {
@@ -54,8 +58,12 @@ impl RunSeries {
             } else if let (Some(loss), Some(lr)) = (num(&v, "loss"), num(&v, "lr")) {
                 s.steps.retain(|&(st, ..)| st < step);
                 s.skipped.retain(|&st| st < step);
+                s.mfu.retain(|&(st, _)| st < step);
                 s.steps
                     .push((step, loss, lr, num(&v, "samples_per_s").unwrap_or(0.0)));
+                if let Some(m) = num(&v, "mfu") {
+                    s.mfu.push((step, m));
+                }
                 if v.get("skipped").and_then(serde_json::Value::as_bool) == Some(true) {
                     s.skipped.push(step);
                 }
@@ -287,13 +295,17 @@ fn throughput_chart<DB: DrawingBackend>(
     let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
     root.fill(&WHITE).map_err(e)?;
     let y = range(s.steps.iter().map(|p| p.3).chain([0.0]));
+    // MFU in percent on the right, from 0, where the run reported it.
+    let mfu = range(s.mfu.iter().map(|p| 100.0 * p.1).chain([0.0]));
     let mut chart = ChartBuilder::on(root)
         .caption(format!("{title}: throughput"), ("sans-serif", 20))
         .margin(10)
         .x_label_area_size(35)
         .y_label_area_size(60)
+        .right_y_label_area_size(if s.mfu.is_empty() { 0 } else { 70 })
         .build_cartesian_2d(steps_range(s), y)
-        .map_err(e)?;
+        .map_err(e)?
+        .set_secondary_coord(steps_range(s), mfu);
     chart
         .configure_mesh()
         .light_line_style(GRID)
@@ -303,7 +315,35 @@ fn throughput_chart<DB: DrawingBackend>(
         .map_err(e)?;
     chart
         .draw_series(LineSeries::new(s.steps.iter().map(|p| (p.0, p.3)), TRAIN))
-        .map_err(e)?;
+        .map_err(e)?
+        .label("samples / s")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], TRAIN));
+    if !s.mfu.is_empty() {
+        chart
+            .configure_secondary_axes()
+            .y_desc("MFU, % (since the start)")
+            .draw()
+            .map_err(e)?;
+        chart
+            // Dashed: where every sample counts the same FLOPs (one padded length) it lies on
+            // the samples/s line.
+            .draw_secondary_series(DashedLineSeries::new(
+                s.mfu.iter().map(|p| (p.0, 100.0 * p.1)),
+                6,
+                4,
+                LR.stroke_width(2),
+            ))
+            .map_err(e)?
+            .label("MFU (right)")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], LR.stroke_width(2)));
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::LowerRight)
+            .draw()
+            .map_err(e)?;
+    }
     root.present().map_err(e)
 }
 
@@ -531,12 +571,48 @@ mod tests {
         assert_eq!((be(&png[16..20]), be(&png[20..24])), SIZE);
         let t = std::fs::read_to_string(dir.path().join("throughput.svg")).unwrap();
         assert_eq!(t.matches("stroke=\"#1F77B4\"").count(), 1);
+        assert!(!t.contains("MFU"), "no MFU without one reported");
         // Nothing half-written is left behind.
         let names: Vec<String> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
             .collect();
         assert!(names.iter().all(|n| !n.contains("partial")), "{names:?}");
+    }
+
+    /// A run that reported its MFU gets it on the throughput picture's right-hand axis.
+    #[test]
+    fn the_throughput_picture_shows_the_mfu_the_run_reported() {
+        let text = (1..=10)
+            .map(|s| {
+                format!(
+                    "{{\"step\":{s},\"loss\":1.0,\"lr\":1e-4,\"samples_per_s\":{},\"mfu\":{}}}",
+                    100.0 + s as f64,
+                    s as f64 / 40.0
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let s = RunSeries::parse(&text);
+        assert_eq!(s.mfu.len(), 10);
+        assert_eq!(s.mfu[9], (10, 0.25));
+        // A resumed run's repeated step replaces its MFU too.
+        let again = RunSeries::parse(&format!(
+            "{text}\n{{\"step\":10,\"loss\":1,\"lr\":1,\"samples_per_s\":50,\"mfu\":0.1}}"
+        ));
+        assert_eq!((again.mfu.len(), again.mfu[9]), (10, (10, 0.1)));
+        let dir = tempfile::tempdir().unwrap();
+        write_run_charts(dir.path(), &s, "test").unwrap();
+        let t = std::fs::read_to_string(dir.path().join("throughput.svg")).unwrap();
+        for label in ["samples / s", "MFU (right)", "MFU, % (since the start)"] {
+            assert!(t.contains(label), "no `{label}`");
+        }
+        // Each line and its legend sample.
+        assert_eq!(t.matches("stroke=\"#1F77B4\"").count(), 2, "samples/s");
+        // The MFU's line dashed: a path a dash, and its legend sample.
+        assert!(t.matches("stroke=\"#2CA02C\"").count() > 10, "MFU");
+        // The right-hand axis is in percent: its labels reach the largest MFU, 25 %.
+        assert!(t.lines().any(|l| l.trim() == "25.0"), "no 25 % label: {t}");
     }
 
     #[test]

@@ -131,6 +131,15 @@ pub fn run(file: &Path, device: Option<Device>, opts: Options<'_>, flags: &Recip
     } else {
         Vec::new()
     };
+    if let (Some(x), None, false) = (executors.first(), peak_tflops, quiet) {
+        let gpu = x.describe();
+        if recipe_runtime::flops::device_peak(&gpu, plan.train.precision).is_none() {
+            eprintln!(
+                "note: no MFU: recipe does not know the dense peak of {gpu}; {}=TFLOPS gives one GPU's for this run's precision (docs/cuda.md)",
+                recipe_runtime::flops::PEAK_ENV
+            );
+        }
+    }
     let profiled = profile::start(profile && want_gpu, &executors);
     let node_rank = node.as_ref().map_or(0, |n| n.rank);
     let options = RunOptions {
