@@ -80,7 +80,9 @@ fn on_fake(dir: &Path, gpus: usize, env: &[(&str, &str)], args: &[&str]) -> Outp
         .env_remove("RECIPE_CUDA_GRAPHS")
         .env_remove("RECIPE_HALF_GEMM")
         .env_remove("RECIPE_GEMM_LIBRARY")
-        .env_remove("RECIPE_NCCL");
+        .env_remove("RECIPE_NCCL")
+        .env_remove("RECIPE_PEAK_TFLOPS")
+        .env_remove("RECIPE_FAKE_CUDA_NAME");
     for (k, v) in env {
         c.env(k, v);
     }
