@@ -18,7 +18,9 @@
 # with our kernels as programmatic dependent launches (RECIPE_PDL=1, and =early; off by default until timed),
 # and profiled (`recipe run --profile`): $OUT/profile.json says where the GPU's time goes. And
 # MiniLM's shape (all-MiniLM-L6-v2, recipes/cls.rcp's model: 6 layers, hidden 384, 12 heads of
-# 32) the same way, with and without the fused attention kernels (their heads of 32). Ours runs
+# 32) the same way, with and without the fused attention kernels (their heads of 32), and
+# BERT-base at twice the length (256 tokens: the long fused kernels, the keys in chunks) with and
+# without them (ratio_long_fused_over_unfused). Ours runs
 # with its passes replayed as CUDA graphs (the default, docs/cuda.md "CUDA graphs"), and once
 # more launching them directly (RECIPE_CUDA_GRAPHS=0). The default run, the unfused one and
 # MiniLM's two evaluate once after their last step: the evaluation forward's rows a second,
@@ -62,7 +64,7 @@ fi
 sed 's/bert-base\.json/minilm.json/; s/"bert-base-throughput"/"minilm-throughput"/' \
     "$W/bert-base.rcp" > "$W/minilm.rcp"
 WARM=10
-# Each run (15 in all with the peer and the profile, within scripts/gpu-check.sh's 180 s) is
+# Each run (17 in all with the peer and the profile, within scripts/gpu-check.sh's 180 s) is
 # bounded, so that one slow or hung run costs its own figure only (a run cut short still logged
 # its steps).
 RUN_LIMIT="${RUN_LIMIT:-30}"
@@ -93,7 +95,8 @@ PY
 # (RECIPE_CUDA_GRAPHS=$GRAPHS, default 1; RECIPE_FUSED_ATTENTION=$FUSED, default 1;
 # RECIPE_GEMM_LIBRARY=$LIB, default cublaslt; RECIPE_SIDE_STREAM=$SIDE, default 1;
 # RECIPE_GEMM_ALGO=$ALGO, default first; RECIPE_STEP_ASIDE=$STEP, default 1; RECIPE_PDL=$PDL (0, 1, early),
-# default 0), of $RCP (default bert-base.rcp), at most $RUN_LIMIT seconds.
+# default 0), of $RCP (default bert-base.rcp), rows of $LEN tokens (default $SEQ), at most
+# $RUN_LIMIT seconds.
 ours() {
     local name=$1 mode=$2 steps=$3
     shift 3
@@ -106,7 +109,7 @@ ours() {
         RECIPE_FUSED_ATTENTION="${FUSED:-1}" RECIPE_GEMM_LIBRARY="${LIB:-cublaslt}" \
         RECIPE_SIDE_STREAM="${SIDE:-1}" RECIPE_GEMM_ALGO="${ALGO:-first}" \
         RECIPE_STEP_ASIDE="${STEP:-1}" RECIPE_PDL="${PDL:-0}" timeout "$RUN_LIMIT" "$BIN" run --quiet --device "$DEVICE" "$@" "${RCP:-bert-base.rcp}" \
-        --set "batch.micro=$MICRO" --set "data.max_len=$SEQ" --set "train.max_steps=$steps" \
+        --set "batch.micro=$MICRO" --set "data.max_len=${LEN:-$SEQ}" --set "train.max_steps=$steps" \
         --set "train.output_dir=\"$name\"" ) > "$W/$name.log" 2>&1 \
         || { echo "recipe run ($name) failed: $W/$name.log" >&2; tail -5 "$W/$name.log" >&2; }
 }
@@ -132,6 +135,9 @@ PDL=early ours pdl-early pack "$STEPS"
 # MiniLM's shape: heads of 32, through the fused attention kernels and without them.
 RCP=minilm.rcp ours minilm pack "$STEPS" "${EVAL[@]}"
 RCP=minilm.rcp FUSED=0 ours minilm-unfused pack "$STEPS" "${EVAL[@]}"
+# BERT-base at twice the length: the long fused kernels (keys in chunks) and without them.
+LEN=$((2 * SEQ)) ours long pack "$STEPS"
+LEN=$((2 * SEQ)) FUSED=0 ours long-unfused pack "$STEPS"
 # What earlier sessions measured, again.
 FUSED=0 ours unfused pack "$STEPS" "${EVAL[@]}"
 SIDE=equal ours side-equal pack "$STEPS"

@@ -240,33 +240,49 @@ fn mfu_is_against_the_named_gpus_own_peak() {
     }
 }
 
-/// MiniLM's runs (heads of 32) are summarised apart from BERT-base's A/Bs: each rate, the
-/// fused run's speed-up over the unfused one, and their largest loss difference.
+/// MiniLM's runs (heads of 32) and BERT-base's at twice the length (the long fused kernels)
+/// are summarised apart from BERT-base's A/Bs: each rate, the fused run's speed-up over the
+/// unfused one, and their largest loss difference.
 #[test]
-fn minilms_fused_and_unfused_runs_are_compared_with_each_other() {
+fn the_fused_and_unfused_pairs_are_compared_with_each_other() {
     let runs = [
         ("out", 3000.0, 1.0),
         ("minilm", 6000.0, 1.0),
         ("minilm-unfused", 4000.0, 1.1),
+        ("long", 1500.0, 2.0),
+        ("long-unfused", 1200.0, 2.5),
     ];
     let s = throughput_of("NVIDIA H200 (sm_90)", &runs, 1000.0, "");
     let rate = |k: &str| s[k]["samples_per_s"].as_f64().expect(k);
-    assert!((rate("recipe_minilm") - 6000.0).abs() < 1e-6, "{s}");
-    assert!((rate("recipe_minilm_unfused") - 4000.0).abs() < 1e-6, "{s}");
-    let r = s["ratio_minilm_fused_over_unfused"]
-        .as_f64()
-        .expect("a ratio");
-    assert!((r - 1.5).abs() < 1e-9, "{r}");
-    let d = s["recipe_minilm_unfused"]["max_loss_rel_diff"]
-        .as_f64()
-        .expect("a loss difference");
-    assert!((d - 0.1).abs() < 1e-9, "{d}");
+    for (key, fused, unfused, ratio, diff) in [
+        ("minilm", 6000.0, 4000.0, 1.5, 0.1),
+        ("long", 1500.0, 1200.0, 1.25, 0.25),
+    ] {
+        assert!((rate(&format!("recipe_{key}")) - fused).abs() < 1e-6, "{s}");
+        assert!(
+            (rate(&format!("recipe_{key}_unfused")) - unfused).abs() < 1e-6,
+            "{s}"
+        );
+        let r = s[format!("ratio_{key}_fused_over_unfused")]
+            .as_f64()
+            .expect("a ratio");
+        assert!((r - ratio).abs() < 1e-9, "{key}: {r}");
+        let d = s[format!("recipe_{key}_unfused")]["max_loss_rel_diff"]
+            .as_f64()
+            .expect("a loss difference");
+        assert!((d - diff).abs() < 1e-9, "{key}: {d}");
+    }
     // BERT-base's figures are the default run's, as without them.
     assert!((s["ratio_recipe_over_torch"].as_f64().unwrap() - 3.0).abs() < 1e-9);
-    // Without MiniLM's runs (an older session's folder) the summary still stands.
+    // Without those runs (an older session's folder) the summary still stands.
     let s = throughput("NVIDIA H200 (sm_90)", 3000.0, 1000.0, "");
-    assert!(s["recipe_minilm"]["error"].is_string(), "{s}");
-    assert!(s.get("ratio_minilm_fused_over_unfused").is_none(), "{s}");
+    for key in ["minilm", "long"] {
+        assert!(s[format!("recipe_{key}")]["error"].is_string(), "{s}");
+        assert!(
+            s.get(format!("ratio_{key}_fused_over_unfused")).is_none(),
+            "{s}"
+        );
+    }
 }
 
 /// The runs that evaluate after their last step (the default, the unfused, MiniLM's two) give
@@ -488,7 +504,13 @@ fn the_throughput_script_runs_dry_on_the_cpu() {
             "{key}: {text}"
         );
     }
-    for key in ["recipe_cublas", "recipe_pdl", "recipe_direct"] {
+    for key in [
+        "recipe_cublas",
+        "recipe_pdl",
+        "recipe_direct",
+        "recipe_long",
+        "recipe_long_unfused",
+    ] {
         assert!(s[key]["samples_per_s"].as_f64().is_some(), "{key}: {text}");
         assert!(s[key].get("eval_samples_per_s").is_none(), "{key}: {text}");
     }

@@ -219,6 +219,10 @@ extern "C" __global__ void attention_softmax_bwd(float* dp, void* ds, int ds_t, 
 // different banks (rows of D + 8 elements, 36 or 20 words, and of FUSED_LDT, 68 words).
 #define FUSED_LD(D) ((D) + 8)
 #define FUSED_LDT (FUSED_KEYS + 8)
+// The long kernels' chunk of keys (attention_fused_long, attention_bwd_dq_long): half of
+// FUSED_KEYS, so that a chunk's scores and the f32 accumulators of its product fit the registers
+// (at FUSED_KEYS ptxas spilled).
+#define FUSED_CHUNK 64
 // The kernel entry points' dispatch on the head size (attention.rs checks it is 32 or 64).
 #define BY_HEAD(d, X, S) \
     do {                 \
@@ -226,6 +230,14 @@ extern "C" __global__ void attention_softmax_bwd(float* dp, void* ds, int ds_t, 
             X(S, 32);    \
         else             \
             X(S, 64);    \
+    } while (0)
+// And on the store's type (STORE_F16 or STORE_BF16) first.
+#define BY_STORE_HEAD(store, d, X)          \
+    do {                                    \
+        if ((store) == STORE_F16)           \
+            BY_HEAD(d, X, STORE_F16);       \
+        else                                \
+            BY_HEAD(d, X, STORE_BF16);      \
     } while (0)
 
 // 8 consecutive 16-bit elements at p as four words, 16 bytes at once where p is aligned.
@@ -324,16 +336,16 @@ __device__ __forceinline__ void fused_rows(unsigned* dst, const unsigned short* 
     }
 }
 
-// An FUSED_KEYS × 8·`groups` block of a 16-bit matrix (rows `ld` apart from src; `rows` and
+// A KEYS × 8·`groups` block of a 16-bit matrix (rows `ld` apart from src; `rows` and
 // `cols` of them real, zeros past) transposed into shared words: dst row c, element r is
 // src[r, c], FUSED_LDT elements a row. Two rows' 8 elements a step, paired per column into words.
 // With `bias` (a head of a token tensor: columns are dimensions), each real element plus its
 // column's bias.
-template <int S>
+template <int S, int KEYS = FUSED_KEYS>
 __device__ __forceinline__ void fused_transpose(unsigned* dst, const unsigned short* src,
                                                 long long ld, int groups, int rows, int cols,
                                                 HeadBias bias) {
-    for (int c = threadIdx.x; c < FUSED_KEYS / 2 * groups; c += blockDim.x) {
+    for (int c = threadIdx.x; c < KEYS / 2 * groups; c += blockDim.x) {
         int r = c / groups * 2, c0 = c % groups * 8;
         unsigned w0[4] = {0u, 0u, 0u, 0u}, w1[4] = {0u, 0u, 0u, 0u};
         if (r < rows) ld8_half_n(w0, src + r * ld + c0, cols - c0);
@@ -355,12 +367,12 @@ __device__ __forceinline__ void fused_transpose(unsigned* dst, const unsigned sh
 // acc[j] = rows r0 + g and r0 + g + 8 of `as` times key tile j (keys 8j … 8j + 7) of `bs`, for
 // the `tiles` key tiles the sequence has (the rest stay 0). Both operands are shared rows of
 // FUSED_LD(D) elements as words: q·kᵀ in the forward, dctx·vᵀ in attention_bwd_dq.
-template <int S, int D>
-__device__ __forceinline__ void mma_key_tiles(float acc[FUSED_KEYS / 8][4], const unsigned* as,
+template <int S, int D, int KT = FUSED_KEYS / 8>
+__device__ __forceinline__ void mma_key_tiles(float acc[KT][4], const unsigned* as,
                                               const unsigned* bs, int r0, int g, int t,
                                               int tiles) {
     UNROLL
-    for (int j = 0; j < FUSED_KEYS / 8; j++)
+    for (int j = 0; j < KT; j++)
         UNROLL
         for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
     UNROLL
@@ -369,7 +381,7 @@ __device__ __forceinline__ void mma_key_tiles(float acc[FUSED_KEYS / 8][4], cons
         unsigned a[4] = {as[qa], as[qa + 4 * FUSED_LD(D)], as[qa + 4],
                          as[qa + 4 * FUSED_LD(D) + 4]};
         UNROLL
-        for (int j = 0; j < FUSED_KEYS / 8; j++) {
+        for (int j = 0; j < KT; j++) {
             if (j < tiles) {
                 const int kb = ((j * 8 + g) * FUSED_LD(D) + kk * 16) / 2 + t;
                 unsigned bb[2] = {bs[kb], bs[kb + 4]};
@@ -379,21 +391,24 @@ __device__ __forceinline__ void mma_key_tiles(float acc[FUSED_KEYS / 8][4], cons
     }
 }
 
-// A warp's products over the keys, 16 at a step (`steps` of them), into the D columns:
-// o = p·bt, the A fragments from `p` (a key-tile accumulator of mma_key_tiles' layout, values
-// already rounded: the accumulator tiles of two adjacent key tiles are an A fragment's halves)
-// and bt the B operand transposed in shared memory (dimension rows of FUSED_LDT keys): p·v in
-// the forward, ds·k in attention_bwd_dq.
-template <int S, int D>
-__device__ __forceinline__ void mma_dim_tiles(float o[D / 8][4],
-                                              const float p[FUSED_KEYS / 8][4],
-                                              const unsigned* bt, int g, int t, int steps) {
+template <int D>
+__device__ __forceinline__ void zero_dim_tiles(float o[D / 8][4]) {
     UNROLL
     for (int n = 0; n < D / 8; n++)
         UNROLL
         for (int e = 0; e < 4; e++) o[n][e] = 0.0f;
+}
+// A warp's products over the keys, 16 at a step (`steps` of them), into the D columns:
+// o += p·bt, the A fragments from `p` (a key-tile accumulator of mma_key_tiles' layout, values
+// already rounded: the accumulator tiles of two adjacent key tiles are an A fragment's halves)
+// and bt the B operand transposed in shared memory (dimension rows of FUSED_LDT keys): p·v in
+// the forward, ds·k in attention_bwd_dq. It adds to o (zero_dim_tiles clears it): the long
+// kernels add one chunk of FUSED_KEYS keys at a time, in the keys' order.
+template <int S, int D, int KT>
+__device__ __forceinline__ void mma_dim_tiles(float o[D / 8][4], const float p[KT][4],
+                                              const unsigned* bt, int g, int t, int steps) {
     UNROLL
-    for (int kk = 0; kk < FUSED_KEYS / 16; kk++) {
+    for (int kk = 0; kk < KT / 2; kk++) {
         if (kk < steps) {
             unsigned a[4] = {pack_half2<S>(p[2 * kk][0], p[2 * kk][1]),
                              pack_half2<S>(p[2 * kk][2], p[2 * kk][3]),
@@ -430,6 +445,169 @@ __device__ __forceinline__ void store_head_rows(unsigned short* out, const float
     }
 }
 
+// Where a fused kernel's block and lane are: sequence b, head h, the block's first row q0 (of
+// queries; of keys in attention_bwd_dkv), the head's first element tok0 of the token tensors
+// (rows hid apart), the lane's quad g and its place t in it, the warp's first row r0 in the
+// block, the lane's two rows i0 and i1, and the element of key 0 of each of those rows in the
+// head's [seq, seq] tensors (at0, at1).
+struct FusedAt {
+    int b, h, q0, hid;
+    long long tok0;
+    int g, t, r0, i0, i1;
+    long long at0, at1;
+    bool live;  // the warp has rows in the sequence
+};
+template <int D>
+__device__ __forceinline__ FusedAt fused_at(int seq, int heads) {
+    FusedAt a;
+    a.b = blockIdx.z;
+    a.h = blockIdx.y;
+    a.q0 = blockIdx.x * FUSED_Q;
+    a.hid = heads * D;
+    a.tok0 = (long long)a.b * seq * a.hid + a.h * D;  // (b, row 0, head h, dim 0)
+    const int lane = threadIdx.x & 31;
+    a.g = lane >> 2;
+    a.t = lane & 3;
+    a.r0 = (threadIdx.x >> 5) * 16;
+    a.i0 = a.q0 + a.r0 + a.g;
+    a.i1 = a.i0 + 8;
+    a.at0 = ((long long)(a.b * heads + a.h) * seq + a.i0) * seq;
+    a.at1 = a.at0 + 8LL * seq;
+    a.live = a.q0 + a.r0 < seq;
+    return a;
+}
+// q's (j 0), k's (1) or v's (2) bias for the block's head, or none.
+template <int D>
+__device__ __forceinline__ HeadBias bias_of(const void* bias, int bias_t, int bias_stride, int j,
+                                            int h) {
+    return bias ? head_bias(bias, bias_t, bias_stride, j, h, D) : no_bias();
+}
+
+// The softmax's steps on a warp's scores, one chunk of keys (`n` of them from key c0; rows i0
+// in s[j][0..1] and i1 in s[j][2..3], key c0 + 8j + 2t + e), each the operations of
+// attention_softmax per element in its order; keys past the chunk are left as they are.
+// Scaled, and f32_lowest() added where the mask drops the key:
+template <int KT>
+__device__ __forceinline__ void scale_and_mask(float s[KT][4], const unsigned* m, int c0, int n,
+                                               int t, float scale) {
+    UNROLL
+    for (int j = 0; j < KT; j++)
+        UNROLL
+        for (int e = 0; e < 2; e++) {
+            const int kj = j * 8 + 2 * t + e;
+            if (kj < n) {
+                s[j][e] = scale * s[j][e];
+                s[j][2 + e] = scale * s[j][2 + e];
+                if (m[c0 + kj] == 0) {
+                    s[j][e] += f32_lowest();
+                    s[j][2 + e] += f32_lowest();
+                }
+            }
+        }
+}
+// The lane's part of each row's max:
+template <int KT>
+__device__ __forceinline__ void rows_max(const float s[KT][4], int n, int t, float& mx0,
+                                         float& mx1) {
+    UNROLL
+    for (int j = 0; j < KT; j++)
+        UNROLL
+        for (int e = 0; e < 2; e++)
+            if (j * 8 + 2 * t + e < n) {
+                mx0 = fmaxf(mx0, s[j][e]);
+                mx1 = fmaxf(mx1, s[j][2 + e]);
+            }
+}
+// Each score's exp against its row's max, in place; with `add`, added to the lane's part of each
+// row's sum, by key:
+template <int KT>
+__device__ __forceinline__ void rows_exp(float s[KT][4], int n, int t, float mx0, float mx1,
+                                         bool add, float& sum0, float& sum1) {
+    UNROLL
+    for (int j = 0; j < KT; j++)
+        UNROLL
+        for (int e = 0; e < 2; e++)
+            if (j * 8 + 2 * t + e < n) {
+                s[j][e] = expf(s[j][e] - mx0);
+                s[j][2 + e] = expf(s[j][2 + e] - mx1);
+                if (add) {
+                    sum0 += s[j][e];
+                    sum1 += s[j][2 + e];
+                }
+            }
+}
+// A row's max or sum over its quad's four lanes (the row's keys).
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+// Which of the lane's keys of the chunk dropout keeps, bit 2j + e for key 8j + 2t + e, rows at0
+// and at1 (the elements of the chunk's first key): drawn in a rolled loop (unrolled, each tile's
+// Philox rounds would be a copy of their own).
+__device__ __forceinline__ void keep_bits(long long at0, long long at1, int n, int t, DropKey key,
+                                          unsigned threshold, unsigned& keep0, unsigned& keep1) {
+    keep0 = keep1 = 0u;
+    NO_UNROLL
+    for (int j = 0; j < ((n + 7) >> 3); j++) {
+        const int kp = j * 8 + 2 * t;
+        if (kp < n) {
+            keep0 |= keep_pair(at0 + kp, key, threshold) << (2 * j);
+            keep1 |= keep_pair(at1 + kp, key, threshold) << (2 * j);
+        }
+    }
+}
+// The chunk's probabilities from its exps (s), rounded, written to probs (rows at0 and at1 from
+// the chunk's first key, where in the sequence: row0, row1) and, with dropout, times their
+// multipliers, rounded, to probs_drop; left in s as the product with v uses them (the dropped
+// ones), zeros past the chunk.
+template <int S, int KT>
+__device__ __forceinline__ void store_probs(float s[KT][4], unsigned short* probs,
+                                            unsigned short* probs_drop, long long at0,
+                                            long long at1, int n, bool row0, bool row1, int t,
+                                            float sum0, float sum1, int dropout, unsigned keep0,
+                                            unsigned keep1, float dscale, bool pairs) {
+    UNROLL
+    for (int j = 0; j < KT; j++) {
+        const int kp = j * 8 + 2 * t;  // the lane's pair of keys in this tile
+        if (kp >= n) {
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+            continue;
+        }
+        const bool both = kp + 1 < n;  // the pair's second key is in the chunk
+        float p0[2], p1[2];
+        UNROLL
+        for (int e = 0; e < 2; e++) {
+            p0[e] = e == 0 || both ? st(s[j][e] / sum0, S) : 0.0f;
+            p1[e] = e == 0 || both ? st(s[j][2 + e] / sum1, S) : 0.0f;
+        }
+        if (row0) st_half2<S>(probs, at0 + kp, p0[0], p0[1], both, pairs);
+        if (row1) st_half2<S>(probs, at1 + kp, p1[0], p1[1], both, pairs);
+        if (dropout) {
+            UNROLL
+            for (int e = 0; e < 2; e++) {
+                p0[e] = st(p0[e] * ((keep0 >> (2 * j + e)) & 1u ? dscale : 0.0f), S);
+                p1[e] = st(p1[e] * ((keep1 >> (2 * j + e)) & 1u ? dscale : 0.0f), S);
+            }
+            if (row0) st_half2<S>(probs_drop, at0 + kp, p0[0], p0[1], both, pairs);
+            if (row1) st_half2<S>(probs_drop, at1 + kp, p1[0], p1[1], both, pairs);
+        }
+        s[j][0] = p0[0];
+        s[j][1] = p0[1];
+        s[j][2] = p1[0];
+        s[j][3] = p1[1];
+    }
+}
+// 32-bit stores of key pairs: an even row length puts every pair at an even index.
+__device__ __forceinline__ bool fwd_pairs(int seq, const void* probs, const void* probs_drop,
+                                          int dropout) {
+    return seq % 2 == 0 && ((unsigned long long)probs & 3) == 0 &&
+           (!dropout || ((unsigned long long)probs_drop & 3) == 0);
+}
+
 template <int S, int D>
 __device__ __forceinline__ void attention_fused_t(unsigned* qs, unsigned* ks, unsigned* vt,
                                                   unsigned short* ctx, unsigned short* probs,
@@ -440,126 +618,161 @@ __device__ __forceinline__ void attention_fused_t(unsigned* qs, unsigned* ks, un
                                                   int seq, int heads, float scale, int dropout,
                                                   DropKey key, unsigned threshold, float dscale,
                                                   const void* bias, int bias_t, int bias_stride) {
-    const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * FUSED_Q;
-    const int hid = heads * D;
-    const long long tok0 = (long long)b * seq * hid + h * D;  // (b, row 0, head h, dim 0)
+    const FusedAt a = fused_at<D>(seq, heads);
     // q (the block's) and k rows, v transposed; zeros past the sequence; each with its bias
     // when given.
-    fused_rows<S, D>(qs, q, tok0, hid, q0, FUSED_Q, seq,
-                  bias ? head_bias(bias, bias_t, bias_stride, 0, h, D) : no_bias());
-    fused_rows<S, D>(ks, k, tok0, hid, 0, FUSED_KEYS, seq,
-                  bias ? head_bias(bias, bias_t, bias_stride, 1, h, D) : no_bias());
-    fused_transpose<S>(vt, v + tok0, hid, D / 8, seq, D,
-                       bias ? head_bias(bias, bias_t, bias_stride, 2, h, D) : no_bias());
+    fused_rows<S, D>(qs, q, a.tok0, a.hid, a.q0, FUSED_Q, seq,
+                     bias_of<D>(bias, bias_t, bias_stride, 0, a.h));
+    fused_rows<S, D>(ks, k, a.tok0, a.hid, 0, FUSED_KEYS, seq,
+                     bias_of<D>(bias, bias_t, bias_stride, 1, a.h));
+    fused_transpose<S>(vt, v + a.tok0, a.hid, D / 8, seq, D,
+                       bias_of<D>(bias, bias_t, bias_stride, 2, a.h));
     __syncthreads();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int r0 = warp * 16;            // the warp's first row in the block's queries
-    if (q0 + r0 >= seq) return;          // a whole warp without queries; no barrier follows
-    const int tiles = (seq + 7) >> 3;    // key tiles of 8
-    const int i0 = q0 + r0 + g, i1 = i0 + 8;  // this lane's two queries
+    if (!a.live) return;  // a whole warp without queries; no barrier follows
 
-    // s = q·kᵀ, a tile of 8 keys at a time, 16 dimensions a step.
+    // s = q·kᵀ, a tile of 8 keys at a time, 16 dimensions a step; then the softmax of rows i0
+    // and i1, each exp computed once and kept for the probabilities; keys past the sequence
+    // take no part and leave zeros for the product below.
     float s[FUSED_KEYS / 8][4];
-    mma_key_tiles<S, D>(s, qs, ks, r0, g, t, tiles);
-
-    // The softmax of rows i0 (s[j][0..1]) and i1 (s[j][2..3]); keys past the sequence take no
-    // part and leave zeros for the product below.
-    const unsigned* m = mask + (long long)b * seq;
-    float mx0 = -f32_inf(), mx1 = -f32_inf();
-    UNROLL
-    for (int j = 0; j < FUSED_KEYS / 8; j++)
-        UNROLL
-        for (int e = 0; e < 2; e++) {
-            int kj = j * 8 + 2 * t + e;
-            if (kj < seq) {
-                s[j][e] = scale * s[j][e];
-                s[j][2 + e] = scale * s[j][2 + e];
-                if (m[kj] == 0) {
-                    s[j][e] += f32_lowest();
-                    s[j][2 + e] += f32_lowest();
-                }
-                mx0 = fmaxf(mx0, s[j][e]);
-                mx1 = fmaxf(mx1, s[j][2 + e]);
-            }
-        }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    // Each exp once, kept for the probabilities (the same value the softmax above recomputes).
-    float sum0 = 0.0f, sum1 = 0.0f;
-    UNROLL
-    for (int j = 0; j < FUSED_KEYS / 8; j++)
-        UNROLL
-        for (int e = 0; e < 2; e++)
-            if (j * 8 + 2 * t + e < seq) {
-                s[j][e] = expf(s[j][e] - mx0);
-                s[j][2 + e] = expf(s[j][2 + e] - mx1);
-                sum0 += s[j][e];
-                sum1 += s[j][2 + e];
-            }
-    sum0 += __shfl_xor_sync(0xffffffffu, sum0, 1);
-    sum0 += __shfl_xor_sync(0xffffffffu, sum0, 2);
-    sum1 += __shfl_xor_sync(0xffffffffu, sum1, 1);
-    sum1 += __shfl_xor_sync(0xffffffffu, sum1, 2);
-    const long long at0 = ((long long)(b * heads + h) * seq + i0) * seq;  // element of key 0
-    const long long at1 = at0 + 8LL * seq;
-    // 32-bit stores of key pairs: an even row length puts every pair at an even index.
-    const bool pairs = seq % 2 == 0 && ((unsigned long long)probs & 3) == 0 &&
-                       (!dropout || ((unsigned long long)probs_drop & 3) == 0);
-    // Which of the lane's keys dropout keeps, bit 2j + e for key 8j + 2t + e: drawn in a rolled
-    // loop (unrolled, each tile's Philox rounds would be a copy of their own).
+    mma_key_tiles<S, D>(s, qs, ks, a.r0, a.g, a.t, (seq + 7) >> 3);
+    const unsigned* m = mask + (long long)a.b * seq;
+    scale_and_mask<FUSED_KEYS / 8>(s, m, 0, seq, a.t, scale);
+    float mx0 = -f32_inf(), mx1 = -f32_inf(), sum0 = 0.0f, sum1 = 0.0f;
+    rows_max<FUSED_KEYS / 8>(s, seq, a.t, mx0, mx1);
+    mx0 = quad_max(mx0);
+    mx1 = quad_max(mx1);
+    rows_exp<FUSED_KEYS / 8>(s, seq, a.t, mx0, mx1, true, sum0, sum1);
+    sum0 = quad_sum(sum0);
+    sum1 = quad_sum(sum1);
     unsigned keep0 = 0u, keep1 = 0u;
-    if (dropout) {
-        NO_UNROLL
-        for (int j = 0; j < tiles; j++) {
-            const int kp = j * 8 + 2 * t;
-            if (kp < seq) {
-                keep0 |= keep_pair(at0 + kp, key, threshold) << (2 * j);
-                keep1 |= keep_pair(at1 + kp, key, threshold) << (2 * j);
-            }
-        }
-    }
-    UNROLL
-    for (int j = 0; j < FUSED_KEYS / 8; j++) {
-        const int kp = j * 8 + 2 * t;  // the lane's pair of keys in this tile
-        if (kp >= seq) {
-            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-            continue;
-        }
-        const bool both = kp + 1 < seq;  // the pair's second key is in the sequence
-        float p0[2], p1[2];
-        UNROLL
-        for (int e = 0; e < 2; e++) {
-            p0[e] = e == 0 || both ? st(s[j][e] / sum0, S) : 0.0f;
-            p1[e] = e == 0 || both ? st(s[j][2 + e] / sum1, S) : 0.0f;
-        }
-        if (i0 < seq) st_half2<S>(probs, at0 + kp, p0[0], p0[1], both, pairs);
-        if (i1 < seq) st_half2<S>(probs, at1 + kp, p1[0], p1[1], both, pairs);
-        if (dropout) {
-            UNROLL
-            for (int e = 0; e < 2; e++) {
-                p0[e] = st(p0[e] * ((keep0 >> (2 * j + e)) & 1u ? dscale : 0.0f), S);
-                p1[e] = st(p1[e] * ((keep1 >> (2 * j + e)) & 1u ? dscale : 0.0f), S);
-            }
-            if (i0 < seq) st_half2<S>(probs_drop, at0 + kp, p0[0], p0[1], both, pairs);
-            if (i1 < seq) st_half2<S>(probs_drop, at1 + kp, p1[0], p1[1], both, pairs);
-        }
-        s[j][0] = p0[0];
-        s[j][1] = p0[1];
-        s[j][2] = p1[0];
-        s[j][3] = p1[1];
-    }
+    if (dropout) keep_bits(a.at0, a.at1, seq, a.t, key, threshold, keep0, keep1);
+    store_probs<S, FUSED_KEYS / 8>(s, probs, probs_drop, a.at0, a.at1, seq, a.i0 < seq,
+                                   a.i1 < seq, a.t, sum0, sum1, dropout, keep0, keep1, dscale,
+                                   fwd_pairs(seq, probs, probs_drop, dropout));
 
     // ctx = p·v: 16 keys a step, the A fragment from two key tiles' probabilities; rounded
     // once from f32, as the GEMM's output.
     float o[D / 8][4];
-    mma_dim_tiles<S, D>(o, s, vt, g, t, (seq + 15) >> 4);
-    store_head_rows<S, D>(ctx, o, 1.0f, b, h, seq, hid, i0, i1, t);
+    zero_dim_tiles<D>(o);
+    mma_dim_tiles<S, D, FUSED_KEYS / 8>(o, s, vt, a.g, a.t, (seq + 15) >> 4);
+    store_head_rows<S, D>(ctx, o, 1.0f, a.b, a.h, seq, a.hid, a.i0, a.i1, a.t);
+}
+
+// A long kernel's next chunk of keys (c0 … c0 + FUSED_CHUNK − 1), once every warp is done with
+// the last one: their rows of `src` into `rows` (k in the forward, v in attention_bwd_dq), and
+// with `also` their rows of `tsrc` transposed into `trows` (v, k); then, for a warp with rows
+// (`live`; every warp meets both barriers), the products of its rows of `as` (q, dctx) with the
+// chunk's `n` keys into s, a tile of 8 keys at a time.
+template <int S, int D>
+__device__ __forceinline__ void chunk_products(float s[FUSED_CHUNK / 8][4], unsigned* rows,
+                                               const unsigned short* src, HeadBias bias,
+                                               unsigned* trows, const unsigned short* tsrc,
+                                               HeadBias tbias, bool also, const unsigned* as,
+                                               const FusedAt& a, int c0, int n, int seq) {
+    __syncthreads();
+    fused_rows<S, D>(rows, src, a.tok0, a.hid, c0, FUSED_CHUNK, seq, bias);
+    if (also)
+        fused_transpose<S, FUSED_CHUNK>(trows, tsrc + a.tok0 + (long long)c0 * a.hid, a.hid,
+                                        D / 8, seq - c0, D, tbias);
+    __syncthreads();
+    if (a.live) mma_key_tiles<S, D, FUSED_CHUNK / 8>(s, as, rows, a.r0, a.g, a.t, (n + 7) >> 3);
+}
+
+// The forward for longer sequences (seq > FUSED_KEYS; attention.rs, `fused`): attention_fused's
+// block, warps and shared rooms, the keys taken FUSED_CHUNK at a time into `ks` (and `vt`). The
+// softmax keeps its exact row max and sum, the CPU's (flash attention's running rescale of the
+// sum would round otherwise), so a warp computes its scores three times, one pass over the
+// chunks each: the row max; the sum of the exps; then the probabilities, stored (and dropped,
+// stored), and their product with v added chunk by chunk to ctx's f32 accumulators. q·kᵀ on the
+// tensor cores costs less than the f32 scores the batched products write and the softmax reads
+// back ([batch, heads, seq, seq], 16 times 128 keys' at 512). A lane adds its keys' exps and
+// products in key order as attention_fused does, so where both fit they give the same bits.
+template <int S, int D>
+__device__ __forceinline__ void attention_fused_long_t(
+    unsigned* qs, unsigned* ks, unsigned* vt, unsigned short* ctx, unsigned short* probs,
+    unsigned short* probs_drop, const unsigned short* q, const unsigned short* k,
+    const unsigned short* v, const unsigned* mask, int seq, int heads, float scale, int dropout,
+    DropKey key, unsigned threshold, float dscale, const void* bias, int bias_t,
+    int bias_stride) {
+    const FusedAt a = fused_at<D>(seq, heads);
+    const HeadBias kb = bias_of<D>(bias, bias_t, bias_stride, 1, a.h);
+    const HeadBias vb = bias_of<D>(bias, bias_t, bias_stride, 2, a.h);
+    fused_rows<S, D>(qs, q, a.tok0, a.hid, a.q0, FUSED_Q, seq,
+                     bias_of<D>(bias, bias_t, bias_stride, 0, a.h));
+    const unsigned* m = mask + (long long)a.b * seq;
+    const bool pairs = fwd_pairs(seq, probs, probs_drop, dropout);
+    float mx0 = -f32_inf(), mx1 = -f32_inf(), sum0 = 0.0f, sum1 = 0.0f;
+    float o[D / 8][4];
+    zero_dim_tiles<D>(o);
+    // A warp without queries still meets every barrier.
+    NO_UNROLL
+    for (int pass = 0; pass < 3; pass++) {
+        NO_UNROLL
+        for (int c0 = 0; c0 < seq; c0 += FUSED_CHUNK) {
+            // s = q·kᵀ of the chunk's keys; v's rows too for the last pass.
+            const int n = min(seq - c0, FUSED_CHUNK);  // the chunk's keys
+            float s[FUSED_CHUNK / 8][4];
+            chunk_products<S, D>(s, ks, k, kb, vt, v, vb, pass == 2, qs, a, c0, n, seq);
+            if (!a.live) continue;
+            scale_and_mask<FUSED_CHUNK / 8>(s, m, c0, n, a.t, scale);
+            if (pass == 0) {
+                rows_max<FUSED_CHUNK / 8>(s, n, a.t, mx0, mx1);
+                continue;
+            }
+            rows_exp<FUSED_CHUNK / 8>(s, n, a.t, mx0, mx1, pass == 1, sum0, sum1);
+            if (pass == 1) continue;
+            unsigned keep0 = 0u, keep1 = 0u;
+            if (dropout)
+                keep_bits(a.at0 + c0, a.at1 + c0, n, a.t, key, threshold, keep0, keep1);
+            store_probs<S, FUSED_CHUNK / 8>(s, probs, probs_drop, a.at0 + c0, a.at1 + c0, n,
+                                            a.i0 < seq, a.i1 < seq, a.t, sum0, sum1, dropout,
+                                            keep0, keep1, dscale, pairs);
+            mma_dim_tiles<S, D, FUSED_CHUNK / 8>(o, s, vt, a.g, a.t, (n + 15) >> 4);
+        }
+        if (a.live && pass == 0) {
+            mx0 = quad_max(mx0);
+            mx1 = quad_max(mx1);
+        } else if (a.live && pass == 1) {
+            sum0 = quad_sum(sum0);
+            sum1 = quad_sum(sum1);
+        }
+    }
+    if (a.live) store_head_rows<S, D>(ctx, o, 1.0f, a.b, a.h, seq, a.hid, a.i0, a.i1, a.t);
+}
+
+// The two forward entry points' body: the dropout key and the dispatch on the types and head
+// size, to attention_fused_t (one chunk of keys) or attention_fused_long_t.
+template <bool LONG>
+__device__ __forceinline__ void attention_fused_by(unsigned* qs, unsigned* ks, unsigned* vt,
+                                                   void* ctx, void* probs, void* probs_drop,
+                                                   const void* q, const void* k, const void* v,
+                                                   const unsigned* mask, int seq, int heads,
+                                                   int head_dim, float scale, int dropout,
+                                                   const unsigned* key, unsigned long long site,
+                                                   unsigned threshold, float dscale,
+                                                   const void* bias, int bias_t, int bias_stride,
+                                                   int store) {
+    DropKey dk = {0, 0};
+    if (dropout) dk = drop_key(key, site);
+#define FUSED_ARGS                                                                              \
+    qs, ks, vt, (unsigned short*)ctx, (unsigned short*)probs, (unsigned short*)probs_drop,      \
+        (const unsigned short*)q, (const unsigned short*)k, (const unsigned short*)v, mask, seq, \
+        heads, scale, dropout, dk, threshold, dscale, bias, bias_t, bias_stride
+#define FUSED(S, D)                                          \
+    do {                                                     \
+        if (LONG)                                            \
+            attention_fused_long_t<S, D>(FUSED_ARGS);        \
+        else                                                 \
+            attention_fused_t<S, D>(FUSED_ARGS);             \
+    } while (0)
+    BY_STORE_HEAD(store, head_dim, FUSED);
+#undef FUSED
+#undef FUSED_ARGS
 }
 // Grid (⌈seq / FUSED_Q⌉, heads, batch), FUSED_Q·2 threads; head_dim 32 or 64; probs_drop is
-// read only with `dropout`; `store` STORE_F16 or STORE_BF16, every buffer of it; `bias` (of type bias_t; null:
-// none) q's, k's and v's biases, `bias_stride` elements apart, added as q, k and v are loaded.
+// read only with `dropout`; `store` STORE_F16 or STORE_BF16, every buffer of it; `bias` (of type
+// bias_t; null: none) q's, k's and v's biases, `bias_stride` elements apart, added as q, k and v
+// are loaded. attention_fused for seq ≤ FUSED_KEYS, attention_fused_long past it.
 extern "C" __global__ void attention_fused(void* ctx, void* probs, void* probs_drop,
                                            const void* q, const void* k, const void* v,
                                            const unsigned* mask, int seq, int heads, int head_dim,
@@ -573,18 +786,25 @@ extern "C" __global__ void attention_fused(void* ctx, void* probs, void* probs_d
     __shared__ unsigned qs[FUSED_Q * FUSED_LD(FUSED_D_MAX) / 2];
     __shared__ unsigned ks[FUSED_KEYS * FUSED_LD(FUSED_D_MAX) / 2];
     __shared__ unsigned vt[FUSED_D_MAX * FUSED_LDT / 2];
-    DropKey dk = {0, 0};
-    if (dropout) dk = drop_key(key, site);
-#define FUSED(S, D)                                                                             \
-    attention_fused_t<S, D>(qs, ks, vt, (unsigned short*)ctx, (unsigned short*)probs,             \
-                         (unsigned short*)probs_drop, (const unsigned short*)q,                \
-                         (const unsigned short*)k, (const unsigned short*)v, mask, seq, heads, \
-                         scale, dropout, dk, threshold, dscale, bias, bias_t, bias_stride)
-    if (store == STORE_F16)
-        BY_HEAD(head_dim, FUSED, STORE_F16);
-    else
-        BY_HEAD(head_dim, FUSED, STORE_BF16);
-#undef FUSED
+    attention_fused_by<false>(qs, ks, vt, ctx, probs, probs_drop, q, k, v, mask, seq, heads,
+                              head_dim, scale, dropout, key, site, threshold, dscale, bias,
+                              bias_t, bias_stride, store);
+}
+extern "C" __global__ void attention_fused_long(void* ctx, void* probs, void* probs_drop,
+                                                const void* q, const void* k, const void* v,
+                                                const unsigned* mask, int seq, int heads,
+                                                int head_dim, float scale, int dropout,
+                                                const unsigned* key, unsigned long long site,
+                                                unsigned threshold, float dscale,
+                                                const void* bias, int bias_t, int bias_stride,
+                                                int store) {
+    GRID_WAIT();
+    __shared__ unsigned qs[FUSED_Q * FUSED_LD(FUSED_D_MAX) / 2];
+    __shared__ unsigned ks[FUSED_CHUNK * FUSED_LD(FUSED_D_MAX) / 2];
+    __shared__ unsigned vt[FUSED_D_MAX * FUSED_LDT / 2];
+    attention_fused_by<true>(qs, ks, vt, ctx, probs, probs_drop, q, k, v, mask, seq, heads,
+                             head_dim, scale, dropout, key, site, threshold, dscale, bias,
+                             bias_t, bias_stride, store);
 }
 
 // The backward for the shapes the fused forward takes (attention.rs, `fused`), in two launches
@@ -619,6 +839,61 @@ __device__ __forceinline__ void ld_half2(const unsigned short* p, long long at, 
     x1 = both ? half_value<S>(p[at + 1]) : 0.0f;
 }
 
+// The dq backward's steps on one key tile of a warp's dp (x: rows i0 in x[0..1] and i1 in
+// x[2..3], the lane's pair of keys kp and kp + 1, the second only with `both`; at0 and at1 the
+// rows' elements of key kp, row0 and row1 whether the rows are in the sequence). dp as the
+// backward uses it, in place: with dropout, masked as the forward dropped (probs_drop read back);
+// and the tile's probabilities p (0 for a row past the sequence):
+template <int S>
+__device__ __forceinline__ void dp_tile(float x[4], float p[4], const unsigned short* probs,
+                                        const unsigned short* pd, long long at0, long long at1,
+                                        bool both, bool pairs, bool row0, bool row1,
+                                        int dropout, float dscale) {
+    if (row0) ld_half2<S>(probs, at0, both, pairs, p[0], p[1]);
+    else p[0] = p[1] = 0.0f;
+    if (row1) ld_half2<S>(probs, at1, both, pairs, p[2], p[3]);
+    else p[2] = p[3] = 0.0f;
+    if (dropout) {
+        float m[4];
+        if (row0) ld_half2<S>(pd, at0, both, pairs, m[0], m[1]);
+        else m[0] = m[1] = 0.0f;
+        if (row1) ld_half2<S>(pd, at1, both, pairs, m[2], m[3]);
+        else m[2] = m[3] = 0.0f;
+        UNROLL
+        for (int e = 0; e < 4; e++) x[e] = m[e] != 0.0f ? x[e] * dscale : 0.0f;
+    }
+}
+// The tile's terms of each row's Σ x·p, added by key:
+__device__ __forceinline__ void dot_tile(const float x[4], const float p[4], bool both,
+                                         float& dot0, float& dot1) {
+    dot0 += x[0] * p[0];
+    dot1 += x[2] * p[2];
+    if (both) {
+        dot0 += x[1] * p[1];
+        dot1 += x[3] * p[3];
+    }
+}
+// ds = p ⊙ (x − Σ x·p), rounded, in place of x (0 for a second key past the sequence), and
+// stored:
+template <int S>
+__device__ __forceinline__ void ds_tile(float x[4], const float p[4], bool both, float dot0,
+                                        float dot1, unsigned short* ds, long long at0,
+                                        long long at1, bool row0, bool row1, bool pairs) {
+    UNROLL
+    for (int e = 0; e < 2; e++) {
+        x[e] = e == 0 || both ? st(p[e] * (x[e] - dot0), S) : 0.0f;
+        x[2 + e] = e == 0 || both ? st(p[2 + e] * (x[2 + e] - dot1), S) : 0.0f;
+    }
+    if (row0) st_half2<S>(ds, at0, x[0], x[1], both, pairs);
+    if (row1) st_half2<S>(ds, at1, x[2], x[3], both, pairs);
+}
+// 32-bit loads and stores of key pairs: an even row length puts every pair at an even index.
+__device__ __forceinline__ bool bwd_pairs(int seq, const void* probs, const void* ds,
+                                          const void* pd, int dropout) {
+    return seq % 2 == 0 && ((unsigned long long)probs & 3) == 0 &&
+           ((unsigned long long)ds & 3) == 0 && (!dropout || ((unsigned long long)pd & 3) == 0);
+}
+
 template <int S, int D>
 __device__ __forceinline__ void attention_bwd_dq_t(unsigned* dcs, unsigned* vs, unsigned* kt,
                                                    unsigned short* dq, unsigned short* ds,
@@ -629,95 +904,150 @@ __device__ __forceinline__ void attention_bwd_dq_t(unsigned* dcs, unsigned* vs, 
                                                    const unsigned short* pd, int seq, int heads,
                                                    int ld, float scale, int dropout, float dscale,
                                                    const void* bias, int bias_t, int bias_stride) {
-    const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * FUSED_Q;
-    const int hid = heads * D;
-    const long long tok0 = (long long)b * seq * hid + h * D;  // (b, row 0, head h, dim 0)
-    fused_rows<S, D>(dcs, dctx, tok0, hid, q0, FUSED_Q, seq, no_bias());
-    fused_rows<S, D>(vs, v, tok0, hid, 0, FUSED_KEYS, seq,
-                  bias ? head_bias(bias, bias_t, bias_stride, 2, h, D) : no_bias());
-    fused_transpose<S>(kt, k + tok0, hid, D / 8, seq, D,
-                       bias ? head_bias(bias, bias_t, bias_stride, 1, h, D) : no_bias());
+    const FusedAt a = fused_at<D>(seq, heads);
+    fused_rows<S, D>(dcs, dctx, a.tok0, a.hid, a.q0, FUSED_Q, seq, no_bias());
+    fused_rows<S, D>(vs, v, a.tok0, a.hid, 0, FUSED_KEYS, seq,
+                     bias_of<D>(bias, bias_t, bias_stride, 2, a.h));
+    fused_transpose<S>(kt, k + a.tok0, a.hid, D / 8, seq, D,
+                       bias_of<D>(bias, bias_t, bias_stride, 1, a.h));
     __syncthreads();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int r0 = warp * 16;            // the warp's first row in the block's queries
-    if (q0 + r0 >= seq) return;          // a whole warp without queries; no barrier follows
-    const int tiles = (seq + 7) >> 3;    // key tiles of 8
-    const int i0 = q0 + r0 + g, i1 = i0 + 8;  // this lane's two queries
+    if (!a.live) return;  // a whole warp without queries; no barrier follows
 
     // dp = dctx·vᵀ, a tile of 8 keys at a time, 16 dimensions a step.
     float s[FUSED_KEYS / 8][4];
-    mma_key_tiles<S, D>(s, dcs, vs, r0, g, t, tiles);
+    mma_key_tiles<S, D>(s, dcs, vs, a.r0, a.g, a.t, (seq + 7) >> 3);
 
-    // x (dp, dropped as the forward dropped) and each row's Σ x·p: rows i0 (s[j][0..1]) and i1
-    // (s[j][2..3]), the probabilities kept as the 16-bit pairs they were loaded in.
-    const long long at0 = ((long long)(b * heads + h) * seq + i0) * seq;  // element of key 0
-    const long long at1 = at0 + 8LL * seq;
-    const bool pairs = seq % 2 == 0 && ((unsigned long long)probs & 3) == 0 &&
-                       ((unsigned long long)ds & 3) == 0 &&
-                       (!dropout || ((unsigned long long)pd & 3) == 0);
+    // x (dp, dropped as the forward dropped) and each row's Σ x·p, the probabilities kept as
+    // the 16-bit pairs they were loaded in.
+    const bool pairs = bwd_pairs(seq, probs, ds, pd, dropout);
+    const bool row0 = a.i0 < seq, row1 = a.i1 < seq;
     unsigned pw[FUSED_KEYS / 8][2];
     float dot0 = 0.0f, dot1 = 0.0f;
     UNROLL
     for (int j = 0; j < FUSED_KEYS / 8; j++) {
-        const int kp = j * 8 + 2 * t;  // the lane's pair of keys in this tile
+        const int kp = j * 8 + 2 * a.t;  // the lane's pair of keys in this tile
         pw[j][0] = pw[j][1] = 0u;
         if (kp >= seq) continue;
         const bool both = kp + 1 < seq;
-        float p[4], m[4];
-        if (i0 < seq) ld_half2<S>(probs, at0 + kp, both, pairs, p[0], p[1]);
-        else p[0] = p[1] = 0.0f;
-        if (i1 < seq) ld_half2<S>(probs, at1 + kp, both, pairs, p[2], p[3]);
-        else p[2] = p[3] = 0.0f;
-        if (dropout) {
-            if (i0 < seq) ld_half2<S>(pd, at0 + kp, both, pairs, m[0], m[1]);
-            else m[0] = m[1] = 0.0f;
-            if (i1 < seq) ld_half2<S>(pd, at1 + kp, both, pairs, m[2], m[3]);
-            else m[2] = m[3] = 0.0f;
-            UNROLL
-            for (int e = 0; e < 4; e++) s[j][e] = m[e] != 0.0f ? s[j][e] * dscale : 0.0f;
-        }
+        float p[4];
+        dp_tile<S>(s[j], p, probs, pd, a.at0 + kp, a.at1 + kp, both, pairs, row0, row1, dropout,
+                   dscale);
         pw[j][0] = pack_half2<S>(p[0], p[1]);
         pw[j][1] = pack_half2<S>(p[2], p[3]);
-        dot0 += s[j][0] * p[0];
-        dot1 += s[j][2] * p[2];
-        if (both) {
-            dot0 += s[j][1] * p[1];
-            dot1 += s[j][3] * p[3];
-        }
+        dot_tile(s[j], p, both, dot0, dot1);
     }
-    dot0 += __shfl_xor_sync(0xffffffffu, dot0, 1);
-    dot0 += __shfl_xor_sync(0xffffffffu, dot0, 2);
-    dot1 += __shfl_xor_sync(0xffffffffu, dot1, 1);
-    dot1 += __shfl_xor_sync(0xffffffffu, dot1, 2);
+    dot0 = quad_sum(dot0);
+    dot1 = quad_sum(dot1);
     // ds, rounded, written and kept in s for the product; zeros past the sequence.
     UNROLL
     for (int j = 0; j < FUSED_KEYS / 8; j++) {
-        const int kp = j * 8 + 2 * t;
+        const int kp = j * 8 + 2 * a.t;
         if (kp >= seq) {
             s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
             continue;
         }
-        const bool both = kp + 1 < seq;
+        float p[4];
         UNROLL
-        for (int e = 0; e < 2; e++) {
-            float p0 = half_value<S>((unsigned short)(pw[j][0] >> (16 * e)));
-            float p1 = half_value<S>((unsigned short)(pw[j][1] >> (16 * e)));
-            s[j][e] = e == 0 || both ? st(p0 * (s[j][e] - dot0), S) : 0.0f;
-            s[j][2 + e] = e == 0 || both ? st(p1 * (s[j][2 + e] - dot1), S) : 0.0f;
-        }
-        if (i0 < seq) st_half2<S>(ds, at0 + kp, s[j][0], s[j][1], both, pairs);
-        if (i1 < seq) st_half2<S>(ds, at1 + kp, s[j][2], s[j][3], both, pairs);
+        for (int e = 0; e < 4; e++)
+            p[e] = half_value<S>((unsigned short)(pw[j][e >> 1] >> (16 * (e & 1))));
+        ds_tile<S>(s[j], p, kp + 1 < seq, dot0, dot1, ds, a.at0 + kp, a.at1 + kp, row0, row1,
+                   pairs);
     }
 
     // dq = scale · ds·k: 16 keys a step, the A fragment from two key tiles of ds.
     float o[D / 8][4];
-    mma_dim_tiles<S, D>(o, s, kt, g, t, (seq + 15) >> 4);
-    store_head_rows<S, D>(dq, o, scale, b, h, seq, ld, i0, i1, t);
+    zero_dim_tiles<D>(o);
+    mma_dim_tiles<S, D, FUSED_KEYS / 8>(o, s, kt, a.g, a.t, (seq + 15) >> 4);
+    store_head_rows<S, D>(dq, o, scale, a.b, a.h, seq, ld, a.i0, a.i1, a.t);
+}
+
+// The dq backward for seq > FUSED_KEYS: attention_bwd_dq's block and rooms, the keys taken
+// FUSED_CHUNK at a time into `vs` (and `kt`), in two passes over them: dp = dctx·vᵀ and each
+// row's Σ x·p; then dp again, ds (stored) and ds·k added chunk by chunk to dq's accumulators.
+// By key, as attention_bwd_dq adds them: where both fit, the same bits.
+template <int S, int D>
+__device__ __forceinline__ void attention_bwd_dq_long_t(
+    unsigned* dcs, unsigned* vs, unsigned* kt, unsigned short* dq, unsigned short* ds,
+    const unsigned short* dctx, const unsigned short* k, const unsigned short* v,
+    const unsigned short* probs, const unsigned short* pd, int seq, int heads, int ld,
+    float scale, int dropout, float dscale, const void* bias, int bias_t, int bias_stride) {
+    const FusedAt a = fused_at<D>(seq, heads);
+    const HeadBias kb = bias_of<D>(bias, bias_t, bias_stride, 1, a.h);
+    const HeadBias vb = bias_of<D>(bias, bias_t, bias_stride, 2, a.h);
+    fused_rows<S, D>(dcs, dctx, a.tok0, a.hid, a.q0, FUSED_Q, seq, no_bias());
+    const bool pairs = bwd_pairs(seq, probs, ds, pd, dropout);
+    const bool row0 = a.i0 < seq, row1 = a.i1 < seq;
+    float dot0 = 0.0f, dot1 = 0.0f;
+    float o[D / 8][4];
+    zero_dim_tiles<D>(o);
+    // A warp without queries still meets every barrier.
+    NO_UNROLL
+    for (int pass = 0; pass < 2; pass++) {
+        NO_UNROLL
+        for (int c0 = 0; c0 < seq; c0 += FUSED_CHUNK) {
+            // dp = dctx·vᵀ of the chunk's keys; k's rows too for the second pass.
+            const int n = min(seq - c0, FUSED_CHUNK);  // the chunk's keys
+            float s[FUSED_CHUNK / 8][4];
+            chunk_products<S, D>(s, vs, v, vb, kt, k, kb, pass == 1, dcs, a, c0, n, seq);
+            if (!a.live) continue;
+            UNROLL
+            for (int j = 0; j < FUSED_CHUNK / 8; j++) {
+                const int kp = j * 8 + 2 * a.t;  // the lane's pair of keys in this tile
+                if (kp >= n) {
+                    s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+                    continue;
+                }
+                const bool both = kp + 1 < n;
+                const long long at0 = a.at0 + c0 + kp, at1 = a.at1 + c0 + kp;
+                float p[4];
+                dp_tile<S>(s[j], p, probs, pd, at0, at1, both, pairs, row0, row1, dropout,
+                           dscale);
+                if (pass == 0)
+                    dot_tile(s[j], p, both, dot0, dot1);
+                else
+                    ds_tile<S>(s[j], p, both, dot0, dot1, ds, at0, at1, row0, row1, pairs);
+            }
+            if (pass == 1)
+                mma_dim_tiles<S, D, FUSED_CHUNK / 8>(o, s, kt, a.g, a.t, (n + 15) >> 4);
+        }
+        if (a.live && pass == 0) {
+            dot0 = quad_sum(dot0);
+            dot1 = quad_sum(dot1);
+        }
+    }
+    if (a.live) store_head_rows<S, D>(dq, o, scale, a.b, a.h, seq, ld, a.i0, a.i1, a.t);
+}
+
+// The two dq entry points' body: the dispatch on the types and head size, to
+// attention_bwd_dq_t (one chunk of keys) or attention_bwd_dq_long_t.
+template <bool LONG>
+__device__ __forceinline__ void attention_bwd_dq_by(unsigned* dcs, unsigned* vs, unsigned* kt,
+                                                    void* dq, void* ds, const void* dctx,
+                                                    const void* k, const void* v,
+                                                    const void* probs, const void* pd, int seq,
+                                                    int heads, int head_dim, int ld, float scale,
+                                                    int dropout, float dscale, const void* bias,
+                                                    int bias_t, int bias_stride, int store) {
+#define BWD_DQ_ARGS                                                                             \
+    dcs, vs, kt, (unsigned short*)dq, (unsigned short*)ds, (const unsigned short*)dctx,         \
+        (const unsigned short*)k, (const unsigned short*)v, (const unsigned short*)probs,       \
+        (const unsigned short*)pd, seq, heads, ld, scale, dropout, dscale, bias, bias_t,        \
+        bias_stride
+#define BWD_DQ(S, D)                                          \
+    do {                                                      \
+        if (LONG)                                             \
+            attention_bwd_dq_long_t<S, D>(BWD_DQ_ARGS);       \
+        else                                                  \
+            attention_bwd_dq_t<S, D>(BWD_DQ_ARGS);            \
+    } while (0)
+    BY_STORE_HEAD(store, head_dim, BWD_DQ);
+#undef BWD_DQ
+#undef BWD_DQ_ARGS
 }
 // Grid (⌈seq / FUSED_Q⌉, heads, batch), FUSED_Q·2 threads; head_dim 32 or 64; pd (probs_drop)
-// read only with `dropout`; ds: the 16-bit room for the softmax's gradient, [batch, heads, seq, seq]; dq's rows
-// `ld` apart (Backend::attention_bwd's QkvRows); `bias` as attention_fused's (k's and v's are
-// read).
+// read only with `dropout`; ds: the 16-bit room for the softmax's gradient, [batch, heads, seq,
+// seq]; dq's rows `ld` apart (Backend::attention_bwd's QkvRows); `bias` as attention_fused's
+// (k's and v's are read). attention_bwd_dq for seq ≤ FUSED_KEYS, attention_bwd_dq_long past it.
 extern "C" __global__ void attention_bwd_dq(void* dq, void* ds, const void* dctx, const void* k,
                                             const void* v, const void* probs, const void* pd,
                                             int seq, int heads, int head_dim, int ld, float scale,
@@ -727,66 +1057,91 @@ extern "C" __global__ void attention_bwd_dq(void* dq, void* ds, const void* dctx
     __shared__ unsigned dcs[FUSED_Q * FUSED_LD(FUSED_D_MAX) / 2];
     __shared__ unsigned vs[FUSED_KEYS * FUSED_LD(FUSED_D_MAX) / 2];
     __shared__ unsigned kt[FUSED_D_MAX * FUSED_LDT / 2];
-#define BWD_DQ(S, D)                                                                           \
-    attention_bwd_dq_t<S, D>(dcs, vs, kt, (unsigned short*)dq, (unsigned short*)ds,              \
-                          (const unsigned short*)dctx, (const unsigned short*)k,              \
-                          (const unsigned short*)v, (const unsigned short*)probs,              \
-                          (const unsigned short*)pd, seq, heads, ld, scale, dropout, dscale,     \
-                          bias, bias_t, bias_stride)
-    if (store == STORE_F16)
-        BY_HEAD(head_dim, BWD_DQ, STORE_F16);
-    else
-        BY_HEAD(head_dim, BWD_DQ, STORE_BF16);
-#undef BWD_DQ
+    attention_bwd_dq_by<false>(dcs, vs, kt, dq, ds, dctx, k, v, probs, pd, seq, heads, head_dim,
+                               ld, scale, dropout, dscale, bias, bias_t, bias_stride, store);
+}
+extern "C" __global__ void attention_bwd_dq_long(void* dq, void* ds, const void* dctx,
+                                                 const void* k, const void* v, const void* probs,
+                                                 const void* pd, int seq, int heads,
+                                                 int head_dim, int ld, float scale, int dropout,
+                                                 float dscale, const void* bias, int bias_t,
+                                                 int bias_stride, int store) {
+    GRID_WAIT();
+    __shared__ unsigned dcs[FUSED_Q * FUSED_LD(FUSED_D_MAX) / 2];
+    __shared__ unsigned vs[FUSED_CHUNK * FUSED_LD(FUSED_D_MAX) / 2];
+    __shared__ unsigned kt[FUSED_D_MAX * FUSED_LDT / 2];
+    attention_bwd_dq_by<true>(dcs, vs, kt, dq, ds, dctx, k, v, probs, pd, seq, heads, head_dim,
+                              ld, scale, dropout, dscale, bias, bias_t, bias_stride, store);
 }
 
-template <int S, int D>
+template <int S, int D, bool LONG>
 __device__ __forceinline__ void attention_bwd_dkv_t(unsigned* at, unsigned* bt, unsigned short* dk,
                                                     unsigned short* dv, const unsigned short* ds,
                                                     const unsigned short* pd,
                                                     const unsigned short* q,
                                                     const unsigned short* dctx, int seq,
                                                     int heads, int ld, float scale, HeadBias qb) {
-    const int b = blockIdx.z, h = blockIdx.y, k0 = blockIdx.x * FUSED_Q;
-    const int hid = heads * D;
-    const long long tok0 = (long long)b * seq * hid + h * D;
+    // The block's rows are keys: q0 the first, i0 and i1 the lane's two.
+    const FusedAt a = fused_at<D>(seq, heads);
+    const int b = a.b, h = a.h, k0 = a.q0, hid = a.hid, g = a.g, t = a.t, r0 = a.r0;
+    const int i0 = a.i0, i1 = a.i1;
+    const long long tok0 = a.tok0;
     const long long sq0 = (long long)(b * heads + h) * seq * seq;  // the head's [seq, seq]
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int r0 = warp * 16;                 // the warp's first row in the block's keys
-    const bool live = k0 + r0 < seq;          // the warp has keys
-    const int i0 = k0 + r0 + g, i1 = i0 + 8;  // this lane's two keys
-    const int steps = (seq + 15) >> 4;        // queries, 16 a step
-    // dk = scale · dsᵀ·q, then dv = probs_dropᵀ·dctx, in the same shared room.
+    const bool live = a.live;  // the warp has keys
+    // dk = scale · dsᵀ·q, then dv = probs_dropᵀ·dctx, in the same shared room; LONG (seq >
+    // FUSED_KEYS, attention_bwd_dkv_long) the queries FUSED_KEYS at a time, added to the f32
+    // accumulators in order (a separate kernel: the loop cost the short one 27 registers).
     NO_UNROLL
     for (int phase = 0; phase < 2; phase++) {
-        if (phase) __syncthreads();  // every warp is done with dsᵀ and qᵀ
-        fused_transpose<S>(at, (phase ? pd : ds) + sq0 + k0, seq, FUSED_Q / 8, seq, seq - k0,
-                           no_bias());
-        fused_transpose<S>(bt, (phase ? dctx : q) + tok0, hid, D / 8, seq, D,
-                           phase ? no_bias() : qb);
-        __syncthreads();
-        if (!live) continue;  // the barrier above is the last this warp must meet
         float o[D / 8][4];
-        UNROLL
-        for (int n = 0; n < D / 8; n++)
+        zero_dim_tiles<D>(o);
+        NO_UNROLL
+        for (int c0 = 0; c0 < (LONG ? seq : 1); c0 += FUSED_KEYS) {
+            if (phase || c0) __syncthreads();  // every warp is done with the last operands
+            fused_transpose<S>(at, (phase ? pd : ds) + sq0 + (long long)c0 * seq + k0, seq,
+                               FUSED_Q / 8, seq - c0, seq - k0, no_bias());
+            fused_transpose<S>(bt, (phase ? dctx : q) + tok0 + (long long)c0 * hid, hid, D / 8,
+                               seq - c0, D, phase ? no_bias() : qb);
+            __syncthreads();
+            if (!live) continue;  // the barriers above are all this warp must meet
+            const int steps = (min(seq - c0, FUSED_KEYS) + 15) >> 4;  // queries, 16 a step
             UNROLL
-            for (int e = 0; e < 4; e++) o[n][e] = 0.0f;
-        UNROLL
-        for (int kk = 0; kk < FUSED_KEYS / 16; kk++) {
-            if (kk < steps) {
-                const int qa = ((r0 + g) * FUSED_LDT + kk * 16) / 2 + t;
-                unsigned a[4] = {at[qa], at[qa + 4 * FUSED_LDT], at[qa + 4],
-                                 at[qa + 4 * FUSED_LDT + 4]};
-                UNROLL
-                for (int n = 0; n < D / 8; n++) {
-                    const int kb = ((n * 8 + g) * FUSED_LDT + kk * 16) / 2 + t;
-                    unsigned bb[2] = {bt[kb], bt[kb + 4]};
-                    mma_16816<S>(o[n], a, bb);
+            for (int kk = 0; kk < FUSED_KEYS / 16; kk++) {
+                if (kk < steps) {
+                    const int qa = ((r0 + g) * FUSED_LDT + kk * 16) / 2 + t;
+                    unsigned a[4] = {at[qa], at[qa + 4 * FUSED_LDT], at[qa + 4],
+                                     at[qa + 4 * FUSED_LDT + 4]};
+                    UNROLL
+                    for (int n = 0; n < D / 8; n++) {
+                        const int kb = ((n * 8 + g) * FUSED_LDT + kk * 16) / 2 + t;
+                        unsigned bb[2] = {bt[kb], bt[kb + 4]};
+                        mma_16816<S>(o[n], a, bb);
+                    }
                 }
             }
         }
-        store_head_rows<S, D>(phase ? dv : dk, o, phase ? 1.0f : scale, b, h, seq, ld, i0, i1, t);
+        if (live)
+            store_head_rows<S, D>(phase ? dv : dk, o, phase ? 1.0f : scale, b, h, seq, ld, i0,
+                                  i1, t);
     }
+}
+// The two entry points' body: the head's bias and the dispatch on the types and head size.
+template <bool LONG>
+__device__ __forceinline__ void attention_bwd_dkv_by(unsigned* at, unsigned* bt, void* dk,
+                                                     void* dv, const void* ds, const void* pd,
+                                                     const void* q, const void* dctx, int seq,
+                                                     int heads, int head_dim, int ld,
+                                                     float scale, const void* bias, int bias_t,
+                                                     int bias_stride, int store) {
+    const HeadBias qb =
+        bias ? head_bias(bias, bias_t, bias_stride, 0, blockIdx.y, head_dim) : no_bias();
+#define BWD_DKV(S, D)                                                                           \
+    attention_bwd_dkv_t<S, D, LONG>(at, bt, (unsigned short*)dk, (unsigned short*)dv,             \
+                                    (const unsigned short*)ds, (const unsigned short*)pd,       \
+                                    (const unsigned short*)q, (const unsigned short*)dctx, seq, \
+                                    heads, ld, scale, qb)
+    BY_STORE_HEAD(store, head_dim, BWD_DKV);
+#undef BWD_DKV
 }
 // Grid (⌈seq / FUSED_Q⌉, heads, batch), FUSED_Q·2 threads; pd: probs_drop, or probs without
 // dropout (dv's operand); dk's and dv's rows `ld` apart; `bias` as attention_fused's (q's is
@@ -796,18 +1151,21 @@ extern "C" __global__ void attention_bwd_dkv(void* dk, void* dv, const void* ds,
                                              int head_dim, int ld, float scale, const void* bias,
                                              int bias_t, int bias_stride, int store) {
     GRID_WAIT();
-    const HeadBias qb =
-        bias ? head_bias(bias, bias_t, bias_stride, 0, blockIdx.y, head_dim) : no_bias();
     __shared__ unsigned at[FUSED_Q * FUSED_LDT / 2];
     __shared__ unsigned bt[FUSED_D_MAX * FUSED_LDT / 2];
-#define BWD_DKV(S, D)                                                                           \
-    attention_bwd_dkv_t<S, D>(at, bt, (unsigned short*)dk, (unsigned short*)dv,                   \
-                           (const unsigned short*)ds, (const unsigned short*)pd,               \
-                           (const unsigned short*)q, (const unsigned short*)dctx, seq, heads, \
-                           ld, scale, qb)
-    if (store == STORE_F16)
-        BY_HEAD(head_dim, BWD_DKV, STORE_F16);
-    else
-        BY_HEAD(head_dim, BWD_DKV, STORE_BF16);
-#undef BWD_DKV
+    attention_bwd_dkv_by<false>(at, bt, dk, dv, ds, pd, q, dctx, seq, heads, head_dim, ld, scale,
+                                bias, bias_t, bias_stride, store);
+}
+// attention_bwd_dkv's grid, block and arguments, for seq > FUSED_KEYS.
+extern "C" __global__ void attention_bwd_dkv_long(void* dk, void* dv, const void* ds,
+                                                  const void* pd, const void* q,
+                                                  const void* dctx, int seq, int heads,
+                                                  int head_dim, int ld, float scale,
+                                                  const void* bias, int bias_t, int bias_stride,
+                                                  int store) {
+    GRID_WAIT();
+    __shared__ unsigned at[FUSED_Q * FUSED_LDT / 2];
+    __shared__ unsigned bt[FUSED_D_MAX * FUSED_LDT / 2];
+    attention_bwd_dkv_by<true>(at, bt, dk, dv, ds, pd, q, dctx, seq, heads, head_dim, ld, scale,
+                               bias, bias_t, bias_stride, store);
 }

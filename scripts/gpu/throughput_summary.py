@@ -5,8 +5,8 @@ default run, and MFU against the GPU's dense bf16 peak. Prints throughput.json.
 
     throughput_summary.py DIR DEVICE LAYERS HIDDEN SEQ WARM [PEAK_TFLOPS [INTER]]
 
-DIR holds one folder per run (out, cublas, …, minilm, minilm-unfused, each with the run's
-metrics.jsonl; out, unfused, minilm and minilm-unfused also evaluate once, after their last
+DIR holds one folder per run (out, cublas, …, minilm, minilm-unfused, long, long-unfused, each
+with the run's metrics.jsonl; out, unfused, minilm and minilm-unfused also evaluate once, after their last
 step: their `eval_samples_per_s`, and the fused runs' ratios to the unfused ones), profiled/ and torch.json; an empty PEAK_TFLOPS takes the peak the default run measured its
 own MFU against (its `start` record's `peak_tflops`: the GPU's, from runtime/src/flops.rs's
 table); INTER is the feed-forward's width (4 × HIDDEN, BERT's, when absent).
@@ -77,13 +77,18 @@ for _, key in AB:
     if base and other and len(base) == len(other):
         out[f"recipe_{key}"]["max_loss_rel_diff"] = max(
             abs(a - b) / abs(a) if a else abs(b) for a, b in zip(base, other))
-# MiniLM's shape (heads of 32), fused and unfused: their rates, the fused run's speed-up and the
-# two runs' largest loss difference (the products' order).
-mini, mini_u = rate("minilm"), rate("minilm-unfused")
-mini_losses, mini_u_losses = mini.pop("losses", None), mini_u.pop("losses", None)
-out["recipe_minilm"], out["recipe_minilm_unfused"] = mini, mini_u
-if mini.get("samples_per_s") and mini_u.get("samples_per_s"):
-    out["ratio_minilm_fused_over_unfused"] = mini["samples_per_s"] / mini_u["samples_per_s"]
+# Pairs of runs through the fused attention kernels and without them (RECIPE_FUSED_ATTENTION=0):
+# MiniLM's shape (heads of 32), and BERT-base's at twice the length (the long kernels, keys in
+# chunks). Their rates, the fused run's speed-up and the two runs' largest loss difference (the
+# products' order).
+pairs = {}
+for run, key in (("minilm", "minilm"), ("long", "long")):
+    fused, unfused = rate(run), rate(f"{run}-unfused")
+    pairs[key] = (fused.pop("losses", None), unfused.pop("losses", None))
+    out[f"recipe_{key}"], out[f"recipe_{key}_unfused"] = fused, unfused
+    if fused.get("samples_per_s") and unfused.get("samples_per_s"):
+        out[f"ratio_{key}_fused_over_unfused"] = fused["samples_per_s"] / unfused["samples_per_s"]
+mini, mini_u = out["recipe_minilm"], out["recipe_minilm_unfused"]
 # The evaluation forward through the fused attention kernel against the batched products, where
 # both runs evaluated: BERT-base's shape and MiniLM's.
 for key, fused, unfused in (("ratio_eval_fused_over_unfused", out["recipe"],
@@ -91,9 +96,10 @@ for key, fused, unfused in (("ratio_eval_fused_over_unfused", out["recipe"],
                             ("ratio_minilm_eval_fused_over_unfused", mini, mini_u)):
     if fused.get("eval_samples_per_s") and unfused.get("eval_samples_per_s"):
         out[key] = fused["eval_samples_per_s"] / unfused["eval_samples_per_s"]
-if mini_losses and mini_u_losses and len(mini_losses) == len(mini_u_losses):
-    out["recipe_minilm_unfused"]["max_loss_rel_diff"] = max(
-        abs(a - b) / abs(a) if a else abs(b) for a, b in zip(mini_losses, mini_u_losses))
+for key, (a_losses, b_losses) in pairs.items():
+    if a_losses and b_losses and len(a_losses) == len(b_losses):
+        out[f"recipe_{key}_unfused"]["max_loss_rel_diff"] = max(
+            abs(a - b) / abs(a) if a else abs(b) for a, b in zip(a_losses, b_losses))
 for run, key in (("profiled", "profile"),):
     try:
         p = json.load(open(f"{w}/{run}/profile.json"))

@@ -95,12 +95,15 @@ bool attention() {
 unsigned short bf(float x) { return bf16_bits_int(x); }
 float unbf(unsigned short b) { return half_value<STORE_BF16>(b); }
 
-bool fused_attention_of(int d) {
+bool fused_attention_of(int d, int seq) {
     // The fused forward and the two backward kernels (attention.cu), bf16, one head of d (64,
-    // then 32) over 40 keys: one block of four warps, the last without queries (or keys); the backward from
-    // the forward's probabilities. attention_bwd_dkv's two products share its shared memory. q's,
-    // k's and v's biases (bf16, d + 4 elements apart) are added as the kernels load them.
-    const int seq = 40, tok = seq * d, pp = seq * seq;
+    // then 32) over 40 keys: one block of four warps, the last without queries (or keys); the
+    // backward from the forward's probabilities. attention_bwd_dkv's two products share its
+    // shared memory. q's, k's and v's biases (bf16, d + 4 elements apart) are added as the
+    // kernels load them. Over 150 keys, their long twins: three blocks, the last with one warp of
+    // queries and three without, the keys (or queries) through the shared rooms in chunks.
+    const bool longer = seq > FUSED_KEYS;
+    const int tok = seq * d, pp = seq * seq;
     const float scale = 1.0f / std::sqrt((float)d);
     std::vector<unsigned short> q(tok), k(tok), v(tok), dctx(tok), ctx(tok), probs(pp), ds(pp);
     std::vector<unsigned short> dq(tok), dk(tok), dv(tok);
@@ -114,20 +117,22 @@ bool fused_attention_of(int d) {
         v[i] = bf(val(i, 8));
         dctx[i] = bf(val(i, 9));
     }
-    dim3 grid(1, 1, 1), block(2 * FUSED_Q);
+    dim3 grid((seq + FUSED_Q - 1) / FUSED_Q, 1, 1), block(2 * FUSED_Q);
     emu::launch(grid, block, 0, [&] {
-        attention_fused(ctx.data(), probs.data(), nullptr, q.data(), k.data(), v.data(),
-                        mask.data(), seq, 1, d, scale, 0, nullptr, 0ull, 0u, 1.0f, bias.data(),
-                        STORE_BF16, bias_stride, STORE_BF16);
+        (longer ? attention_fused_long : attention_fused)(
+            ctx.data(), probs.data(), nullptr, q.data(), k.data(), v.data(), mask.data(), seq, 1,
+            d, scale, 0, nullptr, 0ull, 0u, 1.0f, bias.data(), STORE_BF16, bias_stride,
+            STORE_BF16);
     });
     emu::launch(grid, block, 0, [&] {
-        attention_bwd_dq(dq.data(), ds.data(), dctx.data(), k.data(), v.data(), probs.data(),
-                         probs.data(), seq, 1, d, d, scale, 0, 1.0f, bias.data(), STORE_BF16,
-                         bias_stride, STORE_BF16);
+        (longer ? attention_bwd_dq_long : attention_bwd_dq)(
+            dq.data(), ds.data(), dctx.data(), k.data(), v.data(), probs.data(), probs.data(),
+            seq, 1, d, d, scale, 0, 1.0f, bias.data(), STORE_BF16, bias_stride, STORE_BF16);
     });
     emu::launch(grid, block, 0, [&] {
-        attention_bwd_dkv(dk.data(), dv.data(), ds.data(), probs.data(), q.data(), dctx.data(),
-                          seq, 1, d, d, scale, bias.data(), STORE_BF16, bias_stride, STORE_BF16);
+        (longer ? attention_bwd_dkv_long : attention_bwd_dkv)(
+            dk.data(), dv.data(), ds.data(), probs.data(), q.data(), dctx.data(), seq, 1, d, d,
+            scale, bias.data(), STORE_BF16, bias_stride, STORE_BF16);
     });
     for (int r = 0; r < seq; r++) {
         double sum = 0.0;
@@ -144,7 +149,10 @@ bool fused_attention_of(int d) {
     return true;
 }
 
-bool fused_attention() { return fused_attention_of(64) && fused_attention_of(32); }
+bool fused_attention() {
+    return fused_attention_of(64, 40) && fused_attention_of(32, 40) && fused_attention_of(64, 150) &&
+           fused_attention_of(32, 150);
+}
 
 bool layernorm() {
     // 70 columns, a warp per row (the runtime's shape; lanes stride over the columns), two rows

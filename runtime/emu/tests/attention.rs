@@ -462,16 +462,41 @@ fn fwd_on<B: Backend>(
     [down(&ctx, tok), down(&probs, pp), down(&pd, pp)]
 }
 
-/// `f`'s result and how many times it launched `attention_fused` and `attention_softmax` (the
-/// emulator's profile, per thread).
-fn launches<T>(f: impl FnOnce() -> T) -> (T, [u64; 2]) {
-    assert!(EmuTyped.start_profile());
-    let out = f();
-    let p = EmuTyped.profile().expect("started");
-    (
-        out,
-        [calls(&p, "attention_fused"), calls(&p, "attention_softmax")],
-    )
+/// The forward's kernels, as [`launched`] counts them: the fused one, its long twin and the
+/// softmax between the batched products.
+const FWD_KERNELS: [&str; 3] = [
+    "attention_fused",
+    "attention_fused_long",
+    "attention_softmax",
+];
+
+/// The launches of [`FWD_KERNELS`] the fused forward makes on `s`: its `_long` twin past one
+/// chunk of 128 keys.
+fn fused_fwd(s: AttnShape) -> [u64; 3] {
+    if s.seq <= 128 {
+        [1, 0, 0]
+    } else {
+        [0, 1, 0]
+    }
+}
+
+/// The backward's kernels, as [`launched`] counts them: the fused two, their long twins and the
+/// softmax backward between the batched products.
+const BWD_KERNELS: [&str; 5] = [
+    "attention_bwd_dq",
+    "attention_bwd_dkv",
+    "attention_bwd_dq_long",
+    "attention_bwd_dkv_long",
+    "attention_softmax_bwd",
+];
+
+/// The launches of [`BWD_KERNELS`] the fused backward makes on `s`.
+fn fused_bwd(s: AttnShape) -> [u64; 5] {
+    if s.seq <= 128 {
+        [1, 1, 0, 0, 0]
+    } else {
+        [0, 0, 1, 1, 0]
+    }
 }
 
 /// Dropout of a quarter with this key: the fused kernels' tests.
@@ -484,10 +509,12 @@ fn quarter_dropout(seed: u64, stream: u64, site: u64) -> Dropout {
     }
 }
 
-/// The fused forward's shapes (heads of 64 or 32, up to 128 keys): one token; 8 keys, fewer than
-/// a product's step of 16; 77, a multiple of neither 4, 8 nor 16 (pairs of keys straddling
-/// Philox blocks); 100 queries, a second block of them part empty; the full 128; and heads of
-/// 32 (MiniLM's) at 33 keys and at the full 128 over 3 heads.
+/// The fused kernels' shapes (heads of 64 or 32): one token; 8 keys, fewer than a product's
+/// step of 16; 77, a multiple of neither 4, 8 nor 16 (pairs of keys straddling Philox blocks);
+/// 100 queries, a second block of them part empty; the full 128 of one chunk; heads of 32
+/// (MiniLM's) at 33 keys and at the full 128 over 3 heads; and the long kernels' (more than one
+/// chunk of 128 keys): 129, one key in the second chunk; 203, an odd length whose last chunk is
+/// part of a tile; 256, two full chunks, at heads of 32; 300 over three chunks.
 const FUSED_SHAPES: &[(usize, usize, usize, usize)] = &[
     (1, 1, 1, 64),
     (3, 8, 1, 64),
@@ -496,6 +523,10 @@ const FUSED_SHAPES: &[(usize, usize, usize, usize)] = &[
     (2, 128, 2, 64),
     (2, 33, 2, 32),
     (1, 128, 3, 32),
+    (1, 129, 1, 64),
+    (1, 203, 2, 64),
+    (2, 256, 1, 32),
+    (1, 300, 1, 64),
 ];
 
 /// The forward in one kernel (attention.cu, `attention_fused`: mma.sync, which the emulator
@@ -517,10 +548,13 @@ fn the_fused_forward_matches_the_cpu_and_the_batched_products() {
             let d = quarter_dropout(0x0123_4567_89ab_cdef, 9 + n as u64, 3);
             for dropout in [None, Some(&d)] {
                 let tag = format!("{store:?} {s:?} dropout {}", dropout.is_some());
-                let (f, calls) = launches(|| fwd_on(&fused, s, &x, &mask, dropout, None));
-                assert_eq!(calls, [1, 0], "fused launches {tag}");
-                let (u, calls) = launches(|| fwd_on(&unfused, s, &x, &mask, dropout, None));
-                assert_eq!(calls, [0, 1], "unfused launches {tag}");
+                let (f, calls) =
+                    launched(FWD_KERNELS, || fwd_on(&fused, s, &x, &mask, dropout, None));
+                assert_eq!(calls, fused_fwd(s), "fused launches {tag}");
+                let (u, calls) = launched(FWD_KERNELS, || {
+                    fwd_on(&unfused, s, &x, &mask, dropout, None)
+                });
+                assert_eq!(calls, [0, 0, 1], "unfused launches {tag}");
                 let c = fwd_on(&cpu, s, &x, &mask, dropout, None);
                 let names = ["ctx", "probs", "probs_drop"];
                 for (i, name) in names.iter().enumerate() {
@@ -546,27 +580,26 @@ fn the_fused_forward_matches_the_cpu_and_the_batched_products() {
     worst.print("fused forward");
 }
 
-/// Where the fused forward does not fit (more than 128 keys, another head size, f32, 16-bit
-/// buffers not kept), the batched products and the softmax run.
+/// Where the fused forward does not fit (another head size, however short; f32; 16-bit buffers
+/// not kept), the batched products and the softmax run.
 #[test]
 fn shapes_the_fused_forward_does_not_fit_take_the_batched_products() {
     let bf16 = Kernels::new(EmuTyped).with_store(Dtype::Bf16);
-    for sh in [
-        (1, 129, 1, 64),
-        (1, 129, 1, 32),
-        (2, 16, 2, 16),
-        (1, 16, 1, 80),
-    ] {
+    for sh in [(1, 129, 1, 48), (2, 16, 2, 16), (1, 16, 1, 80)] {
         let s = shape(&sh);
         let x = inputs(s, Dtype::Bf16, 3);
-        let (_, calls) = launches(|| fwd_on(&bf16, s, &x, &padding_mask(s), None, None));
-        assert_eq!(calls, [0, 1], "{s:?}");
+        let (_, calls) = launched(FWD_KERNELS, || {
+            fwd_on(&bf16, s, &x, &padding_mask(s), None, None)
+        });
+        assert_eq!(calls, [0, 0, 1], "{s:?}");
     }
     let s = shape(&(1, 16, 1, 64));
     let f32s = Kernels::new(EmuTyped);
     let x = inputs(s, Dtype::F32, 4);
-    let (_, calls) = launches(|| fwd_on(&f32s, s, &x, &padding_mask(s), None, None));
-    assert_eq!(calls, [0, 1], "f32");
+    let (_, calls) = launched(FWD_KERNELS, || {
+        fwd_on(&f32s, s, &x, &padding_mask(s), None, None)
+    });
+    assert_eq!(calls, [0, 0, 1], "f32");
     // The emulated device keeping f32 buffers (`Emu`) never fuses: covered by every test above
     // through `pair`, whose forwards launch the softmax.
 }
@@ -642,11 +675,7 @@ fn launched<T, const N: usize>(names: [&str; N], f: impl FnOnce() -> T) -> (T, [
 #[test]
 fn the_fused_backward_matches_the_cpu_and_the_batched_products() {
     let mut worst = Worst::default();
-    let names = [
-        "attention_bwd_dq",
-        "attention_bwd_dkv",
-        "attention_softmax_bwd",
-    ];
+    let names = BWD_KERNELS;
     for store in [Dtype::F16, Dtype::Bf16] {
         let fused = Kernels::new(EmuTyped).with_store(store);
         let unfused = Kernels::new(EmuTyped)
@@ -664,11 +693,11 @@ fn the_fused_backward_matches_the_cpu_and_the_batched_products() {
                 let (f, calls) = launched(names, || {
                     bwd_on(&fused, s, &x, &p, &pd, dropout, None, dropout.is_none())
                 });
-                assert_eq!(calls, [1, 1, 0], "fused launches {tag}");
+                assert_eq!(calls, fused_bwd(s), "fused launches {tag}");
                 let (u, calls) = launched(names, || {
                     bwd_on(&unfused, s, &x, &p, &pd, dropout, None, dropout.is_none())
                 });
-                assert_eq!(calls, [0, 0, 1], "unfused launches {tag}");
+                assert_eq!(calls, [0, 0, 0, 0, 1], "unfused launches {tag}");
                 let c = bwd_on(&cpu, s, &x, &p, &pd, dropout, None, dropout.is_none());
                 for (i, name) in ["dq", "dk", "dv"].iter().enumerate() {
                     let e = check(&format!("{name} {tag}"), &f[i], &c[i], store);
@@ -682,18 +711,65 @@ fn the_fused_backward_matches_the_cpu_and_the_batched_products() {
     worst.print("fused backward");
 }
 
+/// The long kernels (`attention_fused_long`, `attention_bwd_dq_long`: the keys 128 at a time,
+/// the forward's scores computed in three passes, dq's in two) give the short kernels' bits
+/// where both fit: a lane adds its keys' terms in key order in both. Forced at every length
+/// ([`Kernels::with_long_attention_only`]), on the fused shapes up to one chunk, with padding,
+/// with and without dropout, with q's, k's and v's biases.
+#[test]
+fn the_long_kernels_give_the_short_ones_bits_where_both_fit() {
+    let bits = |v: &[Vec<f32>]| -> Vec<Vec<u32>> {
+        v.iter()
+            .map(|t| t.iter().map(|x| x.to_bits()).collect())
+            .collect()
+    };
+    for store in [Dtype::F16, Dtype::Bf16] {
+        let short = Kernels::new(EmuTyped).with_store(store);
+        let long = Kernels::new(EmuTyped)
+            .with_store(store)
+            .with_long_attention_only();
+        for (n, sh) in FUSED_SHAPES.iter().filter(|s| s.1 <= 128).enumerate() {
+            let s = shape(sh);
+            let hid = s.heads * s.head_dim;
+            let stride = hid + 5;
+            let mut bias = rand(2 * stride + hid, 1.0, 110 + n as u64);
+            store.round_slice(&mut bias);
+            let x = inputs(s, store, 100 + n as u64);
+            let mask = padding_mask(s);
+            let d = quarter_dropout(0x1357_9bdf_2468_ace0, 5 + n as u64, 4);
+            for dropout in [None, Some(&d)] {
+                let tag = format!("{store:?} {s:?} dropout {}", dropout.is_some());
+                let b = Some((&bias[..], stride));
+                let (got, calls) =
+                    launched(FWD_KERNELS, || fwd_on(&long, s, &x, &mask, dropout, b));
+                assert_eq!(calls, [0, 1, 0], "long launches {tag}");
+                let want = fwd_on(&short, s, &x, &mask, dropout, b);
+                assert_eq!(bits(&got), bits(&want), "forward {tag}");
+                let [_, p, pd] = want;
+                let (got, calls) = launched(BWD_KERNELS, || {
+                    bwd_on(&long, s, &x, &p, &pd, dropout, b, dropout.is_none())
+                });
+                assert_eq!(calls, [0, 0, 1, 1, 0], "long launches {tag}");
+                let want = bwd_on(&short, s, &x, &p, &pd, dropout, b, dropout.is_none());
+                assert_eq!(bits(&got), bits(&want), "backward {tag}");
+            }
+        }
+    }
+}
+
 /// Where the fused kernels do not fit, the backward takes the batched products too.
 #[test]
 fn shapes_the_fused_backward_does_not_fit_take_the_batched_products() {
-    let names = ["attention_bwd_dq", "attention_softmax_bwd"];
     let bf16 = Kernels::new(EmuTyped).with_store(Dtype::Bf16);
-    for sh in [(1, 129, 1, 64), (2, 16, 2, 16), (1, 16, 1, 48)] {
+    for sh in [(1, 129, 1, 48), (2, 16, 2, 16), (1, 16, 1, 48)] {
         let s = shape(&sh);
         let x = inputs(s, Dtype::Bf16, 5);
         let pp = s.batch * s.heads * s.seq * s.seq;
         let p = vec![1.0 / s.seq as f32; pp];
-        let (_, calls) = launched(names, || bwd_on(&bf16, s, &x, &p, &p, None, None, true));
-        assert_eq!(calls, [0, 1], "{s:?}");
+        let (_, calls) = launched(BWD_KERNELS, || {
+            bwd_on(&bf16, s, &x, &p, &p, None, None, true)
+        });
+        assert_eq!(calls, [0, 0, 0, 0, 1], "{s:?}");
     }
 }
 
@@ -767,7 +843,11 @@ fn the_fused_kernels_add_the_projections_biases_as_they_load_them() {
     assert!(!unfused.attention_adds_bias(s));
     assert!(!Cpu::new(1).with_store(Dtype::Bf16).attention_adds_bias(s));
     let bf16 = Kernels::new(EmuTyped).with_store(Dtype::Bf16);
-    assert!(!bf16.attention_adds_bias(shape(&(1, 129, 1, 64))));
+    assert!(!bf16.attention_adds_bias(shape(&(1, 129, 1, 48))));
+    assert!(
+        bf16.attention_adds_bias(shape(&(1, 513, 1, 64))),
+        "any length"
+    );
     assert!(!Kernels::new(EmuTyped).attention_adds_bias(s), "f32");
 }
 

@@ -172,24 +172,33 @@ fn a_micro_batch_gives_the_same_bits_whatever_order_its_blocks_run_in() {
 /// its forwards' attention (training and evaluation) is one kernel and its backward two (kernels/attention.rs,
 /// `fused`; mma.sync emulated), which add q's, k's and v's biases as they load them. Its loss,
 /// gradient and logits stay within the store's tolerance of the batched products' (the same
-/// device told not to fuse) and of the CPU's.
+/// device told not to fuse) and of the CPU's. Over 11 tokens, and over 150 (more than one chunk
+/// of 128 keys: the long kernels, `attention_fused_long` and the backward's `_long` twins).
 #[test]
 fn heads_of_64_and_32_train_through_the_fused_attention() {
     for (hidden, heads) in [(128, 2), (96, 3)] {
-        heads_train_through_the_fused_attention(hidden, heads);
+        heads_train_through_the_fused_attention(hidden, heads, 11);
     }
 }
 
-fn heads_train_through_the_fused_attention(hidden: usize, heads: usize) {
+#[test]
+fn heads_of_64_and_32_train_through_the_long_fused_attention() {
+    for (hidden, heads) in [(128, 2), (96, 3)] {
+        heads_train_through_the_fused_attention(hidden, heads, 150);
+    }
+}
+
+fn heads_train_through_the_fused_attention(hidden: usize, heads: usize, seq: usize) {
     use recipe_kernel_emu::EmuTyped;
     use recipe_runtime::backend::device::Device;
     let cfg = || {
         BertConfig::from_json(&format!(
             r#"{{"vocab_size": 40, "hidden_size": {hidden}, "num_hidden_layers": 1,
                 "num_attention_heads": {heads}, "intermediate_size": 64,
-                "max_position_embeddings": 12, "type_vocab_size": 2,
+                "max_position_embeddings": {}, "type_vocab_size": 2,
                 "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
-                "initializer_range": 0.05, "pad_token_id": 0}}"#
+                "initializer_range": 0.05, "pad_token_id": 0}}"#,
+            seq + 1
         ))
         .unwrap()
     };
@@ -197,7 +206,15 @@ fn heads_train_through_the_fused_attention(hidden: usize, heads: usize) {
         seed: 3,
         micro_batch: 2,
     });
-    let b = batch_with(2, 11, 4, |i| 11 - 4 * i, |i| i as u32);
+    let b = batch_with(2, seq, 4, |i| seq - 4 * i, |i| i as u32);
+    // The kernels of one chunk of keys, or their long twins.
+    let long = |name: &'static str| {
+        if seq > 128 {
+            format!("{name}_long")
+        } else {
+            name.into()
+        }
+    };
     for store in [Dtype::F16, Dtype::Bf16] {
         let mut m = Classifier::random(cfg(), 3, 7).unwrap();
         store.round_slice(m.params_mut());
@@ -220,14 +237,14 @@ fn heads_train_through_the_fused_attention(hidden: usize, heads: usize) {
             (
                 (loss, g, logits),
                 [
-                    "attention_fused",
-                    "attention_softmax",
-                    "attention_bwd_dq",
-                    "attention_bwd_dkv",
-                    "attention_softmax_bwd",
-                    "add_bias",
+                    long("attention_fused"),
+                    "attention_softmax".into(),
+                    long("attention_bwd_dq"),
+                    long("attention_bwd_dkv"),
+                    "attention_softmax_bwd".into(),
+                    "add_bias".into(),
                 ]
-                .map(|name| calls(&p, name)),
+                .map(|name| calls(&p, &name)),
             )
         };
         let ((lf, gf, ef), calls) = run(true);
@@ -1005,13 +1022,13 @@ fn reused_workspace<D: recipe_runtime::backend::device::Device + Clone>(k: Kerne
 }
 
 /// The evaluation's f32 room for the scores (`Backend::attention_needs_scores`): on a device
-/// keeping 16-bit buffers, heads of 64 take the fused kernel up to 128 keys, which needs none,
-/// and the batched products beyond, which do. A workspace reserved for 130 keys evaluates 130,
-/// 100 and again 130 keys without allocating: the room a shorter batch does not need is kept
-/// for the next longer one (dropping it at 100 keys makes the last evaluation allocate). The
-/// fused launch is counted, so the lengths do take both paths.
+/// keeping 16-bit buffers, heads of 64 take the fused kernels at every length (one chunk of 128
+/// keys, or the long kernel past it), which need none. A workspace reserved for 130 keys
+/// evaluates 130, 100 and again 130 keys without allocating, through the long kernel, the short
+/// one and the long one; the same model told not to fuse reserves more, the scores' room the
+/// batched products write.
 #[test]
-fn the_evaluations_scores_room_is_kept_across_fused_and_unfused_lengths() {
+fn the_fused_kernels_need_no_room_for_the_scores_at_any_length() {
     use recipe_kernel_emu::EmuTyped;
     use recipe_runtime::backend::device::Device;
     let cfg = BertConfig::from_json(
@@ -1022,10 +1039,22 @@ fn the_evaluations_scores_room_is_kept_across_fused_and_unfused_lengths() {
     )
     .unwrap();
     let m = Classifier::random(cfg, 3, 7).unwrap();
-    let k = Kernels::new(EmuTyped).with_store(Dtype::Bf16);
-    let params = k.upload(&m.params().data);
-    let mut ws = Workspace::new();
-    m.reserve_on(&k, &mut ws, 1, 2, 130);
+    let reserved = |fused: bool| {
+        let k = Kernels::new(EmuTyped)
+            .with_store(Dtype::Bf16)
+            .with_fused_attention(fused);
+        let params = k.upload(&m.params().data);
+        let mut ws = Workspace::new();
+        let before = k.allocations();
+        m.reserve_on(&k, &mut ws, 1, 2, 130);
+        (k.allocations() - before, k, params, ws)
+    };
+    let (unfused, ..) = reserved(false);
+    let (fused, k, params, mut ws) = reserved(true);
+    assert!(
+        unfused > fused,
+        "the scores' room, only where the products run: {unfused} allocations unfused, {fused} fused"
+    );
     let before = k.allocations();
     assert!(EmuTyped.start_profile());
     for (i, seq) in [130, 100, 130].into_iter().enumerate() {
@@ -1034,9 +1063,13 @@ fn the_evaluations_scores_room_is_kept_across_fused_and_unfused_lengths() {
     }
     let p = EmuTyped.profile().expect("started");
     assert_eq!(
-        (calls(&p, "attention_fused"), calls(&p, "attention_softmax")),
-        (1, 2),
-        "100 keys fused, 130 through the batched products"
+        [
+            calls(&p, "attention_fused"),
+            calls(&p, "attention_fused_long"),
+            calls(&p, "attention_softmax")
+        ],
+        [1, 2, 0],
+        "100 keys through the short kernel, 130 through the long one"
     );
     assert_eq!(
         k.allocations(),

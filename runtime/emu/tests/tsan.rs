@@ -1,6 +1,6 @@
 //! ThreadSanitizer over the emulation: every kernel with shared memory or a reduction across
 //! threads (attention_softmax and attention_softmax_bwd's warp shuffles, attention_fused,
-//! attention_bwd_dq and attention_bwd_dkv's shared operands, layernorm_fwd,
+//! attention_bwd_dq and attention_bwd_dkv's shared operands and their long twins', layernorm_fwd,
 //! layernorm_bwd_dinp, cross_entropy, grad_norm_partial, grad_norm_final, lamb_norms,
 //! lamb_coeff, bias_grad, gelu_bwd_bias_grad, embedding_order, embedding_bwd_long, and
 //! common.cuh's block_sum_d / block_max / last_of_column and optim.cu's lamb_tree they call)
@@ -193,6 +193,26 @@ fn a_missing_barrier_in_embedding_bwd_long_is_caught() {
         "embedding_bwd_long",
         &["embedding"],
         "embedding_bwd_long",
+    );
+}
+
+#[test]
+fn a_missing_barrier_between_the_long_attentions_chunks_is_caught() {
+    // attention_fused_long's warps read a chunk's keys from shared memory while the next chunk
+    // is loaded over them, unless every warp has met the barrier before the load
+    // (`chunk_products`, which attention_bwd_dq_long shares).
+    let exe = build_mutant("attention-long", "attention.cu", |t| {
+        drop_sync(
+            t,
+            "void chunk_products(",
+            "const FusedAt& a, int c0, int n, int seq) {",
+        )
+    });
+    assert_race_caught(
+        &exe,
+        "attention_fused_long",
+        &["fused_attention"],
+        "attention_fused_long",
     );
 }
 

@@ -108,24 +108,41 @@ fn softmax_launch(s: AttnShape) -> (Launch, Arg) {
 }
 
 /// The fused kernels' head sizes (attention.cu, `BY_HEAD`: MiniLM's 32, BERT-base's and
-/// -large's 64), most keys and queries per block (`FUSED_KEYS`, `FUSED_Q`).
+/// -large's 64), keys a chunk (`FUSED_KEYS`) and queries per block (`FUSED_Q`).
 const FUSED_HEADS: [usize; 2] = [32, 64];
-const FUSED_KEYS: usize = 128;
+pub(super) const FUSED_KEYS: usize = 128;
 const FUSED_Q: usize = 64;
 
-/// Whether the forward runs as one kernel (attention.cu, `attention_fused`): a half store whose
+/// Whether the forward runs as one kernel (attention.cu, `attention_fused`, or
+/// `attention_fused_long` past [`FUSED_KEYS`] keys) and the backward as two: a half store whose
 /// buffers (`elems`: q, k, v, ctx, probs and the dropped probabilities) are all 16-bit of its
-/// type, heads of one of [`FUSED_HEADS`], at most [`FUSED_KEYS`] keys, a device with `mma.sync`
-/// ([`Device::has_mma`]), and the kernels not told otherwise ([`Kernels::with_fused_attention`]).
-/// BERT-base and MiniLM at seq 128 fit; longer sequences and other head sizes take the batched
-/// GEMMs.
+/// type, heads of one of [`FUSED_HEADS`], a device with `mma.sync` ([`Device::has_mma`]), and
+/// the kernels not told otherwise ([`Kernels::with_fused_attention`]). BERT-base and MiniLM fit
+/// at any length; other head sizes take the batched GEMMs.
 pub(super) fn fused<D: Device>(k: &Kernels<D>, s: AttnShape, elems: &[Dtype]) -> bool {
     k.fused_attention
         && k.store.is_half()
         && FUSED_HEADS.contains(&s.head_dim)
-        && s.seq <= FUSED_KEYS
         && k.dev.has_mma()
         && elems.iter().all(|&e| e == k.store)
+}
+
+/// `short`, the fused kernel whose warps hold their scores in registers once, where the keys
+/// fit one chunk of [`FUSED_KEYS`]; else `long`, its twin taking the keys a chunk at a time
+/// (the forward in three passes over them, the backward's `dq` in two, its `dk` and `dv` a
+/// chunk of queries at a time; attention.cu). Tests may
+/// take the long ones at every length ([`Kernels::with_long_attention_only`]).
+fn by_keys<D: Device>(
+    k: &Kernels<D>,
+    s: AttnShape,
+    short: &'static str,
+    long: &'static str,
+) -> &'static str {
+    if s.seq <= k.short_keys {
+        short
+    } else {
+        long
+    }
 }
 
 /// The fused kernels' `bias`, `bias_t` and `bias_stride` arguments (attention.cu, `HeadBias`):
@@ -233,7 +250,7 @@ pub(super) fn fwd<D: Device>(
     if fused {
         let pd_ptr = pd.as_mut().map_or(0, |(b, _)| dev.ptr_mut(b));
         dev.launch(
-            "attention_fused",
+            by_keys(k, s, "attention_fused", "attention_fused_long"),
             fused_launch(s),
             &[
                 Arg::Ptr(dev.ptr_mut(&mut ctx)),
@@ -422,7 +439,7 @@ pub(super) fn bwd<D: Device>(
             };
             let ds = dev.ptr(dev.view(ds));
             dev.launch(
-                "attention_bwd_dq",
+                by_keys(k, s, "attention_bwd_dq", "attention_bwd_dq_long"),
                 fused_launch(s),
                 &[
                     Arg::Ptr(ptrs[0]),
@@ -445,7 +462,7 @@ pub(super) fn bwd<D: Device>(
                 ],
             );
             dev.launch(
-                "attention_bwd_dkv",
+                by_keys(k, s, "attention_bwd_dkv", "attention_bwd_dkv_long"),
                 fused_launch(s),
                 &[
                     Arg::Ptr(ptrs[1]),

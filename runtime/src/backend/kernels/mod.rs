@@ -98,6 +98,10 @@ pub struct Kernels<D: Device> {
     /// Whether attention may run as fused kernels where it fits, the forward as one and the
     /// backward as two (attention.rs, `fused`; on by default, [`Kernels::with_fused_attention`]).
     fused_attention: bool,
+    /// The most keys the short fused attention kernels take (attention.rs, `by_keys`): one
+    /// chunk, or 0 where tests run the long ones at every length
+    /// ([`Kernels::with_long_attention_only`]).
+    short_keys: usize,
     /// Device allocations made through these kernels ([`Kernels::allocations`]).
     allocations: Arc<AtomicU64>,
     /// A scratch buffer a kernel's launch code reuses (cross-entropy's per-row losses).
@@ -140,6 +144,7 @@ impl<D: Device> Kernels<D> {
             dev,
             store: Dtype::F32,
             fused_attention: true,
+            short_keys: attention::FUSED_KEYS,
             allocations: Arc::default(),
             scratch: Arc::default(),
             bias_part: Arc::default(),
@@ -183,6 +188,16 @@ impl<D: Device> Kernels<D> {
     pub fn with_fused_attention(self, on: bool) -> Kernels<D> {
         Kernels {
             fused_attention: on,
+            ..self
+        }
+    }
+
+    /// The same kernels, fused attention taking its long kernels (the keys a chunk at a time)
+    /// at every length: for tests, which check that where the short ones fit too both give the
+    /// same bits (runtime/emu/tests/attention.rs).
+    pub fn with_long_attention_only(self) -> Kernels<D> {
+        Kernels {
+            short_keys: 0,
             ..self
         }
     }

@@ -1,6 +1,7 @@
 //! Attention's checks (`attention.*`, `stored.attention.*`, `stored.hd64.attention_*`,
-//! `stored.hd32.attention_*`): the forward and backward on f32 and stored buffers, and at heads
-//! of 64 and 32 where the fused kernels run.
+//! `stored.hd32.attention_*`, `stored.hd64.long.attention_*`, `stored.hd32.long.attention_*`):
+//! the forward and backward on f32 and stored buffers, and at heads of 64 and 32 where the
+//! fused kernels run, over one chunk of keys and over several.
 
 use super::*;
 
@@ -9,15 +10,17 @@ impl<B: Backend> Checker<'_, B> {
     /// gradients and the probabilities are [`Backend::alloc_stored`] buffers, as the model keeps
     /// them (16-bit on a GPU storing fp16/bf16: the half products read and write them as they
     /// are, the f32 ones through widened copies, the softmax kernels through `ld`/`sto`), checked
-    /// as `stored.attention_*`. With `fused_head` 64 or 32 (stored buffers), heads of that size
-    /// over 77 keys, checked as `stored.hd64.attention_*` or `stored.hd32.attention_*`: the
-    /// shapes whose forward a GPU with `mma.sync`
-    /// storing fp16/bf16 runs as one kernel (`attention_fused`) and whose backward as two
-    /// (`attention_bwd_dq`, `attention_bwd_dkv`; kernels/attention.rs). Where the device's
+    /// as `stored.attention_*`. With `fused` = (head size 64 or 32, keys) (stored buffers),
+    /// heads of that size over 77 keys, checked as `stored.hd64.attention_*` or
+    /// `stored.hd32.attention_*`, or over 203, as `stored.hd64.long.attention_*` or
+    /// `stored.hd32.long.attention_*`: the shapes whose forward a GPU with `mma.sync` storing
+    /// fp16/bf16 runs as one kernel (`attention_fused`, past 128 keys `attention_fused_long`)
+    /// and whose backward as two (`attention_bwd_dq`, `attention_bwd_dkv`, or their `_long`
+    /// twins; kernels/attention.rs). Where the device's
     /// attention adds q's, k's and v's biases as it loads them ([`Backend::attention_adds_bias`]:
     /// the fused kernels), that shape's device side is given q, k and v without them and the
     /// biases, the CPU q, k and v with them added (rounded, as `add_bias`).
-    pub(super) fn attention(&mut self, stored: bool, fused_head: Option<usize>) {
+    pub(super) fn attention(&mut self, stored: bool, fused: Option<(usize, usize)>) {
         let st = self.store;
         let (be, cpu) = (self.be, self.cpu);
         let put = |host: &[f32]| {
@@ -36,15 +39,16 @@ impl<B: Backend> Checker<'_, B> {
                 be.alloc(n)
             }
         };
-        let name = |n: &str| match (stored, fused_head) {
-            (true, Some(d)) => format!("stored.hd{d}.{n}"),
+        let name = |n: &str| match (stored, fused) {
+            (true, Some((d, seq))) if seq > 128 => format!("stored.hd{d}.long.{n}"),
+            (true, Some((d, _))) => format!("stored.hd{d}.{n}"),
             (true, None) => format!("stored.{n}"),
             _ => n.to_string(),
         };
-        let s = if let Some(d) = fused_head {
+        let s = if let Some((d, seq)) = fused {
             AttnShape {
                 batch: 2,
-                seq: 77,
+                seq,
                 heads: 2,
                 head_dim: d,
             }
@@ -67,7 +71,7 @@ impl<B: Backend> Checker<'_, B> {
         // k's and v's out with weights between them.
         let hid = s.heads * s.head_dim;
         let stride = hid + 7;
-        let fold = stored && fused_head.is_some() && be.attention_adds_bias(s);
+        let fold = stored && fused.is_some() && be.attention_adds_bias(s);
         let bias = rand(2 * stride + hid, 0.5, 34, st);
         let biased = |x: &[f32], j: usize| -> Vec<f32> {
             let mut out: Vec<f32> = x

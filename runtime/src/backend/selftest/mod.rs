@@ -585,8 +585,10 @@ pub fn compare<B: Backend>(be: &B, store: Dtype) -> Vec<OpCheck> {
     c.embedding_and_layernorm();
     c.attention(false, None);
     c.attention(true, None);
-    c.attention(true, Some(64));
-    c.attention(true, Some(32));
+    c.attention(true, Some((64, 77)));
+    c.attention(true, Some((32, 77)));
+    c.attention(true, Some((64, 203)));
+    c.attention(true, Some((32, 203)));
     c.cross_entropy();
     c.stored();
     c.stored_wide();
