@@ -45,7 +45,10 @@ pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
 }
 
 /// The options every compile uses: header-free kernels, C++17, IEEE division and square root
-/// (the CPU reference's), fused multiply-add allowed (as PyTorch's kernels build); with
+/// (the CPU reference's), fused multiply-add allowed (as PyTorch's kernels build), NVRTC's
+/// optimizations on every core (`--split-compile=0`: the program's 45 kernels, 10.9 MB of PTX,
+/// took 20.1 s for sm_90 on 2 cores and take 13.1 s; the PTX is the same whatever the number
+/// of threads, the CUBIN differs only in the option it records); with
 /// `early`, `RECIPE_PDL_EARLY` (`GRID_WAIT` in common.cuh then also lets the next kernel be
 /// scheduled: `RECIPE_PDL=early`, [`super::Pdl::Early`]).
 fn options(arch: &str, early: bool) -> Vec<String> {
@@ -57,6 +60,7 @@ fn options(arch: &str, early: bool) -> Vec<String> {
         "--ftz=false".into(),
         "--fmad=true".into(),
         "-lineinfo".into(),
+        "--split-compile=0".into(),
     ];
     if early {
         o.push("-DRECIPE_PDL_EARLY=1".into());
