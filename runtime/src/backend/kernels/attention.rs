@@ -108,7 +108,8 @@ fn softmax_launch(s: AttnShape) -> (Launch, Arg) {
 }
 
 /// The fused kernels' head sizes (attention.cu, `BY_HEAD`: MiniLM's 32, BERT-base's and
-/// -large's 64), keys a chunk (`FUSED_KEYS`) and queries per block (`FUSED_Q`).
+/// -large's 64), the most keys the short ones take (`FUSED_KEYS`; the long ones take any number,
+/// `FUSED_CHUNK` at a time) and queries per block (`FUSED_Q`).
 const FUSED_HEADS: [usize; 2] = [32, 64];
 pub(super) const FUSED_KEYS: usize = 128;
 const FUSED_Q: usize = 64;
@@ -130,8 +131,8 @@ pub(super) fn fused<D: Device>(k: &Kernels<D>, s: AttnShape, elems: &[Dtype]) ->
 /// `short`, the fused kernel whose warps hold their scores in registers once, where the keys
 /// fit one chunk of [`FUSED_KEYS`]; else `long`, its twin taking the keys a chunk at a time
 /// (the forward in three passes over them, the backward's `dq` in two, its `dk` and `dv` a
-/// chunk of queries at a time; attention.cu). Tests may
-/// take the long ones at every length ([`Kernels::with_long_attention_only`]).
+/// chunk of queries at a time; attention.cu). Tests may take the long ones at every length
+/// ([`Kernels::with_long_attention_only`]).
 fn by_keys<D: Device>(
     k: &Kernels<D>,
     s: AttnShape,
