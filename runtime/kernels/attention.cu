@@ -336,15 +336,58 @@ __device__ __forceinline__ void fused_rows(unsigned* dst, const unsigned short* 
     }
 }
 
+// Whether elements idx … idx + 7 are kept (bit u for idx + u; dropout_mult's rule): two
+// Philox blocks, three where the eight straddle them.
+__device__ __forceinline__ unsigned keep8(unsigned long long idx, DropKey k, unsigned threshold) {
+    const unsigned long long blk = idx >> 2;
+    const int sh = (int)(idx & 3);
+    unsigned bits = dropout_keep4(blk, k.seed, k.stream, threshold) |
+                    (dropout_keep4(blk + 1, k.seed, k.stream, threshold) << 4);
+    if (sh) bits |= dropout_keep4(blk + 2, k.seed, k.stream, threshold) << 8;
+    return (bits >> sh) & 0xffu;
+}
+
+// The forward's dropout drawn again as a [seq, seq] block of probabilities is loaded
+// (attention_bwd_dkv's dv operand, probs_drop, from probs): element (r, c) of the block is
+// element `at + r·ld + c` of the probabilities' tensor, whose mask `key` and `threshold` draw;
+// none where `on` is false.
+struct DropAgain {
+    bool on;
+    long long at;
+    DropKey key;
+    unsigned threshold;
+    float dscale;
+};
+__device__ __forceinline__ DropAgain no_drop() { return DropAgain{false, 0, {0, 0}, 0u, 1.0f}; }
+
+// The first n (≤ 8) of 8 16-bit probabilities (four words), elements idx … of the tensor, times
+// their dropout multipliers, rounded: the forward's store_probs, so each is the probs_drop value
+// it stored (0 where dropped).
+template <int S>
+__device__ __forceinline__ void drop_again(unsigned w[4], const DropAgain& d, long long idx,
+                                           int n) {
+    const unsigned keep = keep8((unsigned long long)idx, d.key, d.threshold);
+    UNROLL
+    for (int u = 0; u < 8; u++) {
+        if (u < n) {
+            unsigned short x = (unsigned short)(w[u >> 1] >> (16 * (u & 1)));
+            unsigned short y =
+                half_bits(half_value<S>(x) * ((keep >> u) & 1u ? d.dscale : 0.0f), S);
+            w[u >> 1] = (u & 1) ? (w[u >> 1] & 0xffffu) | ((unsigned)y << 16)
+                                : (w[u >> 1] & 0xffff0000u) | y;
+        }
+    }
+}
+
 // A KEYS × 8·`groups` block of a 16-bit matrix (rows `ld` apart from src; `rows` and
 // `cols` of them real, zeros past) transposed into shared words: dst row c, element r is
 // src[r, c], FUSED_LDT elements a row. Two rows' 8 elements a step, paired per column into words.
 // With `bias` (a head of a token tensor: columns are dimensions), each real element plus its
-// column's bias.
+// column's bias; with `drop` (probabilities), each real element dropped as the forward dropped.
 template <int S, int KEYS = FUSED_KEYS>
 __device__ __forceinline__ void fused_transpose(unsigned* dst, const unsigned short* src,
                                                 long long ld, int groups, int rows, int cols,
-                                                HeadBias bias) {
+                                                HeadBias bias, DropAgain drop = no_drop()) {
     for (int c = threadIdx.x; c < KEYS / 2 * groups; c += blockDim.x) {
         int r = c / groups * 2, c0 = c % groups * 8;
         unsigned w0[4] = {0u, 0u, 0u, 0u}, w1[4] = {0u, 0u, 0u, 0u};
@@ -353,6 +396,10 @@ __device__ __forceinline__ void fused_transpose(unsigned* dst, const unsigned sh
         if (bias.p) {
             if (r < rows) add_head_bias<S>(w0, bias, c0, cols - c0);
             if (r + 1 < rows) add_head_bias<S>(w1, bias, c0, cols - c0);
+        }
+        if (drop.on) {
+            if (r < rows) drop_again<S>(w0, drop, drop.at + r * ld + c0, cols - c0);
+            if (r + 1 < rows) drop_again<S>(w1, drop, drop.at + (r + 1) * ld + c0, cols - c0);
         }
         UNROLL
         for (int u = 0; u < 8; u++) {
@@ -562,8 +609,9 @@ __device__ __forceinline__ void keep_bits(long long at0, long long at1, int n, i
 }
 // The chunk's probabilities from its exps (s), rounded, written to probs (rows at0 and at1 from
 // the chunk's first key, where in the sequence: row0, row1) and, with dropout, times their
-// multipliers, rounded, to probs_drop; left in s as the product with v uses them (the dropped
-// ones), zeros past the chunk.
+// multipliers, rounded, to probs_drop where given (the backward draws them again otherwise:
+// attention.rs, `fused`); left in s as the product with v uses them (the dropped ones), zeros
+// past the chunk.
 template <int S, int KT>
 __device__ __forceinline__ void store_probs(float s[KT][4], unsigned short* probs,
                                             unsigned short* probs_drop, long long at0,
@@ -592,8 +640,8 @@ __device__ __forceinline__ void store_probs(float s[KT][4], unsigned short* prob
                 p0[e] = st(p0[e] * ((keep0 >> (2 * j + e)) & 1u ? dscale : 0.0f), S);
                 p1[e] = st(p1[e] * ((keep1 >> (2 * j + e)) & 1u ? dscale : 0.0f), S);
             }
-            if (row0) st_half2<S>(probs_drop, at0 + kp, p0[0], p0[1], both, pairs);
-            if (row1) st_half2<S>(probs_drop, at1 + kp, p1[0], p1[1], both, pairs);
+            if (probs_drop && row0) st_half2<S>(probs_drop, at0 + kp, p0[0], p0[1], both, pairs);
+            if (probs_drop && row1) st_half2<S>(probs_drop, at1 + kp, p1[0], p1[1], both, pairs);
         }
         s[j][0] = p0[0];
         s[j][1] = p0[1];
@@ -770,7 +818,7 @@ __device__ __forceinline__ void attention_fused_by(unsigned* qs, unsigned* ks, u
 #undef FUSED_ARGS
 }
 // Grid (⌈seq / FUSED_Q⌉, heads, batch), FUSED_Q·2 threads; head_dim 32 or 64; probs_drop is
-// read only with `dropout`; `store` STORE_F16 or STORE_BF16, every buffer of it; `bias` (of type
+// written only with `dropout` and where not null; `store` STORE_F16 or STORE_BF16, every buffer of it; `bias` (of type
 // bias_t; null: none) q's, k's and v's biases, `bias_stride` elements apart, added as q, k and v
 // are loaded. attention_fused for seq ≤ FUSED_KEYS, attention_fused_long past it.
 extern "C" __global__ void attention_fused(void* ctx, void* probs, void* probs_drop,
@@ -814,6 +862,11 @@ extern "C" __global__ void attention_fused_long(void* ctx, void* probs, void* pr
 //   dp = dctx·vᵀ (f32), x = dp, or with dropout dp · dscale where probs_drop is not 0 and 0
 //   where it is; ds = p ⊙ (x − Σ_keys x·p) rounded; dq = scale · ds·k, dk = scale · dsᵀ·q and
 //   dv = probs_dropᵀ·dctx (probs without dropout), each rounded once from f32.
+// probs_drop is not read: the forward's mask is drawn again (the same Philox blocks of the same
+// element indices: keep_bits, drop_again), so the forward need not store it. probs_drop is not
+// 0 exactly where the element is kept and its probability is not 0 (a kept probability, at
+// least the smallest subnormal, times dscale > 1 rounds to no less), which is the mask x takes;
+// dv's operand is each probability times its multiplier, rounded, as store_probs rounds it.
 // `attention_bwd_dq` takes the rows of queries, as the forward (a block per FUSED_Q queries of
 // one head of one sequence, a warp per 16): dp as mma tiles in registers, then ds — written to
 // memory for the second launch, and used from the registers as the A operand of ds·k.
@@ -842,26 +895,27 @@ __device__ __forceinline__ void ld_half2(const unsigned short* p, long long at, 
 // The dq backward's steps on one key tile of a warp's dp (x: rows i0 in x[0..1] and i1 in
 // x[2..3], the lane's pair of keys kp and kp + 1, the second only with `both`; at0 and at1 the
 // rows' elements of key kp, row0 and row1 whether the rows are in the sequence). dp as the
-// backward uses it, in place: with dropout, masked as the forward dropped (probs_drop read back);
-// and the tile's probabilities p (0 for a row past the sequence):
+// backward uses it, in place: with dropout, masked as the forward dropped (`keep`, bit e for
+// x[e]: tile_keep, where the probability is not 0: probs_drop's zeros); and the tile's
+// probabilities p (0 for a row past the sequence):
 template <int S>
 __device__ __forceinline__ void dp_tile(float x[4], float p[4], const unsigned short* probs,
-                                        const unsigned short* pd, long long at0, long long at1,
-                                        bool both, bool pairs, bool row0, bool row1,
-                                        int dropout, float dscale) {
+                                        long long at0, long long at1, bool both, bool pairs,
+                                        bool row0, bool row1, int dropout, unsigned keep,
+                                        float dscale) {
     if (row0) ld_half2<S>(probs, at0, both, pairs, p[0], p[1]);
     else p[0] = p[1] = 0.0f;
     if (row1) ld_half2<S>(probs, at1, both, pairs, p[2], p[3]);
     else p[2] = p[3] = 0.0f;
     if (dropout) {
-        float m[4];
-        if (row0) ld_half2<S>(pd, at0, both, pairs, m[0], m[1]);
-        else m[0] = m[1] = 0.0f;
-        if (row1) ld_half2<S>(pd, at1, both, pairs, m[2], m[3]);
-        else m[2] = m[3] = 0.0f;
         UNROLL
-        for (int e = 0; e < 4; e++) x[e] = m[e] != 0.0f ? x[e] * dscale : 0.0f;
+        for (int e = 0; e < 4; e++)
+            x[e] = (keep >> e) & 1u && p[e] != 0.0f ? x[e] * dscale : 0.0f;
     }
+}
+// Key tile j's bits of keep_bits' rows, as dp_tile takes them: row 0's pair, then row 1's.
+__device__ __forceinline__ unsigned tile_keep(unsigned keep0, unsigned keep1, int j) {
+    return ((keep0 >> (2 * j)) & 3u) | (((keep1 >> (2 * j)) & 3u) << 2);
 }
 // The tile's terms of each row's Σ x·p, added by key:
 __device__ __forceinline__ void dot_tile(const float x[4], const float p[4], bool both,
@@ -888,10 +942,9 @@ __device__ __forceinline__ void ds_tile(float x[4], const float p[4], bool both,
     if (row1) st_half2<S>(ds, at1, x[2], x[3], both, pairs);
 }
 // 32-bit loads and stores of key pairs: an even row length puts every pair at an even index.
-__device__ __forceinline__ bool bwd_pairs(int seq, const void* probs, const void* ds,
-                                          const void* pd, int dropout) {
+__device__ __forceinline__ bool bwd_pairs(int seq, const void* probs, const void* ds) {
     return seq % 2 == 0 && ((unsigned long long)probs & 3) == 0 &&
-           ((unsigned long long)ds & 3) == 0 && (!dropout || ((unsigned long long)pd & 3) == 0);
+           ((unsigned long long)ds & 3) == 0;
 }
 
 template <int S, int D>
@@ -900,9 +953,9 @@ __device__ __forceinline__ void attention_bwd_dq_t(unsigned* dcs, unsigned* vs, 
                                                    const unsigned short* dctx,
                                                    const unsigned short* k,
                                                    const unsigned short* v,
-                                                   const unsigned short* probs,
-                                                   const unsigned short* pd, int seq, int heads,
-                                                   int ld, float scale, int dropout, float dscale,
+                                                   const unsigned short* probs, int seq,
+                                                   int heads, int ld, float scale, int dropout,
+                                                   DropKey key, unsigned threshold, float dscale,
                                                    const void* bias, int bias_t, int bias_stride) {
     const FusedAt a = fused_at<D>(seq, heads);
     fused_rows<S, D>(dcs, dctx, a.tok0, a.hid, a.q0, FUSED_Q, seq, no_bias());
@@ -919,8 +972,10 @@ __device__ __forceinline__ void attention_bwd_dq_t(unsigned* dcs, unsigned* vs, 
 
     // x (dp, dropped as the forward dropped) and each row's Σ x·p, the probabilities kept as
     // the 16-bit pairs they were loaded in.
-    const bool pairs = bwd_pairs(seq, probs, ds, pd, dropout);
+    const bool pairs = bwd_pairs(seq, probs, ds);
     const bool row0 = a.i0 < seq, row1 = a.i1 < seq;
+    unsigned keep0 = 0u, keep1 = 0u;
+    if (dropout) keep_bits(a.at0, a.at1, seq, a.t, key, threshold, keep0, keep1);
     unsigned pw[FUSED_KEYS / 8][2];
     float dot0 = 0.0f, dot1 = 0.0f;
     UNROLL
@@ -930,8 +985,8 @@ __device__ __forceinline__ void attention_bwd_dq_t(unsigned* dcs, unsigned* vs, 
         if (kp >= seq) continue;
         const bool both = kp + 1 < seq;
         float p[4];
-        dp_tile<S>(s[j], p, probs, pd, a.at0 + kp, a.at1 + kp, both, pairs, row0, row1, dropout,
-                   dscale);
+        dp_tile<S>(s[j], p, probs, a.at0 + kp, a.at1 + kp, both, pairs, row0, row1, dropout,
+                   tile_keep(keep0, keep1, j), dscale);
         pw[j][0] = pack_half2<S>(p[0], p[1]);
         pw[j][1] = pack_half2<S>(p[2], p[3]);
         dot_tile(s[j], p, both, dot0, dot1);
@@ -969,13 +1024,14 @@ template <int S, int D>
 __device__ __forceinline__ void attention_bwd_dq_long_t(
     unsigned* dcs, unsigned* vs, unsigned* kt, unsigned short* dq, unsigned short* ds,
     const unsigned short* dctx, const unsigned short* k, const unsigned short* v,
-    const unsigned short* probs, const unsigned short* pd, int seq, int heads, int ld,
-    float scale, int dropout, float dscale, const void* bias, int bias_t, int bias_stride) {
+    const unsigned short* probs, int seq, int heads, int ld, float scale, int dropout,
+    DropKey key, unsigned threshold, float dscale, const void* bias, int bias_t,
+    int bias_stride) {
     const FusedAt a = fused_at<D>(seq, heads);
     const HeadBias kb = bias_of<D>(bias, bias_t, bias_stride, 1, a.h);
     const HeadBias vb = bias_of<D>(bias, bias_t, bias_stride, 2, a.h);
     fused_rows<S, D>(dcs, dctx, a.tok0, a.hid, a.q0, FUSED_Q, seq, no_bias());
-    const bool pairs = bwd_pairs(seq, probs, ds, pd, dropout);
+    const bool pairs = bwd_pairs(seq, probs, ds);
     const bool row0 = a.i0 < seq, row1 = a.i1 < seq;
     float dot0 = 0.0f, dot1 = 0.0f;
     float o[D / 8][4];
@@ -990,6 +1046,9 @@ __device__ __forceinline__ void attention_bwd_dq_long_t(
             float s[FUSED_CHUNK / 8][4];
             chunk_products<S, D>(s, vs, v, vb, kt, k, kb, pass == 1, dcs, a, c0, n, seq);
             if (!a.live) continue;
+            unsigned keep0 = 0u, keep1 = 0u;
+            if (dropout)
+                keep_bits(a.at0 + c0, a.at1 + c0, n, a.t, key, threshold, keep0, keep1);
             UNROLL
             for (int j = 0; j < FUSED_CHUNK / 8; j++) {
                 const int kp = j * 8 + 2 * a.t;  // the lane's pair of keys in this tile
@@ -1000,8 +1059,8 @@ __device__ __forceinline__ void attention_bwd_dq_long_t(
                 const bool both = kp + 1 < n;
                 const long long at0 = a.at0 + c0 + kp, at1 = a.at1 + c0 + kp;
                 float p[4];
-                dp_tile<S>(s[j], p, probs, pd, at0, at1, both, pairs, row0, row1, dropout,
-                           dscale);
+                dp_tile<S>(s[j], p, probs, at0, at1, both, pairs, row0, row1, dropout,
+                           tile_keep(keep0, keep1, j), dscale);
                 if (pass == 0)
                     dot_tile(s[j], p, both, dot0, dot1);
                 else
@@ -1024,15 +1083,18 @@ template <bool LONG>
 __device__ __forceinline__ void attention_bwd_dq_by(unsigned* dcs, unsigned* vs, unsigned* kt,
                                                     void* dq, void* ds, const void* dctx,
                                                     const void* k, const void* v,
-                                                    const void* probs, const void* pd, int seq,
-                                                    int heads, int head_dim, int ld, float scale,
-                                                    int dropout, float dscale, const void* bias,
-                                                    int bias_t, int bias_stride, int store) {
+                                                    const void* probs, int seq, int heads,
+                                                    int head_dim, int ld, float scale,
+                                                    int dropout, const unsigned* key,
+                                                    unsigned long long site, unsigned threshold,
+                                                    float dscale, const void* bias, int bias_t,
+                                                    int bias_stride, int store) {
+    DropKey dk = {0, 0};
+    if (dropout) dk = drop_key(key, site);
 #define BWD_DQ_ARGS                                                                             \
     dcs, vs, kt, (unsigned short*)dq, (unsigned short*)ds, (const unsigned short*)dctx,         \
-        (const unsigned short*)k, (const unsigned short*)v, (const unsigned short*)probs,       \
-        (const unsigned short*)pd, seq, heads, ld, scale, dropout, dscale, bias, bias_t,        \
-        bias_stride
+        (const unsigned short*)k, (const unsigned short*)v, (const unsigned short*)probs, seq,  \
+        heads, ld, scale, dropout, dk, threshold, dscale, bias, bias_t, bias_stride
 #define BWD_DQ(S, D)                                          \
     do {                                                      \
         if (LONG)                                             \
@@ -1044,43 +1106,49 @@ __device__ __forceinline__ void attention_bwd_dq_by(unsigned* dcs, unsigned* vs,
 #undef BWD_DQ
 #undef BWD_DQ_ARGS
 }
-// Grid (⌈seq / FUSED_Q⌉, heads, batch), FUSED_Q·2 threads; head_dim 32 or 64; pd (probs_drop)
-// read only with `dropout`; ds: the 16-bit room for the softmax's gradient, [batch, heads, seq,
-// seq]; dq's rows `ld` apart (Backend::attention_bwd's QkvRows); `bias` as attention_fused's
-// (k's and v's are read). attention_bwd_dq for seq ≤ FUSED_KEYS, attention_bwd_dq_long past it.
+// Grid (⌈seq / FUSED_Q⌉, heads, batch), FUSED_Q·2 threads; head_dim 32 or 64; with `dropout`,
+// the forward's key, site, threshold and dscale (attention_fused's); ds: the 16-bit room for
+// the softmax's gradient, [batch, heads, seq, seq]; dq's rows `ld` apart (Backend::attention_bwd's
+// QkvRows); `bias` as attention_fused's (k's and v's are read). attention_bwd_dq for
+// seq ≤ FUSED_KEYS, attention_bwd_dq_long past it.
 extern "C" __global__ void attention_bwd_dq(void* dq, void* ds, const void* dctx, const void* k,
-                                            const void* v, const void* probs, const void* pd,
-                                            int seq, int heads, int head_dim, int ld, float scale,
-                                            int dropout, float dscale, const void* bias,
+                                            const void* v, const void* probs, int seq, int heads,
+                                            int head_dim, int ld, float scale, int dropout,
+                                            const unsigned* key, unsigned long long site,
+                                            unsigned threshold, float dscale, const void* bias,
                                             int bias_t, int bias_stride, int store) {
     GRID_WAIT();
     __shared__ unsigned dcs[FUSED_Q * FUSED_LD(FUSED_D_MAX) / 2];
     __shared__ unsigned vs[FUSED_KEYS * FUSED_LD(FUSED_D_MAX) / 2];
     __shared__ unsigned kt[FUSED_D_MAX * FUSED_LDT / 2];
-    attention_bwd_dq_by<false>(dcs, vs, kt, dq, ds, dctx, k, v, probs, pd, seq, heads, head_dim,
-                               ld, scale, dropout, dscale, bias, bias_t, bias_stride, store);
+    attention_bwd_dq_by<false>(dcs, vs, kt, dq, ds, dctx, k, v, probs, seq, heads, head_dim, ld,
+                               scale, dropout, key, site, threshold, dscale, bias, bias_t,
+                               bias_stride, store);
 }
 extern "C" __global__ void attention_bwd_dq_long(void* dq, void* ds, const void* dctx,
                                                  const void* k, const void* v, const void* probs,
-                                                 const void* pd, int seq, int heads,
-                                                 int head_dim, int ld, float scale, int dropout,
+                                                 int seq, int heads, int head_dim, int ld,
+                                                 float scale, int dropout, const unsigned* key,
+                                                 unsigned long long site, unsigned threshold,
                                                  float dscale, const void* bias, int bias_t,
                                                  int bias_stride, int store) {
     GRID_WAIT();
     __shared__ unsigned dcs[FUSED_Q * FUSED_LD(FUSED_D_MAX) / 2];
     __shared__ unsigned vs[FUSED_CHUNK * FUSED_LD(FUSED_D_MAX) / 2];
     __shared__ unsigned kt[FUSED_D_MAX * FUSED_LDT / 2];
-    attention_bwd_dq_by<true>(dcs, vs, kt, dq, ds, dctx, k, v, probs, pd, seq, heads, head_dim,
-                              ld, scale, dropout, dscale, bias, bias_t, bias_stride, store);
+    attention_bwd_dq_by<true>(dcs, vs, kt, dq, ds, dctx, k, v, probs, seq, heads, head_dim, ld,
+                              scale, dropout, key, site, threshold, dscale, bias, bias_t,
+                              bias_stride, store);
 }
 
 template <int S, int D, bool LONG>
 __device__ __forceinline__ void attention_bwd_dkv_t(unsigned* at, unsigned* bt, unsigned short* dk,
                                                     unsigned short* dv, const unsigned short* ds,
-                                                    const unsigned short* pd,
+                                                    const unsigned short* probs,
                                                     const unsigned short* q,
                                                     const unsigned short* dctx, int seq,
-                                                    int heads, int ld, float scale, HeadBias qb) {
+                                                    int heads, int ld, float scale, HeadBias qb,
+                                                    DropAgain drop) {
     // The block's rows are keys: q0 the first, i0 and i1 the lane's two.
     const FusedAt a = fused_at<D>(seq, heads);
     const int b = a.b, h = a.h, k0 = a.q0, hid = a.hid, g = a.g, t = a.t, r0 = a.r0;
@@ -1088,7 +1156,8 @@ __device__ __forceinline__ void attention_bwd_dkv_t(unsigned* at, unsigned* bt, 
     const long long tok0 = a.tok0;
     const long long sq0 = (long long)(b * heads + h) * seq * seq;  // the head's [seq, seq]
     const bool live = a.live;  // the warp has keys
-    // dk = scale · dsᵀ·q, then dv = probs_dropᵀ·dctx, in the same shared room; LONG (seq >
+    // dk = scale · dsᵀ·q, then dv = probs_dropᵀ·dctx (probs dropped as they are loaded, with
+    // `drop.on`), in the same shared room; LONG (seq >
     // FUSED_KEYS, attention_bwd_dkv_long) the queries FUSED_KEYS at a time, added to the f32
     // accumulators in order (a separate kernel: the loop cost the short one 27 registers).
     NO_UNROLL
@@ -1097,9 +1166,13 @@ __device__ __forceinline__ void attention_bwd_dkv_t(unsigned* at, unsigned* bt, 
         zero_dim_tiles<D>(o);
         NO_UNROLL
         for (int c0 = 0; c0 < (LONG ? seq : 1); c0 += FUSED_KEYS) {
+            const long long blk = sq0 + (long long)c0 * seq + k0;  // the block's first element
+            const DropAgain d = phase && drop.on
+                                    ? DropAgain{true, blk, drop.key, drop.threshold, drop.dscale}
+                                    : no_drop();
             if (phase || c0) __syncthreads();  // every warp is done with the last operands
-            fused_transpose<S>(at, (phase ? pd : ds) + sq0 + (long long)c0 * seq + k0, seq,
-                               FUSED_Q / 8, seq - c0, seq - k0, no_bias());
+            fused_transpose<S>(at, (phase ? probs : ds) + blk, seq, FUSED_Q / 8, seq - c0,
+                               seq - k0, no_bias(), d);
             fused_transpose<S>(bt, (phase ? dctx : q) + tok0 + (long long)c0 * hid, hid, D / 8,
                                seq - c0, D, phase ? no_bias() : qb);
             __syncthreads();
@@ -1128,44 +1201,56 @@ __device__ __forceinline__ void attention_bwd_dkv_t(unsigned* at, unsigned* bt, 
 // The two entry points' body: the head's bias and the dispatch on the types and head size.
 template <bool LONG>
 __device__ __forceinline__ void attention_bwd_dkv_by(unsigned* at, unsigned* bt, void* dk,
-                                                     void* dv, const void* ds, const void* pd,
-                                                     const void* q, const void* dctx, int seq,
-                                                     int heads, int head_dim, int ld,
-                                                     float scale, const void* bias, int bias_t,
+                                                     void* dv, const void* ds,
+                                                     const void* probs, const void* q,
+                                                     const void* dctx, int seq, int heads,
+                                                     int head_dim, int ld, float scale,
+                                                     int dropout, const unsigned* key,
+                                                     unsigned long long site, unsigned threshold,
+                                                     float dscale, const void* bias, int bias_t,
                                                      int bias_stride, int store) {
     const HeadBias qb =
         bias ? head_bias(bias, bias_t, bias_stride, 0, blockIdx.y, head_dim) : no_bias();
+    DropAgain drop = no_drop();
+    if (dropout) drop = DropAgain{true, 0, drop_key(key, site), threshold, dscale};
 #define BWD_DKV(S, D)                                                                           \
     attention_bwd_dkv_t<S, D, LONG>(at, bt, (unsigned short*)dk, (unsigned short*)dv,             \
-                                    (const unsigned short*)ds, (const unsigned short*)pd,       \
+                                    (const unsigned short*)ds, (const unsigned short*)probs,    \
                                     (const unsigned short*)q, (const unsigned short*)dctx, seq, \
-                                    heads, ld, scale, qb)
+                                    heads, ld, scale, qb, drop)
     BY_STORE_HEAD(store, head_dim, BWD_DKV);
 #undef BWD_DKV
 }
-// Grid (⌈seq / FUSED_Q⌉, heads, batch), FUSED_Q·2 threads; pd: probs_drop, or probs without
-// dropout (dv's operand); dk's and dv's rows `ld` apart; `bias` as attention_fused's (q's is
-// read).
-extern "C" __global__ void attention_bwd_dkv(void* dk, void* dv, const void* ds, const void* pd,
-                                             const void* q, const void* dctx, int seq, int heads,
-                                             int head_dim, int ld, float scale, const void* bias,
-                                             int bias_t, int bias_stride, int store) {
+// Grid (⌈seq / FUSED_Q⌉, heads, batch), FUSED_Q·2 threads; probs and, with `dropout`, the
+// forward's key, site, threshold and dscale make dv's operand; dk's and dv's rows `ld` apart;
+// `bias` as attention_fused's (q's is read).
+extern "C" __global__ void attention_bwd_dkv(void* dk, void* dv, const void* ds,
+                                             const void* probs, const void* q, const void* dctx,
+                                             int seq, int heads, int head_dim, int ld,
+                                             float scale, int dropout, const unsigned* key,
+                                             unsigned long long site, unsigned threshold,
+                                             float dscale, const void* bias, int bias_t,
+                                             int bias_stride, int store) {
     GRID_WAIT();
     __shared__ unsigned at[FUSED_Q * FUSED_LDT / 2];
     __shared__ unsigned bt[FUSED_D_MAX * FUSED_LDT / 2];
-    attention_bwd_dkv_by<false>(at, bt, dk, dv, ds, pd, q, dctx, seq, heads, head_dim, ld, scale,
-                                bias, bias_t, bias_stride, store);
+    attention_bwd_dkv_by<false>(at, bt, dk, dv, ds, probs, q, dctx, seq, heads, head_dim, ld,
+                                scale, dropout, key, site, threshold, dscale, bias, bias_t,
+                                bias_stride, store);
 }
 // attention_bwd_dkv's grid, block and arguments, for seq > FUSED_KEYS.
 extern "C" __global__ void attention_bwd_dkv_long(void* dk, void* dv, const void* ds,
-                                                  const void* pd, const void* q,
+                                                  const void* probs, const void* q,
                                                   const void* dctx, int seq, int heads,
-                                                  int head_dim, int ld, float scale,
+                                                  int head_dim, int ld, float scale, int dropout,
+                                                  const unsigned* key, unsigned long long site,
+                                                  unsigned threshold, float dscale,
                                                   const void* bias, int bias_t, int bias_stride,
                                                   int store) {
     GRID_WAIT();
     __shared__ unsigned at[FUSED_Q * FUSED_LDT / 2];
     __shared__ unsigned bt[FUSED_D_MAX * FUSED_LDT / 2];
-    attention_bwd_dkv_by<true>(at, bt, dk, dv, ds, pd, q, dctx, seq, heads, head_dim, ld, scale,
-                               bias, bias_t, bias_stride, store);
+    attention_bwd_dkv_by<true>(at, bt, dk, dv, ds, probs, q, dctx, seq, heads, head_dim, ld,
+                               scale, dropout, key, site, threshold, dscale, bias, bias_t,
+                               bias_stride, store);
 }

@@ -126,13 +126,13 @@ bool fused_attention_of(int d, int seq) {
     });
     emu::launch(grid, block, 0, [&] {
         (longer ? attention_bwd_dq_long : attention_bwd_dq)(
-            dq.data(), ds.data(), dctx.data(), k.data(), v.data(), probs.data(), probs.data(),
-            seq, 1, d, d, scale, 0, 1.0f, bias.data(), STORE_BF16, bias_stride, STORE_BF16);
+            dq.data(), ds.data(), dctx.data(), k.data(), v.data(), probs.data(), seq, 1, d, d,
+            scale, 0, nullptr, 0ull, 0u, 1.0f, bias.data(), STORE_BF16, bias_stride, STORE_BF16);
     });
     emu::launch(grid, block, 0, [&] {
         (longer ? attention_bwd_dkv_long : attention_bwd_dkv)(
             dk.data(), dv.data(), ds.data(), probs.data(), q.data(), dctx.data(), seq, 1, d, d,
-            scale, bias.data(), STORE_BF16, bias_stride, STORE_BF16);
+            scale, 0, nullptr, 0ull, 0u, 1.0f, bias.data(), STORE_BF16, bias_stride, STORE_BF16);
     });
     for (int r = 0; r < seq; r++) {
         double sum = 0.0;

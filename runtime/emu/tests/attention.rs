@@ -422,6 +422,20 @@ fn fwd_on<B: Backend>(
     dropout: Option<&Dropout>,
     bias: Option<(&[f32], usize)>,
 ) -> [Vec<f32>; 3] {
+    fwd_given(be, s, x, mask, dropout, bias, true)
+}
+
+/// [`fwd_on`], with `probs_drop` given to the device (with dropout) only when `give_pd`: without
+/// it, the third output is the garbage the buffer started as.
+fn fwd_given<B: Backend>(
+    be: &B,
+    s: AttnShape,
+    x: &Inputs,
+    mask: &[u32],
+    dropout: Option<&Dropout>,
+    bias: Option<(&[f32], usize)>,
+    give_pd: bool,
+) -> [Vec<f32>; 3] {
     let (tok, pp) = (
         s.batch * s.seq * s.heads * s.head_dim,
         s.batch * s.heads * s.seq * s.seq,
@@ -444,7 +458,7 @@ fn fwd_on<B: Backend>(
     be.attention_fwd(
         be.view_mut(&mut ctx),
         be.view_mut(&mut probs),
-        dropout.map(|_| be.view_mut(&mut pd)),
+        dropout.filter(|_| give_pd).map(|_| be.view_mut(&mut pd)),
         Some(be.view_mut(&mut scores)),
         be.view(&q),
         be.view(&k),
@@ -619,6 +633,21 @@ fn bwd_on<B: Backend>(
     bias: Option<(&[f32], usize)>,
     bert_rows: bool,
 ) -> [Vec<f32>; 3] {
+    bwd_given(be, s, x, probs, Some(pd), dropout, bias, bert_rows)
+}
+
+/// [`bwd_on`], `probs_drop` given (with dropout) only where `pd` is.
+#[allow(clippy::too_many_arguments)]
+fn bwd_given<B: Backend>(
+    be: &B,
+    s: AttnShape,
+    x: &Inputs,
+    probs: &[f32],
+    pd: Option<&[f32]>,
+    dropout: Option<&Dropout>,
+    bias: Option<(&[f32], usize)>,
+    bert_rows: bool,
+) -> [Vec<f32>; 3] {
     let (tok, pp) = (
         s.batch * s.seq * s.heads * s.head_dim,
         s.batch * s.heads * s.seq * s.seq,
@@ -630,7 +659,7 @@ fn bwd_on<B: Backend>(
     };
     let (q, k, v, dctx) = (stored(&x.q), stored(&x.k), stored(&x.v), stored(&x.dctx));
     let bias = bias.map(|(b, stride)| (stored(b), stride));
-    let (p, pdb) = (stored(probs), stored(pd));
+    let (p, pdb) = (stored(probs), pd.map(stored));
     let (hid, rows) = (s.heads * s.head_dim, s.batch * s.seq);
     let o = rows_for(hid, bert_rows);
     let mut dqkv = stored(&vec![7.0; rows * o.ld]);
@@ -645,7 +674,9 @@ fn bwd_on<B: Backend>(
         be.view(&v),
         bias.as_ref().map(|(b, stride)| (be.view(b), *stride)),
         be.view(&p),
-        dropout.map(|_| be.view(&pdb)),
+        pdb.as_ref()
+            .filter(|_| dropout.is_some())
+            .map(|b| be.view(b)),
         s,
         dropout,
     );
@@ -753,6 +784,47 @@ fn the_long_kernels_give_the_short_ones_bits_where_both_fit() {
                 let want = bwd_on(&short, s, &x, &p, &pd, dropout, b, dropout.is_none());
                 assert_eq!(bits(&got), bits(&want), "backward {tag}");
             }
+        }
+    }
+}
+
+/// With dropout, the fused kernels need no `probs_drop` ([`Backend::attention_redraws_dropout`]):
+/// the forward without one gives the bits of the forward with one (ctx from the same dropped
+/// probabilities) and leaves the buffer alone, and the backward draws the mask again. Its dv,
+/// the product of the probabilities dropped again (attention.cu, `drop_again`) with dctx, has
+/// the bits of the same kernel without dropout given the forward's stored `probs_drop` as its
+/// probabilities (dq's and dk's mask: the backward test above, against the CPU, which reads
+/// `probs_drop`). On the fused shapes, short and long, with padding.
+#[test]
+fn the_fused_kernels_draw_the_dropout_mask_again_instead_of_storing_it() {
+    let bits = |v: &[f32]| -> Vec<u32> { v.iter().map(|x| x.to_bits()).collect() };
+    for store in [Dtype::F16, Dtype::Bf16] {
+        let fused = Kernels::new(EmuTyped).with_store(store);
+        for (n, sh) in FUSED_SHAPES.iter().enumerate() {
+            let s = shape(sh);
+            assert!(fused.attention_redraws_dropout(s), "{s:?}");
+            let x = inputs(s, store, 120 + n as u64);
+            let mask = padding_mask(s);
+            let d = quarter_dropout(0x2468_ace0_1357_9bdf, 6 + n as u64, 2);
+            let tag = format!("{store:?} {s:?}");
+            let with = fwd_given(&fused, s, &x, &mask, Some(&d), None, true);
+            let without = fwd_given(&fused, s, &x, &mask, Some(&d), None, false);
+            assert_eq!(bits(&without[0]), bits(&with[0]), "ctx {tag}");
+            assert_eq!(bits(&without[1]), bits(&with[1]), "probs {tag}");
+            assert!(
+                without[2].iter().all(|&v| v == 7.0),
+                "probs_drop written {tag}"
+            );
+            let [_, p, pd] = with;
+            // A quarter dropped: some of 64 elements, but perhaps not the one token's one.
+            assert!(pd.len() < 64 || pd.contains(&0.0), "nothing dropped {tag}");
+            let redrawn = bwd_given(&fused, s, &x, &p, None, Some(&d), None, false);
+            let [_, _, dv] = bwd_given(&fused, s, &x, &pd, None, None, None, false);
+            assert_eq!(
+                bits(&redrawn[2]),
+                bits(&dv),
+                "dv from the stored probs_drop {tag}"
+            );
         }
     }
 }

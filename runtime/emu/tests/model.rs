@@ -1078,6 +1078,65 @@ fn the_fused_kernels_need_no_room_for_the_scores_at_any_length() {
     );
 }
 
+/// With attention dropout the fused kernels draw the forward's mask again in the backward
+/// (`Backend::attention_redraws_dropout`), so a training workspace for heads of 64 holds no
+/// dropped probabilities: reserved, it takes as many allocations as without attention dropout,
+/// where the batched products take one more a layer (their `probs_drop`); and a training pass
+/// with dropout on it allocates nothing.
+#[test]
+fn the_fused_kernels_store_no_dropped_probabilities() {
+    use recipe_kernel_emu::EmuTyped;
+    let cfg = |p: f64| {
+        BertConfig::from_json(&format!(
+            r#"{{"vocab_size": 40, "hidden_size": 128, "num_hidden_layers": 2,
+                "num_attention_heads": 2, "intermediate_size": 32,
+                "max_position_embeddings": 20, "type_vocab_size": 2,
+                "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": {p},
+                "initializer_range": 0.05, "pad_token_id": 0}}"#
+        ))
+        .unwrap()
+    };
+    let reserve = |p: f64, fused: bool| {
+        let m = Classifier::random(cfg(p), 3, 7).unwrap();
+        let k = Kernels::new(EmuTyped)
+            .with_store(Dtype::Bf16)
+            .with_fused_attention(fused);
+        let mut ws = Workspace::new();
+        let before = k.allocations();
+        m.reserve_on(&k, &mut ws, 2, 2, 16);
+        (k.allocations() - before, m, k, ws)
+    };
+    let (fused, m, k, mut ws) = reserve(0.1, true);
+    assert_eq!(
+        fused,
+        reserve(0.0, true).0,
+        "fused, with and without attention dropout"
+    );
+    assert_eq!(
+        reserve(0.1, false).0,
+        reserve(0.0, false).0 + 2,
+        "the batched products' dropped probabilities, one buffer a layer"
+    );
+    let params = k.upload(&m.params().data);
+    let mut grads = k.alloc(m.num_params());
+    let before = k.allocations();
+    let key = Some(DropoutKey {
+        seed: 3,
+        micro_batch: 1,
+    });
+    m.forward_backward_on(
+        &k,
+        &mut ws,
+        &batch_of(2, 16, 5),
+        1.0,
+        &params,
+        &mut grads,
+        key,
+    )
+    .unwrap();
+    assert_eq!(k.allocations(), before, "a training pass allocated");
+}
+
 /// Optimizer offload's pipelined upload (`Resident::upload_params_part`): ranges of the
 /// parameters queued one after another, of any length and offset, land where they belong; the
 /// device refuses a range past its parameters (the caller then uploads the whole).

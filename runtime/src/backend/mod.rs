@@ -793,7 +793,8 @@ pub trait Backend {
     /// Multi-head self-attention core with HF's additive padding mask (`finfo(f32).min` added to
     /// the scores of keys whose `mask` is 0). `q`, `k`, `v`, `ctx` are `[batch, seq, heads·dim]`;
     /// saves the softmax `probs` `[batch, heads, seq, seq]` and, with dropout, the dropped
-    /// `probs_drop` used for `ctx = probs_drop · v`. The unrounded scores are computed in
+    /// `probs_drop` used for `ctx = probs_drop · v` (dropout needs it, unless
+    /// [`Backend::attention_redraws_dropout`]). The unrounded scores are computed in
     /// `scores` (an f32 buffer of `probs`' size, overwritten) when given, else in `probs`; a
     /// `probs` kept in 16 bits ([`Backend::alloc_stored`]) needs it. The CPU backend computes
     /// them in `probs`, head by head. With `qkv_bias` (only where
@@ -823,6 +824,15 @@ pub trait Backend {
     fn attention_adds_bias(&self, _s: AttnShape) -> bool {
         false
     }
+    /// Whether [`Backend::attention_fwd`] and [`Backend::attention_bwd`] of a training pass of
+    /// shape `s` (as [`Backend::attention_adds_bias`]'s) apply attention's dropout from its key
+    /// alone, `probs_drop` not given: the backward draws the forward's mask again (the same
+    /// Philox blocks of the same elements), so the dropped probabilities are never stored, a
+    /// `[batch, heads, seq, seq]` buffer less a layer, written once and read twice a step. A
+    /// GPU's fused attention kernels do; the CPU and the batched products read `probs_drop`.
+    fn attention_redraws_dropout(&self, _s: AttnShape) -> bool {
+        false
+    }
     /// Whether [`Backend::attention_fwd`] of shape `s`, its probabilities in an
     /// [`Backend::alloc_stored`] buffer, needs the scores' f32 room: a GPU storing 16-bit
     /// probabilities does unless its fused kernel runs (the evaluation forward allocates the
@@ -836,7 +846,7 @@ pub trait Backend {
     /// `[batch, heads, seq, seq]` for `dp = dctx·vᵀ` and the softmax's gradient `ds` (left
     /// holding `ds`, except on a device keeping 16-bit buffers, which computes `ds` into one of
     /// its own). With dropout, `probs_drop` (from the forward) must be given: it carries the
-    /// mask. `qkv_bias` as [`Backend::attention_fwd`]'s, the same as the forward's.
+    /// mask (unless [`Backend::attention_redraws_dropout`], which draws it again from the key). `qkv_bias` as [`Backend::attention_fwd`]'s, the same as the forward's.
     #[allow(clippy::too_many_arguments)]
     fn attention_bwd(
         &self,

@@ -12,6 +12,8 @@ pub(crate) struct LayerActs<B: Backend> {
     /// writes them ([`Backend::gemm_items_to_epilogue`]).
     pub(super) qkv: B::Buf,
     pub(super) probs: B::Buf,
+    /// The dropped probabilities, with attention dropout where the device does not draw the
+    /// mask again in the backward ([`Backend::attention_redraws_dropout`]).
     pub(super) probs_drop: Option<B::Buf>,
     pub(super) ctx: B::Buf,
     pub(super) res1: B::Buf,
@@ -185,8 +187,18 @@ impl<B: Backend> Acts<B> {
     }
 
     /// Allocates the attention-dropout buffers now, at the current shape (the forward allocates
-    /// them at its first pass with attention dropout otherwise).
+    /// them at its first pass with attention dropout otherwise), where the device keeps them
+    /// ([`Backend::attention_redraws_dropout`]).
     pub(crate) fn reserve_dropout(&mut self, be: &B, c: &BertConfig) {
+        let s = crate::backend::AttnShape {
+            batch: self.batch,
+            seq: self.seq,
+            heads: c.num_attention_heads,
+            head_dim: c.head_dim(),
+        };
+        if be.attention_redraws_dropout(s) {
+            return;
+        }
         let pp = self.batch * c.num_attention_heads * self.seq * self.seq;
         for la in &mut self.layers {
             if la.probs_drop.is_none() {

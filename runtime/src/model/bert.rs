@@ -181,7 +181,8 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
         let x = be.view(&before[l]);
         let y = &mut after[0];
         let ad = site(|d| d.attn, site_layer(l, 0));
-        if ad.is_some() && la.probs_drop.is_none() {
+        // The dropped probabilities, unless the backward draws the mask again.
+        if ad.is_some() && la.probs_drop.is_none() && !be.attention_redraws_dropout(shape) {
             la.probs_drop = Some(be.alloc_stored(bsz * shape.heads * t * t));
         }
         self_attention(

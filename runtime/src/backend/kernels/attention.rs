@@ -220,15 +220,14 @@ pub(super) fn fwd<D: Device>(
     if empty(s) {
         return;
     }
-    // The CPU backend applies dropout only when both the buffer and the key are given.
-    let mut pd = match (probs_drop, dropout) {
-        (Some(pd), Some(d)) => {
-            assert!(dev.len_mut(&pd) >= pp, "attention_fwd probs_drop");
-            Some((pd, d))
-        }
-        _ => None,
-    };
-    let (key, site, threshold, dscale) = k.dropout_args(pd.as_ref().map(|(_, d)| *d));
+    if let Some(pd) = &probs_drop {
+        assert!(dev.len_mut(pd) >= pp, "attention_fwd probs_drop");
+    }
+    // Dropout as the CPU backend applies it (both the buffer and the key given), or with the
+    // key alone where the fused kernel runs: the backward draws the mask again
+    // (Backend::attention_redraws_dropout).
+    let mut pd = probs_drop.filter(|_| dropout.is_some());
+    let (key, site, threshold, dscale) = k.dropout_args(dropout);
     let mut elems = vec![
         dev.elem(q),
         dev.elem(kk),
@@ -236,9 +235,14 @@ pub(super) fn fwd<D: Device>(
         dev.elem(dev.as_view(&ctx)),
         dev.elem(dev.as_view(&probs)),
     ];
-    elems.extend(pd.as_ref().map(|(b, _)| dev.elem(dev.as_view(b))));
+    elems.extend(pd.as_ref().map(|b| dev.elem(dev.as_view(b))));
     let [bias, bias_stride] = bias_args(k, qkv_bias, s);
     let fused = fused(k, s, &elems);
+    assert!(
+        fused || dropout.is_none() || pd.is_some(),
+        "attention_fwd: dropout without probs_drop needs the fused kernel \
+         (Backend::attention_redraws_dropout)"
+    );
     assert!(
         qkv_bias.is_none() || fused,
         "attention_fwd: only the fused kernel adds q/k/v biases (Backend::attention_adds_bias)"
@@ -249,7 +253,7 @@ pub(super) fn fwd<D: Device>(
          (Backend::attention_needs_scores)"
     );
     if fused {
-        let pd_ptr = pd.as_mut().map_or(0, |(b, _)| dev.ptr_mut(b));
+        let pd_ptr = pd.as_mut().map_or(0, |b| dev.ptr_mut(b));
         dev.launch(
             by_keys(k, s, "attention_fused", "attention_fused_long"),
             fused_launch(s),
@@ -265,7 +269,7 @@ pub(super) fn fwd<D: Device>(
                 int(s.heads),
                 int(s.head_dim),
                 Arg::F32(score_scale(s)),
-                int(usize::from(pd.is_some())),
+                int(usize::from(dropout.is_some())),
                 key,
                 site,
                 threshold,
@@ -300,7 +304,7 @@ pub(super) fn fwd<D: Device>(
     );
     let pd_arg = pd
         .as_mut()
-        .map_or(Arg::Typed(0, Dtype::F32), |(b, _)| k.typed_mut(b));
+        .map_or(Arg::Typed(0, Dtype::F32), |b| k.typed_mut(b));
     let (l, rows) = softmax_launch(s);
     dev.launch(
         "attention_softmax",
@@ -323,7 +327,7 @@ pub(super) fn fwd<D: Device>(
     );
     // ctx = used probabilities · v, then rounded.
     match &pd {
-        Some((b, _)) => probs_times(k, s, dev.as_view(b), false, v, &mut ctx),
+        Some(b) => probs_times(k, s, dev.as_view(b), false, v, &mut ctx),
         None => probs_times(k, s, dev.as_view(&probs), false, v, &mut ctx),
     }
     round(k, ctx, tok);
@@ -397,7 +401,8 @@ pub(super) fn bwd<D: Device>(
         return;
     }
     // As the CPU backend: dv uses probs_drop when given, and the dropout key (only its scale)
-    // masks dp by the zeros of that same buffer.
+    // masks dp by the zeros of that same buffer. The fused kernels draw the forward's mask
+    // again from the key instead (attention.cu): probs_drop is not read, and need not exist.
     if let Some(pd) = probs_drop {
         assert!(dev.len(pd) >= pp, "attention_bwd probs_drop");
     }
@@ -405,14 +410,10 @@ pub(super) fn bwd<D: Device>(
         Some(pd) => k.typed(pd),
         None => k.typed(probs),
     };
-    // The scale only (no key: the mask is read back from `probs_drop`).
-    let dscale = match dropout {
-        Some(d) => Arg::F32(1.0 / (1.0 - d.p)),
-        None => Arg::F32(1.0),
-    };
+    let dscale = Arg::F32(dropout.map_or(1.0, |d| 1.0 / (1.0 - d.p)));
     let (t, d) = (s.seq, s.head_dim);
     let scale = score_scale(s);
-    let mut elems = vec![
+    let elems = [
         dev.elem(dctx),
         dev.elem(q),
         dev.elem(kk),
@@ -420,7 +421,6 @@ pub(super) fn bwd<D: Device>(
         dev.elem(probs),
         dev.elem(dev.as_view(&dqkv)),
     ];
-    elems.extend(probs_drop.map(|pd| dev.elem(pd)));
     let [bias, bias_stride] = bias_args(k, qkv_bias, s);
     assert!(
         qkv_bias.is_none() || fused(k, s, &elems),
@@ -429,7 +429,8 @@ pub(super) fn bwd<D: Device>(
     if fused(k, s, &elems) {
         // Two launches (attention.cu, `attention_bwd_dq`, `attention_bwd_dkv`), `ds` through
         // the 16-bit scratch; the f32 scratch is not used.
-        let pd = probs_drop.map_or(dev.ptr(probs), |pd| dev.ptr(pd));
+        let (key, site, threshold, _) = k.dropout_args(dropout);
+        let on = int(usize::from(dropout.is_some()));
         let ptrs = o.cols.map(|c| {
             let end = dev.len_mut(&dqkv);
             dev.ptr_mut(&mut dev.sub_mut(&mut dqkv, c..end))
@@ -449,13 +450,15 @@ pub(super) fn bwd<D: Device>(
                     Arg::Ptr(dev.ptr(kk)),
                     Arg::Ptr(dev.ptr(v)),
                     Arg::Ptr(dev.ptr(probs)),
-                    Arg::Ptr(pd),
                     int(s.seq),
                     int(s.heads),
                     int(s.head_dim),
                     int(o.ld),
                     Arg::F32(scale),
-                    int(usize::from(dropout.is_some())),
+                    on,
+                    key,
+                    site,
+                    threshold,
                     dscale,
                     bias,
                     bias_stride,
@@ -469,7 +472,7 @@ pub(super) fn bwd<D: Device>(
                     Arg::Ptr(ptrs[1]),
                     Arg::Ptr(ptrs[2]),
                     Arg::Ptr(ds),
-                    Arg::Ptr(pd),
+                    Arg::Ptr(dev.ptr(probs)),
                     Arg::Ptr(dev.ptr(q)),
                     Arg::Ptr(dev.ptr(dctx)),
                     int(s.seq),
@@ -477,6 +480,11 @@ pub(super) fn bwd<D: Device>(
                     int(s.head_dim),
                     int(o.ld),
                     Arg::F32(scale),
+                    on,
+                    key,
+                    site,
+                    threshold,
+                    dscale,
                     bias,
                     bias_stride,
                     k.store_arg(),
@@ -492,6 +500,11 @@ pub(super) fn bwd<D: Device>(
             return;
         }
     }
+    assert!(
+        dropout.is_none() || probs_drop.is_some(),
+        "attention_bwd: dropout without probs_drop needs the fused kernels \
+         (Backend::attention_redraws_dropout)"
+    );
     // dp = dctx · vᵀ, into the scratch.
     dev.gemm_batched(
         &product(s, (t, t, d), (false, true), (false, false, true), 1.0),

@@ -966,6 +966,11 @@ impl<D: Device> Backend for Kernels<D> {
         attention::fused(self, s, &[self.stored_elem()])
     }
 
+    fn attention_redraws_dropout(&self, s: AttnShape) -> bool {
+        // The fused kernels draw the mask again (attention.cu, keep_bits and drop_again).
+        attention::fused(self, s, &[self.stored_elem()])
+    }
+
     fn attention_needs_scores(&self, s: AttnShape) -> bool {
         // The batched products write the scores before the softmax rounds them; the fused
         // kernel keeps them in registers.
