@@ -594,10 +594,32 @@ __device__ __forceinline__ float quad_sum(float x) {
 }
 // Which of the lane's keys of the chunk dropout keeps, bit 2j + e for key 8j + 2t + e, rows at0
 // and at1 (the elements of the chunk's first key): drawn in a rolled loop (unrolled, each tile's
-// Philox rounds would be a copy of their own).
-__device__ __forceinline__ void keep_bits(long long at0, long long at1, int n, int t, DropKey key,
-                                          unsigned threshold, unsigned& keep0, unsigned& keep1) {
+// Philox rounds would be a copy of their own). Called by every lane of a warp (the shuffles).
+// Where every row starts a Philox block (seq a multiple of 4; a chunk starts a multiple of 64
+// keys in), a tile's keys 8j … 8j + 3 are one block and 8j + 4 … 8j + 7 the next, and lanes t and
+// t ^ 1 of a quad need the same two (one a row): each draws one, the row its t & 1 names, and
+// the two swap them — a draw a lane a tile instead of two. Otherwise a pair of keys may straddle
+// two blocks, and each lane draws its own (keep_pair).
+__device__ __forceinline__ void keep_bits(long long at0, long long at1, int n, int t, int seq,
+                                          DropKey key, unsigned threshold, unsigned& keep0,
+                                          unsigned& keep1) {
     keep0 = keep1 = 0u;
+    if (seq % 4 == 0) {
+        const int first = (threadIdx.x & 31) & ~1;  // the lane drawing row 0's block
+        const long long at = t & 1 ? at1 : at0;
+        NO_UNROLL
+        for (int j = 0; j < ((n + 7) >> 3); j++) {
+            const unsigned long long blk = (unsigned long long)(at + j * 8 + (t & 2) * 2) >> 2;
+            const unsigned mine = dropout_keep4(blk, key.seed, key.stream, threshold);
+            const unsigned b0 = __shfl_sync(0xffffffffu, mine, first);
+            const unsigned b1 = __shfl_sync(0xffffffffu, mine, first + 1);
+            if (j * 8 + 2 * t < n) {
+                keep0 |= ((b0 >> (2 * (t & 1))) & 3u) << (2 * j);
+                keep1 |= ((b1 >> (2 * (t & 1))) & 3u) << (2 * j);
+            }
+        }
+        return;
+    }
     NO_UNROLL
     for (int j = 0; j < ((n + 7) >> 3); j++) {
         const int kp = j * 8 + 2 * t;
@@ -693,7 +715,7 @@ __device__ __forceinline__ void attention_fused_t(unsigned* qs, unsigned* ks, un
     sum0 = quad_sum(sum0);
     sum1 = quad_sum(sum1);
     unsigned keep0 = 0u, keep1 = 0u;
-    if (dropout) keep_bits(a.at0, a.at1, seq, a.t, key, threshold, keep0, keep1);
+    if (dropout) keep_bits(a.at0, a.at1, seq, a.t, seq, key, threshold, keep0, keep1);
     store_probs<S, FUSED_KEYS / 8>(s, probs, probs_drop, a.at0, a.at1, seq, a.i0 < seq,
                                    a.i1 < seq, a.t, sum0, sum1, dropout, keep0, keep1, dscale,
                                    fwd_pairs(seq, probs, probs_drop, dropout));
@@ -771,7 +793,7 @@ __device__ __forceinline__ void attention_fused_long_t(
             if (pass == 1) continue;
             unsigned keep0 = 0u, keep1 = 0u;
             if (dropout)
-                keep_bits(a.at0 + c0, a.at1 + c0, n, a.t, key, threshold, keep0, keep1);
+                keep_bits(a.at0 + c0, a.at1 + c0, n, a.t, seq, key, threshold, keep0, keep1);
             store_probs<S, FUSED_CHUNK / 8>(s, probs, probs_drop, a.at0 + c0, a.at1 + c0, n,
                                             a.i0 < seq, a.i1 < seq, a.t, sum0, sum1, dropout,
                                             keep0, keep1, dscale, pairs);
@@ -975,7 +997,7 @@ __device__ __forceinline__ void attention_bwd_dq_t(unsigned* dcs, unsigned* vs, 
     const bool pairs = bwd_pairs(seq, probs, ds);
     const bool row0 = a.i0 < seq, row1 = a.i1 < seq;
     unsigned keep0 = 0u, keep1 = 0u;
-    if (dropout) keep_bits(a.at0, a.at1, seq, a.t, key, threshold, keep0, keep1);
+    if (dropout) keep_bits(a.at0, a.at1, seq, a.t, seq, key, threshold, keep0, keep1);
     unsigned pw[FUSED_KEYS / 8][2];
     float dot0 = 0.0f, dot1 = 0.0f;
     UNROLL
@@ -1048,7 +1070,7 @@ __device__ __forceinline__ void attention_bwd_dq_long_t(
             if (!a.live) continue;
             unsigned keep0 = 0u, keep1 = 0u;
             if (dropout)
-                keep_bits(a.at0 + c0, a.at1 + c0, n, a.t, key, threshold, keep0, keep1);
+                keep_bits(a.at0 + c0, a.at1 + c0, n, a.t, seq, key, threshold, keep0, keep1);
             UNROLL
             for (int j = 0; j < FUSED_CHUNK / 8; j++) {
                 const int kp = j * 8 + 2 * a.t;  // the lane's pair of keys in this tile

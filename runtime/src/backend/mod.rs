@@ -846,7 +846,8 @@ pub trait Backend {
     /// `[batch, heads, seq, seq]` for `dp = dctx·vᵀ` and the softmax's gradient `ds` (left
     /// holding `ds`, except on a device keeping 16-bit buffers, which computes `ds` into one of
     /// its own). With dropout, `probs_drop` (from the forward) must be given: it carries the
-    /// mask (unless [`Backend::attention_redraws_dropout`], which draws it again from the key). `qkv_bias` as [`Backend::attention_fwd`]'s, the same as the forward's.
+    /// mask (unless [`Backend::attention_redraws_dropout`], which draws it again from the key).
+    /// `qkv_bias` as [`Backend::attention_fwd`]'s, the same as the forward's.
     #[allow(clippy::too_many_arguments)]
     fn attention_bwd(
         &self,
