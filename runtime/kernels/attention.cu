@@ -632,8 +632,8 @@ __device__ __forceinline__ void keep_bits(long long at0, long long at1, int n, i
 // The chunk's probabilities from its exps (s), rounded, written to probs (rows at0 and at1 from
 // the chunk's first key, where in the sequence: row0, row1) and, with dropout, times their
 // multipliers, rounded, to probs_drop where given (the backward draws them again otherwise:
-// attention.rs, `fused`); left in s as the product with v uses them (the dropped ones), zeros
-// past the chunk.
+// Backend::attention_redraws_dropout); left in s as the product with v uses them (the dropped
+// ones), zeros past the chunk.
 template <int S, int KT>
 __device__ __forceinline__ void store_probs(float s[KT][4], unsigned short* probs,
                                             unsigned short* probs_drop, long long at0,
@@ -840,9 +840,10 @@ __device__ __forceinline__ void attention_fused_by(unsigned* qs, unsigned* ks, u
 #undef FUSED_ARGS
 }
 // Grid (⌈seq / FUSED_Q⌉, heads, batch), FUSED_Q·2 threads; head_dim 32 or 64; probs_drop is
-// written only with `dropout` and where not null; `store` STORE_F16 or STORE_BF16, every buffer of it; `bias` (of type
-// bias_t; null: none) q's, k's and v's biases, `bias_stride` elements apart, added as q, k and v
-// are loaded. attention_fused for seq ≤ FUSED_KEYS, attention_fused_long past it.
+// written only with `dropout` and where not null (Backend::attention_redraws_dropout); `store`
+// STORE_F16 or STORE_BF16, every buffer of it; `bias` (of type bias_t; null: none) q's, k's and
+// v's biases, `bias_stride` elements apart, added as q, k and v are loaded. attention_fused for
+// seq ≤ FUSED_KEYS, attention_fused_long past it.
 extern "C" __global__ void attention_fused(void* ctx, void* probs, void* probs_drop,
                                            const void* q, const void* k, const void* v,
                                            const unsigned* mask, int seq, int heads, int head_dim,
