@@ -302,20 +302,25 @@ __device__ __forceinline__ HeadBias head_bias(const void* p, int t, int stride, 
     return HeadBias{p, (long long)j * stride + (long long)h * d, t};
 }
 
+// Element u of 8 16-bit elements held as four words (the lower index in the low half), as a
+// float, and its bits replaced by y.
+template <int S>
+__device__ __forceinline__ float half_at(const unsigned w[4], int u) {
+    return half_value<S>((unsigned short)(w[u >> 1] >> (16 * (u & 1))));
+}
+__device__ __forceinline__ void set_half(unsigned w[4], int u, unsigned short y) {
+    w[u >> 1] = (u & 1) ? (w[u >> 1] & 0xffffu) | ((unsigned)y << 16)
+                        : (w[u >> 1] & 0xffff0000u) | y;
+}
+
 // The bias of dimensions d … d + n − 1 (n ≤ 8) added to the first n of 8 16-bit elements (four
 // words), each sum rounded: add_bias's `st(x + b)` (elementwise.cu) on the projection's stored,
 // rounded output, so the operand is the value the unfused path stores.
 template <int S>
 __device__ __forceinline__ void add_head_bias(unsigned w[4], HeadBias b, int d, int n) {
     UNROLL
-    for (int u = 0; u < 8; u++) {
-        if (u < n) {
-            unsigned short x = (unsigned short)(w[u >> 1] >> (16 * (u & 1)));
-            unsigned short y = half_bits(half_value<S>(x) + ld(b.p, b.at + d + u, b.t), S);
-            w[u >> 1] = (u & 1) ? (w[u >> 1] & 0xffffu) | ((unsigned)y << 16)
-                                : (w[u >> 1] & 0xffff0000u) | y;
-        }
-    }
+    for (int u = 0; u < 8; u++)
+        if (u < n) set_half(w, u, half_bits(half_at<S>(w, u) + ld(b.p, b.at + d + u, b.t), S));
 }
 
 // Rows r0 … r0 + n − 1 of one head of a token tensor (its D columns from tok0, rows hid apart)
@@ -368,15 +373,9 @@ __device__ __forceinline__ void drop_again(unsigned w[4], const DropAgain& d, lo
                                            int n) {
     const unsigned keep = keep8((unsigned long long)idx, d.key, d.threshold);
     UNROLL
-    for (int u = 0; u < 8; u++) {
-        if (u < n) {
-            unsigned short x = (unsigned short)(w[u >> 1] >> (16 * (u & 1)));
-            unsigned short y =
-                half_bits(half_value<S>(x) * ((keep >> u) & 1u ? d.dscale : 0.0f), S);
-            w[u >> 1] = (u & 1) ? (w[u >> 1] & 0xffffu) | ((unsigned)y << 16)
-                                : (w[u >> 1] & 0xffff0000u) | y;
-        }
-    }
+    for (int u = 0; u < 8; u++)
+        if (u < n)
+            set_half(w, u, half_bits(half_at<S>(w, u) * ((keep >> u) & 1u ? d.dscale : 0.0f), S));
 }
 
 // A KEYS × 8·`groups` block of a 16-bit matrix (rows `ld` apart from src; `rows` and
