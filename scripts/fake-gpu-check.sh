@@ -7,12 +7,17 @@
 # GPU: both skipped unless SKIP says otherwise. Results in $OUT (default fake-gpu-check/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --quiet
-cargo build --release --quiet -p recipe-fake-cuda
+# The binary and the fake libraries as `cargo test --release` builds them (the fake is the root
+# crate's dev-dependency, its library in target/release/deps/). `cargo build --release` and
+# `cargo build -p recipe-fake-cuda` would each resolve the dependencies' features otherwise
+# (dev-dependencies turn on a few: getrandom's `std`, aho-corasick's `default`), so after the
+# tests each compiled the runtime and its dependencies again: about 3 of CI's 20 minutes.
+cargo test --release --no-run --quiet -p recipe --test fake_cuda
+FAKE="$(pwd)/target/release/deps/librecipe_fake_cuda.so"
 LIBS="$(mktemp -d)"
 trap 'rm -rf "$LIBS"' EXIT
 for name in libcuda.so libcuda.so.1 libnvrtc.so libcublas.so libcublasLt.so libnccl.so libnccl.so.2; do
-    ln -s "$(pwd)/target/release/librecipe_fake_cuda.so" "$LIBS/$name"
+    ln -s "$FAKE" "$LIBS/$name"
 done
 export LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # The fake NVRTC reports a real version: the kernel cache (runtime/src/backend/cuda/
