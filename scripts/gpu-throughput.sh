@@ -15,6 +15,8 @@
 # every GEMM on one stream (RECIPE_SIDE_STREAM=0: the weight gradients not beside the rest) and
 # with the weight gradients' stream of the compute stream's priority (RECIPE_SIDE_STREAM=equal),
 # with each step's updates before the next forward instead of beside it (RECIPE_STEP_ASIDE=0),
+# with the word embeddings' rows the next micro-batch names updated first and the rest beside
+# its forward (RECIPE_ROWS_FIRST=1; off by default until timed),
 # with our kernels as programmatic dependent launches (RECIPE_PDL=1, and =early; off by default until timed),
 # and profiled (`recipe run --profile`): $OUT/profile.json says where the GPU's time goes. And
 # MiniLM's shape (all-MiniLM-L6-v2, recipes/cls.rcp's model: 6 layers, hidden 384, 12 heads of
@@ -95,7 +97,7 @@ PY
 # (RECIPE_CUDA_GRAPHS=$GRAPHS, default 1; RECIPE_FUSED_ATTENTION=$FUSED, default 1;
 # RECIPE_GEMM_LIBRARY=$LIB, default cublaslt; RECIPE_SIDE_STREAM=$SIDE, default 1;
 # RECIPE_GEMM_ALGO=$ALGO, default first; RECIPE_STEP_ASIDE=$STEP, default 1; RECIPE_PDL=$PDL (0, 1, early),
-# default 0), of $RCP (default bert-base.rcp), rows of $LEN tokens (default $SEQ), at most
+# default 0; RECIPE_ROWS_FIRST=$ROWS, default 0), of $RCP (default bert-base.rcp), rows of $LEN tokens (default $SEQ), at most
 # $RUN_LIMIT seconds.
 ours() {
     local name=$1 mode=$2 steps=$3
@@ -108,7 +110,7 @@ ours() {
     ( cd "$W" && RECIPE_HALF_GEMM="$mode" RECIPE_CUDA_GRAPHS="${GRAPHS:-1}" \
         RECIPE_FUSED_ATTENTION="${FUSED:-1}" RECIPE_GEMM_LIBRARY="${LIB:-cublaslt}" \
         RECIPE_SIDE_STREAM="${SIDE:-1}" RECIPE_GEMM_ALGO="${ALGO:-first}" \
-        RECIPE_STEP_ASIDE="${STEP:-1}" RECIPE_PDL="${PDL:-0}" timeout "$RUN_LIMIT" "$BIN" run --quiet --device "$DEVICE" "$@" "${RCP:-bert-base.rcp}" \
+        RECIPE_STEP_ASIDE="${STEP:-1}" RECIPE_PDL="${PDL:-0}" RECIPE_ROWS_FIRST="${ROWS:-0}" timeout "$RUN_LIMIT" "$BIN" run --quiet --device "$DEVICE" "$@" "${RCP:-bert-base.rcp}" \
         --set "batch.micro=$MICRO" --set "data.max_len=${LEN:-$SEQ}" --set "train.max_steps=$steps" \
         --set "train.output_dir=\"$name\"" ) > "$W/$name.log" 2>&1 \
         || { echo "recipe run ($name) failed: $W/$name.log" >&2; tail -5 "$W/$name.log" >&2; }
@@ -124,9 +126,11 @@ timeout "$RUN_LIMIT" "$PY" scripts/gpu/torch_bert_bench.py --device "$DEVICE" --
 EVAL=(--set 'data.eval="long.jsonl"')
 ours out pack "$STEPS" "${EVAL[@]}"
 # The settings still to decide, each against the default run: the step beside the forward, the
-# weight gradients' stream, the GEMMs' algorithms, programmatic dependent launches (and the two
-# settings still off by default together: the run their flips would make the default).
+# word embeddings' rows first, the weight gradients' stream, the GEMMs' algorithms,
+# programmatic dependent launches (and two settings still off by default together: the run
+# their flips would make the default).
 STEP=0 ours step-before pack "$STEPS"
+ROWS=1 ours rows-first pack "$STEPS"
 SIDE=0 ours one-stream pack "$STEPS"
 ALGO=fastest ours gemm-fastest pack "$STEPS"
 PDL=1 ours pdl pack "$STEPS"

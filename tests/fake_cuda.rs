@@ -635,6 +635,35 @@ fn a_profiled_run_writes_the_fake_gpus_operations() {
         );
     }
     assert!(p["busy_s"].as_f64().unwrap() > 0.0, "{p}");
+    // The word embeddings' step in two parts only when asked (`RECIPE_ROWS_FIRST=1`); a value
+    // it does not know stops the run before it trains.
+    let parts = ["rows_mark", "adamw_rows", "rows_unmark"];
+    assert!(!names.iter().any(|n| parts.contains(n)), "{names:?}");
+    let args = [
+        "run",
+        "--quiet",
+        "--device",
+        "cuda",
+        "--profile",
+        "--set",
+        "train.output_dir=\"rows\"",
+        "tiny.rcp",
+    ];
+    let o = on_fake(&dir, 1, &[("RECIPE_ROWS_FIRST", "1")], &args);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    no_refusals("rows first", &o);
+    let p = profile(&dir.join("rows"));
+    let names = operation_names(&p);
+    for k in parts {
+        assert!(names.contains(&k), "{k} not in {names:?}");
+    }
+    let o = on_fake(&dir, 1, &[("RECIPE_ROWS_FIRST", "yes")], &args);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("RECIPE_ROWS_FIRST=yes"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// `recipe kernels --gemm-candidates`: each of BERT-base's GEMMs with the fake heuristic's
@@ -712,14 +741,31 @@ fn weight_gradients_beside_the_rest_keep_the_bits() {
     // window's second micro-batch) hold too. The side stream late, a missing wait lets the
     // forward read a segment's old parameters; early, a missing fork lets an update read a
     // gradient before the backward has written it.
+    //
+    // With the word embeddings' rows first (`RECIPE_ROWS_FIRST=1`), the first segment's step
+    // waits for the next micro-batch: the rows its tokens name are updated before its forward
+    // and the rest beside it, which the backward waits for before it writes their gradient
+    // (the rest zeroes it). The side stream late, a missing wait lets the rest zero the
+    // gradient the backward wrote; early, a missing fork lets the rest read the rows' marks
+    // before they are set, or update the named rows again (that the parts run:
+    // `a_profiled_run_writes_the_fake_gpus_operations`).
     for graphs in ["0", "1"] {
-        for lazy in ["others", "first"] {
+        for (lazy, rows) in [
+            ("others", "0"),
+            ("first", "0"),
+            ("others", "1"),
+            ("first", "1"),
+        ] {
+            if rows == "1" && (graphs == "1") == (lazy == "first") {
+                continue; // two of the four: the side stream late with graphs, early without
+            }
             let env = [
                 ("RECIPE_CUDA_GRAPHS", graphs),
                 ("RECIPE_FAKE_CUDA_ASYNC", "20"),
                 ("RECIPE_FAKE_CUDA_LAZY", lazy),
+                ("RECIPE_ROWS_FIRST", rows),
             ];
-            let name = format!("lazy-{lazy}-graphs-{graphs}");
+            let name = format!("lazy-{lazy}-graphs-{graphs}-rows-{rows}");
             let (other, other_norms, s) = run(&name, &env);
             assert_eq!(s["lt_streams"], 2, "{name}: {s}");
             if graphs == "1" {

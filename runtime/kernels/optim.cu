@@ -136,15 +136,15 @@ __device__ __forceinline__ void adam_one(float& p, float gr, float& mi, float& v
     float denom = op_add(op_div(op_sqrt(vi), bc2_sqrt), eps);
     p = op_add(p, op_div(op_mul(step_size, mi), denom));
 }
-extern "C" __global__ void adamw_step(float* param, const float* grad, float* m, float* v,
-                                      void* work, int work_t, const unsigned* bounds, int nbounds, int n,
-                                      float mult, float step_size, float w1, float b2, float w2,
-                                      float bc2_sqrt, float eps, int decay_mode, float decay_mul,
-                                      float wd, int store) {
-    GRID_WAIT();
-    long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * ADAM_VEC;
-    if (i0 >= n) return;  // no barrier below
-    int len = min(ADAM_VEC, (int)(n - i0));
+// ADAM_VEC consecutive elements from i0 (`len` of them, the buffer's last chunk may be shorter)
+// of one step: adamw_step's body, which the rows-first kernels below share, so that an element
+// gets the same operations whichever kernel updates it.
+__device__ __forceinline__ void adam_chunk(long long i0, int len, float* param, const float* grad,
+                                           float* m, float* v, void* work, int work_t,
+                                           const unsigned* bounds, int nbounds, float mult,
+                                           float step_size, float w1, float b2, float w2,
+                                           float bc2_sqrt, float eps, int decay_mode,
+                                           float decay_mul, float wd, int store) {
     // Whether each element decays: the bounds at or below the first, then any the others pass.
     bool decays[ADAM_VEC] = {false, false, false, false};
     if (decay_mode != DECAY_NONE) {
@@ -202,6 +202,71 @@ extern "C" __global__ void adamw_step(float* param, const float* grad, float* m,
         param[i] = p;
         if (work) sto(work, i, st(p, store), work_t);
     }
+}
+extern "C" __global__ void adamw_step(float* param, const float* grad, float* m, float* v,
+                                      void* work, int work_t, const unsigned* bounds, int nbounds, int n,
+                                      float mult, float step_size, float w1, float b2, float w2,
+                                      float bc2_sqrt, float eps, int decay_mode, float decay_mul,
+                                      float wd, int store) {
+    GRID_WAIT();
+    long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * ADAM_VEC;
+    if (i0 >= n) return;  // no barrier below
+    adam_chunk(i0, min(ADAM_VEC, (int)(n - i0)), param, grad, m, v, work, work_t, bounds, nbounds,
+               mult, step_size, w1, b2, w2, bc2_sqrt, eps, decay_mode, decay_mul, wd, store);
+}
+
+// The word embeddings' step in two parts, the rows the next forward reads first
+// (docs/cuda.md, "The step beside the forward"; kernels/optim.rs `adamw_rows`). `first` holds,
+// for each row of the table, the first token of the batch that names it, or NO_TOKEN.
+#define NO_TOKEN 0xffffffffu
+
+// first[ids[t]] = the smallest such t: atomicMin gives the same value whatever order the
+// threads run in. One thread a token.
+extern "C" __global__ void rows_mark(unsigned* first, const unsigned* ids, int ntok) {
+    GRID_WAIT();
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < ntok) atomicMin(first + ids[t], (unsigned)t);
+}
+
+// first[ids[t]] = NO_TOKEN again for the next batch (after `adamw_rows` with `rest`, which reads
+// the marks: a separate launch, since one of its threads clearing a row's mark could precede
+// another thread of that row reading it).
+extern "C" __global__ void rows_unmark(unsigned* first, const unsigned* ids, int ntok) {
+    GRID_WAIT();
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < ntok) atomicExch(first + ids[t], NO_TOKEN);
+}
+
+// adam_chunk over the rows of a `row_len`-wide table at the start of the buffer (the bounds and
+// every pointer as adamw_step's), ⌈row_len / ADAM_VEC⌉ threads a row, each row once:
+// - `rest` 0: token t's row, for t < count, when t is the first token that names it
+//   (first[ids[t]] == t): the marked rows, whichever tokens repeat them;
+// - `rest` 1: row r < count when no token marked it: every other row.
+// The two together are adamw_step over the table, element for element.
+extern "C" __global__ void adamw_rows(float* param, const float* grad, float* m, float* v,
+                                      void* work, int work_t, const unsigned* bounds, int nbounds,
+                                      const unsigned* first, const unsigned* ids, int count,
+                                      int row_len, int rest, float mult, float step_size,
+                                      float w1, float b2, float w2, float bc2_sqrt, float eps,
+                                      int decay_mode, float decay_mul, float wd, int store) {
+    GRID_WAIT();
+    int chunks = (row_len + ADAM_VEC - 1) / ADAM_VEC;
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long unit = idx / chunks;
+    int c = (int)(idx - unit * chunks);
+    if (unit >= count) return;  // no barrier below
+    unsigned row;
+    if (rest) {
+        row = (unsigned)unit;
+        if (first[row] != NO_TOKEN) return;
+    } else {
+        row = ids[unit];
+        if (first[row] != (unsigned)unit) return;
+    }
+    long long i0 = (long long)row * row_len + (long long)c * ADAM_VEC;
+    adam_chunk(i0, min(ADAM_VEC, row_len - c * ADAM_VEC), param, grad, m, v, work, work_t,
+               bounds, nbounds, mult, step_size, w1, b2, w2, bc2_sqrt, eps, decay_mode,
+               decay_mul, wd, store);
 }
 
 // One SGD step, one thread per element: sgd.rs `Sgd::step` (torch.optim.SGD), operation for

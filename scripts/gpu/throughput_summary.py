@@ -63,6 +63,7 @@ AB = (
     ("side-equal", "side_equal"),  # the side stream of the same priority (RECIPE_SIDE_STREAM=equal)
     ("gemm-fastest", "gemm_fastest"),  # each GEMM's fastest cuBLASLt algorithm (RECIPE_GEMM_ALGO=fastest)
     ("step-before", "step_before"),  # each step's updates before the next forward (RECIPE_STEP_ASIDE=0)
+    ("rows-first", "rows_first"),  # the word embeddings' named rows first, the rest aside (RECIPE_ROWS_FIRST=1)
     ("pdl", "pdl"),  # our kernels as programmatic dependent launches (RECIPE_PDL=1)
     ("pdl-early", "pdl_early"),  # those, each letting the next be scheduled once it has waited (RECIPE_PDL=early)
     ("pdl-gemm-fastest", "pdl_gemm_fastest"),  # both of the last two (RECIPE_PDL=1, RECIPE_GEMM_ALGO=fastest)

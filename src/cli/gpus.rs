@@ -169,9 +169,13 @@ fn executors(
     devices
         .into_iter()
         .map(|dev| -> Arc<dyn Executor> {
+            // `RECIPE_ROWS_FIRST=1` (read as the GPU opened): the word embeddings' step in two
+            // parts around the next forward (docs/cuda.md, "The step beside the forward").
+            let rows_first = dev.rows_first();
             let kernels = Kernels::new(dev)
                 .with_store(store)
-                .with_fused_attention(fused);
+                .with_fused_attention(fused)
+                .with_rows_first(rows_first);
             match peers.next() {
                 Some(p) => OnDevice::with_peers(kernels, what.to_string(), Box::new(p)),
                 None => OnDevice::new(kernels, what.to_string()),

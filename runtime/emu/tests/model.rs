@@ -1242,3 +1242,84 @@ fn sixteen_bit_buffers_change_no_bit() {
         }
     }
 }
+
+/// The word embeddings' rows first (`Kernels::with_rows_first`): each step's update of the first
+/// segment put off to the next micro-batch, the rows its tokens name updated before its forward
+/// and the rest beside it, or whole before an evaluation or a step with no micro-batch since
+/// (`State::settle`). Windows of one and two micro-batches with dropout and clipping, an
+/// evaluation after some steps, in fp32 and bf16: the same weights and logits, bit for bit, as
+/// the step taken whole, with the two-part kernels launched once per part.
+#[test]
+fn the_word_embeddings_rows_first_train_to_the_same_bits() {
+    use recipe_runtime::backend::device::Device;
+    use recipe_runtime::collective::LocalCollective;
+    use recipe_runtime::model::OnDevice;
+    use recipe_runtime::optim::{Adam, AdamConfig};
+    use recipe_runtime::zero::{Replica, Shard, Storage};
+
+    let train = |store: Dtype, rows_first: bool| {
+        let mut m = Classifier::random(tiny(0.1), 3, 7).unwrap();
+        store.round_slice(m.params_mut());
+        let k = Kernels::new(Emu)
+            .with_store(store)
+            .with_rows_first(rows_first);
+        m.set_executor(OnDevice::new(k, "emulated GPU"));
+        let shard = Shard::new(0, 1, 0, m.segments());
+        let entries = &m.params().entries;
+        let decay: Vec<bool> = entries.iter().map(|e| !e.name.ends_with("bias")).collect();
+        let opt = Adam::shard(AdamConfig::adamw(0.01), entries, &decay, &shard.ranges).unwrap();
+        let storage = Storage {
+            module: store,
+            comm: store,
+        };
+        let mut r = Replica::new(m, 0, 1, 0, opt, false, storage).unwrap();
+        assert!(r.keep_on_device().unwrap() && r.optimizer_on_device());
+        let mut coll = LocalCollective::group(1, std::time::Duration::from_secs(60))
+            .pop()
+            .unwrap();
+        let mut ws = Workspace::new();
+        let mut logits = Vec::new();
+        assert!(Emu.start_profile());
+        for (w, micro) in [1, 2, 1, 1, 2, 1].into_iter().enumerate() {
+            r.start_window().unwrap();
+            for i in 0..micro {
+                let b = batch_with(3, 6, 10 * w as u64 + i, |j| 6 - j, |j| j as u32 % 3);
+                let key = DropoutKey {
+                    seed: 5,
+                    micro_batch: (10 * w + i as usize) as u64,
+                };
+                r.micro(&mut coll, &mut ws, &b, 0.5, Some(key)).unwrap();
+            }
+            r.finish_window(&mut coll).unwrap();
+            r.clip(&mut coll, 1.0).unwrap();
+            r.step(&mut coll, 1e-2, 1.0).unwrap();
+            if w == 2 || w == 4 {
+                // Between a step and the next micro-batch: the put-off step first, whole.
+                logits.push(r.model().forward(&batch()).unwrap());
+            }
+        }
+        let p = Emu.profile().expect("started");
+        r.gather_whole(&mut coll).unwrap();
+        let parts = [
+            calls(&p, "rows_mark"),
+            calls(&p, "adamw_rows"),
+            calls(&p, "rows_unmark"),
+        ];
+        (r.model().params().data.clone(), logits, parts)
+    };
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for store in [Dtype::F32, Dtype::Bf16] {
+        let (whole, lw, none) = train(store, false);
+        let (split, ls, parts) = train(store, true);
+        assert_eq!(none, [0, 0, 0], "{store:?}: rows first when not asked");
+        // Six steps: the first five taken by the next micro-batch in two parts, except the
+        // two after which an evaluation came first; the last one never taken in parts (the
+        // final gather settles it whole).
+        assert_eq!(parts, [3, 6, 3], "{store:?}: the parts launched");
+        assert_eq!(bits(&split), bits(&whole), "{store:?}: weights");
+        assert_eq!(lw.len(), 2);
+        for (a, b) in ls.iter().zip(&lw) {
+            assert_eq!(bits(a), bits(b), "{store:?}: evaluation logits");
+        }
+    }
+}

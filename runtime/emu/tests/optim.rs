@@ -1038,3 +1038,132 @@ fn the_half_copy_is_the_hosts_rounding_at_any_alignment() {
         }
     }
 }
+
+/// The word embeddings' step in two parts (`DeviceOptimizer::rows_first`, as `Resident::step`
+/// puts off the first segment's step and the next micro-batch takes it): the rows its tokens
+/// name and the segment's other tensors first (`FirstPart::Rows`), then the other rows
+/// (`FirstPart::Rest`), or all of it where no micro-batch comes first (`FirstPart::Whole`), against the
+/// same segment stepped whole (`step_segment`, then `zero_segment`): parameters, moments and
+/// master weights bit for bit after each step, in fp32, fp16 and bf16. After the first part the
+/// named rows and the tail are the whole step's and every other row is as it was. Tables of
+/// rows 7 and 8 wide (every chunk of four inside a row, or some across the decaying ranges'
+/// bounds), tokens repeating rows, naming the first and last rows, every row, one row, none.
+#[test]
+fn the_word_embeddings_rows_first_then_the_rest_are_the_whole_step() {
+    use recipe_runtime::backend::device::Device;
+    use recipe_runtime::backend::Backend;
+    use recipe_runtime::optim::device::{DeviceOptimizer, FirstPart};
+
+    let n = 257;
+    let (entries, flags) = optim_layout(n);
+    let segs = [0..200, 200..n];
+    let batches: [&[u32]; 6] = [
+        &[3, 3, 0, 19, 3, 7],
+        &[
+            19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0,
+        ],
+        &[5],
+        &[],
+        &[2, 11, 2, 11, 2],
+        &[0, 0, 0, 0],
+    ];
+    for module in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+        for row_len in [7, 8] {
+            let what = format!("{module:?} rows of {row_len}");
+            let k = Kernels::new(Emu).with_store(module);
+            let dev = k.device();
+            let rows = 20;
+            let mut p0 = rand(n, 1.0, 11);
+            module.round_slice(&mut p0);
+            let master = module.is_half().then_some(&p0[..]);
+            let mut opt =
+                Optimizer::from(Adam::new(AdamConfig::adamw(0.1), &entries, &flags).unwrap());
+            let new = || DeviceOptimizer::new(&k, &opt, master, n, 0..n).unwrap();
+            let (mut whole, mut split) = (new(), new());
+            assert!(whole.by_segments(&k, &opt, &segs) && split.by_segments(&k, &opt, &segs));
+            assert!(split.rows_first(&k, &opt, rows, row_len), "{what}");
+            assert!(
+                !split.rows_first(&k, &opt, 29, row_len),
+                "{what}: a table past the segment"
+            );
+            assert!(split.rows_first(&k, &opt, rows, row_len));
+            let (mut pw, mut ps) = (k.upload(&p0), k.upload(&p0));
+            let read = |b: &<Kernels<Emu> as Backend>::Buf| {
+                let mut x = vec![0.0f32; n];
+                k.download(k.view(b), &mut x);
+                x
+            };
+            for (step, ids) in batches.iter().enumerate() {
+                let what = format!("{what} step {step} ids {ids:?}");
+                let (lr, mult) = (1e-2 * (step + 1) as f64, [1.0, 0.75][step % 2]);
+                let g = grads(n, step);
+                for o in [&mut whole, &mut split] {
+                    o.zero_grads(&k);
+                    k.write(k.view_mut(o.grads_mut()), &g);
+                }
+                let seg0 = whole.segment(0);
+                whole
+                    .step_segment(
+                        &k,
+                        dev.range_mut(&mut pw, seg0.clone()),
+                        &opt,
+                        lr,
+                        (mult, 1.0),
+                        0,
+                    )
+                    .unwrap();
+                whole.zero_segment(&k, 0);
+                let d = split
+                    .defer_first(&opt, lr, (mult, 1.0))
+                    .expect("AdamW puts it off");
+                let before = read(&ps);
+                if step == 4 {
+                    // No micro-batch comes first: the step whole.
+                    let p = dev.range_mut(&mut ps, seg0.clone());
+                    split.step_first(&k, p, &d, FirstPart::Whole).unwrap();
+                } else {
+                    let on = k.upload_ids(ids);
+                    let p = dev.range_mut(&mut ps, seg0.clone());
+                    let part = FirstPart::Rows(&on, ids.len());
+                    split.step_first(&k, p, &d, part).unwrap();
+                    let (mid, want) = (read(&ps), read(&pw));
+                    for i in 0..seg0.end {
+                        let named = i >= rows * row_len || ids.contains(&((i / row_len) as u32));
+                        let expect = if named { want[i] } else { before[i] };
+                        assert_eq!(
+                            mid[i].to_bits(),
+                            expect.to_bits(),
+                            "{what}: element {i} after the first part (named {named})"
+                        );
+                    }
+                    let p = dev.range_mut(&mut ps, seg0.clone());
+                    let part = FirstPart::Rest(&on, ids.len());
+                    split.step_first(&k, p, &d, part).unwrap();
+                }
+                for (o, p) in [(&mut whole, &mut pw), (&mut split, &mut ps)] {
+                    let r = o.segment(1);
+                    o.step_segment(&k, dev.range_mut(p, r), &opt, lr, (mult, 1.0), 1)
+                        .unwrap();
+                }
+                opt.count_step();
+                same_bits(&format!("{what} weights"), &read(&ps), &read(&pw));
+                let (mut a, mut b) = (opt.clone(), opt.clone());
+                let (mut wa, mut wb) = (vec![0.0f32; n], vec![0.0f32; n]);
+                whole.download(&k, &mut a, Some(&mut wa)).unwrap();
+                split.download(&k, &mut b, Some(&mut wb)).unwrap();
+                let (a, b) = (a.state(), b.state());
+                for name in ["exp_avg", "exp_avg_sq"] {
+                    same_bits(&format!("{what} {name}"), b.buffer(name), a.buffer(name));
+                }
+                if module.is_half() {
+                    same_bits(&format!("{what} master"), &wb, &wa);
+                }
+                let zeroed = read(split.grads_mut());
+                assert!(
+                    zeroed[..200].iter().all(|&x| x == 0.0),
+                    "{what}: gradient not zeroed"
+                );
+            }
+        }
+    }
+}

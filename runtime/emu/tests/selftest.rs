@@ -70,8 +70,13 @@ fn the_device_optimizer_passes_the_gpu_self_test_on_the_emulated_device() {
         print(&checks);
         // 5 norm checks, 3 outputs of each of the two Adam variants, 4 of the mixed step; the
         // resident SGD, Adagrad and LAMB: 2 + 2 + 4 outputs in fp32 (weights, state buffers,
-        // trust ratios), one more each under a half store (the master beside the half copy).
-        let want = if store == Dtype::F32 { 11 + 8 } else { 15 + 11 };
+        // trust ratios), one more each under a half store (the master beside the half copy);
+        // AdamW in two parts: 3 outputs, 4 under a half store.
+        let want = if store == Dtype::F32 {
+            11 + 8 + 3
+        } else {
+            15 + 11 + 4
+        };
         assert_eq!(checks.len(), want, "{checks:#?}");
         let bad: Vec<_> = checks.iter().filter(|c| !c.ok).collect();
         assert!(bad.is_empty(), "{bad:#?}");
@@ -102,8 +107,16 @@ fn the_optimizer_self_test_finds_a_wrong_step() {
                 params += 1;
             }
         }
-        // Adam's two (and the mixed step's master), and SGD's, Adagrad's and LAMB's.
-        assert_eq!(params, if store == Dtype::F32 { 2 + 3 } else { 3 + 3 });
+        // Adam's two (and the mixed step's master), SGD's, Adagrad's and LAMB's, and AdamW's
+        // in two parts (its parameters, or its master weights).
+        assert_eq!(
+            params,
+            if store == Dtype::F32 {
+                2 + 3 + 1
+            } else {
+                3 + 3 + 1
+            }
+        );
     }
     // Kernels storing bf16 checked as if they stored fp16: the half working copy is rounded
     // differently from the host's, and only it fails.
@@ -120,7 +133,8 @@ fn the_optimizer_self_test_finds_a_wrong_step() {
             "optim.mixed.work",
             "optim.sgd.work",
             "optim.adagrad.work",
-            "optim.lamb.work"
+            "optim.lamb.work",
+            "optim.adamw_rows.work"
         ],
         "{checks:#?}"
     );

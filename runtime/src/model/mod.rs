@@ -156,6 +156,11 @@ impl<B: Backend> Workspace<B> {
     pub fn new() -> Self {
         Self::default()
     }
+
+    /// The token ids [`Classifier::set_inputs_on`] last wrote (`batch · seq` of them), if any.
+    pub(crate) fn input_ids(&self) -> Option<&B::Ids> {
+        self.acts.as_ref().map(|a| &a.ids)
+    }
 }
 
 /// The workspace's training buffers for `b`'s shape: the ones it has, resized (in place when
@@ -922,6 +927,16 @@ impl Classifier {
     /// layer, then the pooler with the head. They tile [`Classifier::params`].
     pub fn segments(&self) -> &[std::ops::Range<usize>] {
         &self.layout.segs
+    }
+
+    /// The word embeddings as `(rows, row_len)`: the table at the start of the first segment
+    /// that the forward reads by token id, row `ids[t]` for token `t` (a device's step may
+    /// update those rows first: `model::on_device`).
+    pub fn token_table(&self) -> Option<(usize, usize)> {
+        let c = &self.config;
+        let first = self.layout.segs.first()?;
+        (self.layout.word == 0 && first.start == 0 && c.vocab_size * c.hidden_size <= first.len())
+            .then_some((c.vocab_size, c.hidden_size))
     }
 
     /// Elements of the whole parameter buffer (also while it is taken out).

@@ -154,12 +154,28 @@ pub struct BufGrads<'a, B: Backend> {
     be: &'a B,
     data: &'a mut B::Buf,
     segs: &'a [Range<usize>],
+    /// A segment whose first fetch waits for an update event first ([`BufGrads::after_update`]).
+    wait: Option<(usize, usize)>,
 }
 
 impl<'a, B: Backend> BufGrads<'a, B> {
     /// The segments `segs` of `data`, a buffer of `be`.
     pub fn new(be: &'a B, data: &'a mut B::Buf, segs: &'a [Range<usize>]) -> Self {
-        BufGrads { be, data, segs }
+        BufGrads {
+            be,
+            data,
+            segs,
+            wait: None,
+        }
+    }
+
+    /// With `event`, the first fetch of segment `seg`'s gradient waits first for that update
+    /// ([`Backend::wait_update`]): a step beside the pass that zeroes it.
+    pub fn after_update(self, seg: usize, event: Option<usize>) -> Self {
+        BufGrads {
+            wait: event.map(|e| (seg, e)),
+            ..self
+        }
     }
 }
 
@@ -169,6 +185,9 @@ impl<B: Backend> GradSink<B> for BufGrads<'_, B> {
     where
         B: 's,
     {
+        if let Some((_, e)) = self.wait.take_if(|(s, _)| *s == seg) {
+            self.be.wait_update(e);
+        }
         Ok(self.be.range_mut(self.data, self.segs[seg].clone()))
     }
     fn done(&mut self, _: usize) -> Result<(), Infallible> {

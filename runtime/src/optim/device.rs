@@ -21,7 +21,7 @@ use std::ops::Range;
 
 use super::{adagrad, adam, lamb, sgd, OptimError, Optimizer};
 use crate::backend::device::Device;
-use crate::backend::kernels::{self, DecayMask, Kernels, LambTensors, NORM_BLOCKS};
+use crate::backend::kernels::{self, DecayMask, Kernels, LambTensors, RowMarks, NORM_BLOCKS};
 use crate::backend::Backend;
 use crate::model::{Batch, Classifier, DropoutKey, ModelError};
 use crate::precision::Dtype;
@@ -296,6 +296,42 @@ pub struct DeviceOptimizer<D: Device> {
     /// The model's segments, each with its decay mask, where the step may update them one at a
     /// time ([`DeviceOptimizer::by_segments`]); empty until then.
     segments: Vec<(Range<usize>, DecayMask<D>)>,
+    /// The table at the start of the first segment whose rows the forward reads by token id,
+    /// where its step may go in two parts ([`DeviceOptimizer::rows_first`]).
+    rows: Option<RowsFirst<D>>,
+}
+
+/// The word embeddings at the start of the first segment, stepped in two parts: the rows the
+/// next micro-batch's tokens name before its forward, the rest beside it (docs/cuda.md, "The
+/// step beside the forward").
+struct RowsFirst<D: Device> {
+    /// Which rows the tokens name (allocated once).
+    marks: RowMarks<D>,
+    row_len: usize,
+    /// The decay mask of the segment's elements past the table (its other tensors).
+    tail: DecayMask<D>,
+}
+
+/// Which part of a first segment's step put off ([`DeviceOptimizer::step_first`]).
+pub enum FirstPart<'i, D: Device> {
+    /// Before the micro-batch's forward: the table's rows its first `usize` token ids name,
+    /// each once, and the segment's elements past the table.
+    Rows(&'i D::Ids, usize),
+    /// Beside it: the table's other rows (the same tokens, whose marks are then cleared).
+    Rest(&'i D::Ids, usize),
+    /// All of it, where no micro-batch's tokens come first.
+    Whole,
+}
+
+/// A first segment's step put off until the next micro-batch's tokens are on the device
+/// ([`DeviceOptimizer::defer_first`]): AdamW's arguments as the step was asked for.
+#[derive(Debug, Clone, Copy)]
+pub struct Deferred {
+    cfg: adam::AdamConfig,
+    /// The step count after this step.
+    t: u64,
+    lr: f64,
+    mult: f32,
 }
 
 impl<D: Device> DeviceOptimizer<D> {
@@ -347,6 +383,7 @@ impl<D: Device> DeviceOptimizer<D> {
             mask: DecayMask::from_segments(k, opt.segments(), n),
             norm: k.alloc(kernels::norm_scratch_len(acc, NORM_BLOCKS)),
             segments: Vec::new(),
+            rows: None,
         })
     }
 
@@ -427,6 +464,158 @@ impl<D: Device> DeviceOptimizer<D> {
             k.device()
                 .range_mut(&mut self.grads, at + r.start..at + r.end),
         );
+    }
+
+    /// Lets the first segment's AdamW step go in two parts ([`DeviceOptimizer::defer_first`]):
+    /// `rows` rows of `row_len` elements at its start are a table the forward reads by token id
+    /// (BERT's word embeddings). Made once, after [`DeviceOptimizer::by_segments`]; false, and
+    /// nothing made, for another optimizer or a table that does not fit the segment.
+    pub fn rows_first(
+        &mut self,
+        k: &Kernels<D>,
+        opt: &Optimizer,
+        rows: usize,
+        row_len: usize,
+    ) -> bool {
+        let table = rows * row_len;
+        let Some(seg) = self.segments.first().map(|(r, _)| r.clone()) else {
+            return false;
+        };
+        if !matches!(self.states, States::Adam { .. }) || table == 0 || table > seg.len() {
+            self.rows = None;
+            return false;
+        }
+        // The optimizer's decaying ranges past the table, from its end.
+        let start = seg.start + table;
+        let inside: Vec<(Range<usize>, bool)> = opt
+            .segments()
+            .iter()
+            .filter_map(|(r, d)| {
+                let (s, e) = (r.start.max(start), r.end.min(seg.end));
+                (s < e).then(|| (s - start..e - start, *d))
+            })
+            .collect();
+        self.rows = Some(RowsFirst {
+            marks: RowMarks::new(k, rows),
+            row_len,
+            tail: DecayMask::from_segments(k, &inside, seg.end - start),
+        });
+        true
+    }
+
+    /// Whether [`DeviceOptimizer::rows_first`] made its table.
+    pub fn has_rows_first(&self) -> bool {
+        self.rows.is_some()
+    }
+
+    /// The first segment's step as [`DeviceOptimizer::step_segment`] would take it, put off:
+    /// `None` where [`DeviceOptimizer::rows_first`] made nothing or `opt` is not AdamW with one
+    /// gradient multiplier.
+    pub fn defer_first(
+        &self,
+        opt: &Optimizer,
+        lr: f64,
+        (mult, div): (f32, f32),
+    ) -> Option<Deferred> {
+        let Optimizer::Adam(o) = opt else {
+            return None;
+        };
+        (self.rows.is_some() && div == 1.0 && lr.is_finite()).then(|| Deferred {
+            cfg: *o.config(),
+            t: opt.steps() + 1,
+            lr,
+            mult,
+        })
+    }
+
+    /// A `part` of a first segment's step put off by [`DeviceOptimizer::defer_first`]
+    /// (`params`: that segment's parameters): [`FirstPart::Rows`] then [`FirstPart::Rest`] with
+    /// the same tokens, or [`FirstPart::Whole`]; after the last part the segment's gradient is
+    /// zeroed for the next window (as [`DeviceOptimizer::zero_segment`] after a step).
+    pub fn step_first<'a>(
+        &'a mut self,
+        k: &Kernels<D>,
+        params: D::ViewMut<'a>,
+        d: &Deferred,
+        part: FirstPart<'_, D>,
+    ) -> Result<(), OptimError> {
+        let dev = k.device();
+        let (Some(rows), Some((seg, mask)), States::Adam { m, v }) =
+            (&self.rows, self.segments.first(), &mut self.states)
+        else {
+            return Err(OptimError::Config(
+                "a deferred step without a rows-first table".into(),
+            ));
+        };
+        let n = seg.len();
+        if dev.len_mut(&params) != n {
+            return Err(OptimError::Length {
+                what: "device optimizer's parameters",
+                found: dev.len_mut(&params),
+                expected: n,
+            });
+        }
+        let table = rows.marks.rows() * rows.row_len;
+        let at = self.grads_at.start;
+        let grads = dev.sub(k.view(&self.grads), at + seg.start..at + seg.end);
+        let (mut m, mut v) = (dev.range_mut(m, seg.clone()), dev.range_mut(v, seg.clone()));
+        let (mut weights, mut work) = match &mut self.master {
+            None => (params, None),
+            Some(master) => (dev.range_mut(master, seg.clone()), Some(params)),
+        };
+        let (cfg, t, lr, mult) = (&d.cfg, d.t, d.lr, d.mult);
+        let done = match part {
+            FirstPart::Whole => {
+                kernels::adamw_step(k, cfg, t, lr, mult, mask, weights, grads, m, v, work)
+            }
+            FirstPart::Rows(ids, ntok) | FirstPart::Rest(ids, ntok) => {
+                let rows_part = matches!(part, FirstPart::Rows(..));
+                if rows_part {
+                    kernels::rows_mark(k, &rows.marks, ids, ntok);
+                }
+                kernels::adamw_rows(
+                    k,
+                    cfg,
+                    t,
+                    lr,
+                    mult,
+                    mask,
+                    dev.sub_mut(&mut weights, 0..n),
+                    grads,
+                    dev.sub_mut(&mut m, 0..n),
+                    dev.sub_mut(&mut v, 0..n),
+                    work.as_mut().map(|w| dev.sub_mut(w, 0..n)),
+                    (&rows.marks, rows.row_len),
+                    rows_part.then_some((ids, ntok)),
+                )?;
+                if rows_part {
+                    // The segment's other tensors (position and token-type embeddings, the
+                    // LayerNorm), which every forward reads.
+                    kernels::adamw_step(
+                        k,
+                        cfg,
+                        t,
+                        lr,
+                        mult,
+                        &rows.tail,
+                        dev.sub_mut(&mut weights, table..n),
+                        dev.sub(grads, table..n),
+                        dev.sub_mut(&mut m, table..n),
+                        dev.sub_mut(&mut v, table..n),
+                        work.as_mut().map(|w| dev.sub_mut(w, table..n)),
+                    )
+                } else {
+                    kernels::rows_unmark(k, &rows.marks, ids, ntok);
+                    Ok(())
+                }
+            }
+        };
+        done?;
+        if !matches!(part, FirstPart::Rows(..)) {
+            // The next window's accumulation starts there (`zero_segment`).
+            k.zero(dev.range_mut(&mut self.grads, at + seg.start..at + seg.end));
+        }
+        Ok(())
     }
 
     /// `Σ g²` of the accumulator (its scratch allocated once, in [`DeviceOptimizer::new`]).

@@ -40,8 +40,8 @@ use gemm_calls::{Batched, Packs, PACK_SLOTS};
 use graphs::Captures;
 pub use probe::{probe, require, CudaError, Probe};
 pub use settings::{
-    graphs_from_env, lt_from_env, pdl_from_env, side_from_env, step_aside_from_env, HalfOperands,
-    Pdl, SideStream,
+    graphs_from_env, lt_from_env, pdl_from_env, rows_first_from_env, side_from_env,
+    step_aside_from_env, HalfOperands, Pdl, SideStream,
 };
 use side::{Side, AHEAD};
 use timer::Timer;
@@ -119,6 +119,9 @@ pub struct CudaDevice {
     step_aside: bool,
     /// Whether kernels go as programmatic dependent launches ([`pdl_from_env`], sm_90 on).
     pdl: bool,
+    /// Whether a step by segments takes the word embeddings' rows first
+    /// ([`rows_first_from_env`]; [`CudaDevice::rows_first`]).
+    rows_first: bool,
     /// The free memory once the context was made, before anything of the run's
     /// ([`Device::memory`]'s `taken` is measured from it).
     free_at_open: Option<usize>,
@@ -207,6 +210,7 @@ impl CudaDevice {
         let lt_on = lt_from_env()?;
         let side_on = side_from_env()?;
         let step_aside = step_aside_from_env()?;
+        let rows_first = rows_first_from_env()?;
         let pdl = pdl_from_env()?;
         let algo = gemm_choice::Algo::from_env()?;
         if algo == gemm_choice::Algo::Fastest && !lt_on {
@@ -324,10 +328,17 @@ impl CudaDevice {
             step_aside: step_aside && side.is_some(),
             // griddepcontrol is Hopper's (PTX ISA 7.8, sm_90).
             pdl: pdl.launches() && major >= 9,
+            rows_first,
             side,
             side_missing,
             free_at_open,
         })
+    }
+
+    /// Whether `RECIPE_ROWS_FIRST=1` asked a step by segments for the word embeddings' rows
+    /// first (`Kernels::with_rows_first`, which `recipe run` sets from it).
+    pub fn rows_first(&self) -> bool {
+        self.rows_first
     }
 
     /// The GPU's name and architecture, e.g. ("NVIDIA H200", "sm_90").

@@ -105,6 +105,25 @@ fn step_aside_parse(v: Option<&str>) -> Result<bool, CudaError> {
     )
 }
 
+/// Whether a step by segments puts off the word embeddings' update to the next micro-batch,
+/// the rows its tokens name updated before its forward and the rest beside it
+/// (`RECIPE_ROWS_FIRST=1`; `Kernels::with_rows_first`, docs/cuda.md, "The step beside the
+/// forward"): off by default until timed (an A/B for `scripts/gpu-throughput.sh`). `Err` names
+/// a value it does not know.
+pub fn rows_first_from_env() -> Result<bool, CudaError> {
+    rows_first_parse(std::env::var("RECIPE_ROWS_FIRST").ok().as_deref())
+}
+
+/// The choice a value of `RECIPE_ROWS_FIRST` (`None`: unset) makes.
+fn rows_first_parse(v: Option<&str>) -> Result<bool, CudaError> {
+    let whole = switch(
+        ("RECIPE_ROWS_FIRST", v),
+        ["0", "1"],
+        "`0` (the word embeddings' step whole before the next forward, the default) or `1` (the rows the next micro-batch names first, the rest beside its forward) (docs/cuda.md, \"The step beside the forward\")",
+    )?;
+    Ok(!whole)
+}
+
 /// How our kernels are launched (`RECIPE_PDL`; docs/cuda.md, "Programmatic dependent
 /// launch"; off by default until timed: A/Bs for `scripts/gpu-throughput.sh`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -244,6 +263,18 @@ mod tests {
         assert!(!step_aside_parse(Some("0")).unwrap());
         let e = step_aside_parse(Some("no")).unwrap_err().to_string();
         assert!(e.contains("RECIPE_STEP_ASIDE=no: expected `1`"), "{e}");
+    }
+
+    /// The word embeddings' rows first only with `RECIPE_ROWS_FIRST=1`; another value is
+    /// refused by name.
+    #[test]
+    fn the_rows_go_first_only_when_told_1() {
+        assert!(!rows_first_parse(None).unwrap());
+        assert!(!rows_first_parse(Some("")).unwrap());
+        assert!(!rows_first_parse(Some("0")).unwrap());
+        assert!(rows_first_parse(Some("1")).unwrap());
+        let e = rows_first_parse(Some("yes")).unwrap_err().to_string();
+        assert!(e.contains("RECIPE_ROWS_FIRST=yes: expected `0`"), "{e}");
     }
 
     /// Unset or empty packs; `convert` converts in cuBLAS; anything else is refused by name.

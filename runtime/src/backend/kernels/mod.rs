@@ -16,9 +16,9 @@ mod loss;
 mod optim;
 
 pub use optim::{
-    adagrad_step, adamw_step, grad_norm_sq, grad_norm_sq_blocks, grad_norm_sq_in, lamb_step,
-    norm_partials, norm_scratch_len, norm_total, sgd_step, AdamScalars, DecayMask, LambTensors,
-    SegmentNorms, NORM_BLOCKS,
+    adagrad_step, adamw_rows, adamw_step, grad_norm_sq, grad_norm_sq_blocks, grad_norm_sq_in,
+    lamb_step, norm_partials, norm_scratch_len, norm_total, rows_mark, rows_unmark, sgd_step,
+    AdamScalars, DecayMask, LambTensors, RowMarks, SegmentNorms, NORM_BLOCKS,
 };
 
 use std::ops::Range;
@@ -102,6 +102,10 @@ pub struct Kernels<D: Device> {
     /// chunk, or 0 where tests run the long ones at every length
     /// ([`Kernels::with_long_attention_only`]).
     short_keys: usize,
+    /// Whether a step by segments may update the word embeddings' rows the next micro-batch
+    /// reads first and the rest beside its forward (`model::on_device`; off by default,
+    /// [`Kernels::with_rows_first`]).
+    rows_first: bool,
     /// Device allocations made through these kernels ([`Kernels::allocations`]).
     allocations: Arc<AtomicU64>,
     /// A scratch buffer a kernel's launch code reuses (cross-entropy's per-row losses).
@@ -145,6 +149,7 @@ impl<D: Device> Kernels<D> {
             store: Dtype::F32,
             fused_attention: true,
             short_keys: attention::FUSED_KEYS,
+            rows_first: false,
             allocations: Arc::default(),
             scratch: Arc::default(),
             bias_part: Arc::default(),
@@ -190,6 +195,22 @@ impl<D: Device> Kernels<D> {
             fused_attention: on,
             ..self
         }
+    }
+
+    /// The same kernels, a step by segments putting off the word embeddings' update to the
+    /// next micro-batch, where the rows its tokens name are updated before its forward and the
+    /// rest beside it, or not (`recipe run` reads `RECIPE_ROWS_FIRST=1`: docs/cuda.md, "The
+    /// step beside the forward"). The same bits either way.
+    pub fn with_rows_first(self, on: bool) -> Kernels<D> {
+        Kernels {
+            rows_first: on,
+            ..self
+        }
+    }
+
+    /// Whether [`Kernels::with_rows_first`] said so.
+    pub fn rows_first(&self) -> bool {
+        self.rows_first
     }
 
     /// The same kernels, fused attention taking its long kernels (the keys a chunk at a time)

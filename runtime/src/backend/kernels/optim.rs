@@ -309,45 +309,186 @@ pub fn adamw_step<D: Device>(
     work: Option<D::ViewMut<'_>>,
 ) -> Result<(), OptimError> {
     let n = mask.len;
+    check_adam(k, n, lr, &params, grads, &m, &v, work.as_ref())?;
+    let work = opt_typed(k, work);
+    let head = [
+        Arg::Ptr(k.dev.ptr_mut(&mut params)),
+        Arg::Ptr(k.dev.ptr(grads)),
+        Arg::Ptr(k.dev.ptr_mut(&mut m)),
+        Arg::Ptr(k.dev.ptr_mut(&mut v)),
+        work,
+        Arg::Ptr(k.dev.ids_ptr(&mask.bounds)),
+        int(mask.count),
+        int(n),
+    ];
+    let args = [&head[..], &adam_scalars(k, cfg, step, lr, mult)].concat();
+    // ADAM_VEC (optim.cu) elements a thread.
+    k.dev.launch("adamw_step", grid1(n.div_ceil(4)), &args);
+    Ok(())
+}
+
+/// The lengths [`adamw_step`] and [`adamw_rows`] require of their buffers (`n`, the mask's:
+/// parameters, gradients, both moments and the optional half copy), and a finite rate.
+fn check_adam<D: Device>(
+    k: &Kernels<D>,
+    n: usize,
+    lr: f64,
+    params: &D::ViewMut<'_>,
+    grads: D::View<'_>,
+    m: &D::ViewMut<'_>,
+    v: &D::ViewMut<'_>,
+    work: Option<&D::ViewMut<'_>>,
+) -> Result<(), OptimError> {
     check_lens(
         n,
         lr,
         &[
-            ("params", k.dev.len_mut(&params)),
+            ("params", k.dev.len_mut(params)),
             ("grads", k.dev.len(grads)),
-            ("exp_avg", k.dev.len_mut(&m)),
-            ("exp_avg_sq", k.dev.len_mut(&v)),
-            ("work", work.as_ref().map_or(n, |w| k.dev.len_mut(w))),
+            ("exp_avg", k.dev.len_mut(m)),
+            ("exp_avg_sq", k.dev.len_mut(v)),
+            ("work", work.map_or(n, |w| k.dev.len_mut(w))),
         ],
-    )?;
+    )
+}
+
+/// The last parameters of optim.cu's Adam kernels (`adam_chunk`'s): the gradient multiplier,
+/// the step's scalars as [`AdamScalars`] forms them, and the store.
+fn adam_scalars<D: Device>(
+    k: &Kernels<D>,
+    cfg: &AdamConfig,
+    step: u64,
+    lr: f64,
+    mult: f32,
+) -> [Arg; 11] {
     let s = AdamScalars::new(cfg, step, lr);
-    let work = opt_typed(k, work);
+    [
+        Arg::F32(mult),
+        Arg::F32(s.step_size),
+        Arg::F32(s.w1),
+        Arg::F32(s.b2),
+        Arg::F32(s.w2),
+        Arg::F32(s.bc2_sqrt),
+        Arg::F32(s.eps),
+        Arg::I32(s.decay_mode),
+        Arg::F32(s.decay_mul),
+        Arg::F32(s.wd),
+        k.store_arg(),
+    ]
+}
+
+/// For each row of a table read by token id, the first token of a batch that names it
+/// (`u32::MAX` for none): what [`adamw_rows`] updates first and what it leaves for later
+/// (docs/cuda.md, "The step beside the forward"). Every row unmarked between steps.
+pub struct RowMarks<D: Device> {
+    first: D::Ids,
+    rows: usize,
+}
+
+impl<D: Device> RowMarks<D> {
+    /// Marks for a table of `rows` rows, none marked (allocated once, at upload).
+    pub fn new(k: &Kernels<D>, rows: usize) -> RowMarks<D> {
+        RowMarks {
+            first: k.dev.upload_ids(&vec![u32::MAX; rows.max(1)]),
+            rows,
+        }
+    }
+
+    /// Rows of the table.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+}
+
+/// Marks the rows that `ids[..ntok]` name (each with the first token naming it). The ids must
+/// be rows of the table, as the embedding forward that reads them requires.
+pub fn rows_mark<D: Device>(k: &Kernels<D>, marks: &RowMarks<D>, ids: &D::Ids, ntok: usize) {
+    rows_marking(k, "rows_mark", marks, ids, ntok);
+}
+
+/// Clears the marks [`rows_mark`] set for the same `ids[..ntok]`, after [`adamw_rows`]'s
+/// second part has read them.
+pub fn rows_unmark<D: Device>(k: &Kernels<D>, marks: &RowMarks<D>, ids: &D::Ids, ntok: usize) {
+    rows_marking(k, "rows_unmark", marks, ids, ntok);
+}
+
+fn rows_marking<D: Device>(
+    k: &Kernels<D>,
+    name: &'static str,
+    marks: &RowMarks<D>,
+    ids: &D::Ids,
+    ntok: usize,
+) {
+    if ntok == 0 {
+        return;
+    }
     k.dev.launch(
-        "adamw_step",
-        // ADAM_VEC (optim.cu) elements a thread.
-        grid1(n.div_ceil(4)),
+        name,
+        grid1(ntok),
         &[
-            Arg::Ptr(k.dev.ptr_mut(&mut params)),
-            Arg::Ptr(k.dev.ptr(grads)),
-            Arg::Ptr(k.dev.ptr_mut(&mut m)),
-            Arg::Ptr(k.dev.ptr_mut(&mut v)),
-            work,
-            Arg::Ptr(k.dev.ids_ptr(&mask.bounds)),
-            int(mask.count),
-            int(n),
-            Arg::F32(mult),
-            Arg::F32(s.step_size),
-            Arg::F32(s.w1),
-            Arg::F32(s.b2),
-            Arg::F32(s.w2),
-            Arg::F32(s.bc2_sqrt),
-            Arg::F32(s.eps),
-            Arg::I32(s.decay_mode),
-            Arg::F32(s.decay_mul),
-            Arg::F32(s.wd),
-            k.store_arg(),
+            Arg::Ptr(k.dev.ids_ptr(&marks.first)),
+            Arg::Ptr(k.dev.ids_ptr(ids)),
+            int(ntok),
         ],
     );
+}
+
+/// [`adamw_step`] over the rows of a `marks.rows() × row_len` table at the start of the buffers
+/// (the mask and every view as `adamw_step`'s, the table its first elements), in two parts:
+/// with `ids` `Some((ids, ntok))`, the rows those tokens name, marked by [`rows_mark`], each once
+/// however many tokens repeat it; with `None`, every row not marked. The two parts together
+/// update each element of the table once, with `adamw_step`'s operations (one device function
+/// in optim.cu), so they are its bits; the elements past the table are left to the caller.
+pub fn adamw_rows<D: Device>(
+    k: &Kernels<D>,
+    cfg: &AdamConfig,
+    step: u64,
+    lr: f64,
+    mult: f32,
+    mask: &DecayMask<D>,
+    mut params: D::ViewMut<'_>,
+    grads: D::View<'_>,
+    mut m: D::ViewMut<'_>,
+    mut v: D::ViewMut<'_>,
+    work: Option<D::ViewMut<'_>>,
+    (marks, row_len): (&RowMarks<D>, usize),
+    ids: Option<(&D::Ids, usize)>,
+) -> Result<(), OptimError> {
+    let n = mask.len;
+    check_adam(k, n, lr, &params, grads, &m, &v, work.as_ref())?;
+    if marks.rows * row_len > n {
+        return Err(OptimError::Length {
+            what: "rows-first table",
+            found: marks.rows * row_len,
+            expected: n,
+        });
+    }
+    let (count, rest, ids_ptr) = match ids {
+        Some((ids, ntok)) => (ntok, 0, k.dev.ids_ptr(ids)),
+        None => (marks.rows, 1, 0),
+    };
+    if count == 0 || row_len == 0 {
+        return Ok(());
+    }
+    let work = opt_typed(k, work);
+    let head = [
+        Arg::Ptr(k.dev.ptr_mut(&mut params)),
+        Arg::Ptr(k.dev.ptr(grads)),
+        Arg::Ptr(k.dev.ptr_mut(&mut m)),
+        Arg::Ptr(k.dev.ptr_mut(&mut v)),
+        work,
+        Arg::Ptr(k.dev.ids_ptr(&mask.bounds)),
+        int(mask.count),
+        Arg::Ptr(k.dev.ids_ptr(&marks.first)),
+        Arg::Ptr(ids_ptr),
+        int(count),
+        int(row_len),
+        Arg::I32(rest),
+    ];
+    let args = [&head[..], &adam_scalars(k, cfg, step, lr, mult)].concat();
+    // ADAM_VEC (optim.cu) elements a thread, ⌈row_len / 4⌉ threads a row.
+    k.dev
+        .launch("adamw_rows", grid1(count * row_len.div_ceil(4)), &args);
     Ok(())
 }
 

@@ -4,7 +4,7 @@ use super::{rand, OpCheck};
 use crate::backend::device::Device;
 use crate::backend::kernels::{adamw_step, grad_norm_sq, grad_norm_sq_blocks, DecayMask, Kernels};
 use crate::backend::Backend;
-use crate::optim::device::DeviceOptimizer;
+use crate::optim::device::{DeviceOptimizer, FirstPart};
 use crate::optim::{
     self, Adagrad, AdagradConfig, AdagradImpl, Adam, AdamConfig, GradScale, Lamb, LambConfig,
     Optimizer, Sgd, SgdConfig, WeightDecay,
@@ -165,6 +165,9 @@ fn merge(checks: Vec<OpCheck>) -> Vec<OpCheck> {
 ///   < 1 in fp32, DeepSpeed's combined scale under a half store (fp32 master and half working
 ///   copy) — the same bits: sgd.rs's and adagrad.rs's `mul_add` are `__fmaf_rn` on the device,
 ///   and LAMB's f32 norms add in lamb.rs's order.
+/// - `optim.adamw_rows.*`: AdamW by segments, the first one's table in two parts (the word
+///   embeddings' rows first: `DeviceOptimizer::rows_first`, the rows some tokens name, each
+///   once, then the rest), against `HostOptimizer`'s whole step — the same bits.
 pub fn compare_optim<D: Device>(k: &Kernels<D>, store: Dtype) -> Vec<OpCheck> {
     compare_optim_against(k, store, 1.0)
 }
@@ -184,6 +187,7 @@ pub fn compare_optim_against<D: Device>(
         out.extend(mixed_checks(k, store, host_lr_factor));
     }
     out.extend(resident_checks(k, store, host_lr_factor));
+    out.extend(rows_first_checks(k, store, host_lr_factor));
     out
 }
 
@@ -501,10 +505,6 @@ fn resident_checks<D: Device>(k: &Kernels<D>, store: Dtype, host_lr_factor: f64)
             1e-2,
         ),
     ];
-    let ratios = |o: &Optimizer| match o {
-        Optimizer::Lamb(l) => l.coefficients().to_vec(),
-        _ => Vec::new(),
-    };
     let mut out = Vec::new();
     for (name, opt, lr0) in cases {
         let p0 = rand(n, 1.0, 55, store);
@@ -532,38 +532,116 @@ fn resident_checks<D: Device>(k: &Kernels<D>, store: Dtype, host_lr_factor: f64)
             )
             .expect("a device step");
             dopt.count_step();
-            let mut w = vec![0.0f32; n];
-            d.download(k, &mut dopt, Some(&mut w))
-                .expect("the device state");
-            let mut got = vec![0.0f32; n];
-            dev.download(dev.view(&params), &mut got);
-            let want = host.state();
-            let mut rows = vec![(
-                if store.is_half() { "work" } else { "param" },
-                got,
-                hp.clone(),
-            )];
-            if store.is_half() {
-                rows.push(("master", w, want.master.clone()));
-            }
-            let have = dopt.state();
-            for (b, x) in &want.buffers {
-                rows.push((b.as_str(), have.buffer(b).to_vec(), x.clone()));
-            }
-            if matches!(dopt, Optimizer::Lamb(_)) {
-                rows.push(("trust_ratio", ratios(&dopt), ratios(host.optimizer())));
-            }
-            for (what, got, want) in rows {
-                checks.push(buffer_check(
-                    &format!("{name}.{what}"),
-                    store,
-                    &got,
-                    &want,
-                    0.0,
-                ));
-            }
+            let ours = (&d, &mut dopt, &params);
+            checks.extend(state_checks(k, name, store, ours, (&host, &hp)));
         }
         out.extend(merge(checks));
     }
     out
+}
+
+/// AdamW's first segment in two parts (see [`compare_optim`]): two steps, tokens repeating
+/// rows and naming the first and the last.
+fn rows_first_checks<D: Device>(k: &Kernels<D>, store: Dtype, host_lr_factor: f64) -> Vec<OpCheck> {
+    let dev = k.device();
+    let n = OPTIM_N;
+    let (entries, flags) = optim_layout(n);
+    let opt = Optimizer::from(
+        Adam::new(AdamConfig::adamw(0.01), &entries, &flags).expect("a valid layout"),
+    );
+    let p0 = rand(n, 1.0, 57, store);
+    let mut host = HostOptimizer::new(opt.clone(), false, store, &p0);
+    let mut hp = p0.clone();
+    let master = store.is_half().then(|| p0.clone());
+    let mut dopt = opt;
+    let mut d =
+        DeviceOptimizer::new(k, &dopt, master.as_deref(), n, 0..n).expect("a device optimizer");
+    // A table of rows 7 wide (chunks of four across rows and the decaying ranges' bounds)
+    // followed by more of the segment, then a second segment.
+    let segs = [0..750, 750..n];
+    let (rows, row_len) = (100, 7);
+    assert!(d.by_segments(k, &dopt, &segs) && d.rows_first(k, &dopt, rows, row_len));
+    let mut params = dev.upload(&p0);
+    let mut checks = Vec::new();
+    for (step, ids) in [vec![1u32, 1, 0, 99, 3, 1], vec![2, 5, 2, 71]]
+        .into_iter()
+        .enumerate()
+    {
+        let lr = 1e-2 * (1 + step) as f64;
+        let g = optim_grads(n, step, Dtype::F32);
+        let (g, scale) = scaled_step_inputs(&g, store, 1024.0, 0.37);
+        host.step_scaled(&mut hp, &mut g.clone(), lr * host_lr_factor, scale)
+            .expect("a host step");
+        dev.write(dev.view_mut(d.grads_mut()), &g);
+        let factors = dopt.grad_factors(scale);
+        let first = d
+            .defer_first(&dopt, lr, factors)
+            .expect("AdamW's step put off");
+        let on = dev.upload_ids(&ids);
+        for part in [
+            FirstPart::Rows(&on, ids.len()),
+            FirstPart::Rest(&on, ids.len()),
+        ] {
+            d.step_first(k, dev.range_mut(&mut params, segs[0].clone()), &first, part)
+                .expect("a device step");
+        }
+        d.step_segment(
+            k,
+            dev.range_mut(&mut params, segs[1].clone()),
+            &dopt,
+            lr,
+            factors,
+            1,
+        )
+        .expect("a device step");
+        dopt.count_step();
+        let ours = (&d, &mut dopt, &params);
+        checks.extend(state_checks(
+            k,
+            "optim.adamw_rows",
+            store,
+            ours,
+            (&host, &hp),
+        ));
+    }
+    merge(checks)
+}
+
+/// The device optimizer's outputs after a step against the host optimizer's, as `NAME.WHAT`
+/// checks with no tolerance: the parameters (`param`, or `work`, the half copy, and `master`
+/// under a half store), each state buffer, and LAMB's trust ratios. `dopt` is the host-side
+/// optimizer the device's state is downloaded into.
+fn state_checks<D: Device>(
+    k: &Kernels<D>,
+    name: &str,
+    store: Dtype,
+    (d, dopt, params): (&DeviceOptimizer<D>, &mut Optimizer, &D::Buf),
+    (host, hp): (&HostOptimizer, &[f32]),
+) -> Vec<OpCheck> {
+    let dev = k.device();
+    let n = hp.len();
+    let mut w = vec![0.0f32; n];
+    d.download(k, dopt, Some(&mut w)).expect("the device state");
+    let mut got = vec![0.0f32; n];
+    dev.download(dev.view(params), &mut got);
+    let want = host.state();
+    let param = if store.is_half() { "work" } else { "param" };
+    let mut rows = vec![(param, got, hp.to_vec())];
+    if store.is_half() {
+        rows.push(("master", w, want.master.clone()));
+    }
+    let have = dopt.state();
+    for (b, x) in &want.buffers {
+        rows.push((b.as_str(), have.buffer(b).to_vec(), x.clone()));
+    }
+    let ratios = |o: &Optimizer| match o {
+        Optimizer::Lamb(l) => l.coefficients().to_vec(),
+        _ => Vec::new(),
+    };
+    if matches!(dopt, Optimizer::Lamb(_)) {
+        rows.push(("trust_ratio", ratios(dopt), ratios(host.optimizer())));
+    }
+    rows.into_iter()
+        .map(|(what, got, want)| buffer_check(&format!("{name}.{what}"), store, &got, &want, 0.0))
+        .collect()
 }

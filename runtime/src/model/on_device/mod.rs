@@ -23,7 +23,7 @@ use crate::backend::device::{Device, DeviceMemory, Peers};
 use crate::backend::kernels::{Kernels, SegmentNorms};
 use crate::backend::profile::Profile;
 use crate::backend::{Backend, Loss};
-use crate::optim::device::{DeviceOptimizer, Landing, Resident};
+use crate::optim::device::{Deferred, DeviceOptimizer, FirstPart, Landing, Resident};
 use crate::zero::Storage;
 
 mod graphs;
@@ -116,6 +116,11 @@ struct State<D: Device> {
     /// the forward"): one device, its whole gradient accumulated in place, an element-wise
     /// optimizer.
     by_segments: bool,
+    /// With `by_segments` and the word embeddings' rows first (`Kernels::with_rows_first`):
+    /// the first segment's step, put off until the next micro-batch's tokens are on the device,
+    /// where the rows they name are updated before its forward and the rest beside it
+    /// (`Resident::micro`); anything else queues it whole first ([`State::settle`]).
+    deferred: Option<Deferred>,
     /// A step's updates are queued and not yet waited for as a whole: anything but the next
     /// micro-batch's pass joins them first ([`State::settle`]).
     updating: bool,
@@ -177,9 +182,30 @@ impl<D: Device> State<D> {
     /// Orders what is queued from now on after the last step's updates, if they are still
     /// beside the rest (`State::updating`).
     fn settle(&mut self, k: &Kernels<D>) {
+        self.step_deferred(k);
         if std::mem::take(&mut self.updating) {
             k.join_aside();
         }
+    }
+
+    /// The first segment's deferred step (`State::deferred`), if any, queued whole beside the
+    /// rest as `Resident::step` queues a segment's. A failure is the device's, recorded there
+    /// and reported at its next wait.
+    fn step_deferred(&mut self, k: &Kernels<D>) {
+        let (Some(d), Some(o), Some(params)) = (
+            self.deferred.take(),
+            self.opt.as_mut(),
+            self.params.as_mut(),
+        ) else {
+            return;
+        };
+        let part = o.segment(0);
+        let dev = k.device();
+        k.update_aside(0, || {
+            // Its arguments were checked when the step was put off (`defer_first`: AdamW, a
+            // finite rate) and the parameters are the segment's: nothing here can refuse.
+            let _ = o.step_first(k, dev.range_mut(params, part), &d, FirstPart::Whole);
+        });
     }
 
     /// The resident optimizer, when the optimizer is kept on the device.
@@ -249,6 +275,7 @@ impl<D: Device> OnDevice<D> {
                 sum_next: false,
                 summed: false,
                 by_segments: false,
+                deferred: None,
                 updating: false,
                 zeroed: false,
                 norms: None,

@@ -13,7 +13,7 @@ use crate::backend::{Backend, Loss};
 use crate::model::pieces::{self, Gather, Parts, Pieces, Queue, Rank, Scatter, SharedPeers};
 use crate::model::{Batch, BufGrads, BufParams, Classifier, DropoutKey, ModelError, Workspace};
 use crate::optim::device::{
-    Accumulate, DeviceOptimizer, Keep, Landing, Partitioned, PinnedBuf, Resident,
+    Accumulate, DeviceOptimizer, FirstPart, Keep, Landing, Partitioned, PinnedBuf, Resident,
 };
 use crate::optim::Optimizer;
 use crate::precision::Dtype;
@@ -23,18 +23,21 @@ use crate::zero::{Storage, ZeroError};
 /// captured as a graph at its shape's second micro-batch, replayed from the third (where the
 /// device captures; graphs.rs), the inputs and the dropout key written to the device first,
 /// outside any graph. `buffers`: the addresses of the parameters and gradient buffers it uses.
-/// Not `alone` (a rank with peers or a ZeRO split): always directly.
+/// Not `alone` (a rank with peers or a ZeRO split): always directly. `inputs_set`: the caller
+/// wrote the inputs already (`Resident::micro`, for the word embeddings' rows they name).
 #[allow(clippy::too_many_arguments)]
 fn graphed<D: Device>(
     k: &Kernels<D>,
     graphs: &mut Graphs<Loss>,
     ws: &mut Workspace<Kernels<D>>,
-    alone: bool,
+    (alone, inputs_set): (bool, bool),
     (model, batch, weight, dropout): (&Classifier, &Batch, f32, Option<DropoutKey>),
     buffers: [u64; 3],
     mut pass: impl FnMut(&mut Workspace<Kernels<D>>) -> Result<Loss, ModelError>,
 ) -> Result<Loss, ModelError> {
-    model.set_inputs_on(k, ws, batch)?;
+    if !inputs_set {
+        model.set_inputs_on(k, ws, batch)?;
+    }
     if let Some((seed, stream)) = model.dropout_key(dropout) {
         k.dropout_key(seed, stream);
     }
@@ -52,6 +55,45 @@ fn graphed<D: Device>(
     // micro-batch's).
     let queued = |loss: &Loss| matches!(loss, Loss::Queued { .. });
     graphs::run(k, graphs, shape, queued, || pass(ws))
+}
+
+/// The update event ([`Backend::wait_update`]) of the rest of the first segment's deferred step
+/// (`rows_first`): one past the model's segments, whose own events are theirs.
+fn rest_event(model: &Classifier) -> usize {
+    model.segments().len()
+}
+
+/// The first segment's deferred step (`State::deferred`) for `batch`, whose inputs are on the
+/// device: the word embeddings' rows its tokens name, and the segment's other tensors, on the
+/// compute stream before the forward (which reads them), and the table's other rows, then the
+/// segment's gradient zeroed, beside the forward (`rest_event`, which the backward waits for
+/// before it writes that gradient). Every element is updated once, with the whole step's bits
+/// (docs/cuda.md, "The step beside the forward").
+fn rows_first<D: Device>(
+    k: &Kernels<D>,
+    st: &mut super::State<D>,
+    model: &Classifier,
+    batch: &Batch,
+) -> Result<(), ModelError> {
+    let Some(d) = st.deferred.take() else {
+        return Ok(());
+    };
+    let (Some(o), Some(params), Some(ids)) =
+        (st.opt.as_mut(), st.params.as_mut(), st.ws.input_ids())
+    else {
+        return Err(not_uploaded());
+    };
+    let (dev, part, ntok) = (k.device(), o.segment(0), batch.batch * batch.seq);
+    let arg = |e: crate::optim::OptimError| ModelError::Argument(e.to_string());
+    let rows = FirstPart::Rows(ids, ntok);
+    o.step_first(k, dev.range_mut(params, part.clone()), &d, rows)
+        .map_err(arg)?;
+    let mut done = Ok(());
+    k.update_aside(rest_event(model), || {
+        let rest = FirstPart::Rest(ids, ntok);
+        done = o.step_first(k, dev.range_mut(params, part), &d, rest);
+    });
+    done.map_err(arg)
 }
 
 fn no_peers() -> ModelError {
@@ -243,6 +285,16 @@ where
             (Some(o), Some((opt, _))) if alone => o.by_segments(k, opt, model.segments()),
             _ => false,
         };
+        if let (true, true, Some(o), Some((opt, _)), Some((rows, len))) = (
+            st.by_segments,
+            k.rows_first(),
+            st.opt.as_mut(),
+            keep.optimizer,
+            model.token_table(),
+        ) {
+            o.rows_first(k, opt, rows, len);
+        }
+        st.deferred = None;
         st.norms = st
             .by_segments
             .then(|| SegmentNorms::new(k, model.segments()));
@@ -288,6 +340,22 @@ where
         // This pass changes the accumulator: the norm's sums are its own or none.
         let norm = std::mem::take(&mut st.norm_next) && waits;
         st.normed = false;
+        // The first segment's step put off by `step` (the word embeddings' rows first): on
+        // the plain path, the rows this micro-batch's tokens name now, before its forward, and
+        // the rest beside it; on any other, whole (`settle` did it where `waits` is false).
+        let plain = waits && st.own.is_none() && st.split.is_none();
+        let mut inputs_set = false;
+        if plain && st.deferred.is_some() {
+            model.set_inputs_on(k, &mut st.ws, batch)?;
+            inputs_set = true;
+            rows_first(k, st, model, batch)?;
+        }
+        st.step_deferred(k);
+        // The backward waits for the rest of those rows' step before it writes the first
+        // segment's gradient (which that step zeroes), in every plain pass where the step may
+        // be put off: a graph captured without the wait may be replayed after such a step.
+        let rest = (plain && st.opt.as_ref().is_some_and(DeviceOptimizer::has_rows_first))
+            .then(|| rest_event(model));
         let (ws, params) = (&mut st.ws, st.params.as_ref().ok_or_else(not_uploaded)?);
         let acc = accumulator(&mut st.opt, &mut st.acc)?;
         // The whole parameters and a whole gradient buffer, segment by segment.
@@ -387,13 +455,14 @@ where
                             segs,
                             norms,
                             rounding: 0,
+                            rest,
                         };
                         model.pass_on_with::<_, _, _, ModelError>(
                             k, ws, batch, weight, &mut src, &mut sink, dropout,
                         )
                     }
                     None => {
-                        let mut sink = BufGrads::new(k, grads, segs);
+                        let mut sink = BufGrads::new(k, grads, segs).after_update(0, rest);
                         model.pass_on_with::<_, _, _, ModelError>(
                             k, ws, batch, weight, &mut src, &mut sink, dropout,
                         )
@@ -406,7 +475,7 @@ where
                     // finished segment of the accumulator summed over the devices on the copy
                     // stream while the backward goes on; `average_grads` joins them.
                     let peers = st.peers.as_deref_mut().ok_or_else(no_peers)?;
-                    let loss = graphed(k, graphs, ws, false, on, [0; 3], |ws| {
+                    let loss = graphed(k, graphs, ws, (false, inputs_set), on, [0; 3], |ws| {
                         let mut src = BufParams::new(k, params, segs);
                         let mut sink = Summed {
                             k,
@@ -427,7 +496,7 @@ where
                     // A pass that sums the norm is a graph of its own.
                     let summed = norms.as_ref().map_or(0, |n| n.address(k));
                     let buffers = [p, dev.ptr(dev.view(acc)), summed];
-                    graphed(k, graphs, ws, alone, on, buffers, |ws| {
+                    graphed(k, graphs, ws, (alone, inputs_set), on, buffers, |ws| {
                         into(ws, acc, norms.as_deref_mut())
                     })?
                 }
@@ -448,7 +517,7 @@ where
                         queue: &queue,
                     };
                     let mut sink = Scatter::new(rank, grads, acc, *storage);
-                    let loss = graphed(k, graphs, ws, false, on, [0; 3], |ws| {
+                    let loss = graphed(k, graphs, ws, (false, inputs_set), on, [0; 3], |ws| {
                         let mut src = BufParams::new(k, params, segs);
                         model.pass_on_with::<_, _, _, ModelError>(
                             k, ws, batch, weight, &mut src, &mut sink, dropout,
@@ -470,7 +539,7 @@ where
                 (Some(Own::Whole(g, storage)), _) => {
                     let storage = *storage;
                     let buffers = [p, dev.ptr(dev.view(g)), dev.ptr(dev.view(acc))];
-                    graphed(k, graphs, ws, alone, on, buffers, |ws| {
+                    graphed(k, graphs, ws, (alone, inputs_set), on, buffers, |ws| {
                         k.zero(k.view_mut(g));
                         let loss = into(ws, g, None)?;
                         k.round_to(k.view_mut(g), storage.comm);
@@ -537,6 +606,8 @@ where
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
         let dev = k.device();
+        // A step put off and never taken (no micro-batch since): queued whole first.
+        st.step_deferred(k);
         let (Some(params), Some(o)) = (st.params.as_mut(), st.opt.as_mut()) else {
             return Err(not_uploaded().into());
         };
@@ -544,8 +615,15 @@ where
             // Each segment's update, then its gradient's zeroing for the next window, queued
             // beside the rest in forward order; the next micro-batch's forward waits for each
             // as it reads the segment. Nothing waits for the device here: a fault shows at the
-            // next wait.
+            // next wait. With the word embeddings' rows first the first segment's is put off
+            // to that micro-batch (`rows_first`), or whatever comes before it (`settle`).
             for seg in 0..o.segment_count() {
+                if seg == 0 {
+                    if let Some(d) = o.defer_first(opt, lr, factors) {
+                        st.deferred = Some(d);
+                        continue;
+                    }
+                }
                 let part = o.segment(seg);
                 let mut done = Ok(());
                 k.update_aside(seg, || {
@@ -858,6 +936,8 @@ struct Normed<'a, D: Device> {
     norms: &'a mut SegmentNorms<D>,
     /// The segments this sink rounds ([`crate::model::GradSink::rounds`]), a bit each.
     rounding: u128,
+    /// The event the first segment's gradient waits for first (`rest_event`), if any.
+    rest: Option<usize>,
 }
 
 impl<D: Device> crate::model::GradSink<Kernels<D>> for Normed<'_, D> {
@@ -867,6 +947,11 @@ impl<D: Device> crate::model::GradSink<Kernels<D>> for Normed<'_, D> {
     where
         Kernels<D>: 's,
     {
+        if seg == 0 {
+            if let Some(e) = self.rest.take() {
+                self.k.wait_update(e);
+            }
+        }
         Ok(self.k.range_mut(self.grads, self.segs[seg].clone()))
     }
 
