@@ -285,6 +285,13 @@ pub trait Device {
     fn update_aside(&self, _seg: usize, f: impl FnOnce()) {
         f();
     }
+    /// Runs `f`, a run of [`Device::update_aside`] calls and nothing else queued (a step's
+    /// segments one after another): a GPU orders their work after what was queued before once,
+    /// not before each of their launches, since no other work comes between them. By default
+    /// `f` runs as it is.
+    fn updates_aside(&self, f: impl FnOnce()) {
+        f();
+    }
     /// [`crate::backend::Backend::wait_update`].
     fn wait_update(&self, _seg: usize) {}
     /// Sizes [`Device::gemm_half`]'s operand scratch for spans of up to `elems` elements.

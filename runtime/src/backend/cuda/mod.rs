@@ -285,6 +285,9 @@ impl CudaDevice {
             let stream = ctx
                 .new_stream()
                 .map_err(driver_err("creating the side stream"))?;
+            let join = ctx
+                .new_event(None)
+                .map_err(driver_err("creating the side stream's event"))?;
             stream
                 .alloc_zeros::<u8>(blas_workspace.len())
                 .ok()
@@ -294,6 +297,7 @@ impl CudaDevice {
                     open: Default::default(),
                     state: Mutex::default(),
                     updates: Mutex::default(),
+                    join,
                 })
         } else {
             None
@@ -1169,6 +1173,10 @@ impl Device for CudaDevice {
 
     fn update_aside(&self, seg: usize, f: impl FnOnce()) {
         self.run_update_aside(seg, f);
+    }
+
+    fn updates_aside(&self, f: impl FnOnce()) {
+        self.run_updates_aside(f);
     }
 
     fn wait_update(&self, seg: usize) {

@@ -25,6 +25,11 @@ pub(super) struct Side {
     /// then recorded again at each update: a graph captured with a wait on it
     /// ([`Device::wait_update`]) waits on its latest record at every replay.
     pub(super) updates: Mutex<Vec<Option<CudaEvent>>>,
+    /// The event [`CudaDevice::side_lane`] orders the side stream after the compute stream with
+    /// outside a capture, recorded again at each join (a wait waits for the record before it):
+    /// cudarc's `join` makes and destroys an event each time, and a step's updates join once
+    /// a launch.
+    pub(super) join: CudaEvent,
 }
 
 /// What [`Side`]'s stream holds that the compute stream has not waited for.
@@ -38,6 +43,10 @@ pub(super) struct SideState {
     pub(super) events: Vec<cudarc::driver::CudaEvent>,
     /// The ticket of `events[0]`: tickets count from 1 ([`Aside::DONE`] is 0).
     pub(super) first: usize,
+    /// Inside [`Device::updates_aside`]: whether its work has joined the compute stream already
+    /// (`Some(true)`: no launch of it joins again; nothing else is queued meanwhile). `None`
+    /// outside one.
+    pub(super) updates_joined: Option<bool>,
 }
 
 impl Default for SideState {
@@ -47,6 +56,7 @@ impl Default for SideState {
             pending: false,
             events: Vec::new(),
             first: 1,
+            updates_joined: None,
         }
     }
 }
@@ -63,13 +73,44 @@ impl CudaDevice {
             return None;
         }
         let mut st = side.state.lock().unwrap_or_else(|p| p.into_inner());
-        if let Err(e) = side.stream.join(&self.stream) {
-            self.record("ordering work on the side stream", e);
-            return None;
+        if st.updates_joined != Some(true) {
+            // Inside a capture a fresh event, as the capture's fork (once per captured pass).
+            let joined = if self.capturing() {
+                side.stream.join(&self.stream)
+            } else {
+                side.join
+                    .record(&self.stream)
+                    .and_then(|()| side.stream.wait(&side.join))
+            };
+            if let Err(e) = joined {
+                self.record("ordering work on the side stream", e);
+                return None;
+            }
+            if st.updates_joined.is_some() {
+                st.updates_joined = Some(true);
+            }
         }
         st.used = true;
         st.pending = true;
         Some(side)
+    }
+
+    /// [`Device::updates_aside`] on this GPU: `f`'s side work joins the compute stream at its
+    /// first launch only.
+    pub(super) fn run_updates_aside(&self, f: impl FnOnce()) {
+        let Some(side) = self.side.as_ref().filter(|_| self.step_aside) else {
+            f();
+            return;
+        };
+        let set = |v: Option<bool>| {
+            side.state
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .updates_joined = v;
+        };
+        set(Some(false));
+        f();
+        set(None);
     }
 
     /// Runs `f` with the side stream open to its launches ([`CudaDevice::side_lane`]): whether

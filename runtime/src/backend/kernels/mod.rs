@@ -174,6 +174,11 @@ impl<D: Device> Kernels<D> {
         self.aside_open.store(outer, Ordering::Relaxed);
     }
 
+    /// [`Device::updates_aside`]: `f` queues [`Kernels::update_aside`] calls and nothing else.
+    pub fn updates_aside(&self, f: impl FnOnce()) {
+        self.dev.updates_aside(f);
+    }
+
     /// The same kernels storing `store` (values rounded as a half-precision device stores them).
     /// The 16-bit `ds` scratch holds the old store's type: another store gets its own (`recipe
     /// kernels --selftest` runs fp16 then bf16 on one device; found by tests/fake_cuda.rs, where

@@ -617,23 +617,30 @@ where
             // as it reads the segment. Nothing waits for the device here: a fault shows at the
             // next wait. With the word embeddings' rows first the first segment's is put off
             // to that micro-batch (`rows_first`), or whatever comes before it (`settle`).
-            for seg in 0..o.segment_count() {
-                if seg == 0 {
-                    if let Some(d) = o.defer_first(opt, lr, factors) {
-                        st.deferred = Some(d);
-                        continue;
+            // One run of updates, nothing else queued between them (`updates_aside`).
+            let mut done = Ok(());
+            k.updates_aside(|| {
+                for seg in 0..o.segment_count() {
+                    if seg == 0 {
+                        if let Some(d) = o.defer_first(opt, lr, factors) {
+                            st.deferred = Some(d);
+                            continue;
+                        }
+                    }
+                    let part = o.segment(seg);
+                    k.update_aside(seg, || {
+                        done =
+                            o.step_segment(k, dev.range_mut(params, part), opt, lr, factors, seg);
+                        if done.is_ok() {
+                            o.zero_segment(k, seg);
+                        }
+                    });
+                    if done.is_err() {
+                        break;
                     }
                 }
-                let part = o.segment(seg);
-                let mut done = Ok(());
-                k.update_aside(seg, || {
-                    done = o.step_segment(k, dev.range_mut(params, part), opt, lr, factors, seg);
-                    if done.is_ok() {
-                        o.zero_segment(k, seg);
-                    }
-                });
-                done?;
-            }
+            });
+            done?;
             st.updating = true;
             st.zeroed = true;
             st.normed = false;
