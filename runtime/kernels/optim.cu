@@ -138,13 +138,16 @@ __device__ __forceinline__ void adam_one(float& p, float gr, float& mi, float& v
 }
 // ADAM_VEC consecutive elements from i0 (`len` of them, the buffer's last chunk may be shorter)
 // of one step: adamw_step's body, which the rows-first kernels below share, so that an element
-// gets the same operations whichever kernel updates it.
+// gets the same operations whichever kernel updates it. With `zero` (the gradient's own
+// address, or null), each gradient read is then set to 0: the next window's accumulation
+// starts there, without a memset of its own after the step.
 __device__ __forceinline__ void adam_chunk(long long i0, int len, float* param, const float* grad,
                                            float* m, float* v, void* work, int work_t,
                                            const unsigned* bounds, int nbounds, float mult,
                                            float step_size, float w1, float b2, float w2,
                                            float bc2_sqrt, float eps, int decay_mode,
-                                           float decay_mul, float wd, int store) {
+                                           float decay_mul, float wd, int store,
+                                           float* zero) {
     // Whether each element decays: the bounds at or below the first, then any the others pass.
     bool decays[ADAM_VEC] = {false, false, false, false};
     if (decay_mode != DECAY_NONE) {
@@ -162,6 +165,10 @@ __device__ __forceinline__ void adam_chunk(long long i0, int len, float* param, 
         ld16(gw, grad + i0);
         ld16(mw, m + i0);
         ld16(vw, v + i0);
+        if (zero) {
+            unsigned zw[4] = {0, 0, 0, 0};
+            st16(zero + i0, zw);
+        }
         float p[4], mi[4], vi[4];
         UNROLL
         for (int u = 0; u < ADAM_VEC; u++) {
@@ -194,8 +201,9 @@ __device__ __forceinline__ void adam_chunk(long long i0, int len, float* param, 
     }
     for (int u = 0; u < len; u++) {
         long long i = i0 + u;
-        float p = param[i], mi = m[i], vi = v[i];
-        adam_one(p, grad[i], mi, vi, decays[u], mult, step_size, w1, b2, w2, bc2_sqrt, eps,
+        float p = param[i], mi = m[i], vi = v[i], g = grad[i];
+        if (zero) zero[i] = 0.0f;
+        adam_one(p, g, mi, vi, decays[u], mult, step_size, w1, b2, w2, bc2_sqrt, eps,
                  decay_mode, decay_mul, wd);
         m[i] = mi;
         v[i] = vi;
@@ -203,16 +211,18 @@ __device__ __forceinline__ void adam_chunk(long long i0, int len, float* param, 
         if (work) sto(work, i, st(p, store), work_t);
     }
 }
-extern "C" __global__ void adamw_step(float* param, const float* grad, float* m, float* v,
-                                      void* work, int work_t, const unsigned* bounds, int nbounds, int n,
-                                      float mult, float step_size, float w1, float b2, float w2,
-                                      float bc2_sqrt, float eps, int decay_mode, float decay_mul,
-                                      float wd, int store) {
+// `zero_grad`: the gradient set to 0 as it is read (adam_chunk's `zero`).
+extern "C" __global__ void adamw_step(float* param, float* grad, float* m, float* v, void* work,
+                                      int work_t, const unsigned* bounds, int nbounds, int n,
+                                      int zero_grad, float mult, float step_size, float w1,
+                                      float b2, float w2, float bc2_sqrt, float eps,
+                                      int decay_mode, float decay_mul, float wd, int store) {
     GRID_WAIT();
     long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * ADAM_VEC;
     if (i0 >= n) return;  // no barrier below
     adam_chunk(i0, min(ADAM_VEC, (int)(n - i0)), param, grad, m, v, work, work_t, bounds, nbounds,
-               mult, step_size, w1, b2, w2, bc2_sqrt, eps, decay_mode, decay_mul, wd, store);
+               mult, step_size, w1, b2, w2, bc2_sqrt, eps, decay_mode, decay_mul, wd, store,
+               zero_grad ? grad : nullptr);
 }
 
 // The word embeddings' step in two parts, the rows the next forward reads first
@@ -266,7 +276,7 @@ extern "C" __global__ void adamw_rows(float* param, const float* grad, float* m,
     long long i0 = (long long)row * row_len + (long long)c * ADAM_VEC;
     adam_chunk(i0, min(ADAM_VEC, row_len - c * ADAM_VEC), param, grad, m, v, work, work_t,
                bounds, nbounds, mult, step_size, w1, b2, w2, bc2_sqrt, eps, decay_mode,
-               decay_mul, wd, store);
+               decay_mul, wd, store, nullptr);
 }
 
 // One SGD step, one thread per element: sgd.rs `Sgd::step` (torch.optim.SGD), operation for

@@ -43,8 +43,8 @@ fn odd_segments(n: usize) -> Vec<std::ops::Range<usize>> {
 
 /// One step of the resident optimizer: whole, or one segment of [`odd_segments`] at a time
 /// (`DeviceOptimizer::by_segments`, as `Resident::step` queues them beside the next forward),
-/// each segment's gradient zeroed after its update (checked: the whole accumulator is zero
-/// after the last). `by_segments` is refused for LAMB, which then steps whole.
+/// each segment's gradient zeroed with or after its update (checked: the whole accumulator is
+/// zero after the last). `by_segments` is refused for LAMB, which then steps whole.
 fn device_step(
     k: &Kernels<Emu>,
     dev: &mut recipe_runtime::optim::device::DeviceOptimizer<Emu>,
@@ -67,9 +67,16 @@ fn device_step(
     assert_eq!(dev.segment_count(), segs.len());
     for seg in 0..dev.segment_count() {
         let r = dev.segment(seg);
-        dev.step_segment(k, k.device().range_mut(params, r), opt, lr, factors, seg)
-            .unwrap();
-        dev.zero_segment(k, seg);
+        let p = k.device().range_mut(params, r);
+        // Every other segment as `Resident::step` queues it: zeroed by AdamW's own pass
+        // (`adamw_step_zeroing`; after the step for the others).
+        if seg % 2 == 0 {
+            dev.step_segment_zeroing(k, p, opt, lr, factors, seg)
+                .unwrap();
+        } else {
+            dev.step_segment(k, p, opt, lr, factors, seg).unwrap();
+            dev.zero_segment(k, seg);
+        }
     }
     let mut g = vec![1.0f32; dev.len()];
     k.download(k.view(dev.grads_mut()), &mut g);

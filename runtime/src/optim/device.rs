@@ -636,7 +636,7 @@ impl<D: Device> DeviceOptimizer<D> {
         lr: f64,
         factors: (f32, f32),
     ) -> Result<(), OptimError> {
-        self.step_on(k, params, opt, lr, factors, None)
+        self.step_on(k, params, opt, lr, factors, None, false)
     }
 
     /// [`DeviceOptimizer::step`] of segment `seg` of [`DeviceOptimizer::by_segments`] alone:
@@ -658,10 +658,34 @@ impl<D: Device> DeviceOptimizer<D> {
                 self.segments.len()
             )));
         }
-        self.step_on(k, params, opt, lr, factors, Some(seg))
+        self.step_on(k, params, opt, lr, factors, Some(seg), false)
     }
 
-    /// The elements of segment `seg` (all of them for `None`) of the step.
+    /// [`DeviceOptimizer::step_segment`], then the segment's gradient zeroed for the next
+    /// window ([`DeviceOptimizer::zero_segment`]): AdamW sets each gradient to 0 as it reads
+    /// it (`adamw_step_zeroing`), one pass and one launch where a memset followed; the other
+    /// optimizers zero it after their step.
+    pub fn step_segment_zeroing<'a>(
+        &'a mut self,
+        k: &Kernels<D>,
+        params: D::ViewMut<'a>,
+        opt: &Optimizer,
+        lr: f64,
+        factors: (f32, f32),
+        seg: usize,
+    ) -> Result<(), OptimError> {
+        if seg >= self.segments.len() {
+            return Err(OptimError::Config(format!(
+                "segment {seg} of a step made by {} segments",
+                self.segments.len()
+            )));
+        }
+        self.step_on(k, params, opt, lr, factors, Some(seg), true)
+    }
+
+    /// The elements of segment `seg` (all of them for `None`) of the step; with `zero`, their
+    /// gradient zeroed after it.
+    #[allow(clippy::too_many_arguments)]
     fn step_on<'a>(
         &'a mut self,
         k: &Kernels<D>,
@@ -670,6 +694,7 @@ impl<D: Device> DeviceOptimizer<D> {
         lr: f64,
         (mult, div): (f32, f32),
         seg: Option<usize>,
+        zero: bool,
     ) -> Result<(), OptimError> {
         let dev = k.device();
         let (part, mask) = match seg {
@@ -701,7 +726,7 @@ impl<D: Device> DeviceOptimizer<D> {
             Some(master) => (dev.range_mut(master, part.clone()), Some(params)),
         };
         let at = self.grads_at.start;
-        let grads = dev.sub(k.view(&self.grads), at + part.start..at + part.end);
+        let gr = at + part.start..at + part.end;
         let state = |b: &'a mut D::Buf| dev.range_mut(b, part.clone());
         if !matches!(opt, Optimizer::Lamb(_)) && div != 1.0 {
             return Err(OptimError::Config(format!(
@@ -709,20 +734,22 @@ impl<D: Device> DeviceOptimizer<D> {
                 opt.family()
             )));
         }
-        match (&mut self.states, opt) {
-            (States::Adam { m, v }, Optimizer::Adam(o)) => kernels::adamw_step(
-                k,
-                o.config(),
-                t,
-                lr,
-                mult,
-                mask,
-                weights,
-                grads,
-                state(m),
-                state(v),
-                work,
-            ),
+        // Each arm borrows the gradient itself: AdamW's zeroing step writes it.
+        let mut adam = false;
+        let done = match (&mut self.states, opt) {
+            (States::Adam { m, v }, Optimizer::Adam(o)) => {
+                let (cfg, m, v) = (o.config(), state(m), state(v));
+                if zero {
+                    adam = true;
+                    let grads = dev.range_mut(&mut self.grads, gr.clone());
+                    kernels::adamw_step_zeroing(
+                        k, cfg, t, lr, mult, mask, weights, grads, m, v, work,
+                    )
+                } else {
+                    let grads = dev.sub(k.view(&self.grads), gr.clone());
+                    kernels::adamw_step(k, cfg, t, lr, mult, mask, weights, grads, m, v, work)
+                }
+            }
             (States::Sgd { momentum }, Optimizer::Sgd(o)) => kernels::sgd_step(
                 k,
                 o.config(),
@@ -731,7 +758,7 @@ impl<D: Device> DeviceOptimizer<D> {
                 mult,
                 mask,
                 weights,
-                grads,
+                dev.sub(k.view(&self.grads), gr.clone()),
                 momentum.as_mut().map(state),
                 work,
             ),
@@ -743,7 +770,7 @@ impl<D: Device> DeviceOptimizer<D> {
                 mult,
                 mask,
                 weights,
-                grads,
+                dev.sub(k.view(&self.grads), gr.clone()),
                 state(sum),
                 work,
             ),
@@ -756,7 +783,7 @@ impl<D: Device> DeviceOptimizer<D> {
                 mask,
                 tensors,
                 weights,
-                grads,
+                dev.sub(k.view(&self.grads), gr.clone()),
                 state(m),
                 state(v),
                 work,
@@ -766,7 +793,12 @@ impl<D: Device> DeviceOptimizer<D> {
                 s.kind(),
                 o.family()
             ))),
+        };
+        done?;
+        if zero && !adam {
+            k.zero(dev.range_mut(&mut self.grads, gr));
         }
+        Ok(())
     }
 
     /// Copies the optimizer's state into `opt` (which must be the optimizer it was built from,

@@ -16,9 +16,10 @@ mod loss;
 mod optim;
 
 pub use optim::{
-    adagrad_step, adamw_rows, adamw_step, grad_norm_sq, grad_norm_sq_blocks, grad_norm_sq_in,
-    lamb_step, norm_partials, norm_scratch_len, norm_total, rows_mark, rows_unmark, sgd_step,
-    AdamScalars, DecayMask, LambTensors, RowMarks, SegmentNorms, NORM_BLOCKS,
+    adagrad_step, adamw_rows, adamw_step, adamw_step_zeroing, grad_norm_sq, grad_norm_sq_blocks,
+    grad_norm_sq_in, lamb_step, norm_partials, norm_scratch_len, norm_total, rows_mark,
+    rows_unmark, sgd_step, AdamScalars, DecayMask, LambTensors, RowMarks, SegmentNorms,
+    NORM_BLOCKS,
 };
 
 use std::ops::Range;

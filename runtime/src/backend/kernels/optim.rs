@@ -302,24 +302,59 @@ pub fn adamw_step<D: Device>(
     lr: f64,
     mult: f32,
     mask: &DecayMask<D>,
-    mut params: D::ViewMut<'_>,
+    params: D::ViewMut<'_>,
     grads: D::View<'_>,
+    m: D::ViewMut<'_>,
+    v: D::ViewMut<'_>,
+    work: Option<D::ViewMut<'_>>,
+) -> Result<(), OptimError> {
+    let g = (k.dev.ptr(grads), k.dev.len(grads), false);
+    adamw_launch(k, (cfg, step, lr, mult), mask, params, g, m, v, work)
+}
+
+/// [`adamw_step`], each gradient set to 0 once read: the update and the zeroing of the next
+/// window's accumulator in one pass (`Resident::step`'s segments), where a memset followed.
+pub fn adamw_step_zeroing<D: Device>(
+    k: &Kernels<D>,
+    cfg: &AdamConfig,
+    step: u64,
+    lr: f64,
+    mult: f32,
+    mask: &DecayMask<D>,
+    params: D::ViewMut<'_>,
+    mut grads: D::ViewMut<'_>,
+    m: D::ViewMut<'_>,
+    v: D::ViewMut<'_>,
+    work: Option<D::ViewMut<'_>>,
+) -> Result<(), OptimError> {
+    let g = (k.dev.ptr_mut(&mut grads), k.dev.len_mut(&grads), true);
+    adamw_launch(k, (cfg, step, lr, mult), mask, params, g, m, v, work)
+}
+
+/// `adamw_step`'s launch, the gradient as `(address, length, zeroed once read)`.
+fn adamw_launch<D: Device>(
+    k: &Kernels<D>,
+    (cfg, step, lr, mult): (&AdamConfig, u64, f64, f32),
+    mask: &DecayMask<D>,
+    mut params: D::ViewMut<'_>,
+    (grads, grads_len, zero): (u64, usize, bool),
     mut m: D::ViewMut<'_>,
     mut v: D::ViewMut<'_>,
     work: Option<D::ViewMut<'_>>,
 ) -> Result<(), OptimError> {
     let n = mask.len;
-    check_adam(k, n, lr, &params, grads, &m, &v, work.as_ref())?;
+    check_adam(k, n, lr, &params, grads_len, &m, &v, work.as_ref())?;
     let work = opt_typed(k, work);
     let head = [
         Arg::Ptr(k.dev.ptr_mut(&mut params)),
-        Arg::Ptr(k.dev.ptr(grads)),
+        Arg::Ptr(grads),
         Arg::Ptr(k.dev.ptr_mut(&mut m)),
         Arg::Ptr(k.dev.ptr_mut(&mut v)),
         work,
         Arg::Ptr(k.dev.ids_ptr(&mask.bounds)),
         int(mask.count),
         int(n),
+        Arg::I32(i32::from(zero)),
     ];
     let args = [&head[..], &adam_scalars(k, cfg, step, lr, mult)].concat();
     // ADAM_VEC (optim.cu) elements a thread.
@@ -334,7 +369,7 @@ fn check_adam<D: Device>(
     n: usize,
     lr: f64,
     params: &D::ViewMut<'_>,
-    grads: D::View<'_>,
+    grads_len: usize,
     m: &D::ViewMut<'_>,
     v: &D::ViewMut<'_>,
     work: Option<&D::ViewMut<'_>>,
@@ -344,7 +379,7 @@ fn check_adam<D: Device>(
         lr,
         &[
             ("params", k.dev.len_mut(params)),
-            ("grads", k.dev.len(grads)),
+            ("grads", grads_len),
             ("exp_avg", k.dev.len_mut(m)),
             ("exp_avg_sq", k.dev.len_mut(v)),
             ("work", work.map_or(n, |w| k.dev.len_mut(w))),
@@ -455,7 +490,7 @@ pub fn adamw_rows<D: Device>(
     ids: Option<(&D::Ids, usize)>,
 ) -> Result<(), OptimError> {
     let n = mask.len;
-    check_adam(k, n, lr, &params, grads, &m, &v, work.as_ref())?;
+    check_adam(k, n, lr, &params, k.dev.len(grads), &m, &v, work.as_ref())?;
     if marks.rows * row_len > n {
         return Err(OptimError::Length {
             what: "rows-first table",

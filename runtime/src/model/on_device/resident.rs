@@ -629,11 +629,8 @@ where
                     }
                     let part = o.segment(seg);
                     k.update_aside(seg, || {
-                        done =
-                            o.step_segment(k, dev.range_mut(params, part), opt, lr, factors, seg);
-                        if done.is_ok() {
-                            o.zero_segment(k, seg);
-                        }
+                        let p = dev.range_mut(params, part);
+                        done = o.step_segment_zeroing(k, p, opt, lr, factors, seg);
                     });
                     if done.is_err() {
                         break;
