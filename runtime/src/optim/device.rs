@@ -652,12 +652,7 @@ impl<D: Device> DeviceOptimizer<D> {
         factors: (f32, f32),
         seg: usize,
     ) -> Result<(), OptimError> {
-        if seg >= self.segments.len() {
-            return Err(OptimError::Config(format!(
-                "segment {seg} of a step made by {} segments",
-                self.segments.len()
-            )));
-        }
+        self.check_segment(seg)?;
         self.step_on(k, params, opt, lr, factors, Some(seg), false)
     }
 
@@ -674,13 +669,19 @@ impl<D: Device> DeviceOptimizer<D> {
         factors: (f32, f32),
         seg: usize,
     ) -> Result<(), OptimError> {
+        self.check_segment(seg)?;
+        self.step_on(k, params, opt, lr, factors, Some(seg), true)
+    }
+
+    /// Refuses a segment [`DeviceOptimizer::by_segments`] did not make.
+    fn check_segment(&self, seg: usize) -> Result<(), OptimError> {
         if seg >= self.segments.len() {
             return Err(OptimError::Config(format!(
                 "segment {seg} of a step made by {} segments",
                 self.segments.len()
             )));
         }
-        self.step_on(k, params, opt, lr, factors, Some(seg), true)
+        Ok(())
     }
 
     /// The elements of segment `seg` (all of them for `None`) of the step; with `zero`, their

@@ -26,9 +26,9 @@ pub(super) struct Side {
     /// ([`Device::wait_update`]) waits on its latest record at every replay.
     pub(super) updates: Mutex<Vec<Option<CudaEvent>>>,
     /// The event [`CudaDevice::side_lane`] orders the side stream after the compute stream with
-    /// outside a capture, recorded again at each join (a wait waits for the record before it):
-    /// cudarc's `join` makes and destroys an event each time, and a step's updates join once
-    /// a launch.
+    /// outside a capture, recorded again at each join (a wait waits for the record before it),
+    /// where cudarc's `join` makes and destroys an event each time: two driver calls a join,
+    /// not four, on the host's path of a step's updates.
     pub(super) join: CudaEvent,
 }
 
