@@ -530,8 +530,8 @@ impl<D: Device> DeviceOptimizer<D> {
 
     /// A `part` of a first segment's step put off by [`DeviceOptimizer::defer_first`]
     /// (`params`: that segment's parameters): [`FirstPart::Rows`] then [`FirstPart::Rest`] with
-    /// the same tokens, or [`FirstPart::Whole`]; after the last part the segment's gradient is
-    /// zeroed for the next window (as [`DeviceOptimizer::zero_segment`] after a step).
+    /// the same tokens, or [`FirstPart::Whole`]; by the last part the segment's gradient is
+    /// zeroed for the next window (as [`DeviceOptimizer::step_segment_zeroing`] leaves it).
     pub fn step_first<'a>(
         &'a mut self,
         k: &Kernels<D>,
@@ -556,8 +556,7 @@ impl<D: Device> DeviceOptimizer<D> {
             });
         }
         let table = rows.marks.rows() * rows.row_len;
-        let at = self.grads_at.start;
-        let grads = dev.sub(k.view(&self.grads), at + seg.start..at + seg.end);
+        let gr = self.grads_at.start + seg.start..self.grads_at.start + seg.end;
         let (mut m, mut v) = (dev.range_mut(m, seg.clone()), dev.range_mut(v, seg.clone()));
         let (mut weights, mut work) = match &mut self.master {
             None => (params, None),
@@ -566,9 +565,12 @@ impl<D: Device> DeviceOptimizer<D> {
         let (cfg, t, lr, mult) = (&d.cfg, d.t, d.lr, d.mult);
         let done = match part {
             FirstPart::Whole => {
-                kernels::adamw_step(k, cfg, t, lr, mult, mask, weights, grads, m, v, work)
+                // The gradient zeroed as it is read, as a segment's step by `Resident::step`.
+                let grads = dev.range_mut(&mut self.grads, gr.clone());
+                kernels::adamw_step_zeroing(k, cfg, t, lr, mult, mask, weights, grads, m, v, work)
             }
             FirstPart::Rows(ids, ntok) | FirstPart::Rest(ids, ntok) => {
+                let grads = dev.sub(k.view(&self.grads), gr.clone());
                 let rows_part = matches!(part, FirstPart::Rows(..));
                 if rows_part {
                     kernels::rows_mark(k, &rows.marks, ids, ntok);
@@ -611,9 +613,9 @@ impl<D: Device> DeviceOptimizer<D> {
             }
         };
         done?;
-        if !matches!(part, FirstPart::Rows(..)) {
+        if matches!(part, FirstPart::Rest(..)) {
             // The next window's accumulation starts there (`zero_segment`).
-            k.zero(dev.range_mut(&mut self.grads, at + seg.start..at + seg.end));
+            k.zero(dev.range_mut(&mut self.grads, gr));
         }
         Ok(())
     }
