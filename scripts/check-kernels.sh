@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The CUDA kernels' compile gate, on any machine (no GPU, no driver, no CUDA install):
-# installs the pinned NVRTC + ptxas wheels into a cache, compiles every kernel of runtime/kernels/
-# through the runtime's own NVRTC path for sm_75 (T4), sm_80 and sm_90, assembles the PTX with ptxas and
-# fails on a compile error or a register spill (docs/cuda.md, "How the kernels are proven").
+# installs the pinned NVRTC wheel into a cache, compiles every kernel of runtime/kernels/ through
+# the runtime's own NVRTC path for sm_75 (T4), sm_80 and sm_90, reads the registers and spills of
+# each kernel from the report of the assembler NVRTC runs for the CUBIN, and fails on a compile
+# error or a register spill (docs/cuda.md, "How the kernels are proven").
 #
 #   scripts/check-kernels.sh            # uses target/release/recipe, building it if missing
 #   RECIPE_BIN=path/to/recipe scripts/check-kernels.sh
@@ -11,20 +12,17 @@ cd "$(dirname "$0")/.."
 
 # CUDA 13.0.x: the NVRTC must not be newer than the drivers the PTX meets (580 = 13.0).
 NVRTC=nvidia-cuda-nvrtc==13.0.88
-NVCC=nvidia-cuda-nvcc==13.0.88
 CACHE="${RECIPE_CUDA_WHEELS:-${XDG_CACHE_HOME:-$HOME/.cache}/recipe/cuda-13.0.88}"
 CU13="$CACHE/nvidia/cu13"
 
-if [ ! -e "$CU13/lib/libnvrtc.so.13" ] || [ ! -e "$CU13/bin/ptxas" ]; then
-    echo "check-kernels: installing $NVRTC and $NVCC into $CACHE" >&2
+if [ ! -e "$CU13/lib/libnvrtc.so.13" ]; then
+    echo "check-kernels: installing $NVRTC into $CACHE" >&2
     rm -rf "$CACHE.partial"
     python3 -m pip install --quiet --disable-pip-version-check --no-deps \
-        --target "$CACHE.partial" "$NVRTC" "$NVCC"
+        --target "$CACHE.partial" "$NVRTC"
     rm -rf "$CACHE"
     mv "$CACHE.partial" "$CACHE"
 fi
-# Unpacked wheels may lose the exec bit.
-chmod +x "$CU13/bin/ptxas"
 
 BIN="${RECIPE_BIN:-target/release/recipe}"
 if [ ! -x "$BIN" ]; then
@@ -38,11 +36,11 @@ export LD_LIBRARY_PATH="$CU13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # architecture is a thread of `recipe kernels`), its report printed after theirs.
 EARLY="$(mktemp -d)"
 trap 'rm -rf "$EARLY"' EXIT
-RECIPE_PDL=early "$BIN" kernels --arch sm_90 --ptxas "$CU13/bin/ptxas" --out "$EARLY" \
+RECIPE_PDL=early "$BIN" kernels --arch sm_90 --out "$EARLY" \
     > "$EARLY/report.txt" 2>&1 &
 early=$!
 status=0
-"$BIN" kernels --arch sm_75 --arch sm_80 --arch sm_90 --ptxas "$CU13/bin/ptxas" || status=$?
+"$BIN" kernels --arch sm_75 --arch sm_80 --arch sm_90 || status=$?
 wait "$early" || status=$?
 cat "$EARLY/report.txt"
 [ "$status" -eq 0 ] || exit "$status"

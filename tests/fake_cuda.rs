@@ -258,6 +258,56 @@ fn the_selftest_passes_on_the_fake_gpu() {
     }
 }
 
+/// The compile gate (`recipe kernels`, scripts/check-kernels.sh) reads each kernel's registers
+/// and spills from the report NVRTC's assembler writes into its log: every kernel of the program
+/// in each architecture's table, and exit 0; a kernel reported spilling (the fake NVRTC's
+/// `RECIPE_FAKE_CUDA_SPILLS`) named and the gate failed.
+#[test]
+fn the_compile_gate_reports_every_kernel_and_refuses_a_spill() {
+    let dir = workspace("fake-gate", TINY);
+    let args = ["kernels", "--arch", "sm_80", "--arch", "sm_90"];
+    let tables = |o: &Output| {
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        for arch in ["sm_80", "sm_90"] {
+            let table = text
+                .split(&format!("kernels for {arch}"))
+                .nth(1)
+                .unwrap_or_else(|| panic!("no table for {arch}: {text}"));
+            for k in recipe_runtime::backend::kernels::all_kernel_names() {
+                assert!(
+                    table
+                        .lines()
+                        .any(|l| l.split_whitespace().next() == Some(k)),
+                    "{arch}: {k} not in the table:\n{text}"
+                );
+            }
+        }
+        text
+    };
+    let o = on_fake(&dir, 1, &[], &args);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = tables(&o);
+    assert!(!text.contains("<- spills"), "{text}");
+    no_refusals("gate", &o);
+
+    let o = on_fake(&dir, 1, &[("RECIPE_FAKE_CUDA_SPILLS", "adamw_step")], &args);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let text = tables(&o);
+    let spilled: Vec<&str> = text.lines().filter(|l| l.ends_with("<- spills")).collect();
+    assert_eq!(spilled.len(), 2, "one line an architecture: {text}");
+    assert!(
+        spilled
+            .iter()
+            .all(|l| l.trim_start().starts_with("adamw_step ")),
+        "{text}"
+    );
+    assert!(
+        stderr(&o).contains("error: sm_90: a kernel spills registers or is missing"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 /// The counts the fake driver wrote (`RECIPE_FAKE_CUDA_STATS`): kernels, captures, graph
 /// launches, allocations.
 fn stats(path: &Path) -> Value {

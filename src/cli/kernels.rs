@@ -1,6 +1,7 @@
-//! `recipe kernels [--arch sm_XY]… [--out DIR] [--ptxas PATH]`: the CUDA kernels through the same
-//! NVRTC path a run uses, on any machine (no GPU, no driver): the compile gate of CI
-//! (scripts/check-kernels.sh) and a check of a CUDA install.
+//! `recipe kernels [--arch sm_XY]… [--out DIR]`: the CUDA kernels through the same NVRTC path a
+//! run uses, on any machine (no GPU, no driver), with each kernel's registers and spills as the
+//! assembler NVRTC runs reports them: the compile gate of CI (scripts/check-kernels.sh) and a
+//! check of a CUDA install.
 
 use std::path::Path;
 
@@ -26,7 +27,6 @@ pub fn arch(s: &str) -> Result<String, String> {
 pub fn run(
     archs: &[String],
     out: Option<&Path>,
-    ptxas_bin: Option<&Path>,
     (selftest, gemm_candidates): (bool, Option<usize>),
 ) -> i32 {
     let archs: Vec<String> = if archs.is_empty() {
@@ -57,14 +57,12 @@ pub fn run(
         }
     };
     let kernels = all_kernel_names();
-    let tmp = tempdir_for_ptx(out);
-    let dir = out.unwrap_or(tmp.as_path());
     // Every architecture at once, each on a thread of its own (NVRTC compiles separate programs
-    // side by side, and ptxas is a process of its own), then reported in order.
+    // side by side), then reported in order.
     let built: Vec<Built> = std::thread::scope(|s| {
         let threads: Vec<_> = archs
             .iter()
-            .map(|arch| s.spawn(move || build(arch, pdl, dir, out.is_some(), ptxas_bin)))
+            .map(|arch| s.spawn(move || build(arch, pdl, out)))
             .collect();
         threads
             .into_iter()
@@ -89,24 +87,15 @@ pub fn run(
             compiled.ptx.len(),
             compiled.cubin.len()
         );
-        if !compiled.log.is_empty() {
-            eprintln!("NVRTC log for {arch}:\n{}", compiled.log);
+        let warnings = ptxas::without_report(&compiled.log);
+        if !warnings.is_empty() {
+            eprintln!("NVRTC log for {arch}:\n{warnings}");
         }
         if let Err(e) = b.written {
             eprintln!("error: {e}");
             return USAGE;
         }
-        match b.assembled {
-            Some(Ok(reports)) => failed |= print_reports(arch, &reports, &kernels),
-            Some(Err(e)) => {
-                eprintln!("error: {e}");
-                failed = true;
-            }
-            None => {}
-        }
-    }
-    if out.is_none() {
-        let _ = std::fs::remove_dir_all(&tmp);
+        failed |= print_reports(arch, &ptxas::parse(&compiled.log), &kernels);
     }
     if let Some(max) = gemm_candidates {
         if let Err(code) = time_gemm_candidates(max, out) {
@@ -388,50 +377,31 @@ fn peers_test() -> Vec<recipe_runtime::backend::selftest::OpCheck> {
     compare_peers(ranks)
 }
 
-/// One architecture's program ([`build`]): compiled, written, and assembled by ptxas.
+/// One architecture's program ([`build`]): compiled (with ptxas's report in its log), written.
 struct Built {
     compiled: Result<std::sync::Arc<compile::Compiled>, String>,
     written: Result<(), String>,
-    assembled: Option<Result<Vec<ptxas::KernelReport>, String>>,
 }
 
 /// Compiles the program for `arch` now (the gate proves NVRTC compiles it; the disk cache is not
 /// read) and keeps it for the process (the self-test's device, of the same architecture, loads
-/// it); writes its PTX into `dir` (and its CUBIN with `cubin`) and assembles the PTX with
-/// `ptxas_bin` when given.
-fn build(
-    arch: &str,
-    pdl: recipe_runtime::backend::cuda::Pdl,
-    dir: &Path,
-    cubin: bool,
-    ptxas_bin: Option<&Path>,
-) -> Built {
+/// it); writes its PTX and CUBIN into `out` when given.
+fn build(arch: &str, pdl: recipe_runtime::backend::cuda::Pdl, out: Option<&Path>) -> Built {
     let compiled = compile::compile_fresh(arch, compile::early_for(arch, pdl));
     let Ok(c) = &compiled else {
         return Built {
             compiled: compiled.map_err(|e| e.to_string()),
             written: Ok(()),
-            assembled: None,
         };
     };
-    let ptx_path = dir.join(format!("kernels.{arch}.ptx"));
-    let written = write_atomic(&ptx_path, c.ptx.as_bytes()).and_then(|()| {
-        if cubin {
-            write_atomic(&dir.join(format!("kernels.{arch}.cubin")), &c.cubin)
-        } else {
-            Ok(())
-        }
-    });
-    let assembled = match (&written, ptxas_bin) {
-        (Ok(()), Some(bin)) => {
-            Some(ptxas::assemble(bin, &ptx_path, arch).map_err(|e| e.to_string()))
-        }
-        _ => None,
+    let written = match out {
+        Some(dir) => write_atomic(&dir.join(format!("kernels.{arch}.ptx")), c.ptx.as_bytes())
+            .and_then(|()| write_atomic(&dir.join(format!("kernels.{arch}.cubin")), &c.cubin)),
+        None => Ok(()),
     };
     Built {
         compiled: compiled.map_err(|e| e.to_string()),
         written: written.map_err(|e| e.to_string()),
-        assembled,
     }
 }
 
@@ -465,18 +435,6 @@ fn print_reports(arch: &str, reports: &[ptxas::KernelReport], kernels: &[&str]) 
         eprintln!("error: {arch}: a kernel spills registers or is missing");
     }
     bad
-}
-
-/// Where the PTX goes when no --out is given (ptxas reads a file).
-fn tempdir_for_ptx(out: Option<&Path>) -> std::path::PathBuf {
-    match out {
-        Some(d) => d.to_path_buf(),
-        None => {
-            let d = std::env::temp_dir().join(format!("recipe-kernels-{}", std::process::id()));
-            let _ = std::fs::create_dir_all(&d);
-            d
-        }
-    }
 }
 
 /// Writes through a temporary file and a rename: never a half-written artefact.

@@ -291,8 +291,8 @@ enum Command {
         #[command(flatten)]
         flags: RecipeFlags,
     },
-    /// Compile the CUDA kernels with NVRTC (no GPU needed) and, with --ptxas, report registers,
-    /// shared memory and spills per kernel; exit 1 on a compile error or a spill (docs/cuda.md).
+    /// Compile the CUDA kernels with NVRTC (no GPU needed) and report each kernel's registers,
+    /// shared memory, stack and spills; exit 1 on a compile error or a spill (docs/cuda.md).
     Kernels {
         /// A GPU architecture, sm_XY (repeatable; default sm_80 and sm_90).
         #[arg(long = "arch", value_name = "sm_XY", value_parser = kernels::arch)]
@@ -300,10 +300,6 @@ enum Command {
         /// Write kernels.<arch>.ptx and kernels.<arch>.cubin into this directory.
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
-        /// Assemble each PTX with this ptxas and print each kernel's registers, shared memory,
-        /// stack and spills.
-        #[arg(long, value_name = "PATH")]
-        ptxas: Option<PathBuf>,
         /// On GPU 0: run every operation there and on the CPU backend and compare them, in fp32,
         /// fp16 and bf16 storage (with --out, also selftest.json); exit 1 on a difference beyond
         /// the tolerance.
@@ -604,15 +600,9 @@ pub fn main() -> i32 {
         Command::Kernels {
             arch,
             out,
-            ptxas,
             selftest,
             gemm_candidates,
-        } => kernels::run(
-            &arch,
-            out.as_deref(),
-            ptxas.as_deref(),
-            (selftest, gemm_candidates),
-        ),
+        } => kernels::run(&arch, out.as_deref(), (selftest, gemm_candidates)),
         Command::Lsp {
             stdio: _,
             debounce,

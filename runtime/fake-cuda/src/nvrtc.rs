@@ -1,7 +1,10 @@
 //! NVRTC (`libnvrtc.so`): a "compile" that checks the program defines every kernel the
 //! emulator runs and that an architecture was named, and whose image (CUBIN) and PTX name the
 //! kernels for [`crate::driver`]'s modules. The real compile is the compile gate's
-//! (scripts/check-kernels.sh); the kernels' CPU builds are runtime/emu's.
+//! (scripts/check-kernels.sh); the kernels' CPU builds are runtime/emu's. Asked for ptxas's
+//! report (`--ptxas-options=-v`), it writes one in ptxas's form with no registers and no
+//! spills, except a spill for each kernel `RECIPE_FAKE_CUDA_SPILLS` names (comma-separated):
+//! how a test sees the gate refuse a spill.
 
 use std::ffi::{c_char, c_int, CStr, CString};
 
@@ -116,8 +119,33 @@ pub unsafe extern "C" fn nvrtcCompileProgram(
         },
     );
     p.compiled = Some((image, CString::new(ptx).expect("no NUL")));
-    p.log = CString::default();
+    let report = options.iter().any(|o| {
+        o.strip_prefix("--ptxas-options=")
+            .is_some_and(|v| v.split_whitespace().any(|v| v == "-v"))
+    });
+    p.log = if report {
+        CString::new(ptxas_report(arch, &kernels)).expect("no NUL")
+    } else {
+        CString::default()
+    };
     SUCCESS
+}
+
+/// ptxas's `-v` report, as NVRTC's log holds it, for `kernels` (see the module's comment).
+fn ptxas_report(arch: &str, kernels: &[String]) -> String {
+    let spills = std::env::var("RECIPE_FAKE_CUDA_SPILLS").unwrap_or_default();
+    let spills: Vec<&str> = spills.split(',').map(str::trim).collect();
+    let mut log = String::from("ptxas info    : 0 bytes gmem\n");
+    for k in kernels {
+        let bytes = if spills.contains(&k.as_str()) { 8 } else { 0 };
+        log.push_str(&format!(
+            "ptxas info    : Compiling entry function '{k}' for '{arch}'\n\
+             ptxas info    : Function properties for {k}\n\
+             ptxas         .     {bytes} bytes stack frame, {bytes} bytes spill stores, {bytes} bytes spill loads\n\
+             ptxas info    : Used 0 registers, used 0 barriers\n"
+        ));
+    }
+    log
 }
 
 #[no_mangle]

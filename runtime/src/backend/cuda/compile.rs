@@ -2,8 +2,8 @@
 //!
 //! The same path serves a run (CUBIN for the device's own architecture, so a driver older than
 //! the NVRTC never has to JIT a newer PTX ISA: ../../docs/cuda.md, "Versions") and the compile
-//! gate (`recipe kernels`, scripts/check-kernels.sh: PTX for ptxas to report registers and
-//! spills per kernel).
+//! gate (`recipe kernels`, scripts/check-kernels.sh: NVRTC's own assembly of that CUBIN reports
+//! registers and spills per kernel).
 
 use std::ffi::{c_char, CStr, CString};
 
@@ -21,7 +21,8 @@ pub struct Compiled {
     pub ptx: String,
     /// The device binary for `arch`.
     pub cubin: Vec<u8>,
-    /// NVRTC's log (warnings), empty when clean.
+    /// NVRTC's log (warnings), empty when clean; for [`compile_fresh`], also ptxas's report of
+    /// each kernel ([`super::ptxas::parse`]).
     pub log: String,
 }
 
@@ -79,8 +80,11 @@ pub fn early_for(arch: &str, pdl: super::Pdl) -> bool {
 }
 
 /// Compiles every kernel for `arch` (`sm_80`, `sm_90`, …), `early` as [`options`]: PTX, and a
-/// CUBIN for that architecture. A compile error comes back with NVRTC's log.
-pub fn compile(arch: &str, early: bool) -> Result<Compiled, CudaError> {
+/// CUBIN for that architecture. A compile error comes back with NVRTC's log. With `report`, the
+/// assembler NVRTC runs for the CUBIN writes its `-v` report (registers, shared memory, stack,
+/// spills per kernel) into the log: the gate's figures are those of the CUBIN a run loads, for
+/// no second assembly (which took a quarter of the gate's time).
+pub fn compile(arch: &str, early: bool, report: bool) -> Result<Compiled, CudaError> {
     if !nvrtc_present() {
         return Err(CudaError::NoNvrtc);
     }
@@ -88,7 +92,11 @@ pub fn compile(arch: &str, early: bool) -> Result<Compiled, CudaError> {
     let name = CString::new("recipe_kernels.cu").expect("no NUL");
     let prog = result::create_program(&src, Some(&name))
         .map_err(|e| CudaError::Compile(format!("nvrtcCreateProgram: {e:?}")))?;
-    let opts = options(arch, early);
+    let mut opts = options(arch, early);
+    if report {
+        // Changes what is printed, not what is assembled.
+        opts.push("--ptxas-options=-v".into());
+    }
     // SAFETY: `prog` is a live program; the options outlive the call.
     let compiled = unsafe { result::compile_program(prog, &opts) };
     let log = program_log(prog);
@@ -125,8 +133,9 @@ pub fn compile_cached(arch: &str, early: bool) -> Result<std::sync::Arc<Compiled
     once_per_process(arch, early, true)
 }
 
-/// [`compile`] now, whatever the disk cache holds, and neither read from it nor written to it:
-/// the compile gate (`recipe kernels`), which proves that NVRTC compiles the program. Kept for
+/// [`compile`] now, whatever the disk cache holds, and neither read from it nor written to it,
+/// with ptxas's report in the log: the compile gate (`recipe kernels`), which proves that NVRTC
+/// compiles the program and reads each kernel's registers and spills. Kept for
 /// the rest of the process, as [`compile_cached`] keeps its program (the self-test's device
 /// opens with it).
 pub fn compile_fresh(arch: &str, early: bool) -> Result<std::sync::Arc<Compiled>, CudaError> {
@@ -162,13 +171,13 @@ fn once_per_process(
         match super::kernel_cache::get(arch, &key) {
             Some(c) => c,
             None => {
-                let c = compile(arch, early)?;
+                let c = compile(arch, early, false)?;
                 super::kernel_cache::put(&c, &key);
                 c
             }
         }
     } else {
-        compile(arch, early)?
+        compile(arch, early, true)?
     };
     let c = Arc::new(c);
     *slot = Some(c.clone());

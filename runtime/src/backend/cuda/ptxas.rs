@@ -1,9 +1,8 @@
-//! Reading `ptxas -v`: registers, shared memory, stack and spills per kernel, for the compile gate
-//! (`recipe kernels --ptxas`, scripts/check-kernels.sh). A spill means a kernel needs more
-//! registers than the architecture gives it: slow local-memory traffic, so the gate refuses it.
-
-use std::path::Path;
-use std::process::Command;
+//! Reading `ptxas -v`, as NVRTC's log holds it when the gate compiles with
+//! `--ptxas-options=-v` ([`super::compile::compile_fresh`]): registers, shared memory, stack and
+//! spills per kernel, for the compile gate (`recipe kernels`, scripts/check-kernels.sh). A spill
+//! means a kernel needs more registers than the architecture gives it: slow local-memory
+//! traffic, so the gate refuses it.
 
 /// What ptxas reports for one kernel.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -53,19 +52,20 @@ pub fn parse(text: &str) -> Vec<KernelReport> {
     out
 }
 
-/// Assembles `ptx` for `arch` with `ptxas` and reads its report.
-pub fn assemble(ptxas: &Path, ptx: &Path, arch: &str) -> Result<Vec<KernelReport>, String> {
-    let out = Command::new(ptxas)
-        .arg(format!("-arch={arch}"))
-        .args(["-O3", "-v", "-o", "/dev/null"])
-        .arg(ptx)
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", ptxas.display()))?;
-    let log = String::from_utf8_lossy(&out.stderr);
-    if !out.status.success() {
-        return Err(format!("ptxas failed for {arch}:\n{log}"));
-    }
-    Ok(parse(&log))
+/// Whether `line` is part of ptxas's `-v` report: its `info` lines and their stack-and-spills
+/// continuations (`ptxas         .     0 bytes stack frame, …` in NVRTC's log).
+fn is_report(line: &str) -> bool {
+    line.starts_with("ptxas info") || line.contains("bytes stack frame")
+}
+
+/// `log` without ptxas's report: what NVRTC has to say besides (warnings), trimmed.
+pub fn without_report(log: &str) -> String {
+    log.lines()
+        .filter(|l| !is_report(l))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .trim()
+        .to_string()
 }
 
 #[cfg(test)]
@@ -98,5 +98,34 @@ ptxas info    : Used 12 registers, used 0 barriers, 376 bytes cmem[0]\n";
         );
         assert_eq!(r[1].name, "gelu_fwd");
         assert_eq!((r[1].registers, r[1].smem, r[1].spill_stores), (12, 0, 0));
+        assert_eq!(without_report(log), "");
+    }
+
+    /// NVRTC's log: the report's continuation lines as NVRTC writes them, and a warning that
+    /// must still be shown.
+    #[test]
+    fn reads_nvrtc_s_log_and_keeps_its_warnings() {
+        let log = "recipe_kernels.cu(12): warning #177-D: variable \"x\" was declared but never referenced\n\
+ptxas info    : 0 bytes gmem\n\
+ptxas info    : Compiling entry function 'k' for 'sm_90'\n\
+ptxas info    : Function properties for k\n\
+ptxas         .     16 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads\n\
+ptxas info    : Used 255 registers, used 0 barriers\n\
+ptxas info    : Compile time = 24.933 ms\n";
+        let r = parse(log);
+        assert_eq!(r.len(), 1);
+        assert_eq!(
+            (
+                r[0].registers,
+                r[0].stack,
+                r[0].spill_stores,
+                r[0].spill_loads
+            ),
+            (255, 16, 8, 8)
+        );
+        assert_eq!(
+            without_report(log),
+            "recipe_kernels.cu(12): warning #177-D: variable \"x\" was declared but never referenced"
+        );
     }
 }
