@@ -755,6 +755,29 @@ fn gemm_candidates_are_timed_on_the_fake_gpu() {
     );
 }
 
+/// The bf16 tiny BERT on the fake GPU against the CPU as `name`, with `env`: its losses,
+/// gradient norms and evaluation, and the fake's counts.
+fn bf16_run(dir: &Path, name: &str, env: &[(&str, &str)]) -> (Vec<Step>, Vec<Value>, Value) {
+    let set = ["--set", "train.precision=bf16"];
+    let counts = dir.join(format!("{name}-stats.json"));
+    let mut env = env.to_vec();
+    env.push(("RECIPE_FAKE_CUDA_STATS", counts.to_str().unwrap()));
+    let (_, steps) = against_the_cpu(dir, name, "tiny.rcp", &set, 1, &env, 1e-5);
+    let s = stats(&counts);
+    (steps, norms_and_eval(&dir.join(format!("{name}-cuda"))), s)
+}
+
+/// [`bf16_run`] on one stream (`RECIPE_SIDE_STREAM=0`), which the side stream's runs must
+/// match bit for bit: its losses, gradient norms and evaluation.
+fn one_stream_run(dir: &Path) -> (Vec<Step>, Vec<Value>) {
+    let (steps, norms, s) = bf16_run(dir, "one-stream", &[("RECIPE_SIDE_STREAM", "0")]);
+    assert_eq!(s["lt_streams"], 1, "{s}");
+    assert_eq!(s["external_waits"], 0, "{s}");
+    // Programmatic dependent launches are off unless asked for.
+    assert_eq!(s["dependent_launches"], 0, "{s}");
+    (steps, norms)
+}
+
 /// The weight gradients' GEMMs and each segment's rounding run on a second stream
 /// (`Backend::aside`: beside the input gradients and the next layer's first kernels), and so
 /// do each step's segment updates (`Kernels::update_aside`: beside the next forward), with the
@@ -766,25 +789,12 @@ fn gemm_candidates_are_timed_on_the_fake_gpu() {
 /// backward's final join, the gradient norms differ), and the compute stream as late as they
 /// allow (a missing fork lets a GEMM read its inputs before they are written). With graphs,
 /// the captures hold the forks and joins (the fake refuses a capture that ends with a stream
-/// not joined back). ZeRO-2's reductions between two GPUs and the offload's copies read a
-/// segment as the backward hands it on: with the side stream late, the same bits as on one.
+/// not joined back). The tests after this one run the step before the forward, dependent
+/// launches, the streams' priorities, and the sinks that read a segment as it is handed on.
 #[test]
 fn weight_gradients_beside_the_rest_keep_the_bits() {
     let dir = workspace("fake-side", TINY);
-    let set = ["--set", "train.precision=bf16"];
-    let run = |name: &str, env: &[(&str, &str)]| {
-        let counts = dir.join(format!("{name}-stats.json"));
-        let mut env = env.to_vec();
-        env.push(("RECIPE_FAKE_CUDA_STATS", counts.to_str().unwrap()));
-        let (_, steps) = against_the_cpu(&dir, name, "tiny.rcp", &set, 1, &env, 1e-5);
-        let s = stats(&counts);
-        (steps, norms_and_eval(&dir.join(format!("{name}-cuda"))), s)
-    };
-    let (steps, norms, s) = run("one-stream", &[("RECIPE_SIDE_STREAM", "0")]);
-    assert_eq!(s["lt_streams"], 1, "{s}");
-    assert_eq!(s["external_waits"], 0, "{s}");
-    // Programmatic dependent launches are off unless asked for.
-    assert_eq!(s["dependent_launches"], 0, "{s}");
+    let (steps, norms) = one_stream_run(&dir);
     // Each step's updates go aside too, segment by segment, and the next forward waits for
     // each as it reads the segment (`Kernels::update_aside`): directly, and in the graphs as
     // their own nodes (external waits), which the graphs captured before the first step (the
@@ -816,7 +826,7 @@ fn weight_gradients_beside_the_rest_keep_the_bits() {
                 ("RECIPE_ROWS_FIRST", rows),
             ];
             let name = format!("lazy-{lazy}-graphs-{graphs}-rows-{rows}");
-            let (other, other_norms, s) = run(&name, &env);
+            let (other, other_norms, s) = bf16_run(&dir, &name, &env);
             assert_eq!(s["lt_streams"], 2, "{name}: {s}");
             if graphs == "1" {
                 assert!(s["graph_launches"].as_u64().unwrap() > 0, "{name}: {s}");
@@ -829,14 +839,20 @@ fn weight_gradients_beside_the_rest_keep_the_bits() {
             );
         }
     }
-    // The step before the forward, on the compute stream: no external wait.
-    let (other, other_norms, s) = run("step-before", &[("RECIPE_STEP_ASIDE", "0")]);
+}
+
+/// The step before the forward on the compute stream (`RECIPE_STEP_ASIDE=0`), and every kernel
+/// as a programmatic dependent launch (the fake's compute capability is 9.0), directly and in
+/// graphs, the side stream late, and with the program that signals early (`RECIPE_PDL=early`):
+/// the one-stream run's bits (the fake starts a kernel after the one ahead of it either way; on
+/// a GPU each kernel's GRID_WAIT keeps that order).
+#[test]
+fn the_step_before_the_forward_and_dependent_launches_keep_the_bits() {
+    let dir = workspace("fake-side-pdl", TINY);
+    let (steps, norms) = one_stream_run(&dir);
+    let (other, other_norms, s) = bf16_run(&dir, "step-before", &[("RECIPE_STEP_ASIDE", "0")]);
     assert_eq!(s["external_waits"], 0, "{s}");
     assert_eq!((other, other_norms), (steps.clone(), norms.clone()));
-    // Every kernel as a programmatic dependent launch (the fake's compute capability is 9.0),
-    // directly and in graphs, the side stream late, and with the program that signals early
-    // (`RECIPE_PDL=early`): the same bits (the fake starts a kernel after the one ahead of it
-    // either way; on a GPU each kernel's GRID_WAIT keeps that order).
     for (graphs, pdl) in [("0", "1"), ("1", "1"), ("1", "early")] {
         let name = format!("pdl-{pdl}-graphs-{graphs}");
         let env = [
@@ -845,7 +861,7 @@ fn weight_gradients_beside_the_rest_keep_the_bits() {
             ("RECIPE_FAKE_CUDA_ASYNC", "20"),
             ("RECIPE_FAKE_CUDA_LAZY", "others"),
         ];
-        let (other, other_norms, s) = run(&name, &env);
+        let (other, other_norms, s) = bf16_run(&dir, &name, &env);
         assert!(s["dependent_launches"].as_u64().unwrap() > 0, "{name}: {s}");
         assert_eq!(
             (other, other_norms),
@@ -853,10 +869,16 @@ fn weight_gradients_beside_the_rest_keep_the_bits() {
             "{name}"
         );
     }
-    // With graphs, the side stream behind the compute stream (the default: stream priorities,
-    // kept per node) and of the same priority.
+}
+
+/// With graphs, the side stream behind the compute stream (the default: stream priorities,
+/// kept per node) and of the same priority: the one-stream run's bits.
+#[test]
+fn the_side_streams_priority_keeps_the_bits_in_graphs() {
+    let dir = workspace("fake-side-priority", TINY);
+    let (steps, norms) = one_stream_run(&dir);
     for (name, side) in [("graphs", "1"), ("graphs-equal", "equal")] {
-        let (other, other_norms, s) = run(name, &[("RECIPE_SIDE_STREAM", side)]);
+        let (other, other_norms, s) = bf16_run(&dir, name, &[("RECIPE_SIDE_STREAM", side)]);
         assert_eq!(s["lt_streams"], 2, "{name}: {s}");
         assert!(s["graph_launches"].as_u64().unwrap() > 0, "{name}: {s}");
         assert_eq!(
@@ -865,9 +887,14 @@ fn weight_gradients_beside_the_rest_keep_the_bits() {
             "{name}"
         );
     }
-    // The sinks that read a segment's gradients as the backward hands it on (ZeRO-2's
-    // reductions between two GPUs, the offload's copies to the host) join the side stream
-    // first, also when it runs late.
+}
+
+/// The sinks that read a segment's gradients as the backward hands it on (ZeRO-2's reductions
+/// between two GPUs, the offload's copies to the host) join the side stream first, also when
+/// it runs late: the same bits as on one stream.
+#[test]
+fn the_sinks_of_a_segment_join_the_side_stream_first() {
+    let dir = workspace("fake-side-sinks", TINY);
     std::fs::write(dir.join("zero2.rcp"), format!("{TINY}zero 2\n")).unwrap();
     let offload = format!("{TINY}zero 2 {{ offload optimizer = cpu }}\n");
     std::fs::write(dir.join("offload.rcp"), offload).unwrap();
