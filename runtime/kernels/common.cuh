@@ -526,20 +526,22 @@ __device__ __forceinline__ void st_pair(unsigned short* p, unsigned w) {
 template <int S>
 __device__ __forceinline__ void mma_16816(float d[4], const unsigned a[4], const unsigned b[2]) {
 #ifdef RECIPE_EMU
-    // The emulation: every lane's registers gathered, then each output as its f32 sum over k in
+    // The emulation: every lane's registers exchanged, then each output as its f32 sum over k in
     // order (a tensor core's order of additions is its own: compared within a tolerance). The
-    // lane's two rows of A and two columns of B are converted once, not once per output.
-    unsigned mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]}, all[32 * 6];
-    emu::warp_gather(mine, 6, all);
+    // lane's two rows of A and two columns of B are read from the lanes holding them and
+    // converted once, not once per output.
+    unsigned mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
+    const unsigned* all = emu::warp_exchange(mine, 6);
+    constexpr unsigned W = emu::GATHER_WORDS;  // a lane's slot
     int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     auto half = [](unsigned w, int k) { return half_value<S>((unsigned short)(w >> (16 * (k & 1)))); };
     float av[2][16], bv[2][16];
     for (int k = 0; k < 16; k++) {
-        const unsigned* la = all + 6 * (4 * g + ((k & 7) >> 1));
+        const unsigned* la = all + W * (4 * g + ((k & 7) >> 1));
         av[0][k] = half(la[k >= 8 ? 2 : 0], k);
         av[1][k] = half(la[1 + (k >= 8 ? 2 : 0)], k);
         for (int c = 0; c < 2; c++)
-            bv[c][k] = half(all[6 * (4 * (2 * t + c) + ((k & 7) >> 1)) + 4 + (k >= 8 ? 1 : 0)], k);
+            bv[c][k] = half(all[W * (4 * (2 * t + c) + ((k & 7) >> 1)) + 4 + (k >= 8 ? 1 : 0)], k);
     }
     for (int r = 0; r < 4; r++) {
         const float* x = av[r >> 1];

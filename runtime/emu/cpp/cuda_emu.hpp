@@ -95,7 +95,7 @@ struct Launch {
     std::vector<unsigned char> dyn_smem;
     // A warp's lanes exchange values through slots: two sets, used in turn (`exchange_slots`).
     std::vector<uint64_t> lanes;  // `shuffle`'s slots, one per thread in each set
-    std::vector<unsigned> gathered;  // `warp_gather`'s slots, 8 words per thread in each set
+    std::vector<unsigned> gathered;  // `warp_exchange`'s slots, 8 words per thread in each set
     std::vector<unsigned char> turn;  // each thread's next set
 
     int order;                    // the blocks' order (`block_order`)
@@ -476,23 +476,24 @@ inline size_t exchange_slots() {
     return set * cur->threads;
 }
 
-// Every lane's `n` words of `mine` (n ≤ GATHER_WORDS) into `all` (lane l's at all[l·n …]), for
-// a whole warp: how the emulated mma.sync (common.cuh, `mma_16816`) reads the fragments the
-// other lanes hold. One warp barrier, where the same exchange through shuffles would take one
-// per word and lane.
+// Every lane's `n` words of `mine` (n ≤ GATHER_WORDS), for a whole warp: how the emulated
+// mma.sync (common.cuh, `mma_16816`) reads the fragments the other lanes hold. One warp barrier,
+// where the same exchange through shuffles would take one per word and lane. Returns the warp's
+// slots, lane l's words at [l · GATHER_WORDS …]: read them before this lane's next exchange (the
+// one after it writes the other set, `exchange_slots`), so each lane reads only the words it
+// needs instead of copying the warp's.
 constexpr unsigned GATHER_WORDS = 8;
-inline void warp_gather(const unsigned* mine, unsigned n, unsigned* all) {
+inline const unsigned* warp_exchange(const unsigned* mine, unsigned n) {
     unsigned me = linear, warp = me / 32;
     if (cur->warp_lanes(warp) != 32 || n > GATHER_WORDS) {
-        std::fprintf(stderr, "cuda_emu: warp_gather needs a whole warp (warp %u has %u lanes)\n",
+        std::fprintf(stderr, "cuda_emu: warp_exchange needs a whole warp (warp %u has %u lanes)\n",
                      warp, cur->warp_lanes(warp));
         std::abort();
     }
     unsigned* slots = cur->gathered.data() + exchange_slots() * GATHER_WORDS;
     for (unsigned i = 0; i < n; i++) slots[me * GATHER_WORDS + i] = mine[i];
     warp_sync();  // every lane's words are in
-    for (unsigned l = 0; l < 32; l++)
-        for (unsigned i = 0; i < n; i++) all[l * n + i] = slots[(warp * 32 + l) * GATHER_WORDS + i];
+    return slots + warp * 32 * GATHER_WORDS;
 }
 
 template <class T>
