@@ -95,7 +95,10 @@ pub fn run(
             eprintln!("error: {e}");
             return USAGE;
         }
-        failed |= print_reports(arch, &ptxas::parse(&compiled.log), &kernels);
+        // On a GPU (--selftest, --gemm-candidates) the command checks numbers and times, with
+        // whatever NVRTC that machine has: a spill there is reported, and fails only the gate.
+        let gate = !selftest && gemm_candidates.is_none();
+        failed |= print_reports(arch, &ptxas::parse(&compiled.log), &kernels, gate);
     }
     if let Some(max) = gemm_candidates {
         if let Err(code) = time_gemm_candidates(max, out) {
@@ -405,8 +408,14 @@ fn build(arch: &str, pdl: recipe_runtime::backend::cuda::Pdl, out: Option<&Path>
     }
 }
 
-/// Prints one architecture's table; true when a kernel spills or is missing from the report.
-fn print_reports(arch: &str, reports: &[ptxas::KernelReport], kernels: &[&str]) -> bool {
+/// Prints one architecture's table; true when a kernel spills or is missing from the report and
+/// `gate` (else it says so as a warning).
+fn print_reports(
+    arch: &str,
+    reports: &[ptxas::KernelReport],
+    kernels: &[&str],
+    gate: bool,
+) -> bool {
     println!(
         "  {:<28} {:>5} {:>6} {:>6} {:>7}",
         "kernel", "regs", "smem", "stack", "spills"
@@ -425,16 +434,17 @@ fn print_reports(arch: &str, reports: &[ptxas::KernelReport], kernels: &[&str]) 
         );
         bad |= spills > 0;
     }
+    let level = if gate { "error" } else { "warning" };
     for k in kernels {
         if !reports.iter().any(|r| r.name == *k) {
-            eprintln!("error: ptxas reported nothing for kernel {k} ({arch})");
+            eprintln!("{level}: ptxas reported nothing for kernel {k} ({arch})");
             bad = true;
         }
     }
     if bad {
-        eprintln!("error: {arch}: a kernel spills registers or is missing");
+        eprintln!("{level}: {arch}: a kernel spills registers or is missing");
     }
-    bad
+    bad && gate
 }
 
 /// Writes through a temporary file and a rename: never a half-written artefact.

@@ -292,7 +292,8 @@ enum Command {
         flags: RecipeFlags,
     },
     /// Compile the CUDA kernels with NVRTC (no GPU needed) and report each kernel's registers,
-    /// shared memory, stack and spills; exit 1 on a compile error or a spill (docs/cuda.md).
+    /// shared memory, stack and spills; exit 1 on a compile error or a spill (a spill only warns
+    /// with --selftest or --gemm-candidates) (docs/cuda.md).
     Kernels {
         /// A GPU architecture, sm_XY (repeatable; default sm_80 and sm_90).
         #[arg(long = "arch", value_name = "sm_XY", value_parser = kernels::arch)]
