@@ -57,6 +57,9 @@ pub fn run(
         }
     };
     let kernels = all_kernel_names();
+    // On a GPU (--selftest, --gemm-candidates) the command checks numbers and times, with
+    // whatever NVRTC that machine has: a spill there is reported, and fails only the gate.
+    let gate = !selftest && gemm_candidates.is_none();
     // Every architecture at once, each on a thread of its own (NVRTC compiles separate programs
     // side by side), then reported in order.
     let built: Vec<Built> = std::thread::scope(|s| {
@@ -95,9 +98,6 @@ pub fn run(
             eprintln!("error: {e}");
             return USAGE;
         }
-        // On a GPU (--selftest, --gemm-candidates) the command checks numbers and times, with
-        // whatever NVRTC that machine has: a spill there is reported, and fails only the gate.
-        let gate = !selftest && gemm_candidates.is_none();
         failed |= print_reports(arch, &ptxas::parse(&compiled.log), &kernels, gate);
     }
     if let Some(max) = gemm_candidates {
