@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The CUDA kernels' compile gate, on any machine (no GPU, no driver, no CUDA install):
 # installs the pinned NVRTC wheel into a cache, compiles every kernel of runtime/kernels/ through
-# the runtime's own NVRTC path for sm_75 (T4), sm_80 and sm_90, reads the registers and spills of
-# each kernel from the report of the assembler NVRTC runs for the CUBIN, and fails on a compile
-# error or a register spill (docs/cuda.md, "How the kernels are proven").
+# the runtime's own NVRTC path for sm_75 (T4), sm_80 (A100), sm_90 (H100, H200) and sm_100
+# (B200, GB200), reads the registers and spills of each kernel from the report of the assembler
+# NVRTC runs for the CUBIN, and fails on a compile error or a register spill (docs/cuda.md, "How
+# the kernels are proven").
 #
 #   scripts/check-kernels.sh            # uses target/release/recipe, building it if missing
 #   RECIPE_BIN=path/to/recipe scripts/check-kernels.sh
@@ -30,13 +31,15 @@ if [ ! -x "$BIN" ]; then
 fi
 # libnvrtc loads libnvrtc-builtins by bare name, so the folder goes on the library path.
 export LD_LIBRARY_PATH="$CU13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-# The program `RECIPE_PDL=early` compiles for sm_90 (each kernel's wait followed by
-# griddepcontrol.launch_dependents; docs/cuda.md, "Programmatic dependent launch"), assembled
-# too, and its PTX holding as many signals as waits: compiled beside the others (each
-# architecture is a thread of `recipe kernels`), its report printed after theirs.
+# sm_100 is compiled as the program `RECIPE_PDL=early` makes (each kernel's wait followed by
+# griddepcontrol.launch_dependents; docs/cuda.md, "Programmatic dependent launch"): the same
+# kernels plus one instruction each, so one compile proves both, and its PTX must hold as many
+# signals as waits. (Its text is the same for any architecture from sm_90 on: `GRID_WAIT` is
+# guarded by __CUDA_ARCH__ >= 900.) Compiled beside the others (each architecture is a thread of
+# `recipe kernels`), its report printed after theirs.
 EARLY="$(mktemp -d)"
 trap 'rm -rf "$EARLY"' EXIT
-RECIPE_PDL=early "$BIN" kernels --arch sm_90 --out "$EARLY" \
+RECIPE_PDL=early "$BIN" kernels --arch sm_100 --out "$EARLY" \
     > "$EARLY/report.txt" 2>&1 &
 early=$!
 status=0
@@ -44,9 +47,9 @@ status=0
 wait "$early" || status=$?
 cat "$EARLY/report.txt"
 [ "$status" -eq 0 ] || exit "$status"
-waits="$(grep -c 'griddepcontrol.wait;' "$EARLY/kernels.sm_90.ptx" || true)"
-signals="$(grep -c 'griddepcontrol.launch_dependents;' "$EARLY/kernels.sm_90.ptx" || true)"
-echo "RECIPE_PDL=early, sm_90: $waits waits, $signals launch_dependents"
+waits="$(grep -c 'griddepcontrol.wait;' "$EARLY/kernels.sm_100.ptx" || true)"
+signals="$(grep -c 'griddepcontrol.launch_dependents;' "$EARLY/kernels.sm_100.ptx" || true)"
+echo "RECIPE_PDL=early, sm_100: $waits waits, $signals launch_dependents"
 if [ "$waits" -eq 0 ] || [ "$waits" != "$signals" ]; then
     echo "error: the early program's PTX has $waits waits and $signals launch_dependents" >&2
     exit 1

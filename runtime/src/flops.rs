@@ -36,11 +36,16 @@ pub struct Peak {
 }
 
 /// Dense peaks, TFLOP/s, by a part of the GPU's name: (name, bf16/fp16 tensor cores, fp32).
-/// The longer names first: a plain "H100" is the SXM board ("NVIDIA H100 80GB HBM3"). Sources:
-/// NVIDIA's H100 and H200 datasheets (the sparsity figures halved) and the A100 datasheet; the
-/// same bf16 figures as scripts/gpu/throughput_summary.py's earlier table, so MFU figures in
-/// docs/gpu/ stay comparable.
+/// The longer names first, and a name before any it contains: a plain "H100" is the SXM board
+/// ("NVIDIA H100 80GB HBM3"), and "NVIDIA GB200" contains "B200". Sources: NVIDIA's H100 and H200
+/// datasheets (the sparsity figures halved) and the A100 datasheet; the same bf16 figures as
+/// scripts/gpu/throughput_summary.py's earlier table, so MFU figures in docs/gpu/ stay
+/// comparable. Blackwell: the per-GPU rows of NVIDIA's GB200 NVL72 / HGX B200 datasheet
+/// (FP16/BF16 tensor 5 and 4.5 PFLOPS with sparsity, halved; FP32 80 and 75 TFLOPS), the GB200's
+/// at its 1,200 W and the HGX B200's at its 1,000 W.
 const PEAKS: &[(&str, f64, f64)] = &[
+    ("GB200", 2500.0, 80.0),
+    ("B200", 2250.0, 75.0),
     ("H100 PCIe", 756.0, 51.0),
     ("H100 NVL", 835.0, 60.0),
     ("H200 NVL", 835.0, 60.0),
@@ -104,6 +109,8 @@ mod tests {
             ("NVIDIA H100 PCIe (sm_90)", 756.0, 51.0),
             ("NVIDIA H100 NVL (sm_90)", 835.0, 60.0),
             ("NVIDIA A100-SXM4-80GB (sm_80)", 312.0, 19.5),
+            ("NVIDIA B200 (sm_100)", 2250.0, 75.0),
+            ("NVIDIA GB200 (sm_100)", 2500.0, 80.0),
         ] {
             for (precision, want) in [
                 (Precision::Bf16, half),
@@ -116,6 +123,8 @@ mod tests {
             }
         }
         assert_eq!(device_peak("NVIDIA L4 (sm_89)", Precision::Bf16), None);
+        // Blackwell Ultra's figures are not in the table: no MFU rather than the B200's.
+        assert_eq!(device_peak("NVIDIA B300 (sm_103)", Precision::Bf16), None);
         assert_eq!(device_peak("cpu", Precision::Fp32), None);
     }
 
