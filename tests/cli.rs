@@ -309,6 +309,112 @@ fn steps_prints_the_seed_timelines_and_exits_one_on_divergence() {
     assert_eq!(v["native"]["total"], 12);
 }
 
+/// A recipe of a billion micro-batches an epoch: `steps` lists the first 100,000 and sums up
+/// the rest (its counts and first disagreement are the whole run's), `explain` lists a sample
+/// of its 750 million LR steps, and `--lr-csv` refuses a file of that size; all at once, where
+/// walking every micro-batch took minutes and gigabytes.
+#[test]
+fn a_billion_micro_batches_are_summed_up_not_listed() {
+    let huge = "tests/diagnostics/R0201-a-billion-micro-batches.rcp";
+    let o = recipe(&["steps", "--format", "json", huge]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let tl = &v["timelines"][0];
+    assert_eq!(tl["diverges"], true);
+    assert_eq!(tl["truncated"], true);
+    assert_eq!(tl["rows"].as_array().unwrap().len(), 100_000);
+    assert_eq!(tl["rows"][99_999]["count"], 100_000);
+    // transformers 4.26: floor(L / 4) steps an epoch, and HF stops at 3 of them; its last
+    // micro-batch is the last multiple of 4 in the third epoch.
+    assert_eq!(tl["hf_steps"], 750_000_003u64);
+    assert_eq!(tl["micro_batches"], 3_000_000_014u64);
+    let d = &tl["first_divergence"];
+    assert_eq!(
+        (&d["count"], &d["epoch"], &d["step_in_epoch"]),
+        (&1_000_000_008u64.into(), &2.into(), &3.into())
+    );
+    let o = recipe(&["steps", huge]);
+    let out = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        out.contains("(the first 100000 of the run's 3000000014 micro-batches)")
+            && out.contains("the first disagreement: micro-batch 1000000008 (epoch 2, batch 3)"),
+        "{out}"
+    );
+
+    let o = recipe(&["explain", "--format", "json", huge]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["lr_steps"], 750_000_003u64);
+    assert_eq!(v["lr_sampled"], true);
+    let lr = v["lr"].as_array().unwrap();
+    assert_eq!(lr.len(), 100_000);
+    let steps: Vec<u64> = lr.iter().map(|s| s["step"].as_u64().unwrap()).collect();
+    assert!(
+        steps.windows(2).all(|w| w[0] < w[1]),
+        "in order, no step twice"
+    );
+    assert_eq!(steps[..3], [1, 2, 3]);
+    assert_eq!(steps[99_999], 750_000_003);
+    // The last 1,000 steps one by one, evenly spaced ones before them.
+    assert_eq!(steps[99_000], 750_000_003 - 999);
+    assert!(steps[98_999] < 750_000_003 - 999 && steps[1000] > 1000);
+    let dir = temp_dir("hugecsv");
+    let csv = dir.join("lr.csv");
+    let o = recipe(&["explain", huge, "--lr-csv", csv.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("750000003 optimizer steps"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!csv.exists());
+}
+
+/// `--lr-csv` writes every step of a run whose report lists a sample of them.
+#[test]
+fn the_lr_csv_has_every_step_of_a_sampled_report() {
+    let dir = temp_dir("samplecsv");
+    let rcp = dir.join("long.rcp");
+    std::fs::write(
+        &rcp,
+        "model bert { from = \"m\", task = classify(labels: 2) }\n\
+         data { train = \"t.jsonl\", samples = 800000 }\n\
+         batch { micro = 1, accumulate = 4 }\n\
+         schedule linear { warmup = 10 }\n\
+         train { epochs = 1 }\n",
+    )
+    .unwrap();
+    let o = recipe(&["explain", "--format", "json", rcp.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (&v["lr_steps"], &v["lr_sampled"]),
+        (&200_000.into(), &true.into())
+    );
+    let csv = dir.join("lr.csv");
+    let o = recipe(&[
+        "explain",
+        rcp.to_str().unwrap(),
+        "--lr-csv",
+        csv.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let rows: Vec<&str> = text.lines().skip(1).collect();
+    assert_eq!(rows.len(), 200_000);
+    assert!(rows[199_999].starts_with("200000,"), "{}", rows[199_999]);
+    // The sampled steps of the report are the file's rows for the same steps.
+    for s in v["lr"].as_array().unwrap().iter().step_by(997) {
+        let k = s["step"].as_u64().unwrap() as usize;
+        let hf: f64 = rows[k - 1].split(',').nth(1).unwrap().parse().unwrap();
+        // serde_json's default float parser may land an ulp off the printed value.
+        let want = s["hf"].as_f64().unwrap();
+        assert!(
+            (hf - want).abs() <= 1e-15 * want.abs(),
+            "step {k}: {hf} {want}"
+        );
+    }
+}
+
 #[test]
 fn bad_flags_are_usage_errors() {
     for args in [

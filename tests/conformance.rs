@@ -306,8 +306,16 @@ fn old_stacks_show_the_step_misbehaviour_r0201_and_r0202_exist_for() {
         );
         // Our timeline for the recipe's targets against the real run, step by step.
         let r = resolve(checked.file.as_ref().unwrap(), &options);
-        let rows =
-            recipe::rules::steps::run_timeline(&r).unwrap_or_else(|| panic!("{case}: no timeline"));
+        let rows = recipe::rules::steps::run_timeline(&r, u64::MAX)
+            .unwrap_or_else(|| panic!("{case}: no timeline"));
+        // The summary the checker reads (R0201) is the same run: its end and first disagreement.
+        let sum = recipe::rules::steps::run_summary(&r).unwrap();
+        assert_eq!(sum.last, rows.last().copied(), "{case}");
+        assert_eq!(
+            sum.first_divergence,
+            rows.iter().find(|x| x.hf_step != x.ds_step).copied(),
+            "{case}"
+        );
         let real_rows = run["rows"].as_array().unwrap();
         assert!(!real_rows.is_empty(), "{case}: no optimizer step recorded");
         for real in real_rows {

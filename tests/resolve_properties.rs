@@ -5,7 +5,7 @@
 use proptest::prelude::*;
 use recipe::check::check_source_with;
 use recipe::resolve::{resolve, Options};
-use recipe::rules::steps::run_timeline;
+use recipe::rules::steps::{run_summary, run_timeline};
 
 #[allow(clippy::too_many_arguments)]
 fn recipe_text(
@@ -73,9 +73,11 @@ proptest! {
         let (u, total) = (r.uint("steps.per_epoch").unwrap(), r.uint("steps.total").unwrap());
         prop_assert_eq!(total, u * u64::from(epochs));
         if newest {
-            let rows = run_timeline(&r).unwrap();
+            let rows = run_timeline(&r, u64::MAX).unwrap();
             let hf_steps = rows.last().unwrap().hf_global;
             prop_assert_eq!(hf_steps, total, "{}", text);
+            // The summary (what the checker reads) lands on the same last micro-batch.
+            prop_assert_eq!(run_summary(&r).unwrap().last, rows.last().copied());
             // Per epoch: exactly U steps each.
             for e in 1..=u64::from(epochs) {
                 let in_epoch = rows.iter().filter(|x| x.epoch == e && x.hf_step).count() as u64;

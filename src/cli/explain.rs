@@ -83,13 +83,8 @@ pub fn run(file: &Path, key: Option<&str>, files: Files<'_>, flags: &RecipeFlags
         }
     }
     if let Some(path) = files.lr_csv {
-        let mut csv = String::from("step,hf,deepspeed\n");
-        for s in &rep.lr {
-            let cell = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x}"));
-            let _ = writeln!(csv, "{},{},{}", s.step, cell(s.hf), cell(s.deepspeed));
-        }
-        if let Err(e) = recipe::commands::atomic::write(path, csv.as_bytes()) {
-            eprintln!("error: cannot write `{}`: {e}", path.display());
+        if let Err(e) = lr_csv(&resolved, path) {
+            eprintln!("error: {e}");
             return USAGE;
         }
     }
@@ -132,7 +127,37 @@ pub fn run(file: &Path, key: Option<&str>, files: Files<'_>, flags: &RecipeFlags
     OK
 }
 
-/// `--plot`: HF's and DeepSpeed's LR per optimizer step, epoch ends, the steps they differ at.
+/// The most rows `--lr-csv` writes: about 4 GB of text.
+const CSV_STEPS_MAX: u64 = 100_000_000;
+
+/// `--lr-csv`: every optimizer step's LR on each side, computed as it is written (the report
+/// lists a sample of a long run's), through a temporary file renamed at the end.
+fn lr_csv(r: &recipe::resolve::Resolved, path: &Path) -> Result<(), String> {
+    use std::io::Write as _;
+    let Some(curves) = recipe::upstream::schedules::curves(r) else {
+        return Err("--lr-csv: no LR to write (the number of training samples is unknown: give `data.samples` or --samples)".into());
+    };
+    let n = curves.total();
+    if n > CSV_STEPS_MAX {
+        return Err(format!(
+            "--lr-csv: the run has {n} optimizer steps; the CSV is written for runs of at most {CSV_STEPS_MAX} (about 4 GB)"
+        ));
+    }
+    recipe::commands::atomic::write_with(path, |out| {
+        let mut w = std::io::BufWriter::new(out);
+        w.write_all(b"step,hf,deepspeed\n")?;
+        let cell = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x}"));
+        for k in 1..=n {
+            let s = curves.at(k);
+            writeln!(w, "{},{},{}", s.step, cell(s.hf), cell(s.deepspeed))?;
+        }
+        w.flush()
+    })
+    .map_err(|e| format!("cannot write `{}`: {e}", path.display()))
+}
+
+/// `--plot`: HF's and DeepSpeed's LR per optimizer step, epoch ends, the steps they differ at
+/// (of the report's steps: a long run's sample).
 fn plot(rep: &Report, path: &Path) -> Result<(), String> {
     use recipe_runtime::plot::{curves_chart, Curve, LR_AXES};
     if rep.lr.is_empty() {
@@ -437,6 +462,7 @@ fn rest(rep: &Report, out: &mut String, width: usize) {
             ),
         ]];
         let n = rep.lr.len();
+        let total = rep.lr_steps;
         for (i, s) in rep.lr.iter().enumerate() {
             if n > 10 && i == 5 {
                 rows.push(vec!["  …".into(), String::new(), String::new()]);
@@ -450,8 +476,10 @@ fn rest(rep: &Report, out: &mut String, width: usize) {
             }
         }
         out.push_str(&table(&rows));
-        if n > 10 {
-            let _ = writeln!(out, "  (--lr-csv FILE writes all {n} steps)");
+        if total > CSV_STEPS_MAX {
+            let _ = writeln!(out, "  ({total} steps in all)");
+        } else if total > 10 {
+            let _ = writeln!(out, "  (--lr-csv FILE writes all {total} steps)");
         }
     }
     if let Some(m) = &rep.memory {

@@ -4,13 +4,17 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use recipe::resolve::Resolved;
-use recipe::rules::steps::run_timeline;
-use recipe::upstream::steps::{diverges, Row};
+use recipe::rules::steps::{run_summary, run_timeline};
+use recipe::upstream::steps::Row;
 use recipe::upstream::versions::{Facts, Library, Targets};
 use recipe_runtime::accounting::NativeSteps;
 use serde::Serialize;
 
 use super::{load, Format, RecipeFlags, FAILED, OK, USAGE};
+
+/// The most micro-batches a timeline lists (the run's first): a recipe may state billions of
+/// samples; the counts, and the first disagreement wherever it is, are the whole run's.
+const ROWS_MAX: u64 = 100_000;
 
 /// One timeline under one set of versions.
 #[derive(Serialize)]
@@ -23,7 +27,19 @@ struct Timeline {
     hf_steps: u64,
     deepspeed_steps: u64,
     diverges: bool,
+    /// Micro-batches in the run.
+    micro_batches: u64,
+    /// The first micro-batch at which the two sides disagree.
+    first_divergence: Option<Row>,
+    /// The run's first micro-batches, [`ROWS_MAX`] at most: all of them unless `truncated`.
     rows: Vec<Row>,
+    truncated: bool,
+}
+
+/// Why a timeline cannot be made.
+enum NoTimeline {
+    SamplesUnknown,
+    TooLong,
 }
 
 fn parse_stack(spec: &str, base: Targets) -> Result<Targets, String> {
@@ -49,21 +65,25 @@ fn parse_stack(spec: &str, base: Targets) -> Result<Targets, String> {
 }
 
 /// The timeline of the recipe under other versions: the step accounting is re-derived.
-fn timeline_for(resolved: &Resolved, targets: Targets) -> Option<Timeline> {
+fn timeline_for(resolved: &Resolved, targets: Targets) -> Result<Timeline, NoTimeline> {
     let mut r = resolved.clone();
     r.targets = targets;
     r.facts = Facts::for_targets(&targets);
     recipe::resolve::recompute_steps(&mut r);
-    let rows = run_timeline(&r)?;
-    Some(Timeline {
+    let rows = run_timeline(&r, ROWS_MAX).ok_or(NoTimeline::SamplesUnknown)?;
+    let sum = run_summary(&r).ok_or(NoTimeline::TooLong)?;
+    Ok(Timeline {
         transformers: targets.transformers.to_string(),
         accelerate: targets.accelerate.to_string(),
         deepspeed: targets.deepspeed.to_string(),
-        batches_per_epoch: r.uint("steps.batches_per_epoch")?,
-        accumulate: r.uint("batch.accumulate")?,
-        hf_steps: rows.last().map_or(0, |x| x.hf_global),
-        deepspeed_steps: rows.last().map_or(0, |x| x.ds_global),
-        diverges: diverges(&rows),
+        batches_per_epoch: r.uint("steps.batches_per_epoch").unwrap_or(0),
+        accumulate: r.uint("batch.accumulate").unwrap_or(1),
+        hf_steps: sum.hf_steps(),
+        deepspeed_steps: sum.ds_steps(),
+        diverges: sum.first_divergence.is_some(),
+        micro_batches: sum.micro_batches(),
+        first_divergence: sum.first_divergence,
+        truncated: (rows.len() as u64) < sum.micro_batches(),
         rows,
     })
 }
@@ -124,11 +144,19 @@ fn draw(timelines: &[Timeline], r: &Resolved, path: &Path) -> Result<(), String>
         .filter(|x| x.hf_step != x.ds_step)
         .map(|x| x.count)
         .collect();
-    let title = format!(
+    let mut title = format!(
         "{}: optimizer steps per micro-batch (accumulate {})",
         r.text("recipe.name"),
         first.accumulate
     );
+    if first.truncated {
+        let _ = write!(
+            title,
+            ", the first {} of {}",
+            first.rows.len(),
+            first.micro_batches
+        );
+    }
     curves_chart(path, &title, &STEPS_AXES, &curves, &epoch_ends, &differ)
         .map_err(|e| e.to_string())
 }
@@ -171,9 +199,17 @@ pub fn run(
     let mut timelines = Vec::new();
     for t in stacks {
         match timeline_for(&resolved, t) {
-            Some(tl) => timelines.push(tl),
-            None => {
+            Ok(tl) => timelines.push(tl),
+            Err(NoTimeline::SamplesUnknown) => {
                 eprintln!("error: the number of training samples is unknown: give data.samples or --samples");
+                return FAILED;
+            }
+            Err(NoTimeline::TooLong) => {
+                eprintln!(
+                    "error: the timeline is too long to walk: its epochs repeat only every {} or more epochs (accumulate {}); lower `accumulate`",
+                    1u64 << 20,
+                    resolved.uint("batch.accumulate").unwrap_or(0)
+                );
                 return FAILED;
             }
         }
@@ -272,6 +308,28 @@ fn human(tl: &Timeline, all: bool) -> String {
     }
     if skipped {
         let _ = writeln!(out, "{:>7}", "…");
+    }
+    if tl.truncated {
+        let _ = writeln!(
+            out,
+            "  (the first {} of the run's {} micro-batches)",
+            tl.rows.len(),
+            tl.micro_batches
+        );
+        if let Some(d) = tl
+            .first_divergence
+            .filter(|d| d.count > tl.rows.len() as u64)
+        {
+            let _ = writeln!(
+                out,
+                "  the first disagreement: micro-batch {} (epoch {}, batch {}): HF {}, DeepSpeed {}",
+                d.count,
+                d.epoch,
+                d.step_in_epoch,
+                if d.hf_step { "steps" } else { "does not step" },
+                if d.ds_step { "steps" } else { "does not step" }
+            );
+        }
     }
     let _ = writeln!(
         out,

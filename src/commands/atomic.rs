@@ -7,6 +7,15 @@ use std::path::Path;
 
 /// Replaces `path` with `contents` atomically (same directory, then rename).
 pub fn write(path: &Path, contents: &[u8]) -> io::Result<()> {
+    write_with(path, |f| f.write_all(contents))
+}
+
+/// Replaces `path` atomically with what `fill` writes (a file too large to hold in memory):
+/// into a temporary file in the same directory, removed if `fill` fails, renamed at the end.
+pub fn write_with(
+    path: &Path,
+    fill: impl FnOnce(&mut fs::File) -> io::Result<()>,
+) -> io::Result<()> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -21,7 +30,7 @@ pub fn write(path: &Path, contents: &[u8]) -> io::Result<()> {
     ));
     let result = (|| {
         let mut f = fs::File::create(&tmp)?;
-        f.write_all(contents)?;
+        fill(&mut f)?;
         f.sync_all()?;
         if let Ok(meta) = fs::metadata(path) {
             fs::set_permissions(&tmp, meta.permissions())?;

@@ -112,8 +112,13 @@ pub struct Report {
     pub hf_schedule: Option<&'static str>,
     /// DeepSpeed's schedule name (used or counterpart).
     pub deepspeed_schedule: Option<&'static str>,
-    /// LR per optimizer step, every step.
+    /// LR per optimizer step: every step, or a sample of a longer run's (`lr_sampled`;
+    /// [`schedules::Curves::table`]).
     pub lr: Vec<LrStep>,
+    /// The run's optimizer steps (those `lr` lists, unless sampled).
+    pub lr_steps: u64,
+    /// `lr` lists the first and last steps and evenly spaced ones between, not every step.
+    pub lr_sampled: bool,
     /// Memory estimates, when the model's size is known.
     pub memory: Option<MemorySection>,
     /// Why a section is missing.
@@ -385,6 +390,7 @@ pub fn report(r: &Resolved, file: Option<&SourceFile>) -> Report {
     let curves = schedules::curves(r);
     let (hf_schedule, deepspeed_schedule) = curves.as_ref().map_or((None, None), |c| c.names());
     let lr = curves.as_ref().map(|c| c.table()).unwrap_or_default();
+    let lr_steps = curves.as_ref().map_or(0, |c| c.total());
     let memory = match crate::rules::zero::model_size(r) {
         Some((size, from)) => Some(memory_section(r, size, from)),
         None => {
@@ -400,7 +406,9 @@ pub fn report(r: &Resolved, file: Option<&SourceFile>) -> Report {
         schedule_owner: curves.as_ref().map(|c| c.owner),
         hf_schedule,
         deepspeed_schedule,
+        lr_sampled: (lr.len() as u64) < lr_steps,
         lr,
+        lr_steps,
         memory,
         notes,
     }

@@ -224,7 +224,7 @@ fn lr_summary(report: &Report) -> Option<String> {
     };
     let mut out = format!(
         "LR over {} optimizer steps ({owner}): step 1 {}, peak {} at step {peak_step}, step {} {}",
-        report.lr.len(),
+        report.lr_steps,
         fmt_f64(side(first)?),
         fmt_f64(peak),
         last.step,
@@ -236,16 +236,65 @@ fn lr_summary(report: &Report) -> Option<String> {
         .filter(|s| matches!((s.hf, s.deepspeed), (Some(a), Some(b)) if (a - b).abs() > 1e-12 * a.abs().max(b.abs())))
         .count();
     if report.hf_schedule.is_some() && report.deepspeed_schedule.is_some() {
-        if differ == 0 {
-            out.push_str("; HF's and DeepSpeed's curves agree at every step");
-        } else {
+        if differ == 0 && report.lr_sampled {
             let _ = write!(
                 out,
-                "; HF's {} and DeepSpeed's {} differ at {differ} steps (`recipe explain` lists them)",
+                "; HF's and DeepSpeed's curves agree at each of the {} steps sampled",
+                report.lr.len()
+            );
+        } else if differ == 0 {
+            out.push_str("; HF's and DeepSpeed's curves agree at every step");
+        } else {
+            let of = if report.lr_sampled {
+                format!(" of the {} sampled", report.lr.len())
+            } else {
+                String::new()
+            };
+            let _ = write!(
+                out,
+                "; HF's {} and DeepSpeed's {} differ at {differ}{of} steps (`recipe explain` lists them)",
                 report.hf_schedule.unwrap_or("?"),
                 report.deepspeed_schedule.unwrap_or("?")
             );
         }
     }
     Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report_for(samples: u64) -> Report {
+        let text = format!(
+            "model bert {{ from = \"m\", task = classify(labels: 2) }}\n\
+             data {{ train = \"t.jsonl\", samples = {samples} }}\n\
+             batch {{ micro = 1 }}\ntrain {{ epochs = 1 }}\n\
+             schedule WarmupDecayLR {{ warmup = 10 }}\n"
+        );
+        let r = crate::resolve::resolve(
+            &crate::syntax::parse(&text).unwrap(),
+            &crate::resolve::Options::default(),
+        );
+        explain::report(&r, None)
+    }
+
+    /// A run of more steps than the report lists says how many it has and that the count of
+    /// differing steps is the sample's; a shorter one counts every step.
+    #[test]
+    fn the_lr_summary_names_a_sample_as_one() {
+        let short = lr_summary(&report_for(500)).unwrap();
+        assert!(short.starts_with("LR over 500 optimizer steps"), "{short}");
+        assert!(
+            short.contains("differ at 499 steps (`recipe explain`"),
+            "{short}"
+        );
+        let long = lr_summary(&report_for(2_000_000_000)).unwrap();
+        assert!(
+            long.starts_with("LR over 2000000000 optimizer steps"),
+            "{long}"
+        );
+        assert!(long.contains("step 2000000000 "), "{long}");
+        assert!(long.contains("of the 100000 sampled steps"), "{long}");
+    }
 }

@@ -45,13 +45,10 @@ pub const CODES: &[(&str, &str, &str)] = &[
     (NO_STEPS, "no-steps", "the run takes no optimizer step"),
 ];
 
-/// The timeline of the run as the targets execute it, when the inputs are known.
-pub fn run_timeline(r: &Resolved) -> Option<Vec<steps::Row>> {
-    let l = r.uint("steps.batches_per_epoch")?;
-    let g = r.uint("batch.accumulate")?;
-    let total = r.uint("steps.total")?;
-    let u = r.uint("steps.per_epoch")?.max(1);
-    let epochs = total.div_ceil(u).max(1);
+/// The timeline of the run as the targets execute it, when the inputs are known: its first
+/// `limit` micro-batches.
+pub fn run_timeline(r: &Resolved, limit: u64) -> Option<Vec<steps::Row>> {
+    let (l, g, epochs, total) = timeline_shape(r)?;
     Some(steps::timeline(
         l,
         g,
@@ -59,7 +56,33 @@ pub fn run_timeline(r: &Resolved) -> Option<Vec<steps::Row>> {
         total,
         r.facts.hf_step_rule,
         r.facts.ds_boundary,
+        limit,
     ))
+}
+
+/// The whole run's timeline as [`steps::summary`] gives it: its last micro-batch and first
+/// disagreement, in time that does not grow with the run (a recipe may state billions of
+/// samples, and the editor checks it at every edit). `None` where the samples are unknown, or
+/// for an accumulation of more than a million micro-batches ([`steps::summary`]).
+pub fn run_summary(r: &Resolved) -> Option<steps::Summary> {
+    let (l, g, epochs, total) = timeline_shape(r)?;
+    steps::summary(
+        l,
+        g,
+        epochs,
+        total,
+        r.facts.hf_step_rule,
+        r.facts.ds_boundary,
+    )
+}
+
+/// Micro-batches per epoch, accumulation, epochs started and HF's total steps.
+fn timeline_shape(r: &Resolved) -> Option<(u64, u64, u64, u64)> {
+    let l = r.uint("steps.batches_per_epoch")?;
+    let g = r.uint("batch.accumulate")?;
+    let total = r.uint("steps.total")?;
+    let u = r.uint("steps.per_epoch")?.max(1);
+    Some((l, g, total.div_ceil(u).max(1), total))
 }
 
 /// Whether DeepSpeed takes part (a ZeRO stage or the DeepSpeed path at all). Every recipe
@@ -158,9 +181,9 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
     }
     let tf = r.targets.transformers;
     if uses_deepspeed(r) && g > 1 {
-        if let Some(rows) = run_timeline(r) {
-            if steps::diverges(&rows) {
-                out.push(drift(r, &rows, l, g));
+        if let Some(sum) = run_summary(r) {
+            if let Some(first) = sum.first_divergence {
+                out.push(drift(r, &sum, &first, l, g));
             }
         }
     }
@@ -244,13 +267,8 @@ fn early_stop_fixes(mut d: Diagnostic, r: &Resolved, l: u64, g: u64) -> Diagnost
     }
 }
 
-fn drift(r: &Resolved, rows: &[steps::Row], l: u64, g: u64) -> Diagnostic {
-    let first = rows
-        .iter()
-        .find(|row| row.hf_step != row.ds_step)
-        .expect("diverges");
-    let hf_steps = rows.last().map_or(0, |row| row.hf_global);
-    let ds_steps = rows.last().map_or(0, |row| row.ds_global);
+fn drift(r: &Resolved, sum: &steps::Summary, first: &steps::Row, l: u64, g: u64) -> Diagnostic {
+    let (hf_steps, ds_steps) = (sum.hf_steps(), sum.ds_steps());
     let (tf, acc) = (r.targets.transformers, r.targets.accelerate);
     let why = match (r.facts.hf_step_rule, r.facts.ds_boundary) {
         (HfStepRule::EpochModulo, _) => format!(

@@ -281,6 +281,12 @@ pub fn curves(r: &Resolved) -> Option<Curves> {
     })
 }
 
+/// The most optimizer steps a report lists ([`Curves::table`]).
+pub const LR_STEPS_LISTED: u64 = 100_000;
+/// Steps listed one by one at each end of a longer run's table: the warmup and the end of the
+/// decay, where the two sides' curves part most often.
+pub const LR_STEPS_AT_ENDS: u64 = 1_000;
+
 /// The learning rate of one optimizer step under each side.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct LrStep {
@@ -308,9 +314,31 @@ impl Curves {
         }
     }
 
-    /// Every step of the run.
+    /// The optimizer steps of the run (the table's last step).
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// The steps a report lists ([`LR_STEPS_LISTED`] at most, in order): every step of a run
+    /// that has no more, else the first and the last [`LR_STEPS_AT_ENDS`] and steps evenly
+    /// spaced between them. A recipe may state billions of samples; [`Curves::at`] gives any
+    /// step, and `recipe explain --lr-csv` writes them all.
     pub fn table(&self) -> Vec<LrStep> {
-        (1..=self.total).map(|k| self.at(k)).collect()
+        let n = self.total;
+        if n <= LR_STEPS_LISTED {
+            return (1..=n).map(|k| self.at(k)).collect();
+        }
+        let ends = LR_STEPS_AT_ENDS;
+        let between = LR_STEPS_LISTED - 2 * ends;
+        // Steps ends+1 … n−ends, `between` of them at even spacing (the division exact in u128).
+        let span = (n - 2 * ends) as u128;
+        let middle =
+            (0..between as u128).map(move |j| ends + 1 + (j * span / between as u128) as u64);
+        (1..=ends)
+            .chain(middle)
+            .chain(n - ends + 1..=n)
+            .map(|k| self.at(k))
+            .collect()
     }
 
     /// The name of each side's schedule.
