@@ -167,6 +167,33 @@ fn a_bad_row_is_reported_with_file_and_line_and_nothing_is_trained() {
     assert!(!dir.join("out/model").exists());
 }
 
+/// A config.json that asks for far more than the machine holds (hidden_size 10⁶: some 10¹³
+/// parameters) is refused before anything is allocated, with the model's size and the
+/// machine's, where the allocation used to abort the process (found by fuzzing the configs).
+#[test]
+fn a_model_larger_than_the_machine_is_refused_before_anything_is_allocated() {
+    let dir = workspace("huge", TINY);
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let mut config = config.as_object().unwrap().clone();
+    config.insert("hidden_size".into(), 1_000_000.into());
+    std::fs::write(dir.join("config.json"), Value::Object(config).to_string()).unwrap();
+    let o = recipe_in(&dir, &["run", "--quiet", "tiny.rcp"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let e = stderr(&o);
+    if cfg!(target_os = "linux") {
+        assert!(
+            e.contains("parameters: its f32 weights and gradients alone take")
+                && e.contains("GiB this machine has available"),
+            "{e}"
+        );
+    } else {
+        // Without /proc/meminfo the allocation itself fails, as an error.
+        assert!(e.contains("cannot be allocated"), "{e}");
+    }
+    assert!(!dir.join("out/model").exists());
+}
+
 #[test]
 fn a_label_outside_the_declared_set_is_an_error() {
     let dir = workspace("badlabel", TINY);

@@ -21,6 +21,7 @@ pub mod collective;
 pub mod data;
 pub mod flops;
 pub mod greedy;
+pub mod host_memory;
 pub mod json_f64;
 pub mod lr;
 pub mod metrics;

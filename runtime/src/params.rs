@@ -60,6 +60,36 @@ impl Params {
         }
     }
 
+    /// [`Params::zeros`] for a model whose size comes from a file: an error naming the size,
+    /// rather than an abort, where the elements overflow `usize` or their memory cannot be had.
+    pub fn try_zeros(specs: Vec<(String, Vec<usize>)>) -> Result<Params, String> {
+        let n = element_count(&specs).ok_or("the model's parameter count overflows")?;
+        let mut data = Vec::new();
+        data.try_reserve_exact(n).map_err(|e| {
+            format!(
+                "the model's {n} parameters need {:.1} GiB as f32, which cannot be allocated ({e})",
+                n as f64 * 4.0 / (1u64 << 30) as f64
+            )
+        })?;
+        data.resize(n, 0.0);
+        let mut p = Params::zeros(Vec::new());
+        p.data = data;
+        let mut offset = 0;
+        p.entries = specs
+            .into_iter()
+            .map(|(name, shape)| {
+                let e = Entry {
+                    name,
+                    shape,
+                    offset,
+                };
+                offset += e.numel();
+                e
+            })
+            .collect();
+        Ok(p)
+    }
+
     /// Total number of elements.
     pub fn len(&self) -> usize {
         self.data.len()
@@ -93,6 +123,14 @@ impl Params {
     }
 }
 
+/// The elements of tensors of these shapes together, or `None` past `usize::MAX`.
+pub fn element_count(specs: &[(String, Vec<usize>)]) -> Option<usize> {
+    specs.iter().try_fold(0usize, |sum, (_, shape)| {
+        let n = shape.iter().try_fold(1usize, |p, &d| p.checked_mul(d))?;
+        sum.checked_add(n)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,5 +148,25 @@ mod tests {
         p.get_mut("b").unwrap()[1] = 5.0;
         assert_eq!(p.data[7], 5.0);
         assert!(p.get("nope").is_none());
+    }
+
+    #[test]
+    fn a_model_too_large_to_hold_is_an_error_not_an_abort() {
+        let specs = |d: usize| vec![("w".to_string(), vec![d, d]), ("b".to_string(), vec![d])];
+        let p = Params::try_zeros(specs(3)).unwrap();
+        assert_eq!(p, Params::zeros(specs(3)));
+        assert_eq!(element_count(&specs(3)), Some(12));
+        // 2^62 elements: 2^64 bytes, past what an allocation may ask for (isize::MAX), refused
+        // without asking the OS (which may overcommit a merely huge request).
+        let e = Params::try_zeros(specs(1 << 31)).unwrap_err();
+        assert!(
+            e.contains("4611686020574871552 parameters need") && e.contains("cannot be allocated"),
+            "{e}"
+        );
+        // Shapes whose product passes usize::MAX.
+        assert_eq!(element_count(&specs(1 << 40)), None);
+        assert!(Params::try_zeros(specs(1 << 40))
+            .unwrap_err()
+            .contains("overflows"));
     }
 }

@@ -402,6 +402,44 @@ fn supported(plan: &Plan) -> Result<(), RunError> {
 }
 
 /// The model the plan names, or the one saved in a checkpoint.
+/// Refuses, before anything is allocated, a model whose weights (and, training on the CPU, their
+/// gradients: `grads_on_host`) alone exceed the memory this machine has available
+/// ([`crate::host_memory`]): the allocations would succeed and the kernel then kill the run, or
+/// swap it to a crawl, minutes in. The optimizer's states and the activations come on top, so
+/// this is a floor, not an estimate (`recipe explain` has those). A config that cannot be read
+/// here is left to the loader to report.
+fn fits_in_memory(plan: &Plan, resume: Option<&Path>, grads_on_host: bool) -> Result<(), RunError> {
+    let config = match (resume, &plan.model.source) {
+        (Some(dir), _) => dir.join("config.json"),
+        (None, ModelSource::Pretrained { dir }) => dir.join("config.json"),
+        (None, ModelSource::Config { config }) => config.clone(),
+    };
+    let Some(config) = std::fs::read_to_string(&config)
+        .ok()
+        .and_then(|text| BertConfig::from_json(&text).ok())
+    else {
+        return Ok(());
+    };
+    let Some(n) = Classifier::param_count(&config, plan.model.labels.len()) else {
+        return Err(ModelError::Memory("the model's parameter count overflows".into()).into());
+    };
+    let (copies, what) = if grads_on_host {
+        (2, "its f32 weights and gradients")
+    } else {
+        (1, "its f32 weights")
+    };
+    let need = (n as u64).saturating_mul(4 * copies);
+    match crate::host_memory::available() {
+        Some(free) if need > free => Err(ModelError::Memory(format!(
+            "the model has {n} parameters: {what} alone take {:.1} GiB, more than the {:.1} GiB this machine has available (MemAvailable in /proc/meminfo); train it on GPUs (--device cuda, with `zero 3` or an offload to partition it) or choose a smaller model",
+            crate::host_memory::gib(need),
+            crate::host_memory::gib(free)
+        ))
+        .into()),
+        _ => Ok(()),
+    }
+}
+
 fn load_model(plan: &Plan, resume: Option<&Path>) -> Result<Classifier, RunError> {
     let n = plan.model.labels.len();
     let seed = plan.train.seed;
@@ -643,6 +681,11 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
 
     let out = &plan.train.output_dir;
     std::fs::create_dir_all(out).map_err(io(out))?;
+    fits_in_memory(
+        plan,
+        options.resume.as_deref(),
+        options.executors.is_empty(),
+    )?;
     let mut model = load_model(plan, options.resume.as_deref())?;
     let world = plan.batch.world.max(1) as usize;
     let stage = plan.train.zero_stage.min(3);

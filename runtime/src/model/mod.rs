@@ -105,6 +105,9 @@ pub enum ModelError {
     /// An argument is inconsistent with the model (gradient length, label names, …).
     #[error("{0}")]
     Argument(String),
+    /// The machine cannot hold the model (its size and what is available, in words).
+    #[error("{0}")]
+    Memory(String),
 }
 
 /// One batch of token sequences, row-major `[batch, seq]`.
@@ -245,7 +248,8 @@ impl Classifier {
                 "num_labels = {num_labels}: single-label classification needs at least 2"
             )));
         }
-        let params = Params::zeros(layout::param_specs(&config, num_labels));
+        let params = Params::try_zeros(layout::param_specs(&config, num_labels))
+            .map_err(ModelError::Memory)?;
         let layout = Layout::of(&config, &params);
         Ok(Classifier {
             config,
@@ -297,6 +301,12 @@ impl Classifier {
             m.init_tensor(n, seed);
         }
         Ok(m)
+    }
+
+    /// The parameters a model of `config` with `num_labels` labels has, or `None` past
+    /// `usize::MAX` (a config's sizes are the user's).
+    pub fn param_count(config: &BertConfig, num_labels: usize) -> Option<usize> {
+        crate::params::element_count(&layout::param_specs(config, num_labels))
     }
 
     /// Loads `dir/config.json` and `dir/model.safetensors` (see the module docs for the name
