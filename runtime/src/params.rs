@@ -41,21 +41,9 @@ pub struct Params {
 impl Params {
     /// A zero-filled store with the given `(name, shape)` tensors laid out in order.
     pub fn zeros(specs: Vec<(String, Vec<usize>)>) -> Params {
-        let mut offset = 0;
-        let entries: Vec<Entry> = specs
-            .into_iter()
-            .map(|(name, shape)| {
-                let e = Entry {
-                    name,
-                    shape,
-                    offset,
-                };
-                offset += e.numel();
-                e
-            })
-            .collect();
+        let (entries, n) = lay_out(specs);
         Params {
-            data: vec![0.0; offset],
+            data: vec![0.0; n],
             entries,
         }
     }
@@ -72,22 +60,10 @@ impl Params {
             )
         })?;
         data.resize(n, 0.0);
-        let mut p = Params::zeros(Vec::new());
-        p.data = data;
-        let mut offset = 0;
-        p.entries = specs
-            .into_iter()
-            .map(|(name, shape)| {
-                let e = Entry {
-                    name,
-                    shape,
-                    offset,
-                };
-                offset += e.numel();
-                e
-            })
-            .collect();
-        Ok(p)
+        Ok(Params {
+            data,
+            entries: lay_out(specs).0,
+        })
     }
 
     /// Total number of elements.
@@ -121,6 +97,24 @@ impl Params {
     pub fn zeros_like(&self) -> Vec<f32> {
         vec![0.0; self.data.len()]
     }
+}
+
+/// The tensors one after another from offset 0, and the elements they take.
+fn lay_out(specs: Vec<(String, Vec<usize>)>) -> (Vec<Entry>, usize) {
+    let mut offset = 0;
+    let entries = specs
+        .into_iter()
+        .map(|(name, shape)| {
+            let e = Entry {
+                name,
+                shape,
+                offset,
+            };
+            offset += e.numel();
+            e
+        })
+        .collect();
+    (entries, offset)
 }
 
 /// The elements of tensors of these shapes together, or `None` past `usize::MAX`.
