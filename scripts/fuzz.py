@@ -7,7 +7,7 @@ exit code outside 0/1/2, no answer within the time limit, a language server that
 with an error, or `fmt` that is not idempotent or changes what `check` reports. Each finding's
 input is written to OUT/<mode>-<n>/ with what happened.
 
-    scripts/fuzz.py [--mode recipes|pairs|lsp|fmt|data|all] [--seconds 120] [--seed N] [--out DIR]
+    scripts/fuzz.py [--mode recipes|pairs|lsp|fmt|data|backends|all] [--seconds 120] [--seed N] [--out DIR]
 
 Modes (seeds from the repository):
   recipes  recipes/*.rcp and tests/diagnostics/*.rcp, mutated (tokens, numbers at extremes,
@@ -17,10 +17,17 @@ Modes (seeds from the repository):
            definition, code actions, formatting, symbols and inlay hints at random places;
   fmt      fmt twice (the same text) and check before and after (the same codes);
   data     `recipe run --stop-after 2` of the tiny BERT (runtime/tests/fixtures) with broken data
-           rows, config values and batch sizes.
+           rows, config values and batch sizes;
+  backends the tiny BERT in random shapes (heads of 5 to 64, 3 to 150 tokens), precisions,
+           optimizers and ZeRO stages on the CPU and on the fake GPUs of runtime/fake-cuda under
+           random CUDA switches (RECIPE_PDL, RECIPE_FUSED_ATTENTION, ...): the same steps and
+           losses within 1e-5 (a few 16-bit ulps where attention is fused), or a finding. Needs
+           the fake driver (`cargo test --release --no-run`); not in `all` (seconds a case).
 Found this way (2026-12-07): R0201's timeline walking every micro-batch (a recipe of 10^10
 samples aborted), explain's LR table of every step, and a config asking for 372 GB aborting
-`recipe run`.
+`recipe run`; then R0315's greedy curve kept step by step (10^12 steps asked for 30 TB), its
+plateau cuts made one by one (24 s) and R0303's half-way step walked (minutes, the editor
+stalled).
 """
 import argparse
 import json
@@ -322,7 +329,152 @@ def mode_data(tmp, findings, deadline):
     return n
 
 
-MODES = {"recipes": mode_recipes, "pairs": mode_pairs, "lsp": mode_lsp, "fmt": mode_fmt, "data": mode_data}
+# Switches of the CUDA backend (docs/cuda.md) that must not change a run's results: each the
+# GPU session's A/B of a default still to flip, or a fallback. With the fake driver's
+# asynchronous streams a missing wait shows as a wrong result.
+CUDA_SWITCHES = {
+    "RECIPE_CUDA_GRAPHS": ["0", "1"],
+    "RECIPE_FUSED_ATTENTION": ["0", "1"],
+    "RECIPE_PDL": ["0", "1", "early"],
+    "RECIPE_ROWS_FIRST": ["0", "1"],
+    "RECIPE_STEP_ASIDE": ["0", "1"],
+    "RECIPE_SIDE_STREAM": ["0", "1", "equal"],
+    "RECIPE_GEMM_ALGO": ["fastest"],
+    "RECIPE_GEMM_LIBRARY": ["cublas"],
+    "RECIPE_HALF_GEMM": ["convert"],
+    "RECIPE_FAKE_CUDA_ASYNC": ["20"],
+    "RECIPE_FAKE_CUDA_LAZY": ["others"],
+}
+
+
+def fake_cuda_libs(tmp):
+    """A folder of links named as the libraries cudarc loads, to the fake driver `cargo test
+    --release` builds (runtime/fake-cuda; scripts/fake-gpu-check.sh does the same)."""
+    found = [os.path.join(d, f) for d in (os.path.join(ROOT, "target/release/deps"),
+                                          os.path.join(ROOT, "target/release"))
+             if os.path.isdir(d) for f in os.listdir(d)
+             if f.startswith("librecipe_fake_cuda") and f.endswith(".so")]
+    if not found:
+        sys.exit("no librecipe_fake_cuda*.so: cargo test --release --no-run -p recipe --test fake_cuda")
+    lib = max(found, key=os.path.getmtime)
+    libs = os.path.join(tmp, "libs")
+    os.makedirs(libs, exist_ok=True)
+    for name in ("libcuda.so", "libcuda.so.1", "libnvrtc.so", "libcublas.so", "libcublasLt.so",
+                 "libnccl.so", "libnccl.so.2"):
+        os.symlink(lib, os.path.join(libs, name))
+    return libs
+
+
+def logged_steps(out):
+    """Each logged step's (step, lr, loss scale, skipped) and its loss, and each step's gradient
+    norm and evaluation's loss, from metrics.jsonl."""
+    rows = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl")) if x.strip()]
+    return [((r.get("step"), r.get("lr"), r.get("loss_scale"), r.get("skipped")), r["loss"])
+            for r in rows if "loss" in r] + \
+        [(("grad_norm", r.get("step")), r["grad_norm"]) for r in rows
+         if isinstance(r.get("grad_norm"), float)] + \
+        [(("eval", r.get("step")), r["eval"]["loss"]) for r in rows
+         if isinstance(r.get("eval"), dict) and "loss" in r["eval"]]
+
+
+def mode_backends(tmp, findings, deadline):
+    """The tiny BERT in random shapes and settings on the CPU and on the fake GPUs (the
+    emulated kernels, cuBLASLt and NCCL of runtime/fake-cuda), under random CUDA switches: a
+    crash, a refusal of the fake driver, other steps, LRs, loss scales or skips, or losses, gradient
+    norms or evaluation losses more than 1e-5 apart relative (the fake's GEMMs add in the CPU's
+    order: tests/fake_cuda.rs holds its fixed shapes to 1e-5), or a few ulps of the 16-bit type
+    where the fused attention runs, is a finding."""
+    fixtures = os.path.join(ROOT, "runtime/tests/fixtures")
+    rows = open(os.path.join(fixtures, "data/spam48.jsonl")).read().splitlines()
+    config0 = json.load(open(os.path.join(fixtures, "tiny-bert/config.json")))
+    shutil.copy(os.path.join(fixtures, "tokenizer/tokenizer.json"), os.path.join(tmp, "tokenizer.json"))
+    open(os.path.join(tmp, "train.jsonl"), "w").write("\n".join(rows) + "\n")
+    open(os.path.join(tmp, "eval.jsonl"), "w").write("\n".join(rows[:12]) + "\n")
+    env = dict(os.environ, LD_LIBRARY_PATH=fake_cuda_libs(tmp) + ":" + os.environ.get("LD_LIBRARY_PATH", ""),
+               NO_COLOR="1", RECIPE_CACHE=os.path.join(tmp, "cache"), RECIPE_COLLECTIVE_TIMEOUT="120")
+    for k in list(env):
+        if k.startswith("RECIPE_") and k not in ("RECIPE_CACHE", "RECIPE_COLLECTIVE_TIMEOUT"):
+            del env[k]
+    n = 0
+    while time.time() < deadline:
+        n += 1
+        head = random.choice([8, 12, 16, 32, 32, 64, 64, 5])
+        heads = random.choice([1, 2, 3])
+        config = dict(config0, hidden_size=head * heads, num_attention_heads=heads,
+                      intermediate_size=random.randint(1, 4 * head * heads),
+                      num_hidden_layers=random.choice([1, 2]), max_position_embeddings=256)
+        dropout = random.choice([0.0, 0.1])
+        config.update(hidden_dropout_prob=dropout, attention_probs_dropout_prob=random.choice([0.0, dropout]))
+        precision = random.choice(["fp32", "fp16", "bf16", "bf16"])
+        gpus = random.choice([1, 1, 2])
+        stage = random.choice([0, 1, 2, 3])
+        zero = f"zero {stage}" + (" { offload optimizer = cpu }" if stage and random.random() < 0.3 else "")
+        optimizer = random.choice(["adamw { lr = 1e-3, weight_decay = 0.01 }", "adamw { lr = 1e-3 }",
+                                   "sgd { lr = 1e-2, momentum = 0.9 }", "adagrad { lr = 1e-2 }",
+                                   "lamb { lr = 1e-3 }"])
+        recipe = "\n".join([
+            'recipe "fuzz"',
+            'model bert { config = "config.json", task = classify(labels: ["ham", "spam"]) }',
+            'data { train = "train.jsonl", eval = "eval.jsonl", max_len = %d }'
+            % random.choice([3, 8, 24, 31, 64, 128, 129, 150]),
+            "batch { micro = %d, accumulate = %d }" % (random.randint(1, 6), random.randint(1, 3)),
+            "optimizer " + optimizer,
+            "schedule linear { warmup = 1 }",
+            "train { epochs = 1, precision = %s, seed = %d, logging_steps = 1%s }"
+            % (precision, random.randrange(1000), random.choice(["", ", clip = 1.0"])),
+            zero, ""])
+        switches = {k: random.choice(v) for k, v in CUDA_SWITCHES.items() if random.random() < 0.3}
+        if "RECIPE_GEMM_LIBRARY" in switches:  # refused together (cuBLAS has no candidates)
+            switches.pop("RECIPE_GEMM_ALGO", None)
+        files = {"config.json": json.dumps(config), "fuzz.rcp": recipe,
+                 "env.txt": " ".join(f"{k}={v}" for k, v in sorted(switches.items()))}
+        for name in ("config.json", "fuzz.rcp"):
+            open(os.path.join(tmp, name), "w").write(files[name])
+        runs, what = [], None
+        for device in ("cpu", "cuda"):
+            out = os.path.join(tmp, "out-" + device)
+            shutil.rmtree(out, ignore_errors=True)
+            args = [BIN, "run", "fuzz.rcp", "--quiet", "--device", device, "--gpus", str(gpus),
+                    "--stop-after", "3", "--set", f'train.output_dir="{out}"']
+            e = dict(env, RECIPE_FAKE_CUDA_GPUS=str(gpus), **(switches if device == "cuda" else {}))
+            try:
+                r = subprocess.run(args, capture_output=True, timeout=600, cwd=tmp, env=e)
+            except subprocess.TimeoutExpired:
+                what = f"no answer in 600 s on {device}"
+                break
+            err = r.stderr.decode(errors="replace")
+            if device == "cpu" and r.returncode in (1, 2) and "panicked" not in err:
+                what = "refused"  # a recipe the checker refuses (LAMB with offload, ...)
+                break
+            if r.returncode != 0 or "panicked" in err or "fake CUDA:" in err:
+                what = f"exit {r.returncode} on {device}\n{err[-3000:]}"
+                break
+            runs.append(logged_steps(out))
+        if what is None:
+            (cpu, gpu) = runs
+            if [k for k, _ in cpu] != [k for k, _ in gpu]:
+                what = f"steps, LRs, loss scales or skips differ:\ncpu {cpu}\ncuda {gpu}"
+            elif not any(isinstance(k[0], int) for k, _ in cpu):
+                what = "no step logged"
+            else:
+                worst = max(abs(a - b) / max(abs(a), 1e-30) for (_, a), (_, b) in zip(cpu, gpu)
+                            if a is not None and b is not None)
+                # The fused attention kernels (16-bit buffers, heads of 32 or 64) add some sums
+                # in another order than the CPU (docs/cuda.md): gradients an ulp apart now and
+                # then, a loss a few ulps of its 16-bit type apart after three steps. Every
+                # other path keeps the CPU's bits on the fake GPU.
+                fused = precision != "fp32" and head in (32, 64) and \
+                    switches.get("RECIPE_FUSED_ATTENTION") != "0"
+                bound = {"fp16": 4e-3, "bf16": 2e-2}[precision] if fused else 1e-5
+                if worst > bound:
+                    what = f"losses differ by {worst:.3e} relative:\ncpu {cpu}\ncuda {gpu}"
+        if what and what != "refused":
+            findings.add("backends", what, files)
+    return n
+
+
+MODES = {"recipes": mode_recipes, "pairs": mode_pairs, "lsp": mode_lsp, "fmt": mode_fmt, "data": mode_data,
+         "backends": mode_backends}
 
 
 def main():
@@ -337,7 +489,7 @@ def main():
     seed = a.seed if a.seed is not None else random.randrange(1 << 32)
     random.seed(seed)
     findings = Findings(os.path.abspath(a.out))
-    for name in (MODES if a.mode == "all" else [a.mode]):
+    for name in ([m for m in MODES if m != "backends"] if a.mode == "all" else [a.mode]):
         tmp = os.path.join(os.path.abspath(a.out), "work", name)
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)

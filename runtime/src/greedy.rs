@@ -57,6 +57,20 @@ impl Default for GreedyConfig {
     }
 }
 
+/// Calls [`Greedy::on_constant_metric`] follows one by one.
+pub const CONSTANT_DIRECT: u64 = 1 << 22;
+/// Calls [`Greedy::on_constant_metric`] follows at most looking for its state's cycle.
+pub const CONSTANT_FOLLOWED: u64 = 1 << 24;
+
+/// What [`Greedy::on_constant_metric`] finds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ConstantCurve {
+    /// The first call after which the LR differs from the LR before the first, and that LR.
+    pub first_change: Option<(u64, f64)>,
+    /// The LR after the last call, unless its state's cycle was not found.
+    pub last: Option<f64>,
+}
+
 /// HF's `GreedyLR` as a state machine over the metrics it is stepped with
 /// (huggingface/transformers@v5.24.0 src/transformers/optimization.py: `GreedyLR.step`,
 /// `is_better`, `_reduce_lr`, `_increase_lr`, `_reset`, `StreamingAverage`). A metric better
@@ -165,6 +179,79 @@ impl Greedy {
         self.lr
     }
 
+    /// The LR curve of `calls` calls of `step(metric)` with the same metric each time (how
+    /// DeepSpeed's engine steps it, with the batch size: R0315), without keeping it: the first
+    /// call after which the LR differs from the LR now, with that LR, and the LR after the last
+    /// call (`None`: not followed that far). A run states up to billions of steps, so past
+    /// [`CONSTANT_DIRECT`] calls the state's cycle is found (Brent's algorithm: on one metric the
+    /// state machine is a function of its state, and `_reset` brings it back round) and the
+    /// last call's state read off it; a cycle not closed within [`CONSTANT_FOLLOWED`] calls
+    /// (smoothing's running sum can drift by an ulp a call) leaves the end undecided.
+    pub fn on_constant_metric(&self, metric: f64, calls: u64) -> ConstantCurve {
+        let lr0 = self.lr;
+        let mut first = None;
+        let mut note = |j: u64, lr: f64| {
+            if first.is_none() && lr != lr0 && j <= calls {
+                first = Some((j, lr));
+            }
+        };
+        let mut g = self.clone();
+        if calls <= CONSTANT_DIRECT {
+            for j in 1..=calls {
+                let lr = g.step(metric);
+                note(j, lr);
+            }
+            return ConstantCurve {
+                first_change: first,
+                last: Some(g.lr),
+            };
+        }
+        // Brent: the hare runs ahead of a tortoise parked at powers of two until it meets it;
+        // `lam` is then the cycle's length. The hare has passed every state by then.
+        let (mut power, mut lam) = (1u64, 1u64);
+        let mut tortoise = self.clone();
+        let lr = g.step(metric);
+        let mut at = 1u64;
+        note(at, lr);
+        while g != tortoise {
+            if at >= CONSTANT_FOLLOWED {
+                return ConstantCurve {
+                    first_change: first,
+                    last: None,
+                };
+            }
+            if power == lam {
+                tortoise = g.clone();
+                power *= 2;
+                lam = 0;
+            }
+            let lr = g.step(metric);
+            at += 1;
+            lam += 1;
+            note(at, lr);
+        }
+        // The cycle's first state: the tortoise from the start, the hare `lam` calls ahead.
+        let (mut tortoise, mut hare) = (self.clone(), self.clone());
+        for _ in 0..lam {
+            hare.step(metric);
+        }
+        let mut mu = 0u64;
+        while tortoise != hare {
+            tortoise.step(metric);
+            hare.step(metric);
+            mu += 1;
+        }
+        // After `calls` calls the state is the one `mu + (calls − mu) mod lam` calls in.
+        let mut end = self.clone();
+        for _ in 0..mu + (calls - mu) % lam {
+            end.step(metric);
+        }
+        ConstantCurve {
+            first_change: first,
+            last: Some(end.lr),
+        }
+    }
+
     /// `_reset`: the initial LR and a fresh start (the cooldown set after it still applies).
     fn reset(&mut self) {
         self.lr = self.init_lr;
@@ -200,6 +287,82 @@ mod tests {
             0.01, 0.01, 0.005, 0.005, 0.0025, 0.0025, 0.00125, 0.00125, 0.001, 0.001, 0.01, 0.01,
         ];
         assert_eq!(got, want);
+    }
+
+    /// The constant metric's curve found through the cycle is the one stepped call by call,
+    /// for runs on both sides of the direct bound and cycles of every kind: resets, a floor
+    /// reached and kept (no resets left to take), cooldowns, smoothing.
+    #[test]
+    fn a_constant_metrics_curve_through_its_cycle_is_the_direct_one() {
+        let configs = [
+            GreedyConfig {
+                factor: 0.5,
+                patience: 1,
+                reset_start: 2,
+                ..GreedyConfig::default()
+            },
+            GreedyConfig {
+                factor: 0.9,
+                patience: 3,
+                cooldown: 2,
+                min_lr: 1e-6,
+                ..GreedyConfig::default()
+            },
+            GreedyConfig {
+                factor: 0.7,
+                patience: 0,
+                window: Some(3),
+                reset_start: 1,
+                ..GreedyConfig::default()
+            },
+            GreedyConfig {
+                min_lr: 0.5,
+                ..GreedyConfig::default()
+            },
+        ];
+        for config in configs {
+            let g = Greedy::new(0.01, config);
+            for calls in [
+                0,
+                1,
+                2,
+                5,
+                17,
+                1000,
+                CONSTANT_DIRECT + 1,
+                CONSTANT_DIRECT + 12_345,
+            ] {
+                let got = g.on_constant_metric(8.0, calls);
+                // The direct walk, as the rule did before: every LR kept.
+                let mut d = g.clone();
+                let lrs: Vec<f64> = (0..calls).map(|_| d.step(8.0)).collect();
+                let first = lrs
+                    .iter()
+                    .position(|&x| x != 0.01)
+                    .map(|i| (i as u64 + 1, lrs[i]));
+                assert_eq!(got.first_change, first, "{config:?}, {calls} calls");
+                assert_eq!(got.last, Some(d.lr), "{config:?}, {calls} calls");
+            }
+        }
+    }
+
+    /// A billion calls are answered from the cycle at once, and so is the LR that never moves.
+    #[test]
+    fn a_constant_metric_over_a_billion_calls() {
+        let config = GreedyConfig {
+            factor: 0.5,
+            patience: 1,
+            reset_start: 2,
+            ..GreedyConfig::default()
+        };
+        let got = Greedy::new(0.01, config).on_constant_metric(8.0, 1_000_000_000_001);
+        // The unit test above's cycle: 11 calls from the fresh state back to it (the 11th
+        // resets), and 10¹² + 1 calls are 2 past a whole number of cycles.
+        assert_eq!(got.first_change, Some((3, 0.005)));
+        assert_eq!(got.last, Some(0.01));
+        let still = Greedy::new(1e-4, GreedyConfig::default()).on_constant_metric(8.0, 1 << 40);
+        assert_eq!(still.first_change, None);
+        assert_eq!(still.last, Some(1e-4));
     }
 
     #[test]

@@ -923,8 +923,24 @@ fn warmup_min_two(r: &Resolved, kind: &str, w: u64) -> Diagnostic {
 }
 
 /// The first optimizer step at which the warmup has covered half of its way, on a unit scale.
+/// Both warmups (DeepSpeed's log, HF's linear) rise monotonically to the peak and stay there,
+/// so the step is found by bisection: a recipe may warm up over billions of steps. "Half" allows
+/// a few ulps (ln 4 / ln 16 rounds below ½), not a step's worth at any warmup a u64 counts.
 fn half_way(f: impl Fn(u64) -> f64, first: u64, limit: u64) -> Option<u64> {
-    (first..=limit).find(|&k| f(k) >= 0.5 - 1e-12)
+    let reached = |k: u64| f(k) >= 0.5 - 1e-15;
+    if first > limit || !reached(limit) {
+        return None;
+    }
+    let (mut lo, mut hi) = (first, limit);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if reached(mid) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    Some(lo)
 }
 
 /// R-L01/R-M01 (docs/upstream.md §6.4, §7): `warmup_type = log` gives `γ = ln(it + 1) / ln(W')`,
@@ -945,12 +961,20 @@ fn log_warmup(r: &Resolved, kind: &str) -> Diagnostic {
         let ds_half = half_way(
             |k| lr::ds_lr_at_iteration(&unit, &flags, 1.0, lr::ds_iteration(k)),
             2,
-            wp + 2,
+            wp.saturating_add(2),
         );
         let hf_half = half_way(
-            |k| lr::hf_lr(&HfSchedule::ConstantWithWarmup, 1.0, w, w.max(1) + 1, k),
+            |k| {
+                lr::hf_lr(
+                    &HfSchedule::ConstantWithWarmup,
+                    1.0,
+                    w,
+                    w.max(1).saturating_add(1),
+                    k,
+                )
+            },
             1,
-            w + 2,
+            w.saturating_add(2),
         );
         (w, wp, ds_half, hf_half)
     });
@@ -1177,6 +1201,43 @@ fn first_step_at_peak(r: &Resolved, kind: &str) -> Option<Diagnostic> {
     )))
 }
 
+/// The LR after `cuts` plateau cuts from `lr` (torch's `_reduce_lr`): each multiplies by
+/// `factor`, stays at or above `min_lr`, and one of `eps` or less is not made. The first
+/// `followed` are made one by one as torch rounds them (a recipe may state billions of steps);
+/// the rest, if any, as one power, and the answer is then approximate (`false`).
+fn plateau_end(
+    lr: f64,
+    factor: f64,
+    min_lr: f64,
+    eps: f64,
+    cuts: u64,
+    followed: u64,
+) -> (f64, bool) {
+    let mut end = lr;
+    for made in 0..cuts {
+        let next = (end * factor).max(min_lr);
+        if end - next <= eps {
+            return (end, true);
+        }
+        end = next;
+        if made + 1 == followed && made + 1 < cuts {
+            // A cut is no longer made once it would be `eps` or less, at end·(1 − factor) ≤ eps,
+            // nor once it rounds to nothing: among subnormals, at end·(1 − factor) under half
+            // their spacing.
+            let left = cuts - followed;
+            let stop = (eps / (1.0 - factor)).max(f64::from_bits(1) / (2.0 * (1.0 - factor)));
+            let end = (end * factor.powf(left as f64))
+                .max(min_lr)
+                .max(stop.min(end));
+            return (end, false);
+        }
+    }
+    (end, true)
+}
+
+/// Plateau cuts R0315 makes one by one (a millisecond's work); more are taken as one power.
+const PLATEAU_CUTS_FOLLOWED: u64 = 1 << 20;
+
 /// `reduce_lr_on_plateau` when DeepSpeed builds the optimizer (`owner = deepspeed`): HF hands its
 /// scheduler to `deepspeed.initialize` as a callable (huggingface/transformers@v5.24.0
 /// integrations/deepspeed.py:deepspeed_optim_sched, `DummyScheduler(lr_scheduler_callable=…)`;
@@ -1205,18 +1266,28 @@ fn plateau_stepped_by_deepspeed(r: &Resolved, kind: &str) -> Option<Diagnostic> 
     let (message, label) = if r.facts.ds_scheduler_step_batch_size_fallback && kind == "greedy" {
         let lr = r.num("optimizer.lr");
         let total = r.uint("steps.total").unwrap_or(0);
-        // Step k runs at the LR the scheduler left after optimizer step k − 1.
-        let mut g = schedules::greedy(r);
-        let lrs: Vec<f64> = std::iter::once(lr)
-            .chain((1..total).map(|_| g.step(batch as f64)))
-            .collect();
-        let curve = match lrs.iter().position(|&x| x != lr) {
-            None => format!("the LR stays at {} for all {total} steps", fmt_lr(lr)),
-            Some(i) => format!(
+        // Step k runs at the LR the scheduler left after optimizer step k − 1, so the run's
+        // steps see the first total − 1 calls; found without walking them all (a recipe may
+        // state billions of steps).
+        let curve = schedules::greedy(r).on_constant_metric(batch as f64, total.saturating_sub(1));
+        let curve = match (curve.first_change, curve.last) {
+            (None, Some(_)) => format!("the LR stays at {} for all {total} steps", fmt_lr(lr)),
+            (None, None) => format!(
+                "the LR stays at {} for the first {} steps at least",
+                fmt_lr(lr),
+                recipe_runtime::greedy::CONSTANT_FOLLOWED
+            ),
+            (Some((call, at)), Some(last)) => format!(
                 "the LR moves to {} at step {} and is {} by step {total}",
-                fmt_lr(lrs[i]),
-                i + 1,
-                fmt_lr(*lrs.last().unwrap_or(&lr))
+                fmt_lr(at),
+                call + 1,
+                fmt_lr(last)
+            ),
+            (Some((call, at)), None) => format!(
+                "the LR moves to {} at step {} (its curve is not followed past step {})",
+                fmt_lr(at),
+                call + 1,
+                recipe_runtime::greedy::CONSTANT_FOLLOWED
             ),
         };
         (
@@ -1238,19 +1309,12 @@ fn plateau_stepped_by_deepspeed(r: &Resolved, kind: &str) -> Option<Diagnostic> 
             n if n < first => 0,
             n => 1 + (n - first) / (first + cooldown),
         };
-        // Each cut stays at or above `min_lr`, and one smaller than `eps` is not made.
         let (min_lr, eps) = (r.num("schedule.min_lr"), r.num("schedule.eps"));
-        let mut end = lr;
-        for _ in 0..cuts {
-            let next = (end * factor).max(min_lr);
-            if end - next <= eps {
-                break;
-            }
-            end = next;
-        }
+        let (end, exact) = plateau_end(lr, factor, min_lr, eps, cuts, PLATEAU_CUTS_FOLLOWED);
+        let about = if exact { "" } else { "about " };
         (
             format!(
-                "DeepSpeed steps `reduce_lr_on_plateau` after every optimizer step with the batch size ({batch}) as the metric: the LR is multiplied by {} every {} steps, down to {} by step {total}, whatever the evaluations say",
+                "DeepSpeed steps `reduce_lr_on_plateau` after every optimizer step with the batch size ({batch}) as the metric: the LR is multiplied by {} every {} steps, down to {about}{} by step {total}, whatever the evaluations say",
                 fmt_f64(factor),
                 patience + 1 + cooldown,
                 fmt_lr(end)
@@ -1635,6 +1699,37 @@ fn peak_mismatch(r: &Resolved, kind: &str, out: &mut Vec<Diagnostic>) {
 mod tests {
     use super::*;
 
+    /// Past the cuts made one by one the power lands where making every cut lands, within the
+    /// message's three figures: at the floor, at the `eps` stop, among the subnormals, and in
+    /// the middle of the decay; within the bound the answer is the one-by-one one exactly.
+    #[test]
+    fn plateau_cuts_as_one_power_land_where_the_cuts_one_by_one_do() {
+        let mut approximated = 0;
+        for (lr, factor, min_lr, eps, cuts) in [
+            (1e-2, 0.999_999, 1e-5, 0.0, 3_000_000),
+            (1e-2, 0.999_999, 0.0, 1e-9, 5_000_000),
+            (1e-2, 0.999_999, 0.0, 1e-12, 2_000_000),
+            (1e-2, 0.99, 0.0, 0.0, 3_000_000),
+            (1e-2, 0.999_99, 0.0, 0.0, 80_000_000),
+            (1e-2, 0.999_999_9, 0.0, 0.0, 40_000_000),
+        ] {
+            let (exact, all) = plateau_end(lr, factor, min_lr, eps, cuts, u64::MAX);
+            let (about, whole) = plateau_end(lr, factor, min_lr, eps, cuts, 1 << 20);
+            assert!(all, "{factor} {cuts}");
+            if whole {
+                // Stopped (the floor, `eps`, or a cut rounding to nothing) within the bound.
+                assert_eq!(about, exact, "{factor} {cuts}");
+            } else {
+                approximated += 1;
+                assert!(
+                    (about - exact).abs() <= 1e-3 * exact,
+                    "factor {factor}, min_lr {min_lr}, eps {eps}, {cuts} cuts: {about:e} for {exact:e}"
+                );
+            }
+        }
+        assert_eq!(approximated, 5);
+    }
+
     #[test]
     fn plateau_is_refused_only_when_deepspeed_steps_it() {
         let base = "model bert { from = \"bert-base-uncased\", task = classify(labels: 2), hidden_size = 768 }\n\
@@ -1778,6 +1873,37 @@ mod tests {
             18,
         );
         assert_eq!((ds, hf), (Some(5), Some(9)));
+    }
+
+    /// The bisection finds the step a walk from the first step finds, for every warmup up to
+    /// 400 steps, on both sides.
+    #[test]
+    fn half_way_by_bisection_is_the_first_step_past_half() {
+        let flags = lr::DsFlags::LATEST;
+        for w in 0..=400u64 {
+            let wp = lr::ds_effective_warmup(w);
+            let unit = DsSchedule::WarmupLr {
+                min_lr: 0.0,
+                max_lr: Some(1.0),
+                warmup_num_steps: w,
+                warmup_type: DsWarmupType::Log,
+            };
+            let ds = |k| lr::ds_lr_at_iteration(&unit, &flags, 1.0, lr::ds_iteration(k));
+            let hf = |k| lr::hf_lr(&HfSchedule::ConstantWithWarmup, 1.0, w, w.max(1) + 1, k);
+            let walk = |f: &dyn Fn(u64) -> f64, first, limit| {
+                (first..=limit).find(|&k| f(k) >= 0.5 - 1e-15)
+            };
+            assert_eq!(
+                half_way(ds, 2, wp + 2),
+                walk(&ds, 2, wp + 2),
+                "log, W = {w}"
+            );
+            assert_eq!(
+                half_way(hf, 1, w + 2),
+                walk(&hf, 1, w + 2),
+                "linear, W = {w}"
+            );
+        }
     }
 
     #[test]
