@@ -356,9 +356,11 @@ def fake_cuda_libs(tmp):
              if f.startswith("librecipe_fake_cuda") and f.endswith(".so")]
     if not found:
         sys.exit("no librecipe_fake_cuda*.so: cargo test --release --no-run -p recipe --test fake_cuda")
-    lib = max(found, key=os.path.getmtime)
     libs = os.path.join(tmp, "libs")
     os.makedirs(libs, exist_ok=True)
+    # A copy: a build during the session replaces the one in target/.
+    lib = os.path.join(libs, "librecipe_fake_cuda.so")
+    shutil.copy(max(found, key=os.path.getmtime), lib)
     for name in ("libcuda.so", "libcuda.so.1", "libnvrtc.so", "libcublas.so", "libcublasLt.so",
                  "libnccl.so", "libnccl.so.2"):
         os.symlink(lib, os.path.join(libs, name))
@@ -380,10 +382,11 @@ def logged_steps(out):
 def mode_backends(tmp, findings, deadline):
     """The tiny BERT in random shapes and settings on the CPU and on the fake GPUs (the
     emulated kernels, cuBLASLt and NCCL of runtime/fake-cuda), under random CUDA switches: a
-    crash, a refusal of the fake driver, other steps, LRs, loss scales or skips, or losses, gradient
-    norms or evaluation losses more than 1e-5 apart relative (the fake's GEMMs add in the CPU's
-    order: tests/fake_cuda.rs holds its fixed shapes to 1e-5), or a few ulps of the 16-bit type
-    where the fused attention runs, is a finding."""
+    crash, a refusal of the fake driver, other steps, LRs, loss scales or skips, losses or
+    evaluation losses more than 1e-5 apart relative (the fake's GEMMs add in the CPU's order:
+    tests/fake_cuda.rs holds its fixed shapes to 1e-5; a few ulps of the 16-bit type where the
+    fused attention runs) or gradient norms more than 1e-3 apart (2e-2 in fp16/bf16) is a
+    finding."""
     fixtures = os.path.join(ROOT, "runtime/tests/fixtures")
     rows = open(os.path.join(fixtures, "data/spam48.jsonl")).read().splitlines()
     config0 = json.load(open(os.path.join(fixtures, "tiny-bert/config.json")))
@@ -457,17 +460,26 @@ def mode_backends(tmp, findings, deadline):
             elif not any(isinstance(k[0], int) for k, _ in cpu):
                 what = "no step logged"
             else:
-                worst = max(abs(a - b) / max(abs(a), 1e-30) for (_, a), (_, b) in zip(cpu, gpu)
-                            if a is not None and b is not None)
                 # The fused attention kernels (16-bit buffers, heads of 32 or 64) add some sums
                 # in another order than the CPU (docs/cuda.md): gradients an ulp apart now and
                 # then, a loss a few ulps of its 16-bit type apart after three steps. Every
-                # other path keeps the CPU's bits on the fake GPU.
+                # other path gives the CPU's losses on the fake GPU. The softmax kernels add
+                # in another order too, and near-uniform attention over long padded rows
+                # (Σ dp·p close to each dp) turns that into q's and k's gradients some 1e-3
+                # apart: gradient norms 1e-5 to 1e-4 apart in fp32, an ulp of a 16-bit
+                # gradient more.
                 fused = precision != "fp32" and head in (32, 64) and \
                     switches.get("RECIPE_FUSED_ATTENTION") != "0"
-                bound = {"fp16": 4e-3, "bf16": 2e-2}[precision] if fused else 1e-5
-                if worst > bound:
-                    what = f"losses differ by {worst:.3e} relative:\ncpu {cpu}\ncuda {gpu}"
+                half = precision != "fp32"
+                loss_bound = {"fp16": 4e-3, "bf16": 2e-2}[precision] if fused else 1e-5
+                norm_bound = 2e-2 if half else 1e-3
+                for (key, a), (_, b) in zip(cpu, gpu):
+                    if a is None or b is None:
+                        continue
+                    rel = abs(a - b) / max(abs(a), 1e-30)
+                    if rel > (norm_bound if key[0] == "grad_norm" else loss_bound):
+                        what = f"{key} differs by {rel:.3e} relative:\ncpu {cpu}\ncuda {gpu}"
+                        break
         if what and what != "refused":
             findings.add("backends", what, files)
     return n

@@ -194,6 +194,27 @@ fn a_model_larger_than_the_machine_is_refused_before_anything_is_allocated() {
     assert!(!dir.join("out/model").exists());
 }
 
+/// Each rank a process runs holds a copy of the model, so `--gpus 100000` on the CPU (740 GiB of
+/// the tiny model's weights and gradients) is refused before anything is allocated, where it
+/// used to be killed by the kernel (and `--gpus 4294967296` aborted allocating the optimizers).
+#[test]
+#[cfg_attr(
+    not(target_os = "linux"),
+    ignore = "the floor reads /proc/meminfo: elsewhere 100000 threads would be started"
+)]
+fn more_ranks_than_the_machine_holds_are_refused_before_anything_is_allocated() {
+    let dir = workspace("many-ranks", TINY);
+    let o = recipe_in(&dir, &["run", "--quiet", "--gpus", "100000", "tiny.rcp"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("each of the 100000 ranks this process runs holds a copy")
+            && e.contains("run fewer ranks (--gpus)"),
+        "{e}"
+    );
+    assert!(!dir.join("out/model").exists());
+}
+
 #[test]
 fn a_label_outside_the_declared_set_is_an_error() {
     let dir = workspace("badlabel", TINY);

@@ -406,9 +406,16 @@ fn supported(plan: &Plan) -> Result<(), RunError> {
 /// gradients: `grads_on_host`) alone exceed the memory this machine has available
 /// ([`crate::host_memory`]): the allocations would succeed and the kernel then kill the run, or
 /// swap it to a crawl, minutes in. The optimizer's states and the activations come on top, so
-/// this is a floor, not an estimate (`recipe explain` has those). A config that cannot be read
-/// here is left to the loader to report.
-fn fits_in_memory(plan: &Plan, resume: Option<&Path>, grads_on_host: bool) -> Result<(), RunError> {
+/// this is a floor, not an estimate (`recipe explain` has those). Each of the `ranks` this
+/// process runs holds a copy (a rank is a thread with its own replica, docs/runtime.md), so
+/// `--gpus 100000` on the CPU is refused here, not killed by the kernel. A config that cannot be
+/// read here is left to the loader to report.
+fn fits_in_memory(
+    plan: &Plan,
+    resume: Option<&Path>,
+    grads_on_host: bool,
+    ranks: usize,
+) -> Result<(), RunError> {
     let config = match (resume, &plan.model.source) {
         (Some(dir), _) => dir.join("config.json"),
         (None, ModelSource::Pretrained { dir }) => dir.join("config.json"),
@@ -428,10 +435,26 @@ fn fits_in_memory(plan: &Plan, resume: Option<&Path>, grads_on_host: bool) -> Re
     } else {
         (1, "its f32 weights")
     };
-    let need = (n as u64).saturating_mul(4 * copies);
+    let need = (n as u64)
+        .saturating_mul(4 * copies)
+        .saturating_mul(ranks.max(1) as u64);
+    let (what, advice) = if ranks > 1 {
+        (
+            format!(
+                "each of the {ranks} ranks this process runs holds a copy, and {} for all of them",
+                what.replacen("its", "the", 1)
+            ),
+            "run fewer ranks (--gpus), spread them over nodes (--nodes), or choose a smaller model",
+        )
+    } else {
+        (
+            what.to_string(),
+            "train it on GPUs (--device cuda, with `zero 3` or an offload to partition it) or choose a smaller model",
+        )
+    };
     match crate::host_memory::available() {
         Some(free) if need > free => Err(ModelError::Memory(format!(
-            "the model has {n} parameters: {what} alone take {:.1} GiB, more than the {:.1} GiB this machine has available (MemAvailable in /proc/meminfo); train it on GPUs (--device cuda, with `zero 3` or an offload to partition it) or choose a smaller model",
+            "the model has {n} parameters: {what} alone take {:.1} GiB, more than the {:.1} GiB this machine has available (MemAvailable in /proc/meminfo); {advice}",
             crate::host_memory::gib(need),
             crate::host_memory::gib(free)
         ))
@@ -681,15 +704,16 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
 
     let out = &plan.train.output_dir;
     std::fs::create_dir_all(out).map_err(io(out))?;
+    let local = local_ranks(plan, options.node.as_ref())?;
     fits_in_memory(
         plan,
         options.resume.as_deref(),
         options.executors.is_empty(),
+        local.len(),
     )?;
     let mut model = load_model(plan, options.resume.as_deref())?;
     let world = plan.batch.world.max(1) as usize;
     let stage = plan.train.zero_stage.min(3);
-    let local = local_ranks(plan, options.node.as_ref())?;
     // DeepSpeed reads `offload_optimizer` only under a ZeRO optimizer (stages 1–3; R0601 warns).
     let offload = plan.train.offload_optimizer == Offload::Cpu && stage >= 1;
     let mut done = 0u64;
@@ -850,7 +874,10 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
                 .map(|(coll, adam)| {
                     let (model, shared, attach) = (&model, &shared, &attach);
                     let rank = coll.rank();
-                    let h = s.spawn(move || {
+                    // A thread the system will not start (its limit on threads) fails that
+                    // rank, whose end of the group is dropped with the closure, so the other
+                    // ranks stop at their next collective instead of waiting for it.
+                    let h = std::thread::Builder::new().spawn_scoped(s, move || {
                         let mut model = model.clone();
                         model.set_backend(Cpu::new(per_rank).with_store(storage.module));
                         attach(&mut model, rank);
@@ -864,9 +891,15 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
                     (rank, h)
                 })
                 .collect();
+            let n = handles.len();
             handles
                 .into_iter()
                 .map(|(rank, h)| {
+                    let h = h.map_err(|e| {
+                        RunError::Mismatch(format!(
+                            "rank {rank}'s thread cannot be started: {e} (this process runs its {n} ranks as threads: spread them over nodes, --nodes N --node-rank K)"
+                        ))
+                    })?;
                     h.join().unwrap_or_else(|payload| {
                         // The panic's own words (a device out of memory says so), then the plea.
                         let what = payload
