@@ -50,7 +50,8 @@ pub fn infer(r: &mut Resolved) {
         (Some(mb), Some(gas), None) => derive(
             r,
             "batch.global",
-            mb * gas * world,
+            // Saturating: a product past i64 is R0103's (rules/batch.rs) to report.
+            mb.saturating_mul(gas).saturating_mul(world),
             "micro × accumulate × world",
             vec![
                 format!("batch.micro = {mb}"),
@@ -86,7 +87,7 @@ pub fn infer(r: &mut Resolved) {
             derive(
                 r,
                 "batch.global",
-                mb * world,
+                mb.saturating_mul(world),
                 "micro × accumulate × world",
                 vec![
                     format!("batch.micro = {mb}"),

@@ -493,7 +493,8 @@ fn resolve_world(r: &mut Resolved, options: &Options) {
     }
     r.set(
         "cluster.world_size",
-        Val::Int(gpus * nodes),
+        // Saturating: a product past i64 is R0103's to report, not to wrap into a small one.
+        Val::Int(gpus.saturating_mul(nodes)),
         Source::Derived {
             rule: "gpus × nodes".into(),
             inputs: vec![

@@ -12,6 +12,8 @@ use super::{anchor, origin};
 pub const BATCH_MISMATCH: &str = "R0101";
 /// A batch size inferred the way DeepSpeed does comes out as zero.
 pub const BATCH_ZERO: &str = "R0102";
+/// `micro × accumulate × world` (or `gpus × nodes`) does not fit 64 bits.
+pub const BATCH_OVERFLOW: &str = "R0103";
 
 /// This family's codes.
 pub const CODES: &[(&str, &str, &str)] = &[
@@ -25,6 +27,11 @@ pub const CODES: &[(&str, &str, &str)] = &[
         "batch-zero",
         "an inferred batch size comes out as zero",
     ),
+    (
+        BATCH_OVERFLOW,
+        "batch-overflow",
+        "micro x accumulate x world is past what 64 bits count",
+    ),
 ];
 
 /// Checks the batch triple.
@@ -37,6 +44,12 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
     ) else {
         return;
     };
+    // Python's integers do not overflow, but no sampler, tensor or dataset holds that many
+    // samples a step; the products below would wrap (resolve saturates them at i64::MAX).
+    if world == i64::MAX || mb.checked_mul(gas).and_then(|p| p.checked_mul(world)).is_none() {
+        out.push(batch_overflow(r, mb, gas, world));
+        return;
+    }
     for (name, v) in [("micro", mb), ("accumulate", gas), ("global", tb)] {
         if v <= 0 {
             let given: Vec<String> = ["batch.micro", "batch.accumulate", "batch.global"]
@@ -53,7 +66,7 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
                 .with_label(format!("from {} on {world} GPU(s)", given.join(", ")))
                 .with_help(format!(
                     "DeepSpeed derives `{name}` by integer division; make `global` at least micro × world = {}",
-                    mb.max(1) * world
+                    mb.max(1).saturating_mul(world)
                 )),
             );
             return;
@@ -83,6 +96,7 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
     if let Some(span) = r.span("cluster.gpus").or_else(|| r.span("cluster.nodes")) {
         d = d.with_secondary(span, format!("world size {world}"));
     }
+    // No product here overflows: mb × gas × world fits (checked above).
     let (fix, key, value) = if tb % (mb * world) == 0 {
         let v = tb / (mb * world);
         (
@@ -109,4 +123,39 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
         origin(r, "cluster.world_size").replace(" (derived)", "")
     ));
     out.push(super::fix::with_set(d, r, key, &value.to_string()));
+}
+
+/// R0103: the batch sizes multiply past `i64::MAX` (9.2 × 10¹⁸ samples a step).
+fn batch_overflow(r: &Resolved, mb: i64, gas: i64, world: i64) -> Diagnostic {
+    let world = if world == i64::MAX {
+        format!(
+            "world {} × {}",
+            r.int("cluster.gpus").unwrap_or(0),
+            r.int("cluster.nodes").unwrap_or(0)
+        )
+    } else {
+        format!("world {world}")
+    };
+    // The largest factor, wherever it was set (a flag's has no span: the batch block then).
+    let key = ["batch.micro", "batch.accumulate", "cluster.gpus", "cluster.nodes"]
+        .into_iter()
+        .max_by_key(|k| r.int(k).unwrap_or(0))
+        .unwrap_or("batch.micro");
+    let at = r.span(key).unwrap_or_else(|| anchor(r, "batch.micro"));
+    Diagnostic::error(
+        BATCH_OVERFLOW,
+        format!(
+            "the batch sizes multiply past 2⁶³ − 1 samples a step: micro {mb} × accumulate {gas} × {world}"
+        ),
+        at,
+    )
+    .with_label(format!(
+        "{} = {}{}",
+        key.rsplit('.').next().unwrap_or(key),
+        r.int(key).unwrap_or(0),
+        origin(r, key)
+    ))
+    .with_help(
+        "a global batch is the samples of one optimizer step on every GPU: no dataset, sampler or GPU holds this many; give the sizes the run really uses",
+    )
 }
