@@ -631,6 +631,58 @@ fn an_out_of_memory_gpu_stops_the_run_with_its_reason() {
     assert!(!e.contains("panicked"), "{e}");
 }
 
+/// A micro-batch whose attention probabilities reach 2³¹ elements (1100 × 2 heads × 1024²) is
+/// refused before anything is allocated on the GPU, naming the tensor and what to lower: the
+/// kernels index with 32-bit ints, and the first launch would have stopped the run with a
+/// panic. The CPU, which indexes with usize, is not refused; nor is the same model at 1000 rows.
+#[test]
+fn a_gpu_tensor_past_32_bit_indices_is_refused_before_the_run() {
+    let dir = workspace("fake-int-indices", TINY);
+    let config = CONFIG.replace(
+        "\"max_position_embeddings\": 64",
+        "\"max_position_embeddings\": 1024",
+    );
+    assert_ne!(config, CONFIG);
+    std::fs::write(dir.join("config.json"), config).unwrap();
+    let run = |micro: &str| {
+        let micro = format!("batch.micro={micro}");
+        on_fake(
+            &dir,
+            1,
+            &[],
+            &[
+                "run",
+                "--quiet",
+                "--device",
+                "cuda",
+                "--stop-after",
+                "1",
+                "--set",
+                "data.max_len=1024",
+                "--set",
+                "batch.accumulate=1",
+                "--set",
+                &micro,
+                "tiny.rcp",
+            ],
+        )
+    };
+    let o = run("1100");
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains(
+            "the attention probabilities: micro 1100 × heads 2 × 1024 × 1024 tokens = 2306867200"
+        ) && e.contains("lower batch.micro"),
+        "{e}"
+    );
+    assert!(!e.contains("panicked"), "{e}");
+    // 1000 × 2 × 1024² = 2097152000 < 2³¹: past the check (it then trains or stops for other
+    // reasons, never for this one).
+    let e = stderr(&run("1000"));
+    assert!(!e.contains("2³¹"), "{e}");
+}
+
 /// Two GPUs, one rank each, exchanging through NCCL (the fake's, in host memory, summing in
 /// rank order): ZeRO-0, ZeRO-2 in fp16 and ZeRO-3, on asynchronous streams, where the sums
 /// queued on the copy stream overlap the pass; against the CPU's two simulated ranks. Without

@@ -463,6 +463,36 @@ fn fits_in_memory(
     }
 }
 
+/// A device run's largest tensor, for the longest micro-batch (training or evaluation), must
+/// have fewer than 2³¹ elements: the CUDA kernels index with 32-bit ints.
+fn fits_int_indices(plan: &Plan, model: &Classifier) -> Result<(), RunError> {
+    let batch = plan.batch.micro.max(plan.batch.eval_micro) as usize;
+    let shards = if plan.train.zero_stage >= 3 {
+        plan.batch.world.max(1) as usize
+    } else {
+        1
+    };
+    let (name, shape, n) = Classifier::largest_device_tensor(
+        model.config(),
+        plan.model.labels.len(),
+        batch,
+        plan.data.max_len,
+        shards,
+    );
+    let advice = if name == "parameters" {
+        "partition them over more GPUs with `zero 3`"
+    } else {
+        "lower batch.micro (or the evaluation's) or data.max_len"
+    };
+    match n {
+        Some(n) if n <= i32::MAX as usize => Ok(()),
+        _ => Err(RunError::NotBuilt(format!(
+            "a GPU tensor of 2³¹ elements or more (the {name}: {shape} = {}, where the CUDA kernels index with 32-bit ints; {advice})",
+            n.map_or_else(|| "more than 2⁶⁴".to_string(), |n| n.to_string())
+        ))),
+    }
+}
+
 fn load_model(plan: &Plan, resume: Option<&Path>) -> Result<Classifier, RunError> {
     let n = plan.model.labels.len();
     let seed = plan.train.seed;
@@ -796,6 +826,9 @@ fn train(plan: &Plan, options: &RunOptions) -> Result<Summary, RunError> {
         gathered = Some((colls, hub, node.rank));
     }
     let executors = connected.as_ref().unwrap_or(&options.executors);
+    if !executors.is_empty() {
+        fits_int_indices(plan, &model)?;
+    }
     if !executors.is_empty() && executors.len() != local.len() {
         return Err(RunError::Mismatch(format!(
             "{} device(s) for {} rank(s) in this process: one per rank",

@@ -46,7 +46,12 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
     };
     // Python's integers do not overflow, but no sampler, tensor or dataset holds that many
     // samples a step; the products below would wrap (resolve saturates them at i64::MAX).
-    if world == i64::MAX || mb.checked_mul(gas).and_then(|p| p.checked_mul(world)).is_none() {
+    if world == i64::MAX
+        || mb
+            .checked_mul(gas)
+            .and_then(|p| p.checked_mul(world))
+            .is_none()
+    {
         out.push(batch_overflow(r, mb, gas, world));
         return;
     }
@@ -137,10 +142,15 @@ fn batch_overflow(r: &Resolved, mb: i64, gas: i64, world: i64) -> Diagnostic {
         format!("world {world}")
     };
     // The largest factor, wherever it was set (a flag's has no span: the batch block then).
-    let key = ["batch.micro", "batch.accumulate", "cluster.gpus", "cluster.nodes"]
-        .into_iter()
-        .max_by_key(|k| r.int(k).unwrap_or(0))
-        .unwrap_or("batch.micro");
+    let key = [
+        "batch.micro",
+        "batch.accumulate",
+        "cluster.gpus",
+        "cluster.nodes",
+    ]
+    .into_iter()
+    .max_by_key(|k| r.int(k).unwrap_or(0))
+    .unwrap_or("batch.micro");
     let at = r.span(key).unwrap_or_else(|| anchor(r, "batch.micro"));
     Diagnostic::error(
         BATCH_OVERFLOW,

@@ -303,6 +303,58 @@ impl Classifier {
         Ok(m)
     }
 
+    /// The largest tensor a GPU would hold for this model, micro-batches of up to `batch` rows
+    /// of `seq` tokens, its parameters in `shards` parts (ZeRO 3's ranks, else 1): its name,
+    /// its shape in words and its elements (`None` past `usize::MAX`). The CUDA kernels index
+    /// with 32-bit ints (kernels/mod.rs, `int`), so a device run refuses 2³¹ elements or more
+    /// before it starts (train.rs) instead of stopping at a launch.
+    pub fn largest_device_tensor(
+        config: &BertConfig,
+        num_labels: usize,
+        batch: usize,
+        seq: usize,
+        shards: usize,
+    ) -> (&'static str, String, Option<usize>) {
+        let c = config;
+        let tokens = batch.checked_mul(seq);
+        let mul = |a: Option<usize>, b: usize| a.and_then(|a| a.checked_mul(b));
+        let candidates = [
+            (
+                "attention probabilities",
+                format!(
+                    "micro {batch} × heads {} × {seq} × {seq} tokens",
+                    c.num_attention_heads
+                ),
+                mul(mul(mul(Some(batch), c.num_attention_heads), seq), seq),
+            ),
+            (
+                "feed-forward activations",
+                format!(
+                    "micro {batch} × {seq} tokens × intermediate {}",
+                    c.intermediate_size
+                ),
+                mul(tokens, c.intermediate_size),
+            ),
+            (
+                "q, k and v",
+                format!(
+                    "micro {batch} × {seq} tokens × 3 × hidden {}",
+                    c.hidden_size
+                ),
+                mul(mul(tokens, 3), c.hidden_size),
+            ),
+            (
+                "parameters",
+                format!("the model's parameters in {} part(s)", shards.max(1)),
+                Classifier::param_count(c, num_labels).map(|n| n.div_ceil(shards.max(1))),
+            ),
+        ];
+        candidates
+            .into_iter()
+            .max_by_key(|(_, _, n)| n.unwrap_or(usize::MAX))
+            .expect("four candidates")
+    }
+
     /// The parameters a model of `config` with `num_labels` labels has, or `None` past
     /// `usize::MAX` (a config's sizes are the user's).
     pub fn param_count(config: &BertConfig, num_labels: usize) -> Option<usize> {
