@@ -241,9 +241,15 @@ impl Greedy {
             hare.step(metric);
             mu += 1;
         }
-        // After `calls` calls the state is the one `mu + (calls − mu) mod lam` calls in.
+        // After `calls` calls the state is the one `mu + (calls − mu) mod lam` calls in (or
+        // `calls` in, when the cycle starts later than that).
+        let index = if calls < mu {
+            calls
+        } else {
+            mu + (calls - mu) % lam
+        };
         let mut end = self.clone();
-        for _ in 0..mu + (calls - mu) % lam {
+        for _ in 0..index {
             end.step(metric);
         }
         ConstantCurve {
@@ -343,6 +349,33 @@ mod tests {
                 assert_eq!(got.first_change, first, "{config:?}, {calls} calls");
                 assert_eq!(got.last, Some(d.lr), "{config:?}, {calls} calls");
             }
+        }
+    }
+
+    /// A cycle that starts after a long descent: cuts of 1e-6 of the LR stop being made once
+    /// they are `eps` or less (at lr 1e-3, above the floor, so no reset ever comes), about
+    /// 2.3 M cuts of 2 calls each in; then the state repeats every 2 calls. Runs past the direct
+    /// walk end inside that prefix or in the cycle.
+    #[test]
+    fn a_constant_metrics_cycle_after_a_long_prefix() {
+        let config = GreedyConfig {
+            factor: 1.0 - 1e-6,
+            patience: 1,
+            min_lr: 1e-4,
+            eps: 1e-9,
+            ..GreedyConfig::default()
+        };
+        let g = Greedy::new(0.01, config);
+        for calls in [CONSTANT_DIRECT + 1000, 12_000_000] {
+            let got = g.on_constant_metric(8.0, calls);
+            let (mut d, mut first) = (g.clone(), None);
+            for j in 1..=calls {
+                let lr = d.step(8.0);
+                if first.is_none() && lr != 0.01 {
+                    first = Some((j, lr));
+                }
+            }
+            assert_eq!((got.first_change, got.last), (first, Some(d.lr)), "{calls}");
         }
     }
 
