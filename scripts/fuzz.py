@@ -286,6 +286,8 @@ def mode_lsp(tmp, findings, deadline):
             if "error" in answer:
                 findings.add("lsp", f"{method} at {pos}: {answer['error']}", {"t.rcp": text})
                 if answer["error"] in ("the server exited",) or "no answer" in str(answer["error"]):
+                    p.kill()  # a server stuck in a check would spin on for hours
+                    p.wait()
                     return n
     request("shutdown", None)
     notify("exit", None)

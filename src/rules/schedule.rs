@@ -943,6 +943,16 @@ fn half_way(f: impl Fn(u64) -> f64, first: u64, limit: u64) -> Option<u64> {
     Some(lo)
 }
 
+/// DeepSpeed's `WarmupLR` from 0 to 1 over a log warmup of `w` steps: the shape R0303 compares.
+fn log_unit(w: u64) -> DsSchedule {
+    DsSchedule::WarmupLr {
+        min_lr: 0.0,
+        max_lr: Some(1.0),
+        warmup_num_steps: w,
+        warmup_type: DsWarmupType::Log,
+    }
+}
+
 /// R-L01/R-M01 (docs/upstream.md §6.4, §7): `warmup_type = log` gives `γ = ln(it + 1) / ln(W')`,
 /// concave, where HF warms up linearly (`s / W`); with the recipe's default `linear` this cannot
 /// happen.
@@ -950,12 +960,7 @@ fn log_warmup(r: &Resolved, kind: &str) -> Diagnostic {
     let twin = hf_twin(kind);
     let numbers = warmup_steps(r).map(|w| {
         let wp = lr::ds_effective_warmup(w);
-        let unit = DsSchedule::WarmupLr {
-            min_lr: 0.0,
-            max_lr: Some(1.0),
-            warmup_num_steps: w,
-            warmup_type: DsWarmupType::Log,
-        };
+        let unit = log_unit(w);
         let flags = lr::ds_flags(&r.facts);
         // From step 2 on (iteration ≥ 0): step 1 is the construction-time value.
         let ds_half = half_way(
@@ -1855,12 +1860,7 @@ mod tests {
     fn log_warmup_half_way_points() {
         // W = 16: log γ = ln(it + 1) / ln 16 ≥ ½ once it + 1 ≥ 4, i.e. it = 3, step 5;
         // HF linear s / 16 ≥ ½ at s = 8, step 9.
-        let unit = DsSchedule::WarmupLr {
-            min_lr: 0.0,
-            max_lr: Some(1.0),
-            warmup_num_steps: 16,
-            warmup_type: DsWarmupType::Log,
-        };
+        let unit = log_unit(16);
         let flags = lr::DsFlags::LATEST;
         let ds = half_way(
             |k| lr::ds_lr_at_iteration(&unit, &flags, 1.0, lr::ds_iteration(k)),
@@ -1882,12 +1882,7 @@ mod tests {
         let flags = lr::DsFlags::LATEST;
         for w in 0..=400u64 {
             let wp = lr::ds_effective_warmup(w);
-            let unit = DsSchedule::WarmupLr {
-                min_lr: 0.0,
-                max_lr: Some(1.0),
-                warmup_num_steps: w,
-                warmup_type: DsWarmupType::Log,
-            };
+            let unit = log_unit(w);
             let ds = |k| lr::ds_lr_at_iteration(&unit, &flags, 1.0, lr::ds_iteration(k));
             let hf = |k| lr::hf_lr(&HfSchedule::ConstantWithWarmup, 1.0, w, w.max(1) + 1, k);
             let walk = |f: &dyn Fn(u64) -> f64, first, limit| {
