@@ -7,7 +7,7 @@ exit code outside 0/1/2, no answer within the time limit, a language server that
 with an error, or `fmt` that is not idempotent or changes what `check` reports. Each finding's
 input is written to OUT/<mode>-<n>/ with what happened.
 
-    scripts/fuzz.py [--mode recipes|pairs|lsp|fmt|data|backends|all] [--seconds 120] [--seed N] [--out DIR]
+    scripts/fuzz.py [--mode recipes|pairs|lsp|fmt|data|files|backends|all] [--seconds 120] [--seed N] [--out DIR]
 
 Modes (seeds from the repository):
   recipes  recipes/*.rcp and tests/diagnostics/*.rcp, mutated (tokens, numbers at extremes,
@@ -19,6 +19,9 @@ Modes (seeds from the repository):
   fmt      fmt twice (the same text) and check before and after (the same codes);
   data     `recipe run --stop-after 2` of the tiny BERT (runtime/tests/fixtures) with broken data
            rows, config values and batch sizes;
+  files    a trained tiny BERT's model directory read back (`from =`: run, check, explain) and
+           its checkpoint resumed (`--resume`), one file broken (safetensors header length,
+           offsets, dtypes, shapes and names; truncated; bytes flipped; JSON mutated) or removed;
   backends the tiny BERT in random shapes (heads of 5 to 64, 3 to 150 tokens), precisions,
            optimizers and ZeRO stages on the CPU and on the fake GPUs of runtime/fake-cuda under
            random CUDA switches (RECIPE_PDL, RECIPE_FUSED_ATTENTION, ...): the same steps and
@@ -28,7 +31,7 @@ Found this way (2026-12-07): R0201's timeline walking every micro-batch (a recip
 samples aborted), explain's LR table of every step, and a config asking for 372 GB aborting
 `recipe run`; then R0315's greedy curve kept step by step (10^12 steps asked for 30 TB), its
 plateau cuts made one by one (24 s) and R0303's half-way step walked (minutes, the editor
-stalled).
+stalled). The files mode's first 7,600 inputs (2026-12-07) found nothing.
 """
 import argparse
 import json
@@ -105,7 +108,7 @@ class Findings:
         d = os.path.join(self.out, f"{mode}-{self.n}")
         os.makedirs(d, exist_ok=True)
         for name, text in files.items():
-            with open(os.path.join(d, name), "w") as f:
+            with open(os.path.join(d, name), "wb" if isinstance(text, bytes) else "w") as f:
                 f.write(text)
         with open(os.path.join(d, "what.txt"), "w") as f:
             f.write(what)
@@ -347,6 +350,102 @@ def mode_data(tmp, findings, deadline):
     return n
 
 
+def mutate_safetensors(b):
+    """A safetensors file (8-byte header length, JSON header, data) broken in one way: the
+    length, the header's text (offsets, dtypes, shapes, names), the data's size, or bytes."""
+    n = int.from_bytes(b[:8], "little") if len(b) >= 8 else 0
+    header = b[8:8 + n].decode(errors="replace")
+    k = random.random()
+    if k < 0.15:
+        return random.choice([0, 1, n - 1, n + 1, len(b), 1 << 40, (1 << 64) - 1]).to_bytes(8, "little") + b[8:]
+    if k < 0.55:
+        h = header
+        for _ in range(random.randint(1, 3)):
+            nums = list(re.finditer(r'\d+', h))
+            r = random.random()
+            if r < 0.4 and nums:
+                m = random.choice(nums)
+                h = h[:m.start()] + random.choice(['0', '1', '3', '4294967296', '18446744073709551615',
+                                                   str(int(m.group()) + 1), str(max(int(m.group()) - 1, 0))]) + h[m.end():]
+            elif r < 0.6:
+                h = re.sub(r'"(F32|F16|BF16|I64)"', lambda _: random.choice(['"F32"', '"F16"', '"BF16"', '"F64"', '"I8"', '"U8"', '"BOOL"', '"X"']), h, count=1)
+            elif r < 0.75:
+                h = re.sub(r'"shape":\[[^\]]*\]', lambda _: random.choice(['"shape":[]', '"shape":[0]', '"shape":[1,1]', '"shape":[4294967296,4294967296]']), h, count=1)
+            elif r < 0.9:
+                names = re.findall(r'"([A-Za-z_.0-9]+)":\{', h)
+                if names:
+                    h = h.replace('"' + random.choice(names) + '":{', '"' + random.choice(names + ["x"]) + '":{', 1)
+            else:
+                h = mutate_json(h)
+        hb = h.encode()
+        return len(hb).to_bytes(8, "little") + hb + b[8 + n:]
+    if k < 0.8:
+        return b[:random.randrange(len(b) + 1)]
+    b = bytearray(b)
+    for _ in range(random.randint(1, 8)):
+        i = random.randrange(len(b))
+        b[i] = random.randrange(256)
+    return bytes(b)
+
+
+def mode_files(tmp, findings, deadline):
+    """Broken model directories and checkpoints: a trained tiny BERT's `model/` read back by a
+    recipe (`from = "model"`), and a checkpoint resumed (`--resume`), one of their files
+    (model.safetensors, optimizer.safetensors, config.json, tokenizer.json, trainer_state.json)
+    broken or removed."""
+    fixtures = os.path.join(ROOT, "runtime/tests/fixtures")
+    rows = open(os.path.join(fixtures, "data/spam48.jsonl")).read().splitlines()
+    shutil.copy(os.path.join(fixtures, "tokenizer/tokenizer.json"), os.path.join(tmp, "tokenizer.json"))
+    shutil.copy(os.path.join(fixtures, "tiny-bert/config.json"), os.path.join(tmp, "config.json"))
+    open(os.path.join(tmp, "train.jsonl"), "w").write("\n".join(rows) + "\n")
+    open(os.path.join(tmp, "eval.jsonl"), "w").write("\n".join(rows[:12]) + "\n")
+    tiny = open(os.path.join(fixtures, "tiny-bert/tiny.rcp")).read()
+    seeds = {}
+    for precision in ("fp32", "bf16"):
+        recipe = tiny.replace("precision = fp32", f"precision = {precision}").replace(
+            'output_dir = "out"', f'output_dir = "seed-{precision}", save_every = 2')
+        open(os.path.join(tmp, "tiny.rcp"), "w").write(recipe)
+        r, what = run(["run", "tiny.rcp", "--quiet"], tmp, timeout=300)
+        if what or r.returncode != 0:
+            sys.exit(f"files: the seed run failed: {what or r.stderr.decode(errors='replace')}")
+        seeds[precision] = os.path.join(tmp, f"seed-{precision}")
+    n = 0
+    while time.time() < deadline:
+        n += 1
+        precision = random.choice(list(seeds))
+        resume = random.random() < 0.5
+        src = os.path.join(seeds[precision], "checkpoint-2" if resume else "model")
+        case = os.path.join(tmp, "case")
+        shutil.rmtree(case, ignore_errors=True)
+        shutil.copytree(src, case)
+        name = random.choice(sorted(os.listdir(case)))
+        path = os.path.join(case, name)
+        data = open(path, "rb").read()
+        if random.random() < 0.1:
+            os.remove(path)
+            broken = b""
+        elif name.endswith(".safetensors"):
+            broken = mutate_safetensors(data)
+        else:
+            broken = mutate_json(data.decode()).encode() if random.random() < 0.8 else data[:random.randrange(len(data) + 1)]
+        if broken or os.path.exists(path):
+            open(path, "wb").write(broken)
+        out = os.path.join(tmp, "out")
+        shutil.rmtree(out, ignore_errors=True)
+        recipe = tiny.replace("precision = fp32", f"precision = {precision}")
+        if resume:
+            args = ["run", "tiny.rcp", "--quiet", "--resume", "case", "--stop-after", "4"]
+        else:
+            recipe = recipe.replace('config = "config.json"', 'from = "case"')
+            args = random.choice([["run", "tiny.rcp", "--quiet", "--stop-after", "1"], ["check", "tiny.rcp"],
+                                  ["explain", "tiny.rcp"]])
+        open(os.path.join(tmp, "tiny.rcp"), "w").write(recipe)
+        _, what = run(args, tmp, timeout=120)
+        if what:
+            findings.add("files", what, {"tiny.rcp": recipe, f"{'checkpoint' if resume else 'model'}-{name}": broken})
+    return n
+
+
 # Switches of the CUDA backend (docs/cuda.md) that must not change a run's results: each the
 # GPU session's A/B of a default still to flip, or a fallback. With the fake driver's
 # asynchronous streams a missing wait shows as a wrong result.
@@ -500,7 +599,7 @@ def mode_backends(tmp, findings, deadline):
 
 
 MODES = {"recipes": mode_recipes, "pairs": mode_pairs, "lsp": mode_lsp, "fmt": mode_fmt, "data": mode_data,
-         "backends": mode_backends}
+         "files": mode_files, "backends": mode_backends}
 
 
 def main():
