@@ -360,7 +360,7 @@ FEATURES = [
     ("global-64-gpus", 'data { train = "train.jsonl", samples = 50000 }',
      ["batch { global = 1024, micro = 4 }", "cluster { gpus = 8, nodes = 8 }",
       "schedule WarmupCosineLR { warmup = 3%, cos_min_ratio = 0.01 }"]),
-    ("target-explicit", None, ['target transformers "5.24.0", accelerate "1.15.0", deepspeed "0.19.8"',
+    ("target-explicit", None, ['target transformers "5.25.0", accelerate "1.16.0", deepspeed "0.19.8"',
                                "batch { micro = 8 }"]),
     # HF's cosine_with_min_lr ends at min_lr_rate × lr when given the rate instead of min_lr.
     ("sched-cosine-min-lr-rate", None, ["batch { micro = 8, accumulate = 2 }",
@@ -609,9 +609,9 @@ REJECTED = [
     # (train_run.py), and, as the control, under the pinned stack. The base recipes target the
     # nearest releases our checker accepts (accelerate 1.8.0; transformers 4.52.0).
     dict(slug="R0201-step-drift-accelerate-1.7", code="R0201",
-         text='target transformers "5.24.0", accelerate "1.7.0"\n' + MODEL +
+         text='target transformers "5.25.0", accelerate "1.7.0"\n' + MODEL +
               '\ndata { train = "train.jsonl", eval = "dev.jsonl", samples = 100 }\nbatch { micro = 8, accumulate = 4 }\n',
-         base='target transformers "5.24.0", accelerate "1.8.0"\n' + MODEL +
+         base='target transformers "5.25.0", accelerate "1.8.0"\n' + MODEL +
               '\ndata { train = "train.jsonl", eval = "dev.jsonl", samples = 100 }\nbatch { micro = 8, accumulate = 4 }\n',
          patch=[],
          expect="silent_run", stack="accelerate-1.7.0", stack_check="step_drift",
@@ -727,11 +727,11 @@ REJECTED = [
          patch=[{"file": "ds_config.json", "set": "scheduler", "value": {"type": "WarmupLR"}}],
          expect="silent", silent_key="scheduler.type", silent_value="WarmupLR",
          why="DeepSpeed builds WarmupLR (its defaults) and HF silently drops its linear schedule"),
-    # transformers 5.24 needs accelerate >= 1.1.0 (`TrainingArguments._setup_devices`); the base
+    # transformers 5.25 (as 5.0 … 5.24) needs accelerate >= 1.1.0 (`TrainingArguments._setup_devices`); the base
     # targets 1.1.0, and the case runs under an accelerate 1.0.1 overlay.
     dict(slug="R0908-accelerate-1.0.1", code="R0908",
-         text='target transformers "5.24.0", accelerate "1.0.1"\n' + BASE_HEAD + "batch { micro = 8 }\n",
-         base='target transformers "5.24.0", accelerate "1.1.0"\n' + BASE_HEAD + "batch { micro = 8 }\n",
+         text='target transformers "5.25.0", accelerate "1.0.1"\n' + BASE_HEAD + "batch { micro = 8 }\n",
+         base='target transformers "5.25.0", accelerate "1.1.0"\n' + BASE_HEAD + "batch { micro = 8 }\n",
          patch=[],
          expect="silent_run", stack="accelerate-1.0.1", stack_check="refused",
          match="requires `accelerate>=1.1.0`",

@@ -186,7 +186,7 @@ def engine_shell(ds_config: DeepSpeedConfig, client_optimizer):
 
 
 def replay_trainer_checks(args, has_eval: bool) -> list[str]:
-    """R1. Checks of `Trainer.__init__` that need no model, copied from transformers 5.24.0, in
+    """R1. Checks of `Trainer.__init__` that need no model, copied from transformers 5.24.0 (the same in 5.25.0), in
     the order `__init__` runs them: `Trainer.create_accelerator_and_postprocess` (save_only_model
     + load_best_model_at_end; auto_find_batch_size + ZeRO-3), `--fsdp` with `--deepspeed`, then
     `Trainer._validate_args`
@@ -215,7 +215,7 @@ def replay_trainer_checks(args, has_eval: bool) -> list[str]:
 
 
 def replay_accelerate_fill(plugin, optimizer, scheduler, hidden_size: int, num_processes: int) -> None:
-    """R2. `Accelerator._prepare_deepspeed` (accelerate 1.15.0) for `prepare(model, optimizer
+    """R2. `Accelerator._prepare_deepspeed` (accelerate 1.15.0; its config_kwargs the same in 1.16.0) for `prepare(model, optimizer
     [, scheduler])` as the Trainer calls it (no dataloader in the call): builds the same
     `config_kwargs` and calls the plugin's real `deepspeed_config_process(must_match=False)`,
     which fills what is still "auto" and raises for an "auto" nothing fills."""

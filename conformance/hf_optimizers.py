@@ -21,7 +21,7 @@ The `deepspeed` entry of training_args.json is left out: the optimizer HF builds
 on it (transformers' `deepspeed_optim_sched` calls the same `create_optimizer`), and leaving it
 out keeps accelerate's DeepSpeed set-up out of a CPU process. CPU only; nothing is trained.
 
-Stacks: the venv (transformers 5.24.0) and, when installed by `setup.sh overlays`, the
+Stacks: the venv (transformers 5.25.0) and, when installed by `setup.sh overlays`, the
 `transformers-4.48.0` overlay (an older release, for the entries that target it);
 `bitsandbytes-0.50.2` (overlay) provides HF's `lion_32bit` (bitsandbytes' Lion). A missing
 overlay is recorded as skipped.

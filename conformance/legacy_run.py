@@ -82,17 +82,21 @@ if not hasattr(numpy, "BUFSIZE"):
 # S3. transformers 4.6.1 checks the installed `tokenizers` against `< 0.11` at import when it is
 # installed at all; no such wheel exists for Python 3.11, and the config code never tokenizes.
 # For that release `tokenizers` is reported as not installed (`importlib.util.find_spec` → None).
+# `datasets` is hidden from every old release: their `trainer.py` imports it when installed, and
+# the venv's datasets (5.2.0, added for data_rows.py) needs a huggingface_hub 2.x that the
+# overlays' older hub shadows ("cannot import name 'CommitInfo'" under 4.6.1, 'BucketNotFoundError'
+# under 4.24.0); the config code never loads a dataset.
 _find_spec = importlib.util.find_spec
+_HIDDEN = ("datasets", "tokenizers") if os.environ.get("LEGACY_HIDE_TOKENIZERS") == "1" else ("datasets",)
 
 
-def _find_spec_without_tokenizers(name, package=None):
-    if name.split(".")[0] == "tokenizers":
+def _find_spec_hiding(name, package=None):
+    if name.split(".")[0] in _HIDDEN:
         return None
     return _find_spec(name, package)
 
 
-if os.environ.get("LEGACY_HIDE_TOKENIZERS") == "1":
-    importlib.util.find_spec = _find_spec_without_tokenizers
+importlib.util.find_spec = _find_spec_hiding
 
 import torch  # noqa: E402
 

@@ -41,7 +41,7 @@ echo "run: harness on the example recipes (recipes/*.rcp for this stack; legacy_
 mkdir -p "$HERE/build/no-rejected"
 python3 "$HERE/make_cases.py" --recipe "$RECIPE" --corpus "$REPO/recipes" \
   --rejected "$HERE/build/no-rejected" --out "$HERE/build/examples" \
-  --stack transformers=5.24.0,accelerate=1.15.0,deepspeed=0.19.8
+  --stack transformers=5.25.0,accelerate=1.16.0,deepspeed=0.19.8
 "$PY" "$HERE/harness.py" "$HERE/build/examples/cases" "$HERE/fixtures/examples" --json-summary
 echo "run: harness on the rejected corpus"
 "$PY" "$HERE/harness.py" "$HERE/build/rejected" "$HERE/fixtures/rejected" --json-summary

@@ -55,8 +55,8 @@ PY
 }
 
 TORCH_VERSION=2.15.0
-TRANSFORMERS_VERSION=5.24.0
-ACCELERATE_VERSION=1.15.0
+TRANSFORMERS_VERSION=5.25.0
+ACCELERATE_VERSION=1.16.0
 DEEPSPEED_VERSION=0.19.8     # newest 0.19.x on PyPI when this was written
 DATASETS_VERSION=5.2.0       # the training script's loaders, for data_rows.py's row counts
 

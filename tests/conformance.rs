@@ -1,5 +1,5 @@
 //! Conformance against the real libraries, without Python: conformance/fixtures/ holds what
-//! transformers 5.24.0 + accelerate 1.15.0 + DeepSpeed 0.19.8 did with each corpus recipe's
+//! transformers 5.25.0 + accelerate 1.16.0 + DeepSpeed 0.19.8 did with each corpus recipe's
 //! artefacts (conformance/harness.py; refreshed with conformance/run.sh). Here the current code is
 //! compared with those recorded facts: the DeepSpeed config we emit is the one HF filled (no
 //! mismatch, nothing changed), and our step accounting and LR per optimizer step equal the real
@@ -102,7 +102,7 @@ fn the_corpus_is_large_and_every_fixture_is_well_formed() {
     assert!(json_dir("corpus").len() >= 200);
     for f in &all {
         assert_eq!(f["format"], "recipe-conformance-fixture/1", "{}", f["case"]);
-        assert!(f["versions"]["transformers"] == "5.24.0", "{}", f["case"]);
+        assert!(f["versions"]["transformers"] == "5.25.0", "{}", f["case"]);
     }
 }
 
@@ -480,7 +480,7 @@ fn corpus_rejected_meta(case: &str) -> Value {
 }
 
 /// Every recipe of the rejected corpus: our checker still reports its rule as an error, and the
-/// real stack (transformers 5.24.0, accelerate 1.15.0, DeepSpeed 0.19.8 on CPU) refuses it with
+/// real stack (transformers 5.25.0, accelerate 1.16.0, DeepSpeed 0.19.8 on CPU) refuses it with
 /// the refusal the rule names (`match`, found in the errors the harness recorded), or trains
 /// with another optimizer than the recipe names (`silent_engine`: DeepSpeed's basic optimizer
 /// for the case and for the base recipe), or shows the silent value (`silent`). The engine and

@@ -127,7 +127,7 @@ fn real(e: &Value, key: &str, r: &Resolved) -> Option<Value> {
 fn what_the_real_trainer_builds_agrees_with_the_checker() {
     let f = fixture();
     assert_eq!(f["format"], "recipe-hf-optimizers/1");
-    assert_eq!(f["stacks"]["venv"]["transformers"], "5.24.0");
+    assert_eq!(f["stacks"]["venv"]["transformers"], "5.25.0");
     let entries = f["entries"].as_array().unwrap();
     let mut checked_keys = 0;
     let mut refusals = 0;

@@ -130,7 +130,7 @@ fn metric_free_steps(ex: &Value) -> Option<u64> {
 fn owner_table_still_holds() {
     let f = fixture();
     assert_eq!(f["format"], "recipe-conformance-owners/1");
-    assert_eq!(f["versions"]["transformers"], "5.24.0");
+    assert_eq!(f["versions"]["transformers"], "5.25.0");
     assert_eq!(f["versions"]["deepspeed"], "0.19.8");
     let records = f["records"].as_array().unwrap();
     let mut seen = BTreeSet::new();

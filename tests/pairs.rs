@@ -1,5 +1,5 @@
 //! The pair linter against the real stack (conformance/pairs/, fixtures written by
-//! conformance/pairs.py with transformers 5.24.0 + accelerate 1.15.0 + DeepSpeed 0.19.8), and
+//! conformance/pairs.py with transformers 5.25.0 + accelerate 1.16.0 + DeepSpeed 0.19.8), and
 //! its diagnostics against their snapshots (tests/pairs/).
 
 use std::collections::BTreeMap;

@@ -84,7 +84,7 @@ fn steps_draws_the_timelines_and_marks_the_drift() {
     for label in [
         "HF global_step (transformers 4.26.0",
         "DeepSpeed global_steps (transformers 4.26.0",
-        "HF global_step (transformers 5.24.0",
+        "HF global_step (transformers 5.25.0",
         "epoch end",
         "the curves differ",
     ] {

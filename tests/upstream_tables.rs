@@ -268,6 +268,7 @@ fn sorted_unique(keys: &[&str]) -> bool {
 
 const HF_VERSIONS: &[&str] = &[
     "4.6.1", "4.24.0", "4.30.0", "4.41.0", "4.46.0", "4.52.1", "4.57.6", "5.0.0", "5.24.0",
+    "5.25.0",
 ];
 const DS_VERSIONS: &[&str] = &["0.3.16", "0.5.10", "0.8.3", "0.14.2", "0.19.5"];
 
@@ -309,20 +310,24 @@ fn hf_facts() {
     assert_eq!(field("4.6.1", "warmup_steps"), Some(Some("0")));
     assert_eq!(field("4.6.1", "warmup_ratio"), Some(Some("0.0")));
     assert_eq!(field("5.0.0", "warmup_ratio"), Some(Some("None")));
-    assert!(!has("5.24.0", "warmup_ratio"));
-    assert_eq!(field("5.24.0", "warmup_steps"), Some(Some("0")));
+    for v in ["5.24.0", "5.25.0"] {
+        assert!(!has(v, "warmup_ratio"), "{v}");
+        assert_eq!(field(v, "warmup_steps"), Some(Some("0")), "{v}");
+    }
 
     // evaluation_strategy -> eval_strategy (renamed in 4.41, old name gone by 4.52.1).
     assert_eq!(field("4.24.0", "evaluation_strategy"), Some(Some("'no'")));
     assert_eq!(field("4.41.0", "evaluation_strategy"), Some(Some("None")));
     assert_eq!(field("4.46.0", "evaluation_strategy"), Some(Some("None")));
-    for v in ["4.52.1", "4.57.6", "5.0.0", "5.24.0"] {
+    for v in ["4.52.1", "4.57.6", "5.0.0", "5.24.0", "5.25.0"] {
         assert!(!has(v, "evaluation_strategy"), "{v}");
     }
     for v in ["4.6.1", "4.24.0", "4.30.0"] {
         assert!(!has(v, "eval_strategy"), "{v}");
     }
-    for v in ["4.41.0", "4.46.0", "4.52.1", "4.57.6", "5.0.0", "5.24.0"] {
+    for v in [
+        "4.41.0", "4.46.0", "4.52.1", "4.57.6", "5.0.0", "5.24.0", "5.25.0",
+    ] {
         assert_eq!(field(v, "eval_strategy"), Some(Some("'no'")), "{v}");
     }
 
@@ -341,6 +346,7 @@ fn hf_facts() {
     assert_eq!(field("4.52.1", "lr_scheduler_kwargs"), Some(None));
     assert_eq!(field("4.57.6", "lr_scheduler_kwargs"), Some(Some("None")));
     assert_eq!(field("5.24.0", "lr_scheduler_kwargs"), Some(Some("None")));
+    assert_eq!(field("5.25.0", "lr_scheduler_kwargs"), Some(Some("None")));
 
     // fp16_backend (4.6.1 … 4.57.6) vs half_precision_backend (4.24.0 … 4.57.6); neither in 5.x.
     assert_eq!(field("4.6.1", "fp16_backend"), Some(Some("'auto'")));
@@ -353,7 +359,7 @@ fn hf_facts() {
             "{v}"
         );
     }
-    for v in ["5.0.0", "5.24.0"] {
+    for v in ["5.0.0", "5.24.0", "5.25.0"] {
         assert!(
             !has(v, "fp16_backend") && !has(v, "half_precision_backend"),
             "{v}"
@@ -375,6 +381,9 @@ fn hf_facts() {
         Some(Some("None"))
     );
     assert!(!has("5.0.0", "activation_checkpointing"));
+
+    // 5.25.0's training_args.py is 5.24.0's, byte for byte: the same fields and defaults.
+    assert_eq!(hf("5.25.0").fields, hf("5.24.0").fields);
 
     // bf16 absent in 4.6.1; save_safetensors 4.30.0 (False) … 4.57.6 (True); adafactor gone in 5.x.
     assert!(!has("4.6.1", "bf16") && has("4.24.0", "bf16") && has("5.24.0", "bf16"));

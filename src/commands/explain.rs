@@ -197,7 +197,7 @@ fn memory_section(r: &Resolved, size: ModelSize, from: String) -> MemorySection 
 fn upstream_note(r: &Resolved, key: &str) -> Option<String> {
     match key {
         // accelerate's DeepSpeedPlugin.__post_init__ sets steps_per_print to inf, in every
-        // release from 0.10.0 to 1.15.0 (read in the wheels; the conformance fixtures record
+        // release from 0.10.0 to 1.16.0 (read in the wheels; the conformance fixtures record
         // the real final config with "inf").
         "train.logging_steps" if !r.facts.hf_direct_deepspeed_init => Some(
             "accelerate overrides DeepSpeed's steps_per_print with inf (DeepSpeedPlugin), so \

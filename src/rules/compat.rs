@@ -157,7 +157,7 @@ pub const CODES: &[(&str, &str, &str)] = &[
 ];
 
 /// Keys HF's integration fills when `"auto"` (docs/upstream.md §2.2 Table A,
-/// `trainer_config_process` / `trainer_config_finalize`; transformers@v4.24.0 … v5.24.0).
+/// `trainer_config_process` / `trainer_config_finalize`; transformers@v4.24.0 … v5.25.0).
 const HF_AUTO: &[&str] = &[
     "train_micro_batch_size_per_gpu",
     "gradient_accumulation_steps",

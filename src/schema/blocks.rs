@@ -354,9 +354,9 @@ pub static BLOCKS: &[BlockSpec] = &[
         absent: KeyDefault::None,
         keys: &[
             key("transformers", Ty::Version, "transformers release")
-                .val(Lit::Str("5.24.0"), "the newest release recipe knows"),
+                .val(Lit::Str("5.25.0"), "the newest release recipe knows"),
             key("accelerate", Ty::Version, "accelerate release")
-                .val(Lit::Str("1.15.0"), "the newest release recipe knows"),
+                .val(Lit::Str("1.16.0"), "the newest release recipe knows"),
             key("deepspeed", Ty::Version, "DeepSpeed release")
                 .val(Lit::Str("0.19.8"), "the newest release recipe knows"),
         ],

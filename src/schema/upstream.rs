@@ -24,12 +24,13 @@
 //!   `deepspeed/runtime/swap_tensor/aio_config.py`, `deepspeed/module_inject/auto_ep_config.py`,
 //!   `deepspeed/runtime/engine.py`; history via `git log -S` / older tags (v0.3.16 … v0.18.0) for the
 //!   renamed table. Master (`edaa72212`, version.txt 0.19.6, unreleased) only in [`DEEPSPEED_MASTER_ONLY`].
-//! * transformers: `huggingface/transformers@v5.24.0:src/transformers/training_args.py`, read from the
-//!   PyPI wheel of the same version; the 4.x/5.x history from the wheels of v4.24.0, v4.30.0, v4.33.0,
-//!   v4.36.2, v4.41.0, v4.46.0, v4.47.0, v4.49.0, v4.50.0, v4.51.0, v4.52.1, v4.54.0, v4.56.0, v4.57.6,
-//!   v5.0.0, v5.1.0, v5.2.0, v5.12.0, v5.14.1, v5.15.0, v5.18.0, v5.21.0, v5.22.0, v5.23.0 (same file).
+//! * transformers: `huggingface/transformers@v5.25.0:src/transformers/training_args.py`, read from the
+//!   PyPI wheel of the same version (byte for byte v5.24.0's file); the 4.x/5.x history from the
+//!   wheels of v4.24.0, v4.30.0, v4.33.0, v4.36.2, v4.41.0, v4.46.0, v4.47.0, v4.49.0, v4.50.0,
+//!   v4.51.0, v4.52.1, v4.54.0, v4.56.0, v4.57.6, v5.0.0, v5.1.0, v5.2.0, v5.12.0, v5.14.1, v5.15.0,
+//!   v5.18.0, v5.21.0, v5.22.0, v5.23.0, v5.24.0 (same file).
 //!
-//! The hand-curated tables describe DeepSpeed v0.19.5 and transformers v5.24.0, the newest sampled
+//! The hand-curated tables describe DeepSpeed v0.19.5 and transformers v5.25.0, the newest sampled
 //! releases (a test fails when the script samples a newer one, so that they are reviewed with it).
 //!
 //! Behaviour notes the checker relies on:
@@ -494,7 +495,7 @@ pub const DEEPSPEED_RENAMED: &[(&str, &str, &str, bool)] = &[
     ),
 ];
 
-/// Fields of transformers' `TrainingArguments` at v5.24.0 (`src/transformers/training_args.py`,
+/// Fields of transformers' `TrainingArguments` at v5.25.0 (`src/transformers/training_args.py`,
 /// dataclass fields; none is `init=False`). Sorted, complete (114): the names of the last entry of the
 /// generated [`TRAINING_ARGUMENTS_BY_VERSION`]; per-field notes in [`TRAINING_ARGUMENTS_FIELD_NOTES`].
 pub const TRAINING_ARGUMENTS_FIELDS: &[&str] = &NEWEST_TRAINING_ARGUMENTS;
@@ -539,10 +540,10 @@ pub const TRAINING_ARGUMENTS_FIELD_NOTES: &[(&str, &str)] = &[
 ];
 
 /// `TrainingArguments` fields of transformers 4.x (v4.24.0 … v4.57.6, incl. fields that lived only between
-/// them) that were removed or renamed by v5.24.0: (old field, new v5.24.0 field or "", note).
-/// Sorted by old field, no duplicates. None of the old fields is accepted by v5.24.0 (passing one raises
+/// them) that were removed or renamed by v5.25.0: (old field, new v5.25.0 field or "", note).
+/// Sorted by old field, no duplicates. None of the old fields is accepted by v5.25.0 (passing one raises
 /// `TypeError: unexpected keyword argument`). Version bounds are the sampled releases listed in the
-/// module doc. Renamed fields that v5.24.0 still accepts are in [`TRAINING_ARGUMENTS_DEPRECATED_ALIASES`].
+/// module doc. Renamed fields that v5.25.0 still accepts are in [`TRAINING_ARGUMENTS_DEPRECATED_ALIASES`].
 pub const TRAINING_ARGUMENTS_RENAMED: &[(&str, &str, &str)] = &[
     ("adafactor", "optim", "use optim=\"adafactor\"; removed in v5.0.0"),
     (
@@ -671,19 +672,19 @@ pub const TRAINING_ARGUMENTS_RENAMED: &[(&str, &str, &str)] = &[
     ),
 ];
 
-/// Fields renamed in v5.x that v5.24.0 still accepts as deprecated aliases (FutureWarning; the value is
+/// Fields renamed in v5.x that v5.25.0 still accepts as deprecated aliases (FutureWarning; the value is
 /// copied to the new field when the new one is unset): (old field, new field, note). Both names are in
 /// [`TRAINING_ARGUMENTS_FIELDS`]. Sorted, no duplicates.
 pub const TRAINING_ARGUMENTS_DEPRECATED_ALIASES: &[(&str, &str, &str)] = &[
     (
         "gradient_checkpointing",
         "activation_checkpointing",
-        "renamed in v5.23.0; old name still accepted in v5.24.0 (FutureWarning, removal planned for v6)",
+        "renamed in v5.23.0; old name still accepted in v5.25.0 (FutureWarning, removal planned for v6)",
     ),
     (
         "gradient_checkpointing_kwargs",
         "activation_checkpointing_kwargs",
-        "renamed in v5.23.0; old name still accepted in v5.24.0 (FutureWarning, removal planned for v6)",
+        "renamed in v5.23.0; old name still accepted in v5.25.0 (FutureWarning, removal planned for v6)",
     ),
 ];
 
@@ -716,14 +717,14 @@ mod tests {
     #[test]
     fn hand_tables_describe_the_newest_sampled_releases() {
         // The strict sections, DEEPSPEED_MASTER_ONLY, DEEPSPEED_RENAMED's `honoured` and the
-        // TrainingArguments rename tables are for DeepSpeed v0.19.5 and transformers v5.24.0. When
+        // TrainingArguments rename tables are for DeepSpeed v0.19.5 and transformers v5.25.0. When
         // conformance/extract_upstream.py samples a newer release, review them, then update this test.
         let ds = DEEPSPEED_TOP_LEVEL_BY_VERSION.last().map(|(v, _)| *v);
         assert_eq!(ds, Some("0.19.5"));
         assert_eq!(DEEPSPEED_ZERO_KEYS_BY_VERSION.last().map(|(v, _)| *v), ds);
         assert_eq!(
             TRAINING_ARGUMENTS_BY_VERSION.last().map(|h| h.version),
-            Some("5.24.0")
+            Some("5.25.0")
         );
         let names: Vec<&str> = NEWEST_HF.fields.iter().map(|(n, _)| *n).collect();
         assert_eq!(TRAINING_ARGUMENTS_FIELDS, names.as_slice());
@@ -758,7 +759,7 @@ mod tests {
             assert!(!note.is_empty(), "{field}: empty note");
             assert!(
                 TRAINING_ARGUMENTS_FIELDS.contains(field),
-                "{field} is not a v5.24.0 field"
+                "{field} is not a v5.25.0 field"
             );
         }
     }
@@ -863,12 +864,12 @@ mod tests {
             assert_ne!(old, new);
             assert!(
                 !TRAINING_ARGUMENTS_FIELDS.contains(old),
-                "{old} is still a v5.24.0 field"
+                "{old} is still a v5.25.0 field"
             );
             if !new.is_empty() {
                 assert!(
                     TRAINING_ARGUMENTS_FIELDS.contains(new),
-                    "{old}: replacement {new} is not a v5.24.0 field"
+                    "{old}: replacement {new} is not a v5.25.0 field"
                 );
             }
         }

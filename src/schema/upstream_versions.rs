@@ -2,7 +2,7 @@
 // Regenerate: `python3 conformance/extract_upstream.py` (conformance/README.md, "Upstream key
 // tables"). tests/upstream_tables.rs checks that this file is the script's rendering of its
 // constants, and this digest (sha256 of the file with the 64 hex digits below set to 0):
-// 065b0cef6e85a3d80e46691d3a121c92adca187ef70b66d5bb11e6703b4b05d7
+// 52426989cdb33305d890dc4f315dc210fecd0e12c9c2f62fef0246e43b1f4070
 
 //! Per-release key sets of transformers' `TrainingArguments` and of the DeepSpeed config, extracted
 //! from the released packages on PyPI by `conformance/extract_upstream.py` (names re-typed by the
@@ -18,7 +18,7 @@
 //! with Python's `ast`: every annotated assignment in the body of `class TrainingArguments` (a
 //! `@dataclass` with no base class, so these are all its dataclass fields; the script stops if that
 //! changes). Versions: 4.6.1, 4.24.0, 4.30.0, 4.41.0, 4.46.0 (a yanked
-//! release on PyPI, yanked only for Python 3.8), 4.52.1, 4.57.6, 5.0.0, 5.24.0.
+//! release on PyPI, yanked only for Python 3.8), 4.52.1, 4.57.6, 5.0.0, 5.24.0, 5.25.0.
 //!
 //! * Excluded: `field(init=False)` fields (`_n_gpu`, 4.6.1 … 4.57.6: not an `__init__` argument, so
 //!   passing it raises `TypeError`) and `ClassVar`s (none so far). Plain class attributes without
@@ -31,7 +31,7 @@
 //!   before `__post_init__` (which rewrites some of them, e.g. `report_to` and `logging_dir` in
 //!   4.x).
 //! * Type annotations differ between versions; notably `warmup_steps` is `int` up to 4.57.6 and
-//!   `float` in 5.0.0 and 5.24.0 (a value in [0, 1) is then a ratio).
+//!   `float` in 5.0.0, 5.24.0 and 5.25.0 (a value in [0, 1) is then a ratio).
 //!
 //! # DeepSpeed
 //!
@@ -1051,6 +1051,130 @@ pub const TRAINING_ARGUMENTS_BY_VERSION: &[HfFields] = &[
     // transformers==5.24.0 (PyPI wheel), transformers/training_args.py: 114 fields
     HfFields {
         version: "5.24.0",
+        fields: &[
+            ("accelerator_config", Some("None")),
+            ("activation_checkpointing", Some("None")),
+            ("activation_checkpointing_kwargs", Some("None")),
+            ("adam_beta1", Some("0.9")),
+            ("adam_beta2", Some("0.999")),
+            ("adam_epsilon", Some("1e-08")),
+            ("auto_find_batch_size", Some("False")),
+            ("average_tokens_across_devices", Some("True")),
+            ("batch_eval_metrics", Some("False")),
+            ("bf16", Some("False")),
+            ("bf16_full_eval", Some("False")),
+            ("data_seed", Some("None")),
+            ("dataloader_drop_last", Some("False")),
+            ("dataloader_in_order", Some("True")),
+            ("dataloader_multiprocessing_context", Some("None")),
+            ("dataloader_num_workers", Some("0")),
+            ("dataloader_persistent_workers", Some("False")),
+            ("dataloader_pin_memory", Some("True")),
+            ("dataloader_prefetch_factor", Some("None")),
+            ("ddp_backend", Some("None")),
+            ("ddp_broadcast_buffers", Some("None")),
+            ("ddp_bucket_cap_mb", Some("None")),
+            ("ddp_find_unused_parameters", Some("None")),
+            ("ddp_static_graph", Some("None")),
+            ("ddp_timeout", Some("1800")),
+            ("debug", Some("''")),
+            ("deepspeed", Some("None")),
+            ("disable_tqdm", Some("None")),
+            ("do_eval", Some("False")),
+            ("do_predict", Some("False")),
+            ("do_train", Some("False")),
+            ("enable_jit_checkpoint", Some("False")),
+            ("eval_accumulation_steps", Some("None")),
+            ("eval_delay", Some("0")),
+            ("eval_do_concat_batches", Some("True")),
+            ("eval_on_start", Some("False")),
+            ("eval_steps", Some("None")),
+            ("eval_strategy", Some("'no'")),
+            ("eval_use_gather_object", Some("False")),
+            ("fp16", Some("False")),
+            ("fp16_full_eval", Some("False")),
+            ("fsdp", Some("None")),
+            ("fsdp_config", Some("None")),
+            ("full_determinism", Some("False")),
+            ("gradient_accumulation_steps", Some("1")),
+            ("gradient_checkpointing", Some("None")),
+            ("gradient_checkpointing_kwargs", Some("None")),
+            ("greater_is_better", Some("None")),
+            ("hub_always_push", Some("False")),
+            ("hub_model_id", Some("None")),
+            ("hub_private_repo", Some("None")),
+            ("hub_revision", Some("None")),
+            ("hub_strategy", Some("'every_save'")),
+            ("hub_token", Some("None")),
+            ("ignore_data_skip", Some("False")),
+            ("include_for_metrics", None),
+            ("include_num_input_tokens_seen", Some("'no'")),
+            ("label_names", Some("None")),
+            ("label_smoothing_factor", Some("0.0")),
+            ("learning_rate", Some("5e-05")),
+            ("length_column_name", Some("'length'")),
+            ("liger_kernel_config", Some("None")),
+            ("load_best_model_at_end", Some("False")),
+            ("local_rank", Some("-1")),
+            ("log_level", Some("'passive'")),
+            ("log_level_replica", Some("'warning'")),
+            ("log_on_each_node", Some("True")),
+            ("logging_first_step", Some("False")),
+            ("logging_nan_inf_filter", Some("True")),
+            ("logging_steps", Some("500")),
+            ("logging_strategy", Some("'steps'")),
+            ("lr_scheduler_kwargs", Some("None")),
+            ("lr_scheduler_type", Some("'linear'")),
+            ("max_grad_norm", Some("1.0")),
+            ("max_steps", Some("-1")),
+            ("metric_for_best_model", Some("None")),
+            ("neftune_noise_alpha", Some("None")),
+            ("num_train_epochs", Some("3.0")),
+            ("optim", None),
+            ("optim_args", Some("None")),
+            ("optim_target_modules", Some("None")),
+            ("output_dir", Some("None")),
+            ("parallelism_config", Some("None")),
+            ("per_device_eval_batch_size", Some("8")),
+            ("per_device_train_batch_size", Some("8")),
+            ("prediction_loss_only", Some("False")),
+            ("project", Some("'huggingface'")),
+            ("push_to_hub", Some("False")),
+            ("remove_unused_columns", Some("True")),
+            ("report_to", Some("'none'")),
+            ("restore_callback_states_from_checkpoint", Some("False")),
+            ("resume_from_checkpoint", Some("None")),
+            ("run_name", Some("None")),
+            ("save_on_each_node", Some("False")),
+            ("save_only_model", Some("False")),
+            ("save_steps", Some("500")),
+            ("save_strategy", Some("'steps'")),
+            ("save_total_limit", Some("None")),
+            ("seed", Some("42")),
+            ("skip_memory_metrics", Some("True")),
+            ("tf32", Some("None")),
+            ("torch_compile", Some("False")),
+            ("torch_compile_backend", Some("None")),
+            ("torch_compile_mode", Some("None")),
+            ("torch_empty_cache_steps", Some("None")),
+            ("trackio_bucket_id", Some("None")),
+            ("trackio_space_id", Some("None")),
+            ("trackio_static_space_id", Some("None")),
+            ("train_sampling_strategy", Some("'random'")),
+            ("use_cache", Some("False")),
+            ("use_cpu", Some("False")),
+            ("use_liger_kernel", Some("False")),
+            ("warmup_steps", Some("0")),
+            ("weight_decay", Some("0.0")),
+        ],
+        default_notes: &[
+            ("include_for_metrics", "default_factory=list"),
+            ("optim", "non-literal default `default_optim`: 'adamw_torch'; 'adamw_torch_fused' if is_torch_available() and is_torch_greater_or_equal_than_2_8"),
+        ],
+    },
+    // transformers==5.25.0 (PyPI wheel), transformers/training_args.py: 114 fields
+    HfFields {
+        version: "5.25.0",
         fields: &[
             ("accelerator_config", Some("None")),
             ("activation_checkpointing", Some("None")),

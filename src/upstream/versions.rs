@@ -84,8 +84,8 @@ impl Library {
     /// The newest release the rules know.
     pub fn newest(self) -> Version {
         match self {
-            Library::Transformers => Version::new(5, 24, 0),
-            Library::Accelerate => Version::new(1, 15, 0),
+            Library::Transformers => Version::new(5, 25, 0),
+            Library::Accelerate => Version::new(1, 16, 0),
             Library::DeepSpeed => Version::new(0, 19, 8),
         }
     }
