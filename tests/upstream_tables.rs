@@ -270,7 +270,7 @@ const HF_VERSIONS: &[&str] = &[
     "4.6.1", "4.24.0", "4.30.0", "4.41.0", "4.46.0", "4.52.1", "4.57.6", "5.0.0", "5.24.0",
     "5.25.0",
 ];
-const DS_VERSIONS: &[&str] = &["0.3.16", "0.5.10", "0.8.3", "0.14.2", "0.19.5"];
+const DS_VERSIONS: &[&str] = &["0.3.16", "0.5.10", "0.8.3", "0.14.2", "0.19.5", "0.19.8"];
 
 #[test]
 fn hf_versions_sorted_and_complete() {
@@ -420,12 +420,12 @@ fn ds_tables_sorted_unique() {
         .iter()
         .map(|(_, k)| k.len())
         .collect();
-    assert_eq!(top, [30, 35, 43, 49, 60]);
+    assert_eq!(top, [30, 35, 43, 49, 60, 52]);
     let zero: Vec<usize> = DEEPSPEED_ZERO_KEYS_BY_VERSION
         .iter()
         .map(|(_, k)| k.len())
         .collect();
-    assert_eq!(zero, [20, 22, 31, 41, 53]);
+    assert_eq!(zero, [20, 22, 31, 41, 53, 52]);
 }
 
 #[test]
@@ -443,7 +443,7 @@ fn ds_facts() {
     }
     // `cpu_offload_params` (plain dict, ≤ 0.5.10) became the pydantic field `cpu_offload_param`.
     assert!(z("0.5.10").contains(&"cpu_offload_params"));
-    for v in ["0.8.3", "0.14.2", "0.19.5"] {
+    for v in ["0.8.3", "0.14.2", "0.19.5", "0.19.8"] {
         assert!(z(v).contains(&"cpu_offload_param") && !z(v).contains(&"cpu_offload_params"));
         assert!(z(v).contains(&"gather_16bit_weights_on_model_save"));
     }
@@ -477,7 +477,7 @@ fn ds_facts() {
     // bf16 section names: none in 0.3.16, only `bfloat16` in 0.5.10, both from 0.8.3.
     assert!(!t("0.3.16").contains(&"bf16") && !t("0.3.16").contains(&"bfloat16"));
     assert!(t("0.5.10").contains(&"bfloat16") && !t("0.5.10").contains(&"bf16"));
-    for v in ["0.8.3", "0.14.2", "0.19.5"] {
+    for v in ["0.8.3", "0.14.2", "0.19.5", "0.19.8"] {
         assert!(t(v).contains(&"bf16") && t(v).contains(&"bfloat16"), "{v}");
     }
     // fp32_allreduce only in 0.3.16; dataloader_drop_last from 0.5.10.
@@ -503,4 +503,28 @@ fn ds_facts() {
         t("0.19.5").contains(&"data_parallel_size") && !t("0.14.2").contains(&"data_parallel_size")
     );
     assert!(!t("0.3.16").contains(&"reduce_scatter") && z("0.3.16").contains(&"reduce_scatter"));
+    // 0.19.8 (docs/upstream.md §0.4): new top-level and zero keys; the removed features' sections
+    // are no longer read (R0909's keys).
+    for k in ["gradient_allreduce_op", "disable_python_gc"] {
+        assert!(t("0.19.8").contains(&k) && !t("0.19.5").contains(&k), "{k}");
+    }
+    for k in ["compute_grad_norm", "parameter_alignment"] {
+        assert!(z("0.19.8").contains(&k) && !z("0.19.5").contains(&k), "{k}");
+    }
+    for k in [
+        "amp",
+        "sparse_attention",
+        "elasticity",
+        "quantize_training",
+        "nebula",
+    ] {
+        assert!(t("0.19.5").contains(&k) && !t("0.19.8").contains(&k), "{k}");
+    }
+    for k in [
+        "mics_shard_size",
+        "mics_hierarchical_params_gather",
+        "zeropp_loco_param",
+    ] {
+        assert!(z("0.19.5").contains(&k) && !z("0.19.8").contains(&k), "{k}");
+    }
 }

@@ -220,6 +220,17 @@ fn deepspeed_key(
         .find(|(rv, _)| rv.parse::<Version>().is_ok_and(|rv| rv <= v))
         .map_or(upstream::DEEPSPEED_TOP_LEVEL, |(_, keys)| keys);
     if !keys.contains(&top) {
+        // A section of a feature the target removed (an earlier sampled release reads it):
+        // R0909 reports it (`rules::compat::REMOVED_KEYS`, "… has been removed").
+        if removed_feature(top) {
+            let table = upstream_versions::DEEPSPEED_TOP_LEVEL_BY_VERSION;
+            let read_before = table.iter().any(|(rv, keys)| {
+                keys.contains(&top) && rv.parse::<Version>().is_ok_and(|rv| rv < v)
+            });
+            if read_before {
+                return None;
+            }
+        }
         // A key of a later release: the target is what is wrong, not the spelling.
         // Of the sampled releases, the first newer one that reads it and the one before it.
         let table = upstream_versions::DEEPSPEED_TOP_LEVEL_BY_VERSION;
@@ -267,6 +278,12 @@ fn deepspeed_key(
             break;
         };
         let fields = upstream::DEEPSPEED_STRICT_SECTIONS[i].1;
+        // The strict lists are the newest release's; a field of a removed feature
+        // (`zero_optimization.mics_shard_size`) is R0909's where the target refuses it, and
+        // still a field for the releases before.
+        if !fields.contains(&field) && removed_feature(&dotted[..end]) {
+            return None;
+        }
         if !fields.contains(&field) {
             let best = suggest::closest(field, fields.iter().copied());
             let help = match best {
@@ -285,6 +302,15 @@ fn deepspeed_key(
         }
     }
     None
+}
+
+/// Whether `dotted` is a key of a feature DeepSpeed 0.19.8 removed (R0909's keys) or below one.
+fn removed_feature(dotted: &str) -> bool {
+    crate::rules::compat::REMOVED_KEYS.iter().any(|k| {
+        dotted
+            .strip_prefix(k)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+    })
 }
 
 /// Adds the fix "rename to `new`" (the key's span replaced).
@@ -434,4 +460,42 @@ fn hf_key(dotted: &str, span: Span, release: Option<Version>) -> Option<Diagnost
         span,
         best.filter(|_| span.len() == field.len()),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    fn codes(text: &str) -> Vec<&'static str> {
+        crate::check::check_source(text)
+            .diagnostics
+            .iter()
+            .map(|d| d.code)
+            .collect()
+    }
+
+    const HEAD: &str = "recipe \"x\"\nmodel bert { from = \"bert-base-uncased\", task = classify(labels: 2) }\ndata { train = \"t.jsonl\", samples = 100 }\nbatch { micro = 8 }\n";
+
+    /// DeepSpeed 0.19.8's keys (docs/upstream.md §0.4) pass at the default target, 0.19.5 does not
+    /// read its new top-level keys, and a removed feature's keys are R0909's where the target
+    /// refuses them and still keys for 0.19.5.
+    #[test]
+    fn deepspeed_0_19_8_keys_are_known_and_removed_features_are_r0909s() {
+        let new = "deepspeed {\n  gradient_allreduce_op = \"mean\"\n  disable_python_gc = 1\n  zero_optimization { compute_grad_norm = true, parameter_alignment = false }\n  compile { offload_activation_pin_memory = true }\n  hybrid_engine { enable_cuda_graph = false }\n  tensor_parallel { vocab_parallel_lm_head = false }\n}\n";
+        let now = codes(&format!("{HEAD}{new}"));
+        assert!(!now.contains(&"R0030"), "{now:?}");
+        let then = codes(&format!("{HEAD}target deepspeed \"0.19.5\"\n{new}"));
+        assert_eq!(
+            then.iter().filter(|c| **c == "R0030").count(),
+            2,
+            "gradient_allreduce_op and disable_python_gc: {then:?}"
+        );
+        let removed = "deepspeed {\n  sparse_attention { mode = \"fixed\" }\n  zero_optimization { mics_shard_size = 2 }\n}\n";
+        let now = codes(&format!("{HEAD}{removed}"));
+        assert_eq!(now.iter().filter(|c| **c == "R0909").count(), 2, "{now:?}");
+        assert!(!now.contains(&"R0030"), "{now:?}");
+        let then = codes(&format!("{HEAD}target deepspeed \"0.19.5\"\n{removed}"));
+        assert!(
+            !then.contains(&"R0909") && !then.contains(&"R0030"),
+            "{then:?}"
+        );
+    }
 }

@@ -7,12 +7,14 @@
 //! those lists from there ([`DEEPSPEED_TOP_LEVEL`], the strict `zero_optimization` keys in
 //! [`DEEPSPEED_STRICT_SECTIONS`], [`TRAINING_ARGUMENTS_FIELDS`]) and adds what the script cannot
 //! derive: which sections are strict and their keys, renamed and deprecated keys with their history,
-//! keys only on DeepSpeed master, and per-key notes.
+//! and per-key notes.
 //!
 //! Sources of the hand-curated tables (all read directly, names re-typed here; no upstream code is
 //! copied):
 //!
-//! * DeepSpeed: `deepspeedai/DeepSpeed@v0.19.5` (git tag; `version.txt` = 0.19.5), files
+//! * DeepSpeed: `deepspeedai/DeepSpeed@v0.19.5` (git tag; `version.txt` = 0.19.5) and the 0.19.8
+//!   sdist (its strict sections' new fields: `compile`, `hybrid_engine`, `tensor_parallel`,
+//!   `zero_optimization`; the pydantic models of the two releases compared field by field), files
 //!   `deepspeed/runtime/config.py` (`DeepSpeedConfig._initialize_params` and its getters),
 //!   `deepspeed/runtime/constants.py`, `deepspeed/runtime/config_utils.py` (`DeepSpeedConfigModel`),
 //!   `deepspeed/runtime/zero/{config,offload_config,leaf_module_config}.py`,
@@ -23,14 +25,14 @@
 //!   `deepspeed/runtime/data_pipeline/config.py`, `deepspeed/compression/config.py`,
 //!   `deepspeed/runtime/swap_tensor/aio_config.py`, `deepspeed/module_inject/auto_ep_config.py`,
 //!   `deepspeed/runtime/engine.py`; history via `git log -S` / older tags (v0.3.16 … v0.18.0) for the
-//!   renamed table. Master (`edaa72212`, version.txt 0.19.6, unreleased) only in [`DEEPSPEED_MASTER_ONLY`].
+//!   renamed table.
 //! * transformers: `huggingface/transformers@v5.25.0:src/transformers/training_args.py`, read from the
 //!   PyPI wheel of the same version (byte for byte v5.24.0's file); the 4.x/5.x history from the
 //!   wheels of v4.24.0, v4.30.0, v4.33.0, v4.36.2, v4.41.0, v4.46.0, v4.47.0, v4.49.0, v4.50.0,
 //!   v4.51.0, v4.52.1, v4.54.0, v4.56.0, v4.57.6, v5.0.0, v5.1.0, v5.2.0, v5.12.0, v5.14.1, v5.15.0,
 //!   v5.18.0, v5.21.0, v5.22.0, v5.23.0, v5.24.0 (same file).
 //!
-//! The hand-curated tables describe DeepSpeed v0.19.5 and transformers v5.25.0, the newest sampled
+//! The hand-curated tables describe DeepSpeed v0.19.8 and transformers v5.25.0, the newest sampled
 //! releases (a test fails when the script samples a newer one, so that they are reviewed with it).
 //!
 //! Behaviour notes the checker relies on:
@@ -106,14 +108,15 @@ const fn field_names<const N: usize>(
     out
 }
 
-/// Top-level keys DeepSpeed v0.19.5 reads from the ds_config dict (`deepspeed/runtime/config.py`
+/// Top-level keys DeepSpeed v0.19.8 reads from the ds_config dict (`deepspeed/runtime/config.py`
 /// `DeepSpeedConfig.__init__`/`_initialize_params`/`_do_warning_check`, the sub-config getters it calls,
 /// and `deepspeed/__init__.py:initialize`). Sorted (byte order), no duplicates: the last entry of the
 /// generated [`DEEPSPEED_TOP_LEVEL_BY_VERSION`]; per-key notes in [`DEEPSPEED_KEY_NOTES`].
 ///
 /// Not listed on purpose: `eigenvalue` (only read nested inside `quantize_training`), `fp32_allreduce`,
-/// `seq_parallel_comm_data_type` (old names, no longer read; see [`DEEPSPEED_RENAMED`]),
-/// `gradient_allreduce_op` (master only; see [`DEEPSPEED_MASTER_ONLY`]).
+/// `seq_parallel_comm_data_type` (old names, no longer read; see [`DEEPSPEED_RENAMED`]). The
+/// sections of the features 0.19.8 removed (`amp`, `sparse_attention`, …) are in older releases'
+/// lists; 0.19.8 refuses them, which R0909 reports.
 pub const DEEPSPEED_TOP_LEVEL: &[&str] = newest(DEEPSPEED_TOP_LEVEL_BY_VERSION);
 
 /// Notes on ds_config keys of the sampled releases (dotted key, note), for readers of the generated
@@ -160,7 +163,7 @@ pub const DEEPSPEED_KEY_NOTES: &[(&str, &str)] = &[
     ("zero_optimization.offload_optimizer", "new in 0.3.15 (absent from the 0.3.14 sdist)"),
 ];
 
-/// Sections DeepSpeed v0.19.5 validates strictly (pydantic models derived from `DeepSpeedConfigModel`,
+/// Sections DeepSpeed v0.19.8 validates strictly (pydantic models derived from `DeepSpeedConfigModel`,
 /// `extra="forbid"`): dotted path of the section, then every accepted key (field names and aliases).
 /// Sorted by section; each key list sorted; no duplicates.
 ///
@@ -214,10 +217,11 @@ pub const DEEPSPEED_STRICT_SECTIONS: &[(&str, &[&str])] = &[
         "comms_logger",
         &["debug", "enabled", "prof_all", "prof_ops", "verbose"],
     ),
-    // compile/config.py CompileConfig (master adds `offload_activation_pin_memory`)
+    // compile/config.py CompileConfig (0.19.8 adds `autoep_non_moe`, `offload_activation_pin_memory`)
     (
         "compile",
         &[
+            "autoep_non_moe",
             "debug_log",
             "deepcompile",
             "double_buffer",
@@ -226,6 +230,7 @@ pub const DEEPSPEED_STRICT_SECTIONS: &[(&str, &[&str])] = &[
             "keep_all_input_tensors",
             "keep_int_input_tensors",
             "offload_activation",
+            "offload_activation_pin_memory",
             "offload_opt_states",
             "offload_parameters",
             "passes",
@@ -253,10 +258,11 @@ pub const DEEPSPEED_STRICT_SECTIONS: &[(&str, &[&str])] = &[
             "min_loss_scale",
         ],
     ),
-    // runtime/config.py HybridEngineConfig (master adds `enable_cuda_graph`)
+    // runtime/config.py HybridEngineConfig (0.19.8 adds `enable_cuda_graph`)
     (
         "hybrid_engine",
         &[
+            "enable_cuda_graph",
             "enabled",
             "inference_tp_size",
             "max_out_tokens",
@@ -266,7 +272,8 @@ pub const DEEPSPEED_STRICT_SECTIONS: &[(&str, &[&str])] = &[
         ],
     ),
     // tensor_parallel/config.py TPTrainingConfig; aliases: tp -> tensor_parallel,
-    // kernel_inject -> replace_with_kernel_inject. (`dtype` expects a torch.dtype object.)
+    // kernel_inject -> replace_with_kernel_inject. (`dtype` expects a torch.dtype object.) 0.19.8
+    // adds `vocab_parallel_ce_backend`, `vocab_parallel_lm_head`.
     (
         "tensor_parallel",
         &[
@@ -281,6 +288,8 @@ pub const DEEPSPEED_STRICT_SECTIONS: &[(&str, &[&str])] = &[
             "tensor_parallel",
             "tp",
             "tp_overlap_comm",
+            "vocab_parallel_ce_backend",
+            "vocab_parallel_lm_head",
         ],
     ),
     // TPConfig, reachable under either name of the field.
@@ -373,20 +382,8 @@ pub const DEEPSPEED_STRICT_SECTIONS: &[(&str, &[&str])] = &[
     ),
 ];
 
-/// Dotted keys present on DeepSpeed master (`edaa72212`, version.txt 0.19.6, unreleased) but not in
-/// v0.19.5: (key, note). Not part of the tables above; silently ignored (top level) or rejected
-/// (strict sections) by v0.19.5.
-pub const DEEPSPEED_MASTER_ONLY: &[(&str, &str)] = &[
-    ("compile.offload_activation_pin_memory", "master only; rejected by v0.19.5 (compile is strict)"),
-    (
-        "gradient_allreduce_op",
-        "master only: \"mean\" (default) | \"sum\"; \"sum\" errors with ZeRO-3, ZenFlow, DeepCompile",
-    ),
-    ("hybrid_engine.enable_cuda_graph", "master only; rejected by v0.19.5 (hybrid_engine is strict)"),
-];
-
 /// Deprecated / renamed DeepSpeed keys: (dotted old key, dotted new key or "", note incl. version,
-/// honoured: whether v0.19.5 still applies the old key's value; if not, it is ignored or rejected).
+/// honoured: whether v0.19.5 and v0.19.8 still apply the old key's value; if not, it is ignored or rejected).
 /// Sorted by old key, no duplicate old keys.
 pub const DEEPSPEED_RENAMED: &[(&str, &str, &str, bool)] = &[
     (
@@ -711,16 +708,16 @@ mod tests {
     #[test]
     fn deepspeed_top_level_sorted_unique() {
         assert_sorted_unique("DEEPSPEED_TOP_LEVEL", DEEPSPEED_TOP_LEVEL);
-        assert_eq!(DEEPSPEED_TOP_LEVEL.len(), 60);
+        assert_eq!(DEEPSPEED_TOP_LEVEL.len(), 52);
     }
 
     #[test]
     fn hand_tables_describe_the_newest_sampled_releases() {
-        // The strict sections, DEEPSPEED_MASTER_ONLY, DEEPSPEED_RENAMED's `honoured` and the
-        // TrainingArguments rename tables are for DeepSpeed v0.19.5 and transformers v5.25.0. When
+        // The strict sections, DEEPSPEED_RENAMED's `honoured` and the TrainingArguments rename
+        // tables are for DeepSpeed v0.19.8 and transformers v5.25.0. When
         // conformance/extract_upstream.py samples a newer release, review them, then update this test.
         let ds = DEEPSPEED_TOP_LEVEL_BY_VERSION.last().map(|(v, _)| *v);
-        assert_eq!(ds, Some("0.19.5"));
+        assert_eq!(ds, Some("0.19.8"));
         assert_eq!(DEEPSPEED_ZERO_KEYS_BY_VERSION.last().map(|(v, _)| *v), ds);
         assert_eq!(
             TRAINING_ARGUMENTS_BY_VERSION.last().map(|h| h.version),
@@ -812,35 +809,14 @@ mod tests {
         for (old, new, note, _) in DEEPSPEED_RENAMED {
             assert!(!note.is_empty(), "{old}: empty note");
             assert_ne!(old, new);
+            // Under a top-level key of some sampled release (0.19.8 removed `quantize_training`,
+            // where `eigenvalue` moved).
             if !new.is_empty() {
                 assert!(
-                    DEEPSPEED_TOP_LEVEL.contains(&first_segment(new)),
+                    DEEPSPEED_TOP_LEVEL_BY_VERSION
+                        .iter()
+                        .any(|(_, keys)| keys.contains(&first_segment(new))),
                     "{old}: new key {new} is not under a top-level key"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn deepspeed_master_only_sorted_unique_and_absent() {
-        let keys: Vec<&str> = DEEPSPEED_MASTER_ONLY.iter().map(|(k, _)| *k).collect();
-        assert_sorted_unique("DEEPSPEED_MASTER_ONLY", &keys);
-        for key in keys {
-            assert!(
-                !DEEPSPEED_TOP_LEVEL.contains(&key),
-                "{key} is in v0.19.5 top level"
-            );
-            let Some((section, leaf)) = key.rsplit_once('.') else {
-                continue;
-            };
-            let allowed = DEEPSPEED_STRICT_SECTIONS
-                .iter()
-                .find(|(s, _)| *s == section)
-                .map(|(_, keys)| *keys);
-            if let Some(allowed) = allowed {
-                assert!(
-                    !allowed.contains(&leaf),
-                    "{key} is in v0.19.5 strict section"
                 );
             }
         }

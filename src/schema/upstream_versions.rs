@@ -2,7 +2,7 @@
 // Regenerate: `python3 conformance/extract_upstream.py` (conformance/README.md, "Upstream key
 // tables"). tests/upstream_tables.rs checks that this file is the script's rendering of its
 // constants, and this digest (sha256 of the file with the 64 hex digits below set to 0):
-// 52426989cdb33305d890dc4f315dc210fecd0e12c9c2f62fef0246e43b1f4070
+// 80b9fae9a22bb06df958df994ba100bb92fbd1218507460fee1eec206c8a5642
 
 //! Per-release key sets of transformers' `TrainingArguments` and of the DeepSpeed config, extracted
 //! from the released packages on PyPI by `conformance/extract_upstream.py` (names re-typed by the
@@ -35,7 +35,7 @@
 //!
 //! # DeepSpeed
 //!
-//! Source: the PyPI sdists `deepspeed==X` (0.3.16, 0.5.10, 0.8.3, 0.14.2, 0.19.5; fetched from the
+//! Source: the PyPI sdists `deepspeed==X` (0.3.16, 0.5.10, 0.8.3, 0.14.2, 0.19.5, 0.19.8; fetched from the
 //! index with their sha256 checked; `version.txt` and `PKG-INFO` checked). The script follows the
 //! ds_config dict with Python's `ast` from `deepspeed/runtime/config.py:DeepSpeedConfig.__init__`
 //! (`_initialize_params`, `_do_warning_check` and every `get_*` reader and section config they
@@ -48,9 +48,12 @@
 //!
 //! * Top level: DeepSpeed reads it with `dict.get` in every version listed, so an unknown top-level
 //!   key is silently ignored; a key missing from a version's list is one that version does not
-//!   read.
+//!   read. 0.19.8 no longer reads the sections of the features it removed (`amp`, `sparse_attention`,
+//!   …, and `zero_optimization`'s `mics_*` and `zeropp_loco_param`): it refuses them ("… has been
+//!   removed", `runtime/config.py:_reject_removed_config_keys`), which R0909 reports
+//!   (`rules::compat::REMOVED_KEYS`), so the key checks pass over them.
 //! * `zero_optimization`: up to 0.5.10 it is a plain dict read with `dict.get` (unknown keys
-//!   ignored); in 0.8.3, 0.14.2 and 0.19.5 (first sampled: 0.8.3; [`super::upstream`] dates it to
+//!   ignored); in 0.8.3, 0.14.2, 0.19.5 and 0.19.8 (first sampled: 0.8.3; [`super::upstream`] dates it to
 //!   v0.7.0) it is the pydantic model `DeepSpeedZeroConfig` (`extra = "forbid"`, field names and
 //!   aliases both accepted, deprecated fields accepted with a warning): an unknown key is an error.
 //!   Listed: the keys the version reads (≤ 0.5.10) or accepts (≥ 0.8.3: every field name and alias,
@@ -1557,12 +1560,70 @@ pub const DEEPSPEED_TOP_LEVEL_BY_VERSION: &[(&str, &[&str])] = &[
             "zero_optimization",
         ],
     ),
+    // deepspeed==0.19.8 (PyPI sdist): 52 keys
+    (
+        "0.19.8",
+        &[
+            "activation_checkpointing",
+            "aio",
+            "allgather_size",
+            "autotuning",
+            "bf16",
+            "bfloat16",
+            "checkpoint",
+            "comet",
+            "comms_logger",
+            "communication_data_type",
+            "compile",
+            "csv_monitor",
+            "data_efficiency",
+            "data_parallel_size",
+            "data_types",
+            "dataloader_drop_last",
+            "datastates_ckpt",
+            "disable_allgather",
+            "disable_python_gc",
+            "dump_state",
+            "expert_parallel",
+            "flops_profiler",
+            "fp16",
+            "gradient_accumulation_steps",
+            "gradient_allreduce_op",
+            "gradient_clipping",
+            "gradient_predivide_factor",
+            "hybrid_engine",
+            "log_level",
+            "managed_gradient_accumulation",
+            "memory_breakdown",
+            "optimizer",
+            "pipeline",
+            "prescale_gradients",
+            "scheduler",
+            "seq_parallel_communication_data_type",
+            "sequence_parallel_size",
+            "steps_per_print",
+            "tensor_parallel",
+            "tensorboard",
+            "timers",
+            "torch_autocast",
+            "train_batch_size",
+            "train_micro_batch_size_per_gpu",
+            "use_data_before_expert_parallelism",
+            "vocabulary_size",
+            "wall_clock_breakdown",
+            "wandb",
+            "weight_quantization",
+            "zero_allow_untested_optimizer",
+            "zero_force_ds_cpu_optimizer",
+            "zero_optimization",
+        ],
+    ),
 ];
 
 /// Keys inside `zero_optimization` per DeepSpeed release: (version, keys), sorted by version
 /// (numeric); keys sorted (byte order), no duplicates. 0.3.16 and 0.5.10: the keys
 /// `DeepSpeedZeroConfig._initialize` and `offload_config.py` read from the plain dict (others are
-/// silently ignored). 0.8.3, 0.14.2, 0.19.5: every field name and alias of the strict pydantic
+/// silently ignored). 0.8.3, 0.14.2, 0.19.5, 0.19.8: every field name and alias of the strict pydantic
 /// model `DeepSpeedZeroConfig` (anything else is rejected, except a key whose value is the string
 /// `"auto"`, which is dropped before validation); the last entry is [`super::upstream`]'s strict
 /// `zero_optimization` section. Source: PyPI sdist `deepspeed==X`,
@@ -1767,6 +1828,64 @@ pub const DEEPSPEED_ZERO_KEYS_BY_VERSION: &[(&str, &[&str])] = &[
             "zero_quantized_nontrainable_weights",
             "zero_quantized_weights",
             "zeropp_loco_param",
+        ],
+    ),
+    // deepspeed==0.19.8 (PyPI sdist): 52 keys
+    (
+        "0.19.8",
+        &[
+            "allgather_bucket_size",
+            "allgather_partitions",
+            "allgather_sequential",
+            "compute_grad_norm",
+            "contiguous_gradients",
+            "cpu_offload",
+            "cpu_offload_param",
+            "cpu_offload_use_pin_memory",
+            "elastic_checkpoint",
+            "enable_sanity_checks",
+            "gather_16bit_weights_on_model_save",
+            "ignore_unused_parameters",
+            "leaf_module",
+            "legacy_stage1",
+            "load_from_fp32_weights",
+            "log_trace_cache_warnings",
+            "max_live_parameters",
+            "max_reuse_distance",
+            "memory_efficient_linear",
+            "model_persistence_threshold",
+            "module_granularity_threshold",
+            "offload_optimizer",
+            "offload_param",
+            "overlap_comm",
+            "override_module_apply",
+            "param_persistence_threshold",
+            "parameter_alignment",
+            "pipeline_loading_checkpoint",
+            "prefetch_bucket_size",
+            "reduce_bucket_size",
+            "reduce_scatter",
+            "round_robin_gradients",
+            "save_muon_momentum_buffer_in_memory",
+            "stage",
+            "stage3_allgather_sequential",
+            "stage3_gather_16bit_weights_on_model_save",
+            "stage3_gather_fp16_weights_on_model_save",
+            "stage3_max_live_parameters",
+            "stage3_max_reuse_distance",
+            "stage3_model_persistence_threshold",
+            "stage3_module_granularity_threshold",
+            "stage3_param_persistence_threshold",
+            "stage3_prefetch_bucket_size",
+            "stage3_use_all_reduce_for_fetch_params",
+            "sub_group_size",
+            "use_all_reduce_for_fetch_params",
+            "use_multi_rank_bucket_allreduce",
+            "zenflow",
+            "zero_hpz_partition_size",
+            "zero_quantized_gradients",
+            "zero_quantized_nontrainable_weights",
+            "zero_quantized_weights",
         ],
     ),
 ];
