@@ -11,6 +11,7 @@ use std::collections::{HashMap, HashSet};
 use crate::check::suggest;
 use crate::diagnostics::codes;
 use crate::diagnostics::Diagnostic;
+use crate::rules::compat;
 use crate::schema::upstream::{self, HfFields};
 use crate::schema::upstream_versions;
 use crate::schema::RawKind;
@@ -222,7 +223,7 @@ fn deepspeed_key(
     if !keys.contains(&top) {
         // A section of a feature the target removed (an earlier sampled release reads it):
         // R0909 reports it (`rules::compat::REMOVED_KEYS`, "… has been removed").
-        if removed_feature(top) {
+        if compat::removed_key(top).is_some() {
             let table = upstream_versions::DEEPSPEED_TOP_LEVEL_BY_VERSION;
             let read_before = table.iter().any(|(rv, keys)| {
                 keys.contains(&top) && rv.parse::<Version>().is_ok_and(|rv| rv < v)
@@ -281,7 +282,7 @@ fn deepspeed_key(
         // The strict lists are the newest release's; a field of a removed feature
         // (`zero_optimization.mics_shard_size`) is R0909's where the target refuses it, and
         // still a field for the releases before.
-        if !fields.contains(&field) && removed_feature(&dotted[..end]) {
+        if !fields.contains(&field) && compat::removed_key(&dotted[..end]).is_some() {
             return None;
         }
         if !fields.contains(&field) {
@@ -302,15 +303,6 @@ fn deepspeed_key(
         }
     }
     None
-}
-
-/// Whether `dotted` is a key of a feature DeepSpeed 0.19.8 removed (R0909's keys) or below one.
-fn removed_feature(dotted: &str) -> bool {
-    crate::rules::compat::REMOVED_KEYS.iter().any(|k| {
-        dotted
-            .strip_prefix(k)
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
-    })
 }
 
 /// Adds the fix "rename to `new`" (the key's span replaced).

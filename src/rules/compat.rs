@@ -63,6 +63,15 @@ pub const REMOVED_KEYS: &[&str] = &[
     "zero_optimization.zeropp_loco_param",
 ];
 
+/// The [`REMOVED_KEYS`] entry `dotted` is, or is below.
+pub fn removed_key(dotted: &str) -> Option<&'static str> {
+    REMOVED_KEYS.iter().copied().find(|k| {
+        dotted
+            .strip_prefix(k)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+    })
+}
+
 /// Raw keys of features DeepSpeed has removed (one report per section).
 fn removed_keys(r: &Resolved, out: &mut Vec<Diagnostic>) {
     if !r.facts.ds_removed_legacy_features {
@@ -70,13 +79,10 @@ fn removed_keys(r: &Resolved, out: &mut Vec<Diagnostic>) {
     }
     let mut seen: Vec<&str> = Vec::new();
     for (path, _, span) in &r.raw_deepspeed {
-        let Some(key) = REMOVED_KEYS.iter().find(|k| {
-            path.strip_prefix(**k)
-                .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
-        }) else {
+        let Some(key) = removed_key(path) else {
             continue;
         };
-        if seen.contains(key) {
+        if seen.contains(&key) {
             continue;
         }
         seen.push(key);

@@ -29,11 +29,7 @@ impl Work<'_> {
                     );
                 }
             }
-            keys.retain(|(k, ..)| {
-                !crate::rules::compat::REMOVED_KEYS
-                    .iter()
-                    .any(|r| k == r || k.starts_with(&format!("{r}.")))
-            });
+            keys.retain(|(k, ..)| crate::rules::compat::removed_key(k).is_none());
         }
         let cpu_offload = self.ds.get("zero_optimization.cpu_offload").is_some();
         let offload_optimizer = self.ds.get("zero_optimization.offload_optimizer").is_some();
