@@ -687,17 +687,27 @@ fn a_gpu_tensor_past_32_bit_indices_is_refused_before_the_run() {
 /// rank order): ZeRO-0, ZeRO-2 in fp16 and ZeRO-3, on asynchronous streams, where the sums
 /// queued on the copy stream overlap the pass; against the CPU's two simulated ranks. Without
 /// `join_copies`' event (the compute stream waiting for the queued sums), ZeRO-3's losses
-/// differ by 1.3e-3 here.
+/// differ by 1.3e-3 here. And recipes/cls.rcp's shape, ZeRO-2 with the optimizer offloaded in
+/// fp16 (and ZeRO-3 offloaded in bf16): each rank's partition lands in pinned memory during
+/// the window's last backward, each segment's piece copied down once reduced and added, and
+/// goes up range by range on the copy stream before the owners' broadcasts.
 #[test]
 fn two_fake_gpus_train_through_nccl_as_the_cpu_ranks_do() {
     let dir = workspace("fake-nccl", TINY);
     std::fs::write(dir.join("zero2.rcp"), format!("{TINY}zero 2\n")).unwrap();
     std::fs::write(dir.join("zero3.rcp"), format!("{TINY}zero 3\n")).unwrap();
+    let offload = |stage| format!("{TINY}zero {stage} {{ offload optimizer = cpu }}\n");
+    std::fs::write(dir.join("zero2-offload.rcp"), offload(2)).unwrap();
+    std::fs::write(dir.join("zero3-offload.rcp"), offload(3)).unwrap();
     let late = [("RECIPE_FAKE_CUDA_ASYNC", "20")];
+    let fp16 = ["--set", "train.precision=fp16"];
+    let bf16 = ["--set", "train.precision=bf16"];
     for (name, recipe, sets) in [
         ("zero0", "tiny.rcp", &[][..]),
-        ("zero2", "zero2.rcp", &["--set", "train.precision=fp16"][..]),
+        ("zero2", "zero2.rcp", &fp16[..]),
         ("zero3", "zero3.rcp", &[][..]),
+        ("zero2-offload", "zero2-offload.rcp", &fp16[..]),
+        ("zero3-offload", "zero3-offload.rcp", &bf16[..]),
     ] {
         let mut args = vec!["--gpus", "2"];
         args.extend_from_slice(sets);

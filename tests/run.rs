@@ -830,9 +830,11 @@ fn two_gpus_average_between_the_devices_at_zero_0_in_fp16() {
 }
 
 /// recipes/cls.rcp's shape (ZeRO-2, optimizer offload, fp16) with the devices reducing each
-/// micro-batch's gradient to its owners into a partition-sized accumulator: one copy of the
-/// rank's partition down and one up per step, the host's CPU step between them, the partitions
-/// broadcast between the devices.
+/// micro-batch's gradient to its owners into a partition-sized accumulator: the rank's
+/// partition down during the window's last backward (each segment's piece once reduced and
+/// added) and up range by range during the host's CPU step, then the partitions broadcast
+/// between the devices. `EmuTyped` copies at the wait where `Emu` copies at once: a piece
+/// copied before its addition gives other bits.
 #[test]
 fn two_gpus_reduce_to_the_owners_between_the_devices_at_zero_2_offloaded_in_fp16() {
     let zero = "zero 2 { offload optimizer = cpu }";
@@ -869,7 +871,8 @@ fn three_gpus_gather_and_reduce_their_pieces_at_zero_3_in_bf16() {
 }
 
 /// ZeRO-3 with optimizer offload in fp16 with the devices summing: each device holds its pieces
-/// and accumulates their gradient, the host steps them (one copy down and one up per step), and
+/// and accumulates their gradient, the host steps them (down during the window's last
+/// backward, each segment's piece once reduced; up range by range during the step), and
 /// the checkpoints and the evaluation gather the whole model between the devices.
 #[test]
 fn two_gpus_offload_their_pieces_at_zero_3_in_fp16() {

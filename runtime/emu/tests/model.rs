@@ -427,8 +427,8 @@ fn one_rank_keeps_the_model_on_the_device_at_every_stage_and_the_optimizer_witho
 struct Counted {
     inner: std::sync::Arc<recipe_runtime::model::OnDevice<Emu>>,
     /// (micro-batches, gradient downloads, uploads, passes-only passes, sums between devices,
-    /// windows landed during their last backward)
-    calls: std::sync::Mutex<[usize; 6]>,
+    /// windows landed during their last backward, parameter ranges queued up)
+    calls: std::sync::Mutex<[usize; 7]>,
 }
 
 impl Counted {
@@ -530,7 +530,11 @@ impl recipe_runtime::optim::device::Resident for Counted {
 
     unsafe fn upload_params_part(&self, at: usize, src: &[f32]) -> bool {
         // SAFETY: the caller's contract, passed on.
-        unsafe { self.inner.upload_params_part(at, src) }
+        let queued = unsafe { self.inner.upload_params_part(at, src) };
+        if queued {
+            self.count(6);
+        }
+        queued
     }
 
     fn params_uploaded(&self) -> Result<(), recipe_runtime::model::ModelError> {
@@ -602,7 +606,7 @@ fn optimizer_offload_copies_the_gradients_down_and_the_parameters_up_once_per_st
     let counted = || {
         std::sync::Arc::new(Counted {
             inner: OnDevice::new(Kernels::new(Emu), "emulated GPU"),
-            calls: std::sync::Mutex::new([0; 6]),
+            calls: std::sync::Mutex::new([0; 7]),
         })
     };
     let replica = |device: Option<&std::sync::Arc<Counted>>| {
@@ -644,8 +648,8 @@ fn optimizer_offload_copies_the_gradients_down_and_the_parameters_up_once_per_st
     let landed = train(&mut replica(Some(&during)), true);
     let cpu = train(&mut replica(None), false);
     // micro-batches, gradient downloads, parameter uploads, …, landed windows.
-    assert_eq!(*after.calls.lock().unwrap(), [6, 3, 3, 0, 0, 0]);
-    assert_eq!(*during.calls.lock().unwrap(), [6, 0, 3, 0, 0, 3]);
+    assert_eq!(*after.calls.lock().unwrap(), [6, 3, 3, 0, 0, 0, 3]);
+    assert_eq!(*during.calls.lock().unwrap(), [6, 0, 3, 0, 0, 3, 3]);
     close("weights", &gpu, &cpu, 1e-5, 1e-5);
     let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&landed), bits(&gpu), "landed during the backward");
@@ -723,7 +727,9 @@ fn a_window_reads_its_micro_batch_losses_back_once_in_order() {
 ///   segment from the owners when a pass reads it (but the backward's first two, which the
 ///   forward left in the two segment buffers) and reduces its gradient to them as the backward
 ///   finishes it.
-/// - ZeRO 2–3 with peers and optimizer offload: the rank's partition down and up once per step.
+/// - ZeRO 2–3 with peers and optimizer offload: the rank's partition down during the window's
+///   last backward (each segment's piece once reduced) and up range by range during the host's
+///   step, one wait each per step.
 #[test]
 fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs() {
     use recipe_kernel_emu::EmuPeers;
@@ -738,7 +744,7 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
         Host,
         Peers,
     }
-    type Calls = (Vec<[usize; 6]>, Vec<[usize; 3]>);
+    type Calls = (Vec<[usize; 7]>, Vec<[usize; 3]>);
     let run = |stage: u8, mode: Mode, offload: bool| -> (Vec<f32>, Calls) {
         let group = LocalCollective::group(2, std::time::Duration::from_secs(60));
         let mut peers: Vec<Option<EmuPeers>> = EmuPeers::group(2).into_iter().map(Some).collect();
@@ -763,7 +769,7 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
                         };
                         let counted = std::sync::Arc::new(Counted {
                             inner,
-                            calls: std::sync::Mutex::new([0; 6]),
+                            calls: std::sync::Mutex::new([0; 7]),
                         });
                         let mut m = Classifier::random(tiny(0.0), 3, 7).unwrap();
                         if mode != Mode::Cpu {
@@ -802,7 +808,7 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
                     })
                 })
                 .collect();
-            let mut out: Vec<(Vec<f32>, [usize; 6], [usize; 3])> =
+            let mut out: Vec<(Vec<f32>, [usize; 7], [usize; 3])> =
                 ranks.into_iter().map(|h| h.join().unwrap()).collect();
             let calls = out.iter().map(|o| o.1).collect();
             let sums = out.iter().map(|o| o.2).collect();
@@ -813,16 +819,16 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
         let (host, (calls, _)) = run(stage, Mode::Host, false);
         let (cpu, _) = run(stage, Mode::Cpu, false);
         let want = if stage <= 1 {
-            [6, 3, 3, 0, 0, 0]
+            [6, 3, 3, 0, 0, 0, 0]
         } else {
-            [6, 6, 3, 0, 0, 0]
+            [6, 6, 3, 0, 0, 0, 0]
         };
         assert_eq!(calls, vec![want; 2], "ZeRO-{stage} through the host");
         close(&format!("ZeRO-{stage} weights"), &host, &cpu, 1e-5, 1e-5);
         let (peers, (calls, sums)) = run(stage, Mode::Peers, false);
         let want = match stage {
-            0 | 1 => [6, 0, 0, 0, 3, 0],
-            _ => [6, 0, 0, 0, 0, 0],
+            0 | 1 => [6, 0, 0, 0, 3, 0, 0],
+            _ => [6, 0, 0, 0, 0, 0, 0],
         };
         assert_eq!(calls, vec![want; 2], "ZeRO-{stage} with peers");
         // (all-reduces, reduces, broadcasts) between the devices, per rank.
@@ -871,11 +877,18 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
             continue;
         }
         // Optimizer offload (recipes/cls.rcp's shape) at ZeRO 2–3: the partition accumulated on
-        // the device, one copy of it down and one up per step, the host stepping it; the same
-        // sums between the devices plus ZeRO-2's broadcasts of the parameters after each step.
+        // the device, landed on the host during each window's last backward (each segment's
+        // piece as it is reduced and added: no download after the window, one wait), the host
+        // stepping it and queuing its ranges up as it goes (one range for the tiny model, one
+        // wait); the same sums between the devices plus ZeRO-2's broadcasts of the parameters
+        // after each step.
         let (host, _) = run(stage, Mode::Host, true);
         let (peers, (calls, sums)) = run(stage, Mode::Peers, true);
-        assert_eq!(calls, vec![[6, 3, 3, 0, 0, 0]; 2], "ZeRO-{stage} offloaded");
+        assert_eq!(
+            calls,
+            vec![[6, 0, 3, 0, 0, 3, 3]; 2],
+            "ZeRO-{stage} offloaded"
+        );
         let gathers = if stage == 2 {
             6
         } else {

@@ -30,6 +30,7 @@ use super::{GradSink, ModelError, ParamSource};
 use crate::backend::device::{grouped, Device, Peers};
 use crate::backend::kernels::Kernels;
 use crate::backend::Backend;
+use crate::optim::device::Landing;
 use crate::zero::{SegmentParts, Storage};
 
 /// One rank's ZeRO-3 layout on its device.
@@ -337,6 +338,9 @@ pub(super) struct Scatter<'a, 'p, D: Device> {
     storage: Storage,
     /// The segment whose reduction is queued and not yet added, and the number of its group.
     pending: Option<(usize, u64)>,
+    /// Optimizer offload, a window's last micro-batch ([`Scatter::landing`]): where each
+    /// finished part of the accumulator is copied down.
+    landing: Option<&'a Landing>,
 }
 
 impl<'a, 'p, D: Device> Scatter<'a, 'p, D> {
@@ -352,7 +356,18 @@ impl<'a, 'p, D: Device> Scatter<'a, 'p, D> {
             acc,
             storage,
             pending: None,
+            landing: None,
         }
+    }
+
+    /// Under optimizer offload, the window's last micro-batch: each segment's piece of the
+    /// accumulator, once added (final for the window: no later segment adds to it), is queued
+    /// for its copy into `dst` at the same offset ([`Device::download_queued`]), while the
+    /// backward computes the segments below; the caller waits for the copies
+    /// (`Resident::landed`). `dst` holds as many floats as the accumulator.
+    pub fn landing(mut self, dst: Option<&'a Landing>) -> Self {
+        self.landing = dst;
+        self
     }
 
     /// The pending segment's reduced piece made the average, rounded and added to the
@@ -373,7 +388,15 @@ impl<'a, 'p, D: Device> Scatter<'a, 'p, D> {
         let (s, grad) = (self.storage, &mut self.grad[seg % 2]);
         k.scale_round(dev.range_mut(grad, mine.clone()), inv, s.comm, s.module);
         let piece = dev.sub(k.view(grad), mine.clone());
-        k.add_assign(dev.range_mut(self.acc, off..off + mine.len()), piece);
+        let at = off..off + mine.len();
+        k.add_assign(dev.range_mut(self.acc, at.clone()), piece);
+        if let Some(dst) = self.landing {
+            // SAFETY: `dst` is pinned memory of the accumulator's length (`Resident::land_next`
+            // checked), which the replica leaves alone until `landed`; this range of the
+            // accumulator is not written again before the next window's `zero_grads`, which
+            // comes after `landed`.
+            unsafe { dev.download_queued(dev.sub(k.view(self.acc), at.clone()), dst.at(at.start)) };
+        }
         Ok(())
     }
 

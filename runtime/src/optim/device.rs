@@ -180,8 +180,10 @@ pub trait Resident: Send + Sync {
     /// the gradient accumulator into `dst` as its backward finishes the segment, on a copy
     /// stream, while the device goes on with the rest of the backward (DeepSpeed copies its
     /// gradient buckets down during the backward the same way); [`Resident::landed`] waits for
-    /// the copies, in place of [`Resident::download_grads`]. Returns whether it will: by
-    /// default it does not, and the window is downloaded after its last micro-batch.
+    /// the copies, in place of [`Resident::download_grads`]. With peers at ZeRO 2–3 the
+    /// accumulator is the rank's partition, and each segment's piece of it goes down once it is
+    /// reduced and added. Returns whether it will: by default it does not, and the window is
+    /// downloaded after its last micro-batch.
     fn land_next(&self, _dst: Landing) -> bool {
         false
     }
@@ -189,8 +191,10 @@ pub trait Resident: Send + Sync {
     fn landed(&self) -> Result<(), ModelError> {
         Ok(())
     }
-    /// Optimizer offload: queues the copy of `src`, the host optimizer's updated values of the
-    /// parameters `at .. at + src.len()`, to the device on its copy stream, while the host steps
+    /// Optimizer offload: queues the copy of `src`, the host optimizer's updated values of
+    /// elements `at .. at + src.len()` of what [`Resident::upload_params`] takes (the whole
+    /// parameters, or with peers this rank's partition or ZeRO-3 pieces), to the device on its
+    /// copy stream, while the host steps
     /// the next range; [`Resident::params_uploaded`] waits for the copies. Returns whether it
     /// did: by default not, and the caller uploads the whole with
     /// [`Resident::upload_params`] after the step.
@@ -201,7 +205,10 @@ pub trait Resident: Send + Sync {
     unsafe fn upload_params_part(&self, _at: usize, _src: &[f32]) -> bool {
         false
     }
-    /// Waits for the copies [`Resident::upload_params_part`] queued; the device's errors.
+    /// Waits for the copies [`Resident::upload_params_part`] queued; the device's errors. With
+    /// peers at ZeRO-2 (where `upload_params_part` takes this rank's partition) every
+    /// partition is then broadcast from its owner, as [`Resident::upload_params`] ends: every
+    /// rank calls it.
     fn params_uploaded(&self) -> Result<(), ModelError> {
         Ok(())
     }

@@ -728,9 +728,10 @@ impl Replica {
     }
 
     /// The next [`Replica::micro`] is its window's last. Under optimizer offload with the model
-    /// on one device, that micro-batch's backward then copies each finished segment of the
-    /// window's gradient down while it computes the rest ([`Resident::land_next`]), rather than
-    /// [`Replica::finish_window`] copying the whole after it.
+    /// on the device (one, or with peers at ZeRO 2–3 the rank's partition), that micro-batch's
+    /// backward then copies each finished segment of the window's gradient down while it
+    /// computes the rest ([`Resident::land_next`]), rather than [`Replica::finish_window`]
+    /// copying the whole after it.
     pub fn last_micro(&mut self) {
         self.last_next = true;
     }
@@ -1046,9 +1047,10 @@ impl Replica {
             if let Some(s) = &mut self.staging {
                 // Optimizer offload: the host path's step below, with one rank every stage's
                 // (stage 1–2's all-gather and stage 3's gather are identities), on the
-                // gradients `finish_window` copied; the updated parameters go back in one copy.
-                // Range by range, each copied up while the host steps the next (one device;
-                // with peers, or where the device does not queue copies, the whole after).
+                // gradients `finish_window` copied (or landed during the last backward); the
+                // updated parameters go back range by range, each copied up while the host steps the next (then, with
+                // peers at ZeRO-2, the owners' broadcasts); where the device does not queue
+                // copies, the whole after.
                 let mut queued = None;
                 let parts = upload_parts(s.params.len());
                 self.opt.step_parts(
@@ -1066,13 +1068,13 @@ impl Replica {
                         }
                     },
                 )?;
-                if queued == Some(true) {
-                    r.params_uploaded()?;
-                    return Ok(());
-                }
                 if self.peers {
                     // The upload ends in broadcasts between the devices (see `micro`).
                     coll.barrier()?;
+                }
+                if queued == Some(true) {
+                    r.params_uploaded()?;
+                    return Ok(());
                 }
                 r.upload_params(&s.params)?;
                 return Ok(());

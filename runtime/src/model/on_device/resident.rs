@@ -236,18 +236,16 @@ where
             }
             _ => put(k, &mut st.params, &model.params().data, true),
         }
-        // Under offload one device's 16-bit parameters come up through pinned bits
-        // (`upload_params_part`): pinned once, before the first step.
+        // Under offload 16-bit parameters come up through pinned bits (`upload_params_part`):
+        // the `mine` elements the host steps, pinned once, before the first step.
         let dev = k.device();
         let params = st
             .params
             .as_ref()
             .map_or(Dtype::F32, |p| dev.elem(k.view(p)));
-        if keep.optimizer.is_none() && split.is_none() && params.is_half() {
-            let n = model.params().len();
-            if st.param_bits.as_ref().is_none_or(|b| 2 * b.len() < n) {
-                st.param_bits = Some(dev.alloc_pinned(n.div_ceil(2)));
-            }
+        let short = st.param_bits.as_ref().is_none_or(|b| 2 * b.len() < mine);
+        if keep.optimizer.is_none() && params.is_half() && short {
+            st.param_bits = Some(dev.alloc_pinned(mine.div_ceil(2)));
         }
         st.params_stamp = model.params_stamp();
         // ZeRO 2–3 with peers accumulate their partition only; the others the whole gradient
@@ -361,7 +359,9 @@ where
         // The whole parameters and a whole gradient buffer, segment by segment.
         let segs = model.segments();
         let landing = st.landing.take();
-        let loss = if let Some(dst) = &landing {
+        // With peers the window lands through the reductions' sink (`Scatter::landing`).
+        let alone_landing = landing.as_ref().filter(|_| st.peers.is_none());
+        let loss = if let Some(dst) = alone_landing {
             // A window's last micro-batch under optimizer offload, one device (`land_next`):
             // each segment of the accumulator goes down as the backward finishes it.
             let mut src = BufParams::new(k, params, segs);
@@ -394,7 +394,7 @@ where
                         },
                     )?
                 }
-                // `land_next` refuses a device with peers.
+                // With peers: the branches below.
                 Some(Own::Segments(..)) => {
                     return Err(ModelError::Argument(
                         "a window landed on a device that reduces to its peers".into(),
@@ -423,7 +423,7 @@ where
                 queue: &queue,
             };
             let mut src = Gather::new(rank, params, seg);
-            let mut sink = Scatter::new(rank, grad, acc, *storage);
+            let mut sink = Scatter::new(rank, grad, acc, *storage).landing(landing.as_ref());
             let loss = model.forward_backward_on_with::<_, _, _, ModelError>(
                 k, ws, batch, weight, &mut src, &mut sink, dropout,
             );
@@ -516,7 +516,8 @@ where
                         me: *me,
                         queue: &queue,
                     };
-                    let mut sink = Scatter::new(rank, grads, acc, *storage);
+                    let mut sink =
+                        Scatter::new(rank, grads, acc, *storage).landing(landing.as_ref());
                     let loss = graphed(k, graphs, ws, (false, inputs_set), on, [0; 3], |ws| {
                         let mut src = BufParams::new(k, params, segs);
                         model.pass_on_with::<_, _, _, ModelError>(
@@ -811,20 +812,23 @@ where
         let k = &self.kernels;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *st;
-        // One device's whole parameters (with peers the owners broadcast after: not queued).
-        if st.split.is_some() || st.peers.is_some() {
-            return false;
-        }
         let Some(params) = st.params.as_mut() else {
             return false;
         };
         let dev = k.device();
-        let n = dev.len(dev.view(params));
+        // What `upload_params` takes, and where it lies in the device's parameters: one
+        // device's whole parameters; with peers at ZeRO-2 this rank's partition (the owners'
+        // broadcasts follow in `params_uploaded`); ZeRO-3's pieces, all the device holds.
+        let (base, n) = match (&st.split, st.peers.is_some()) {
+            (None, false) | (Some(Split::Pieces(_)), true) => (0, dev.len(dev.view(params))),
+            (Some(Split::Flat(ranges, me)), true) => (ranges[*me].start, ranges[*me].len()),
+            _ => return false,
+        };
         if at + src.len() > n {
             return false;
         }
         let elem = dev.elem(dev.view(params));
-        let dst = dev.range_mut(params, at..at + src.len());
+        let dst = dev.range_mut(params, base + at..base + at + src.len());
         if !elem.is_half() {
             // SAFETY: the caller's contract keeps `src` (pinned) alive and unwritten until
             // `params_uploaded`; the device's passes do not read the parameters before then.
@@ -850,10 +854,18 @@ where
     }
 
     fn params_uploaded(&self) -> Result<(), ModelError> {
-        self.kernels
-            .device()
-            .wait_copies()
-            .map_err(ModelError::Device)
+        let dev = self.kernels.device();
+        dev.wait_copies().map_err(ModelError::Device)?;
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let st = &mut *st;
+        let (Some(Split::Flat(ranges, _)), Some(peers), Some(params)) =
+            (&st.split, st.peers.as_deref_mut(), st.params.as_mut())
+        else {
+            return Ok(());
+        };
+        // ZeRO-2 offloaded with peers: every partition from its owner, as `upload_params` ends.
+        broadcast_ranges(dev, peers, params, ranges)?;
+        dev.sync().map_err(ModelError::Device)
     }
 
     fn sum_next(&self) -> bool {
@@ -873,10 +885,17 @@ where
 
     fn land_next(&self, dst: Landing) -> bool {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        // One device's whole accumulator (with peers the ranks reduce first: not landed).
+        // One device's whole accumulator; with peers at ZeRO 2–3 the rank's partition, each
+        // segment's piece as it is reduced and added (`Scatter::landing`).
         let dev = self.kernels.device();
-        let whole = st.acc.as_ref().map(|a| dev.len(dev.view(a)));
-        if st.split.is_some() || st.peers.is_some() || whole != Some(dst.len()) {
+        let acc = st.acc.as_ref().map(|a| dev.len(dev.view(a)));
+        let lands = matches!(
+            (&st.split, st.peers.is_some(), &st.own),
+            (None, false, _)
+                | (Some(Split::Flat(..)), true, Some(Own::Segments(..)))
+                | (Some(Split::Pieces(_)), true, None)
+        );
+        if !lands || acc != Some(dst.len()) {
             return false;
         }
         st.landing = Some(dst);
@@ -884,8 +903,11 @@ where
     }
 
     fn landed(&self) -> Result<(), ModelError> {
-        // The same wait: for every copy queued.
-        self.params_uploaded()
+        // For every copy queued.
+        self.kernels
+            .device()
+            .wait_copies()
+            .map_err(ModelError::Device)
     }
 }
 
