@@ -270,7 +270,11 @@ const HF_VERSIONS: &[&str] = &[
     "4.6.1", "4.24.0", "4.30.0", "4.41.0", "4.46.0", "4.52.1", "4.57.6", "5.0.0", "5.24.0",
     "5.25.0",
 ];
-const DS_VERSIONS: &[&str] = &["0.3.16", "0.5.10", "0.8.3", "0.14.2", "0.19.5", "0.19.8"];
+const DS_VERSIONS: &[&str] = &[
+    "0.3.16", "0.5.10", "0.8.3", "0.9.5", "0.10.3", "0.11.2", "0.12.6", "0.13.5", "0.14.0",
+    "0.14.2", "0.14.5", "0.15.0", "0.15.4", "0.16.0", "0.16.9", "0.17.0", "0.17.6", "0.18.0",
+    "0.18.9", "0.19.0", "0.19.5", "0.19.8",
+];
 
 #[test]
 fn hf_versions_sorted_and_complete() {
@@ -420,12 +424,18 @@ fn ds_tables_sorted_unique() {
         .iter()
         .map(|(_, k)| k.len())
         .collect();
-    assert_eq!(top, [30, 35, 43, 49, 60, 52]);
+    assert_eq!(
+        top,
+        [30, 35, 43, 44, 45, 46, 48, 49, 49, 49, 50, 52, 52, 52, 54, 54, 55, 55, 56, 56, 60, 52]
+    );
     let zero: Vec<usize> = DEEPSPEED_ZERO_KEYS_BY_VERSION
         .iter()
         .map(|(_, k)| k.len())
         .collect();
-    assert_eq!(zero, [20, 22, 31, 41, 53, 52]);
+    assert_eq!(
+        zero,
+        [20, 22, 31, 34, 40, 40, 41, 41, 41, 41, 43, 43, 43, 45, 47, 47, 49, 50, 53, 53, 53, 52]
+    );
 }
 
 #[test]
@@ -497,11 +507,24 @@ fn ds_facts() {
     assert!(t("0.14.2").contains(&"seq_parallel_comm_data_type"));
     assert!(t("0.19.5").contains(&"seq_parallel_communication_data_type"));
     assert!(!t("0.19.5").contains(&"seq_parallel_comm_data_type"));
-    // data_parallel_size: read only by deepspeed.initialize, in 0.19.5; the 0.3.16 reader of a
-    // top-level reduce_scatter is never called.
+    // data_parallel_size: read only by deepspeed.initialize, from 0.15.0 on; the 0.3.16 reader
+    // of a top-level reduce_scatter is never called.
     assert!(
-        t("0.19.5").contains(&"data_parallel_size") && !t("0.14.2").contains(&"data_parallel_size")
+        t("0.15.0").contains(&"data_parallel_size") && !t("0.14.5").contains(&"data_parallel_size")
     );
+    // Read in the sources of the dense samples (src/check/raw.rs decides between them):
+    // `compile` read by 0.13.5, not by 0.14.5 (`get_compile_config` gone from
+    // runtime/config.py) nor 0.16.0, again by 0.16.9; `torch_autocast` from 0.17.6, not 0.17.0.
+    assert!(t("0.13.5").contains(&"compile") && !t("0.14.5").contains(&"compile"));
+    assert!(!t("0.16.0").contains(&"compile") && t("0.16.9").contains(&"compile"));
+    assert!(!t("0.17.0").contains(&"torch_autocast") && t("0.17.6").contains(&"torch_autocast"));
+    // quantize_training unread from 0.8.3 through 0.19.0 (its constant undefined).
+    for v in ["0.9.5", "0.14.5", "0.17.6", "0.19.0"] {
+        assert!(!t(v).contains(&"quantize_training"), "{v}");
+    }
+    // zero fields of the dense samples: `leaf_module` from 0.18.0, `zenflow` from 0.17.6.
+    assert!(!z("0.17.6").contains(&"leaf_module") && z("0.18.0").contains(&"leaf_module"));
+    assert!(!z("0.17.0").contains(&"zenflow") && z("0.17.6").contains(&"zenflow"));
     assert!(!t("0.3.16").contains(&"reduce_scatter") && z("0.3.16").contains(&"reduce_scatter"));
     // 0.19.8 (docs/upstream.md §0.4): new top-level and zero keys; the removed features' sections
     // are no longer read (R0909's keys).

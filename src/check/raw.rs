@@ -133,9 +133,12 @@ pub fn check(kind: RawKind, body: &Body, release: Releases, out: &mut Vec<Diagno
         // An unknown section is reported once, not again for each key inside it.
         let top = dotted.split('.').next().unwrap_or(dotted);
         if let Some(d) = &finding {
+            let about_top = [
+                format!("`{top}` is not a config key"),
+                format!("`{top}` may not be a config key"),
+            ];
             if d.code == codes::UNKNOWN_DEEPSPEED_KEY
-                && d.message
-                    .starts_with(&format!("`{top}` is not a config key"))
+                && about_top.iter().any(|m| d.message.starts_with(m))
             {
                 if reported_tops.contains(&top) {
                     continue;
@@ -215,11 +218,18 @@ fn deepspeed_key(
     let top = path.next().expect("a key has one part at least");
     // The target release's top-level keys (the newest sampled release not newer than it).
     let v = release.unwrap_or_else(|| Library::DeepSpeed.newest());
-    let keys = upstream_versions::DEEPSPEED_TOP_LEVEL_BY_VERSION
-        .iter()
-        .rev()
-        .find(|(rv, _)| rv.parse::<Version>().is_ok_and(|rv| rv <= v))
-        .map_or(upstream::DEEPSPEED_TOP_LEVEL, |(_, keys)| keys);
+    let (at, next) = around(upstream_versions::DEEPSPEED_TOP_LEVEL_BY_VERSION, v);
+    let keys = at.map_or(upstream::DEEPSPEED_TOP_LEVEL, |(_, keys)| keys);
+    // Read by one neighbour of the target and not by the other (R0909's keys aside): said at
+    // the key itself, or once for a section the nearest release does not read (the strict
+    // checks below still run inside one it reads).
+    let uncertain = between(top, at, next, v, span, "a config key of DeepSpeed")
+        .filter(|_| compat::removed_key(top).is_none());
+    if let Some(d) = uncertain {
+        if dotted == top || !keys.contains(&top) {
+            return Some(d);
+        }
+    }
     if !keys.contains(&top) {
         // A section of a feature the target removed (an earlier sampled release reads it):
         // R0909 reports it (`rules::compat::REMOVED_KEYS`, "… has been removed").
@@ -285,6 +295,13 @@ fn deepspeed_key(
         if !fields.contains(&field) && compat::removed_key(&dotted[..end]).is_some() {
             return None;
         }
+        if section == "zero_optimization" && fields.contains(&field) {
+            // A field of the newest release: the target's own (sampled) fields decide, said at
+            // the field (not again for the keys inside a section-valued one).
+            if let Some(d) = zero_field_of(field, &dotted[..end], v, span) {
+                return (end == dotted.len()).then_some(d);
+            }
+        }
         if !fields.contains(&field) {
             let best = suggest::closest(field, fields.iter().copied());
             let help = match best {
@@ -303,6 +320,115 @@ fn deepspeed_key(
         }
     }
     None
+}
+
+/// One sampled release: (version, the keys it reads).
+type Release = (&'static str, &'static [&'static str]);
+
+/// A table of sampled releases, oldest first.
+type Sampled = &'static [Release];
+
+/// Where `v` falls among `table`'s sampled releases: the newest one not newer than `v`, and,
+/// when `v` is not itself sampled, the oldest newer one. Between the two, a key one of them
+/// reads and the other does not may or may not be read by `v`.
+fn around(table: Sampled, v: Version) -> (Option<&'static Release>, Option<&'static Release>) {
+    let version = |e: &(&str, &[&str])| e.0.parse::<Version>().ok();
+    let i = table.partition_point(|e| version(e).is_some_and(|rv| rv <= v));
+    let at = i.checked_sub(1).map(|i| &table[i]);
+    let sampled = at.is_some_and(|e| version(e) == Some(v));
+    (at, table.get(i).filter(|_| !sampled))
+}
+
+/// The warning for `key` when the sampled releases around the target `v` (`at`, `next`) do not
+/// agree on it: one reads it and the other does not, and `v` lies between them, so recipe cannot
+/// tell whether `v` reads it. `what` names the kind of key ("a config key of DeepSpeed").
+fn between(
+    key: &str,
+    at: Option<&(&str, &[&str])>,
+    next: Option<&(&str, &[&str])>,
+    v: Version,
+    span: Span,
+    what: &str,
+) -> Option<Diagnostic> {
+    let ((a, at_keys), (n, next_keys)) = (at?, next?);
+    let (read_at, read_next) = (at_keys.contains(&key), next_keys.contains(&key));
+    if read_at == read_next {
+        return None;
+    }
+    let (began, label) = if read_next {
+        ("started", format!("{a} does not read it, {n} does"))
+    } else {
+        ("stopped", format!("{a} reads it, {n} does not"))
+    };
+    Some(
+        Diagnostic::warning(
+            codes::UNKNOWN_DEEPSPEED_KEY,
+            format!("`{key}` may not be {what} {v}"),
+            span,
+        )
+        .with_label(label)
+        .with_help(format!(
+            "DeepSpeed {began} reading it in a release between {a} and {n}, which recipe has not \
+             sampled (conformance/extract_upstream.py); where {v} does not read it, it is silently \
+             ignored (or, in a strictly validated section, rejected at launch): target {a} or {n} to \
+             be told for sure"
+        )),
+    )
+}
+
+/// Whether DeepSpeed `v` validates `zero_optimization` strictly (the pydantic
+/// `DeepSpeedZeroConfig`, unknown fields rejected at launch) rather than reading it as a plain
+/// dict (unknown keys ignored): from v0.7.0 on ([`upstream`]'s notes; the sampled 0.5.10 reads a
+/// dict, 0.8.3 validates).
+fn zero_is_strict(v: Version) -> bool {
+    v >= Version::new(0, 7, 0)
+}
+
+/// A field of the newest release's `zero_optimization` (`dotted` its path) that the target `v`
+/// may not take: not a field of the newest sampled release up to `v` (an error, unless the next
+/// sampled release takes it: then a warning), or taken by it and not by the next one (a warning).
+fn zero_field_of(field: &str, dotted: &str, v: Version, span: Span) -> Option<Diagnostic> {
+    let table = upstream_versions::DEEPSPEED_ZERO_KEYS_BY_VERSION;
+    let (at, next) = around(table, v);
+    if let Some(d) = between(
+        field,
+        at,
+        next,
+        v,
+        span,
+        "a field of `zero_optimization` in DeepSpeed",
+    ) {
+        return compat::removed_key(dotted).is_none().then_some(d);
+    }
+    let (_, keys) = at?;
+    if keys.contains(&field) {
+        return None;
+    }
+    // The first sampled release after the target that takes it, and the one before that.
+    let i = table.iter().position(|(rv, keys)| {
+        keys.contains(&field) && rv.parse::<Version>().is_ok_and(|rv| rv > v)
+    })?;
+    let (first, before) = (table[i].0, table[i.checked_sub(1)?].0);
+    let (label, effect) = if zero_is_strict(v) {
+        (
+            format!("DeepSpeed {v} rejects this at launch (\"Extra inputs are not permitted\")"),
+            "rejects it",
+        )
+    } else {
+        (format!("DeepSpeed {v} ignores it"), "silently ignores it")
+    };
+    let since = format!("{first} takes it ({before} does not)");
+    Some(
+        Diagnostic::error(
+            codes::UNKNOWN_DEEPSPEED_KEY,
+            format!("`{field}` is not a field of `zero_optimization` in DeepSpeed {v}"),
+            span,
+        )
+        .with_label(label)
+        .with_help(format!(
+            "DeepSpeed {v} {effect}; DeepSpeed {since}: target a release that takes it, or remove it"
+        )),
+    )
 }
 
 /// Adds the fix "rename to `new`" (the key's span replaced).
@@ -477,8 +603,9 @@ mod tests {
         let then = codes(&format!("{HEAD}target deepspeed \"0.19.5\"\n{new}"));
         assert_eq!(
             then.iter().filter(|c| **c == "R0030").count(),
-            2,
-            "gradient_allreduce_op and disable_python_gc: {then:?}"
+            4,
+            "gradient_allreduce_op, disable_python_gc, and the zero fields compute_grad_norm and \
+             parameter_alignment: {then:?}"
         );
         let removed = "deepspeed {\n  sparse_attention { mode = \"fixed\" }\n  zero_optimization { mics_shard_size = 2 }\n}\n";
         let now = codes(&format!("{HEAD}{removed}"));
@@ -489,5 +616,76 @@ mod tests {
             !then.contains(&"R0909") && !then.contains(&"R0030"),
             "{then:?}"
         );
+    }
+
+    /// (severity, message) of each R0030 for `deepspeed` at `target`.
+    fn r0030(target: &str, deepspeed: &str) -> Vec<(crate::diagnostics::Severity, String)> {
+        let text = format!("{HEAD}target deepspeed \"{target}\"\ndeepspeed {{ {deepspeed} }}\n");
+        crate::check::check_source(&text)
+            .diagnostics
+            .into_iter()
+            .filter(|d| d.code == "R0030")
+            .map(|d| (d.severity, d.message))
+            .collect()
+    }
+
+    /// A target between two sampled releases that disagree about a key is told recipe cannot
+    /// tell (a warning), whichever way they disagree; a sampled target, or one whose neighbours
+    /// agree, is told for sure. `zero_optimization`'s fields follow the target too: an error
+    /// where the nearest sampled release rejects a field (strict from v0.7.0) or ignores it
+    /// (before), a warning between two that disagree.
+    #[test]
+    fn keys_between_sampled_releases_are_uncertain_and_zero_fields_follow_the_target() {
+        use crate::diagnostics::Severity::{Error, Warning};
+        // `torch_autocast`: 0.17.0 does not read it, 0.17.6 does.
+        let w = r0030("0.17.2", "torch_autocast { enabled = true }");
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(w[0].0, Warning);
+        assert!(
+            w[0].1
+                .contains("may not be a config key of DeepSpeed 0.17.2"),
+            "{w:?}"
+        );
+        assert!(r0030("0.17.6", "torch_autocast { enabled = true }").is_empty());
+        assert_eq!(
+            r0030("0.17.0", "torch_autocast { enabled = true }")[0].0,
+            Error
+        );
+        // `compile`: read by 0.14.2, not by 0.14.5: uncertain for 0.14.3, said once for the
+        // section, and a field inside it is still checked against the strict section.
+        let w = r0030(
+            "0.14.3",
+            "compile { deepcompile = true, offload_activatoin = 1 }",
+        );
+        let sevs: Vec<_> = w.iter().map(|(s, _)| *s).collect();
+        assert_eq!(sevs, [Warning, Error], "{w:?}");
+        assert!(w[0].1.starts_with("`compile` may not be"), "{w:?}");
+        assert!(w[1].1.contains("offload_activatoin"), "{w:?}");
+        // zero: `leaf_module` from 0.18.0; `allgather_sequential` between 0.18.0 and 0.18.9.
+        let e = r0030(
+            "0.17.6",
+            "zero_optimization { leaf_module { classes = [] } }",
+        );
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert_eq!(e[0].0, Error);
+        assert!(e[0].1.contains("in DeepSpeed 0.17.6"), "{e:?}");
+        assert!(r0030(
+            "0.18.0",
+            "zero_optimization { leaf_module { classes = [] } }"
+        )
+        .is_empty());
+        let w = r0030(
+            "0.18.5",
+            "zero_optimization { allgather_sequential = true }",
+        );
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(w[0].0, Warning);
+        // Before v0.7.0 the section is a plain dict: ignored, still an error (nothing applies it).
+        let e = r0030(
+            "0.5.10",
+            "zero_optimization { stage = 2, prefetch_bucket_size = 5 }",
+        );
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(e[0].1.contains("prefetch_bucket_size"), "{e:?}");
     }
 }
