@@ -267,8 +267,8 @@ fn sorted_unique(keys: &[&str]) -> bool {
 }
 
 const HF_VERSIONS: &[&str] = &[
-    "4.6.1", "4.24.0", "4.30.0", "4.41.0", "4.46.0", "4.52.1", "4.57.6", "5.0.0", "5.24.0",
-    "5.25.0",
+    "4.6.1", "4.24.0", "4.30.0", "4.41.0", "4.46.0", "4.48.0", "4.52.1", "4.57.6", "5.0.0",
+    "5.24.0", "5.25.0",
 ];
 const DS_VERSIONS: &[&str] = &[
     "0.3.16", "0.5.10", "0.8.3", "0.9.5", "0.10.3", "0.11.2", "0.12.6", "0.13.5", "0.14.0",
@@ -290,7 +290,7 @@ fn hf_versions_sorted_and_complete() {
 
 #[test]
 fn hf_fields_sorted_unique_and_counted() {
-    let counts = [67, 101, 108, 125, 130, 128, 132, 109, 114];
+    let counts = [67, 101, 108, 125, 130, 131, 128, 132, 109, 114, 114];
     for (h, n) in TRAINING_ARGUMENTS_BY_VERSION.iter().zip(counts) {
         let names: Vec<&str> = h.fields.iter().map(|(n, _)| *n).collect();
         assert!(

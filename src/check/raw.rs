@@ -218,14 +218,14 @@ fn deepspeed_key(
     let top = path.next().expect("a key has one part at least");
     // The target release's top-level keys (the newest sampled release not newer than it).
     let v = release.unwrap_or_else(|| Library::DeepSpeed.newest());
-    let (at, next) = around(upstream_versions::DEEPSPEED_TOP_LEVEL_BY_VERSION, v);
+    let (at, next) = around_release(upstream_versions::DEEPSPEED_TOP_LEVEL_BY_VERSION, v);
     let keys = at.map_or(upstream::DEEPSPEED_TOP_LEVEL, |(_, keys)| keys);
     // Read by one neighbour of the target and not by the other (R0909's keys aside): said at
     // the key itself, or once for a section the nearest release does not read (the strict
     // checks below still run inside one it reads).
-    let uncertain = between(top, at, next, v, span, "a config key of DeepSpeed")
+    let unsure = between(top, &DEEPSPEED_TOP, at, next, v, span)
         .filter(|_| compat::removed_key(top).is_none());
-    if let Some(d) = uncertain {
+    if let Some(d) = unsure {
         if dotted == top || !keys.contains(&top) {
             return Some(d);
         }
@@ -328,52 +328,114 @@ type Release = (&'static str, &'static [&'static str]);
 /// A table of sampled releases, oldest first.
 type Sampled = &'static [Release];
 
-/// Where `v` falls among `table`'s sampled releases: the newest one not newer than `v`, and,
-/// when `v` is not itself sampled, the oldest newer one. Between the two, a key one of them
-/// reads and the other does not may or may not be read by `v`.
-fn around(table: Sampled, v: Version) -> (Option<&'static Release>, Option<&'static Release>) {
-    let version = |e: &(&str, &[&str])| e.0.parse::<Version>().ok();
-    let i = table.partition_point(|e| version(e).is_some_and(|rv| rv <= v));
+/// Where `v` falls among `table`'s sampled releases (`version` of each, oldest first): the
+/// newest one not newer than `v`, and, when `v` is not itself sampled, the oldest newer one.
+/// Between the two, a key one of them reads and the other does not may or may not be read by
+/// `v`.
+fn around<T>(
+    table: &'static [T],
+    v: Version,
+    version: impl Fn(&T) -> &str,
+) -> (Option<&'static T>, Option<&'static T>) {
+    let parse = |e: &T| version(e).parse::<Version>().ok();
+    let i = table.partition_point(|e| parse(e).is_some_and(|rv| rv <= v));
     let at = i.checked_sub(1).map(|i| &table[i]);
-    let sampled = at.is_some_and(|e| version(e) == Some(v));
+    let sampled = at.is_some_and(|e| parse(e) == Some(v));
     (at, table.get(i).filter(|_| !sampled))
 }
 
-/// The warning for `key` when the sampled releases around the target `v` (`at`, `next`) do not
-/// agree on it: one reads it and the other does not, and `v` lies between them, so recipe cannot
-/// tell whether `v` reads it. `what` names the kind of key ("a config key of DeepSpeed").
-fn between(
+/// [`around`] over a DeepSpeed table.
+fn around_release(
+    table: Sampled,
+    v: Version,
+) -> (Option<&'static Release>, Option<&'static Release>) {
+    around(table, v, |e| e.0)
+}
+
+/// What an uncertain key is, for [`uncertain`]'s warning.
+struct Unsure {
+    code: &'static str,
+    /// What the key would be: "a config key of DeepSpeed".
+    what: &'static str,
+    /// The library.
+    lib: &'static str,
+    /// How a release has the key, and how it lacks it: ("reads", "does not read").
+    verbs: (&'static str, &'static str),
+    /// What becomes of the key where the target lacks it.
+    effect: &'static str,
+}
+
+/// The top-level keys of DeepSpeed.
+const DEEPSPEED_TOP: Unsure = Unsure {
+    code: codes::UNKNOWN_DEEPSPEED_KEY,
+    what: "a config key of DeepSpeed",
+    lib: "DeepSpeed",
+    verbs: ("reads", "does not read"),
+    effect: "it is silently ignored",
+};
+
+/// The fields of DeepSpeed's `zero_optimization`.
+const DEEPSPEED_ZERO: Unsure = Unsure {
+    what: "a field of `zero_optimization` in DeepSpeed",
+    verbs: ("takes", "does not take"),
+    effect: "it is rejected at launch (or, before v0.7.0, ignored)",
+    ..DEEPSPEED_TOP
+};
+
+/// The fields of transformers' `TrainingArguments`.
+const HF_FIELD: Unsure = Unsure {
+    code: codes::UNKNOWN_HF_FIELD,
+    what: "a TrainingArguments field in transformers",
+    lib: "transformers",
+    verbs: ("has", "does not have"),
+    effect: "HF's argument parser refuses it at launch",
+};
+
+/// The warning for `key` when the sampled releases around the target `v` — `at` and `next`,
+/// each a version and whether it has the key — do not agree on it, so that recipe cannot tell
+/// whether `v` has it.
+fn uncertain(
     key: &str,
-    at: Option<&(&str, &[&str])>,
-    next: Option<&(&str, &[&str])>,
+    u: &Unsure,
+    at: Option<(&str, bool)>,
+    next: Option<(&str, bool)>,
     v: Version,
     span: Span,
-    what: &str,
 ) -> Option<Diagnostic> {
-    let ((a, at_keys), (n, next_keys)) = (at?, next?);
-    let (read_at, read_next) = (at_keys.contains(&key), next_keys.contains(&key));
-    if read_at == read_next {
+    let ((a, has_at), (n, has_next)) = (at?, next?);
+    if has_at == has_next {
         return None;
     }
-    let (began, label) = if read_next {
-        ("started", format!("{a} does not read it, {n} does"))
+    let (yes, no) = u.verbs;
+    let (turn, label) = if has_next {
+        ("added", format!("{a} {no} it, {n} {yes} it"))
     } else {
-        ("stopped", format!("{a} reads it, {n} does not"))
+        ("dropped", format!("{a} {yes} it, {n} {no} it"))
     };
+    let lib = u.lib;
     Some(
-        Diagnostic::warning(
-            codes::UNKNOWN_DEEPSPEED_KEY,
-            format!("`{key}` may not be {what} {v}"),
-            span,
-        )
-        .with_label(label)
-        .with_help(format!(
-            "DeepSpeed {began} reading it in a release between {a} and {n}, which recipe has not \
-             sampled (conformance/extract_upstream.py); where {v} does not read it, it is silently \
-             ignored (or, in a strictly validated section, rejected at launch): target {a} or {n} to \
-             be told for sure"
-        )),
+        Diagnostic::warning(u.code, format!("`{key}` may not be {} {v}", u.what), span)
+            .with_label(label)
+            .with_help(format!(
+                "{lib} {turn} it in a release between {a} and {n}, which recipe has not sampled \
+                 (conformance/extract_upstream.py); where {v} {no} it, {}: target {a} or {n} to be \
+                 told for sure",
+                u.effect
+            )),
     )
+}
+
+/// [`uncertain`] over a DeepSpeed table's neighbours of `v`.
+fn between(
+    key: &str,
+    u: &Unsure,
+    at: Option<&Release>,
+    next: Option<&Release>,
+    v: Version,
+    span: Span,
+) -> Option<Diagnostic> {
+    let has = |e: &Release| (e.0, e.1.contains(&key));
+    uncertain(key, u, at.map(&has), next.map(has), v, span)
 }
 
 /// Whether DeepSpeed `v` validates `zero_optimization` strictly (the pydantic
@@ -389,15 +451,8 @@ fn zero_is_strict(v: Version) -> bool {
 /// sampled release takes it: then a warning), or taken by it and not by the next one (a warning).
 fn zero_field_of(field: &str, dotted: &str, v: Version, span: Span) -> Option<Diagnostic> {
     let table = upstream_versions::DEEPSPEED_ZERO_KEYS_BY_VERSION;
-    let (at, next) = around(table, v);
-    if let Some(d) = between(
-        field,
-        at,
-        next,
-        v,
-        span,
-        "a field of `zero_optimization` in DeepSpeed",
-    ) {
+    let (at, next) = around_release(table, v);
+    if let Some(d) = between(field, &DEEPSPEED_ZERO, at, next, v, span) {
         return compat::removed_key(dotted).is_none().then_some(d);
     }
     let (_, keys) = at?;
@@ -488,10 +543,19 @@ fn hf_key(dotted: &str, span: Span, release: Option<Version>) -> Option<Diagnost
         .expect("a key has one part at least");
     let v = release.unwrap_or_else(|| Library::Transformers.newest());
     let fields = HfFields::for_target(v);
+    // The target between two sampled releases that disagree about the field: a warning.
+    let (at, next) = around(upstream_versions::TRAINING_ARGUMENTS_BY_VERSION, v, |f| {
+        f.version
+    });
+    let has = |f: &HfFields| (f.version, f.has(field));
+    let unsure = uncertain(field, &HF_FIELD, at.map(has), next.map(has), v, span);
     if fields.has(field) {
-        let (old, new, note) = upstream::TRAINING_ARGUMENTS_DEPRECATED_ALIASES
+        let Some((old, new, note)) = upstream::TRAINING_ARGUMENTS_DEPRECATED_ALIASES
             .iter()
-            .find(|(old, _, _)| *old == field)?;
+            .find(|(old, _, _)| *old == field)
+        else {
+            return unsure;
+        };
         let d = Diagnostic::warning(
             codes::RENAMED_HF_FIELD,
             format!("`{old}` is a deprecated TrainingArguments field"),
@@ -504,6 +568,9 @@ fn hf_key(dotted: &str, span: Span, release: Option<Version>) -> Option<Diagnost
             span,
             (span.len() == old.len()).then_some(*new),
         ));
+    }
+    if unsure.is_some() {
+        return unsure;
     }
     if let Some((old, new, note)) = upstream::TRAINING_ARGUMENTS_RENAMED
         .iter()
@@ -687,5 +754,37 @@ mod tests {
         );
         assert_eq!(e.len(), 1, "{e:?}");
         assert!(e[0].1.contains("prefetch_bucket_size"), "{e:?}");
+    }
+
+    /// (code, severity, message) of each finding for `hf { … }` at transformers `target`.
+    fn hf(target: &str, hf: &str) -> Vec<(&'static str, crate::diagnostics::Severity, String)> {
+        let text = format!("{HEAD}target transformers \"{target}\"\nhf {{ {hf} }}\n");
+        crate::check::check_source(&text)
+            .diagnostics
+            .into_iter()
+            .filter(|d| d.code.starts_with("R003"))
+            .map(|d| (d.code, d.severity, d.message))
+            .collect()
+    }
+
+    /// TrainingArguments' fields between two sampled transformers releases that disagree: one
+    /// added between 4.52.1 and 4.57.6 (a warning for 4.55.0, an error before), one dropped
+    /// between 4.48.0 and 4.52.1 (a warning for 4.50.0); sure at the sampled releases.
+    #[test]
+    fn hf_fields_between_sampled_releases_are_uncertain() {
+        use crate::diagnostics::Severity::{Error, Warning};
+        let w = hf("4.55.0", "hub_revision = \"main\"");
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!((w[0].0, w[0].1), ("R0032", Warning), "{w:?}");
+        assert!(
+            w[0].2.contains("may not be a TrainingArguments field"),
+            "{w:?}"
+        );
+        assert_eq!(hf("4.52.1", "hub_revision = \"main\"")[0].1, Error);
+        assert!(hf("4.57.6", "hub_revision = \"main\"").is_empty());
+        let w = hf("4.50.0", "split_batches = true");
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(w[0].1, Warning, "{w:?}");
+        assert!(hf("4.48.0", "split_batches = true").is_empty());
     }
 }
