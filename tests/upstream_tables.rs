@@ -271,9 +271,9 @@ const HF_VERSIONS: &[&str] = &[
     "5.24.0", "5.25.0",
 ];
 const DS_VERSIONS: &[&str] = &[
-    "0.3.16", "0.5.10", "0.8.3", "0.9.5", "0.10.3", "0.11.2", "0.12.6", "0.13.5", "0.14.0",
-    "0.14.2", "0.14.5", "0.15.0", "0.15.4", "0.16.0", "0.16.9", "0.17.0", "0.17.6", "0.18.0",
-    "0.18.9", "0.19.0", "0.19.5", "0.19.8",
+    "0.3.16", "0.5.10", "0.7.7", "0.8.3", "0.9.5", "0.10.3", "0.11.2", "0.12.6", "0.13.5",
+    "0.14.0", "0.14.2", "0.14.5", "0.15.0", "0.15.4", "0.16.0", "0.16.9", "0.17.0", "0.17.6",
+    "0.18.0", "0.18.9", "0.19.0", "0.19.5", "0.19.8",
 ];
 
 #[test]
@@ -426,7 +426,10 @@ fn ds_tables_sorted_unique() {
         .collect();
     assert_eq!(
         top,
-        [30, 35, 43, 44, 45, 46, 48, 49, 49, 49, 50, 52, 52, 52, 54, 54, 55, 55, 56, 56, 60, 52]
+        [
+            30, 35, 41, 43, 44, 45, 46, 48, 49, 49, 49, 50, 52, 52, 52, 54, 54, 55, 55, 56, 56, 60,
+            52
+        ]
     );
     let zero: Vec<usize> = DEEPSPEED_ZERO_KEYS_BY_VERSION
         .iter()
@@ -434,7 +437,10 @@ fn ds_tables_sorted_unique() {
         .collect();
     assert_eq!(
         zero,
-        [20, 22, 31, 34, 40, 40, 41, 41, 41, 41, 43, 43, 43, 45, 47, 47, 49, 50, 53, 53, 53, 52]
+        [
+            20, 22, 31, 31, 34, 40, 40, 41, 41, 41, 41, 43, 43, 43, 45, 47, 47, 49, 50, 53, 53, 53,
+            52
+        ]
     );
 }
 
@@ -522,6 +528,11 @@ fn ds_facts() {
     for v in ["0.9.5", "0.14.5", "0.17.6", "0.19.0"] {
         assert!(!t(v).contains(&"quantize_training"), "{v}");
     }
+    // 0.7.7 (which conformance runs): the pydantic zero fields 0.8.3 has, and `bf16`, but not
+    // 0.8.3's `data_efficiency` and `zero_force_ds_cpu_optimizer`.
+    assert_eq!(z("0.7.7"), z("0.8.3"));
+    assert!(t("0.7.7").contains(&"bf16") && !t("0.7.7").contains(&"data_efficiency"));
+    assert!(!t("0.7.7").contains(&"zero_force_ds_cpu_optimizer"));
     // zero fields of the dense samples: `leaf_module` from 0.18.0, `zenflow` from 0.17.6.
     assert!(!z("0.17.6").contains(&"leaf_module") && z("0.18.0").contains(&"leaf_module"));
     assert!(!z("0.17.0").contains(&"zenflow") && z("0.17.6").contains(&"zenflow"));

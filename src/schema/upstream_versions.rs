@@ -2,7 +2,7 @@
 // Regenerate: `python3 conformance/extract_upstream.py` (conformance/README.md, "Upstream key
 // tables"). tests/upstream_tables.rs checks that this file is the script's rendering of its
 // constants, and this digest (sha256 of the file with the 64 hex digits below set to 0):
-// 4030850e80d7a3e2085036042c12acaea6b65db9de8e115e346d6ba94db4d8b7
+// 3ed5d2b9dc0240eab8cba3ac42fb98f8e7a7c2e48d38a8132b3ffb12f4ce0dfd
 
 //! Per-release key sets of transformers' `TrainingArguments` and of the DeepSpeed config, extracted
 //! from the released packages on PyPI by `conformance/extract_upstream.py` (names re-typed by the
@@ -35,7 +35,7 @@
 //!
 //! # DeepSpeed
 //!
-//! Source: the PyPI sdists `deepspeed==X` (0.3.16, 0.5.10, 0.8.3, 0.9.5, 0.10.3, 0.11.2, 0.12.6,
+//! Source: the PyPI sdists `deepspeed==X` (0.3.16, 0.5.10, 0.7.7, 0.8.3, 0.9.5, 0.10.3, 0.11.2, 0.12.6,
 //! 0.13.5, 0.14.0, 0.14.2, 0.14.5, 0.15.0, 0.15.4, 0.16.0, 0.16.9, 0.17.0, 0.17.6, 0.18.0, 0.18.9,
 //! 0.19.0, 0.19.5, 0.19.8: the last of each minor series from 0.8, the first too from 0.14; fetched
 //! from the index with their sha256 checked; `version.txt` and `PKG-INFO` checked). The script follows the
@@ -56,10 +56,10 @@
 //!   removed", `runtime/config.py:_reject_removed_config_keys`), which R0909 reports
 //!   (`rules::compat::REMOVED_KEYS`), so the key checks pass over them.
 //! * `zero_optimization`: up to 0.5.10 it is a plain dict read with `dict.get` (unknown keys
-//!   ignored); from 0.8.3 on (first sampled: 0.8.3; [`super::upstream`] dates it to
+//!   ignored); from 0.7.7 on (first sampled: 0.7.7; [`super::upstream`] dates it to
 //!   v0.7.0) it is the pydantic model `DeepSpeedZeroConfig` (`extra = "forbid"`, field names and
 //!   aliases both accepted, deprecated fields accepted with a warning): an unknown key is an error.
-//!   Listed: the keys the version reads (≤ 0.5.10) or accepts (≥ 0.8.3: every field name and alias,
+//!   Listed: the keys the version reads (≤ 0.5.10) or accepts (≥ 0.7.7: every field name and alias,
 //!   deprecated ones included).
 
 pub use super::upstream::HfFields;
@@ -1536,6 +1536,53 @@ pub const DEEPSPEED_TOP_LEVEL_BY_VERSION: &[(&str, &[&str])] = &[
             "zero_optimization",
         ],
     ),
+    // deepspeed==0.7.7 (PyPI sdist): 41 keys
+    (
+        "0.7.7",
+        &[
+            "activation_checkpointing",
+            "aio",
+            "allgather_size",
+            "amp",
+            "autotuning",
+            "bf16",
+            "bfloat16",
+            "checkpoint",
+            "comms_logger",
+            "communication_data_type",
+            "compression_training",
+            "csv_monitor",
+            "curriculum_learning",
+            "data_types",
+            "dataloader_drop_last",
+            "disable_allgather",
+            "dump_state",
+            "elasticity",
+            "flops_profiler",
+            "fp16",
+            "gradient_accumulation_steps",
+            "gradient_clipping",
+            "gradient_predivide_factor",
+            "memory_breakdown",
+            "nebula",
+            "optimizer",
+            "pipeline",
+            "prescale_gradients",
+            "progressive_layer_drop",
+            "scheduler",
+            "sparse_attention",
+            "sparse_gradients",
+            "steps_per_print",
+            "tensorboard",
+            "train_batch_size",
+            "train_micro_batch_size_per_gpu",
+            "vocabulary_size",
+            "wall_clock_breakdown",
+            "wandb",
+            "zero_allow_untested_optimizer",
+            "zero_optimization",
+        ],
+    ),
     // deepspeed==0.8.3 (PyPI sdist): 43 keys
     (
         "0.8.3",
@@ -2682,7 +2729,7 @@ pub const DEEPSPEED_TOP_LEVEL_BY_VERSION: &[(&str, &[&str])] = &[
 /// Keys inside `zero_optimization` per DeepSpeed release: (version, keys), sorted by version
 /// (numeric); keys sorted (byte order), no duplicates. 0.3.16 and 0.5.10: the keys
 /// `DeepSpeedZeroConfig._initialize` and `offload_config.py` read from the plain dict (others are
-/// silently ignored). From 0.8.3 on: every field name and alias of the strict pydantic
+/// silently ignored). From 0.7.7 on: every field name and alias of the strict pydantic
 /// model `DeepSpeedZeroConfig` (anything else is rejected, except a key whose value is the string
 /// `"auto"`, which is dropped before validation); the last entry is [`super::upstream`]'s strict
 /// `zero_optimization` section. Source: PyPI sdist `deepspeed==X`,
@@ -2741,6 +2788,43 @@ pub const DEEPSPEED_ZERO_KEYS_BY_VERSION: &[(&str, &[&str])] = &[
             "stage3_gather_fp16_weights_on_model_save",
             "stage3_max_live_parameters",
             "stage3_max_reuse_distance",
+            "stage3_param_persistence_threshold",
+            "stage3_prefetch_bucket_size",
+            "sub_group_size",
+        ],
+    ),
+    // deepspeed==0.7.7 (PyPI sdist): 31 keys
+    (
+        "0.7.7",
+        &[
+            "allgather_bucket_size",
+            "allgather_partitions",
+            "contiguous_gradients",
+            "cpu_offload",
+            "cpu_offload_param",
+            "cpu_offload_use_pin_memory",
+            "elastic_checkpoint",
+            "gather_16bit_weights_on_model_save",
+            "ignore_unused_parameters",
+            "legacy_stage1",
+            "load_from_fp32_weights",
+            "max_live_parameters",
+            "max_reuse_distance",
+            "model_persistence_threshold",
+            "offload_optimizer",
+            "offload_param",
+            "overlap_comm",
+            "param_persistence_threshold",
+            "prefetch_bucket_size",
+            "reduce_bucket_size",
+            "reduce_scatter",
+            "round_robin_gradients",
+            "stage",
+            "stage3_gather_16bit_weights_on_model_save",
+            "stage3_gather_fp16_weights_on_model_save",
+            "stage3_max_live_parameters",
+            "stage3_max_reuse_distance",
+            "stage3_model_persistence_threshold",
             "stage3_param_persistence_threshold",
             "stage3_prefetch_bucket_size",
             "sub_group_size",
