@@ -158,7 +158,7 @@ fn every_emitted_key_exists_in_the_target_release() {
             let (_, bytes) = artefacts.files.iter().find(|(n, _)| n == name).unwrap();
             serde_json::from_slice(bytes).unwrap()
         };
-        let fields = recipe::emit::training_args::fields_for(r.targets.transformers);
+        let fields = recipe::schema::upstream::HfFields::for_target(r.targets.transformers);
         for key in json("training_args.json").as_object().unwrap().keys() {
             assert!(
                 fields.fields.iter().any(|(n, _)| n == key),
@@ -460,7 +460,7 @@ fn launch_sh_runs_train_py_with_arguments_it_accepts() {
             path.display()
         );
 
-        let release = recipe::emit::training_args::fields_for(r.targets.transformers);
+        let release = recipe::schema::upstream::HfFields::for_target(r.targets.transformers);
         assert!(release.has("local_rank"), "{}", release.version);
         let flags = script_flags(shell_words(&launch));
         for (w, _) in &flags {

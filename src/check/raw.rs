@@ -12,7 +12,8 @@ use crate::check::suggest;
 use crate::diagnostics::codes;
 use crate::diagnostics::Diagnostic;
 use crate::rules::compat;
-use crate::schema::upstream::{self, HfFields};
+use crate::schema::sampled::{self, Around, Release};
+use crate::schema::upstream;
 use crate::schema::upstream_versions;
 use crate::schema::RawKind;
 use crate::syntax::ast::{Body, Entry, Span};
@@ -216,14 +217,14 @@ fn deepspeed_key(
     }
     let mut path = dotted.split('.');
     let top = path.next().expect("a key has one part at least");
-    // The target release's top-level keys (the newest sampled release not newer than it).
+    // The target release's top-level keys (the nearest sampled release, `schema::sampled`).
     let v = release.unwrap_or_else(|| Library::DeepSpeed.newest());
-    let (at, next) = around_release(upstream_versions::DEEPSPEED_TOP_LEVEL_BY_VERSION, v);
-    let keys = at.map_or(upstream::DEEPSPEED_TOP_LEVEL, |(_, keys)| keys);
+    let table = upstream_versions::DEEPSPEED_TOP_LEVEL_BY_VERSION;
+    let keys = sampled::nearest(table, v).1;
     // Read by one neighbour of the target and not by the other (R0909's keys aside): said at
     // the key itself, or once for a section the nearest release does not read (the strict
     // checks below still run inside one it reads).
-    let unsure = between(top, &DEEPSPEED_TOP, at, next, v, span)
+    let unsure = between(top, &DEEPSPEED_TOP, sampled::around(table, v), v, span)
         .filter(|_| compat::removed_key(top).is_none());
     if let Some(d) = unsure {
         if dotted == top || !keys.contains(&top) {
@@ -233,24 +234,12 @@ fn deepspeed_key(
     if !keys.contains(&top) {
         // A section of a feature the target removed (an earlier sampled release reads it):
         // R0909 reports it (`rules::compat::REMOVED_KEYS`, "… has been removed").
-        if compat::removed_key(top).is_some() {
-            let table = upstream_versions::DEEPSPEED_TOP_LEVEL_BY_VERSION;
-            let read_before = table.iter().any(|(rv, keys)| {
-                keys.contains(&top) && rv.parse::<Version>().is_ok_and(|rv| rv < v)
-            });
-            if read_before {
-                return None;
-            }
+        if compat::removed_key(top).is_some() && sampled::earlier_has(table, v, top) {
+            return None;
         }
         // A key of a later release: the target is what is wrong, not the spelling.
         // Of the sampled releases, the first newer one that reads it and the one before it.
-        let table = upstream_versions::DEEPSPEED_TOP_LEVEL_BY_VERSION;
-        let added = table
-            .iter()
-            .position(|(rv, keys)| {
-                keys.contains(&top) && rv.parse::<Version>().is_ok_and(|rv| rv > v)
-            })
-            .map(|i| (table[i].0, i.checked_sub(1).map(|p| table[p].0)));
+        let added = sampled::first_later_with(table, v, top).map(|(a, b)| (a.0, b.map(|b| b.0)));
         let best = added
             .is_none()
             .then(|| suggest::closest(top, keys.iter().copied()))
@@ -322,36 +311,6 @@ fn deepspeed_key(
     None
 }
 
-/// One sampled release: (version, the keys it reads).
-type Release = (&'static str, &'static [&'static str]);
-
-/// A table of sampled releases, oldest first.
-type Sampled = &'static [Release];
-
-/// Where `v` falls among `table`'s sampled releases (`version` of each, oldest first): the
-/// newest one not newer than `v`, and, when `v` is not itself sampled, the oldest newer one.
-/// Between the two, a key one of them reads and the other does not may or may not be read by
-/// `v`.
-fn around<T>(
-    table: &'static [T],
-    v: Version,
-    version: impl Fn(&T) -> &str,
-) -> (Option<&'static T>, Option<&'static T>) {
-    let parse = |e: &T| version(e).parse::<Version>().ok();
-    let i = table.partition_point(|e| parse(e).is_some_and(|rv| rv <= v));
-    let at = i.checked_sub(1).map(|i| &table[i]);
-    let sampled = at.is_some_and(|e| parse(e) == Some(v));
-    (at, table.get(i).filter(|_| !sampled))
-}
-
-/// [`around`] over a DeepSpeed table.
-fn around_release(
-    table: Sampled,
-    v: Version,
-) -> (Option<&'static Release>, Option<&'static Release>) {
-    around(table, v, |e| e.0)
-}
-
 /// What an uncertain key is, for [`uncertain`]'s warning.
 struct Unsure {
     code: &'static str,
@@ -391,18 +350,18 @@ const HF_FIELD: Unsure = Unsure {
     effect: "HF's argument parser refuses it at launch",
 };
 
-/// The warning for `key` when the sampled releases around the target `v` — `at` and `next`,
-/// each a version and whether it has the key — do not agree on it, so that recipe cannot tell
-/// whether `v` has it.
-fn uncertain(
+/// The warning for `key` when the sampled releases around the target `v` (`sampled::around`)
+/// do not agree on it, so that recipe cannot tell whether `v` has it.
+fn between<T: Release>(
     key: &str,
     u: &Unsure,
-    at: Option<(&str, bool)>,
-    next: Option<(&str, bool)>,
+    around: Around<T>,
     v: Version,
     span: Span,
 ) -> Option<Diagnostic> {
-    let ((a, has_at), (n, has_next)) = (at?, next?);
+    let (at, next) = (around.at?, around.next?);
+    let (a, has_at) = (at.version(), at.has(key));
+    let (n, has_next) = (next.version(), next.has(key));
     if has_at == has_next {
         return None;
     }
@@ -425,19 +384,6 @@ fn uncertain(
     )
 }
 
-/// [`uncertain`] over a DeepSpeed table's neighbours of `v`.
-fn between(
-    key: &str,
-    u: &Unsure,
-    at: Option<&Release>,
-    next: Option<&Release>,
-    v: Version,
-    span: Span,
-) -> Option<Diagnostic> {
-    let has = |e: &Release| (e.0, e.1.contains(&key));
-    uncertain(key, u, at.map(&has), next.map(has), v, span)
-}
-
 /// Whether DeepSpeed `v` validates `zero_optimization` strictly (the pydantic
 /// `DeepSpeedZeroConfig`, unknown fields rejected at launch) rather than reading it as a plain
 /// dict (unknown keys ignored): from v0.7.0 on ([`upstream`]'s notes; the sampled 0.5.10 reads a
@@ -451,19 +397,16 @@ fn zero_is_strict(v: Version) -> bool {
 /// sampled release takes it: then a warning), or taken by it and not by the next one (a warning).
 fn zero_field_of(field: &str, dotted: &str, v: Version, span: Span) -> Option<Diagnostic> {
     let table = upstream_versions::DEEPSPEED_ZERO_KEYS_BY_VERSION;
-    let (at, next) = around_release(table, v);
-    if let Some(d) = between(field, &DEEPSPEED_ZERO, at, next, v, span) {
+    let around = sampled::around(table, v);
+    if let Some(d) = between(field, &DEEPSPEED_ZERO, around, v, span) {
         return compat::removed_key(dotted).is_none().then_some(d);
     }
-    let (_, keys) = at?;
-    if keys.contains(&field) {
+    if sampled::nearest(table, v).has(field) {
         return None;
     }
     // The first sampled release after the target that takes it, and the one before that.
-    let i = table.iter().position(|(rv, keys)| {
-        keys.contains(&field) && rv.parse::<Version>().is_ok_and(|rv| rv > v)
-    })?;
-    let (first, before) = (table[i].0, table[i.checked_sub(1)?].0);
+    let (first, before) = sampled::first_later_with(table, v, field)?;
+    let (first, before) = (first.0, before?.0);
     let (label, effect) = if zero_is_strict(v) {
         (
             format!("DeepSpeed {v} rejects this at launch (\"Extra inputs are not permitted\")"),
@@ -542,13 +485,10 @@ fn hf_key(dotted: &str, span: Span, release: Option<Version>) -> Option<Diagnost
         .next()
         .expect("a key has one part at least");
     let v = release.unwrap_or_else(|| Library::Transformers.newest());
-    let fields = HfFields::for_target(v);
+    let table = upstream_versions::TRAINING_ARGUMENTS_BY_VERSION;
+    let fields = sampled::nearest(table, v);
     // The target between two sampled releases that disagree about the field: a warning.
-    let (at, next) = around(upstream_versions::TRAINING_ARGUMENTS_BY_VERSION, v, |f| {
-        f.version
-    });
-    let has = |f: &HfFields| (f.version, f.has(field));
-    let unsure = uncertain(field, &HF_FIELD, at.map(has), next.map(has), v, span);
+    let unsure = between(field, &HF_FIELD, sampled::around(table, v), v, span);
     if fields.has(field) {
         let Some((old, new, note)) = upstream::TRAINING_ARGUMENTS_DEPRECATED_ALIASES
             .iter()
@@ -613,11 +553,8 @@ fn hf_key(dotted: &str, span: Span, release: Option<Version>) -> Option<Diagnost
     }
     // A field of a later release: the target is what is wrong, not the spelling.
     // Of the sampled releases, the first newer one that has it and the one before it.
-    let table = upstream_versions::TRAINING_ARGUMENTS_BY_VERSION;
-    let added = table
-        .iter()
-        .position(|f| f.has(field) && f.version.parse::<Version>().is_ok_and(|fv| fv > v))
-        .map(|i| (table[i].version, i.checked_sub(1).map(|p| table[p].version)));
+    let added =
+        sampled::first_later_with(table, v, field).map(|(a, b)| (a.version, b.map(|b| b.version)));
     let names = fields.fields.iter().map(|(n, _)| *n);
     let best = added
         .is_none()
@@ -754,6 +691,17 @@ mod tests {
         );
         assert_eq!(e.len(), 1, "{e:?}");
         assert!(e[0].1.contains("prefetch_bucket_size"), "{e:?}");
+        // Older than every sample: the oldest sample's keys, as the emitter writes them (not
+        // the newest release's, which once let a 0.2.0 target pass with `torch_autocast`).
+        let e = r0030("0.2.0", "torch_autocast { enabled = true }");
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert_eq!(e[0].0, Error);
+        let e = r0030(
+            "0.2.0",
+            "zero_optimization { stage = 2, round_robin_gradients = true }",
+        );
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(e[0].1.contains("round_robin_gradients"), "{e:?}");
     }
 
     /// (code, severity, message) of each finding for `hf { … }` at transformers `target`.

@@ -88,19 +88,11 @@ fn offload_section(v: Option<&Val>, pin_default: bool, param: bool) -> Option<Va
     Some(Value::Object(m))
 }
 
-/// The `zero_optimization` keys the target DeepSpeed release reads (the nearest sampled release
-/// not newer than the target; [`crate::schema::upstream_versions`]).
+/// The `zero_optimization` keys the target DeepSpeed release reads (the nearest sampled release,
+/// [`crate::schema::sampled`]).
 fn zero_keys(r: &Resolved) -> &'static [&'static str] {
     use crate::schema::upstream_versions::DEEPSPEED_ZERO_KEYS_BY_VERSION as KEYS;
-    let target = r.targets.deepspeed;
-    KEYS.iter()
-        .rev()
-        .find(|(v, _)| {
-            v.parse::<crate::upstream::versions::Version>()
-                .is_ok_and(|v| v <= target)
-        })
-        .unwrap_or(&KEYS[0])
-        .1
+    crate::schema::sampled::nearest(KEYS, r.targets.deepspeed).1
 }
 
 fn zero_section(r: &Resolved, auto: bool) -> Value {

@@ -13,15 +13,8 @@ use crate::resolve::Resolved;
 use crate::schema::upstream_versions::HfFields;
 use crate::schema::Ty;
 use crate::upstream::schedules::{self, Owner};
-use crate::upstream::versions::Version;
 
 use super::deepspeed::to_json;
-
-/// The field list of the newest sampled release not newer than `target` (the oldest sampled one
-/// for anything older).
-pub fn fields_for(target: Version) -> &'static HfFields {
-    HfFields::for_target(target)
-}
 
 /// HF's `optim` value for a recipe optimizer kind (when HF builds the optimizer).
 pub fn hf_optim(kind: &str) -> &'static str {
@@ -45,7 +38,7 @@ fn num(v: f64) -> Value {
 /// The TrainingArguments of a resolved recipe; `ds_config` is the path HF is given for the
 /// DeepSpeed config.
 pub fn arguments(r: &Resolved, ds_config: &str) -> Value {
-    let fields = fields_for(r.targets.transformers);
+    let fields = HfFields::for_target(r.targets.transformers);
     let mut a = Map::new();
     let mut unsampled_optim = None;
     // Writes the value under the first name the release has.

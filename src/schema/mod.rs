@@ -10,6 +10,7 @@
 
 pub mod blocks;
 pub mod docs;
+pub mod sampled;
 pub mod types;
 pub mod upstream;
 pub mod upstream_versions;

@@ -70,16 +70,7 @@ impl HfFields {
     /// The field list of the newest sampled release not newer than `target` (the oldest sampled
     /// one for anything older).
     pub fn for_target(target: crate::upstream::versions::Version) -> &'static HfFields {
-        let parse = |f: &HfFields| {
-            f.version
-                .parse::<crate::upstream::versions::Version>()
-                .expect("sampled versions parse")
-        };
-        TRAINING_ARGUMENTS_BY_VERSION
-            .iter()
-            .rev()
-            .find(|f| parse(f) <= target)
-            .unwrap_or(&TRAINING_ARGUMENTS_BY_VERSION[0])
+        super::sampled::nearest(TRAINING_ARGUMENTS_BY_VERSION, target)
     }
 
     /// Whether the release has the field `name`.
