@@ -690,7 +690,8 @@ fn a_gpu_tensor_past_32_bit_indices_is_refused_before_the_run() {
 /// differ by 1.3e-3 here. And recipes/cls.rcp's shape, ZeRO-2 with the optimizer offloaded in
 /// fp16 (and ZeRO-3 offloaded in bf16): each rank's partition lands in pinned memory during
 /// the window's last backward, each segment's piece copied down once reduced and added, and
-/// goes up range by range on the copy stream before the owners' broadcasts.
+/// goes up range by range on the copy stream before the owners' broadcasts; ZeRO-1 offloaded in
+/// bf16 averages the whole on the devices, sums its norm there and copies the rank's range down.
 #[test]
 fn two_fake_gpus_train_through_nccl_as_the_cpu_ranks_do() {
     let dir = workspace("fake-nccl", TINY);
@@ -699,6 +700,7 @@ fn two_fake_gpus_train_through_nccl_as_the_cpu_ranks_do() {
     let offload = |stage| format!("{TINY}zero {stage} {{ offload optimizer = cpu }}\n");
     std::fs::write(dir.join("zero2-offload.rcp"), offload(2)).unwrap();
     std::fs::write(dir.join("zero3-offload.rcp"), offload(3)).unwrap();
+    std::fs::write(dir.join("zero1-offload.rcp"), offload(1)).unwrap();
     let late = [("RECIPE_FAKE_CUDA_ASYNC", "20")];
     let fp16 = ["--set", "train.precision=fp16"];
     let bf16 = ["--set", "train.precision=bf16"];
@@ -708,6 +710,7 @@ fn two_fake_gpus_train_through_nccl_as_the_cpu_ranks_do() {
         ("zero3", "zero3.rcp", &[][..]),
         ("zero2-offload", "zero2-offload.rcp", &fp16[..]),
         ("zero3-offload", "zero3-offload.rcp", &bf16[..]),
+        ("zero1-offload", "zero1-offload.rcp", &bf16[..]),
     ] {
         let mut args = vec!["--gpus", "2"];
         args.extend_from_slice(sets);

@@ -538,12 +538,11 @@ fn device_run(
     // One rank: the model states on the device, and the optimizer too unless it is offloaded
     // (not the host's path behind the executor, which would pass the test too). Several: each
     // rank's passes on its device, the model states on the host.
-    // Several at ZeRO-0, or with peers at any stage without offload and at ZeRO 2–3 with it:
-    // each rank's model (ZeRO-3: its pieces) resident on its device, and its optimizer (its
-    // partition) unless offloaded.
+    // Several at ZeRO-0, or with peers at any stage: each rank's model (ZeRO-3: its pieces)
+    // resident on its device, and its optimizer (its partition) unless offloaded.
     let offloaded = start["offload_optimizer"] == true;
     let stage = plan.train.zero_stage;
-    let resident = world == 1 || stage == 0 || peers && (!offloaded || stage >= 2);
+    let resident = world == 1 || stage == 0 || peers;
     assert_eq!(start["world"], world, "{start}");
     assert_eq!(start["model_on_device"], resident, "{start}");
     assert_eq!(start["exchange_on_device"], peers, "{start}");
@@ -860,6 +859,18 @@ fn three_gpus_reduce_each_segment_to_its_owners_at_zero_2_in_bf16() {
     peers_run_against_the_cpu("bf16", Some("zero 2"), &sets).within(1e-3, 1e-3);
 }
 
+/// ZeRO-1 with optimizer offload on three GPUs in bf16 with the devices summing: the whole
+/// gradient averaged between the devices (summed segment by segment during the last backward),
+/// its norm summed on the device over the whole, only the rank's range of it down for the
+/// host's step, that range's 16-bit values up as the host steps them, then every range
+/// broadcast from its owner (DeepSpeed's stage 1 with `offload_optimizer`).
+#[test]
+fn three_gpus_offload_their_ranges_at_zero_1_in_bf16() {
+    let zero = "zero 1 { offload optimizer = cpu }";
+    let sets = ["--gpus", "3", "--set", "train.clip=0.4"];
+    peers_run_against_the_cpu("bf16", Some(zero), &sets).within(1e-3, 1e-3);
+}
+
 /// ZeRO-3 on three GPUs in bf16 with the devices summing: pieces of unequal lengths (the
 /// segments do not divide by three), gathered and reduced between the devices, the master
 /// weights of each rank's pieces on its device; the evaluations and checkpoints gather the
@@ -884,10 +895,11 @@ fn two_gpus_offload_their_pieces_at_zero_3_in_fp16() {
 /// ZeRO-1 and ZeRO-3 in fp32 with the devices summing, each device stepping its partition:
 /// the window's average (ZeRO-1), and each segment gathered from the ranks' pieces inside the
 /// pass and its gradient reduced to the owners as the backward finishes it (ZeRO-3); and ZeRO-1
-/// with the optimizer offloaded, whose average comes down whole for the host's step.
+/// with the optimizer offloaded, averaged on the devices, the rank's range of the average down
+/// for the host's step and up again, then broadcast from its owner.
 #[test]
 fn two_gpus_sum_between_the_devices_at_zero_1_and_3() {
-    // ZeRO-1 offloaded as well: the average on the devices, the host's shard step.
+    // ZeRO-1 offloaded as well: the average on the devices, the host's step of the rank's range.
     for zero in ["zero 1", "zero 1 { offload optimizer = cpu }", "zero 3"] {
         peers_run_against_the_cpu("fp32", Some(zero), &["--gpus", "2"]).within(1e-5, 1e-6);
     }

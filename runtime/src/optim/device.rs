@@ -147,7 +147,8 @@ pub trait Resident: Send + Sync {
     /// last call, in order, read in one copy (which waits for the device, and reports its
     /// errors).
     fn window_losses(&self) -> Result<Vec<f32>, ModelError>;
-    /// `Σ g²` of the accumulator, in f64 ([`kernels::grad_norm_sq`]). The optimizer must be kept.
+    /// `Σ g²` of the accumulator, in f64 ([`kernels::grad_norm_sq`]). The optimizer must be kept,
+    /// or (ZeRO-1 offloaded with peers) the whole gradient accumulated with a partition.
     fn grad_sq(&self) -> Result<f64, ModelError>;
     /// The next [`Resident::micro`], a window's last, sums each segment's `Σ g²` as its backward
     /// finishes the segment, beside the rest, so that the [`Resident::grad_sq`] after it only
@@ -174,7 +175,8 @@ pub trait Resident: Send + Sync {
     /// for optimizer offload's two copies per step. Allocate once per run.
     fn pinned(&self, n: usize) -> PinnedBuf;
     /// Optimizer offload: copies the gradient accumulator into `dst` (one device → host copy per
-    /// optimizer step; `dst` from [`Resident::pinned`]).
+    /// optimizer step; `dst` from [`Resident::pinned`]); ZeRO-1 with peers, whose accumulator is
+    /// the whole averaged gradient, copies this rank's range of it.
     fn download_grads(&self, dst: &mut [f32]) -> Result<(), ModelError>;
     /// Optimizer offload: the next [`Resident::micro`], a window's last, copies each segment of
     /// the gradient accumulator into `dst` as its backward finishes the segment, on a copy

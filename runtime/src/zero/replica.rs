@@ -554,15 +554,16 @@ impl Replica {
             return Ok(true);
         }
         let offload = self.opt.offload;
-        if self.peers && (!offload || self.shard.stage >= 2) {
+        if self.peers {
             // ZeRO 1–3 as DeepSpeed runs them on GPUs: each device steps its partition with its
             // optimizer state (and master weights) there; the gradients are averaged (ZeRO-1,
             // once per step) or reduced to their owners (ZeRO 2–3, every micro-batch) between
             // the devices. ZeRO 1–2 keep the whole parameters on each device and broadcast each
             // updated partition from its owner; ZeRO-3 keeps the rank's pieces and gathers each
             // segment inside the pass. Nothing crosses to the host in a step but the norm.
-            // Under optimizer offload (ZeRO 2–3) the device accumulates the rank's partition of
-            // the gradient and the host steps it: one copy of the partition down and one up per
+            // Under optimizer offload the host steps the rank's partition: the device
+            // accumulates the partition's gradient (ZeRO 2–3) or averages the whole in place
+            // and keeps it for the norm (ZeRO-1); one copy of the partition down and one up per
             // step (`Staging`), then the broadcasts.
             let world = self.shard.world;
             let ranges: Vec<Range<usize>> = (0..world).map(|o| self.flat.range(o)).collect();
@@ -674,7 +675,13 @@ impl Replica {
         if let Some(sq) = self.sq {
             return Ok(sq);
         }
-        let Some(r) = self.resident().filter(|_| self.staging.is_none()) else {
+        // ZeRO-1 offloaded with peers: the whole average is on the device, the rank's range of
+        // it on the host.
+        let whole_there = self.peers && self.shard.stage == 1;
+        let Some(r) = self
+            .resident()
+            .filter(|_| self.staging.is_none() || whole_there)
+        else {
             return Ok(optim::sum_squares(self.host_grads()));
         };
         let sq = r.grad_sq()?;
@@ -904,6 +911,15 @@ impl Replica {
     pub fn finish_window(&mut self, coll: &mut dyn Collective) -> Result<(), ZeroError> {
         if let (Some(x), Some(s)) = (&self.device, &mut self.staging) {
             let r = x.resident().expect("kept on the device");
+            if self.peers && self.shard.stage == 1 {
+                // ZeRO-1 with peers: averaged on the devices (summed segment by segment during
+                // the last backward, `sum_next`), then this rank's range down. The host barrier
+                // first, as before any sum between the devices.
+                coll.barrier()?;
+                r.average_grads(self.storage)?;
+                r.download_grads(&mut s.grads)?;
+                return Ok(());
+            }
             if std::mem::take(&mut self.landing) {
                 // Copied down during the last backward: only the wait.
                 r.landed()?;

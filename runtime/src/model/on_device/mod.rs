@@ -78,6 +78,9 @@ struct State<D: Device> {
     /// Under optimizer offload: the gradient accumulator (the [`DeviceOptimizer`] holds it
     /// otherwise).
     acc: Option<D::Buf>,
+    /// ZeRO-1 offloaded with peers: the scratch of [`Resident::grad_sq`] over `acc`, the whole
+    /// averaged gradient, of which only this rank's range goes to the host.
+    acc_norm: Option<D::Buf>,
     /// ZeRO-2/3 ([`Accumulate::Reduced`], [`Accumulate::ToOwners`]): one micro-batch's own
     /// gradient, and how it reaches the accumulator.
     own: Option<Own<D>>,
@@ -262,6 +265,7 @@ impl<D: Device> OnDevice<D> {
                 grads: None,
                 opt: None,
                 acc: None,
+                acc_norm: None,
                 own: None,
                 split: None,
                 peers,

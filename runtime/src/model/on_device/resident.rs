@@ -8,7 +8,7 @@ use std::ops::Range;
 use super::graphs::{self, Graphs, Shape};
 use super::{accumulator, grow_keeping, not_uploaded, put, same_len, OnDevice, Own, Split};
 use crate::backend::device::{grouped, Device, Peers};
-use crate::backend::kernels::{Kernels, SegmentNorms};
+use crate::backend::kernels::{self, Kernels, SegmentNorms, NORM_BLOCKS};
 use crate::backend::{Backend, Loss};
 use crate::model::pieces::{self, Gather, Parts, Pieces, Queue, Rank, Scatter, SharedPeers};
 use crate::model::{Batch, BufGrads, BufParams, Classifier, DropoutKey, ModelError, Workspace};
@@ -116,10 +116,10 @@ fn split<D: Device>(
     let peers = peers.ok_or_else(no_peers)?;
     let (me, world, n) = (peers.rank(), peers.world(), model.num_params());
     let bad = |what: String| Err(ModelError::Argument(what));
-    if keep.optimizer.is_none() && !matches!(keep.accumulate, Accumulate::ToOwners(_)) {
-        // Under offload the host steps what the device accumulated: a partition's gradient
-        // (ZeRO 2–3), not ZeRO-1's whole one.
-        return bad("a partition of the parameters with the optimizer offloaded needs the partition's gradient (ZeRO 2–3)".into());
+    if keep.optimizer.is_none() && matches!(keep.accumulate, Accumulate::Reduced(_)) {
+        // Under offload the host steps the rank's range of what the device accumulated: the
+        // partition's reduced gradient (ZeRO 2–3), or ZeRO-1's whole one averaged in place.
+        return bad("a partition of the parameters with the optimizer offloaded takes its gradient reduced to the owners (ZeRO 2–3) or averaged in place (ZeRO-1)".into());
     }
     match p {
         Partitioned::Flat(ranges) => {
@@ -255,6 +255,9 @@ where
             (Some(Split::Flat(r, me)), _) => (n, r[*me].clone()),
             _ => (n, 0..n),
         };
+        // ZeRO-1 offloaded with peers: the whole average stays on the device and only the
+        // rank's range goes down, so the device sums the whole's squares, as its optimizer would.
+        let whole_norm = keep.optimizer.is_none() && acc == n && grads_at.len() < n;
         (st.opt, st.acc) = match keep.optimizer {
             Some((opt, master)) => (
                 Some(
@@ -265,6 +268,7 @@ where
             ),
             None => (None, Some(k.alloc(acc))),
         };
+        st.acc_norm = whole_norm.then(|| k.alloc(kernels::norm_scratch_len(n, NORM_BLOCKS)));
         st.own = match keep.accumulate {
             Accumulate::InPlace => None,
             // ZeRO-3's pieces take each segment's gradient as the backward finishes it.
@@ -594,9 +598,10 @@ where
             Some(norms) if std::mem::take(&mut st.normed) => Some(norms.total(k)),
             _ => None,
         };
-        let sq = match summed {
-            Some(sq) => sq,
-            None => st.optimizer()?.grad_sq(k),
+        let sq = match (summed, &mut st.acc_norm, &st.acc) {
+            (Some(sq), ..) => sq,
+            (None, Some(scratch), Some(acc)) => kernels::grad_norm_sq_in(k, k.view(acc), scratch),
+            (None, ..) => st.optimizer()?.grad_sq(k),
         };
         k.device().sync().map_err(ModelError::Device)?;
         Ok(sq)
@@ -699,6 +704,23 @@ where
     }
 
     fn download_grads(&self, dst: &mut [f32]) -> Result<(), ModelError> {
+        {
+            let k = &self.kernels;
+            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let st = &mut *st;
+            st.settle(k);
+            if let (Some(Split::Flat(ranges, me)), None, Some(acc)) = (&st.split, &st.opt, &st.acc)
+            {
+                let (dev, mine) = (k.device(), ranges[*me].clone());
+                if dev.len(dev.view(acc)) != mine.len() {
+                    // ZeRO-1 offloaded with peers: the whole average is here, the rank's range
+                    // goes down.
+                    same_len("gradient partition", dst.len(), mine.len())?;
+                    dev.download(dev.sub(dev.view(acc), mine), dst);
+                    return dev.sync().map_err(ModelError::Device);
+                }
+            }
+        }
         self.copy_accumulator(dst.len(), |k, acc| k.download(k.view(acc), dst))
     }
 
