@@ -43,10 +43,21 @@ OUTPUT = os.path.join("src", "schema", "upstream_versions.rs")
 # The sampled releases, oldest first. Adding one: append it here, rerun, review the diff of the
 # generated file and of the facts in tests/upstream_tables.rs. DeepSpeed: the last release of each
 # minor series from 0.8 on and, from 0.14 on, the first too (keys also change in patch releases:
-# 0.19.5 -> 0.19.8), so that a target falls between two sampled releases only inside a series;
-# there, a key one neighbour reads and the other does not is uncertain (src/check/raw.rs). Both
-# lists also hold the releases conformance/ runs (DeepSpeed 0.7.7, transformers 4.48.0).
-TRANSFORMERS_VERSIONS = ["4.6.1", "4.24.0", "4.30.0", "4.41.0", "4.46.0", "4.48.0", "4.52.1", "4.57.6", "5.0.0", "5.24.0", "5.25.0"]
+# 0.19.5 -> 0.19.8); transformers: the last release of each minor series from 4.24 on, and the
+# first of a few (4.30.0, 4.41.0, 4.46.0: fields also change in patch releases, 4.46.0 -> 4.46.3);
+# so that a target falls between two sampled releases only inside a series; there, a key one
+# neighbour reads and the other does not is uncertain (src/check/raw.rs). Both lists also hold the
+# releases conformance/ runs (DeepSpeed 0.7.7, transformers 4.48.0).
+TRANSFORMERS_VERSIONS = [
+    "4.6.1", "4.24.0", "4.25.1", "4.26.1", "4.27.4", "4.28.1", "4.29.2", "4.30.0", "4.30.2",
+    "4.31.0", "4.32.1", "4.33.3", "4.34.1", "4.35.2", "4.36.2", "4.37.2", "4.38.2", "4.39.3",
+    "4.40.2", "4.41.0", "4.41.2", "4.42.4", "4.43.4", "4.44.2", "4.45.2", "4.46.0", "4.46.3",
+    "4.47.1", "4.48.0", "4.48.3", "4.49.0", "4.50.3", "4.51.3", "4.52.1", "4.52.4", "4.53.3",
+    "4.54.1", "4.55.4", "4.56.2", "4.57.6", "5.0.0", "5.1.0", "5.2.0", "5.3.0", "5.4.0", "5.5.4",
+    "5.6.2", "5.7.0", "5.8.1", "5.9.0", "5.10.4", "5.11.0", "5.12.1", "5.13.1", "5.14.1", "5.15.1",
+    "5.16.1", "5.17.0", "5.18.0", "5.19.0", "5.20.2", "5.21.1", "5.22.2", "5.23.0", "5.24.0",
+    "5.25.0",
+]
 DEEPSPEED_VERSIONS = ["0.3.16", "0.5.10", "0.7.7", "0.8.3", "0.9.5", "0.10.3", "0.11.2", "0.12.6", "0.13.5", "0.14.0", "0.14.2", "0.14.5", "0.15.0", "0.15.4", "0.16.0", "0.16.9", "0.17.0", "0.17.6", "0.18.0", "0.18.9", "0.19.0", "0.19.5", "0.19.8"]
 
 # Where the analysis of a DeepSpeed tree starts: (module, attribute path, the config argument: position

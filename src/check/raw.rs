@@ -716,23 +716,28 @@ mod tests {
     }
 
     /// TrainingArguments' fields between two sampled transformers releases that disagree: one
-    /// added between 4.52.1 and 4.57.6 (a warning for 4.55.0, an error before), one dropped
-    /// between 4.48.0 and 4.52.1 (a warning for 4.50.0); sure at the sampled releases.
+    /// added inside the 4.46 series (sampled at 4.46.0 and 4.46.3: a warning for 4.46.1, an
+    /// error at 4.46.0), one dropped between 5.14.1 and 5.15.1 (a warning for 5.15.0); sure at
+    /// the sampled releases, and between two that agree (4.55.0: 4.54.1 and 4.55.4 both have
+    /// `hub_revision`).
     #[test]
     fn hf_fields_between_sampled_releases_are_uncertain() {
         use crate::diagnostics::Severity::{Error, Warning};
-        let w = hf("4.55.0", "hub_revision = \"main\"");
+        let field = "average_tokens_across_devices = true";
+        let w = hf("4.46.1", field);
         assert_eq!(w.len(), 1, "{w:?}");
         assert_eq!((w[0].0, w[0].1), ("R0032", Warning), "{w:?}");
         assert!(
             w[0].2.contains("may not be a TrainingArguments field"),
             "{w:?}"
         );
-        assert_eq!(hf("4.52.1", "hub_revision = \"main\"")[0].1, Error);
-        assert!(hf("4.57.6", "hub_revision = \"main\"").is_empty());
-        let w = hf("4.50.0", "split_batches = true");
+        assert_eq!(hf("4.46.0", field)[0].1, Error);
+        assert!(hf("4.46.3", field).is_empty());
+        assert!(hf("4.55.0", "hub_revision = \"main\"").is_empty());
+        let w = hf("5.15.0", "logging_dir = \"logs\"");
         assert_eq!(w.len(), 1, "{w:?}");
         assert_eq!(w[0].1, Warning, "{w:?}");
-        assert!(hf("4.48.0", "split_batches = true").is_empty());
+        assert!(hf("5.14.1", "logging_dir = \"logs\"").is_empty());
+        assert_eq!(hf("5.15.1", "logging_dir = \"logs\"")[0].1, Error);
     }
 }

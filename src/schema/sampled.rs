@@ -121,8 +121,8 @@ mod tests {
             (Some("0.17.0"), Some("0.17.6"))
         );
         assert_eq!(
-            versions(around(HF, v("4.55.0"))),
-            (Some("4.52.1"), Some("4.57.6"))
+            versions(around(HF, v("4.46.1"))),
+            (Some("4.46.0"), Some("4.46.3"))
         );
     }
 
