@@ -122,8 +122,8 @@ pub const DEEPSPEED_KEY_NOTES: &[(&str, &str)] = &[
     ("amp", "Apex AMP; every key but `enabled` is passed through to amp.initialize"),
     (
         "bfloat16",
-        "the only bf16 section name in 0.5.10 (no `bf16`); from 0.8.3 on the legacy name of `bf16`, \
-         read only when `bf16` is absent",
+        "the only bf16 section name in 0.5.10 (no `bf16`); from 0.6 on (sampled: 0.6.7) the legacy name \
+         of `bf16`, read only when `bf16` is absent",
     ),
     ("curriculum_learning", "legacy curriculum (pre-data_efficiency); still read"),
     (

@@ -2,7 +2,7 @@
 // Regenerate: `python3 conformance/extract_upstream.py` (conformance/README.md, "Upstream key
 // tables"). tests/upstream_tables.rs checks that this file is the script's rendering of its
 // constants, and this digest (sha256 of the file with the 64 hex digits below set to 0):
-// 6ff78d60e4e1a9805b95db63c500a0986ba2b3f8f9188cbbf2cad05ae0bc4b87
+// 47e4aa63814d4e82014f053a5385fdbe1e3f10bfb6f2c077b611ee6c844c08d5
 
 //! Per-release key sets of transformers' `TrainingArguments` and of the DeepSpeed config, extracted
 //! from the released packages on PyPI by `conformance/extract_upstream.py` (names re-typed by the
@@ -35,9 +35,9 @@
 //!
 //! # DeepSpeed
 //!
-//! Source: the PyPI sdists `deepspeed==X` (0.3.16, 0.5.10, 0.7.7, 0.8.3, 0.9.5, 0.10.3, 0.11.2, 0.12.6,
-//! 0.13.5, 0.14.0, 0.14.2, 0.14.5, 0.15.0, 0.15.4, 0.16.0, 0.16.9, 0.17.0, 0.17.6, 0.18.0, 0.18.9,
-//! 0.19.0, 0.19.5, 0.19.8: the last of each minor series from 0.8, the first too from 0.14; fetched
+//! Source: the PyPI sdists `deepspeed==X` (0.3.16, 0.4.5, 0.5.10, 0.6.7, 0.7.7, 0.8.3, 0.9.5, 0.10.3,
+//! 0.11.2, 0.12.6, 0.13.5, 0.14.0, 0.14.2, 0.14.5, 0.15.0, 0.15.4, 0.16.0, 0.16.9, 0.17.0, 0.17.6,
+//! 0.18.0, 0.18.9, 0.19.0, 0.19.5, 0.19.8: the last of each minor series, the first too from 0.14; fetched
 //! from the index with their sha256 checked; `version.txt` and `PKG-INFO` checked). The script follows the
 //! ds_config dict with Python's `ast` from `deepspeed/runtime/config.py:DeepSpeedConfig.__init__`
 //! (`_initialize_params`, `_do_warning_check` and every `get_*` reader and section config they
@@ -8501,6 +8501,43 @@ pub const DEEPSPEED_TOP_LEVEL_BY_VERSION: &[(&str, &[&str])] = &[
             "zero_optimization",
         ],
     ),
+    // deepspeed==0.4.5 (PyPI sdist): 31 keys
+    (
+        "0.4.5",
+        &[
+            "activation_checkpointing",
+            "aio",
+            "allgather_size",
+            "amp",
+            "checkpoint",
+            "disable_allgather",
+            "dump_state",
+            "elasticity",
+            "flops_profiler",
+            "fp16",
+            "fp32_allreduce",
+            "gradient_accumulation_steps",
+            "gradient_clipping",
+            "gradient_predivide_factor",
+            "memory_breakdown",
+            "optimizer",
+            "pipeline",
+            "prescale_gradients",
+            "progressive_layer_drop",
+            "quantize_training",
+            "scheduler",
+            "sparse_attention",
+            "sparse_gradients",
+            "steps_per_print",
+            "tensorboard",
+            "train_batch_size",
+            "train_micro_batch_size_per_gpu",
+            "vocabulary_size",
+            "wall_clock_breakdown",
+            "zero_allow_untested_optimizer",
+            "zero_optimization",
+        ],
+    ),
     // deepspeed==0.5.10 (PyPI sdist): 35 keys
     (
         "0.5.10",
@@ -8538,6 +8575,50 @@ pub const DEEPSPEED_TOP_LEVEL_BY_VERSION: &[(&str, &[&str])] = &[
             "train_micro_batch_size_per_gpu",
             "vocabulary_size",
             "wall_clock_breakdown",
+            "zero_allow_untested_optimizer",
+            "zero_optimization",
+        ],
+    ),
+    // deepspeed==0.6.7 (PyPI sdist): 38 keys
+    (
+        "0.6.7",
+        &[
+            "activation_checkpointing",
+            "aio",
+            "allgather_size",
+            "amp",
+            "autotuning",
+            "bf16",
+            "bfloat16",
+            "checkpoint",
+            "communication_data_type",
+            "csv_monitor",
+            "curriculum_learning",
+            "dataloader_drop_last",
+            "disable_allgather",
+            "dump_state",
+            "elasticity",
+            "flops_profiler",
+            "fp16",
+            "gradient_accumulation_steps",
+            "gradient_clipping",
+            "gradient_predivide_factor",
+            "memory_breakdown",
+            "optimizer",
+            "pipeline",
+            "prescale_gradients",
+            "progressive_layer_drop",
+            "quantize_training",
+            "scheduler",
+            "sparse_attention",
+            "sparse_gradients",
+            "steps_per_print",
+            "tensorboard",
+            "train_batch_size",
+            "train_micro_batch_size_per_gpu",
+            "vocabulary_size",
+            "wall_clock_breakdown",
+            "wandb",
             "zero_allow_untested_optimizer",
             "zero_optimization",
         ],
@@ -9771,6 +9852,34 @@ pub const DEEPSPEED_ZERO_KEYS_BY_VERSION: &[(&str, &[&str])] = &[
             "sub_group_size",
         ],
     ),
+    // deepspeed==0.4.5 (PyPI sdist): 22 keys
+    (
+        "0.4.5",
+        &[
+            "allgather_bucket_size",
+            "allgather_partitions",
+            "contiguous_gradients",
+            "cpu_offload",
+            "cpu_offload_params",
+            "elastic_checkpoint",
+            "ignore_unused_parameters",
+            "legacy_stage1",
+            "load_from_fp32_weights",
+            "offload_optimizer",
+            "offload_param",
+            "overlap_comm",
+            "reduce_bucket_size",
+            "reduce_scatter",
+            "round_robin_gradients",
+            "stage",
+            "stage3_gather_fp16_weights_on_model_save",
+            "stage3_max_live_parameters",
+            "stage3_max_reuse_distance",
+            "stage3_param_persistence_threshold",
+            "stage3_prefetch_bucket_size",
+            "sub_group_size",
+        ],
+    ),
     // deepspeed==0.5.10 (PyPI sdist): 22 keys
     (
         "0.5.10",
@@ -9791,6 +9900,35 @@ pub const DEEPSPEED_ZERO_KEYS_BY_VERSION: &[(&str, &[&str])] = &[
             "reduce_scatter",
             "round_robin_gradients",
             "stage",
+            "stage3_gather_fp16_weights_on_model_save",
+            "stage3_max_live_parameters",
+            "stage3_max_reuse_distance",
+            "stage3_param_persistence_threshold",
+            "stage3_prefetch_bucket_size",
+            "sub_group_size",
+        ],
+    ),
+    // deepspeed==0.6.7 (PyPI sdist): 23 keys
+    (
+        "0.6.7",
+        &[
+            "allgather_bucket_size",
+            "allgather_partitions",
+            "contiguous_gradients",
+            "cpu_offload",
+            "cpu_offload_params",
+            "elastic_checkpoint",
+            "ignore_unused_parameters",
+            "legacy_stage1",
+            "load_from_fp32_weights",
+            "offload_optimizer",
+            "offload_param",
+            "overlap_comm",
+            "reduce_bucket_size",
+            "reduce_scatter",
+            "round_robin_gradients",
+            "stage",
+            "stage3_gather_16bit_weights_on_model_save",
             "stage3_gather_fp16_weights_on_model_save",
             "stage3_max_live_parameters",
             "stage3_max_reuse_distance",
