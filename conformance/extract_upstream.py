@@ -961,7 +961,7 @@ pub const TRAINING_ARGUMENTS_BY_VERSION: &[HfFields] = &[
 /// (see the module doc). The last entry is [`super::upstream`]'s `DEEPSPEED_TOP_LEVEL`.
 ///
 /// Not listed, by the rules above: `eigenvalue` (0.5.10 … 0.19.5 read it only nested inside
-/// `quantize_training`); `quantize_training` from 0.8.3 to 0.19.0 (`get_eigenvalue_config` refers to
+/// `quantize_training`); `quantize_training` from 0.7.7 to 0.19.0 (`get_eigenvalue_config` refers to
 /// an undefined `QUANTIZE_TRAINING` constant there, so the section is never read: with compression
 /// weight quantization on, DeepSpeed raises `NameError`); `reduce_scatter` at top level (0.3.16 has
 /// an unused `get_zero_reduce_scatter` reader, never called).

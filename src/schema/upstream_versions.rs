@@ -2,7 +2,7 @@
 // Regenerate: `python3 conformance/extract_upstream.py` (conformance/README.md, "Upstream key
 // tables"). tests/upstream_tables.rs checks that this file is the script's rendering of its
 // constants, and this digest (sha256 of the file with the 64 hex digits below set to 0):
-// 47e4aa63814d4e82014f053a5385fdbe1e3f10bfb6f2c077b611ee6c844c08d5
+// 9e6309aeeee7d1eb80496c7af9ffaa1d70a9990761280a2bb3602374f9abd9dd
 
 //! Per-release key sets of transformers' `TrainingArguments` and of the DeepSpeed config, extracted
 //! from the released packages on PyPI by `conformance/extract_upstream.py` (names re-typed by the
@@ -8459,7 +8459,7 @@ pub const TRAINING_ARGUMENTS_BY_VERSION: &[HfFields] = &[
 /// (see the module doc). The last entry is [`super::upstream`]'s `DEEPSPEED_TOP_LEVEL`.
 ///
 /// Not listed, by the rules above: `eigenvalue` (0.5.10 … 0.19.5 read it only nested inside
-/// `quantize_training`); `quantize_training` from 0.8.3 to 0.19.0 (`get_eigenvalue_config` refers to
+/// `quantize_training`); `quantize_training` from 0.7.7 to 0.19.0 (`get_eigenvalue_config` refers to
 /// an undefined `QUANTIZE_TRAINING` constant there, so the section is never read: with compression
 /// weight quantization on, DeepSpeed raises `NameError`); `reduce_scatter` at top level (0.3.16 has
 /// an unused `get_zero_reduce_scatter` reader, never called).
