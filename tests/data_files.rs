@@ -303,12 +303,16 @@ fn tricky_files_have_the_rows_hf_datasets_finds() {
     }
 }
 
-mod agreement {
-    //! Any CSV-ish text: the scan and the reader never panic, and they agree on the rows.
+/// The `data` fuzz target's property (at the top level: a `path` is relative to the module).
+#[path = "../fuzz/checks/data.rs"]
+mod data_check;
 
+mod agreement {
+    //! Any CSV-ish text: the scan and the reader never panic, and they agree on the rows (the
+    //! `data` fuzz target's property, fuzz/checks/data.rs, on the texts that make CSV hard).
+
+    use super::data_check as check;
     use proptest::prelude::*;
-    use recipe::resolve::files::{scan_reader, Format, ScanSpec};
-    use recipe_runtime::data::{read_examples, DataError, DataSpec, LabelSet};
 
     /// Texts from the bytes that make CSV hard: quotes, delimiters, CR, LF, spaces, a BOM.
     fn csvish() -> impl Strategy<Value = String> {
@@ -334,64 +338,15 @@ mod agreement {
 
         #[test]
         fn scan_and_reader_agree_on_any_csv(text in csvish(), tsv in any::<bool>()) {
-            let (format, name) = if tsv {
-                (Format::Tsv, "any.tsv")
+            // The check's first byte picks the format: 1 CSV, 2 TSV.
+            let (pick, text) = if tsv {
+                (2u8, text.replacen(',', "\t", 1))
             } else {
-                (Format::Csv, "any.csv")
+                (1u8, text)
             };
-            let text = if tsv { text.replacen(',', "\t", 1) } else { text };
-            let dir = tempfile_dir();
-            let path = dir.join(name);
-            std::fs::write(&path, &text).unwrap();
-            let spec = ScanSpec {
-                format,
-                fields: vec!["text".into(), "label".into()],
-                label: Some(1),
-            };
-            let scan = scan_reader(text.as_bytes(), &spec).unwrap();
-            let labels = LabelSet::names(["ham", "spam"]).unwrap();
-            let read = read_examples(
-                &DataSpec {
-                    path: path.clone(),
-                    format,
-                    text: "text".into(),
-                    text_pair: None,
-                    label: "label".into(),
-                },
-                &labels,
-            );
-            let _ = std::fs::remove_dir_all(&dir);
-            match read {
-                Ok(ex) => {
-                    prop_assert_eq!(scan.rows, ex.len() as u64);
-                    prop_assert_eq!(scan.bad_rows, 0);
-                }
-                Err(DataError::Csv { line, .. }) => {
-                    prop_assert_eq!(scan.first_bad.map(|b| b.0), Some(line as u64));
-                }
-                Err(DataError::Empty { .. }) => prop_assert_eq!(scan.rows, 0),
-                Err(DataError::BadLabel { line, .. }) => {
-                    let line = line as u64;
-                    prop_assert!(
-                        scan.labels.iter().any(|l| l.first_line == line)
-                            || scan.missing.iter().any(|m| m.first_line == line)
-                    );
-                }
-                Err(e) => prop_assert!(false, "{e}"),
-            }
+            let mut input = vec![pick];
+            input.extend(text.as_bytes());
+            check::run(&input);
         }
-    }
-
-    /// A fresh directory for one case (cases run in sequence in one process).
-    fn tempfile_dir() -> std::path::PathBuf {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static N: AtomicU64 = AtomicU64::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "recipe-data-any-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
     }
 }

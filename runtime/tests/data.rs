@@ -302,9 +302,12 @@ fn every_read_error_names_file_and_line() {
         assert_eq!(got, want);
     }
 
+    // A bad row (as the checker's scan and a CSV/TSV record say), not an error of the file.
     let utf8 = read_error("not_utf8.jsonl", "text", None, &hs);
-    let prefix = format!("{}:2: cannot read the line: ", b("not_utf8.jsonl"));
-    assert!(utf8.starts_with(&prefix), "{utf8}");
+    assert_eq!(
+        utf8,
+        format!("{}:2: the row is not valid UTF-8", b("not_utf8.jsonl"))
+    );
 
     let gone = read_error("no_such_file.jsonl", "text", None, &hs);
     let prefix = format!("{}: cannot read the file: ", b("no_such_file.jsonl"));

@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+pub use recipe_runtime::data::format::NOT_UTF8;
 pub use recipe_runtime::data::scan::{
     count_rows, scan_file, scan_reader, DataScan, LabelSeen, LabelValue, MissingField, ScanSpec,
     MAX_LABELS,

@@ -22,8 +22,10 @@ use serde::{Deserialize, Serialize};
 use super::files::{DataScan, ScanSpec};
 
 /// Bump when [`DataScan`]'s meaning changes without a version change (2: CSV/TSV rows are
-/// records, not lines, and their labels are collected).
-const SCAN_FORMAT: u32 = 2;
+/// records, not lines, and their labels are collected; 3: a JSONL row that is not UTF-8 or not
+/// valid JSON, and a CSV/TSV header that is not UTF-8, are bad rows, as the runtime's reader
+/// takes them).
+const SCAN_FORMAT: u32 = 3;
 
 /// How recently changed a file must not be to be cached.
 pub const RACY: Duration = Duration::from_secs(2);

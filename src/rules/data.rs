@@ -20,7 +20,7 @@
 //! quoted fields, BOM, CRLF): the header's columns, each record's field count and labels.
 
 use crate::diagnostics::Diagnostic;
-use crate::resolve::files::{self, DataScan, Format, LabelSeen, LabelValue};
+use crate::resolve::files::{self, DataScan, Format, LabelSeen, LabelValue, NOT_UTF8};
 use crate::resolve::{Resolved, Val};
 
 use super::anchor;
@@ -340,7 +340,14 @@ fn not_objects(
     } else {
         String::new()
     };
-    let (message, help) = if format.has_header() {
+    let (message, help) = if what == NOT_UTF8 {
+        (
+            format!("{written}:{line}: {what}{more}"),
+            format!(
+                "data files are read as UTF-8; save the file as UTF-8 (for a Latin-1 file: `iconv -f latin1 -t utf-8`), or fix or remove the row at line {line}"
+            ),
+        )
+    } else if format.has_header() {
         let name = format.name().to_uppercase();
         (
             format!("{written}:{line} is not a {name} row: {what}{more}"),

@@ -76,13 +76,23 @@ fn read_jsonl(
     let path = &spec.path;
     let mut out = Vec::new();
     let mut last = 1;
-    for (i, line) in reader.lines().enumerate() {
+    for (i, line) in reader.split(b'\n').enumerate() {
         let line_no = i + 1;
         last = line_no;
-        let line = line.map_err(|source| DataError::IoAt {
+        let mut line = line.map_err(|source| DataError::IoAt {
             path: path.clone(),
             line: line_no,
             source,
+        })?;
+        if line.last() == Some(&b'\r') {
+            line.pop();
+        }
+        // Not UTF-8: a bad row, as the checker's scan says (scan.rs `json_line`) and as a CSV/TSV
+        // record is (`format::NOT_UTF8`), rather than an error reading the file.
+        let line = String::from_utf8(line).map_err(|_| DataError::Json {
+            path: path.clone(),
+            line: line_no,
+            message: format::NOT_UTF8.to_string(),
         })?;
         // Editors on Windows may start the file with a byte-order mark, which JSON forbids.
         let line = if line_no == 1 {

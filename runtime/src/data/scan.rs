@@ -291,6 +291,11 @@ impl<'a> ScanState<'a> {
         let header_line = header
             .position()
             .map_or(1, |p| rdr.get_mut().line_at(p.byte()) as u64);
+        if std::str::from_utf8(header.as_slice()).is_err() {
+            // The reader stops at such a header (data::read): its columns cannot be told.
+            self.bad(header_line, format::NOT_UTF8.to_string());
+            return Ok(());
+        }
         let columns: Vec<String> = header
             .iter()
             .map(|c| String::from_utf8_lossy(c).into_owned())
@@ -439,13 +444,15 @@ impl<'a> ScanState<'a> {
         };
         let b = &rest[bom..];
         match self.walk_row(b) {
-            Ok((end, row)) if end < b.len() || last => {
+            // A row of bytes that are not UTF-8 is what the reader stops at (data::read, as a
+            // CSV/TSV record's): the slow path below marks it.
+            Ok((end, row)) if (end < b.len() || last) && row_error(&b[..end]).is_none() => {
                 self.lines += 1;
                 self.record(n, row);
                 return Some(bom + (end + 1).min(b.len()));
             }
-            Ok(_) => return None,
-            Err(_) => {}
+            Ok((end, _)) if end >= b.len() && !last => return None,
+            _ => {}
         }
         // Blank, not an object, or cut off by the end of the buffer: find the line's end.
         let end = match find_byte(b, b'\n') {
@@ -457,7 +464,10 @@ impl<'a> ScanState<'a> {
         if !format::is_blank(line) {
             self.lines += 1;
             match self.walk_row(line) {
-                Ok((_, row)) => self.record(n, row),
+                Ok((_, row)) => match row_error(line) {
+                    Some(what) => self.bad(n, what),
+                    None => self.record(n, row),
+                },
                 Err(what) => self.bad(n, what.to_string()),
             }
         }
@@ -608,6 +618,18 @@ fn skip_ws(b: &[u8], mut i: usize) -> usize {
         i += 1;
     }
     i
+}
+
+/// What the runtime's reader (data::read) refuses in a line that the walk took for an object:
+/// bytes that are not UTF-8, or JSON that is not valid where the walk looks at the shape only
+/// (inside nested values, a string's characters and escapes, a number's digits).
+fn row_error(line: &[u8]) -> Option<String> {
+    let Ok(text) = std::str::from_utf8(line) else {
+        return Some(format::NOT_UTF8.to_string());
+    };
+    serde_json::from_str::<serde::de::IgnoredAny>(text)
+        .err()
+        .map(|e| format!("malformed JSON: {e}"))
 }
 
 /// `b[i]` is a `"`: the index after the closing quote (a string ends on its line).
