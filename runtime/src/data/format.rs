@@ -121,6 +121,15 @@ pub fn is_blank_record(record: &csv::ByteRecord) -> bool {
     record.len() == 1 && record[0].iter().all(|b| matches!(b, b' ' | b'\t'))
 }
 
+/// Whether every field of a record is UTF-8, as the reader's `StringRecord` requires: field by
+/// field, since the bytes of two fields may be UTF-8 only together (a character split by a
+/// delimiter).
+pub fn is_utf8_record(record: &csv::ByteRecord) -> bool {
+    record.is_empty()
+        || record.as_slice().is_ascii()
+        || record.iter().all(|f| std::str::from_utf8(f).is_ok())
+}
+
 /// A CSV/TSV record that is not UTF-8: the message both sides show.
 pub const NOT_UTF8: &str = "the row is not valid UTF-8";
 

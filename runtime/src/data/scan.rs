@@ -291,7 +291,7 @@ impl<'a> ScanState<'a> {
         let header_line = header
             .position()
             .map_or(1, |p| rdr.get_mut().line_at(p.byte()) as u64);
-        if std::str::from_utf8(header.as_slice()).is_err() {
+        if !format::is_utf8_record(&header) {
             // The reader stops at such a header (data::read): its columns cannot be told.
             self.bad(header_line, format::NOT_UTF8.to_string());
             return Ok(());
@@ -326,7 +326,7 @@ impl<'a> ScanState<'a> {
                 .map_or(0, |p| rdr.get_mut().line_at(p.byte()) as u64);
             let what = if record.len() != header.len() {
                 Some(format::ragged_message(record.len(), header.len()))
-            } else if std::str::from_utf8(record.as_slice()).is_err() {
+            } else if !format::is_utf8_record(&record) {
                 Some(format::NOT_UTF8.to_string())
             } else {
                 None
