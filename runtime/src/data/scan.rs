@@ -444,8 +444,8 @@ impl<'a> ScanState<'a> {
         };
         let b = &rest[bom..];
         match self.walk_row(b) {
-            // A row of bytes that are not UTF-8 is what the reader stops at (data::read, as a
-            // CSV/TSV record's): the slow path below marks it.
+            // A row the reader refuses (`row_error`: not UTF-8, or not valid JSON where the walk
+            // looked at the shape only) goes to the slow path below, which marks it bad.
             Ok((end, row)) if (end < b.len() || last) && row_error(&b[..end]).is_none() => {
                 self.lines += 1;
                 self.record(n, row);
