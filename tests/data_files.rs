@@ -348,5 +348,87 @@ mod agreement {
             input.extend(text.as_bytes());
             check::run(&input);
         }
+
+        #[test]
+        fn scan_and_reader_agree_on_any_jsonl(rows in prop::collection::vec(jsonish(), 1..6)) {
+            // The check's first byte picks the format: 0 JSON Lines.
+            let mut input = vec![0u8];
+            input.extend(rows.join(&b"\n"[..]));
+            check::run(&input);
+        }
+    }
+
+    /// Rows that are objects with a text and a label and a value built from the pieces where
+    /// JSON readers differ: escapes (surrogates, a lone one, a bad one), control characters,
+    /// numbers (leading zeros, exponents, out of an f64's range), literals, nesting (deep too,
+    /// to serde_json's limit), commas and brackets out of place, bytes that are not UTF-8.
+    fn jsonish() -> impl Strategy<Value = Vec<u8>> {
+        let piece = prop_oneof![
+            Just(&b"\"\\ud83d\\ude00\""[..]),
+            Just(&b"\"\\ud83d\""[..]),
+            Just(&b"\"\\ude00x\""[..]),
+            Just(&b"\"\\ud83d\\u0041\""[..]),
+            Just(&b"\"\\u00e9\\n\\/\""[..]),
+            Just(&b"\"\\x\""[..]),
+            Just(&b"\"\\u12g4\""[..]),
+            Just(&b"\"a\tb\""[..]),
+            Just(&b"\"\x7f\""[..]),
+            Just("\"é€😀\"".as_bytes()),
+            Just(&b"\"\xff\""[..]),
+            Just(&b"\"\xe2\x82\""[..]),
+            Just(&b"0"[..]),
+            Just(&b"-0.5e-3"[..]),
+            Just(&b"01"[..]),
+            Just(&b"1."[..]),
+            Just(&b"1e"[..]),
+            Just(&b"-"[..]),
+            Just(&b"1e308"[..]),
+            Just(&b"1e309"[..]),
+            Just(&b"-1E+400"[..]),
+            Just(&b"0e99999"[..]),
+            Just(&b"1e-400"[..]),
+            Just(&b"true"[..]),
+            Just(&b"nul"[..]),
+            Just(&b"nullx"[..]),
+            Just(&b"["[..]),
+            Just(&b"]"[..]),
+            Just(&b"{"[..]),
+            Just(&b"}"[..]),
+            Just(&b"{\"k\":"[..]),
+            Just(&b","[..]),
+            Just(&b":"[..]),
+            Just(&b" "[..]),
+            Just(&b"\r"[..]),
+        ];
+        let deep = prop_oneof![Just(126usize), Just(127), Just(128)].prop_map(|n| {
+            let mut v = "[".repeat(n).into_bytes();
+            v.extend("]".repeat(n).bytes());
+            v
+        });
+        let value = prop_oneof![
+            prop::collection::vec(piece, 1..8).prop_map(|p| p.concat()),
+            deep,
+        ];
+        // The value is the text itself (of any type: R0708's), or a field beside it.
+        (value, any::<bool>(), any::<bool>()).prop_map(|(value, ham, as_text)| {
+            let mut row = Vec::new();
+            let (key, text) = if as_text {
+                (&b"text"[..], &b"\"v\": 0"[..])
+            } else {
+                (&b"v"[..], &b"\"text\": \"a\""[..])
+            };
+            row.extend(b"{\"");
+            row.extend(key);
+            row.extend(b"\": ");
+            row.extend(&value);
+            row.extend(b", ");
+            row.extend(text);
+            row.extend(if ham {
+                &b", \"label\": \"ham\"}"[..]
+            } else {
+                &b", \"label\": \"spam\"}"[..]
+            });
+            row
+        })
     }
 }

@@ -7,7 +7,8 @@
 //! any bytes: neither the scan (`resolve::files::scan_reader`, what `recipe check` reads) nor
 //! the runtime's reader (`data::read_examples`) panics, and they agree: a file the reader takes
 //! has the scan's row count and no bad row; a row the reader stops at is the scan's first bad
-//! row, or the first line of a label or of a missing field the scan saw.
+//! row, or the first line of a label, of a missing field or of a text that is not a string the
+//! scan saw.
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -77,8 +78,20 @@ pub fn run(data: &[u8]) {
         Err(DataError::BadLabel { line, .. } | DataError::MissingField { line, .. }) => {
             assert!(seen_at(*line), "{}: {scan:?}", read.unwrap_err());
         }
-        // A text that is not a string: the scan does not look at the text's type.
-        Err(DataError::NotText { .. }) => {}
+        // A null text is missing to the scan (R0703), not a text of another type (R0708).
+        Err(DataError::NotText { line, found, .. }) if *found == "null" => {
+            assert!(seen_at(*line), "{}: {scan:?}", read.unwrap_err());
+        }
+        Err(DataError::NotText { line, found, .. }) => {
+            let line = *line as u64;
+            assert!(
+                scan.not_text
+                    .iter()
+                    .any(|t| t.first_line == line && t.found == *found),
+                "{}: {scan:?}",
+                read.unwrap_err()
+            );
+        }
         Err(e) => panic!("{e}: {scan:?}"),
     }
 }

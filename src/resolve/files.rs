@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 pub use recipe_runtime::data::format::NOT_UTF8;
 pub use recipe_runtime::data::scan::{
-    count_rows, scan_file, scan_reader, DataScan, LabelSeen, LabelValue, MissingField, ScanSpec,
-    MAX_LABELS,
+    count_rows, scan_file, scan_reader, DataScan, LabelSeen, LabelValue, MissingField, NotText,
+    ScanSpec, MAX_LABELS,
 };
 pub use recipe_runtime::data::Format;
 

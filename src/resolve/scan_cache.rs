@@ -24,8 +24,10 @@ use super::files::{DataScan, ScanSpec};
 /// Bump when [`DataScan`]'s meaning changes without a version change (2: CSV/TSV rows are
 /// records, not lines, and their labels are collected; 3: a JSONL row that is not UTF-8 or not
 /// valid JSON, and a CSV/TSV header that is not UTF-8, are bad rows, as the runtime's reader
-/// takes them).
-const SCAN_FORMAT: u32 = 3;
+/// takes them; 4: JSONL rows are valid JSON as serde_json reads them into a value — no lone
+/// surrogate, no number beyond an f64, at most 127 levels — and text fields that are not
+/// strings are counted).
+const SCAN_FORMAT: u32 = 4;
 
 /// How recently changed a file must not be to be cached.
 pub const RACY: Duration = Duration::from_secs(2);

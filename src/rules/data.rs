@@ -15,8 +15,8 @@
 //! unknown), and missing files are not reported. Content checks run on every file that is here.
 //!
 //! Files are read once per process (`files::scan_data`, shared with the row count of step
-//! accounting), in one streaming pass that checks each JSONL row's top-level structure but does
-//! not parse its values fully. CSV/TSV files are read as the runtime reads them (the csv crate:
+//! accounting), in one streaming pass that checks each JSONL row as the runtime's reader parses
+//! it (serde_json into a value) without building the values. CSV/TSV files are read as the runtime reads them (the csv crate:
 //! quoted fields, BOM, CRLF): the header's columns, each record's field count and labels.
 
 use crate::diagnostics::Diagnostic;
@@ -40,6 +40,8 @@ pub const EVAL_WITHOUT_DATA: &str = "R0706";
 /// `shuffle = false` with the recipe's own script, on a transformers without
 /// `train_sampling_strategy`: the HF Trainer shuffles anyway.
 pub const SHUFFLE_NOT_HONOURED: &str = "R0707";
+/// A JSONL text field holds a number, a boolean, an array or an object rather than a string.
+pub const TEXT_NOT_STRING: &str = "R0708";
 
 /// `train.eval_every` other than `never` without `data.eval`: HF's Trainer raises at
 /// construction (found by the conformance harness; huggingface/transformers@v5.24.0
@@ -163,6 +165,11 @@ pub const CODES: &[(&str, &str, &str)] = &[
         "shuffle-not-honoured",
         "`shuffle = false`, but the target transformers has no field for it and the script is the recipe's own",
     ),
+    (
+        TEXT_NOT_STRING,
+        "text-not-string",
+        "a JSONL text field holds a number, a boolean, an array or an object, not a string",
+    ),
 ];
 
 /// The data files a recipe may name, and what each is for.
@@ -218,6 +225,7 @@ pub fn check(r: &Resolved, out: &mut Vec<Diagnostic>) {
             out.push(d);
         }
         out.extend(missing_fields(r, key, written, &scan));
+        out.extend(not_text(r, key, written, &scan));
         if let Some(d) = labels(r, key, written, &scan) {
             out.push(d);
         }
@@ -471,6 +479,39 @@ fn missing_fields(r: &Resolved, key: &str, written: &str, scan: &DataScan) -> Ve
         out.push(d.with_help(help));
     }
     out
+}
+
+/// Text fields that hold something other than a string in some JSONL rows: the runtime's reader
+/// stops at the first (data::read, `NotText`), and HF's tokenizer takes text only (a column of
+/// numbers reaches `tokenizer(batch["text"])` as integers; mixed types fail in `datasets`' JSON
+/// loader as Arrow casts the column).
+fn not_text(r: &Resolved, key: &str, written: &str, scan: &DataScan) -> Vec<Diagnostic> {
+    scan.not_text
+        .iter()
+        .map(|t| {
+            let item = field_key(r, &t.field);
+            let rows = share(t.rows, scan.rows);
+            let mut d = Diagnostic::error(
+                TEXT_NOT_STRING,
+                format!(
+                    "`{}` must be a string, but it is {} at {written}:{} (not a string in {rows})",
+                    t.field, t.found, t.first_line
+                ),
+                anchor(r, key),
+            )
+            .with_label(format!("line {} holds {}", t.first_line, t.found));
+            if let Some(span) = r.span(item) {
+                d = d.with_secondary(
+                    span,
+                    format!("`{}` names a text field", item.trim_start_matches("data.")),
+                );
+            }
+            d.with_help(format!(
+                "text fields are JSON strings: quote the value (`\"{}\": \"42\"`), or fix or remove line {} and the other such rows",
+                t.field, t.first_line
+            ))
+        })
+        .collect()
 }
 
 /// With `classify(labels: N)` (a count), the distinct label names of the local training file,

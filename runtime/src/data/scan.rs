@@ -5,8 +5,10 @@
 //! [`super::format`]), so the count the plan is built for is the count training finds.
 //!
 //! JSONL rows are walked in the same pass that finds their line ends (a string cannot hold a
-//! raw newline), so each byte is looked at about once (string contents through memchr's SIMD
-//! search): the 4.8 MB of the repository's SpamAssassin split scan in about 1.5 ms on one
+//! raw newline), so each byte is looked at about once, and the walk validates each row as the
+//! reader's `serde_json::Value` reads it (strings, escapes, numbers, nesting; see
+//! [`walk_object`]) without building anything: string contents go eight bytes at a time
+//! ([`plain_run`]), the 4.8 MB of the repository's SpamAssassin split in about 2 ms on one
 //! thread. Large JSONL files are scanned in parts on several threads where there are CPUs to
 //! spare ([`scan_file`]). CSV/TSV files are read with the csv crate as the runtime reads them
 //! (a quoted field may span lines, so a line is not a row); they cannot be cut into parts
@@ -61,6 +63,20 @@ pub struct MissingField {
     pub rows: u64,
 }
 
+/// A text field some JSONL rows hold as something other than a string (the runtime's reader
+/// stops at such a row; a null is missing, [`MissingField`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NotText {
+    /// The field.
+    pub field: String,
+    /// The first line where it is not a string.
+    pub first_line: u64,
+    /// What it is there, in the reader's words: `a number`, `a boolean`, `an array`, `an object`.
+    pub found: String,
+    /// Rows where it is not a string (nor null).
+    pub rows: u64,
+}
+
 /// What a scan found.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DataScan {
@@ -80,6 +96,9 @@ pub struct DataScan {
     pub first_fields: Vec<String>,
     /// Wanted fields that some rows lack, in [`ScanSpec::fields`] order.
     pub missing: Vec<MissingField>,
+    /// JSONL: text fields (the wanted fields but the label) that some rows hold as something
+    /// other than a string, in [`ScanSpec::fields`] order.
+    pub not_text: Vec<NotText>,
     /// Distinct label values in order of first appearance.
     pub labels: Vec<LabelSeen>,
     /// More than [`MAX_LABELS`] distinct labels: the rest were not collected.
@@ -258,6 +277,8 @@ struct ScanState<'a> {
     line_no: u64,
     have_first: bool,
     missing: Vec<(u64, u64)>, // per field: first line, rows
+    /// Per field: the first line where a text is not a string, what it is there, and rows.
+    not_text: Vec<(u64, &'static str, u64)>,
     /// CSV/TSV: per field, whether the header lacks it.
     header_missing: Vec<bool>,
     label_index: std::collections::HashMap<Vec<u8>, usize>,
@@ -274,6 +295,7 @@ impl<'a> ScanState<'a> {
             line_no: 0,
             have_first: false,
             missing: vec![(0, 0); spec.fields.len()],
+            not_text: vec![(0, "", 0); spec.fields.len()],
             header_missing: Vec::new(),
             label_index: std::collections::HashMap::new(),
             label_raw: Vec::new(),
@@ -335,11 +357,7 @@ impl<'a> ScanState<'a> {
                 self.bad(n, what);
                 continue;
             }
-            let mut row = Row {
-                present: 0,
-                label: None,
-                keys: Vec::new(),
-            };
+            let mut row = Row::default();
             for (i, col) in at.iter().enumerate() {
                 let Some(cell) = col.and_then(|c| record.get(c)) else {
                     continue;
@@ -417,6 +435,14 @@ impl<'a> ScanState<'a> {
                 m.1 += rows;
             }
         }
+        for (t, (first_line, found, rows)) in self.not_text.iter_mut().zip(next.not_text) {
+            if rows > 0 {
+                if t.2 == 0 {
+                    (t.0, t.1) = (first_line + offset, found);
+                }
+                t.2 += rows;
+            }
+        }
         for (raw, seen) in next.label_raw.into_iter().zip(next.scan.labels) {
             if let Some(&i) = self.label_index.get(&raw) {
                 self.scan.labels[i].rows += seen.rows;
@@ -444,9 +470,7 @@ impl<'a> ScanState<'a> {
         };
         let b = &rest[bom..];
         match self.walk_row(b) {
-            // A row the reader refuses (`row_error`: not UTF-8, or not valid JSON where the walk
-            // looked at the shape only) goes to the slow path below, which marks it bad.
-            Ok((end, row)) if (end < b.len() || last) && row_error(&b[..end]).is_none() => {
+            Ok((end, row)) if end < b.len() || last => {
                 self.lines += 1;
                 self.record(n, row);
                 return Some(bom + (end + 1).min(b.len()));
@@ -464,23 +488,16 @@ impl<'a> ScanState<'a> {
         if !format::is_blank(line) {
             self.lines += 1;
             match self.walk_row(line) {
-                Ok((_, row)) => match row_error(line) {
-                    Some(what) => self.bad(n, what),
-                    None => self.record(n, row),
-                },
-                Err(what) => self.bad(n, what.to_string()),
+                Ok((_, row)) => self.record(n, row),
+                Err(fault) => self.bad(n, fault_message(line, fault)),
             }
         }
         Some(bom + (end + 1).min(b.len()))
     }
 
     /// Walks one row; nothing is recorded yet (the caller may find the line incomplete).
-    fn walk_row<'b>(&self, b: &'b [u8]) -> Result<(usize, Row<'b>), &'static str> {
-        let mut row = Row {
-            present: 0,
-            label: None,
-            keys: Vec::new(),
-        };
+    fn walk_row<'b>(&self, b: &'b [u8]) -> Result<(usize, Row<'b>), Fault> {
+        let mut row = Row::default();
         let first = !self.have_first;
         let end = walk_object(b, |key, value| {
             if first {
@@ -492,6 +509,16 @@ impl<'a> ScanState<'a> {
                         row.present &= !(1 << i);
                     } else {
                         row.present |= 1 << i;
+                    }
+                    // The last of duplicate keys counts, as in the reader's map.
+                    row.not_text &= !(1 << i);
+                    if i < MAX_FIELDS
+                        && Some(i) != self.spec.label
+                        && value[0] != b'"'
+                        && value != b"null"
+                    {
+                        row.not_text |= 1 << i;
+                        row.found[i] = json_type(value[0]);
                     }
                     if Some(i) == self.spec.label {
                         row.label = (value != b"null").then_some(value);
@@ -513,6 +540,16 @@ impl<'a> ScanState<'a> {
                     m.0 = n;
                 }
                 m.1 += 1;
+            }
+        }
+        if row.not_text != 0 {
+            for (i, t) in self.not_text.iter_mut().enumerate() {
+                if row.not_text & (1 << i) != 0 {
+                    if t.2 == 0 {
+                        (t.0, t.1) = (n, row.found[i]);
+                    }
+                    t.2 += 1;
+                }
             }
         }
         let Some(raw) = row.label else {
@@ -554,18 +591,48 @@ impl<'a> ScanState<'a> {
                 });
             }
         }
+        for (i, &(first_line, found, rows)) in self.not_text.iter().enumerate() {
+            if rows > 0 {
+                self.scan.not_text.push(NotText {
+                    field: self.spec.fields[i].clone(),
+                    first_line,
+                    found: found.to_string(),
+                    rows,
+                });
+            }
+        }
         self.scan
     }
 }
 
 /// What a row holds of the wanted fields.
+#[derive(Default)]
 struct Row<'b> {
     /// Bit `i`: field `i` is there and not null (CSV/TSV: the label cell is not empty).
     present: u64,
+    /// Bit `i`: field `i`, a text, is there and neither a string nor null (JSONL).
+    not_text: u64,
+    /// What each field flagged in `not_text` is.
+    found: [&'static str; MAX_FIELDS],
     /// The label's raw value (JSON text, or the CSV/TSV cell), unless null or empty.
     label: Option<&'b [u8]>,
     /// The row's top-level keys (first row only, for suggestions).
     keys: Vec<String>,
+}
+
+/// Fields whose text type a scan checks at most (a recipe names three: text, text_pair, label).
+const MAX_FIELDS: usize = 4;
+
+/// A JSON value's type by its first byte, in the reader's words (data::read, `json_type`).
+fn json_type(first: u8) -> &'static str {
+    match first {
+        b'{' => "an object",
+        b'[' => "an array",
+        b't' | b'f' => "a boolean",
+        b'n' => "null",
+        b'"' => "a string",
+        _ => "a number",
+    }
 }
 
 fn decode_key(raw: &[u8]) -> String {
@@ -612,7 +679,7 @@ fn cell_label(raw: &[u8]) -> LabelValue {
     }
 }
 
-/// Skips spaces within the line (a newline ends the row).
+/// Skips spaces within the line (a newline ends the row): JSON's whitespace but the newline.
 fn skip_ws(b: &[u8], mut i: usize) -> usize {
     while i < b.len() && matches!(b[i], b' ' | b'\t' | b'\r') {
         i += 1;
@@ -620,117 +687,290 @@ fn skip_ws(b: &[u8], mut i: usize) -> usize {
     i
 }
 
-/// What the runtime's reader (data::read) refuses in a line that the walk took for an object:
-/// bytes that are not UTF-8, or JSON that is not valid where the walk looks at the shape only
-/// (inside nested values, a string's characters and escapes, a number's digits).
-fn row_error(line: &[u8]) -> Option<String> {
-    let Ok(text) = std::str::from_utf8(line) else {
-        return Some(format::NOT_UTF8.to_string());
-    };
-    serde_json::from_str::<serde::de::IgnoredAny>(text)
-        .err()
-        .map(|e| format!("malformed JSON: {e}"))
+/// Why the walk refused a line.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// JSON the reader parses, but not one object (an array, a string …): these words are the
+    /// report.
+    Shape(&'static str),
+    /// Not JSON as the reader's `serde_json::Value` reads it: serde's own message is the report
+    /// ([`fault_message`]), these words where serde has none.
+    Syntax(&'static str),
 }
 
-/// `b[i]` is a `"`: the index after the closing quote (a string ends on its line).
-fn string_end(b: &[u8], i: usize) -> Result<usize, &'static str> {
+use Fault::{Shape, Syntax};
+
+const UNCLOSED: Fault = Syntax("a string is not closed on its line");
+
+/// What is reported for a line the walk refused, in the reader's terms (data::read): bytes
+/// that are not UTF-8 first, then serde_json's message for JSON it cannot read.
+fn fault_message(line: &[u8], fault: Fault) -> String {
+    let Ok(text) = std::str::from_utf8(line) else {
+        return format::NOT_UTF8.to_string();
+    };
+    match fault {
+        Shape(what) => what.to_string(),
+        Syntax(what) => match serde_json::from_str::<serde_json::Value>(text) {
+            Err(e) => format!("malformed JSON: {e}"),
+            Ok(_) => format!("malformed JSON: {what}"),
+        },
+    }
+}
+
+/// `b[i]` is a `"`: the index after the closing quote (a string ends on its line). The content
+/// is checked as serde_json reads it into a `String`: UTF-8, no control character, and valid
+/// escapes ([`escape_end`]).
+fn string_end(b: &[u8], i: usize) -> Result<usize, Fault> {
     let mut j = i + 1;
     loop {
-        let k = j + find_string_stop(&b[j..]).ok_or("a string is not closed on its line")?;
-        match b[k] {
-            b'"' => return Ok(k + 1),
-            b'\\' if k + 1 < b.len() && b[k + 1] != b'\n' => j = k + 2, // an escape
-            _ => return Err("a string is not closed on its line"),
+        j += plain_run(&b[j..]);
+        match b.get(j) {
+            Some(b'"') => return Ok(j + 1),
+            Some(b'\\') => j = escape_end(b, j)?,
+            Some(&c) if c >= 0x80 => {
+                // Text beyond ASCII: the rest of the run up to the next stop, as UTF-8.
+                let k = j + find_string_stop(&b[j..]).ok_or(UNCLOSED)?;
+                string_run(&b[j..k])?;
+                j = k;
+            }
+            Some(b'\n') | None => return Err(UNCLOSED),
+            Some(_) => return Err(CONTROL),
         }
     }
 }
 
-/// The index after the JSON value starting at `b[i]`. Nested objects and arrays are skipped by
-/// bracket depth and strings; scalars are checked for their shape only.
-fn value_end(b: &[u8], i: usize) -> Result<usize, &'static str> {
+const CONTROL: Fault = Syntax("a control character in a string");
+
+/// The length of the run of printable ASCII but `"` and `\\` at the start of `s`: the common
+/// content of a string, looked at eight bytes at a time (one `u64`, bit tricks on its bytes).
+#[inline]
+fn plain_run(s: &[u8]) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    // The high bit of each byte that is zero (exact for the lowest such byte: a borrow only
+    // flags bytes above a true one).
+    let zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGH;
+    let mut i = 0;
+    while let Some(word) = s.get(i..i + 8) {
+        let x = u64::from_le_bytes(word.try_into().expect("eight bytes"));
+        // Bytes below 0x20 borrow in the subtraction, bytes from 0x80 have their high bit.
+        let stops = zero(x ^ (ONES * u64::from(b'"')))
+            | zero(x ^ (ONES * u64::from(b'\\')))
+            | ((x.wrapping_sub(ONES * 0x20) | x) & HIGH);
+        if stops != 0 {
+            return i + (stops.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    let stop = |c: u8| c == b'"' || c == b'\\' || !(0x20..0x80).contains(&c);
+    i + s[i..].iter().position(|&c| stop(c)).unwrap_or(s.len() - i)
+}
+
+/// Checks a run of string content between two stops (`"`, `\` and the newline are ASCII, so a
+/// UTF-8 character is never cut by one): UTF-8 without the control characters U+0000–U+001F,
+/// which JSON requires escaped.
+fn string_run(run: &[u8]) -> Result<(), Fault> {
+    // A fold rather than `any`: without the early exit the compiler vectorises it.
+    if run.iter().fold(false, |seen, &c| seen | (c < 0x20)) {
+        return Err(CONTROL);
+    }
+    std::str::from_utf8(run)
+        .map(|_| ())
+        .map_err(|_| Syntax(format::NOT_UTF8))
+}
+
+/// `b[k]` is a `\`: the index after its escape, as serde_json reads one into a `String`: one of
+/// `\" \\ \/ \b \f \n \r \t`, or `\u` and four hex digits, where a UTF-16 surrogate must be a
+/// leading one followed by a trailing one (serde_json's read.rs, `parse_unicode_escape`, which
+/// refuses a lone surrogate when it builds a string).
+fn escape_end(b: &[u8], k: usize) -> Result<usize, Fault> {
+    const LONE: Fault = Syntax("a lone UTF-16 surrogate in a \\u escape");
+    match b.get(k + 1) {
+        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Ok(k + 2),
+        Some(b'u') => match hex4(b, k + 2)? {
+            0xDC00..=0xDFFF => Err(LONE),
+            0xD800..=0xDBFF => {
+                if b.get(k + 6..k + 8) == Some(b"\\u") && matches!(hex4(b, k + 8)?, 0xDC00..=0xDFFF)
+                {
+                    Ok(k + 12)
+                } else {
+                    Err(LONE)
+                }
+            }
+            _ => Ok(k + 6),
+        },
+        _ => Err(Syntax("an escape is not valid")),
+    }
+}
+
+/// The four hex digits at `b[at..]`.
+fn hex4(b: &[u8], at: usize) -> Result<u16, Fault> {
+    const BAD: Fault = Syntax("a \\u escape is not four hex digits");
+    let digits = b.get(at..at + 4).ok_or(BAD)?;
+    digits.iter().try_fold(0u16, |n, &c| {
+        let d = (c as char).to_digit(16).ok_or(BAD)?;
+        Ok(n << 4 | d as u16)
+    })
+}
+
+/// `b[i]` is `-` or a digit: the index after the number, by JSON's grammar (one leading zero,
+/// digits after `.` and after `e`). A number that may not fit an f64 (with an exponent, or of
+/// hundreds of digits: 10³⁰⁰ fits) is read by serde_json itself, which refuses one that does
+/// not (de.rs, `NumberOutOfRange`); the rest always fit.
+fn number_end(b: &[u8], i: usize) -> Result<usize, Fault> {
+    const BAD: Fault = Syntax("a number is not valid");
+    let digits = |mut j: usize| {
+        while j < b.len() && b[j].is_ascii_digit() {
+            j += 1;
+        }
+        j
+    };
+    let mut j = i + usize::from(b[i] == b'-');
+    match b.get(j) {
+        Some(b'0') => j += 1,
+        Some(b'1'..=b'9') => j = digits(j + 1),
+        _ => return Err(BAD),
+    }
+    if b.get(j) == Some(&b'.') {
+        let k = digits(j + 1);
+        if k == j + 1 {
+            return Err(BAD);
+        }
+        j = k;
+    }
+    let mut exponent = false;
+    if matches!(b.get(j), Some(b'e' | b'E')) {
+        j += 1;
+        if matches!(b.get(j), Some(b'+' | b'-')) {
+            j += 1;
+        }
+        let k = digits(j);
+        if k == j {
+            return Err(BAD);
+        }
+        (j, exponent) = (k, true);
+    }
+    if (exponent || j - i > 300) && serde_json::from_slice::<serde_json::Value>(&b[i..j]).is_err() {
+        return Err(Syntax("a number is out of range"));
+    }
+    Ok(j)
+}
+
+/// The most objects and arrays open at once that serde_json reads: its recursion limit
+/// (de.rs, `remaining_depth`: 128, less one on entering each, refused at 0).
+const MAX_DEPTH: usize = 127;
+
+/// The index after the JSON value starting at `b[i]`, checked as the reader's serde_json
+/// reads it into a `Value`; `depth` objects or arrays enclose it.
+fn value_end(b: &[u8], i: usize, depth: usize) -> Result<usize, Fault> {
     match b.get(i) {
         Some(b'"') => string_end(b, i),
-        Some(b'{' | b'[') => {
-            let (mut depth, mut j) = (0usize, i);
-            while j < b.len() {
-                match b[j] {
-                    b'"' => {
-                        j = string_end(b, j)?;
-                        continue;
-                    }
-                    b'{' | b'[' => depth += 1,
-                    b'}' | b']' => {
-                        depth -= 1;
-                        if depth == 0 {
-                            return Ok(j + 1);
-                        }
-                    }
-                    b'\n' => break,
-                    _ => {}
-                }
-                j += 1;
-            }
-            Err("malformed JSON: an object or array is not closed")
-        }
-        Some(_) => {
-            let mut j = i;
-            while j < b.len() && !matches!(b[j], b',' | b'}' | b']' | b' ' | b'\t' | b'\r' | b'\n')
-            {
-                j += 1;
-            }
-            let token = &b[i..j];
-            let number = token
-                .first()
-                .is_some_and(|c| *c == b'-' || c.is_ascii_digit())
-                && token
-                    .iter()
-                    .all(|c| c.is_ascii_digit() || matches!(c, b'-' | b'+' | b'.' | b'e' | b'E'));
-            if number || matches!(token, b"true" | b"false" | b"null") {
-                Ok(j)
-            } else {
-                Err("malformed JSON: a value is not valid")
-            }
-        }
-        None => Err("malformed JSON: a value is missing"),
+        Some(b'{' | b'[') => nested_end(b, i, depth),
+        Some(b'-' | b'0'..=b'9') => number_end(b, i),
+        Some(b't' | b'f' | b'n') => [&b"true"[..], b"false", b"null"]
+            .into_iter()
+            .find(|w| b[i..].starts_with(w))
+            .map(|w| i + w.len())
+            .ok_or(Syntax("a value is not valid")),
+        _ => Err(Syntax("a value is expected")),
     }
 }
 
-/// Walks one JSONL row at the start of `b`: it must be one JSON object; calls `field(raw key,
-/// raw value)` for each top-level member, and returns where the row's line ends (the index of
-/// its newline, or `b.len()`). A light scan: the structure is checked, not every escape or
-/// number.
-fn walk_object<'b>(
-    b: &'b [u8],
-    mut field: impl FnMut(&'b [u8], &'b [u8]),
-) -> Result<usize, &'static str> {
-    let mut i = skip_ws(b, 0);
-    match b.get(i) {
-        Some(b'{') => {}
-        Some(b'[') => return Err("it is a JSON array"),
-        Some(b'"') => return Err("it is a JSON string"),
-        Some(c) if *c == b'-' || c.is_ascii_digit() => return Err("it is a number"),
-        _ if value_end(b, i).is_ok_and(|e| matches!(b.get(skip_ws(b, e)), None | Some(b'\n'))) => {
-            return Err("it is true, false or null")
+/// `b[i]` is `"`, a member's key: the index after the key's closing quote, and the index of
+/// its value (after the `:` and spaces).
+fn member_value(b: &[u8], i: usize) -> Result<(usize, usize), Fault> {
+    if b.get(i) != Some(&b'"') {
+        return Err(Syntax("a key is expected"));
+    }
+    let key_end = string_end(b, i)?;
+    let i = skip_ws(b, key_end);
+    if b.get(i) != Some(&b':') {
+        return Err(Syntax("`:` is expected after a key"));
+    }
+    Ok((key_end, skip_ws(b, i + 1)))
+}
+
+/// `b[i]` opens an object or array inside `depth` others: the index after the bracket that
+/// closes it. A loop over a stack of the open brackets (at most [`MAX_DEPTH`]), not recursion.
+fn nested_end(b: &[u8], i: usize, depth: usize) -> Result<usize, Fault> {
+    let mut open = [0u8; MAX_DEPTH];
+    let mut top = 0;
+    let mut j = i;
+    loop {
+        // `b[j]` starts a value.
+        match b.get(j) {
+            Some(&c @ (b'{' | b'[')) => {
+                if depth + top >= MAX_DEPTH {
+                    return Err(Syntax("objects and arrays are nested too deeply"));
+                }
+                open[top] = c;
+                top += 1;
+                j = skip_ws(b, j + 1);
+                let close = if c == b'{' { b'}' } else { b']' };
+                if b.get(j) != Some(&close) {
+                    if c == b'{' {
+                        j = member_value(b, j)?.1;
+                    }
+                    continue;
+                }
+                top -= 1;
+                j += 1;
+            }
+            _ => j = value_end(b, j, depth + top)?,
         }
-        _ => return Err("it is not JSON"),
+        // After a value: close what it ends, or go on to the next member or element.
+        loop {
+            if top == 0 {
+                return Ok(j);
+            }
+            j = skip_ws(b, j);
+            let object = open[top - 1] == b'{';
+            match b.get(j) {
+                Some(b',') => {
+                    j = skip_ws(b, j + 1);
+                    if object {
+                        j = member_value(b, j)?.1;
+                    }
+                    break;
+                }
+                Some(b'}') if object => {}
+                Some(b']') if !object => {}
+                _ => return Err(Syntax("`,` or a closing bracket is expected")),
+            }
+            top -= 1;
+            j += 1;
+        }
+    }
+}
+
+/// Walks one JSONL row at the start of `b`: it must be one JSON object, as the reader's
+/// serde_json reads it (every string, escape, number and nested value checked); calls
+/// `field(raw key, raw value)` for each top-level member, and returns where the row's line
+/// ends (the index of its newline, or `b.len()`).
+fn walk_object<'b>(b: &'b [u8], mut field: impl FnMut(&'b [u8], &'b [u8])) -> Result<usize, Fault> {
+    let mut i = skip_ws(b, 0);
+    let other = match b.get(i) {
+        Some(b'{') => None,
+        Some(b'[') => Some("it is a JSON array"),
+        Some(b'"') => Some("it is a JSON string"),
+        Some(b'-' | b'0'..=b'9') => Some("it is a number"),
+        Some(b't' | b'f' | b'n') => Some("it is true, false or null"),
+        _ => return Err(Syntax("it is not JSON")),
+    };
+    if let Some(what) = other {
+        // Said so only of a value the reader would parse, alone on its line.
+        let whole =
+            value_end(b, i, 0).is_ok_and(|e| matches!(b.get(skip_ws(b, e)), None | Some(b'\n')));
+        return Err(if whole { Shape(what) } else { Syntax(what) });
     }
     i = skip_ws(b, i + 1);
     if b.get(i) == Some(&b'}') {
         i += 1;
     } else {
         loop {
-            if b.get(i) != Some(&b'"') {
-                return Err("malformed JSON: a key is expected");
-            }
-            let key_end = string_end(b, i)?;
-            let key = &b[i + 1..key_end - 1];
-            i = skip_ws(b, key_end);
-            if b.get(i) != Some(&b':') {
-                return Err("malformed JSON: `:` is expected after a key");
-            }
-            i = skip_ws(b, i + 1);
-            let end = value_end(b, i)?;
-            field(key, &b[i..end]);
+            let (key_end, at) = member_value(b, i)?;
+            let end = value_end(b, at, 1)?;
+            field(&b[i + 1..key_end - 1], &b[at..end]);
             i = skip_ws(b, end);
             match b.get(i) {
                 Some(b',') => i = skip_ws(b, i + 1),
@@ -738,14 +978,14 @@ fn walk_object<'b>(
                     i += 1;
                     break;
                 }
-                _ => return Err("malformed JSON: `,` or `}` is expected"),
+                _ => return Err(Syntax("`,` or `}` is expected")),
             }
         }
     }
     let end = skip_ws(b, i);
     match b.get(end) {
         None | Some(b'\n') => Ok(end),
-        Some(_) => Err("more than one JSON value on the line"),
+        Some(_) => Err(Shape("more than one JSON value on the line")),
     }
 }
 
@@ -851,42 +1091,83 @@ mod scan_tests {
 
     #[test]
     fn rows_that_are_not_objects() {
-        let cases = [
+        // JSON that is not one object: the walk's words.
+        let shapes = [
             ("[1, 2]", "it is a JSON array"),
             ("\"text\"", "it is a JSON string"),
             ("42", "it is a number"),
             ("null", "it is true, false or null"),
-            ("text,label", "it is not JSON"),
-            (
-                "{\"text\": \"a\", \"label\": 1",
-                "malformed JSON: `,` or `}` is expected",
-            ),
-            ("{\"text\": \"a}", "a string is not closed on its line"),
-            (
-                "{\"text\" \"a\"}",
-                "malformed JSON: `:` is expected after a key",
-            ),
             (
                 "{\"text\": \"a\"} {}",
                 "more than one JSON value on the line",
             ),
-            ("{\"text\": nope}", "malformed JSON: a value is not valid"),
-            (
-                "{\"text\": [1, {\"a\": 2}",
-                "malformed JSON: an object or array is not closed",
-            ),
         ];
+        // Not JSON as the reader's serde_json reads it into a `Value`: serde's message.
+        let malformed = [
+            "text,label",
+            "{\"text\": \"a\", \"label\": 1",
+            "{\"text\": \"a}",
+            "{\"text\" \"a\"}",
+            "{\"text\": nope}",
+            "{\"text\": [1, {\"a\": 2}",
+            "{\"text\": [1, 2,]}",
+            "{\"text\": \"a\",}",
+            "{\"text\": {\"a\" 1}}",
+            "{\"text\": \"a\\x\"}",
+            "{\"text\": \"a\\u12\"}",
+            "{\"text\": \"a\u{1}b\"}",
+            "{\"text\": \"é\u{1f}b\"}",
+            // A lone surrogate: serde_json skips it when ignoring a value, refuses it in a string.
+            "{\"text\": \"\\ud83d\"}",
+            "{\"text\": \"\\ud83d\\u0041\"}",
+            "{\"text\": \"\\ude00\"}",
+            "{\"x\": [\"\\ud83dx\"]}",
+            "{\"text\": 01}",
+            "{\"text\": 1.}",
+            "{\"text\": -}",
+            "{\"text\": 1e}",
+            "{\"text\": tru}",
+            // Out of an f64's range, which a `Value` refuses and an ignored value does not.
+            "{\"text\": 1e309}",
+            "{\"x\": {\"y\": -2.5E+400}}",
+            // Not objects, and not JSON either.
+            "[1, 2",
+            "\"open",
+            "-x",
+            "nope",
+            "[1] [2]",
+        ];
+        let cases = shapes
+            .iter()
+            .map(|&(row, what)| (row.to_string(), what.to_string()))
+            .chain(malformed.iter().map(|&row| {
+                let e = serde_json::from_str::<serde_json::Value>(row).expect_err(row);
+                (row.to_string(), format!("malformed JSON: {e}"))
+            }))
+            // Nested deeper than serde_json reads (the row's object counts: 128 levels).
+            .chain([127, 200].map(|n| {
+                let row = format!("{{\"x\": {}{}}}", "[".repeat(n), "]".repeat(n));
+                let e = serde_json::from_str::<serde_json::Value>(&row).expect_err("deep");
+                (row, format!("malformed JSON: {e}"))
+            }));
         for (row, what) in cases {
             let s = scan(
                 &format!("{{\"text\": \"ok\", \"label\": 0}}\n{row}\n"),
                 Format::Jsonl,
             );
-            assert_eq!(s.first_bad, Some((2, what.to_string())), "{row}");
+            assert_eq!(s.first_bad, Some((2, what)), "{row}");
             assert_eq!(s.bad_rows, 1);
         }
-        // Nested values, escapes and odd spacing are fine.
-        let ok = "\u{feff}{ \"meta\" : {\"a\": [1, \"}\"]}, \"te\\u0078t\": \"a\\\\\", \"label\" : -0.5e3 }";
-        let s = scan(ok, Format::Jsonl);
+        // Nested values, escapes, odd spacing, numbers at an f64's ends and 127 levels are fine.
+        let ok = format!(
+            "\u{feff}{{ \"meta\" : {{\"a\": [1, \"}}\", {{}}, []]}}, \"te\\u0078t\": \"a\\\\é\\ud83d\\ude00\\/\", \"deep\": {}{}, \"big\": [1e308, -0.0e-999, 0, {}], \"label\" : -0.5e3 }}",
+            "[".repeat(126),
+            "]".repeat(126),
+            "9".repeat(300),
+        );
+        serde_json::from_str::<serde_json::Value>(ok.trim_start_matches('\u{feff}'))
+            .expect("serde_json reads it");
+        let s = scan(&ok, Format::Jsonl);
         assert_eq!(s.bad_rows, 0, "{:?}", s.first_bad);
         assert!(s.missing.is_empty(), "{:?}", s.missing);
         assert_eq!(s.labels[0].value, LabelValue::Other("-0.5e3".into()));
@@ -921,6 +1202,50 @@ mod scan_tests {
                 (&LabelValue::Str("ham".into()), 3)
             ]
         );
+    }
+
+    #[test]
+    fn texts_that_are_not_strings() {
+        let spec = ScanSpec {
+            format: Format::Jsonl,
+            fields: vec!["text".into(), "pair".into(), "label".into()],
+            label: Some(2),
+        };
+        let rows = [
+            r#"{"text": "a", "pair": "b", "label": 1}"#,
+            r#"{"text": 12, "pair": "b", "label": 1}"#,
+            r#"{"text": "a", "pair": {"x": 1}, "label": 1}"#,
+            r#"{"text": [1], "pair": null, "label": 1}"#,
+            r#"{"text": true, "text": "a", "pair": "b", "label": 1}"#, // the last of two counts
+            r#"{"text": "a", "text": -1.5e3, "pair": "b", "label": [1]}"#, // a label is not a text
+        ];
+        let s = scan_reader(
+            rows.join(
+                "
+",
+            )
+            .as_bytes(),
+            &spec,
+        )
+        .unwrap();
+        let seen: Vec<_> = s
+            .not_text
+            .iter()
+            .map(|t| (t.field.as_str(), t.first_line, t.found.as_str(), t.rows))
+            .collect();
+        assert_eq!(
+            seen,
+            [("text", 2, "a number", 3), ("pair", 3, "an object", 1)]
+        );
+        assert_eq!(s.missing.len(), 1, "the null pair: {:?}", s.missing);
+        // CSV/TSV cells are text.
+        let s = scan(
+            "text,label
+12,1
+",
+            Format::Csv,
+        );
+        assert!(s.not_text.is_empty());
     }
 
     /// A reader that hands out a few bytes at a time.
@@ -997,7 +1322,8 @@ mod scan_tests {
         let mut text = String::from("\u{FEFF}{\"text\": \"a\", \"label\": 1}\n\n");
         for i in 0..60 {
             match i % 7 {
-                0 => text.push_str("  \n"),
+                0 if i % 2 == 0 => text.push_str("  \n"),
+                0 => text.push_str(&format!("{{\"text\": [{i}], \"label\": 0}}\n")),
                 1 => text.push_str(&format!("[{i}]\n")),
                 2 => text.push_str(&format!("{{\"text\": \"t{i}\"}}\n")),
                 3 => text.push_str(&format!("{{\"text\": null, \"label\": \"l{}\"}}\n", i % 5)),
@@ -1013,6 +1339,7 @@ mod scan_tests {
         let spec = spec(Format::Jsonl);
         let whole = scan_reader(text.as_bytes(), &spec).unwrap();
         assert!(whole.bad_rows > 0 && whole.labels.len() > 5 && !whole.missing.is_empty());
+        assert_eq!(whole.not_text.len(), 1);
         let file = TempFile::new("parts.jsonl", text.as_bytes());
         let len = text.len() as u64;
         for parts in 1..=40 {
@@ -1075,5 +1402,32 @@ mod scan_tests {
         assert_eq!(find_string_stop(b"\x80\x22"), Some(1));
         assert_eq!(find_string_stop(b"abcdefghij\n"), Some(10));
         assert_eq!(find_byte(b"", b'a'), None);
+    }
+
+    #[test]
+    fn plain_runs_stop_at_every_byte_that_is_not_plain() {
+        // Every byte value at every offset of a word and past it, after plain bytes and before
+        // stops of every kind (the bit tricks must flag the first stop, not one after it).
+        let plain = |c: u8| (0x20..0x80).contains(&c) && c != b'"' && c != b'\\';
+        for c in 0..=255u8 {
+            for at in 0..19 {
+                for after in [b'"', 0x00, 0x1f, 0xff, b'a'] {
+                    let mut s = vec![b'x'; at];
+                    s.push(c);
+                    s.extend([after; 9]);
+                    let want = if plain(c) {
+                        if plain(after) {
+                            s.len()
+                        } else {
+                            at + 1
+                        }
+                    } else {
+                        at
+                    };
+                    assert_eq!(plain_run(&s), want, "{c:#x} at {at}, then {after:#x}");
+                }
+            }
+        }
+        assert_eq!(plain_run(b""), 0);
     }
 }
