@@ -5,7 +5,7 @@ The training script reads the data with `datasets.load_dataset("csv" | "json", d
 (pandas for CSV/TSV, pyarrow for JSON Lines); `recipe explain` predicts the steps from its own
 count of the same file, and `recipe run` trains on the rows its reader finds. This writes a set
 of files that are easy to miscount (quoted newlines, a byte order mark, CRLF, blank lines, quoted
-delimiters and header names, no final newline) into `conformance/data-rows/`, counts each with
+delimiters and header names, no final newline, a file that is one JSON array) into `conformance/data-rows/`, counts each with
 the real loader and with `recipe explain --format json`, and writes both counts to
 `conformance/fixtures/data-rows.json`. tests/data_files.rs checks, without Python, that the
 current scan (`recipe explain`'s count) and the runtime's reader still count what `datasets`
@@ -70,6 +70,12 @@ def files() -> dict[str, bytes]:
         f"{csv_field(t)},{lab}\n,\n" for t, lab in rows)
     out["whitespace_lines_crlf.csv"] = "text,label\r\n" + "".join(
         f"{csv_field(t.replace(chr(10), chr(13) + chr(10)))},{lab}\r\n \t\r\n" for t, lab in rows)
+    # One JSON array of objects, which datasets' json loader reads whole when the file's first
+    # byte (after a BOM) is `[`: pretty-printed, with a BOM and CRLF, and on one line in a .jsonl.
+    objects = [{"text": t, "label": lab} for t, lab in rows]
+    out["array.json"] = json.dumps(objects, indent=2) + "\n"
+    out["array_bom_crlf.json"] = "\ufeff" + json.dumps(objects, indent=1).replace("\n", "\r\n")
+    out["array_one_line.jsonl"] = json.dumps(objects)
     return {name: text.encode("utf-8") for name, text in out.items()}
 
 
@@ -79,7 +85,7 @@ def hf_rows(path: Path) -> int:
     datasets.disable_progress_bars()
     ext = path.suffix
     with tempfile.TemporaryDirectory() as cache:
-        if ext == ".jsonl":
+        if ext in (".jsonl", ".json"):
             ds = datasets.load_dataset("json", data_files=str(path), split="train", cache_dir=cache)
         else:
             kwargs = {"sep": "\t"} if ext == ".tsv" else {}

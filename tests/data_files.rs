@@ -356,6 +356,21 @@ mod agreement {
             input.extend(rows.join(&b"\n"[..]));
             check::run(&input);
         }
+
+        #[test]
+        fn scan_and_reader_agree_on_any_json_array(
+            rows in prop::collection::vec(jsonish(), 0..5),
+            sep in prop_oneof![Just(",\n"), Just(", "), Just("\n"), Just(",,"), Just(",\r\n  ")],
+            head in prop_oneof![Just("["), Just("\u{feff}[\n"), Just("[\r\n")],
+            tail in prop_oneof![Just("]"), Just("\n]\n"), Just(""), Just("] {}"), Just("]\n\n")],
+        ) {
+            // A file that is one JSON array of rows (`[` first, after a BOM).
+            let mut input = vec![0u8];
+            input.extend(head.as_bytes());
+            input.extend(rows.join(sep.as_bytes()));
+            input.extend(tail.as_bytes());
+            check::run(&input);
+        }
     }
 
     /// Rows that are objects with a text and a label and a value built from the pieces where

@@ -187,7 +187,7 @@ fn every_read_error_names_file_and_line() {
         (
             read_error("not_object.jsonl", "text", None, &hs),
             format!(
-                "{}:2: expected a JSON object per line, found an array",
+                "{}:2: expected a JSON object per row, found an array",
                 b("not_object.jsonl")
             ),
         ),

@@ -56,6 +56,24 @@ def label_id(raw, path, line):
     fail(path, line, f"label {written} is not one of the declared labels ({allowed})")
 
 
+def row_of(path, line, row):
+    """(line, text, text pair, label id) of one parsed JSON row."""
+    if not isinstance(row, dict):
+        fail(path, line, "expected a JSON object per row")
+
+    def text(field, role):
+        if field not in row:
+            fail(path, line, f'field "{field}" is missing (the recipe\'s data.{role})')
+        if not isinstance(row[field], str):
+            fail(path, line, f'field "{field}" (the recipe\'s data.{role}) must be a string')
+        return row[field]
+
+    if LABEL not in row:
+        fail(path, line, f'field "{LABEL}" is missing (the recipe\'s data.label)')
+    return (line, text(TEXT, "text"), text(TEXT_PAIR, "text_pair") if TEXT_PAIR else None,
+            label_id(row[LABEL], path, line))
+
+
 def read_jsonl(path, data):
     """(line, text, text pair, label id) of each JSON object per line; blank lines skipped."""
     rows = []
@@ -66,20 +84,46 @@ def read_jsonl(path, data):
             row = json.loads(raw.decode("utf-8"))
         except ValueError as e:  # UnicodeDecodeError is a ValueError too
             fail(path, line, f"not valid JSON (one object per line is expected): {e}")
-        if not isinstance(row, dict):
-            fail(path, line, "expected a JSON object per line")
+        rows.append(row_of(path, line, row))
+    return rows
 
-        def text(field, role):
-            if field not in row:
-                fail(path, line, f'field "{field}" is missing (the recipe\'s data.{role})')
-            if not isinstance(row[field], str):
-                fail(path, line, f'field "{field}" (the recipe\'s data.{role}) must be a string')
-            return row[field]
 
-        if LABEL not in row:
-            fail(path, line, f'field "{LABEL}" is missing (the recipe\'s data.label)')
-        rows.append((line, text(TEXT, "text"), text(TEXT_PAIR, "text_pair") if TEXT_PAIR else None,
-                     label_id(row[LABEL], path, line)))
+def read_json_array(path, data):
+    """The rows of a file that is one JSON array of objects (its first byte is `[`, the test of
+    HF's json loader), each on the line where its element starts."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        fail(path, data[:e.start].count(b"\n") + 1, "the row is not valid UTF-8")
+    space, decoder = re.compile(r"[ \t\n\r]*"), json.JSONDecoder()
+    counted, line = 0, 1
+
+    def line_at(at):
+        nonlocal counted, line
+        line, counted = line + text.count("\n", counted, at), at
+        return line
+
+    rows, at = [], space.match(text, 1).end()
+    if text.startswith("]", at):
+        at += 1
+    else:
+        while True:
+            try:
+                row, end = decoder.raw_decode(text, at)
+            except ValueError as e:
+                fail(path, e.lineno, f"not valid JSON: {e.msg}")
+            rows.append(row_of(path, line_at(at), row))
+            at = space.match(text, end).end()
+            if text.startswith(",", at):
+                at = space.match(text, at + 1).end()
+            elif text.startswith("]", at):
+                at += 1
+                break
+            else:
+                fail(path, line_at(at), "`,` or `]` is expected after an element of the array")
+    at = space.match(text, at).end()
+    if at < len(text):
+        fail(path, line_at(at), "something follows the array's `]`")
     return rows
 
 
@@ -121,7 +165,12 @@ def read_rows(path):
         data = f.read()
     if data.startswith(b"\xef\xbb\xbf"):  # a byte order mark
         data = data[3:]
-    rows = read_jsonl(path, data) if FORMAT == "jsonl" else read_delimited(path, data)
+    if FORMAT != "jsonl":
+        rows = read_delimited(path, data)
+    elif data.startswith(b"["):
+        rows = read_json_array(path, data)
+    else:
+        rows = read_jsonl(path, data)
     if not rows:
         fail(path, data.count(b"\n") + 1, "the file has no examples")
     return rows

@@ -20,7 +20,8 @@ use super::DataError;
 pub enum Format {
     /// Decided by the extension: `.jsonl`/`.json` → JSONL, `.csv` → CSV, `.tsv` → TSV.
     Auto,
-    /// One JSON object per line (HF `datasets` reads `.json` files the same way).
+    /// One JSON object per line (HF `datasets` reads `.json` files the same way), or a file that
+    /// is one JSON array of them (`[` first: [`super::scan::is_json_array`]).
     Jsonl,
     /// Comma-separated with a header row; RFC 4180 quoting.
     Csv,

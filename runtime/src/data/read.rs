@@ -52,7 +52,18 @@ pub fn read_examples(spec: &DataSpec, labels: &LabelSet) -> Result<Vec<Example>,
         source,
     })?;
     match spec.format.resolve(&spec.path)? {
-        Format::Jsonl => read_jsonl(spec, labels, BufReader::new(file)),
+        Format::Jsonl => {
+            let mut reader = BufReader::new(file);
+            let head = reader.fill_buf().map_err(|source| DataError::Io {
+                path: spec.path.clone(),
+                source,
+            })?;
+            if super::scan::is_json_array(head) {
+                read_json_array(spec, labels, reader)
+            } else {
+                read_jsonl(spec, labels, reader)
+            }
+        }
         format => read_delimited(spec, labels, file, format),
     }
 }
@@ -108,54 +119,7 @@ fn read_jsonl(
             line: line_no,
             message: format!("not valid JSON (one object per line is expected): {e}"),
         })?;
-        let Value::Object(obj) = value else {
-            return Err(DataError::Json {
-                path: path.clone(),
-                line: line_no,
-                message: format!(
-                    "expected a JSON object per line, found {}",
-                    json_type(&value)
-                ),
-            });
-        };
-        let text_of = |field: &str, role: &'static str| -> Result<String, DataError> {
-            match obj.get(field) {
-                Some(Value::String(s)) => Ok(s.clone()),
-                Some(other) => Err(DataError::NotText {
-                    path: path.clone(),
-                    line: line_no,
-                    field: field.to_string(),
-                    role,
-                    found: json_type(other),
-                }),
-                None => Err(missing(path, line_no, field, role, String::new())),
-            }
-        };
-        let text = text_of(&spec.text, "text")?;
-        let text_pair = match &spec.text_pair {
-            Some(f) => Some(text_of(f, "text_pair")?),
-            None => None,
-        };
-        let raw = obj
-            .get(&spec.label)
-            .ok_or_else(|| missing(path, line_no, &spec.label, "label", String::new()))?;
-        let id = match raw {
-            Value::Number(n) => n.as_i64().and_then(|v| labels.id_of_int(v)),
-            Value::String(s) => labels.id_of_str(s),
-            _ => None,
-        };
-        let label = id.ok_or_else(|| DataError::BadLabel {
-            path: path.clone(),
-            line: line_no,
-            value: raw.to_string(),
-            allowed: labels.allowed(),
-        })?;
-        out.push(Example {
-            text,
-            text_pair,
-            label,
-            line: line_no,
-        });
+        out.push(example(spec, labels, line_no, value)?);
     }
     if out.is_empty() {
         return Err(DataError::Empty {
@@ -164,6 +128,117 @@ fn read_jsonl(
         });
     }
     Ok(out)
+}
+
+/// The rows of a JSON array file (one array of objects, [`super::scan::is_json_array`]), as
+/// HF's json loader takes them: each element a row, on the line where it starts. The file is
+/// read whole, as there; its elements are cut by the scan's own walk
+/// ([`super::scan::array_elements`]), so that `recipe check` and `recipe run` find the same
+/// rows and stop at the same one.
+fn read_json_array(
+    spec: &DataSpec,
+    labels: &LabelSet,
+    mut reader: impl std::io::Read,
+) -> Result<Vec<Example>, DataError> {
+    let path = &spec.path;
+    let mut bytes = Vec::new();
+    reader
+        .read_to_end(&mut bytes)
+        .map_err(|source| DataError::Io {
+            path: path.clone(),
+            source,
+        })?;
+    let mut elements = Vec::new();
+    let fault = super::scan::array_elements(&bytes, |line, _, range| {
+        elements.push((line as usize, range));
+    });
+    let mut out = Vec::with_capacity(elements.len());
+    for (line, range) in elements {
+        let value: Value = serde_json::from_slice(&bytes[range]).map_err(|e| DataError::Json {
+            path: path.clone(),
+            line,
+            message: format!("not valid JSON: {e}"),
+        })?;
+        out.push(example(spec, labels, line, value)?);
+    }
+    if let Err((line, message)) = fault {
+        return Err(DataError::Json {
+            path: path.clone(),
+            line: line as usize,
+            message,
+        });
+    }
+    if out.is_empty() {
+        let line = 1 + memchr_count(&bytes);
+        return Err(DataError::Empty {
+            path: path.clone(),
+            line,
+        });
+    }
+    Ok(out)
+}
+
+/// The newlines in `bytes`.
+fn memchr_count(bytes: &[u8]) -> usize {
+    bytes.iter().filter(|&&c| c == b'\n').count()
+}
+
+/// One row's example from its parsed JSON: an object with the text(s) and a declared label.
+fn example(
+    spec: &DataSpec,
+    labels: &LabelSet,
+    line_no: usize,
+    value: Value,
+) -> Result<Example, DataError> {
+    let path = &spec.path;
+    let Value::Object(obj) = value else {
+        return Err(DataError::Json {
+            path: path.clone(),
+            line: line_no,
+            message: format!(
+                "expected a JSON object per row, found {}",
+                json_type(&value)
+            ),
+        });
+    };
+    let text_of = |field: &str, role: &'static str| -> Result<String, DataError> {
+        match obj.get(field) {
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(other) => Err(DataError::NotText {
+                path: path.clone(),
+                line: line_no,
+                field: field.to_string(),
+                role,
+                found: json_type(other),
+            }),
+            None => Err(missing(path, line_no, field, role, String::new())),
+        }
+    };
+    let text = text_of(&spec.text, "text")?;
+    let text_pair = match &spec.text_pair {
+        Some(f) => Some(text_of(f, "text_pair")?),
+        None => None,
+    };
+    let raw = obj
+        .get(&spec.label)
+        .ok_or_else(|| missing(path, line_no, &spec.label, "label", String::new()))?;
+    let id = match raw {
+        Value::Number(n) => n.as_i64().and_then(|v| labels.id_of_int(v)),
+        Value::String(s) => labels.id_of_str(s),
+        _ => None,
+    };
+    let label = id.ok_or_else(|| DataError::BadLabel {
+        path: path.clone(),
+        line: line_no,
+        value: raw.to_string(),
+        allowed: labels.allowed(),
+    })?;
+    Ok(Example {
+        text,
+        text_pair,
+        label,
+        line: line_no,
+    })
 }
 
 fn missing(path: &Path, line: usize, field: &str, role: &'static str, found: String) -> DataError {
