@@ -169,18 +169,13 @@ fn read_json_array(
         });
     }
     if out.is_empty() {
-        let line = 1 + memchr_count(&bytes);
+        let line = 1 + bytes.iter().filter(|&&c| c == b'\n').count();
         return Err(DataError::Empty {
             path: path.clone(),
             line,
         });
     }
     Ok(out)
-}
-
-/// The newlines in `bytes`.
-fn memchr_count(bytes: &[u8]) -> usize {
-    bytes.iter().filter(|&&c| c == b'\n').count()
 }
 
 /// One row's example from its parsed JSON: an object with the text(s) and a declared label.
