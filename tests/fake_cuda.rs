@@ -1024,8 +1024,18 @@ fn the_fastest_gemm_algorithms_are_chosen_once_and_kept() {
         let mut env = env.to_vec();
         env.push(("RECIPE_FAKE_CUBLASLT_DISTINCT", "1"));
         env.push(("RECIPE_CACHE", cache.to_str().unwrap()));
+        // One epoch: the choices are made at the first GEMMs and kept; the second epoch would
+        // repeat them (and cost this test half its time).
         let args = [
-            "run", "--quiet", "--device", "cuda", "--set", &out, "tiny.rcp",
+            "run",
+            "--quiet",
+            "--device",
+            "cuda",
+            "--set",
+            &out,
+            "--set",
+            "train.epochs=1",
+            "tiny.rcp",
         ];
         let o = on_fake(&dir, 1, &env, &args);
         assert_eq!(o.status.code(), Some(0), "{name}: {}", stderr(&o));
