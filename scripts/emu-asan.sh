@@ -4,8 +4,9 @@
 # buffer, its shared memory or its stack, in any test, through the runtime's own launch code and
 # buffer sizes, fails the run with ASan's report — on a GPU the read would return a neighbour's
 # bytes (or stop at an illegal address) and the write corrupt a neighbour silently.
-# runtime/emu/tests/asan.rs shows the check live (a read past a row, reported); tsan.rs and
-# fibers.rs, which build C++ programs of their own, are left out.
+# runtime/emu/tests/asan.rs shows the check live (a read past a row, reported); it, tsan.rs and
+# fibers.rs build C++ programs of their own (the `programs` test binary) and are left out: this
+# runs the `kernels` binary (runtime/emu/tests/kernels.rs).
 #
 #   scripts/emu-asan.sh          # about 2 minutes on 2 cores; run by .ci/run
 #
@@ -22,20 +23,10 @@ if [ ! -f "$ASAN_LIB" ]; then
 fi
 HOST="$(rustc -vV | sed -n 's/^host: //p')"
 RUNNER="CARGO_TARGET_$(echo "$HOST" | tr 'a-z-' 'A-Z_')_RUNNER"
-tests=()
-for f in runtime/emu/tests/*.rs; do
-    name="$(basename "$f" .rs)"
-    case "$name" in tsan | fibers | asan) continue ;; esac
-    if [ -e "tests/$name.rs" ]; then
-        echo "emu-asan: tests/$name.rs and $f share a name: --test $name would run both" >&2
-        exit 1
-    fi
-    tests+=(--test "$name")
-done
 export RECIPE_EMU_SANITIZE=address
 export "$RUNNER=env LD_PRELOAD=$ASAN_LIB ASAN_OPTIONS=detect_leaks=0:halt_on_error=1"
-# The root package is selected too (its tests have other names, checked above), so that the
+# The root package is selected too (its test binary has another name), so that the
 # dependencies' features resolve as in the workspace's `cargo test --release`, whose build this
 # one reuses; the emulator's package alone resolves a few otherwise (dev-dependencies turn them
 # on) and compiled the runtime and its dependencies again, about 40 s of CI.
-cargo test --release -p recipe-kernel-emu -p recipe "${tests[@]}"
+cargo test --release -p recipe-kernel-emu -p recipe --test kernels

@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 # `cargo build -p recipe-fake-cuda` would each resolve the dependencies' features otherwise
 # (dev-dependencies turn on a few: getrandom's `std`, aho-corasick's `default`), so after the
 # tests each compiled the runtime and its dependencies again: about 3 of CI's 20 minutes.
-cargo test --release --no-run --quiet -p recipe --test fake_cuda
+cargo test --release --no-run --quiet -p recipe --test suite
 FAKE="$(pwd)/target/release/deps/librecipe_fake_cuda.so"
 LIBS="$(mktemp -d)"
 trap 'rm -rf "$LIBS"' EXIT

@@ -472,7 +472,7 @@ def fake_cuda_libs(tmp):
              if os.path.isdir(d) for f in os.listdir(d)
              if f.startswith("librecipe_fake_cuda") and f.endswith(".so")]
     if not found:
-        sys.exit("no librecipe_fake_cuda*.so: cargo test --release --no-run -p recipe --test fake_cuda")
+        sys.exit("no librecipe_fake_cuda*.so: cargo test --release --no-run -p recipe --test suite")
     libs = os.path.join(tmp, "libs")
     os.makedirs(libs, exist_ok=True)
     # A copy: a build during the session replaces the one in target/.

@@ -7,7 +7,7 @@
 //! gradient norms clipped with and the final weights are within the tolerances below,
 //! set from the measurements (conformance/README.md, "The two backends agree").
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;

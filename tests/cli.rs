@@ -1,6 +1,6 @@
 //! The command line as a user meets it: exit codes, output streams, JSON, fmt in place.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -4,7 +4,7 @@
 //! examples whose text fields hold quoted newlines (200 lines of text) — with LF line ends,
 //! with a byte order mark and CRLF line ends, and as TSV — against the same 100 rows as JSONL.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 
@@ -303,9 +303,8 @@ fn tricky_files_have_the_rows_hf_datasets_finds() {
     }
 }
 
-/// The `data` fuzz target's property (at the top level: a `path` is relative to the module).
-#[path = "../fuzz/checks/data.rs"]
-mod data_check;
+/// The `data` fuzz target's property (fuzz/checks/data.rs, a module of fuzz_checks.rs).
+use crate::fuzz_checks::data as data_check;
 
 mod agreement {
     //! Any CSV-ish text: the scan and the reader never panic, and they agree on the rows (the

@@ -1,7 +1,7 @@
 //! The key tables of docs/language.md are the schema's: each block's table is exactly what
 //! `recipe::schema::docs::key_table` renders from `schema/blocks.rs` (type, default and whose it
 //! is, kinds and ZeRO stages, DeepSpeed key and aliases, TrainingArguments field, meaning).
-//! After changing the schema, `RECIPE_BLESS_DOCS=1 cargo test --test docs_tables` rewrites the
+//! After changing the schema, `RECIPE_BLESS_DOCS=1 cargo test --test suite docs_tables::` rewrites the
 //! tables; the test then fails once more so that the change is looked at, and passes after.
 
 use recipe::schema::{docs::key_table, BLOCKS};
@@ -61,7 +61,7 @@ fn key_tables_are_rendered_from_the_schema() {
     assert!(
         stale.is_empty(),
         "{PATH}: the key tables of {stale:?} differ from the schema; \
-         RECIPE_BLESS_DOCS=1 cargo test --test docs_tables rewrites them"
+         RECIPE_BLESS_DOCS=1 cargo test --test suite docs_tables:: rewrites them"
     );
 }
 

@@ -4,7 +4,7 @@
 //! emitted ds_config.json and training_args.json — plus "every emitted key exists in the target
 //! release".
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

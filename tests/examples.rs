@@ -1,7 +1,7 @@
 //! The example recipes under recipes/: each checks clean, is already in canonical format, and
 //! formatting keeps its meaning (parse(fmt(x)) == parse(x), ignoring spans).
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

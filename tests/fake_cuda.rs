@@ -11,7 +11,7 @@
 //! where an operation not ordered after what it reads reads early. What it cannot show (races between streams, a GPU's rounding and
 //! speed): docs/cuda.md, "How the host code is proven".
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

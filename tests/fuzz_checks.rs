@@ -3,10 +3,10 @@
 //! (fuzz/regressions/<target>/). This keeps the checks compiling with the crate (the fuzz crate
 //! is not built in CI) and holds each committed recipe, pair and data file to them.
 
-mod common;
+use crate::common;
 
 #[path = "../fuzz/checks/data.rs"]
-mod data;
+pub mod data;
 #[path = "../fuzz/checks/pair.rs"]
 mod pair;
 #[path = "../fuzz/checks/parse.rs"]

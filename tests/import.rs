@@ -1,7 +1,7 @@
 //! `recipe import` round trips: import(build(r)) resolves to the same values as r, and
 //! build(import(x)) gives back the same DeepSpeed config and TrainingArguments as x.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

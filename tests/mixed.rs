@@ -3,7 +3,7 @@
 //! says and holds the LR schedule; a run resumed in the middle of an overflow streak ends
 //! bit-identical; what each rank holds is counted at the half dtype.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -4,7 +4,7 @@
 //! stop resumes in one process; a node started with another plan is refused, and both sides
 //! say why.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};

@@ -6,7 +6,7 @@
 //! on another world size (re-partitioned); and what the runtime does not run is refused plainly.
 //! The updates themselves are tested against torch and DeepSpeed in `runtime/tests/optim.rs`.
 
-mod common;
+use crate::common;
 
 use common::*;
 use recipe_runtime::optim::OptimState;

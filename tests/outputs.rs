@@ -4,7 +4,7 @@
 //! schema, and every field name of metrics.jsonl, plan.json, recipe.lock and the JSON of
 //! `explain` and `steps` is named in docs/outputs.md.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

@@ -1,7 +1,7 @@
 //! Property tests: generated recipes round-trip through `fmt`; arbitrary and mutated input never
 //! panics and every reported span lies inside the input.
 
-mod common;
+use crate::common;
 
 use common::shape;
 use proptest::prelude::*;

@@ -3,7 +3,7 @@
 //! the prediction, resume is bit-identical, a saved plan runs the same, and bad input is
 //! reported plainly.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -55,7 +55,7 @@ use recipe_runtime::precision::{self, Dtype};
 use recipe_runtime::zero::HostOptimizer;
 use safetensors::tensor::Dtype as StDtype;
 
-mod common;
+use crate::common;
 
 use common::Fixture;
 

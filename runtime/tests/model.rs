@@ -227,8 +227,8 @@ fn saved_config_round_trips_unknown_fields() {
         .contains("1 label names for 2 labels"));
 }
 
-/// Speed figure for the MiniLM-L6 shape: `cargo test --release -p recipe-runtime --test model
-/// -- --ignored --nocapture minilm`. `RECIPE_THREADS` sets the thread count (default 1).
+/// Speed figure for the MiniLM-L6 shape: `cargo test --release -p recipe-runtime --test suite
+/// -- --ignored --nocapture model::minilm`. `RECIPE_THREADS` sets the thread count (default 1).
 #[test]
 #[ignore]
 fn minilm_l6_forward_backward_speed() {

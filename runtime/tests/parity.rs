@@ -11,7 +11,7 @@ use recipe_runtime::optim::{clip_grad_norm, hf_no_decay, Adam, AdamConfig, Weigh
 
 const TOL: f64 = 1e-5;
 
-mod common;
+use crate::common;
 
 use common::Fixture;
 
@@ -261,7 +261,7 @@ fn save_then_load_round_trips_bit_identically() {
 /// `transformers.BertForSequenceClassification.from_pretrained` must load what we save with no
 /// missing or unexpected keys and reproduce our logits. Needs a Python with torch and
 /// transformers (`RECIPE_TORCH_PYTHON`, else the conformance venv), which a plain `cargo test`
-/// cannot assume: run it with `cargo test -p recipe-runtime --test parity -- --ignored`.
+/// cannot assume: run it with `cargo test -p recipe-runtime --test suite parity:: -- --ignored`.
 #[test]
 #[ignore = "needs Python with torch and transformers: RECIPE_TORCH_PYTHON, else conformance/.venv (conformance/setup.sh); run with -- --ignored"]
 fn transformers_loads_a_saved_checkpoint() {

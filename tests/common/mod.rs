@@ -1,7 +1,6 @@
 //! Helpers shared by the end-to-end tests (`run.rs`, `mixed.rs`, `data_files.rs`): a scratch
 //! workspace with a tiny seeded BERT, the real MiniLM tokenizer and 48 committed SpamAssassin
 //! rows; the CLI run in it; the metrics and weights a run leaves.
-#![allow(dead_code)] // each test binary uses its own subset
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -120,9 +119,12 @@ impl Drop for Scratch {
 }
 
 /// A fresh directory with the tiny model, the tokenizer, the data and a recipe whose extra
-/// lines are `extra` (appended, so they override nothing but add blocks).
+/// lines are `extra` (appended, so they override nothing but add blocks). Its name has a
+/// per-process counter: two files' tests may take the same `name` side by side (tests/suite.rs).
 pub fn workspace(name: &str, recipe: &str) -> Scratch {
-    let dir = std::env::temp_dir().join(format!("recipe-run-{name}-{}", std::process::id()));
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("recipe-run-{name}-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("config.json"), CONFIG).unwrap();

@@ -11,7 +11,7 @@
 //! rounding boundary rounds the other way on one side: f16 2⁻¹⁰, bf16 2⁻⁷; measured at most
 //! 1.1e-4 for f16, 1.2e-3 for bf16). Each test prints its measured errors (`--nocapture`).
 
-mod common;
+use crate::common;
 
 use common::{calls, pair, rand};
 use recipe_kernel_emu::EmuTyped;

@@ -1,6 +1,6 @@
 //! runtime/kernels/elementwise.cu on the emulated device against the CPU backend.
 
-mod common;
+use crate::common;
 
 use common::{close, pair, rand, SIZES};
 use recipe_runtime::backend::{Backend, Dropout, Gemm};

@@ -4,7 +4,7 @@
 //! table element's gradients in token order, as the CPU loop does, so both are bit-identical, and
 //! the rows no token touched keep their bits (they are not rounded to the storage dtype).
 
-mod common;
+use crate::common;
 
 use common::{pair, rand, rand_ids};
 use recipe_runtime::backend::Backend;

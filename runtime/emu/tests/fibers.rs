@@ -6,7 +6,7 @@
 //! so does a 16-byte or 32-bit access at an address a GPU would refuse as misaligned. Both context switches are checked: the x86-64 assembly the library uses
 //! there, and the ucontext one it uses elsewhere (forced with `RECIPE_EMU_UCONTEXT`).
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::Command;

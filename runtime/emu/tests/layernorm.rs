@@ -8,7 +8,7 @@
 //! 0 on every shape here (bit-identical). dw/db are recomputed per column from mean/rstd in the
 //! CPU's order; given the same mean/rstd they are bit-identical, which is asserted exactly.
 
-mod common;
+use crate::common;
 
 use common::{calls, close, pair, rand};
 use recipe_runtime::backend::Backend;

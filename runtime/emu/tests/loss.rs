@@ -7,7 +7,7 @@
 //! comes back as f32 (the CPU keeps f64 until the mean), then the same f64 mean; within 1e-6
 //! relative in f32, one storage ulp for a half store.
 
-mod common;
+use crate::common;
 
 use common::{close, pair, rand, rand_ids};
 use recipe_runtime::backend::Backend;

@@ -2,7 +2,7 @@
 //! emulated device, against the CPU backend: every kernel in the order and shapes the model uses
 //! them, dropout masks included.
 
-mod common;
+use crate::common;
 
 use common::{calls, close};
 use recipe_kernel_emu::Emu;

@@ -10,7 +10,7 @@
 //! it is then the same unless the sum sits that close to an f32 rounding boundary of its square
 //! root (the same on every input tested here).
 
-mod common;
+use crate::common;
 
 use common::rand;
 use recipe_kernel_emu::Emu;

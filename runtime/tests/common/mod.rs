@@ -1,6 +1,5 @@
 //! Helpers shared by the PyTorch parity tests (`parity.rs`, `mixed_parity.rs`): the safetensors
 //! fixtures that `runtime/reference/*.py` write, read as f64.
-#![allow(dead_code)] // each test binary uses its own subset
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
