@@ -549,22 +549,22 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
         Some(t) => {
             // Taken raw: `"auto"` is HF's max(1, warmup from the arguments).
             let w = take(&mut b.ds, "scheduler.params.warmup_num_steps");
+            // Recipe text: HF's warmup as the language writes it, else the config's value as a
+            // literal (a string other than "auto" quoted, for the check to name, never raw).
             let w = match w {
-                Some(Value::String(s)) if s == "auto" => hf_warmup.clone().map(Value::String),
+                Some(Value::String(s)) if s == "auto" => hf_warmup.clone(),
                 // HF matches warmup_num_steps against max(1, warmup_steps) (DeepSpeed ≥ 0.19.6
                 // wants it positive), so 1 with `warmup_steps = 0` is a run without warmup.
                 Some(v)
                     if num(&v) == Some(1.0)
                         && warmup_steps_arg.as_ref().and_then(num) == Some(0.0) =>
                 {
-                    warmup_steps_arg.clone()
+                    warmup_steps_arg.as_ref().map(lit)
                 }
-                other => other,
+                other => other.as_ref().map(lit),
             };
-            match w {
-                Some(Value::String(item)) => sched.push(("warmup".to_string(), item)),
-                Some(v) => sched.push(("warmup".to_string(), lit(&v))),
-                None => {}
+            if let Some(item) = w {
+                sched.push(("warmup".to_string(), item));
             }
             // Every param the schema maps but the warmup length, read above.
             for (param, key) in ds_params("schedule", "scheduler", |k| k.name != "warmup") {
