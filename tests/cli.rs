@@ -516,6 +516,32 @@ fn diff_reports_what_changed_and_why() {
     assert!(out.contains("artefact.ds_config.json"), "{out}");
 }
 
+/// A key with a carriage return (a JSON `\r`) named in the imported recipe's comments, by the
+/// import and by the --force marks: escaped, so each comment stays one line and the recipe
+/// parses (the `pair` fuzz target found the import's comment broken into recipe text).
+#[test]
+fn import_comments_escape_line_breaks_in_keys() {
+    let dir = temp_dir("import-cr");
+    let ds = dir.join("ds_config.json");
+    std::fs::write(
+        &ds,
+        r#"{"train_batch_size": 10, "train_micro_batch_size_per_gpu": 3, "x\ry": 1,
+            "zero_optimization": {"stage": 2, "a\rb": 1}}"#,
+    )
+    .unwrap();
+    let o = recipe(&[
+        "import",
+        ds.to_str().unwrap(),
+        "--samples",
+        "1000",
+        "--force",
+    ]);
+    let out = String::from_utf8(o.stdout.clone()).unwrap();
+    assert!(out.contains("`x\\ry`"), "{out}");
+    assert!(!out.contains('\r'), "{out:?}");
+    recipe::syntax::parse(&out).unwrap_or_else(|e| panic!("{e:?}\n{out}"));
+}
+
 #[test]
 fn import_lints_an_existing_config() {
     let dir = temp_dir("import");

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use recipe::commands::import::{import, Inputs};
+use recipe::commands::import::{comment, import, Inputs};
 use recipe::diagnostics::render_human;
 use recipe::SourceFile;
 
@@ -136,11 +136,11 @@ pub fn run(
                 .contains(&f.code)
         })
         .map(|f| {
-            format!(
-                "# the pair as the stack runs it: {} {}\n",
+            comment(&format!(
+                "the pair as the stack runs it: {} {}",
                 f.code,
                 f.message.replace('\n', " ")
-            )
+            ))
         })
         .collect();
     text = format!("{surprises}{text}");
@@ -149,10 +149,10 @@ pub fn run(
         let marks: String = conflicts
             .iter()
             .map(|c| {
-                format!(
-                    "# conflict in the imported pair (--force): {}\n",
+                comment(&format!(
+                    "conflict in the imported pair (--force): {}",
                     c.replace('\n', " ")
-                )
+                ))
             })
             .collect();
         text = format!("{marks}{text}");

@@ -52,6 +52,22 @@ fn label_or_quoted(name: &str) -> String {
     }
 }
 
+/// `text` as one comment line. A comment runs to the end of its line (grammar/recipe.pest,
+/// `COMMENT`), so a key or path from the configs that holds a line break or another control
+/// character is written with it escaped (`\r`), not broken across lines into recipe text.
+pub fn comment(text: &str) -> String {
+    let mut line = String::from("# ");
+    for c in text.chars() {
+        if c.is_control() {
+            line.extend(c.escape_default());
+        } else {
+            line.push(c);
+        }
+    }
+    line.push('\n');
+    line
+}
+
 /// A recipe value written from JSON.
 fn lit(v: &Value) -> String {
     match v {
@@ -237,10 +253,10 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
     b.hf("do_train");
     b.hf("do_eval");
     let mut out = String::new();
-    out.push_str(&format!(
-        "# Imported by `recipe import` from {}.\n",
+    out.push_str(&comment(&format!(
+        "Imported by `recipe import` from {}.",
         inputs.origin
-    ));
+    )));
     out.push_str("recipe \"imported\"\n");
     if !inputs.targets.is_empty() {
         let pairs: Vec<String> = inputs
@@ -978,21 +994,21 @@ pub fn import(ds: &Value, args: Option<&Value>, inputs: &Inputs) -> String {
             } else {
                 "fill in"
             };
-            head.push_str(&format!("# {what}: {c}\n"));
+            head.push_str(&comment(&format!("{what}: {c}")));
         }
         for k in &b.ignored {
             let top = crate::schema::upstream::DEEPSPEED_TOP_LEVEL.iter().copied();
             let hint = crate::check::suggest::closest(k, top)
                 .map(|best| format!(" (did you mean `{best}`?)"))
                 .unwrap_or_default();
-            head.push_str(&format!(
-                "# not imported: `{k}` is not a DeepSpeed key; DeepSpeed ignores it{hint}\n"
-            ));
+            head.push_str(&comment(&format!(
+                "not imported: `{k}` is not a DeepSpeed key; DeepSpeed ignores it{hint}"
+            )));
         }
         for d in &b.dropped {
-            head.push_str(&format!(
-                "# not imported: {d} is not a name a DeepSpeed key or TrainingArguments field has\n"
-            ));
+            head.push_str(&comment(&format!(
+                "not imported: {d} is not a name a DeepSpeed key or TrainingArguments field has"
+            )));
         }
         out = head + &out;
     }
