@@ -860,9 +860,9 @@ fn three_gpus_reduce_each_segment_to_its_owners_at_zero_2_in_bf16() {
 }
 
 /// ZeRO-1 with optimizer offload on three GPUs in bf16 with the devices summing: the whole
-/// gradient averaged between the devices (summed segment by segment during the last backward),
-/// its norm summed on the device over the whole, only the rank's range of it down for the
-/// host's step, that range's 16-bit values up as the host steps them, then every range
+/// gradient averaged between the devices (each segment summed during the last backward, then
+/// made the average there and its part in the rank's range copied down for the host's step as
+/// the backward goes on), its norm summed on the device over the whole, that range's 16-bit values up as the host steps them, then every range
 /// broadcast from its owner (DeepSpeed's stage 1 with `offload_optimizer`).
 #[test]
 fn three_gpus_offload_their_ranges_at_zero_1_in_bf16() {

@@ -542,8 +542,12 @@ impl recipe_runtime::optim::device::Resident for Counted {
         self.inner.params_uploaded()
     }
 
-    fn land_next(&self, dst: recipe_runtime::optim::device::Landing) -> bool {
-        self.inner.land_next(dst)
+    fn land_next(
+        &self,
+        dst: recipe_runtime::optim::device::Landing,
+        storage: recipe_runtime::zero::Storage,
+    ) -> bool {
+        self.inner.land_next(dst, storage)
     }
 
     fn sum_next(&self) -> bool {
@@ -729,8 +733,8 @@ fn a_window_reads_its_micro_batch_losses_back_once_in_order() {
 ///   finishes it.
 /// - ZeRO 2–3 with peers and optimizer offload: the rank's partition down during the window's
 ///   last backward (each segment's piece once reduced) and up range by range during the host's
-///   step, one wait each per step. ZeRO-1: the whole averaged as without offload, the rank's
-///   range of it down after the window, up range by range.
+///   step, one wait each per step. ZeRO-1: the whole summed as without offload, the rank's
+///   range of each segment's average landed as the sums come in, up range by range.
 #[test]
 fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs() {
     use recipe_kernel_emu::EmuPeers;
@@ -882,16 +886,14 @@ fn two_ranks_on_devices_copy_once_per_step_or_micro_batch_as_their_stage_needs()
         // piece as it is reduced and added: no download after the window, one wait), the host
         // stepping it and queuing its ranges up as it goes (one range for the tiny model, one
         // wait); the same sums between the devices plus ZeRO-2's broadcasts of the parameters
-        // after each step. ZeRO-1: the whole gradient averaged on the devices as without
-        // offload, then the rank's range down after the window (one download a step, its
-        // norm summed on the device over the whole), its range up as the host steps it and
-        // the owners' broadcasts.
+        // after each step. ZeRO-1: the whole gradient summed on the devices as without
+        // offload, each segment made the average and its part in the rank's range landed as
+        // the sums come in (no download after the window, one wait; its norm summed on the
+        // device over the whole), its range up as the host steps it and the owners'
+        // broadcasts.
         let (host, _) = run(stage, Mode::Host, true);
         let (peers, (calls, sums)) = run(stage, Mode::Peers, true);
-        let want = match stage {
-            1 => [6, 3, 3, 0, 3, 0, 3],
-            _ => [6, 0, 3, 0, 0, 3, 3],
-        };
+        let want = [6, 0, 3, 0, 3 * usize::from(stage == 1), 3, 3];
         assert_eq!(calls, vec![want; 2], "ZeRO-{stage} offloaded");
         let want = match stage {
             1 => [3 * segs, 0, 6],

@@ -184,9 +184,13 @@ pub trait Resident: Send + Sync {
     /// gradient buckets down during the backward the same way); [`Resident::landed`] waits for
     /// the copies, in place of [`Resident::download_grads`]. With peers at ZeRO 2–3 the
     /// accumulator is the rank's partition, and each segment's piece of it goes down once it is
-    /// reduced and added. Returns whether it will: by default it does not, and the window is
-    /// downloaded after its last micro-batch.
-    fn land_next(&self, _dst: Landing) -> bool {
+    /// reduced and added. ZeRO-1 with peers averages the whole accumulator: each segment, once
+    /// summed over the devices ([`Resident::sum_next`]), is made the average as
+    /// [`Resident::average_grads`] makes it with `storage`, and its part in this rank's range
+    /// goes down (`dst` holds the range); `average_grads` then only waits for the sums. Returns
+    /// whether it will: by default it does not, and the window is downloaded after its last
+    /// micro-batch.
+    fn land_next(&self, _dst: Landing, _storage: Storage) -> bool {
         false
     }
     /// Waits for the copies of the last [`Resident::land_next`]; the device's errors.

@@ -735,10 +735,11 @@ impl Replica {
     }
 
     /// The next [`Replica::micro`] is its window's last. Under optimizer offload with the model
-    /// on the device (one, or with peers at ZeRO 2–3 the rank's partition), that micro-batch's
-    /// backward then copies each finished segment of the window's gradient down while it
-    /// computes the rest ([`Resident::land_next`]), rather than [`Replica::finish_window`]
-    /// copying the whole after it.
+    /// on the device (one, or with peers at ZeRO 2–3 the rank's partition and at ZeRO-1 the
+    /// rank's range of the averaged whole), that micro-batch's backward then copies each
+    /// finished segment of the window's gradient down while it computes the rest
+    /// ([`Resident::land_next`]), rather than [`Replica::finish_window`] copying the whole
+    /// after it.
     pub fn last_micro(&mut self) {
         self.last_next = true;
     }
@@ -762,7 +763,7 @@ impl Replica {
             // SAFETY: the staging buffer is pinned memory of the run, which nothing touches
             // until `finish_window` has called `landed` (the window's overflow check, clip and
             // step read it after that).
-            self.landing = r.land_next(unsafe { Landing::new(&mut s.grads) });
+            self.landing = r.land_next(unsafe { Landing::new(&mut s.grads) }, self.storage);
         }
         if last && self.peers && stage <= 1 {
             // ZeRO 0–1 with the devices summing: the window's sums start during its last
@@ -913,11 +914,17 @@ impl Replica {
             let r = x.resident().expect("kept on the device");
             if self.peers && self.shard.stage == 1 {
                 // ZeRO-1 with peers: averaged on the devices (summed segment by segment during
-                // the last backward, `sum_next`), then this rank's range down. The host barrier
-                // first, as before any sum between the devices.
+                // the last backward, `sum_next`), and this rank's range down: during that
+                // backward where the device lands it (`land_next`: each segment's part once
+                // summed and averaged), else after it. The host barrier first, as before any
+                // sum between the devices.
                 coll.barrier()?;
                 r.average_grads(self.storage)?;
-                r.download_grads(&mut s.grads)?;
+                if std::mem::take(&mut self.landing) {
+                    r.landed()?;
+                } else {
+                    r.download_grads(&mut s.grads)?;
+                }
                 return Ok(());
             }
             if std::mem::take(&mut self.landing) {

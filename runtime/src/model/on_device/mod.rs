@@ -113,6 +113,12 @@ struct State<D: Device> {
     /// The accumulator's sums are queued (by the last micro-batch): [`Resident::average_grads`]
     /// joins them instead of summing.
     summed: bool,
+    /// ZeRO-1 with peers under optimizer offload, a window landing ([`Resident::land_next`]):
+    /// how the last micro-batch makes each summed segment the average before its copy down.
+    averaging: Option<Storage>,
+    /// That micro-batch made the whole accumulator the average: [`Resident::average_grads`]
+    /// only joins.
+    averaged: bool,
     /// The resident optimizer steps one model segment at a time, each segment's update (and
     /// its gradient's zeroing) queued beside the rest, which the next micro-batch's forward
     /// waits for segment by segment (`Kernels::update_aside`; docs/cuda.md, "The step beside
@@ -278,6 +284,8 @@ impl<D: Device> OnDevice<D> {
                 eval_graphs: graphs::Graphs::default(),
                 sum_next: false,
                 summed: false,
+                averaging: None,
+                averaged: false,
                 by_segments: false,
                 deferred: None,
                 updating: false,

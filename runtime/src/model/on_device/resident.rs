@@ -479,6 +479,28 @@ where
                     // finished segment of the accumulator summed over the devices on the copy
                     // stream while the backward goes on; `average_grads` joins them.
                     let peers = st.peers.as_deref_mut().ok_or_else(no_peers)?;
+                    // ZeRO-1 under offload: the rank's range lands as the sums come in.
+                    let averaging = std::mem::take(&mut st.averaging);
+                    let mut land = match (landing.as_ref(), averaging, &st.split) {
+                        (Some(dst), Some(storage), Some(Split::Flat(ranges, me))) => {
+                            Some(Averaged {
+                                dst,
+                                mine: ranges[*me].clone(),
+                                inv: 1.0 / peers.world() as f32,
+                                storage,
+                                pending: None,
+                            })
+                        }
+                        (None, None, _) => None,
+                        _ => {
+                            return Err(ModelError::Argument(
+                                "a window landed on a device that sums with its peers, \
+                                 other than ZeRO-1's range"
+                                    .into(),
+                            ))
+                        }
+                    };
+                    let averaged = land.is_some();
                     let loss = graphed(k, graphs, ws, (false, inputs_set), on, [0; 3], |ws| {
                         let mut src = BufParams::new(k, params, segs);
                         let mut sink = Summed {
@@ -486,14 +508,19 @@ where
                             peers: &mut *peers,
                             grads: &mut *acc,
                             segs,
+                            landing: land.take(),
                         };
-                        model.pass_on_with::<_, _, _, ModelError>(
+                        let loss = model.pass_on_with::<_, _, _, ModelError>(
                             k, ws, batch, weight, &mut src, &mut sink, dropout,
-                        )
+                        )?;
+                        sink.finish()?;
+                        Ok(loss)
                     });
                     // Queued or not, the sums so far are pending: joined by `average_grads`.
                     st.summed = true;
-                    loss?
+                    let loss = loss?;
+                    st.averaged = averaged;
+                    loss
                 }
                 (None, _) => {
                     let mut norms = st.norms.as_mut().filter(|_| norm);
@@ -742,6 +769,10 @@ where
         if std::mem::take(&mut st.summed) {
             // Summed segment by segment during the last backward (`sum_next`).
             dev.join_copies().map_err(ModelError::Device)?;
+            if std::mem::take(&mut st.averaged) {
+                // And made the average there (`land_next`), with `storage` as here.
+                return dev.sync().map_err(ModelError::Device);
+            }
         } else {
             peers
                 .all_reduce_sum(dev, dev.view_mut(acc))
@@ -894,8 +925,10 @@ where
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         // ZeRO 0–1 with peers: the whole accumulator, added into in place (ZeRO-3's pieces and
         // ZeRO-2's own gradient sum every micro-batch already).
+        // ZeRO-1 under offload lands its range as the sums come in (`land_next`).
         let flat = matches!(st.split, None | Some(Split::Flat(..)));
-        st.sum_next = st.peers.is_some() && st.own.is_none() && flat && st.landing.is_none();
+        let landing = st.landing.is_none() || st.averaging.is_some();
+        st.sum_next = st.peers.is_some() && st.own.is_none() && flat && landing;
         st.sum_next
     }
 
@@ -905,19 +938,29 @@ where
         st.norm_next
     }
 
-    fn land_next(&self, dst: Landing) -> bool {
+    fn land_next(&self, dst: Landing, storage: Storage) -> bool {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         // One device's whole accumulator; with peers at ZeRO 2–3 the rank's partition, each
-        // segment's piece as it is reduced and added (`Scatter::landing`).
+        // segment's piece as it is reduced and added (`Scatter::landing`); ZeRO-1 with peers
+        // the rank's range of the whole, each segment's part once summed and averaged (`Summed`).
         let dev = self.kernels.device();
         let acc = st.acc.as_ref().map(|a| dev.len(dev.view(a)));
-        let lands = matches!(
+        let partition = matches!(
             (&st.split, st.peers.is_some(), &st.own),
             (None, false, _)
                 | (Some(Split::Flat(..)), true, Some(Own::Segments(..)))
                 | (Some(Split::Pieces(_)), true, None)
         );
-        if !lands || acc != Some(dst.len()) {
+        // ZeRO-1's accumulator under offload is the whole gradient (`Resident::upload`).
+        let range = match (&st.split, st.peers.is_some(), &st.own, acc) {
+            (Some(Split::Flat(ranges, me)), true, None, Some(_)) => Some(ranges[*me].len()),
+            _ => None,
+        };
+        if partition && acc == Some(dst.len()) {
+            st.averaging = None;
+        } else if range == Some(dst.len()) {
+            st.averaging = Some(storage);
+        } else {
             return false;
         }
         st.landing = Some(dst);
@@ -938,11 +981,72 @@ where
 /// queued on the copy stream ([`Peers::all_reduce_sum_queued`]) while the backward computes the
 /// next segments. The caller joins the sums ([`Device::join_copies`]) before it reads the
 /// accumulator or calls a direct sum.
+///
+/// With `landing` (ZeRO-1 under optimizer offload, [`Resident::land_next`]) each summed segment
+/// is made the average and its part in this rank's range queued for its copy down, one segment
+/// late: when the backward has finished the next segment, the compute stream joins the sums
+/// queued so far (that segment's sum has run beside the next segment's backward), averages the
+/// segment and queues its copy on the copy stream, ahead of the next segment's sum.
+/// [`Summed::finish`] does the last.
 struct Summed<'a, D: Device> {
     k: &'a Kernels<D>,
     peers: &'a mut dyn Peers<D>,
     grads: &'a mut D::Buf,
     segs: &'a [Range<usize>],
+    landing: Option<Averaged<'a>>,
+}
+
+/// Where [`Summed`] copies this rank's range of the averaged gradient, and how it averages.
+struct Averaged<'a> {
+    dst: &'a Landing,
+    /// This rank's range of the accumulator, which `dst` holds.
+    mine: Range<usize>,
+    /// `1 / world`, as [`Resident::average_grads`] multiplies.
+    inv: f32,
+    storage: Storage,
+    /// The segment summed last and not yet averaged.
+    pending: Option<usize>,
+}
+
+impl<D: Device> Summed<'_, D> {
+    /// The pending segment's sum joined, made the average, and its part in this rank's range
+    /// queued for its copy down.
+    fn average_pending(&mut self) -> Result<(), ModelError> {
+        let Some(l) = self.landing.as_mut() else {
+            return Ok(());
+        };
+        let Some(seg) = l.pending.take() else {
+            return Ok(());
+        };
+        let (k, dev) = (self.k, self.k.device());
+        dev.join_copies().map_err(ModelError::Device)?;
+        let r = self.segs[seg].clone();
+        let s = l.storage;
+        k.scale_round(
+            dev.range_mut(self.grads, r.clone()),
+            l.inv,
+            s.comm,
+            s.module,
+        );
+        let part = r.start.max(l.mine.start)..r.end.min(l.mine.end);
+        if !part.is_empty() {
+            // SAFETY: `dst` is pinned memory of this rank's range (`land_next` checked), which
+            // the replica leaves alone until `landed`; this segment of the accumulator is not
+            // written again before the next window's `zero_grads`, after `landed`.
+            unsafe {
+                dev.download_queued(
+                    dev.sub(k.view(self.grads), part.clone()),
+                    l.dst.at(part.start - l.mine.start),
+                )
+            };
+        }
+        Ok(())
+    }
+
+    /// After the pass: the last segment averaged and queued.
+    fn finish(mut self) -> Result<(), ModelError> {
+        self.average_pending()
+    }
 }
 
 impl<D: Device> crate::model::GradSink<Kernels<D>> for Summed<'_, D> {
@@ -958,12 +1062,18 @@ impl<D: Device> crate::model::GradSink<Kernels<D>> for Summed<'_, D> {
     fn done(&mut self, seg: usize) -> Result<(), ModelError> {
         // The segment's aside work (its weight gradients' GEMMs and rounding) first.
         self.k.join_aside();
+        // The segment before, averaged and landing, ahead of this one's sum.
+        self.average_pending()?;
         let dev = self.k.device();
         let s = dev.range_mut(self.grads, self.segs[seg].clone());
         // SAFETY: the accumulator is the state's, alive for the run; the backward writes only
         // the segments it has not finished, and the caller joins the sums before it reads or
         // writes this one again or calls a direct sum.
-        unsafe { self.peers.all_reduce_sum_queued(dev, s) }.map_err(ModelError::Device)
+        unsafe { self.peers.all_reduce_sum_queued(dev, s) }.map_err(ModelError::Device)?;
+        if let Some(l) = self.landing.as_mut() {
+            l.pending = Some(seg);
+        }
+        Ok(())
     }
 }
 
