@@ -5,8 +5,9 @@ The training script reads the data with `datasets.load_dataset("csv" | "json", d
 (pandas for CSV/TSV, pyarrow for JSON Lines); `recipe explain` predicts the steps from its own
 count of the same file, and `recipe run` trains on the rows its reader finds. This writes a set
 of files that are easy to miscount (quoted newlines, a byte order mark, CRLF, blank lines, quoted
-delimiters and header names, no final newline, a file that is one JSON array) into `conformance/data-rows/`, counts each with
-the real loader and with `recipe explain --format json`, and writes both counts to
+delimiters and header names, no final newline, a file that is one JSON array, one that datasets
+takes for a list of strings) into `conformance/data-rows/`, counts each with the real loader (and
+notes its columns) and with `recipe explain --format json`, and writes both counts to
 `conformance/fixtures/data-rows.json`. tests/data_files.rs checks, without Python, that the
 current scan (`recipe explain`'s count) and the runtime's reader still count what `datasets`
 counted.
@@ -76,10 +77,14 @@ def files() -> dict[str, bytes]:
     out["array.json"] = json.dumps(objects, indent=2) + "\n"
     out["array_bom_crlf.json"] = "\ufeff" + json.dumps(objects, indent=1).replace("\n", "\r\n")
     out["array_one_line.jsonl"] = json.dumps(objects)
+    # What datasets takes for a list of strings (no `{` before the first `"` in the first 100
+    # bytes): each element becomes the row {"text": element}, strings and objects alike.
+    out["array_strings.json"] = json.dumps([t for t, _ in rows], indent=1) + "\n"
+    out["array_padded.json"] = "[" + " " * 100 + json.dumps(objects) [1:] + "\n"
     return {name: text.encode("utf-8") for name, text in out.items()}
 
 
-def hf_rows(path: Path) -> int:
+def hf_rows(path: Path) -> tuple[int, list[str]]:
     import datasets
 
     datasets.disable_progress_bars()
@@ -91,7 +96,7 @@ def hf_rows(path: Path) -> int:
             kwargs = {"sep": "\t"} if ext == ".tsv" else {}
             ds = datasets.load_dataset("csv", data_files=str(path), split="train", cache_dir=cache,
                                        **kwargs)
-    return ds.num_rows
+    return ds.num_rows, ds.column_names
 
 
 def recipe_rows(recipe: str, path: Path) -> int | None:
@@ -116,9 +121,10 @@ def main() -> int:
     for name, data in sorted(files().items()):
         path = FILES / name
         path.write_bytes(data)
-        hf = hf_rows(path)
+        hf, columns = hf_rows(path)
         ours = recipe_rows(a.recipe, path.resolve())
         results.append({"file": f"data-rows/{name}", "datasets_rows": hf, "recipe_rows": ours,
+                        "datasets_columns": columns,
                         "lines": data.count(b"\n") + (0 if data.endswith(b"\n") else 1)})
         print(f"data_rows: {name}: datasets {hf}, recipe {ours}")
     import datasets

@@ -245,6 +245,10 @@ fn a_broken_csv_row_is_reported_by_check_and_run_at_the_same_line() {
 /// Tricky files whose every other row has only empty fields (conformance/data_rows.py).
 const BLANK_ROWS: &[&str] = &["delimiter_only_lines.csv", "whitespace_lines.tsv"];
 
+/// JSON arrays that datasets takes for lists of strings, each element a row's `text`
+/// (conformance/data_rows.py; data::scan, `array_of_strings`).
+const STRINGS_ARRAYS: &[&str] = &["array_strings.json", "array_padded.json"];
+
 #[test]
 fn tricky_files_have_the_rows_hf_datasets_finds() {
     use recipe::resolve::files::{scan_file, Format, ScanSpec};
@@ -270,6 +274,17 @@ fn tricky_files_have_the_rows_hf_datasets_finds() {
         let len = std::fs::metadata(&path).unwrap().len();
         let scan = scan_file(&path, len, &spec).unwrap();
         assert_eq!(scan.rows, hf, "{}: the scan", path.display());
+        // The columns datasets made: a CSV/TSV header, the first JSON row's fields.
+        let columns = match &scan.header {
+            Some((_, names)) => names.clone(),
+            None => scan.first_fields.clone(),
+        };
+        assert_eq!(
+            serde_json::json!(columns),
+            f["datasets_columns"],
+            "{}: the columns",
+            path.display()
+        );
         let read = recipe_runtime::data::read_examples(
             &recipe_runtime::data::DataSpec {
                 path: path.clone(),
@@ -295,6 +310,23 @@ fn tricky_files_have_the_rows_hf_datasets_finds() {
             );
             let e = read.expect_err("a row without a label").to_string();
             assert!(e.contains(&format!("{name}:3:")), "{e}");
+            continue;
+        }
+        assert_eq!(
+            scan.strings_array,
+            STRINGS_ARRAYS.contains(&name.as_ref()),
+            "{name}"
+        );
+        if scan.strings_array {
+            // No row has a label (nor, from the padded objects, a text that is a string): the
+            // checker says so of every row (rules/data.rs adds why), and the reader stops at
+            // the first, on the line its element starts.
+            assert_eq!(scan.bad_rows, 0, "{name}: {:?}", scan.first_bad);
+            let missing = scan.missing.iter().find(|m| m.field == "label");
+            assert_eq!(missing.map(|m| m.rows), Some(hf), "{name}: {scan:?}");
+            let first = missing.unwrap().first_line;
+            let e = read.expect_err("rows without a label").to_string();
+            assert!(e.contains(&format!("{name}:{first}:")), "{e}");
             continue;
         }
         assert_eq!(scan.bad_rows, 0, "{}: {:?}", path.display(), scan.first_bad);
@@ -370,13 +402,53 @@ mod agreement {
             input.extend(tail.as_bytes());
             check::run(&input);
         }
+
+        #[test]
+        fn scan_and_reader_agree_on_any_json_array_of_values(
+            values in prop::collection::vec(value(), 0..5),
+            sep in prop_oneof![Just(",\n"), Just(", "), Just(",,")],
+            head in prop_oneof![Just("["), Just("\u{feff}[\n"), Just("[\"ham\", ")],
+        ) {
+            // What HF reads as a list of strings when no `{` comes before the first `"` in the
+            // first 100 bytes (data::scan, `array_of_strings`): each element a row's `text`.
+            let mut input = vec![0u8];
+            input.extend(head.as_bytes());
+            input.extend(values.join(sep.as_bytes()));
+            input.extend(b"]");
+            check::run(&input);
+        }
     }
 
-    /// Rows that are objects with a text and a label and a value built from the pieces where
-    /// JSON readers differ: escapes (surrogates, a lone one, a bad one), control characters,
-    /// numbers (leading zeros, exponents, out of an f64's range), literals, nesting (deep too,
-    /// to serde_json's limit), commas and brackets out of place, bytes that are not UTF-8.
+    /// Rows that are objects with a text and a label and a value ([`value`]).
     fn jsonish() -> impl Strategy<Value = Vec<u8>> {
+        // The value is the text itself (of any type: R0708's), or a field beside it.
+        (value(), any::<bool>(), any::<bool>()).prop_map(|(value, ham, as_text)| {
+            let mut row = Vec::new();
+            let (key, text) = if as_text {
+                (&b"text"[..], &b"\"v\": 0"[..])
+            } else {
+                (&b"v"[..], &b"\"text\": \"a\""[..])
+            };
+            row.extend(b"{\"");
+            row.extend(key);
+            row.extend(b"\": ");
+            row.extend(&value);
+            row.extend(b", ");
+            row.extend(text);
+            row.extend(if ham {
+                &b", \"label\": \"ham\"}"[..]
+            } else {
+                &b", \"label\": \"spam\"}"[..]
+            });
+            row
+        })
+    }
+
+    /// A value built from the pieces where JSON readers differ: escapes (surrogates, a lone
+    /// one, a bad one), control characters, numbers (leading zeros, exponents, out of an f64's
+    /// range), literals, nesting (deep too, to serde_json's limit), commas and brackets out of
+    /// place, bytes that are not UTF-8.
+    fn value() -> impl Strategy<Value = Vec<u8>> {
         let piece = prop_oneof![
             Just(&b"\"\\ud83d\\ude00\""[..]),
             Just(&b"\"\\ud83d\""[..]),
@@ -419,30 +491,9 @@ mod agreement {
             v.extend("]".repeat(n).bytes());
             v
         });
-        let value = prop_oneof![
+        prop_oneof![
             prop::collection::vec(piece, 1..8).prop_map(|p| p.concat()),
             deep,
-        ];
-        // The value is the text itself (of any type: R0708's), or a field beside it.
-        (value, any::<bool>(), any::<bool>()).prop_map(|(value, ham, as_text)| {
-            let mut row = Vec::new();
-            let (key, text) = if as_text {
-                (&b"text"[..], &b"\"v\": 0"[..])
-            } else {
-                (&b"v"[..], &b"\"text\": \"a\""[..])
-            };
-            row.extend(b"{\"");
-            row.extend(key);
-            row.extend(b"\": ");
-            row.extend(&value);
-            row.extend(b", ");
-            row.extend(text);
-            row.extend(if ham {
-                &b", \"label\": \"ham\"}"[..]
-            } else {
-                &b", \"label\": \"spam\"}"[..]
-            });
-            row
-        })
+        ]
     }
 }

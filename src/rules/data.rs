@@ -460,6 +460,11 @@ fn missing_fields(r: &Resolved, key: &str, written: &str, scan: &DataScan) -> Ve
             .collect();
         // The field is absent everywhere: a CSV/TSV header without the column, or no row has it.
         let everywhere = (scan.header.is_some() && m.rows == 0) || m.rows == scan.rows;
+        if scan.strings_array {
+            // The one field is HF's, not the file's: naming it would not make the rows right.
+            out.push(d.with_help(strings_array_help(r, written)));
+            continue;
+        }
         let suggestion = crate::check::suggest::closest(&m.field, candidates.iter().copied())
             .or_else(|| (candidates.len() == 1).then(|| candidates[0]));
         if let Some(best) = suggestion.filter(|_| everywhere) {
@@ -506,12 +511,26 @@ fn not_text(r: &Resolved, key: &str, written: &str, scan: &DataScan) -> Vec<Diag
                     format!("`{}` names a text field", item.trim_start_matches("data.")),
                 );
             }
-            d.with_help(format!(
-                "text fields are JSON strings: quote the value (`\"{}\": \"42\"`), or fix or remove line {} and the other such rows",
-                t.field, t.first_line
-            ))
+            d.with_help(if scan.strings_array {
+                strings_array_help(r, written)
+            } else {
+                format!(
+                    "text fields are JSON strings: quote the value (`\"{}\": \"42\"`), or fix or remove line {} and the other such rows",
+                    t.field, t.first_line
+                )
+            })
         })
         .collect()
+}
+
+/// Why the rows of a JSON array file have one field, `text`, whatever its elements are: HF
+/// `datasets` reads it as a list of strings (`scan::array_of_strings`, which cites the loader).
+fn strings_array_help(r: &Resolved, written: &str) -> String {
+    format!(
+        "HF `datasets` reads {written} as a list of strings (a JSON array with no `{{` before the first `\"` in its first 100 bytes): each element becomes a row whose one field is `text`; write each element as an object, such as {{\"{}\": \"…\", \"{}\": 0}}, and begin the file with `[{{`",
+        r.text("data.text"),
+        r.text("data.label")
+    )
 }
 
 /// With `classify(labels: N)` (a count), the distinct label names of the local training file,

@@ -131,10 +131,11 @@ fn read_jsonl(
 }
 
 /// The rows of a JSON array file (one array of objects, [`super::scan::is_json_array`]), as
-/// HF's json loader takes them: each element a row, on the line where it starts. The file is
-/// read whole, as there; its elements are cut by the scan's own walk
-/// ([`super::scan::array_elements`]), so that `recipe check` and `recipe run` find the same
-/// rows and stop at the same one.
+/// HF's json loader takes them: each element a row, on the line where it starts; in what it
+/// takes for a list of strings ([`super::scan::array_of_strings`]), each element the value of
+/// the row's one field, `text`. The file is read whole, as there; its elements are cut by the
+/// scan's own walk ([`super::scan::array_elements`]), so that `recipe check` and `recipe run`
+/// find the same rows and stop at the same one.
 fn read_json_array(
     spec: &DataSpec,
     labels: &LabelSet,
@@ -148,17 +149,23 @@ fn read_json_array(
             path: path.clone(),
             source,
         })?;
+    let strings = super::scan::array_of_strings(&bytes);
     let mut elements = Vec::new();
     let fault = super::scan::array_elements(&bytes, |line, _, range| {
         elements.push((line as usize, range));
     });
     let mut out = Vec::with_capacity(elements.len());
     for (line, range) in elements {
-        let value: Value = serde_json::from_slice(&bytes[range]).map_err(|e| DataError::Json {
-            path: path.clone(),
-            line,
-            message: format!("not valid JSON: {e}"),
-        })?;
+        let mut value: Value =
+            serde_json::from_slice(&bytes[range]).map_err(|e| DataError::Json {
+                path: path.clone(),
+                line,
+                message: format!("not valid JSON: {e}"),
+            })?;
+        if strings {
+            let field = super::scan::STRINGS_FIELD.to_string();
+            value = Value::Object([(field, value)].into_iter().collect());
+        }
         out.push(example(spec, labels, line, value)?);
     }
     if let Err((line, message)) = fault {

@@ -103,6 +103,10 @@ pub struct DataScan {
     pub labels: Vec<LabelSeen>,
     /// More than [`MAX_LABELS`] distinct labels: the rest were not collected.
     pub labels_truncated: bool,
+    /// A JSON array file that HF `datasets` reads as a list of strings ([`array_of_strings`]):
+    /// each element is the row `{"text": element}`.
+    #[serde(default)]
+    pub strings_array: bool,
 }
 
 /// Distinct label values collected at most (more than any classification task declares).
@@ -439,10 +443,17 @@ impl<'a> ScanState<'a> {
     }
 
     /// Reads a JSON array file's elements as rows ([`array_elements`]): each must be an object,
-    /// as a JSONL line must.
+    /// as a JSONL line must; in a list of strings ([`array_of_strings`]) each element is the
+    /// value of the row's one field, `text`.
     fn json_array(&mut self, bytes: &[u8]) {
+        let strings = array_of_strings(bytes);
+        self.scan.strings_array = strings;
         let fault = array_elements(bytes, |n, flat, at| {
             self.lines += 1;
+            if strings {
+                let row = self.string_row(flat);
+                return self.record(n, row);
+            }
             match self.walk_row(flat) {
                 Ok((_, row)) => self.record(n, row),
                 Err(fault) => self.bad(n, fault_message(&bytes[at], fault)),
@@ -539,35 +550,45 @@ impl<'a> ScanState<'a> {
     /// Walks one row; nothing is recorded yet (the caller may find the line incomplete).
     fn walk_row<'b>(&self, b: &'b [u8]) -> Result<(usize, Row<'b>), Fault> {
         let mut row = Row::default();
-        let first = !self.have_first;
-        let end = walk_object(b, |key, value| {
-            if first {
-                row.keys.push(decode_key(key));
-            }
-            for (i, field) in self.spec.fields.iter().enumerate() {
-                if key_is(key, field) {
-                    if value == b"null" {
-                        row.present &= !(1 << i);
-                    } else {
-                        row.present |= 1 << i;
-                    }
-                    // The last of duplicate keys counts, as in the reader's map.
-                    row.not_text &= !(1 << i);
-                    if i < MAX_FIELDS
-                        && Some(i) != self.spec.label
-                        && value[0] != b'"'
-                        && value != b"null"
-                    {
-                        row.not_text |= 1 << i;
-                        row.found[i] = json_type(value[0]);
-                    }
-                    if Some(i) == self.spec.label {
-                        row.label = (value != b"null").then_some(value);
-                    }
+        let end = walk_object(b, |key, value| self.member(&mut row, key, value))?;
+        Ok((end, row))
+    }
+
+    /// The row of a list of strings' element ([`array_of_strings`]): `{"text": element}`, the
+    /// element valid JSON ([`array_elements`]).
+    fn string_row<'b>(&self, element: &'b [u8]) -> Row<'b> {
+        let mut row = Row::default();
+        self.member(&mut row, STRINGS_FIELD.as_bytes(), element);
+        row
+    }
+
+    /// Adds a row's top-level member (its raw key and value) to what the scan looks for.
+    fn member<'b>(&self, row: &mut Row<'b>, key: &'b [u8], value: &'b [u8]) {
+        if !self.have_first {
+            row.keys.push(decode_key(key));
+        }
+        for (i, field) in self.spec.fields.iter().enumerate() {
+            if key_is(key, field) {
+                if value == b"null" {
+                    row.present &= !(1 << i);
+                } else {
+                    row.present |= 1 << i;
+                }
+                // The last of duplicate keys counts, as in the reader's map.
+                row.not_text &= !(1 << i);
+                if i < MAX_FIELDS
+                    && Some(i) != self.spec.label
+                    && value[0] != b'"'
+                    && value != b"null"
+                {
+                    row.not_text |= 1 << i;
+                    row.found[i] = json_type(value[0]);
+                }
+                if Some(i) == self.spec.label {
+                    row.label = (value != b"null").then_some(value);
                 }
             }
-        })?;
-        Ok((end, row))
+        }
     }
 
     fn record(&mut self, n: u64, row: Row<'_>) {
@@ -994,6 +1015,23 @@ pub fn is_json_array(head: &[u8]) -> bool {
     head.strip_prefix(format::BOM).unwrap_or(head).first() == Some(&b'[')
 }
 
+/// Whether HF `datasets` takes a JSON array file ([`is_json_array`]) as a list of strings: when
+/// no `{` comes before the first `"` in its first 100 bytes (after a byte order mark). It then
+/// writes each element `x` back as the JSON line `{"text": x}`, whatever `x` is, so the rows
+/// have one field, `text` (datasets 5.2.0 packaged_modules/json/json.py, `_generate_tables`:
+/// `b"{" in batch[:100].split(b'"', 1)[0]` decides "list of objects"). Checked there: `["a",
+/// "b"]` gives two rows of a `text` string; `[1, 2]` a `text` of integers; an array of
+/// objects after 100 bytes of spaces, rows whose `text` is each object.
+pub fn array_of_strings(bytes: &[u8]) -> bool {
+    let b = bytes.strip_prefix(format::BOM).unwrap_or(bytes);
+    let head = &b[..b.len().min(100)];
+    let before_quote = head.split(|&c| c == b'"').next().unwrap_or(head);
+    !before_quote.contains(&b'{')
+}
+
+/// The field a list of strings' rows hold ([`array_of_strings`]).
+pub const STRINGS_FIELD: &str = "text";
+
 /// A fault of a JSON array file: the line it is on and what is wrong.
 pub type ArrayFault = (u64, String);
 
@@ -1402,6 +1440,48 @@ mod scan_tests {
             Format::Csv,
         );
         assert!(s.not_text.is_empty());
+    }
+
+    /// HF's list of strings: no `{` before the first `"` in the first 100 bytes, whatever
+    /// the elements are; each element is the row's `text`.
+    #[test]
+    fn a_json_array_of_strings_is_read_as_rows_of_text() {
+        let spec = spec(Format::Jsonl);
+        let scan = |text: &str| scan_reader(text.as_bytes(), &spec).unwrap();
+        let s = scan("[\"a\",\n \"b\", null,\n 7]");
+        assert!(s.strings_array);
+        assert_eq!((s.rows, s.bad_rows), (4, 0), "{:?}", s.first_bad);
+        assert_eq!(s.first_fields, ["text"]);
+        let missing = |field: &str, first_line, rows| MissingField {
+            field: field.into(),
+            first_line,
+            rows,
+        };
+        assert_eq!(s.missing, [missing("text", 2, 1), missing("label", 1, 4)]);
+        assert_eq!(
+            s.not_text,
+            [NotText {
+                field: "text".into(),
+                first_line: 3,
+                found: "a number".into(),
+                rows: 1
+            }]
+        );
+        // Objects are strings' rows too when their first `{` comes after the first 100 bytes
+        // (or after a `"`); a BOM is not counted.
+        let object = "{\"text\": \"a\", \"label\": 0}";
+        for (pad, strings) in [(98, false), (99, true), (0, false)] {
+            let text = format!("\u{feff}[{}{object}]", " ".repeat(pad));
+            assert_eq!(array_of_strings(text.as_bytes()), strings, "{pad} spaces");
+            let s = scan(&text);
+            assert_eq!((s.strings_array, s.rows, s.bad_rows), (strings, 1, 0));
+            assert_eq!(s.not_text.len(), usize::from(strings), "{pad} spaces");
+        }
+        assert!(array_of_strings(b"[\"a\", {\"text\": \"b\"}]"));
+        assert!(!array_of_strings(b"[{\"text\": \"b\"}, \"a\"]"));
+        // Faults of the array itself stop the walk as in any array file.
+        let s = scan("[\"a\",\n\"b\" \"c\"]");
+        assert_eq!(s.first_bad.map(|b| b.0), Some(2));
     }
 
     #[test]
