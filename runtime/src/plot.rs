@@ -117,8 +117,12 @@ pub fn write_run_charts(
     written.push(loss_svg);
     let loss_png = dir.join("loss.png");
     atomic(&loss_png, |tmp| {
-        let root = BitMapBackend::new(tmp, SIZE).into_drawing_area();
-        loss_chart(&root, series, title)
+        let mut rgb = vec![0u8; SIZE.0 as usize * SIZE.1 as usize * 3];
+        {
+            let root = BitMapBackend::with_buffer(&mut rgb, SIZE).into_drawing_area();
+            loss_chart(&root, series, title)?;
+        }
+        write_png(tmp, &rgb, SIZE)
     })?;
     written.push(loss_png);
     let throughput = dir.join("throughput.svg");
@@ -130,8 +134,20 @@ pub fn write_run_charts(
     Ok(written)
 }
 
-/// Draws into a temporary file beside `path` (same extension: the bitmap back-end picks the
-/// format by it), then renames it into place.
+/// Writes `rgb`, 8-bit RGB pixels row by row, as a PNG file. The `png` crate encodes it:
+/// plotters' own encoder (`bitmap_encoder`) would bring the whole `image` crate, decoders of
+/// six formats, for this one picture.
+fn write_png(path: &Path, rgb: &[u8], (w, h): (u32, u32)) -> Result<(), String> {
+    let file = std::fs::File::create(path).map_err(|e| e.to_string())?;
+    let mut enc = png::Encoder::new(std::io::BufWriter::new(file), w, h);
+    enc.set_color(png::ColorType::Rgb);
+    enc.set_depth(png::BitDepth::Eight);
+    let mut writer = enc.write_header().map_err(|e| e.to_string())?;
+    writer.write_image_data(rgb).map_err(|e| e.to_string())?;
+    writer.finish().map_err(|e| e.to_string())
+}
+
+/// Draws into a temporary file beside `path`, then renames it into place.
 fn atomic(path: &Path, draw: impl FnOnce(&Path) -> Result<(), String>) -> Result<(), PlotError> {
     let err = |message: String| PlotError {
         path: path.to_path_buf(),
