@@ -572,7 +572,9 @@ fn train_py_states_the_recipes_model_and_data() {
 /// conformance/data-rows (blank and whitespace lines, BOM + CRLF, quoted newlines, …), its
 /// readers (plain Python, no torch needed) find exactly the `recipe_rows` of
 /// conformance/fixtures/data-rows.json, which HF `datasets` found too. Labels are not judged here
-/// (two files hold rows that R0703/R0704 refuse): only the row count.
+/// (two files hold rows that R0703/R0704 refuse): only the row count. The arrays `datasets`
+/// takes for lists of strings (its columns: `text` alone) give rows without a label, which the
+/// script refuses at the first element's line, as `recipe run` does.
 #[test]
 fn train_py_reads_the_rows_recipe_counts() {
     let Some(python) = common::python("reading data files with the built train.py") else {
@@ -609,7 +611,12 @@ fn train_py_reads_the_rows_recipe_counts() {
         .files;
         let script = dir.join(format!("train_{i}.py"));
         std::fs::write(&script, text_of(&files, "train.py").unwrap()).unwrap();
-        cases.push((script, file, f["recipe_rows"].as_u64().unwrap()));
+        let labelled = f["datasets_columns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c == "label");
+        cases.push((script, file, f["recipe_rows"].as_u64().unwrap(), labelled));
     }
     let count = "import importlib.util, sys\n\
                  script, data = sys.argv[1], sys.argv[2]\n\
@@ -617,7 +624,7 @@ fn train_py_reads_the_rows_recipe_counts() {
                  m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n\
                  m.label_id = lambda raw, path, line: 0\n\
                  print(len(m.read_rows(data)))\n";
-    for (script, file, want) in cases {
+    for (script, file, want, labelled) in cases {
         let o = std::process::Command::new(&python)
             .arg("-c")
             .arg(count)
@@ -627,6 +634,21 @@ fn train_py_reads_the_rows_recipe_counts() {
             .output()
             .unwrap();
         let got = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        if !labelled {
+            // The first element's line: after the `[`, the first byte that is not whitespace.
+            let bytes = std::fs::read(root.join(&file)).unwrap();
+            let first = bytes.iter().skip(1).position(|c| !b" \t\r\n".contains(c));
+            let line = 1 + bytes[..1 + first.unwrap()]
+                .iter()
+                .filter(|&&c| c == b'\n')
+                .count();
+            let e = String::from_utf8_lossy(&o.stderr);
+            assert!(
+                e.contains(&format!("{file}:{line}: field \"label\" is missing")),
+                "{file}: {got} {e}"
+            );
+            continue;
+        }
         assert_eq!(
             got,
             want.to_string(),

@@ -90,7 +90,10 @@ def read_jsonl(path, data):
 
 def read_json_array(path, data):
     """The rows of a file that is one JSON array of objects (its first byte is `[`, the test of
-    HF's json loader), each on the line where its element starts."""
+    HF's json loader), each on the line where its element starts. As there, an array with no
+    `{` before the first `"` in its first 100 bytes is a list of strings: each element is the
+    row {"text": element} (datasets 5.2.0, packaged_modules/json/json.py)."""
+    strings = b"{" not in data[:100].split(b'"', 1)[0]
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -112,7 +115,7 @@ def read_json_array(path, data):
                 row, end = decoder.raw_decode(text, at)
             except ValueError as e:
                 fail(path, e.lineno, f"not valid JSON: {e.msg}")
-            rows.append(row_of(path, line_at(at), row))
+            rows.append(row_of(path, line_at(at), {"text": row} if strings else row))
             at = space.match(text, end).end()
             if text.startswith(",", at):
                 at = space.match(text, at + 1).end()
