@@ -635,13 +635,17 @@ fn train_py_reads_the_rows_recipe_counts() {
             .unwrap();
         let got = String::from_utf8_lossy(&o.stdout).trim().to_string();
         if !labelled {
-            // The first element's line: after the `[`, the first byte that is not whitespace.
+            // The line where the checker's scan finds the first row without a label.
+            use recipe::resolve::files::{scan_reader, Format, ScanSpec};
+            let spec = ScanSpec {
+                format: Format::Jsonl,
+                fields: vec!["text".into(), "label".into()],
+                label: Some(1),
+            };
             let bytes = std::fs::read(root.join(&file)).unwrap();
-            let first = bytes.iter().skip(1).position(|c| !b" \t\r\n".contains(c));
-            let line = 1 + bytes[..1 + first.unwrap()]
-                .iter()
-                .filter(|&&c| c == b'\n')
-                .count();
+            let scan = scan_reader(&bytes[..], &spec).unwrap();
+            let missing = scan.missing.iter().find(|m| m.field == "label");
+            let line = missing.expect("no label in a list of strings").first_line;
             let e = String::from_utf8_lossy(&o.stderr);
             assert!(
                 e.contains(&format!("{file}:{line}: field \"label\" is missing")),
