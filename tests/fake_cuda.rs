@@ -221,6 +221,41 @@ fn against_the_cpu(
     (worst, gpu.clone())
 }
 
+/// Token ids, labels, masks and the dropout key go up from a ring of pinned slots
+/// (runtime/src/backend/cuda/staging.rs), not from pageable memory, which a GPU's driver may
+/// stage only after the stream's queued work ran: the host would wait for each micro-batch
+/// before queueing the next. The fake counts such uploads: the setup's (buffers sized and
+/// filled once) make all of them, so a run of one epoch makes as many as a run of two. With
+/// the compute stream run only when something waits for it (`RECIPE_FAKE_CUDA_LAZY=first`),
+/// a window of eight micro-batches queues more uploads than the ring has slots before the GPU
+/// runs any: a slot written again before its copy ran would train on another micro-batch's
+/// ids, and the losses would part from the CPU's.
+#[test]
+fn token_ids_go_up_from_pinned_memory_without_waiting_for_the_gpu() {
+    let dir = workspace("fake-staging", TINY);
+    let window = ["--set", "batch.micro=2", "--set", "batch.accumulate=8"];
+    let behind = |epochs: &str| {
+        let counts = dir.join(format!("stats-{epochs}.json"));
+        let env = [
+            ("RECIPE_FAKE_CUDA_ASYNC", "20"),
+            ("RECIPE_FAKE_CUDA_LAZY", "first"),
+            ("RECIPE_FAKE_CUDA_STATS", counts.to_str().unwrap()),
+        ];
+        let epochs = format!("train.epochs={epochs}");
+        let mut args = window.to_vec();
+        args.extend(["--set", &epochs]);
+        let (_, steps) = against_the_cpu(&dir, "staged", "tiny.rcp", &args, 1, &env, 1e-5);
+        let s = stats(&counts);
+        (steps.len(), s["pageable_uploads_behind"].as_u64().unwrap())
+    };
+    let (one, two) = (behind("1"), behind("2"));
+    assert!(one.0 >= 3 && two.0 > one.0, "steps: {one:?} {two:?}");
+    assert_eq!(
+        one.1, two.1,
+        "pageable uploads behind the stream in one epoch and in two"
+    );
+}
+
 /// `recipe kernels --selftest`: every operation on the (fake) GPU against the CPU backend, in
 /// fp32, fp16 and bf16, through the CUDA backend's own memory, launch and cuBLAS code; as
 /// scripts/gpu-check.sh runs it (with `RECIPE_CUDA_GRAPHS=1`, here on asynchronous streams

@@ -412,6 +412,11 @@ fn copy_op(
             st.capture_of(stream).is_some(),
         )
     };
+    if dst_dev && !src_dev && !pinned.1 && !capturing && crate::streams::behind(device, stream) {
+        let mut st = state();
+        st.stats.pageable_uploads_behind += 1;
+        st.stats.save();
+    }
     let staged = (crate::streams::delay().is_some() && !capturing && !pinned.1 && n > 0)
         // SAFETY: the caller's host range, read now as the driver would stage it.
         .then(|| Arc::new(unsafe { std::slice::from_raw_parts(src as *const u8, n) }.to_vec()));

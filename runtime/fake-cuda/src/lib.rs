@@ -187,6 +187,10 @@ pub struct Stats {
     pub external_waits: u64,
     /// Kernels queued as programmatic dependent launches (`cuLaunchKernelEx`).
     pub dependent_launches: u64,
+    /// Host→device copies from pageable memory queued on an asynchronous stream that still had
+    /// work to run: a GPU's driver may wait for that work before it stages such a copy (the
+    /// CUDA runtime API's "API synchronization behavior"), so the host stalls there.
+    pub pageable_uploads_behind: u64,
 }
 
 impl Stats {
@@ -200,7 +204,8 @@ impl Stats {
         let text = format!(
             "{{\"kernels\": {}, \"captures\": {}, \"graph_launches\": {}, \"allocations\": {}, \
              \"lt_matmuls\": {}, \"blas_gemms\": {}, \"blas_pointer_batches\": {}, \
-             \"lt_streams\": {}, \"external_waits\": {}, \"dependent_launches\": {}}}\n",
+             \"lt_streams\": {}, \"external_waits\": {}, \"dependent_launches\": {}, \
+             \"pageable_uploads_behind\": {}}}\n",
             self.kernels,
             self.captures,
             self.graph_launches,
@@ -210,7 +215,8 @@ impl Stats {
             self.blas_pointer_batches,
             self.lt_streams,
             self.external_waits,
-            self.dependent_launches
+            self.dependent_launches,
+            self.pageable_uploads_behind
         );
         if std::fs::write(&tmp, text).is_ok() {
             let _ = std::fs::rename(&tmp, &path);

@@ -195,6 +195,16 @@ pub fn drain(device: i32, stream: Option<usize>) {
     }
 }
 
+/// Whether `stream` still has work to run, without waiting for it (as [`idle`]'s query would
+/// for a lazy stream).
+pub fn behind(device: i32, stream: usize) -> bool {
+    let all = workers().lock().unwrap_or_else(|p| p.into_inner());
+    all.get(&(device, stream)).is_some_and(|w| {
+        let q = w.queue.lock().unwrap_or_else(|p| p.into_inner());
+        q.done < q.queued
+    })
+}
+
 /// Whether everything queued on `stream` has run (always, with synchronous streams).
 pub fn idle(device: i32, stream: usize) -> bool {
     if delay().is_none() {

@@ -31,6 +31,7 @@ mod graphs;
 mod probe;
 mod settings;
 mod side;
+mod staging;
 mod timer;
 
 use blas::{fast_compute, lt_compute, lt_elem, set_math, set_workspace};
@@ -125,6 +126,8 @@ pub struct CudaDevice {
     /// The free memory once the context was made, before anything of the run's
     /// ([`Device::memory`]'s `taken` is measured from it).
     free_at_open: Option<usize>,
+    /// Pinned slots the token ids go up from ([`staging`]).
+    ids_staging: Mutex<staging::IdsStaging>,
 }
 
 /// How a GPU that sums with others through NCCL waits for its stream: it polls the stream and
@@ -336,6 +339,7 @@ impl CudaDevice {
             side,
             side_missing,
             free_at_open,
+            ids_staging: Mutex::default(),
         })
     }
 
@@ -416,13 +420,21 @@ impl CudaDevice {
     /// [`CudaDevice::watched`] for `stream` (the compute stream, or the copy stream, which may
     /// hold queued NCCL sums).
     fn watched_stream(&self, what: &str, w: &Watch, stream: &CudaStream) {
-        use drv_sys::{cuStreamQuery, CUresult};
+        // SAFETY: the stream is this device's, alive while `self` is.
+        self.watched_query(what, w, || unsafe {
+            drv_sys::cuStreamQuery(stream.cu_stream())
+        })
+    }
+
+    /// Polls `query` (a stream's or an event's: done, not ready, or an error) as
+    /// [`CudaDevice::watched_stream`] polls a stream.
+    fn watched_query(&self, what: &str, w: &Watch, query: impl Fn() -> drv_sys::CUresult) {
+        use drv_sys::CUresult;
         self.bind();
         let start = std::time::Instant::now();
         let mut pause = std::time::Duration::from_micros(10);
         loop {
-            // SAFETY: the stream is this device's, alive while `self` is.
-            match unsafe { cuStreamQuery(stream.cu_stream()) } {
+            match query() {
                 CUresult::CUDA_SUCCESS => return,
                 CUresult::CUDA_ERROR_NOT_READY => {}
                 // An error of the work itself: the blocking wait records it.
@@ -961,7 +973,7 @@ impl Device for CudaDevice {
         self.wrote();
         // SAFETY: `dst` is a live allocation of at least `src.len()` ids.
         let r = self.timed("memcpy host→device", || unsafe {
-            drv::memcpy_htod_async(ptr, src, self.stream.cu_stream())
+            self.copy_ids_up(ptr, src)
         });
         if let Err(e) = r {
             self.record("upload", e);
