@@ -208,7 +208,10 @@ pub(crate) fn forward<B: Backend, W: ParamSource<B>>(
         // The rest of the layer on `rows` rows: in the last layer only the [CLS] rows (row b·t),
         // the pooler's, as the evaluation forward does (`tail_rows`): their residual input
         // gathered, their context rows read t·h apart. Every kernel below treats rows
-        // independently, so those rows are what the whole matrix's would be.
+        // independently, so those rows are what the whole matrix's would be, but for the
+        // dropout draws: the two sites below draw by the gathered matrix's element index (row
+        // b's mask is the full matrix's row b's, not row b·t's), other bits of the same
+        // distribution than a pass over every row (docs/cuda.md, "Not yet timed").
         let rows = tail_rows(layers, l, bsz, t);
         let (x, ld_ctx) = if !cls_only(layers, l, t) {
             (x, h)
