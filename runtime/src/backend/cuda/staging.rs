@@ -15,7 +15,7 @@ use std::sync::Arc;
 use super::CudaDevice;
 
 /// Slots in the ring: four micro-batches' id arrays.
-pub(super) const SLOTS: usize = 16;
+const SLOTS: usize = 16;
 
 /// The ring of pinned slots ([`CudaDevice::copy_ids_up`]).
 #[derive(Default)]
@@ -45,8 +45,8 @@ impl Slot {
     /// A slot of at least `n` ids (a power of two, so that a longer batch rarely grows it).
     fn new(ctx: &Arc<CudaContext>, n: usize) -> Option<Slot> {
         let cap = n.max(64).next_power_of_two();
-        // Flags 0, not cudarc's default (write-combined): the host writes it once and the DMA
-        // reads it once either way; the flag buys nothing here.
+        // Flags 0, as `Device::alloc_pinned`'s: write-combining (cudarc's default) could only
+        // speed the host's sequential writes of a few KiB.
         // SAFETY: every copy out of it reads only the prefix written just before.
         let mut host = unsafe { ctx.alloc_pinned_with_flags::<u32>(cap, 0) }.ok()?;
         let ptr = host.as_mut_ptr().ok()?;
@@ -88,11 +88,11 @@ impl CudaDevice {
             // SAFETY: `dst` holds `src.len()` ids (the caller's contract).
             return unsafe { drv::memcpy_htod_async(dst, src, self.stream.cu_stream()) };
         };
+        debug_assert!(slot.host.len() >= src.len());
         // SAFETY: `ptr` points at `host.len() >= src.len()` ids, which no queued copy reads
         // any more (`free_slot` waited for its last).
         let host = unsafe { std::slice::from_raw_parts_mut(slot.ptr, src.len()) };
         host.copy_from_slice(src);
-        debug_assert!(slot.host.len() >= src.len());
         // SAFETY: as above; the slot is not written again before `copied` says the copy ran.
         unsafe { drv::memcpy_htod_async(dst, &*host, self.stream.cu_stream()) }?;
         slot.copied.record(&self.stream)
